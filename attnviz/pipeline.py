@@ -1,0 +1,163 @@
+"""From text to attention: tokenize, take a BERT layer's input, run attnviz's own layer.
+
+With pretrained weights our layer gets the query, key, value and output projections of
+BERT layer L and that layer's input (for L = 0, BERT's embedding output), so its weights
+are BERT's own attention pattern. With random weights it is a fresh layer, as in the tutorials.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+
+from attnviz.attention import MultiHeadAttention, check_num_heads
+from attnviz.errors import AttnvizError
+from attnviz.loading import LoadedModel
+from attnviz.result import AttentionRun
+from attnviz.tokens import Encoded, encode, unknown_token_notice
+
+WEIGHTS = ("pretrained", "random")
+
+
+def resolve_device(requested: str) -> str:
+    """'auto' means the GPU when torch sees one."""
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise AttnvizError("--device cuda: torch sees no GPU on this machine; use --device cpu or auto")
+    if requested not in ("cpu", "cuda"):
+        raise AttnvizError(f"unknown device {requested!r}: choose auto, cpu or cuda")
+    return requested
+
+
+def device_label(device: str) -> str:
+    """'cpu', or 'cuda (NVIDIA H100 80GB HBM3)'."""
+    return f"cuda ({torch.cuda.get_device_name()})" if device == "cuda" else device
+
+
+def check_layer(loaded: LoadedModel, layer: int) -> None:
+    if not 0 <= layer < loaded.num_layers:
+        raise AttnvizError(
+            f"layer {layer} is out of range: {loaded.name} has layers 0 to {loaded.num_layers - 1}"
+        )
+
+
+@contextmanager
+def _first_layers(model, count: int):
+    """Run only the first `count` encoder layers: the input of layer `count` is all we need."""
+    all_layers = model.encoder.layer
+    model.encoder.layer = all_layers[:count]
+    try:
+        yield
+    finally:
+        model.encoder.layer = all_layers
+
+
+@torch.inference_mode()
+def layer_input(loaded: LoadedModel, encoded: Encoded, layer: int, device: str) -> torch.Tensor:
+    """The hidden state that enters BERT layer `layer`: (B, N, D). Layer 0 gets the embeddings."""
+    with _first_layers(loaded.model, layer):
+        return loaded.model(**encoded.model_inputs(device)).last_hidden_state
+
+
+def layer_from_bert(bert_layer, num_heads: int) -> MultiHeadAttention:
+    """Our layer with the projections of one BertLayer copied in, split into num_heads heads."""
+    self_attention = bert_layer.attention.self
+    output_dense = bert_layer.attention.output.dense
+    layer = MultiHeadAttention(output_dense.out_features, num_heads, bias=True)
+    layer.w_q.load_state_dict(self_attention.query.state_dict())
+    layer.w_k.load_state_dict(self_attention.key.state_dict())
+    layer.w_v.load_state_dict(self_attention.value.state_dict())
+    layer.w_o.load_state_dict(output_dense.state_dict())
+    return layer
+
+
+def random_layer(model_size: int, num_heads: int, seed: int) -> MultiHeadAttention:
+    """A fresh layer, the same for the same seed on any device (it is built on the CPU)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return MultiHeadAttention(model_size, num_heads, bias=True)
+
+
+def build_layer(
+    loaded: LoadedModel, layer: int, num_heads: int, weights: str, seed: int, device: str
+) -> MultiHeadAttention:
+    check_num_heads(loaded.hidden_size, num_heads)
+    if weights == "pretrained":
+        attention = layer_from_bert(loaded.model.encoder.layer[layer], num_heads)
+    elif weights == "random":
+        attention = random_layer(loaded.hidden_size, num_heads, seed)
+    else:
+        raise AttnvizError(f"unknown weights {weights!r}: choose pretrained or random")
+    return attention.to(device).eval()
+
+
+@torch.inference_mode()
+def run_attention(
+    loaded: LoadedModel,
+    texts: list[str],
+    *,
+    kv_text: str | None = None,
+    layer: int = 0,
+    num_heads: int | None = None,
+    weights: str = "pretrained",
+    seed: int = 0,
+    causal: bool = False,
+    device: str = "cpu",
+    truncate: bool = False,
+) -> list[AttentionRun]:
+    """Run attnviz's layer over a padded batch of texts; one AttentionRun per text.
+
+    With kv_text, queries come from each text and keys and values from kv_text.
+    """
+    check_layer(loaded, layer)
+    num_heads = num_heads or loaded.num_heads
+    attention = build_layer(loaded, layer, num_heads, weights, seed, device)
+
+    queries = encode(loaded.tokenizer, texts, loaded.max_positions, truncate)
+    keys = queries if kv_text is None else encode(loaded.tokenizer, [kv_text], loaded.max_positions, truncate)
+    query_states = layer_input(loaded, queries, layer, device)  # (B, Nq, D)
+    key_states = query_states
+    if kv_text is not None:
+        key_states = layer_input(loaded, keys, layer, device)  # (1, Nk, D)
+        key_states = key_states.expand(len(texts), -1, -1)  # (B, Nk, D)
+    key_valid_lens = keys.valid_lens.to(device).expand(len(texts))  # (B,)
+
+    output, patterns = attention(
+        query_states, key_states, key_states, valid_lens=key_valid_lens, causal=causal
+    )  # (B, Nq, D), (B, H, Nq, Nk)
+    output, patterns = output.float().cpu().numpy(), patterns.float().cpu().numpy()
+
+    runs = []
+    for i, text in enumerate(texts):
+        query_tokens, query_ids = queries.tokens[i], queries.ids[i]
+        key_index = 0 if kv_text is not None else i
+        key_tokens, key_ids = keys.tokens[key_index], keys.ids[key_index]
+        notices = [loaded.notice] if loaded.notice else []
+        notices += _unknown_token_notices(loaded, [(text, query_ids)] + ([(kv_text, key_ids)] if kv_text else []))
+        runs.append(
+            AttentionRun(
+                text=text,
+                kv_text=kv_text,
+                model=loaded.name,
+                layer=layer,
+                weights=weights,
+                num_heads=num_heads,
+                device=device,
+                query_tokens=query_tokens,
+                key_tokens=key_tokens,
+                query_ids=query_ids,
+                key_ids=key_ids,
+                attention=patterns[i, :, : len(query_ids), : len(key_ids)],
+                output=output[i, : len(query_ids)],
+                causal=causal,
+                notices=notices,
+            )
+        )
+    return runs
+
+
+def _unknown_token_notices(loaded: LoadedModel, texts_and_ids: list[tuple[str, list[int]]]) -> list[str]:
+    notices = (unknown_token_notice(loaded.tokenizer, text, ids, loaded.name) for text, ids in texts_and_ids)
+    return [notice for notice in notices if notice]

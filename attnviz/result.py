@@ -1,0 +1,40 @@
+"""The plain data that flows from the pipeline to the analysis and the renderers.
+
+Arrays are NumPy, not torch, so that renderers never need to import torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class AttentionRun:
+    """One text's pass through attnviz's attention layer.
+
+    attention has shape (H, Nq, Nk): head, query token, key token; every row sums to 1.
+    output has shape (Nq, D): the layer's output after W_o.
+    For self-attention key_tokens == query_tokens and kv_text is None.
+    """
+
+    text: str
+    model: str
+    layer: int
+    weights: str  # "pretrained" or "random"
+    num_heads: int
+    device: str
+    query_tokens: list[str]
+    key_tokens: list[str]
+    query_ids: list[int]
+    key_ids: list[int]
+    attention: np.ndarray  # (H, Nq, Nk)
+    output: np.ndarray  # (Nq, D)
+    kv_text: str | None = None
+    causal: bool = False
+    notices: list[str] = field(default_factory=list)
+
+    @property
+    def head_dim(self) -> int:
+        return self.output.shape[-1] // self.num_heads

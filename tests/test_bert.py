@@ -1,0 +1,127 @@
+"""With BERT's weights copied in, attnviz's layer reproduces BERT's own attention.
+
+The reference is transformers' BertModel itself (eager attention, output_attentions=True)
+on the bundled all-MiniLM-L6-v2, for every layer, for one text and for a padded batch.
+"""
+
+import numpy as np
+import pytest
+import torch
+
+from attnviz.analysis import summarize_heads
+from attnviz.loading import load_model
+from attnviz.pipeline import build_layer, layer_input, run_attention
+from attnviz.tokens import encode
+
+TOLERANCE = 1e-5
+SHORT = "The cat sat on the mat."
+LONG = "The animal didn't cross the street because it was too tired."
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    return load_model("bundled", "cpu")
+
+
+def bert_reference(loaded, texts, layer):
+    """transformers' own attention weights (B, H, N, N) and attention-output dense result (B, N, D)."""
+    batch = loaded.tokenizer(texts, padding=True, return_tensors="pt")
+    captured = {}
+    dense = loaded.model.encoder.layer[layer].attention.output.dense
+    handle = dense.register_forward_hook(lambda module, inputs, output: captured.setdefault("out", output))
+    try:
+        with torch.no_grad():
+            outputs = loaded.model(**batch, output_attentions=True, output_hidden_states=True)
+    finally:
+        handle.remove()
+    return outputs, captured["out"], batch["attention_mask"].sum(1).tolist()
+
+
+def test_the_bundled_model_uses_eager_attention_so_the_reference_is_bert_itself(loaded):
+    assert loaded.model.config._attn_implementation == "eager"
+    assert (loaded.num_layers, loaded.num_heads, loaded.hidden_size) == (6, 12, 384)
+
+
+@pytest.mark.parametrize("layer", range(6))
+def test_single_text_weights_and_output_equal_berts_for_every_layer(loaded, layer):
+    outputs, dense_out, _ = bert_reference(loaded, [LONG], layer)
+    (run,) = run_attention(loaded, [LONG], layer=layer)
+
+    expected = outputs.attentions[layer][0].numpy()  # (H, N, N)
+    assert run.attention.shape == expected.shape == (12, 16, 16)
+    np.testing.assert_allclose(run.attention, expected, atol=TOLERANCE, rtol=0)
+    np.testing.assert_allclose(run.output, dense_out[0].numpy(), atol=TOLERANCE, rtol=0)
+
+
+@pytest.mark.parametrize("layer", range(6))
+def test_padded_batch_equals_berts_batch_and_each_text_alone(loaded, layer):
+    outputs, dense_out, lengths = bert_reference(loaded, [SHORT, LONG], layer)
+    runs = run_attention(loaded, [SHORT, LONG], layer=layer)
+
+    assert [len(run.query_tokens) for run in runs] == lengths == [9, 16]
+    for i, run in enumerate(runs):
+        n = lengths[i]
+        np.testing.assert_allclose(run.attention, outputs.attentions[layer][i, :, :n, :n].numpy(), atol=TOLERANCE, rtol=0)
+        np.testing.assert_allclose(run.output, dense_out[i, :n].numpy(), atol=TOLERANCE, rtol=0)
+        (alone,) = run_attention(loaded, [run.text], layer=layer)
+        np.testing.assert_allclose(run.attention, alone.attention, atol=TOLERANCE, rtol=0)
+
+
+def test_padding_keys_get_exactly_zero_and_rows_sum_to_one(loaded):
+    encoded = encode(loaded.tokenizer, [SHORT, LONG], loaded.max_positions)
+    layer = build_layer(loaded, 2, 12, "pretrained", 0, "cpu")
+    with torch.no_grad():
+        _, weights = layer(layer_input(loaded, encoded, 2, "cpu"), valid_lens=encoded.valid_lens)
+    assert torch.all(weights[0, :, :, 9:] == 0)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(2, 12, 16), atol=TOLERANCE, rtol=0)
+
+
+@pytest.mark.parametrize("layer", [0, 3, 5])
+def test_layer_input_is_berts_hidden_state(loaded, layer):
+    outputs, _, _ = bert_reference(loaded, [LONG], layer)
+    encoded = encode(loaded.tokenizer, [LONG], loaded.max_positions)
+    hidden = layer_input(loaded, encoded, layer, "cpu")
+    torch.testing.assert_close(hidden, outputs.hidden_states[layer], atol=TOLERANCE, rtol=0)
+    assert len(loaded.model.encoder.layer) == 6  # the model is left whole
+
+
+def test_random_weights_are_reproducible_by_seed_and_nearly_uniform(loaded):
+    (first,) = run_attention(loaded, [LONG], weights="random", seed=7)
+    (again,) = run_attention(loaded, [LONG], weights="random", seed=7)
+    (other,) = run_attention(loaded, [LONG], weights="random", seed=8)
+    (bert,) = run_attention(loaded, [LONG], weights="pretrained")
+
+    np.testing.assert_array_equal(first.attention, again.attention)
+    assert not np.allclose(first.attention, other.attention)
+    # The tutorials' blind spot: a random layer spreads attention almost evenly; BERT's heads do not.
+    random_spread = min(summary.relative_entropy for summary in summarize_heads(first.attention))
+    bert_spread = min(summary.relative_entropy for summary in summarize_heads(bert.attention))
+    assert random_spread > 0.95 > 0.6 > bert_spread
+
+
+def test_resplitting_berts_projections_into_other_head_counts(loaded):
+    (run,) = run_attention(loaded, [SHORT], num_heads=4)
+    assert run.attention.shape == (4, 9, 9) and run.head_dim == 96
+    np.testing.assert_allclose(run.attention.sum(-1), 1, atol=TOLERANCE)
+
+
+def test_cross_attention_is_rectangular_with_each_sides_tokens(loaded):
+    (run,) = run_attention(loaded, [SHORT], kv_text=LONG)
+    assert run.attention.shape == (12, 9, 16)
+    assert run.query_tokens[1] == "the" and run.key_tokens[2] == "animal"
+    np.testing.assert_allclose(run.attention.sum(-1), 1, atol=TOLERANCE)
+
+
+def test_causal_rows_have_zeros_above_the_diagonal(loaded):
+    (run,) = run_attention(loaded, [SHORT], causal=True)
+    above = np.triu(np.ones((9, 9), dtype=bool), 1)
+    assert np.all(run.attention[:, above] == 0)
+    assert np.all(run.attention[:, ~above] > 0)
+
+
+def test_mostly_unknown_tokens_warn_and_name_a_better_model(loaded):
+    (run,) = run_attention(loaded, ["我想吃酸菜鱼"])
+    assert run.query_tokens[0] == "[CLS]" and run.query_tokens[-1] == "[SEP]" and len(run.query_tokens) == 8
+    assert any("[UNK]" in notice and "bert-base-chinese" in notice for notice in run.notices)
+    (english,) = run_attention(loaded, [LONG])
+    assert english.notices == []
