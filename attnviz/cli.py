@@ -12,9 +12,13 @@ from enum import Enum
 from pathlib import Path
 from typing import Optional
 
-import click
 import typer
 from rich.console import Console
+
+try:  # typer 0.2x vendors click; older typers use click itself
+    from typer._click.exceptions import UsageError
+except ImportError:
+    from click.exceptions import UsageError
 
 from attnviz.errors import AttnvizError
 
@@ -77,6 +81,9 @@ def heads(
         None, "--out", "-o", help="Run folder to write into [default: a new folder under outputs/ named after the text]."
     ),
     truncate: bool = typer.Option(False, help="Cut texts longer than the model's positions instead of refusing them."),
+    allow_pickle: bool = typer.Option(
+        False, help="Let a local model whose only weights are a pickle file load (unpickling can run code)."
+    ),
 ) -> None:
     """Per-head attention heatmaps, a summary table and attention.json for one text."""
     from attnviz.analysis import summarize_heads
@@ -94,7 +101,7 @@ def heads(
     if target.exists() and not target.is_dir():
         raise AttnvizError(f"the output path {target} is a file, not a folder")
     device_name = resolve_device(device.value)
-    loaded = load_model(model, device_name)
+    loaded = load_model(model, device_name, allow_pickle=allow_pickle)
     (run,) = run_attention(
         loaded,
         [text],
@@ -134,20 +141,22 @@ def run(args: list[str] | None = None) -> int:
     """Run the command line and return its exit code; errors become one line on stderr."""
     try:
         result = app(args=args, prog_name="attnviz", standalone_mode=False)
-    except click.UsageError as error:
+    except UsageError as error:
         command = error.ctx.command_path if error.ctx else "attnviz"
-        errors.print(f"error: {error.format_message()} (see {command} --help)")
+        errors.print(f"error: {error.format_message()} (see {command} --help)", soft_wrap=True)
         return 2
     except AttnvizError as error:
-        errors.print(f"error: {error}")
+        errors.print(f"error: {error}", soft_wrap=True)
         return 2
-    except (KeyboardInterrupt, click.Abort):
+    except (KeyboardInterrupt, typer.Abort):
         errors.print("interrupted: nothing was written")
         return 130
     except Exception as error:  # a bug: still one line, the traceback on request
         if os.environ.get("ATTNVIZ_DEBUG"):
             raise
-        errors.print(f"error: unexpected {type(error).__name__}: {error} (set ATTNVIZ_DEBUG=1 for the traceback)")
+        errors.print(
+            f"error: unexpected {type(error).__name__}: {error} (set ATTNVIZ_DEBUG=1 for the traceback)", soft_wrap=True
+        )
         return 1
     return result if isinstance(result, int) else 0
 

