@@ -1,0 +1,324 @@
+"""Attention heatmaps as image files: one per head, and all heads in one grid.
+
+Rows are queries (y axis), columns are keys (x axis); each row sums to 1, so the colour scale
+is fixed at 0..1 and a colour means the same weight in every head, layer and model.
+Figures are plain matplotlib Figures on an Agg canvas: no pyplot state, nothing left open.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+
+from attnviz.result import AttentionRun
+
+COLORMAP = "viridis"
+MASKED_COLOR = "#d0d0d0"  # causal-masked cells: neutral grey, outside the colormap
+DPI = 120
+MAX_ANNOTATED_TOKENS = 20  # print the weight in each cell when both axes are this short
+MAX_TICK_LABELS = 48  # per axis of a single-head figure
+MAX_GRID_TICK_LABELS = 16  # per axis of one panel in the grid
+FORMATS = ("png", "svg", "pdf")
+PNG_COMPRESS_LEVEL = 3  # a third faster to write than zlib's default 6, files 5-15 % larger
+
+
+def tick_positions(num_tokens: int, max_labels: int) -> list[int]:
+    """Every k-th token index, starting at 0, so that at most max_labels are labelled."""
+    step = max(1, math.ceil(num_tokens / max_labels))
+    return list(range(0, num_tokens, step))
+
+
+def masked_attention(weights: np.ndarray, causal: bool) -> np.ma.MaskedArray:
+    """(Nq, Nk) weights with the future keys (above the diagonal) masked when causal."""
+    future = np.triu(np.ones(weights.shape, dtype=bool), k=1)  # key index > query index
+    return np.ma.masked_array(weights, mask=future if causal else np.zeros_like(future))
+
+
+def grid_shape(num_heads: int) -> tuple[int, int]:
+    """(rows, columns): 4 columns, or 3 where 3 fill the last row and 4 do not (6 or 9 heads)."""
+    num_columns = 3 if num_heads % 3 == 0 and num_heads % 4 != 0 else 4
+    num_columns = min(num_columns, num_heads)
+    return math.ceil(num_heads / num_columns), num_columns
+
+
+def short_model_name(model: str) -> str:
+    """The last part of a hub id or folder: "org/all-MiniLM-L6-v2" -> "all-MiniLM-L6-v2"."""
+    parts = [part for part in re.split(r"[\\/]", model) if part]
+    return parts[-1] if parts else model
+
+
+def run_title(run: AttentionRun) -> str:
+    """ "all-MiniLM-L6-v2 · layer 0", with a note when the weights are random."""
+    title = f"{short_model_name(run.model)} · layer {run.layer}"
+    return title + " · random weights" if run.weights == "random" else title
+
+
+def write_head_heatmaps(run: AttentionRun, out_dir: Path, fmt: str = "png") -> list[Path]:
+    """Write head_00.<fmt>, head_01.<fmt>, ... into out_dir; return their paths.
+
+    One figure is laid out once and reused: per head only the image data, the cell values
+    and the title change.
+    """
+    _check_format(fmt)
+    heatmap = _HeadFigure(run)
+    paths = []
+    for head in range(run.num_heads):
+        heatmap.show_head(head)
+        path = Path(out_dir) / f"head_{head:02d}.{fmt}"
+        heatmap.save(path)
+        paths.append(path)
+    return paths
+
+
+def write_heads_grid(run: AttentionRun, out_dir: Path, fmt: str = "png") -> Path:
+    """Write heads.<fmt>: every head in a grid with one shared colorbar; return its path."""
+    _check_format(fmt)
+    figure = _new_figure(_grid_figure_size(run))
+    num_rows, num_columns = grid_shape(run.num_heads)
+    axes = figure.subplots(num_rows, num_columns, squeeze=False)
+    for head, ax in enumerate(axes.flat):
+        if head >= run.num_heads:
+            ax.set_visible(False)
+            continue
+        # interpolation "auto" anti-aliases when a panel has fewer pixels than tokens.
+        image = _draw_attention(ax, masked_attention(run.attention[head], run.causal))
+        ax.set_title(f"head {head}", fontsize=9)
+        # Tokens on the outer edge of the filled grid only (ticks are most of the drawing
+        # time): the first column gets queries, a panel with no panel below it gets keys.
+        _label_token_axes(
+            ax,
+            run,
+            MAX_GRID_TICK_LABELS,
+            fontsize=7,
+            keys=head + num_columns >= run.num_heads,
+            queries=head % num_columns == 0,
+        )
+    figure.colorbar(image, ax=axes, shrink=0.6, label="attention weight")
+    title = f"{run_title(run)} · {run.num_heads} heads\n{_quoted_texts(run)}"
+    figure.suptitle(title, parse_math=False)
+    figure.supxlabel("key")
+    figure.supylabel("query")
+    _freeze_layout(figure)
+    path = Path(out_dir) / f"heads.{fmt}"
+    figure.savefig(path, dpi=DPI, **_save_options(fmt))
+    return path
+
+
+class _HeadFigure:
+    """One head's heatmap figure whose artists are updated in place for each head.
+
+    PNGs are blitted: everything that is the same for all heads (labels, ticks, colorbar) is
+    rendered once, and each head draws only its image, cell values, title and frame on top.
+    """
+
+    def __init__(self, run: AttentionRun):
+        self.run = run
+        num_queries, num_keys = run.attention.shape[1:]
+        self.figure = _new_figure(_head_figure_size(num_queries, num_keys))
+        self.ax = self.figure.add_subplot()
+        # "nearest": a single head's figure has at least 2 pixels per token, so every cell
+        # shows with sharp edges, and it is several times faster than the anti-aliasing filter.
+        first_head = masked_attention(run.attention[0], run.causal)
+        self.image = _draw_attention(self.ax, first_head, interpolation="nearest")
+        self.cell_values = _cell_values(self.ax, num_queries, num_keys)
+        # A fixed y: automatic placement would move the title while it is hidden for the background.
+        self.title = self.ax.set_title("", y=1.0)
+        short = max(num_queries, num_keys) <= MAX_ANNOTATED_TOKENS
+        _label_token_axes(self.ax, run, MAX_TICK_LABELS, fontsize=10 if short else 7)
+        self.ax.set_xlabel("key")
+        self.ax.set_ylabel("query")
+        self.figure.colorbar(self.image, ax=self.ax, label="attention weight")
+        self.show_head(run.num_heads - 1)  # the longest title: the frozen layout must fit it
+        _freeze_layout(self.figure)
+        self.background = None  # pixels of the parts common to all heads, after the first PNG
+
+    def show_head(self, head: int) -> None:
+        weights = masked_attention(self.run.attention[head], self.run.causal)  # (Nq, Nk)
+        self.image.set_data(weights)
+        self.title.set_text(f"{run_title(self.run)} · head {head}")
+        if self.cell_values is not None:
+            _update_cell_values(self.cell_values, weights, self.image)
+
+    def save(self, path: Path) -> None:
+        if path.suffix == ".png":
+            self._blit_png(path)
+        else:
+            self.figure.savefig(path, dpi=DPI)  # vector formats: a full draw per head
+
+    def _per_head_artists(self) -> list:
+        # The frame (spines) is redrawn too: the image would otherwise cover its inner half.
+        artists = [self.image, self.cell_values, self.title, *self.ax.spines.values()]
+        return [artist for artist in artists if artist is not None]
+
+    def _blit_png(self, path: Path) -> None:
+        from PIL import Image
+
+        canvas = self.figure.canvas
+        if self.background is None:
+            self.background = self._render_background()
+        canvas.restore_region(self.background)
+        for artist in self._per_head_artists():
+            self.ax.draw_artist(artist)
+        # (height, width, 3): the figure is opaque, an alpha channel would add only bytes.
+        rgb = np.ascontiguousarray(np.asarray(canvas.buffer_rgba())[..., :3])
+        Image.fromarray(rgb).save(path, dpi=(DPI, DPI), compress_level=PNG_COMPRESS_LEVEL)
+
+    def _render_background(self):
+        for artist in self._per_head_artists():
+            artist.set_visible(False)
+        self.figure.canvas.draw()
+        for artist in self._per_head_artists():
+            artist.set_visible(True)
+        return self.figure.canvas.copy_from_bbox(self.figure.bbox)
+
+
+def _new_figure(size: tuple[float, float]):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from attnviz.fonts import use_cjk_font
+
+    use_cjk_font()
+    figure = Figure(figsize=size, dpi=DPI, layout="constrained")
+    FigureCanvasAgg(figure)
+    return figure
+
+
+def _freeze_layout(figure) -> None:
+    """Solve the constrained layout once, then keep it: a save then draws the figure only once.
+
+    savefig with a layout engine draws twice (one pass without output, to lay out); one head's
+    layout also fits every other head: same tokens, same sizes.
+    """
+    figure.get_layout_engine().execute(figure)
+    figure.set_layout_engine(None)  # None (not "none"): no placeholder engine, no layout pass
+
+
+def _draw_attention(ax, weights: np.ma.MaskedArray, interpolation: str = "auto"):
+    """imshow with the fixed 0..1 scale; masked cells take MASKED_COLOR."""
+    import matplotlib
+
+    cmap = matplotlib.colormaps[COLORMAP].with_extremes(bad=MASKED_COLOR)
+    return ax.imshow(
+        weights, cmap=cmap, vmin=0.0, vmax=1.0, aspect="auto", interpolation=interpolation
+    )
+
+
+def _label_token_axes(
+    ax, run: AttentionRun, max_labels: int, fontsize: float, keys: bool = True, queries: bool = True
+) -> None:
+    """Tokens on the x (keys) and y (queries) axes, every k-th one; no ticks where turned off."""
+    key_positions = tick_positions(len(run.key_tokens), max_labels) if keys else []
+    query_positions = tick_positions(len(run.query_tokens), max_labels) if queries else []
+    # parse_math=False: a token such as "$" must print as itself, not start mathtext.
+    ax.set_xticks(
+        key_positions,
+        [run.key_tokens[k] for k in key_positions],
+        rotation=45,
+        ha="right",
+        rotation_mode="anchor",
+        fontsize=fontsize,
+        parse_math=False,
+    )
+    ax.set_yticks(
+        query_positions,
+        [run.query_tokens[q] for q in query_positions],
+        fontsize=fontsize,
+        parse_math=False,
+    )
+
+
+def _cell_values(ax, num_queries: int, num_keys: int):
+    """An empty collection for the weights printed in the cells, or None when the map is too big.
+
+    The values are glyph outlines in one PathCollection: one draw call per head instead of
+    Nq * Nk Text artists (about 1 ms each, most of the time of a 20-token figure).
+    """
+    from matplotlib.collections import PathCollection
+    from matplotlib.transforms import Affine2D
+
+    if max(num_queries, num_keys) > MAX_ANNOTATED_TOKENS:
+        return None
+    query_index, key_index = np.mgrid[0:num_queries, 0:num_keys]  # (Nq, Nk) each
+    centres = np.column_stack([key_index.ravel(), query_index.ravel()])  # (Nq*Nk, 2) as (x, y)
+    points_to_pixels = Affine2D().scale(1 / 72) + ax.figure.dpi_scale_trans
+    collection = PathCollection(
+        [],
+        offsets=centres,
+        offset_transform=ax.transData,
+        transform=points_to_pixels,
+        edgecolors="none",
+    )
+    ax.add_collection(collection, autolim=False)
+    return collection
+
+
+def _update_cell_values(collection, weights: np.ma.MaskedArray, image) -> None:
+    """Each cell's weight as "0.42", in black or white, whichever contrasts with the cell."""
+    rgba = image.to_rgba(weights.filled(0.0))  # (Nq, Nk, 4)
+    luminance = rgba[..., :3] @ np.array([0.2126, 0.7152, 0.0722])  # (Nq, Nk)
+    labels = np.where(np.ma.getmaskarray(weights), "", np.char.mod("%.2f", weights.data))
+    collection.set_paths([_centred_text_path(label) for label in labels.ravel()])
+    light = (luminance > 0.5).ravel()[:, None]  # (Nq*Nk, 1)
+    collection.set_facecolor(np.where(light, (0, 0, 0, 1), (1, 1, 1, 1)))
+
+
+@functools.cache
+def _centred_text_path(label: str):
+    """Outline of label in 8 pt DejaVu Sans, in points, centred on (0, 0); "" draws nothing."""
+    from matplotlib.font_manager import FontProperties
+    from matplotlib.path import Path as GlyphPath
+    from matplotlib.textpath import TextPath, text_to_path
+
+    if not label:
+        return GlyphPath(np.empty((0, 2)))
+    font = FontProperties(family="DejaVu Sans", size=8)
+    # From the font's metrics: Path.get_extents on glyph curves is 100x slower.
+    width, height, descent = text_to_path.get_text_width_height_descent(label, font, ismath=False)
+    return TextPath((-width / 2, descent - height / 2), label, prop=font)
+
+
+def _head_figure_size(num_queries: int, num_keys: int) -> tuple[float, float]:
+    """About 0.45 inch per token, so a printed "0.42" fits its cell, within 5..11 inches.
+
+    The constant part leaves room for token labels, the colorbar and the title.
+    """
+    width = float(np.clip(2.5 + 0.45 * num_keys, 5.0, 11.0))
+    height = float(np.clip(1.8 + 0.45 * num_queries, 4.0, 10.0))
+    return width, height
+
+
+def _grid_figure_size(run: AttentionRun) -> tuple[float, float]:
+    """Panels of 2.4..3.2 inches, growing with the token count, plus room for labels."""
+    num_queries, num_keys = run.attention.shape[1:]
+    panel = float(np.clip(1.6 + 0.1 * max(num_queries, num_keys), 2.4, 3.2))
+    num_rows, num_columns = grid_shape(run.num_heads)
+    return num_columns * panel + 2.0, num_rows * panel + 1.6
+
+
+def _quoted_texts(run: AttentionRun, max_chars: int = 60) -> str:
+    """ "“query text”", or "“query text” → “key text”" for cross-attention, shortened."""
+    quoted = _quoted(run.text, max_chars)
+    return f"{quoted} → {_quoted(run.kv_text, max_chars)}" if run.kv_text else quoted
+
+
+def _quoted(text: str, max_chars: int) -> str:
+    one_line = " ".join(text.split())
+    if len(one_line) > max_chars:
+        one_line = one_line[: max_chars - 1] + "…"
+    return f"“{one_line}”"
+
+
+def _save_options(fmt: str) -> dict:
+    return {"pil_kwargs": {"compress_level": PNG_COMPRESS_LEVEL}} if fmt == "png" else {}
+
+
+def _check_format(fmt: str) -> None:
+    if fmt not in FORMATS:
+        from attnviz.errors import AttnvizError
+
+        raise AttnvizError(f"unknown image format {fmt!r}: use one of {', '.join(FORMATS)}")
