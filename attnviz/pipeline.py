@@ -61,6 +61,21 @@ def layer_input(loaded: LoadedModel, encoded: Encoded, layer: int, device: str) 
         return loaded.model(**encoded.model_inputs(device)).last_hidden_state
 
 
+@torch.inference_mode()
+def embedding_output(loaded: LoadedModel, encoded: Encoded, device: str, positions: bool = True) -> torch.Tensor:
+    """BERT's embedding output (B, N, D): LayerNorm(word + token type [+ position]).
+
+    With positions=False the position embeddings are left out: attention over the result
+    cannot tell word order, which is what `attnviz position` shows.
+    """
+    embeddings = loaded.model.embeddings
+    input_ids = encoded.input_ids.to(device)  # (B, N)
+    x = embeddings.word_embeddings(input_ids) + embeddings.token_type_embeddings(encoded.token_type_ids.to(device))
+    if positions:
+        x = x + embeddings.position_embeddings(torch.arange(input_ids.shape[1], device=device))  # (N, D) broadcast
+    return embeddings.LayerNorm(x)  # (B, N, D)
+
+
 def layer_from_bert(bert_layer, num_heads: int) -> MultiHeadAttention:
     """Our layer with the projections of one BertLayer copied in, split into num_heads heads."""
     self_attention = bert_layer.attention.self

@@ -10,7 +10,7 @@ import torch
 
 from attnviz.analysis import summarize_heads
 from attnviz.loading import load_model
-from attnviz.pipeline import build_layer, layer_input, run_attention
+from attnviz.pipeline import build_layer, embedding_output, layer_input, run_attention
 from attnviz.tokens import encode
 
 TOLERANCE = 1e-5
@@ -125,3 +125,11 @@ def test_mostly_unknown_tokens_warn_and_name_a_better_model(loaded):
     assert any("[UNK]" in notice and "bert-base-chinese" in notice for notice in run.notices)
     (english,) = run_attention(loaded, [LONG])
     assert english.notices == []
+
+
+def test_embedding_output_is_layer_zeros_input_and_differs_without_positions(loaded):
+    encoded = encode(loaded.tokenizer, [SHORT, LONG], loaded.max_positions)
+    with_positions = embedding_output(loaded, encoded, "cpu")
+    torch.testing.assert_close(with_positions, layer_input(loaded, encoded, 0, "cpu"), atol=TOLERANCE, rtol=0)
+    without = embedding_output(loaded, encoded, "cpu", positions=False)
+    assert (without - with_positions).abs().max() > 0.1
