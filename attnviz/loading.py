@@ -10,19 +10,17 @@ Where `load_model(name)` looks, in order:
 Only the default model (name None) falls back to the bundled one when the hub cannot be had;
 an explicit name that cannot be loaded is an AttnvizError that says why.
 
-torch, transformers and huggingface_hub are imported inside the functions that need them,
-so importing this module (and `attnviz --help`) stays instant. `list_models` reads config.json
-files with json and never imports torch or transformers.
+The checkpoint is read by attnviz itself (bert.py: safetensors into a small BERT encoder;
+tokens.py: the tokenizer through the `tokenizers` library), never through transformers, whose
+import alone takes seconds. torch and huggingface_hub are imported inside the functions that
+need them, so importing this module (and `attnviz --help`) stays instant.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import threading
 import warnings
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +38,7 @@ HUB_PROBE_GRACE_S = 0.5
 SAFETENSORS_FILES = ("model.safetensors", "model.safetensors.index.json")
 PICKLE_FILES = ("pytorch_model.bin", "pytorch_model.bin.index.json")
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")
+TOKENIZER_SETTINGS = ("tokenizer_config.json", "special_tokens_map.json")
 
 
 @dataclass
@@ -48,8 +47,8 @@ class LoadedModel:
 
     name: str  # hub id, local folder path as given, or BUNDLED_NAME
     source: str  # "local folder", "hub cache", "hub download" or "bundled"
-    tokenizer: Any  # a fast transformers tokenizer
-    model: Any  # a transformers BertModel, eval mode, eager attention
+    tokenizer: Any  # attnviz.tokens.WordPieceTokenizer
+    model: Any  # attnviz.bert.BertEncoder in eval mode
     notice: str | None = None  # one line to show the user, e.g. why we fell back
 
     @property
@@ -178,9 +177,7 @@ def _load_folder(name: str, folder: Path, source: str, device: str, allow_pickle
     if not _has_tokenizer(folder):
         raise AttnvizError(f"cannot load model {name!r}: no tokenizer (tokenizer.json or vocab.txt) in {folder}")
     try:
-        return _from_pretrained(name, str(folder), source, device, use_safetensors)
-    except AttnvizError:
-        raise
+        return _load_weights(name, folder, source, device, use_safetensors)
     except Exception as error:  # a damaged or mismatched file: say which model, keep the cause for debugging
         raise AttnvizError(f"cannot load model {name!r}: {_first_line(error)}") from error
 
@@ -215,17 +212,26 @@ def _download(repo_id: str, device: str, allow_pickle: bool) -> LoadedModel:
     from huggingface_hub import file_exists, hf_hub_download
     from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
 
+    from attnviz.bert import index_shards
+
     try:
         with warnings.catch_warnings():  # e.g. the hub's long warning about symlinks on Windows
             warnings.simplefilter("ignore")
             config_path = hf_hub_download(repo_id, "config.json")
-        _require_bert(repo_id, json.loads(Path(config_path).read_text(encoding="utf-8")))
-        # Decided here, not left to transformers: asked for safetensors that a repo lacks, it would
-        # ask the hub's conversion service to convert the pickle file and wait for it.
-        safetensors = [file_name for file_name in SAFETENSORS_FILES if file_exists(repo_id, file_name)]
-        pickles = [] if safetensors else [file_name for file_name in PICKLE_FILES if file_exists(repo_id, file_name)]
-        use_safetensors = _choose_weights(repo_id, safetensors, pickles, allow_pickle, where="on the hub")
-        return _from_pretrained(repo_id, repo_id, "hub download", device, use_safetensors, downloading=True)
+            _require_bert(repo_id, json.loads(Path(config_path).read_text(encoding="utf-8")))
+            safetensors = [file_name for file_name in SAFETENSORS_FILES if file_exists(repo_id, file_name)]
+            pickles = [] if safetensors else [file_name for file_name in PICKLE_FILES if file_exists(repo_id, file_name)]
+            _choose_weights(repo_id, safetensors, pickles, allow_pickle, where="on the hub")
+            # Only what attnviz reads: the tokenizer, and the weight files of one kind with their shards.
+            for file_name in (*TOKENIZER_FILES, *TOKENIZER_SETTINGS):
+                if file_exists(repo_id, file_name):
+                    hf_hub_download(repo_id, file_name)
+            for file_name in safetensors[:1] or pickles[:1]:
+                weights = Path(hf_hub_download(repo_id, file_name))
+                if file_name.endswith(".index.json"):
+                    for shard in index_shards(weights):
+                        hf_hub_download(repo_id, shard)
+            folder = Path(config_path).parent
     except AttnvizError:
         raise
     except Exception as error:
@@ -239,32 +245,20 @@ def _download(repo_id: str, device: str, allow_pickle: bool) -> LoadedModel:
         else:
             reason = _first_line(error)
         raise AttnvizError(f"cannot load model {repo_id!r}: {reason}") from error
+    return _load_folder(repo_id, folder, "hub download", device, allow_pickle)
 
 
-def _from_pretrained(
-    name: str, location: str, source: str, device: str, use_safetensors: bool, downloading: bool = False
-) -> LoadedModel:
-    """The one place that calls transformers: AutoTokenizer and BertModel from `location`.
+def _load_weights(name: str, folder: Path, source: str, device: str, use_safetensors: bool) -> LoadedModel:
+    """The tokenizer and BERT encoder from a checked folder.
 
-    Without `downloading`, local_files_only=True: transformers' own network path retries for
-    about 50 s when there is no network, so it is only taken after the hub check said yes.
-    trust_remote_code is never passed: loading never runs code that comes with a model.
-    DISABLE_SAFETENSORS_CONVERSION: after loading pickle weights from the hub, transformers would
-    otherwise start a thread that asks the hub's conversion service to convert them.
+    attnviz reads the checkpoint itself (bert.py, tokens.py): safetensors, or a pickle file
+    through torch.load(weights_only=True); nothing in a model folder is ever run.
     """
-    from transformers import AutoTokenizer, BertModel
+    from attnviz.bert import load_bert
+    from attnviz.tokens import WordPieceTokenizer
 
-    with _quiet_transformers(), _environment(DISABLE_SAFETENSORS_CONVERSION="1"):
-        tokenizer = AutoTokenizer.from_pretrained(location, local_files_only=not downloading)
-        model = BertModel.from_pretrained(
-            location,
-            local_files_only=not downloading,
-            use_safetensors=use_safetensors,
-            attn_implementation="eager",  # the attention weights are what we show; sdpa does not return them
-        )
-    model.to(device)
-    model.eval()
-    return LoadedModel(name=name, source=source, tokenizer=tokenizer, model=model)
+    model = load_bert(folder, use_safetensors).to(device)
+    return LoadedModel(name=name, source=source, tokenizer=WordPieceTokenizer(folder), model=model)
 
 
 # ---- checks and small helpers ------------------------------------------------------------------
@@ -393,43 +387,3 @@ def _causes(error: BaseException) -> list[BaseException]:
 def _first_line(error: BaseException) -> str:
     lines = str(error).strip().splitlines()
     return lines[0] if lines else type(error).__name__
-
-
-@contextlib.contextmanager
-def _environment(**variables: str) -> Iterator[None]:
-    """Set environment variables for the duration of a block, then put back what was there."""
-    previous = {key: os.environ.get(key) for key in variables}
-    os.environ.update(variables)
-    try:
-        yield
-    finally:
-        for key, value in previous.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
-@contextlib.contextmanager
-def _quiet_transformers() -> Iterator[None]:
-    """Silence transformers' expected chatter while loading: warnings, the load report, its own bars.
-
-    The load report lists e.g. the `cls.*` weights of a masked-LM checkpoint that BertModel does
-    not use. Only transformers' own tqdm bars ("Loading weights") are hidden: the hub's download
-    bars come from huggingface_hub's tqdm, which this hook does not touch.
-    """
-    from transformers.utils import logging as transformers_logging
-
-    previous_verbosity = transformers_logging.get_verbosity()
-    transformers_logging.set_verbosity_error()
-    previous_hook = transformers_logging.set_tqdm_hook(
-        lambda factory, args, kwargs: factory(*args, **{**kwargs, "disable": True})
-    )
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        transformers_logging.set_tqdm_hook(previous_hook)
-        transformers_logging.set_verbosity(previous_verbosity)
-

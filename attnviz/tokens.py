@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -11,6 +13,69 @@ from attnviz.errors import AttnvizError
 
 # CJK ideographs, kana and hangul: text a Chinese, Japanese or Korean vocabulary handles.
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u9fff\uac00-\ud7af\uf900-\ufaff]")
+
+
+SPECIAL_TOKEN_ROLES = ("unk_token", "cls_token", "sep_token", "pad_token", "mask_token")
+DEFAULT_SPECIAL_TOKENS = {"unk_token": "[UNK]", "cls_token": "[CLS]", "sep_token": "[SEP]", "pad_token": "[PAD]", "mask_token": "[MASK]"}
+
+
+class WordPieceTokenizer:
+    """A BERT tokenizer read from a model folder with the `tokenizers` library.
+
+    tokenizer.json when the folder has one (the exact pipeline the model was saved with),
+    else vocab.txt with the lower-casing its tokenizer_config.json asks for. transformers'
+    tokenizer classes would do the same, but importing them takes longer than the whole run.
+    """
+
+    def __init__(self, folder: Path):
+        from tokenizers import Tokenizer
+        from tokenizers.implementations import BertWordPieceTokenizer
+
+        settings = _read_json(folder / "tokenizer_config.json")
+        special = {**DEFAULT_SPECIAL_TOKENS, **_special_tokens(settings), **_special_tokens(_read_json(folder / "special_tokens_map.json"))}
+        if (folder / "tokenizer.json").is_file():
+            self._tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        else:
+            self._tokenizer = BertWordPieceTokenizer(
+                str(folder / "vocab.txt"),
+                unk_token=special["unk_token"],
+                sep_token=special["sep_token"],
+                cls_token=special["cls_token"],
+                pad_token=special["pad_token"],
+                mask_token=special["mask_token"],
+                lowercase=settings.get("do_lower_case", True),
+                strip_accents=settings.get("strip_accents"),
+                handle_chinese_chars=settings.get("tokenize_chinese_chars", True),
+            )._tokenizer
+        self._tokenizer.no_truncation()
+        self._tokenizer.no_padding()
+        self.unk_token = special["unk_token"]
+        self.unk_token_id = self._tokenizer.token_to_id(self.unk_token)
+        self.pad_token_id = self._tokenizer.token_to_id(special["pad_token"]) or 0
+        ids = (self._tokenizer.token_to_id(special[role]) for role in SPECIAL_TOKEN_ROLES)
+        self.all_special_ids = sorted({token_id for token_id in ids if token_id is not None})
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """Each text's token ids, [CLS] and [SEP] included, never cut."""
+        return [encoding.ids for encoding in self._tokenizer.encode_batch(texts)]
+
+    def convert_ids_to_tokens(self, ids: list[int]) -> list[str]:
+        return [self._tokenizer.id_to_token(token_id) for token_id in ids]
+
+
+def _read_json(path: Path) -> dict:
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+
+def _special_tokens(settings: dict) -> dict[str, str]:
+    """Special tokens named in a tokenizer config; a token may be a string or {"content": ...}."""
+    found = {}
+    for role in SPECIAL_TOKEN_ROLES:
+        token = settings.get(role)
+        token = token.get("content") if isinstance(token, dict) else token
+        if isinstance(token, str):
+            found[role] = token
+    return found
 
 
 @dataclass
@@ -36,38 +101,46 @@ class Encoded:
         }
 
 
-def encode(tokenizer, texts: list[str], max_positions: int, truncate: bool = False) -> Encoded:
-    """Tokenize texts into one padded batch, refusing blank texts and texts too long for the model."""
+def check_lengths(token_counts: list[int], max_positions: int, where: list[str] | None = None) -> None:
+    """Refuse the first text longer than the model's positions; `where` names each text (e.g. "line 3")."""
+    for index, count in enumerate(token_counts):
+        if count > max_positions:
+            subject = f"{where[index]} has" if where else "the text has"
+            raise AttnvizError(
+                f"{subject} {count} tokens, more than the model's {max_positions} positions; "
+                "shorten it or pass --truncate"
+            )
+
+
+def encode(tokenizer: WordPieceTokenizer, texts: list[str], max_positions: int, truncate: bool = False) -> Encoded:
+    """Tokenize texts into one padded batch, refusing blank texts and texts too long for the model.
+
+    --truncate keeps the first max_positions - 1 tokens and the final [SEP].
+    """
     for text in texts:
         if not text.strip():
             raise AttnvizError("the text is empty: give some words to attend over")
-    if not truncate:
-        lengths = [len(ids) for ids in tokenizer(texts, truncation=False, verbose=False)["input_ids"]]
-        longest = max(lengths)
-        if longest > max_positions:
-            raise AttnvizError(
-                f"the text has {longest} tokens, more than the model's {max_positions} positions; "
-                "shorten it or pass --truncate"
-            )
-    batch = tokenizer(
-        texts,
-        padding=True,
-        truncation=truncate,
-        max_length=max_positions if truncate else None,
-        return_tensors="pt",
-        return_token_type_ids=True,
-    )
-    ids = [row[mask.bool()].tolist() for row, mask in zip(batch["input_ids"], batch["attention_mask"])]
+    ids = tokenizer.encode_batch(texts)
+    if truncate:
+        ids = [row if len(row) <= max_positions else row[: max_positions - 1] + row[-1:] for row in ids]
+    check_lengths([len(row) for row in ids], max_positions)
+
+    longest = max(len(row) for row in ids)
+    input_ids = torch.full((len(ids), longest), tokenizer.pad_token_id, dtype=torch.long)  # (B, N)
+    attention_mask = torch.zeros((len(ids), longest), dtype=torch.long)  # (B, N): 1 = real token
+    for row, token_ids in enumerate(ids):
+        input_ids[row, : len(token_ids)] = torch.tensor(token_ids)
+        attention_mask[row, : len(token_ids)] = 1
     return Encoded(
-        input_ids=batch["input_ids"],
-        attention_mask=batch["attention_mask"],
-        token_type_ids=batch["token_type_ids"],
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        token_type_ids=torch.zeros_like(input_ids),  # one segment: every token is sentence A
         tokens=[tokenizer.convert_ids_to_tokens(row) for row in ids],
         ids=ids,
     )
 
 
-def unknown_token_notice(tokenizer, text: str, ids: list[int], model_name: str) -> str | None:
+def unknown_token_notice(tokenizer: WordPieceTokenizer, text: str, ids: list[int], model_name: str) -> str | None:
     """A warning when more than a third of the text's own tokens are [UNK] for this model."""
     special = set(tokenizer.all_special_ids)
     own = [i for i in ids if i not in special or i == tokenizer.unk_token_id]

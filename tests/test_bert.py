@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from attnviz.analysis import summarize_heads
-from attnviz.loading import load_model
 from attnviz.pipeline import build_layer, embedding_output, layer_input, run_attention
 from attnviz.tokens import encode
 
@@ -19,32 +18,52 @@ LONG = "The animal didn't cross the street because it was too tired."
 
 
 @pytest.fixture(scope="module")
-def loaded():
-    return load_model("bundled", "cpu")
+def loaded(bundled_bert):
+    return bundled_bert
 
 
-def bert_reference(loaded, texts, layer):
-    """transformers' own attention weights (B, H, N, N) and attention-output dense result (B, N, D)."""
-    batch = loaded.tokenizer(texts, padding=True, return_tensors="pt")
+@pytest.fixture(scope="module")
+def reference(reference_bert):
+    return reference_bert
+
+
+def bert_reference(reference, texts, layer):
+    """transformers' own outputs (attentions (B, H, N, N), hidden states) and its attention-output dense result (B, N, D)."""
+    tokenizer, model = reference
+    batch = tokenizer(texts, padding=True, return_tensors="pt")
     captured = {}
-    dense = loaded.model.encoder.layer[layer].attention.output.dense
+    dense = model.encoder.layer[layer].attention.output.dense
     handle = dense.register_forward_hook(lambda module, inputs, output: captured.setdefault("out", output))
     try:
         with torch.no_grad():
-            outputs = loaded.model(**batch, output_attentions=True, output_hidden_states=True)
+            outputs = model(**batch, output_attentions=True, output_hidden_states=True)
     finally:
         handle.remove()
     return outputs, captured["out"], batch["attention_mask"].sum(1).tolist()
 
 
-def test_the_bundled_model_uses_eager_attention_so_the_reference_is_bert_itself(loaded):
-    assert loaded.model.config._attn_implementation == "eager"
+def test_the_reference_is_transformers_bert_with_eager_attention(loaded, reference):
+    assert reference[1].config._attn_implementation == "eager"
     assert (loaded.num_layers, loaded.num_heads, loaded.hidden_size) == (6, 12, 384)
 
 
+@pytest.mark.parametrize("texts", [[LONG], [SHORT, LONG], ["我想吃酸菜鱼 and Café naïve 👍"]])
+def test_our_tokens_and_every_hidden_state_equal_transformers(loaded, reference, texts):
+    tokenizer, _ = reference
+    outputs, _, lengths = bert_reference(reference, texts, 0)
+    encoded = encode(loaded.tokenizer, texts, loaded.max_positions)
+    assert encoded.ids == [tokenizer(text)["input_ids"] for text in texts]
+    with torch.no_grad():
+        states = loaded.model(**encoded.model_inputs("cpu"))
+    assert len(states) == len(outputs.hidden_states) == 7
+    for ours, theirs in zip(states, outputs.hidden_states):
+        for i, n in enumerate(lengths):  # padding positions are not compared: nothing reads them
+            torch.testing.assert_close(ours[i, :n], theirs[i, :n], atol=TOLERANCE, rtol=0)
+
+
 @pytest.mark.parametrize("layer", range(6))
-def test_single_text_weights_and_output_equal_berts_for_every_layer(loaded, layer):
-    outputs, dense_out, _ = bert_reference(loaded, [LONG], layer)
+def test_single_text_weights_and_output_equal_berts_for_every_layer(loaded, reference, layer):
+    outputs, dense_out, _ = bert_reference(reference, [LONG], layer)
     (run,) = run_attention(loaded, [LONG], layer=layer)
 
     expected = outputs.attentions[layer][0].numpy()  # (H, N, N)
@@ -54,8 +73,8 @@ def test_single_text_weights_and_output_equal_berts_for_every_layer(loaded, laye
 
 
 @pytest.mark.parametrize("layer", range(6))
-def test_padded_batch_equals_berts_batch_and_each_text_alone(loaded, layer):
-    outputs, dense_out, lengths = bert_reference(loaded, [SHORT, LONG], layer)
+def test_padded_batch_equals_berts_batch_and_each_text_alone(loaded, reference, layer):
+    outputs, dense_out, lengths = bert_reference(reference, [SHORT, LONG], layer)
     runs = run_attention(loaded, [SHORT, LONG], layer=layer)
 
     assert [len(run.query_tokens) for run in runs] == lengths == [9, 16]
@@ -77,12 +96,11 @@ def test_padding_keys_get_exactly_zero_and_rows_sum_to_one(loaded):
 
 
 @pytest.mark.parametrize("layer", [0, 3, 5])
-def test_layer_input_is_berts_hidden_state(loaded, layer):
-    outputs, _, _ = bert_reference(loaded, [LONG], layer)
+def test_layer_input_is_berts_hidden_state(loaded, reference, layer):
+    outputs, _, _ = bert_reference(reference, [LONG], layer)
     encoded = encode(loaded.tokenizer, [LONG], loaded.max_positions)
     hidden = layer_input(loaded, encoded, layer, "cpu")
     torch.testing.assert_close(hidden, outputs.hidden_states[layer], atol=TOLERANCE, rtol=0)
-    assert len(loaded.model.encoder.layer) == 6  # the model is left whole
 
 
 def test_random_weights_are_reproducible_by_seed_and_nearly_uniform(loaded):

@@ -1,0 +1,22 @@
+"""Shared fixtures: the bundled model as attnviz loads it, and transformers' own BERT as the reference."""
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def bundled_bert():
+    from attnviz.loading import load_model
+
+    return load_model("bundled", "cpu")
+
+
+@pytest.fixture(scope="session")
+def reference_bert():
+    """transformers' BertModel (eager attention, so it returns its attention weights) and tokenizer."""
+    from transformers import AutoTokenizer, BertModel
+
+    from attnviz.loading import bundled_model_path
+
+    folder = bundled_model_path()
+    model = BertModel.from_pretrained(folder, attn_implementation="eager").eval()
+    return AutoTokenizer.from_pretrained(folder), model
