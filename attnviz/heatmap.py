@@ -58,25 +58,30 @@ def run_title(run: AttentionRun) -> str:
     return title + " · random weights" if run.weights == "random" else title
 
 
-def write_head_heatmaps(run: AttentionRun, out_dir: Path, fmt: str = "png") -> list[Path]:
-    """Write head_00.<fmt>, head_01.<fmt>, ... into out_dir; return their paths.
+def write_head_heatmaps(
+    run: AttentionRun, out_dir: Path, fmt: str = "png", prefix: str = "", note: str = ""
+) -> list[Path]:
+    """Write <prefix>head_00.<fmt>, <prefix>head_01.<fmt>, ... into out_dir; return their paths.
+
+    prefix and note (added to each title) set apart other figures of the same run, such as
+    the heads of a deliberate mistake written beside the right ones.
 
     One figure is laid out once and reused: per head only the image data, the cell values
     and the title change.
     """
     _check_format(fmt)
-    heatmap = _HeadFigure(run)
+    heatmap = _HeadFigure(run, note)
     paths = []
     for head in range(run.num_heads):
         heatmap.show_head(head)
-        path = Path(out_dir) / f"head_{head:02d}.{fmt}"
+        path = Path(out_dir) / f"{prefix}head_{head:02d}.{fmt}"
         heatmap.save(path)
         paths.append(path)
     return paths
 
 
-def write_heads_grid(run: AttentionRun, out_dir: Path, fmt: str = "png") -> Path:
-    """Write heads.<fmt>: every head in a grid with one shared colorbar; return its path."""
+def write_heads_grid(run: AttentionRun, out_dir: Path, fmt: str = "png", prefix: str = "", note: str = "") -> Path:
+    """Write <prefix>heads.<fmt>: every head in a grid with one shared colorbar; return its path."""
     _check_format(fmt)
     figure = _new_figure(_grid_figure_size(run))
     num_rows, num_columns = grid_shape(run.num_heads)
@@ -99,12 +104,12 @@ def write_heads_grid(run: AttentionRun, out_dir: Path, fmt: str = "png") -> Path
             queries=head % num_columns == 0,
         )
     figure.colorbar(image, ax=axes, shrink=0.6, label="attention weight")
-    title = f"{run_title(run)} · {run.num_heads} heads\n{_quoted_texts(run)}"
+    title = f"{run_title(run)}{note} · {run.num_heads} heads\n{_quoted_texts(run)}"
     figure.suptitle(title, parse_math=False)
     figure.supxlabel("key")
     figure.supylabel("query")
     _freeze_layout(figure)
-    path = Path(out_dir) / f"heads.{fmt}"
+    path = Path(out_dir) / f"{prefix}heads.{fmt}"
     figure.savefig(path, dpi=DPI, **_save_options(fmt))
     return path
 
@@ -116,8 +121,9 @@ class _HeadFigure:
     rendered once, and each head draws only its image, cell values, title and frame on top.
     """
 
-    def __init__(self, run: AttentionRun):
+    def __init__(self, run: AttentionRun, note: str = ""):
         self.run = run
+        self.note = note
         num_queries, num_keys = run.attention.shape[1:]
         self.figure = _new_figure(_head_figure_size(num_queries, num_keys))
         self.ax = self.figure.add_subplot()
@@ -140,7 +146,7 @@ class _HeadFigure:
     def show_head(self, head: int) -> None:
         weights = masked_attention(self.run.attention[head], self.run.causal)  # (Nq, Nk)
         self.image.set_data(weights)
-        self.title.set_text(f"{run_title(self.run)} · head {head}")
+        self.title.set_text(f"{run_title(self.run)}{self.note} · head {head}")
         if self.cell_values is not None:
             _update_cell_values(self.cell_values, weights, self.image)
 
