@@ -32,6 +32,7 @@ console = Console(highlight=False)
 errors = Console(stderr=True, highlight=False, markup=False)
 
 DEFAULT_OUTPUTS = Path("outputs")
+INTERRUPTED = 130  # the shell's exit code for Ctrl-C (128 + SIGINT)
 
 
 class Weights(str, Enum):
@@ -51,23 +52,45 @@ class ImageFormat(str, Enum):
     pdf = "pdf"
 
 
+class Layout(str, Enum):  # attnviz.trace.LAYOUTS, and all (not imported: trace imports torch)
+    view_permute = "view-permute"
+    merged_batch = "merged-batch"
+    fused_qkv = "fused-qkv"
+    single_head = "single-head"
+    all = "all"
+
+
+class Mistake(str, Enum):  # attnviz.trace.MISTAKES
+    view_without_permute = "view-without-permute"
+    merge_without_permute = "merge-without-permute"
+
+
 ModelOption = typer.Option(
     None,
     "--model",
     "-m",
     help="Hugging Face hub id or local folder of a BERT model. "
-    "[default: bert-base-chinese; offline, the bundled all-MiniLM-L6-v2]",
+    "(default: bert-base-chinese; offline, the bundled all-MiniLM-L6-v2)",
     show_default=False,
 )
 
 
 @app.command()
 def heads(
-    text: str = typer.Argument(..., help="The text to attend over, e.g. 我想吃酸菜鱼."),
+    text: Optional[str] = typer.Argument(
+        None, help="The text to attend over, e.g. 我想吃酸菜鱼. Or give --file.", show_default=False
+    ),
+    file: Optional[str] = typer.Option(
+        None,
+        "--file",
+        "-f",
+        help="A batch: one text per line (blank lines skipped; - reads standard input), "
+        "one run folder per text and a summary.",
+    ),
     model: Optional[str] = ModelOption,
     layer: int = typer.Option(0, "--layer", "-l", help="BERT layer whose attention weights and input to use."),
     num_heads: Optional[int] = typer.Option(
-        None, "--heads", help="Split the projections into this many heads [default: the model's own]."
+        None, "--heads", help="Split the projections into this many heads (default: the model's own)."
     ),
     weights: Weights = typer.Option(Weights.pretrained, help="BERT's trained projections, or a fresh random layer."),
     seed: int = typer.Option(0, help="Seed for --weights random."),
@@ -75,17 +98,20 @@ def heads(
         None, "--kv", help="Cross-attention: keys and values from this text, queries from TEXT."
     ),
     causal: bool = typer.Option(False, "--causal", help="Mask future keys (each token sees only itself and earlier)."),
+    show_trace: bool = typer.Option(
+        False, "--trace", help="Also print the shape trace of the heads (as attnviz trace) and write trace.json, trace.md."
+    ),
     device: Device = typer.Option(Device.auto, help="Where to run: auto is the GPU when torch sees one."),
     image_format: ImageFormat = typer.Option(ImageFormat.png, "--format", help="Image file format."),
     out: Optional[Path] = typer.Option(
-        None, "--out", "-o", help="Run folder to write into [default: a new folder under outputs/ named after the text]."
+        None, "--out", "-o", help="Run folder to write into (default: a new folder under outputs/ named after the text)."
     ),
     truncate: bool = typer.Option(False, help="Cut texts longer than the model's positions instead of refusing them."),
     allow_pickle: bool = typer.Option(
         False, help="Let a local model whose only weights are a pickle file load (unpickling can run code)."
     ),
 ) -> None:
-    """Per-head attention heatmaps, a summary table and attention.json for one text."""
+    """Per-head attention heatmaps, a summary table and attention.json for one text, or each line of --file."""
     from attnviz.analysis import summarize_heads
     from attnviz.export import write_attention_json
     from attnviz.heatmap import write_head_heatmaps, write_heads_grid
@@ -94,9 +120,28 @@ def heads(
     from attnviz.runs import StagedRunFolder, run_folder_name
     from attnviz import terminal
 
+    if text is not None and file is not None:
+        raise AttnvizError("give either a TEXT or --file PATH, not both")
+    if text is None and file is None:
+        raise AttnvizError("missing argument 'TEXT': give a text, or --file PATH with one text per line")
     for given, what in ((text, "the text"), (kv, "the --kv text")):
         if given is not None and not given.strip():
             raise AttnvizError(f"{what} is empty: give some words to attend over")
+    if file is not None and show_trace:
+        raise AttnvizError("--trace traces one text: for a batch use attnviz trace --file PATH")
+    if file is not None:
+        return _heads_for_file(
+            file,
+            model=model,
+            allow_pickle=allow_pickle,
+            device=device.value,
+            image_format=image_format.value,
+            out=out,
+            run_options=dict(
+                kv_text=kv, layer=layer, num_heads=num_heads, weights=weights.value, seed=seed, causal=causal,
+                truncate=truncate,
+            ),
+        )
     target = out if out is not None else DEFAULT_OUTPUTS / run_folder_name(text)
     if target.exists() and not target.is_dir():
         raise AttnvizError(f"the output path {target} is a file, not a folder")
@@ -119,13 +164,446 @@ def heads(
     terminal.print_setup(console, run, loaded.source, device_label(device_name))
     terminal.print_tokens(console, run)
     console.print(terminal.heads_table(run, summarize_heads(run.attention), console.width))
+    traced = None
+    if show_trace:
+        from attnviz.trace import trace_texts
+        from attnviz.trace_render import print_trace
+
+        traced = trace_texts(
+            loaded, [text], kv_text=kv, layer=layer, num_heads=num_heads, weights=weights.value, seed=seed,
+            causal=causal, device=device_name, truncate=truncate,
+        )
+        print_trace(console, traced, tokens=run.query_tokens)
 
     folder = StagedRunFolder(target, unique=out is None)
     with console.status("writing heatmaps…"), folder as staging:
         written = write_head_heatmaps(run, staging, image_format.value)
         written.append(write_heads_grid(run, staging, image_format.value))
         written.append(write_attention_json(run, staging / "attention.json"))
+        if traced is not None:
+            from attnviz.trace_render import write_trace_files
+
+            written += write_trace_files(traced, run, staging, image_format.value)
     terminal.print_files(console, folder.final, [folder.final / path.name for path in written])
+    if traced is not None and not traced.agree:
+        return _layouts_disagree(traced)
+
+
+def _heads_for_file(
+    file: str, *, model, allow_pickle: bool, device: str, image_format: str, out: Optional[Path], run_options: dict
+) -> None:
+    """`heads --file`: every line through the same layer, batch by batch; a folder per text."""
+    from attnviz import batch, terminal
+    from attnviz.loading import load_model
+    from attnviz.pipeline import device_label, resolve_device
+    from attnviz.runs import StagedRunFolder
+
+    texts = batch.read_texts(file)
+    target = out if out is not None else DEFAULT_OUTPUTS / batch.batch_folder_name(file)
+    if target.exists() and not target.is_dir():
+        raise AttnvizError(f"the output path {target} is a file, not a folder")
+    if out is not None:
+        batch.check_batch_target(target, batch.text_folder_names(texts))
+    device_name = resolve_device(device)
+    loaded = load_model(model, device_name, allow_pickle=allow_pickle)
+    batch.check_lengths(loaded.tokenizer, texts, loaded.max_positions, run_options["truncate"])
+
+    folder = StagedRunFolder(target, unique=out is None)
+    progress = terminal.progress_bar(console, len(texts), "attention and heatmaps", batch.PROGRESS_MIN_TEXTS)
+    with progress as advance, folder as staging:
+        result = batch.write_batch(
+            loaded, texts, staging, image_format, device=device_name, on_text=lambda: advance(1), **run_options
+        )
+
+    shown = result.notices[:MAX_NOTICES_SHOWN]
+    if len(result.notices) > len(shown):
+        shown.append(f"… and {len(result.notices) - len(shown)} more notices like these")
+    terminal.print_notices(console, shown)
+    terminal.print_setup(console, result.first_run, loaded.source, device_label(device_name))
+    console.print(terminal.batch_table(result.rows, console.width))
+    numbers = [row["folder"].split("-", 1)[0] for row in result.rows]
+    folders = result.rows[0]["folder"] if len(numbers) == 1 else f"{numbers[0]}-… to {numbers[-1]}-… (a folder per text)"
+    terminal.print_files(console, folder.final, [folder.final / folders, *result.files])
+
+
+MAX_NOTICES_SHOWN = 3  # over many texts: the first few notices, then a count
+
+
+@app.command()
+def stats(
+    text: Optional[str] = typer.Argument(
+        None, help="The text whose heads to measure. Or give --file.", show_default=False
+    ),
+    file: Optional[str] = typer.Option(
+        None,
+        "--file",
+        "-f",
+        help="Average over texts: one per line (blank lines skipped; - reads standard input).",
+    ),
+    model: Optional[str] = ModelOption,
+    num_heads: Optional[int] = typer.Option(
+        None, "--heads", help="Split each layer's projections into this many heads (default: the model's own)."
+    ),
+    weights: Weights = typer.Option(Weights.pretrained, help="BERT's trained projections, or a fresh random layer."),
+    seed: int = typer.Option(0, help="Seed for --weights random."),
+    causal: bool = typer.Option(False, "--causal", help="Mask future keys (each token sees only itself and earlier)."),
+    device: Device = typer.Option(Device.auto, help="Where to run: auto is the GPU when torch sees one."),
+    image_format: ImageFormat = typer.Option(ImageFormat.png, "--format", help="Image file format."),
+    out: Optional[Path] = typer.Option(
+        None,
+        "--out",
+        "-o",
+        help="Run folder to write into (default: a new folder under outputs/ named after the text or file).",
+    ),
+    truncate: bool = typer.Option(False, help="Cut texts longer than the model's positions instead of refusing them."),
+    allow_pickle: bool = typer.Option(
+        False, help="Let a local model whose only weights are a pickle file load (unpickling can run code)."
+    ),
+) -> None:
+    """What every head of every layer does: entropy, [CLS], [SEP], previous/next token, labels; stats.csv and .json."""
+    from attnviz.analysis import StatisticsAccumulator
+    from attnviz.batch import BATCH_SIZE, PROGRESS_MIN_TEXTS, batch_folder_name, batches, check_lengths, read_texts
+    from attnviz.loading import load_model
+    from attnviz.pipeline import device_label, iter_layer_runs, resolve_device
+    from attnviz.runs import StagedRunFolder, run_folder_name
+    from attnviz.stats_export import write_stats_csv, write_stats_json
+    from attnviz.stats_figures import write_js_distance
+    from attnviz import terminal
+
+    if text is not None and file is not None:
+        raise AttnvizError("give either a TEXT or --file PATH, not both")
+    if text is None and file is None:
+        raise AttnvizError("missing argument 'TEXT': give a text, or --file PATH with one text per line")
+    if text is not None and not text.strip():
+        raise AttnvizError("the text is empty: give some words to attend over")
+    lines = read_texts(file) if file is not None else None
+    texts = [entry.text for entry in lines] if lines is not None else [text]
+    target = out if out is not None else DEFAULT_OUTPUTS / (batch_folder_name(file) if file else run_folder_name(text))
+    if target.exists() and not target.is_dir():
+        raise AttnvizError(f"the output path {target} is a file, not a folder")
+    device_name = resolve_device(device.value)
+    loaded = load_model(model, device_name, allow_pickle=allow_pickle)
+    if lines is not None:
+        check_lengths(loaded.tokenizer, lines, loaded.max_positions, truncate)
+
+    accumulator = StatisticsAccumulator(loaded.num_layers, causal)
+    notices: dict[str, None] = {}
+    first_run = None
+    with terminal.progress_bar(console, len(texts), "measuring heads", PROGRESS_MIN_TEXTS) as advance:
+        for batch in batches(texts, BATCH_SIZE):
+            by_layer = iter_layer_runs(
+                loaded, batch, num_heads=num_heads, weights=weights.value, seed=seed, causal=causal,
+                device=device_name, truncate=truncate,
+            )
+            for runs in by_layer:  # one layer at a time: (H, N, N) per text, statistics, then freed
+                for run in runs:
+                    accumulator.add(run.layer, run.attention, run.query_tokens)
+            notices.update(dict.fromkeys(notice for run in runs for notice in run.notices))
+            first_run = first_run or runs[0]
+            advance(len(batch))
+    result = accumulator.result()
+
+    shown = list(notices)[:MAX_NOTICES_SHOWN]
+    if len(notices) > len(shown):
+        shown.append(f"… and {len(notices) - len(shown)} more such notes, one per text")
+    terminal.print_notices(console, shown)
+    terminal.print_setup(console, first_run, loaded.source, device_label(device_name), loaded.num_layers, len(texts))
+    for table in terminal.stats_grid(result, console.width):
+        console.print(table)
+    console.print(terminal.labelled_heads_table(result))
+
+    folder = StagedRunFolder(target, unique=out is None)
+    with console.status("writing statistics…"), folder as staging:
+        written = [
+            write_stats_csv(result, staging / "stats.csv"),
+            write_stats_json(result, texts, first_run, seed, staging / "stats.json"),
+            write_js_distance(result.js_distance, first_run, texts, staging, image_format.value),
+        ]
+    terminal.print_files(console, folder.final, [folder.final / path.name for path in written])
+
+
+@app.command()
+def layers(
+    text: str = typer.Argument(..., help="The text to attend over, e.g. 我想吃酸菜鱼."),
+    model: Optional[str] = ModelOption,
+    num_heads: Optional[int] = typer.Option(
+        None, "--heads", help="Split each layer's projections into this many heads (default: the model's own)."
+    ),
+    weights: Weights = typer.Option(Weights.pretrained, help="BERT's trained projections, or a fresh random layer."),
+    seed: int = typer.Option(0, help="Seed for --weights random."),
+    causal: bool = typer.Option(False, "--causal", help="Mask future keys (each token sees only itself and earlier)."),
+    device: Device = typer.Option(Device.auto, help="Where to run: auto is the GPU when torch sees one."),
+    image_format: ImageFormat = typer.Option(ImageFormat.png, "--format", help="Image file format."),
+    out: Optional[Path] = typer.Option(
+        None,
+        "--out",
+        "-o",
+        help="Run folder to write into (default: a new folder under outputs/ named after the text).",
+    ),
+    truncate: bool = typer.Option(False, help="Cut texts longer than the model's positions instead of refusing them."),
+    allow_pickle: bool = typer.Option(
+        False, help="Let a local model whose only weights are a pickle file load (unpickling can run code)."
+    ),
+) -> None:
+    """Every layer and head at a glance (layers.png) and attention rollout through the layers (rollout.png)."""
+    from attnviz.analysis import attention_rollout
+    from attnviz.loading import load_model
+    from attnviz.pipeline import device_label, resolve_device, run_layers
+    from attnviz.runs import StagedRunFolder, run_folder_name
+    from attnviz.stats_export import write_rollout_json
+    from attnviz.stats_figures import write_layers_grid, write_rollout
+    from attnviz import terminal
+
+    if not text.strip():
+        raise AttnvizError("the text is empty: give some words to attend over")
+    target = out if out is not None else DEFAULT_OUTPUTS / run_folder_name(text)
+    if target.exists() and not target.is_dir():
+        raise AttnvizError(f"the output path {target} is a file, not a folder")
+    device_name = resolve_device(device.value)
+    loaded = load_model(model, device_name, allow_pickle=allow_pickle)
+    (layer_runs,) = run_layers(
+        loaded, [text], num_heads=num_heads, weights=weights.value, seed=seed, causal=causal,
+        device=device_name, truncate=truncate,
+    )
+    rollout = attention_rollout([run.attention for run in layer_runs])  # (N, N)
+
+    first = layer_runs[0]
+    terminal.print_notices(console, first.notices)
+    terminal.print_setup(console, first, loaded.source, device_label(device_name), len(layer_runs))
+    terminal.print_tokens(console, first)
+    terminal.print_rollout(console, first.query_tokens, rollout)
+
+    folder = StagedRunFolder(target, unique=out is None)
+    with console.status("writing figures…"), folder as staging:
+        written = [
+            write_layers_grid(layer_runs, staging, image_format.value),
+            write_rollout(layer_runs, rollout, staging, image_format.value),
+            write_rollout_json(layer_runs, rollout, seed, staging / "rollout.json"),
+        ]
+    terminal.print_files(console, folder.final, [folder.final / path.name for path in written])
+
+
+@app.command()
+def compare(
+    text: str = typer.Argument(..., help="The text to attend over, e.g. 我想吃酸菜鱼."),
+    head_counts: Optional[str] = typer.Option(
+        None,
+        "--heads",
+        help="Comma list of head counts, each dividing the model size, e.g. 1,4,12 "
+        "(default: 1, 4 and the model's own).",
+        show_default=False,
+    ),
+    weights: str = typer.Option(
+        "pretrained", "--weights", help="Comma list: pretrained, random, or pretrained,random to set them side by side."
+    ),
+    model: Optional[str] = ModelOption,
+    layer: int = typer.Option(0, "--layer", "-l", help="BERT layer whose projections and input to use."),
+    seed: int = typer.Option(0, help="Seed for the random weights."),
+    device: Device = typer.Option(Device.auto, help="Where to run: auto is the GPU when torch sees one."),
+    image_format: ImageFormat = typer.Option(ImageFormat.png, "--format", help="Image file format."),
+    out: Optional[Path] = typer.Option(
+        None, "--out", "-o", help="Run folder to write into (default: a new folder under outputs/ named after the text)."
+    ),
+    truncate: bool = typer.Option(False, help="Cut texts longer than the model's positions instead of refusing them."),
+    allow_pickle: bool = typer.Option(
+        False, help="Let a local model whose only weights are a pickle file load (unpickling can run code)."
+    ),
+) -> None:
+    """The same W_q, W_k, W_v split into 1, 4, 12... heads, and BERT's weights beside random ones."""
+    from attnviz.compare import compare_splits, default_head_counts, parse_head_counts, parse_weights
+    from attnviz.compare import write_comparison_json
+    from attnviz.compare_figures import write_comparison_figure
+    from attnviz.loading import load_model
+    from attnviz.pipeline import device_label, resolve_device
+    from attnviz.runs import StagedRunFolder, run_folder_name
+    from attnviz import terminal
+
+    if not text.strip():
+        raise AttnvizError("the text is empty: give some words to attend over")
+    counts = parse_head_counts(head_counts) if head_counts is not None else None
+    weights_list = parse_weights(weights)
+    target = out if out is not None else DEFAULT_OUTPUTS / run_folder_name(text)
+    if target.exists() and not target.is_dir():
+        raise AttnvizError(f"the output path {target} is a file, not a folder")
+    device_name = resolve_device(device.value)
+    loaded = load_model(model, device_name, allow_pickle=allow_pickle)
+    counts = counts or default_head_counts(loaded.hidden_size, loaded.num_heads)
+    splits = compare_splits(
+        loaded, text, counts, weights_list, layer=layer, seed=seed, device=device_name, truncate=truncate
+    )
+
+    first = splits[0].run
+    terminal.print_notices(console, first.notices)
+    terminal.print_compare_setup(console, first, loaded.source, device_label(device_name), weights_list)
+    terminal.print_tokens(console, first)
+    console.print(terminal.compare_table(splits))
+
+    folder = StagedRunFolder(target, unique=out is None)
+    with console.status("drawing the comparison…"), folder as staging:
+        written = [
+            write_comparison_figure(splits, staging, image_format.value),
+            write_comparison_json(splits, staging / "compare.json"),
+        ]
+    terminal.print_files(console, folder.final, [folder.final / path.name for path in written])
+
+
+@app.command()
+def position(
+    text: str = typer.Argument(..., help="The text to permute, e.g. 我想吃酸菜鱼."),
+    permutation: Optional[str] = typer.Option(
+        None,
+        "--permutation",
+        "-p",
+        help="New order of the token positions, [CLS] and [SEP] included, e.g. 0,2,1,3 "
+        "(default: \\[CLS] and \\[SEP] stay, the tokens between them reversed).",
+        show_default=False,
+    ),
+    head: Optional[int] = typer.Option(
+        None, "--head", help="Head to draw (default: the one the position embeddings change most).", show_default=False
+    ),
+    model: Optional[str] = ModelOption,
+    device: Device = typer.Option(Device.auto, help="Where to run: auto is the GPU when torch sees one."),
+    image_format: ImageFormat = typer.Option(ImageFormat.png, "--format", help="Image file format."),
+    out: Optional[Path] = typer.Option(
+        None, "--out", "-o", help="Run folder to write into (default: a new folder under outputs/ named after the text)."
+    ),
+    allow_pickle: bool = typer.Option(
+        False, help="Let a local model whose only weights are a pickle file load (unpickling can run code)."
+    ),
+) -> None:
+    """Why attention needs position embeddings: permute the tokens, with and without them."""
+    from attnviz.compare_figures import write_position_figure
+    from attnviz.loading import load_model
+    from attnviz.pipeline import device_label, resolve_device
+    from attnviz.position import position_experiment, write_position_json
+    from attnviz.runs import StagedRunFolder, run_folder_name
+    from attnviz import terminal
+
+    if not text.strip():
+        raise AttnvizError("the text is empty: give some words to attend over")
+    target = out if out is not None else DEFAULT_OUTPUTS / run_folder_name(text)
+    if target.exists() and not target.is_dir():
+        raise AttnvizError(f"the output path {target} is a file, not a folder")
+    device_name = resolve_device(device.value)
+    loaded = load_model(model, device_name, allow_pickle=allow_pickle)
+    result = position_experiment(loaded, text, permutation, head, device_name)
+
+    terminal.print_notices(console, result.notices)
+    terminal.print_position(console, result, loaded.source, device_label(device_name))
+
+    folder = StagedRunFolder(target, unique=out is None)
+    with console.status("drawing the maps…"), folder as staging:
+        written = [
+            write_position_figure(result, staging, image_format.value),
+            write_position_json(result, staging / "position.json"),
+        ]
+    terminal.print_files(console, folder.final, [folder.final / path.name for path in written])
+
+
+MAX_TRACE_TEXTS = 32  # a trace is read by a person: one padded batch of a few texts
+
+
+@app.command()
+def trace(
+    text: Optional[str] = typer.Argument(
+        None, help="The text to trace, e.g. 我想吃酸菜鱼. Or give --file.", show_default=False
+    ),
+    batch: list[str] = typer.Option(
+        [], "--batch", "-b", help="Another text in the same padded batch (repeatable): shows the padding path.",
+        show_default=False,
+    ),
+    file: Optional[str] = typer.Option(
+        None, "--file", "-f", help="A padded batch: one text per line (blank lines skipped; - reads standard input)."
+    ),
+    layout: Layout = typer.Option(
+        Layout.view_permute, "--layout", help="How the heads are split and merged, as a tutorial writes it; "
+        "all runs every layout on the same weights and checks that they agree.",
+    ),
+    mistake: Optional[Mistake] = typer.Option(
+        None, "--mistake", help="Make a common reshape mistake in view-permute and show where it goes wrong.",
+        show_default=False,
+    ),
+    model: Optional[str] = ModelOption,
+    layer: int = typer.Option(0, "--layer", "-l", help="BERT layer whose attention weights and input to use."),
+    num_heads: Optional[int] = typer.Option(
+        None, "--heads", help="Split the projections into this many heads (default: the model's own)."
+    ),
+    weights: Weights = typer.Option(Weights.pretrained, help="BERT's trained projections, or a fresh random layer."),
+    seed: int = typer.Option(0, help="Seed for --weights random."),
+    kv: Optional[str] = typer.Option(
+        None, "--kv", help="Cross-attention: keys and values from this text, queries from TEXT (not with fused-qkv)."
+    ),
+    causal: bool = typer.Option(False, "--causal", help="Mask future keys (each token sees only itself and earlier)."),
+    device: Device = typer.Option(Device.auto, help="Where to run: auto is the GPU when torch sees one."),
+    image_format: ImageFormat = typer.Option(ImageFormat.png, "--format", help="Image format of --mistake's heatmaps."),
+    out: Optional[Path] = typer.Option(
+        None, "--out", "-o", help="Run folder to write into (default: a new folder under outputs/ named after the text)."
+    ),
+    truncate: bool = typer.Option(False, help="Cut texts longer than the model's positions instead of refusing them."),
+    allow_pickle: bool = typer.Option(
+        False, help="Let a local model whose only weights are a pickle file load (unpickling can run code)."
+    ),
+) -> int:
+    """Every split and merge of the heads, step by step with the real shapes; trace.json and trace.md.
+
+    Exits 1 when the layouts disagree by more than 1e-5 (the files are still written).
+    """
+    from attnviz.batch import batch_folder_name, read_texts
+    from attnviz.loading import load_model
+    from attnviz.pipeline import device_label, resolve_device, run_attention
+    from attnviz.runs import StagedRunFolder, run_folder_name
+    from attnviz.trace import LAYOUTS, trace_texts
+    from attnviz.trace_render import print_trace, write_trace_files
+    from attnviz import terminal
+
+    if text is not None and file is not None:
+        raise AttnvizError("give either a TEXT or --file PATH, not both")
+    if text is None and file is None:
+        raise AttnvizError("missing argument 'TEXT': give a text, or --file PATH with one text per line")
+    if file is not None and batch:
+        raise AttnvizError("--batch adds texts to TEXT: put them in the --file instead")
+    texts = [entry.text for entry in read_texts(file)] if file is not None else [text, *batch]
+    for given, what in [*((given, "the text") for given in texts), (kv, "the --kv text")]:
+        if given is not None and not given.strip():
+            raise AttnvizError(f"{what} is empty: give some words to attend over")
+    if len(texts) > MAX_TRACE_TEXTS:
+        raise AttnvizError(f"a trace takes at most {MAX_TRACE_TEXTS} texts, not {len(texts)}: it is read by a person")
+    target = out if out is not None else DEFAULT_OUTPUTS / (batch_folder_name(file) if file else run_folder_name(text))
+    if target.exists() and not target.is_dir():
+        raise AttnvizError(f"the output path {target} is a file, not a folder")
+    device_name = resolve_device(device.value)
+    loaded = load_model(model, device_name, allow_pickle=allow_pickle)
+    options = dict(
+        kv_text=kv, layer=layer, num_heads=num_heads, weights=weights.value, seed=seed, causal=causal,
+        device=device_name, truncate=truncate,
+    )
+    traced = trace_texts(
+        loaded, texts, layouts=LAYOUTS if layout == Layout.all else (layout.value,),
+        mistake=mistake.value if mistake else None, **options,
+    )
+    runs = run_attention(loaded, texts, **options)  # tokens, notices and heatmaps
+
+    terminal.print_notices(console, [notice for run in runs for notice in run.notices])
+    terminal.print_setup(console, runs[0], loaded.source, device_label(device_name))
+    terminal.print_tokens(console, runs[0])
+    print_trace(console, traced, tokens=runs[0].query_tokens)
+
+    folder = StagedRunFolder(target, unique=out is None)
+    with console.status("writing the trace…"), folder as staging:
+        written = write_trace_files(traced, runs[0], staging, image_format.value)
+    terminal.print_files(console, folder.final, [folder.final / path.name for path in written])
+    return 0 if traced.agree else _layouts_disagree(traced)
+
+
+def _layouts_disagree(traced) -> int:
+    """A check that failed is a bug, not bad input: one line on stderr and exit code 1."""
+    worst = max(traced.checks, key=lambda check: max(check.weights_diff, check.output_diff))
+    errors.print(
+        f"error: the layouts disagree: {worst.layout} differs from {worst.reference} by "
+        f"{max(worst.weights_diff, worst.output_diff):.1e}, more than 1e-05 (see trace.json)",
+        soft_wrap=True,
+    )
+    return 1
 
 
 @app.command()
@@ -149,8 +627,7 @@ def run(args: list[str] | None = None) -> int:
         errors.print(f"error: {error}", soft_wrap=True)
         return 2
     except (KeyboardInterrupt, typer.Abort):
-        errors.print("interrupted: nothing was written")
-        return 130
+        result = INTERRUPTED
     except Exception as error:  # a bug: still one line, the traceback on request
         if os.environ.get("ATTNVIZ_DEBUG"):
             raise
@@ -158,6 +635,8 @@ def run(args: list[str] | None = None) -> int:
             f"error: unexpected {type(error).__name__}: {error} (set ATTNVIZ_DEBUG=1 for the traceback)", soft_wrap=True
         )
         return 1
+    if result == INTERRUPTED:  # typer turns Ctrl-C into this exit code; run folders clean up on it
+        errors.print("interrupted: nothing was written")
     return result if isinstance(result, int) else 0
 
 

@@ -7,7 +7,7 @@ are BERT's own attention pattern. With random weights it is a fresh layer, as in
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from collections.abc import Iterator
 
 import torch
 
@@ -43,22 +43,16 @@ def check_layer(loaded: LoadedModel, layer: int) -> None:
         )
 
 
-@contextmanager
-def _first_layers(model, count: int):
-    """Run only the first `count` encoder layers: the input of layer `count` is all we need."""
-    all_layers = model.encoder.layer
-    model.encoder.layer = all_layers[:count]
-    try:
-        yield
-    finally:
-        model.encoder.layer = all_layers
-
-
 @torch.inference_mode()
 def layer_input(loaded: LoadedModel, encoded: Encoded, layer: int, device: str) -> torch.Tensor:
     """The hidden state that enters BERT layer `layer`: (B, N, D). Layer 0 gets the embeddings."""
-    with _first_layers(loaded.model, layer):
-        return loaded.model(**encoded.model_inputs(device)).last_hidden_state
+    return loaded.model(**encoded.model_inputs(device), num_layers=layer)[-1]
+
+
+@torch.inference_mode()
+def layer_inputs(loaded: LoadedModel, encoded: Encoded, device: str) -> list[torch.Tensor]:
+    """The input of every BERT layer from one forward pass: element L (B, N, D) enters layer L."""
+    return loaded.model(**encoded.model_inputs(device), num_layers=loaded.num_layers - 1)
 
 
 @torch.inference_mode()
@@ -171,6 +165,62 @@ def run_attention(
             )
         )
     return runs
+
+
+@torch.inference_mode()
+def iter_layer_runs(
+    loaded: LoadedModel,
+    texts: list[str],
+    *,
+    num_heads: int | None = None,
+    weights: str = "pretrained",
+    seed: int = 0,
+    causal: bool = False,
+    device: str = "cpu",
+    truncate: bool = False,
+) -> Iterator[list[AttentionRun]]:
+    """attnviz's layer in place of every BERT layer over a padded batch: per layer, one run per text.
+
+    One BERT forward pass gives every layer's input; layer L's run of a text is what
+    run_attention(layer=L) gives for it. Layer by layer, so that a caller who only needs numbers
+    holds one layer's weights at a time; each run holds a copy of its text's unpadded weights.
+    """
+    num_heads = num_heads or loaded.num_heads
+    encoded = encode(loaded.tokenizer, texts, loaded.max_positions, truncate)
+    valid_lens = encoded.valid_lens.to(device)  # (B,)
+    notices = [
+        ([loaded.notice] if loaded.notice else []) + _unknown_token_notices(loaded, [(text, ids)])
+        for text, ids in zip(texts, encoded.ids)
+    ]
+    for layer, hidden in enumerate(layer_inputs(loaded, encoded, device)):  # hidden: (B, N, D)
+        attention = build_layer(loaded, layer, num_heads, weights, seed, device)
+        output, patterns = attention(hidden, valid_lens=valid_lens, causal=causal)  # (B, N, D), (B, H, N, N)
+        output, patterns = output.float().cpu().numpy(), patterns.float().cpu().numpy()
+        yield [
+            AttentionRun(
+                text=text,
+                model=loaded.name,
+                layer=layer,
+                weights=weights,
+                num_heads=num_heads,
+                device=device,
+                query_tokens=tokens,
+                key_tokens=tokens,
+                query_ids=ids,
+                key_ids=ids,
+                attention=patterns[i, :, : len(ids), : len(ids)].copy(),  # (H, N_i, N_i)
+                output=output[i, : len(ids)].copy(),  # (N_i, D)
+                causal=causal,
+                notices=notices[i],
+            )
+            for i, (text, tokens, ids) in enumerate(zip(texts, encoded.tokens, encoded.ids))
+        ]
+
+
+def run_layers(loaded: LoadedModel, texts: list[str], **options) -> list[list[AttentionRun]]:
+    """Every layer's run of every text, runs[text][layer]; options as for iter_layer_runs."""
+    by_layer = list(iter_layer_runs(loaded, texts, **options))  # by_layer[layer][text]
+    return [list(text_runs) for text_runs in zip(*by_layer)]
 
 
 def _unknown_token_notices(loaded: LoadedModel, texts_and_ids: list[tuple[str, list[int]]]) -> list[str]:

@@ -2,14 +2,25 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
 from rich.columns import Columns
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 from rich.text import Text
 
-from attnviz.analysis import HeadSummary
+from attnviz.analysis import (
+    BROAD_THRESHOLD,
+    CLS_TOKEN,
+    SEP_TOKEN,
+    SHARE_THRESHOLD,
+    HeadSummary,
+    ModelStatistics,
+)
 from attnviz.result import AttentionRun
 
 MAX_TOKENS_SHOWN = 64
@@ -21,13 +32,26 @@ def print_notices(console: Console, notices: list[str]) -> None:
         console.print(Text(f"note: {notice}", style="yellow"))
 
 
-def print_setup(console: Console, run: AttentionRun, source: str, device_label: str) -> None:
+def print_setup(
+    console: Console,
+    run: AttentionRun,
+    source: str,
+    device_label: str,
+    num_layers: int | None = None,
+    num_texts: int | None = None,
+) -> None:
+    """The model, layer, heads, weights and device of a run; num_layers for runs over every layer."""
     setup = Table.grid(padding=(0, 2))
     setup.add_row("model", Text(run.model).append(f" ({source})", style="dim"))
-    setup.add_row("layer", str(run.layer))
+    if num_layers is None:
+        setup.add_row("layer", str(run.layer))
+    else:
+        setup.add_row("layers", f"all {num_layers}, each on its own input from one BERT pass")
     setup.add_row("heads", f"{run.num_heads} × d={run.head_dim}")
     setup.add_row("weights", run.weights + (", causal" if run.causal else ""))
     setup.add_row("device", device_label)
+    if num_texts is not None:
+        setup.add_row("texts", f"{num_texts}, statistics averaged over them" if num_texts > 1 else "1")
     console.print(setup)
 
 
@@ -97,3 +121,201 @@ def models_table(models) -> Table:
     table.caption = "use one with --model NAME; any hub id downloads when online, any local BERT folder works"
     table.caption_justify = "left"
     return table
+
+
+# ---- attnviz stats and attnviz layers ------------------------------------------------------------
+
+LABEL_CELLS = {  # label: (its short form in the layer × head grid, style, word in the legend)
+    "previous-token": ("prv", "bold cyan", "previous"),
+    "next-token": ("nxt", "bold magenta", "next"),
+    "same-token": ("slf", "bold green", "same"),
+    "[CLS]": ("CLS", "bold yellow", "[CLS]"),
+    "[SEP]": ("SEP", "bold red", "[SEP]"),
+    "broad": ("brd", "blue", "broad"),
+}
+UNLABELLED_CELL = ("·", "dim", "none")
+MAX_HEADS_PER_LABEL = 10  # in the list of striking heads; stats.csv has them all
+
+
+def stats_grid(stats: ModelStatistics, width: int = 80) -> list[Table]:
+    """Layers × heads, each cell the head's label in short and colour; heads in blocks that fit width."""
+    layer_width = len(f"L{stats.num_layers - 1}")
+    head_width = max(3, len(f"H{stats.num_heads - 1}"))
+    # A column costs its text, one space either side and a border; the layer column also the left border.
+    per_block = max(1, (width - (layer_width + 4)) // (head_width + 3))
+    tables = []
+    for first in range(0, stats.num_heads, per_block):
+        heads = range(first, min(first + per_block, stats.num_heads))
+        table = Table(title="head labels by layer" if first == 0 else None, title_justify="left")
+        table.add_column("", justify="right", no_wrap=True)
+        for head in heads:
+            table.add_column(f"H{head}", justify="center", no_wrap=True, min_width=head_width)
+        for layer in range(stats.num_layers):
+            cells = []
+            for head in heads:
+                label = stats.label(layer, head)
+                short, style, _ = LABEL_CELLS[label] if label else UNLABELLED_CELL
+                cells.append(Text(short, style=style))
+            table.add_row(f"L{layer}", *cells)
+        tables.append(table)
+    legend = Text(f"share ≥ {SHARE_THRESHOLD:g}:")
+    for label, (short, style, word) in [*LABEL_CELLS.items(), (None, UNLABELLED_CELL)]:
+        if label == "broad":
+            legend.append(f"\nelse relative entropy ≥ {BROAD_THRESHOLD:g}:")
+        legend.append("  ").append(short, style=style).append(f" {word}")
+    tables[-1].caption = legend
+    tables[-1].caption_justify = "left"
+    return tables
+
+
+def labelled_heads_table(stats: ModelStatistics) -> Table:
+    """For each label, its heads strongest first: which heads look at the previous token, at [SEP]…"""
+    table = Table(title="heads by label, strongest first", title_justify="left")
+    table.add_column("label", no_wrap=True)
+    table.add_column("heads", justify="right", no_wrap=True)
+    table.add_column("layer·head = share (broad: relative entropy)")
+    for label, heads in stats.labelled_heads().items():
+        style = LABEL_CELLS[label][1]
+        listed = "  ".join(f"L{layer}·H{head}={value:.2f}" for layer, head, value in heads[:MAX_HEADS_PER_LABEL])
+        more = len(heads) - MAX_HEADS_PER_LABEL
+        table.add_row(Text(label, style=style), str(len(heads)), listed + (f"  +{more} more" if more > 0 else ""))
+    if not table.rows:
+        table.add_row("none", "0", "no head passes a threshold")
+    return table
+
+
+def print_rollout(console: Console, tokens: list[str], rollout) -> None:
+    """For each token after the last layer, the input token it draws on most, and the text's own
+    token it draws on most when that is [CLS] or [SEP]: "2 animal→[CLS] 0.64 · animal 0.04"."""
+    console.print(Text("rollout: the input token each token draws on most", style="bold underline"))
+    special = np.array([token in (CLS_TOKEN, SEP_TOKEN) for token in tokens])
+    cells = []
+    for query, token in enumerate(tokens[:MAX_TOKENS_SHOWN]):
+        key = int(rollout[query].argmax())
+        cell = Text.assemble((f"{query} ", "dim"), (token, "bold"), "→", tokens[key], f" {rollout[query, key]:.2f}")
+        word = int(np.where(special, -1.0, rollout[query]).argmax())
+        if special[key] and not special[word] and rollout[query, word] > 0:  # causal [CLS] sees no word
+            cell.append(f" · {tokens[word]} {rollout[query, word]:.2f}", style="dim")
+        cells.append(cell)
+    if len(tokens) > MAX_TOKENS_SHOWN:
+        cells.append(Text(f"… {len(tokens) - MAX_TOKENS_SHOWN} more", style="dim"))
+    console.print(Columns(cells, padding=(0, 2)))
+
+
+@contextmanager
+def progress_bar(console: Console, total: int, description: str, min_total: int) -> Iterator[Callable[[int], None]]:
+    """A transient progress bar over `total` items when there are at least min_total; yields advance(count)."""
+    if total < min_total:
+        yield lambda count: None
+        return
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
+        task = progress.add_task(description, total=total)
+        yield lambda count: progress.advance(task, count)
+
+
+# ---- `attnviz compare`, `heads --file` and `attnviz position` ------------------------------------
+
+
+def print_compare_setup(console: Console, run: AttentionRun, source: str, device_label: str, weights: list[str]) -> None:
+    setup = Table.grid(padding=(0, 2))
+    setup.add_row("model", Text(run.model).append(f" ({source})", style="dim"))
+    setup.add_row("layer", f"{run.layer}: the same W_q, W_k, W_v for every head count")
+    setup.add_row("weights", ", ".join(weights))
+    setup.add_row("device", device_label)
+    console.print(setup)
+
+
+def compare_table(splits) -> Table:
+    """One row per (weights, head count): how spread out its heads are."""
+    table = Table(title="one projection, split into heads", title_justify="left")
+    table.add_column("weights")
+    for name in ("heads", "d", "rel.", "min", "max", "mean max"):
+        table.add_column(name, justify="right", no_wrap=True)
+    for index, split in enumerate(splits):
+        last_of_its_weights = index + 1 < len(splits) and splits[index + 1].weights != split.weights
+        table.add_row(
+            split.weights,
+            str(split.num_heads),
+            str(split.run.head_dim),
+            f"{split.mean_relative_entropy:.2f}",
+            f"{split.most_focused.relative_entropy:.2f}",
+            f"{split.broadest.relative_entropy:.2f}",
+            f"{split.mean_max:.2f}",
+            end_section=last_of_its_weights,
+        )
+    table.caption = (
+        "rel. = row entropy / log(keys), mean over heads, and its min and max over heads: "
+        "1 is uniform, 0 all on one key; mean max = mean of row maxima, averaged over heads"
+    )
+    table.caption_justify = "left"
+    return table
+
+
+def batch_table(rows: list[dict], width: int = 80, max_rows: int = 40) -> Table:
+    """The summary of `heads --file`: one row per text (the first max_rows), full list in summary.csv."""
+    table = Table(title=f"{len(rows)} texts", title_justify="left")
+    table.add_column("#", justify="right", no_wrap=True)
+    table.add_column("line", justify="right", no_wrap=True)
+    table.add_column("tokens", justify="right", no_wrap=True)
+    table.add_column("focused head", justify="right", no_wrap=True)
+    table.add_column("rel.", justify="right", no_wrap=True)
+    table.add_column("text", no_wrap=True, overflow="ellipsis", max_width=max(20, width - 48))
+    for row in rows[:max_rows]:
+        table.add_row(
+            str(row["index"]),
+            str(row["line"]),
+            str(row["tokens"]),
+            f"{row['most_focused_head']} ({row['most_focused_relative_entropy']:.2f})",
+            f"{row['mean_relative_entropy']:.2f}",
+            Text(row["text"]),
+        )
+    if len(rows) > max_rows:
+        table.add_row("…", "", "", "", "", Text(f"{len(rows) - max_rows} more in summary.csv", style="dim"))
+    table.caption = (
+        "# = the number of the text's folder; focused head = the head with the lowest "
+        "rel. entropy (in brackets); rel. = mean over heads of row entropy / log(keys)"
+    )
+    table.caption_justify = "left"
+    return table
+
+
+def print_position(console: Console, result, source: str, device_label: str) -> None:
+    """Setup, both token orders, and the equivariance numbers of `attnviz position`."""
+    from attnviz.position import TOLERANCE, format_difference
+
+    setup = Table.grid(padding=(0, 2))
+    setup.add_row("model", Text(result.model).append(f" ({source})", style="dim"))
+    setup.add_row("layer", "0, BERT's weights, on the embedding output")
+    setup.add_row("heads", str(result.num_heads))
+    setup.add_row("device", device_label)
+    console.print(setup)
+    console.print(Text("tokens", style="bold underline"))
+    console.print(token_cells(result.tokens, result.ids))
+    console.print(Text("permuted (Px): new position, token, its old position", style="bold underline"))
+    cells = [
+        Text.assemble((f"{new} ", "dim"), (result.tokens[old], "bold"), (f" ←{old}", "dim"))
+        for new, old in enumerate(result.permutation[:MAX_TOKENS_SHOWN])
+    ]
+    console.print(Columns(cells, padding=(0, 2)))
+
+    table = Table(title="does permuting the tokens just permute the map?", title_justify="left")
+    table.add_column("position embeddings")
+    table.add_column("max |A(Px) − P A(x) Pᵀ|", justify="right")
+    table.add_column("output", justify="right")
+    table.add_column("equivariant", justify="center")
+    for label, side in (("without", result.without_positions), ("with BERT's", result.with_positions)):
+        table.add_row(
+            label,
+            format_difference(side.max_difference),
+            format_difference(side.output_difference),
+            Text("yes", style="green") if side.equivariant else Text("no", style="red"),
+        )
+    table.caption = (
+        f"over all heads; output = max |out(Px) − P out(x)| of the layer's output; "
+        f"equivariant = within {TOLERANCE:g}. Without positions attention sees a bag of tokens: "
+        "moving a token moves its row and column and changes nothing else. Position embeddings "
+        "make the order matter."
+    )
+    table.caption_justify = "left"
+    console.print(table)

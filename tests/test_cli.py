@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from attnviz.cli import run
-from attnviz.loading import load_model
 
 HEAD_FILES = [f"head_{h:02d}.png" for h in range(12)]
 ENGLISH = "The animal didn't cross the street because it was too tired."
@@ -22,8 +21,8 @@ def heads(*args):
 
 
 @pytest.fixture(scope="module")
-def bert():
-    return load_model("bundled", "cpu")
+def bert(reference_bert):
+    return reference_bert
 
 
 @pytest.mark.parametrize("text", ["我想吃酸菜鱼", ENGLISH])
@@ -39,12 +38,13 @@ def test_heads_writes_every_head_the_grid_and_berts_own_weights(text, tmp_path, 
         assert (tmp_path / "run" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     record = json.loads((tmp_path / "run" / "attention.json").read_text(encoding="utf-8"))
-    batch = bert.tokenizer([text], return_tensors="pt")
+    tokenizer, model = bert
+    batch = tokenizer([text], return_tensors="pt")
     with torch.no_grad():
-        expected = bert.model(**batch, output_attentions=True).attentions[0][0].numpy()
+        expected = model(**batch, output_attentions=True).attentions[0][0].numpy()
     assert record["text"] == text and record["layer"] == 0 and record["weights"] == "pretrained"
     assert record["num_heads"] == 12 and record["device"] == "cpu" and record["model"] == "all-MiniLM-L6-v2"
-    assert record["query_tokens"] == record["key_tokens"] == bert.tokenizer.convert_ids_to_tokens(batch["input_ids"][0])
+    assert record["query_tokens"] == record["key_tokens"] == tokenizer.convert_ids_to_tokens(batch["input_ids"][0])
     np.testing.assert_allclose(np.array(record["attention"]), expected, atol=1e-5, rtol=0)
 
     shown = capsys.readouterr().out
@@ -125,7 +125,8 @@ def test_help_imports_no_heavy_library():
     script = (
         "import sys\n"
         "from attnviz.cli import run\n"
-        "for args in (['--help'], ['heads', '--help'], ['models', '--help']):\n"
+        "for args in (['--help'], ['heads', '--help'], ['models', '--help'], ['stats', '--help'], ['layers', '--help'],\n"
+        "             ['compare', '--help'], ['position', '--help'], ['trace', '--help']):\n"
         "    assert run(args) == 0\n"
         "print(sorted({'torch', 'transformers', 'matplotlib'} & set(sys.modules)))\n"
     )

@@ -1,0 +1,198 @@
+"""`attnviz heads --file`: many texts, padded into batches, one run folder per text.
+
+Each batch of texts goes through attnviz's layer in one forward pass; padding keys are masked
+by each text's valid length, so every text gets exactly the weights it gets alone. Results are
+written batch by batch, so memory stays bounded however long the file is.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from attnviz.analysis import summarize_heads
+from attnviz.errors import AttnvizError
+from attnviz.result import AttentionRun
+from attnviz.runs import run_folder_name
+
+# Texts per forward pass. The weights of a batch are (B, H, N, N) floats: for 32 texts of
+# 512 tokens and 12 heads that is 400 MB, the most we want to hold at once.
+BATCH_SIZE = 32
+PROGRESS_MIN_TEXTS = 6  # show a progress bar from this many texts on
+STDIN = "-"
+SUMMARY_FORMAT_VERSION = 1
+SUMMARY_FIELDS = (
+    "index",
+    "line",
+    "folder",
+    "tokens",
+    "most_focused_head",
+    "most_focused_relative_entropy",
+    "mean_relative_entropy",
+    "text",
+)
+
+
+@dataclass
+class LineText:
+    """One non-blank line of the input: its 1-based line number and its text."""
+
+    line: int
+    text: str
+
+
+def read_texts(path: str) -> list[LineText]:
+    """The non-blank lines of a UTF-8 file, or of standard input for "-", stripped."""
+    where = "standard input" if path == STDIN else path
+    try:
+        if path == STDIN:
+            content = sys.stdin.read()
+        else:
+            content = Path(path).read_bytes().decode("utf-8-sig")
+    except FileNotFoundError:
+        raise AttnvizError(f"--file {path}: no such file") from None
+    except IsADirectoryError:
+        raise AttnvizError(f"--file {path} is a folder: give a text file with one text per line") from None
+    except UnicodeDecodeError as error:
+        raise AttnvizError(f"cannot read {where}: it is not UTF-8 text (byte {error.start})") from None
+    except OSError as error:
+        raise AttnvizError(f"cannot read --file {path}: {error.strerror or error}") from None
+    texts = [LineText(number, line.strip()) for number, line in enumerate(content.splitlines(), 1) if line.strip()]
+    if not texts:
+        raise AttnvizError(f"{where} has no text: every line is blank")
+    return texts
+
+
+def batch_folder_name(path: str) -> str:
+    """The default parent folder: named after the file, "stdin" for standard input."""
+    return "stdin" if path == STDIN else run_folder_name(Path(path).stem)
+
+
+def text_folder_names(texts: list[LineText]) -> list[str]:
+    """ "001-The-animal-didn-t-cross…", …: numbered in input order, so unique and sorted."""
+    width = max(3, len(str(len(texts))))
+    return [f"{index:0{width}d}-{run_folder_name(entry.text)}" for index, entry in enumerate(texts, 1)]
+
+
+def check_batch_target(target: Path, names: list[str]) -> None:
+    """Refuse an --out folder that already holds results of the same names: they would mix."""
+    taken = [name for name in [*names, "summary.csv", "summary.json"] if (target / name).exists()]
+    if taken:
+        raise AttnvizError(
+            f"the output folder {target} already has {taken[0]}"
+            + (f" and {len(taken) - 1} more" if len(taken) > 1 else "")
+            + " from an earlier run: give a new --out folder"
+        )
+
+
+def check_lengths(tokenizer, texts: list[LineText], max_positions: int, truncate: bool) -> None:
+    """Name the line of the first text too long for the model, before any work is done."""
+    from attnviz.tokens import check_lengths as check_token_counts
+
+    if not truncate:
+        counts = [len(ids) for ids in tokenizer.encode_batch([entry.text for entry in texts])]
+        check_token_counts(counts, max_positions, [f"line {entry.line}" for entry in texts])
+
+
+def batches(items: list, size: int) -> Iterator[list]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def run_in_batches(
+    loaded, texts: list[str], batch_size: int = BATCH_SIZE, **run_options
+) -> Iterator[list[AttentionRun]]:
+    """run_attention over each batch of texts in turn: one padded forward pass per batch."""
+    from attnviz.pipeline import run_attention
+
+    for batch in batches(texts, batch_size):
+        yield run_attention(loaded, batch, **run_options)
+
+
+def write_run_files(run: AttentionRun, folder: Path, fmt: str) -> list[Path]:
+    """What `attnviz heads` writes for one text: head heatmaps, the grid, attention.json."""
+    from attnviz.export import write_attention_json
+    from attnviz.heatmap import write_head_heatmaps, write_heads_grid
+
+    folder.mkdir()
+    written = write_head_heatmaps(run, folder, fmt)
+    written.append(write_heads_grid(run, folder, fmt))
+    written.append(write_attention_json(run, folder / "attention.json"))
+    return written
+
+
+def summary_row(index: int, entry: LineText, folder: str, run: AttentionRun) -> dict:
+    summaries = summarize_heads(run.attention)
+    focused = min(summaries, key=lambda summary: summary.relative_entropy)
+    return {
+        "index": index,
+        "line": entry.line,
+        "folder": folder,
+        "tokens": len(run.query_tokens),
+        "most_focused_head": focused.head,
+        "most_focused_relative_entropy": round(focused.relative_entropy, 4),
+        "mean_relative_entropy": round(sum(s.relative_entropy for s in summaries) / len(summaries), 4),
+        "text": entry.text,
+    }
+
+
+@dataclass
+class BatchResult:
+    rows: list[dict]  # one summary row per text, in input order
+    first_run: AttentionRun  # for the setup lines: model, layer, heads, weights are shared
+    notices: list[str]  # distinct notices over all texts, in order
+    files: list[Path]  # the summary files
+
+
+def write_batch(
+    loaded,
+    texts: list[LineText],
+    out_dir: Path,
+    fmt: str,
+    *,
+    batch_size: int = BATCH_SIZE,
+    on_text: Callable[[], None] | None = None,
+    **run_options,
+) -> BatchResult:
+    """Run every text, write its folder into out_dir, then summary.csv and summary.json."""
+    names = text_folder_names(texts)
+    rows, notices, first_run = [], {}, None
+    batched_runs = run_in_batches(loaded, [entry.text for entry in texts], batch_size, **run_options)
+    runs = (run for batch_runs in batched_runs for run in batch_runs)  # one batch in memory at a time
+    for index, (entry, name, run) in enumerate(zip(texts, names, runs), 1):
+        write_run_files(run, out_dir / name, fmt)
+        rows.append(summary_row(index, entry, name, run))
+        notices.update(dict.fromkeys(run.notices))
+        if first_run is None:  # a copy of its own slice: a view would keep the whole batch's arrays alive
+            first_run = replace(run, attention=run.attention.copy(), output=run.output.copy())
+        if on_text is not None:
+            on_text()
+    files = write_summary(rows, out_dir, first_run, run_options.get("kv_text"))
+    return BatchResult(rows, first_run, list(notices), files)
+
+
+def write_summary(rows: list[dict], out_dir: Path, run: AttentionRun, kv_text: str | None) -> list[Path]:
+    csv_path = out_dir / "summary.csv"
+    with csv_path.open("w", encoding="utf-8", newline="") as stream:
+        writer = csv.DictWriter(stream, fieldnames=SUMMARY_FIELDS)
+        writer.writeheader()
+        writer.writerows(rows)
+    record = {
+        "format": "attnviz-batch",
+        "version": SUMMARY_FORMAT_VERSION,
+        "model": run.model,
+        "layer": run.layer,
+        "weights": run.weights,
+        "num_heads": run.num_heads,
+        "device": run.device,
+        "causal": run.causal,
+        "kv_text": kv_text,
+        "texts": rows,
+    }
+    json_path = out_dir / "summary.json"
+    json_path.write_text(json.dumps(record, ensure_ascii=False, indent=1), encoding="utf-8")
+    return [csv_path, json_path]

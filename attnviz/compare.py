@@ -1,0 +1,150 @@
+"""`attnviz compare`: one layer's projections split into different numbers of heads, pretrained or random.
+
+W_q, W_k and W_v stay the same; only the split changes. With H heads, head h scores the
+queries against the keys with its own d = D / H columns of the projections, so one head sees
+all D dimensions at once and many heads each see a thin slice. A random layer (the tutorials'
+setting) is the same shape with untrained weights: its maps come out almost uniform.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from attnviz.analysis import HeadSummary, summarize_heads
+from attnviz.errors import AttnvizError
+from attnviz.result import AttentionRun
+
+COMPARE_FORMAT_VERSION = 1
+
+
+@dataclass
+class Split:
+    """One way of running the layer: these weights split into this many heads."""
+
+    weights: str
+    run: AttentionRun
+    summaries: list[HeadSummary]
+
+    @property
+    def num_heads(self) -> int:
+        return self.run.num_heads
+
+    @property
+    def mean_relative_entropy(self) -> float:
+        return sum(s.relative_entropy for s in self.summaries) / len(self.summaries)
+
+    @property
+    def mean_max(self) -> float:
+        return sum(s.mean_max for s in self.summaries) / len(self.summaries)
+
+    @property
+    def most_focused(self) -> HeadSummary:
+        return min(self.summaries, key=lambda summary: summary.relative_entropy)
+
+    @property
+    def broadest(self) -> HeadSummary:
+        return max(self.summaries, key=lambda summary: summary.relative_entropy)
+
+
+def _comma_list(spec: str, option: str) -> list[str]:
+    items = [item.strip() for item in spec.split(",")]
+    if not all(items):
+        raise AttnvizError(f"{option} takes a comma list without empty items, e.g. {option} 1,4,12; got {spec!r}")
+    return list(dict.fromkeys(items))  # each once, in the order given
+
+
+def parse_head_counts(spec: str) -> list[int]:
+    """ "1,4,12" -> [1, 4, 12]. Whether each divides the model size is checked with the model."""
+    counts = []
+    for item in _comma_list(spec, "--heads"):
+        if not item.isdigit() or int(item) < 1:
+            raise AttnvizError(f"--heads takes head counts such as 1,4,12: {item!r} is not a positive whole number")
+        counts.append(int(item))
+    return counts
+
+
+def parse_weights(spec: str) -> list[str]:
+    """ "pretrained,random" -> ["pretrained", "random"]."""
+    from attnviz.pipeline import WEIGHTS
+
+    weights = _comma_list(spec, "--weights")
+    for item in weights:
+        if item not in WEIGHTS:
+            raise AttnvizError(f"--weights: unknown weights {item!r}; choose from {', '.join(WEIGHTS)}")
+    return weights
+
+
+def default_head_counts(model_size: int, model_heads: int) -> list[int]:
+    """One head, four heads and the model's own number, where they divide the model size."""
+    return sorted({count for count in (1, 4, model_heads) if model_size % count == 0})
+
+
+def compare_splits(
+    loaded,
+    text: str,
+    head_counts: list[int],
+    weights: list[str],
+    *,
+    layer: int = 0,
+    seed: int = 0,
+    device: str = "cpu",
+    truncate: bool = False,
+) -> list[Split]:
+    """Every combination, weights first: [(pretrained, 1), (pretrained, 4), ..., (random, 1), ...].
+
+    A random layer is built from the same seed for every head count, so its W_q, W_k and W_v
+    are the same across the counts too, exactly as BERT's are.
+    """
+    from attnviz.attention import check_num_heads
+    from attnviz.pipeline import run_attention
+
+    for count in head_counts:
+        check_num_heads(loaded.hidden_size, count)
+    splits = []
+    for weight in weights:
+        for count in head_counts:
+            (run,) = run_attention(
+                loaded, [text], layer=layer, num_heads=count, weights=weight, seed=seed, device=device,
+                truncate=truncate,
+            )
+            splits.append(Split(weight, run, summarize_heads(run.attention)))
+    return splits
+
+
+def comparison_record(splits: list[Split]) -> dict:
+    first = splits[0].run
+    return {
+        "format": "attnviz-compare",
+        "version": COMPARE_FORMAT_VERSION,
+        "text": first.text,
+        "model": first.model,
+        "layer": first.layer,
+        "device": first.device,
+        "tokens": first.query_tokens,
+        "splits": [
+            {
+                "weights": split.weights,
+                "num_heads": split.num_heads,
+                "head_dim": split.run.head_dim,
+                "mean_relative_entropy": round(split.mean_relative_entropy, 6),
+                "mean_max": round(split.mean_max, 6),
+                "heads": [
+                    {
+                        "head": summary.head,
+                        "entropy": round(summary.entropy, 6),
+                        "relative_entropy": round(summary.relative_entropy, 6),
+                        "mean_max": round(summary.mean_max, 6),
+                    }
+                    for summary in split.summaries
+                ],
+            }
+            for split in splits
+        ],
+    }
+
+
+def write_comparison_json(splits: list[Split], path: Path) -> Path:
+    path.write_text(json.dumps(comparison_record(splits), ensure_ascii=False, indent=1), encoding="utf-8")
+    return path

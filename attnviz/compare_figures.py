@@ -1,0 +1,194 @@
+"""Figures that set attention maps side by side: `attnviz compare` and `attnviz position`.
+
+Same conventions as heatmap.py, whose helpers these reuse: rows are queries, columns keys,
+the colour scale is fixed at 0..1, plain matplotlib Figures on an Agg canvas (no pyplot).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+from attnviz.compare import Split
+from attnviz.fonts import displayable
+from attnviz.heatmap import (
+    DPI,
+    _check_format,
+    _draw_attention,
+    _new_figure,
+    _quoted,
+    _save_options,
+    short_model_name,
+    tick_positions,
+)
+from attnviz.position import PositionResult, PositionSide, format_difference
+
+MAX_HEADS_SHOWN = 16  # per head count in compare.png: a 4 x 4 grid of panels is still readable
+MAX_SPLITS_PER_ROW = 6  # head counts side by side in compare.png before it wraps
+MAX_LABELLED_COLUMNS = 2  # token labels on a head count's panels only when they are this few across
+MAX_COMPARE_TICK_LABELS = 16
+MAX_POSITION_TICK_LABELS = 24
+DIFFERENCE_COLORMAP = "magma"
+
+
+def shown_heads(split: Split) -> list[int]:
+    """All heads up to MAX_HEADS_SHOWN; beyond, heads at evenly spaced ranks of relative entropy.
+
+    The ranks run from the most focused head to the broadest, so the panels show the range a
+    large head count covers (every head is in the table and compare.json).
+    """
+    if split.num_heads <= MAX_HEADS_SHOWN:
+        return list(range(split.num_heads))
+    by_focus = sorted(split.summaries, key=lambda summary: summary.relative_entropy)
+    ranks = np.linspace(0, split.num_heads - 1, MAX_HEADS_SHOWN).round().astype(int)
+    return [by_focus[rank].head for rank in ranks]
+
+
+def panel_grid(count: int) -> tuple[int, int]:
+    """(rows, columns) of a near-square grid: 1 -> 1x1, 4 -> 2x2, 12 -> 3x4, 16 -> 4x4."""
+    columns = math.ceil(math.sqrt(count))
+    return math.ceil(count / columns), columns
+
+
+def write_comparison_figure(splits: list[Split], out_dir: Path, fmt: str = "png") -> Path:
+    """compare.<fmt>: a row per weights (wrapped after 6 head counts), a column per head count,
+    each cell that split's heads."""
+    _check_format(fmt)
+    weights = list(dict.fromkeys(split.weights for split in splits))
+    head_counts = list(dict.fromkeys(split.num_heads for split in splits))
+    # Many head counts wrap onto further rows, so the figure stays printable.
+    num_columns = min(len(head_counts), MAX_SPLITS_PER_ROW)
+    rows_per_weights = math.ceil(len(head_counts) / num_columns)
+    num_rows = len(weights) * rows_per_weights
+    cell = 3.4  # inches per split: a split's heads share the cell, more heads means smaller maps
+    figure = _new_figure((num_columns * cell + 1.0, num_rows * (cell + 0.3) + 0.8))
+    maps_part, colorbar_part = figure.subfigures(1, 2, width_ratios=[num_columns * cell, 1.0])
+    cells = maps_part.subfigures(num_rows, num_columns, squeeze=False)
+    for split in splits:
+        count_index = head_counts.index(split.num_heads)
+        row = weights.index(split.weights) * rows_per_weights + count_index // num_columns
+        image = _draw_split(cells[row, count_index % num_columns], split)
+    colorbar_axes = colorbar_part.add_axes((0.15, 0.2, 0.2, 0.6))
+    colorbar_part.colorbar(image, cax=colorbar_axes, label="attention weight")
+    run = splits[0].run
+    figure.suptitle(
+        f"{short_model_name(run.model)} · layer {run.layer} · the same W_q, W_k, W_v split into "
+        f"different numbers of heads\n{_quoted(run.text, 60)}",
+        parse_math=False,
+    )
+    path = Path(out_dir) / f"compare.{fmt}"
+    figure.savefig(path, dpi=DPI, **_save_options(fmt))
+    return path
+
+
+def _draw_split(cell_figure, split: Split):
+    heads = shown_heads(split)
+    num_rows, num_columns = panel_grid(len(heads))
+    axes = cell_figure.subplots(num_rows, num_columns, squeeze=False)
+    labelled = num_columns <= MAX_LABELLED_COLUMNS
+    max_labels = MAX_COMPARE_TICK_LABELS // num_columns  # panels half as wide carry half the labels
+    for index, ax in enumerate(axes.flat):
+        if index >= len(heads):
+            ax.set_visible(False)
+            continue
+        # interpolation "auto" anti-aliases panels that have fewer pixels than tokens.
+        image = _draw_attention(ax, np.ma.masked_array(split.run.attention[heads[index]]))
+        ax.set_title(f"head {heads[index]}", fontsize=7 if num_columns > 2 else 9, pad=2)
+        last_row = index + num_columns >= len(heads)
+        first_column = index % num_columns == 0
+        _label_tokens(
+            ax,
+            split.run.key_tokens if labelled and last_row else [],
+            split.run.query_tokens if labelled and first_column else [],
+            max_labels,
+            fontsize=7,
+        )
+    title = f"{split.weights} · {split.num_heads} head{'s' if split.num_heads > 1 else ''} × d={split.run.head_dim}"
+    if len(heads) < split.num_heads:
+        title += f"\n{len(heads)} of {split.num_heads} shown, most focused → broadest"
+    cell_figure.suptitle(title, fontsize=10)
+    return image
+
+
+def write_position_figure(result: PositionResult, out_dir: Path, fmt: str = "png") -> Path:
+    """position.<fmt>: for one head, without and with position embeddings, four maps each:
+    A(x), A(Px), Pᵀ A(Px) P (permuted back) and |Pᵀ A(Px) P − A(x)|."""
+    _check_format(fmt)
+    num_tokens = len(result.tokens)
+    panel = float(np.clip(1.2 + 0.16 * num_tokens, 2.6, 4.5))
+    figure = _new_figure((4 * panel + 2.2, 2 * (panel + 0.9) + 0.9))
+    rows = figure.subfigures(2, 1)
+    # One difference scale for both rows, so the row without positions looks as flat as it is.
+    largest = max(float(np.abs(side.permuted_back - side.original)[result.head].max()) for side in _sides(result))
+    for row, side in zip(rows, _sides(result)):
+        _draw_position_row(row, result, side, difference_scale=max(largest, 1e-6))
+    head = f"head {result.head}" + ("" if result.head_chosen else " (the head position changes most)")
+    figure.suptitle(
+        f"{short_model_name(result.model)} · layer 0 · {head} · x permuted by P = "
+        f"{_permutation_text(result.permutation)}\n{_quoted(result.text, 60)}",
+        parse_math=False,
+    )
+    path = Path(out_dir) / f"position.{fmt}"
+    figure.savefig(path, dpi=DPI, **_save_options(fmt))
+    return path
+
+
+def _sides(result: PositionResult) -> tuple[PositionSide, PositionSide]:
+    return result.without_positions, result.with_positions
+
+
+def _draw_position_row(row_figure, result: PositionResult, side: PositionSide, difference_scale: float) -> None:
+    head = result.head
+    difference = np.abs(side.permuted_back[head] - side.original[head])  # (N, N)
+    axes = row_figure.subplots(1, 4)
+    panels = [
+        (side.original[head], result.tokens, "A(x): the text"),
+        (side.permuted[head], result.permuted_tokens, "A(Px): permuted text"),
+        (side.permuted_back[head], result.tokens, "Pᵀ A(Px) P: permuted back"),
+    ]
+    for ax, (weights, tokens, title) in zip(axes, panels):
+        image = _draw_attention(ax, np.ma.masked_array(weights), interpolation="nearest")
+        ax.set_title(title, fontsize=9, parse_math=False)
+        _label_tokens(ax, tokens, tokens, MAX_POSITION_TICK_LABELS, fontsize=7)
+    difference_image = axes[3].imshow(
+        difference, cmap=DIFFERENCE_COLORMAP, vmin=0.0, vmax=difference_scale, aspect="auto", interpolation="nearest"
+    )
+    largest = format_difference(float(difference.max()))
+    axes[3].set_title(f"|back − A(x)|, max {largest}", fontsize=9, parse_math=False)
+    _label_tokens(axes[3], result.tokens, result.tokens, MAX_POSITION_TICK_LABELS, fontsize=7)
+    row_figure.colorbar(image, ax=axes[:3], shrink=0.8, label="attention weight")
+    row_figure.colorbar(difference_image, ax=axes[3], shrink=0.8, label="difference")
+    which = "with BERT's" if side.positions else "without"
+    verdict = "equivariant" if side.equivariant else "not equivariant"
+    value = format_difference(side.max_difference)
+    title = f"{which} position embeddings: max over heads |A(Px) − P A(x) Pᵀ| = {value}, {verdict}"
+    row_figure.suptitle(title, fontsize=10, parse_math=False)
+
+
+def _label_tokens(ax, key_tokens: list[str], query_tokens: list[str], max_labels: int, fontsize: float) -> None:
+    """Key tokens on the x axis, query tokens on the y axis, thinned; an empty list hides that axis's ticks."""
+    key_positions = tick_positions(len(key_tokens), max_labels) if key_tokens else []
+    query_positions = tick_positions(len(query_tokens), max_labels) if query_tokens else []
+    ax.set_xticks(
+        key_positions,
+        [displayable(key_tokens[k]) for k in key_positions],
+        rotation=45,
+        ha="right",
+        rotation_mode="anchor",
+        fontsize=fontsize,
+        parse_math=False,
+    )
+    ax.set_yticks(
+        query_positions,
+        [displayable(query_tokens[q]) for q in query_positions],
+        fontsize=fontsize,
+        parse_math=False,
+    )
+
+
+def _permutation_text(permutation: list[int], max_items: int = 16) -> str:
+    if len(permutation) <= max_items:
+        return "(" + ",".join(map(str, permutation)) + ")"
+    return "(" + ",".join(map(str, permutation[:max_items])) + ",…)"

@@ -1,0 +1,90 @@
+"""stats.csv, stats.json and rollout.json: the machine-readable results of `attnviz stats` and
+`attnviz layers` (formats documented in README.md)."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+
+from attnviz.analysis import BROAD_THRESHOLD, SHARE_LABELS, SHARE_THRESHOLD, STATISTICS, ModelStatistics
+from attnviz.export import DECIMALS
+from attnviz.result import AttentionRun
+
+FORMAT_VERSION = 1
+
+
+def write_stats_csv(stats: ModelStatistics, path: Path) -> Path:
+    """One row per layer and head: layer, head, label (empty when none), then STATISTICS."""
+    with path.open("w", newline="", encoding="utf-8") as file:
+        writer = csv.writer(file)
+        writer.writerow(["layer", "head", "label", *STATISTICS])
+        for layer in range(stats.num_layers):
+            for head in range(stats.num_heads):
+                values = stats.values[layer, head]
+                writer.writerow(
+                    [layer, head, stats.label(layer, head) or "", *(f"{value:.{DECIMALS}f}" for value in values)]
+                )
+    return path
+
+
+def stats_record(stats: ModelStatistics, texts: list[str], run: AttentionRun, seed: int) -> dict:
+    """The stats.json object; run is any one of the runs, for the model and the setup."""
+    heads = []
+    for layer in range(stats.num_layers):
+        for head in range(stats.num_heads):
+            values = {name: round(value, DECIMALS) for name, value in stats.head(layer, head).items()}
+            heads.append({"layer": layer, "head": head, "label": stats.label(layer, head), **values})
+    return {
+        "format": "attnviz-stats",
+        "version": FORMAT_VERSION,
+        "model": run.model,
+        "weights": run.weights,
+        "seed": seed if run.weights == "random" else None,
+        "num_layers": stats.num_layers,
+        "num_heads": stats.num_heads,
+        "head_dim": run.head_dim,
+        "device": run.device,
+        "causal": stats.causal,
+        "num_texts": stats.num_texts,
+        "texts": texts,
+        "statistics": list(STATISTICS),
+        "thresholds": {
+            "share": SHARE_THRESHOLD,
+            "share_labels": SHARE_LABELS,
+            "broad_relative_entropy": BROAD_THRESHOLD,
+        },
+        "heads": heads,
+        "js_distance": np.round(stats.js_distance, DECIMALS).tolist(),
+    }
+
+
+def write_stats_json(stats: ModelStatistics, texts: list[str], run: AttentionRun, seed: int, path: Path) -> Path:
+    path.write_text(json.dumps(stats_record(stats, texts, run, seed), ensure_ascii=False), encoding="utf-8")
+    return path
+
+
+def rollout_record(layer_runs: list[AttentionRun], rollout: np.ndarray, seed: int) -> dict:
+    run = layer_runs[0]
+    return {
+        "format": "attnviz-rollout",
+        "version": FORMAT_VERSION,
+        "text": run.text,
+        "model": run.model,
+        "weights": run.weights,
+        "seed": seed if run.weights == "random" else None,
+        "num_layers": len(layer_runs),
+        "num_heads": run.num_heads,
+        "device": run.device,
+        "causal": run.causal,
+        "tokens": run.query_tokens,
+        "ids": run.query_ids,
+        "rollout": np.round(rollout.astype(np.float64), DECIMALS).tolist(),
+    }
+
+
+def write_rollout_json(layer_runs: list[AttentionRun], rollout: np.ndarray, seed: int, path: Path) -> Path:
+    path.write_text(json.dumps(rollout_record(layer_runs, rollout, seed), ensure_ascii=False), encoding="utf-8")
+    return path

@@ -1,0 +1,337 @@
+"""`attnviz stats` and `attnviz layers` end to end on the bundled model, and what they rest on:
+every layer from one BERT pass, batches that equal single texts, and the layers-grid figure.
+
+Expected numbers come from run_attention (checked against transformers in test_bert.py) one
+layer and one text at a time, fed to the analysis functions of test_analysis.py.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from attnviz.analysis import (
+    STATISTICS,
+    StatisticsAccumulator,
+    attention_rollout,
+    head_label,
+    head_statistics,
+    js_distance,
+)
+from attnviz.cli import run
+from attnviz.heatmap import MASKED_COLOR
+from attnviz.pipeline import run_attention, run_layers
+from attnviz.result import AttentionRun
+
+TOLERANCE = 1e-5
+ENGLISH = "The animal didn't cross the street because it was too tired."
+SHORT = "The cat sat on the mat."
+THIRD = "Attention lets every token look at every other token."
+NUM_LAYERS, NUM_HEADS = 6, 12
+
+
+@pytest.fixture(scope="module")
+def bert(bundled_bert):
+    return bundled_bert
+
+
+def stats(*args):
+    return run(["stats", *args, "--model", "bundled"])
+
+
+def layers(*args):
+    return run(["layers", *args, "--model", "bundled"])
+
+
+def read_csv(path: Path) -> list[dict]:
+    with path.open(encoding="utf-8", newline="") as file:
+        return list(csv.DictReader(file))
+
+
+def csv_values(rows: list[dict], layer: int) -> np.ndarray:
+    """(H, S) statistics of one layer from stats.csv."""
+    layer_rows = sorted((row for row in rows if int(row["layer"]) == layer), key=lambda row: int(row["head"]))
+    return np.array([[float(row[name]) for name in STATISTICS] for row in layer_rows])
+
+
+def hex_rgb(color: str) -> np.ndarray:
+    return np.array([int(color[i : i + 2], 16) for i in (1, 3, 5)])
+
+
+def read_png(path: Path) -> np.ndarray:
+    from PIL import Image
+
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with Image.open(path) as image:
+        return np.asarray(image.convert("RGB"))
+
+
+# --- every layer from one pass --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("options", [{}, {"causal": True}, {"weights": "random", "seed": 3, "num_heads": 4}])
+def test_each_layer_equals_run_attention_for_that_layer_and_text(bert, options):
+    runs = run_layers(bert, [ENGLISH, SHORT], **options)
+    assert len(runs) == 2 and all(len(text_runs) == NUM_LAYERS for text_runs in runs)
+    for layer in range(NUM_LAYERS):
+        # run_attention's batch equals each text alone (test_bert.py), so one call per layer will do.
+        batch = run_attention(bert, [ENGLISH, SHORT], layer=layer, **options)
+        for layer_run, alone in zip([text_runs[layer] for text_runs in runs], batch):
+            assert layer_run.layer == layer and layer_run.query_tokens == alone.query_tokens
+            np.testing.assert_allclose(layer_run.attention, alone.attention, atol=TOLERANCE, rtol=0)
+            np.testing.assert_allclose(layer_run.output, alone.output, atol=TOLERANCE, rtol=0)
+
+
+def test_bert_runs_once_for_all_layers(bert):
+    calls = []
+    handle = bert.model.register_forward_pre_hook(lambda module, args: calls.append(1))
+    try:
+        run_layers(bert, [ENGLISH, SHORT])
+    finally:
+        handle.remove()
+    assert len(calls) == 1
+
+
+def test_causal_maps_have_zeros_above_the_diagonal_in_every_layer(bert):
+    (text_runs,) = run_layers(bert, [SHORT], causal=True)
+    above = np.triu(np.ones((9, 9), dtype=bool), k=1)
+    for layer_run in text_runs:
+        assert np.all(layer_run.attention[:, above] == 0)
+        np.testing.assert_allclose(layer_run.attention.sum(-1), 1, atol=TOLERANCE)
+
+
+def test_statistics_of_a_padded_batch_equal_the_average_of_each_text_alone(bert):
+    texts = [ENGLISH, SHORT]
+    batched = StatisticsAccumulator(NUM_LAYERS)
+    for text_runs in run_layers(bert, texts):
+        for layer_run in text_runs:
+            batched.add(layer_run.layer, layer_run.attention, layer_run.query_tokens)
+    alone = []
+    for text in texts:
+        (text_runs,) = run_layers(bert, [text])
+        alone.append(np.stack([head_statistics(r.attention, r.query_tokens) for r in text_runs]))  # (L, H, S)
+    np.testing.assert_allclose(batched.result().values, np.mean(alone, axis=0), atol=TOLERANCE, rtol=0)
+
+
+# --- attnviz stats --------------------------------------------------------------------------------
+
+
+def test_stats_files_hold_the_analysis_of_run_attentions_weights(tmp_path, capsys, bert):
+    assert stats(ENGLISH, "--out", str(tmp_path)) == 0
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["js_distance.png", "stats.csv", "stats.json"]
+    read_png(tmp_path / "js_distance.png")
+
+    rows = read_csv(tmp_path / "stats.csv")
+    assert len(rows) == NUM_LAYERS * NUM_HEADS
+    assert list(rows[0]) == ["layer", "head", "label", *STATISTICS]
+    record = json.loads((tmp_path / "stats.json").read_text(encoding="utf-8"))
+    for layer in (0, 3):
+        (single,) = run_attention(bert, [ENGLISH], layer=layer)
+        expected = head_statistics(single.attention, single.query_tokens)  # (H, S)
+        np.testing.assert_allclose(csv_values(rows, layer), expected, atol=TOLERANCE, rtol=0)
+        np.testing.assert_allclose(record["js_distance"][layer], js_distance(single.attention), atol=TOLERANCE)
+        for head in range(NUM_HEADS):
+            label = head_label(dict(zip(STATISTICS, expected[head])))
+            assert rows[layer * NUM_HEADS + head]["label"] == (label or "")
+
+    assert record["format"] == "attnviz-stats" and record["num_texts"] == 1 and record["texts"] == [ENGLISH]
+    assert record["statistics"] == list(STATISTICS) and record["causal"] is False
+    assert (record["num_layers"], record["num_heads"], record["head_dim"]) == (NUM_LAYERS, NUM_HEADS, 32)
+    for row, head in zip(rows, record["heads"]):
+        assert (int(row["layer"]), int(row["head"]), row["label"]) == (head["layer"], head["head"], head["label"] or "")
+        assert all(float(row[name]) == pytest.approx(head[name], abs=1e-6) for name in STATISTICS)
+
+    # BERT's layer 0 of this model has a clear previous-token head; the table and the list say so.
+    assert any(row["label"] == "previous-token" for row in rows if row["layer"] == "0")
+    shown = capsys.readouterr().out
+    for expected_text in ("head labels by layer", "prv", "previous-token", "stats.csv", "L5", "H11"):
+        assert expected_text in shown
+    assert max(len(line) for line in shown.splitlines()) <= 80
+
+
+def test_stats_of_a_file_average_its_non_blank_lines(tmp_path, bert):
+    texts_file = tmp_path / "texts.txt"
+    texts_file.write_text(f"{ENGLISH}\n\n   \n{SHORT}\n{THIRD}\n", encoding="utf-8")
+    out = tmp_path / "run"
+    assert stats("--file", str(texts_file), "--out", str(out)) == 0
+    record = json.loads((out / "stats.json").read_text(encoding="utf-8"))
+    assert record["num_texts"] == 3 and record["texts"] == [ENGLISH, SHORT, THIRD]
+    layer = 2
+    singles = [run_attention(bert, [text], layer=layer)[0] for text in (ENGLISH, SHORT, THIRD)]
+    expected = np.mean([head_statistics(s.attention, s.query_tokens) for s in singles], axis=0)
+    np.testing.assert_allclose(csv_values(read_csv(out / "stats.csv"), layer), expected, atol=TOLERANCE, rtol=0)
+    expected_js = np.mean([js_distance(s.attention) for s in singles], axis=0)
+    np.testing.assert_allclose(record["js_distance"][layer], expected_js, atol=TOLERANCE)
+
+
+def test_causal_stats_of_standard_input_see_no_next_token(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.StringIO(f"{SHORT}\n\n{THIRD}\n"))
+    assert stats("--file", "-", "--causal", "--out", str(tmp_path)) == 0
+    record = json.loads((tmp_path / "stats.json").read_text(encoding="utf-8"))
+    assert record["texts"] == [SHORT, THIRD] and record["causal"] is True
+    rows = read_csv(tmp_path / "stats.csv")
+    assert all(float(row["next"]) == 0.0 for row in rows)
+    assert all(float(row["previous"]) > 0.0 for row in rows)
+
+
+def test_a_random_layer_split_four_ways_is_broad_everywhere(tmp_path):
+    assert stats(ENGLISH, "--weights", "random", "--heads", "4", "--out", str(tmp_path)) == 0
+    rows = read_csv(tmp_path / "stats.csv")
+    assert len(rows) == NUM_LAYERS * 4
+    assert {row["label"] for row in rows} == {"broad"}  # the tutorials' near-uniform maps
+    assert json.loads((tmp_path / "stats.json").read_text(encoding="utf-8"))["seed"] == 0
+
+
+# --- attnviz layers -------------------------------------------------------------------------------
+
+
+def test_layers_writes_the_grid_and_the_rollout_of_every_layer(tmp_path, capsys, bert):
+    assert layers(ENGLISH, "--out", str(tmp_path)) == 0
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["layers.png", "rollout.json", "rollout.png"]
+    grid = read_png(tmp_path / "layers.png")
+    assert grid.shape[1] > 1.5 * grid.shape[0]  # 12 heads across, 6 layers down
+    read_png(tmp_path / "rollout.png")
+
+    record = json.loads((tmp_path / "rollout.json").read_text(encoding="utf-8"))
+    singles = [run_attention(bert, [ENGLISH], layer=layer)[0] for layer in range(NUM_LAYERS)]
+    expected = attention_rollout([single.attention for single in singles])
+    rollout = np.array(record["rollout"])
+    np.testing.assert_allclose(rollout, expected, atol=TOLERANCE, rtol=0)
+    np.testing.assert_allclose(rollout.sum(axis=1), 1.0, atol=TOLERANCE)
+    assert record["tokens"] == singles[0].query_tokens and record["num_layers"] == NUM_LAYERS
+    grey = hex_rgb(MASKED_COLOR)
+    for name in ("layers.png", "rollout.png"):  # nothing is masked, so nothing is grey
+        assert np.all(read_png(tmp_path / name) == grey, axis=-1).mean() < 0.001, name
+    shown = capsys.readouterr().out
+    assert "rollout" in shown and "animal→" in shown
+    assert max(len(line) for line in shown.splitlines()) <= 80
+
+
+def test_causal_layers_mask_the_future_in_the_figures_and_the_rollout(tmp_path):
+    assert layers(SHORT, "--causal", "--out", str(tmp_path)) == 0
+    rollout = np.array(json.loads((tmp_path / "rollout.json").read_text(encoding="utf-8"))["rollout"])
+    assert np.all(np.triu(rollout, k=1) == 0)
+    np.testing.assert_allclose(rollout.sum(axis=1), 1.0, atol=TOLERANCE)
+    grey = hex_rgb(MASKED_COLOR)
+    for name in ("layers.png", "rollout.png"):
+        assert np.all(read_png(tmp_path / name) == grey, axis=-1).mean() > 0.1, name  # the masked triangles
+
+
+def test_layers_in_svg(tmp_path):
+    assert layers(SHORT, "--format", "svg", "--heads", "3", "--out", str(tmp_path)) == 0
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["layers.svg", "rollout.json", "rollout.svg"]
+
+
+# --- the layers grid: each panel is that layer's head ---------------------------------------------
+
+
+def hand_made_runs(num_layers: int, num_heads: int, num_tokens: int, causal: bool = False) -> list[AttentionRun]:
+    rng = np.random.default_rng(0)
+    tokens = [f"t{i}" for i in range(num_tokens)]
+    runs = []
+    for layer in range(num_layers):
+        scores = rng.normal(scale=3.0, size=(num_heads, num_tokens, num_tokens))
+        if causal:
+            scores[:, np.triu(np.ones((num_tokens, num_tokens), dtype=bool), k=1)] = -np.inf
+        weights = np.exp(scores - scores.max(-1, keepdims=True))
+        runs.append(
+            AttentionRun(
+                text=" ".join(tokens), model="bundled", layer=layer, weights="pretrained", num_heads=num_heads,
+                device="cpu", query_tokens=tokens, key_tokens=tokens, query_ids=list(range(num_tokens)),
+                key_ids=list(range(num_tokens)), attention=weights / weights.sum(-1, keepdims=True),
+                output=np.zeros((num_tokens, 4 * num_heads)), causal=causal,
+            )
+        )
+    return runs
+
+
+def test_each_panel_of_the_grid_is_that_layers_head(tmp_path):
+    import matplotlib
+
+    from attnviz.heatmap import COLORMAP
+    from attnviz.stats_figures import _layers_mosaic
+
+    runs = hand_made_runs(num_layers=3, num_heads=4, num_tokens=7, causal=True)
+    mosaic, size, step = _layers_mosaic(runs)
+    colormap = matplotlib.colormaps[COLORMAP]
+    for layer in range(3):
+        for head in range(4):
+            panel = mosaic[layer * step : layer * step + size, head * step : head * step + size, :3]
+            weights = runs[layer].attention[head]
+            lower = ~np.triu(np.ones((7, 7), dtype=bool), k=1)
+            np.testing.assert_array_equal(panel[lower], colormap(weights, bytes=True)[..., :3][lower])
+            assert np.all(panel[~lower] == hex_rgb(MASKED_COLOR))
+    assert np.all(mosaic[size:step, :, :3] == 255)  # white between the rows of panels
+
+
+def test_a_long_text_is_averaged_down_in_the_grid(tmp_path):
+    from attnviz.stats_figures import MAX_GRID_CELLS_PER_PANEL, _layers_mosaic, write_layers_grid
+
+    runs = hand_made_runs(num_layers=2, num_heads=3, num_tokens=400)
+    _, size, _ = _layers_mosaic(runs)
+    assert size <= MAX_GRID_CELLS_PER_PANEL
+    read_png(write_layers_grid(runs, tmp_path))
+
+
+# --- bad input ------------------------------------------------------------------------------------
+
+LONG_TEXT = "word " * 600
+
+
+def bad_inputs(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
+    empty, blank, folder = tmp_path / "empty.txt", tmp_path / "blank.txt", tmp_path / "folder"
+    empty.write_text("")
+    blank.write_text("\n   \n\t\n")
+    folder.mkdir()
+    long_file = tmp_path / "long.txt"
+    long_file.write_text(f"hi\n{LONG_TEXT}\n")
+    return {
+        "empty file": (["stats", "--file", str(empty)], "has no text: every line is blank"),
+        "all-blank file": (["stats", "--file", str(blank)], "has no text: every line is blank"),
+        "missing file": (["stats", "--file", str(tmp_path / "nope.txt")], "no such file"),
+        "folder as file": (["stats", "--file", str(folder)], "is a folder"),
+        "text and file": (["stats", "hi", "--file", str(blank)], "not both"),
+        "no text": (["stats"], "missing argument 'TEXT'"),
+        "empty text": (["stats", ""], "the text is empty"),
+        "blank text": (["layers", "  \n "], "the text is empty"),
+        "too long": (["layers", LONG_TEXT], "the text has 602 tokens, more than the model's 512 positions"),
+        "too long in a file": (["stats", "--file", str(long_file)], "line 2 has 602 tokens"),
+        "stats heads": (["stats", "hi", "--heads", "5"], "5 heads do not divide the model size 384"),
+        "layers heads": (["layers", "hi", "--heads", "5"], "5 heads do not divide the model size 384"),
+        "unknown weights": (["layers", "hi", "--weights", "trained"], "'trained' is not one of"),
+        "unknown format": (["stats", "hi", "--format", "gif"], "'gif' is not one of"),
+    }
+
+
+CASES = [  # the keys of bad_inputs, which needs a folder to write its files into
+    "empty file", "all-blank file", "missing file", "folder as file", "text and file", "no text", "empty text",
+    "blank text", "too long", "too long in a file", "stats heads", "layers heads", "unknown weights", "unknown format",
+]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_bad_input_is_one_line_and_exit_code_2_and_writes_nothing(case, tmp_path, capsys):
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    args, message = bad_inputs(inputs)[case]
+    out = tmp_path / "run"
+    assert run([*args, "--model", "bundled", "--out", str(out)]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("error: ") and message in error, error
+    assert error.count("\n") == 1, error
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["inputs"]
+
+
+@pytest.mark.parametrize("command", ["stats", "layers"])
+def test_an_output_path_that_is_a_file_is_an_error(command, tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    assert run([command, "hi", "--model", "bundled", "--out", str(blocker)]) == 2
+    assert "is a file, not a folder" in capsys.readouterr().err
+    assert blocker.read_text() == "not a folder"
