@@ -65,6 +65,16 @@ class Mistake(str, Enum):  # attnviz.trace.MISTAKES
     merge_without_permute = "merge-without-permute"
 
 
+# Options that several commands share, declared once.
+DeviceOption = typer.Option(Device.auto, help="Where to run: auto is the GPU when torch sees one.")
+TruncateOption = typer.Option(False, help="Cut texts longer than the model's positions instead of refusing them.")
+FormatOption = typer.Option(ImageFormat.png, "--format", help="Image file format.")
+WeightsOption = typer.Option(Weights.pretrained, help="BERT's trained projections, or a fresh random layer.")
+SeedOption = typer.Option(0, help="Seed for --weights random.")
+CausalOption = typer.Option(False, "--causal", help="Mask future keys (each token sees only itself and earlier).")
+AllowPickleOption = typer.Option(
+    False, help="Let a local model whose only weights are a pickle file load (unpickling can run code)."
+)
 ModelOption = typer.Option(
     None,
     "--model",
@@ -92,24 +102,22 @@ def heads(
     num_heads: Optional[int] = typer.Option(
         None, "--heads", help="Split the projections into this many heads (default: the model's own)."
     ),
-    weights: Weights = typer.Option(Weights.pretrained, help="BERT's trained projections, or a fresh random layer."),
-    seed: int = typer.Option(0, help="Seed for --weights random."),
+    weights: Weights = WeightsOption,
+    seed: int = SeedOption,
     kv: Optional[str] = typer.Option(
         None, "--kv", help="Cross-attention: keys and values from this text, queries from TEXT."
     ),
-    causal: bool = typer.Option(False, "--causal", help="Mask future keys (each token sees only itself and earlier)."),
+    causal: bool = CausalOption,
     show_trace: bool = typer.Option(
         False, "--trace", help="Also print the shape trace of the heads (as attnviz trace) and write trace.json, trace.md."
     ),
-    device: Device = typer.Option(Device.auto, help="Where to run: auto is the GPU when torch sees one."),
-    image_format: ImageFormat = typer.Option(ImageFormat.png, "--format", help="Image file format."),
+    device: Device = DeviceOption,
+    image_format: ImageFormat = FormatOption,
     out: Optional[Path] = typer.Option(
         None, "--out", "-o", help="Run folder to write into (default: a new folder under outputs/ named after the text)."
     ),
-    truncate: bool = typer.Option(False, help="Cut texts longer than the model's positions instead of refusing them."),
-    allow_pickle: bool = typer.Option(
-        False, help="Let a local model whose only weights are a pickle file load (unpickling can run code)."
-    ),
+    truncate: bool = TruncateOption,
+    allow_pickle: bool = AllowPickleOption,
 ) -> None:
     """Per-head attention heatmaps, a summary table and attention.json for one text, or each line of --file."""
     from attnviz.analysis import summarize_heads
@@ -244,21 +252,19 @@ def stats(
     num_heads: Optional[int] = typer.Option(
         None, "--heads", help="Split each layer's projections into this many heads (default: the model's own)."
     ),
-    weights: Weights = typer.Option(Weights.pretrained, help="BERT's trained projections, or a fresh random layer."),
-    seed: int = typer.Option(0, help="Seed for --weights random."),
-    causal: bool = typer.Option(False, "--causal", help="Mask future keys (each token sees only itself and earlier)."),
-    device: Device = typer.Option(Device.auto, help="Where to run: auto is the GPU when torch sees one."),
-    image_format: ImageFormat = typer.Option(ImageFormat.png, "--format", help="Image file format."),
+    weights: Weights = WeightsOption,
+    seed: int = SeedOption,
+    causal: bool = CausalOption,
+    device: Device = DeviceOption,
+    image_format: ImageFormat = FormatOption,
     out: Optional[Path] = typer.Option(
         None,
         "--out",
         "-o",
         help="Run folder to write into (default: a new folder under outputs/ named after the text or file).",
     ),
-    truncate: bool = typer.Option(False, help="Cut texts longer than the model's positions instead of refusing them."),
-    allow_pickle: bool = typer.Option(
-        False, help="Let a local model whose only weights are a pickle file load (unpickling can run code)."
-    ),
+    truncate: bool = TruncateOption,
+    allow_pickle: bool = AllowPickleOption,
 ) -> None:
     """What every head of every layer does: entropy, [CLS], [SEP], previous/next token, labels; stats.csv and .json."""
     from attnviz.analysis import StatisticsAccumulator
@@ -329,21 +335,19 @@ def layers(
     num_heads: Optional[int] = typer.Option(
         None, "--heads", help="Split each layer's projections into this many heads (default: the model's own)."
     ),
-    weights: Weights = typer.Option(Weights.pretrained, help="BERT's trained projections, or a fresh random layer."),
-    seed: int = typer.Option(0, help="Seed for --weights random."),
-    causal: bool = typer.Option(False, "--causal", help="Mask future keys (each token sees only itself and earlier)."),
-    device: Device = typer.Option(Device.auto, help="Where to run: auto is the GPU when torch sees one."),
-    image_format: ImageFormat = typer.Option(ImageFormat.png, "--format", help="Image file format."),
+    weights: Weights = WeightsOption,
+    seed: int = SeedOption,
+    causal: bool = CausalOption,
+    device: Device = DeviceOption,
+    image_format: ImageFormat = FormatOption,
     out: Optional[Path] = typer.Option(
         None,
         "--out",
         "-o",
         help="Run folder to write into (default: a new folder under outputs/ named after the text).",
     ),
-    truncate: bool = typer.Option(False, help="Cut texts longer than the model's positions instead of refusing them."),
-    allow_pickle: bool = typer.Option(
-        False, help="Let a local model whose only weights are a pickle file load (unpickling can run code)."
-    ),
+    truncate: bool = TruncateOption,
+    allow_pickle: bool = AllowPickleOption,
 ) -> None:
     """Every layer and head at a glance (layers.png) and attention rollout through the layers (rollout.png)."""
     from attnviz.analysis import attention_rollout
@@ -399,15 +403,13 @@ def compare(
     model: Optional[str] = ModelOption,
     layer: int = typer.Option(0, "--layer", "-l", help="BERT layer whose projections and input to use."),
     seed: int = typer.Option(0, help="Seed for the random weights."),
-    device: Device = typer.Option(Device.auto, help="Where to run: auto is the GPU when torch sees one."),
-    image_format: ImageFormat = typer.Option(ImageFormat.png, "--format", help="Image file format."),
+    device: Device = DeviceOption,
+    image_format: ImageFormat = FormatOption,
     out: Optional[Path] = typer.Option(
         None, "--out", "-o", help="Run folder to write into (default: a new folder under outputs/ named after the text)."
     ),
-    truncate: bool = typer.Option(False, help="Cut texts longer than the model's positions instead of refusing them."),
-    allow_pickle: bool = typer.Option(
-        False, help="Let a local model whose only weights are a pickle file load (unpickling can run code)."
-    ),
+    truncate: bool = TruncateOption,
+    allow_pickle: bool = AllowPickleOption,
 ) -> None:
     """The same W_q, W_k, W_v split into 1, 4, 12... heads, and BERT's weights beside random ones."""
     from attnviz.compare import compare_splits, default_head_counts, parse_head_counts, parse_weights
@@ -462,14 +464,12 @@ def position(
         None, "--head", help="Head to draw (default: the one the position embeddings change most).", show_default=False
     ),
     model: Optional[str] = ModelOption,
-    device: Device = typer.Option(Device.auto, help="Where to run: auto is the GPU when torch sees one."),
-    image_format: ImageFormat = typer.Option(ImageFormat.png, "--format", help="Image file format."),
+    device: Device = DeviceOption,
+    image_format: ImageFormat = FormatOption,
     out: Optional[Path] = typer.Option(
         None, "--out", "-o", help="Run folder to write into (default: a new folder under outputs/ named after the text)."
     ),
-    allow_pickle: bool = typer.Option(
-        False, help="Let a local model whose only weights are a pickle file load (unpickling can run code)."
-    ),
+    allow_pickle: bool = AllowPickleOption,
 ) -> None:
     """Why attention needs position embeddings: permute the tokens, with and without them."""
     from attnviz.compare_figures import write_position_figure
@@ -528,21 +528,19 @@ def trace(
     num_heads: Optional[int] = typer.Option(
         None, "--heads", help="Split the projections into this many heads (default: the model's own)."
     ),
-    weights: Weights = typer.Option(Weights.pretrained, help="BERT's trained projections, or a fresh random layer."),
-    seed: int = typer.Option(0, help="Seed for --weights random."),
+    weights: Weights = WeightsOption,
+    seed: int = SeedOption,
     kv: Optional[str] = typer.Option(
         None, "--kv", help="Cross-attention: keys and values from this text, queries from TEXT (not with fused-qkv)."
     ),
-    causal: bool = typer.Option(False, "--causal", help="Mask future keys (each token sees only itself and earlier)."),
-    device: Device = typer.Option(Device.auto, help="Where to run: auto is the GPU when torch sees one."),
+    causal: bool = CausalOption,
+    device: Device = DeviceOption,
     image_format: ImageFormat = typer.Option(ImageFormat.png, "--format", help="Image format of --mistake's heatmaps."),
     out: Optional[Path] = typer.Option(
         None, "--out", "-o", help="Run folder to write into (default: a new folder under outputs/ named after the text)."
     ),
-    truncate: bool = typer.Option(False, help="Cut texts longer than the model's positions instead of refusing them."),
-    allow_pickle: bool = typer.Option(
-        False, help="Let a local model whose only weights are a pickle file load (unpickling can run code)."
-    ),
+    truncate: bool = TruncateOption,
+    allow_pickle: bool = AllowPickleOption,
 ) -> int:
     """Every split and merge of the heads, step by step with the real shapes; trace.json and trace.md.
 

@@ -136,35 +136,10 @@ def run_attention(
     output, patterns = attention(
         query_states, key_states, key_states, valid_lens=key_valid_lens, causal=causal
     )  # (B, Nq, D), (B, H, Nq, Nk)
-    output, patterns = output.float().cpu().numpy(), patterns.float().cpu().numpy()
-
-    runs = []
-    for i, text in enumerate(texts):
-        query_tokens, query_ids = queries.tokens[i], queries.ids[i]
-        key_index = 0 if kv_text is not None else i
-        key_tokens, key_ids = keys.tokens[key_index], keys.ids[key_index]
-        notices = [loaded.notice] if loaded.notice else []
-        notices += _unknown_token_notices(loaded, [(text, query_ids)] + ([(kv_text, key_ids)] if kv_text else []))
-        runs.append(
-            AttentionRun(
-                text=text,
-                kv_text=kv_text,
-                model=loaded.name,
-                layer=layer,
-                weights=weights,
-                num_heads=num_heads,
-                device=device,
-                query_tokens=query_tokens,
-                key_tokens=key_tokens,
-                query_ids=query_ids,
-                key_ids=key_ids,
-                attention=patterns[i, :, : len(query_ids), : len(key_ids)],
-                output=output[i, : len(query_ids)],
-                causal=causal,
-                notices=notices,
-            )
-        )
-    return runs
+    return _split_runs(
+        loaded, texts, queries, keys, output, patterns,
+        kv_text=kv_text, layer=layer, weights=weights, num_heads=num_heads, device=device, causal=causal,
+    )
 
 
 @torch.inference_mode()
@@ -188,33 +163,13 @@ def iter_layer_runs(
     num_heads = num_heads or loaded.num_heads
     encoded = encode(loaded.tokenizer, texts, loaded.max_positions, truncate)
     valid_lens = encoded.valid_lens.to(device)  # (B,)
-    notices = [
-        ([loaded.notice] if loaded.notice else []) + _unknown_token_notices(loaded, [(text, ids)])
-        for text, ids in zip(texts, encoded.ids)
-    ]
     for layer, hidden in enumerate(layer_inputs(loaded, encoded, device)):  # hidden: (B, N, D)
         attention = build_layer(loaded, layer, num_heads, weights, seed, device)
         output, patterns = attention(hidden, valid_lens=valid_lens, causal=causal)  # (B, N, D), (B, H, N, N)
-        output, patterns = output.float().cpu().numpy(), patterns.float().cpu().numpy()
-        yield [
-            AttentionRun(
-                text=text,
-                model=loaded.name,
-                layer=layer,
-                weights=weights,
-                num_heads=num_heads,
-                device=device,
-                query_tokens=tokens,
-                key_tokens=tokens,
-                query_ids=ids,
-                key_ids=ids,
-                attention=patterns[i, :, : len(ids), : len(ids)].copy(),  # (H, N_i, N_i)
-                output=output[i, : len(ids)].copy(),  # (N_i, D)
-                causal=causal,
-                notices=notices[i],
-            )
-            for i, (text, tokens, ids) in enumerate(zip(texts, encoded.tokens, encoded.ids))
-        ]
+        yield _split_runs(
+            loaded, texts, encoded, encoded, output, patterns,
+            layer=layer, weights=weights, num_heads=num_heads, device=device, causal=causal,
+        )
 
 
 def run_layers(loaded: LoadedModel, texts: list[str], **options) -> list[list[AttentionRun]]:
@@ -226,3 +181,44 @@ def run_layers(loaded: LoadedModel, texts: list[str], **options) -> list[list[At
 def _unknown_token_notices(loaded: LoadedModel, texts_and_ids: list[tuple[str, list[int]]]) -> list[str]:
     notices = (unknown_token_notice(loaded.tokenizer, text, ids, loaded.name) for text, ids in texts_and_ids)
     return [notice for notice in notices if notice]
+
+
+def _split_runs(
+    loaded: LoadedModel,
+    texts: list[str],
+    queries: Encoded,
+    keys: Encoded,
+    output: torch.Tensor,
+    patterns: torch.Tensor,
+    *,
+    kv_text: str | None = None,
+    **setup,
+) -> list[AttentionRun]:
+    """One AttentionRun per text from a padded batch's output (B, Nq, D) and weights (B, H, Nq, Nk).
+
+    Each run holds a copy of its own unpadded block, so a caller may drop the batch. keys holds
+    one text (kv_text) for cross-attention, else the same texts as queries.
+    """
+    output, patterns = output.float().cpu().numpy(), patterns.float().cpu().numpy()
+    runs = []
+    for i, text in enumerate(texts):
+        query_ids = queries.ids[i]
+        key_index = 0 if kv_text is not None else i
+        key_ids = keys.ids[key_index]
+        texts_and_ids = [(text, query_ids)] + ([(kv_text, key_ids)] if kv_text else [])
+        runs.append(
+            AttentionRun(
+                text=text,
+                kv_text=kv_text,
+                model=loaded.name,
+                query_tokens=queries.tokens[i],
+                key_tokens=keys.tokens[key_index],
+                query_ids=query_ids,
+                key_ids=key_ids,
+                attention=patterns[i, :, : len(query_ids), : len(key_ids)].copy(),  # (H, Nq_i, Nk_i)
+                output=output[i, : len(query_ids)].copy(),  # (Nq_i, D)
+                notices=([loaded.notice] if loaded.notice else []) + _unknown_token_notices(loaded, texts_and_ids),
+                **setup,
+            )
+        )
+    return runs
