@@ -81,6 +81,8 @@ BROAD_LABEL = "broad"
 BROAD_THRESHOLD = 0.9
 LABELS = (*SHARE_LABELS.values(), BROAD_LABEL)
 
+JS_CELLS_AT_ONCE = 2**22  # js_distance works on this many (pair, query, key) cells at a time
+
 CLS_TOKEN = "[CLS]"
 SEP_TOKEN = "[SEP]"
 
@@ -166,14 +168,17 @@ def js_distance(attention: np.ndarray) -> np.ndarray:
     [0, 1]: 0 for identical rows, 1 for rows with no key in common. Symmetric, 0 on the diagonal.
     """
     weights = np.asarray(attention, dtype=np.float64)  # (H, Nq, Nk)
-    num_heads = weights.shape[0]
+    num_heads, num_queries, num_keys = weights.shape
     # JSD = H(m) - (H(p) + H(q)) / 2 in bits: the same number as the two KLs, with one log per cell.
     own = row_entropy(weights) / np.log(2)  # (H, Nq)
+    first, second = np.triu_indices(num_heads, k=1)  # every pair of heads once: (P,) each
     distances = np.zeros((num_heads, num_heads))
-    for head in range(num_heads - 1):  # one head against the later ones: (H, Nq, Nk) at a time
-        middle = (weights[head][None] + weights[head + 1 :]) / 2  # (H - head - 1, Nq, Nk)
-        divergence = row_entropy(middle) / np.log(2) - (own[head] + own[head + 1 :]) / 2  # (H - head - 1, Nq)
-        distances[head, head + 1 :] = np.sqrt(np.clip(divergence, 0.0, 1.0)).mean(axis=-1)
+    pairs_at_once = max(1, JS_CELLS_AT_ONCE // (num_queries * num_keys))  # bounds the memory of long texts
+    for start in range(0, len(first), pairs_at_once):
+        a, b = first[start : start + pairs_at_once], second[start : start + pairs_at_once]
+        middle = (weights[a] + weights[b]) / 2  # (P', Nq, Nk)
+        divergence = row_entropy(middle) / np.log(2) - (own[a] + own[b]) / 2  # (P', Nq)
+        distances[a, b] = np.sqrt(np.clip(divergence, 0.0, 1.0)).mean(axis=-1)
     return distances + distances.T
 
 

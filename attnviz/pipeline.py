@@ -102,6 +102,14 @@ def build_layer(
     return attention.to(device).eval()
 
 
+def build_layers(
+    loaded: LoadedModel, num_heads: int | None, weights: str, seed: int, device: str
+) -> list[MultiHeadAttention]:
+    """attnviz's layer for every BERT layer, in order."""
+    num_heads = num_heads or loaded.num_heads
+    return [build_layer(loaded, layer, num_heads, weights, seed, device) for layer in range(loaded.num_layers)]
+
+
 @torch.inference_mode()
 def run_attention(
     loaded: LoadedModel,
@@ -153,19 +161,21 @@ def iter_layer_runs(
     causal: bool = False,
     device: str = "cpu",
     truncate: bool = False,
+    layers: list[MultiHeadAttention] | None = None,
 ) -> Iterator[list[AttentionRun]]:
     """attnviz's layer in place of every BERT layer over a padded batch: per layer, one run per text.
 
     One BERT forward pass gives every layer's input; layer L's run of a text is what
     run_attention(layer=L) gives for it. Layer by layer, so that a caller who only needs numbers
     holds one layer's weights at a time; each run holds a copy of its text's unpadded weights.
+    layers: build_layers' result, for a caller that runs many batches (built here otherwise).
     """
     num_heads = num_heads or loaded.num_heads
+    layers = layers or build_layers(loaded, num_heads, weights, seed, device)
     encoded = encode(loaded.tokenizer, texts, loaded.max_positions, truncate)
     valid_lens = encoded.valid_lens.to(device)  # (B,)
     for layer, hidden in enumerate(layer_inputs(loaded, encoded, device)):  # hidden: (B, N, D)
-        attention = build_layer(loaded, layer, num_heads, weights, seed, device)
-        output, patterns = attention(hidden, valid_lens=valid_lens, causal=causal)  # (B, N, D), (B, H, N, N)
+        output, patterns = layers[layer](hidden, valid_lens=valid_lens, causal=causal)  # (B, N, D), (B, H, N, N)
         yield _split_runs(
             loaded, texts, encoded, encoded, output, patterns,
             layer=layer, weights=weights, num_heads=num_heads, device=device, causal=causal,

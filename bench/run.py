@@ -25,7 +25,7 @@ from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
 PYTHON = sys.executable
-ATTNVIZ = [PYTHON, "-m", "attnviz"]
+ATTNVIZ = [str(Path(PYTHON).with_name("attnviz"))]  # the console script, as a user runs it
 SENTENCE_12_TOKENS = "the quick brown fox jumps over the lazy dog again"  # 10 words + [CLS] + [SEP]
 WORDS = (
     "the a cat dog bird street house river city tree animal child teacher friend sat ran walked saw "
