@@ -271,7 +271,8 @@ def stats(
     from attnviz.analysis import StatisticsAccumulator
     from attnviz.batch import BATCH_SIZE, PROGRESS_MIN_TEXTS, batch_folder_name, batches, check_lengths, read_texts
     from attnviz.loading import load_model
-    from attnviz.pipeline import build_layers, device_label, iter_layer_runs, resolve_device
+    from attnviz.pipeline import build_layers, device_label, iter_layer_weights, resolve_device, run_attention, text_notices
+    from attnviz.tokens import encode
     from attnviz.runs import StagedRunFolder, run_folder_name
     from attnviz.stats_export import write_stats_csv, write_stats_json
     from attnviz.stats_figures import write_js_distance
@@ -296,19 +297,19 @@ def stats(
     accumulator = StatisticsAccumulator(loaded.num_layers, causal)
     layers = build_layers(loaded, num_heads, weights.value, seed, device_name)
     notices: dict[str, None] = {}
-    first_run = None
     with terminal.progress_bar(console, len(texts), "measuring heads", PROGRESS_MIN_TEXTS) as advance:
-        for batch in batches(texts, BATCH_SIZE):
-            by_layer = iter_layer_runs(
-                loaded, batch, num_heads=num_heads, weights=weights.value, seed=seed, causal=causal,
-                device=device_name, truncate=truncate, layers=layers,
-            )
-            for runs in by_layer:  # one layer at a time: (H, N, N) per text, statistics, then freed
-                for run in runs:
-                    accumulator.add(run.layer, run.attention, run.query_tokens)
-            notices.update(dict.fromkeys(notice for run in runs for notice in run.notices))
-            first_run = first_run or runs[0]
+        # Texts of similar length batched together pad least; the averages do not depend on the order.
+        by_length = sorted(texts, key=len)
+        for batch in batches(by_length, BATCH_SIZE):
+            encoded = encode(loaded.tokenizer, batch, loaded.max_positions, truncate)
+            for layer, (_, patterns) in enumerate(iter_layer_weights(loaded, encoded, layers, causal, device_name)):
+                accumulator.add_batch(layer, patterns, encoded.valid_lens, encoded.tokens)  # the batch at once
+            notices.update(dict.fromkeys(text_notices(loaded, batch, encoded.ids)))
             advance(len(batch))
+    (first_run,) = run_attention(
+        loaded, texts[:1], num_heads=num_heads, weights=weights.value, seed=seed, causal=causal,
+        device=device_name, truncate=truncate,
+    )  # what the terminal and stats.json say about the setup
     result = accumulator.result()
 
     shown = list(notices)[:MAX_NOTICES_SHOWN]

@@ -173,19 +173,32 @@ def iter_layer_runs(
     num_heads = num_heads or loaded.num_heads
     layers = layers or build_layers(loaded, num_heads, weights, seed, device)
     encoded = encode(loaded.tokenizer, texts, loaded.max_positions, truncate)
-    valid_lens = encoded.valid_lens.to(device)  # (B,)
-    for layer, hidden in enumerate(layer_inputs(loaded, encoded, device)):  # hidden: (B, N, D)
-        output, patterns = layers[layer](hidden, valid_lens=valid_lens, causal=causal)  # (B, N, D), (B, H, N, N)
+    for layer, (output, patterns) in enumerate(iter_layer_weights(loaded, encoded, layers, causal, device)):
         yield _split_runs(
             loaded, texts, encoded, encoded, output, patterns,
             layer=layer, weights=weights, num_heads=num_heads, device=device, causal=causal,
         )
 
 
+@torch.inference_mode()
+def iter_layer_weights(
+    loaded: LoadedModel, encoded: Encoded, layers: list[MultiHeadAttention], causal: bool, device: str
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Per BERT layer, attnviz's layer over the padded batch: output (B, N, D) and weights (B, H, N, N)."""
+    valid_lens = encoded.valid_lens.to(device)  # (B,)
+    for layer, hidden in enumerate(layer_inputs(loaded, encoded, device)):  # hidden: (B, N, D)
+        yield layers[layer](hidden, valid_lens=valid_lens, causal=causal)
+
+
 def run_layers(loaded: LoadedModel, texts: list[str], **options) -> list[list[AttentionRun]]:
     """Every layer's run of every text, runs[text][layer]; options as for iter_layer_runs."""
     by_layer = list(iter_layer_runs(loaded, texts, **options))  # by_layer[layer][text]
     return [list(text_runs) for text_runs in zip(*by_layer)]
+
+
+def text_notices(loaded: LoadedModel, texts: list[str], ids: list[list[int]]) -> list[str]:
+    """What to tell the user about these texts: the model's notice, and texts mostly [UNK]."""
+    return ([loaded.notice] if loaded.notice else []) + _unknown_token_notices(loaded, list(zip(texts, ids)))
 
 
 def _unknown_token_notices(loaded: LoadedModel, texts_and_ids: list[tuple[str, list[int]]]) -> list[str]:
@@ -215,7 +228,7 @@ def _split_runs(
         query_ids = queries.ids[i]
         key_index = 0 if kv_text is not None else i
         key_ids = keys.ids[key_index]
-        texts_and_ids = [(text, query_ids)] + ([(kv_text, key_ids)] if kv_text else [])
+        notices = text_notices(loaded, [text, kv_text] if kv_text else [text], [query_ids, key_ids])
         runs.append(
             AttentionRun(
                 text=text,
@@ -227,7 +240,7 @@ def _split_runs(
                 key_ids=key_ids,
                 attention=patterns[i, :, : len(query_ids), : len(key_ids)].copy(),  # (H, Nq_i, Nk_i)
                 output=output[i, : len(query_ids)].copy(),  # (Nq_i, D)
-                notices=([loaded.notice] if loaded.notice else []) + _unknown_token_notices(loaded, texts_and_ids),
+                notices=notices,
                 **setup,
             )
         )

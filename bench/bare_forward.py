@@ -1,7 +1,8 @@
 """The throughput limit under `attnviz stats`: a bare transformers forward pass with attentions.
 
-Loads the model, tokenizes the file's texts in batches and runs BertModel with
-output_attentions=True over them, nothing else. Prints the seconds spent in the loop.
+Loads the model, tokenizes the file's texts in the batches `attnviz stats` makes (sorted by
+length, BATCH_SIZE at a time) and runs BertModel with output_attentions=True over them, nothing
+else. Prints the seconds spent in the loop.
 
     python bench/bare_forward.py MODEL_DIR TEXTS_FILE BATCH_SIZE DEVICE
 """
@@ -14,7 +15,7 @@ from transformers import AutoTokenizer, BertModel
 
 
 def main(model_dir: str, texts_file: str, batch_size: str, device: str) -> None:
-    texts = [line.strip() for line in open(texts_file, encoding="utf-8") if line.strip()]
+    texts = sorted((line.strip() for line in open(texts_file, encoding="utf-8") if line.strip()), key=len)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = BertModel.from_pretrained(model_dir, attn_implementation="eager").to(device).eval()
     size = int(batch_size)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
+BATCH_SIZE = 32  # attnviz.batch.BATCH_SIZE: the bare pass runs the same batches
 PYTHON = sys.executable
 ATTNVIZ = [str(Path(PYTHON).with_name("attnviz"))]  # the console script, as a user runs it
 SENTENCE_12_TOKENS = "the quick brown fox jumps over the lazy dog again"  # 10 words + [CLS] + [SEP]
@@ -110,7 +111,9 @@ def main() -> None:
         rows.append(("heads, 512 tokens", long, "heads, 12 tokens", short, "≤ 2×", long.seconds <= 2 * short.seconds))
 
         for device in ["cpu"] + (["cuda"] if args.gpu else []):
-            bare = run_process([PYTHON, str(BENCH / "bare_forward.py"), model_dir, str(texts_file), "64", device], args.repeat, env)
+            bare = run_process(
+                [PYTHON, str(BENCH / "bare_forward.py"), model_dir, str(texts_file), str(BATCH_SIZE), device], args.repeat, env
+            )
             stats = run_process(
                 [*ATTNVIZ, "stats", "--file", str(texts_file), "--model", "bundled", "--device", device, "--out", str(scratch / "stats")],
                 args.repeat,

@@ -18,6 +18,7 @@ from attnviz.analysis import (
     ModelStatistics,
     StatisticsAccumulator,
     attention_rollout,
+    batch_statistics,
     head_label,
     head_statistics,
     is_punctuation,
@@ -314,6 +315,32 @@ def test_the_accumulator_averages_each_texts_own_statistics():
         np.testing.assert_allclose(result.values[layer], expected, atol=1e-12)
         expected_js = (js_distance(weights[0, layer]) + js_distance(weights[1, layer])) / 2
         np.testing.assert_allclose(result.js_distance[layer], expected_js, atol=1e-12)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_batch_statistics_of_a_padded_batch_equal_each_texts_own_statistics(causal):
+    """The fast path (torch, whole batch) against the plain one (numpy, one unpadded text at a time)."""
+    import torch
+
+    rng = np.random.default_rng(7)
+    texts = [["[CLS]", "a", ",", "b", "c", "[SEP]"], ["[CLS]", "x", "[SEP]"], ["[CLS]", "[SEP]"], ["[CLS]"]]
+    padded = np.zeros((len(texts), 3, 6, 6))  # (B, H, N, N): zero on every padding key and query
+    for t, tokens in enumerate(texts):
+        n = len(tokens)
+        scores = rng.normal(size=(3, n, n)) * 3
+        if causal:
+            scores = np.where(np.tril(np.ones((n, n), dtype=bool)), scores, -np.inf)
+        padded[t, :, :n, :n] = np.exp(scores - scores.max(-1, keepdims=True))
+        padded[t, :, :n, :n] /= padded[t, :, :n, :n].sum(-1, keepdims=True)
+
+    values, distances = batch_statistics(
+        torch.tensor(padded, dtype=torch.float32), torch.tensor([len(tokens) for tokens in texts]), texts, causal
+    )
+
+    blocks = [padded[t, :, : len(tokens), : len(tokens)] for t, tokens in enumerate(texts)]
+    expected = sum(head_statistics(block, tokens, causal) for block, tokens in zip(blocks, texts))
+    np.testing.assert_allclose(values, expected, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(distances, sum(js_distance(block) for block in blocks), atol=1e-5, rtol=0)
 
 
 def test_the_accumulator_refuses_layers_with_different_texts():
