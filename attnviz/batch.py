@@ -116,11 +116,10 @@ def run_in_batches(
 def write_run_files(run: AttentionRun, folder: Path, fmt: str) -> list[Path]:
     """What `attnviz heads` writes for one text: head heatmaps, the grid, attention.json."""
     from attnviz.export import write_attention_json
-    from attnviz.heatmap import write_head_heatmaps, write_heads_grid
+    from attnviz.heatmap import write_heatmaps
 
     folder.mkdir()
-    written = write_head_heatmaps(run, folder, fmt)
-    written.append(write_heads_grid(run, folder, fmt))
+    written = write_heatmaps(run, folder, fmt)
     written.append(write_attention_json(run, folder / "attention.json"))
     return written
 

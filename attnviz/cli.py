@@ -123,7 +123,7 @@ def heads(
     """Per-head attention heatmaps, a summary table and attention.json for one text, or each line of --file."""
     from attnviz.analysis import summarize_heads
     from attnviz.export import write_attention_json
-    from attnviz.heatmap import write_head_heatmaps, write_heads_grid
+    from attnviz.heatmap import write_heatmaps
     from attnviz.loading import load_model
     from attnviz.pipeline import device_label, resolve_device, run_attention
     from attnviz.runs import StagedRunFolder, run_folder_name
@@ -186,8 +186,7 @@ def heads(
 
     folder = StagedRunFolder(target, unique=out is None)
     with console.status("writing heatmaps…"), folder as staging:
-        written = write_head_heatmaps(run, staging, image_format.value)
-        written.append(write_heads_grid(run, staging, image_format.value))
+        written = write_heatmaps(run, staging, image_format.value)
         written.append(write_attention_json(run, staging / "attention.json"))
         if traced is not None:
             from attnviz.trace_render import write_trace_files

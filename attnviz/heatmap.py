@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import re
+import signal
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -56,6 +59,39 @@ def run_title(run: AttentionRun) -> str:
     """ "all-MiniLM-L6-v2 · layer 0", with a note when the weights are random."""
     title = f"{short_model_name(run.model)} · layer {run.layer}"
     return title + " · random weights" if run.weights == "random" else title
+
+
+def write_heatmaps(run: AttentionRun, out_dir: Path, fmt: str = "png", prefix: str = "", note: str = "") -> list[Path]:
+    """Every head's heatmap and the grid of all heads; return their paths, the grid last.
+
+    On Linux with more than one core, a forked copy of this process draws the grid while this
+    one draws the heads: matplotlib uses one core, and the two jobs take about as long.
+    """
+    from attnviz.fonts import use_cjk_font
+
+    _check_format(fmt)
+    use_cjk_font()  # before the fork, so that both processes start with the fonts loaded
+    child = os.fork() if sys.platform == "linux" and (os.cpu_count() or 1) > 1 else None
+    if child == 0:  # the forked copy: draw the grid and leave, never running the parent's code after this
+        exit_code = 1
+        try:
+            write_heads_grid(run, out_dir, fmt, prefix, note)
+            exit_code = 0
+        finally:
+            os._exit(exit_code)
+    try:
+        paths = write_head_heatmaps(run, out_dir, fmt, prefix, note)
+    except BaseException:
+        if child is not None:  # e.g. Ctrl-C: the grid is not wanted any more
+            os.kill(child, signal.SIGKILL)
+            os.waitpid(child, 0)
+        raise
+    if child is None:
+        return paths + [write_heads_grid(run, out_dir, fmt, prefix, note)]
+    _, status = os.waitpid(child, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise RuntimeError(f"drawing {prefix}heads.{fmt} failed in its process")
+    return paths + [Path(out_dir) / f"{prefix}heads.{fmt}"]
 
 
 def write_head_heatmaps(

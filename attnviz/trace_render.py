@@ -461,12 +461,11 @@ def write_mistake_figures(result: TraceResult, run, out_dir: Path, fmt: str = "p
     """
     from dataclasses import replace
 
-    from attnviz.heatmap import write_head_heatmaps, write_heads_grid
+    from attnviz.heatmap import write_heatmaps
 
     mistake = result.mistake.mistake
     prefix = mistake_prefix(mistake)
-    written = write_head_heatmaps(run, out_dir, fmt)
-    written.append(write_heads_grid(run, out_dir, fmt))
+    written = write_heatmaps(run, out_dir, fmt)
     if mistake == "view-without-permute":
         wrong = next(trace for trace in result.layouts if trace.mistake == mistake)
         num_queries, num_keys = run.attention.shape[1:]
@@ -476,8 +475,7 @@ def write_mistake_figures(result: TraceResult, run, out_dir: Path, fmt: str = "p
             output=wrong.output[0, :num_queries].numpy(),
         )
         note = " · mistake: view without permute"
-        written += write_head_heatmaps(wrong_run, out_dir, fmt, prefix=prefix, note=note)
-        written.append(write_heads_grid(wrong_run, out_dir, fmt, prefix=prefix, note=note))
+        written += write_heatmaps(wrong_run, out_dir, fmt, prefix=prefix, note=note)
     else:
         written.append(write_merge_figure(result, run.query_tokens, out_dir / f"{prefix}merge.{fmt}"))
     return written

@@ -202,6 +202,18 @@ def test_blitted_png_matches_a_full_redraw(tmp_path):
     assert differing < 0.0005
 
 
+def test_write_heatmaps_draws_the_same_files_as_one_process_does(tmp_path):
+    """The grid comes from a forked process on Linux: its pixels equal a grid drawn here."""
+    run = make_run(["[CLS]", "我", "想", "吃", "[SEP]"], num_heads=3)
+    (tmp_path / "together").mkdir()
+    (tmp_path / "alone").mkdir()
+    paths = heatmap.write_heatmaps(run, tmp_path / "together")
+    assert [path.name for path in paths] == ["head_00.png", "head_01.png", "head_02.png", "heads.png"]
+    alone = heatmap.write_head_heatmaps(run, tmp_path / "alone") + [heatmap.write_heads_grid(run, tmp_path / "alone")]
+    for together, single in zip(paths, alone):
+        np.testing.assert_array_equal(read_png(together), read_png(single))
+
+
 def test_grid_is_one_png(tmp_path):
     path = write_heads_grid(make_run(CHINESE, num_heads=12), tmp_path)
     assert path == tmp_path / "heads.png"
