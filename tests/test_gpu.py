@@ -1,0 +1,44 @@
+"""The GPU path gives the CPU's numbers. Skipped on a machine where torch sees no GPU (CI has none)."""
+
+import numpy as np
+import pytest
+import torch
+
+from attnviz.analysis import StatisticsAccumulator
+from attnviz.loading import load_model
+from attnviz.pipeline import build_layers, iter_layer_weights, run_attention
+from attnviz.tokens import encode
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no GPU"),
+]
+
+TEXTS = ["The cat sat on the mat.", "The animal didn't cross the street because it was too tired."]
+
+
+@pytest.mark.parametrize("weights", ["pretrained", "random"])
+@pytest.mark.parametrize("layer", [0, 5])
+def test_weights_on_cuda_equal_weights_on_cpu(weights, layer):
+    runs = {
+        device: run_attention(load_model("bundled", device), TEXTS, layer=layer, weights=weights, device=device)
+        for device in ("cpu", "cuda")
+    }
+    for on_cpu, on_cuda in zip(runs["cpu"], runs["cuda"]):
+        assert on_cuda.device == "cuda"
+        np.testing.assert_allclose(on_cuda.attention, on_cpu.attention, atol=1e-4, rtol=0)
+        np.testing.assert_allclose(on_cuda.output, on_cpu.output, atol=1e-4, rtol=0)
+
+
+def test_statistics_on_cuda_equal_statistics_on_cpu():
+    results = {}
+    for device in ("cpu", "cuda"):
+        loaded = load_model("bundled", device)
+        encoded = encode(loaded.tokenizer, TEXTS, loaded.max_positions)
+        accumulator = StatisticsAccumulator(loaded.num_layers)
+        layers = build_layers(loaded, None, "pretrained", 0, device)
+        for layer, (_, patterns) in enumerate(iter_layer_weights(loaded, encoded, layers, False, device)):
+            accumulator.add_batch(layer, patterns, encoded.valid_lens, encoded.tokens)
+        results[device] = accumulator.result()
+    np.testing.assert_allclose(results["cuda"].values, results["cpu"].values, atol=1e-4, rtol=0)
+    np.testing.assert_allclose(results["cuda"].js_distance, results["cpu"].js_distance, atol=1e-4, rtol=0)
