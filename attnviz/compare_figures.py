@@ -12,16 +12,15 @@ from pathlib import Path
 import numpy as np
 
 from attnviz.compare import Split
-from attnviz.fonts import displayable
 from attnviz.heatmap import (
     DPI,
-    _check_format,
-    _draw_attention,
-    _new_figure,
-    _quoted,
-    _save_options,
+    check_format,
+    draw_attention,
+    label_tokens,
+    new_figure,
+    quoted,
+    save_options,
     short_model_name,
-    tick_positions,
 )
 from attnviz.position import PositionResult, PositionSide, format_difference
 
@@ -55,7 +54,7 @@ def panel_grid(count: int) -> tuple[int, int]:
 def write_comparison_figure(splits: list[Split], out_dir: Path, fmt: str = "png") -> Path:
     """compare.<fmt>: a row per weights (wrapped after 6 head counts), a column per head count,
     each cell that split's heads."""
-    _check_format(fmt)
+    check_format(fmt)
     weights = list(dict.fromkeys(split.weights for split in splits))
     head_counts = list(dict.fromkeys(split.num_heads for split in splits))
     # Many head counts wrap onto further rows, so the figure stays printable.
@@ -63,7 +62,7 @@ def write_comparison_figure(splits: list[Split], out_dir: Path, fmt: str = "png"
     rows_per_weights = math.ceil(len(head_counts) / num_columns)
     num_rows = len(weights) * rows_per_weights
     cell = 3.4  # inches per split: a split's heads share the cell, more heads means smaller maps
-    figure = _new_figure((num_columns * cell + 1.0, num_rows * (cell + 0.3) + 0.8))
+    figure = new_figure((num_columns * cell + 1.0, num_rows * (cell + 0.3) + 0.8))
     maps_part, colorbar_part = figure.subfigures(1, 2, width_ratios=[num_columns * cell, 1.0])
     cells = maps_part.subfigures(num_rows, num_columns, squeeze=False)
     for split in splits:
@@ -75,11 +74,11 @@ def write_comparison_figure(splits: list[Split], out_dir: Path, fmt: str = "png"
     run = splits[0].run
     figure.suptitle(
         f"{short_model_name(run.model)} · layer {run.layer} · the same W_q, W_k, W_v split into "
-        f"different numbers of heads\n{_quoted(run.text, 60)}",
+        f"different numbers of heads\n{quoted(run.text, 60)}",
         parse_math=False,
     )
     path = Path(out_dir) / f"compare.{fmt}"
-    figure.savefig(path, dpi=DPI, **_save_options(fmt))
+    figure.savefig(path, dpi=DPI, **save_options(fmt))
     return path
 
 
@@ -94,11 +93,11 @@ def _draw_split(cell_figure, split: Split):
             ax.set_visible(False)
             continue
         # interpolation "auto" anti-aliases panels that have fewer pixels than tokens.
-        image = _draw_attention(ax, np.ma.masked_array(split.run.attention[heads[index]]))
+        image = draw_attention(ax, np.ma.masked_array(split.run.attention[heads[index]]))
         ax.set_title(f"head {heads[index]}", fontsize=7 if num_columns > 2 else 9, pad=2)
         last_row = index + num_columns >= len(heads)
         first_column = index % num_columns == 0
-        _label_tokens(
+        label_tokens(
             ax,
             split.run.key_tokens if labelled and last_row else [],
             split.run.query_tokens if labelled and first_column else [],
@@ -115,10 +114,10 @@ def _draw_split(cell_figure, split: Split):
 def write_position_figure(result: PositionResult, out_dir: Path, fmt: str = "png") -> Path:
     """position.<fmt>: for one head, without and with position embeddings, four maps each:
     A(x), A(Px), Pᵀ A(Px) P (permuted back) and |Pᵀ A(Px) P − A(x)|."""
-    _check_format(fmt)
+    check_format(fmt)
     num_tokens = len(result.tokens)
     panel = float(np.clip(1.2 + 0.16 * num_tokens, 2.6, 4.5))
-    figure = _new_figure((4 * panel + 2.2, 2 * (panel + 0.9) + 0.9))
+    figure = new_figure((4 * panel + 2.2, 2 * (panel + 0.9) + 0.9))
     rows = figure.subfigures(2, 1)
     # One difference scale for both rows, so the row without positions looks as flat as it is.
     largest = max(float(np.abs(side.permuted_back - side.original)[result.head].max()) for side in _sides(result))
@@ -127,11 +126,11 @@ def write_position_figure(result: PositionResult, out_dir: Path, fmt: str = "png
     head = f"head {result.head}" + ("" if result.head_chosen else " (the head position changes most)")
     figure.suptitle(
         f"{short_model_name(result.model)} · layer 0 · {head} · x permuted by P = "
-        f"{_permutation_text(result.permutation)}\n{_quoted(result.text, 60)}",
+        f"{_permutation_text(result.permutation)}\n{quoted(result.text, 60)}",
         parse_math=False,
     )
     path = Path(out_dir) / f"position.{fmt}"
-    figure.savefig(path, dpi=DPI, **_save_options(fmt))
+    figure.savefig(path, dpi=DPI, **save_options(fmt))
     return path
 
 
@@ -149,15 +148,15 @@ def _draw_position_row(row_figure, result: PositionResult, side: PositionSide, d
         (side.permuted_back[head], result.tokens, "Pᵀ A(Px) P: permuted back"),
     ]
     for ax, (weights, tokens, title) in zip(axes, panels):
-        image = _draw_attention(ax, np.ma.masked_array(weights), interpolation="nearest")
+        image = draw_attention(ax, np.ma.masked_array(weights), interpolation="nearest")
         ax.set_title(title, fontsize=9, parse_math=False)
-        _label_tokens(ax, tokens, tokens, MAX_POSITION_TICK_LABELS, fontsize=7)
+        label_tokens(ax, tokens, tokens, MAX_POSITION_TICK_LABELS, fontsize=7)
     difference_image = axes[3].imshow(
         difference, cmap=DIFFERENCE_COLORMAP, vmin=0.0, vmax=difference_scale, aspect="auto", interpolation="nearest"
     )
     largest = format_difference(float(difference.max()))
     axes[3].set_title(f"|back − A(x)|, max {largest}", fontsize=9, parse_math=False)
-    _label_tokens(axes[3], result.tokens, result.tokens, MAX_POSITION_TICK_LABELS, fontsize=7)
+    label_tokens(axes[3], result.tokens, result.tokens, MAX_POSITION_TICK_LABELS, fontsize=7)
     row_figure.colorbar(image, ax=axes[:3], shrink=0.8, label="attention weight")
     row_figure.colorbar(difference_image, ax=axes[3], shrink=0.8, label="difference")
     which = "with BERT's" if side.positions else "without"
@@ -165,27 +164,6 @@ def _draw_position_row(row_figure, result: PositionResult, side: PositionSide, d
     value = format_difference(side.max_difference)
     title = f"{which} position embeddings: max over heads |A(Px) − P A(x) Pᵀ| = {value}, {verdict}"
     row_figure.suptitle(title, fontsize=10, parse_math=False)
-
-
-def _label_tokens(ax, key_tokens: list[str], query_tokens: list[str], max_labels: int, fontsize: float) -> None:
-    """Key tokens on the x axis, query tokens on the y axis, thinned; an empty list hides that axis's ticks."""
-    key_positions = tick_positions(len(key_tokens), max_labels) if key_tokens else []
-    query_positions = tick_positions(len(query_tokens), max_labels) if query_tokens else []
-    ax.set_xticks(
-        key_positions,
-        [displayable(key_tokens[k]) for k in key_positions],
-        rotation=45,
-        ha="right",
-        rotation_mode="anchor",
-        fontsize=fontsize,
-        parse_math=False,
-    )
-    ax.set_yticks(
-        query_positions,
-        [displayable(query_tokens[q]) for q in query_positions],
-        fontsize=fontsize,
-        parse_math=False,
-    )
 
 
 def _permutation_text(permutation: list[int], max_items: int = 16) -> str:

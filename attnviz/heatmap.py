@@ -69,7 +69,7 @@ def write_heatmaps(run: AttentionRun, out_dir: Path, fmt: str = "png", prefix: s
     """
     from attnviz.fonts import use_cjk_font
 
-    _check_format(fmt)
+    check_format(fmt)
     use_cjk_font()  # before the fork, so that both processes start with the fonts loaded
     child = os.fork() if sys.platform == "linux" and (os.cpu_count() or 1) > 1 else None
     if child == 0:  # the forked copy: draw the grid and leave, never running the parent's code after this
@@ -105,7 +105,7 @@ def write_head_heatmaps(
     One figure is laid out once and reused: per head only the image data, the cell values
     and the title change.
     """
-    _check_format(fmt)
+    check_format(fmt)
     heatmap = _HeadFigure(run, note)
     paths = []
     for head in range(run.num_heads):
@@ -118,8 +118,8 @@ def write_head_heatmaps(
 
 def write_heads_grid(run: AttentionRun, out_dir: Path, fmt: str = "png", prefix: str = "", note: str = "") -> Path:
     """Write <prefix>heads.<fmt>: every head in a grid with one shared colorbar; return its path."""
-    _check_format(fmt)
-    figure = _new_figure(_grid_figure_size(run))
+    check_format(fmt)
+    figure = new_figure(_grid_figure_size(run))
     num_rows, num_columns = grid_shape(run.num_heads)
     axes = figure.subplots(num_rows, num_columns, squeeze=False)
     for head, ax in enumerate(axes.flat):
@@ -127,7 +127,7 @@ def write_heads_grid(run: AttentionRun, out_dir: Path, fmt: str = "png", prefix:
             ax.set_visible(False)
             continue
         # interpolation "auto" anti-aliases when a panel has fewer pixels than tokens.
-        image = _draw_attention(ax, masked_attention(run.attention[head], run.causal))
+        image = draw_attention(ax, masked_attention(run.attention[head], run.causal))
         ax.set_title(f"head {head}", fontsize=9)
         # Tokens on the outer edge of the filled grid only (ticks are most of the drawing
         # time): the first column gets queries, a panel with no panel below it gets keys.
@@ -144,9 +144,9 @@ def write_heads_grid(run: AttentionRun, out_dir: Path, fmt: str = "png", prefix:
     figure.suptitle(title, parse_math=False)
     figure.supxlabel("key")
     figure.supylabel("query")
-    _freeze_layout(figure)
+    freeze_layout(figure)
     path = Path(out_dir) / f"{prefix}heads.{fmt}"
-    figure.savefig(path, dpi=DPI, **_save_options(fmt))
+    figure.savefig(path, dpi=DPI, **save_options(fmt))
     return path
 
 
@@ -161,13 +161,13 @@ class _HeadFigure:
         self.run = run
         self.note = note
         num_queries, num_keys = run.attention.shape[1:]
-        self.figure = _new_figure(_head_figure_size(num_queries, num_keys))
+        self.figure = new_figure(head_figure_size(num_queries, num_keys))
         self.ax = self.figure.add_subplot()
         # "nearest": a single head's figure has at least 2 pixels per token, so every cell
         # shows with sharp edges, and it is several times faster than the anti-aliasing filter.
         first_head = masked_attention(run.attention[0], run.causal)
-        self.image = _draw_attention(self.ax, first_head, interpolation="nearest")
-        self.cell_values = _cell_values(self.ax, num_queries, num_keys)
+        self.image = draw_attention(self.ax, first_head, interpolation="nearest")
+        self.cell_values = cell_values(self.ax, num_queries, num_keys)
         # A fixed y: automatic placement would move the title while it is hidden for the background.
         self.title = self.ax.set_title("", y=1.0)
         short = max(num_queries, num_keys) <= MAX_ANNOTATED_TOKENS
@@ -176,7 +176,7 @@ class _HeadFigure:
         self.ax.set_ylabel("query")
         self.figure.colorbar(self.image, ax=self.ax, label="attention weight")
         self.show_head(run.num_heads - 1)  # the longest title: the frozen layout must fit it
-        _freeze_layout(self.figure)
+        freeze_layout(self.figure)
         self.background = None  # pixels of the parts common to all heads, after the first PNG
 
     def show_head(self, head: int) -> None:
@@ -184,7 +184,7 @@ class _HeadFigure:
         self.image.set_data(weights)
         self.title.set_text(f"{run_title(self.run)}{self.note} · head {head}")
         if self.cell_values is not None:
-            _update_cell_values(self.cell_values, weights, self.image)
+            update_cell_values(self.cell_values, weights, self.image)
 
     def save(self, path: Path) -> None:
         if path.suffix == ".png":
@@ -219,7 +219,7 @@ class _HeadFigure:
         return self.figure.canvas.copy_from_bbox(self.figure.bbox)
 
 
-def _new_figure(size: tuple[float, float]):
+def new_figure(size: tuple[float, float]):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -231,7 +231,7 @@ def _new_figure(size: tuple[float, float]):
     return figure
 
 
-def _freeze_layout(figure) -> None:
+def freeze_layout(figure) -> None:
     """Solve the constrained layout once, then keep it: a save then draws the figure only once.
 
     savefig with a layout engine draws twice (one pass without output, to lay out); one head's
@@ -241,7 +241,7 @@ def _freeze_layout(figure) -> None:
     figure.set_layout_engine(None)  # None (not "none"): no placeholder engine, no layout pass
 
 
-def _draw_attention(ax, weights: np.ma.MaskedArray, interpolation: str = "auto"):
+def draw_attention(ax, weights: np.ma.MaskedArray, interpolation: str = "auto"):
     """imshow with the fixed 0..1 scale; masked cells take MASKED_COLOR."""
     import matplotlib
 
@@ -254,13 +254,18 @@ def _draw_attention(ax, weights: np.ma.MaskedArray, interpolation: str = "auto")
 def _label_token_axes(
     ax, run: AttentionRun, max_labels: int, fontsize: float, keys: bool = True, queries: bool = True
 ) -> None:
-    """Tokens on the x (keys) and y (queries) axes, every k-th one; no ticks where turned off."""
-    key_positions = tick_positions(len(run.key_tokens), max_labels) if keys else []
-    query_positions = tick_positions(len(run.query_tokens), max_labels) if queries else []
+    """The run's tokens on the x (keys) and y (queries) axes; no ticks where turned off."""
+    label_tokens(ax, run.key_tokens if keys else [], run.query_tokens if queries else [], max_labels, fontsize)
+
+
+def label_tokens(ax, key_tokens: list[str], query_tokens: list[str], max_labels: int, fontsize: float) -> None:
+    """Key tokens on the x axis, query tokens on the y axis, every k-th one; an empty list hides that axis's ticks."""
+    key_positions = tick_positions(len(key_tokens), max_labels) if key_tokens else []
+    query_positions = tick_positions(len(query_tokens), max_labels) if query_tokens else []
     # parse_math=False: a token such as "$" must print as itself, not start mathtext.
     ax.set_xticks(
         key_positions,
-        [displayable(run.key_tokens[k]) for k in key_positions],
+        [displayable(key_tokens[k]) for k in key_positions],
         rotation=45,
         ha="right",
         rotation_mode="anchor",
@@ -269,13 +274,13 @@ def _label_token_axes(
     )
     ax.set_yticks(
         query_positions,
-        [displayable(run.query_tokens[q]) for q in query_positions],
+        [displayable(query_tokens[q]) for q in query_positions],
         fontsize=fontsize,
         parse_math=False,
     )
 
 
-def _cell_values(ax, num_queries: int, num_keys: int):
+def cell_values(ax, num_queries: int, num_keys: int):
     """An empty collection for the weights printed in the cells, or None when the map is too big.
 
     The values are glyph outlines in one PathCollection: one draw call per head instead of
@@ -300,7 +305,7 @@ def _cell_values(ax, num_queries: int, num_keys: int):
     return collection
 
 
-def _update_cell_values(collection, weights: np.ma.MaskedArray, image) -> None:
+def update_cell_values(collection, weights: np.ma.MaskedArray, image) -> None:
     """Each cell's weight as "0.42", in black or white, whichever contrasts with the cell."""
     rgba = image.to_rgba(weights.filled(0.0))  # (Nq, Nk, 4)
     luminance = rgba[..., :3] @ np.array([0.2126, 0.7152, 0.0722])  # (Nq, Nk)
@@ -325,7 +330,7 @@ def _centred_text_path(label: str):
     return TextPath((-width / 2, descent - height / 2), label, prop=font)
 
 
-def _head_figure_size(num_queries: int, num_keys: int) -> tuple[float, float]:
+def head_figure_size(num_queries: int, num_keys: int) -> tuple[float, float]:
     """About 0.45 inch per token, so a printed "0.42" fits its cell, within 5..11 inches.
 
     The constant part leaves room for token labels, the colorbar and the title.
@@ -345,22 +350,22 @@ def _grid_figure_size(run: AttentionRun) -> tuple[float, float]:
 
 def _quoted_texts(run: AttentionRun, max_chars: int = 60) -> str:
     """ "“query text”", or "“query text” → “key text”" for cross-attention, shortened."""
-    quoted = _quoted(run.text, max_chars)
-    return f"{quoted} → {_quoted(run.kv_text, max_chars)}" if run.kv_text else quoted
+    query_text = quoted(run.text, max_chars)
+    return f"{query_text} → {quoted(run.kv_text, max_chars)}" if run.kv_text else query_text
 
 
-def _quoted(text: str, max_chars: int) -> str:
+def quoted(text: str, max_chars: int) -> str:
     one_line = displayable(" ".join(text.split()))
     if len(one_line) > max_chars:
         one_line = one_line[: max_chars - 1] + "…"
     return f"“{one_line}”"
 
 
-def _save_options(fmt: str) -> dict:
+def save_options(fmt: str) -> dict:
     return {"pil_kwargs": {"compress_level": PNG_COMPRESS_LEVEL}} if fmt == "png" else {}
 
 
-def _check_format(fmt: str) -> None:
+def check_format(fmt: str) -> None:
     if fmt not in FORMATS:
         from attnviz.errors import AttnvizError
 

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import numpy as np
 
-from attnviz.fonts import displayable
 
 # The underscored helpers too: both renderers make, lay out, colour and save figures alike.
 from attnviz.heatmap import (
@@ -23,19 +22,20 @@ from attnviz.heatmap import (
     MASKED_COLOR,
     MAX_ANNOTATED_TOKENS,
     MAX_TICK_LABELS,
+    cell_values,
+    check_format,
+    draw_attention,
+    freeze_layout,
     grid_shape,
+    head_figure_size,
+    label_tokens,
     masked_attention,
+    new_figure,
+    quoted,
+    save_options,
     short_model_name,
     tick_positions,
-    _cell_values,
-    _check_format,
-    _draw_attention,
-    _freeze_layout,
-    _head_figure_size,
-    _new_figure,
-    _quoted,
-    _save_options,
-    _update_cell_values,
+    update_cell_values,
 )
 from attnviz.result import AttentionRun
 
@@ -47,7 +47,7 @@ MAX_GRID_CELLS_PER_PANEL = 192  # longer texts are averaged down, as the screen 
 
 def write_layers_grid(layer_runs: list[AttentionRun], out_dir: Path, fmt: str = "png") -> Path:
     """Write layers.<fmt>: a row per layer, a column per head, each cell that head's map."""
-    _check_format(fmt)
+    check_format(fmt)
     from matplotlib.cm import ScalarMappable
     from matplotlib.colors import Normalize
 
@@ -57,7 +57,7 @@ def write_layers_grid(layer_runs: list[AttentionRun], out_dir: Path, fmt: str = 
     mosaic, panel_size, step = _layers_mosaic(layer_runs)  # (rows, columns, 4) uint8
 
     panel = min(GRID_PANEL_INCHES, (MAX_GRID_WIDTH_INCHES - 2.0) / num_heads)
-    figure = _new_figure((num_heads * panel + 2.0, num_layers * panel + 1.4))
+    figure = new_figure((num_heads * panel + 2.0, num_layers * panel + 1.4))
     ax = figure.add_subplot()
     # "auto": resampled with anti-aliasing when the image has more cells than the panel pixels.
     ax.imshow(mosaic, aspect="auto", interpolation="auto")
@@ -74,12 +74,12 @@ def write_layers_grid(layer_runs: list[AttentionRun], out_dir: Path, fmt: str = 
     figure.colorbar(scale, ax=ax, shrink=0.6, label="attention weight")
     figure.suptitle(
         f"{_model_title(first)} · {num_layers} layers × {num_heads} heads · {num_tokens} tokens\n"
-        f"{_quoted(first.text, 60)}  (rows: queries, columns: keys)",
+        f"{quoted(first.text, 60)}  (rows: queries, columns: keys)",
         parse_math=False,
     )
-    _freeze_layout(figure)
+    freeze_layout(figure)
     path = Path(out_dir) / f"layers.{fmt}"
-    figure.savefig(path, dpi=DPI, **_save_options(fmt))
+    figure.savefig(path, dpi=DPI, **save_options(fmt))
     return path
 
 
@@ -118,28 +118,28 @@ def _pooled(weights: np.ma.MaskedArray, pool: int) -> np.ma.MaskedArray:
 
 def write_rollout(layer_runs: list[AttentionRun], rollout: np.ndarray, out_dir: Path, fmt: str = "png") -> Path:
     """Write rollout.<fmt>: the rollout (N, N) of these layers' runs, with the tokens on both axes."""
-    _check_format(fmt)
+    check_format(fmt)
     run = layer_runs[0]
     num_tokens = rollout.shape[0]
-    figure = _new_figure(_head_figure_size(num_tokens, num_tokens))
+    figure = new_figure(head_figure_size(num_tokens, num_tokens))
     ax = figure.add_subplot()
     shown = masked_attention(rollout, run.causal)  # (N, N); causal rollout is lower-triangular too
-    image = _draw_attention(ax, shown, interpolation="nearest")
-    cell_values = _cell_values(ax, num_tokens, num_tokens)
-    if cell_values is not None:
-        _update_cell_values(cell_values, shown, image)
+    image = draw_attention(ax, shown, interpolation="nearest")
+    values_in_cells = cell_values(ax, num_tokens, num_tokens)
+    if values_in_cells is not None:
+        update_cell_values(values_in_cells, shown, image)
     short = num_tokens <= MAX_ANNOTATED_TOKENS
-    _label_tokens(ax, run.query_tokens, fontsize=10 if short else 7)
+    label_tokens(ax, run.query_tokens, run.query_tokens, MAX_TICK_LABELS, fontsize=10 if short else 7)
     ax.set_xlabel("input token (key)")
     ax.set_ylabel("token after the last layer (query)")
     ax.set_title(
-        f"{_model_title(run)} · attention rollout through {len(layer_runs)} layers\n{_quoted(run.text, 60)}",
+        f"{_model_title(run)} · attention rollout through {len(layer_runs)} layers\n{quoted(run.text, 60)}",
         parse_math=False,
     )
     figure.colorbar(image, ax=ax, label="share of the input token")
-    _freeze_layout(figure)
+    freeze_layout(figure)
     path = Path(out_dir) / f"rollout.{fmt}"
-    figure.savefig(path, dpi=DPI, **_save_options(fmt))
+    figure.savefig(path, dpi=DPI, **save_options(fmt))
     return path
 
 
@@ -152,7 +152,7 @@ def write_js_distance(
     layers.png: the layers' panels pasted into a grid with a band above each panel for its
     title, head numbers along the outer edges only.
     """
-    _check_format(fmt)
+    check_format(fmt)
     from matplotlib.cm import ScalarMappable
     from matplotlib.colors import Normalize
 
@@ -169,7 +169,7 @@ def write_js_distance(
 
     panel = 2.2 if num_heads <= 16 else 3.0
     # Inches: the image, plus room for the colorbar and labels beside it and the title above.
-    figure = _new_figure((num_columns * panel * step_x / num_heads + 2.4, num_rows * panel * step_y / num_heads + 1.0))
+    figure = new_figure((num_columns * panel * step_x / num_heads + 2.4, num_rows * panel * step_y / num_heads + 1.0))
     ax = figure.add_subplot()
     ax.imshow(mosaic, aspect="equal", interpolation="nearest")
     for layer in range(num_layers):
@@ -189,24 +189,14 @@ def write_js_distance(
     ax.set_ylabel("head")
     scale = ScalarMappable(Normalize(0.0, 1.0), colormap)
     figure.colorbar(scale, ax=ax, shrink=0.7, label="JS distance (0 same rows, 1 disjoint)")
-    about = _quoted(texts[0], 60) if len(texts) == 1 else f"averaged over {len(texts)} texts"
+    about = quoted(texts[0], 60) if len(texts) == 1 else f"averaged over {len(texts)} texts"
     figure.suptitle(
         f"{_model_title(run)} · Jensen-Shannon distance between the heads of each layer\n{about}", parse_math=False
     )
-    _freeze_layout(figure)
+    freeze_layout(figure)
     path = Path(out_dir) / f"js_distance.{fmt}"
-    figure.savefig(path, dpi=DPI, **_save_options(fmt))
+    figure.savefig(path, dpi=DPI, **save_options(fmt))
     return path
-
-
-def _label_tokens(ax, tokens: list[str], fontsize: float) -> None:
-    """Tokens on both axes, every k-th one; parse_math=False so "$" prints as itself."""
-    positions = tick_positions(len(tokens), MAX_TICK_LABELS)
-    labels = [displayable(tokens[i]) for i in positions]  # a glyph no font has shows as its code point
-    ax.set_xticks(
-        positions, labels, rotation=45, ha="right", rotation_mode="anchor", fontsize=fontsize, parse_math=False
-    )
-    ax.set_yticks(positions, labels, fontsize=fontsize, parse_math=False)
 
 
 def _model_title(run: AttentionRun) -> str:
