@@ -151,9 +151,7 @@ def heads(
                 truncate=truncate,
             ),
         )
-    target = out if out is not None else DEFAULT_OUTPUTS / run_folder_name(text)
-    if target.exists() and not target.is_dir():
-        raise AttnvizError(f"the output path {target} is a file, not a folder")
+    target = _run_target(out, run_folder_name(text))
     device_name = resolve_device(device.value)
     loaded = load_model(model, device_name, allow_pickle=allow_pickle)
     (run,) = run_attention(
@@ -207,9 +205,7 @@ def _heads_for_file(
     from attnviz.runs import StagedRunFolder
 
     texts = batch.read_texts(file)
-    target = out if out is not None else DEFAULT_OUTPUTS / batch.batch_folder_name(file)
-    if target.exists() and not target.is_dir():
-        raise AttnvizError(f"the output path {target} is a file, not a folder")
+    target = _run_target(out, batch.batch_folder_name(file))
     if out is not None:
         batch.check_batch_target(target, batch.text_folder_names(texts))
     device_name = resolve_device(device)
@@ -285,9 +281,7 @@ def stats(
         raise AttnvizError("the text is empty: give some words to attend over")
     lines = read_texts(file) if file is not None else None
     texts = [entry.text for entry in lines] if lines is not None else [text]
-    target = out if out is not None else DEFAULT_OUTPUTS / (batch_folder_name(file) if file else run_folder_name(text))
-    if target.exists() and not target.is_dir():
-        raise AttnvizError(f"the output path {target} is a file, not a folder")
+    target = _run_target(out, batch_folder_name(file) if file else run_folder_name(text))
     device_name = resolve_device(device.value)
     loaded = load_model(model, device_name, allow_pickle=allow_pickle)
     if lines is not None:
@@ -362,9 +356,7 @@ def layers(
 
     if not text.strip():
         raise AttnvizError("the text is empty: give some words to attend over")
-    target = out if out is not None else DEFAULT_OUTPUTS / run_folder_name(text)
-    if target.exists() and not target.is_dir():
-        raise AttnvizError(f"the output path {target} is a file, not a folder")
+    target = _run_target(out, run_folder_name(text))
     device_name = resolve_device(device.value)
     loaded = load_model(model, device_name, allow_pickle=allow_pickle)
     (layer_runs,) = run_layers(
@@ -426,9 +418,7 @@ def compare(
         raise AttnvizError("the text is empty: give some words to attend over")
     counts = parse_head_counts(head_counts) if head_counts is not None else None
     weights_list = parse_weights(weights)
-    target = out if out is not None else DEFAULT_OUTPUTS / run_folder_name(text)
-    if target.exists() and not target.is_dir():
-        raise AttnvizError(f"the output path {target} is a file, not a folder")
+    target = _run_target(out, run_folder_name(text))
     device_name = resolve_device(device.value)
     loaded = load_model(model, device_name, allow_pickle=allow_pickle)
     counts = counts or default_head_counts(loaded.hidden_size, loaded.num_heads)
@@ -483,9 +473,7 @@ def position(
 
     if not text.strip():
         raise AttnvizError("the text is empty: give some words to attend over")
-    target = out if out is not None else DEFAULT_OUTPUTS / run_folder_name(text)
-    if target.exists() and not target.is_dir():
-        raise AttnvizError(f"the output path {target} is a file, not a folder")
+    target = _run_target(out, run_folder_name(text))
     device_name = resolve_device(device.value)
     loaded = load_model(model, device_name, allow_pickle=allow_pickle)
     result = position_experiment(loaded, text, permutation, head, device_name)
@@ -568,9 +556,7 @@ def trace(
             raise AttnvizError(f"{what} is empty: give some words to attend over")
     if len(texts) > MAX_TRACE_TEXTS:
         raise AttnvizError(f"a trace takes at most {MAX_TRACE_TEXTS} texts, not {len(texts)}: it is read by a person")
-    target = out if out is not None else DEFAULT_OUTPUTS / (batch_folder_name(file) if file else run_folder_name(text))
-    if target.exists() and not target.is_dir():
-        raise AttnvizError(f"the output path {target} is a file, not a folder")
+    target = _run_target(out, batch_folder_name(file) if file else run_folder_name(text))
     device_name = resolve_device(device.value)
     loaded = load_model(model, device_name, allow_pickle=allow_pickle)
     options = dict(
@@ -613,6 +599,13 @@ def models() -> None:
     from attnviz import terminal
 
     console.print(terminal.models_table(list_models()))
+
+
+def _run_target(out: Optional[Path], default_name: str) -> Path:
+    """--out, or a folder under outputs/ named for the run; checked before any work is done."""
+    from attnviz.runs import check_target
+
+    return check_target(out if out is not None else DEFAULT_OUTPUTS / default_name)
 
 
 def run(args: list[str] | None = None) -> int:

@@ -23,6 +23,13 @@ def run_folder_name(text: str) -> str:
     return name or "run"
 
 
+def check_target(target: Path) -> Path:
+    """Refuse a run folder path that is a file, early: before any model is loaded."""
+    if target.exists() and not target.is_dir():
+        raise AttnvizError(f"the output path {target} is a file, not a folder")
+    return target
+
+
 def _ensure_folder(folder: Path) -> None:
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -69,8 +76,7 @@ class StagedRunFolder:
         self.final: Path | None = None
 
     def __enter__(self) -> Path:
-        if self.target.exists() and not self.target.is_dir():
-            raise AttnvizError(f"the output path {self.target} is a file, not a folder")
+        check_target(self.target)
         _ensure_folder(self.target.parent)
         prefix = f".{self.target.name[:16]}-"
         self.staging = Path(tempfile.mkdtemp(prefix=prefix, suffix=".partial", dir=self.target.parent))
