@@ -82,9 +82,11 @@ BROAD_THRESHOLD = 0.9
 LABELS = (*SHARE_LABELS.values(), BROAD_LABEL)
 
 JS_CELLS_AT_ONCE = 2**22  # js_distance works on this many (pair, query, key) cells at a time
+LN2 = float(np.log(2))  # nats per bit
 
 CLS_TOKEN = "[CLS]"
 SEP_TOKEN = "[SEP]"
+KEY_KINDS = ("cls", "sep", "punctuation")  # the statistics that are shares on a kind of key
 
 
 def is_punctuation(token: str) -> bool:
@@ -94,7 +96,7 @@ def is_punctuation(token: str) -> bool:
 
 
 def key_kinds(tokens: list[str]) -> dict[str, np.ndarray]:
-    """Boolean masks (N,) of the keys that are [CLS], [SEP] and punctuation."""
+    """Boolean masks (N,) of the keys of each of KEY_KINDS: [CLS], [SEP] and punctuation."""
     return {
         "cls": np.array([token == CLS_TOKEN for token in tokens], dtype=bool),
         "sep": np.array([token == SEP_TOKEN for token in tokens], dtype=bool),
@@ -182,69 +184,96 @@ def js_distance(attention: np.ndarray) -> np.ndarray:
     return distances + distances.T
 
 
-def batch_statistics(attention, valid_lens, tokens: list[list[str]], causal: bool = False) -> tuple[np.ndarray, np.ndarray]:
+def batch_statistics(attention, valid_lens, tokens: list[list[str]], causal: bool = False):
     """head_statistics and js_distance of every text of a padded batch, summed over the texts.
 
     attention is a torch tensor (B, H, N, N), on any device, zero on each text's padding keys;
     valid_lens (B,) counts each text's tokens, tokens lists them. The same numbers as calling
     head_statistics and js_distance on each text's unpadded block (the tests hold them to
-    that), computed for the whole batch at once: per text, numpy's per-call overhead is most
-    of the time of `attnviz stats`. Returns ((H, S), (H, H)).
+    that), computed for the whole batch at once in a few dozen tensor operations, whatever
+    the batch size: per text, numpy's per-call overhead would be most of `attnviz stats`.
+    Returns float64 tensors ((H, S), (H, H)) on attention's device, so that a caller on the
+    GPU waits for none of it until it asks for the numbers.
     """
     import torch
+    import torch.nn.functional as F
 
     weights = attention.float()  # (B, H, N, N): float32 keeps the sums within 1e-6 of float64, at half the cost
     batch, num_heads, num_tokens, _ = weights.shape
-    positions = torch.arange(num_tokens, device=weights.device)  # (N,)
-    lens = valid_lens.to(weights.device)[:, None]  # (B, 1)
-    real = positions[None, :] < lens  # (B, N): real queries (and keys)
+    device = weights.device
+    positions = torch.arange(num_tokens, device=device)  # (N,)
+    lens = valid_lens.to(device)[:, None]  # (B, 1)
+    real = positions < lens  # (B, N): real queries (and keys)
+    visible = positions + 1 if causal else lens  # (N,) or (B, 1): keys each query may see
+    offsets = (positions[:, None] - positions[None, :]).abs().float()  # (N, N): |i - j|
+    kinds = _key_kind_columns(tokens, num_tokens).to(device)  # (B, N, K): 1 on the keys of each kind
 
-    def query_mean(per_query: torch.Tensor, counted: torch.Tensor) -> torch.Tensor:
-        """(B, H, n) averaged over the counted queries (B, n) of each text; 0 where none count."""
-        total = (per_query * counted[:, None, :]).sum(-1)  # (B, H)
-        return total / counted.sum(-1).clamp(min=1)[:, None]
-
-    entropy = _torch_row_entropy(weights)  # (B, H, N)
-    visible = (positions[None, :] + 1).expand(batch, -1) if causal else lens.expand(-1, num_tokens)  # (B, N)
-    spread = real & (visible > 1)  # a query that sees one key has no choice to make: left out
-    text_kinds = [key_kinds(text_tokens) for text_tokens in tokens]
-    kinds = {  # (B, N) each: the kind's keys of every text, padding False
-        kind: torch.from_numpy(np.stack([np.pad(masks[kind], (0, num_tokens - len(masks[kind]))) for masks in text_kinds]))
-        .to(weights.device)
-        for kind in text_kinds[0]
+    plogp = _xlogx_sum(weights)  # (B, H, N): sum_k p log p, the negative entropy in nats
+    shares = weights @ kinds[:, None]  # (B, H, N, K): each query's weight on each kind of key
+    per_query = {  # (B, H, N, ...) each: the statistic of every query
+        "entropy": -plogp,
+        "relative_entropy": -plogp / torch.log(visible.clamp(min=2)).expand(batch, num_tokens)[:, None],
+        "mean_max": weights.amax(-1),
+        **{kind: shares[..., k] for k, kind in enumerate(KEY_KINDS)},
+        "same": weights.diagonal(dim1=-2, dim2=-1),
+        "previous": F.pad(weights.diagonal(offset=-1, dim1=-2, dim2=-1), (1, 0)),  # query i on key i-1; 0 for i = 0
+        "next": F.pad(weights.diagonal(offset=1, dim1=-2, dim2=-1), (0, 1)),  # query i on key i+1; 0 for i = N-1
+        "distance": (weights * offsets).sum(-1),
     }
-    offsets = (positions[:, None] - positions[None, :]).abs()  # (N, N): |i - j|
-    values = {
-        "entropy": query_mean(entropy, real),
-        "relative_entropy": query_mean(entropy / visible.float().clamp(min=2).log()[:, None, :], spread),
-        "mean_max": query_mean(weights.amax(-1), real),
-        **{kind: query_mean((weights * mask[:, None, None, :]).sum(-1), real) for kind, mask in kinds.items()},
-        "same": query_mean(weights.diagonal(dim1=-2, dim2=-1), real),
-        # offset -1: A[i, i-1] for queries i = 1..N-1; offset +1: A[i, i+1] for i = 0..N-2.
-        "previous": query_mean(weights.diagonal(offset=-1, dim1=-2, dim2=-1), positions[None, 1:] < lens),
-        "next": query_mean(weights.diagonal(offset=1, dim1=-2, dim2=-1), positions[None, 1:] < lens),
-        "distance": query_mean((weights * offsets).sum(-1), real),
+    counted = {  # (B, N) each: the queries each statistic averages over
+        "relative_entropy": real & (visible > 1),  # a query that sees one key has no choice to make
+        "previous": real & (positions >= 1),
+        "next": positions + 1 < lens,
     }
-    statistics = torch.stack([values[name] for name in STATISTICS], dim=-1).sum(0)  # (H, S)
-
-    own = entropy / np.log(2)  # (B, H, N) in bits
-    first, second = np.triu_indices(num_heads, k=1)  # every pair of heads once
-    distances = torch.zeros(num_heads, num_heads, device=weights.device)
-    pairs_at_once = max(1, JS_CELLS_AT_ONCE // (batch * num_tokens * num_tokens))
-    for start in range(0, len(first), pairs_at_once):
-        a, b = first[start : start + pairs_at_once], second[start : start + pairs_at_once]
-        middle = (weights[:, a] + weights[:, b]) / 2  # (B, P', N, N)
-        divergence = _torch_row_entropy(middle) / np.log(2) - (own[:, a] + own[:, b]) / 2  # (B, P', N)
-        distances[a, b] = query_mean(divergence.clamp(0.0, 1.0).sqrt(), real).sum(0)  # (P',)
-    distances = distances + distances.T
-    return statistics.double().cpu().numpy(), distances.double().cpu().numpy()
+    queries = torch.stack([counted.get(name, real) for name in STATISTICS], dim=-1).float()  # (B, N, S)
+    query_weights = queries / queries.sum(1, keepdim=True).clamp(min=1)  # (B, N, S): a mean over each text's queries
+    columns = torch.stack([per_query[name] for name in STATISTICS], dim=-1)  # (B, H, N, S)
+    statistics = (columns * query_weights[:, None]).sum((0, 2))  # (H, S), summed over the texts
+    real_weights = query_weights[..., STATISTICS.index("entropy")]  # (B, N): a mean over each text's real queries
+    return statistics.double(), _batch_js_distance(weights, plogp, real_weights)
 
 
-def _torch_row_entropy(weights):
-    """row_entropy for a torch tensor (..., Nk): nats, with 0 log 0 = 0."""
+def _batch_js_distance(weights, plogp, query_weights):
+    """(H, H): js_distance of every text of a padded batch (B, H, N, N), summed over the texts.
+
+    plogp (B, H, N) holds sum_k p log p of every row; query_weights (B, N) averages over each
+    text's real queries. With s = p + q = 2m, JSD = H(m) - (H(p) + H(q)) / 2 needs one pass of
+    s log s over the pair's cells: sum m log m = (sum s log s - log 2 * sum s) / 2. Head a is
+    paired with every later head at once (JS_CELLS_AT_ONCE (pair, query, key) cells at most).
+    """
     import torch
 
-    return -(weights * torch.where(weights > 0, weights, 1.0).log()).sum(-1)
+    batch, num_heads, num_tokens, _ = weights.shape
+    slogs = torch.zeros(batch, num_heads, num_heads, num_tokens, device=weights.device)  # (B, H, H, N)
+    pairs_at_once = max(1, JS_CELLS_AT_ONCE // (batch * num_tokens * num_tokens))  # bounds the memory of long texts
+    for a in range(num_heads - 1):
+        for start in range(a + 1, num_heads, pairs_at_once):
+            b = slice(start, min(start + pairs_at_once, num_heads))
+            slogs[:, a, b] = _xlogx_sum(weights[:, a : a + 1] + weights[:, b])
+    row_sums = weights.sum(-1)  # (B, H, N): 1 for real queries
+    mlogm = (slogs - LN2 * (row_sums[:, :, None] + row_sums[:, None, :])) / 2  # (B, H, H, N)
+    divergence = ((plogp[:, :, None] + plogp[:, None, :]) / 2 - mlogm) / LN2  # (B, H, H, N): JSD in bits
+    distances = (divergence.clamp(0.0, 1.0).sqrt() * query_weights[:, None, None]).sum((0, 3))  # (H, H)
+    distances = distances.double().triu(diagonal=1)  # each pair once: only a < b was computed
+    return distances + distances.T
+
+
+def _xlogx_sum(x):
+    """sum over the last axis of x log x (a torch tensor), with 0 log 0 = 0."""
+    import torch
+
+    return x.clamp_min(torch.finfo(x.dtype).tiny).log_().mul_(x).sum(-1)
+
+
+def _key_kind_columns(tokens: list[list[str]], num_tokens: int):
+    """(B, N, K) float tensor: 1 where key j of text b is of kind KEY_KINDS[k], 0 elsewhere and on padding."""
+    import torch
+
+    columns = np.zeros((len(tokens), num_tokens, len(KEY_KINDS)), dtype=np.float32)
+    for b, text_tokens in enumerate(tokens):
+        kinds = key_kinds(text_tokens)
+        columns[b, : len(text_tokens)] = np.stack([kinds[kind] for kind in KEY_KINDS], axis=-1)
+    return torch.from_numpy(columns)
 
 
 def attention_rollout(layer_attention: list[np.ndarray]) -> np.ndarray:
@@ -305,13 +334,17 @@ class StatisticsAccumulator:
 
         accumulator = StatisticsAccumulator(num_layers, causal=False)
         accumulator.add(layer, weights, tokens)  # for every text and layer, in any order
+        accumulator.add_batch(layer, padded_weights, valid_lens, tokens)  # or a padded batch at once
         accumulator.result()  # ModelStatistics
+
+    Sums may be numpy arrays or torch tensors (add_batch's, on the batch's device): they are
+    brought to numpy once, in result().
     """
 
     def __init__(self, num_layers: int, causal: bool = False):
         self.causal = causal
-        self.value_sums: list[np.ndarray | None] = [None] * num_layers  # (H, S) each
-        self.js_sums: list[np.ndarray | None] = [None] * num_layers  # (H, H) each
+        self.value_sums: list = [0.0] * num_layers  # (H, S) each
+        self.js_sums: list = [0.0] * num_layers  # (H, H) each
         self.counts = [0] * num_layers
 
     def add(self, layer: int, attention: np.ndarray, tokens: list[str]) -> None:
@@ -323,12 +356,10 @@ class StatisticsAccumulator:
         values, distances = batch_statistics(attention, valid_lens, tokens, self.causal)
         self.add_sums(layer, values, distances, len(tokens))
 
-    def add_sums(self, layer: int, values: np.ndarray, distances: np.ndarray, count: int) -> None:
+    def add_sums(self, layer: int, values, distances, count: int) -> None:
         """Statistics (H, S) and JS distances (H, H) summed over `count` texts."""
-        if self.value_sums[layer] is not None:
-            values = values + self.value_sums[layer]
-            distances = distances + self.js_sums[layer]
-        self.value_sums[layer], self.js_sums[layer] = values, distances
+        self.value_sums[layer] = self.value_sums[layer] + values
+        self.js_sums[layer] = self.js_sums[layer] + distances
         self.counts[layer] += count
 
     def result(self) -> ModelStatistics:
@@ -336,8 +367,13 @@ class StatisticsAccumulator:
             raise ValueError(f"every layer needs the same texts, got counts {self.counts}")
         num_texts = self.counts[0]
         return ModelStatistics(
-            values=np.stack(self.value_sums) / num_texts,  # (L, H, S)
-            js_distance=np.stack(self.js_sums) / num_texts,  # (L, H, H)
+            values=np.stack([_to_numpy(sums) for sums in self.value_sums]) / num_texts,  # (L, H, S)
+            js_distance=np.stack([_to_numpy(sums) for sums in self.js_sums]) / num_texts,  # (L, H, H)
             num_texts=num_texts,
             causal=self.causal,
         )
+
+
+def _to_numpy(values) -> np.ndarray:
+    """A float64 numpy array of a numpy array or a torch tensor on any device."""
+    return np.asarray(values.cpu() if hasattr(values, "cpu") else values, dtype=np.float64)

@@ -11,6 +11,7 @@ import math
 import numpy as np
 import pytest
 
+from attnviz import analysis
 from attnviz.analysis import (
     BROAD_THRESHOLD,
     SHARE_THRESHOLD,
@@ -317,10 +318,13 @@ def test_the_accumulator_averages_each_texts_own_statistics():
         np.testing.assert_allclose(result.js_distance[layer], expected_js, atol=1e-12)
 
 
+@pytest.mark.parametrize("js_cells_at_once", [analysis.JS_CELLS_AT_ONCE, 1])  # 1: one pair of heads at a time
 @pytest.mark.parametrize("causal", [False, True])
-def test_batch_statistics_of_a_padded_batch_equal_each_texts_own_statistics(causal):
+def test_batch_statistics_of_a_padded_batch_equal_each_texts_own_statistics(causal, js_cells_at_once, monkeypatch):
     """The fast path (torch, whole batch) against the plain one (numpy, one unpadded text at a time)."""
     import torch
+
+    monkeypatch.setattr(analysis, "JS_CELLS_AT_ONCE", js_cells_at_once)
 
     rng = np.random.default_rng(7)
     texts = [["[CLS]", "a", ",", "b", "c", "[SEP]"], ["[CLS]", "x", "[SEP]"], ["[CLS]", "[SEP]"], ["[CLS]"]]
@@ -339,8 +343,8 @@ def test_batch_statistics_of_a_padded_batch_equal_each_texts_own_statistics(caus
 
     blocks = [padded[t, :, : len(tokens), : len(tokens)] for t, tokens in enumerate(texts)]
     expected = sum(head_statistics(block, tokens, causal) for block, tokens in zip(blocks, texts))
-    np.testing.assert_allclose(values, expected, atol=1e-5, rtol=0)
-    np.testing.assert_allclose(distances, sum(js_distance(block) for block in blocks), atol=1e-5, rtol=0)
+    np.testing.assert_allclose(values.numpy(), expected, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(distances.numpy(), sum(js_distance(block) for block in blocks), atol=1e-5, rtol=0)
 
 
 def test_the_accumulator_refuses_layers_with_different_texts():
