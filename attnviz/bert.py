@@ -90,13 +90,20 @@ class BertLayer(nn.Module):
         self.output = _dense_and_norm(config, config.intermediate_size)
 
     def forward(self, x: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+        return self.finish(x, self.attend(x, allowed))
+
+    def attend(self, x: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+        """Multi-head self-attention's output (B, N, D), projected by attention.output.dense."""
         projections = self.attention.self
         q = split_heads(projections.query(x), self.num_heads)  # (B, H, N, d)
         k = split_heads(projections.key(x), self.num_heads)  # (B, H, N, d)
         v = split_heads(projections.value(x), self.num_heads)  # (B, H, N, d)
         z = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)  # (B, H, N, d)
-        attended = self.attention.output
-        x = attended.LayerNorm(x + attended.dense(merge_heads(z)))  # (B, N, D)
+        return self.attention.output.dense(merge_heads(z))  # (B, N, D)
+
+    def finish(self, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
+        """The rest of the layer after attention: residual and LayerNorm, feed-forward, residual and LayerNorm."""
+        x = self.attention.output.LayerNorm(x + attended)  # (B, N, D)
         hidden = self.activation(self.intermediate.dense(x))  # (B, N, 4D)
         return self.output.LayerNorm(x + self.output.dense(hidden))  # (B, N, D)
 

@@ -266,7 +266,9 @@ def stats(
     from attnviz.analysis import StatisticsAccumulator
     from attnviz.batch import BATCH_SIZE, PROGRESS_MIN_TEXTS, batch_folder_name, batches, check_lengths, read_texts
     from attnviz.loading import load_model
-    from attnviz.pipeline import build_layers, device_label, iter_layer_weights, resolve_device, run_attention, text_notices
+    from attnviz.pipeline import (
+        build_layers, device_label, in_berts_place, iter_layer_weights, resolve_device, run_attention, text_notices,
+    )
     from attnviz.tokens import encode
     from attnviz.runs import StagedRunFolder, run_folder_name
     from attnviz.stats_export import write_stats_csv, write_stats_json
@@ -289,13 +291,15 @@ def stats(
 
     accumulator = StatisticsAccumulator(loaded.num_layers, causal)
     layers = build_layers(loaded, num_heads, weights.value, seed, device_name)
+    in_place = in_berts_place(loaded, num_heads, weights.value, causal)
     notices: dict[str, None] = {}
     with terminal.progress_bar(console, len(texts), "measuring heads", PROGRESS_MIN_TEXTS) as advance:
         # Texts of similar length batched together pad least; the averages do not depend on the order.
         by_length = sorted(texts, key=len)
         for batch in batches(by_length, BATCH_SIZE):
             encoded = encode(loaded.tokenizer, batch, loaded.max_positions, truncate)
-            for layer, (_, patterns) in enumerate(iter_layer_weights(loaded, encoded, layers, causal, device_name)):
+            layer_weights = iter_layer_weights(loaded, encoded, layers, causal, device_name, in_place)
+            for layer, (_, patterns) in enumerate(layer_weights):
                 accumulator.add_batch(layer, patterns, encoded.valid_lens, encoded.tokens)  # the batch at once
             notices.update(dict.fromkeys(text_notices(loaded, batch, encoded.ids)))
             advance(len(batch))

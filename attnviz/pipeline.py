@@ -170,24 +170,52 @@ def iter_layer_runs(
     holds one layer's weights at a time; each run holds a copy of its text's unpadded weights.
     layers: build_layers' result, for a caller that runs many batches (built here otherwise).
     """
+    in_place = in_berts_place(loaded, num_heads, weights, causal)
     num_heads = num_heads or loaded.num_heads
     layers = layers or build_layers(loaded, num_heads, weights, seed, device)
     encoded = encode(loaded.tokenizer, texts, loaded.max_positions, truncate)
-    for layer, (output, patterns) in enumerate(iter_layer_weights(loaded, encoded, layers, causal, device)):
+    for layer, (output, patterns) in enumerate(iter_layer_weights(loaded, encoded, layers, causal, device, in_place)):
         yield _split_runs(
             loaded, texts, encoded, encoded, output, patterns,
             layer=layer, weights=weights, num_heads=num_heads, device=device, causal=causal,
         )
 
 
+def in_berts_place(loaded: LoadedModel, num_heads: int | None, weights: str, causal: bool) -> bool:
+    """True when attnviz's layers compute just what BERT's own attention does.
+
+    That is with BERT's projections (pretrained), split into BERT's heads, without a causal
+    mask: then each layer can run in BERT's place and the attention is computed once, not twice.
+    """
+    return weights == "pretrained" and num_heads in (None, loaded.num_heads) and not causal
+
+
 @torch.inference_mode()
 def iter_layer_weights(
-    loaded: LoadedModel, encoded: Encoded, layers: list[MultiHeadAttention], causal: bool, device: str
+    loaded: LoadedModel,
+    encoded: Encoded,
+    layers: list[MultiHeadAttention],
+    causal: bool,
+    device: str,
+    in_place: bool = False,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Per BERT layer, attnviz's layer over the padded batch: output (B, N, D) and weights (B, H, N, N)."""
+    """Per BERT layer, attnviz's layer over the padded batch: output (B, N, D) and weights (B, H, N, N).
+
+    Each layer runs over the hidden state that enters that BERT layer. With in_place (see
+    in_berts_place) attnviz's layer stands in for BERT's attention in the forward pass, and
+    its output goes on through the rest of BERT's layer to the next.
+    """
     valid_lens = encoded.valid_lens.to(device)  # (B,)
-    for layer, hidden in enumerate(layer_inputs(loaded, encoded, device)):  # hidden: (B, N, D)
-        yield layers[layer](hidden, valid_lens=valid_lens, causal=causal)
+    if not in_place:
+        for layer, hidden in enumerate(layer_inputs(loaded, encoded, device)):  # hidden: (B, N, D)
+            yield layers[layer](hidden, valid_lens=valid_lens, causal=causal)
+        return
+    hidden = layer_input(loaded, encoded, 0, device)  # (B, N, D): the embeddings
+    for layer, attention in enumerate(layers):
+        if layer:
+            hidden = loaded.model.encoder.layer[layer - 1].finish(hidden, output)  # enters this layer
+        output, patterns = attention(hidden, valid_lens=valid_lens)
+        yield output, patterns
 
 
 def run_layers(loaded: LoadedModel, texts: list[str], **options) -> list[list[AttentionRun]]:

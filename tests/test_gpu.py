@@ -37,7 +37,7 @@ def test_statistics_on_cuda_equal_statistics_on_cpu():
         encoded = encode(loaded.tokenizer, TEXTS, loaded.max_positions)
         accumulator = StatisticsAccumulator(loaded.num_layers)
         layers = build_layers(loaded, None, "pretrained", 0, device)
-        for layer, (_, patterns) in enumerate(iter_layer_weights(loaded, encoded, layers, False, device)):
+        for layer, (_, patterns) in enumerate(iter_layer_weights(loaded, encoded, layers, False, device, in_place=True)):
             accumulator.add_batch(layer, patterns, encoded.valid_lens, encoded.tokens)
         results[device] = accumulator.result()
     np.testing.assert_allclose(results["cuda"].values, results["cpu"].values, atol=1e-4, rtol=0)

@@ -98,6 +98,24 @@ def test_bert_runs_once_for_all_layers(bert):
     assert len(calls) == 1
 
 
+@pytest.mark.parametrize(
+    "options, berts_own_attention_runs",
+    [({}, 0), ({"num_heads": NUM_HEADS}, 0), ({"causal": True}, NUM_LAYERS - 1), ({"num_heads": 4}, NUM_LAYERS - 1),
+     ({"weights": "random"}, NUM_LAYERS - 1)],
+)
+def test_attnviz_layers_stand_in_for_berts_attention_only_when_they_compute_the_same(
+    bert, monkeypatch, options, berts_own_attention_runs
+):
+    """With BERT's projections and heads and no causal mask, the attention is computed once per layer."""
+    from attnviz.bert import BertLayer
+
+    calls = []
+    attend = BertLayer.attend
+    monkeypatch.setattr(BertLayer, "attend", lambda self, *args: calls.append(1) or attend(self, *args))
+    run_layers(bert, [ENGLISH, SHORT], **options)
+    assert len(calls) == berts_own_attention_runs
+
+
 def test_causal_maps_have_zeros_above_the_diagonal_in_every_layer(bert):
     (text_runs,) = run_layers(bert, [SHORT], causal=True)
     above = np.triu(np.ones((9, 9), dtype=bool), k=1)
