@@ -184,11 +184,12 @@ def js_distance(attention: np.ndarray) -> np.ndarray:
     return distances + distances.T
 
 
-def batch_statistics(attention, valid_lens, tokens: list[list[str]], causal: bool = False):
+def batch_statistics(attention, valid_lens, kinds, causal: bool = False):
     """head_statistics and js_distance of every text of a padded batch, summed over the texts.
 
     attention is a torch tensor (B, H, N, N), on any device, zero on each text's padding keys;
-    valid_lens (B,) counts each text's tokens, tokens lists them. The same numbers as calling
+    valid_lens (B,) counts each text's tokens; kinds (B, N, K) is key_kind_columns of their
+    tokens (computed once for all the layers of a batch). The same numbers as calling
     head_statistics and js_distance on each text's unpadded block (the tests hold them to
     that), computed for the whole batch at once in a few dozen tensor operations, whatever
     the batch size: per text, numpy's per-call overhead would be most of `attnviz stats`.
@@ -206,7 +207,7 @@ def batch_statistics(attention, valid_lens, tokens: list[list[str]], causal: boo
     real = positions < lens  # (B, N): real queries (and keys)
     visible = positions + 1 if causal else lens  # (N,) or (B, 1): keys each query may see
     offsets = (positions[:, None] - positions[None, :]).abs().float()  # (N, N): |i - j|
-    kinds = _key_kind_columns(tokens, num_tokens).to(device)  # (B, N, K): 1 on the keys of each kind
+    kinds = kinds.to(device)  # (B, N, K): 1 on the keys of each kind
 
     plogp = _xlogx_sum(weights)  # (B, H, N): sum_k p log p, the negative entropy in nats
     shares = weights @ kinds[:, None]  # (B, H, N, K): each query's weight on each kind of key
@@ -265,7 +266,7 @@ def _xlogx_sum(x):
     return x.clamp_min(torch.finfo(x.dtype).tiny).log_().mul_(x).sum(-1)
 
 
-def _key_kind_columns(tokens: list[list[str]], num_tokens: int):
+def key_kind_columns(tokens: list[list[str]], num_tokens: int):
     """(B, N, K) float tensor: 1 where key j of text b is of kind KEY_KINDS[k], 0 elsewhere and on padding."""
     import torch
 
@@ -334,7 +335,7 @@ class StatisticsAccumulator:
 
         accumulator = StatisticsAccumulator(num_layers, causal=False)
         accumulator.add(layer, weights, tokens)  # for every text and layer, in any order
-        accumulator.add_batch(layer, padded_weights, valid_lens, tokens)  # or a padded batch at once
+        accumulator.add_batch(layer, padded_weights, valid_lens, kinds)  # or a padded batch at once
         accumulator.result()  # ModelStatistics
 
     Sums may be numpy arrays or torch tensors (add_batch's, on the batch's device): they are
@@ -351,10 +352,10 @@ class StatisticsAccumulator:
         """One text's self-attention (H, N, N) in one layer, and its N tokens."""
         self.add_sums(layer, head_statistics(attention, tokens, self.causal), js_distance(attention), 1)
 
-    def add_batch(self, layer: int, attention, valid_lens, tokens: list[list[str]]) -> None:
-        """A padded batch's self-attention (B, H, N, N) (a torch tensor), its valid lengths (B,) and tokens."""
-        values, distances = batch_statistics(attention, valid_lens, tokens, self.causal)
-        self.add_sums(layer, values, distances, len(tokens))
+    def add_batch(self, layer: int, attention, valid_lens, kinds) -> None:
+        """A padded batch's self-attention (B, H, N, N), valid lengths (B,) and key_kind_columns (B, N, K): torch tensors."""
+        values, distances = batch_statistics(attention, valid_lens, kinds, self.causal)
+        self.add_sums(layer, values, distances, len(valid_lens))
 
     def add_sums(self, layer: int, values, distances, count: int) -> None:
         """Statistics (H, S) and JS distances (H, H) summed over `count` texts."""

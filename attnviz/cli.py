@@ -263,13 +263,9 @@ def stats(
     allow_pickle: bool = AllowPickleOption,
 ) -> None:
     """What every head of every layer does: entropy, [CLS], [SEP], previous/next token, labels; stats.csv and .json."""
-    from attnviz.analysis import StatisticsAccumulator
-    from attnviz.batch import BATCH_SIZE, PROGRESS_MIN_TEXTS, batch_folder_name, batches, check_lengths, read_texts
+    from attnviz.batch import PROGRESS_MIN_TEXTS, batch_folder_name, check_lengths, read_texts
     from attnviz.loading import load_model
-    from attnviz.pipeline import (
-        build_layers, device_label, in_berts_place, iter_layer_weights, resolve_device, run_attention, text_notices,
-    )
-    from attnviz.tokens import encode
+    from attnviz.pipeline import device_label, measure_heads, resolve_device, run_attention
     from attnviz.runs import StagedRunFolder, run_folder_name
     from attnviz.stats_export import write_stats_csv, write_stats_json
     from attnviz.stats_figures import write_js_distance
@@ -289,25 +285,10 @@ def stats(
     if lines is not None:
         check_lengths(loaded.tokenizer, lines, loaded.max_positions, truncate)
 
-    accumulator = StatisticsAccumulator(loaded.num_layers, causal)
-    layers = build_layers(loaded, num_heads, weights.value, seed, device_name)
-    in_place = in_berts_place(loaded, num_heads, weights.value, causal)
-    notices: dict[str, None] = {}
+    setup = dict(num_heads=num_heads, weights=weights.value, seed=seed, causal=causal, device=device_name, truncate=truncate)
     with terminal.progress_bar(console, len(texts), "measuring heads", PROGRESS_MIN_TEXTS) as advance:
-        # Texts of similar length batched together pad least; the averages do not depend on the order.
-        by_length = sorted(texts, key=len)
-        for batch in batches(by_length, BATCH_SIZE):
-            encoded = encode(loaded.tokenizer, batch, loaded.max_positions, truncate)
-            layer_weights = iter_layer_weights(loaded, encoded, layers, causal, device_name, in_place)
-            for layer, (_, patterns) in enumerate(layer_weights):
-                accumulator.add_batch(layer, patterns, encoded.valid_lens, encoded.tokens)  # the batch at once
-            notices.update(dict.fromkeys(text_notices(loaded, batch, encoded.ids)))
-            advance(len(batch))
-    (first_run,) = run_attention(
-        loaded, texts[:1], num_heads=num_heads, weights=weights.value, seed=seed, causal=causal,
-        device=device_name, truncate=truncate,
-    )  # what the terminal and stats.json say about the setup
-    result = accumulator.result()
+        result, notices = measure_heads(loaded, texts, **setup, advance=advance)
+    (first_run,) = run_attention(loaded, texts[:1], **setup)  # what the terminal and stats.json say about the setup
 
     shown = list(notices)[:MAX_NOTICES_SHOWN]
     if len(notices) > len(shown):

@@ -7,10 +7,11 @@ are BERT's own attention pattern. With random weights it is a fresh layer, as in
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
+from attnviz.analysis import ModelStatistics, StatisticsAccumulator, key_kind_columns
 from attnviz.attention import MultiHeadAttention, check_num_heads
 from attnviz.errors import AttnvizError
 from attnviz.loading import LoadedModel
@@ -222,6 +223,40 @@ def run_layers(loaded: LoadedModel, texts: list[str], **options) -> list[list[At
     """Every layer's run of every text, runs[text][layer]; options as for iter_layer_runs."""
     by_layer = list(iter_layer_runs(loaded, texts, **options))  # by_layer[layer][text]
     return [list(text_runs) for text_runs in zip(*by_layer)]
+
+
+def measure_heads(
+    loaded: LoadedModel,
+    texts: list[str],
+    *,
+    num_heads: int | None = None,
+    weights: str = "pretrained",
+    seed: int = 0,
+    causal: bool = False,
+    device: str = "cpu",
+    truncate: bool = False,
+    advance: Callable[[int], None] = lambda done: None,
+) -> tuple[ModelStatistics, list[str]]:
+    """The statistics of every head of every layer averaged over the texts, and text_notices' notes.
+
+    Texts of similar length are batched together, so they pad least (the averages do not
+    depend on the order); each batch is one forward pass, measured at once on the device.
+    advance(n) is called after each batch of n texts.
+    """
+    from attnviz.batch import BATCH_SIZE, batches
+
+    accumulator = StatisticsAccumulator(loaded.num_layers, causal)
+    layers = build_layers(loaded, num_heads, weights, seed, device)
+    in_place = in_berts_place(loaded, num_heads, weights, causal)
+    notices: dict[str, None] = {}  # in order, once each
+    for batch in batches(sorted(texts, key=len), BATCH_SIZE):
+        encoded = encode(loaded.tokenizer, batch, loaded.max_positions, truncate)
+        kinds = key_kind_columns(encoded.tokens, encoded.input_ids.shape[1]).to(device)  # (B, N, K)
+        for layer, (_, patterns) in enumerate(iter_layer_weights(loaded, encoded, layers, causal, device, in_place)):
+            accumulator.add_batch(layer, patterns, encoded.valid_lens, kinds)
+        notices.update(dict.fromkeys(text_notices(loaded, batch, encoded.ids)))
+        advance(len(batch))
+    return accumulator.result(), list(notices)
 
 
 def text_notices(loaded: LoadedModel, texts: list[str], ids: list[list[int]]) -> list[str]:

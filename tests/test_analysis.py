@@ -24,6 +24,7 @@ from attnviz.analysis import (
     head_statistics,
     is_punctuation,
     js_distance,
+    key_kind_columns,
     summarize_heads,
 )
 
@@ -337,8 +338,9 @@ def test_batch_statistics_of_a_padded_batch_equal_each_texts_own_statistics(caus
         padded[t, :, :n, :n] = np.exp(scores - scores.max(-1, keepdims=True))
         padded[t, :, :n, :n] /= padded[t, :, :n, :n].sum(-1, keepdims=True)
 
+    kinds = key_kind_columns(texts, 6)
     values, distances = batch_statistics(
-        torch.tensor(padded, dtype=torch.float32), torch.tensor([len(tokens) for tokens in texts]), texts, causal
+        torch.tensor(padded, dtype=torch.float32), torch.tensor([len(tokens) for tokens in texts]), kinds, causal
     )
 
     blocks = [padded[t, :, : len(tokens), : len(tokens)] for t, tokens in enumerate(texts)]

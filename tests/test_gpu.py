@@ -4,10 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from attnviz.analysis import StatisticsAccumulator
 from attnviz.loading import load_model
-from attnviz.pipeline import build_layers, iter_layer_weights, run_attention
-from attnviz.tokens import encode
+from attnviz.pipeline import measure_heads, run_attention
 
 pytestmark = [
     pytest.mark.gpu,
@@ -30,15 +28,11 @@ def test_weights_on_cuda_equal_weights_on_cpu(weights, layer):
         np.testing.assert_allclose(on_cuda.output, on_cpu.output, atol=1e-4, rtol=0)
 
 
-def test_statistics_on_cuda_equal_statistics_on_cpu():
-    results = {}
-    for device in ("cpu", "cuda"):
-        loaded = load_model("bundled", device)
-        encoded = encode(loaded.tokenizer, TEXTS, loaded.max_positions)
-        accumulator = StatisticsAccumulator(loaded.num_layers)
-        layers = build_layers(loaded, None, "pretrained", 0, device)
-        for layer, (_, patterns) in enumerate(iter_layer_weights(loaded, encoded, layers, False, device, in_place=True)):
-            accumulator.add_batch(layer, patterns, encoded.valid_lens, encoded.tokens)
-        results[device] = accumulator.result()
+@pytest.mark.parametrize("options", [{}, {"causal": True}])  # attnviz's layers in BERT's place, and beside it
+def test_statistics_on_cuda_equal_statistics_on_cpu(options):
+    results = {
+        device: measure_heads(load_model("bundled", device), TEXTS, device=device, **options)[0]
+        for device in ("cpu", "cuda")
+    }
     np.testing.assert_allclose(results["cuda"].values, results["cpu"].values, atol=1e-4, rtol=0)
     np.testing.assert_allclose(results["cuda"].js_distance, results["cpu"].js_distance, atol=1e-4, rtol=0)

@@ -1,0 +1,26 @@
+"""`attnviz stats`' own per-batch work, timed like bare_forward.py times the bare pass.
+
+Loads the bundled model, then times pipeline.measure_heads (what `attnviz stats` runs: the
+forward pass with attnviz's layers, every statistic and JS distance) over the file's texts.
+Prints the seconds spent after loading, so start-up costs on neither side hide the loop's.
+
+    python bench/stats_loop.py TEXTS_FILE DEVICE
+"""
+
+import sys
+import time
+
+from attnviz.loading import load_model
+from attnviz.pipeline import measure_heads
+
+
+def main(texts_file: str, device: str) -> None:
+    texts = [line.strip() for line in open(texts_file, encoding="utf-8") if line.strip()]
+    loaded = load_model("bundled", device)
+    start = time.perf_counter()
+    measure_heads(loaded, texts, device=device)  # its result is on the CPU: the GPU's work is done
+    print(f"loop_seconds={time.perf_counter() - start:.3f}")
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])
