@@ -5,7 +5,9 @@
     python bench/run.py --gpu        # also the GPU cases (needs CUDA)
 
 Each case runs as a new process, as a user runs it; the table gives medians, the ratio to the
-baseline, the target and the peak memory (max RSS) of the process. Needs seaborn for the
+baseline, the target and the peak memory (max RSS) of the process. Where a case's process
+times a part of itself (the stats loop after loading, the fallback load after the imports),
+that part's seconds are the ones compared. Needs seaborn for the
 tutorial-style reference (`pip install -e ".[bench]"`).
 """
 
@@ -101,6 +103,10 @@ def main() -> None:
         python_pass = run_process([PYTHON, "-c", "pass"], args.repeat * 2, env)
         help_run = run_process([*ATTNVIZ, "--help"], args.repeat * 2, env)
         rows.append(("attnviz --help", help_run, "python -c pass", python_pass, "< 0.3 s", help_run.seconds < 0.3))
+
+        fallback = run_process([PYTHON, str(BENCH / "fallback_load.py"), "default"], args.repeat, env, loop=True)
+        bundled = run_process([PYTHON, str(BENCH / "fallback_load.py"), "bundled"], args.repeat, env, loop=True)
+        rows.append(("fallback load, hub silent", fallback, "bundled load", bundled, "< 3 s", fallback.seconds < 3))
 
         reference = run_process(
             [PYTHON, str(BENCH / "reference_tutorial.py"), model_dir, SENTENCE_12_TOKENS, str(scratch / "ref")],
