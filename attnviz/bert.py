@@ -53,15 +53,23 @@ class BertConfig:
 class BertEmbeddings(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
-        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
-        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        self.word_embeddings = _table(config.vocab_size, config.hidden_size)
+        self.position_embeddings = _table(config.max_position_embeddings, config.hidden_size)
+        self.token_type_embeddings = _table(config.type_vocab_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
         positions = torch.arange(input_ids.shape[1], device=input_ids.device)  # (N,)
         x = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)  # (B, N, D)
         return self.LayerNorm(x + self.position_embeddings(positions))  # (B, N, D)
+
+
+def _table(rows: int, size: int) -> nn.Embedding:
+    """An embedding table left as it is allocated: load_bert fills it from the checkpoint.
+
+    (nn.Embedding's own random initialisation, on the meta device, imports seconds of torch.)
+    """
+    return nn.Embedding(rows, size, _weight=torch.empty(rows, size))
 
 
 def _dense_and_norm(config: BertConfig, size_in: int) -> nn.Module:
@@ -166,7 +174,8 @@ def load_bert(folder: Path, safetensors: bool = True) -> BertEncoder:
             f"unsupported BERT variant: position embeddings {config.position_embedding_type!r}, "
             f"activation {config.hidden_act!r}"
         )
-    model = BertEncoder(config)
+    with torch.device("meta"):  # no memory and no random initialisation: the checkpoint's tensors replace it all
+        model = BertEncoder(config)
     state = {}
     for path in checkpoint_files(folder, safetensors):
         tensors = load_file(path) if path.suffix == ".safetensors" else torch.load(path, weights_only=True)

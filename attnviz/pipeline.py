@@ -75,11 +75,16 @@ def layer_from_bert(bert_layer, num_heads: int) -> MultiHeadAttention:
     """Our layer with the projections of one BertLayer copied in, split into num_heads heads."""
     self_attention = bert_layer.attention.self
     output_dense = bert_layer.attention.output.dense
-    layer = MultiHeadAttention(output_dense.out_features, num_heads, bias=True)
-    layer.w_q.load_state_dict(self_attention.query.state_dict())
-    layer.w_k.load_state_dict(self_attention.key.state_dict())
-    layer.w_v.load_state_dict(self_attention.value.state_dict())
-    layer.w_o.load_state_dict(output_dense.state_dict())
+    with torch.device("meta"):  # no random initialisation: BERT's tensors replace it
+        layer = MultiHeadAttention(output_dense.out_features, num_heads, bias=True)
+    copies = {
+        layer.w_q: self_attention.query,
+        layer.w_k: self_attention.key,
+        layer.w_v: self_attention.value,
+        layer.w_o: output_dense,
+    }
+    for ours, berts in copies.items():
+        ours.load_state_dict({name: tensor.clone() for name, tensor in berts.state_dict().items()}, assign=True)
     return layer
 
 
