@@ -167,18 +167,16 @@ def iter_layer_runs(
     causal: bool = False,
     device: str = "cpu",
     truncate: bool = False,
-    layers: list[MultiHeadAttention] | None = None,
 ) -> Iterator[list[AttentionRun]]:
     """attnviz's layer in place of every BERT layer over a padded batch: per layer, one run per text.
 
     One BERT forward pass gives every layer's input; layer L's run of a text is what
     run_attention(layer=L) gives for it. Layer by layer, so that a caller who only needs numbers
     holds one layer's weights at a time; each run holds a copy of its text's unpadded weights.
-    layers: build_layers' result, for a caller that runs many batches (built here otherwise).
     """
     in_place = in_berts_place(loaded, num_heads, weights, causal)
     num_heads = num_heads or loaded.num_heads
-    layers = layers or build_layers(loaded, num_heads, weights, seed, device)
+    layers = build_layers(loaded, num_heads, weights, seed, device)
     encoded = encode(loaded.tokenizer, texts, loaded.max_positions, truncate)
     for layer, (output, patterns) in enumerate(iter_layer_weights(loaded, encoded, layers, causal, device, in_place)):
         yield _split_runs(
