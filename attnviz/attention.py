@@ -118,7 +118,7 @@ class MultiHeadAttention(nn.Module):
         allowed = allowed_keys(q.shape[2], k.shape[2], valid_lens, causal, scores.device)
         if allowed is not None:
             # -inf gives masked keys exactly zero weight; every row keeps at least key 0.
-            scores = scores.masked_fill(~allowed, float("-inf"))
+            scores.masked_fill_(~allowed, float("-inf"))  # in place: scores is ours, and may be large
         pattern = scores.softmax(dim=-1)  # (B, H, Nq, Nk)
 
         z = self.dropout(pattern) @ v  # (B, H, Nq, d)
