@@ -159,8 +159,7 @@ def _load_default(device: str, allow_pickle: bool) -> LoadedModel:
         loaded.notice = (
             f"{DEFAULT_MODEL} is not in the local hub cache and {unavailable.reason}: "
             f"using the bundled {BUNDLED_NAME} instead (English vocabulary). "
-            "To get the real one: run once with network, or set HF_ENDPOINT to a mirror, "
-            "or pass --model /path/to/local/folder."
+            "For the real one: run once online, set HF_ENDPOINT to a mirror, or pass --model FOLDER."
         )
         return loaded
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 from rich.columns import Columns
 from rich.console import Console
+from rich.cells import cell_len
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 from rich.text import Text
@@ -107,7 +108,18 @@ def heads_table(run: AttentionRun, summaries: list[HeadSummary], width: int = 80
 def print_files(console: Console, folder: Path, files: list[Path]) -> None:
     console.print(Text("files written", style="bold underline"))
     console.print(Text(f"{folder}/"))
-    console.print(Text("  " + "  ".join(path.name for path in files)))
+    for line in indented_lines([path.name for path in files], console.width):
+        console.print(Text(line), soft_wrap=True)
+
+
+def indented_lines(words: list[str], width: int, indent: str = "  ", gap: str = "  ") -> list[str]:
+    """words filled into lines of at most `width` terminal cells, each line indented (a word longer stays whole)."""
+    lines = [indent]
+    for word in words:
+        if lines[-1] != indent and cell_len(lines[-1] + gap + word) > width:
+            lines.append(indent)
+        lines[-1] += (gap if lines[-1] != indent else "") + word
+    return lines
 
 
 def models_table(models) -> Table:
