@@ -36,3 +36,22 @@ def test_statistics_on_cuda_equal_statistics_on_cpu(options):
     }
     np.testing.assert_allclose(results["cuda"].values, results["cpu"].values, atol=1e-4, rtol=0)
     np.testing.assert_allclose(results["cuda"].js_distance, results["cpu"].js_distance, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("command", ["heads", "stats"])
+def test_the_command_line_on_cuda_writes_the_cpu_numbers(tmp_path, capsys, command):
+    """End to end: `heads` forks a process for the grid after CUDA is up; `stats` keeps its sums on the GPU."""
+    import json
+
+    from attnviz.cli import run
+
+    files = {"heads": "attention.json", "stats": "stats.json"}[command]
+    records = {}
+    for device in ("cpu", "cuda"):
+        assert run([command, TEXTS[1], "--model", "bundled", "--device", device, "--out", str(tmp_path / device)]) == 0
+        records[device] = json.loads((tmp_path / device / files).read_text(encoding="utf-8"))
+    assert "cuda (" in capsys.readouterr().out  # the setup names the GPU
+    key = {"heads": "attention", "stats": "js_distance"}[command]
+    np.testing.assert_allclose(np.array(records["cuda"][key]), np.array(records["cpu"][key]), atol=1e-4, rtol=0)
+    if command == "heads":
+        assert (tmp_path / "cuda" / "heads.png").stat().st_size > 0  # drawn by the forked process
