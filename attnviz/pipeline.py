@@ -3,6 +3,8 @@
 With pretrained weights our layer gets the query, key, value and output projections of
 BERT layer L and that layer's input (for L = 0, BERT's embedding output), so its weights
 are BERT's own attention pattern. With random weights it is a fresh layer, as in the tutorials.
+For every layer at once (stats, layers), one forward pass gives each layer's input; with
+BERT's own projections and heads our layers stand in for BERT's attention in that pass.
 """
 
 from __future__ import annotations
