@@ -117,6 +117,8 @@ class BertLayer(nn.Module):
 
 
 class BertEncoder(nn.Module):
+    """BERT's embeddings and encoder layers. Its embedding tables start uninitialised: build it with load_bert."""
+
     def __init__(self, config: BertConfig):
         super().__init__()
         self.config = config
