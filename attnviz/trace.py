@@ -258,6 +258,21 @@ def _finish(layout: str, record: Recorder, num_heads: int, head_dim: int, weight
     )
 
 
+def record_projections(record: Recorder, layer: MultiHeadAttention, inputs: LayerInputs, spelling: str):
+    """Record x (and x_kv for cross-attention) and the three projections of a batched layout.
+
+    spelling names the projections as the tutorial's code does: "self.w_{}" gives self.w_q(x).
+    Returns q (B, Nq, D), k and v (B, Nk, D).
+    """
+    x = record("x", inputs.queries, inputs.source, "B Nq D")
+    x_kv = x if inputs.self_attention else record("x_kv", inputs.keys_values, inputs.kv_source, "B Nk D")
+    kv_name = "x" if inputs.self_attention else "x_kv"
+    q = record("q", layer.w_q(x), f"{spelling.format('q')}(x)", "B Nq D", (x,))
+    k = record("k", layer.w_k(x_kv), f"{spelling.format('k')}({kv_name})", "B Nk D", (x_kv,))
+    v = record("v", layer.w_v(x_kv), f"{spelling.format('v')}({kv_name})", "B Nk D", (x_kv,))
+    return q, k, v
+
+
 def view_permute(
     layer: MultiHeadAttention, inputs: LayerInputs, num_heads: int, mistake: str | None = None
 ) -> LayoutTrace:
@@ -285,12 +300,7 @@ def view_permute(
             f"B H {tokens} d", (viewed,), pattern="b n h d -> b h n d",
         )  # (B, H, N, d)
 
-    x = record("x", inputs.queries, inputs.source, "B Nq D")
-    x_kv = x if inputs.self_attention else record("x_kv", inputs.keys_values, inputs.kv_source, "B Nk D")
-    kv_name = "x" if inputs.self_attention else "x_kv"
-    q = record("q", layer.w_q(x), "self.w_q(x)", "B Nq D", (x,))
-    k = record("k", layer.w_k(x_kv), f"self.w_k({kv_name})", "B Nk D", (x_kv,))
-    v = record("v", layer.w_v(x_kv), f"self.w_v({kv_name})", "B Nk D", (x_kv,))
+    q, k, v = record_projections(record, layer, inputs, "self.w_{}")  # (B, N, D) each
     q, k, v = split("q", q, "Nq"), split("k", k, "Nk"), split("v", v, "Nk")  # (B, H, N, d)
 
     k_t = record("k_t", k.transpose(-2, -1), "k_heads.transpose(-2, -1)", "B H d Nk", (k,), pattern="b h n d -> b h d n")
@@ -300,7 +310,7 @@ def view_permute(
     )
     mask_inputs = ()
     if inputs.valid_lens is not None:
-        mask_inputs = (record("valid_lens", inputs.valid_lens.to(x.device), "encoded.valid_lens", "B"),)
+        mask_inputs = (record("valid_lens", inputs.valid_lens.to(q.device), "encoded.valid_lens", "B"),)
     allowed = allowed_keys(Nq, Nk, inputs.valid_lens, inputs.causal, scores.device)
     if allowed is not None:
         mask_axes = _mask_axes(inputs.valid_lens, inputs.causal)
@@ -361,12 +371,7 @@ def merged_batch(layer: MultiHeadAttention, inputs: LayerInputs, num_heads: int)
             note="heads folded into the batch axis: row b*H + h is head h of sequence b",
         )  # (B*H, N, d)
 
-    x = record("x", inputs.queries, inputs.source, "B Nq D")
-    x_kv = x if inputs.self_attention else record("x_kv", inputs.keys_values, inputs.kv_source, "B Nk D")
-    kv_name = "x" if inputs.self_attention else "x_kv"
-    q = record("q", layer.w_q(x), "self.W_q(x)", "B Nq D", (x,))
-    k = record("k", layer.w_k(x_kv), f"self.W_k({kv_name})", "B Nk D", (x_kv,))
-    v = record("v", layer.w_v(x_kv), f"self.W_v({kv_name})", "B Nk D", (x_kv,))
+    q, k, v = record_projections(record, layer, inputs, "self.W_{}")  # (B, N, D) each
     q, k, v = transpose_qkv("q", q, "Nq"), transpose_qkv("k", k, "Nk"), transpose_qkv("v", v, "Nk")
 
     k_t = record("k_t", k.transpose(1, 2), "k_heads.transpose(1, 2)", "B*H d Nk", (k,), pattern="bh n d -> bh d n")
@@ -377,11 +382,11 @@ def merged_batch(layer: MultiHeadAttention, inputs: LayerInputs, num_heads: int)
 
     valid_lens, valid_axes = None, ""
     if inputs.valid_lens is not None:
-        valid_lens = record("valid_lens", inputs.valid_lens.to(x.device), "encoded.valid_lens", "B")
+        valid_lens = record("valid_lens", inputs.valid_lens.to(q.device), "encoded.valid_lens", "B")
         valid_axes = "B"
     if inputs.causal:
         # d2l's decoder masks the future with one valid length per query: query i sees keys 0..i.
-        per_query = torch.arange(1, Nq + 1, device=x.device).repeat(B, 1)  # (B, Nq)
+        per_query = torch.arange(1, Nq + 1, device=q.device).repeat(B, 1)  # (B, Nq)
         if valid_lens is None:
             valid_lens = record("valid_lens", per_query, "torch.arange(1, Nq + 1).repeat(B, 1)", "B Nq")
         else:
@@ -410,7 +415,7 @@ def merged_batch(layer: MultiHeadAttention, inputs: LayerInputs, num_heads: int)
             pattern="bh nq nk -> (bh nq) nk",
         )
         mask = record(
-            "mask", torch.arange(Nk, device=x.device)[None, :] < rows[:, None],
+            "mask", torch.arange(Nk, device=q.device)[None, :] < rows[:, None],
             "torch.arange(Nk)[None, :] < valid_lens_rows[:, None]", "B*H*Nq Nk", (rows,),
             note="d2l's sequence_mask: True where the key is within the valid length",
         )
