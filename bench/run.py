@@ -39,29 +39,32 @@ WORDS = (
 
 @dataclass
 class Timing:
-    seconds: float  # median wall time of the process, or of the loop it times itself (loop_seconds=...)
+    seconds: float  # median wall time of the process
     peak_mb: float  # largest max RSS over the runs
+    loop_seconds: float | None = None  # median of the loop_seconds=S the process printed, if it times a part itself
+
+    def loop(self) -> Timing:
+        """The part the process timed itself, as the timing to compare."""
+        return Timing(self.loop_seconds, self.peak_mb)
 
 
-def run_process(command: list[str], repeat: int, env: dict | None = None, loop: bool = False) -> Timing:
-    """Median wall time and peak memory of `repeat` runs of a new process.
-
-    With loop, the median of the loop_seconds=S that the process prints instead of its wall time.
-    """
-    times, peaks = [], []
+def run_process(command: list[str], repeat: int, env: dict | None = None) -> Timing:
+    """Median wall time and peak memory of `repeat` runs of a new process, and of the loop_seconds it prints."""
+    times, peaks, loops = [], [], []
     for _ in range(repeat):
         with tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr:
             start = time.perf_counter()
             process = subprocess.Popen(command, stdout=stdout, stderr=stderr, env=env)
             _, status, usage = os.wait4(process.pid, 0)  # this child's own rusage, unlike RUSAGE_CHILDREN
-            wall = time.perf_counter() - start
+            times.append(time.perf_counter() - start)
             peaks.append(usage.ru_maxrss / 1024)  # KiB on Linux
             stdout.seek(0), stderr.seek(0)
             output, errors = stdout.read().decode(), stderr.read().decode()
         if os.waitstatus_to_exitcode(status) != 0:
             raise SystemExit(f"failed: {' '.join(command)}\n{errors[-2000:]}")
-        times.append(float(output.rpartition("loop_seconds=")[2]) if loop else wall)
-    return Timing(statistics.median(times), max(peaks))
+        if "loop_seconds=" in output:
+            loops.append(float(output.rpartition("loop_seconds=")[2]))
+    return Timing(statistics.median(times), max(peaks), statistics.median(loops) if loops else None)
 
 
 def bundled_model_dir() -> str:
@@ -104,8 +107,8 @@ def main() -> None:
         help_run = run_process([*ATTNVIZ, "--help"], args.repeat * 2, env)
         rows.append(("attnviz --help", help_run, "python -c pass", python_pass, "< 0.3 s", help_run.seconds < 0.3))
 
-        fallback = run_process([PYTHON, str(BENCH / "fallback_load.py"), "default"], args.repeat, env, loop=True)
-        bundled = run_process([PYTHON, str(BENCH / "fallback_load.py"), "bundled"], args.repeat, env, loop=True)
+        fallback = run_process([PYTHON, str(BENCH / "fallback_load.py"), "default"], args.repeat, env).loop()
+        bundled = run_process([PYTHON, str(BENCH / "fallback_load.py"), "bundled"], args.repeat, env).loop()
         rows.append(("fallback load, hub silent", fallback, "bundled load", bundled, "< 3 s", fallback.seconds < 3))
 
         reference = run_process(
@@ -129,14 +132,10 @@ def main() -> None:
                 env,
             )
             rows.append(throughput_row(f"stats, {args.sentences} sentences, {device}", stats, "bare forward", bare, args.sentences))
-            bare_loop = run_process(
-                [PYTHON, str(BENCH / "bare_forward.py"), model_dir, str(texts_file), str(BATCH_SIZE), device],
-                args.repeat, env, loop=True,
+            stats_loop = run_process([PYTHON, str(BENCH / "stats_loop.py"), str(texts_file), device], args.repeat, env)
+            rows.append(
+                throughput_row(f"stats loop only, {device}", stats_loop.loop(), "bare loop", bare.loop(), args.sentences)
             )
-            stats_loop = run_process(
-                [PYTHON, str(BENCH / "stats_loop.py"), str(texts_file), device], args.repeat, env, loop=True
-            )
-            rows.append(throughput_row(f"stats loop only, {device}", stats_loop, "bare loop", bare_loop, args.sentences))
         if args.gpu:
             gpu = run_process(heads(SENTENCE_12_TOKENS, "--device", "cuda"), args.repeat, env)
             rows.append(("heads, 12 tokens, cuda", gpu, "heads, 12 tokens, cpu", short, "-", True))
