@@ -18,7 +18,7 @@ from attnviz.attention import MultiHeadAttention, check_num_heads
 from attnviz.errors import AttnvizError
 from attnviz.loading import LoadedModel
 from attnviz.result import AttentionRun
-from attnviz.tokens import Encoded, encode, unknown_token_notice
+from attnviz.tokens import Encoded, encode, truncation_notice, unknown_token_notice
 
 WEIGHTS = ("pretrained", "random")
 
@@ -260,6 +260,7 @@ def measure_heads(
         for layer, (_, patterns) in enumerate(iter_layer_weights(loaded, encoded, layers, causal, device, in_place)):
             accumulator.add_batch(layer, patterns, encoded.valid_lens, kinds)
         notices.update(dict.fromkeys(text_notices(loaded, batch, encoded.ids)))
+        notices.update(dict.fromkeys(_truncation_notices(batch, encoded.truncations)))
         advance(len(batch))
     return accumulator.result(), list(notices)
 
@@ -267,6 +268,11 @@ def measure_heads(
 def text_notices(loaded: LoadedModel, texts: list[str], ids: list[list[int]]) -> list[str]:
     """What to tell the user about these texts: the model's notice, and texts mostly [UNK]."""
     return ([loaded.notice] if loaded.notice else []) + _unknown_token_notices(loaded, list(zip(texts, ids)))
+
+
+def _truncation_notices(texts: list[str], truncations: list, what: str = "the text") -> list[str]:
+    notices = (truncation_notice(text, truncation, what) for text, truncation in zip(texts, truncations))
+    return [notice for notice in notices if notice]
 
 
 def _unknown_token_notices(loaded: LoadedModel, texts_and_ids: list[tuple[str, list[int]]]) -> list[str]:
@@ -297,6 +303,10 @@ def _split_runs(
         key_index = 0 if kv_text is not None else i
         key_ids = keys.ids[key_index]
         notices = text_notices(loaded, [text, kv_text] if kv_text else [text], [query_ids, key_ids])
+        truncated = queries.truncations[i]
+        kv_truncated = keys.truncations[0] if kv_text is not None else None
+        notices += _truncation_notices([text], [truncated])
+        notices += _truncation_notices([kv_text], [kv_truncated], "the --kv text")
         runs.append(
             AttentionRun(
                 text=text,
@@ -309,6 +319,8 @@ def _split_runs(
                 attention=patterns[i, :, : len(query_ids), : len(key_ids)].copy(),  # (H, Nq_i, Nk_i)
                 output=output[i, : len(query_ids)].copy(),  # (Nq_i, D)
                 notices=notices,
+                truncated=truncated,
+                kv_truncated=kv_truncated,
                 **setup,
             )
         )

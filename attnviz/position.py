@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from attnviz.errors import AttnvizError
+from attnviz.spec import RunSpec
 
 TOLERANCE = 1e-5  # equivariant means equal within this; float32 rounding is about 1e-7
 LAYER = 0  # the layer whose input is the embedding output, where position enters
@@ -124,6 +125,7 @@ def permute_encoded(encoded, permutation: list[int]):
         token_type_ids=encoded.token_type_ids[:, order],
         tokens=[[encoded.tokens[0][i] for i in order]],
         ids=[[encoded.ids[0][i] for i in order]],
+        truncations=encoded.truncations,
     )
 
 
@@ -182,7 +184,7 @@ def position_experiment(
     )
 
 
-def position_record(result: PositionResult) -> dict:
+def position_record(result: PositionResult, spec: RunSpec) -> dict:
     def side(side: PositionSide) -> dict:
         return {
             "max_abs_difference": side.max_difference,
@@ -194,7 +196,9 @@ def position_record(result: PositionResult) -> dict:
     return {
         "format": "attnviz-position",
         "version": POSITION_FORMAT_VERSION,
+        "settings": spec.to_dict(),
         "text": result.text,
+        "truncated": None,  # position never cuts: a text too long for the model is refused
         "model": result.model,
         "layer": LAYER,
         "weights": "pretrained",
@@ -209,6 +213,6 @@ def position_record(result: PositionResult) -> dict:
     }
 
 
-def write_position_json(result: PositionResult, path: Path) -> Path:
-    path.write_text(json.dumps(position_record(result), ensure_ascii=False, indent=1), encoding="utf-8")
+def write_position_json(result: PositionResult, spec: RunSpec, path: Path) -> Path:
+    path.write_text(json.dumps(position_record(result, spec), ensure_ascii=False, indent=1), encoding="utf-8")
     return path

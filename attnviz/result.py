@@ -10,6 +10,26 @@ from dataclasses import dataclass, field
 import numpy as np
 
 
+@dataclass(frozen=True)
+class Truncation:
+    """A text that --truncate cut: its token count before and after, [CLS] and [SEP] included."""
+
+    before: int
+    after: int
+
+    @property
+    def dropped(self) -> int:
+        return self.before - self.after
+
+    def to_dict(self) -> dict:
+        """The "truncated" value of the JSON files: {"from": 602, "to": 512}."""
+        return {"from": self.before, "to": self.after}
+
+
+def truncation_json(truncation: Truncation | None) -> dict | None:
+    return truncation.to_dict() if truncation is not None else None
+
+
 @dataclass
 class AttentionRun:
     """One text's pass through attnviz's attention layer.
@@ -34,6 +54,8 @@ class AttentionRun:
     kv_text: str | None = None
     causal: bool = False
     notices: list[str] = field(default_factory=list)
+    truncated: Truncation | None = None  # the text's cut, if --truncate cut it
+    kv_truncated: Truncation | None = None  # the --kv text's
 
     @property
     def head_dim(self) -> int:

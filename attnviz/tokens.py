@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from attnviz.errors import AttnvizError
+from attnviz.result import Truncation
 
 # CJK ideographs, kana and hangul: text a Chinese, Japanese or Korean vocabulary handles.
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u9fff\uac00-\ud7af\uf900-\ufaff]")
@@ -87,6 +88,7 @@ class Encoded:
     token_type_ids: torch.Tensor
     tokens: list[list[str]]  # each text's tokens, padding left out
     ids: list[list[int]]
+    truncations: list[Truncation | None]  # each text's cut by --truncate, None when it fit
 
     @property
     def valid_lens(self) -> torch.Tensor:
@@ -121,8 +123,10 @@ def encode(tokenizer: WordPieceTokenizer, texts: list[str], max_positions: int, 
         if not text.strip():
             raise AttnvizError("the text is empty: give some words to attend over")
     ids = tokenizer.encode_batch(texts)
+    truncations = [None] * len(ids)
     if truncate:
-        ids = [row if len(row) <= max_positions else row[: max_positions - 1] + row[-1:] for row in ids]
+        cuts = [truncate_ids(row, max_positions) for row in ids]
+        ids, truncations = [row for row, _ in cuts], [cut for _, cut in cuts]
     check_lengths([len(row) for row in ids], max_positions)
 
     longest = max(len(row) for row in ids)
@@ -137,6 +141,34 @@ def encode(tokenizer: WordPieceTokenizer, texts: list[str], max_positions: int, 
         token_type_ids=torch.zeros_like(input_ids),  # one segment: every token is sentence A
         tokens=[tokenizer.convert_ids_to_tokens(row) for row in ids],
         ids=ids,
+        truncations=truncations,
+    )
+
+
+def truncate_ids(ids: list[int], max_positions: int) -> tuple[list[int], Truncation | None]:
+    """--truncate: the first max_positions - 1 tokens and the final [SEP]; and the cut, None when it fits."""
+    if len(ids) <= max_positions:
+        return ids, None
+    return ids[: max_positions - 1] + ids[-1:], Truncation(len(ids), max_positions)
+
+
+def text_truncations(tokenizer: WordPieceTokenizer, texts: list[str], max_positions: int) -> list[Truncation | None]:
+    """What --truncate cuts from each text, as encode cuts it."""
+    return [truncate_ids(ids, max_positions)[1] for ids in tokenizer.encode_batch(texts)]
+
+
+NOTICE_QUOTE_CHARS = 24  # enough of a text to tell it from the others in a batch
+
+
+def truncation_notice(text: str, truncation: Truncation | None, what: str = "the text") -> str | None:
+    """One line saying what --truncate dropped, naming the text by its start; None when nothing was cut."""
+    if truncation is None:
+        return None
+    start = " ".join(text.split())
+    quoted = start if len(start) <= NOTICE_QUOTE_CHARS else start[:NOTICE_QUOTE_CHARS].rstrip() + "…"
+    return (
+        f'--truncate cut {what} "{quoted}" from {truncation.before} to {truncation.after} tokens: '
+        f"dropped the {truncation.dropped} tokens before its final [SEP]"
     )
 
 

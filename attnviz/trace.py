@@ -48,6 +48,7 @@ import torch.nn.functional as F
 
 from attnviz.attention import MultiHeadAttention, allowed_keys
 from attnviz.errors import AttnvizError
+from attnviz.result import Truncation
 
 LAYOUTS = ("view-permute", "merged-batch", "fused-qkv", "single-head")
 DEFAULT_LAYOUT = "view-permute"
@@ -790,6 +791,8 @@ class TraceResult:
     head_slices: list[HeadSlice]
     mistake: MistakeResult | None = None
     notes: list[str] = field(default_factory=list)
+    truncated: list[Truncation | None] = field(default_factory=list)  # each text's cut by --truncate
+    kv_truncated: Truncation | None = None  # the --kv text's
 
     @property
     def agree(self) -> bool:
@@ -859,6 +862,7 @@ def trace_texts(
     queries = encode(loaded.tokenizer, texts, loaded.max_positions, truncate)
     query_states = layer_input(loaded, queries, layer, device)  # (B, Nq, D)
     key_states, key_valid_lens = query_states, queries.valid_lens  # (B, Nk, D), (B,)
+    keys = None
     if kv_text is not None:
         keys = encode(loaded.tokenizer, [kv_text], loaded.max_positions, truncate)
         key_states = layer_input(loaded, keys, layer, device).expand(len(texts), -1, -1)  # (B, Nk, D)
@@ -890,4 +894,6 @@ def trace_texts(
         head_slices=slices,
         mistake=mistake_result,
         notes=notes,
+        truncated=queries.truncations,
+        kv_truncated=keys.truncations[0] if keys is not None else None,
     )

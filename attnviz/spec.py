@@ -1,0 +1,69 @@
+"""A run's settings: one frozen dataclass, built once by the command line and written into every JSON.
+
+A JSON file alone should say how to run it again: which model was asked for and which one
+loaded, the layer, the heads, the parameters (pretrained or random, and the seed), the masks,
+the device, whether texts could be cut, and the attnviz that wrote it. Plain values only, no
+torch: cheap to import, to compare and to print.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from attnviz import __version__
+from attnviz.errors import AttnvizError
+
+WEIGHTS = ("pretrained", "random")  # the model's parameters, not the attention weights
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """What a run was given, with the model it resolved to.
+
+    model is --model as given (None: the default), resolved_model the model that loaded (a hub
+    id, the bundled model's name, or a local folder's absolute path) and model_source where it
+    came from ("local folder", "hub cache", "hub download", "bundled"). layer is None for the
+    commands that run every layer (stats, layers). num_heads is the count the projections were
+    split into. weights are the model's parameters: "pretrained" (the checkpoint's projections)
+    or "random" (a fresh layer drawn from seed). In compare's shared settings num_heads and
+    weights are None: each split has its own.
+    """
+
+    model: str | None
+    resolved_model: str
+    model_source: str
+    layer: int | None
+    num_heads: int | None
+    weights: str | None
+    seed: int
+    causal: bool
+    kv_text: str | None
+    device: str  # "cpu" or "cuda": where it ran, after "auto" was resolved
+    truncate: bool  # --truncate: texts longer than the model's positions may be cut
+    version: str = __version__  # attnviz's
+
+    def __post_init__(self) -> None:
+        if self.weights is not None and self.weights not in WEIGHTS:
+            raise AttnvizError(f"unknown weights {self.weights!r}: choose pretrained or random")
+
+    def to_dict(self) -> dict:
+        """The "settings" object of every JSON attnviz writes (README.md, "Settings")."""
+        settings = asdict(self)
+        settings["seed"] = None if self.weights == "pretrained" else self.seed  # pretrained parameters draw nothing
+        settings["attnviz_version"] = settings.pop("version")
+        return settings
+
+    def attention_options(self) -> dict:
+        """The settings as the keywords of run_attention and trace_texts."""
+        return dict(
+            kv_text=self.kv_text, layer=self.layer, num_heads=self.num_heads, weights=self.weights,
+            seed=self.seed, causal=self.causal, device=self.device, truncate=self.truncate,
+        )  # fmt: skip
+
+
+def resolved_model_name(given: str | None, loaded) -> str:
+    """The model that loaded: a local folder as an absolute path, else its name (hub id or bundled)."""
+    if loaded.source == "local folder" and given is not None:
+        return str(Path(given).expanduser().resolve())
+    return loaded.name
