@@ -16,8 +16,9 @@ from pathlib import Path
 
 from attnviz.analysis import summarize_heads
 from attnviz.errors import AttnvizError
-from attnviz.result import AttentionRun
+from attnviz.result import AttentionRun, Truncation, truncation_json
 from attnviz.runs import run_folder_name
+from attnviz.spec import RunSpec
 
 # Texts per forward pass. The weights of a batch are (B, H, N, N) floats: for 32 texts of
 # 512 tokens and 12 heads that is 400 MB, the most we want to hold at once.
@@ -113,14 +114,14 @@ def run_in_batches(
         yield run_attention(loaded, batch, **run_options)
 
 
-def write_run_files(run: AttentionRun, folder: Path, fmt: str) -> list[Path]:
+def write_run_files(run: AttentionRun, spec: RunSpec, folder: Path, fmt: str) -> list[Path]:
     """What `attnviz heads` writes for one text: head heatmaps, the grid, attention.json."""
     from attnviz.export import write_attention_json
     from attnviz.heatmap import write_heatmaps
 
     folder.mkdir()
     written = write_heatmaps(run, folder, fmt)
-    written.append(write_attention_json(run, folder / "attention.json"))
+    written.append(write_attention_json(run, spec, folder / "attention.json"))
     return written
 
 
@@ -141,7 +142,7 @@ def summary_row(index: int, entry: LineText, folder: str, run: AttentionRun) -> 
 
 @dataclass
 class BatchResult:
-    rows: list[dict]  # one summary row per text, in input order
+    rows: list[dict]  # one summary row per text, in input order (summary.json adds its "truncated")
     first_run: AttentionRun  # for the setup lines: model, layer, heads, weights are shared
     notices: list[str]  # distinct notices over all texts, in order
     files: list[Path]  # the summary files
@@ -152,29 +153,33 @@ def write_batch(
     texts: list[LineText],
     out_dir: Path,
     fmt: str,
+    spec: RunSpec,
     *,
     batch_size: int = BATCH_SIZE,
     on_text: Callable[[], None] | None = None,
-    **run_options,
 ) -> BatchResult:
-    """Run every text, write its folder into out_dir, then summary.csv and summary.json."""
+    """Run every text with spec's settings, write its folder into out_dir, then summary.csv and summary.json."""
     names = text_folder_names(texts)
-    rows, notices, first_run = [], {}, None
-    batched_runs = run_in_batches(loaded, [entry.text for entry in texts], batch_size, **run_options)
+    rows, truncated, notices, first_run = [], [], {}, None
+    batched_runs = run_in_batches(loaded, [entry.text for entry in texts], batch_size, **spec.attention_options())
     runs = (run for batch_runs in batched_runs for run in batch_runs)  # one batch in memory at a time
     for index, (entry, name, run) in enumerate(zip(texts, names, runs), 1):
-        write_run_files(run, out_dir / name, fmt)
+        write_run_files(run, spec, out_dir / name, fmt)
         rows.append(summary_row(index, entry, name, run))
+        truncated.append(run.truncated)
         notices.update(dict.fromkeys(run.notices))
         if first_run is None:  # a copy of its own slice: a view would keep the whole batch's arrays alive
             first_run = replace(run, attention=run.attention.copy(), output=run.output.copy())
         if on_text is not None:
             on_text()
-    files = write_summary(rows, out_dir, first_run, run_options.get("kv_text"))
+    files = write_summary(rows, truncated, out_dir, first_run, spec)
     return BatchResult(rows, first_run, list(notices), files)
 
 
-def write_summary(rows: list[dict], out_dir: Path, run: AttentionRun, kv_text: str | None) -> list[Path]:
+def write_summary(
+    rows: list[dict], truncated: list[Truncation | None], out_dir: Path, run: AttentionRun, spec: RunSpec
+) -> list[Path]:
+    """summary.csv, and summary.json with each row's cut by --truncate; run is any text's, for the setup."""
     csv_path = out_dir / "summary.csv"
     with csv_path.open("w", encoding="utf-8", newline="") as stream:
         writer = csv.DictWriter(stream, fieldnames=SUMMARY_FIELDS)
@@ -183,14 +188,16 @@ def write_summary(rows: list[dict], out_dir: Path, run: AttentionRun, kv_text: s
     record = {
         "format": "attnviz-batch",
         "version": SUMMARY_FORMAT_VERSION,
+        "settings": spec.to_dict(),
         "model": run.model,
         "layer": run.layer,
         "weights": run.weights,
         "num_heads": run.num_heads,
         "device": run.device,
         "causal": run.causal,
-        "kv_text": kv_text,
-        "texts": rows,
+        "kv_text": spec.kv_text,
+        "kv_truncated": truncation_json(run.kv_truncated),
+        "texts": [{**row, "truncated": truncation_json(cut)} for row, cut in zip(rows, truncated)],
     }
     json_path = out_dir / "summary.json"
     json_path.write_text(json.dumps(record, ensure_ascii=False, indent=1), encoding="utf-8")

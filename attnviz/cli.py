@@ -154,6 +154,10 @@ def heads(
     target = _run_target(out, run_folder_name(text))
     device_name = resolve_device(device.value)
     loaded = load_model(model, device_name, allow_pickle=allow_pickle)
+    spec = _run_spec(
+        model, loaded, device_name, layer=layer, num_heads=num_heads or loaded.num_heads, weights=weights.value,
+        seed=seed, causal=causal, kv_text=kv, truncate=truncate,
+    )
     (run,) = run_attention(
         loaded,
         [text],
@@ -185,11 +189,11 @@ def heads(
     folder = StagedRunFolder(target, unique=out is None)
     with console.status("writing heatmaps…"), folder as staging:
         written = write_heatmaps(run, staging, image_format.value)
-        written.append(write_attention_json(run, staging / "attention.json"))
+        written.append(write_attention_json(run, spec, staging / "attention.json"))
         if traced is not None:
             from attnviz.trace_render import write_trace_files
 
-            written += write_trace_files(traced, run, staging, image_format.value)
+            written += write_trace_files(traced, run, spec, staging, image_format.value)
     terminal.print_files(console, folder.final, [folder.final / path.name for path in written])
     if traced is not None and not traced.agree:
         return _layouts_disagree(traced)
@@ -211,13 +215,13 @@ def _heads_for_file(
     device_name = resolve_device(device)
     loaded = load_model(model, device_name, allow_pickle=allow_pickle)
     batch.check_lengths(loaded.tokenizer, texts, loaded.max_positions, run_options["truncate"])
+    run_options["num_heads"] = run_options["num_heads"] or loaded.num_heads
+    spec = _run_spec(model, loaded, device_name, **run_options)
 
     folder = StagedRunFolder(target, unique=out is None)
     progress = terminal.progress_bar(console, len(texts), "attention and heatmaps", batch.PROGRESS_MIN_TEXTS)
     with progress as advance, folder as staging:
-        result = batch.write_batch(
-            loaded, texts, staging, image_format, device=device_name, on_text=lambda: advance(1), **run_options
-        )
+        result = batch.write_batch(loaded, texts, staging, image_format, spec, on_text=lambda: advance(1))
 
     shown = result.notices[:MAX_NOTICES_SHOWN]
     if len(result.notices) > len(shown):
@@ -269,6 +273,7 @@ def stats(
     from attnviz.runs import StagedRunFolder, run_folder_name
     from attnviz.stats_export import write_stats_csv, write_stats_json
     from attnviz.stats_figures import write_js_distance
+    from attnviz.tokens import text_truncations
     from attnviz import terminal
 
     if text is not None and file is not None:
@@ -284,11 +289,16 @@ def stats(
     loaded = load_model(model, device_name, allow_pickle=allow_pickle)
     if lines is not None:
         check_lengths(loaded.tokenizer, lines, loaded.max_positions, truncate)
+    spec = _run_spec(
+        model, loaded, device_name, layer=None, num_heads=num_heads or loaded.num_heads, weights=weights.value,
+        seed=seed, causal=causal, kv_text=None, truncate=truncate,
+    )
 
     setup = dict(num_heads=num_heads, weights=weights.value, seed=seed, causal=causal, device=device_name, truncate=truncate)
     with terminal.progress_bar(console, len(texts), "measuring heads", PROGRESS_MIN_TEXTS) as advance:
         result, notices = measure_heads(loaded, texts, **setup, advance=advance)
     (first_run,) = run_attention(loaded, texts[:1], **setup)  # what the terminal and stats.json say about the setup
+    truncated = text_truncations(loaded.tokenizer, texts, loaded.max_positions) if truncate else [None] * len(texts)
 
     shown = list(notices)[:MAX_NOTICES_SHOWN]
     if len(notices) > len(shown):
@@ -303,7 +313,7 @@ def stats(
     with console.status("writing statistics…"), folder as staging:
         written = [
             write_stats_csv(result, staging / "stats.csv"),
-            write_stats_json(result, texts, first_run, seed, staging / "stats.json"),
+            write_stats_json(result, texts, truncated, first_run, spec, staging / "stats.json"),
             write_js_distance(result.js_distance, first_run, texts, staging, image_format.value),
         ]
     terminal.print_files(console, folder.final, [folder.final / path.name for path in written])
@@ -344,6 +354,10 @@ def layers(
     target = _run_target(out, run_folder_name(text))
     device_name = resolve_device(device.value)
     loaded = load_model(model, device_name, allow_pickle=allow_pickle)
+    spec = _run_spec(
+        model, loaded, device_name, layer=None, num_heads=num_heads or loaded.num_heads, weights=weights.value,
+        seed=seed, causal=causal, kv_text=None, truncate=truncate,
+    )
     (layer_runs,) = run_layers(
         loaded, [text], num_heads=num_heads, weights=weights.value, seed=seed, causal=causal,
         device=device_name, truncate=truncate,
@@ -361,7 +375,7 @@ def layers(
         written = [
             write_layers_grid(layer_runs, staging, image_format.value),
             write_rollout(layer_runs, rollout, staging, image_format.value),
-            write_rollout_json(layer_runs, rollout, seed, staging / "rollout.json"),
+            write_rollout_json(layer_runs, rollout, spec, staging / "rollout.json"),
         ]
     terminal.print_files(console, folder.final, [folder.final / path.name for path in written])
 
@@ -407,6 +421,10 @@ def compare(
     device_name = resolve_device(device.value)
     loaded = load_model(model, device_name, allow_pickle=allow_pickle)
     counts = counts or default_head_counts(loaded.hidden_size, loaded.num_heads)
+    spec = _run_spec(  # what the splits share; each split's head count and weights are its own
+        model, loaded, device_name, layer=layer, num_heads=None, weights=None, seed=seed, causal=False, kv_text=None,
+        truncate=truncate,
+    )
     splits = compare_splits(
         loaded, text, counts, weights_list, layer=layer, seed=seed, device=device_name, truncate=truncate
     )
@@ -421,7 +439,7 @@ def compare(
     with console.status("drawing the comparison…"), folder as staging:
         written = [
             write_comparison_figure(splits, staging, image_format.value),
-            write_comparison_json(splits, staging / "compare.json"),
+            write_comparison_json(splits, spec, staging / "compare.json"),
         ]
     terminal.print_files(console, folder.final, [folder.final / path.name for path in written])
 
@@ -452,7 +470,7 @@ def position(
     from attnviz.compare_figures import write_position_figure
     from attnviz.loading import load_model
     from attnviz.pipeline import device_label, resolve_device
-    from attnviz.position import position_experiment, write_position_json
+    from attnviz.position import LAYER, position_experiment, write_position_json
     from attnviz.runs import StagedRunFolder, run_folder_name
     from attnviz import terminal
 
@@ -461,6 +479,10 @@ def position(
     target = _run_target(out, run_folder_name(text))
     device_name = resolve_device(device.value)
     loaded = load_model(model, device_name, allow_pickle=allow_pickle)
+    spec = _run_spec(  # position runs layer 0 with the model's own parameters and heads
+        model, loaded, device_name, layer=LAYER, num_heads=loaded.num_heads, weights="pretrained", seed=0,
+        causal=False, kv_text=None, truncate=False,
+    )
     result = position_experiment(loaded, text, permutation, head, device_name)
 
     terminal.print_notices(console, result.notices)
@@ -470,7 +492,7 @@ def position(
     with console.status("drawing the maps…"), folder as staging:
         written = [
             write_position_figure(result, staging, image_format.value),
-            write_position_json(result, staging / "position.json"),
+            write_position_json(result, spec, staging / "position.json"),
         ]
     terminal.print_files(console, folder.final, [folder.final / path.name for path in written])
 
@@ -544,10 +566,11 @@ def trace(
     target = _run_target(out, batch_folder_name(file) if file else run_folder_name(text))
     device_name = resolve_device(device.value)
     loaded = load_model(model, device_name, allow_pickle=allow_pickle)
-    options = dict(
-        kv_text=kv, layer=layer, num_heads=num_heads, weights=weights.value, seed=seed, causal=causal,
-        device=device_name, truncate=truncate,
+    spec = _run_spec(
+        model, loaded, device_name, layer=layer, num_heads=num_heads or loaded.num_heads, weights=weights.value,
+        seed=seed, causal=causal, kv_text=kv, truncate=truncate,
     )
+    options = spec.attention_options()
     traced = trace_texts(
         loaded, texts, layouts=LAYOUTS if layout == Layout.all else (layout.value,),
         mistake=mistake.value if mistake else None, **options,
@@ -561,7 +584,7 @@ def trace(
 
     folder = StagedRunFolder(target, unique=out is None)
     with console.status("writing the trace…"), folder as staging:
-        written = write_trace_files(traced, runs[0], staging, image_format.value)
+        written = write_trace_files(traced, runs[0], spec, staging, image_format.value)
     terminal.print_files(console, folder.final, [folder.final / path.name for path in written])
     return 0 if traced.agree else _layouts_disagree(traced)
 
@@ -584,6 +607,14 @@ def models() -> None:
     from attnviz import terminal
 
     console.print(terminal.models_table(list_models()))
+
+
+def _run_spec(model: Optional[str], loaded, device: str, **settings):
+    """The run's settings (attnviz.spec.RunSpec), built once: the options as given, with the model that loaded."""
+    from attnviz.spec import RunSpec, resolved_model_name
+
+    resolved = resolved_model_name(model, loaded)
+    return RunSpec(model=model, resolved_model=resolved, model_source=loaded.source, device=device, **settings)
 
 
 def _run_target(out: Optional[Path], default_name: str) -> Path:

@@ -9,12 +9,13 @@ setting) is the same shape with untrained weights: its maps come out almost unif
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from attnviz.analysis import HeadSummary, summarize_heads
 from attnviz.errors import AttnvizError
-from attnviz.result import AttentionRun
+from attnviz.result import AttentionRun, truncation_json
+from attnviz.spec import RunSpec
 
 COMPARE_FORMAT_VERSION = 1
 
@@ -113,18 +114,22 @@ def compare_splits(
     return splits
 
 
-def comparison_record(splits: list[Split]) -> dict:
+def comparison_record(splits: list[Split], spec: RunSpec) -> dict:
+    """spec holds the settings the splits share (num_heads and weights None); each split gets its own."""
     first = splits[0].run
     return {
         "format": "attnviz-compare",
         "version": COMPARE_FORMAT_VERSION,
+        "settings": spec.to_dict(),
         "text": first.text,
+        "truncated": truncation_json(first.truncated),
         "model": first.model,
         "layer": first.layer,
         "device": first.device,
         "tokens": first.query_tokens,
         "splits": [
             {
+                "settings": replace(spec, num_heads=split.num_heads, weights=split.weights).to_dict(),
                 "weights": split.weights,
                 "num_heads": split.num_heads,
                 "head_dim": split.run.head_dim,
@@ -145,6 +150,6 @@ def comparison_record(splits: list[Split]) -> dict:
     }
 
 
-def write_comparison_json(splits: list[Split], path: Path) -> Path:
-    path.write_text(json.dumps(comparison_record(splits), ensure_ascii=False, indent=1), encoding="utf-8")
+def write_comparison_json(splits: list[Split], spec: RunSpec, path: Path) -> Path:
+    path.write_text(json.dumps(comparison_record(splits, spec), ensure_ascii=False, indent=1), encoding="utf-8")
     return path

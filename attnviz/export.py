@@ -7,18 +7,22 @@ from pathlib import Path
 
 import numpy as np
 
-from attnviz.result import AttentionRun
+from attnviz.result import AttentionRun, truncation_json
+from attnviz.spec import RunSpec
 
 FORMAT_VERSION = 1
 DECIMALS = 7  # float32 weights rounded to 1e-7: far below the 1e-5 the tests hold them to
 
 
-def attention_record(run: AttentionRun) -> dict:
+def attention_record(run: AttentionRun, spec: RunSpec) -> dict:
     return {
         "format": "attnviz-attention",
         "version": FORMAT_VERSION,
+        "settings": spec.to_dict(),
         "text": run.text,
         "kv_text": run.kv_text,
+        "truncated": truncation_json(run.truncated),
+        "kv_truncated": truncation_json(run.kv_truncated),
         "model": run.model,
         "layer": run.layer,
         "weights": run.weights,
@@ -34,8 +38,8 @@ def attention_record(run: AttentionRun) -> dict:
     }
 
 
-def write_attention_json(run: AttentionRun, path: Path) -> Path:
-    record = json.dumps(attention_record(run), ensure_ascii=False)
+def write_attention_json(run: AttentionRun, spec: RunSpec, path: Path) -> Path:
+    record = json.dumps(attention_record(run, spec), ensure_ascii=False)
     attention = weights_json(run.attention)
     path.write_text(record.removesuffix("null}") + attention + "}", encoding="utf-8")
     return path

@@ -11,7 +11,8 @@ import numpy as np
 
 from attnviz.analysis import BROAD_THRESHOLD, SHARE_LABELS, SHARE_THRESHOLD, STATISTICS, ModelStatistics
 from attnviz.export import DECIMALS
-from attnviz.result import AttentionRun
+from attnviz.result import AttentionRun, Truncation, truncation_json
+from attnviz.spec import RunSpec
 
 FORMAT_VERSION = 1
 
@@ -30,8 +31,10 @@ def write_stats_csv(stats: ModelStatistics, path: Path) -> Path:
     return path
 
 
-def stats_record(stats: ModelStatistics, texts: list[str], run: AttentionRun, seed: int) -> dict:
-    """The stats.json object; run is any one of the runs, for the model and the setup."""
+def stats_record(
+    stats: ModelStatistics, texts: list[str], truncated: list[Truncation | None], run: AttentionRun, spec: RunSpec
+) -> dict:
+    """The stats.json object; truncated is each text's cut, run any one of the runs, for the model and the setup."""
     heads = []
     for layer in range(stats.num_layers):
         for head in range(stats.num_heads):
@@ -40,9 +43,10 @@ def stats_record(stats: ModelStatistics, texts: list[str], run: AttentionRun, se
     return {
         "format": "attnviz-stats",
         "version": FORMAT_VERSION,
+        "settings": spec.to_dict(),
         "model": run.model,
         "weights": run.weights,
-        "seed": seed if run.weights == "random" else None,
+        "seed": spec.seed if run.weights == "random" else None,
         "num_layers": stats.num_layers,
         "num_heads": stats.num_heads,
         "head_dim": run.head_dim,
@@ -50,6 +54,7 @@ def stats_record(stats: ModelStatistics, texts: list[str], run: AttentionRun, se
         "causal": stats.causal,
         "num_texts": stats.num_texts,
         "texts": texts,
+        "truncated": [truncation_json(truncation) for truncation in truncated],
         "statistics": list(STATISTICS),
         "thresholds": {
             "share": SHARE_THRESHOLD,
@@ -61,20 +66,30 @@ def stats_record(stats: ModelStatistics, texts: list[str], run: AttentionRun, se
     }
 
 
-def write_stats_json(stats: ModelStatistics, texts: list[str], run: AttentionRun, seed: int, path: Path) -> Path:
-    path.write_text(json.dumps(stats_record(stats, texts, run, seed), ensure_ascii=False), encoding="utf-8")
+def write_stats_json(
+    stats: ModelStatistics,
+    texts: list[str],
+    truncated: list[Truncation | None],
+    run: AttentionRun,
+    spec: RunSpec,
+    path: Path,
+) -> Path:
+    record = stats_record(stats, texts, truncated, run, spec)
+    path.write_text(json.dumps(record, ensure_ascii=False), encoding="utf-8")
     return path
 
 
-def rollout_record(layer_runs: list[AttentionRun], rollout: np.ndarray, seed: int) -> dict:
+def rollout_record(layer_runs: list[AttentionRun], rollout: np.ndarray, spec: RunSpec) -> dict:
     run = layer_runs[0]
     return {
         "format": "attnviz-rollout",
         "version": FORMAT_VERSION,
+        "settings": spec.to_dict(),
         "text": run.text,
+        "truncated": truncation_json(run.truncated),
         "model": run.model,
         "weights": run.weights,
-        "seed": seed if run.weights == "random" else None,
+        "seed": spec.seed if run.weights == "random" else None,
         "num_layers": len(layer_runs),
         "num_heads": run.num_heads,
         "device": run.device,
@@ -85,6 +100,6 @@ def rollout_record(layer_runs: list[AttentionRun], rollout: np.ndarray, seed: in
     }
 
 
-def write_rollout_json(layer_runs: list[AttentionRun], rollout: np.ndarray, seed: int, path: Path) -> Path:
-    path.write_text(json.dumps(rollout_record(layer_runs, rollout, seed), ensure_ascii=False), encoding="utf-8")
+def write_rollout_json(layer_runs: list[AttentionRun], rollout: np.ndarray, spec: RunSpec, path: Path) -> Path:
+    path.write_text(json.dumps(rollout_record(layer_runs, rollout, spec), ensure_ascii=False), encoding="utf-8")
     return path

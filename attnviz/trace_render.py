@@ -14,6 +14,8 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from attnviz.result import truncation_json
+from attnviz.spec import RunSpec
 from attnviz.trace import LAYOUT_DESCRIPTIONS, TOLERANCE, LayoutTrace, Step, TraceResult
 
 FORMAT_VERSION = 1
@@ -21,7 +23,8 @@ DECIMALS = 10  # differences are ~1e-7; keep them readable and exact enough to c
 
 # The documented keys of trace.json (README.md, "trace.json"); the tests hold the file to them.
 TRACE_KEYS = (
-    "format", "version", "texts", "kv_text", "model", "layer", "weights", "causal", "device",
+    "format", "version", "settings", "texts", "kv_text", "truncated", "kv_truncated", "model", "layer", "weights",
+    "causal", "device",
     "num_heads", "head_dim", "model_size", "valid_lens", "tolerance", "layouts", "checks",
     "head_slices", "mistake", "notes",
 )  # fmt: skip
@@ -262,13 +265,16 @@ def _rounded(value: float) -> float:
     return round(float(value), DECIMALS)
 
 
-def trace_record(result: TraceResult) -> dict:
+def trace_record(result: TraceResult, spec: RunSpec) -> dict:
     mistake = result.mistake
     return {
         "format": "attnviz-trace",
         "version": FORMAT_VERSION,
+        "settings": spec.to_dict(),
         "texts": result.texts,
         "kv_text": result.kv_text,
+        "truncated": [truncation_json(truncation) for truncation in result.truncated],
+        "kv_truncated": truncation_json(result.kv_truncated),
         "model": result.model,
         "layer": result.layer,
         "weights": result.weights,
@@ -328,14 +334,14 @@ def trace_record(result: TraceResult) -> dict:
 _SHORT_LIST = re.compile(r'\[\s+((?:-?[\w.+*]+|"[\w*]+")(?:,\s+(?:-?[\w.+*]+|"[\w*]+"))*)\s+\]')
 
 
-def trace_json(result: TraceResult) -> str:
+def trace_json(result: TraceResult, spec: RunSpec) -> str:
     """Indented, with each shape, stride and list of axis names on one line."""
-    text = json.dumps(trace_record(result), ensure_ascii=False, indent=1)
+    text = json.dumps(trace_record(result, spec), ensure_ascii=False, indent=1)
     return _SHORT_LIST.sub(lambda match: "[" + re.sub(r",\s+", ", ", match.group(1)) + "]", text)
 
 
-def write_trace_json(result: TraceResult, path: Path) -> Path:
-    path.write_text(trace_json(result), encoding="utf-8")
+def write_trace_json(result: TraceResult, spec: RunSpec, path: Path) -> Path:
+    path.write_text(trace_json(result, spec), encoding="utf-8")
     return path
 
 
@@ -441,12 +447,13 @@ def mistake_prefix(mistake: str) -> str:
     return f"mistake_{mistake}_"
 
 
-def write_trace_files(result: TraceResult, run, out_dir: Path, fmt: str = "png") -> list[Path]:
+def write_trace_files(result: TraceResult, run, spec: RunSpec, out_dir: Path, fmt: str = "png") -> list[Path]:
     """trace.json and trace.md; with a mistake, the right heads' heatmaps and the mistaken ones beside them.
 
-    run is the AttentionRun of the first text (its tokens label the figures).
+    run is the AttentionRun of the first text (its tokens label the figures); spec the run's settings.
     """
-    written = [write_trace_json(result, out_dir / "trace.json"), write_trace_markdown(result, out_dir / "trace.md")]
+    written = [write_trace_json(result, spec, out_dir / "trace.json")]
+    written.append(write_trace_markdown(result, out_dir / "trace.md"))
     if result.mistake is not None:
         written += write_mistake_figures(result, run, out_dir, fmt)
     return written

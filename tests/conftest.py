@@ -20,3 +20,15 @@ def reference_bert():
     folder = bundled_model_path()
     model = BertModel.from_pretrained(folder, attn_implementation="eager").eval()
     return AutoTokenizer.from_pretrained(folder), model
+
+
+@pytest.fixture(scope="session")
+def plain_spec(bundled_bert):
+    """The settings of a plain run of the bundled model: layer 0, its own heads, pretrained, on the CPU."""
+    from attnviz.spec import RunSpec
+
+    return RunSpec(
+        model="bundled", resolved_model=bundled_bert.name, model_source=bundled_bert.source, layer=0,
+        num_heads=bundled_bert.num_heads, weights="pretrained", seed=0, causal=False, kv_text=None, device="cpu",
+        truncate=False,
+    )  # fmt: skip

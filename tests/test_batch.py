@@ -85,17 +85,17 @@ def json_only(monkeypatch):
     """Write only attention.json per text: for tests about folders and texts, not images (fast)."""
     from attnviz.export import write_attention_json
 
-    def write_json(run, folder, fmt):
+    def write_json(run, spec, folder, fmt):
         folder.mkdir()
-        return [write_attention_json(run, folder / "attention.json")]
+        return [write_attention_json(run, spec, folder / "attention.json")]
 
     monkeypatch.setattr(batch, "write_run_files", write_json)
 
 
-def test_write_batch_reports_each_text_once(bert, tmp_path, json_only):
+def test_write_batch_reports_each_text_once(bert, tmp_path, json_only, plain_spec):
     texts = [batch.LineText(line, text) for line, text in zip((1, 3), TEXTS[:2])]
     reported = []
-    result = batch.write_batch(bert, texts, tmp_path, "png", on_text=lambda: reported.append(1), batch_size=1)
+    result = batch.write_batch(bert, texts, tmp_path, "png", plain_spec, on_text=lambda: reported.append(1), batch_size=1)
     assert len(reported) == 2
     assert [row["folder"] for row in result.rows] == sorted(path.name for path in tmp_path.iterdir() if path.is_dir())
 
@@ -212,11 +212,11 @@ def test_an_out_folder_with_earlier_results_is_refused(tmp_path, capsys, json_on
 def test_a_failure_midway_leaves_nothing(bert, tmp_path, monkeypatch):
     calls = []
 
-    def fail_on_second(run, folder, fmt):
+    def fail_on_second(run, spec, folder, fmt):
         calls.append(folder)
         if len(calls) == 2:
             raise AttnvizError("disk full")
-        return write_run_files(run, folder, fmt)
+        return write_run_files(run, spec, folder, fmt)
 
     write_run_files = batch.write_run_files
     monkeypatch.setattr(batch, "write_run_files", fail_on_second)

@@ -386,13 +386,13 @@ def readme_section(title: str) -> str:
     return text[start : end if end != -1 else None]
 
 
-def test_trace_json_has_exactly_the_documented_keys(batch_trace, mistake_trace):
+def test_trace_json_has_exactly_the_documented_keys(batch_trace, mistake_trace, plain_spec):
     documented = readme_section("trace.json")
     for keys in (TRACE_KEYS, LAYOUT_KEYS, STEP_KEYS, CHECK_KEYS, HEAD_SLICE_KEYS, MISTAKE_KEYS):
         for key in keys:
             assert f"`{key}`" in documented, key
     for result in (batch_trace, mistake_trace):
-        record = json.loads(json.dumps(trace_record(result)))
+        record = json.loads(json.dumps(trace_record(result, plain_spec)))
         assert tuple(record) == TRACE_KEYS
         assert record["format"] == "attnviz-trace" and record["version"] == 1
         for layout in record["layouts"]:
@@ -405,8 +405,9 @@ def test_trace_json_has_exactly_the_documented_keys(batch_trace, mistake_trace):
                 assert isinstance(step["contiguous"], bool) and step["memory"] in (None, "view", "new")
         assert all(tuple(check) == CHECK_KEYS for check in record["checks"])
         assert all(tuple(head) == HEAD_SLICE_KEYS for head in record["head_slices"])
-    assert trace_record(batch_trace)["mistake"] is None and trace_record(batch_trace)["valid_lens"] == [9, 16]
-    assert tuple(trace_record(mistake_trace)["mistake"]) == MISTAKE_KEYS
+    batch_record = trace_record(batch_trace, plain_spec)
+    assert batch_record["mistake"] is None and batch_record["valid_lens"] == [9, 16]
+    assert tuple(trace_record(mistake_trace, plain_spec)["mistake"]) == MISTAKE_KEYS
 
 
 def markdown_tables(text: str) -> list[list[list[str]]]:

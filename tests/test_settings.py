@@ -1,0 +1,201 @@
+"""Every JSON a command writes records the run's settings, and what --truncate cut.
+
+The expected settings are written out from the options each test gives; the expected token
+counts come from transformers' own tokenizer, not from attnviz's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import attnviz
+from attnviz.cli import run
+from attnviz.loading import BUNDLED_NAME, bundled_model_path
+from attnviz.spec import RunSpec
+
+SHORT = "The cat sat on the mat."
+LONG = "word " * 600  # 602 tokens with [CLS] and [SEP]
+LONG_KV = "cat sat " * 400
+MAX_POSITIONS = 512
+
+
+@pytest.fixture(scope="module")
+def count_tokens():
+    """Tokens of a text, [CLS] and [SEP] included, by transformers' tokenizer of the bundled model."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(bundled_model_path())
+    return lambda text: len(tokenizer(text, truncation=False, verbose=False)["input_ids"])
+
+
+def cut(count: int) -> dict | None:
+    return {"from": count, "to": MAX_POSITIONS} if count > MAX_POSITIONS else None
+
+
+def settings(**given) -> dict:
+    """The settings object of a run of the bundled model on the CPU, with the options given."""
+    return {
+        "model": "bundled",
+        "resolved_model": BUNDLED_NAME,
+        "model_source": "bundled",
+        "layer": 0,
+        "num_heads": 12,
+        "weights": "pretrained",
+        "seed": None,
+        "causal": False,
+        "kv_text": None,
+        "device": "cpu",
+        "truncate": False,
+        "attnviz_version": attnviz.__version__,
+        **given,
+    }
+
+
+@pytest.fixture
+def fast(monkeypatch, bundled_bert):
+    """Reuse the loaded bundled model and draw no figures: these tests are about the JSON files."""
+
+    def placeholder(name: str):
+        def draw(*args, **kwargs):
+            out_dir = next(arg for arg in args if isinstance(arg, Path) and arg.is_dir())
+            (out_dir / name).write_bytes(b"")
+            return out_dir / name
+
+        return draw
+
+    monkeypatch.setattr("attnviz.loading.load_model", lambda *args, **kwargs: bundled_bert)
+    monkeypatch.setattr("attnviz.heatmap.write_heatmaps", lambda *args, **kwargs: [])
+    for module, function, name in [
+        ("stats_figures", "write_js_distance", "js_distance.png"),
+        ("stats_figures", "write_layers_grid", "layers.png"),
+        ("stats_figures", "write_rollout", "rollout.png"),
+        ("compare_figures", "write_comparison_figure", "compare.png"),
+        ("compare_figures", "write_position_figure", "position.png"),
+    ]:
+        monkeypatch.setattr(f"attnviz.{module}.{function}", placeholder(name))
+
+
+def read(path: Path) -> dict:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def shown(capsys) -> str:
+    captured = capsys.readouterr()
+    return " ".join((captured.out + captured.err).split())  # notes may wrap at the terminal width
+
+
+def test_the_settings_module_imports_no_torch():
+    code = "import sys, attnviz.spec; print(sorted({'torch', 'numpy', 'typer'} & set(sys.modules)))"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "[]\n"
+
+
+def test_a_run_spec_is_frozen_and_writes_the_seed_only_for_random_weights(plain_spec):
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plain_spec.seed = 3
+    assert plain_spec.to_dict() == settings()
+    random = dataclasses.replace(plain_spec, weights="random", seed=3)
+    assert random.to_dict() == settings(weights="random", seed=3)
+    with pytest.raises(ValueError, match="unknown weights 'trained'"):
+        dataclasses.replace(plain_spec, weights="trained")
+    assert isinstance(plain_spec, RunSpec)
+
+
+def test_heads_records_every_setting_and_both_cuts_in_attention_json_and_trace_json(
+    tmp_path, monkeypatch, capsys, count_tokens
+):
+    """The model given as a relative folder: settings keep it as given and resolve it to the folder's path."""
+    monkeypatch.setattr("attnviz.heatmap.write_heatmaps", lambda *args, **kwargs: [])
+    folder = bundled_model_path()
+    monkeypatch.chdir(folder.parent)
+    options = ["--layer", "1", "--heads", "4", "--weights", "random", "--seed", "7", "--kv", LONG_KV, "--truncate"]
+    assert run(["heads", LONG, "--model", folder.name, *options, "--trace", "--out", str(tmp_path)]) == 0
+
+    expected = settings(
+        model=folder.name, resolved_model=str(folder.resolve()), model_source="local folder", layer=1, num_heads=4,
+        weights="random", seed=7, kv_text=LONG_KV, truncate=True,
+    )  # fmt: skip
+    attention, trace = read(tmp_path / "attention.json"), read(tmp_path / "trace.json")
+    assert attention["settings"] == trace["settings"] == expected
+    assert attention["truncated"] == cut(count_tokens(LONG)) == {"from": 602, "to": 512}
+    assert attention["kv_truncated"] == trace["kv_truncated"] == cut(count_tokens(LONG_KV))
+    assert trace["truncated"] == [cut(count_tokens(LONG))]
+    assert len(attention["query_tokens"]) == len(attention["key_tokens"]) == MAX_POSITIONS
+
+    notes = shown(capsys)
+    assert '--truncate cut the text "word word word word word…" from 602 to 512 tokens' in notes
+    assert f"dropped the {count_tokens(LONG_KV) - MAX_POSITIONS} tokens" in notes and "the --kv text" in notes
+
+
+def test_an_uncut_text_records_null(tmp_path, fast):
+    assert run(["heads", SHORT, "--model", "bundled", "--out", str(tmp_path)]) == 0
+    record = read(tmp_path / "attention.json")
+    assert record["settings"] == settings()
+    assert record["truncated"] is None and record["kv_truncated"] is None
+
+
+def test_heads_file_gives_each_text_its_own_cut(tmp_path, fast, count_tokens):
+    source = tmp_path / "texts.txt"
+    source.write_text(f"{SHORT}\n{LONG}\n", encoding="utf-8")
+    options = ["--causal", "--weights", "random", "--seed", "3", "--truncate"]
+    assert run(["heads", "--file", str(source), "--model", "bundled", *options, "--out", str(tmp_path / "run")]) == 0
+
+    expected = settings(causal=True, weights="random", seed=3, truncate=True)
+    summary = read(tmp_path / "run" / "summary.json")
+    assert summary["settings"] == expected and summary["kv_truncated"] is None
+    assert [row["truncated"] for row in summary["texts"]] == [None, cut(count_tokens(LONG))]
+    for row in summary["texts"]:
+        record = read(tmp_path / "run" / row["folder"] / "attention.json")
+        assert record["settings"] == expected and record["truncated"] == row["truncated"]
+
+
+def test_trace_records_each_text_of_the_batch(tmp_path, fast, count_tokens):
+    options = ["--batch", LONG, "--heads", "6", "--weights", "random", "--seed", "2", "--truncate"]
+    assert run(["trace", SHORT, "--model", "bundled", *options, "--out", str(tmp_path)]) == 0
+    record = read(tmp_path / "trace.json")
+    assert record["settings"] == settings(num_heads=6, weights="random", seed=2, truncate=True)
+    assert record["truncated"] == [None, cut(count_tokens(LONG))] and record["kv_truncated"] is None
+
+
+def test_stats_records_every_texts_cut(tmp_path, fast, capsys, count_tokens):
+    source = tmp_path / "texts.txt"
+    source.write_text(f"{LONG}\n{SHORT}\n", encoding="utf-8")
+    options = ["--heads", "2", "--weights", "random", "--seed", "4", "--truncate"]
+    assert run(["stats", "--file", str(source), "--model", "bundled", *options, "--out", str(tmp_path / "run")]) == 0
+    record = read(tmp_path / "run" / "stats.json")
+    assert record["settings"] == settings(layer=None, num_heads=2, weights="random", seed=4, truncate=True)
+    assert record["texts"] == [LONG.strip(), SHORT]
+    assert record["truncated"] == [cut(count_tokens(LONG)), None]
+    assert "from 602 to 512 tokens: dropped the 90 tokens" in shown(capsys)
+
+
+def test_layers_records_the_settings_and_the_cut_in_rollout_json(tmp_path, fast, count_tokens):
+    assert run(["layers", LONG, "--model", "bundled", "--causal", "--truncate", "--out", str(tmp_path)]) == 0
+    record = read(tmp_path / "rollout.json")
+    assert record["settings"] == settings(layer=None, causal=True, truncate=True)
+    assert record["truncated"] == cut(count_tokens(LONG))
+
+
+def test_compare_records_the_shared_settings_and_each_splits_own(tmp_path, fast):
+    options = ["--heads", "1,4", "--weights", "pretrained,random", "--layer", "2", "--seed", "9"]
+    assert run(["compare", SHORT, "--model", "bundled", *options, "--out", str(tmp_path)]) == 0
+    record = read(tmp_path / "compare.json")
+    assert record["settings"] == settings(layer=2, num_heads=None, weights=None, seed=9)
+    assert [split["settings"] for split in record["splits"]] == [
+        settings(layer=2, num_heads=1),
+        settings(layer=2, num_heads=4),
+        settings(layer=2, num_heads=1, weights="random", seed=9),
+        settings(layer=2, num_heads=4, weights="random", seed=9),
+    ]
+    assert record["truncated"] is None
+
+
+def test_position_records_its_fixed_settings(tmp_path, fast):
+    assert run(["position", SHORT, "--model", "bundled", "--out", str(tmp_path)]) == 0
+    record = read(tmp_path / "position.json")
+    assert record["settings"] == settings() and record["truncated"] is None
