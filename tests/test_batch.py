@@ -95,7 +95,9 @@ def json_only(monkeypatch):
 def test_write_batch_reports_each_text_once(bert, tmp_path, json_only, plain_spec):
     texts = [batch.LineText(line, text) for line, text in zip((1, 3), TEXTS[:2])]
     reported = []
-    result = batch.write_batch(bert, texts, tmp_path, "png", plain_spec, on_text=lambda: reported.append(1), batch_size=1)
+    result = batch.write_batch(
+        bert, texts, tmp_path, "png", plain_spec, on_text=lambda: reported.append(1), batch_size=1
+    )
     assert len(reported) == 2
     assert [row["folder"] for row in result.rows] == sorted(path.name for path in tmp_path.iterdir() if path.is_dir())
 

@@ -81,6 +81,11 @@ def fast(monkeypatch, bundled_bert):
         monkeypatch.setattr(f"attnviz.{module}.{function}", placeholder(name))
 
 
+def attnviz_run(*args: str) -> int:
+    """A command on the bundled model on the CPU."""
+    return run([*args, "--model", "bundled", "--device", "cpu"])
+
+
 def read(path: Path) -> dict:
     return json.loads(path.read_text(encoding="utf-8"))
 
@@ -114,7 +119,8 @@ def test_heads_records_every_setting_and_both_cuts_in_attention_json_and_trace_j
     folder = bundled_model_path()
     monkeypatch.chdir(folder.parent)
     options = ["--layer", "1", "--heads", "4", "--weights", "random", "--seed", "7", "--kv", LONG_KV, "--truncate"]
-    assert run(["heads", LONG, "--model", folder.name, *options, "--trace", "--out", str(tmp_path)]) == 0
+    args = ["heads", LONG, "--model", folder.name, "--device", "cpu", *options, "--trace", "--out", str(tmp_path)]
+    assert run(args) == 0
 
     expected = settings(
         model=folder.name, resolved_model=str(folder.resolve()), model_source="local folder", layer=1, num_heads=4,
@@ -133,7 +139,7 @@ def test_heads_records_every_setting_and_both_cuts_in_attention_json_and_trace_j
 
 
 def test_an_uncut_text_records_null(tmp_path, fast):
-    assert run(["heads", SHORT, "--model", "bundled", "--out", str(tmp_path)]) == 0
+    assert attnviz_run("heads", SHORT, "--out", str(tmp_path)) == 0
     record = read(tmp_path / "attention.json")
     assert record["settings"] == settings()
     assert record["truncated"] is None and record["kv_truncated"] is None
@@ -143,7 +149,7 @@ def test_heads_file_gives_each_text_its_own_cut(tmp_path, fast, count_tokens):
     source = tmp_path / "texts.txt"
     source.write_text(f"{SHORT}\n{LONG}\n", encoding="utf-8")
     options = ["--causal", "--weights", "random", "--seed", "3", "--truncate"]
-    assert run(["heads", "--file", str(source), "--model", "bundled", *options, "--out", str(tmp_path / "run")]) == 0
+    assert attnviz_run("heads", "--file", str(source), *options, "--out", str(tmp_path / "run")) == 0
 
     expected = settings(causal=True, weights="random", seed=3, truncate=True)
     summary = read(tmp_path / "run" / "summary.json")
@@ -156,7 +162,7 @@ def test_heads_file_gives_each_text_its_own_cut(tmp_path, fast, count_tokens):
 
 def test_trace_records_each_text_of_the_batch(tmp_path, fast, count_tokens):
     options = ["--batch", LONG, "--heads", "6", "--weights", "random", "--seed", "2", "--truncate"]
-    assert run(["trace", SHORT, "--model", "bundled", *options, "--out", str(tmp_path)]) == 0
+    assert attnviz_run("trace", SHORT, *options, "--out", str(tmp_path)) == 0
     record = read(tmp_path / "trace.json")
     assert record["settings"] == settings(num_heads=6, weights="random", seed=2, truncate=True)
     assert record["truncated"] == [None, cut(count_tokens(LONG))] and record["kv_truncated"] is None
@@ -166,7 +172,7 @@ def test_stats_records_every_texts_cut(tmp_path, fast, capsys, count_tokens):
     source = tmp_path / "texts.txt"
     source.write_text(f"{LONG}\n{SHORT}\n", encoding="utf-8")
     options = ["--heads", "2", "--weights", "random", "--seed", "4", "--truncate"]
-    assert run(["stats", "--file", str(source), "--model", "bundled", *options, "--out", str(tmp_path / "run")]) == 0
+    assert attnviz_run("stats", "--file", str(source), *options, "--out", str(tmp_path / "run")) == 0
     record = read(tmp_path / "run" / "stats.json")
     assert record["settings"] == settings(layer=None, num_heads=2, weights="random", seed=4, truncate=True)
     assert record["texts"] == [LONG.strip(), SHORT]
@@ -175,7 +181,7 @@ def test_stats_records_every_texts_cut(tmp_path, fast, capsys, count_tokens):
 
 
 def test_layers_records_the_settings_and_the_cut_in_rollout_json(tmp_path, fast, count_tokens):
-    assert run(["layers", LONG, "--model", "bundled", "--causal", "--truncate", "--out", str(tmp_path)]) == 0
+    assert attnviz_run("layers", LONG, "--causal", "--truncate", "--out", str(tmp_path)) == 0
     record = read(tmp_path / "rollout.json")
     assert record["settings"] == settings(layer=None, causal=True, truncate=True)
     assert record["truncated"] == cut(count_tokens(LONG))
@@ -183,7 +189,7 @@ def test_layers_records_the_settings_and_the_cut_in_rollout_json(tmp_path, fast,
 
 def test_compare_records_the_shared_settings_and_each_splits_own(tmp_path, fast):
     options = ["--heads", "1,4", "--weights", "pretrained,random", "--layer", "2", "--seed", "9"]
-    assert run(["compare", SHORT, "--model", "bundled", *options, "--out", str(tmp_path)]) == 0
+    assert attnviz_run("compare", SHORT, *options, "--out", str(tmp_path)) == 0
     record = read(tmp_path / "compare.json")
     assert record["settings"] == settings(layer=2, num_heads=None, weights=None, seed=9)
     assert [split["settings"] for split in record["splits"]] == [
@@ -196,6 +202,6 @@ def test_compare_records_the_shared_settings_and_each_splits_own(tmp_path, fast)
 
 
 def test_position_records_its_fixed_settings(tmp_path, fast):
-    assert run(["position", SHORT, "--model", "bundled", "--out", str(tmp_path)]) == 0
+    assert attnviz_run("position", SHORT, "--out", str(tmp_path)) == 0
     record = read(tmp_path / "position.json")
     assert record["settings"] == settings() and record["truncated"] is None
