@@ -120,7 +120,7 @@ def write_run_files(run: AttentionRun, spec: RunSpec, folder: Path, fmt: str) ->
     from attnviz.heatmap import write_heatmaps
 
     folder.mkdir()
-    written = write_heatmaps(run, folder, fmt)
+    written = write_heatmaps(run, folder, fmt, seed=spec.seed)
     written.append(write_attention_json(run, spec, folder / "attention.json"))
     return written
 

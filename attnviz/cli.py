@@ -188,7 +188,7 @@ def heads(
 
     folder = StagedRunFolder(target, unique=out is None)
     with console.status("writing heatmaps…"), folder as staging:
-        written = write_heatmaps(run, staging, image_format.value)
+        written = write_heatmaps(run, staging, image_format.value, seed=seed)
         written.append(write_attention_json(run, spec, staging / "attention.json"))
         if traced is not None:
             from attnviz.trace_render import write_trace_files
@@ -314,7 +314,7 @@ def stats(
         written = [
             write_stats_csv(result, staging / "stats.csv"),
             write_stats_json(result, texts, truncated, first_run, spec, staging / "stats.json"),
-            write_js_distance(result.js_distance, first_run, texts, staging, image_format.value),
+            write_js_distance(result.js_distance, first_run, texts, staging, image_format.value, seed=seed),
         ]
     terminal.print_files(console, folder.final, [folder.final / path.name for path in written])
 
@@ -373,8 +373,8 @@ def layers(
     folder = StagedRunFolder(target, unique=out is None)
     with console.status("writing figures…"), folder as staging:
         written = [
-            write_layers_grid(layer_runs, staging, image_format.value),
-            write_rollout(layer_runs, rollout, staging, image_format.value),
+            write_layers_grid(layer_runs, staging, image_format.value, seed=seed),
+            write_rollout(layer_runs, rollout, staging, image_format.value, seed=seed),
             write_rollout_json(layer_runs, rollout, spec, staging / "rollout.json"),
         ]
     terminal.print_files(console, folder.final, [folder.final / path.name for path in written])
@@ -438,7 +438,7 @@ def compare(
     folder = StagedRunFolder(target, unique=out is None)
     with console.status("drawing the comparison…"), folder as staging:
         written = [
-            write_comparison_figure(splits, staging, image_format.value),
+            write_comparison_figure(splits, staging, image_format.value, seed=seed),
             write_comparison_json(splits, spec, staging / "compare.json"),
         ]
     terminal.print_files(console, folder.final, [folder.final / path.name for path in written])

@@ -18,11 +18,10 @@ from attnviz.heatmap import (
     draw_attention,
     label_tokens,
     new_figure,
-    quoted,
     save_options,
-    short_model_name,
 )
 from attnviz.position import PositionResult, PositionSide, format_difference
+from attnviz.titles import chars_across, counted, figure_title
 
 MAX_HEADS_SHOWN = 16  # per head count in compare.png: a 4 x 4 grid of panels is still readable
 MAX_SPLITS_PER_ROW = 6  # head counts side by side in compare.png before it wraps
@@ -51,7 +50,7 @@ def panel_grid(count: int) -> tuple[int, int]:
     return math.ceil(count / columns), columns
 
 
-def write_comparison_figure(splits: list[Split], out_dir: Path, fmt: str = "png") -> Path:
+def write_comparison_figure(splits: list[Split], out_dir: Path, fmt: str = "png", seed: int | None = None) -> Path:
     """compare.<fmt>: a row per weights (wrapped after 6 head counts), a column per head count,
     each cell that split's heads."""
     check_format(fmt)
@@ -72,11 +71,10 @@ def write_comparison_figure(splits: list[Split], out_dir: Path, fmt: str = "png"
     colorbar_axes = colorbar_part.add_axes((0.15, 0.2, 0.2, 0.6))
     colorbar_part.colorbar(image, cax=colorbar_axes, label="attention weight")
     run = splits[0].run
-    figure.suptitle(
-        f"{short_model_name(run.model)} · layer {run.layer} · the same W_q, W_k, W_v split into "
-        f"different numbers of heads\n{quoted(run.text, 60)}",
-        parse_math=False,
-    )
+    scope = [f"layer {run.layer}", "the same W_q, W_k, W_v split into different numbers of heads"]
+    line_chars = chars_across(figure.get_figwidth())
+    title = figure_title(run.model, scope, text=run.text, weights=weights, seed=seed, line_chars=line_chars)
+    figure.suptitle(title, parse_math=False)
     path = Path(out_dir) / f"compare.{fmt}"
     figure.savefig(path, dpi=DPI, **save_options(fmt))
     return path
@@ -104,7 +102,7 @@ def _draw_split(cell_figure, split: Split):
             max_labels,
             fontsize=7,
         )
-    title = f"{split.weights} · {split.num_heads} head{'s' if split.num_heads > 1 else ''} × d={split.run.head_dim}"
+    title = f"{split.weights} · {counted(split.num_heads, 'head')} × d={split.run.head_dim}"
     if len(heads) < split.num_heads:
         title += f"\n{len(heads)} of {split.num_heads} shown, most focused → broadest"
     cell_figure.suptitle(title, fontsize=10)
@@ -124,11 +122,9 @@ def write_position_figure(result: PositionResult, out_dir: Path, fmt: str = "png
     for row, side in zip(rows, _sides(result)):
         _draw_position_row(row, result, side, difference_scale=max(largest, 1e-6))
     head = f"head {result.head}" + ("" if result.head_chosen else " (the head position changes most)")
-    figure.suptitle(
-        f"{short_model_name(result.model)} · layer 0 · {head} · x permuted by P = "
-        f"{_permutation_text(result.permutation)}\n{quoted(result.text, 60)}",
-        parse_math=False,
-    )
+    scope = ["layer 0", head, f"x permuted by P = {_permutation_text(result.permutation)}"]
+    title = figure_title(result.model, scope, text=result.text, line_chars=chars_across(figure.get_figwidth()))
+    figure.suptitle(title, parse_math=False)
     path = Path(out_dir) / f"position.{fmt}"
     figure.savefig(path, dpi=DPI, **save_options(fmt))
     return path

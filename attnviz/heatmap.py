@@ -19,6 +19,7 @@ import numpy as np
 
 from attnviz.fonts import displayable
 from attnviz.result import AttentionRun
+from attnviz.titles import chars_across, counted, run_title
 
 COLORMAP = "viridis"
 MASKED_COLOR = "#d0d0d0"  # causal-masked cells: neutral grey, outside the colormap
@@ -49,20 +50,12 @@ def grid_shape(num_heads: int) -> tuple[int, int]:
     return math.ceil(num_heads / num_columns), num_columns
 
 
-def short_model_name(model: str) -> str:
-    """The last part of a hub id or folder: "org/all-MiniLM-L6-v2" -> "all-MiniLM-L6-v2"."""
-    parts = [part for part in re.split(r"[\\/]", model) if part]
-    return parts[-1] if parts else model
-
-
-def run_title(run: AttentionRun) -> str:
-    """ "all-MiniLM-L6-v2 · layer 0", with a note when the weights are random."""
-    title = f"{short_model_name(run.model)} · layer {run.layer}"
-    return title + " · random weights" if run.weights == "random" else title
-
-
-def write_heatmaps(run: AttentionRun, out_dir: Path, fmt: str = "png", prefix: str = "", note: str = "") -> list[Path]:
+def write_heatmaps(
+    run: AttentionRun, out_dir: Path, fmt: str = "png", prefix: str = "", note: str = "", seed: int | None = None
+) -> list[Path]:
     """Every head's heatmap and the grid of all heads; return their paths, the grid last.
+
+    seed: the seed of random parameters, for the titles (figures of random parameters name it).
 
     On Linux with more than one core, a forked copy of this process draws the grid while this
     one draws the heads: matplotlib uses one core, and the two jobs take about as long.
@@ -75,19 +68,19 @@ def write_heatmaps(run: AttentionRun, out_dir: Path, fmt: str = "png", prefix: s
     if child == 0:  # the forked copy: draw the grid and leave, never running the parent's code after this
         exit_code = 1
         try:
-            write_heads_grid(run, out_dir, fmt, prefix, note)
+            write_heads_grid(run, out_dir, fmt, prefix, note, seed)
             exit_code = 0
         finally:
             os._exit(exit_code)
     try:
-        paths = write_head_heatmaps(run, out_dir, fmt, prefix, note)
+        paths = write_head_heatmaps(run, out_dir, fmt, prefix, note, seed)
     except BaseException:
         if child is not None:  # e.g. Ctrl-C: the grid is not wanted any more
             os.kill(child, signal.SIGKILL)
             os.waitpid(child, 0)
         raise
     if child is None:
-        return paths + [write_heads_grid(run, out_dir, fmt, prefix, note)]
+        return paths + [write_heads_grid(run, out_dir, fmt, prefix, note, seed)]
     _, status = os.waitpid(child, 0)
     if os.waitstatus_to_exitcode(status) != 0:
         raise RuntimeError(f"drawing {prefix}heads.{fmt} failed in its process")
@@ -95,7 +88,7 @@ def write_heatmaps(run: AttentionRun, out_dir: Path, fmt: str = "png", prefix: s
 
 
 def write_head_heatmaps(
-    run: AttentionRun, out_dir: Path, fmt: str = "png", prefix: str = "", note: str = ""
+    run: AttentionRun, out_dir: Path, fmt: str = "png", prefix: str = "", note: str = "", seed: int | None = None
 ) -> list[Path]:
     """Write <prefix>head_00.<fmt>, <prefix>head_01.<fmt>, ... into out_dir; return their paths.
 
@@ -106,7 +99,7 @@ def write_head_heatmaps(
     and the title change.
     """
     check_format(fmt)
-    heatmap = _HeadFigure(run, note)
+    heatmap = _HeadFigure(run, note, seed)
     paths = []
     for head in range(run.num_heads):
         heatmap.show_head(head)
@@ -116,10 +109,13 @@ def write_head_heatmaps(
     return paths
 
 
-def write_heads_grid(run: AttentionRun, out_dir: Path, fmt: str = "png", prefix: str = "", note: str = "") -> Path:
+def write_heads_grid(
+    run: AttentionRun, out_dir: Path, fmt: str = "png", prefix: str = "", note: str = "", seed: int | None = None
+) -> Path:
     """Write <prefix>heads.<fmt>: every head in a grid with one shared colorbar; return its path."""
     check_format(fmt)
-    figure = new_figure(_grid_figure_size(run))
+    size = _grid_figure_size(run)
+    figure = new_figure(size)
     num_rows, num_columns = grid_shape(run.num_heads)
     axes = figure.subplots(num_rows, num_columns, squeeze=False)
     for head, ax in enumerate(axes.flat):
@@ -140,7 +136,8 @@ def write_heads_grid(run: AttentionRun, out_dir: Path, fmt: str = "png", prefix:
             queries=head % num_columns == 0,
         )
     figure.colorbar(image, ax=axes, shrink=0.6, label="attention weight")
-    title = f"{run_title(run)}{note} · {run.num_heads} heads\n{_quoted_texts(run)}"
+    scope = [f"layer {run.layer}", *_noted(note), counted(run.num_heads, "head")]
+    title = run_title(run, scope, seed=seed, line_chars=chars_across(size[0]))
     figure.suptitle(title, parse_math=False)
     figure.supxlabel("key")
     figure.supylabel("query")
@@ -157,9 +154,10 @@ class _HeadFigure:
     rendered once, and each head draws only its image, cell values, title and frame on top.
     """
 
-    def __init__(self, run: AttentionRun, note: str = ""):
+    def __init__(self, run: AttentionRun, note: str = "", seed: int | None = None):
         self.run = run
         self.note = note
+        self.seed = seed
         num_queries, num_keys = run.attention.shape[1:]
         self.figure = new_figure(head_figure_size(num_queries, num_keys))
         self.ax = self.figure.add_subplot()
@@ -182,7 +180,9 @@ class _HeadFigure:
     def show_head(self, head: int) -> None:
         weights = masked_attention(self.run.attention[head], self.run.causal)  # (Nq, Nk)
         self.image.set_data(weights)
-        self.title.set_text(f"{run_title(self.run)}{self.note} · head {head}")
+        scope = [f"layer {self.run.layer}", *_noted(self.note), f"head {head}"]
+        line_chars = chars_across(self.figure.get_figwidth())
+        self.title.set_text(run_title(self.run, scope, seed=self.seed, line_chars=line_chars))
         if self.cell_values is not None:
             update_cell_values(self.cell_values, weights, self.image)
 
@@ -217,6 +217,12 @@ class _HeadFigure:
         for artist in self._per_head_artists():
             artist.set_visible(True)
         return self.figure.canvas.copy_from_bbox(self.figure.bbox)
+
+
+def _noted(note: str) -> list[str]:
+    """A note such as " · mistake: view without permute" as a part of a title's first line."""
+    note = note.removeprefix(" · ").strip()
+    return [note] if note else []
 
 
 def new_figure(size: tuple[float, float]):
@@ -346,19 +352,6 @@ def _grid_figure_size(run: AttentionRun) -> tuple[float, float]:
     panel = float(np.clip(1.6 + 0.1 * max(num_queries, num_keys), 2.4, 3.2))
     num_rows, num_columns = grid_shape(run.num_heads)
     return num_columns * panel + 2.0, num_rows * panel + 1.6
-
-
-def _quoted_texts(run: AttentionRun, max_chars: int = 60) -> str:
-    """ "“query text”", or "“query text” → “key text”" for cross-attention, shortened."""
-    query_text = quoted(run.text, max_chars)
-    return f"{query_text} → {quoted(run.kv_text, max_chars)}" if run.kv_text else query_text
-
-
-def quoted(text: str, max_chars: int) -> str:
-    one_line = displayable(" ".join(text.split()))
-    if len(one_line) > max_chars:
-        one_line = one_line[: max_chars - 1] + "…"
-    return f"“{one_line}”"
 
 
 def save_options(fmt: str) -> dict:

@@ -31,13 +31,12 @@ from attnviz.heatmap import (
     label_tokens,
     masked_attention,
     new_figure,
-    quoted,
     save_options,
-    short_model_name,
     tick_positions,
     update_cell_values,
 )
 from attnviz.result import AttentionRun
+from attnviz.titles import chars_across, counted, figure_title, run_title
 
 GRID_PANEL_INCHES = 1.1  # one head's map in layers.png
 MAX_GRID_WIDTH_INCHES = 18.0  # panels shrink so that many heads (--heads 48, ...) stay on a screen
@@ -45,7 +44,7 @@ PANEL_GAP = 0.08  # white space between panels, as a fraction of a panel
 MAX_GRID_CELLS_PER_PANEL = 192  # longer texts are averaged down, as the screen would anyway
 
 
-def write_layers_grid(layer_runs: list[AttentionRun], out_dir: Path, fmt: str = "png") -> Path:
+def write_layers_grid(layer_runs: list[AttentionRun], out_dir: Path, fmt: str = "png", seed: int | None = None) -> Path:
     """Write layers.<fmt>: a row per layer, a column per head, each cell that head's map."""
     check_format(fmt)
     from matplotlib.cm import ScalarMappable
@@ -72,11 +71,10 @@ def write_layers_grid(layer_runs: list[AttentionRun], out_dir: Path, fmt: str = 
         spine.set_visible(False)
     scale = ScalarMappable(Normalize(0.0, 1.0), _colormap())
     figure.colorbar(scale, ax=ax, shrink=0.6, label="attention weight")
-    figure.suptitle(
-        f"{_model_title(first)} · {num_layers} layers × {num_heads} heads · {num_tokens} tokens\n"
-        f"{quoted(first.text, 60)}  (rows: queries, columns: keys)",
-        parse_math=False,
-    )
+    scope = [f"{counted(num_layers, 'layer')} × {counted(num_heads, 'head')}", counted(num_tokens, "token")]
+    notes = ["rows: queries, columns: keys"]
+    title = run_title(first, scope, seed=seed, notes=notes, line_chars=chars_across(figure.get_figwidth()))
+    figure.suptitle(title, parse_math=False)
     freeze_layout(figure)
     path = Path(out_dir) / f"layers.{fmt}"
     figure.savefig(path, dpi=DPI, **save_options(fmt))
@@ -116,7 +114,9 @@ def _pooled(weights: np.ma.MaskedArray, pool: int) -> np.ma.MaskedArray:
     return blocks.mean(axis=(1, 3))  # (n, n): masked cells left out of each mean
 
 
-def write_rollout(layer_runs: list[AttentionRun], rollout: np.ndarray, out_dir: Path, fmt: str = "png") -> Path:
+def write_rollout(
+    layer_runs: list[AttentionRun], rollout: np.ndarray, out_dir: Path, fmt: str = "png", seed: int | None = None
+) -> Path:
     """Write rollout.<fmt>: the rollout (N, N) of these layers' runs, with the tokens on both axes."""
     check_format(fmt)
     run = layer_runs[0]
@@ -132,10 +132,9 @@ def write_rollout(layer_runs: list[AttentionRun], rollout: np.ndarray, out_dir: 
     label_tokens(ax, run.query_tokens, run.query_tokens, MAX_TICK_LABELS, fontsize=10 if short else 7)
     ax.set_xlabel("input token (key)")
     ax.set_ylabel("token after the last layer (query)")
-    ax.set_title(
-        f"{_model_title(run)} · attention rollout through {len(layer_runs)} layers\n{quoted(run.text, 60)}",
-        parse_math=False,
-    )
+    scope = [f"attention rollout through {counted(len(layer_runs), 'layer')}", "heads averaged"]
+    line_chars = chars_across(figure.get_figwidth())
+    ax.set_title(run_title(run, scope, seed=seed, line_chars=line_chars), parse_math=False)
     figure.colorbar(image, ax=ax, label="share of the input token")
     freeze_layout(figure)
     path = Path(out_dir) / f"rollout.{fmt}"
@@ -144,7 +143,7 @@ def write_rollout(layer_runs: list[AttentionRun], rollout: np.ndarray, out_dir: 
 
 
 def write_js_distance(
-    distances: np.ndarray, run: AttentionRun, texts: list[str], out_dir: Path, fmt: str = "png"
+    distances: np.ndarray, run: AttentionRun, texts: list[str], out_dir: Path, fmt: str = "png", seed: int | None = None
 ) -> Path:
     """Write js_distance.<fmt>: for each layer, the (H, H) Jensen-Shannon distances of its heads.
 
@@ -189,20 +188,20 @@ def write_js_distance(
     ax.set_ylabel("head")
     scale = ScalarMappable(Normalize(0.0, 1.0), colormap)
     figure.colorbar(scale, ax=ax, shrink=0.7, label="JS distance (0 same rows, 1 disjoint)")
-    about = quoted(texts[0], 60) if len(texts) == 1 else f"averaged over {len(texts)} texts"
-    figure.suptitle(
-        f"{_model_title(run)} · Jensen-Shannon distance between the heads of each layer\n{about}", parse_math=False
+    scope = [
+        f"{counted(num_layers, 'layer')} × {counted(num_heads, 'head')}",
+        "Jensen-Shannon distance between the heads of each layer",
+    ]
+    text, about = (texts[0], None) if len(texts) == 1 else (None, f"averaged over {len(texts)} texts")
+    title = figure_title(
+        run.model, scope, text=text, about=about, causal=run.causal, weights=run.weights, seed=seed,
+        line_chars=chars_across(figure.get_figwidth()),
     )
+    figure.suptitle(title, parse_math=False)
     freeze_layout(figure)
     path = Path(out_dir) / f"js_distance.{fmt}"
     figure.savefig(path, dpi=DPI, **save_options(fmt))
     return path
-
-
-def _model_title(run: AttentionRun) -> str:
-    """ "all-MiniLM-L6-v2", with notes for random weights and causal masking."""
-    notes = (["random weights"] if run.weights == "random" else []) + (["causal"] if run.causal else [])
-    return " · ".join([short_model_name(run.model), *notes])
 
 
 def _colormap():

@@ -18,12 +18,12 @@ from attnviz.heatmap import (
     MAX_TICK_LABELS,
     grid_shape,
     masked_attention,
-    short_model_name,
     tick_positions,
     write_head_heatmaps,
     write_heads_grid,
 )
 from attnviz.result import AttentionRun
+from attnviz.titles import short_model_name
 
 CHINESE = ["[CLS]", "我", "想", "吃", "酸", "菜", "鱼", "[SEP]"]
 CJK = ["[CLS]", "我", "想", "吃", "こんにちは", "カタカナ", "안녕", "하세요", "[SEP]"]

@@ -1,0 +1,104 @@
+"""Figure titles: one helper, so that every figure names its text and setup the same way.
+
+A title has two lines. The first says what is drawn and from which model, layer and head:
+
+    all-MiniLM-L6-v2 · layer 0 · head 3 · causal
+
+the second which text, where the keys come from, and how to draw the same figure again:
+
+    “我爱中国” · cross-attention (keys from: “我想吃酸菜鱼”) · random parameters, seed 7
+
+No heavy imports: the terminal's notes shorten texts with the same helper.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+TEXT_CHARS = 60  # a text in a title, shortened to this many characters
+CROSS_TEXT_CHARS = 36  # each of the two texts of cross-attention
+CHAR_WIDTH = 0.6  # a character's mean width, in font sizes (DejaVu Sans; a CJK character is nearer 1)
+
+
+def short_model_name(model: str) -> str:
+    """The last part of a hub id or folder: "org/all-MiniLM-L6-v2" -> "all-MiniLM-L6-v2"."""
+    parts = [part for part in re.split(r"[\\/]", model) if part]
+    return parts[-1] if parts else model
+
+
+def shorten(text: str, max_chars: int) -> str:
+    """text on one line (runs of white space as one space), cut to max_chars with "…" at the end."""
+    one_line = " ".join(text.split())
+    return one_line if len(one_line) <= max_chars else one_line[: max_chars - 1] + "…"
+
+
+def quoted(text: str, max_chars: int = TEXT_CHARS) -> str:
+    """ "“text”", shortened, with characters no font can draw written as <U+XXXX>."""
+    from attnviz.fonts import displayable
+
+    return f"“{displayable(shorten(text, max_chars))}”"
+
+
+def counted(count: int, noun: str) -> str:
+    """ "1 head", "12 heads"."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
+def chars_across(width_inches: float, font_points: float = 12.0) -> int:
+    """About how many characters of a font_points font fit across width_inches."""
+    return int(width_inches * 72 / (font_points * CHAR_WIDTH))
+
+
+def wrapped(parts: Sequence[str], line_chars: int | None, separator: str = " · ") -> str:
+    """parts joined by separator, a new line before a part that would make a line longer than line_chars."""
+    lines = [""]
+    for part in parts:
+        joined = lines[-1] + separator + part if lines[-1] else part
+        if lines[-1] and line_chars is not None and len(joined) > line_chars:
+            lines.append(part)
+        else:
+            lines[-1] = joined
+    return "\n".join(lines)
+
+
+def figure_title(
+    model: str,
+    scope: Sequence[str],
+    *,
+    text: str | None = None,
+    about: str | None = None,
+    kv_text: str | None = None,
+    causal: bool = False,
+    weights: str | Sequence[str] = "pretrained",
+    seed: int | None = None,
+    notes: Sequence[str] = (),
+    line_chars: int | None = None,
+) -> str:
+    """The two title lines of a figure (more when they would be longer than line_chars).
+
+    scope: what the figure shows, after the model's name ("layer 0", "head 3"); text: the
+    (query) text, or about: what stands in its place ("averaged over 40 texts"); kv_text: the
+    text keys and values come from; weights: "pretrained", "random", or a list of both (the
+    parameters, not the attention weights), with seed the seed of the random ones; notes:
+    more for the second line; line_chars: the characters a line may hold (see chars_across),
+    texts are shortened to fit it.
+    """
+    first = [short_model_name(model), *scope, *(["causal"] if causal else [])]
+    max_chars = CROSS_TEXT_CHARS if kv_text else TEXT_CHARS
+    if line_chars is not None:  # a text fits one line; "cross-attention (keys from: “…”)" too
+        max_chars = max(12, min(max_chars, line_chars - (30 if kv_text else 2)))
+    second = [quoted(text, max_chars)] if text is not None else []
+    second += [about] if about else []
+    if kv_text:
+        second.append(f"cross-attention (keys from: {quoted(kv_text, max_chars)})")
+    if "random" in ([weights] if isinstance(weights, str) else weights):
+        second.append("random parameters" + (f", seed {seed}" if seed is not None else ""))
+    second += notes
+    return wrapped(first, line_chars) + "\n" + wrapped(second, line_chars)
+
+
+def run_title(run, scope: Sequence[str], *, seed: int | None = None, **options) -> str:
+    """figure_title of an AttentionRun: its model, text, keys' text, mask and parameters."""
+    setup = dict(text=run.text, kv_text=run.kv_text, causal=run.causal, weights=run.weights)
+    return figure_title(run.model, scope, seed=seed, **{**setup, **options})
