@@ -18,7 +18,7 @@ import numpy as np
 class HeadSummary:
     head: int
     entropy: float  # mean row entropy in nats
-    relative_entropy: float  # entropy / log(Nk): 1 for uniform rows, 0 for one-hot rows
+    relative_entropy: float  # mean over queries of entropy / log(keys it may see): 1 uniform, 0 one-hot
     mean_max: float  # mean over queries of the largest weight in the row
     top_keys: list[int]  # for each query, the key it attends to most
 
@@ -29,10 +29,29 @@ def row_entropy(attention: np.ndarray) -> np.ndarray:
     return -(attention * logs).sum(axis=-1)
 
 
-def summarize_heads(attention: np.ndarray) -> list[HeadSummary]:
-    """One summary per head of attention (H, Nq, Nk)."""
-    num_keys = attention.shape[-1]
-    uniform = np.log(num_keys) if num_keys > 1 else 1.0
+def visible_keys(num_queries: int, num_keys: int, causal: bool = False) -> np.ndarray:
+    """(Nq,): how many keys each query may see: all Nk, or with causal query i sees keys 0..i."""
+    return np.minimum(np.arange(1, num_queries + 1), num_keys) if causal else np.full(num_queries, num_keys)
+
+
+def relative_entropy(attention: np.ndarray, causal: bool = False) -> np.ndarray:
+    """(H,): for attention (H, Nq, Nk), the mean over queries of entropy / log(keys the query may see).
+
+    1 when every row is uniform over the keys its query may see, 0 when each is one-hot. A query
+    that sees one key has no choice to make and is left out (0 when no query has a choice).
+    `heads` and `stats` both report this number.
+    """
+    weights = np.asarray(attention, dtype=np.float64)  # (H, Nq, Nk)
+    visible = visible_keys(*weights.shape[1:], causal)  # (Nq,)
+    choice = visible > 1
+    if not choice.any():
+        return np.zeros(weights.shape[0])
+    return (row_entropy(weights)[:, choice] / np.log(visible[choice])).mean(axis=-1)
+
+
+def summarize_heads(attention: np.ndarray, causal: bool = False) -> list[HeadSummary]:
+    """One summary per head of attention (H, Nq, Nk); causal: each query saw only keys 0..i."""
+    relative = relative_entropy(attention, causal)  # (H,)
     entropy = row_entropy(attention).mean(axis=-1)  # (H,)
     mean_max = attention.max(axis=-1).mean(axis=-1)  # (H,)
     top_keys = attention.argmax(axis=-1)  # (H, Nq)
@@ -40,7 +59,7 @@ def summarize_heads(attention: np.ndarray) -> list[HeadSummary]:
         HeadSummary(
             head=h,
             entropy=float(entropy[h]),
-            relative_entropy=float(entropy[h] / uniform),
+            relative_entropy=float(relative[h]),
             mean_max=float(mean_max[h]),
             top_keys=top_keys[h].tolist(),
         )
@@ -115,15 +134,12 @@ def head_statistics(attention: np.ndarray, tokens: list[str], causal: bool = Fal
     if num_queries != num_keys or len(tokens) != num_keys:
         raise ValueError(f"self-attention over {len(tokens)} tokens needs (H, N, N) weights, got {weights.shape}")
     positions = np.arange(num_keys)
-    visible = positions + 1 if causal else np.full(num_keys, num_keys)  # (N,) keys each query may see
     entropy = row_entropy(weights)  # (H, N)
-    spread = visible > 1  # a query that sees one key has no choice to make: left out
-    relative = (entropy[:, spread] / np.log(visible[spread])).mean(axis=-1) if spread.any() else np.zeros(num_heads)
     kinds = key_kinds(tokens)
     offsets = np.abs(positions[:, None] - positions[None, :])  # (N, N): |i - j|
     values = {
         "entropy": entropy.mean(axis=-1),
-        "relative_entropy": relative,
+        "relative_entropy": relative_entropy(weights, causal),
         "mean_max": weights.max(axis=-1).mean(axis=-1),
         **{kind: weights[:, :, mask].sum(axis=-1).mean(axis=-1) for kind, mask in kinds.items()},
         "same": np.diagonal(weights, axis1=1, axis2=2).mean(axis=-1),

@@ -126,7 +126,7 @@ def write_run_files(run: AttentionRun, spec: RunSpec, folder: Path, fmt: str) ->
 
 
 def summary_row(index: int, entry: LineText, folder: str, run: AttentionRun) -> dict:
-    summaries = summarize_heads(run.attention)
+    summaries = summarize_heads(run.attention, run.causal)
     focused = min(summaries, key=lambda summary: summary.relative_entropy)
     return {
         "index": index,

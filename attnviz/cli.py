@@ -172,9 +172,9 @@ def heads(
     )
 
     terminal.print_notices(console, run.notices)
-    terminal.print_setup(console, run, loaded.source, device_label(device_name))
+    terminal.print_setup(console, run, loaded.source, device_label(device_name), seed=seed)
     terminal.print_tokens(console, run)
-    console.print(terminal.heads_table(run, summarize_heads(run.attention), console.width))
+    console.print(terminal.heads_table(run, summarize_heads(run.attention, run.causal)))
     traced = None
     if show_trace:
         from attnviz.trace import trace_texts
@@ -227,8 +227,8 @@ def _heads_for_file(
     if len(result.notices) > len(shown):
         shown.append(f"… and {len(result.notices) - len(shown)} more notices like these")
     terminal.print_notices(console, shown)
-    terminal.print_setup(console, result.first_run, loaded.source, device_label(device_name))
-    console.print(terminal.batch_table(result.rows, console.width))
+    terminal.print_setup(console, result.first_run, loaded.source, device_label(device_name), seed=run_options["seed"])
+    console.print(terminal.batch_table(result.rows, result.first_run.causal))
     numbers = [row["folder"].split("-", 1)[0] for row in result.rows]
     folders = result.rows[0]["folder"] if len(numbers) == 1 else f"{numbers[0]}-… to {numbers[-1]}-… (a folder per text)"
     terminal.print_files(console, folder.final, [folder.final / folders, *result.files])
@@ -304,7 +304,9 @@ def stats(
     if len(notices) > len(shown):
         shown.append(f"… and {len(notices) - len(shown)} more such notes, one per text")
     terminal.print_notices(console, shown)
-    terminal.print_setup(console, first_run, loaded.source, device_label(device_name), loaded.num_layers, len(texts))
+    terminal.print_setup(
+        console, first_run, loaded.source, device_label(device_name), loaded.num_layers, len(texts), seed=seed
+    )
     for table in terminal.stats_grid(result, console.width):
         console.print(table)
     console.print(terminal.labelled_heads_table(result))
@@ -366,7 +368,7 @@ def layers(
 
     first = layer_runs[0]
     terminal.print_notices(console, first.notices)
-    terminal.print_setup(console, first, loaded.source, device_label(device_name), len(layer_runs))
+    terminal.print_setup(console, first, loaded.source, device_label(device_name), len(layer_runs), seed=seed)
     terminal.print_tokens(console, first)
     terminal.print_rollout(console, first.query_tokens, rollout)
 
@@ -431,7 +433,7 @@ def compare(
 
     first = splits[0].run
     terminal.print_notices(console, first.notices)
-    terminal.print_compare_setup(console, first, loaded.source, device_label(device_name), weights_list)
+    terminal.print_compare_setup(console, first, loaded.source, device_label(device_name), weights_list, seed)
     terminal.print_tokens(console, first)
     console.print(terminal.compare_table(splits))
 
@@ -578,7 +580,7 @@ def trace(
     runs = run_attention(loaded, texts, **options)  # tokens, notices and heatmaps
 
     terminal.print_notices(console, [notice for run in runs for notice in run.notices])
-    terminal.print_setup(console, runs[0], loaded.source, device_label(device_name))
+    terminal.print_setup(console, runs[0], loaded.source, device_label(device_name), seed=seed)
     terminal.print_tokens(console, runs[0])
     print_trace(console, traced, tokens=runs[0].query_tokens)
 

@@ -25,7 +25,10 @@ from attnviz.analysis import (
 from attnviz.result import AttentionRun
 
 MAX_TOKENS_SHOWN = 64
-MAX_TOP_KEYS_SHOWN = 24
+TOKEN_LEGEND = "index token id (index 0 is [CLS])"
+MAX_TOP_KEYS_SHOWN = MAX_TOKENS_SHOWN  # queries per head in the heads table; attention.json has them all
+RELATIVE_ENTROPY_LEGEND = "rel.: entropy / log(keys the query may see), mean over queries: 1 uniform, 0 one key"
+CAUSAL_VISIBLE_KEYS = "causal: query i sees keys 0..i, query 0 left out"
 
 
 def print_notices(console: Console, notices: list[str]) -> None:
@@ -40,8 +43,12 @@ def print_setup(
     device_label: str,
     num_layers: int | None = None,
     num_texts: int | None = None,
+    seed: int | None = None,
 ) -> None:
-    """The model, layer, heads, weights and device of a run; num_layers for runs over every layer."""
+    """The model, layer, heads, parameters and device of a run; num_layers for runs over every layer.
+
+    seed: the seed of random parameters (--weights random --seed S).
+    """
     setup = Table.grid(padding=(0, 2))
     setup.add_row("model", Text(run.model).append(f" ({source})", style="dim"))
     if num_layers is None:
@@ -49,11 +56,20 @@ def print_setup(
     else:
         setup.add_row("layers", f"all {num_layers}, each on its own input from one BERT pass")
     setup.add_row("heads", f"{run.num_heads} × d={run.head_dim}")
-    setup.add_row("weights", run.weights + (", causal" if run.causal else ""))
+    setup.add_row("parameters", parameters_label(run.weights, seed))
+    if run.causal:
+        setup.add_row("mask", "causal: each query sees itself and the keys before it")
     setup.add_row("device", device_label)
     if num_texts is not None:
         setup.add_row("texts", f"{num_texts}, statistics averaged over them" if num_texts > 1 else "1")
     console.print(setup)
+
+
+def parameters_label(weights: str, seed: int | None = None) -> str:
+    """What --weights chose: the layer's parameters (W_q, W_k, W_v, W_o), not the attention weights."""
+    if weights == "random":
+        return "random" + (f", seed {seed}" if seed is not None else "")
+    return f"{weights} (the model's own W_q, W_k, W_v, W_o)"
 
 
 def token_cells(tokens: list[str], ids: list[int]) -> Columns:
@@ -68,39 +84,47 @@ def token_cells(tokens: list[str], ids: list[int]) -> Columns:
 
 
 def print_tokens(console: Console, run: AttentionRun) -> None:
-    console.print(Text("query tokens" if run.kv_text else "tokens", style="bold underline"))
+    console.print(Text.assemble(
+        ("query tokens" if run.kv_text else "tokens", "bold underline"), (f"  {TOKEN_LEGEND}", "dim")
+    ))
     console.print(token_cells(run.query_tokens, run.query_ids))
     if run.kv_text:
         console.print(Text("key/value tokens", style="bold underline"))
         console.print(token_cells(run.key_tokens, run.key_ids))
 
 
-def top_keys_text(summary: HeadSummary, run: AttentionRun, width: int) -> Text:
+def indexed(index: int, token: str) -> str:
+    """ "3:the": a token with its index, so that a repeated token is never ambiguous (0 is [CLS])."""
+    return f"{index}:{token}"
+
+
+def top_keys_text(summary: HeadSummary, run: AttentionRun) -> Text:
+    """ "0:[CLS]→0:[CLS] 1:the→3:cat …": each query and the key it attends to most, by index."""
     pairs = [
-        f"{run.query_tokens[query]}→{run.key_tokens[key]}"
+        f"{indexed(query, run.query_tokens[query])}→{indexed(key, run.key_tokens[key])}"
         for query, key in enumerate(summary.top_keys[:MAX_TOP_KEYS_SHOWN])
     ]
     more = len(summary.top_keys) - MAX_TOP_KEYS_SHOWN
-    text = Text(" ".join(pairs) + (f" … +{more}" if more > 0 else ""))
-    text.truncate(width, overflow="ellipsis")
-    return text
+    if more > 0:
+        pairs.append(f"… {more} more queries in attention.json")
+    return Text("  ".join(pairs))  # wraps between pairs, never inside one
 
 
-def heads_table(run: AttentionRun, summaries: list[HeadSummary], width: int = 80) -> Table:
+def heads_table(run: AttentionRun, summaries: list[HeadSummary]) -> Table:
     table = Table(title="heads", title_justify="left")
     for name in ("head", "entropy", "rel.", "mean max"):
         table.add_column(name, justify="right", no_wrap=True, min_width=len(name))
-    top_keys_width = max(24, width - 42)  # what the four number columns and the borders leave
-    table.add_column("query → key it attends to most", no_wrap=True, max_width=top_keys_width)
+    table.add_column("query → the key it attends to most (index:token)", overflow="fold")
     for summary in summaries:
         table.add_row(
             str(summary.head),
             f"{summary.entropy:.2f}",
             f"{summary.relative_entropy:.2f}",
             f"{summary.mean_max:.2f}",
-            top_keys_text(summary, run, top_keys_width),
+            top_keys_text(summary, run),
         )
-    table.caption = "entropy in nats, rel. = entropy / log(keys): 1 is uniform; mean max = mean of row maxima"
+    relative = RELATIVE_ENTROPY_LEGEND + (f" ({CAUSAL_VISIBLE_KEYS})" if run.causal else "")
+    table.caption = f"entropy: of each row in nats, mean over queries; {relative}; mean max: the mean of the row maxima"
     table.caption_justify = "left"
     return table
 
@@ -229,11 +253,13 @@ def progress_bar(console: Console, total: int, description: str, min_total: int)
 # ---- `attnviz compare`, `heads --file` and `attnviz position` ------------------------------------
 
 
-def print_compare_setup(console: Console, run: AttentionRun, source: str, device_label: str, weights: list[str]) -> None:
+def print_compare_setup(
+    console: Console, run: AttentionRun, source: str, device_label: str, weights: list[str], seed: int | None = None
+) -> None:
     setup = Table.grid(padding=(0, 2))
     setup.add_row("model", Text(run.model).append(f" ({source})", style="dim"))
     setup.add_row("layer", f"{run.layer}: the same W_q, W_k, W_v for every head count")
-    setup.add_row("weights", ", ".join(weights))
+    setup.add_row("parameters", "; ".join(parameters_label(each, seed) for each in weights))
     setup.add_row("device", device_label)
     console.print(setup)
 
@@ -241,7 +267,7 @@ def print_compare_setup(console: Console, run: AttentionRun, source: str, device
 def compare_table(splits) -> Table:
     """One row per (weights, head count): how spread out its heads are."""
     table = Table(title="one projection, split into heads", title_justify="left")
-    table.add_column("weights")
+    table.add_column("parameters")
     for name in ("heads", "d", "rel.", "min", "max", "mean max"):
         table.add_column(name, justify="right", no_wrap=True)
     for index, split in enumerate(splits):
@@ -264,7 +290,7 @@ def compare_table(splits) -> Table:
     return table
 
 
-def batch_table(rows: list[dict], width: int = 80, max_rows: int = 40) -> Table:
+def batch_table(rows: list[dict], causal: bool = False, max_rows: int = 40) -> Table:
     """The summary of `heads --file`: one row per text (the first max_rows), full list in summary.csv."""
     table = Table(title=f"{len(rows)} texts", title_justify="left")
     table.add_column("#", justify="right", no_wrap=True)
@@ -272,7 +298,7 @@ def batch_table(rows: list[dict], width: int = 80, max_rows: int = 40) -> Table:
     table.add_column("tokens", justify="right", no_wrap=True)
     table.add_column("focused head", justify="right", no_wrap=True)
     table.add_column("rel.", justify="right", no_wrap=True)
-    table.add_column("text", no_wrap=True, overflow="ellipsis", max_width=max(20, width - 48))
+    table.add_column("text", overflow="fold")  # wrapped, never cut: the text is how a row is found
     for row in rows[:max_rows]:
         table.add_row(
             str(row["index"]),
@@ -285,8 +311,9 @@ def batch_table(rows: list[dict], width: int = 80, max_rows: int = 40) -> Table:
     if len(rows) > max_rows:
         table.add_row("…", "", "", "", "", Text(f"{len(rows) - max_rows} more in summary.csv", style="dim"))
     table.caption = (
-        "# = the number of the text's folder; focused head = the head with the lowest "
-        "rel. entropy (in brackets); rel. = mean over heads of row entropy / log(keys)"
+        "#: the number of the text's folder; focused head: the head with the lowest rel. (in brackets); "
+        f"rel.: the mean over heads of each head's {RELATIVE_ENTROPY_LEGEND.removeprefix('rel.: ')}"
+        + (f" ({CAUSAL_VISIBLE_KEYS})" if causal else "")
     )
     table.caption_justify = "left"
     return table

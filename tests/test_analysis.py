@@ -170,6 +170,27 @@ def test_relative_entropy_agrees_with_the_heads_table_summary():
     np.testing.assert_allclose(ours, [s.relative_entropy for s in summarize_heads(attention)], atol=1e-12)
 
 
+def test_causal_relative_entropy_is_one_definition_for_heads_and_stats():
+    """`heads --causal` and `stats --causal` divide each row's entropy by log of the keys its query sees."""
+    rng = np.random.default_rng(2)
+    lower = np.tril(rng.random((3, N, N)) + 0.05)
+    attention = lower / lower.sum(axis=-1, keepdims=True)  # (H, N, N): query i on keys 0..i
+    expected = [  # query 0 sees one key: no choice, left out
+        np.mean([-sum(p * math.log(p) for p in attention[h, i, : i + 1]) / math.log(i + 1) for i in range(1, N)])
+        for h in range(3)
+    ]
+    from_heads = [summary.relative_entropy for summary in summarize_heads(attention, causal=True)]
+    from_stats = head_statistics(attention, TOKENS, causal=True)[:, STATISTICS.index("relative_entropy")]
+    np.testing.assert_allclose(from_heads, expected, atol=1e-12)
+    np.testing.assert_allclose(from_stats, expected, atol=1e-12)
+
+
+def test_a_causal_head_uniform_over_what_it_sees_is_relative_entropy_one_in_the_heads_table():
+    lower = np.tril(np.ones((N, N)))
+    (summary,) = summarize_heads((lower / lower.sum(axis=1, keepdims=True))[None], causal=True)
+    assert summary.relative_entropy == pytest.approx(1.0)  # not log-mean / log(N), about 0.64
+
+
 def test_causal_uniform_rows_are_uniform_over_the_keys_they_may_see():
     lower = np.tril(np.ones((N, N)))
     causal_uniform = lower / lower.sum(axis=1, keepdims=True)  # row i: 1/(i+1) on keys 0..i
