@@ -21,8 +21,14 @@ def valid_head_counts(model_size: int) -> list[int]:
 
 
 def check_num_heads(model_size: int, num_heads: int) -> None:
-    if num_heads < 1 or model_size % num_heads:
-        choices = ", ".join(map(str, valid_head_counts(model_size)))
+    """Refuse a head count that does not split the model size evenly, 0 and negative ones too."""
+    choices = ", ".join(map(str, valid_head_counts(model_size)))
+    if num_heads < 1:
+        raise AttnvizError(
+            f"--heads {num_heads}: a layer needs at least one head; choose a count that divides "
+            f"the model size {model_size}: {choices}"
+        )
+    if model_size % num_heads:
         raise AttnvizError(
             f"{num_heads} heads do not divide the model size {model_size}; choose one of: {choices}"
         )

@@ -23,7 +23,7 @@ except ImportError:
 from attnviz.errors import AttnvizError
 
 app = typer.Typer(
-    help="See and check what multi-head attention does, with real BERT weights.",
+    help="See and check what multi-head attention does, with a real BERT's parameters.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -33,6 +33,7 @@ console = Console(highlight=False)
 errors = Console(stderr=True, highlight=False, markup=False)
 
 DEFAULT_OUTPUTS = Path("outputs")
+HELP_TYPE_WORDS = {"<str>": "TEXT", "<int>": "INTEGER", "<path>": "PATH", "<float>": "NUMBER"}
 INTERRUPTED = 130  # the shell's exit code for Ctrl-C (128 + SIGINT)
 
 
@@ -66,12 +67,71 @@ class Mistake(str, Enum):  # attnviz.trace.MISTAKES
     merge_without_permute = "merge-without-permute"
 
 
+def _version(asked: bool) -> None:
+    if asked:
+        console.print(f"attnviz {package_version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print attnviz's version and exit."
+    ),
+) -> None:
+    """See and check what multi-head attention does, with a real BERT's parameters."""
+
+
+def package_version() -> str:
+    """The installed package's version, else (running from a source tree) attnviz.__version__."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("attnviz")
+    except PackageNotFoundError:
+        from attnviz import __version__
+
+        return __version__
+
+
+def _help_types_as_words() -> None:
+    """Write option types in --help as words (TEXT, INTEGER, PATH) and choices as [a|b].
+
+    typer 0.2x writes them as <str>, <int>, <path>, <a|b>; click and older typers already
+    write words, and have no display_type to wrap. An argument's type is its metavar (TEXT).
+    """
+    from typer import core
+
+    for kind in (core.TyperArgument, core.TyperOption):
+        shown = getattr(kind, "display_type", None)
+        if shown is None or getattr(shown, "as_words", False):
+            continue
+
+        def display_type(self, ctx, _shown=shown):
+            label = _shown(self, ctx)
+            if label in HELP_TYPE_WORDS:
+                return HELP_TYPE_WORDS[label]
+            return f"[{label[1:-1]}]" if label.startswith("<") and label.endswith(">") else label
+
+        display_type.as_words = True
+        kind.display_type = display_type
+    if hasattr(core.TyperArgument, "display_type_rich"):
+        core.TyperArgument.display_type_rich = lambda self, ctx: None  # the metavar says it
+
+
+_help_types_as_words()
+
+
 # Options that several commands share, declared once.
 DeviceOption = typer.Option(Device.auto, help="Where to run: auto is the GPU when torch sees one.")
 TruncateOption = typer.Option(False, help="Cut texts longer than the model's positions instead of refusing them.")
 FormatOption = typer.Option(ImageFormat.png, "--format", help="Image file format.")
-WeightsOption = typer.Option(Weights.pretrained, help="BERT's trained projections, or a fresh random layer.")
-SeedOption = typer.Option(0, help="Seed for --weights random.")
+WeightsOption = typer.Option(
+    Weights.pretrained,
+    help="The layer's parameters (W_q, W_k, W_v, W_o, not the attention weights): "
+    "BERT's trained ones, or fresh random ones from --seed.",
+)
+SeedOption = typer.Option(0, help="Seed of the random parameters of --weights random.")
 CausalOption = typer.Option(False, "--causal", help="Mask future keys (each token sees only itself and earlier).")
 AllowPickleOption = typer.Option(
     False, help="Let a local model whose only weights are a pickle file load (unpickling can run code)."
@@ -86,20 +146,21 @@ ModelOption = typer.Option(
 )
 
 
-@app.command()
+@app.command(short_help="Heatmaps and a table of one layer's heads, for a text or a file of texts.")
 def heads(
     text: Optional[str] = typer.Argument(
-        None, help="The text to attend over, e.g. 我想吃酸菜鱼. Or give --file.", show_default=False
+        None, metavar="TEXT", help="The text to attend over, e.g. 我想吃酸菜鱼. Or give --file.", show_default=False
     ),
     file: Optional[str] = typer.Option(
         None,
         "--file",
         "-f",
+        metavar="PATH",
         help="A batch: one text per line (blank lines skipped; - reads standard input), "
         "one run folder per text and a summary.",
     ),
     model: Optional[str] = ModelOption,
-    layer: int = typer.Option(0, "--layer", "-l", help="BERT layer whose attention weights and input to use."),
+    layer: int = typer.Option(0, "--layer", "-l", help="BERT layer whose parameters (W_q, W_k, W_v, W_o) and input to use."),
     num_heads: Optional[int] = typer.Option(
         None, "--heads", help="Split the projections into this many heads (default: the model's own)."
     ),
@@ -138,6 +199,7 @@ def heads(
             raise AttnvizError(f"{what} is empty: give some words to attend over")
     if file is not None and show_trace:
         raise AttnvizError("--trace traces one text: for a batch use attnviz trace --file PATH")
+    _refuse_causal_cross_attention(kv, causal)
     if file is not None:
         return _heads_for_file(
             file,
@@ -237,15 +299,16 @@ def _heads_for_file(
 MAX_NOTICES_SHOWN = 3  # over many texts: the first few notices, then a count
 
 
-@app.command()
+@app.command(short_help='What every head of every layer does: statistics and labels.')
 def stats(
     text: Optional[str] = typer.Argument(
-        None, help="The text whose heads to measure. Or give --file.", show_default=False
+        None, metavar="TEXT", help="The text whose heads to measure. Or give --file.", show_default=False
     ),
     file: Optional[str] = typer.Option(
         None,
         "--file",
         "-f",
+        metavar="PATH",
         help="Average over texts: one per line (blank lines skipped; - reads standard input).",
     ),
     model: Optional[str] = ModelOption,
@@ -321,9 +384,9 @@ def stats(
     terminal.print_files(console, folder.final, [folder.final / path.name for path in written])
 
 
-@app.command()
+@app.command(short_help="Every layer's heads at a glance, and attention rollout.")
 def layers(
-    text: str = typer.Argument(..., help="The text to attend over, e.g. 我想吃酸菜鱼."),
+    text: str = typer.Argument(..., metavar="TEXT", help="The text to attend over, e.g. 我想吃酸菜鱼."),
     model: Optional[str] = ModelOption,
     num_heads: Optional[int] = typer.Option(
         None, "--heads", help="Split each layer's projections into this many heads (default: the model's own)."
@@ -382,22 +445,27 @@ def layers(
     terminal.print_files(console, folder.final, [folder.final / path.name for path in written])
 
 
-@app.command()
+@app.command(short_help="One layer's projections split into different numbers of heads.")
 def compare(
-    text: str = typer.Argument(..., help="The text to attend over, e.g. 我想吃酸菜鱼."),
+    text: str = typer.Argument(..., metavar="TEXT", help="The text to attend over, e.g. 我想吃酸菜鱼."),
     head_counts: Optional[str] = typer.Option(
         None,
         "--heads",
+        metavar="COUNTS",
         help="Comma list of head counts, each dividing the model size, e.g. 1,4,12 "
         "(default: 1, 4 and the model's own).",
         show_default=False,
     ),
     weights: str = typer.Option(
-        "pretrained", "--weights", help="Comma list: pretrained, random, or pretrained,random to set them side by side."
+        "pretrained",
+        "--weights",
+        metavar="PARAMETERS",
+        help="The layer's parameters, as a comma list: pretrained (BERT's), random (from --seed), "
+        "or pretrained,random to set them side by side.",
     ),
     model: Optional[str] = ModelOption,
     layer: int = typer.Option(0, "--layer", "-l", help="BERT layer whose projections and input to use."),
-    seed: int = typer.Option(0, help="Seed for the random weights."),
+    seed: int = typer.Option(0, help="Seed of the random parameters."),
     device: Device = DeviceOption,
     image_format: ImageFormat = FormatOption,
     out: Optional[Path] = typer.Option(
@@ -406,7 +474,7 @@ def compare(
     truncate: bool = TruncateOption,
     allow_pickle: bool = AllowPickleOption,
 ) -> None:
-    """The same W_q, W_k, W_v split into 1, 4, 12... heads, and BERT's weights beside random ones."""
+    """The same W_q, W_k, W_v split into 1, 4, 12... heads, and BERT's parameters beside random ones."""
     from attnviz.compare import compare_splits, default_head_counts, parse_head_counts, parse_weights
     from attnviz.compare import write_comparison_json
     from attnviz.compare_figures import write_comparison_figure
@@ -446,9 +514,9 @@ def compare(
     terminal.print_files(console, folder.final, [folder.final / path.name for path in written])
 
 
-@app.command()
+@app.command(short_help='Why attention needs position embeddings.')
 def position(
-    text: str = typer.Argument(..., help="The text to permute, e.g. 我想吃酸菜鱼."),
+    text: str = typer.Argument(..., metavar="TEXT", help="The text to permute, e.g. 我想吃酸菜鱼."),
     permutation: Optional[str] = typer.Option(
         None,
         "--permutation",
@@ -502,17 +570,17 @@ def position(
 MAX_TRACE_TEXTS = 32  # a trace is read by a person: one padded batch of a few texts
 
 
-@app.command()
+@app.command(short_help='Every split and merge of the heads, step by step, with real shapes.')
 def trace(
     text: Optional[str] = typer.Argument(
-        None, help="The text to trace, e.g. 我想吃酸菜鱼. Or give --file.", show_default=False
+        None, metavar="TEXT", help="The text to trace, e.g. 我想吃酸菜鱼. Or give --file.", show_default=False
     ),
     batch: list[str] = typer.Option(
-        [], "--batch", "-b", help="Another text in the same padded batch (repeatable): shows the padding path.",
+        [], "--batch", "-b", metavar="TEXT", help="Another text in the same padded batch (repeatable): shows the padding path.",
         show_default=False,
     ),
     file: Optional[str] = typer.Option(
-        None, "--file", "-f", help="A padded batch: one text per line (blank lines skipped; - reads standard input)."
+        None, "--file", "-f", metavar="PATH", help="A padded batch: one text per line (blank lines skipped; - reads standard input)."
     ),
     layout: Layout = typer.Option(
         Layout.view_permute, "--layout", help="How the heads are split and merged, as a tutorial writes it; "
@@ -523,7 +591,7 @@ def trace(
         show_default=False,
     ),
     model: Optional[str] = ModelOption,
-    layer: int = typer.Option(0, "--layer", "-l", help="BERT layer whose attention weights and input to use."),
+    layer: int = typer.Option(0, "--layer", "-l", help="BERT layer whose parameters (W_q, W_k, W_v, W_o) and input to use."),
     num_heads: Optional[int] = typer.Option(
         None, "--heads", help="Split the projections into this many heads (default: the model's own)."
     ),
@@ -563,6 +631,7 @@ def trace(
     for given, what in [*((given, "the text") for given in texts), (kv, "the --kv text")]:
         if given is not None and not given.strip():
             raise AttnvizError(f"{what} is empty: give some words to attend over")
+    _refuse_causal_cross_attention(kv, causal)
     if len(texts) > MAX_TRACE_TEXTS:
         raise AttnvizError(f"a trace takes at most {MAX_TRACE_TEXTS} texts, not {len(texts)}: it is read by a person")
     target = _run_target(out, batch_folder_name(file) if file else run_folder_name(text))
@@ -602,7 +671,7 @@ def _layouts_disagree(traced) -> int:
     return 1
 
 
-@app.command()
+@app.command(short_help='List the models that can be used now.')
 def models() -> None:
     """List the models that can be used now: the bundled one and BERT models in the local hub cache."""
     from attnviz.loading import list_models
@@ -617,6 +686,15 @@ def _run_spec(model: Optional[str], loaded, device: str, **settings):
 
     resolved = resolved_model_name(model, loaded)
     return RunSpec(model=model, resolved_model=resolved, model_source=loaded.source, device=device, **settings)
+
+
+def _refuse_causal_cross_attention(kv: Optional[str], causal: bool) -> None:
+    """A causal mask hides a text's later tokens from its earlier ones; across two texts there is no "later"."""
+    if kv is not None and causal:
+        raise AttnvizError(
+            "--causal and --kv do not go together: a causal mask orders one text's tokens, "
+            "and --kv takes the keys from another text"
+        )
 
 
 def _run_target(out: Optional[Path], default_name: str) -> Path:

@@ -110,11 +110,19 @@ def build_layer(
     return attention.to(device).eval()
 
 
+def resolve_num_heads(loaded: LoadedModel, num_heads: int | None) -> int:
+    """--heads: the model's own count when not given; any count given (0 too) must divide the model size."""
+    if num_heads is None:
+        return loaded.num_heads
+    check_num_heads(loaded.hidden_size, num_heads)
+    return num_heads
+
+
 def build_layers(
     loaded: LoadedModel, num_heads: int | None, weights: str, seed: int, device: str
 ) -> list[MultiHeadAttention]:
     """attnviz's layer for every BERT layer, in order."""
-    num_heads = num_heads or loaded.num_heads
+    num_heads = resolve_num_heads(loaded, num_heads)
     return [build_layer(loaded, layer, num_heads, weights, seed, device) for layer in range(loaded.num_layers)]
 
 
@@ -137,7 +145,7 @@ def run_attention(
     With kv_text, queries come from each text and keys and values from kv_text.
     """
     check_layer(loaded, layer)
-    num_heads = num_heads or loaded.num_heads
+    num_heads = resolve_num_heads(loaded, num_heads)
     attention = build_layer(loaded, layer, num_heads, weights, seed, device)
 
     queries = encode(loaded.tokenizer, texts, loaded.max_positions, truncate)
@@ -177,7 +185,7 @@ def iter_layer_runs(
     holds one layer's weights at a time; each run holds a copy of its text's unpadded weights.
     """
     in_place = in_berts_place(loaded, num_heads, weights, causal)
-    num_heads = num_heads or loaded.num_heads
+    num_heads = resolve_num_heads(loaded, num_heads)
     layers = build_layers(loaded, num_heads, weights, seed, device)
     encoded = encode(loaded.tokenizer, texts, loaded.max_positions, truncate)
     for layer, (output, patterns) in enumerate(iter_layer_weights(loaded, encoded, layers, causal, device, in_place)):
@@ -265,18 +273,23 @@ def measure_heads(
     return accumulator.result(), list(notices)
 
 
-def text_notices(loaded: LoadedModel, texts: list[str], ids: list[list[int]]) -> list[str]:
-    """What to tell the user about these texts: the model's notice, and texts mostly [UNK]."""
-    return ([loaded.notice] if loaded.notice else []) + _unknown_token_notices(loaded, list(zip(texts, ids)))
+def text_notices(
+    loaded: LoadedModel, texts: list[str], ids: list[list[int]], whats: list[str] | None = None
+) -> list[str]:
+    """What to tell the user about these texts: the model's notice, and texts mostly [UNK].
+
+    whats name each text in its note ("the text", "the --kv text"); each note quotes its text.
+    """
+    whats = whats or ["the text"] * len(texts)
+    notices = (
+        unknown_token_notice(loaded.tokenizer, text, text_ids, loaded.name, what)
+        for text, text_ids, what in zip(texts, ids, whats)
+    )
+    return ([loaded.notice] if loaded.notice else []) + [notice for notice in notices if notice]
 
 
 def _truncation_notices(texts: list[str], truncations: list, what: str = "the text") -> list[str]:
     notices = (truncation_notice(text, truncation, what) for text, truncation in zip(texts, truncations))
-    return [notice for notice in notices if notice]
-
-
-def _unknown_token_notices(loaded: LoadedModel, texts_and_ids: list[tuple[str, list[int]]]) -> list[str]:
-    notices = (unknown_token_notice(loaded.tokenizer, text, ids, loaded.name) for text, ids in texts_and_ids)
     return [notice for notice in notices if notice]
 
 
@@ -302,7 +315,8 @@ def _split_runs(
         query_ids = queries.ids[i]
         key_index = 0 if kv_text is not None else i
         key_ids = keys.ids[key_index]
-        notices = text_notices(loaded, [text, kv_text] if kv_text else [text], [query_ids, key_ids])
+        own_texts = [text, kv_text] if kv_text else [text]
+        notices = text_notices(loaded, own_texts, [query_ids, key_ids], ["the text", "the --kv text"])
         truncated = queries.truncations[i]
         kv_truncated = keys.truncations[0] if kv_text is not None else None
         notices += _truncation_notices([text], [truncated])

@@ -172,8 +172,16 @@ def truncation_notice(text: str, truncation: Truncation | None, what: str = "the
     )
 
 
-def unknown_token_notice(tokenizer: WordPieceTokenizer, text: str, ids: list[int], model_name: str) -> str | None:
-    """A warning when more than a third of the text's own tokens are [UNK] for this model."""
+def unknown_token_notice(
+    tokenizer: WordPieceTokenizer, text: str, ids: list[int], model_name: str, what: str = "the text"
+) -> str | None:
+    """A warning when more than a third of the text's own tokens are [UNK] for this model.
+
+    The note names the text by what it is ("the text", "the --kv text") and its start, so that
+    among several texts (--file, --kv) it says which one it is about.
+    """
+    from attnviz.titles import shorten
+
     special = set(tokenizer.all_special_ids)
     own = [i for i in ids if i not in special or i == tokenizer.unk_token_id]
     unknown = sum(i == tokenizer.unk_token_id for i in own)
@@ -181,6 +189,6 @@ def unknown_token_notice(tokenizer: WordPieceTokenizer, text: str, ids: list[int
         return None
     better = "bert-base-chinese" if _CJK.search(text) else "bert-base-multilingual-cased"
     return (
-        f"{unknown} of {len(own)} tokens are {tokenizer.unk_token} for {model_name}: "
-        f"its vocabulary does not cover this text; try --model {better}"
+        f'{unknown} of {len(own)} tokens of {what} "{shorten(text, NOTICE_QUOTE_CHARS)}" are '
+        f"{tokenizer.unk_token} for {model_name}: its vocabulary does not cover this text; try --model {better}"
     )

@@ -853,11 +853,11 @@ def trace_texts(
     The weights are build_layer's (BERT's own, or random with seed); a batch of more than
     one text passes its valid lengths, so the trace shows the padding path.
     """
-    from attnviz.pipeline import build_layer, check_layer, layer_input
+    from attnviz.pipeline import build_layer, check_layer, layer_input, resolve_num_heads
     from attnviz.tokens import encode
 
     check_layer(loaded, layer)
-    num_heads = num_heads or loaded.num_heads
+    num_heads = resolve_num_heads(loaded, num_heads)
     attention = build_layer(loaded, layer, num_heads, weights, seed, device)
     queries = encode(loaded.tokenizer, texts, loaded.max_positions, truncate)
     query_states = layer_input(loaded, queries, layer, device)  # (B, Nq, D)
