@@ -30,7 +30,7 @@ def short_model_name(model: str) -> str:
 def shorten(text: str, max_chars: int) -> str:
     """text on one line (runs of white space as one space), cut to max_chars with "…" at the end."""
     one_line = " ".join(text.split())
-    return one_line if len(one_line) <= max_chars else one_line[: max_chars - 1] + "…"
+    return one_line if len(one_line) <= max_chars else one_line[: max_chars - 1].rstrip() + "…"
 
 
 def quoted(text: str, max_chars: int = TEXT_CHARS) -> str:
@@ -87,15 +87,20 @@ def figure_title(
     first = [short_model_name(model), *scope, *(["causal"] if causal else [])]
     max_chars = CROSS_TEXT_CHARS if kv_text else TEXT_CHARS
     if line_chars is not None:  # a text fits one line; "cross-attention (keys from: “…”)" too
-        max_chars = max(12, min(max_chars, line_chars - (30 if kv_text else 2)))
+        around = len(_cross_attention("“”")) if kv_text else len("“”")
+        max_chars = max(12, min(max_chars, line_chars - around))
     second = [quoted(text, max_chars)] if text is not None else []
     second += [about] if about else []
     if kv_text:
-        second.append(f"cross-attention (keys from: {quoted(kv_text, max_chars)})")
+        second.append(_cross_attention(quoted(kv_text, max_chars)))
     if "random" in ([weights] if isinstance(weights, str) else weights):
         second.append("random parameters" + (f", seed {seed}" if seed is not None else ""))
     second += notes
     return wrapped(first, line_chars) + "\n" + wrapped(second, line_chars)
+
+
+def _cross_attention(quoted_keys_text: str) -> str:
+    return f"cross-attention (keys from: {quoted_keys_text})"
 
 
 def run_title(run, scope: Sequence[str], *, seed: int | None = None, **options) -> str:

@@ -1,0 +1,113 @@
+"""Every figure's title names its text, model, layer and head, says causal or cross-attention, and
+records the seed of random parameters; "1 head", never "1 heads".
+
+The titles are read back from the drawn SVG files: matplotlib writes each text line it draws as
+an XML comment beside its glyph outlines, so a test sees what a reader sees.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from attnviz.heatmap import write_head_heatmaps, write_heads_grid
+from attnviz.result import AttentionRun
+from attnviz.stats_figures import write_js_distance, write_layers_grid, write_rollout
+from attnviz.titles import figure_title
+
+TOKENS = ["[CLS]", "the", "cat", "sat", "[SEP]"]
+KEY_TOKENS = ["[CLS]", "a", "dog", "[SEP]"]
+LONG_TEXT = "The animal didn't cross the street because it was too tired, and then it went home to sleep"
+
+
+def drawn_lines(path) -> list[str]:
+    """The text lines drawn in an SVG figure, in drawing order."""
+    return re.findall(r"<!-- (.*?) -->", path.read_text(encoding="utf-8"))
+
+
+def make_run(num_heads=2, weights="pretrained", causal=False, kv_text=None, text="the cat sat", layer=2):
+    rng = np.random.default_rng(0)
+    keys = KEY_TOKENS if kv_text else TOKENS
+    attention = rng.random((num_heads, len(TOKENS), len(keys)))
+    if causal:
+        attention = np.tril(attention)
+    return AttentionRun(
+        text=text, model="org/all-MiniLM-L6-v2", layer=layer, weights=weights, num_heads=num_heads, device="cpu",
+        query_tokens=TOKENS, key_tokens=keys, query_ids=[0] * len(TOKENS), key_ids=[0] * len(keys),
+        attention=attention / attention.sum(-1, keepdims=True), output=np.zeros((len(TOKENS), 8)),
+        kv_text=kv_text, causal=causal,
+    )
+
+
+def test_a_head_figure_names_model_layer_head_text_and_the_seed_of_random_parameters(tmp_path):
+    run = make_run(weights="random", causal=True)
+    paths = write_head_heatmaps(run, tmp_path, "svg", seed=7)
+    lines = drawn_lines(paths[1])
+    assert "all-MiniLM-L6-v2 · layer 2 · head 1 · causal" in lines
+    assert "“the cat sat” · random parameters, seed 7" in lines
+
+
+def test_pretrained_parameters_need_no_seed(tmp_path):
+    lines = drawn_lines(write_head_heatmaps(make_run(), tmp_path, "svg", seed=7)[0])
+    assert "all-MiniLM-L6-v2 · layer 2 · head 0" in lines and "“the cat sat”" in lines
+    assert not [line for line in lines if "seed" in line or "random" in line or "causal" in line]
+
+
+def test_one_head_reads_1_head_and_cross_attention_names_the_keys_text(tmp_path):
+    run = make_run(num_heads=1, kv_text="a dog")
+    lines = drawn_lines(write_heads_grid(run, tmp_path, "svg"))
+    assert "all-MiniLM-L6-v2 · layer 2 · 1 head" in lines
+    assert any(line.startswith("“the cat sat”") for line in lines)
+    assert "cross-attention (keys from: “a dog”)" in " · ".join(lines)
+    assert not [line for line in lines if "1 heads" in line]
+
+
+def test_a_long_text_is_shortened_on_one_line_with_an_ellipsis(tmp_path):
+    lines = drawn_lines(write_heads_grid(make_run(num_heads=4, text=LONG_TEXT), tmp_path, "svg"))
+    (quoted,) = [line for line in lines if line.startswith("“The animal")]
+    assert quoted.endswith("…”") and len(quoted) < len(LONG_TEXT)
+    assert LONG_TEXT.startswith(quoted.strip("“”…"))
+
+
+def test_the_layers_rollout_and_js_distance_figures_use_the_same_title(tmp_path):
+    layer_runs = [make_run(weights="random", causal=True, layer=layer) for layer in range(3)]
+    rollout = np.tril(np.ones((5, 5))) / np.arange(1, 6)[:, None]
+    layers = " · ".join(drawn_lines(write_layers_grid(layer_runs, tmp_path, "svg", seed=3)))
+    assert "all-MiniLM-L6-v2 · 3 layers × 2 heads · 5 tokens · causal" in layers
+    assert "“the cat sat” · random parameters, seed 3" in layers
+    rolled = " · ".join(drawn_lines(write_rollout(layer_runs, rollout, tmp_path, "svg", seed=3)))
+    assert "attention rollout through 3 layers" in rolled and "causal" in rolled
+    assert "“the cat sat” · random parameters, seed 3" in rolled
+    distances = np.zeros((3, 2, 2))
+    one = " · ".join(drawn_lines(write_js_distance(distances, layer_runs[0], ["the cat sat"], tmp_path, "svg", seed=3)))
+    assert "“the cat sat” · random parameters, seed 3" in one
+    many = " · ".join(drawn_lines(write_js_distance(distances, layer_runs[0], ["a", "b", "c"], tmp_path, "svg", 3)))
+    assert "averaged over 3 texts · random parameters, seed 3" in many
+
+
+def test_the_compare_and_position_figures_name_their_text_and_seed(bundled_bert, tmp_path):
+    from attnviz.compare import compare_splits
+    from attnviz.compare_figures import write_comparison_figure, write_position_figure
+    from attnviz.position import position_experiment
+
+    splits = compare_splits(bundled_bert, "the cat sat", [1, 2], ["pretrained", "random"], layer=1, seed=5)
+    compared = drawn_lines(write_comparison_figure(splits, tmp_path, "svg", seed=5))
+    assert any(line.startswith("all-MiniLM-L6-v2 · layer 1") for line in compared)
+    assert "“the cat sat” · random parameters, seed 5" in compared
+    assert "pretrained · 1 head × d=384" in compared and "random · 2 heads × d=192" in compared
+    position = drawn_lines(write_position_figure(position_experiment(bundled_bert, "the cat sat", head=2), tmp_path, "svg"))
+    assert any(line.startswith("all-MiniLM-L6-v2 · layer 0 · head 2") for line in position)
+    assert "“the cat sat”" in position
+
+
+@pytest.mark.parametrize("line_chars", [45, 60, 100])  # a figure is at least 5 inches: 50 characters
+def test_title_lines_wrap_between_parts_within_the_width_they_are_given(line_chars):
+    title = figure_title(
+        "all-MiniLM-L6-v2", ["layer 0", "head 11"], text=LONG_TEXT, kv_text=LONG_TEXT,
+        weights="random", seed=12, line_chars=line_chars,
+    )
+    lines = title.split("\n")
+    assert all(len(line) <= line_chars for line in lines), lines
+    assert "random parameters, seed 12" in title and lines[0].startswith("all-MiniLM-L6-v2 · layer 0")
