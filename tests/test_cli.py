@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 import warnings
@@ -61,10 +62,56 @@ def test_default_run_folders_are_named_after_the_text_and_never_overwritten(tmp_
 
 
 def test_cross_attention_and_causal_options(tmp_path):
-    assert heads("我爱中国", "--kv", "我想吃酸菜鱼", "--causal", "--out", str(tmp_path)) == 0
-    record = json.loads((tmp_path / "attention.json").read_text(encoding="utf-8"))
-    assert record["kv_text"] == "我想吃酸菜鱼" and record["causal"] is True
-    assert np.array(record["attention"]).shape == (12, len(record["query_tokens"]), len(record["key_tokens"]))
+    assert heads("我爱中国", "--kv", "我想吃酸菜鱼", "--heads", "2", "--out", str(tmp_path / "kv")) == 0
+    record = json.loads((tmp_path / "kv" / "attention.json").read_text(encoding="utf-8"))
+    assert record["kv_text"] == "我想吃酸菜鱼" and record["causal"] is False
+    assert np.array(record["attention"]).shape == (2, len(record["query_tokens"]), len(record["key_tokens"]))
+    assert heads("我爱中国", "--causal", "--heads", "2", "--out", str(tmp_path / "causal")) == 0
+    record = json.loads((tmp_path / "causal" / "attention.json").read_text(encoding="utf-8"))
+    assert record["causal"] is True and np.triu(np.array(record["attention"]), k=1).max() == 0
+
+
+@pytest.mark.parametrize("command", ["heads", "trace"])
+def test_causal_cross_attention_is_refused_before_the_model_loads(command, tmp_path, capsys, monkeypatch):
+    """tril(Nq, Nk) over two different texts masks nothing meaningful."""
+    import attnviz.loading
+
+    monkeypatch.setattr(attnviz.loading, "load_model", lambda *args, **kwargs: pytest.fail("the model loaded"))
+    args = [command, "我爱中国", "--kv", "我想吃酸菜鱼", "--causal", "--model", "bundled", "--out", str(tmp_path / "r")]
+    assert run(args) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("error: --causal and --kv do not go together") and error.count("\n") == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("command", ["heads", "stats", "layers", "trace"])
+def test_zero_heads_is_an_error_that_lists_the_counts_dividing_the_model_size(command, tmp_path, capsys):
+    assert run([command, "hi", "--heads", "0", "--model", "bundled", "--out", str(tmp_path / "r")]) == 2
+    error = capsys.readouterr().err
+    divisors = ", ".join(str(count) for count in range(1, 385) if 384 % count == 0)
+    assert error == f"error: --heads 0: a layer needs at least one head; choose a count that divides " \
+                    f"the model size 384: {divisors}\n"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_setup_calls_the_layer_s_parameters_parameters_and_gives_their_seed(tmp_path, capsys):
+    assert heads("the cat", "--weights", "random", "--seed", "11", "--heads", "2", "--out", str(tmp_path)) == 0
+    shown = capsys.readouterr().out
+    assert re.search(r"^parameters +random, seed 11 *$", shown, re.MULTILINE)
+    assert not re.search(r"^weights ", shown, re.MULTILINE)
+    assert "index token id" in shown  # the token list's legend
+
+
+def test_unknown_token_notes_say_which_text_they_are_about(tmp_path, capsys):
+    emoji = "😀😀 😀😀"
+    assert heads("the cat sat", "--kv", emoji, "--heads", "2", "--out", str(tmp_path / "kv")) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"tokens of the --kv text “{emoji}” are [UNK]" in out
+    lines = tmp_path / "texts.txt"
+    lines.write_text(f"{emoji}\n🙂🙂🙂\n", encoding="utf-8")
+    assert heads("--file", str(lines), "--heads", "2", "--out", str(tmp_path / "batch")) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"tokens of the text “{emoji}” are [UNK]" in out and "tokens of the text “🙂🙂🙂” are [UNK]" in out
 
 
 LONG_TEXT = "word " * 600
@@ -133,6 +180,59 @@ def test_help_imports_no_heavy_library():
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert result.stdout.strip().endswith("[]")
     assert "heads" in result.stdout and "--layer" in result.stdout
+
+
+COMMANDS = ("heads", "stats", "layers", "compare", "position", "trace", "models")
+
+
+@pytest.fixture(scope="module")
+def help_texts() -> dict[str, str]:
+    """`attnviz --help` (key "") and every command's --help, at 80 columns, from one process."""
+    script = (
+        "from attnviz.cli import run\n"
+        f"for command in ('', *{COMMANDS!r}):\n"
+        "    assert run([command, '--help'] if command else ['--help']) == 0\n"
+        "    print('\\f')\n"
+    )
+    env = {**os.environ, "COLUMNS": "80"}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, check=True)
+    return dict(zip(("", *COMMANDS), result.stdout.split("\f\n")))
+
+
+def test_every_command_has_a_complete_one_line_summary(help_texts):
+    listing = help_texts[""].split("Commands:\n", 1)[1]
+    summaries = {}  # a summary may wrap onto indented lines below its command
+    for line in listing.splitlines():
+        name, _, rest = line.strip().partition(" ")
+        if line.startswith("  ") and not line.startswith("   "):
+            summaries[name] = rest.strip()
+        elif line.strip():
+            summaries[list(summaries)[-1]] += " " + line.strip()
+    assert sorted(summaries) == sorted(COMMANDS)
+    for name, summary in summaries.items():
+        assert summary.endswith(".") and not summary.endswith("..."), (name, summary)
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_help_writes_option_types_as_words(command, help_texts):
+    text = help_texts[command]
+    assert not re.search(r"<(str|int|path|float)>", text), text
+    if command != "models":
+        assert "TEXT" in text and "PATH" in text  # the text argument, --out
+    if command in ("heads", "trace"):
+        assert "--layer INTEGER" in text and "--seed INTEGER" in text
+        assert "parameters" in text.split("--weights", 1)[1][:200]  # --weights is about the layer's parameters
+
+
+def test_version_prints_the_package_version_without_importing_torch():
+    from importlib.metadata import version
+
+    import attnviz
+
+    script = "import sys\nfrom attnviz.cli import run\nrun(['--version'])\nprint('torch' in sys.modules)\n"
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert result.stdout.splitlines() == [f"attnviz {version('attnviz')}", "False"]
+    assert version("attnviz") == attnviz.__version__
 
 
 def test_python_dash_m_and_the_console_script_run(tmp_path):
