@@ -225,3 +225,14 @@ def test_a_failure_midway_leaves_nothing(bert, tmp_path, monkeypatch):
     source = write_lines(tmp_path / "texts.txt", TEXTS)
     assert heads("--file", str(source), "--out", str(tmp_path / "run")) == 2
     assert sorted(path.name for path in tmp_path.iterdir()) == ["texts.txt"]
+
+
+def test_a_causal_batch_summary_uses_the_relative_entropy_of_stats(bert, tmp_path):
+    """rel. in summary.csv divides by log of the keys each query may see, as `stats --causal` does."""
+    from attnviz.analysis import STATISTICS, head_statistics
+
+    (causal,) = run_attention(bert, [TEXTS[0]], layer=1, causal=True)
+    row = batch.summary_row(1, batch.LineText(1, TEXTS[0]), "001-x", causal)
+    per_head = head_statistics(causal.attention, causal.query_tokens, causal=True)[:, STATISTICS.index("relative_entropy")]
+    assert row["mean_relative_entropy"] == pytest.approx(per_head.mean(), abs=1e-4)
+    assert row["most_focused_relative_entropy"] == pytest.approx(per_head.min(), abs=1e-4)
