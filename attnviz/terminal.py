@@ -84,9 +84,8 @@ def token_cells(tokens: list[str], ids: list[int]) -> Columns:
 
 
 def print_tokens(console: Console, run: AttentionRun) -> None:
-    console.print(Text.assemble(
-        ("query tokens" if run.kv_text else "tokens", "bold underline"), (f"  {TOKEN_LEGEND}", "dim")
-    ))
+    heading = "query tokens" if run.kv_text else "tokens"
+    console.print(Text.assemble((heading, "bold underline"), (f"  {TOKEN_LEGEND}", "dim")))
     console.print(token_cells(run.query_tokens, run.query_ids))
     if run.kv_text:
         console.print(Text("key/value tokens", style="bold underline"))
@@ -329,7 +328,7 @@ def print_position(console: Console, result, source: str, device_label: str) -> 
     setup.add_row("heads", str(result.num_heads))
     setup.add_row("device", device_label)
     console.print(setup)
-    console.print(Text("tokens", style="bold underline"))
+    console.print(Text.assemble(("tokens", "bold underline"), (f"  {TOKEN_LEGEND}", "dim")))
     console.print(token_cells(result.tokens, result.ids))
     console.print(Text("permuted (Px): new position, token, its old position", style="bold underline"))
     cells = [
