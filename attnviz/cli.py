@@ -102,10 +102,10 @@ def _help_types_as_words() -> None:
     """
     from typer import core
 
+    if not hasattr(core.TyperArgument, "display_type") or getattr(core.TyperOption.display_type, "as_words", False):
+        return
     for kind in (core.TyperArgument, core.TyperOption):
-        shown = getattr(kind, "display_type", None)
-        if shown is None or getattr(shown, "as_words", False):
-            continue
+        shown = kind.display_type
 
         def display_type(self, ctx, _shown=shown):
             label = _shown(self, ctx)
@@ -115,8 +115,7 @@ def _help_types_as_words() -> None:
 
         display_type.as_words = True
         kind.display_type = display_type
-    if hasattr(core.TyperArgument, "display_type_rich"):
-        core.TyperArgument.display_type_rich = lambda self, ctx: None  # the metavar says it
+    core.TyperArgument.display_type_rich = lambda self, ctx: None  # an argument's metavar (TEXT) says its type
 
 
 _help_types_as_words()

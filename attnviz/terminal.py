@@ -23,6 +23,7 @@ from attnviz.analysis import (
     ModelStatistics,
 )
 from attnviz.result import AttentionRun
+from attnviz.titles import counted
 
 MAX_TOKENS_SHOWN = 64
 TOKEN_LEGEND = "index token id (index 0 is [CLS])"
@@ -291,7 +292,7 @@ def compare_table(splits) -> Table:
 
 def batch_table(rows: list[dict], causal: bool = False, max_rows: int = 40) -> Table:
     """The summary of `heads --file`: one row per text (the first max_rows), full list in summary.csv."""
-    table = Table(title=f"{len(rows)} texts", title_justify="left")
+    table = Table(title=counted(len(rows), "text"), title_justify="left")
     table.add_column("#", justify="right", no_wrap=True)
     table.add_column("line", justify="right", no_wrap=True)
     table.add_column("tokens", justify="right", no_wrap=True)
