@@ -185,7 +185,7 @@ def heads(
     from attnviz.export import write_attention_json
     from attnviz.heatmap import write_heatmaps
     from attnviz.loading import load_model
-    from attnviz.pipeline import device_label, resolve_device, run_attention
+    from attnviz.pipeline import device_label, resolve_device, resolve_num_heads, run_attention
     from attnviz.runs import StagedRunFolder, run_folder_name
     from attnviz import terminal
 
@@ -216,7 +216,7 @@ def heads(
     device_name = resolve_device(device.value)
     loaded = load_model(model, device_name, allow_pickle=allow_pickle)
     spec = _run_spec(
-        model, loaded, device_name, layer=layer, num_heads=num_heads or loaded.num_heads, weights=weights.value,
+        model, loaded, device_name, layer=layer, num_heads=resolve_num_heads(loaded, num_heads), weights=weights.value,
         seed=seed, causal=causal, kv_text=kv, truncate=truncate,
     )
     (run,) = run_attention(
@@ -266,7 +266,7 @@ def _heads_for_file(
     """`heads --file`: every line through the same layer, batch by batch; a folder per text."""
     from attnviz import batch, terminal
     from attnviz.loading import load_model
-    from attnviz.pipeline import device_label, resolve_device
+    from attnviz.pipeline import device_label, resolve_device, resolve_num_heads
     from attnviz.runs import StagedRunFolder
 
     texts = batch.read_texts(file)
@@ -276,7 +276,7 @@ def _heads_for_file(
     device_name = resolve_device(device)
     loaded = load_model(model, device_name, allow_pickle=allow_pickle)
     batch.check_lengths(loaded.tokenizer, texts, loaded.max_positions, run_options["truncate"])
-    run_options["num_heads"] = run_options["num_heads"] or loaded.num_heads
+    run_options["num_heads"] = resolve_num_heads(loaded, run_options["num_heads"])
     spec = _run_spec(model, loaded, device_name, **run_options)
 
     folder = StagedRunFolder(target, unique=out is None)
@@ -331,7 +331,7 @@ def stats(
     """What every head of every layer does: entropy, [CLS], [SEP], previous/next token, labels; stats.csv and .json."""
     from attnviz.batch import PROGRESS_MIN_TEXTS, batch_folder_name, check_lengths, read_texts
     from attnviz.loading import load_model
-    from attnviz.pipeline import device_label, measure_heads, resolve_device, run_attention
+    from attnviz.pipeline import device_label, measure_heads, resolve_device, resolve_num_heads, run_attention
     from attnviz.runs import StagedRunFolder, run_folder_name
     from attnviz.stats_export import write_stats_csv, write_stats_json
     from attnviz.stats_figures import write_js_distance
@@ -352,7 +352,7 @@ def stats(
     if lines is not None:
         check_lengths(loaded.tokenizer, lines, loaded.max_positions, truncate)
     spec = _run_spec(
-        model, loaded, device_name, layer=None, num_heads=num_heads or loaded.num_heads, weights=weights.value,
+        model, loaded, device_name, layer=None, num_heads=resolve_num_heads(loaded, num_heads), weights=weights.value,
         seed=seed, causal=causal, kv_text=None, truncate=truncate,
     )
 
@@ -407,7 +407,7 @@ def layers(
     """Every layer and head at a glance (layers.png) and attention rollout through the layers (rollout.png)."""
     from attnviz.analysis import attention_rollout
     from attnviz.loading import load_model
-    from attnviz.pipeline import device_label, resolve_device, run_layers
+    from attnviz.pipeline import device_label, resolve_device, resolve_num_heads, run_layers
     from attnviz.runs import StagedRunFolder, run_folder_name
     from attnviz.stats_export import write_rollout_json
     from attnviz.stats_figures import write_layers_grid, write_rollout
@@ -419,7 +419,7 @@ def layers(
     device_name = resolve_device(device.value)
     loaded = load_model(model, device_name, allow_pickle=allow_pickle)
     spec = _run_spec(
-        model, loaded, device_name, layer=None, num_heads=num_heads or loaded.num_heads, weights=weights.value,
+        model, loaded, device_name, layer=None, num_heads=resolve_num_heads(loaded, num_heads), weights=weights.value,
         seed=seed, causal=causal, kv_text=None, truncate=truncate,
     )
     (layer_runs,) = run_layers(
@@ -614,7 +614,7 @@ def trace(
     """
     from attnviz.batch import batch_folder_name, read_texts
     from attnviz.loading import load_model
-    from attnviz.pipeline import device_label, resolve_device, run_attention
+    from attnviz.pipeline import device_label, resolve_device, resolve_num_heads, run_attention
     from attnviz.runs import StagedRunFolder, run_folder_name
     from attnviz.trace import LAYOUTS, trace_texts
     from attnviz.trace_render import print_trace, write_trace_files
@@ -637,7 +637,7 @@ def trace(
     device_name = resolve_device(device.value)
     loaded = load_model(model, device_name, allow_pickle=allow_pickle)
     spec = _run_spec(
-        model, loaded, device_name, layer=layer, num_heads=num_heads or loaded.num_heads, weights=weights.value,
+        model, loaded, device_name, layer=layer, num_heads=resolve_num_heads(loaded, num_heads), weights=weights.value,
         seed=seed, causal=causal, kv_text=kv, truncate=truncate,
     )
     options = spec.attention_options()

@@ -106,12 +106,12 @@ def test_unknown_token_notes_say_which_text_they_are_about(tmp_path, capsys):
     emoji = "😀😀 😀😀"
     assert heads("the cat sat", "--kv", emoji, "--heads", "2", "--out", str(tmp_path / "kv")) == 0
     out = " ".join(capsys.readouterr().out.split())
-    assert f"tokens of the --kv text “{emoji}” are [UNK]" in out
+    assert f'tokens of the --kv text "{emoji}" are [UNK]' in out
     lines = tmp_path / "texts.txt"
     lines.write_text(f"{emoji}\n🙂🙂🙂\n", encoding="utf-8")
     assert heads("--file", str(lines), "--heads", "2", "--out", str(tmp_path / "batch")) == 0
     out = " ".join(capsys.readouterr().out.split())
-    assert f"tokens of the text “{emoji}” are [UNK]" in out and "tokens of the text “🙂🙂🙂” are [UNK]" in out
+    assert f'tokens of the text "{emoji}" are [UNK]' in out and 'tokens of the text "🙂🙂🙂" are [UNK]' in out
 
 
 LONG_TEXT = "word " * 600
