@@ -245,7 +245,7 @@ def heads(
             loaded, [text], kv_text=kv, layer=layer, num_heads=num_heads, weights=weights.value, seed=seed,
             causal=causal, device=device_name, truncate=truncate,
         )
-        print_trace(console, traced, tokens=run.query_tokens)
+        print_trace(console, traced, text_tokens=[run.query_tokens])
 
     folder = StagedRunFolder(target, unique=out is None)
     with console.status("writing heatmaps…"), folder as staging:
@@ -254,7 +254,7 @@ def heads(
         if traced is not None:
             from attnviz.trace_render import write_trace_files
 
-            written += write_trace_files(traced, run, spec, staging, image_format.value)
+            written += write_trace_files(traced, [run], spec, staging, image_format.value)
     terminal.print_files(console, folder.final, [folder.final / path.name for path in written])
     if traced is not None and not traced.agree:
         return _layouts_disagree(traced)
@@ -650,12 +650,15 @@ def trace(
     terminal.print_notices(console, [notice for run in runs for notice in run.notices])
     terminal.print_setup(console, runs[0], loaded.source, device_label(device_name), seed=seed)
     terminal.print_tokens(console, runs[0])
-    print_trace(console, traced, tokens=runs[0].query_tokens)
+    print_trace(console, traced, text_tokens=[run.query_tokens for run in runs])
 
     folder = StagedRunFolder(target, unique=out is None)
+    figure_notes: list[str] = []  # figures capped in size or thinned
     with console.status("writing the trace…"), folder as staging:
-        written = write_trace_files(traced, runs[0], spec, staging, image_format.value)
+        written = write_trace_files(traced, runs, spec, staging, image_format.value, figure_notes)
     terminal.print_files(console, folder.final, [folder.final / path.name for path in written])
+    for note in figure_notes:
+        errors.print(f"note: {note}", soft_wrap=True)
     return 0 if traced.agree else _layouts_disagree(traced)
 
 

@@ -54,21 +54,24 @@ LAYOUTS = ("view-permute", "merged-batch", "fused-qkv", "single-head")
 DEFAULT_LAYOUT = "view-permute"
 MISTAKES = ("view-without-permute", "merge-without-permute")
 TOLERANCE = 1e-5
+LAYER_NAME = "MultiHeadAttention"  # attnviz's own layer (attention.py), checked beside the layouts
 D2L_MASK_VALUE = -1e6  # d2l's masked_softmax: large negative, not -inf
 
 LAYOUT_DESCRIPTIONS = {
-    "view-permute": "attnviz's layer: separate W_q, W_k, W_v; view + permute to (B, H, N, d)",
-    "merged-batch": "d2l.ai: heads folded into the batch axis as (B*H, N, d); valid lengths "
+    "view-permute": "attnviz's own layer (attention.py), split as the BERT-fed and cross-attention tutorials "
+    "split it: separate W_q, W_k, W_v; view + permute to (B, H, N, d)",
+    "merged-batch": "the d2l.ai tutorial's code: heads folded into the batch axis as (B*H, N, d); valid lengths "
     "repeated per head, masked scores set to -1e6",
-    "fused-qkv": "nanoGPT: one Linear(D, 3D) whose weight stacks W_q, W_k, W_v; split, view, "
-    "transpose(1, 2)",
-    "single-head": "one head over one unbatched sequence: W_q, W_k map d_in -> d_q, W_v maps "
-    "d_in -> d_out",
+    "fused-qkv": "the nanoGPT-style tutorial's code: one nn.Linear(D, 3D) (self.attn) whose weight stacks W_q, W_k, "
+    "W_v; split, view, transpose(1, 2)",
+    "single-head": "the single-head tutorial's code (Self_attention): self.Wq, self.Wk, self.Wv over one unbatched "
+    "sequence, one head of d = D",
 }
+ADDED_MARK = "+"  # marks a step the layout's tutorial does not have
 
 WRONG_SPLIT_NOTE = (
-    "mistake: view keeps memory order, so 'head' h gets d-sized pieces of several tokens, "
-    "not columns h*d..(h+1)*d-1 of every token; right: .view(B, N, H, d).permute(0, 2, 1, 3)"
+    "mistake: view keeps memory order, so row n of 'head' h is slice (h*N + n) % H of token (h*N + n) // H "
+    "(slice k: columns k*d..(k+1)*d-1), not slice h of token n; right: .view(B, N, H, d).permute(0, 2, 1, 3)"
 )
 WRONG_MERGE_NOTE = (
     "mistake: z is (B, H, N, d) in memory, so view puts other tokens' head outputs into "
@@ -94,6 +97,7 @@ class Step:
     dtype: str
     note: str | None = None
     mistake: bool = False
+    in_tutorial: bool = True  # False: a step attnviz adds to the tutorial's code (the note says why)
 
 
 @dataclass
@@ -129,6 +133,7 @@ class LayoutTrace:
     mistake: str | None = None
     notes: list[str] = field(default_factory=list)
     tensors: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)  # by role
+    shown_text: int | None = None  # single-head: the text of the batch whose steps are recorded (from 0)
 
     @property
     def name(self) -> str:
@@ -160,7 +165,9 @@ class Recorder:
         pattern: str | None = None,
         note: str | None = None,
         mistake: bool = False,
+        added: str | None = None,
     ) -> torch.Tensor:
+        """added: why attnviz adds this step, which the tutorial's code does not have."""
         if not self.enabled:
             return tensor
         if role in self.tensors:
@@ -168,6 +175,7 @@ class Recorder:
         axis_names = axes.split()
         self._check_axes(role, tensor, axis_names)
         input_roles = [self._role_of[id(source)] for source in inputs]
+        note = _join_notes(f"not in the tutorial: {added}" if added else None, note)
         storage = tensor.untyped_storage().data_ptr()
         shares = any(source.untyped_storage().data_ptr() == storage for source in inputs)
         self.steps.append(
@@ -186,6 +194,7 @@ class Recorder:
                 dtype=str(tensor.dtype).removeprefix("torch."),
                 note=self._tokens(note) if note else None,
                 mistake=mistake,
+                in_tutorial=added is None,
             )
         )
         self.tensors[role] = tensor
@@ -207,6 +216,10 @@ class Recorder:
     def _tokens(self, text: str) -> str:
         """Self-attention has one token axis: Nq and Nk are both N."""
         return re.sub(r"\bN[qk]\b", "N", text) if self.self_attention else text
+
+
+def _join_notes(*notes: str | None) -> str | None:
+    return "; ".join(note for note in notes if note) or None
 
 
 def axis_size(name: str, sizes: dict[str, int]) -> int:
@@ -388,13 +401,13 @@ def merged_batch(layer: MultiHeadAttention, inputs: LayerInputs, num_heads: int)
     if inputs.causal:
         # d2l's decoder masks the future with one valid length per query: query i sees keys 0..i.
         per_query = torch.arange(1, Nq + 1, device=q.device).repeat(B, 1)  # (B, Nq)
+        added = "the tutorial takes valid_lens of shape (B, Nq) as given; d2l's decoder makes them so for --causal"
         if valid_lens is None:
-            valid_lens = record("valid_lens", per_query, "torch.arange(1, Nq + 1).repeat(B, 1)", "B Nq")
+            valid_lens = record("valid_lens", per_query, "torch.arange(1, Nq + 1).repeat(B, 1)", "B Nq", added=added)
         else:
             valid_lens = record(
                 "valid_lens_causal", torch.minimum(valid_lens[:, None], per_query),
-                "torch.minimum(valid_lens[:, None], torch.arange(1, Nq + 1))", "B Nq", (valid_lens,),
-                note="d2l's decoder: one valid length per query masks the future",
+                "torch.minimum(valid_lens[:, None], torch.arange(1, Nq + 1))", "B Nq", (valid_lens,), added=added,
             )
         valid_axes = "B Nq"
     if valid_lens is not None:
@@ -475,13 +488,12 @@ def fused_qkv(layer: MultiHeadAttention, inputs: LayerInputs, num_heads: int) ->
     c_attn = fused_projection(layer)
 
     x = record("x", inputs.queries, inputs.source, "B Nq D")
-    qkv = record("qkv", c_attn(x), "self.c_attn(x)", "B Nq 3D", (x,))  # (B, N, 3D)
+    qkv = record("qkv", c_attn(x), "self.attn(x)", "B Nq 3D", (x,))  # (B, N, 3D)
     q, k, v = qkv.split(D, dim=2)  # three (B, N, D) views into qkv
     heads = []
     for index, (name, projected) in enumerate((("q", q), ("k", k), ("v", v))):
         projected = record(
-            name, projected, f"qkv.split(D, dim=2)[{index}]", "B Nq D", (qkv,),
-            pattern="b n (three e) -> three b n e",
+            name, projected, f"qkv.split(D, dim=2)[{index}]", "B Nq D", (qkv,), pattern="b n (3 D) -> 3 b n D",
         )
         viewed = record(
             f"{name}_view", projected.view(B, N, H, d), f"{name}.view(B, Nq, H, D // H)", "B Nq H d",
@@ -497,34 +509,47 @@ def fused_qkv(layer: MultiHeadAttention, inputs: LayerInputs, num_heads: int) ->
 
     k_t = record("k_t", k.transpose(-2, -1), "k_heads.transpose(-2, -1)", "B H d Nq", (k,), pattern="b h n d -> b h d n")
     scores = record(
-        "scores", (q @ k_t) * (1.0 / math.sqrt(k.size(-1))), "(q_heads @ k_t) * (1.0 / math.sqrt(d))",
+        "scores", (q @ k_t) * (1.0 / math.sqrt(k.size(-1))), "(q_heads @ k_t) * (1.0 / math.sqrt(k_heads.size(-1)))",
         "B H Nq Nq", (q, k_t), pattern="b h nq d, b h d nk -> b h nq nk",
     )
     masks, mask_axes = [], ""
     if inputs.causal:
-        tril = torch.tril(torch.ones(N, N, device=x.device)).view(1, 1, N, N)  # nanoGPT's registered buffer
-        bias = record("causal_bias", tril, "self.bias[:, :, :Nq, :Nq]", "1 1 Nq Nq", note="torch.tril(torch.ones(Nq, Nq)).view(1, 1, Nq, Nq)")
-        masks.append(record("causal_mask", bias != 0, "causal_bias != 0", "1 1 Nq Nq", (bias,)))
+        tril = torch.tril(torch.ones(N, N, device=x.device)).view(1, 1, N, N)  # the tutorial's registered buffer
+        bias = record(
+            "causal_bias", tril, "self.bias[:, :, :Nq, :Nq]", "1 1 Nq Nq",
+            note="registered as torch.tril(torch.ones(block_size, block_size)).view(1, 1, block_size, block_size)",
+        )
+        masks.append(record("causal_mask", bias != 0, "self.bias[:, :, :Nq, :Nq] != 0", "1 1 Nq Nq", (bias,)))
         mask_axes = "1 1 Nq Nq"
     if inputs.valid_lens is not None:
-        # nanoGPT has no padding: this key padding mask is attnviz's, so batches work too.
+        # The tutorial has no padding: this key padding mask is attnviz's, so batches work too.
+        padding_added = "the tutorial has no padding; this masks the padding keys of a batch"
         valid_lens = record("valid_lens", inputs.valid_lens.to(x.device), "encoded.valid_lens", "B")
         padding = torch.arange(N, device=x.device)[None, :] < valid_lens[:, None]  # (B, N)
         masks.append(
             record(
                 "padding_mask", padding[:, None, None, :], "(torch.arange(Nq) < valid_lens[:, None])[:, None, None, :]",
-                "B 1 1 Nq", (valid_lens,), note="not in nanoGPT: masks the padding keys of a batch",
+                "B 1 1 Nq", (valid_lens,), added=padding_added,
             )
         )
         mask_axes = "B 1 1 Nq"
     if len(masks) == 2:
-        masks = [record("mask", masks[0] & masks[1], "causal_mask & padding_mask", "B 1 Nq Nq", tuple(masks))]
+        masks = [
+            record(
+                "mask", masks[0] & masks[1], "causal_mask & padding_mask", "B 1 Nq Nq", tuple(masks),
+                added="the tutorial masks only the future",
+            )
+        ]
         mask_axes = "B 1 Nq Nq"
     if masks:
         (mask,) = masks
+        operation = "scores.masked_fill(~mask, -float('inf'))"
+        if inputs.valid_lens is None:  # the tutorial's own line
+            operation = "scores.masked_fill(self.bias[:, :, :Nq, :Nq] == 0, -float('inf'))"
         scores = record(
-            "masked_scores", scores.masked_fill(~mask, float("-inf")), "scores.masked_fill(~mask, float('-inf'))",
-            "B H Nq Nq", (scores, mask), note=broadcast_note(mask, mask_axes, scores, "B H Nq Nq"),
+            "masked_scores", scores.masked_fill(~mask, float("-inf")), operation, "B H Nq Nq", (scores, mask),
+            note=broadcast_note(mask, mask_axes, scores, "B H Nq Nq"),
+            added=None if inputs.causal else "the tutorial masks only the future",
         )
     pattern = record(
         "pattern", F.softmax(scores, dim=-1), f"F.softmax({record.role_of(scores)}, dim=-1)", "B H Nq Nq", (scores,)
@@ -535,10 +560,15 @@ def fused_qkv(layer: MultiHeadAttention, inputs: LayerInputs, num_heads: int) ->
     merged = record(
         "z_merged", contiguous.view(B, N, D), "z_contiguous.view(B, Nq, D)", "B Nq D", (contiguous,), pattern="b n h d -> b n (h d)"
     )
-    out = record("out", layer.w_o(merged), "self.c_proj(z_merged)", "B Nq D", (merged,), note="c_proj is W_o")
+    out = record(
+        "out", layer.w_o(merged), "self.c_proj(z_merged)", "B Nq D", (merged,),
+        added="the tutorial returns the merged heads; W_o (nanoGPT's c_proj), so the output compares with the other layouts",
+    )
     notes = [
-        "c_attn's weight is torch.cat([W_q, W_k, W_v]) (3D, D), so split(D, dim=2) gives back q, k and v",
-        "nanoGPT always masks the future; here only with --causal",
+        "the tutorial's self.attn = nn.Linear(n_embd, 3 * n_embd) (nanoGPT's c_attn); its weight here is "
+        "torch.cat([W_q, W_k, W_v]) (3D, D), so split(D, dim=2) gives back q, k and v",
+        "the tutorial's T is Nq here, C and n_embd are D, n_heads is H",
+        "the tutorial always masks the future; here only with --causal",
     ]
     return _finish("fused-qkv", record, H, d, pattern, out, notes=notes)
 
@@ -550,77 +580,84 @@ def matrix_and_bias(linear: torch.nn.Linear) -> tuple[torch.Tensor, torch.Tensor
 
 
 def single_head(layer: MultiHeadAttention, inputs: LayerInputs, num_heads: int = 1) -> LayoutTrace:
-    """One head over one unbatched sequence at a time (H = 1, d_q = d_out = D).
+    """The single-head tutorial's Self_attention.forward, one unbatched sequence at a time (H = 1, d = D).
 
     With trained weights, one head uses all of W_q, W_k and W_v: it equals the layer split
     into 1 head (scale 1/sqrt(D)), not into the model's own number of heads. A batch runs one
-    sequence at a time, its padding keys cut off instead of masked; the trace shows the
-    sequence with the most padding.
+    text at a time, its padding keys cut off instead of masked; the trace shows the text with
+    the most padding.
     """
-    batch, num_queries, d_in = inputs.queries.shape
+    batch, num_queries, model_size = inputs.queries.shape
     num_keys = inputs.keys_values.shape[1]
-    d_q, d_out = layer.w_q.out_features, layer.w_v.out_features
+    head_dim = layer.w_q.out_features  # one head: d = D
     valid = inputs.valid_lens.tolist() if inputs.valid_lens is not None else [num_keys] * batch
     shown = min(range(batch), key=lambda b: (valid[b], b))  # the most padding, else the first
-    W_q, b_q = matrix_and_bias(layer.w_q)  # (d_in, d_q), (d_q,): x @ W_q + b_q, as the tutorial writes it
-    W_k, b_k = matrix_and_bias(layer.w_k)  # (d_in, d_q), (d_q,)
-    W_v, b_v = matrix_and_bias(layer.w_v)  # (d_in, d_out), (d_out,)
+    cut = inputs.valid_lens is not None
+    self_attention = inputs.self_attention and not cut  # cut keys: Nk (real keys) is not Nq
 
     weights, outputs, recorders = [], [], []
     for b in range(batch):
-        sizes = {"Nq": num_queries, "Nk": num_keys, "Lk": valid[b], "d_in": d_in, "d_q": d_q, "d_out": d_out, "D": d_out}
-        record = Recorder(sizes, inputs.self_attention, enabled=b == shown)
-        x = record("x", inputs.queries[b], f"queries[{b}]", "Nq d_in")  # (Nq, d_in): one unbatched sequence
-        if inputs.valid_lens is not None:
+        sizes = {"Nq": num_queries, "Nk": valid[b], "d": head_dim, "D": model_size}
+        record = Recorder(sizes, self_attention, enabled=b == shown)
+        x = record("x", inputs.queries[b], f"queries[{b}]", "Nq D")  # (Nq, D): one unbatched sequence
+        if cut:
             x_kv = record(
-                "x_kv", inputs.keys_values[b, : valid[b]], f"keys_values[{b}, :valid_lens[{b}]]", "Lk d_in",
-                note="unbatched: the padding keys are cut off, so nothing needs a mask",
-            )  # (Lk, d_in)
+                "x_kv", inputs.keys_values[b, : valid[b]], f"keys_values[{b}, :valid_lens[{b}]]", "Nk D",
+                added="the tutorial takes one unpadded sequence: the padding keys are cut off, so nothing needs a mask",
+            )  # (Nk, D)
         elif inputs.self_attention:
             x_kv = x
         else:
-            x_kv = record("x_kv", inputs.keys_values[b], f"keys_values[{b}]", "Nk d_in")
-        keys_axis = "Lk" if inputs.valid_lens is not None else "Nk"
+            x_kv = record(
+                "x_kv", inputs.keys_values[b], f"keys_values[{b}]", "Nk D",
+                added="the tutorial is self-attention: its keys and values come from x",
+            )
         kv_name = "x" if x_kv is x else "x_kv"
-        Q = record("q", x @ W_q + b_q, "x @ W_q + b_q", "Nq d_q", (x,))
-        K = record("k", x_kv @ W_k + b_k, f"{kv_name} @ W_k + b_k", f"{keys_axis} d_q", (x_kv,))
-        V = record("v", x_kv @ W_v + b_v, f"{kv_name} @ W_v + b_v", f"{keys_axis} d_out", (x_kv,))
-        K_t = record("k_t", K.T, "k.T", f"d_q {keys_axis}", (K,), pattern="n d -> d n")
+        Q = record("q", layer.w_q(x), "self.Wq(x)", "Nq d", (x,))
+        K = record("k", layer.w_k(x_kv), f"self.Wk({kv_name})", "Nk d", (x_kv,))
+        V = record("v", layer.w_v(x_kv), f"self.Wv({kv_name})", "Nk d", (x_kv,))
+        K_t = record("k_t", K.T, "K.T", "d Nk", (K,), pattern="n d -> d n")
         scores = record(
-            "scores", Q @ K_t / d_q**0.5, "q @ k_t / d_q ** 0.5", f"Nq {keys_axis}", (Q, K_t),
-            pattern="nq d, d nk -> nq nk",
+            "scores", torch.matmul(Q, K_t) * (1 / math.sqrt(head_dim)), "torch.matmul(Q, K.T) * self._norm_fact",
+            "Nq Nk", (Q, K_t), pattern="nq d, d nk -> nq nk", note="self._norm_fact = 1 / sqrt(d)",
         )
         if inputs.causal:
             mask = record(
                 "mask", torch.tril(torch.ones(num_queries, valid[b], dtype=torch.bool, device=x.device)),
-                f"torch.tril(torch.ones(Nq, {keys_axis}, dtype=torch.bool))", f"Nq {keys_axis}",
+                "torch.tril(torch.ones(Nq, Nk, dtype=torch.bool))", "Nq Nk", added="the tutorial has no mask: --causal",
             )
             scores = record(
                 "masked_scores", scores.masked_fill(~mask, float("-inf")), "scores.masked_fill(~mask, float('-inf'))",
-                f"Nq {keys_axis}", (scores, mask),
+                "Nq Nk", (scores, mask), added="the tutorial has no mask: --causal",
             )
         pattern = record(
-            "pattern", torch.softmax(scores, dim=-1), f"torch.softmax({record.role_of(scores)}, dim=-1)",
-            f"Nq {keys_axis}", (scores,),
+            "pattern", torch.softmax(scores, dim=-1), f"torch.softmax({record.role_of(scores)}, dim=-1)", "Nq Nk", (scores,)
         )
-        z = record("z", pattern @ V, "pattern @ v", "Nq d_out", (pattern, V), pattern="nq nk, nk d -> nq d")
+        z = record("z", torch.matmul(pattern, V), "torch.matmul(A, V)", "Nq d", (pattern, V), pattern="nq nk, nk d -> nq d")
         out = record(
-            "out", layer.w_o(z), "self.w_o(z)", "Nq D", (z,),
-            note="not in the tutorial: W_o, so the output compares with the other layouts",
+            "out", layer.w_o(z), "self.w_o(C)", "Nq D", (z,),
+            added="the tutorial returns C; W_o, so the output compares with the other layouts",
         )
         weights.append(F.pad(pattern, (0, num_keys - valid[b])))  # (Nq, Nk): the cut keys get weight 0
         outputs.append(out)
         recorders.append(record)
 
     notes = [
-        f"d_in = {d_in}, d_q = {d_q}, d_out = {d_out}: one head uses all of W_q, W_k, W_v "
-        f"(scale 1/sqrt({d_q})), so it is checked against view-permute with 1 head",
+        f"one head: d = D = {head_dim} (the tutorial's d_in, d_q and d_out), so it uses every column of W_q, W_k, W_v, "
+        f"scale 1/sqrt({head_dim})",
+        "Q, K, V, A, C are the tutorial's names for q, k, v, pattern, z; its A = torch.softmax(torch.matmul(Q, K.T) "
+        "* self._norm_fact, dim=-1) is split into scores and pattern here",
+        "the tutorial's Wq, Wk, Wv have bias=False; here they are the BERT layer's, biases included",
     ]
     if batch > 1:
-        notes.append(f"each of the {batch} sequences runs alone; shown: sequence {shown}")
+        padding = num_keys - valid[shown]
+        notes.append(
+            f"a batch runs one text at a time (texts numbered from 0); the steps below are text {shown}'s"
+            + (f", the one with the most padding: its {padding} padding keys are cut off" if padding else "")
+        )
     record = recorders[shown]
     weights = torch.stack(weights)[:, None]  # (B, 1, Nq, Nk)
-    return _finish("single-head", record, 1, d_q, weights, torch.stack(outputs), notes=notes)
+    return _finish("single-head", record, 1, head_dim, weights, torch.stack(outputs), notes=notes, shown_text=shown)
 
 
 def trace_layout(
@@ -645,6 +682,7 @@ class Check:
     reference: str
     weights_diff: float
     output_diff: float
+    num_heads: int
 
     @property
     def agree(self) -> bool:
@@ -655,34 +693,69 @@ def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float().cpu() - b.float().cpu()).abs().max())
 
 
-def check_layouts(
-    layer: MultiHeadAttention, inputs: LayerInputs, traces: list[LayoutTrace], default: LayoutTrace
-) -> list[Check]:
-    """Each layout against its reference: the default layout against MultiHeadAttention itself,
-    the others against the default layout (`default`, or run again with their number of heads)."""
-    references = {default.num_heads: default}
-    checks = []
-    for trace in traces:
-        if trace.mistake is not None:
-            continue
-        if trace.layout == DEFAULT_LAYOUT:
-            with torch.inference_mode():
-                output, weights = layer(
-                    inputs.queries, inputs.keys_values, inputs.keys_values, valid_lens=inputs.valid_lens, causal=inputs.causal
-                )  # (B, Nq, D), (B, H, Nq, Nk)
-            reference_name, reference_weights, reference_output = "MultiHeadAttention", weights, output
+def torch_reference(layer: MultiHeadAttention, inputs: LayerInputs, num_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """torch.nn.MultiheadAttention loaded with the layer's W_q, W_k, W_v, W_o, split into num_heads heads.
+
+    Independent of attention.py: torch's own projections, head split, masks and softmax.
+    Returns the output (B, Nq, D) and the weights (B, H, Nq, Nk).
+    """
+    model_size = layer.w_q.out_features
+    key_size, value_size = layer.w_k.in_features, layer.w_v.in_features
+    reference = torch.nn.MultiheadAttention(
+        model_size, num_heads, bias=layer.w_q.bias is not None, kdim=key_size, vdim=value_size, batch_first=True,
+    ).to(layer.w_q.weight.device, layer.w_q.weight.dtype).eval()
+    with torch.no_grad():
+        if reference._qkv_same_embed_dim:
+            reference.in_proj_weight.copy_(torch.cat([layer.w_q.weight, layer.w_k.weight, layer.w_v.weight]))  # (3D, D)
         else:
-            if trace.num_heads not in references:
-                references[trace.num_heads] = trace_layout(DEFAULT_LAYOUT, layer, inputs, trace.num_heads)
-            reference = references[trace.num_heads]
-            reference_name = DEFAULT_LAYOUT if trace.num_heads == layer.num_heads else f"{DEFAULT_LAYOUT}, {trace.num_heads} head"
-            reference_weights, reference_output = reference.weights, reference.output
+            for name, linear in (("q", layer.w_q), ("k", layer.w_k), ("v", layer.w_v)):
+                getattr(reference, f"{name}_proj_weight").copy_(linear.weight)
+        if layer.w_q.bias is not None:
+            reference.in_proj_bias.copy_(torch.cat([layer.w_q.bias, layer.w_k.bias, layer.w_v.bias]))  # (3D,)
+            reference.out_proj.bias.copy_(layer.w_o.bias)
+        reference.out_proj.weight.copy_(layer.w_o.weight)
+    num_queries, num_keys = inputs.queries.shape[1], inputs.keys_values.shape[1]
+    device = inputs.queries.device
+    padding = None  # (B, Nk): True where the key is padding, torch's convention
+    if inputs.valid_lens is not None:
+        padding = torch.arange(num_keys, device=device)[None, :] >= inputs.valid_lens.to(device)[:, None]
+    future = None  # (Nq, Nk): True where the key comes after the query
+    if inputs.causal:
+        future = torch.ones(num_queries, num_keys, dtype=torch.bool, device=device).triu(1)
+    with torch.inference_mode():
+        return reference(
+            inputs.queries, inputs.keys_values, inputs.keys_values, key_padding_mask=padding, attn_mask=future,
+            need_weights=True, average_attn_weights=False,
+        )
+
+
+def check_layouts(layer: MultiHeadAttention, inputs: LayerInputs, traces: list[LayoutTrace]) -> list[Check]:
+    """attnviz's layer and each layout against torch.nn.MultiheadAttention with the same weights
+    and number of heads (1 for single-head): a reference that shares no code with attnviz."""
+    references = {}
+
+    def reference_for(num_heads: int) -> tuple[str, torch.Tensor, torch.Tensor]:
+        if num_heads not in references:
+            references[num_heads] = torch_reference(layer, inputs, num_heads)
+        output, weights = references[num_heads]
+        return f"nn.MultiheadAttention, {num_heads} head{'s' if num_heads > 1 else ''}", weights, output
+
+    with torch.inference_mode():
+        output, weights = layer(
+            inputs.queries, inputs.keys_values, inputs.keys_values, valid_lens=inputs.valid_lens, causal=inputs.causal
+        )  # (B, Nq, D), (B, H, Nq, Nk)
+    runs = [(LAYER_NAME, layer.num_heads, weights, output)]
+    runs += [(trace.layout, trace.num_heads, trace.weights, trace.output) for trace in traces if trace.mistake is None]
+    checks = []
+    for name, num_heads, weights, output in runs:
+        reference_name, reference_weights, reference_output = reference_for(num_heads)
         checks.append(
             Check(
-                layout=trace.layout,
+                layout=name,
                 reference=reference_name,
-                weights_diff=max_abs_diff(trace.weights, reference_weights),
-                output_diff=max_abs_diff(trace.output, reference_output),
+                weights_diff=max_abs_diff(weights, reference_weights),
+                output_diff=max_abs_diff(output, reference_output),
+                num_heads=num_heads,
             )
         )
     return checks
@@ -755,6 +828,22 @@ def compare_mistake(right: LayoutTrace, wrong: LayoutTrace) -> MistakeResult:
     )
 
 
+def split_provenance(num_heads: int, num_tokens: int, head_dim: int, mistake: str | None = None) -> torch.Tensor:
+    """What each row of each head holds after the split: (H, N, 2) of (token, slice).
+
+    Slice k of a token is its columns k*d..(k+1)*d-1. Computed by splitting a projection whose
+    every (token, slice) holds its own label, with the same code as the layout.
+    """
+    labels = torch.arange(num_tokens * num_heads, dtype=torch.float32).view(1, num_tokens, num_heads, 1)
+    projected = labels.expand(1, num_tokens, num_heads, head_dim).reshape(1, num_tokens, num_heads * head_dim)
+    if mistake == "view-without-permute":  # (1, N, D): column k*d + j of token t holds t*H + k
+        heads = projected.view(1, num_heads, num_tokens, head_dim)  # (1, H, N, d)
+    else:
+        heads = projected.view(1, num_tokens, num_heads, head_dim).permute(0, 2, 1, 3)  # (1, H, N, d)
+    rows = heads[0, :, :, 0].long()  # (H, N): the label at each row's first column
+    return torch.stack([rows // num_heads, rows % num_heads], dim=-1)  # (H, N, 2)
+
+
 def merge_provenance(num_heads: int, num_tokens: int, head_dim: int, mistake: str | None = None) -> torch.Tensor:
     """Where each slot of a merged row comes from: (N, H, 2) of (head, token).
 
@@ -802,10 +891,10 @@ class TraceResult:
 def trace_layouts(
     layer: MultiHeadAttention, inputs: LayerInputs, layouts: list[str], mistake: str | None = None
 ) -> tuple[list[LayoutTrace], list[Check], list[HeadSlice], MistakeResult | None, list[str]]:
-    """Run the layouts (in LAYOUTS' order), check them, slice the heads.
+    """Run the layouts (in LAYOUTS' order), check them against torch, slice the heads.
 
-    The default layout runs in any case: it is the reference of the others, and its scores
-    are what the head slices are checked against.
+    The head slices are checked against the default layout's scores, run for that even when
+    not shown.
     """
     num_heads = layer.num_heads
     if mistake is not None and any(name != DEFAULT_LAYOUT for name in layouts):
@@ -822,15 +911,19 @@ def trace_layouts(
             trace_layout("fused-qkv", layer, inputs, num_heads)  # raises the clear error
         names.remove("fused-qkv")
         notes.append("fused-qkv left out: it is self-attention only, and --kv makes this cross-attention")
-    default = trace_layout(DEFAULT_LAYOUT, layer, inputs, num_heads)
-    traces = [default if name == DEFAULT_LAYOUT else trace_layout(name, layer, inputs, num_heads) for name in names]
+    traces = [trace_layout(name, layer, inputs, num_heads) for name in names]
+    # The head slices are those of the heads shown: one head of D columns when single-head is all there is.
+    sliced_heads = 1 if names == ["single-head"] else num_heads
+    sliced = next((trace for trace in traces if trace.layout == DEFAULT_LAYOUT), None)
+    if sliced is None or sliced.num_heads != sliced_heads:
+        sliced = trace_layout(DEFAULT_LAYOUT, layer, inputs, sliced_heads)
     mistake_result = None
     if mistake is not None:
         wrong = trace_layout(DEFAULT_LAYOUT, layer, inputs, num_heads, mistake)
-        mistake_result = compare_mistake(default, wrong)
+        mistake_result = compare_mistake(traces[0], wrong)
         traces.append(wrong)
-    checks = check_layouts(layer, inputs, traces, default)
-    return traces, checks, head_slices(layer, inputs, default), mistake_result, notes
+    checks = check_layouts(layer, inputs, traces)
+    return traces, checks, head_slices(layer, inputs, sliced), mistake_result, notes
 
 
 def trace_texts(

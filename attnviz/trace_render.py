@@ -1,5 +1,5 @@
-"""Shape traces for people and programs: Rich tables for an 80-column terminal, trace.json,
-trace.md, and the figure of a wrong merge. The formats are documented in README.md.
+"""Shape traces for people and programs: Rich tables for an 80-column terminal, trace.json and
+trace.md (the mistake's figures are in trace_figures.py). The formats are documented in README.md.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from rich.text import Text
 
 from attnviz.result import truncation_json
 from attnviz.spec import RunSpec
-from attnviz.trace import LAYOUT_DESCRIPTIONS, TOLERANCE, LayoutTrace, Step, TraceResult
+from attnviz.trace import ADDED_MARK, LAYER_NAME, LAYOUT_DESCRIPTIONS, TOLERANCE, LayoutTrace, Step, TraceResult
 
 FORMAT_VERSION = 1
 DECIMALS = 10  # differences are ~1e-7; keep them readable and exact enough to compare with 1e-5
@@ -31,7 +31,7 @@ TRACE_KEYS = (
 LAYOUT_KEYS = ("layout", "mistake", "description", "num_heads", "head_dim", "notes", "steps")
 STEP_KEYS = (
     "index", "role", "operation", "inputs", "input_shapes", "input_axes", "output_shape",
-    "output_axes", "pattern", "stride", "contiguous", "memory", "dtype", "mistake", "note",
+    "output_axes", "pattern", "stride", "contiguous", "memory", "dtype", "mistake", "in_tutorial", "note",
 )  # fmt: skip
 CHECK_KEYS = ("layout", "reference", "weights_max_abs_diff", "output_max_abs_diff", "agree")
 HEAD_SLICE_KEYS = ("head", "columns", "scores_max_abs_diff", "z_max_abs_diff", "scores_max_abs", "agree")
@@ -50,16 +50,46 @@ def shape_text(shape: list[int]) -> str:
 
 
 def aligned_shape(shape: list[int], axes: list[str]) -> tuple[str, str]:
-    """The shape and, on a second line, each axis name right under its number.
+    """The shape as Python prints it and, on a second line, each axis name ending under its number.
 
     (1, 12, 8, 32)
      B   H  N   d
+    A name longer than its number moves right, never into the shape.
     """
-    widths = [max(len(str(size)), len(name)) for size, name in zip(shape, axes)]
-    numbers = ", ".join(str(size).rjust(width) for size, width in zip(shape, widths))
-    names = "  ".join(name.rjust(width) for name, width in zip(axes, widths))
-    margin = len(numbers) - len(numbers.lstrip())  # "  (192,)", not "(  192,)"
-    return " " * margin + f"({numbers.lstrip()}{',' if len(shape) == 1 else ''})", f" {names}"
+    names, position = "", 1  # position: the column of this number in "(1, 12, ..."
+    for size, name in zip(shape, axes):
+        end = position + len(str(size))
+        start = max(end - len(name), len(names) + 1 if names else 0)
+        names = names.ljust(start) + name
+        position = end + 2  # ", "
+    return shape_text(shape), names
+
+
+# The axis names of the traces (README, "Shape traces"); products such as B*H are explained once.
+AXIS_WORDS = {
+    "B": "batch", "N": "tokens", "Nq": "query tokens", "Nk": "key tokens", "H": "heads",
+    "d": "head size (D / H)", "D": "model size", "1": "broadcast axis",
+}  # fmt: skip
+
+
+def axis_legend(trace: LayoutTrace) -> str:
+    """The axes a layout's steps use, with their sizes: "B = 1 batch, N = 8 tokens, ..."."""
+    sizes: dict[str, int] = {}
+    products = False
+    for step in trace.steps:
+        for name, size in zip(step.output_axes, step.output_shape):
+            if name in AXIS_WORDS:
+                sizes.setdefault(name, size)
+            else:
+                products = True
+    words = dict(AXIS_WORDS)
+    if trace.layout == "single-head" and any(":valid_lens" in step.operation for step in trace.steps):
+        words["Nk"] = f"real keys of text {trace.shown_text} (its padding cut off)"
+    if trace.layout == "single-head":
+        words["d"] = "head size (D / H: all of D with one head)"
+    parts = [f"{name} = {size} {words[name]}" if name != "1" else f"1 {words[name]}" for name, size in sizes.items()]
+    legend = "axes: " + ", ".join(sorted(parts, key=lambda part: list(AXIS_WORDS).index(part.split()[0])))
+    return legend + ("; B*H, 3D ...: axes multiplied into one" if products else "")
 
 
 def difference_text(value: float) -> str:
@@ -72,13 +102,15 @@ def difference_text(value: float) -> str:
 def layout_heading(trace: LayoutTrace) -> Text:
     heading = Text(trace.name, style="bold red" if trace.mistake else "bold")
     heading.append(f"  {trace.num_heads} head{'s' if trace.num_heads > 1 else ''} × d = {trace.head_dim}", style="dim")
+    if trace.mistake:
+        heading.append("  the wrong computation, made on purpose", style="red")
     heading.append("\n" + LAYOUT_DESCRIPTIONS[trace.layout])
     for note in trace.notes:
         heading.append(f"\nnote: {note}", style="dim")
     return heading
 
 
-def flow_text(trace: LayoutTrace, width: int = 80) -> Text:
+def flow_text(trace: LayoutTrace, width: int = 80, valid_lens: list[int] | None = None) -> Text:
     """x (1, 8, 384) → q_heads (1, 12, 8, 32) → pattern (1, 12, 8, 8) → ... → out (1, 8, 384),
     broken only at an arrow, and what the pattern is: one (Nq, Nk) map per head and text."""
     text, line_length = Text(), 0
@@ -93,23 +125,33 @@ def flow_text(trace: LayoutTrace, width: int = 80) -> Text:
         text.append(step.role, style="bold")
         text.append(" " + shape_text(step.output_shape))
         line_length += len(segment)
-    *leading, num_queries, num_keys = trace.weights.shape  # (B, H, Nq, Nk)
-    maps = math.prod(leading)
-    text.append(
-        f"\n{trace.num_heads} head{'s' if trace.num_heads > 1 else ''} × {leading[0]} text{'s' if leading[0] > 1 else ''}"
-        f" = {maps} attention map{'s' if maps > 1 else ''} of ({num_queries}, {num_keys})",
-        style="dim",
-    )
+    text.append("\n" + maps_text(trace, valid_lens), style="dim")
     return text
 
 
+def maps_text(trace: LayoutTrace, valid_lens: list[int] | None = None) -> str:
+    """How many attention maps of which shape: single-head cuts each text's padding keys off."""
+    batch, num_heads, num_queries, num_keys = trace.weights.shape  # (B, H, Nq, Nk)
+    heads = f"{num_heads} head{'s' if num_heads > 1 else ''}"
+    if trace.layout == "single-head" and valid_lens is not None:
+        shapes = ", ".join(f"text {index} ({num_queries}, {length})" for index, length in enumerate(valid_lens))
+        return f"{heads}, one text at a time, each without its padding keys: attention maps of {shapes}"
+    maps = batch * num_heads
+    return (
+        f"{heads} × {batch} text{'s' if batch > 1 else ''} = {maps} attention map{'s' if maps > 1 else ''}"
+        f" of ({num_queries}, {num_keys})"
+    )
+
+
 def _operation_cell(step: Step) -> Text:
-    cell = Text(("✗ " if step.mistake else "") + step.role, style="bold red" if step.mistake else "bold")
+    mark = ("✗ " if step.mistake else "") + ("" if step.in_tutorial else ADDED_MARK + " ")
+    style = "bold red" if step.mistake else "bold" if step.in_tutorial else "bold yellow"
+    cell = Text(mark + step.role, style=style)
     cell.append("\n" + step.operation, style="red" if step.mistake else "")
     if step.pattern:
         cell.append("\n" + step.pattern, style="cyan")
     if step.note:
-        cell.append("\n" + step.note, style="red" if step.mistake else "dim italic")
+        cell.append("\n" + step.note, style="red" if step.mistake else "dim italic" if step.in_tutorial else "yellow")
     return cell
 
 
@@ -124,31 +166,43 @@ def _shape_cell(step: Step) -> Text:
     return cell
 
 
+def memory_word(step: Step) -> str:
+    """The words of trace.md's memory column: view, new, or input (a tensor the layout was given)."""
+    return step.memory or "input"
+
+
 def _stride_cell(step: Step) -> Text:
-    cell = Text(shape_text(step.stride))
-    cell.append("\ncontiguous" if step.contiguous else "\nnot contiguous", style="dim" if step.contiguous else "yellow")
-    if step.memory == "view":
-        cell.append("\nview: no copy", style="dim")
+    """On the line of the output shape: the stride, contiguity and memory of the tensor this step made."""
+    cell = Text("\n" * len(step.input_shapes) + shape_text(step.stride))
+    cell.append(f"\ncontiguous: {'yes' if step.contiguous else 'no'}", style="dim" if step.contiguous else "yellow")
+    cell.append(f"\nmemory: {memory_word(step)}", style="dim")
     return cell
 
 
-def steps_table(trace: LayoutTrace) -> Table:
-    """One row per step: role, code, einops pattern and note | shapes in → out, axis names | stride."""
+def steps_table(trace: LayoutTrace) -> Group:
+    """One row per step: role, code, einops pattern and note | shapes in → out, axis names |
+    the output's stride, contiguity and memory; the axes and marks explained below."""
     table = Table(box=box.SIMPLE_HEAD, show_lines=True, pad_edge=False, padding=(0, 1), expand=False)
     table.add_column("step · operation · pattern", ratio=1, overflow="fold")
     table.add_column("shape in → out", no_wrap=True)
     table.add_column("stride", overflow="fold")
     for step in trace.steps:
         table.add_row(_operation_cell(step), _shape_cell(step), _stride_cell(step))
-    return table
+    legend = axis_legend(trace) + ". memory: view shares its input's memory, new is a copy."
+    if not all(step.in_tutorial for step in trace.steps):
+        legend += f" {ADDED_MARK}: a step the tutorial does not have."
+    return Group(table, Text(legend, style="dim"))
+
+
+def head_slices_title(result: TraceResult) -> str:
+    d = result.head_slices[0].stop - result.head_slices[0].start
+    if len(result.head_slices) == 1:
+        return f"the one head's slice: it uses all {d} columns of W_q, W_k, W_v"
+    return f"head slices: head h of the {len(result.head_slices)} uses columns h*{d} .. (h+1)*{d}-1 of W_q, W_k, W_v"
 
 
 def head_slices_table(result: TraceResult) -> Group:
-    d = result.head_dim
-    table = Table(
-        title=f"head slices: head h uses columns h*{d} .. (h+1)*{d}-1 of W_q, W_k, W_v", title_justify="left",
-        box=box.SIMPLE_HEAD, pad_edge=False,
-    )
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column("head", justify="right")
     table.add_column("columns", justify="right")
     table.add_column("Δ scores", justify="right")
@@ -171,29 +225,41 @@ def head_slices_table(result: TraceResult) -> Group:
         f"✓: float32 rounding, Δ scores at most {TOLERANCE:.0e} × max(1, max |scores|).",
         style="dim",
     )
-    return Group(table, explanation)
+    return Group(Text(head_slices_title(result), style="italic"), table, explanation)
+
+
+def check_name(name: str) -> str:
+    return "attnviz's layer (attention.py)" if name == LAYER_NAME else name
+
+
+CHECKS_EXPLANATION = (
+    "largest absolute difference of the attention weights and of the output from torch.nn.MultiheadAttention "
+    "loaded with the same W_q, W_k, W_v, W_o and split into as many heads (torch's own code, not attnviz's); "
+    f"they agree when both are at most {TOLERANCE:.0e}"
+)
 
 
 def checks_table(result: TraceResult) -> Group:
-    table = Table(title="do the layouts agree?", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    for name in ("layout", "compared with", "weights", "output", ""):
-        table.add_column(name, justify="right" if name in ("weights", "output") else "left")
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    for name in ("layout", "heads", "weights", "output", ""):
+        table.add_column(name, justify="left" if name == "layout" else "right")
     for check in result.checks:
         mark = Text("✓", style="green") if check.agree else Text("✗ differs", style="bold red")
         table.add_row(
-            check.layout, check.reference, difference_text(check.weights_diff), difference_text(check.output_diff), mark
+            check_name(check.layout), str(check.num_heads), difference_text(check.weights_diff),
+            difference_text(check.output_diff), mark,
         )
-    explanation = Text(
-        "largest absolute difference of the attention weights and of the output from the reference; "
-        f"they agree when both are at most {TOLERANCE:.0e}",
-        style="dim",
-    )
-    return Group(table, explanation)
+    title = Text("do the layouts agree with torch.nn.MultiheadAttention?", style="italic")
+    return Group(title, table, Text(CHECKS_EXPLANATION, style="dim"))
+
+
+def token_name(index: int, tokens: list[str] | None) -> str:
+    return f"token {index}" + (f" “{tokens[index]}”" if tokens and index < len(tokens) else "")
 
 
 def mistake_text(result: TraceResult, tokens: list[str] | None = None) -> Text:
-    """What the mistake changed, with numbers; for a wrong merge, where one slot's numbers came from."""
-    from attnviz.trace import merge_provenance
+    """What the mistake changed, with numbers, and one row's provenance as an example."""
+    from attnviz.trace import merge_provenance, split_provenance
 
     mistake = result.mistake
     text = Text(f"mistake: {mistake.mistake}", style="bold red")
@@ -203,29 +269,62 @@ def mistake_text(result: TraceResult, tokens: list[str] | None = None) -> Text:
     else:
         text.append(f"\nthe weights differ from the right ones by up to {mistake.weights_diff:.3g}")
     text.append(f"\nthe output differs from the right one by up to {mistake.output_diff:.3g}")
+    num_tokens = result.layouts[0].weights.shape[2]
+    row = 1 if num_tokens > 1 else 0
+    d = result.head_dim
     if mistake.mistake == "merge-without-permute":
-        num_tokens = result.layouts[0].weights.shape[2]
-        wrong = merge_provenance(result.num_heads, num_tokens, result.head_dim, mistake.mistake)
-        row = 1 if num_tokens > 1 else 0
-        head, token = wrong[row, 0].tolist()
-        name = lambda index: f"token {index}" + (f" “{tokens[index]}”" if tokens and index < len(tokens) else "")
+        head, token = merge_provenance(result.num_heads, num_tokens, d, mistake.mistake)[row, 0].tolist()
         text.append(
-            f"\ne.g. in the merged row of {name(row)}, columns 0..{result.head_dim - 1} hold head {head}'s output "
-            f"for {name(token)}, not head 0's for token {row}"
+            f"\ne.g. in the merged row of {token_name(row, tokens)}, columns 0..{d - 1} hold head {head}'s output "
+            f"for {token_name(token, tokens)}, not head 0's for token {row}"
+        )
+    else:
+        token, piece = split_provenance(result.num_heads, num_tokens, d, mistake.mistake)[0, row].tolist()
+        text.append(
+            f"\ne.g. row {row} of 'head' 0 holds slice {piece} (columns {piece * d}..{(piece + 1) * d - 1}) of "
+            f"{token_name(token, tokens)}, not slice 0 of {token_name(row, tokens)}: the rows of a wrong head are "
+            "not tokens"
         )
     return text
 
 
-def print_trace(console: Console, result: TraceResult, slices: bool = True, tokens: list[str] | None = None) -> None:
-    """Every layout's steps, then the head slices, the checks and the mistake."""
-    if result.valid_lens is not None:
-        console.print(
-            Text(f"batch of {len(result.texts)} texts padded to one length; valid lengths (keys): {result.valid_lens}")
+def batch_table(result: TraceResult, text_tokens: list[list[str]]) -> Group:
+    """Every text of a padded batch: its real tokens, its padding keys (masked), its tokens."""
+    padded = result.layouts[0].steps[0].output_shape[1]  # x (B, Nq, D)
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, title_justify="left", title=(
+        f"batch of {len(result.texts)} texts padded to {padded} tokens (texts and tokens numbered from 0; "
+        "token 0 is [CLS])"
+    ))  # fmt: skip
+    table.add_column("text", justify="right")
+    table.add_column("tokens", justify="right")
+    table.add_column("padding keys" if result.kv_text is None else "padding queries", no_wrap=True)
+    table.add_column("tokens (index:token)", ratio=1, overflow="fold")
+    for index, tokens in enumerate(text_tokens):
+        padding = padded - len(tokens)
+        table.add_row(
+            str(index),
+            str(len(tokens)),
+            f"{padding}: {len(tokens)}–{padded - 1}" if padding > 1 else f"1: {len(tokens)}" if padding else "none",
+            " ".join(f"{position}:{token}" for position, token in enumerate(tokens)) + (" [PAD]…" if padding else ""),
         )
+    if result.kv_text is None:
+        legend = "padding keys are masked: no query attends to them (weight exactly 0)"
+    else:
+        legend = "keys and values come from the --kv text, unpadded; the padding queries' rows are computed and unused"
+    return Group(table, Text(legend, style="dim"))
+
+
+def print_trace(console: Console, result: TraceResult, slices: bool = True, text_tokens: list[list[str]] | None = None) -> None:
+    """The batch, every layout's steps, then the head slices, the checks and the mistake.
+
+    text_tokens: each text's tokens, unpadded (they label the batch and the mistake's example).
+    """
+    if len(result.texts) > 1 and text_tokens:
+        console.print(batch_table(result, text_tokens))
     for trace in result.layouts:
         console.print()
         console.print(layout_heading(trace))
-        console.print(flow_text(trace, console.width))
+        console.print(flow_text(trace, console.width, result.valid_lens))
         console.print(steps_table(trace))
     if slices:
         console.print()
@@ -235,7 +334,7 @@ def print_trace(console: Console, result: TraceResult, slices: bool = True, toke
     for note in result.notes:
         console.print(Text(f"note: {note}", style="yellow"))
     if result.mistake is not None:
-        console.print(mistake_text(result, tokens))
+        console.print(mistake_text(result, text_tokens[0] if text_tokens else None))
 
 
 # ---- trace.json ----
@@ -257,6 +356,7 @@ def step_record(index: int, step: Step) -> dict:
         "memory": step.memory,
         "dtype": step.dtype,
         "mistake": step.mistake,
+        "in_tutorial": step.in_tutorial,
         "note": step.note,
     }
 
@@ -362,7 +462,16 @@ def _shape_with_axes(shape: list[int], axes: list[str]) -> str:
     return f"{shape_text(shape)} {' '.join(axes)}"
 
 
-def trace_markdown(result: TraceResult) -> str:
+def _markdown_table(table: Table) -> str:
+    """A Rich table of plain cells as a Markdown table, its title above."""
+    header = [column.header for column in table.columns]
+    rows = zip(*(column._cells for column in table.columns))
+    lines = [_cell(str(table.title)), "", "| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    lines += ["| " + " | ".join(_cell(str(cell)) for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def trace_markdown(result: TraceResult, text_tokens: list[list[str]] | None = None) -> str:
     quoted = " · ".join(f"“{text}”" for text in result.texts)
     if result.kv_text:
         quoted += f" → keys and values from “{result.kv_text}”"
@@ -373,10 +482,13 @@ def trace_markdown(result: TraceResult) -> str:
         f"× d = {result.head_dim} · D = {result.model_size}" + (" · causal" if result.causal else ""),
     ]
     if result.valid_lens is not None:
-        lines += ["", f"Valid lengths of the keys (the rest is padding): {result.valid_lens}"]
-    lines += ["", "Axes: B batch, N tokens (Nq queries, Nk keys), H heads, d head size, D model size, 1 broadcast."]
+        lines += ["", f"Valid lengths of the keys (the rest is padding, masked): {result.valid_lens}"]
+    if len(result.texts) > 1 and text_tokens:
+        lines += ["", _markdown_table(batch_table(result, text_tokens).renderables[0])]
     for trace in result.layouts:
         lines += ["", f"## {_cell(trace.name)}", "", _cell(LAYOUT_DESCRIPTIONS[trace.layout]), ""]
+        if trace.mistake:
+            lines += ["**The wrong computation, made on purpose.**", ""]
         lines += [f"- {_cell(note)}" for note in trace.notes] + ([""] if trace.notes else [])
         lines += [
             "| # | role | operation | pattern | input shapes | output shape | stride | contiguous | memory | note |",
@@ -386,17 +498,22 @@ def trace_markdown(result: TraceResult) -> str:
             inputs = "<br>".join(
                 _shape_with_axes(shape, axes) for shape, axes in zip(step.input_shapes, step.input_axes)
             )
-            role = f"**✗ {step.role}**" if step.mistake else step.role
+            role = ("" if step.in_tutorial else f"{ADDED_MARK} ") + step.role
+            role = f"**✗ {role}**" if step.mistake else role
             lines.append(
                 f"| {index} | {role} | {_code(step.operation)} | {_code(step.pattern)} | {_cell(inputs)} | "
                 f"{_cell(_shape_with_axes(step.output_shape, step.output_axes))} | {shape_text(step.stride)} | "
-                f"{'yes' if step.contiguous else 'no'} | {step.memory or ''} | {_cell(step.note)} |"
+                f"{'yes' if step.contiguous else 'no'} | {memory_word(step)} | {_cell(step.note)} |"
             )
+        legend = axis_legend(trace) + ". memory: view shares its input's memory, new is a copy."
+        if not all(step.in_tutorial for step in trace.steps):
+            legend += f" {ADDED_MARK}: a step the tutorial does not have."
+        lines += ["", _cell(legend)]
     lines += [
         "",
         "## Head slices",
         "",
-        f"Head h uses columns h·{result.head_dim} .. (h+1)·{result.head_dim} − 1 of W_q, W_k and W_v (x @ W + b). "
+        _cell(head_slices_title(result)) + " (x @ W + b). "
         "Its scores and z recomputed from those slices alone, against the layer's; they agree when the "
         f"differences are float32 rounding: at most {TOLERANCE:.0e} × max(1, max abs scores) and {TOLERANCE:.0e}.",
         "",
@@ -412,14 +529,14 @@ def trace_markdown(result: TraceResult) -> str:
         "",
         "## Checks",
         "",
-        f"Largest absolute difference from the reference; the layouts agree when both are at most {TOLERANCE:.0e}.",
+        _cell(CHECKS_EXPLANATION[0].upper() + CHECKS_EXPLANATION[1:]) + ".",
         "",
         "| layout | compared with | weights | output | agree |",
         "| --- | --- | ---: | ---: | --- |",
     ]
     for check in result.checks:
         lines.append(
-            f"| {check.layout} | {_cell(check.reference)} | {difference_text(check.weights_diff)} | "
+            f"| {_cell(check_name(check.layout))} | {_cell(check.reference)} | {difference_text(check.weights_diff)} | "
             f"{difference_text(check.output_diff)} | {'yes' if check.agree else '**no**'} |"
         )
     lines += [f"\n- {_cell(note)}" for note in result.notes]
@@ -435,101 +552,27 @@ def trace_markdown(result: TraceResult) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_trace_markdown(result: TraceResult, path: Path) -> Path:
-    path.write_text(trace_markdown(result), encoding="utf-8")
+def write_trace_markdown(result: TraceResult, path: Path, text_tokens: list[list[str]] | None = None) -> Path:
+    path.write_text(trace_markdown(result, text_tokens), encoding="utf-8")
     return path
 
 
 # ---- the files of a trace ----
 
 
-def mistake_prefix(mistake: str) -> str:
-    return f"mistake_{mistake}_"
+def write_trace_files(
+    result: TraceResult, runs: list, spec: RunSpec, out_dir: Path, fmt: str = "png", notes: list[str] | None = None
+) -> list[Path]:
+    """trace.json and trace.md; with a mistake, the right heads' heatmaps and the mistake's figures beside them.
 
-
-def write_trace_files(result: TraceResult, run, spec: RunSpec, out_dir: Path, fmt: str = "png") -> list[Path]:
-    """trace.json and trace.md; with a mistake, the right heads' heatmaps and the mistaken ones beside them.
-
-    run is the AttentionRun of the first text (its tokens label the figures); spec the run's settings.
+    runs are the AttentionRuns of the texts (their tokens label the batch; the first text's, the
+    figures); spec the run's settings; notes receives a line for each figure that was capped or thinned.
     """
+    from attnviz.trace_figures import write_mistake_figures
+
+    text_tokens = [run.query_tokens for run in runs]
     written = [write_trace_json(result, spec, out_dir / "trace.json")]
-    written.append(write_trace_markdown(result, out_dir / "trace.md"))
+    written.append(write_trace_markdown(result, out_dir / "trace.md", text_tokens))
     if result.mistake is not None:
-        written += write_mistake_figures(result, run, out_dir, fmt)
+        written += write_mistake_figures(result, runs[0], out_dir, fmt, notes)
     return written
-
-
-def write_mistake_figures(result: TraceResult, run, out_dir: Path, fmt: str = "png") -> list[Path]:
-    """head_XX and heads (right), and beside them the mistaken heads of the first text.
-
-    A wrong split changes the weights: its heads get heatmaps of their own. A wrong merge
-    leaves the weights as they were and mixes up the merged rows: its figure shows where
-    each head's output lands.
-    """
-    from dataclasses import replace
-
-    from attnviz.heatmap import write_heatmaps
-
-    mistake = result.mistake.mistake
-    prefix = mistake_prefix(mistake)
-    written = write_heatmaps(run, out_dir, fmt)
-    if mistake == "view-without-permute":
-        wrong = next(trace for trace in result.layouts if trace.mistake == mistake)
-        num_queries, num_keys = run.attention.shape[1:]
-        wrong_run = replace(
-            run,
-            attention=wrong.weights[0, :, :num_queries, :num_keys].numpy(),  # (H, Nq, Nk) of the first text
-            output=wrong.output[0, :num_queries].numpy(),
-        )
-        note = " · mistake: view without permute"
-        written += write_heatmaps(wrong_run, out_dir, fmt, prefix=prefix, note=note)
-    else:
-        written.append(write_merge_figure(result, run.query_tokens, out_dir / f"{prefix}merge.{fmt}"))
-    return written
-
-
-# ---- the figure of a wrong merge ----
-
-
-def write_merge_figure(result: TraceResult, tokens: list[str], path: Path) -> Path:
-    """Two grids, right merge and merge without permute: row n, slot h is columns h*d..(h+1)*d-1
-    of token n's merged output; the colour is the token its numbers came from, the label the head."""
-    import numpy as np
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    from attnviz.fonts import displayable, use_cjk_font
-    from attnviz.trace import merge_provenance
-
-    use_cjk_font()
-    num_heads, num_tokens = result.num_heads, len(tokens)
-    panels = {
-        "right\nz.permute(0, 2, 1, 3).contiguous().view(B, N, D)": merge_provenance(num_heads, num_tokens, result.head_dim),
-        "mistake\nz.view(B, N, D)": merge_provenance(num_heads, num_tokens, result.head_dim, "merge-without-permute"),
-    }
-    cell = 0.5 if num_heads <= 16 else 0.25
-    panel_width = max(num_heads * cell, 3.6)  # inches: wide enough for the code in its title
-    figure = Figure(figsize=(2 * panel_width + 3.5, num_tokens * 0.38 + 2.4), layout="constrained")
-    FigureCanvasAgg(figure)
-    axes = figure.subplots(1, 2, sharey=True)
-    labels = [displayable(token) for token in tokens]
-    for ax, (title, provenance) in zip(axes, panels.items()):
-        source_tokens = provenance[..., 1].numpy()  # (N, H)
-        image = ax.imshow(source_tokens, cmap="viridis", vmin=0, vmax=max(num_tokens - 1, 1), aspect="auto")
-        ax.set_title(title, fontsize=9, parse_math=False)
-        ax.set_xticks(range(num_heads), [str(h) for h in range(num_heads)], fontsize=7)
-        ax.set_xlabel(f"slot h: columns h·{result.head_dim} .. (h+1)·{result.head_dim}−1")
-        ax.set_yticks(range(num_tokens), labels, fontsize=8, parse_math=False)
-        if num_tokens <= 24 and num_heads <= 16:
-            for (row, slot), token in np.ndenumerate(source_tokens):
-                head = int(provenance[row, slot, 0])
-                ax.text(slot, row, f"h{head}\nt{token}", ha="center", va="center", fontsize=5.5,
-                        color="black" if token > num_tokens / 2 else "white")  # fmt: skip
-    axes[0].set_ylabel("token n (row of the merged output)")
-    colorbar = figure.colorbar(image, ax=axes, shrink=0.8)
-    colorbar.set_label("the token its numbers came from")
-    if num_tokens <= 24:
-        colorbar.set_ticks(range(num_tokens), labels=[f"{index} {label}" for index, label in enumerate(labels)])
-    figure.suptitle(f"where each head's output lands in the merged rows ({num_heads} heads, h = head, t = token)")
-    figure.savefig(path, dpi=120)
-    return path

@@ -224,7 +224,8 @@ def test_all_layouts_give_multihead_attentions_weights_and_output(bert, weights,
 
     expected_layouts = [name for name in LAYOUTS if key_texts is None or name != "fused-qkv"]
     assert [traced.layout for traced in traces] == expected_layouts
-    assert all(check.agree for check in checks) and len(checks) == len(expected_layouts)
+    assert all(check.agree for check in checks) and len(checks) == len(expected_layouts) + 1
+    assert [check.layout for check in checks] == ["MultiHeadAttention", *expected_layouts]  # attnviz's layer too
     assert bool(notes) == (key_texts is not None)  # fused-qkv is left out of cross-attention, with a note
     with torch.inference_mode():
         reference = {12: layer(queries, keys, keys, valid_lens=inputs.valid_lens, causal=causal)}
@@ -459,7 +460,7 @@ def test_the_terminal_trace_fits_80_columns_and_shows_the_way_there_and_back(ber
     for text in ("x (1, 8, 384)", "q_heads (1, 12, 8, 32)", "pattern (1, 12, 8, 8)", "z_merged (1, 8, 384)", "out (1, 8, 384)"):
         assert text in flow
     assert "12 attention maps of (8, 8)" in shown
-    assert "do the layouts agree?" in shown and "✗ differs" not in shown
+    assert "do the layouts agree with torch.nn.MultiheadAttention?" in shown and "✗ differs" not in shown
 
 
 # ---- the command line ----
@@ -481,7 +482,7 @@ def test_trace_writes_json_and_markdown_whose_shapes_are_the_real_ones(bert, tmp
         expected = recompute_default_layout(build_layer(bert, 0, 12, "pretrained", 0, "cpu"), LayerInputs(x, x), 12)
     assert_steps_match(record["layouts"][0]["steps"], expected)
     shown = capsys.readouterr().out
-    assert "(1, 8, 384)" in shown and "(1, 12, 8, 8)" in shown and "MultiHeadAttention" in shown
+    assert "(1, 8, 384)" in shown and "(1, 12, 8, 8)" in shown and "nn.MultiheadAttention" in shown
 
 
 def test_trace_layout_all_with_a_batch_agrees_and_shows_the_padding(tmp_path, capsys):
@@ -493,7 +494,9 @@ def test_trace_layout_all_with_a_batch_agrees_and_shows_the_padding(tmp_path, ca
     roles = [step["role"] for step in record["layouts"][1]["steps"]]
     assert "valid_lens_heads" in roles and "mask" in roles
     shown = capsys.readouterr().out
-    assert "valid lengths (keys): [9, 16]" in shown and "single-head" in shown
+    assert "batch of 2 texts padded to 16 tokens" in shown and "single-head" in shown
+    assert re.search(r"^ +0 +9 +7: 9–15 +0:\[CLS\] 1:the", shown, re.M)  # text 0: 9 tokens, keys 9..15 padding
+    assert re.search(r"^ +1 +16 +none +0:\[CLS\] 1:the 2:animal", shown, re.M)
 
 
 def test_trace_from_a_file_of_texts(tmp_path):
@@ -503,7 +506,10 @@ def test_trace_from_a_file_of_texts(tmp_path):
     record = json.loads((tmp_path / "run" / "trace.json").read_text(encoding="utf-8"))
     assert record["texts"] == [SHORT, OTHER] and len(record["valid_lens"]) == 2
     assert [layout["layout"] for layout in record["layouts"]] == ["merged-batch"]  # only the one asked for
-    assert [(check["layout"], check["reference"]) for check in record["checks"]] == [("merged-batch", "view-permute")]
+    reference = "nn.MultiheadAttention, 12 heads"  # torch's own layer, not attnviz's
+    assert [(check["layout"], check["reference"]) for check in record["checks"]] == [
+        ("MultiHeadAttention", reference), ("merged-batch", reference)
+    ]
 
 
 def test_trace_cross_attention_leaves_fused_qkv_out_of_all(tmp_path, capsys):
@@ -560,9 +566,10 @@ def test_layouts_that_disagree_fail_with_exit_code_1_and_keep_the_files(tmp_path
     monkeypatch.setattr(trace_module, "merged_batch", off_by_a_little)
     assert trace_command(SHORT, "--layout", "all", "--out", str(tmp_path)) == 1
     error = capsys.readouterr().err
-    assert error.startswith("error: the layouts disagree: merged-batch differs from view-permute by 1.0e-03")
+    assert error.startswith("error: the layouts disagree: merged-batch differs from nn.MultiheadAttention, 12 heads by 1.0e-03")
     assert error.count("\n") == 1
-    assert json.loads((tmp_path / "trace.json").read_text())["checks"][1]["agree"] is False
+    checks = json.loads((tmp_path / "trace.json").read_text())["checks"]
+    assert [check["agree"] for check in checks] == [True, True, False, True, True]  # attnviz's layer, then the layouts
 
 
 BAD_INPUTS = {

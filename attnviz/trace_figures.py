@@ -1,0 +1,196 @@
+"""The figures of a deliberate mistake in a shape trace (`attnviz trace --mistake`).
+
+A wrong split changes the weights: its "heads" get heatmaps whose rows and columns are labelled
+with what they really hold, a slice of a token's features, not a token. A wrong merge leaves the
+weights as they were and mixes up the merged rows: its figure shows where each head's output
+lands. Every figure is at most MAX_IMAGE_SIDE pixels a side; cells are drawn without
+interpolation, so every colour is one on the scale.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from attnviz.trace import TraceResult
+
+MAX_IMAGE_SIDE = 4096  # pixels, width and height, of every figure written here
+MAX_GRID_HEADS = 16  # wrong heads in the grid figure; every head has its own file
+MIN_LABEL_PIXELS = 12  # a tick label needs about this much room along its axis
+
+
+def mistake_prefix(mistake: str) -> str:
+    return f"mistake_{mistake}_"
+
+
+def write_mistake_figures(
+    result: TraceResult, run, out_dir: Path, fmt: str = "png", notes: list[str] | None = None
+) -> list[Path]:
+    """head_XX and heads (right, of the first text), and beside them the mistake's figures.
+
+    notes receives a line for each figure that was capped or thinned.
+    """
+    from attnviz.heatmap import write_heatmaps
+
+    notes = [] if notes is None else notes
+    mistake = result.mistake.mistake
+    written = write_heatmaps(run, out_dir, fmt)
+    if mistake == "view-without-permute":
+        written += write_split_heatmaps(result, run, out_dir, fmt, notes)
+    else:
+        path = out_dir / f"{mistake_prefix(mistake)}merge.{fmt}"
+        written.append(write_merge_figure(result, run.query_tokens, path, notes))
+    return written
+
+
+def slice_labels(num_heads: int, num_tokens: int, head_dim: int, tokens: list[str]) -> list[list[str]]:
+    """For each wrong head, each row's label "token:text sK": slice K (columns K*d..) of that token."""
+    from attnviz.fonts import displayable
+    from attnviz.trace import split_provenance
+
+    provenance = split_provenance(num_heads, num_tokens, head_dim, "view-without-permute")  # (H, N, 2)
+    name = lambda token: displayable(tokens[token]) if token < len(tokens) else "[PAD]"
+    return [[f"{token}:{name(token)} s{piece}" for token, piece in head.tolist()] for head in provenance]
+
+
+def _split_title(run, head: int | None = None) -> str:
+    from attnviz.heatmap import quoted, run_title
+
+    which = f"'head' {head}" if head is not None else f"{run.num_heads} 'heads'"
+    return (
+        f"WRONG computation: q.view(B, H, N, d) without permute · {which}\n"
+        f"{run_title(run)} · {quoted(run.text, 50)}"
+    )
+
+
+SPLIT_AXIS_NOTE = "token:text sK = slice K (columns K·d..(K+1)·d−1) of that token"
+
+
+def write_split_heatmaps(result: TraceResult, run, out_dir: Path, fmt: str, notes: list[str]) -> list[Path]:
+    """The wrong heads of the first text: per head a heatmap, and a grid of the first 16.
+
+    Row n of wrong head h is not token n: it is slice (h*N + n) % H of token (h*N + n) // H,
+    and each label says which. The maps are the whole padded length of the batch.
+    """
+    import numpy as np
+
+    from attnviz.heatmap import (
+        DPI, MAX_GRID_TICK_LABELS, MAX_TICK_LABELS, cell_values, draw_attention, grid_shape, head_figure_size,
+        label_tokens, new_figure, save_options, update_cell_values,
+    )  # fmt: skip
+
+    wrong = next(trace for trace in result.layouts if trace.mistake == "view-without-permute")
+    weights = wrong.weights[0].numpy()  # (H, Nq, Nk) of the first text, padding included
+    num_heads, num_queries, num_keys = weights.shape
+    query_labels = slice_labels(num_heads, num_queries, result.head_dim, run.query_tokens)
+    key_labels = slice_labels(num_heads, num_keys, result.head_dim, run.key_tokens)
+    prefix = mistake_prefix("view-without-permute")
+    written = []
+    for head in range(num_heads):
+        figure = new_figure(head_figure_size(num_queries, num_keys))
+        ax = figure.add_subplot()
+        image = draw_attention(ax, np.ma.masked_array(weights[head]), interpolation="nearest")
+        values = cell_values(ax, num_queries, num_keys)
+        if values is not None:
+            update_cell_values(values, np.ma.masked_array(weights[head]), image)
+        label_tokens(ax, key_labels[head], query_labels[head], MAX_TICK_LABELS, fontsize=7)
+        ax.set_title(_split_title(run, head), fontsize=9, color="darkred", parse_math=False)
+        ax.set_xlabel(f"wrong 'key' row: {SPLIT_AXIS_NOTE}", fontsize=8)
+        ax.set_ylabel("wrong 'query' row: a slice of a token, not a token", fontsize=8)
+        figure.colorbar(image, ax=ax, label="attention weight of the wrong computation")
+        path = Path(out_dir) / f"{prefix}head_{head:02d}.{fmt}"
+        figure.savefig(path, dpi=DPI, **save_options(fmt))
+        written.append(path)
+
+    shown = min(num_heads, MAX_GRID_HEADS)
+    if shown < num_heads:
+        notes.append(
+            f"{prefix}heads.{fmt} shows the first {shown} of the {num_heads} wrong heads "
+            f"(at most {MAX_GRID_HEADS}, to stay readable); every head has its own {prefix}head_XX.{fmt}"
+        )
+    num_rows, num_columns = grid_shape(shown)
+    panel = float(np.clip(1.6 + 0.1 * max(num_queries, num_keys), 2.4, 3.2))
+    figure = new_figure((num_columns * panel + 2.5, num_rows * panel + 2.0))
+    axes = figure.subplots(num_rows, num_columns, squeeze=False)
+    for head, ax in enumerate(axes.flat):
+        if head >= shown:
+            ax.set_visible(False)
+            continue
+        image = draw_attention(ax, np.ma.masked_array(weights[head]), interpolation="nearest")
+        ax.set_title(f"'head' {head}", fontsize=9)
+        label_tokens(ax, key_labels[head], query_labels[head], MAX_GRID_TICK_LABELS // 2, fontsize=5)
+    figure.colorbar(image, ax=axes, shrink=0.6, label="attention weight of the wrong computation")
+    figure.suptitle(_split_title(run), color="darkred", parse_math=False)
+    figure.supxlabel(f"rows and columns: {SPLIT_AXIS_NOTE}", fontsize=9)
+    path = Path(out_dir) / f"{prefix}heads.{fmt}"
+    figure.savefig(path, dpi=DPI, **save_options(fmt))
+    return written + [path]
+
+
+def capped_inches(natural: float, dpi: int) -> float:
+    return min(natural, MAX_IMAGE_SIDE / dpi)
+
+
+def thinned_ticks(count: int, pixels: float) -> list[int]:
+    """Every k-th index, so that each label has MIN_LABEL_PIXELS along an axis of this many pixels."""
+    from attnviz.heatmap import tick_positions
+
+    return tick_positions(count, max(1, int(pixels // MIN_LABEL_PIXELS)))
+
+
+def write_merge_figure(result: TraceResult, tokens: list[str], path: Path, notes: list[str] | None = None) -> Path:
+    """Two grids, right merge and merge without permute: row n, slot h is columns h*d..(h+1)*d-1
+    of token n's merged output; the colour is the token its numbers came from, the label the head.
+
+    At most MAX_IMAGE_SIDE pixels a side: a long text or many heads get thinner rows and fewer
+    labels, and a line in notes says so.
+    """
+    import numpy as np
+
+    from attnviz.fonts import displayable
+    from attnviz.heatmap import DPI, new_figure, save_options
+    from attnviz.trace import merge_provenance
+
+    notes = [] if notes is None else notes
+    num_heads, num_tokens = result.num_heads, len(tokens)
+    panels = {
+        "right\nz.permute(0, 2, 1, 3).contiguous().view(B, N, D)": merge_provenance(num_heads, num_tokens, result.head_dim),
+        "WRONG computation\nz.view(B, N, D)": merge_provenance(num_heads, num_tokens, result.head_dim, "merge-without-permute"),
+    }
+    cell = 0.5 if num_heads <= 16 else 0.25
+    panel_width = max(num_heads * cell, 3.6)  # inches: wide enough for the code in its title
+    natural = (2 * panel_width + 3.5, num_tokens * 0.38 + 2.4)
+    size = (capped_inches(natural[0], DPI), capped_inches(natural[1], DPI))
+    figure = new_figure(size)
+    axes = figure.subplots(1, 2, sharey=True)
+    labels = [displayable(token) for token in tokens]
+    rows = thinned_ticks(num_tokens, (size[1] - 2.4) * DPI)
+    slots = thinned_ticks(num_heads, (size[0] - 3.5) / 2 * DPI)
+    for ax, (title, provenance) in zip(axes, panels.items()):
+        source_tokens = provenance[..., 1].numpy()  # (N, H)
+        image = ax.imshow(
+            source_tokens, cmap="viridis", vmin=0, vmax=max(num_tokens - 1, 1), aspect="auto", interpolation="nearest"
+        )
+        ax.set_title(title, fontsize=9, parse_math=False, color="darkred" if title.startswith("WRONG") else "black")
+        ax.set_xticks(slots, [str(h) for h in slots], fontsize=7)
+        ax.set_xlabel(f"slot h: columns h·{result.head_dim} .. (h+1)·{result.head_dim}−1")
+        ax.set_yticks(rows, [f"{index}:{labels[index]}" for index in rows], fontsize=8, parse_math=False)
+        if num_tokens <= 24 and num_heads <= 16:
+            for (row, slot), token in np.ndenumerate(source_tokens):
+                head = int(provenance[row, slot, 0])
+                ax.text(slot, row, f"h{head}\nt{token}", ha="center", va="center", fontsize=5.5,
+                        color="black" if token > num_tokens / 2 else "white")  # fmt: skip
+    axes[0].set_ylabel("token n (row of the merged output)")
+    colorbar = figure.colorbar(image, ax=axes, shrink=0.8)
+    colorbar.set_label("the token its numbers came from")
+    if num_tokens <= 24:
+        colorbar.set_ticks(range(num_tokens), labels=[f"{index}:{label}" for index, label in enumerate(labels)])
+    figure.suptitle(f"where each head's output lands in the merged rows ({num_heads} heads, h = head, t = token)")
+    figure.savefig(path, dpi=DPI, **save_options(path.suffix.lstrip(".")))
+    if size != natural or len(rows) < num_tokens or len(slots) < num_heads:
+        notes.append(
+            f"{path.name} is capped at {MAX_IMAGE_SIDE} pixels a side ({math.ceil(size[0] * DPI)} × "
+            f"{math.ceil(size[1] * DPI)}): {len(rows)} of {num_tokens} tokens and {len(slots)} of {num_heads} "
+            "slots labelled"
+        )
+    return path
