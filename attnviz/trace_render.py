@@ -103,7 +103,7 @@ def layout_heading(trace: LayoutTrace) -> Text:
     heading = Text(trace.name, style="bold red" if trace.mistake else "bold")
     heading.append(f"  {trace.num_heads} head{'s' if trace.num_heads > 1 else ''} × d = {trace.head_dim}", style="dim")
     if trace.mistake:
-        heading.append("  the wrong computation, made on purpose", style="red")
+        heading.append("\nthe wrong computation, made on purpose", style="bold red")
     heading.append("\n" + LAYOUT_DESCRIPTIONS[trace.layout])
     for note in trace.notes:
         heading.append(f"\nnote: {note}", style="dim")
@@ -135,7 +135,7 @@ def maps_text(trace: LayoutTrace, valid_lens: list[int] | None = None) -> str:
     heads = f"{num_heads} head{'s' if num_heads > 1 else ''}"
     if trace.layout == "single-head" and valid_lens is not None:
         shapes = ", ".join(f"text {index} ({num_queries}, {length})" for index, length in enumerate(valid_lens))
-        return f"{heads}, one text at a time, each without its padding keys: attention maps of {shapes}"
+        return f"{heads}, text by text without its padding keys: attention maps of {shapes}"
     maps = batch * num_heads
     return (
         f"{heads} × {batch} text{'s' if batch > 1 else ''} = {maps} attention map{'s' if maps > 1 else ''}"
@@ -188,7 +188,7 @@ def steps_table(trace: LayoutTrace) -> Group:
     table.add_column("stride", overflow="fold")
     for step in trace.steps:
         table.add_row(_operation_cell(step), _shape_cell(step), _stride_cell(step))
-    legend = axis_legend(trace) + ". memory: view shares its input's memory, new is a copy."
+    legend = axis_legend(trace) + ". Memory: view shares its input's, new is a copy."
     if not all(step.in_tutorial for step in trace.steps):
         legend += f" {ADDED_MARK}: a step the tutorial does not have."
     return Group(table, Text(legend, style="dim"))
@@ -290,7 +290,7 @@ def mistake_text(result: TraceResult, tokens: list[str] | None = None) -> Text:
 
 def batch_table(result: TraceResult, text_tokens: list[list[str]]) -> Group:
     """Every text of a padded batch: its real tokens, its padding keys (masked), its tokens."""
-    padded = result.layouts[0].steps[0].output_shape[1]  # x (B, Nq, D)
+    padded = result.layouts[0].weights.shape[2]  # (B, H, Nq, Nk)
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, title_justify="left", title=(
         f"batch of {len(result.texts)} texts padded to {padded} tokens (texts and tokens numbered from 0; "
         "token 0 is [CLS])"
@@ -505,7 +505,7 @@ def trace_markdown(result: TraceResult, text_tokens: list[list[str]] | None = No
                 f"{_cell(_shape_with_axes(step.output_shape, step.output_axes))} | {shape_text(step.stride)} | "
                 f"{'yes' if step.contiguous else 'no'} | {memory_word(step)} | {_cell(step.note)} |"
             )
-        legend = axis_legend(trace) + ". memory: view shares its input's memory, new is a copy."
+        legend = axis_legend(trace) + ". Memory: view shares its input's, new is a copy."
         if not all(step.in_tutorial for step in trace.steps):
             legend += f" {ADDED_MARK}: a step the tutorial does not have."
         lines += ["", _cell(legend)]
