@@ -75,8 +75,8 @@ def write_split_heatmaps(result: TraceResult, run, out_dir: Path, fmt: str, note
     import numpy as np
 
     from attnviz.heatmap import (
-        DPI, MAX_GRID_TICK_LABELS, MAX_TICK_LABELS, cell_values, draw_attention, grid_shape, head_figure_size,
-        label_tokens, new_figure, save_options, update_cell_values,
+        DPI, MAX_GRID_TICK_LABELS, MAX_TICK_LABELS, cell_values, draw_attention, freeze_layout, grid_shape,
+        head_figure_size, label_tokens, new_figure, save_options, update_cell_values,
     )  # fmt: skip
 
     wrong = next(trace for trace in result.layouts if trace.mistake == "view-without-permute")
@@ -85,19 +85,30 @@ def write_split_heatmaps(result: TraceResult, run, out_dir: Path, fmt: str, note
     query_labels = slice_labels(num_heads, num_queries, result.head_dim, run.query_tokens)
     key_labels = slice_labels(num_heads, num_keys, result.head_dim, run.key_tokens)
     prefix = mistake_prefix("view-without-permute")
+    # One figure for every head: per head only the data, the tick labels and the title change.
+    # Its layout is solved once, for the head with the longest labels, so that every head fits.
+    figure = new_figure(head_figure_size(num_queries, num_keys))
+    ax = figure.add_subplot()
+    image = draw_attention(ax, np.ma.masked_array(weights[0]), interpolation="nearest")
+    values = cell_values(ax, num_queries, num_keys)
+    title = ax.set_title("", fontsize=9, color="darkred", parse_math=False)
+    ax.set_xlabel(f"wrong 'key' row: {SPLIT_AXIS_NOTE}", fontsize=8)
+    ax.set_ylabel("wrong 'query' row: a slice of a token, not a token", fontsize=8)
+    figure.colorbar(image, ax=ax, label="attention weight of the wrong computation")
+
+    def show(head: int) -> None:
+        head_weights = np.ma.masked_array(weights[head])  # (Nq, Nk)
+        image.set_data(head_weights)
+        if values is not None:
+            update_cell_values(values, head_weights, image)
+        label_tokens(ax, key_labels[head], query_labels[head], MAX_TICK_LABELS, fontsize=7)
+        title.set_text(_split_title(run, head))
+
+    show(max(range(num_heads), key=lambda head: max(map(len, query_labels[head] + key_labels[head]))))
+    freeze_layout(figure)
     written = []
     for head in range(num_heads):
-        figure = new_figure(head_figure_size(num_queries, num_keys))
-        ax = figure.add_subplot()
-        image = draw_attention(ax, np.ma.masked_array(weights[head]), interpolation="nearest")
-        values = cell_values(ax, num_queries, num_keys)
-        if values is not None:
-            update_cell_values(values, np.ma.masked_array(weights[head]), image)
-        label_tokens(ax, key_labels[head], query_labels[head], MAX_TICK_LABELS, fontsize=7)
-        ax.set_title(_split_title(run, head), fontsize=9, color="darkred", parse_math=False)
-        ax.set_xlabel(f"wrong 'key' row: {SPLIT_AXIS_NOTE}", fontsize=8)
-        ax.set_ylabel("wrong 'query' row: a slice of a token, not a token", fontsize=8)
-        figure.colorbar(image, ax=ax, label="attention weight of the wrong computation")
+        show(head)
         path = Path(out_dir) / f"{prefix}head_{head:02d}.{fmt}"
         figure.savefig(path, dpi=DPI, **save_options(fmt))
         written.append(path)
