@@ -5,7 +5,6 @@ trace.md (the mistake's figures are in trace_figures.py). The formats are docume
 from __future__ import annotations
 
 import json
-import math
 import re
 from pathlib import Path
 

@@ -12,7 +12,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import torch
 from rich.console import Console
 
 from attnviz import attention as attention_module
