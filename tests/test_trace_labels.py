@@ -118,13 +118,13 @@ def test_stride_contiguity_and_memory_print_on_the_output_line_in_trace_md_words
     assert "contiguous: no" in shown and "not contiguous" not in shown
 
 
-def test_every_table_has_an_axis_legend_and_one_notation(bert):
+def test_every_table_has_an_axis_legend_and_one_notation(bert, plain_spec):
     result = trace_texts(bert, [SHORT, DOG], layouts=LAYOUTS)
     shown = render(result, [tokens_of(bert, SHORT), tokens_of(bert, DOG)])
     legends = [line for line in shown.splitlines() if line.startswith("axes: ")]
     assert len(legends) == len(result.layouts)
     assert legends[0].startswith("axes: B = 2 batch, N = 9 tokens, H = 12 heads, d = 32 head size (D / H)")
-    steps = [step for trace in trace_record(result)["layouts"] for step in trace["steps"]]
+    steps = [step for trace in trace_record(result, plain_spec)["layouts"] for step in trace["steps"]]
     written = str([(step["operation"], step["pattern"], step["input_axes"], step["output_axes"]) for step in steps])
     for foreign in ("three", "Lk", "d_in", "d_q", "d_out"):
         assert foreign not in written, foreign
@@ -159,7 +159,7 @@ def test_a_batch_shows_every_text_with_its_real_tokens_and_padding_keys(bert):
 # ---- 15: the tutorials' own code, and the steps they do not have ----
 
 
-def test_steps_a_tutorial_lacks_are_marked_and_the_tutorials_code_is_quoted(bert):
+def test_steps_a_tutorial_lacks_are_marked_and_the_tutorials_code_is_quoted(bert, plain_spec):
     result = trace_texts(bert, [SHORT, DOG], layouts=LAYOUTS)
     by_layout = {trace.layout: trace for trace in result.layouts}
     fused, single, merged = by_layout["fused-qkv"], by_layout["single-head"], by_layout["merged-batch"]
@@ -177,7 +177,7 @@ def test_steps_a_tutorial_lacks_are_marked_and_the_tutorials_code_is_quoted(bert
             assert step.in_tutorial == ("not in the tutorial" not in (step.note or "")), (trace.layout, step.role)
     shown = render(result, [tokens_of(bert, SHORT), tokens_of(bert, DOG)])
     assert "+ out" in shown and "+: a step the tutorial does not have" in shown
-    record = trace_record(result)
+    record = trace_record(result, plain_spec)
     fused_steps = next(layout["steps"] for layout in record["layouts"] if layout["layout"] == "fused-qkv")
     assert fused_steps[-1]["in_tutorial"] is False
 
