@@ -1,6 +1,6 @@
 """Shape traces: recorded from the real tensors, every layout the same computation, mistakes caught.
 
-Expectations are computed here with other code than attnviz/trace.py uses (F.linear, unflatten,
+Expectations are computed here with other code than attnviz/trace/ uses (F.linear, unflatten,
 transpose, einsum, the weight rows of nn.Linear, forward hooks), on the bundled
 all-MiniLM-L6-v2 (D = 384, 12 heads of d = 32).
 """
@@ -85,7 +85,7 @@ def one_head_copy(layer: MultiHeadAttention) -> MultiHeadAttention:
 
 
 def recompute_default_layout(layer, inputs: LayerInputs, num_heads: int) -> dict[str, torch.Tensor]:
-    """The view-permute steps by role, written with other code than trace.py's."""
+    """The view-permute steps by role, written with other code than the trace's."""
     x, x_kv = inputs.queries, inputs.keys_values
     batch, num_queries, model_size = x.shape
     num_keys, head_dim = x_kv.shape[1], model_size // num_heads
@@ -563,7 +563,7 @@ def test_layouts_that_disagree_fail_with_exit_code_1_and_keep_the_files(tmp_path
         traced.output = traced.output + 1e-3
         return traced
 
-    monkeypatch.setattr(trace_module, "merged_batch", off_by_a_little)
+    monkeypatch.setitem(trace_module.LAYOUT_FUNCTIONS, "merged-batch", off_by_a_little)
     assert trace_command(SHORT, "--layout", "all", "--out", str(tmp_path)) == 1
     error = capsys.readouterr().err
     assert error.startswith("error: the layouts disagree: merged-batch differs from nn.MultiheadAttention, 12 heads by 1.0e-03")

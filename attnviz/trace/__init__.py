@@ -1,0 +1,233 @@
+"""Shape traces: every split and merge of the heads, recorded from the real tensors.
+
+Four layouts compute the same multi-head attention on the same weights (the Linear layers
+of one MultiHeadAttention), each the way its tutorial writes it (DESIGN.md, "The five
+implementations"):
+
+    view-permute   attnviz's own layer and the BERT-fed tutorial: separate W_q, W_k, W_v,
+                   view + permute to (B, H, N, d)
+    merged-batch   d2l.ai: heads folded into the batch axis, (B*H, N, d); valid lengths
+                   repeated per head; masked scores set to -1e6
+    fused-qkv      nanoGPT: one Linear(D, 3D), split, view, transpose; causal tril buffer
+    single-head    one head over one unbatched sequence: Q K^T / sqrt(d_q), A V
+
+A layout passes every tensor it makes through `record(role, tensor, operation, axes, ...)`:
+the shape, stride, contiguity and memory sharing are read from that tensor, and the axis
+names are checked against the sizes, so a trace cannot claim a shape the run did not have.
+
+Modules: recorder (the records and the recorder), one per layout (layout_view_permute, ...,
+layout_single_head), checks (against torch.nn.MultiheadAttention, and the head slices),
+mistakes (the two reshape mistakes and where they put the numbers); this one runs them.
+
+Step roles, stable across layouts (in the spirit of TransformerLens' hook names):
+
+    x, x_kv                    the layer's query and key/value inputs
+    qkv                        fused-qkv: the one projection (B, N, 3D)
+    q, k, v                    the projections (B, N, D)
+    q_view, k_view, v_view     (B, N, H, d): the model axis split into heads
+    q_permuted, ...            merged-batch: (B, H, N, d) before folding heads into the batch
+    q_heads, k_heads, v_heads  each head's tokens: (B, H, N, d), or (B*H, N, d) merged-batch
+    k_t                        the keys transposed for the product
+    scores                     Q K^T / sqrt(d)
+    valid_lens, ...            the padding path: valid lengths, repeated, and the masks
+    mask                       the boolean mask the scores are filled by (True = may attend)
+    masked_scores              the scores with masked keys at -inf (or -1e6 in d2l)
+    pattern                    the attention weights: softmax over the keys
+    z                          pattern @ v, per head
+    z_view, z_permuted, z_contiguous, z_merged   back to (B, N, D)
+    out                        W_o(z_merged)
+
+Axis names: B batch, N tokens (Nq queries and Nk keys when they differ), H heads, d head
+size, D model size, "1" a broadcast axis; products such as B*H name a merged axis.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from attnviz.attention import MultiHeadAttention
+from attnviz.errors import AttnvizError
+from attnviz.result import Truncation
+from attnviz.trace.checks import LAYER_NAME, TOLERANCE, Check, HeadSlice, check_layouts, head_slices, torch_reference
+from attnviz.trace.layout_fused_qkv import fused_projection, fused_qkv
+from attnviz.trace.layout_merged_batch import merged_batch
+from attnviz.trace.layout_single_head import single_head
+from attnviz.trace.layout_view_permute import view_permute
+from attnviz.trace.mistakes import MISTAKES, MistakeResult, compare_mistake, merge_provenance, split_provenance
+from attnviz.trace.recorder import ADDED_MARK, LayerInputs, LayoutTrace, Recorder, Step, axis_size
+
+LAYOUTS = ("view-permute", "merged-batch", "fused-qkv", "single-head")
+DEFAULT_LAYOUT = "view-permute"
+
+LAYOUT_DESCRIPTIONS = {
+    "view-permute": "attnviz's own layer (attention.py), split as the BERT-fed and cross-attention tutorials "
+    "split it: separate W_q, W_k, W_v; view + permute to (B, H, N, d)",
+    "merged-batch": "the d2l.ai tutorial's code: heads folded into the batch axis as (B*H, N, d); valid lengths "
+    "repeated per head, masked scores set to -1e6",
+    "fused-qkv": "the nanoGPT-style tutorial's code: one nn.Linear(D, 3D) (self.attn) whose weight stacks W_q, W_k, "
+    "W_v; split, view, transpose(1, 2)",
+    "single-head": "the single-head tutorial's code (Self_attention): self.Wq, self.Wk, self.Wv over one unbatched "
+    "sequence, one head of d = D",
+}
+
+__all__ = [
+    "ADDED_MARK", "DEFAULT_LAYOUT", "LAYER_NAME", "LAYOUTS", "LAYOUT_DESCRIPTIONS", "MISTAKES", "TOLERANCE",
+    "Check", "HeadSlice", "LayerInputs", "LayoutTrace", "MistakeResult", "Recorder", "Step", "TraceResult",
+    "axis_size", "check_layouts", "fused_projection", "head_slices", "merge_provenance", "merged_batch",
+    "split_provenance", "torch_reference", "trace_layout", "trace_layouts", "trace_texts",
+]  # fmt: skip
+
+# name -> the function that runs it; trace_layout looks it up here (tests replace an entry)
+LAYOUT_FUNCTIONS = {
+    "view-permute": view_permute,
+    "merged-batch": merged_batch,
+    "fused-qkv": fused_qkv,
+    "single-head": single_head,
+}
+
+
+def trace_layout(
+    name: str, layer: MultiHeadAttention, inputs: LayerInputs, num_heads: int, mistake: str | None = None
+) -> LayoutTrace:
+    if name not in LAYOUTS:
+        raise AttnvizError(f"unknown layout {name!r}: choose one of {', '.join(LAYOUTS)} or all")
+    if mistake is not None and name != "view-permute":
+        raise AttnvizError("--mistake is shown in the view-permute layout: leave out --layout or use --layout view-permute")
+    with torch.inference_mode():
+        if name == "view-permute":
+            return LAYOUT_FUNCTIONS[name](layer, inputs, num_heads, mistake)
+        return LAYOUT_FUNCTIONS[name](layer, inputs, num_heads)
+
+
+@dataclass
+class TraceResult:
+    """Everything `attnviz trace` shows and writes."""
+
+    texts: list[str]
+    kv_text: str | None
+    model: str
+    layer: int
+    weights: str
+    num_heads: int
+    head_dim: int
+    model_size: int
+    causal: bool
+    device: str
+    valid_lens: list[int] | None
+    layouts: list[LayoutTrace]
+    checks: list[Check]
+    head_slices: list[HeadSlice]
+    mistake: MistakeResult | None = None
+    notes: list[str] = field(default_factory=list)
+    truncated: list[Truncation | None] = field(default_factory=list)  # each text's cut by --truncate
+    kv_truncated: Truncation | None = None  # the --kv text's
+
+    @property
+    def agree(self) -> bool:
+        return all(check.agree for check in self.checks)
+
+
+def trace_layouts(
+    layer: MultiHeadAttention, inputs: LayerInputs, layouts: list[str], mistake: str | None = None
+) -> tuple[list[LayoutTrace], list[Check], list[HeadSlice], MistakeResult | None, list[str]]:
+    """Run the layouts (in LAYOUTS' order), check them against torch, slice the heads.
+
+    The head slices are checked against the default layout's scores, run for that even when
+    not shown.
+    """
+    num_heads = layer.num_heads
+    if mistake is not None and any(name != DEFAULT_LAYOUT for name in layouts):
+        raise AttnvizError("--mistake is shown in the view-permute layout: leave out --layout or use --layout view-permute")
+    if mistake is not None and num_heads == 1:
+        raise AttnvizError("--mistake needs more than one head: with 1 head the wrong view gives the right tensor")
+    notes = []
+    unknown = [name for name in layouts if name not in LAYOUTS]
+    if unknown:
+        trace_layout(unknown[0], layer, inputs, num_heads)  # raises the clear error
+    names = [name for name in LAYOUTS if name in layouts]
+    if not inputs.self_attention and "fused-qkv" in names:
+        if len(names) == 1:
+            trace_layout("fused-qkv", layer, inputs, num_heads)  # raises the clear error
+        names.remove("fused-qkv")
+        notes.append("fused-qkv left out: it is self-attention only, and --kv makes this cross-attention")
+    traces = [trace_layout(name, layer, inputs, num_heads) for name in names]
+    # The head slices are those of the heads shown: one head of D columns when single-head is all there is.
+    sliced_heads = 1 if names == ["single-head"] else num_heads
+    sliced = next((trace for trace in traces if trace.layout == DEFAULT_LAYOUT), None)
+    if sliced is None or sliced.num_heads != sliced_heads:
+        sliced = trace_layout(DEFAULT_LAYOUT, layer, inputs, sliced_heads)
+    mistake_result = None
+    if mistake is not None:
+        wrong = trace_layout(DEFAULT_LAYOUT, layer, inputs, num_heads, mistake)
+        mistake_result = compare_mistake(traces[0], wrong)
+        traces.append(wrong)
+    checks = check_layouts(layer, inputs, traces)
+    return traces, checks, head_slices(layer, inputs, sliced), mistake_result, notes
+
+
+def trace_texts(
+    loaded,
+    texts: list[str],
+    *,
+    kv_text: str | None = None,
+    layer: int = 0,
+    num_heads: int | None = None,
+    weights: str = "pretrained",
+    seed: int = 0,
+    causal: bool = False,
+    device: str = "cpu",
+    layouts: tuple[str, ...] = (DEFAULT_LAYOUT,),
+    mistake: str | None = None,
+    truncate: bool = False,
+) -> TraceResult:
+    """Trace the layouts over BERT layer `layer`'s input for a padded batch of texts.
+
+    The weights are build_layer's (BERT's own, or random with seed); a batch of more than
+    one text passes its valid lengths, so the trace shows the padding path.
+    """
+    from attnviz.pipeline import build_layer, check_layer, layer_input, resolve_num_heads
+    from attnviz.tokens import encode
+
+    check_layer(loaded, layer)
+    num_heads = resolve_num_heads(loaded, num_heads)
+    attention = build_layer(loaded, layer, num_heads, weights, seed, device)
+    queries = encode(loaded.tokenizer, texts, loaded.max_positions, truncate)
+    query_states = layer_input(loaded, queries, layer, device)  # (B, Nq, D)
+    key_states, key_valid_lens = query_states, queries.valid_lens  # (B, Nk, D), (B,)
+    keys = None
+    if kv_text is not None:
+        keys = encode(loaded.tokenizer, [kv_text], loaded.max_positions, truncate)
+        key_states = layer_input(loaded, keys, layer, device).expand(len(texts), -1, -1)  # (B, Nk, D)
+        key_valid_lens = keys.valid_lens.expand(len(texts))  # (B,)
+    inputs = LayerInputs(
+        query_states,
+        key_states,
+        valid_lens=key_valid_lens.to(device) if len(texts) > 1 else None,  # a batch shows the padding path
+        causal=causal,
+        source=f"layer_input(bert, encode(texts), layer={layer})",
+        kv_source=f"layer_input(bert, encode([kv_text]), layer={layer}).expand(B, -1, -1)",
+    )
+
+    traces, checks, slices, mistake_result, notes = trace_layouts(attention, inputs, list(layouts), mistake)
+    return TraceResult(
+        texts=list(texts),
+        kv_text=kv_text,
+        model=loaded.name,
+        layer=layer,
+        weights=weights,
+        num_heads=num_heads,
+        head_dim=loaded.hidden_size // num_heads,
+        model_size=loaded.hidden_size,
+        causal=causal,
+        device=device,
+        valid_lens=inputs.valid_lens.tolist() if inputs.valid_lens is not None else None,
+        layouts=traces,
+        checks=checks,
+        head_slices=slices,
+        mistake=mistake_result,
+        notes=notes,
+        truncated=queries.truncations,
+        kv_truncated=keys.truncations[0] if keys is not None else None,
+    )

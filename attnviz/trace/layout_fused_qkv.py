@@ -1,0 +1,124 @@
+"""The nanoGPT-style tutorial's attention: one Linear(D, 3D), split, view, transpose(1, 2)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from attnviz.attention import MultiHeadAttention
+from attnviz.errors import AttnvizError
+from attnviz.trace.recorder import LayerInputs, LayoutTrace, Recorder, axis_sizes, broadcast_note, finish_trace
+
+
+def fused_projection(layer: MultiHeadAttention) -> torch.nn.Linear:
+    """nanoGPT's c_attn: one Linear(D, 3D) whose weight is W_q, W_k, W_v stacked."""
+    model_size = layer.w_q.in_features
+    if not layer.w_q.in_features == layer.w_k.in_features == layer.w_v.in_features:
+        raise AttnvizError("fused-qkv needs queries, keys and values of one size: it projects one sequence")
+    c_attn = torch.nn.Linear(model_size, 3 * model_size, bias=layer.w_q.bias is not None)
+    c_attn = c_attn.to(layer.w_q.weight.device, layer.w_q.weight.dtype)
+    with torch.no_grad():
+        c_attn.weight.copy_(torch.cat([layer.w_q.weight, layer.w_k.weight, layer.w_v.weight]))  # (3D, D)
+        if c_attn.bias is not None:
+            c_attn.bias.copy_(torch.cat([layer.w_q.bias, layer.w_k.bias, layer.w_v.bias]))  # (3D,)
+    return c_attn
+
+
+def fused_qkv(layer: MultiHeadAttention, inputs: LayerInputs, num_heads: int) -> LayoutTrace:
+    """nanoGPT's CausalSelfAttention.forward; --causal adds its lower-triangular buffer."""
+    if not inputs.self_attention:
+        raise AttnvizError(
+            "fused-qkv is self-attention only: its one Linear(D, 3D) projects one sequence; "
+            "leave out --kv or choose another --layout"
+        )
+    sizes = axis_sizes(inputs, num_heads)
+    B, N, H, d, D = (sizes[name] for name in ("B", "Nq", "H", "d", "D"))
+    record = Recorder(sizes, self_attention=True)
+    c_attn = fused_projection(layer)
+
+    x = record("x", inputs.queries, inputs.source, "B Nq D")
+    qkv = record("qkv", c_attn(x), "self.attn(x)", "B Nq 3D", (x,))  # (B, N, 3D)
+    q, k, v = qkv.split(D, dim=2)  # three (B, N, D) views into qkv
+    heads = []
+    for index, (name, projected) in enumerate((("q", q), ("k", k), ("v", v))):
+        projected = record(
+            name, projected, f"qkv.split(D, dim=2)[{index}]", "B Nq D", (qkv,), pattern="b n (3 D) -> 3 b n D",
+        )
+        viewed = record(
+            f"{name}_view", projected.view(B, N, H, d), f"{name}.view(B, Nq, H, D // H)", "B Nq H d",
+            (projected,), pattern="b n (h d) -> b n h d",
+        )  # (B, N, H, d)
+        heads.append(
+            record(
+                f"{name}_heads", viewed.transpose(1, 2), f"{name}_view.transpose(1, 2)", "B H Nq d", (viewed,),
+                pattern="b n h d -> b h n d",
+            )
+        )  # (B, H, N, d)
+    q, k, v = heads
+
+    k_t = record("k_t", k.transpose(-2, -1), "k_heads.transpose(-2, -1)", "B H d Nq", (k,), pattern="b h n d -> b h d n")
+    scores = record(
+        "scores", (q @ k_t) * (1.0 / math.sqrt(k.size(-1))), "(q_heads @ k_t) * (1.0 / math.sqrt(k_heads.size(-1)))",
+        "B H Nq Nq", (q, k_t), pattern="b h nq d, b h d nk -> b h nq nk",
+    )
+    masks, mask_axes = [], ""
+    if inputs.causal:
+        tril = torch.tril(torch.ones(N, N, device=x.device)).view(1, 1, N, N)  # the tutorial's registered buffer
+        bias = record(
+            "causal_bias", tril, "self.bias[:, :, :Nq, :Nq]", "1 1 Nq Nq",
+            note="registered as torch.tril(torch.ones(block_size, block_size)).view(1, 1, block_size, block_size)",
+        )
+        masks.append(record("causal_mask", bias != 0, "self.bias[:, :, :Nq, :Nq] != 0", "1 1 Nq Nq", (bias,)))
+        mask_axes = "1 1 Nq Nq"
+    if inputs.valid_lens is not None:
+        # The tutorial has no padding: this key padding mask is attnviz's, so batches work too.
+        padding_added = "the tutorial has no padding; this masks the padding keys of a batch"
+        valid_lens = record("valid_lens", inputs.valid_lens.to(x.device), "encoded.valid_lens", "B")
+        padding = torch.arange(N, device=x.device)[None, :] < valid_lens[:, None]  # (B, N)
+        masks.append(
+            record(
+                "padding_mask", padding[:, None, None, :], "(torch.arange(Nq) < valid_lens[:, None])[:, None, None, :]",
+                "B 1 1 Nq", (valid_lens,), added=padding_added,
+            )
+        )
+        mask_axes = "B 1 1 Nq"
+    if len(masks) == 2:
+        masks = [
+            record(
+                "mask", masks[0] & masks[1], "causal_mask & padding_mask", "B 1 Nq Nq", tuple(masks),
+                added="the tutorial masks only the future",
+            )
+        ]
+        mask_axes = "B 1 Nq Nq"
+    if masks:
+        (mask,) = masks
+        operation = "scores.masked_fill(~mask, -float('inf'))"
+        if inputs.valid_lens is None:  # the tutorial's own line
+            operation = "scores.masked_fill(self.bias[:, :, :Nq, :Nq] == 0, -float('inf'))"
+        scores = record(
+            "masked_scores", scores.masked_fill(~mask, float("-inf")), operation, "B H Nq Nq", (scores, mask),
+            note=broadcast_note(mask, mask_axes, scores, "B H Nq Nq"),
+            added=None if inputs.causal else "the tutorial masks only the future",
+        )
+    pattern = record(
+        "pattern", F.softmax(scores, dim=-1), f"F.softmax({record.role_of(scores)}, dim=-1)", "B H Nq Nq", (scores,)
+    )
+    z = record("z", pattern @ v, "pattern @ v_heads", "B H Nq d", (pattern, v), pattern="b h nq nk, b h nk d -> b h nq d")
+    transposed = record("z_permuted", z.transpose(1, 2), "z.transpose(1, 2)", "B Nq H d", (z,), pattern="b h n d -> b n h d")
+    contiguous = record("z_contiguous", transposed.contiguous(), "z_permuted.contiguous()", "B Nq H d", (transposed,))
+    merged = record(
+        "z_merged", contiguous.view(B, N, D), "z_contiguous.view(B, Nq, D)", "B Nq D", (contiguous,), pattern="b n h d -> b n (h d)"
+    )
+    out = record(
+        "out", layer.w_o(merged), "self.c_proj(z_merged)", "B Nq D", (merged,),
+        added="the tutorial returns the merged heads; W_o (nanoGPT's c_proj), so the output compares with the other layouts",
+    )
+    notes = [
+        "the tutorial's self.attn = nn.Linear(n_embd, 3 * n_embd) (nanoGPT's c_attn); its weight here is "
+        "torch.cat([W_q, W_k, W_v]) (3D, D), so split(D, dim=2) gives back q, k and v",
+        "the tutorial's T is Nq here, C and n_embd are D, n_heads is H",
+        "the tutorial always masks the future; here only with --causal",
+    ]
+    return finish_trace("fused-qkv", record, H, d, pattern, out, notes=notes)
