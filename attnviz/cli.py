@@ -252,7 +252,7 @@ def heads(
         written = write_heatmaps(run, staging, image_format.value, seed=seed)
         written.append(write_attention_json(run, spec, staging / "attention.json"))
         if traced is not None:
-            from attnviz.trace_render import write_trace_files
+            from attnviz.trace_files import write_trace_files
 
             written += write_trace_files(traced, [run], spec, staging, image_format.value)
     terminal.print_files(console, folder.final, [folder.final / path.name for path in written])
@@ -617,7 +617,8 @@ def trace(
     from attnviz.pipeline import device_label, resolve_device, resolve_num_heads, run_attention
     from attnviz.runs import StagedRunFolder, run_folder_name
     from attnviz.trace import LAYOUTS, trace_texts
-    from attnviz.trace_render import print_trace, write_trace_files
+    from attnviz.trace_files import write_trace_files
+    from attnviz.trace_render import print_trace
     from attnviz import terminal
 
     if text is not None and file is not None:

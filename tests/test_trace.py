@@ -35,17 +35,17 @@ from attnviz.trace import (
     trace_layouts,
     trace_texts,
 )
-from attnviz.trace_render import (
+from attnviz.trace_files import (
     CHECK_KEYS,
     HEAD_SLICE_KEYS,
     LAYOUT_KEYS,
     MISTAKE_KEYS,
     STEP_KEYS,
     TRACE_KEYS,
-    print_trace,
     trace_markdown,
     trace_record,
 )
+from attnviz.trace_render import print_trace
 
 TOLERANCE = 1e-5
 CHINESE = "我想吃酸菜鱼"

@@ -21,7 +21,8 @@ from attnviz.pipeline import build_layer, layer_input
 from attnviz.tokens import encode
 from attnviz.trace import LAYOUTS, LayerInputs, trace_layouts, trace_texts
 from attnviz.trace_figures import MAX_IMAGE_SIDE, slice_labels, write_merge_figure
-from attnviz.trace_render import print_trace, trace_markdown, trace_record
+from attnviz.trace_files import trace_markdown, trace_record
+from attnviz.trace_render import print_trace
 
 SHORT = "The cat sat on the mat."
 LONG = "The animal didn't cross the street because it was too tired."
