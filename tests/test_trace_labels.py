@@ -35,6 +35,11 @@ def bert():
     return load_model("bundled", "cpu")
 
 
+@pytest.fixture(scope="module")
+def batch_all_layouts(bert):
+    return trace_texts(bert, [SHORT, DOG], layouts=LAYOUTS)
+
+
 def hidden(bert, texts):
     encoded = encode(bert.tokenizer, texts, bert.max_positions)
     return layer_input(bert, encoded, 0, "cpu"), encoded.valid_lens
@@ -119,8 +124,8 @@ def test_stride_contiguity_and_memory_print_on_the_output_line_in_trace_md_words
     assert "contiguous: no" in shown and "not contiguous" not in shown
 
 
-def test_every_table_has_an_axis_legend_and_one_notation(bert, plain_spec):
-    result = trace_texts(bert, [SHORT, DOG], layouts=LAYOUTS)
+def test_every_table_has_an_axis_legend_and_one_notation(bert, plain_spec, batch_all_layouts):
+    result = batch_all_layouts
     shown = render(result, [tokens_of(bert, SHORT), tokens_of(bert, DOG)])
     legends = [line for line in shown.splitlines() if line.startswith("axes: ")]
     assert len(legends) == len(result.layouts)
@@ -160,8 +165,8 @@ def test_a_batch_shows_every_text_with_its_real_tokens_and_padding_keys(bert):
 # ---- 15: the tutorials' own code, and the steps they do not have ----
 
 
-def test_steps_a_tutorial_lacks_are_marked_and_the_tutorials_code_is_quoted(bert, plain_spec):
-    result = trace_texts(bert, [SHORT, DOG], layouts=LAYOUTS)
+def test_steps_a_tutorial_lacks_are_marked_and_the_tutorials_code_is_quoted(bert, plain_spec, batch_all_layouts):
+    result = batch_all_layouts
     by_layout = {trace.layout: trace for trace in result.layouts}
     fused, single, merged = by_layout["fused-qkv"], by_layout["single-head"], by_layout["merged-batch"]
 
