@@ -267,7 +267,7 @@ def batch_table(result: TraceResult, text_tokens: list[list[str]]) -> Group:
     padded = result.layouts[0].weights.shape[2]  # (B, H, Nq, Nk)
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, title_justify="left", title=(
         f"batch of {len(result.texts)} texts padded to {padded} tokens (texts and tokens numbered from 0; "
-        "token 0 is [CLS])"
+        f"token 0 is {text_tokens[0][0]})"
     ))  # fmt: skip
     table.add_column("text", justify="right")
     table.add_column("tokens", justify="right")
@@ -279,7 +279,7 @@ def batch_table(result: TraceResult, text_tokens: list[list[str]]) -> Group:
             str(index),
             str(len(tokens)),
             f"{padding}: {len(tokens)}–{padded - 1}" if padding > 1 else f"1: {len(tokens)}" if padding else "none",
-            " ".join(f"{position}:{token}" for position, token in enumerate(tokens)) + (" [PAD]…" if padding else ""),
+            " ".join(f"{position}:{token}" for position, token in enumerate(tokens)) + (" · padding" if padding else ""),
         )
     if result.kv_text is None:
         legend = "padding keys are masked: no query attends to them (weight exactly 0)"

@@ -32,7 +32,7 @@ def merged_batch(layer: MultiHeadAttention, inputs: LayerInputs, num_heads: int)
         return record(
             f"{name}_heads", permuted.reshape(-1, token_sizes[tokens], d), f"{name}_permuted.reshape(-1, {tokens}, d)",
             f"B*H {tokens} d", (permuted,), pattern="b h n d -> (b h) n d",
-            note="heads folded into the batch axis: row b*H + h is head h of sequence b",
+            note="heads folded into the batch axis: row b*H + h is head h of text b",
         )  # (B*H, N, d)
 
     q, k, v = record_projections(record, layer, inputs, "self.W_{}")  # (B, N, D) each
