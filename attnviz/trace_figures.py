@@ -24,22 +24,23 @@ def mistake_prefix(mistake: str) -> str:
 
 
 def write_mistake_figures(
-    result: TraceResult, run, out_dir: Path, fmt: str = "png", notes: list[str] | None = None
+    result: TraceResult, run, out_dir: Path, fmt: str = "png", notes: list[str] | None = None, seed: int | None = None
 ) -> list[Path]:
     """head_XX and heads (right, of the first text), and beside them the mistake's figures.
 
-    notes receives a line for each figure that was capped or thinned.
+    notes receives a line for each figure that was capped or thinned; seed (of random
+    parameters) goes into the titles.
     """
     from attnviz.heatmap import write_heatmaps
 
     notes = [] if notes is None else notes
     mistake = result.mistake.mistake
-    written = write_heatmaps(run, out_dir, fmt)
+    written = write_heatmaps(run, out_dir, fmt, seed=seed)
     if mistake == "view-without-permute":
-        written += write_split_heatmaps(result, run, out_dir, fmt, notes)
+        written += write_split_heatmaps(result, run, out_dir, fmt, notes, seed)
     else:
         path = out_dir / f"{mistake_prefix(mistake)}merge.{fmt}"
-        written.append(write_merge_figure(result, run.query_tokens, path, notes))
+        written.append(write_merge_figure(result, run, path, notes, seed))
     return written
 
 
@@ -53,20 +54,21 @@ def slice_labels(num_heads: int, num_tokens: int, head_dim: int, tokens: list[st
     return [[f"{token}:{name(token)} s{piece}" for token, piece in head.tolist()] for head in provenance]
 
 
-def _split_title(run, head: int | None = None) -> str:
-    from attnviz.heatmap import quoted, run_title
+def _split_title(run, width_inches: float, seed: int | None, head: int | None = None) -> str:
+    """The wrong computation named first, then the figure's usual title (titles.run_title)."""
+    from attnviz.titles import chars_across, run_title
 
-    which = f"'head' {head}" if head is not None else f"{run.num_heads} 'heads'"
-    return (
-        f"WRONG computation: q.view(B, H, N, d) without permute · {which}\n"
-        f"{run_title(run)} · {quoted(run.text, 50)}"
-    )
+    which = f"'head' {head}" if head is not None else f"{run.num_heads} 'heads'"  # a mistake needs 2 heads or more
+    title = run_title(run, [f"layer {run.layer}", which], seed=seed, line_chars=chars_across(width_inches, 9))
+    return f"WRONG computation: q.view(B, H, N, d) without permute\n{title}"
 
 
 SPLIT_AXIS_NOTE = "token:text sK = slice K (columns K·d..(K+1)·d−1) of that token"
 
 
-def write_split_heatmaps(result: TraceResult, run, out_dir: Path, fmt: str, notes: list[str]) -> list[Path]:
+def write_split_heatmaps(
+    result: TraceResult, run, out_dir: Path, fmt: str, notes: list[str], seed: int | None = None
+) -> list[Path]:
     """The wrong heads of the first text: per head a heatmap, and a grid of the first 16.
 
     Row n of wrong head h is not token n: it is slice (h*N + n) % H of token (h*N + n) // H,
@@ -102,7 +104,7 @@ def write_split_heatmaps(result: TraceResult, run, out_dir: Path, fmt: str, note
         if values is not None:
             update_cell_values(values, head_weights, image)
         label_tokens(ax, key_labels[head], query_labels[head], MAX_TICK_LABELS, fontsize=7)
-        title.set_text(_split_title(run, head))
+        title.set_text(_split_title(run, figure.get_figwidth(), seed, head))
 
     show(max(range(num_heads), key=lambda head: max(map(len, query_labels[head] + key_labels[head]))))
     freeze_layout(figure)
@@ -131,7 +133,7 @@ def write_split_heatmaps(result: TraceResult, run, out_dir: Path, fmt: str, note
         ax.set_title(f"'head' {head}", fontsize=9)
         label_tokens(ax, key_labels[head], query_labels[head], MAX_GRID_TICK_LABELS // 2, fontsize=5)
     figure.colorbar(image, ax=axes, shrink=0.6, label="attention weight of the wrong computation")
-    figure.suptitle(_split_title(run), color="darkred", parse_math=False)
+    figure.suptitle(_split_title(run, figure.get_figwidth(), seed), color="darkred", parse_math=False)
     figure.supxlabel(f"rows and columns: {SPLIT_AXIS_NOTE}", fontsize=9)
     path = Path(out_dir) / f"{prefix}heads.{fmt}"
     figure.savefig(path, dpi=DPI, **save_options(fmt))
@@ -149,7 +151,9 @@ def thinned_ticks(count: int, pixels: float) -> list[int]:
     return tick_positions(count, max(1, int(pixels // MIN_LABEL_PIXELS)))
 
 
-def write_merge_figure(result: TraceResult, tokens: list[str], path: Path, notes: list[str] | None = None) -> Path:
+def write_merge_figure(
+    result: TraceResult, run, path: Path, notes: list[str] | None = None, seed: int | None = None
+) -> Path:
     """Two grids, right merge and merge without permute: row n, slot h is columns h*d..(h+1)*d-1
     of token n's merged output; the colour is the token its numbers came from, the label the head.
 
@@ -160,9 +164,11 @@ def write_merge_figure(result: TraceResult, tokens: list[str], path: Path, notes
 
     from attnviz.fonts import displayable
     from attnviz.heatmap import DPI, new_figure, save_options
+    from attnviz.titles import chars_across, counted, run_title
     from attnviz.trace import merge_provenance
 
     notes = [] if notes is None else notes
+    tokens = run.query_tokens
     num_heads, num_tokens = result.num_heads, len(tokens)
     panels = {
         "right\nz.permute(0, 2, 1, 3).contiguous().view(B, N, D)": merge_provenance(num_heads, num_tokens, result.head_dim),
@@ -196,7 +202,9 @@ def write_merge_figure(result: TraceResult, tokens: list[str], path: Path, notes
     colorbar.set_label("the token its numbers came from")
     if num_tokens <= 24:
         colorbar.set_ticks(range(num_tokens), labels=[f"{index}:{label}" for index, label in enumerate(labels)])
-    figure.suptitle(f"where each head's output lands in the merged rows ({num_heads} heads, h = head, t = token)")
+    scope = [f"layer {run.layer}", counted(num_heads, "head")]
+    title = run_title(run, scope, seed=seed, line_chars=chars_across(size[0]))
+    figure.suptitle(f"where each head's output lands in the merged rows (h = head, t = token)\n{title}", parse_math=False)
     figure.savefig(path, dpi=DPI, **save_options(path.suffix.lstrip(".")))
     if size != natural or len(rows) < num_tokens or len(slots) < num_heads:
         notes.append(

@@ -277,5 +277,5 @@ def write_trace_files(
     written = [write_trace_json(result, spec, out_dir / "trace.json")]
     written.append(write_trace_markdown(result, out_dir / "trace.md", text_tokens))
     if result.mistake is not None:
-        written += write_mistake_figures(result, runs[0], out_dir, fmt, notes)
+        written += write_mistake_figures(result, runs[0], out_dir, fmt, notes, spec.seed)
     return written

@@ -217,6 +217,14 @@ def test_the_torch_reference_agrees_with_an_unmodified_run(bert):
 # ---- 23: the merge figure is capped, drawn cell by cell ----
 
 
+def text_run(tokens: list[str]) -> SimpleNamespace:
+    """What the merge figure reads of an AttentionRun: its tokens and what its title names."""
+    return SimpleNamespace(
+        query_tokens=tokens, text=" ".join(tokens[1:-1]), kv_text=None, model="bundled", layer=0, causal=False,
+        weights="pretrained",
+    )
+
+
 def test_the_merge_figure_of_a_long_text_is_capped_and_says_so(tmp_path, monkeypatch):
     from PIL import Image
 
@@ -228,7 +236,7 @@ def test_the_merge_figure_of_a_long_text_is_capped_and_says_so(tmp_path, monkeyp
     tokens = ["[CLS]", *(f"w{index}" for index in range(338)), "[SEP]"]
     result = SimpleNamespace(num_heads=48, head_dim=8)  # many heads and tokens: 2 * 48 * 0.25 + 3.5 inches wide
     notes = []
-    path = write_merge_figure(result, tokens, tmp_path / "merge.png", notes)
+    path = write_merge_figure(result, text_run(tokens), tmp_path / "merge.png", notes)
 
     width, height = Image.open(path).size
     assert width <= MAX_IMAGE_SIDE and height <= MAX_IMAGE_SIDE
@@ -241,5 +249,6 @@ def test_the_merge_figure_of_a_long_text_is_capped_and_says_so(tmp_path, monkeyp
 
 def test_the_merge_figure_of_a_short_text_is_not_capped(tmp_path):
     notes = []
-    write_merge_figure(SimpleNamespace(num_heads=12, head_dim=32), ["[CLS]", "a", "[SEP]"], tmp_path / "m.png", notes)
+    result = SimpleNamespace(num_heads=12, head_dim=32)
+    write_merge_figure(result, text_run(["[CLS]", "a", "[SEP]"]), tmp_path / "m.png", notes)
     assert notes == []
