@@ -17,7 +17,7 @@ from pathlib import Path
 from attnviz.analysis import summarize_heads
 from attnviz.errors import AttnvizError
 from attnviz.result import AttentionRun, Truncation, truncation_json
-from attnviz.runs import run_folder_name
+from attnviz.runs import earlier_run_files, run_folder_name
 from attnviz.spec import RunSpec
 
 # Texts per forward pass. The weights of a batch are (B, H, N, N) floats: for 32 texts of
@@ -25,6 +25,7 @@ from attnviz.spec import RunSpec
 BATCH_SIZE = 32
 PROGRESS_MIN_TEXTS = 6  # show a progress bar from this many texts on
 STDIN = "-"
+SUMMARY_FILES = ("summary.csv", "summary.json")
 SUMMARY_FORMAT_VERSION = 1
 SUMMARY_FIELDS = (
     "index",
@@ -49,6 +50,8 @@ class LineText:
 def read_texts(path: str) -> list[LineText]:
     """The non-blank lines of a UTF-8 file, or of standard input for "-", stripped."""
     where = "standard input" if path == STDIN else path
+    if path == STDIN and sys.stdin is None:  # started with stdin closed (<&-)
+        raise AttnvizError("--file -: standard input is closed: pipe the texts in, e.g. cat texts.txt | attnviz heads --file -")
     try:
         if path == STDIN:
             content = sys.stdin.read()
@@ -80,13 +83,17 @@ def text_folder_names(texts: list[LineText]) -> list[str]:
 
 
 def check_batch_target(target: Path, names: list[str]) -> None:
-    """Refuse an --out folder that already holds results of the same names: they would mix."""
-    taken = [name for name in [*names, "summary.csv", "summary.json"] if (target / name).exists()]
+    """Refuse an --out folder that holds files of the same names that attnviz did not write there.
+
+    An earlier attnviz run's files (its manifest lists them) are replaced as a whole instead.
+    """
+    earlier = set(earlier_run_files(target))
+    taken = [name for name in [*names, *SUMMARY_FILES] if (target / name).exists() and name not in earlier]
     if taken:
         raise AttnvizError(
             f"the output folder {target} already has {taken[0]}"
             + (f" and {len(taken) - 1} more" if len(taken) > 1 else "")
-            + " from an earlier run: give a new --out folder"
+            + " that attnviz did not write: give a new --out folder"
         )
 
 
@@ -180,7 +187,7 @@ def write_summary(
     rows: list[dict], truncated: list[Truncation | None], out_dir: Path, run: AttentionRun, spec: RunSpec
 ) -> list[Path]:
     """summary.csv, and summary.json with each row's cut by --truncate; run is any text's, for the setup."""
-    csv_path = out_dir / "summary.csv"
+    csv_path = out_dir / SUMMARY_FILES[0]
     with csv_path.open("w", encoding="utf-8", newline="") as stream:
         writer = csv.DictWriter(stream, fieldnames=SUMMARY_FIELDS)
         writer.writeheader()
@@ -199,6 +206,6 @@ def write_summary(
         "kv_truncated": truncation_json(run.kv_truncated),
         "texts": [{**row, "truncated": truncation_json(cut)} for row, cut in zip(rows, truncated)],
     }
-    json_path = out_dir / "summary.json"
+    json_path = out_dir / SUMMARY_FILES[1]
     json_path.write_text(json.dumps(record, ensure_ascii=False, indent=1), encoding="utf-8")
     return [csv_path, json_path]

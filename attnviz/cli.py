@@ -7,6 +7,7 @@ so that `attnviz --help` stays instant.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from enum import Enum
 from pathlib import Path
@@ -20,7 +21,7 @@ try:  # typer 0.2x vendors click; older typers use click itself
 except ImportError:
     from click.exceptions import UsageError
 
-from attnviz.errors import AttnvizError
+from attnviz.errors import AttnvizError, Interrupted
 
 app = typer.Typer(
     help="See and check what multi-head attention does, with a real BERT's parameters.",
@@ -130,7 +131,8 @@ WeightsOption = typer.Option(
     help="The layer's parameters (W_q, W_k, W_v, W_o, not the attention weights): "
     "BERT's trained ones, or fresh random ones from --seed.",
 )
-SeedOption = typer.Option(0, help="Seed of the random parameters of --weights random.")
+MAX_SEED = 2**64 - 1  # torch.manual_seed takes 64 bits
+SeedOption = typer.Option(0, min=0, max=MAX_SEED, help="Seed of the random parameters of --weights random.")
 CausalOption = typer.Option(False, "--causal", help="Mask future keys (each token sees only itself and earlier).")
 AllowPickleOption = typer.Option(
     False, help="Let a local model whose only weights are a pickle file load (unpickling can run code)."
@@ -232,7 +234,7 @@ def heads(
         truncate=truncate,
     )
 
-    terminal.print_notices(console, run.notices)
+    terminal.print_notices(errors, run.notices)
     terminal.print_setup(console, run, loaded.source, device_label(device_name), seed=seed)
     terminal.print_tokens(console, run)
     console.print(terminal.heads_table(run, summarize_heads(run.attention, run.causal)))
@@ -287,7 +289,7 @@ def _heads_for_file(
     shown = result.notices[:MAX_NOTICES_SHOWN]
     if len(result.notices) > len(shown):
         shown.append(f"… and {len(result.notices) - len(shown)} more notices like these")
-    terminal.print_notices(console, shown)
+    terminal.print_notices(errors, shown)
     terminal.print_setup(console, result.first_run, loaded.source, device_label(device_name), seed=run_options["seed"])
     console.print(terminal.batch_table(result.rows, result.first_run.causal))
     numbers = [row["folder"].split("-", 1)[0] for row in result.rows]
@@ -365,7 +367,7 @@ def stats(
     shown = list(notices)[:MAX_NOTICES_SHOWN]
     if len(notices) > len(shown):
         shown.append(f"… and {len(notices) - len(shown)} more such notes, one per text")
-    terminal.print_notices(console, shown)
+    terminal.print_notices(errors, shown)
     terminal.print_setup(
         console, first_run, loaded.source, device_label(device_name), loaded.num_layers, len(texts), seed=seed
     )
@@ -429,7 +431,7 @@ def layers(
     rollout = attention_rollout([run.attention for run in layer_runs])  # (N, N)
 
     first = layer_runs[0]
-    terminal.print_notices(console, first.notices)
+    terminal.print_notices(errors, first.notices)
     terminal.print_setup(console, first, loaded.source, device_label(device_name), len(layer_runs), seed=seed)
     terminal.print_tokens(console, first)
     terminal.print_rollout(console, first.query_tokens, rollout)
@@ -464,7 +466,7 @@ def compare(
     ),
     model: Optional[str] = ModelOption,
     layer: int = typer.Option(0, "--layer", "-l", help="BERT layer whose projections and input to use."),
-    seed: int = typer.Option(0, help="Seed of the random parameters."),
+    seed: int = typer.Option(0, min=0, max=MAX_SEED, help="Seed of the random parameters."),
     device: Device = DeviceOption,
     image_format: ImageFormat = FormatOption,
     out: Optional[Path] = typer.Option(
@@ -499,7 +501,7 @@ def compare(
     )
 
     first = splits[0].run
-    terminal.print_notices(console, first.notices)
+    terminal.print_notices(errors, first.notices)
     terminal.print_compare_setup(console, first, loaded.source, device_label(device_name), weights_list, seed)
     terminal.print_tokens(console, first)
     console.print(terminal.compare_table(splits))
@@ -554,7 +556,7 @@ def position(
     )
     result = position_experiment(loaded, text, permutation, head, device_name)
 
-    terminal.print_notices(console, result.notices)
+    terminal.print_notices(errors, result.notices)
     terminal.print_position(console, result, loaded.source, device_label(device_name))
 
     folder = StagedRunFolder(target, unique=out is None)
@@ -648,7 +650,7 @@ def trace(
     )
     runs = run_attention(loaded, texts, **options)  # tokens, notices and heatmaps
 
-    terminal.print_notices(console, [notice for run in runs for notice in run.notices])
+    terminal.print_notices(errors, [notice for run in runs for notice in run.notices])
     terminal.print_setup(console, runs[0], loaded.source, device_label(device_name), seed=seed)
     terminal.print_tokens(console, runs[0])
     print_trace(console, traced, text_tokens=[run.query_tokens for run in runs])
@@ -710,6 +712,7 @@ def _run_target(out: Optional[Path], default_name: str) -> Path:
 def run(args: list[str] | None = None) -> int:
     """Run the command line and return its exit code; errors become one line on stderr."""
     try:
+        _refuse_empty_out(sys.argv[1:] if args is None else args)
         result = app(args=args, prog_name="attnviz", standalone_mode=False)
     except UsageError as error:
         command = error.ctx.command_path if error.ctx else "attnviz"
@@ -718,8 +721,10 @@ def run(args: list[str] | None = None) -> int:
     except AttnvizError as error:
         errors.print(f"error: {error}", soft_wrap=True)
         return 2
-    except (KeyboardInterrupt, typer.Abort):
-        result = INTERRUPTED
+    except Interrupted as interrupted:
+        return _interrupted(interrupted)
+    except (KeyboardInterrupt, typer.Abort):  # Python's own Ctrl-C, where attnviz's handlers are not set
+        return _interrupted(Interrupted(signal.SIGINT))
     except Exception as error:  # a bug: still one line, the traceback on request
         if os.environ.get("ATTNVIZ_DEBUG"):
             raise
@@ -727,10 +732,35 @@ def run(args: list[str] | None = None) -> int:
             f"error: unexpected {type(error).__name__}: {error} (set ATTNVIZ_DEBUG=1 for the traceback)", soft_wrap=True
         )
         return 1
-    if result == INTERRUPTED:  # typer turns Ctrl-C into this exit code; run folders clean up on it
-        errors.print("interrupted: nothing was written")
+    if result == INTERRUPTED:  # typer turns a KeyboardInterrupt into this exit code; run folders clean up on it
+        return _interrupted(Interrupted(signal.SIGINT))
     return result if isinstance(result, int) else 0
 
 
+def _refuse_empty_out(args: list[str]) -> None:
+    """--out "" would mean the current folder (Path("") is "."): refuse it, before typer turns it into "."."""
+    options = args[: args.index("--")] if "--" in args else args
+    for option, value in zip(options, [*options[1:], None]):
+        if option == "--out=" or option in ("--out", "-o") and value == "":
+            raise AttnvizError("--out is empty: give a folder (--out . for the current one)")
+
+
+def _interrupted(interrupted: Interrupted) -> int:
+    if interrupted.written is None:
+        errors.print("interrupted: nothing was written")
+    else:
+        errors.print(f"interrupted once the files were written in full: {interrupted.written}", soft_wrap=True)
+    return interrupted.exit_code
+
+
 def main() -> None:
+    """The `attnviz` command: signals end a run cleanly, a closed pipe loses no files."""
+    from attnviz.runs import handle_signals
+    from attnviz.streams import PipeSafeStream
+
+    handle_signals()
+    if sys.stdout is not None:  # None: started with stdout closed (>&-); Rich then prints nowhere
+        sys.stdout = PipeSafeStream(sys.stdout)
+    if sys.stderr is not None:
+        sys.stderr = PipeSafeStream(sys.stderr)
     sys.exit(run())

@@ -1,5 +1,28 @@
-"""The one error type a user sees: its message is printed as a single line and the command exits 2."""
+"""The error types a user sees: AttnvizError's message is printed as a single line and the command
+exits 2; Interrupted ends a run on a signal, exit code 128 + the signal's number."""
+
+from __future__ import annotations
+
+from pathlib import Path
 
 
 class AttnvizError(ValueError):
     """Bad input or an unusable environment, explained in one line."""
+
+
+class Interrupted(BaseException):
+    """SIGINT (Ctrl-C), SIGTERM or SIGHUP, raised where the run is so that its staging folder is
+    removed on the way out (a BaseException, like KeyboardInterrupt: `except Exception` lets it by).
+
+    written: the run folder, when the signal came while its files were being moved into place
+    (it waits for them to be whole); else None, and nothing was written.
+    """
+
+    def __init__(self, signal_number: int, written: Path | None = None):
+        super().__init__(signal_number)
+        self.signal_number = signal_number
+        self.written = written
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signal_number  # as a shell reports a process ended by the signal

@@ -7,6 +7,7 @@ Figures are plain matplotlib Figures on an Agg canvas: no pyplot state, nothing 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
@@ -64,27 +65,57 @@ def write_heatmaps(
 
     check_format(fmt)
     use_cjk_font()  # before the fork, so that both processes start with the fonts loaded
-    child = os.fork() if sys.platform == "linux" and (os.cpu_count() or 1) > 1 else None
-    if child == 0:  # the forked copy: draw the grid and leave, never running the parent's code after this
-        exit_code = 1
-        try:
-            write_heads_grid(run, out_dir, fmt, prefix, note, seed)
-            exit_code = 0
-        finally:
-            os._exit(exit_code)
+    grid_path = Path(out_dir) / f"{prefix}heads.{fmt}"
+    if sys.platform != "linux" or (os.cpu_count() or 1) < 2:
+        paths = write_head_heatmaps(run, out_dir, fmt, prefix, note, seed)
+        return paths + [write_heads_grid(run, out_dir, fmt, prefix, note, seed)]
+    child = _fork(lambda: write_heads_grid(run, out_dir, fmt, prefix, note, seed))
     try:
         paths = write_head_heatmaps(run, out_dir, fmt, prefix, note, seed)
-    except BaseException:
-        if child is not None:  # e.g. Ctrl-C: the grid is not wanted any more
-            os.kill(child, signal.SIGKILL)
-            os.waitpid(child, 0)
-        raise
-    if child is None:
-        return paths + [write_heads_grid(run, out_dir, fmt, prefix, note, seed)]
-    _, status = os.waitpid(child, 0)
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise RuntimeError(f"drawing {prefix}heads.{fmt} failed in its process")
-    return paths + [Path(out_dir) / f"{prefix}heads.{fmt}"]
+        status = os.waitpid(child, 0)[1]
+        child = None
+    finally:
+        if child is not None:  # e.g. Ctrl-C or SIGTERM: the grid is not wanted any more
+            with contextlib.suppress(ProcessLookupError, ChildProcessError):
+                os.kill(child, signal.SIGKILL)
+                os.waitpid(child, 0)
+    exit_code = os.waitstatus_to_exitcode(status)
+    if exit_code > 1:  # the errno of the child's OSError, e.g. ENOSPC: the same error as here
+        raise OSError(exit_code, os.strerror(exit_code), str(grid_path))
+    if exit_code != 0:
+        raise RuntimeError(f"drawing {grid_path.name} failed in its process")
+    return paths + [grid_path]
+
+
+def _fork(draw) -> int:
+    """Run draw() in a forked copy of this process that dies with it; return the copy's pid.
+
+    The copy leaves with os._exit, never running the parent's code after this (its cleanup of the
+    run folder above all): exit code 0 done, the errno of an OSError, 1 anything else.
+    """
+    parent = os.getpid()
+    child = os.fork()
+    if child != 0:
+        return child
+    exit_code = 1
+    try:
+        _die_with_parent(parent)
+        draw()
+        exit_code = 0
+    except OSError as error:
+        exit_code = error.errno if error.errno and 1 < error.errno < 126 else 1
+    finally:
+        os._exit(exit_code)
+
+
+def _die_with_parent(parent: int) -> None:
+    """Ask Linux to SIGKILL this process when its parent dies (prctl PR_SET_PDEATHSIG), even by SIGKILL."""
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # it died before the request was made
+        os._exit(1)
 
 
 def write_head_heatmaps(

@@ -1,20 +1,53 @@
-"""Run folders: safe default names, and writing so that a failed run leaves nothing behind.
+"""Run folders: safe default names, and writing so that a run folder always holds one whole run.
 
-Files are written into a hidden staging folder next to the target and moved into place
-only when the whole run succeeded; an error or Ctrl-C removes the staging folder.
+A run writes into a hidden staging folder on the same filesystem as its target (inside an
+--out folder, so that a mount point works; beside a new default folder), and moves its files
+into place only when the whole run succeeded, in one step that is undone if any move fails:
+the files an earlier run wrote there (listed in the folder's manifest, MANIFEST) go, the new
+ones come, the manifest is replaced. A user's own files in the folder stay, except one with
+the name of a new file, which is replaced. Signals wait for the step to finish, and runs into
+one folder take turns, so the folder holds the files of one run: the last.
+
+An error or an interrupt before that step removes the staging folder: nothing is written.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
+import json
 import os
 import re
 import shutil
+import signal
+import stat
 import tempfile
+import threading
 from pathlib import Path
 
-from attnviz.errors import AttnvizError
+from attnviz.errors import AttnvizError, Interrupted
 
 MAX_NAME_CHARS = 40
+MANIFEST = ".attnviz-files.json"  # in every run folder: the names of the files attnviz wrote there
+MANIFEST_FORMAT = "attnviz-run-files"
+HIDDEN_PREFIX = ".attnviz-"  # staging, probe and trash folders, removed when the run ends
+DEFERRED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+# Failures of the place the files go, which the user can act on (exit 2), not bugs (exit 1).
+REASONS = {
+    errno.ENOSPC: "the disk is full",
+    errno.EDQUOT: "the disk quota is used up",
+    errno.EFBIG: "a file is larger than the file system allows",
+    errno.EROFS: "the file system is read-only",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "the file system does not permit it",
+    errno.ENAMETOOLONG: "the path is too long",
+    errno.ELOOP: "too many symbolic links",
+    errno.ENOTDIR: "a part of the path is a file",
+    errno.EIO: "input/output error",
+}
+_staging_now: set[Path] = set()  # this process's staging folders: while one is open, a signal must clean up
 
 
 def run_folder_name(text: str) -> str:
@@ -23,39 +56,173 @@ def run_folder_name(text: str) -> str:
     return name or "run"
 
 
+def output_error(folder: Path, error: OSError) -> AttnvizError:
+    """One line naming the folder and, in words, what is wrong with it."""
+    reason = REASONS.get(error.errno, error.strerror or str(error))
+    if error.errno == errno.ENOENT:  # mkdir in an existing folder that takes no new ones, such as /proc
+        reason = "its folder does not take new folders"
+    elif error.errno == errno.ENOTDIR:
+        reason = next((f"{path} is a file" for path in folder.parents if path.is_file()), reason)
+    return AttnvizError(f"cannot write the output folder {folder}: {reason}")
+
+
 def check_target(target: Path) -> Path:
-    """Refuse a run folder path that is a file, early: before any model is loaded."""
-    if target.exists() and not target.is_dir():
-        raise AttnvizError(f"the output path {target} is a file, not a folder")
-    return target
+    """Refuse a run folder that cannot be written, early: before any model is loaded.
 
-
-def _ensure_folder(folder: Path) -> None:
+    The folder (and its missing parents) is made, a staging folder tried in it, and what
+    was made is removed again, so the check leaves nothing behind.
+    """
+    target = Path(target)
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise AttnvizError(f"cannot create the output folder {folder}: {error.strerror or error}") from None
-    if not os.access(folder, os.W_OK):
-        raise AttnvizError(f"cannot write to the output folder {folder}")
-
-
-def _publish(staging: Path, target: Path, unique: bool) -> Path:
-    """Move the staged files into place; a unique target gets a -2, -3, ... suffix if taken."""
-    if unique:
-        candidate, number = target, 1
-        while True:
-            try:
-                candidate.mkdir()  # claims the name atomically, even against a concurrent run
-                break
-            except FileExistsError:
-                number += 1
-                candidate = target.with_name(f"{target.name}-{number}")
-        target = candidate
-    else:
-        target.mkdir(exist_ok=True)
-    for staged in staging.iterdir():
-        os.replace(staged, target / staged.name)
+        if target.is_symlink() and not target.exists():
+            raise AttnvizError(f"the output folder {target} is a symbolic link to {os.readlink(target)}, which does not exist")
+        if target.exists() and not target.is_dir():
+            raise AttnvizError(f"the output path {target} is a file, not a folder")
+    except OSError as error:  # e.g. a name too long to look up
+        raise output_error(target, error) from None
+    with signals_deferred() as caught:  # what the check makes, it removes, even on Ctrl-C
+        created = _make_folders(target)
+        try:
+            os.rmdir(tempfile.mkdtemp(prefix=HIDDEN_PREFIX, suffix=".probe", dir=target))
+        except OSError as error:
+            raise output_error(target, error) from None
+        finally:
+            _remove_empty(created)
+    if caught:
+        raise Interrupted(caught[0])
     return target
+
+
+def _make_folders(folder: Path) -> list[Path]:
+    """Make folder and its missing parents; return the ones made, outermost first."""
+    missing = [path for path in [folder, *folder.parents] if not path.exists()][::-1]
+    created = []
+    try:
+        for path in missing:
+            if path.is_symlink():
+                raise AttnvizError(f"the output folder {folder} goes through {path}, a symbolic link to nothing")
+            path.mkdir()
+            created.append(path)
+    except FileExistsError:  # a file in the way, or a concurrent run made it: only a file is wrong
+        if not path.is_dir():
+            _remove_empty(created)
+            raise AttnvizError(f"cannot write the output folder {folder}: {path} is a file") from None
+        return created + _make_folders(folder)
+    except OSError as error:
+        _remove_empty(created)
+        raise output_error(folder, error) from None
+    return created
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    """Remove the folders a run made, innermost first, where they are still empty."""
+    for folder in reversed(folders):
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+
+
+def handle_signals() -> None:
+    """Make SIGINT (Ctrl-C), SIGTERM (kill, timeout) and SIGHUP (a closed terminal) end a run cleanly."""
+    for number in DEFERRED_SIGNALS:
+        signal.signal(number, _on_signal)
+
+
+def _on_signal(number: int, frame) -> None:
+    """Before any file is staged, exit at once: nothing to clean, and no exception thrown into
+    torch's C++ (a KeyboardInterrupt inside `import torch` can abort the process). While one is
+    staged, raise Interrupted: the staging folder and the grid's process go on the way out."""
+    if _staging_now:
+        raise Interrupted(number)
+    os.write(2, b"interrupted: nothing was written\n")
+    os._exit(128 + number)  # as attnviz/__main__.py does during the imports
+
+
+@contextlib.contextmanager
+def signals_deferred():
+    """Hold SIGINT, SIGTERM and SIGHUP until the block is done; yields the list of those that came."""
+    if threading.current_thread() is not threading.main_thread():  # only the main thread has handlers
+        yield []
+        return
+    caught: list[int] = []
+    previous = {number: signal.signal(number, lambda number, frame: caught.append(number)) for number in DEFERRED_SIGNALS}
+    try:
+        yield caught
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+
+def earlier_run_files(folder: Path) -> list[str]:
+    """The names an earlier run wrote into folder and that are still what it wrote there.
+
+    The manifest marks folders with a trailing "/": an entry of the other kind now (a user's
+    folder where attnviz wrote a file) is the user's. Only plain names count: nothing outside.
+    """
+    try:
+        record = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
+        recorded = record["files"] if record.get("format") == MANIFEST_FORMAT else []
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return []
+    names = []
+    for entry in recorded if isinstance(recorded, list) else []:
+        name = entry.removesuffix("/") if isinstance(entry, str) else ""
+        if _plain_name(name) and os.path.lexists(folder / name) and entry.endswith("/") == _is_folder(folder / name):
+            names.append(name)
+    return names
+
+
+def _plain_name(name: str) -> bool:
+    return bool(name) and name not in (".", "..") and "/" not in name and "\0" not in name and name != MANIFEST
+
+
+def _is_folder(path: Path) -> bool:
+    return path.is_dir() and not path.is_symlink()
+
+
+def write_manifest(folder: Path, names: list[str]) -> None:
+    entries = [name + "/" if _is_folder(folder / name) else name for name in sorted(names)]
+    record = {"format": MANIFEST_FORMAT, "version": 1, "files": entries}
+    (folder / MANIFEST).write_text(json.dumps(record, ensure_ascii=False, indent=1), encoding="utf-8")
+
+
+@contextlib.contextmanager
+def _locked(folder: Path):
+    """Runs into one folder take turns at replacing its files (an flock on the folder itself)."""
+    descriptor = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(descriptor)
+
+
+def _refuse_folders_in_the_way(target: Path, names: list[str], previous: list[str]) -> None:
+    """A folder of the user's where a new file goes would be deleted with all it holds: refuse."""
+    for name in names:
+        path = target / name
+        if name not in previous and _is_folder(path):
+            raise AttnvizError(
+                f"the output folder {target} has a folder {name} where this run writes its {name}: "
+                "move it away or give another --out"
+            )
+
+
+def _swap_files(target: Path, staging: Path, trash: Path, names: list[str], previous: list[str]) -> None:
+    """Move the earlier run's files (and same-named ones) into trash and the new ones in; all or none."""
+    done: list[tuple[Path, Path]] = []  # (from, to), undone in reverse if a move fails
+    try:
+        for name in sorted({*previous, *names, MANIFEST}):
+            if os.path.lexists(target / name):
+                os.replace(target / name, trash / name)
+                done.append((target / name, trash / name))
+        for name in [*names, MANIFEST]:
+            os.replace(staging / name, target / name)
+            done.append((staging / name, target / name))
+    except BaseException:
+        for source, destination in reversed(done):
+            with contextlib.suppress(OSError):
+                os.replace(destination, source)
+        raise
 
 
 class StagedRunFolder:
@@ -66,8 +233,10 @@ class StagedRunFolder:
             ...write files into staging...
         folder.final  # where they landed
 
-    unique=True (the default names) never overwrites: a taken name gets a number.
-    unique=False (an explicit --out) writes into the folder, replacing files of the same name.
+    unique=True (the default names) never overwrites: a taken name gets a -2, -3, ... suffix.
+    unique=False (an explicit --out) replaces the files an earlier run wrote into the folder.
+    A write that fails for a reason of the place (a full disk, a read-only file system) is an
+    AttnvizError naming the folder.
     """
 
     def __init__(self, target: Path, unique: bool):
@@ -77,14 +246,68 @@ class StagedRunFolder:
 
     def __enter__(self) -> Path:
         check_target(self.target)
-        _ensure_folder(self.target.parent)
-        prefix = f".{self.target.name[:16]}-"
-        self.staging = Path(tempfile.mkdtemp(prefix=prefix, suffix=".partial", dir=self.target.parent))
+        home = self.target.parent if self.unique else self.target
+        self.created = _make_folders(home)
+        with signals_deferred() as caught:  # the staging folder is known before a signal can strike
+            try:
+                self.staging = Path(tempfile.mkdtemp(prefix=HIDDEN_PREFIX, suffix=".partial", dir=home))
+            except OSError as error:
+                _remove_empty(self.created)
+                raise output_error(self.target, error) from None
+            _staging_now.add(self.staging)
+        if caught:
+            self.__exit__(Interrupted, None, None)
+            raise Interrupted(caught[0])
         return self.staging
 
     def __exit__(self, error_type, error, traceback) -> None:
         try:
             if error_type is None:
-                self.final = _publish(self.staging, self.target, self.unique)
+                self._publish()
+            elif issubclass(error_type, OSError) and error.errno in REASONS:
+                raise output_error(self.target, error) from None
         finally:
             shutil.rmtree(self.staging, ignore_errors=True)
+            _staging_now.discard(self.staging)
+            if self.final is None:
+                _remove_empty(self.created)
+
+    def _publish(self) -> None:
+        names = sorted(os.listdir(self.staging))
+        write_manifest(self.staging, names)
+        try:
+            with signals_deferred() as caught:
+                self._publish_new() if self.unique else self._replace_files(names)
+        except OSError as error:
+            raise output_error(self.target, error) from None
+        if caught:  # a signal during the move: it takes effect now that the files are whole
+            raise Interrupted(caught[0], written=self.final)
+
+    def _publish_new(self) -> None:
+        """Claim a free name (mkdir is atomic, even against a concurrent run), then rename the staging onto it."""
+        candidate, number = self.target, 1
+        while True:
+            try:
+                candidate.mkdir()
+                break
+            except FileExistsError:
+                number += 1
+                candidate = self.target.with_name(f"{self.target.name}-{number}")
+        try:
+            os.chmod(self.staging, stat.S_IMODE(candidate.stat().st_mode))  # mkdtemp's 0700 -> the usual mode
+            os.rename(self.staging, candidate)  # onto the empty folder just made: its files appear at once
+        except OSError:
+            candidate.rmdir()
+            raise
+        self.final = candidate
+
+    def _replace_files(self, names: list[str]) -> None:
+        with _locked(self.target):
+            previous = earlier_run_files(self.target)
+            _refuse_folders_in_the_way(self.target, names, previous)
+            trash = Path(tempfile.mkdtemp(prefix=HIDDEN_PREFIX, suffix=".old", dir=self.target))
+            try:
+                _swap_files(self.target, self.staging, trash, names, previous)
+            finally:
+                shutil.rmtree(trash, ignore_errors=True)
+        self.final = self.target

@@ -1,9 +1,18 @@
-"""Run folders: safe default names, unique per run, nothing half-written on failure."""
+"""Run folders: safe default names, unique per run, one whole run in each, nothing half-written on failure."""
+
+import json
+import multiprocessing
+import os
+import subprocess
+import sys
+import time
 
 import pytest
 
+from attnviz import runs
+from attnviz.cli import run
 from attnviz.errors import AttnvizError
-from attnviz.runs import MAX_NAME_CHARS, StagedRunFolder, run_folder_name
+from attnviz.runs import MANIFEST, MAX_NAME_CHARS, StagedRunFolder, run_folder_name
 
 
 @pytest.mark.parametrize(
@@ -61,6 +70,195 @@ def test_an_output_path_that_is_a_file_or_under_a_file_is_refused(tmp_path):
     with pytest.raises(AttnvizError, match="is a file, not a folder"):
         with StagedRunFolder(blocker, unique=False):
             pass
-    with pytest.raises(AttnvizError, match="cannot create the output folder"):
+    with pytest.raises(AttnvizError, match=f"cannot write the output folder .*: {blocker} is a file"):
         with StagedRunFolder(blocker / "sub" / "run", unique=False):
             pass
+
+
+def write_run(target, files, unique=False):
+    """A run of StagedRunFolder writing {name: content}; a name ending in / is a folder with one file."""
+    folder = StagedRunFolder(target, unique=unique)
+    with folder as staging:
+        for name, content in files.items():
+            if name.endswith("/"):
+                (staging / name).mkdir()
+                (staging / name / "attention.json").write_text(content)
+            else:
+                (staging / name).write_text(content)
+    return folder.final
+
+
+def contents(folder):
+    """{relative path: bytes} of every file under folder, hidden ones included."""
+    return {str(path.relative_to(folder)): path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()}
+
+
+def test_a_rerun_replaces_the_earlier_runs_files_and_keeps_the_users_own(tmp_path):
+    target = tmp_path / "run"
+    target.mkdir()
+    (target / "notes.txt").write_text("mine")
+    write_run(target, {f"head_{head:02d}.png": "first" for head in range(12)} | {"001-a/": "first"})
+    write_run(target, {f"head_{head:02d}.png": "second" for head in range(4)} | {"heads.png": "second"})
+
+    expected = {f"head_{head:02d}.png": b"second" for head in range(4)} | {"heads.png": b"second", "notes.txt": b"mine"}
+    found = contents(target)
+    assert json.loads(found.pop(MANIFEST))["files"] == sorted(expected.keys() - {"notes.txt"})
+    write_run(target, {"002-b/": "third"})
+    assert json.loads((target / MANIFEST).read_text())["files"] == ["002-b/"]  # a folder is marked as one
+    assert found == expected
+
+
+def test_heads_with_fewer_heads_into_the_same_out_leaves_no_stale_head_files(tmp_path):
+    target = tmp_path / "run"
+    assert run(["heads", "the cat sat", "--model", "bundled", "--out", str(target)]) == 0
+    assert run(["heads", "the cat sat", "--model", "bundled", "--out", str(target), "--heads", "4"]) == 0
+    names = sorted(path.name for path in target.iterdir())
+    assert names == [MANIFEST, "attention.json", "head_00.png", "head_01.png", "head_02.png", "head_03.png", "heads.png"]
+    assert json.loads((target / "attention.json").read_text())["num_heads"] == 4
+
+
+def test_a_folder_where_a_file_goes_is_refused_and_nothing_changes(tmp_path, capsys):
+    target = tmp_path / "run"
+    assert run(["heads", "the cat sat", "--model", "bundled", "--out", str(target), "--heads", "2"]) == 0
+    (target / "heads.png").unlink()
+    (target / "heads.png").mkdir()  # the user's folder, not in the manifest
+    (target / "heads.png" / "keep.txt").write_text("mine")
+    before = contents(target)
+    capsys.readouterr()
+
+    assert run(["heads", "a dog ran", "--model", "bundled", "--out", str(target), "--heads", "2"]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("error: ") and error.count("\n") == 1 and "heads.png" in error and str(target) in error
+    assert contents(target) == before
+    assert not [path for path in target.iterdir() if path.name.startswith(".attnviz-") and path.is_dir()]
+
+
+def test_manifest_names_that_leave_the_folder_are_ignored(tmp_path):
+    target = tmp_path / "run"
+    target.mkdir()
+    (tmp_path / "outside.txt").write_text("keep")
+    (target / MANIFEST).write_text(json.dumps({"format": runs.MANIFEST_FORMAT, "files": ["../outside.txt", "/etc/passwd", ".."]}))
+    write_run(target, {"attention.json": "new"})
+    assert (tmp_path / "outside.txt").read_text() == "keep" and os.path.exists("/etc/passwd")
+
+
+def test_a_move_that_fails_midway_is_undone(tmp_path, monkeypatch):
+    target = tmp_path / "run"
+    write_run(target, {"head_00.png": "old", "head_01.png": "old", "attention.json": "old"})
+    before = contents(target)
+    real_replace, calls = os.replace, []
+
+    def failing_replace(source, destination):
+        calls.append(source)
+        if len(calls) == 5:  # the old files are out, some new ones in
+            raise OSError(28, "No space left on device")
+        real_replace(source, destination)
+
+    monkeypatch.setattr(runs.os, "replace", failing_replace)
+    with pytest.raises(AttnvizError, match=f"cannot write the output folder {target}: the disk is full"):
+        write_run(target, {"head_00.png": "new", "attention.json": "new"})
+    assert contents(target) == before and len(calls) > 5
+
+
+def _write_runs_in_turn(target, worker, rounds):
+    for round_number in range(rounds):
+        names = [f"head_{head:02d}.png" for head in range(worker + 1)] + [f"00{worker}-text/"]
+        write_run(target, {name: f"{worker}.{round_number}" for name in names})
+
+
+def test_concurrent_runs_into_one_folder_leave_one_whole_run(tmp_path):
+    """Processes writing different sets of files into one --out: each succeeds, one run's files remain."""
+    target = tmp_path / "run"
+    context = multiprocessing.get_context("fork")
+    workers = [context.Process(target=_write_runs_in_turn, args=(target, worker, 15)) for worker in range(4)]
+    for process in workers:
+        process.start()
+    for process in workers:
+        process.join(60)
+    assert [process.exitcode for process in workers] == [0, 0, 0, 0]
+
+    found = contents(target)
+    listed = json.loads(found.pop(MANIFEST))["files"]
+    (content,) = set(found.values())  # every file from one run
+    worker = int(content.split(b".")[0])
+    names = sorted(name.removesuffix("/") for name in listed)
+    assert sorted(path.split("/")[0] for path in found) == names and len(names) == worker + 2
+    assert sorted(path.name for path in target.iterdir()) == sorted([*names, MANIFEST])  # nothing hidden left
+
+
+@pytest.mark.parametrize(
+    "out, words",
+    [
+        ("/proc/attnviz-run", "/proc/attnviz-run: its folder does not take new folders"),
+        ("/sys/attnviz-run", "/sys/attnviz-run"),
+        ("x" * 300, "the path is too long"),
+        ("", "--out is empty"),
+    ],
+)
+def test_an_unusable_out_is_one_line_and_exit_2_before_the_model_loads(out, words, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("attnviz.loading.load_model", lambda *args, **kwargs: pytest.fail("the model was loaded"))
+    assert run(["heads", "the cat sat", "--model", "bundled", "--out", out]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("error: ") and error.count("\n") == 1 and words in error, error
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_dangling_symlink_as_out_is_refused_naming_it(tmp_path, capsys):
+    link = tmp_path / "out"
+    link.symlink_to(tmp_path / "gone")
+    assert run(["heads", "the cat sat", "--model", "bundled", "--out", str(link)]) == 2
+    assert capsys.readouterr().err == f"error: the output folder {link} is a symbolic link to {tmp_path / 'gone'}, which does not exist\n"
+    assert [path.name for path in tmp_path.iterdir()] == ["out"]
+
+
+@pytest.mark.parametrize("seed", ["18446744073709551616", "-1"])
+def test_a_seed_outside_64_bits_is_a_usage_error(seed, capsys):
+    assert run(["heads", "the cat sat", "--model", "bundled", "--weights", "random", "--seed", seed]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("error: Invalid value for '--seed'") and error.count("\n") == 1
+
+
+@pytest.fixture
+def mount_tmpfs(tmp_path):
+    """mount(size, read_only) -> a fresh tmpfs mounted in tmp_path; skipped where mounting is not allowed."""
+    mounted = []
+
+    def mount(size="16m", read_only=False):
+        point = tmp_path / f"mnt{len(mounted)}"
+        point.mkdir()
+        options = f"size={size}" + (",ro" if read_only else "")
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(point)], capture_output=True)
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode(errors='replace').strip()}")
+        mounted.append(point)
+        return point
+
+    yield mount
+    for point in mounted:
+        subprocess.run(["umount", "-l", str(point)], check=False)
+
+
+def test_out_on_another_filesystem_is_written_in_full(mount_tmpfs, tmp_path):
+    point = mount_tmpfs()
+    assert os.stat(point).st_dev != os.stat(tmp_path).st_dev
+    (point / "notes.txt").write_text("mine")
+    for num_heads in ("4", "2"):
+        assert run(["heads", "the cat sat", "--model", "bundled", "--out", str(point), "--heads", num_heads]) == 0
+    names = sorted(path.name for path in point.iterdir())
+    assert names == [MANIFEST, "attention.json", "head_00.png", "head_01.png", "heads.png", "notes.txt"]
+
+
+def test_a_full_disk_is_exit_2_naming_the_folder_and_leaves_nothing(mount_tmpfs, capsys):
+    point = mount_tmpfs(size="64k")
+    target = point / "run"
+    assert run(["heads", "the cat sat", "--model", "bundled", "--out", str(target)]) == 2
+    assert capsys.readouterr().err == f"error: cannot write the output folder {target}: the disk is full\n"
+    assert list(point.iterdir()) == []
+
+
+def test_a_read_only_filesystem_is_refused_before_the_model_loads(mount_tmpfs, monkeypatch, capsys):
+    point = mount_tmpfs(read_only=True)
+    monkeypatch.setattr("attnviz.loading.load_model", lambda *args, **kwargs: pytest.fail("the model was loaded"))
+    assert run(["heads", "the cat sat", "--model", "bundled", "--out", str(point / "run")]) == 2
+    assert capsys.readouterr().err == f"error: cannot write the output folder {point / 'run'}: the file system is read-only\n"
