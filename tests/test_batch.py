@@ -11,6 +11,7 @@ from attnviz import batch, pipeline
 from attnviz.cli import run
 from attnviz.errors import AttnvizError
 from attnviz.pipeline import run_attention
+from attnviz.runs import MANIFEST
 
 TOLERANCE = 1e-5
 # Different lengths, so the batch is padded: 9, 16 and 6 tokens.
@@ -113,7 +114,7 @@ def test_heads_file_writes_one_folder_per_non_blank_line_with_each_texts_own_wei
         "002-The-animal-didn-t-cross-the-street-becau",  # names are cut at 40 characters
         "003-Attention-is-all",
     ]
-    assert sorted(path.name for path in out.iterdir() if path.is_file()) == ["summary.csv", "summary.json"]
+    assert sorted(path.name for path in out.iterdir() if path.is_file()) == [MANIFEST, "summary.csv", "summary.json"]
     for folder, text in zip(folders, TEXTS):
         assert (folder / "heads.png").exists() and (folder / "head_11.png").exists()
         record = json.loads((folder / "attention.json").read_text(encoding="utf-8"))
@@ -139,6 +140,7 @@ def test_heads_file_dash_reads_standard_input_into_outputs_stdin(tmp_path, monke
     monkeypatch.setattr("sys.stdin", io.StringIO("我想吃酸菜鱼\n\n我爱中国\n"))
     assert heads("--file", "-") == 0
     assert sorted(path.name for path in (tmp_path / "outputs" / "stdin").iterdir()) == [
+        MANIFEST,
         "001-我想吃酸菜鱼",
         "002-我爱中国",
         "summary.csv",
@@ -201,14 +203,23 @@ def test_text_and_file_together_or_neither_are_errors(tmp_path, capsys):
     assert not (tmp_path / "run").exists()
 
 
-def test_an_out_folder_with_earlier_results_is_refused(tmp_path, capsys, json_only):
+def test_a_rerun_into_the_same_out_replaces_the_earlier_batch_as_a_whole(tmp_path, json_only):
     source = write_lines(tmp_path / "texts.txt", ["hello", "world"])
     assert heads("--file", str(source), "--out", str(tmp_path / "run")) == 0
-    before = sorted(path.name for path in (tmp_path / "run").iterdir())
+    write_lines(source, ["again"])
+    assert heads("--file", str(source), "--out", str(tmp_path / "run")) == 0
+    names = sorted(path.name for path in (tmp_path / "run").iterdir())
+    assert names == [MANIFEST, "001-again", "summary.csv", "summary.json"]  # 001-hello and 002-world are gone
+
+
+def test_an_out_folder_with_the_users_own_folders_of_those_names_is_refused(tmp_path, capsys, json_only):
+    source = write_lines(tmp_path / "texts.txt", ["hello", "world"])
+    (tmp_path / "run" / "001-hello").mkdir(parents=True)
+    (tmp_path / "run" / "summary.csv").write_text("mine")
     assert heads("--file", str(source), "--out", str(tmp_path / "run")) == 2
     error = capsys.readouterr().err
-    assert "already has 001-hello and 3 more from an earlier run" in error and error.count("\n") == 1
-    assert sorted(path.name for path in (tmp_path / "run").iterdir()) == before
+    assert "already has 001-hello and 1 more that attnviz did not write" in error and error.count("\n") == 1
+    assert sorted(path.name for path in (tmp_path / "run").iterdir()) == ["001-hello", "summary.csv"]
 
 
 def test_a_failure_midway_leaves_nothing(bert, tmp_path, monkeypatch):

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from attnviz.cli import run
+from attnviz.runs import MANIFEST
 
 HEAD_FILES = [f"head_{h:02d}.png" for h in range(12)]
 ENGLISH = "The animal didn't cross the street because it was too tired."
@@ -34,7 +35,7 @@ def test_heads_writes_every_head_the_grid_and_berts_own_weights(text, tmp_path, 
     assert not [w for w in caught if "missing from font" in str(w.message)]
 
     written = sorted(path.name for path in (tmp_path / "run").iterdir())
-    assert written == sorted(HEAD_FILES + ["heads.png", "attention.json"])
+    assert written == sorted(HEAD_FILES + ["heads.png", "attention.json", MANIFEST])
     for name in HEAD_FILES + ["heads.png"]:
         assert (tmp_path / "run" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -158,7 +159,7 @@ def test_an_output_folder_that_cannot_be_written_is_an_error(tmp_path, capsys):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
     assert heads("hi", "--out", str(blocker / "run")) == 2
-    assert capsys.readouterr().err.startswith("error: cannot create the output folder")
+    assert capsys.readouterr().err == f"error: cannot write the output folder {blocker / 'run'}: {blocker} is a file\n"
     assert heads("hi", "--out", str(blocker)) == 2
     assert "is a file, not a folder" in capsys.readouterr().err
 

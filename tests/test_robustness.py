@@ -1,8 +1,9 @@
-"""Sturdiness: arbitrary text, hostile names, Ctrl-C, and model folders that try to run code."""
+"""Sturdiness: arbitrary text, hostile names, signals, pipes, and model folders that try to run code."""
 
 import json
 import os
 import pickle
+import random
 import shutil
 import signal
 import subprocess
@@ -47,7 +48,8 @@ def test_any_text_either_succeeds_with_valid_outputs_or_fails_in_one_line(text, 
     folders = {path.parts[:2] for path in written}
     assert len(folders) == 1 and next(iter(folders))[0] == "outputs"  # one run folder, inside outputs/
     folder = workdir.joinpath(*next(iter(folders)))
-    assert sorted(path.name for path in folder.iterdir()) == ["attention.json", "head_00.png", "head_01.png", "heads.png"]
+    names = [".attnviz-files.json", "attention.json", "head_00.png", "head_01.png", "heads.png"]
+    assert sorted(path.name for path in folder.iterdir()) == names
     record = json.loads((folder / "attention.json").read_text(encoding="utf-8"))
     assert record["text"] == text
     np.testing.assert_allclose(np.array(record["attention"]).sum(-1), 1, atol=1e-5)
@@ -62,24 +64,136 @@ def test_a_hostile_text_keeps_its_run_folder_inside_outputs(text, tmp_path, monk
     assert [path for path in tmp_path.iterdir()] == [tmp_path / "outputs"]
 
 
-def test_ctrl_c_while_writing_leaves_no_half_written_file(tmp_path):
-    """SIGINT once the run has started writing: no run folder, no staging folder, exit 130."""
-    target = tmp_path / "run"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "attnviz", "heads", "the cat sat on the mat", "--model", "bundled", "--out", str(target)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
+def start(*args, **options):
+    """attnviz as a new process, as a user starts it."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "attnviz", *args, "--model", "bundled"],
+        stdout=options.pop("stdout", subprocess.DEVNULL), stderr=subprocess.PIPE, text=True, **options
     )
-    deadline = time.monotonic() + 120
-    while not any(path.suffix == ".png" for path in tmp_path.rglob("*.png")):  # writing has begun
+
+
+def wait_for(condition, process, timeout=120):
+    deadline = time.monotonic() + timeout
+    while not condition():
         assert process.poll() is None and time.monotonic() < deadline, "the run ended before it was interrupted"
-        time.sleep(0.01)
-    process.send_signal(signal.SIGINT)
+        time.sleep(0.005)
+
+
+def processes_naming(marker):
+    """pids of live processes whose command line holds marker (the grid's forked copy has its parent's)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as stream:
+                if marker.encode() in stream.read():
+                    with open(f"/proc/{entry}/stat") as stat:
+                        if stat.read().split(") ")[-1][0] != "Z":  # a zombie is dead already
+                            found.append(int(entry))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def assert_no_process_left(marker):
+    deadline = time.monotonic() + 5  # a killed child takes a moment to go
+    while processes_naming(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert processes_naming(marker) == []
+
+
+def assert_whole_or_nothing(folder, code, error, names):
+    """Exit 0 with exactly the run's files, or the signal's exit code and no trace of the run."""
+    if code == 0 or "written in full" in error:  # the signal came as the files were moved into place
+        assert sorted(path.name for path in folder.iterdir()) == sorted(names), error
+    else:
+        assert error.strip() == "interrupted: nothing was written", error
+        assert not folder.exists() or list(folder.iterdir()) == [], list(folder.iterdir())
+
+
+HEADS_FILES = [".attnviz-files.json", "attention.json", *(f"head_{head:02d}.png" for head in range(12)), "heads.png"]
+
+
+@pytest.mark.parametrize("signal_number", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("moment", ["early", "writing"])
+def test_a_signal_at_a_random_moment_leaves_a_whole_run_or_nothing(signal_number, moment, tmp_path):
+    """early: during the imports or the model's load; writing: once the staging folder has files.
+
+    No staging folder, no half-written file, no process left; exit 128 + the signal's number.
+    """
+    rng = random.Random()
+    delay = rng.uniform(0.15, 1.5) if moment == "early" else rng.uniform(0, 0.3)
+    target = tmp_path / "run"
+    process = start("heads", "the cat sat on the mat", "--out", str(target))
+    if moment == "writing":
+        wait_for(lambda: any(target.glob(".attnviz-*.partial/*")), process)
+    time.sleep(delay)
+    process.send_signal(signal_number)
     _, error = process.communicate(timeout=60)
 
-    assert process.returncode == 130, error
-    assert error.strip() == "interrupted: nothing was written"
+    assert process.returncode in (0, 128 + signal_number), (delay, process.returncode, error)
+    assert_whole_or_nothing(target, process.returncode, error, HEADS_FILES)
+    assert [path.name for path in tmp_path.iterdir()] in ([], ["run"])
+    assert_no_process_left(str(target))
+
+
+def test_the_grid_process_dies_with_its_parent_even_on_sigkill(tmp_path):
+    target = tmp_path / "run"
+    process = start("heads", "the cat sat on the mat", "--out", str(target))
+    wait_for(lambda: len(processes_naming(str(target))) == 2, process)  # the grid is being drawn
+    process.kill()
+    process.wait(timeout=60)
+    assert_no_process_left(str(target))
+
+
+def test_a_batch_under_sigterm_leaves_no_text_folder(tmp_path):
+    """timeout's SIGTERM in the middle of heads --file: not some finished text folders, none."""
+    source = tmp_path / "texts.txt"
+    source.write_text("\n".join(f"text number {number}" for number in range(6)), encoding="utf-8")
+    target = tmp_path / "run"
+    process = start("heads", "--file", str(source), "--out", str(target), "--heads", "2")
+    wait_for(lambda: any(target.glob(".attnviz-*.partial/002-*/heads.png")), process)
+    process.terminate()
+    _, error = process.communicate(timeout=60)
+    assert process.returncode == 143 and error.strip() == "interrupted: nothing was written"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["texts.txt"]
+
+
+def test_a_reader_that_stops_early_loses_no_file_and_sees_no_error(tmp_path):
+    """`attnviz heads ... | head -1`: the pipe closes after one line; the files are all written."""
+    target = tmp_path / "run"
+    process = start("heads", "the cat sat", "--out", str(target), "--heads", "2", stdout=subprocess.PIPE)
+    first_line = process.stdout.readline()
+    process.stdout.close()  # what head -1 does
+    error = process.stderr.read()
+    process.wait(timeout=120)
+    assert first_line.startswith("model") and process.returncode == 0 and error == ""
+    names = [".attnviz-files.json", "attention.json", "head_00.png", "head_01.png", "heads.png"]
+    assert sorted(path.name for path in target.iterdir()) == names
+    json.loads((target / "attention.json").read_text(encoding="utf-8"))
+
+
+def test_an_ascii_terminal_gets_escapes_instead_of_an_error(tmp_path):
+    target = tmp_path / "run"
+    process = start("heads", "我想", "--out", str(target), "--heads", "1", stdout=subprocess.PIPE,
+                    env={**os.environ, "PYTHONIOENCODING": "ascii"})
+    output, error = process.communicate(timeout=120)
+    assert process.returncode == 0, error
+    assert "\\u6211" in output  # 我, escaped
+    assert json.loads((target / "attention.json").read_text(encoding="utf-8"))["text"] == "我想"
+
+
+def test_notes_go_to_stderr_and_results_to_stdout(tmp_path, capsys):
+    assert run(["heads", "我想", "--model", "bundled", "--out", str(tmp_path / "run"), "--heads", "1"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err.startswith("note: ") and "[UNK]" in captured.err
+    assert "note:" not in captured.out and captured.out.startswith("model")
+
+
+def test_file_dash_with_standard_input_closed_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "stdin", None)  # what Python makes of a closed descriptor 0 (<&-)
+    assert run(["heads", "--file", "-", "--model", "bundled", "--out", str(tmp_path / "run")]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("error: --file -: standard input is closed") and error.count("\n") == 1
     assert list(tmp_path.iterdir()) == []
 
 

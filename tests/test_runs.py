@@ -3,6 +3,7 @@
 import json
 import multiprocessing
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -11,7 +12,7 @@ import pytest
 
 from attnviz import runs
 from attnviz.cli import run
-from attnviz.errors import AttnvizError
+from attnviz.errors import AttnvizError, Interrupted
 from attnviz.runs import MANIFEST, MAX_NAME_CHARS, StagedRunFolder, run_folder_name
 
 
@@ -158,6 +159,30 @@ def test_a_move_that_fails_midway_is_undone(tmp_path, monkeypatch):
     with pytest.raises(AttnvizError, match=f"cannot write the output folder {target}: the disk is full"):
         write_run(target, {"head_00.png": "new", "attention.json": "new"})
     assert contents(target) == before and len(calls) > 5
+
+
+def test_a_signal_while_the_files_move_in_waits_for_them_then_interrupts(tmp_path, monkeypatch):
+    target = tmp_path / "run"
+    write_run(target, {"head_00.png": "old", "head_01.png": "old"})
+    real_replace, calls = os.replace, []
+
+    def replace_then_signal(source, destination):
+        real_replace(source, destination)
+        calls.append(source)
+        if len(calls) == 1:  # the first earlier file is out, nothing new is in
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    handlers = {number: signal.getsignal(number) for number in runs.DEFERRED_SIGNALS}
+    monkeypatch.setattr(runs.os, "replace", replace_then_signal)
+    try:
+        runs.handle_signals()
+        with pytest.raises(Interrupted) as raised:
+            write_run(target, {"head_00.png": "new"})
+    finally:
+        for number, handler in handlers.items():
+            signal.signal(number, handler)
+    assert raised.value.written == target and raised.value.exit_code == 143
+    assert sorted(contents(target)) == [MANIFEST, "head_00.png"] and contents(target)["head_00.png"] == b"new"
 
 
 def _write_runs_in_turn(target, worker, rounds):
