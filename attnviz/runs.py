@@ -247,8 +247,8 @@ class StagedRunFolder:
     def __enter__(self) -> Path:
         check_target(self.target)
         home = self.target.parent if self.unique else self.target
-        self.created = _make_folders(home)
-        with signals_deferred() as caught:  # the staging folder is known before a signal can strike
+        with signals_deferred() as caught:  # what is made here is known before a signal can strike
+            self.created = _make_folders(home)
             try:
                 self.staging = Path(tempfile.mkdtemp(prefix=HIDDEN_PREFIX, suffix=".partial", dir=home))
             except OSError as error:
@@ -267,10 +267,13 @@ class StagedRunFolder:
             elif issubclass(error_type, OSError) and error.errno in REASONS:
                 raise output_error(self.target, error) from None
         finally:
-            shutil.rmtree(self.staging, ignore_errors=True)
-            _staging_now.discard(self.staging)
-            if self.final is None:
-                _remove_empty(self.created)
+            with signals_deferred() as caught:  # a second Ctrl-C must not stop the cleanup halfway
+                shutil.rmtree(self.staging, ignore_errors=True)
+                _staging_now.discard(self.staging)
+                if self.final is None:
+                    _remove_empty(self.created)
+            if caught and self.final is not None:
+                raise Interrupted(caught[0], written=self.final)
 
     def _publish(self) -> None:
         names = sorted(os.listdir(self.staging))

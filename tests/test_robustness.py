@@ -125,7 +125,7 @@ def test_a_signal_at_a_random_moment_leaves_a_whole_run_or_nothing(signal_number
     target = tmp_path / "run"
     process = start("heads", "the cat sat on the mat", "--out", str(target))
     if moment == "writing":
-        wait_for(lambda: any(target.glob(".attnviz-*.partial/*")), process)
+        wait_for(lambda: any(tmp_path.glob("**/*.partial/*")), process)
     time.sleep(delay)
     process.send_signal(signal_number)
     _, error = process.communicate(timeout=60)
@@ -138,11 +138,18 @@ def test_a_signal_at_a_random_moment_leaves_a_whole_run_or_nothing(signal_number
 
 def test_the_grid_process_dies_with_its_parent_even_on_sigkill(tmp_path):
     target = tmp_path / "run"
-    process = start("heads", "the cat sat on the mat", "--out", str(target))
+    process = start("heads", " ".join(["the cat sat on the mat"] * 8), "--out", str(target))  # a grid of 50 tokens
     wait_for(lambda: len(processes_naming(str(target))) == 2, process)  # the grid is being drawn
+    (child,) = set(processes_naming(str(target))) - {process.pid}
+    time.sleep(0.1)  # the child's first step: asking to die with its parent
+    os.kill(child, signal.SIGSTOP)  # so that it cannot just finish the grid and go: only its parent's end may end it
     process.kill()
     process.wait(timeout=60)
-    assert_no_process_left(str(target))
+    try:
+        assert_no_process_left(str(target))
+    finally:
+        for pid in processes_naming(str(target)):
+            os.kill(pid, signal.SIGKILL)
 
 
 def test_a_batch_under_sigterm_leaves_no_text_folder(tmp_path):
@@ -151,7 +158,7 @@ def test_a_batch_under_sigterm_leaves_no_text_folder(tmp_path):
     source.write_text("\n".join(f"text number {number}" for number in range(6)), encoding="utf-8")
     target = tmp_path / "run"
     process = start("heads", "--file", str(source), "--out", str(target), "--heads", "2")
-    wait_for(lambda: any(target.glob(".attnviz-*.partial/002-*/heads.png")), process)
+    wait_for(lambda: any(tmp_path.glob("**/*.partial/002-*/heads.png")), process)
     process.terminate()
     _, error = process.communicate(timeout=60)
     assert process.returncode == 143 and error.strip() == "interrupted: nothing was written"
