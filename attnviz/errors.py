@@ -11,11 +11,12 @@ class AttnvizError(ValueError):
 
 
 class Interrupted(BaseException):
-    """SIGINT (Ctrl-C), SIGTERM or SIGHUP, raised where the run is so that its staging folder is
-    removed on the way out (a BaseException, like KeyboardInterrupt: `except Exception` lets it by).
+    """SIGINT (Ctrl-C), SIGTERM or SIGHUP that came while attnviz held it back (checking the output
+    place, moving the files into place), raised once that is done. At any other moment a signal
+    ends the process at once (attnviz.runs.handle_signals). A BaseException, like KeyboardInterrupt.
 
     written: the run folder, when the signal came while its files were being moved into place
-    (it waits for them to be whole); else None, and nothing was written.
+    (it waited for them to be whole); else None, and nothing was written.
     """
 
     def __init__(self, signal_number: int, written: Path | None = None):

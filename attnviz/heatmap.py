@@ -99,6 +99,8 @@ def _fork(draw) -> int:
         return child
     exit_code = 1
     try:
+        for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # die of them: the parent cleans up
+            signal.signal(number, signal.SIG_DFL)
         _die_with_parent(parent)
         draw()
         exit_code = 0

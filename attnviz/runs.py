@@ -8,7 +8,8 @@ ones come, the manifest is replaced. A user's own files in the folder stay, exce
 the name of a new file, which is replaced. Signals wait for the step to finish, and runs into
 one folder take turns, so the folder holds the files of one run: the last.
 
-An error or an interrupt before that step removes the staging folder: nothing is written.
+An error or a signal (SIGINT, SIGTERM, SIGHUP) before that step removes the staging folder:
+nothing is written. A signal during it waits until it is done.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ REASONS = {
     errno.ENOTDIR: "a part of the path is a file",
     errno.EIO: "input/output error",
 }
-_staging_now: set[Path] = set()  # this process's staging folders: while one is open, a signal must clean up
+_open_folders: list[StagedRunFolder] = []  # this process's runs being written: a signal removes their staging
 
 
 def run_folder_name(text: str) -> str:
@@ -81,16 +82,27 @@ def check_target(target: Path) -> Path:
     except OSError as error:  # e.g. a name too long to look up
         raise output_error(target, error) from None
     with signals_deferred() as caught:  # what the check makes, it removes, even on Ctrl-C
-        created = _make_folders(target)
-        try:
-            os.rmdir(tempfile.mkdtemp(prefix=HIDDEN_PREFIX, suffix=".probe", dir=target))
-        except OSError as error:
-            raise output_error(target, error) from None
-        finally:
-            _remove_empty(created)
+        probe, created = _make_hidden_folder(target, ".probe")
+        probe.rmdir()
+        _remove_empty(created)
     if caught:
         raise Interrupted(caught[0])
     return target
+
+
+def _make_hidden_folder(folder: Path, suffix: str) -> tuple[Path, list[Path]]:
+    """A new hidden folder in folder, made with its missing parents; returns it and the parents made."""
+    for attempt in range(3):
+        created = _make_folders(folder)
+        try:
+            return Path(tempfile.mkdtemp(prefix=HIDDEN_PREFIX, suffix=suffix, dir=folder)), created
+        except FileNotFoundError:
+            if folder.exists() or attempt == 2:
+                raise output_error(folder, FileNotFoundError(errno.ENOENT, "")) from None
+            # else a concurrent run's check removed the folder it had made: make it again
+        except OSError as error:
+            _remove_empty(created)
+            raise output_error(folder, error) from None
 
 
 def _make_folders(folder: Path) -> list[Path]:
@@ -128,11 +140,14 @@ def handle_signals() -> None:
 
 
 def _on_signal(number: int, frame) -> None:
-    """Before any file is staged, exit at once: nothing to clean, and no exception thrown into
-    torch's C++ (a KeyboardInterrupt inside `import torch` can abort the process). While one is
-    staged, raise Interrupted: the staging folder and the grid's process go on the way out."""
-    if _staging_now:
-        raise Interrupted(number)
+    """End the run at once, whatever it was doing: remove what it staged, say so, exit 128 + number.
+
+    An exception raised here would have to pass through the C and C++ code the run is in (torch,
+    matplotlib), which may turn it into another error or abort the process. Where the files are
+    moved into place, signals_deferred holds the signal back instead, so no move is cut short.
+    """
+    for folder in _open_folders:
+        folder.discard()
     os.write(2, b"interrupted: nothing was written\n")
     os._exit(128 + number)  # as attnviz/__main__.py does during the imports
 
@@ -248,17 +263,18 @@ class StagedRunFolder:
         check_target(self.target)
         home = self.target.parent if self.unique else self.target
         with signals_deferred() as caught:  # what is made here is known before a signal can strike
-            self.created = _make_folders(home)
-            try:
-                self.staging = Path(tempfile.mkdtemp(prefix=HIDDEN_PREFIX, suffix=".partial", dir=home))
-            except OSError as error:
-                _remove_empty(self.created)
-                raise output_error(self.target, error) from None
-            _staging_now.add(self.staging)
+            self.staging, self.created = _make_hidden_folder(home, ".partial")
+            _open_folders.append(self)
         if caught:
             self.__exit__(Interrupted, None, None)
             raise Interrupted(caught[0])
         return self.staging
+
+    def discard(self) -> None:
+        """Remove the staging folder, and the folders made for the run if nothing landed in them."""
+        shutil.rmtree(self.staging, ignore_errors=True)
+        if self.final is None:
+            _remove_empty(self.created)
 
     def __exit__(self, error_type, error, traceback) -> None:
         try:
@@ -268,10 +284,8 @@ class StagedRunFolder:
                 raise output_error(self.target, error) from None
         finally:
             with signals_deferred() as caught:  # a second Ctrl-C must not stop the cleanup halfway
-                shutil.rmtree(self.staging, ignore_errors=True)
-                _staging_now.discard(self.staging)
-                if self.final is None:
-                    _remove_empty(self.created)
+                self.discard()
+                _open_folders.remove(self)
             if caught and self.final is not None:
                 raise Interrupted(caught[0], written=self.final)
 

@@ -72,6 +72,14 @@ def start(*args, **options):
     )
 
 
+def staged(folder, pattern="*"):
+    """Whether a staging folder under folder holds pattern yet (folders come and go as the run checks its --out)."""
+    try:
+        return any(folder.glob(f"**/*.partial/{pattern}"))
+    except FileNotFoundError:
+        return False
+
+
 def wait_for(condition, process, timeout=120):
     deadline = time.monotonic() + timeout
     while not condition():
@@ -125,7 +133,7 @@ def test_a_signal_at_a_random_moment_leaves_a_whole_run_or_nothing(signal_number
     target = tmp_path / "run"
     process = start("heads", "the cat sat on the mat", "--out", str(target))
     if moment == "writing":
-        wait_for(lambda: any(tmp_path.glob("**/*.partial/*")), process)
+        wait_for(lambda: staged(tmp_path), process)
     time.sleep(delay)
     process.send_signal(signal_number)
     _, error = process.communicate(timeout=60)
@@ -158,7 +166,7 @@ def test_a_batch_under_sigterm_leaves_no_text_folder(tmp_path):
     source.write_text("\n".join(f"text number {number}" for number in range(6)), encoding="utf-8")
     target = tmp_path / "run"
     process = start("heads", "--file", str(source), "--out", str(target), "--heads", "2")
-    wait_for(lambda: any(tmp_path.glob("**/*.partial/002-*/heads.png")), process)
+    wait_for(lambda: staged(tmp_path, "002-*/heads.png"), process)
     process.terminate()
     _, error = process.communicate(timeout=60)
     assert process.returncode == 143 and error.strip() == "interrupted: nothing was written"
