@@ -34,7 +34,7 @@ console = Console(highlight=False)
 errors = Console(stderr=True, highlight=False, markup=False)
 
 DEFAULT_OUTPUTS = Path("outputs")
-HELP_TYPE_WORDS = {"<str>": "TEXT", "<int>": "INTEGER", "<path>": "PATH", "<float>": "NUMBER"}
+HELP_TYPE_WORDS = {"<str>": "TEXT", "<int>": "INTEGER", "<int range>": "INTEGER", "<path>": "PATH", "<float>": "NUMBER"}
 INTERRUPTED = 130  # the shell's exit code for Ctrl-C (128 + SIGINT)
 
 

@@ -106,12 +106,12 @@ def test_the_setup_calls_the_layer_s_parameters_parameters_and_gives_their_seed(
 def test_unknown_token_notes_say_which_text_they_are_about(tmp_path, capsys):
     emoji = "😀😀 😀😀"
     assert heads("the cat sat", "--kv", emoji, "--heads", "2", "--out", str(tmp_path / "kv")) == 0
-    out = " ".join(capsys.readouterr().out.split())
+    out = " ".join(capsys.readouterr().err.split())  # notes go to stderr
     assert f'tokens of the --kv text "{emoji}" are [UNK]' in out
     lines = tmp_path / "texts.txt"
     lines.write_text(f"{emoji}\n🙂🙂🙂\n", encoding="utf-8")
     assert heads("--file", str(lines), "--heads", "2", "--out", str(tmp_path / "batch")) == 0
-    out = " ".join(capsys.readouterr().out.split())
+    out = " ".join(capsys.readouterr().err.split())
     assert f'tokens of the text "{emoji}" are [UNK]' in out and 'tokens of the text "🙂🙂🙂" are [UNK]' in out
 
 

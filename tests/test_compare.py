@@ -12,6 +12,7 @@ from attnviz.compare import compare_splits, default_head_counts, parse_head_coun
 from attnviz.compare_figures import MAX_HEADS_SHOWN, panel_grid, shown_heads
 from attnviz.errors import AttnvizError
 from attnviz.pipeline import random_layer, run_attention
+from attnviz.runs import MANIFEST
 
 TOLERANCE = 1e-5
 TEXT = "The animal didn't cross the street because it was too tired."  # 16 tokens
@@ -105,7 +106,7 @@ def compare(*args):
 def test_compare_end_to_end(tmp_path, capsys, bundled_bert):
     args = [TEXT, "--heads", "1,4", "--weights", "pretrained,random", "--layer", str(LAYER), "--seed", "3"]
     assert compare(*args, "--out", str(tmp_path)) == 0
-    assert sorted(path.name for path in tmp_path.iterdir()) == ["compare.json", "compare.png"]
+    assert sorted(path.name for path in tmp_path.iterdir()) == [MANIFEST, "compare.json", "compare.png"]
     assert (tmp_path / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     record = json.loads((tmp_path / "compare.json").read_text(encoding="utf-8"))
     assert [(split["weights"], split["num_heads"]) for split in record["splits"]] == [

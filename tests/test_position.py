@@ -9,6 +9,7 @@ import torch
 from attnviz.cli import run
 from attnviz.errors import AttnvizError
 from attnviz.position import TOLERANCE, default_permutation, parse_permutation, position_experiment
+from attnviz.runs import MANIFEST
 
 TEXT = "The animal didn't cross the street because it was too tired."  # 16 tokens
 SHORT = "The cat sat."  # [CLS] the cat sat . [SEP]
@@ -116,7 +117,7 @@ def position(*args):
 
 def test_position_end_to_end(tmp_path, capsys):
     assert position(TEXT, "--out", str(tmp_path)) == 0
-    assert sorted(path.name for path in tmp_path.iterdir()) == ["position.json", "position.png"]
+    assert sorted(path.name for path in tmp_path.iterdir()) == [MANIFEST, "position.json", "position.png"]
     assert (tmp_path / "position.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     record = json.loads((tmp_path / "position.json").read_text(encoding="utf-8"))
     assert record["permutation"] == [0, *range(14, 0, -1), 15] and record["tokens"][2] == "animal"

@@ -28,6 +28,7 @@ from attnviz.cli import run
 from attnviz.heatmap import MASKED_COLOR
 from attnviz.pipeline import run_attention, run_layers
 from attnviz.result import AttentionRun
+from attnviz.runs import MANIFEST
 
 TOLERANCE = 1e-5
 ENGLISH = "The animal didn't cross the street because it was too tired."
@@ -142,7 +143,7 @@ def test_statistics_of_a_padded_batch_equal_the_average_of_each_text_alone(bert)
 
 def test_stats_files_hold_the_analysis_of_run_attentions_weights(tmp_path, capsys, bert):
     assert stats(ENGLISH, "--out", str(tmp_path)) == 0
-    assert sorted(path.name for path in tmp_path.iterdir()) == ["js_distance.png", "stats.csv", "stats.json"]
+    assert sorted(path.name for path in tmp_path.iterdir()) == [MANIFEST, "js_distance.png", "stats.csv", "stats.json"]
     read_png(tmp_path / "js_distance.png")
 
     rows = read_csv(tmp_path / "stats.csv")
@@ -211,7 +212,7 @@ def test_a_random_layer_split_four_ways_is_broad_everywhere(tmp_path):
 
 def test_layers_writes_the_grid_and_the_rollout_of_every_layer(tmp_path, capsys, bert):
     assert layers(ENGLISH, "--out", str(tmp_path)) == 0
-    assert sorted(path.name for path in tmp_path.iterdir()) == ["layers.png", "rollout.json", "rollout.png"]
+    assert sorted(path.name for path in tmp_path.iterdir()) == [MANIFEST, "layers.png", "rollout.json", "rollout.png"]
     grid = read_png(tmp_path / "layers.png")
     assert grid.shape[1] > 1.5 * grid.shape[0]  # 12 heads across, 6 layers down
     read_png(tmp_path / "rollout.png")
@@ -243,7 +244,7 @@ def test_causal_layers_mask_the_future_in_the_figures_and_the_rollout(tmp_path):
 
 def test_layers_in_svg(tmp_path):
     assert layers(SHORT, "--format", "svg", "--heads", "3", "--out", str(tmp_path)) == 0
-    assert sorted(path.name for path in tmp_path.iterdir()) == ["layers.svg", "rollout.json", "rollout.svg"]
+    assert sorted(path.name for path in tmp_path.iterdir()) == [MANIFEST, "layers.svg", "rollout.json", "rollout.svg"]
 
 
 # --- the layers grid: each panel is that layer's head ---------------------------------------------

@@ -25,6 +25,7 @@ from attnviz.cli import Layout, Mistake, run
 from attnviz.errors import AttnvizError
 from attnviz.loading import load_model
 from attnviz.pipeline import build_layer, layer_input
+from attnviz.runs import MANIFEST
 from attnviz.tokens import encode
 from attnviz.trace import (
     LAYOUTS,
@@ -472,7 +473,7 @@ def trace_command(*args):
 
 def test_trace_writes_json_and_markdown_whose_shapes_are_the_real_ones(bert, tmp_path, capsys):
     assert trace_command(CHINESE, "--out", str(tmp_path)) == 0
-    assert sorted(path.name for path in tmp_path.iterdir()) == ["trace.json", "trace.md"]
+    assert sorted(path.name for path in tmp_path.iterdir()) == [MANIFEST, "trace.json", "trace.md"]
     record = json.loads((tmp_path / "trace.json").read_text(encoding="utf-8"))
     assert [layout["layout"] for layout in record["layouts"]] == ["view-permute"]
     assert record["texts"] == [CHINESE] and record["valid_lens"] is None
@@ -526,7 +527,7 @@ def test_trace_mistake_writes_the_mistaken_heads_beside_the_right_ones(tmp_path,
     written = sorted(path.name for path in tmp_path.iterdir())
     heads = [f"head_{h:02d}.png" for h in range(2)]
     mistaken = [f"mistake_view-without-permute_{name}" for name in heads + ["heads.png"]]
-    assert written == sorted(["trace.json", "trace.md", "heads.png", *heads, *mistaken])
+    assert written == sorted([MANIFEST, "trace.json", "trace.md", "heads.png", *heads, *mistaken])
     for name in mistaken:
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     record = json.loads((tmp_path / "trace.json").read_text(encoding="utf-8"))
