@@ -1,9 +1,9 @@
 """Per-head statistics of attention weights (rows are queries, columns keys, rows sum to 1).
 
-For `heads`: a summary per head of one layer. For `stats` and `layers`: every statistic of
-Clark et al. 2019 per head, labels for clear patterns, the Jensen-Shannon distances between
-the heads of a layer, and attention rollout through the layers (Abnar & Zuidema 2020).
-Plain NumPy: no torch, so the renderers can import it.
+For `heads`: a summary per head of one layer. For `stats` and `layers`: the per-head statistics
+of Clark et al. 2019 (three of them defined differently: CLARK_DIFFERENCES), labels for clear
+patterns, the Jensen-Shannon distances between the heads of a layer, and attention rollout
+through the layers (Abnar & Zuidema 2020). Plain NumPy: no torch, so the renderers can import it.
 """
 
 from __future__ import annotations
@@ -102,6 +102,25 @@ LABELS = (*SHARE_LABELS.values(), BROAD_LABEL)
 
 JS_CELLS_AT_ONCE = 2**22  # js_distance works on this many (pair, query, key) cells at a time
 LN2 = float(np.log(2))  # nats per bit
+
+# Where attnviz's `stats` defines a statistic otherwise than Clark et al. 2019 ("What Does BERT
+# Look At?"), in the words that --help, the README and stats.json use.
+CLARK_DIFFERENCES = {
+    "js_distance": "the Jensen-Shannon distance (the square root of the divergence, base-2 logarithms, "
+    "0 to 1) averaged over queries; Clark et al. sum the Jensen-Shannon divergence over tokens",
+    "punctuation": "any token made only of Unicode punctuation (categories P*, e.g. 。 or '); "
+    "Clark et al. count \".\" and \",\"",
+    "average": "over several texts, each statistic is averaged per text (over its queries), then over "
+    "the texts (every text weighs the same); Clark et al. average over all tokens of their data",
+}
+
+# `stats` and `layers` with --causal: each layer's input comes from the model's own bidirectional
+# pass, which has already mixed later tokens into every token; only attnviz's layer is masked.
+CAUSAL_OVER_BIDIRECTIONAL = "causal mask over a bidirectional model's hidden states"
+CAUSAL_OVER_BIDIRECTIONAL_DETAIL = (
+    "each layer's input comes from the model's own bidirectional pass and already holds later tokens; "
+    "only the attention weights of attnviz's layer are masked, so this is not a causal model"
+)
 
 CLS_TOKEN = "[CLS]"
 SEP_TOKEN = "[SEP]"

@@ -134,6 +134,12 @@ WeightsOption = typer.Option(
 MAX_SEED = 2**64 - 1  # torch.manual_seed takes 64 bits
 SeedOption = typer.Option(0, min=0, max=MAX_SEED, help="Seed of the random parameters of --weights random.")
 CausalOption = typer.Option(False, "--causal", help="Mask future keys (each token sees only itself and earlier).")
+EveryLayerCausalOption = typer.Option(
+    False,
+    "--causal",
+    help="Mask future keys in every layer: a causal mask over a bidirectional model's hidden states "
+    "(each layer's input comes from BERT's own pass and already holds later tokens).",
+)
 AllowPickleOption = typer.Option(
     False, help="Let a local model whose only weights are a pickle file load (unpickling can run code)."
 )
@@ -318,7 +324,7 @@ def stats(
     ),
     weights: Weights = WeightsOption,
     seed: int = SeedOption,
-    causal: bool = CausalOption,
+    causal: bool = EveryLayerCausalOption,
     device: Device = DeviceOption,
     image_format: ImageFormat = FormatOption,
     out: Optional[Path] = typer.Option(
@@ -330,7 +336,15 @@ def stats(
     truncate: bool = TruncateOption,
     allow_pickle: bool = AllowPickleOption,
 ) -> None:
-    """What every head of every layer does: entropy, [CLS], [SEP], previous/next token, labels; stats.csv and .json."""
+    """What every head of every layer does: entropy, [CLS], [SEP], previous/next token, labels; stats.csv and .json.
+
+    The statistics of Clark et al. 2019, three of them defined otherwise. js_distance is the
+    Jensen-Shannon distance (the square root of the divergence, base-2 logarithms, 0 to 1)
+    averaged over queries; Clark et al. sum the Jensen-Shannon divergence over tokens.
+    punctuation is any token made only of Unicode punctuation; Clark et al. count "." and ",".
+    With --file, each statistic is averaged per text, then over the texts (every text weighs
+    the same); Clark et al. average over all tokens of their data.
+    """
     from attnviz.batch import PROGRESS_MIN_TEXTS, batch_folder_name, check_lengths, read_texts
     from attnviz.loading import load_model
     from attnviz.pipeline import device_label, measure_heads, resolve_device, resolve_num_heads, run_attention
@@ -394,7 +408,7 @@ def layers(
     ),
     weights: Weights = WeightsOption,
     seed: int = SeedOption,
-    causal: bool = CausalOption,
+    causal: bool = EveryLayerCausalOption,
     device: Device = DeviceOption,
     image_format: ImageFormat = FormatOption,
     out: Optional[Path] = typer.Option(
@@ -434,7 +448,7 @@ def layers(
     terminal.print_notices(errors, first.notices)
     terminal.print_setup(console, first, loaded.source, device_label(device_name), len(layer_runs), seed=seed)
     terminal.print_tokens(console, first)
-    terminal.print_rollout(console, first.query_tokens, rollout)
+    terminal.print_rollout(console, first.query_tokens, rollout, first.causal)
 
     folder = StagedRunFolder(target, unique=out is None)
     with console.status("writing figures…"), folder as staging:

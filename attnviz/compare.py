@@ -4,6 +4,11 @@ W_q, W_k and W_v stay the same; only the split changes. With H heads, head h sco
 queries against the keys with its own d = D / H columns of the projections, so one head sees
 all D dimensions at once and many heads each see a thin slice. A random layer (the tutorials'
 setting) is the same shape with untrained weights: its maps come out almost uniform.
+
+A pretrained split into another number of heads than the model's own re-cuts weights that were
+trained for the model's heads: with H trained heads whose scores are S_h = Q_h K_h^T / sqrt(d),
+one head of all D columns scores Q K^T / sqrt(D) = sum_h S_h / sqrt(H). It shows those weights
+re-split, not what a model trained with one head would learn (resplit_note says so).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ class Split:
     weights: str
     run: AttentionRun
     summaries: list[HeadSummary]
+    model_heads: int  # the number of heads the model was trained with
 
     @property
     def num_heads(self) -> int:
@@ -110,8 +116,21 @@ def compare_splits(
                 loaded, [text], layer=layer, num_heads=count, weights=weight, seed=seed, device=device,
                 truncate=truncate,
             )
-            splits.append(Split(weight, run, summarize_heads(run.attention)))
+            splits.append(Split(weight, run, summarize_heads(run.attention), loaded.num_heads))
     return splits
+
+
+def resplit_note(splits: list[Split]) -> str | None:
+    """What pretrained splits into other head counts than the model's own show; None when there are none."""
+    resplit = [split for split in splits if split.weights == "pretrained" and split.num_heads != split.model_heads]
+    if not resplit:
+        return None
+    trained = resplit[0].model_heads
+    return (
+        f"Every pretrained split but {trained} heads re-cuts weights trained for the model's {trained} heads "
+        f"(1 head is exactly softmax(Σₕ Sₕ / √{trained}) of their scores Sₕ):\n"
+        f"it shows those weights re-split, not what a model trained with that many heads would learn."
+    )
 
 
 def comparison_record(splits: list[Split], spec: RunSpec) -> dict:

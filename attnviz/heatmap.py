@@ -1,7 +1,8 @@
 """Attention heatmaps as image files: one per head, and all heads in one grid.
 
 Rows are queries (y axis), columns are keys (x axis); each row sums to 1, so the colour scale
-is fixed at 0..1 and a colour means the same weight in every head, layer and model.
+is fixed at 0..1 and a colour means the same weight in every head, layer and model (log for
+long maps; every pixel one value, never a blend; no image past the size cap: attnviz.scales).
 Figures are plain matplotlib Figures on an Agg canvas: no pyplot state, nothing left open.
 """
 
@@ -21,10 +22,18 @@ import numpy as np
 from attnviz.fonts import displayable
 from attnviz.result import AttentionRun
 from attnviz.titles import chars_across, counted, run_title
+from attnviz.scales import (  # the colour scale, blocks and size cap of every attention figure
+    COLORMAP,  # noqa: F401 (the colours of heatmaps, imported from here by their tests)
+    DPI,
+    MASKED_COLOR,  # noqa: F401
+    attention_colorbar,
+    capped_size,
+    draw_attention,
+    say_capped,
+    scale_label,
+    show_attention,
+)
 
-COLORMAP = "viridis"
-MASKED_COLOR = "#d0d0d0"  # causal-masked cells: neutral grey, outside the colormap
-DPI = 120
 MAX_ANNOTATED_TOKENS = 20  # print the weight in each cell when both axes are this short
 MAX_TICK_LABELS = 48  # per axis of a single-head figure
 MAX_GRID_TICK_LABELS = 16  # per axis of one panel in the grid
@@ -45,8 +54,11 @@ def masked_attention(weights: np.ndarray, causal: bool) -> np.ma.MaskedArray:
 
 
 def grid_shape(num_heads: int) -> tuple[int, int]:
-    """(rows, columns): 4 columns, or 3 where 3 fill the last row and 4 do not (6 or 9 heads)."""
+    """(rows, columns): 4 columns, or 3 where 3 fill the last row and 4 do not (6 or 9 heads);
+    beyond 16 heads a near-square grid, so that many heads (--heads 384) do not make a tower."""
     num_columns = 3 if num_heads % 3 == 0 and num_heads % 4 != 0 else 4
+    if num_heads > 16:
+        num_columns = math.ceil(math.sqrt(num_heads))
     num_columns = min(num_columns, num_heads)
     return math.ceil(num_heads / num_columns), num_columns
 
@@ -65,6 +77,7 @@ def write_heatmaps(
 
     check_format(fmt)
     use_cjk_font()  # before the fork, so that both processes start with the fonts loaded
+    say_capped(f"{prefix}heads.{fmt}", _grid_figure_size(run))  # here: a forked process's stderr may go nowhere
     grid_path = Path(out_dir) / f"{prefix}heads.{fmt}"
     if sys.platform != "linux" or (os.cpu_count() or 1) < 2:
         paths = write_head_heatmaps(run, out_dir, fmt, prefix, note, seed)
@@ -147,37 +160,46 @@ def write_heads_grid(
 ) -> Path:
     """Write <prefix>heads.<fmt>: every head in a grid with one shared colorbar; return its path."""
     check_format(fmt)
-    size = _grid_figure_size(run)
+    figure = heads_grid_figure(run, note, seed)
+    path = Path(out_dir) / f"{prefix}heads.{fmt}"
+    figure.savefig(path, dpi=DPI, **save_options(fmt))
+    return path
+
+
+def heads_grid_figure(run: AttentionRun, note: str = "", seed: int | None = None):
+    """The Figure of write_heads_grid, laid out and ready to save (within the size cap)."""
+    size = capped_size(_grid_figure_size(run))
     figure = new_figure(size)
     num_rows, num_columns = grid_shape(run.num_heads)
     axes = figure.subplots(num_rows, num_columns, squeeze=False)
+    max_labels = min(MAX_GRID_TICK_LABELS, int(size[0] / num_columns * 72 / 12))  # 7-point labels 12 points apart
+    images = []
     for head, ax in enumerate(axes.flat):
         if head >= run.num_heads:
             ax.set_visible(False)
             continue
-        # interpolation "auto" anti-aliases when a panel has fewer pixels than tokens.
-        image = draw_attention(ax, masked_attention(run.attention[head], run.causal))
+        images.append(draw_attention(ax, masked_attention(run.attention[head], run.causal)))
         ax.set_title(f"head {head}", fontsize=9)
         # Tokens on the outer edge of the filled grid only (ticks are most of the drawing
         # time): the first column gets queries, a panel with no panel below it gets keys.
         _label_token_axes(
             ax,
             run,
-            MAX_GRID_TICK_LABELS,
+            max(2, max_labels),
             fontsize=7,
             keys=head + num_columns >= run.num_heads,
             queries=head % num_columns == 0,
         )
-    figure.colorbar(image, ax=axes, shrink=0.6, label="attention weight")
+    colorbar = attention_colorbar(figure, images[0], ax=axes, shrink=0.6)
     scope = [f"layer {run.layer}", *_noted(note), counted(run.num_heads, "head")]
     title = run_title(run, scope, seed=seed, line_chars=chars_across(size[0]))
     figure.suptitle(title, parse_math=False)
     figure.supxlabel("key")
     figure.supylabel("query")
     freeze_layout(figure)
-    path = Path(out_dir) / f"{prefix}heads.{fmt}"
-    figure.savefig(path, dpi=DPI, **save_options(fmt))
-    return path
+    pools = [show_attention(image, masked_attention(run.attention[head], run.causal)) for head, image in enumerate(images)]
+    colorbar.set_label(scale_label("attention weight", images[0].norm, max(pools)))
+    return figure
 
 
 class _HeadFigure:
@@ -194,10 +216,8 @@ class _HeadFigure:
         num_queries, num_keys = run.attention.shape[1:]
         self.figure = new_figure(head_figure_size(num_queries, num_keys))
         self.ax = self.figure.add_subplot()
-        # "nearest": a single head's figure has at least 2 pixels per token, so every cell
-        # shows with sharp edges, and it is several times faster than the anti-aliasing filter.
         first_head = masked_attention(run.attention[0], run.causal)
-        self.image = draw_attention(self.ax, first_head, interpolation="nearest")
+        self.image = draw_attention(self.ax, first_head)
         self.cell_values = cell_values(self.ax, num_queries, num_keys)
         # A fixed y: automatic placement would move the title while it is hidden for the background.
         self.title = self.ax.set_title("", y=1.0)
@@ -205,19 +225,22 @@ class _HeadFigure:
         _label_token_axes(self.ax, run, MAX_TICK_LABELS, fontsize=10 if short else 7)
         self.ax.set_xlabel("key")
         self.ax.set_ylabel("query")
-        self.figure.colorbar(self.image, ax=self.ax, label="attention weight")
+        colorbar = attention_colorbar(self.figure, self.image, ax=self.ax)
         self.show_head(run.num_heads - 1)  # the longest title: the frozen layout must fit it
         freeze_layout(self.figure)
+        colorbar.set_label(scale_label("attention weight", self.image.norm, self.show_head(run.num_heads - 1)))
         self.background = None  # pixels of the parts common to all heads, after the first PNG
 
-    def show_head(self, head: int) -> None:
+    def show_head(self, head: int) -> int:
+        """Show this head's map, title and cell values; return the block size of show_attention."""
         weights = masked_attention(self.run.attention[head], self.run.causal)  # (Nq, Nk)
-        self.image.set_data(weights)
+        pool = show_attention(self.image, weights)
         scope = [f"layer {self.run.layer}", *_noted(self.note), f"head {head}"]
         line_chars = chars_across(self.figure.get_figwidth())
         self.title.set_text(run_title(self.run, scope, seed=self.seed, line_chars=line_chars))
         if self.cell_values is not None:
             update_cell_values(self.cell_values, weights, self.image)
+        return pool
 
     def save(self, path: Path) -> None:
         if path.suffix == ".png":
@@ -265,7 +288,7 @@ def new_figure(size: tuple[float, float]):
     from attnviz.fonts import use_cjk_font
 
     use_cjk_font()
-    figure = Figure(figsize=size, dpi=DPI, layout="constrained")
+    figure = Figure(figsize=capped_size(size), dpi=DPI, layout="constrained")  # say_capped names the big ones
     FigureCanvasAgg(figure)
     return figure
 
@@ -278,16 +301,6 @@ def freeze_layout(figure) -> None:
     """
     figure.get_layout_engine().execute(figure)
     figure.set_layout_engine(None)  # None (not "none"): no placeholder engine, no layout pass
-
-
-def draw_attention(ax, weights: np.ma.MaskedArray, interpolation: str = "auto"):
-    """imshow with the fixed 0..1 scale; masked cells take MASKED_COLOR."""
-    import matplotlib
-
-    cmap = matplotlib.colormaps[COLORMAP].with_extremes(bad=MASKED_COLOR)
-    return ax.imshow(
-        weights, cmap=cmap, vmin=0.0, vmax=1.0, aspect="auto", interpolation=interpolation
-    )
 
 
 def _label_token_axes(

@@ -9,7 +9,16 @@ from pathlib import Path
 
 import numpy as np
 
-from attnviz.analysis import BROAD_THRESHOLD, SHARE_LABELS, SHARE_THRESHOLD, STATISTICS, ModelStatistics
+from attnviz.analysis import (
+    BROAD_THRESHOLD,
+    CAUSAL_OVER_BIDIRECTIONAL,
+    CAUSAL_OVER_BIDIRECTIONAL_DETAIL,
+    CLARK_DIFFERENCES,
+    SHARE_LABELS,
+    SHARE_THRESHOLD,
+    STATISTICS,
+    ModelStatistics,
+)
 from attnviz.export import DECIMALS
 from attnviz.result import AttentionRun, Truncation, truncation_json
 from attnviz.spec import RunSpec
@@ -52,6 +61,7 @@ def stats_record(
         "head_dim": run.head_dim,
         "device": run.device,
         "causal": stats.causal,
+        "causal_note": causal_note(stats.causal),
         "num_texts": stats.num_texts,
         "texts": texts,
         "truncated": [truncation_json(truncation) for truncation in truncated],
@@ -61,9 +71,15 @@ def stats_record(
             "share_labels": SHARE_LABELS,
             "broad_relative_entropy": BROAD_THRESHOLD,
         },
+        "differences_from_clark_et_al_2019": CLARK_DIFFERENCES,
         "heads": heads,
         "js_distance": np.round(stats.js_distance, DECIMALS).tolist(),
     }
+
+
+def causal_note(causal: bool) -> str | None:
+    """What --causal means over every layer of a bidirectional model, or None without it."""
+    return f"{CAUSAL_OVER_BIDIRECTIONAL}: {CAUSAL_OVER_BIDIRECTIONAL_DETAIL}" if causal else None
 
 
 def write_stats_json(
@@ -94,6 +110,7 @@ def rollout_record(layer_runs: list[AttentionRun], rollout: np.ndarray, spec: Ru
         "num_heads": run.num_heads,
         "device": run.device,
         "causal": run.causal,
+        "causal_note": causal_note(run.causal),
         "tokens": run.query_tokens,
         "ids": run.query_ids,
         "rollout": np.round(rollout.astype(np.float64), DECIMALS).tolist(),

@@ -2,7 +2,8 @@
 Jensen-Shannon distances between the heads of each layer.
 
 Same conventions as attnviz.heatmap (rows are queries, columns keys, a fixed 0..1 colour
-scale, causal-masked cells in grey) and the same fast path: plain matplotlib Figures on an Agg
+scale, log for long texts, causal-masked cells in grey, each pixel one value or the maximum of
+a block of cells, the size cap) and the same fast path: plain matplotlib Figures on an Agg
 canvas, one imshow per map and no Text artist per cell. The layer-by-head grid is a single image:
 the panels are coloured in NumPy and pasted side by side, so 72 maps draw as fast as one.
 """
@@ -15,16 +16,12 @@ from pathlib import Path
 import numpy as np
 
 
-# The underscored helpers too: both renderers make, lay out, colour and save figures alike.
+from attnviz.analysis import CAUSAL_OVER_BIDIRECTIONAL
 from attnviz.heatmap import (
-    COLORMAP,
-    DPI,
-    MASKED_COLOR,
     MAX_ANNOTATED_TOKENS,
     MAX_TICK_LABELS,
     cell_values,
     check_format,
-    draw_attention,
     freeze_layout,
     grid_shape,
     head_figure_size,
@@ -36,82 +33,114 @@ from attnviz.heatmap import (
     update_cell_values,
 )
 from attnviz.result import AttentionRun
+from attnviz.scales import (
+    DPI,
+    attention_colorbar,
+    attention_colormap,
+    attention_colors,
+    attention_norm,
+    block_maximum,
+    draw_attention,
+    say_capped,
+    scale_label,
+    show_attention,
+)
 from attnviz.titles import chars_across, counted, figure_title, run_title
 
 GRID_PANEL_INCHES = 1.1  # one head's map in layers.png
 MAX_GRID_WIDTH_INCHES = 18.0  # panels shrink so that many heads (--heads 48, ...) stay on a screen
 PANEL_GAP = 0.08  # white space between panels, as a fraction of a panel
-MAX_GRID_CELLS_PER_PANEL = 192  # longer texts are averaged down, as the screen would anyway
 
 
 def write_layers_grid(layer_runs: list[AttentionRun], out_dir: Path, fmt: str = "png", seed: int | None = None) -> Path:
-    """Write layers.<fmt>: a row per layer, a column per head, each cell that head's map."""
+    """Write layers.<fmt>: a row per layer, a column per head, each cell that head's map.
+
+    Each panel gets as many cells as it has pixels: a longer text is shown as the maximum of
+    blocks of cells (so a one-hot head stays at 1), and the colour bar says so.
+    """
     check_format(fmt)
-    from matplotlib.cm import ScalarMappable
-    from matplotlib.colors import Normalize
-
-    first = layer_runs[0]
-    num_layers, num_heads = len(layer_runs), first.num_heads
-    num_tokens = len(first.query_tokens)
-    mosaic, panel_size, step = _layers_mosaic(layer_runs)  # (rows, columns, 4) uint8
-
-    panel = min(GRID_PANEL_INCHES, (MAX_GRID_WIDTH_INCHES - 2.0) / num_heads)
-    figure = new_figure((num_heads * panel + 2.0, num_layers * panel + 1.4))
-    ax = figure.add_subplot()
-    # "auto": resampled with anti-aliasing when the image has more cells than the panel pixels.
-    ax.imshow(mosaic, aspect="auto", interpolation="auto")
-    centre = (panel_size - 1) / 2
-    ax.xaxis.tick_top()
-    head_ticks = tick_positions(num_heads, 24)
-    ax.set_xticks([h * step + centre for h in head_ticks], [f"H{h}" for h in head_ticks], fontsize=8)
-    layer_ticks = tick_positions(num_layers, 48)
-    ax.set_yticks([layer * step + centre for layer in layer_ticks], [f"L{layer}" for layer in layer_ticks], fontsize=8)
-    ax.tick_params(length=0)
-    for spine in ax.spines.values():
-        spine.set_visible(False)
-    scale = ScalarMappable(Normalize(0.0, 1.0), _colormap())
-    figure.colorbar(scale, ax=ax, shrink=0.6, label="attention weight")
-    scope = [f"{counted(num_layers, 'layer')} × {counted(num_heads, 'head')}", counted(num_tokens, "token")]
-    notes = ["rows: queries, columns: keys"]
-    title = run_title(first, scope, seed=seed, notes=notes, line_chars=chars_across(figure.get_figwidth()))
-    figure.suptitle(title, parse_math=False)
-    freeze_layout(figure)
+    figure = layers_figure(layer_runs, f"layers.{fmt}", seed)
     path = Path(out_dir) / f"layers.{fmt}"
     figure.savefig(path, dpi=DPI, **save_options(fmt))
     return path
 
 
-def _layers_mosaic(layer_runs: list[AttentionRun]) -> tuple[np.ndarray, int, int]:
+def layers_figure(layer_runs: list[AttentionRun], name: str = "layers.png", seed: int | None = None):
+    """The Figure of write_layers_grid, laid out and ready to save; name is for the size cap's note."""
+    from matplotlib.cm import ScalarMappable
+
+    first = layer_runs[0]
+    num_layers, num_heads = len(layer_runs), first.num_heads
+    num_tokens = len(first.query_tokens)
+    norm = attention_norm(num_tokens)
+
+    panel = min(GRID_PANEL_INCHES, (MAX_GRID_WIDTH_INCHES - 2.0) / num_heads)
+    figure = new_figure(say_capped(name, (num_heads * panel + 2.0, num_layers * panel + 1.4)))
+    ax = figure.add_subplot()
+    image = ax.imshow(np.full((1, 1, 4), 255, dtype=np.uint8), aspect="auto", interpolation="nearest")
+    ax.xaxis.tick_top()
+    _label_layers_grid(ax, num_layers, num_heads, panel_size=1, step=1)  # the labels' room, for the layout
+    ax.tick_params(length=0)
+    for spine in ax.spines.values():
+        spine.set_visible(False)
+    colorbar = attention_colorbar(figure, ScalarMappable(norm, attention_colormap()), ax=ax, shrink=0.6)
+    scope = [f"{counted(num_layers, 'layer')} × {counted(num_heads, 'head')}", counted(num_tokens, "token")]
+    notes = ["rows: queries, columns: keys", *_causal_notes(first)]
+    title = run_title(first, scope, seed=seed, causal=False, notes=notes, line_chars=chars_across(figure.get_figwidth()))
+    figure.suptitle(title, parse_math=False)
+    freeze_layout(figure)
+
+    box = ax.get_window_extent()  # pixels
+    max_cells = min(_panel_cells(int(box.width), num_heads), _panel_cells(int(box.height), num_layers))
+    mosaic, panel_size, step = _layers_mosaic(layer_runs, max_cells, norm)
+    image.set_data(mosaic)
+    image.set_extent((-0.5, mosaic.shape[1] - 0.5, mosaic.shape[0] - 0.5, -0.5))
+    _label_layers_grid(ax, num_layers, num_heads, panel_size, step)
+    colorbar.set_label(scale_label("attention weight", norm, math.ceil(num_tokens / panel_size)))
+    return figure
+
+
+def _panel_gap(panel_size: int) -> int:
+    return max(1, round(panel_size * PANEL_GAP))
+
+
+def _panel_cells(pixels: int, num_panels: int) -> int:
+    """The most cells a panel may have so that num_panels of them, with their gaps, fit in pixels."""
+    cells = max(1, int(pixels / (num_panels * (1 + PANEL_GAP))))
+    while cells > 1 and num_panels * (cells + _panel_gap(cells)) - _panel_gap(cells) > pixels:
+        cells -= 1
+    return cells
+
+
+def _label_layers_grid(ax, num_layers: int, num_heads: int, panel_size: int, step: int) -> None:
+    centre = (panel_size - 1) / 2
+    head_ticks = tick_positions(num_heads, 24)
+    ax.set_xticks([h * step + centre for h in head_ticks], [f"H{h}" for h in head_ticks], fontsize=8)
+    layer_ticks = tick_positions(num_layers, 48)
+    ax.set_yticks([layer * step + centre for layer in layer_ticks], [f"L{layer}" for layer in layer_ticks], fontsize=8)
+
+
+def _layers_mosaic(layer_runs: list[AttentionRun], max_cells: int = 10**6, norm=None) -> tuple[np.ndarray, int, int]:
     """Every head's coloured map pasted into one RGBA image, white between panels.
 
-    Returns the image (rows, columns, 4), a panel's size in cells, and the step from one
-    panel to the next (size plus gap).
+    A map of more than max_cells tokens is cut into max_cells near-equal blocks a side, each
+    coloured by its largest weight (block_maximum). norm defaults to attention_norm. Returns
+    the image (rows, columns, 4), a panel's size in cells, and the step from one panel to the
+    next (size plus gap).
     """
     num_heads = layer_runs[0].num_heads
     num_tokens = layer_runs[0].attention.shape[-1]
-    pool = math.ceil(num_tokens / MAX_GRID_CELLS_PER_PANEL)
-    panel_size = math.ceil(num_tokens / pool)
-    gap = max(1, round(panel_size * PANEL_GAP))
+    norm = norm if norm is not None else attention_norm(num_tokens)
+    panel_size = min(num_tokens, max_cells)
+    gap = _panel_gap(panel_size)
     step = panel_size + gap
     mosaic = np.full((len(layer_runs) * step - gap, num_heads * step - gap, 4), 255, dtype=np.uint8)
-    colormap = _colormap()
     for layer, run in enumerate(layer_runs):
         for head in range(num_heads):
-            weights = _pooled(masked_attention(run.attention[head], run.causal), pool)  # (n, n)
+            weights = block_maximum(masked_attention(run.attention[head], run.causal), panel_size, panel_size)
             top, left = layer * step, head * step
-            mosaic[top : top + panel_size, left : left + panel_size] = colormap(weights, bytes=True)
+            mosaic[top : top + panel_size, left : left + panel_size] = attention_colors(weights, norm)
     return mosaic, panel_size, step
-
-
-def _pooled(weights: np.ma.MaskedArray, pool: int) -> np.ma.MaskedArray:
-    """Mean over pool x pool blocks (a block is masked only when all of it is); pool 1 is a no-op."""
-    if pool == 1:
-        return weights
-    size = math.ceil(weights.shape[0] / pool) * pool
-    padded = np.ma.masked_all((size, size))
-    padded[: weights.shape[0], : weights.shape[1]] = weights
-    blocks = padded.reshape(size // pool, pool, size // pool, pool)  # (n, pool, n, pool)
-    return blocks.mean(axis=(1, 3))  # (n, n): masked cells left out of each mean
 
 
 def write_rollout(
@@ -119,12 +148,20 @@ def write_rollout(
 ) -> Path:
     """Write rollout.<fmt>: the rollout (N, N) of these layers' runs, with the tokens on both axes."""
     check_format(fmt)
+    figure = rollout_figure(layer_runs, rollout, seed)
+    path = Path(out_dir) / f"rollout.{fmt}"
+    figure.savefig(path, dpi=DPI, **save_options(fmt))
+    return path
+
+
+def rollout_figure(layer_runs: list[AttentionRun], rollout: np.ndarray, seed: int | None = None):
+    """The Figure of write_rollout, laid out and ready to save."""
     run = layer_runs[0]
     num_tokens = rollout.shape[0]
     figure = new_figure(head_figure_size(num_tokens, num_tokens))
     ax = figure.add_subplot()
     shown = masked_attention(rollout, run.causal)  # (N, N); causal rollout is lower-triangular too
-    image = draw_attention(ax, shown, interpolation="nearest")
+    image = draw_attention(ax, shown)
     values_in_cells = cell_values(ax, num_tokens, num_tokens)
     if values_in_cells is not None:
         update_cell_values(values_in_cells, shown, image)
@@ -134,12 +171,12 @@ def write_rollout(
     ax.set_ylabel("token after the last layer (query)")
     scope = [f"attention rollout through {counted(len(layer_runs), 'layer')}", "heads averaged"]
     line_chars = chars_across(figure.get_figwidth())
-    ax.set_title(run_title(run, scope, seed=seed, line_chars=line_chars), parse_math=False)
-    figure.colorbar(image, ax=ax, label="share of the input token")
+    title = run_title(run, scope, seed=seed, causal=False, notes=_causal_notes(run), line_chars=line_chars)
+    ax.set_title(title, parse_math=False)
+    colorbar = attention_colorbar(figure, image, "share of the input token", ax=ax)
     freeze_layout(figure)
-    path = Path(out_dir) / f"rollout.{fmt}"
-    figure.savefig(path, dpi=DPI, **save_options(fmt))
-    return path
+    colorbar.set_label(scale_label("share of the input token", image.norm, show_attention(image, shown)))
+    return figure
 
 
 def write_js_distance(
@@ -149,62 +186,108 @@ def write_js_distance(
 
     run is any run of the texts, for the model and the setup in the title. One image like
     layers.png: the layers' panels pasted into a grid with a band above each panel for its
-    title, head numbers along the outer edges only.
+    title, head numbers along the outer edges only. A panel with more heads than pixels shows
+    the largest distance of each block of head pairs.
     """
     check_format(fmt)
+    figure = js_distance_figure(distances, run, texts, f"js_distance.{fmt}", seed)
+    path = Path(out_dir) / f"js_distance.{fmt}"
+    figure.savefig(path, dpi=DPI, **save_options(fmt))
+    return path
+
+
+def js_distance_figure(
+    distances: np.ndarray, run: AttentionRun, texts: list[str], name: str = "js_distance.png", seed: int | None = None
+):
+    """The Figure of write_js_distance, laid out and ready to save; name is for the size cap's note."""
     from matplotlib.cm import ScalarMappable
     from matplotlib.colors import Normalize
 
     num_layers, num_heads = distances.shape[:2]
     num_rows, num_columns = grid_shape(num_layers)
-    band = max(1, math.ceil(0.3 * num_heads))  # above each panel, for "layer L"
-    gap = max(1, round(0.12 * num_heads))  # between the columns of panels
-    step_x, step_y = num_heads + gap, band + num_heads
-    mosaic = np.full((num_rows * step_y, num_columns * step_x - gap, 4), 255, dtype=np.uint8)
-    colormap = _colormap()
-    for layer in range(num_layers):
-        top, left = (layer // num_columns) * step_y + band, (layer % num_columns) * step_x
-        mosaic[top : top + num_heads, left : left + num_heads] = colormap(distances[layer], bytes=True)
-
+    mosaic, band, step_x, step_y = _js_mosaic(distances, num_heads)
     panel = 2.2 if num_heads <= 16 else 3.0
     # Inches: the image, plus room for the colorbar and labels beside it and the title above.
-    figure = new_figure((num_columns * panel * step_x / num_heads + 2.4, num_rows * panel * step_y / num_heads + 1.0))
+    size = (num_columns * panel * step_x / num_heads + 2.4, num_rows * panel * step_y / num_heads + 1.0)
+    figure = new_figure(say_capped(name, size))
     ax = figure.add_subplot()
-    ax.imshow(mosaic, aspect="equal", interpolation="nearest")
-    for layer in range(num_layers):
-        centre = (layer % num_columns) * step_x + (num_heads - 1) / 2
-        bottom_of_band = (layer // num_columns) * step_y + band - 0.7
-        ax.text(centre, bottom_of_band, f"layer {layer}", ha="center", va="bottom", fontsize=9)
-    heads = tick_positions(num_heads, 6)
-    head_labels = [str(h) for h in heads]
-    x_ticks = [column * step_x + h for column in range(num_columns) for h in heads]
-    y_ticks = [row * step_y + band + h for row in range(num_rows) for h in heads]
-    ax.set_xticks(x_ticks, head_labels * num_columns, fontsize=7)
-    ax.set_yticks(y_ticks, head_labels * num_rows, fontsize=7)
+    image = ax.imshow(mosaic, aspect="equal", interpolation="nearest")
+    _label_js_panels(ax, num_layers, num_heads, num_heads)  # the labels' room, for the layout
     ax.tick_params(length=2)
     for spine in ax.spines.values():
         spine.set_visible(False)
     ax.set_xlabel("head")
     ax.set_ylabel("head")
-    scale = ScalarMappable(Normalize(0.0, 1.0), colormap)
-    figure.colorbar(scale, ax=ax, shrink=0.7, label="JS distance (0 same rows, 1 disjoint)")
+    scale = ScalarMappable(Normalize(0.0, 1.0), attention_colormap())
+    what = "JS distance (0 same rows, 1 disjoint)"
+    colorbar = figure.colorbar(scale, ax=ax, shrink=0.7, label=what)
     scope = [
         f"{counted(num_layers, 'layer')} × {counted(num_heads, 'head')}",
         "Jensen-Shannon distance between the heads of each layer",
     ]
     text, about = (texts[0], None) if len(texts) == 1 else (None, f"averaged over {len(texts)} texts")
     title = figure_title(
-        run.model, scope, text=text, about=about, causal=run.causal, weights=run.weights, seed=seed,
+        run.model, scope, text=text, about=about, weights=run.weights, seed=seed, notes=_causal_notes(run),
         line_chars=chars_across(figure.get_figwidth()),
     )
     figure.suptitle(title, parse_math=False)
     freeze_layout(figure)
-    path = Path(out_dir) / f"js_distance.{fmt}"
-    figure.savefig(path, dpi=DPI, **save_options(fmt))
-    return path
+
+    box = ax.get_window_extent()  # pixels; aspect "equal" scales both axes alike
+    pixels_per_cell = min(box.width / mosaic.shape[1], box.height / mosaic.shape[0])
+    if pixels_per_cell < 1:  # fewer pixels than heads: the largest distance of each block of pairs
+        cells = max(1, int(num_heads * pixels_per_cell))
+        mosaic, *_ = _js_mosaic(distances, cells)
+        image.set_data(mosaic)
+        image.set_extent((-0.5, mosaic.shape[1] - 0.5, mosaic.shape[0] - 0.5, -0.5))
+        ax.set_xlim(-0.5, mosaic.shape[1] - 0.5)
+        ax.set_ylim(mosaic.shape[0] - 0.5, -0.5)
+        _label_js_panels(ax, num_layers, num_heads, cells)
+        block = math.ceil(num_heads / cells)
+        colorbar.set_label(f"JS distance (max of ≤{block}×{block} head pairs)")
+    return figure
 
 
-def _colormap():
-    import matplotlib
+def _js_layout(cells: int) -> tuple[int, int]:
+    """(band above each panel for its title, gap between columns of panels), in cells of a panel of cells a side."""
+    return max(1, math.ceil(0.3 * cells)), max(1, round(0.12 * cells))
 
-    return matplotlib.colormaps[COLORMAP].with_extremes(bad=MASKED_COLOR)
+
+def _js_mosaic(distances: np.ndarray, cells: int) -> tuple[np.ndarray, int, int, int]:
+    """Every layer's (H, H) distances, cut into cells x cells blocks (block_maximum), coloured and pasted
+    into one RGBA image; returns it, the band above each panel and the steps across and down."""
+    from matplotlib.colors import Normalize
+
+    num_layers, num_heads = distances.shape[:2]
+    num_rows, num_columns = grid_shape(num_layers)
+    band, gap = _js_layout(cells)
+    step_x, step_y = cells + gap, band + cells
+    mosaic = np.full((num_rows * step_y, num_columns * step_x - gap, 4), 255, dtype=np.uint8)
+    for layer in range(num_layers):
+        top, left = (layer // num_columns) * step_y + band, (layer % num_columns) * step_x
+        shown = block_maximum(np.ma.masked_array(distances[layer]), cells, cells)
+        mosaic[top : top + cells, left : left + cells] = attention_colors(shown, Normalize(0.0, 1.0))
+    return mosaic, band, step_x, step_y
+
+
+def _label_js_panels(ax, num_layers: int, num_heads: int, cells: int) -> None:
+    """ "layer L" above each panel, head numbers along the outer edges; panels of cells a side."""
+    num_rows, num_columns = grid_shape(num_layers)
+    band, gap = _js_layout(cells)
+    step_x, step_y = cells + gap, band + cells
+    for text in list(ax.texts):
+        text.remove()
+    for layer in range(num_layers):
+        centre = (layer % num_columns) * step_x + (cells - 1) / 2
+        bottom_of_band = (layer // num_columns) * step_y + band - 0.7 * cells / num_heads
+        ax.text(centre, bottom_of_band, f"layer {layer}", ha="center", va="bottom", fontsize=9)
+    heads = tick_positions(num_heads, 6)
+    head_labels = [str(h) for h in heads]
+    at = [(h + 0.5) * cells / num_heads - 0.5 for h in heads]  # head h's place in a panel of cells
+    ax.set_xticks([column * step_x + x for column in range(num_columns) for x in at], head_labels * num_columns, fontsize=7)
+    ax.set_yticks([row * step_y + band + y for row in range(num_rows) for y in at], head_labels * num_rows, fontsize=7)
+
+
+def _causal_notes(run: AttentionRun) -> list[str]:
+    """With --causal, what it means over every layer: the titles say it instead of a bare "causal"."""
+    return [CAUSAL_OVER_BIDIRECTIONAL] if run.causal else []

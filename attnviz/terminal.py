@@ -16,6 +16,7 @@ from rich.text import Text
 
 from attnviz.analysis import (
     BROAD_THRESHOLD,
+    CAUSAL_OVER_BIDIRECTIONAL,
     CLS_TOKEN,
     SEP_TOKEN,
     SHARE_THRESHOLD,
@@ -199,6 +200,8 @@ def stats_grid(stats: ModelStatistics, width: int = 80) -> list[Table]:
         if label == "broad":
             legend.append(f"\nelse relative entropy ≥ {BROAD_THRESHOLD:g}:")
         legend.append("  ").append(short, style=style).append(f" {word}")
+    if stats.causal:
+        legend.append(f"\n--causal: {CAUSAL_OVER_BIDIRECTIONAL}")
     tables[-1].caption = legend
     tables[-1].caption_justify = "left"
     return tables
@@ -220,7 +223,7 @@ def labelled_heads_table(stats: ModelStatistics) -> Table:
     return table
 
 
-def print_rollout(console: Console, tokens: list[str], rollout) -> None:
+def print_rollout(console: Console, tokens: list[str], rollout, causal: bool = False) -> None:
     """For each token after the last layer, the input token it draws on most, and the text's own
     token it draws on most when that is [CLS] or [SEP]: "2 animal→[CLS] 0.64 · animal 0.04"."""
     console.print(Text("rollout: the input token each token draws on most", style="bold underline"))
@@ -236,6 +239,10 @@ def print_rollout(console: Console, tokens: list[str], rollout) -> None:
     if len(tokens) > MAX_TOKENS_SHOWN:
         cells.append(Text(f"… {len(tokens) - MAX_TOKENS_SHOWN} more", style="dim"))
     console.print(Columns(cells, padding=(0, 2)))
+    legend = "index token→input token share; after ·, the text's own token it draws on most, when the first is [CLS] or [SEP]"
+    if causal:
+        legend += f"\n--causal: {CAUSAL_OVER_BIDIRECTIONAL}"
+    console.print(Text(legend, style="dim"))
 
 
 @contextmanager
@@ -265,7 +272,9 @@ def print_compare_setup(
 
 
 def compare_table(splits) -> Table:
-    """One row per (weights, head count): how spread out its heads are."""
+    """One row per (weights, head count): how spread out its heads are; the re-split note under it."""
+    from attnviz.compare import resplit_note
+
     table = Table(title="one projection, split into heads", title_justify="left")
     table.add_column("parameters")
     for name in ("heads", "d", "rel.", "min", "max", "mean max"):
@@ -286,6 +295,9 @@ def compare_table(splits) -> Table:
         "rel. = row entropy / log(keys), mean over heads, and its min and max over heads: "
         "1 is uniform, 0 all on one key; mean max = mean of row maxima, averaged over heads"
     )
+    note = resplit_note(splits)
+    if note is not None:
+        table.caption += "\n" + " ".join(note.split())
     table.caption_justify = "left"
     return table
 

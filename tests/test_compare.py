@@ -24,21 +24,29 @@ def splits(bundled_bert):
     return compare_splits(bundled_bert, TEXT, [1, 4, 12, 96], ["pretrained", "random"], layer=LAYER, seed=3)
 
 
-def reference_split(reference, num_heads: int) -> np.ndarray:
-    """BERT layer LAYER's projections split into num_heads heads by columns, from transformers alone."""
+def reference_scores(reference, num_heads: int) -> np.ndarray:
+    """(H, N, N): BERT layer LAYER's scores Q_h K_h^T / sqrt(d) split into num_heads heads by columns, from transformers alone."""
     tokenizer, model = reference
     with torch.no_grad():
         x = model(**tokenizer(TEXT, return_tensors="pt"), output_hidden_states=True).hidden_states[LAYER][0]  # (N, D)
         projections = model.encoder.layer[LAYER].attention.self
-        q, k = projections.query(x).numpy(), projections.key(x).numpy()  # (N, D) each
+        q, k = projections.query(x).double().numpy(), projections.key(x).double().numpy()  # (N, D) each
     head_dim = q.shape[1] // num_heads
-    maps = []
+    scores = []
     for head in range(num_heads):
         columns = slice(head * head_dim, (head + 1) * head_dim)  # head h owns columns h*d .. (h+1)*d - 1
-        scores = q[:, columns] @ k[:, columns].T / np.sqrt(head_dim)  # (N, N)
-        weights = np.exp(scores - scores.max(axis=1, keepdims=True))
-        maps.append(weights / weights.sum(axis=1, keepdims=True))
-    return np.stack(maps)  # (H, N, N)
+        scores.append(q[:, columns] @ k[:, columns].T / np.sqrt(head_dim))  # (N, N)
+    return np.stack(scores)
+
+
+def softmax_rows(scores: np.ndarray) -> np.ndarray:
+    weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    return weights / weights.sum(axis=-1, keepdims=True)
+
+
+def reference_split(reference, num_heads: int) -> np.ndarray:
+    """BERT layer LAYER's projections split into num_heads heads by columns, from transformers alone."""
+    return softmax_rows(reference_scores(reference, num_heads))  # (H, N, N)
 
 
 def test_splits_come_weights_first_then_head_counts(splits):
@@ -55,6 +63,29 @@ def test_each_head_count_splits_berts_own_projection(splits, index, num_heads, b
     np.testing.assert_allclose(split.run.attention, alone.attention, atol=TOLERANCE, rtol=0)
     np.testing.assert_allclose(split.run.attention, reference_split(reference_bert, num_heads), atol=TOLERANCE, rtol=0)
     assert [s.relative_entropy for s in split.summaries] == [s.relative_entropy for s in summarize_heads(alone.attention)]
+
+
+def test_one_head_is_the_softmax_of_the_twelve_trained_heads_summed_scores_and_the_figure_says_so(
+    splits, reference_bert
+):
+    """The claim of compare.png's note: one head of all D columns re-cuts the model's 12 heads,
+    softmax(sum_h S_h / sqrt(12)); it is not a model trained with one head."""
+    from matplotlib.text import Text
+
+    from attnviz.compare import resplit_note
+    from attnviz.compare_figures import comparison_figure
+
+    twelve = reference_scores(reference_bert, 12)  # (12, N, N)
+    expected = softmax_rows(twelve.sum(axis=0) / np.sqrt(12))
+    np.testing.assert_allclose(splits[0].run.attention[0], expected, atol=TOLERANCE, rtol=0)
+
+    note = resplit_note(splits[:3])  # pretrained 1, 4 and 12 heads
+    assert "softmax(Σₕ Sₕ / √12)" in note and "re-cuts weights trained for the model's 12 heads" in note
+    assert "not what a model trained with that many heads would learn" in note
+    figure = comparison_figure(splits[:2])
+    shown = " ".join(" ".join(text.get_text() for text in figure.findobj(Text)).split())
+    assert " ".join(note.split()) in shown
+    assert resplit_note([splits[2], splits[6]]) is None  # the model's own 12 heads and a random layer re-cut nothing
 
 
 def test_the_random_layer_is_the_same_weights_for_every_head_count_and_matches_run_attention(splits, bundled_bert):

@@ -17,6 +17,8 @@ import numpy as np
 import pytest
 
 from attnviz.analysis import (
+    CAUSAL_OVER_BIDIRECTIONAL as CAUSAL_NOTE,
+    CLARK_DIFFERENCES,
     STATISTICS,
     StatisticsAccumulator,
     attention_rollout,
@@ -160,7 +162,7 @@ def test_stats_files_hold_the_analysis_of_run_attentions_weights(tmp_path, capsy
             assert rows[layer * NUM_HEADS + head]["label"] == (label or "")
 
     assert record["format"] == "attnviz-stats" and record["num_texts"] == 1 and record["texts"] == [ENGLISH]
-    assert record["statistics"] == list(STATISTICS) and record["causal"] is False
+    assert record["statistics"] == list(STATISTICS) and record["causal"] is False and record["causal_note"] is None
     assert (record["num_layers"], record["num_heads"], record["head_dim"]) == (NUM_LAYERS, NUM_HEADS, 32)
     for row, head in zip(rows, record["heads"]):
         assert (int(row["layer"]), int(row["head"]), row["label"]) == (head["layer"], head["head"], head["label"] or "")
@@ -171,6 +173,7 @@ def test_stats_files_hold_the_analysis_of_run_attentions_weights(tmp_path, capsy
     shown = capsys.readouterr().out
     for expected_text in ("head labels by layer", "prv", "previous-token", "stats.csv", "L5", "H11"):
         assert expected_text in shown
+    assert CAUSAL_NOTE not in shown
     assert max(len(line) for line in shown.splitlines()) <= 80
 
 
@@ -187,6 +190,59 @@ def test_stats_of_a_file_average_its_non_blank_lines(tmp_path, bert):
     np.testing.assert_allclose(csv_values(read_csv(out / "stats.csv"), layer), expected, atol=TOLERANCE, rtol=0)
     expected_js = np.mean([js_distance(s.attention) for s in singles], axis=0)
     np.testing.assert_allclose(record["js_distance"][layer], expected_js, atol=TOLERANCE)
+    # The average is per text, as stats.json says, which is not the per-token average of Clark et al.
+    assert "per text" in record["differences_from_clark_et_al_2019"]["average"]
+    lengths = [len(s.query_tokens) for s in singles]
+    per_token = np.average([head_statistics(s.attention, s.query_tokens) for s in singles], axis=0, weights=lengths)
+    assert np.abs(per_token - expected).max() > 100 * TOLERANCE
+
+
+def test_stats_states_each_definition_that_differs_from_clark_et_al(tmp_path, capsys):
+    """js_distance, punctuation and the average over texts: in --help, stats.json and the README."""
+    assert run(["stats", "--help"]) == 0
+    help_text = " ".join(capsys.readouterr().out.split())
+    for words in (
+        "Jensen-Shannon distance (the square root of the divergence, base-2 logarithms",
+        "averaged over queries; Clark et al. sum the Jensen-Shannon divergence over tokens",
+        'Unicode punctuation; Clark et al. count "." and ","',
+        "averaged per text, then over the texts",
+    ):
+        assert words in help_text, words
+    assert stats(SHORT, "--out", str(tmp_path)) == 0
+    differences = json.loads((tmp_path / "stats.json").read_text(encoding="utf-8"))["differences_from_clark_et_al_2019"]
+    assert differences == CLARK_DIFFERENCES and set(differences) == {"js_distance", "punctuation", "average"}
+    readme = " ".join((Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8").split())
+    assert "differences_from_clark_et_al_2019" in readme
+    for difference in differences.values():
+        assert difference in readme, difference
+    import attnviz.analysis
+
+    assert "every statistic of" not in " ".join(attnviz.analysis.__doc__.split())
+
+
+def test_causal_stats_and_layers_say_the_mask_is_over_a_bidirectional_models_hidden_states(tmp_path, capsys, bert):
+    """In the terminal, the JSON files and every figure title: not a causal model's numbers."""
+    from matplotlib.text import Text
+
+    from attnviz.stats_figures import js_distance_figure, layers_figure, rollout_figure
+
+    assert stats(SHORT, "--causal", "--out", str(tmp_path / "stats")) == 0
+    assert CAUSAL_NOTE in json.loads((tmp_path / "stats" / "stats.json").read_text(encoding="utf-8"))["causal_note"]
+    assert f"--causal: {CAUSAL_NOTE}" in " ".join(capsys.readouterr().out.split())
+    assert layers(SHORT, "--causal", "--out", str(tmp_path / "layers")) == 0
+    record = json.loads((tmp_path / "layers" / "rollout.json").read_text(encoding="utf-8"))
+    assert CAUSAL_NOTE in record["causal_note"] and "not a causal model" in record["causal_note"]
+    assert f"--causal: {CAUSAL_NOTE}" in " ".join(capsys.readouterr().out.split())
+
+    (runs,) = run_layers(bert, [SHORT], causal=True)
+    rollout = attention_rollout([run.attention for run in runs])
+    figures = [
+        layers_figure(runs),
+        rollout_figure(runs, rollout),
+        js_distance_figure(np.zeros((NUM_LAYERS, NUM_HEADS, NUM_HEADS)), runs[0], [SHORT]),
+    ]
+    for figure in figures:
+        assert any(CAUSAL_NOTE in text.get_text() for text in figure.findobj(Text))
 
 
 def test_causal_stats_of_standard_input_see_no_next_token(tmp_path, monkeypatch):
@@ -224,6 +280,7 @@ def test_layers_writes_the_grid_and_the_rollout_of_every_layer(tmp_path, capsys,
     np.testing.assert_allclose(rollout, expected, atol=TOLERANCE, rtol=0)
     np.testing.assert_allclose(rollout.sum(axis=1), 1.0, atol=TOLERANCE)
     assert record["tokens"] == singles[0].query_tokens and record["num_layers"] == NUM_LAYERS
+    assert record["causal"] is False and record["causal_note"] is None
     grey = hex_rgb(MASKED_COLOR)
     for name in ("layers.png", "rollout.png"):  # nothing is masked, so nothing is grey
         assert np.all(read_png(tmp_path / name) == grey, axis=-1).mean() < 0.001, name
@@ -289,12 +346,24 @@ def test_each_panel_of_the_grid_is_that_layers_head(tmp_path):
     assert np.all(mosaic[size:step, :, :3] == 255)  # white between the rows of panels
 
 
-def test_a_long_text_is_averaged_down_in_the_grid(tmp_path):
-    from attnviz.stats_figures import MAX_GRID_CELLS_PER_PANEL, _layers_mosaic, write_layers_grid
+def test_a_long_text_is_shown_as_the_maximum_of_each_block_in_the_grid(tmp_path):
+    """Not the mean: a block holding one weight of 1 shows 1, on the log scale of a long text."""
+    import matplotlib
+    from matplotlib.colors import LogNorm
+
+    from attnviz.scales import COLORMAP, LOG_SCALE_MIN
+    from attnviz.stats_figures import _layers_mosaic, write_layers_grid
 
     runs = hand_made_runs(num_layers=2, num_heads=3, num_tokens=400)
-    _, size, _ = _layers_mosaic(runs)
-    assert size <= MAX_GRID_CELLS_PER_PANEL
+    mosaic, size, step = _layers_mosaic(runs, max_cells=100)
+    assert size == 100  # 4 x 4 cells a block
+    colormap = matplotlib.colormaps[COLORMAP]
+    for layer in range(2):
+        for head in range(3):
+            blocks = runs[layer].attention[head].reshape(100, 4, 100, 4).max(axis=(1, 3))  # (100, 100)
+            expected = colormap(LogNorm(LOG_SCALE_MIN, 1.0)(np.clip(blocks, LOG_SCALE_MIN, None)), bytes=True)
+            panel = mosaic[layer * step : layer * step + size, head * step : head * step + size]
+            np.testing.assert_array_equal(panel, expected)
     read_png(write_layers_grid(runs, tmp_path))
 
 

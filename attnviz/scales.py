@@ -1,0 +1,139 @@
+"""How every attention figure colours its cells and how big it may be.
+
+- One scale: linear 0..1 up to MAX_LINEAR_SCALE_KEYS keys; beyond, a log scale from
+  LOG_SCALE_MIN to 1, because a long text spreads its rows so that most weights lie near 1/N.
+- No blended colours: cells are drawn without interpolation, and a map with more cells than
+  its axes have pixels is cut into blocks, each shown as its largest value (block_maximum), so
+  every pixel is the colour of one value on the scale. The colour bar says when either applies.
+- A size cap: no figure is wider or taller than MAX_IMAGE_SIDE_PX at DPI; say_capped tells
+  stderr when one had to shrink.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+
+import numpy as np
+
+COLORMAP = "viridis"
+MASKED_COLOR = "#d0d0d0"  # causal-masked cells: neutral grey, outside the colormap
+DPI = 120
+MAX_IMAGE_SIDE_PX = 4000  # every figure's width and height at DPI; a bigger one shrinks to fit
+MAX_LINEAR_SCALE_KEYS = 64  # maps with more keys are coloured on a log scale, which shows weights near 1/N
+LOG_SCALE_MIN = 1e-3  # the bottom of that log scale: smaller weights take its darkest colour
+
+
+def attention_norm(num_keys: int):
+    """The colour scale of a map with num_keys keys: linear 0..1, or log from LOG_SCALE_MIN to 1 for a long map.
+
+    A long text spreads a row over many keys, so most weights lie near 1/N (0.003 at 340 tokens)
+    and a linear scale shows them all as its darkest colour.
+    """
+    from matplotlib.colors import LogNorm, Normalize
+
+    return LogNorm(LOG_SCALE_MIN, 1.0) if num_keys > MAX_LINEAR_SCALE_KEYS else Normalize(0.0, 1.0)
+
+
+def is_log_scale(norm) -> bool:
+    from matplotlib.colors import LogNorm
+
+    return isinstance(norm, LogNorm)
+
+
+def attention_colormap():
+    """COLORMAP with masked cells in MASKED_COLOR."""
+    import matplotlib
+
+    return matplotlib.colormaps[COLORMAP].with_extremes(bad=MASKED_COLOR)
+
+
+def draw_attention(ax, weights: np.ma.MaskedArray, norm=None):
+    """imshow of weights (Nq, Nk) on norm (default attention_norm), cells drawn without interpolation.
+
+    Masked cells take MASKED_COLOR. The map is fitted to the axes as they are now: once the
+    layout is frozen, call show_attention again to fit it to the final axes.
+    """
+    norm = norm if norm is not None else attention_norm(weights.shape[-1])
+    image = ax.imshow(np.ma.masked_all((1, 1)), cmap=attention_colormap(), norm=norm, aspect="auto", interpolation="nearest")
+    show_attention(image, weights)
+    return image
+
+
+def show_attention(image, weights: np.ma.MaskedArray) -> int:
+    """Put weights (Nq, Nk) into image so that every pixel of its axes shows the colour of one value.
+
+    When the axes have fewer pixels than the map has cells, each pixel shows the maximum of the
+    block of cells it covers (a one-hot row stays 1, never a blend of 1 and its neighbours).
+    Axis coordinates stay token indices. Returns the block size: 1 when every cell has its own
+    pixels, else the most cells a block spans along an axis.
+    """
+    num_queries, num_keys = weights.shape
+    box = image.axes.get_window_extent()  # pixels, as laid out now
+    pool = max(1, math.ceil(num_queries / max(1, int(box.height))), math.ceil(num_keys / max(1, int(box.width))))
+    shown = block_maximum(weights, math.ceil(num_queries / pool), math.ceil(num_keys / pool))
+    if is_log_scale(image.norm):  # a log scale has no 0: its darkest colour, not the masked grey
+        shown = np.ma.clip(shown, LOG_SCALE_MIN, None)  # as attention_colors does
+    image.set_data(shown)
+    image.set_extent((-0.5, num_keys - 0.5, num_queries - 0.5, -0.5))
+    return max(math.ceil(num_queries / shown.shape[0]), math.ceil(num_keys / shown.shape[1]))
+
+
+def block_maximum(weights: np.ma.MaskedArray, num_rows: int, num_columns: int) -> np.ma.MaskedArray:
+    """(num_rows, num_columns): the maximum of each block of a (Nq, Nk) map cut into that many near-equal blocks.
+
+    A block is masked only when all its cells are; a map no bigger than the blocks comes back as it is.
+    """
+    weights = np.ma.asarray(weights)
+    if weights.shape == (num_rows, num_columns):
+        return weights
+    filled = weights.filled(-np.inf).astype(np.float64)  # masked cells never win a maximum
+    for axis, blocks in ((0, num_rows), (1, num_columns)):
+        size = filled.shape[axis]
+        starts = (np.arange(blocks) * size + blocks - 1) // blocks  # ceil(b * size / blocks): first cell of block b
+        filled = np.maximum.reduceat(filled, starts, axis=axis)
+    return np.ma.masked_invalid(np.where(np.isneginf(filled), np.nan, filled))
+
+
+def attention_colors(weights: np.ma.MaskedArray, norm) -> np.ndarray:
+    """(..., 4) uint8 RGBA of weights on norm, as draw_attention colours them (masked cells MASKED_COLOR)."""
+    if is_log_scale(norm):
+        weights = np.ma.clip(weights, LOG_SCALE_MIN, None)
+    return attention_colormap()(norm(weights), bytes=True)
+
+
+def scale_label(what: str, norm, pool: int = 1) -> str:
+    """A colour bar's label: what it shows, its scale when log, and the block maximum when cells were pooled."""
+    notes = (["log scale"] if is_log_scale(norm) else []) + (
+        [f"max of ≤{pool}×{pool} cells"] if pool > 1 else []
+    )
+    return f"{what} ({'; '.join(notes)})" if notes else what
+
+
+def attention_colorbar(figure, mappable, what: str = "attention weight", pool: int = 1, **options):
+    """figure.colorbar for attention maps: a log scale marks with a triangle that smaller weights share its bottom colour."""
+    extend = "min" if is_log_scale(mappable.norm) else "neither"
+    return figure.colorbar(mappable, label=scale_label(what, mappable.norm, pool), extend=extend, **options)
+
+
+def capped_size(size: tuple[float, float]) -> tuple[float, float]:
+    """A figure size in inches, shrunk evenly where needed so that neither side passes MAX_IMAGE_SIDE_PX at DPI."""
+    scale = min(1.0, MAX_IMAGE_SIDE_PX / (max(size) * DPI))
+    return size[0] * scale, size[1] * scale
+
+
+def capped_note(name: str, size: tuple[float, float]) -> str | None:
+    """The note that name, of natural size (inches), was shrunk to the cap; None when it fits."""
+    if capped_size(size) == size:
+        return None
+    width, height = (round(side * DPI) for side in size)
+    shown = "×".join(str(round(side * DPI)) for side in capped_size(size))
+    return f"{name} is drawn at {shown} px, within the {MAX_IMAGE_SIDE_PX} px cap (it would be {width}×{height} px)"
+
+
+def say_capped(name: str, size: tuple[float, float]) -> tuple[float, float]:
+    """capped_size, with capped_note on stderr when the figure shrank."""
+    note = capped_note(name, size)
+    if note is not None:
+        print(f"note: {note}", file=sys.stderr)
+    return capped_size(size)
