@@ -86,7 +86,7 @@ def layers_figure(layer_runs: list[AttentionRun], name: str = "layers.png", seed
     colorbar = attention_colorbar(figure, ScalarMappable(norm, attention_colormap()), ax=ax, shrink=0.6)
     scope = [f"{counted(num_layers, 'layer')} × {counted(num_heads, 'head')}", counted(num_tokens, "token")]
     notes = ["rows: queries, columns: keys", *_causal_notes(first)]
-    title = run_title(first, scope, seed=seed, causal=False, notes=notes, line_chars=chars_across(figure.get_figwidth()))
+    title = run_title(first, scope, seed=seed, notes=notes, line_chars=chars_across(figure.get_figwidth()))
     figure.suptitle(title, parse_math=False)
     freeze_layout(figure)
 
@@ -171,7 +171,7 @@ def rollout_figure(layer_runs: list[AttentionRun], rollout: np.ndarray, seed: in
     ax.set_ylabel("token after the last layer (query)")
     scope = [f"attention rollout through {counted(len(layer_runs), 'layer')}", "heads averaged"]
     line_chars = chars_across(figure.get_figwidth())
-    title = run_title(run, scope, seed=seed, causal=False, notes=_causal_notes(run), line_chars=line_chars)
+    title = run_title(run, scope, seed=seed, notes=_causal_notes(run), line_chars=line_chars)
     ax.set_title(title, parse_math=False)
     colorbar = attention_colorbar(figure, image, "share of the input token", ax=ax)
     freeze_layout(figure)
@@ -227,7 +227,8 @@ def js_distance_figure(
     ]
     text, about = (texts[0], None) if len(texts) == 1 else (None, f"averaged over {len(texts)} texts")
     title = figure_title(
-        run.model, scope, text=text, about=about, weights=run.weights, seed=seed, notes=_causal_notes(run),
+        run.model, scope, text=text, about=about, causal=run.causal, weights=run.weights, seed=seed,
+        notes=_causal_notes(run),
         line_chars=chars_across(figure.get_figwidth()),
     )
     figure.suptitle(title, parse_math=False)
@@ -289,5 +290,5 @@ def _label_js_panels(ax, num_layers: int, num_heads: int, cells: int) -> None:
 
 
 def _causal_notes(run: AttentionRun) -> list[str]:
-    """With --causal, what it means over every layer: the titles say it instead of a bare "causal"."""
+    """With --causal, what it means over every layer: the titles explain their "causal" with it."""
     return [CAUSAL_OVER_BIDIRECTIONAL] if run.causal else []
