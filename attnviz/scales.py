@@ -19,7 +19,7 @@ import numpy as np
 COLORMAP = "viridis"
 MASKED_COLOR = "#d0d0d0"  # causal-masked cells: neutral grey, outside the colormap
 DPI = 120
-MAX_IMAGE_SIDE_PX = 4000  # every figure's width and height at DPI; a bigger one shrinks to fit
+MAX_IMAGE_SIDE_PX = 4096  # every figure's width and height at DPI; a bigger one shrinks to fit
 MAX_LINEAR_SCALE_KEYS = 64  # maps with more keys are coloured on a log scale, which shows weights near 1/N
 LOG_SCALE_MIN = 1e-3  # the bottom of that log scale: smaller weights take its darkest colour
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from attnviz.scales import MAX_IMAGE_SIDE_PX as MAX_IMAGE_SIDE  # pixels, width and height, of every figure
 from attnviz.trace import TraceResult
 
-MAX_IMAGE_SIDE = 4096  # pixels, width and height, of every figure written here
 MAX_GRID_HEADS = 16  # wrong heads in the grid figure; every head has its own file
 MIN_LABEL_PIXELS = 12  # a tick label needs about this much room along its axis
 
@@ -78,8 +78,9 @@ def write_split_heatmaps(
 
     from attnviz.heatmap import (
         DPI, MAX_GRID_TICK_LABELS, MAX_TICK_LABELS, cell_values, draw_attention, freeze_layout, grid_shape,
-        head_figure_size, label_tokens, new_figure, save_options, update_cell_values,
+        head_figure_size, label_tokens, new_figure, save_options, show_attention, update_cell_values,
     )  # fmt: skip
+    from attnviz.scales import attention_colorbar
 
     wrong = next(trace for trace in result.layouts if trace.mistake == "view-without-permute")
     weights = wrong.weights[0].numpy()  # (H, Nq, Nk) of the first text, padding included
@@ -91,16 +92,16 @@ def write_split_heatmaps(
     # Its layout is solved once, for the head with the longest labels, so that every head fits.
     figure = new_figure(head_figure_size(num_queries, num_keys))
     ax = figure.add_subplot()
-    image = draw_attention(ax, np.ma.masked_array(weights[0]), interpolation="nearest")
+    image = draw_attention(ax, np.ma.masked_array(weights[0]))
     values = cell_values(ax, num_queries, num_keys)
     title = ax.set_title("", fontsize=9, color="darkred", parse_math=False)
     ax.set_xlabel(f"wrong 'key' row: {SPLIT_AXIS_NOTE}", fontsize=8)
     ax.set_ylabel("wrong 'query' row: a slice of a token, not a token", fontsize=8)
-    figure.colorbar(image, ax=ax, label="attention weight of the wrong computation")
+    attention_colorbar(figure, image, "attention weight of the wrong computation", ax=ax)  # says when it is log
 
     def show(head: int) -> None:
         head_weights = np.ma.masked_array(weights[head])  # (Nq, Nk)
-        image.set_data(head_weights)
+        show_attention(image, head_weights)  # fitted to the axes' pixels: each pixel one value
         if values is not None:
             update_cell_values(values, head_weights, image)
         label_tokens(ax, key_labels[head], query_labels[head], MAX_TICK_LABELS, fontsize=7)
@@ -129,10 +130,10 @@ def write_split_heatmaps(
         if head >= shown:
             ax.set_visible(False)
             continue
-        image = draw_attention(ax, np.ma.masked_array(weights[head]), interpolation="nearest")
+        image = draw_attention(ax, np.ma.masked_array(weights[head]))
         ax.set_title(f"'head' {head}", fontsize=9)
         label_tokens(ax, key_labels[head], query_labels[head], MAX_GRID_TICK_LABELS // 2, fontsize=5)
-    figure.colorbar(image, ax=axes, shrink=0.6, label="attention weight of the wrong computation")
+    attention_colorbar(figure, image, "attention weight of the wrong computation", ax=axes, shrink=0.6)
     figure.suptitle(_split_title(run, figure.get_figwidth(), seed), color="darkred", parse_math=False)
     figure.supxlabel(f"rows and columns: {SPLIT_AXIS_NOTE}", fontsize=9)
     path = Path(out_dir) / f"{prefix}heads.{fmt}"
