@@ -1,25 +1,32 @@
-"""A small BERT encoder that reads Hugging Face BERT checkpoints (config.json + safetensors).
+"""A small BERT encoder for Hugging Face BERT checkpoints (config.json + safetensors).
 
 It exists for speed: importing transformers' modeling code takes seconds, longer than
 everything else `attnviz heads` does. The modules carry the names of transformers' BertModel
 (embeddings.word_embeddings, encoder.layer[i].attention.self.query, ...), so a checkpoint's
-tensors load by name, and the tests check that its hidden states equal transformers' own.
+tensors load by name (checkpoint.py checks and reads them), and the tests check that its
+hidden states equal transformers' own.
 
 Its attention only feeds the next layer; the weights attnviz shows come from attnviz's own
-layer (attention.py), built from the same projections.
+layer (attention.py), built from the same projections (check_attention_weights first).
+
+NaN or infinity in the weights is an AttnvizError naming the tensor, found where a run uses
+them: the embeddings and every layer's output are tested as they are computed (one cheap
+test each), where scanning every weight on every load would cost more than the load itself,
+and weights a run never touches cannot make its numbers wrong.
 """
 
 from __future__ import annotations
 
-import json
+import math
+import reprlib
 from dataclasses import dataclass, fields
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from attnviz.attention import merge_heads, split_heads
+from attnviz.errors import AttnvizError
 
 ACTIVATIONS = {
     "gelu": F.gelu,
@@ -45,9 +52,43 @@ class BertConfig:
     position_embedding_type: str = "absolute"
 
     @classmethod
-    def from_json(cls, path: Path) -> BertConfig:
-        values = json.loads(Path(path).read_text(encoding="utf-8"))
-        return cls(**{field.name: values[field.name] for field in fields(cls) if field.name in values})
+    def from_dict(cls, values: dict) -> BertConfig:
+        """The config from config.json's values (BertConfig's defaults for the ones it omits), checked.
+
+        Raises ValueError, naming the field, for a value of the wrong type, a size below 1, or a
+        variant this encoder cannot run.
+        """
+        config = cls(**{field.name: values[field.name] for field in fields(cls) if field.name in values})
+        config._check()
+        return config
+
+    def _check(self) -> None:
+        for field in fields(self):
+            value = getattr(self, field.name)
+            wanted, words = CONFIG_TYPES[field.type]
+            if isinstance(value, bool) or not isinstance(value, wanted):
+                raise ValueError(f"config.json: {field.name} must be {words}, not {reprlib.repr(value)}")
+            if field.type == "int" and value < 1:
+                raise ValueError(f"config.json: {field.name} must be at least 1, not {value}")
+        if not (math.isfinite(self.layer_norm_eps) and self.layer_norm_eps >= 0):
+            raise ValueError(f"config.json: layer_norm_eps must be a finite number, at least 0, not {self.layer_norm_eps}")
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"config.json: num_attention_heads {self.num_attention_heads} does not divide hidden_size {self.hidden_size}"
+            )
+        if self.position_embedding_type != "absolute" or self.hidden_act not in ACTIVATIONS:
+            raise ValueError(
+                f"unsupported BERT variant: position embeddings {self.position_embedding_type!r}, "
+                f"activation {self.hidden_act!r}"
+            )
+
+
+# The type of each BertConfig field as config.json must give it, and how to say it in an error.
+CONFIG_TYPES = {
+    "int": (int, "a positive whole number"),
+    "float": ((int, float), "a number"),
+    "str": (str, "a string"),
+}
 
 
 class BertEmbeddings(nn.Module):
@@ -58,10 +99,16 @@ class BertEmbeddings(nn.Module):
         self.token_type_embeddings = _table(config.type_vocab_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
-        positions = torch.arange(input_ids.shape[1], device=input_ids.device)  # (N,)
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, positions: bool = True) -> torch.Tensor:
+        """LayerNorm(word + token type [+ position]) embeddings (B, N, D).
+
+        With positions=False the position embeddings are left out: attention over the result
+        cannot tell word order, which is what `attnviz position` shows.
+        """
         x = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)  # (B, N, D)
-        return self.LayerNorm(x + self.position_embeddings(positions))  # (B, N, D)
+        if positions:
+            x = x + self.position_embeddings(torch.arange(input_ids.shape[1], device=input_ids.device))  # (N, D) broadcast
+        return require_finite(self.LayerNorm(x), self, "embeddings.", "the embeddings")  # (B, N, D)
 
 
 def _table(rows: int, size: int) -> nn.Embedding:
@@ -82,9 +129,10 @@ def _dense_and_norm(config: BertConfig, size_in: int) -> nn.Module:
 class BertLayer(nn.Module):
     """Self-attention, then a feed-forward block, each with a residual and LayerNorm (post-norm)."""
 
-    def __init__(self, config: BertConfig):
+    def __init__(self, config: BertConfig, index: int = 0):
         super().__init__()
         size = config.hidden_size
+        self.index = index  # encoder.layer[index]: for messages
         self.num_heads = config.num_attention_heads
         self.activation = ACTIVATIONS[config.hidden_act]
         self.attention = nn.Module()
@@ -113,18 +161,25 @@ class BertLayer(nn.Module):
         """The rest of the layer after attention: residual and LayerNorm, feed-forward, residual and LayerNorm."""
         x = self.attention.output.LayerNorm(x + attended)  # (B, N, D)
         hidden = self.activation(self.intermediate.dense(x))  # (B, N, 4D)
-        return self.output.LayerNorm(x + self.output.dense(hidden))  # (B, N, D)
+        output = self.output.LayerNorm(x + self.output.dense(hidden))  # (B, N, D)
+        return require_finite(output, self, f"encoder.layer.{self.index}.", f"the output of layer {self.index}")
+
+    def check_attention_weights(self) -> None:
+        """An AttnvizError naming the tensor, if the projections that attnviz's layer copies hold NaN or infinity."""
+        prefix = f"encoder.layer.{self.index}.attention."
+        check_parameters(self.attention.self, prefix + "self.")
+        check_parameters(self.attention.output.dense, prefix + "output.dense.")
 
 
 class BertEncoder(nn.Module):
-    """BERT's embeddings and encoder layers. Its embedding tables start uninitialised: build it with load_bert."""
+    """BERT's embeddings and encoder layers. Its embedding tables start uninitialised: build it with checkpoint.load_bert."""
 
     def __init__(self, config: BertConfig):
         super().__init__()
         self.config = config
         self.embeddings = BertEmbeddings(config)
         self.encoder = nn.Module()
-        self.encoder.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
+        self.encoder.layer = nn.ModuleList(BertLayer(config, index) for index in range(config.num_hidden_layers))
 
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor, num_layers: int | None = None
@@ -137,53 +192,20 @@ class BertEncoder(nn.Module):
         return states
 
 
-def checkpoint_name(key: str) -> str | None:
-    """Our parameter name for a checkpoint tensor's key, or None for tensors we do not use.
-
-    BERT checkpoints prefix the encoder with "bert." when saved with a task head (cls.*,
-    pooler.*), and old ones call LayerNorm's weight and bias gamma and beta.
-    """
-    key = key.removeprefix("bert.")
-    if not key.startswith(("embeddings.", "encoder.")) or key.endswith("position_ids"):
-        return None
-    return key.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")
+def require_finite(x: torch.Tensor, module: nn.Module, prefix: str, what: str) -> torch.Tensor:
+    """x, the output of `module`; if it holds NaN or infinity, an AttnvizError naming the parameter at fault."""
+    if not torch.isfinite(x).all():
+        check_parameters(module, prefix)
+        raise AttnvizError(f"NaN or infinity in {what}, though the weights that made it are finite: they overflow")
+    return x
 
 
-def index_shards(index: Path) -> list[str]:
-    """The shard file names that a sharded checkpoint's index (*.index.json) lists."""
-    return sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
-
-
-def checkpoint_files(folder: Path, safetensors: bool = True) -> list[Path]:
-    """The weight files to read: model.safetensors (or pytorch_model.bin), or the shards of its index."""
-    single = folder / ("model.safetensors" if safetensors else "pytorch_model.bin")
-    index = single.with_name(single.name + ".index.json")
-    return [folder / shard for shard in index_shards(index)] if index.is_file() else [single]
-
-
-def load_bert(folder: Path, safetensors: bool = True) -> BertEncoder:
-    """A BertEncoder (eval mode) with the weights of the checkpoint in `folder`.
-
-    safetensors=False reads pytorch_model.bin instead, with torch.load(weights_only=True),
-    which refuses to run code.
-    Raises ValueError for a variant it cannot run, KeyError naming tensors the checkpoint lacks.
-    """
-    from safetensors.torch import load_file
-
-    config = BertConfig.from_json(folder / "config.json")
-    if config.position_embedding_type != "absolute" or config.hidden_act not in ACTIVATIONS:
-        raise ValueError(
-            f"unsupported BERT variant: position embeddings {config.position_embedding_type!r}, "
-            f"activation {config.hidden_act!r}"
-        )
-    with torch.device("meta"):  # no memory and no random initialisation: the checkpoint's tensors replace it all
-        model = BertEncoder(config)
-    state = {}
-    for path in checkpoint_files(folder, safetensors):
-        tensors = load_file(path) if path.suffix == ".safetensors" else torch.load(path, weights_only=True)
-        state.update({name: tensor for key, tensor in tensors.items() if (name := checkpoint_name(key))})
-    missing = sorted(set(model.state_dict()) - set(state))
-    if missing:
-        raise KeyError(f"the checkpoint lacks {len(missing)} tensors, e.g. {missing[0]}")
-    model.load_state_dict(state, strict=False, assign=True)
-    return model.eval()
+def check_parameters(module: nn.Module, prefix: str) -> None:
+    """An AttnvizError naming the first tensor of `module` (its names start with prefix) that holds NaN or infinity."""
+    for name, tensor in module.state_dict(prefix=prefix).items():
+        # NaN and infinity reach a sum: a finite sum (the usual case) means finite values.
+        if tensor.is_floating_point() and not torch.isfinite(tensor.sum()):
+            count = int((~torch.isfinite(tensor)).sum())
+            if count:  # else the sum of large finite values overflowed
+                values = "value" if count == 1 else "values"
+                raise AttnvizError(f"the model's {name} holds {count} NaN or infinite {values}: its checkpoint is damaged")

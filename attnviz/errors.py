@@ -27,3 +27,9 @@ class Interrupted(BaseException):
     @property
     def exit_code(self) -> int:
         return 128 + self.signal_number  # as a shell reports a process ended by the signal
+
+
+def first_line(error: BaseException) -> str:
+    """The first line of an error's message (or its type's name), for a one-line message of our own."""
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else type(error).__name__

@@ -10,10 +10,11 @@ Where `load_model(name)` looks, in order:
 Only the default model (name None) falls back to the bundled one when the hub cannot be had;
 an explicit name that cannot be loaded is an AttnvizError that says why.
 
-The checkpoint is read by attnviz itself (bert.py: safetensors into a small BERT encoder;
-tokens.py: the tokenizer through the `tokenizers` library), never through transformers, whose
-import alone takes seconds. torch and huggingface_hub are imported inside the functions that
-need them, so importing this module (and `attnviz --help`) stays instant.
+The checkpoint is read by attnviz itself (checkpoint.py: config.json and the safetensors,
+checked before anything is built; bert.py: a small BERT encoder; tokens.py: the tokenizer
+through the `tokenizers` library), never through transformers, whose import alone takes
+seconds. torch and huggingface_hub are imported inside the functions that need them, so
+importing this module (and `attnviz --help`) stays instant.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from attnviz.errors import AttnvizError
+from attnviz.errors import AttnvizError, first_line
 
 DEFAULT_MODEL = "bert-base-chinese"
 BUNDLED_NAME = "all-MiniLM-L6-v2"
@@ -126,9 +127,11 @@ def load_model(name: str | None, device: str = "cpu", *, allow_pickle: bool = Fa
 
 def list_models(cache_dir: str | Path | None = None) -> list[ModelInfo]:
     """The bundled model, then every BERT model with weights in the local hub cache (default: HF_HUB_CACHE)."""
+    import huggingface_hub.constants
     from huggingface_hub import CacheNotFound, scan_cache_dir
 
     models = [_model_info(BUNDLED_NAME, "bundled", bundled_model_path())]
+    _check_hub_cache(Path(cache_dir or huggingface_hub.constants.HF_HUB_CACHE))
     try:
         cache = scan_cache_dir(cache_dir)
     except CacheNotFound:
@@ -170,15 +173,16 @@ def _load_bundled(device: str) -> LoadedModel:
 
 def _load_folder(name: str, folder: Path, source: str, device: str, allow_pickle: bool) -> LoadedModel:
     """Load from a folder on disk: checks first, so that the errors say what is wrong with the folder."""
-    _require_bert(name, _read_config(name, folder))
+    config = _read_config(name, folder)
+    _require_bert(name, config)
     safetensors, pickles = _weights_files(folder)
     use_safetensors = _choose_weights(name, safetensors, pickles, allow_pickle, where=f"in {folder}")
     if not _has_tokenizer(folder):
         raise AttnvizError(f"cannot load model {name!r}: no tokenizer (tokenizer.json or vocab.txt) in {folder}")
     try:
-        return _load_weights(name, folder, source, device, use_safetensors)
-    except Exception as error:  # a damaged or mismatched file: say which model, keep the cause for debugging
-        raise AttnvizError(f"cannot load model {name!r}: {_first_line(error)}") from error
+        return _load_weights(name, folder, source, device, config, use_safetensors, allow_pickle)
+    except Exception as error:  # a damaged, mismatched or hostile file: say which model, keep the cause for debugging
+        raise AttnvizError(f"cannot load model {name!r}: {first_line(error)}") from error
 
 
 def _load_from_hub(repo_id: str, device: str, allow_pickle: bool) -> LoadedModel:
@@ -187,6 +191,7 @@ def _load_from_hub(repo_id: str, device: str, allow_pickle: bool) -> LoadedModel
     from huggingface_hub import try_to_load_from_cache
     from huggingface_hub.errors import HFValidationError
 
+    _check_hub_cache(Path(huggingface_hub.constants.HF_HUB_CACHE))
     try:
         cached_config = try_to_load_from_cache(repo_id, "config.json")
     except HFValidationError:
@@ -211,7 +216,7 @@ def _download(repo_id: str, device: str, allow_pickle: bool) -> LoadedModel:
     from huggingface_hub import file_exists, hf_hub_download
     from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
 
-    from attnviz.bert import index_shards
+    from attnviz.checkpoint import shard_names
 
     try:
         with warnings.catch_warnings():  # e.g. the hub's long warning about symlinks on Windows
@@ -228,7 +233,7 @@ def _download(repo_id: str, device: str, allow_pickle: bool) -> LoadedModel:
             for file_name in safetensors[:1] or pickles[:1]:
                 weights = Path(hf_hub_download(repo_id, file_name))
                 if file_name.endswith(".index.json"):
-                    for shard in index_shards(weights):
+                    for shard in shard_names(weights, allow_pickle):  # checked before any is fetched
                         hf_hub_download(repo_id, shard)
             folder = Path(config_path).parent
     except AttnvizError:
@@ -240,40 +245,49 @@ def _download(repo_id: str, device: str, allow_pickle: bool) -> LoadedModel:
         elif any(isinstance(cause, RepositoryNotFoundError) for cause in causes):
             reason = "no such model on the hub (or it is private); check the name"
         elif any(_is_connection_error(cause) for cause in causes):
-            raise _HubUnavailable(f"the download failed ({_first_line(error)})") from error
+            raise _HubUnavailable(f"the download failed ({first_line(error)})") from error
         else:
-            reason = _first_line(error)
+            reason = first_line(error)
         raise AttnvizError(f"cannot load model {repo_id!r}: {reason}") from error
     return _load_folder(repo_id, folder, "hub download", device, allow_pickle)
 
 
-def _load_weights(name: str, folder: Path, source: str, device: str, use_safetensors: bool) -> LoadedModel:
+def _load_weights(
+    name: str, folder: Path, source: str, device: str, config: dict, use_safetensors: bool, allow_pickle: bool
+) -> LoadedModel:
     """The tokenizer and BERT encoder from a checked folder.
 
-    attnviz reads the checkpoint itself (bert.py, tokens.py): safetensors, or a pickle file
-    through torch.load(weights_only=True); nothing in a model folder is ever run.
+    attnviz reads the checkpoint itself (checkpoint.py, bert.py, tokens.py): safetensors, or
+    pickle files through torch.load(weights_only=True); nothing in a model folder is ever run.
+    Every size is checked against the tensors' shapes, and the tokenizer against the embedding
+    table, before the encoder is built and its tensors read.
     """
-    from attnviz.bert import load_bert
+    from attnviz.checkpoint import load_bert, open_checkpoint
     from attnviz.tokens import WordPieceTokenizer
 
-    model = load_bert(folder, use_safetensors).to(device)
-    return LoadedModel(name=name, source=source, tokenizer=WordPieceTokenizer(folder), model=model)
+    checkpoint = open_checkpoint(folder, config, use_safetensors, allow_pickle)
+    tokenizer = WordPieceTokenizer(folder, embedding_rows=checkpoint.config.vocab_size)
+    model = load_bert(checkpoint).to(device)
+    return LoadedModel(name=name, source=source, tokenizer=tokenizer, model=model)
 
 
 # ---- checks and small helpers ------------------------------------------------------------------
 
 
-def _read_config(name: str, folder: Path) -> dict:
+def _read_config(name: str, folder: Path) -> Any:
     config_path = folder / "config.json"
     if not config_path.is_file():
         raise AttnvizError(f"cannot load model {name!r}: no config.json in {folder}")
     try:
         return json.loads(config_path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as error:
-        raise AttnvizError(f"cannot load model {name!r}: unreadable config.json ({_first_line(error)})") from error
+        raise AttnvizError(f"cannot load model {name!r}: unreadable config.json ({first_line(error)})") from error
 
 
-def _require_bert(name: str, config: dict) -> None:
+def _require_bert(name: str, config: Any) -> None:
+    if not isinstance(config, dict):
+        kind = {list: "a list", str: "a string", int: "a number", float: "a number"}.get(type(config), "no settings")
+        raise AttnvizError(f'cannot load model {name!r}: config.json holds {kind}, not an object {{"model_type": "bert", ...}}')
     # attnviz reads BertModel's layout: encoder.layer[i].attention.self.query/key/value, attention.output.dense.
     model_type = config.get("model_type")
     if model_type != "bert":
@@ -302,6 +316,14 @@ def _weights_files(folder: Path) -> tuple[list[str], list[str]]:
     safetensors = [file_name for file_name in SAFETENSORS_FILES if (folder / file_name).is_file()]
     pickles = [file_name for file_name in PICKLE_FILES if (folder / file_name).is_file()]
     return safetensors, pickles
+
+
+def _check_hub_cache(cache: Path) -> None:
+    """Refuse a hub cache that is a file or lies under one (the hub library would fail on it mid-way)."""
+    existing = next(path for path in (cache, *cache.parents) if path.exists())
+    if not existing.is_dir():
+        where = "is a file" if existing == cache else f"lies under a file, {existing}"
+        raise AttnvizError(f"the hub cache {cache} {where}: point HF_HUB_CACHE (or HF_HOME) at a folder, or unset it")
 
 
 def _has_weights(folder: Path) -> bool:
@@ -381,8 +403,3 @@ def _causes(error: BaseException) -> list[BaseException]:
         chain.append(error)
         error = error.__cause__ or error.__context__
     return chain
-
-
-def _first_line(error: BaseException) -> str:
-    lines = str(error).strip().splitlines()
-    return lines[0] if lines else type(error).__name__

@@ -65,16 +65,12 @@ def embedding_output(loaded: LoadedModel, encoded: Encoded, device: str, positio
     With positions=False the position embeddings are left out: attention over the result
     cannot tell word order, which is what `attnviz position` shows.
     """
-    embeddings = loaded.model.embeddings
-    input_ids = encoded.input_ids.to(device)  # (B, N)
-    x = embeddings.word_embeddings(input_ids) + embeddings.token_type_embeddings(encoded.token_type_ids.to(device))
-    if positions:
-        x = x + embeddings.position_embeddings(torch.arange(input_ids.shape[1], device=device))  # (N, D) broadcast
-    return embeddings.LayerNorm(x)  # (B, N, D)
+    return loaded.model.embeddings(encoded.input_ids.to(device), encoded.token_type_ids.to(device), positions)
 
 
 def layer_from_bert(bert_layer, num_heads: int) -> MultiHeadAttention:
     """Our layer with the projections of one BertLayer copied in, split into num_heads heads."""
+    bert_layer.check_attention_weights()
     self_attention = bert_layer.attention.self
     output_dense = bert_layer.attention.output.dense
     with torch.device("meta"):  # no random initialisation: BERT's tensors replace it

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from attnviz.errors import AttnvizError
+from attnviz.errors import AttnvizError, first_line
 from attnviz.result import Truncation
 
 # CJK ideographs, kana and hangul: text a Chinese, Japanese or Korean vocabulary handles.
@@ -26,28 +26,16 @@ class WordPieceTokenizer:
     tokenizer.json when the folder has one (the exact pipeline the model was saved with),
     else vocab.txt with the lower-casing its tokenizer_config.json asks for. transformers'
     tokenizer classes would do the same, but importing them takes longer than the whole run.
+
+    embedding_rows, the rows of the model's word embedding table, is the bound on token ids:
+    a vocabulary larger than the table is refused here, and an id past it (a gap in a
+    vocabulary's numbering) when a text meets it, instead of indexing past the table.
     """
 
-    def __init__(self, folder: Path):
-        from tokenizers import Tokenizer
-        from tokenizers.implementations import BertWordPieceTokenizer
-
+    def __init__(self, folder: Path, embedding_rows: int | None = None):
         settings = _read_json(folder / "tokenizer_config.json")
         special = {**DEFAULT_SPECIAL_TOKENS, **_special_tokens(settings), **_special_tokens(_read_json(folder / "special_tokens_map.json"))}
-        if (folder / "tokenizer.json").is_file():
-            self._tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
-        else:
-            self._tokenizer = BertWordPieceTokenizer(
-                str(folder / "vocab.txt"),
-                unk_token=special["unk_token"],
-                sep_token=special["sep_token"],
-                cls_token=special["cls_token"],
-                pad_token=special["pad_token"],
-                mask_token=special["mask_token"],
-                lowercase=settings.get("do_lower_case", True),
-                strip_accents=settings.get("strip_accents"),
-                handle_chinese_chars=settings.get("tokenize_chinese_chars", True),
-            )._tokenizer
+        self._tokenizer = _read_tokenizer(folder, settings, special)
         self._tokenizer.no_truncation()
         self._tokenizer.no_padding()
         self.unk_token = special["unk_token"]
@@ -55,17 +43,71 @@ class WordPieceTokenizer:
         self.pad_token_id = self._tokenizer.token_to_id(special["pad_token"]) or 0
         ids = (self._tokenizer.token_to_id(special[role]) for role in SPECIAL_TOKEN_ROLES)
         self.all_special_ids = sorted({token_id for token_id in ids if token_id is not None})
+        self.embedding_rows = embedding_rows
+        if embedding_rows is not None:
+            size = self._tokenizer.get_vocab_size(with_added_tokens=True)
+            if size > embedding_rows:
+                raise AttnvizError(
+                    f"the tokenizer has {size} tokens, more than the {embedding_rows} rows of the model's "
+                    "embedding table (vocab_size): the tokenizer is not this model's"
+                )
+            self._check_ids([self.pad_token_id, *self.all_special_ids])
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         """Each text's token ids, [CLS] and [SEP] included, never cut."""
-        return [encoding.ids for encoding in self._tokenizer.encode_batch(texts)]
+        ids = [encoding.ids for encoding in self._tokenizer.encode_batch(texts)]
+        for row in ids:
+            self._check_ids(row)
+        return ids
+
+    def _check_ids(self, ids: list[int]) -> None:
+        if self.embedding_rows is not None and ids and max(ids) >= self.embedding_rows:
+            token_id = max(ids)
+            raise AttnvizError(
+                f"the tokenizer gives {self._tokenizer.id_to_token(token_id)!r} the id {token_id}, past the "
+                f"{self.embedding_rows} rows of the model's embedding table: the tokenizer is not this model's"
+            )
 
     def convert_ids_to_tokens(self, ids: list[int]) -> list[str]:
         return [self._tokenizer.id_to_token(token_id) for token_id in ids]
 
 
+def _read_tokenizer(folder: Path, settings: dict, special: dict[str, str]):
+    """A `tokenizers` Tokenizer from tokenizer.json, else from vocab.txt; a broken file is an AttnvizError naming it."""
+    from tokenizers import Tokenizer
+    from tokenizers.implementations import BertWordPieceTokenizer
+
+    file = folder / "tokenizer.json"
+    try:
+        if file.is_file():
+            return Tokenizer.from_file(str(file))
+        file = folder / "vocab.txt"
+        return BertWordPieceTokenizer(
+            str(file),
+            unk_token=special["unk_token"],
+            sep_token=special["sep_token"],
+            cls_token=special["cls_token"],
+            pad_token=special["pad_token"],
+            mask_token=special["mask_token"],
+            lowercase=settings.get("do_lower_case", True),
+            strip_accents=settings.get("strip_accents"),
+            handle_chinese_chars=settings.get("tokenize_chinese_chars", True),
+        )._tokenizer
+    except Exception as error:  # the tokenizers library raises plain Exceptions for a file it cannot parse
+        raise AttnvizError(f"unreadable {file.name} ({first_line(error)})") from error
+
+
 def _read_json(path: Path) -> dict:
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    """A tokenizer settings file's object; {} when there is none, an AttnvizError naming it when it is broken."""
+    if not path.is_file():
+        return {}
+    try:
+        settings = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise AttnvizError(f"unreadable {path.name} ({first_line(error)})") from error
+    if not isinstance(settings, dict):
+        raise AttnvizError(f"{path.name} holds no object of settings")
+    return settings
 
 
 def _special_tokens(settings: dict) -> dict[str, str]:

@@ -64,6 +64,16 @@ def write_tiny_bert_folder(folder: Path, model: BertModel, pickle_only: bool = F
     return folder
 
 
+def write_pickle_shard_folder(folder: Path, model: BertModel) -> Path:
+    """A model folder whose model.safetensors.index.json names a pickle shard (model.bin) for every tensor."""
+    write_tiny_bert_folder(folder, model)
+    (folder / "model.safetensors").unlink()
+    torch.save(model.state_dict(), folder / "model.bin")
+    weight_map = {key: "model.bin" for key in model.state_dict()}
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    return folder
+
+
 def assert_same_weights(model, reference) -> None:
     """Every tensor of our encoder equals the reference's tensor of the same name (the pooler aside)."""
     state, reference_state = model.state_dict(), reference.state_dict()
@@ -310,6 +320,7 @@ def fake_hub(tmp_path_factory):
         {
             "org/tiny-bert": write_tiny_bert_folder(repos / "tiny-bert", tiny_bert(seed=0)),
             "org/pickled-bert": write_tiny_bert_folder(repos / "pickled-bert", tiny_bert(seed=0), pickle_only=True),
+            "org/pickle-shards": write_pickle_shard_folder(repos / "pickle-shards", tiny_bert(seed=0)),
             "org/tiny-gpt": gpt_folder,
         }
     )
@@ -347,6 +358,7 @@ def hub_runs(tmp_path_factory, fake_hub):
                 "org/tiny-gpt",
                 "org/pickled-bert",
                 "allow_pickle:org/pickled-bert",
+                "org/pickle-shards",
             ],
             fake_hub_home,
             HF_ENDPOINT=fake_hub.endpoint,
@@ -461,6 +473,19 @@ def test_a_hub_model_with_only_pickle_weights_is_refused_unless_allowed(hub_runs
     assert len(pickle_downloads) == 1  # only once allowed
     # Nothing asked the hub to convert the pickle file (transformers does that by default).
     assert not any("/discussions" in request or "/commits/" in request for request in fake_hub.requests)
+
+
+def test_a_hub_model_whose_safetensors_index_names_pickle_shards_is_refused_before_they_download(hub_runs, fake_hub):
+    results, _ = hub_runs["fake hub"]
+    [refused] = results["org/pickle-shards"]
+
+    assert refused["error"] == (
+        "cannot load model 'org/pickle-shards': model.safetensors.index.json names the shard 'model.bin', "
+        "a pickle file that can run code when loaded; convert it to safetensors, or allow pickle files if you trust it"
+    )
+    assert "GET /org/pickle-shards/resolve/main/model.safetensors.index.json" in fake_hub.requests
+    assert not any(request.startswith("GET /org/pickle-shards/") and request.endswith("/model.bin")
+                   for request in fake_hub.requests)
 
 
 @pytest.mark.parametrize(("status", "answers"), [(200, True), (404, True), (503, False)])
