@@ -141,7 +141,7 @@ EveryLayerCausalOption = typer.Option(
     "(each layer's input comes from BERT's own pass and already holds later tokens).",
 )
 AllowPickleOption = typer.Option(
-    False, help="Let a local model whose only weights are a pickle file load (unpickling can run code)."
+    False, help="Let a model whose weights are pickle files (pytorch_model.bin, .bin shards) load (unpickling can run code)."
 )
 ModelOption = typer.Option(
     None,
