@@ -131,7 +131,8 @@ def list_models(cache_dir: str | Path | None = None) -> list[ModelInfo]:
     from huggingface_hub import CacheNotFound, scan_cache_dir
 
     models = [_model_info(BUNDLED_NAME, "bundled", bundled_model_path())]
-    _check_hub_cache(Path(cache_dir or huggingface_hub.constants.HF_HUB_CACHE))
+    cache_dir = Path(cache_dir or huggingface_hub.constants.HF_HUB_CACHE)
+    _check_hub_cache(cache_dir)
     try:
         cache = scan_cache_dir(cache_dir)
     except CacheNotFound:

@@ -374,23 +374,30 @@ def test_finite_weights_that_overflow_are_named_as_such(tmp_path, tensors, capsy
 # ---- 30: HF_HUB_CACHE pointing at a file ----------------------------------------------------------
 
 
-@pytest.mark.parametrize("args", [["models"], ["heads", TEXT, "--model", "org/bert"], ["heads", TEXT]])
-def test_a_hub_cache_that_is_a_file_is_named(args, tmp_path, capsys, monkeypatch):
+@pytest.fixture
+def hub_cache(monkeypatch):
+    """Sets the hub cache for one test, as HF_HUB_CACHE would (the hub library reads it once, at import)."""
     import huggingface_hub.constants
 
+    # Imported before the patch: the hub library loads its modules lazily, and some copy the setting then.
+    from huggingface_hub import scan_cache_dir, try_to_load_from_cache  # noqa: F401
+
+    return lambda path: monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(path))
+
+
+@pytest.mark.parametrize("args", [["models"], ["heads", TEXT, "--model", "org/bert"], ["heads", TEXT]])
+def test_a_hub_cache_that_is_a_file_is_named(args, tmp_path, capsys, hub_cache):
     cache = tmp_path / "hub-cache"
     cache.write_text("not a folder")
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    hub_cache(cache)
     code = run(args)
     error = capsys.readouterr().err
     assert code == 2 and error.count("\n") == 1
     assert error == f"error: the hub cache {cache} is a file: point HF_HUB_CACHE (or HF_HOME) at a folder, or unset it\n"
 
 
-def test_a_hub_cache_under_a_file_is_named(tmp_path, monkeypatch):
-    import huggingface_hub.constants
-
+def test_a_hub_cache_under_a_file_is_named(tmp_path, hub_cache):
     (tmp_path / "home").write_text("not a folder")
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "home" / "hub"))
+    hub_cache(tmp_path / "home" / "hub")
     with pytest.raises(AttnvizError, match=f"the hub cache .* lies under a file, {tmp_path / 'home'}:"):
         load_model("org/bert")
