@@ -114,13 +114,20 @@ CLARK_DIFFERENCES = {
     "the texts (every text weighs the same); Clark et al. average over all tokens of their data",
 }
 
-# `stats` and `layers` with --causal: each layer's input comes from the model's own bidirectional
-# pass, which has already mixed later tokens into every token; only attnviz's layer is masked.
+# --causal over a layer past the first (and `stats` and `layers`, over every layer): the layer's input
+# comes from the model's own bidirectional pass, which has already mixed later tokens into every
+# token; only attnviz's layer is masked. Layer 0's input, the embeddings, holds no other token.
 CAUSAL_OVER_BIDIRECTIONAL = "causal mask over a bidirectional model's hidden states"
 CAUSAL_OVER_BIDIRECTIONAL_DETAIL = (
     "each layer's input comes from the model's own bidirectional pass and already holds later tokens; "
     "only the attention weights of attnviz's layer are masked, so this is not a causal model"
 )
+
+
+def causal_note(over_bidirectional: bool) -> str | None:
+    """What a causal mask means over a bidirectional model's hidden states; None where it is not."""
+    return f"{CAUSAL_OVER_BIDIRECTIONAL}: {CAUSAL_OVER_BIDIRECTIONAL_DETAIL}" if over_bidirectional else None
+
 
 CLS_TOKEN = "[CLS]"
 SEP_TOKEN = "[SEP]"

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from attnviz.analysis import causal_note
 from attnviz.result import AttentionRun, truncation_json
 from attnviz.spec import RunSpec
 
@@ -30,6 +31,7 @@ def attention_record(run: AttentionRun, spec: RunSpec) -> dict:
         "head_dim": run.head_dim,
         "device": run.device,
         "causal": run.causal,
+        "causal_note": causal_note(run.causal and run.layer > 0),  # layer 0's input holds no later token
         "query_tokens": run.query_tokens,
         "key_tokens": run.key_tokens,
         "query_ids": run.query_ids,

@@ -11,13 +11,12 @@ import numpy as np
 
 from attnviz.analysis import (
     BROAD_THRESHOLD,
-    CAUSAL_OVER_BIDIRECTIONAL,
-    CAUSAL_OVER_BIDIRECTIONAL_DETAIL,
     CLARK_DIFFERENCES,
     SHARE_LABELS,
     SHARE_THRESHOLD,
     STATISTICS,
     ModelStatistics,
+    causal_note,
 )
 from attnviz.export import DECIMALS
 from attnviz.result import AttentionRun, Truncation, truncation_json
@@ -75,11 +74,6 @@ def stats_record(
         "heads": heads,
         "js_distance": np.round(stats.js_distance, DECIMALS).tolist(),
     }
-
-
-def causal_note(causal: bool) -> str | None:
-    """What --causal means over every layer of a bidirectional model, or None without it."""
-    return f"{CAUSAL_OVER_BIDIRECTIONAL}: {CAUSAL_OVER_BIDIRECTIONAL_DETAIL}" if causal else None
 
 
 def write_stats_json(

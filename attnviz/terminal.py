@@ -60,7 +60,10 @@ def print_setup(
     setup.add_row("heads", f"{run.num_heads} × d={run.head_dim}")
     setup.add_row("parameters", parameters_label(run.weights, seed))
     if run.causal:
-        setup.add_row("mask", "causal: each query sees itself and the keys before it")
+        mask = "causal: each query sees itself and the keys before it"
+        if num_layers is not None or run.layer > 0:  # the layer's input comes from a bidirectional pass
+            mask += f"; a {CAUSAL_OVER_BIDIRECTIONAL}"
+        setup.add_row("mask", mask)
     setup.add_row("device", device_label)
     if num_texts is not None:
         setup.add_row("texts", f"{num_texts}, statistics averaged over them" if num_texts > 1 else "1")

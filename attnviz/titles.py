@@ -104,6 +104,15 @@ def _cross_attention(quoted_keys_text: str) -> str:
 
 
 def run_title(run, scope: Sequence[str], *, seed: int | None = None, **options) -> str:
-    """figure_title of an AttentionRun: its model, text, keys' text, mask and parameters."""
+    """figure_title of an AttentionRun: its model, text, keys' text, mask and parameters.
+
+    A causal mask on a layer past the first is over a bidirectional model's hidden states, and
+    the title says so (only layer 0's input, the embeddings, holds no later token).
+    """
+    from attnviz.analysis import CAUSAL_OVER_BIDIRECTIONAL
+
     setup = dict(text=run.text, kv_text=run.kv_text, causal=run.causal, weights=run.weights)
-    return figure_title(run.model, scope, seed=seed, **{**setup, **options})
+    notes = list(options.pop("notes", ()))
+    if run.causal and run.layer > 0:
+        notes = list(dict.fromkeys([*notes, CAUSAL_OVER_BIDIRECTIONAL]))
+    return figure_title(run.model, scope, seed=seed, notes=notes, **{**setup, **options})

@@ -70,6 +70,14 @@ def test_cross_attention_and_causal_options(tmp_path):
     assert heads("我爱中国", "--causal", "--heads", "2", "--out", str(tmp_path / "causal")) == 0
     record = json.loads((tmp_path / "causal" / "attention.json").read_text(encoding="utf-8"))
     assert record["causal"] is True and np.triu(np.array(record["attention"]), k=1).max() == 0
+    assert record["causal_note"] is None  # layer 0's input, the embeddings, holds no later token
+
+
+def test_causal_past_layer_0_says_the_mask_is_over_a_bidirectional_models_hidden_states(tmp_path, capsys):
+    assert heads("The cat sat.", "--causal", "--layer", "2", "--out", str(tmp_path / "run")) == 0
+    record = json.loads((tmp_path / "run" / "attention.json").read_text(encoding="utf-8"))
+    assert record["causal_note"].startswith("causal mask over a bidirectional model's hidden states: ")
+    assert "a causal mask over a bidirectional model's hidden states" in " ".join(capsys.readouterr().out.split())
 
 
 @pytest.mark.parametrize("command", ["heads", "trace"])

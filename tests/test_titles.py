@@ -42,11 +42,20 @@ def make_run(num_heads=2, weights="pretrained", causal=False, kv_text=None, text
 
 
 def test_a_head_figure_names_model_layer_head_text_and_the_seed_of_random_parameters(tmp_path):
-    run = make_run(weights="random", causal=True)
+    run = make_run(weights="random", causal=True, layer=0)
     paths = write_head_heatmaps(run, tmp_path, "svg", seed=7)
     lines = drawn_lines(paths[1])
-    assert "all-MiniLM-L6-v2 · layer 2 · head 1 · causal" in lines
+    assert "all-MiniLM-L6-v2 · layer 0 · head 1 · causal" in lines
     assert "“the cat sat” · random parameters, seed 7" in lines
+
+
+def test_a_causal_mask_past_layer_0_says_it_is_over_a_bidirectional_models_hidden_states(tmp_path):
+    """Layer 0's input (the embeddings) holds no later token; layer 2's comes from a bidirectional pass."""
+    for layer in (0, 2):
+        (tmp_path / str(layer)).mkdir()
+        paths = write_head_heatmaps(make_run(causal=True, layer=layer), tmp_path / str(layer), "svg")
+        text = " ".join(drawn_lines(paths[0]))
+        assert ("causal mask over a bidirectional model's hidden states" in text) == (layer > 0)
 
 
 def test_pretrained_parameters_need_no_seed(tmp_path):
