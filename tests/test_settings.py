@@ -57,30 +57,6 @@ def settings(**given) -> dict:
     }
 
 
-@pytest.fixture
-def fast(monkeypatch, bundled_bert):
-    """Reuse the loaded bundled model and draw no figures: these tests are about the JSON files."""
-
-    def placeholder(name: str):
-        def draw(*args, **kwargs):
-            out_dir = next(arg for arg in args if isinstance(arg, Path) and arg.is_dir())
-            (out_dir / name).write_bytes(b"")
-            return out_dir / name
-
-        return draw
-
-    monkeypatch.setattr("attnviz.loading.load_model", lambda *args, **kwargs: bundled_bert)
-    monkeypatch.setattr("attnviz.heatmap.write_heatmaps", lambda *args, **kwargs: [])
-    for module, function, name in [
-        ("stats_figures", "write_js_distance", "js_distance.png"),
-        ("stats_figures", "write_layers_grid", "layers.png"),
-        ("stats_figures", "write_rollout", "rollout.png"),
-        ("compare_figures", "write_comparison_figure", "compare.png"),
-        ("compare_figures", "write_position_figure", "position.png"),
-    ]:
-        monkeypatch.setattr(f"attnviz.{module}.{function}", placeholder(name))
-
-
 def attnviz_run(*args: str) -> int:
     """A command on the bundled model on the CPU."""
     return run([*args, "--model", "bundled", "--device", "cpu"])
@@ -115,7 +91,6 @@ def test_heads_records_every_setting_and_both_cuts_in_attention_json_and_trace_j
     tmp_path, monkeypatch, capsys, count_tokens
 ):
     """The model given as a relative folder: settings keep it as given and resolve it to the folder's path."""
-    monkeypatch.setattr("attnviz.heatmap.write_heatmaps", lambda *args, **kwargs: [])
     folder = bundled_model_path()
     monkeypatch.chdir(folder.parent)
     options = ["--layer", "1", "--heads", "4", "--weights", "random", "--seed", "7", "--kv", LONG_KV, "--truncate"]
@@ -138,14 +113,14 @@ def test_heads_records_every_setting_and_both_cuts_in_attention_json_and_trace_j
     assert f"dropped the {count_tokens(LONG_KV) - MAX_POSITIONS} tokens" in notes and "the --kv text" in notes
 
 
-def test_an_uncut_text_records_null(tmp_path, fast):
+def test_an_uncut_text_records_null(tmp_path):
     assert attnviz_run("heads", SHORT, "--out", str(tmp_path)) == 0
     record = read(tmp_path / "attention.json")
     assert record["settings"] == settings()
     assert record["truncated"] is None and record["kv_truncated"] is None
 
 
-def test_heads_file_gives_each_text_its_own_cut(tmp_path, fast, count_tokens):
+def test_heads_file_gives_each_text_its_own_cut(tmp_path, count_tokens):
     source = tmp_path / "texts.txt"
     source.write_text(f"{SHORT}\n{LONG}\n", encoding="utf-8")
     options = ["--causal", "--weights", "random", "--seed", "3", "--truncate"]
@@ -160,7 +135,7 @@ def test_heads_file_gives_each_text_its_own_cut(tmp_path, fast, count_tokens):
         assert record["settings"] == expected and record["truncated"] == row["truncated"]
 
 
-def test_trace_records_each_text_of_the_batch(tmp_path, fast, count_tokens):
+def test_trace_records_each_text_of_the_batch(tmp_path, count_tokens):
     options = ["--batch", LONG, "--heads", "6", "--weights", "random", "--seed", "2", "--truncate"]
     assert attnviz_run("trace", SHORT, *options, "--out", str(tmp_path)) == 0
     record = read(tmp_path / "trace.json")
@@ -168,7 +143,7 @@ def test_trace_records_each_text_of_the_batch(tmp_path, fast, count_tokens):
     assert record["truncated"] == [None, cut(count_tokens(LONG))] and record["kv_truncated"] is None
 
 
-def test_stats_records_every_texts_cut(tmp_path, fast, capsys, count_tokens):
+def test_stats_records_every_texts_cut(tmp_path, capsys, count_tokens):
     source = tmp_path / "texts.txt"
     source.write_text(f"{LONG}\n{SHORT}\n", encoding="utf-8")
     options = ["--heads", "2", "--weights", "random", "--seed", "4", "--truncate"]
@@ -180,14 +155,14 @@ def test_stats_records_every_texts_cut(tmp_path, fast, capsys, count_tokens):
     assert "from 602 to 512 tokens: dropped the 90 tokens" in shown(capsys)
 
 
-def test_layers_records_the_settings_and_the_cut_in_rollout_json(tmp_path, fast, count_tokens):
+def test_layers_records_the_settings_and_the_cut_in_rollout_json(tmp_path, count_tokens):
     assert attnviz_run("layers", LONG, "--causal", "--truncate", "--out", str(tmp_path)) == 0
     record = read(tmp_path / "rollout.json")
     assert record["settings"] == settings(layer=None, causal=True, truncate=True)
     assert record["truncated"] == cut(count_tokens(LONG))
 
 
-def test_compare_records_the_shared_settings_and_each_splits_own(tmp_path, fast):
+def test_compare_records_the_shared_settings_and_each_splits_own(tmp_path):
     options = ["--heads", "1,4", "--weights", "pretrained,random", "--layer", "2", "--seed", "9"]
     assert attnviz_run("compare", SHORT, *options, "--out", str(tmp_path)) == 0
     record = read(tmp_path / "compare.json")
@@ -201,7 +176,7 @@ def test_compare_records_the_shared_settings_and_each_splits_own(tmp_path, fast)
     assert record["truncated"] is None
 
 
-def test_position_records_its_fixed_settings(tmp_path, fast):
+def test_position_records_its_fixed_settings(tmp_path):
     assert attnviz_run("position", SHORT, "--out", str(tmp_path)) == 0
     record = read(tmp_path / "position.json")
     assert record["settings"] == settings() and record["truncated"] is None
