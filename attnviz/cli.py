@@ -725,6 +725,9 @@ def _run_target(out: Optional[Path], default_name: str) -> Path:
 
 def run(args: list[str] | None = None) -> int:
     """Run the command line and return its exit code; errors become one line on stderr."""
+    from attnviz.runs import forget_written_folders
+
+    forget_written_folders()
     try:
         _refuse_empty_out(sys.argv[1:] if args is None else args)
         result = app(args=args, prog_name="attnviz", standalone_mode=False)
@@ -760,10 +763,9 @@ def _refuse_empty_out(args: list[str]) -> None:
 
 
 def _interrupted(interrupted: Interrupted) -> int:
-    if interrupted.written is None:
-        errors.print("interrupted: nothing was written")
-    else:
-        errors.print(f"interrupted once the files were written in full: {interrupted.written}", soft_wrap=True)
+    from attnviz.runs import interrupted_message
+
+    errors.print(interrupted_message(interrupted.written), soft_wrap=True)
     return interrupted.exit_code
 
 

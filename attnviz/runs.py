@@ -49,6 +49,7 @@ REASONS = {
     errno.EIO: "input/output error",
 }
 _open_folders: list[StagedRunFolder] = []  # this process's runs being written: a signal removes their staging
+_written_folders: list[Path] = []  # this process's runs whose files are in place: a signal cannot undo them
 
 
 def run_folder_name(text: str) -> str:
@@ -148,8 +149,24 @@ def _on_signal(number: int, frame) -> None:
     """
     for folder in _open_folders:
         folder.discard()
-    os.write(2, b"interrupted: nothing was written\n")
+    os.write(2, interrupted_message().encode() + b"\n")
     os._exit(128 + number)  # as attnviz/__main__.py does during the imports
+
+
+def forget_written_folders() -> None:
+    """A new command in this process (the tests run many): no run of its own is in place yet."""
+    _written_folders.clear()
+
+
+def interrupted_message(written: Path | None = None) -> str:
+    """What a signal left: nothing, or a whole run (it came after the files were in place).
+
+    written: the folder the files went to; by default the last this process put in place, if any.
+    """
+    written = written or (_written_folders[-1] if _written_folders else None)
+    if written is None:
+        return "interrupted: nothing was written"
+    return f"interrupted once the files were written in full: {written}"
 
 
 @contextlib.contextmanager
@@ -297,6 +314,7 @@ class StagedRunFolder:
                 self._publish_new() if self.unique else self._replace_files(names)
         except OSError as error:
             raise output_error(self.target, error) from None
+        _written_folders.append(self.final)
         if caught:  # a signal during the move: it takes effect now that the files are whole
             raise Interrupted(caught[0], written=self.final)
 

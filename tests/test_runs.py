@@ -287,3 +287,15 @@ def test_a_read_only_filesystem_is_refused_before_the_model_loads(mount_tmpfs, m
     monkeypatch.setattr("attnviz.loading.load_model", lambda *args, **kwargs: pytest.fail("the model was loaded"))
     assert run(["heads", "the cat sat", "--model", "bundled", "--out", str(point / "run")]) == 2
     assert capsys.readouterr().err == f"error: cannot write the output folder {point / 'run'}: the file system is read-only\n"
+
+
+def test_a_signal_after_the_files_are_in_place_says_they_are_whole_not_that_nothing_was_written(tmp_path):
+    """The window between the files landing and the process ending (the list of files is printed)."""
+    from attnviz.runs import forget_written_folders, interrupted_message
+
+    forget_written_folders()
+    assert interrupted_message() == "interrupted: nothing was written"
+    with StagedRunFolder(tmp_path / "run", unique=False) as staging:
+        (staging / "attention.json").write_text("{}", encoding="utf-8")
+        assert interrupted_message() == "interrupted: nothing was written"  # still only staged
+    assert interrupted_message() == f"interrupted once the files were written in full: {tmp_path / 'run'}"
