@@ -2,6 +2,72 @@
 
 The package is split by stage (see DESIGN.md): loading and tokenizing, the attention layer,
 the pipeline that runs it, analysis, and renderers. Nothing here imports the command line.
+
+As a library (README.md, "Python"):
+
+    import attnviz
+    model = attnviz.load("bundled")
+    result = attnviz.heads("我想吃酸菜鱼", model=model)
+    result.attention  # torch.Tensor (H, Nq, Nk)
+
+`import attnviz` stays cheap: the public names below are looked up on first use (PEP 562), and
+torch, transformers and matplotlib load only when a function runs.
 """
 
+import sys
+import types
+
 __version__ = "0.1.0"
+
+# public name -> the module that defines it
+_PUBLIC = {
+    "load": "attnviz.api.models",
+    "Model": "attnviz.api.models",
+    "heads": "attnviz.api.functions",
+    "trace": "attnviz.api.functions",
+    "stats": "attnviz.api.functions",
+    "layers": "attnviz.api.functions",
+    "compare": "attnviz.api.functions",
+    "position": "attnviz.api.functions",
+    "HeadsResult": "attnviz.api.results",
+    "TraceResult": "attnviz.api.results",
+    "TraceStep": "attnviz.api.results",
+    "StatsResult": "attnviz.api.analysis_results",
+    "LayersResult": "attnviz.api.analysis_results",
+    "CompareResult": "attnviz.api.analysis_results",
+    "PositionResult": "attnviz.api.analysis_results",
+    "RunSpec": "attnviz.spec",
+    "AttnvizError": "attnviz.errors",
+}
+__all__ = ["__version__", *_PUBLIC]
+
+
+def __getattr__(name: str):
+    if name not in _PUBLIC:
+        raise AttributeError(f"module 'attnviz' has no attribute {name!r}")
+    from importlib import import_module
+
+    value = getattr(import_module(_PUBLIC[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_PUBLIC})
+
+
+class _Package(types.ModuleType):
+    """attnviz.trace, attnviz.compare and attnviz.position are the API's functions.
+
+    Stage modules of the same names (attnviz/trace/, compare.py, position.py) are imported as
+    `from attnviz.trace import ...`, through sys.modules; importing one must not replace the
+    function on the package, which Python's import system would otherwise do.
+    """
+
+    def __setattr__(self, name, value):
+        if name in _PUBLIC and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

@@ -22,6 +22,7 @@ except ImportError:
     from click.exceptions import UsageError
 
 from attnviz.errors import AttnvizError, Interrupted
+from attnviz.spec import check_text, check_trace_texts, refuse_causal_cross_attention
 
 app = typer.Typer(
     help="See and check what multi-head attention does, with a real BERT's parameters.",
@@ -201,12 +202,11 @@ def heads(
         raise AttnvizError("give either a TEXT or --file PATH, not both")
     if text is None and file is None:
         raise AttnvizError("missing argument 'TEXT': give a text, or --file PATH with one text per line")
-    for given, what in ((text, "the text"), (kv, "the --kv text")):
-        if given is not None and not given.strip():
-            raise AttnvizError(f"{what} is empty: give some words to attend over")
+    check_text(text)
+    check_text(kv, "the --kv text")
     if file is not None and show_trace:
         raise AttnvizError("--trace traces one text: for a batch use attnviz trace --file PATH")
-    _refuse_causal_cross_attention(kv, causal)
+    refuse_causal_cross_attention(kv, causal)
     if file is not None:
         return _heads_for_file(
             file,
@@ -358,8 +358,7 @@ def stats(
         raise AttnvizError("give either a TEXT or --file PATH, not both")
     if text is None and file is None:
         raise AttnvizError("missing argument 'TEXT': give a text, or --file PATH with one text per line")
-    if text is not None and not text.strip():
-        raise AttnvizError("the text is empty: give some words to attend over")
+    check_text(text)
     lines = read_texts(file) if file is not None else None
     texts = [entry.text for entry in lines] if lines is not None else [text]
     target = _run_target(out, batch_folder_name(file) if file else run_folder_name(text))
@@ -429,8 +428,7 @@ def layers(
     from attnviz.stats_figures import write_layers_grid, write_rollout
     from attnviz import terminal
 
-    if not text.strip():
-        raise AttnvizError("the text is empty: give some words to attend over")
+    check_text(text)
     target = _run_target(out, run_folder_name(text))
     device_name = resolve_device(device.value)
     loaded = load_model(model, device_name, allow_pickle=allow_pickle)
@@ -498,8 +496,7 @@ def compare(
     from attnviz.runs import StagedRunFolder, run_folder_name
     from attnviz import terminal
 
-    if not text.strip():
-        raise AttnvizError("the text is empty: give some words to attend over")
+    check_text(text)
     counts = parse_head_counts(head_counts) if head_counts is not None else None
     weights_list = parse_weights(weights)
     target = _run_target(out, run_folder_name(text))
@@ -559,8 +556,7 @@ def position(
     from attnviz.runs import StagedRunFolder, run_folder_name
     from attnviz import terminal
 
-    if not text.strip():
-        raise AttnvizError("the text is empty: give some words to attend over")
+    check_text(text)
     target = _run_target(out, run_folder_name(text))
     device_name = resolve_device(device.value)
     loaded = load_model(model, device_name, allow_pickle=allow_pickle)
@@ -580,9 +576,6 @@ def position(
             write_position_json(result, spec, staging / "position.json"),
         ]
     terminal.print_files(console, folder.final, [folder.final / path.name for path in written])
-
-
-MAX_TRACE_TEXTS = 32  # a trace is read by a person: one padded batch of a few texts
 
 
 @app.command(short_help='Every split and merge of the heads, step by step, with real shapes.')
@@ -644,12 +637,11 @@ def trace(
     if file is not None and batch:
         raise AttnvizError("--batch adds texts to TEXT: put them in the --file instead")
     texts = [entry.text for entry in read_texts(file)] if file is not None else [text, *batch]
-    for given, what in [*((given, "the text") for given in texts), (kv, "the --kv text")]:
-        if given is not None and not given.strip():
-            raise AttnvizError(f"{what} is empty: give some words to attend over")
-    _refuse_causal_cross_attention(kv, causal)
-    if len(texts) > MAX_TRACE_TEXTS:
-        raise AttnvizError(f"a trace takes at most {MAX_TRACE_TEXTS} texts, not {len(texts)}: it is read by a person")
+    for given in texts:
+        check_text(given)
+    check_text(kv, "the --kv text")
+    refuse_causal_cross_attention(kv, causal)
+    check_trace_texts(texts)
     target = _run_target(out, batch_folder_name(file) if file else run_folder_name(text))
     device_name = resolve_device(device.value)
     loaded = load_model(model, device_name, allow_pickle=allow_pickle)
@@ -701,19 +693,9 @@ def models() -> None:
 
 def _run_spec(model: Optional[str], loaded, device: str, **settings):
     """The run's settings (attnviz.spec.RunSpec), built once: the options as given, with the model that loaded."""
-    from attnviz.spec import RunSpec, resolved_model_name
+    from attnviz.spec import build_spec
 
-    resolved = resolved_model_name(model, loaded)
-    return RunSpec(model=model, resolved_model=resolved, model_source=loaded.source, device=device, **settings)
-
-
-def _refuse_causal_cross_attention(kv: Optional[str], causal: bool) -> None:
-    """A causal mask hides a text's later tokens from its earlier ones; across two texts there is no "later"."""
-    if kv is not None and causal:
-        raise AttnvizError(
-            "--causal and --kv do not go together: a causal mask orders one text's tokens, "
-            "and --kv takes the keys from another text"
-        )
+    return build_spec(model, loaded, device, **settings)
 
 
 def _run_target(out: Optional[Path], default_name: str) -> Path:

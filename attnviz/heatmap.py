@@ -202,6 +202,13 @@ def heads_grid_figure(run: AttentionRun, note: str = "", seed: int | None = None
     return figure
 
 
+def head_figure(run: AttentionRun, head: int, seed: int | None = None):
+    """One head's heatmap, as head_XX.<fmt> draws it: a matplotlib Figure, not saved."""
+    heatmap = _HeadFigure(run, seed=seed)
+    heatmap.show_head(head)
+    return heatmap.figure
+
+
 class _HeadFigure:
     """One head's heatmap figure whose artists are updated in place for each head.
 

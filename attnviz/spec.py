@@ -67,3 +67,35 @@ def resolved_model_name(given: str | None, loaded) -> str:
     if loaded.source == "local folder" and given is not None:
         return str(Path(given).expanduser().resolve())
     return loaded.name
+
+
+def build_spec(given_model: str | None, loaded, device: str, **settings) -> RunSpec:
+    """The run's settings, built once by the CLI or the API: the options as given, with the model that loaded."""
+    resolved = resolved_model_name(given_model, loaded)
+    return RunSpec(model=given_model, resolved_model=resolved, model_source=loaded.source, device=device, **settings)
+
+
+# ---- checks of the settings that need no model: the CLI and the API both call them before loading one ----
+
+
+def check_text(text: str | None, what: str = "the text") -> None:
+    """A text (or the --kv text) must have some words; None is "not given" and passes."""
+    if text is not None and not text.strip():
+        raise AttnvizError(f"{what} is empty: give some words to attend over")
+
+
+def refuse_causal_cross_attention(kv_text: str | None, causal: bool) -> None:
+    """A causal mask hides a text's later tokens from its earlier ones; across two texts there is no "later"."""
+    if kv_text is not None and causal:
+        raise AttnvizError(
+            "--causal and --kv do not go together: a causal mask orders one text's tokens, "
+            "and --kv takes the keys from another text"
+        )
+
+
+MAX_TRACE_TEXTS = 32  # a trace is read by a person: one padded batch of a few texts
+
+
+def check_trace_texts(texts: list[str]) -> None:
+    if len(texts) > MAX_TRACE_TEXTS:
+        raise AttnvizError(f"a trace takes at most {MAX_TRACE_TEXTS} texts, not {len(texts)}: it is read by a person")

@@ -1,0 +1,331 @@
+"""What attnviz.stats, layers, compare and position return: numbers as arrays, a figure, files, a display.
+
+Each holds the stage's own result and the run's RunSpec; figures and files come from the command
+line's renderers and writers, imported when asked for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from attnviz.api import display
+from attnviz.api.results import _Rendered, save_run_files, tensor
+from attnviz.spec import RunSpec
+
+
+@dataclass(frozen=True, repr=False)
+class StatsResult:
+    """Every head of every layer, averaged over the texts, as `attnviz stats` measures it.
+
+    values is (L, H, S) with the statistics named in .statistics along the last axis;
+    js_distance (L, H, H); labels[layer][head] a head's label or None.
+    """
+
+    stats: Any  # attnviz.analysis.ModelStatistics
+    texts: list[str]
+    truncated: list
+    first_run: Any  # the first text's layer-0 run: the model and setup, as stats.json records them
+    spec: RunSpec
+
+    @property
+    def statistics(self) -> list[str]:
+        from attnviz.analysis import STATISTICS
+
+        return list(STATISTICS)
+
+    @property
+    def values(self) -> np.ndarray:
+        return self.stats.values
+
+    @property
+    def js_distance(self) -> np.ndarray:
+        return self.stats.js_distance
+
+    @property
+    def labels(self) -> list[list[str | None]]:
+        return [[self.stats.label(layer, head) for head in range(self.stats.num_heads)] for layer in range(self.stats.num_layers)]
+
+    def figure(self):
+        """js_distance.png: the Jensen-Shannon distances between the heads of each layer."""
+        from attnviz.stats_figures import js_distance_figure
+
+        return js_distance_figure(self.stats.js_distance, self.first_run, self.texts, seed=self.spec.seed)
+
+    def save(self, folder: str | Path, format: str = "png") -> list[Path]:
+        """Write what `attnviz stats --out folder` writes: stats.csv, stats.json, js_distance.<format>."""
+        from attnviz.heatmap import check_format
+        from attnviz.stats_export import write_stats_csv, write_stats_json
+        from attnviz.stats_figures import write_js_distance
+
+        check_format(format)
+
+        def write(staging: Path) -> list[Path]:
+            return [
+                write_stats_csv(self.stats, staging / "stats.csv"),
+                write_stats_json(self.stats, self.texts, self.truncated, self.first_run, self.spec, staging / "stats.json"),
+                write_js_distance(self.stats.js_distance, self.first_run, self.texts, staging, format, seed=self.spec.seed),
+            ]
+
+        return save_run_files(folder, write)
+
+    def to_dict(self) -> dict:
+        """stats.json's content."""
+        from attnviz.stats_export import stats_record
+
+        return stats_record(self.stats, self.texts, self.truncated, self.first_run, self.spec)
+
+    def __rich__(self):
+        from rich.console import Group
+
+        from attnviz.terminal import labelled_heads_table, stats_grid
+
+        return Group(*stats_grid(self.stats), labelled_heads_table(self.stats))
+
+    def _repr_html_(self) -> str:
+        rows = [[f"L{layer}", *[label or "·" for label in labels]] for layer, labels in enumerate(self.labels)]
+        headers = ["", *[f"H{head}" for head in range(self.stats.num_heads)]]
+        return display.result_html(
+            f"stats · {self.first_run.model} · {len(self.texts)} text{'s' if len(self.texts) != 1 else ''}",
+            display.tokens_html(self.first_run.query_tokens, "first text's tokens"),
+            display.figure_html(self.figure(), "Jensen-Shannon distances between heads"),
+            display.table_html(headers, rows, "head labels by layer (stats.csv has every statistic)"),
+        )
+
+    def __repr__(self) -> str:
+        return f"<attnviz.StatsResult {self.stats.num_layers} layers × {self.stats.num_heads} heads over {len(self.texts)} texts>"
+
+
+@dataclass(frozen=True, repr=False)
+class LayersResult:
+    """Every layer's heads for one text, and attention rollout, as `attnviz layers` computes them."""
+
+    layer_runs: list  # one AttentionRun per layer
+    rollout: np.ndarray  # (N, N)
+    spec: RunSpec
+
+    @property
+    def tokens(self) -> list[str]:
+        return self.layer_runs[0].query_tokens
+
+    @cached_property
+    def attention(self):
+        """(L, H, N, N): each layer's heads, rows summing to 1."""
+        return tensor(np.stack([run.attention for run in self.layer_runs]))
+
+    def figure(self, which: str = "layers"):
+        """layers.png (every layer's heads at a glance), or with which="rollout" rollout.png."""
+        from attnviz.stats_figures import layers_figure, rollout_figure
+
+        if which == "rollout":
+            return rollout_figure(self.layer_runs, self.rollout, seed=self.spec.seed)
+        if which != "layers":
+            raise _error(f"unknown figure {which!r}: choose layers or rollout")
+        return layers_figure(self.layer_runs, seed=self.spec.seed)
+
+    def save(self, folder: str | Path, format: str = "png") -> list[Path]:
+        """Write what `attnviz layers --out folder` writes: layers.<format>, rollout.<format>, rollout.json."""
+        from attnviz.heatmap import check_format
+        from attnviz.stats_export import write_rollout_json
+        from attnviz.stats_figures import write_layers_grid, write_rollout
+
+        check_format(format)
+
+        def write(staging: Path) -> list[Path]:
+            return [
+                write_layers_grid(self.layer_runs, staging, format, seed=self.spec.seed),
+                write_rollout(self.layer_runs, self.rollout, staging, format, seed=self.spec.seed),
+                write_rollout_json(self.layer_runs, self.rollout, self.spec, staging / "rollout.json"),
+            ]
+
+        return save_run_files(folder, write)
+
+    def to_dict(self) -> dict:
+        """rollout.json's content."""
+        from attnviz.stats_export import rollout_record
+
+        return rollout_record(self.layer_runs, self.rollout, self.spec)
+
+    def __rich_console__(self, console, options):
+        from attnviz.terminal import print_rollout
+
+        printed = display.Printed(options.max_width)
+        print_rollout(printed, self.tokens, self.rollout)
+        yield printed.group()
+
+    def __rich__(self):
+        return _Rendered(self)
+
+    def _repr_html_(self) -> str:
+        rows = [
+            [f"{query}:{token}", f"{int(self.rollout[query].argmax())}:{self.tokens[int(self.rollout[query].argmax())]}",
+             display.number(float(self.rollout[query].max()))]
+            for query, token in enumerate(self.tokens)
+        ]  # fmt: skip
+        return display.result_html(
+            f"layers · {self.layer_runs[0].model} · {len(self.layer_runs)} layers · {self.layer_runs[0].text}",
+            display.tokens_html(self.tokens),
+            display.figure_html(self.figure(), "every layer's heads"),
+            display.table_html(["token", "input token it draws on most", "share"], rows, "attention rollout through every layer"),
+        )
+
+    def __repr__(self) -> str:
+        return f"<attnviz.LayersResult {self.layer_runs[0].text!r}: {len(self.layer_runs)} layers>"
+
+
+@dataclass(frozen=True, repr=False)
+class CompareResult:
+    """One layer's projections split into different numbers of heads, as `attnviz compare` runs them."""
+
+    splits: list  # attnviz.compare.Split, one per (weights, head count)
+    spec: RunSpec  # the shared settings; each split has its own head count and weights
+
+    @property
+    def tokens(self) -> list[str]:
+        return self.splits[0].run.query_tokens
+
+    @property
+    def attention(self) -> dict:
+        """{(weights, head count): torch.Tensor (H, N, N)}."""
+        return {(split.weights, split.num_heads): tensor(split.run.attention) for split in self.splits}
+
+    def figure(self):
+        """compare.png: a row per weights, a column per head count."""
+        from attnviz.compare_figures import comparison_figure
+
+        return comparison_figure(self.splits, seed=self.spec.seed)
+
+    def save(self, folder: str | Path, format: str = "png") -> list[Path]:
+        """Write what `attnviz compare --out folder` writes: compare.<format> and compare.json."""
+        from attnviz.compare import write_comparison_json
+        from attnviz.compare_figures import write_comparison_figure
+        from attnviz.heatmap import check_format
+
+        check_format(format)
+        return save_run_files(
+            folder,
+            lambda staging: [
+                write_comparison_figure(self.splits, staging, format, seed=self.spec.seed),
+                write_comparison_json(self.splits, self.spec, staging / "compare.json"),
+            ],
+        )
+
+    def to_dict(self) -> dict:
+        """compare.json's content."""
+        from attnviz.compare import comparison_record
+
+        return comparison_record(self.splits, self.spec)
+
+    def __rich__(self):
+        from attnviz.terminal import compare_table
+
+        return compare_table(self.splits)
+
+    def _repr_html_(self) -> str:
+        rows = [
+            [split.weights, split.num_heads, split.run.head_dim, display.number(split.mean_relative_entropy),
+             display.number(split.mean_max)]
+            for split in self.splits
+        ]  # fmt: skip
+        return display.result_html(
+            f"compare · {self.splits[0].run.model} · layer {self.splits[0].run.layer} · {self.splits[0].run.text}",
+            display.tokens_html(self.tokens),
+            display.figure_html(self.figure(), "the same projections split into different numbers of heads"),
+            display.table_html(["parameters", "heads", "d", "rel.", "mean max"], rows, "rel.: row entropy / log(keys), mean over heads"),
+        )
+
+    def __repr__(self) -> str:
+        return f"<attnviz.CompareResult {len(self.splits)} splits of {self.splits[0].run.text!r}>"
+
+
+@dataclass(frozen=True, repr=False)
+class PositionResult:
+    """Layer 0 over a text and its permutation, without and with position embeddings (`attnviz position`)."""
+
+    result: Any  # attnviz.position.PositionResult
+    spec: RunSpec
+    source: str
+    device_label: str
+
+    @property
+    def tokens(self) -> list[str]:
+        return self.result.tokens
+
+    @property
+    def permutation(self) -> list[int]:
+        return self.result.permutation
+
+    @property
+    def with_positions(self):
+        """attnviz.position.PositionSide: original, permuted, permuted_back (H, N, N) arrays, and their differences."""
+        return self.result.with_positions
+
+    @property
+    def without_positions(self):
+        return self.result.without_positions
+
+    def figure(self):
+        """position.png: one head, without and with position embeddings."""
+        from attnviz.compare_figures import position_figure
+
+        return position_figure(self.result)
+
+    def save(self, folder: str | Path, format: str = "png") -> list[Path]:
+        """Write what `attnviz position --out folder` writes: position.<format> and position.json."""
+        from attnviz.compare_figures import write_position_figure
+        from attnviz.heatmap import check_format
+        from attnviz.position import write_position_json
+
+        check_format(format)
+        return save_run_files(
+            folder,
+            lambda staging: [
+                write_position_figure(self.result, staging, format),
+                write_position_json(self.result, self.spec, staging / "position.json"),
+            ],
+        )
+
+    def to_dict(self) -> dict:
+        """position.json's content."""
+        from attnviz.position import position_record
+
+        return position_record(self.result, self.spec)
+
+    def __rich_console__(self, console, options):
+        from attnviz.terminal import print_position
+
+        printed = display.Printed(options.max_width)
+        print_position(printed, self.result, self.source, self.device_label)
+        yield printed.group()
+
+    def __rich__(self):
+        return _Rendered(self)
+
+    def _repr_html_(self) -> str:
+        from attnviz.position import format_difference
+
+        rows = [
+            [label, format_difference(side.max_difference), format_difference(side.output_difference),
+             "yes" if side.equivariant else "no"]
+            for label, side in (("without", self.without_positions), ("with BERT's", self.with_positions))
+        ]  # fmt: skip
+        return display.result_html(
+            f"position · {self.result.model} · {self.result.text}",
+            display.tokens_html(self.tokens),
+            display.tokens_html(self.result.permuted_tokens, "permuted"),
+            display.figure_html(self.figure(), "attention without and with position embeddings"),
+            display.table_html(["position embeddings", "max |A(Px) − P A(x) Pᵀ|", "output", "equivariant"], rows),
+        )
+
+    def __repr__(self) -> str:
+        return f"<attnviz.PositionResult {self.result.text!r}: permutation {self.permutation}>"
+
+
+def _error(message: str):
+    from attnviz.errors import AttnvizError
+
+    return AttnvizError(message)

@@ -1,0 +1,227 @@
+"""attnviz.heads, trace, stats, layers, compare, position: the commands' computations as functions.
+
+Each checks what it can before loading a model (with the CLI's own checks and messages), builds
+the run's RunSpec once, calls the same stage functions as the command, and returns a result.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from attnviz.api.models import Model, load
+from attnviz.errors import AttnvizError
+from attnviz.spec import build_spec, check_text, check_trace_texts, refuse_causal_cross_attention
+
+ModelArg = str | Path | Model | None
+
+
+def heads(
+    text: str | list[str],
+    *,
+    model: ModelArg = None,
+    layer: int = 0,
+    heads: int | None = None,
+    weights: str = "pretrained",
+    seed: int = 0,
+    kv: str | None = None,
+    causal: bool = False,
+    device: str = "auto",
+    truncate: bool = False,
+):
+    """One layer's heads over a text (a HeadsResult), or over a list of texts (a list, run in padded batches).
+
+    heads splits the projections into that many heads (None: the model's own); weights are the
+    layer's parameters, "pretrained" or "random" (from seed); kv takes keys and values from
+    another text; causal masks future keys.
+    """
+    from attnviz.api.results import HeadsResult
+    from attnviz.batch import run_in_batches
+    from attnviz.pipeline import resolve_num_heads
+
+    texts = _texts(text)
+    check_text(kv, "the --kv text")
+    refuse_causal_cross_attention(kv, causal)
+    handle = load(model, device)
+    spec = build_spec(
+        handle.name, handle.loaded, handle.device, layer=layer, num_heads=resolve_num_heads(handle.loaded, heads),
+        weights=weights, seed=seed, causal=causal, kv_text=kv, truncate=truncate,
+    )  # fmt: skip
+    runs = [run for batch in run_in_batches(handle.loaded, texts, **spec.attention_options()) for run in batch]
+    results = [HeadsResult(run, spec) for run in runs]
+    return results if isinstance(text, (list, tuple)) else results[0]
+
+
+def trace(
+    text: str | list[str],
+    *,
+    layout: str = "view-permute",
+    mistake: str | None = None,
+    model: ModelArg = None,
+    layer: int = 0,
+    heads: int | None = None,
+    weights: str = "pretrained",
+    seed: int = 0,
+    kv: str | None = None,
+    causal: bool = False,
+    device: str = "auto",
+    truncate: bool = False,
+):
+    """Every split and merge of the heads with the real shapes (a TraceResult); a list of texts is one padded batch.
+
+    layout is one of attnviz's LAYOUTS or "all" (every layout, checked against each other);
+    mistake makes a reshape mistake in view-permute and shows where it goes wrong.
+    """
+    from attnviz.api.results import TraceResult
+    from attnviz.pipeline import resolve_num_heads, run_attention
+    from attnviz.trace import LAYOUTS, trace_texts
+
+    texts = _texts(text)
+    check_text(kv, "the --kv text")
+    refuse_causal_cross_attention(kv, causal)
+    check_trace_texts(texts)
+    handle = load(model, device)
+    spec = build_spec(
+        handle.name, handle.loaded, handle.device, layer=layer, num_heads=resolve_num_heads(handle.loaded, heads),
+        weights=weights, seed=seed, causal=causal, kv_text=kv, truncate=truncate,
+    )  # fmt: skip
+    options = spec.attention_options()
+    layouts = LAYOUTS if layout == "all" else (layout,)
+    traced = trace_texts(handle.loaded, texts, layouts=layouts, mistake=mistake, **options)
+    return TraceResult(traced, run_attention(handle.loaded, texts, **options), spec)
+
+
+def stats(
+    texts: str | list[str],
+    *,
+    model: ModelArg = None,
+    heads: int | None = None,
+    weights: str = "pretrained",
+    seed: int = 0,
+    causal: bool = False,
+    device: str = "auto",
+    truncate: bool = False,
+):
+    """Statistics and labels of every head of every layer, averaged over the texts (a StatsResult)."""
+    from attnviz.api.analysis_results import StatsResult
+    from attnviz.pipeline import measure_heads, resolve_num_heads, run_attention
+    from attnviz.tokens import text_truncations
+
+    texts = _texts(texts)
+    handle = load(model, device)
+    loaded = handle.loaded
+    spec = build_spec(
+        handle.name, loaded, handle.device, layer=None, num_heads=resolve_num_heads(loaded, heads), weights=weights,
+        seed=seed, causal=causal, kv_text=None, truncate=truncate,
+    )  # fmt: skip
+    setup = dict(num_heads=heads, weights=weights, seed=seed, causal=causal, device=handle.device, truncate=truncate)
+    result, _ = measure_heads(loaded, texts, **setup)
+    (first_run,) = run_attention(loaded, texts[:1], **setup)  # the setup stats.json records, as the command's
+    truncated = text_truncations(loaded.tokenizer, texts, loaded.max_positions) if truncate else [None] * len(texts)
+    return StatsResult(result, texts, truncated, first_run, spec)
+
+
+def layers(
+    text: str,
+    *,
+    model: ModelArg = None,
+    heads: int | None = None,
+    weights: str = "pretrained",
+    seed: int = 0,
+    causal: bool = False,
+    device: str = "auto",
+    truncate: bool = False,
+):
+    """Every layer's heads over one text, and attention rollout through the layers (a LayersResult)."""
+    from attnviz.analysis import attention_rollout
+    from attnviz.api.analysis_results import LayersResult
+    from attnviz.pipeline import resolve_num_heads, run_layers
+
+    (text,) = _texts(text, one=True)
+    handle = load(model, device)
+    spec = build_spec(
+        handle.name, handle.loaded, handle.device, layer=None, num_heads=resolve_num_heads(handle.loaded, heads),
+        weights=weights, seed=seed, causal=causal, kv_text=None, truncate=truncate,
+    )  # fmt: skip
+    (layer_runs,) = run_layers(
+        handle.loaded, [text], num_heads=heads, weights=weights, seed=seed, causal=causal, device=handle.device,
+        truncate=truncate,
+    )  # fmt: skip
+    return LayersResult(layer_runs, attention_rollout([run.attention for run in layer_runs]), spec)
+
+
+def compare(
+    text: str,
+    *,
+    heads: str | list[int] | None = None,
+    weights: str | list[str] = "pretrained",
+    model: ModelArg = None,
+    layer: int = 0,
+    seed: int = 0,
+    device: str = "auto",
+    truncate: bool = False,
+):
+    """The same layer's projections split into several head counts (default 1, 4 and the model's own), and
+    pretrained beside random parameters when weights is ["pretrained", "random"] (a CompareResult)."""
+    from attnviz.api.analysis_results import CompareResult
+    from attnviz.compare import compare_splits, default_head_counts, parse_head_counts, parse_weights
+
+    (text,) = _texts(text, one=True)
+    counts = parse_head_counts(_comma_list(heads)) if heads is not None else None
+    weights_list = parse_weights(_comma_list(weights))
+    handle = load(model, device)
+    loaded = handle.loaded
+    counts = counts or default_head_counts(loaded.hidden_size, loaded.num_heads)
+    spec = build_spec(  # what the splits share; each split's head count and weights are its own
+        handle.name, loaded, handle.device, layer=layer, num_heads=None, weights=None, seed=seed, causal=False,
+        kv_text=None, truncate=truncate,
+    )  # fmt: skip
+    splits = compare_splits(
+        loaded, text, counts, weights_list, layer=layer, seed=seed, device=handle.device, truncate=truncate
+    )
+    return CompareResult(splits, spec)
+
+
+def position(
+    text: str,
+    *,
+    permutation: str | list[int] | None = None,
+    head: int | None = None,
+    model: ModelArg = None,
+    device: str = "auto",
+):
+    """Why attention needs position embeddings: layer 0 over the text and its permutation (a PositionResult).
+
+    permutation is the new order of the token positions, [CLS] and [SEP] included (default:
+    the tokens between them reversed); head the head the figure shows (default: the one
+    position embeddings change most).
+    """
+    from attnviz.api.analysis_results import PositionResult
+    from attnviz.pipeline import device_label
+    from attnviz.position import LAYER, position_experiment
+
+    (text,) = _texts(text, one=True)
+    handle = load(model, device)
+    spec = build_spec(  # position runs layer 0 with the model's own parameters and heads
+        handle.name, handle.loaded, handle.device, layer=LAYER, num_heads=handle.loaded.num_heads,
+        weights="pretrained", seed=0, causal=False, kv_text=None, truncate=False,
+    )  # fmt: skip
+    spec_text = _comma_list(permutation) if permutation is not None else None
+    result = position_experiment(handle.loaded, text, spec_text, head, handle.device)
+    return PositionResult(result, spec, handle.source, device_label(handle.device))
+
+
+def _texts(text, one: bool = False) -> list[str]:
+    """The texts of a call, each checked as the command line checks its TEXT."""
+    texts = list(text) if isinstance(text, (list, tuple)) and not one else [text]
+    if not texts:
+        raise AttnvizError("no texts: give a text, or a list of texts")
+    for each in texts:
+        if not isinstance(each, str):
+            raise AttnvizError(f"a text must be a str, not {type(each).__name__}")
+        check_text(each)
+    return texts
+
+
+def _comma_list(value) -> str:
+    """A list given to the API as the command line's comma list (1,4,12), so the same parser checks it."""
+    return value if isinstance(value, str) else ",".join(str(item) for item in value)

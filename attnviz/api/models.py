@@ -1,0 +1,97 @@
+"""attnviz.load: a model handle, loaded once per process and device.
+
+Every API function takes model= as a name ("bundled", a hub id), a local folder, or a handle
+that load returned; a name already loaded on the same device is not loaded again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from attnviz.errors import AttnvizError
+
+_LOADED: dict[tuple, "Model"] = {}  # (model key, device, allow_pickle) -> its handle
+
+
+@dataclass(frozen=True, repr=False)
+class Model:
+    """A loaded BERT model and its tokenizer, where they came from, and the device they are on.
+
+    name is the model as given to load (None: the default), resolved the one that loaded (a hub
+    id, the bundled model's name, or a folder's absolute path), source where it came from.
+    """
+
+    name: str | None
+    resolved: str
+    source: str  # "local folder", "hub cache", "hub download" or "bundled"
+    device: str  # "cpu" or "cuda"
+    loaded: Any  # attnviz.loading.LoadedModel
+
+    @property
+    def num_layers(self) -> int:
+        return self.loaded.num_layers
+
+    @property
+    def num_heads(self) -> int:
+        return self.loaded.num_heads
+
+    @property
+    def hidden_size(self) -> int:
+        return self.loaded.hidden_size
+
+    def __repr__(self) -> str:
+        return (
+            f"attnviz.Model({self.resolved!r}, source={self.source!r}, device={self.device!r}, "
+            f"{self.num_layers} layers × {self.num_heads} heads)"
+        )
+
+
+def load(model: str | Path | Model | None = None, device: str = "auto", *, allow_pickle: bool = False) -> Model:
+    """Load a BERT model by hub id, local folder or "bundled" (None: the default model); once per process.
+
+    device is "auto" (the GPU when torch sees one), "cpu" or "cuda". A handle passes through.
+    """
+    from attnviz.loading import load_model
+    from attnviz.pipeline import resolve_device
+    from attnviz.spec import resolved_model_name
+
+    if isinstance(model, Model):
+        return _on_device(model, device)
+    if model is not None and not isinstance(model, (str, Path)):
+        raise AttnvizError(f"model must be a name, a folder or an attnviz.load() handle, not {type(model).__name__}")
+    name = str(model) if model is not None else None
+    device_name = resolve_device(device)
+    key = (_model_key(name), device_name, allow_pickle)
+    if key not in _LOADED:
+        loaded = load_model(name, device_name, allow_pickle=allow_pickle)
+        _LOADED[key] = Model(name, resolved_model_name(name, loaded), loaded.source, device_name, loaded)
+    return _LOADED[key]
+
+
+def loaded_models() -> list[Model]:
+    """The handles loaded so far in this process, oldest first."""
+    return list(_LOADED.values())
+
+
+def _on_device(model: Model, device: str) -> Model:
+    from attnviz.pipeline import resolve_device
+
+    if device != "auto" and resolve_device(device) != model.device:
+        raise AttnvizError(
+            f"the model is loaded on {model.device}, not {device}: load it with attnviz.load(..., device={device!r})"
+        )
+    return model
+
+
+def _model_key(name: str | None) -> str | None:
+    """One key per model, however it is named: "bundled" or its name, a folder as its absolute path."""
+    from attnviz.loading import BUNDLED_NAME
+
+    if name is None:
+        return None
+    if name.strip().lower() in (BUNDLED_NAME.lower(), "bundled"):
+        return "bundled"
+    folder = Path(name).expanduser()
+    return str(folder.resolve()) if folder.is_dir() else name

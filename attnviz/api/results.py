@@ -1,0 +1,272 @@
+"""What attnviz.heads and attnviz.trace return: the numbers, a figure, the command's files, a display.
+
+Results hold the stages' plain data (AttentionRun, the trace) and the run's RunSpec. Figures and
+files come from the same renderers and writers as the command line, imported when asked for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from attnviz.api import display
+from attnviz.spec import RunSpec
+
+
+def save_run_files(folder: str | Path, write) -> list[Path]:
+    """Write through the command line's staged folder: every file lands, or none (write(staging) -> paths)."""
+    from attnviz.runs import StagedRunFolder
+
+    run_folder = StagedRunFolder(Path(folder), unique=False)  # as `--out folder`: files of the same name replaced
+    with run_folder as staging:
+        written = write(staging)
+    return [run_folder.final / path.name for path in written]
+
+
+def tensor(array):
+    """A torch.Tensor of a NumPy array (its own copy)."""
+    import torch
+
+    return torch.from_numpy(array.copy())
+
+
+@dataclass(frozen=True, repr=False)
+class HeadsResult:
+    """One text through one layer's heads, as `attnviz heads` computes it.
+
+    attention is (H, Nq, Nk), each row summing to 1 (attention.json's "attention", transformers'
+    attentions[layer][0]); output is the layer's output (Nq, D); spec the settings it ran with.
+    """
+
+    run: Any  # attnviz.result.AttentionRun
+    spec: RunSpec
+
+    @property
+    def text(self) -> str:
+        return self.run.text
+
+    @property
+    def tokens(self) -> list[str]:
+        """The query tokens, [CLS] and [SEP] included."""
+        return self.run.query_tokens
+
+    @property
+    def key_tokens(self) -> list[str]:
+        return self.run.key_tokens
+
+    @property
+    def num_heads(self) -> int:
+        return self.run.num_heads
+
+    @property
+    def notices(self) -> list[str]:
+        """What the command prints as "note: ...": a fallback model, [UNK] tokens, a cut text."""
+        return self.run.notices
+
+    @cached_property
+    def attention(self):
+        return tensor(self.run.attention)  # (H, Nq, Nk)
+
+    @cached_property
+    def output(self):
+        return tensor(self.run.output)  # (Nq, D)
+
+    @cached_property
+    def summaries(self) -> list:
+        """Per head: entropy, relative entropy, mean max and each query's top key (attnviz.analysis.HeadSummary)."""
+        from attnviz.analysis import summarize_heads
+
+        return summarize_heads(self.run.attention, self.run.causal)
+
+    def figure(self, head: int | None = None):
+        """One head's heatmap (head_XX.png), or the grid of all heads (heads.png): a matplotlib Figure, not saved."""
+        from attnviz.heatmap import head_figure, heads_grid_figure
+
+        if head is None:
+            return heads_grid_figure(self.run, seed=self.spec.seed)
+        if not 0 <= head < self.num_heads:
+            raise _error(f"head {head} is out of range: this run has heads 0 to {self.num_heads - 1}")
+        return head_figure(self.run, head, seed=self.spec.seed)
+
+    def save(self, folder: str | Path, format: str = "png") -> list[Path]:
+        """Write what `attnviz heads TEXT --out folder` writes: head_XX.<format>, heads.<format>, attention.json."""
+        from attnviz.export import write_attention_json
+        from attnviz.heatmap import check_format, write_heatmaps
+
+        check_format(format)
+
+        def write(staging: Path) -> list[Path]:
+            written = write_heatmaps(self.run, staging, format, seed=self.spec.seed)
+            return written + [write_attention_json(self.run, self.spec, staging / "attention.json")]
+
+        return save_run_files(folder, write)
+
+    def to_dict(self) -> dict:
+        """attention.json's content, the attention as nested lists."""
+        from attnviz.export import attention_record
+
+        return {**attention_record(self.run, self.spec), "attention": self.run.attention.tolist()}
+
+    def __rich__(self):
+        from attnviz.terminal import heads_table
+
+        return heads_table(self.run, self.summaries)
+
+    def _repr_html_(self) -> str:
+        rows = [
+            [s.head, display.number(s.entropy), display.number(s.relative_entropy), display.number(s.mean_max)]
+            for s in self.summaries
+        ]
+        parts = [display.notes_html(self.notices), display.tokens_html(self.tokens, "query tokens" if self.run.kv_text else "tokens")]
+        if self.run.kv_text:
+            parts.append(display.tokens_html(self.key_tokens, "key/value tokens"))
+        parts += [
+            display.figure_html(self.figure(), "every head's attention"),
+            display.table_html(
+                ["head", "entropy", "rel.", "mean max"], rows,
+                "entropy of each row in nats, mean over queries; rel.: entropy / log(keys the query may see)",
+            ),
+        ]  # fmt: skip
+        return display.result_html(f"{self.run.model} · layer {self.run.layer} · {self.text}", *parts)
+
+    def __repr__(self) -> str:
+        return f"<attnviz.HeadsResult {self.text!r}: {self.num_heads} heads, layer {self.run.layer}, {len(self.tokens)} tokens>"
+
+
+@dataclass(frozen=True)
+class TraceStep:
+    """One tensor a layout made, read from the tensor itself (attnviz.trace.Step, named for readers)."""
+
+    layout: str
+    role: str  # stable across layouts: x, q, q_view, q_heads, scores, pattern, z, z_merged, out, ...
+    code: str  # the PyTorch code, as the tutorial writes it
+    pattern: str | None  # einops-style rearrange or einsum pattern
+    input_shapes: list[list[int]]
+    output_shape: list[int]
+    stride: list[int]
+    contiguous: bool
+    memory: str | None  # "view" (shares memory with an input), "new" (a copy) or None (an input)
+    in_tutorial: bool  # False: a step attnviz adds to the tutorial's code
+    note: str | None
+
+
+@dataclass(frozen=True, repr=False)
+class TraceResult:
+    """Every split and merge of the heads, step by step, as `attnviz trace` records it.
+
+    trace is attnviz.trace.TraceResult; runs the texts' AttentionRuns (their tokens label it).
+    """
+
+    trace: Any
+    runs: list
+    spec: RunSpec
+
+    @property
+    def texts(self) -> list[str]:
+        return self.trace.texts
+
+    @property
+    def tokens(self) -> list[str]:
+        """The first text's tokens."""
+        return self.runs[0].query_tokens
+
+    @property
+    def steps(self) -> list[TraceStep]:
+        """Every layout's steps, in order (one layout unless layout="all")."""
+        return [
+            TraceStep(
+                layout=trace.name, role=step.role, code=step.operation, pattern=step.pattern,
+                input_shapes=step.input_shapes, output_shape=step.output_shape, stride=step.stride,
+                contiguous=step.contiguous, memory=step.memory, in_tutorial=step.in_tutorial, note=step.note,
+            )  # fmt: skip
+            for trace in self.trace.layouts
+            for step in trace.steps
+        ]
+
+    @property
+    def agree(self) -> bool:
+        """True when every layout matches its reference within 1e-5."""
+        return self.trace.agree
+
+    def check(self) -> list[dict]:
+        """The agreement table: each layout against its reference, the largest differences of attention and output."""
+        return [
+            {
+                "layout": check.layout,
+                "reference": check.reference,
+                "num_heads": check.num_heads,
+                "attention_diff": check.weights_diff,
+                "output_diff": check.output_diff,
+                "agree": check.agree,
+            }
+            for check in self.trace.checks
+        ]
+
+    def figure(self, head: int | None = None):
+        """The first text's heads (a grid, or one head), as attnviz.heads draws them."""
+        return HeadsResult(self.runs[0], self.spec).figure(head)
+
+    def save(self, folder: str | Path, format: str = "png") -> list[Path]:
+        """Write what `attnviz trace ... --out folder` writes: trace.json, trace.md, and a mistake's figures."""
+        from attnviz.heatmap import check_format
+        from attnviz.trace_files import write_trace_files
+
+        check_format(format)
+        return save_run_files(folder, lambda staging: write_trace_files(self.trace, self.runs, self.spec, staging, format))
+
+    def to_dict(self) -> dict:
+        """trace.json's content."""
+        from attnviz.trace_files import trace_record
+
+        return trace_record(self.trace, self.spec)
+
+    def __rich_console__(self, console, options):
+        from attnviz.trace_render import print_trace
+
+        printed = display.Printed(options.max_width)
+        print_trace(printed, self.trace, text_tokens=[run.query_tokens for run in self.runs])
+        yield printed.group()
+
+    def __rich__(self):
+        return _Rendered(self)
+
+    def _repr_html_(self) -> str:
+        step_rows = [
+            [
+                step.layout, step.role, step.code, " ".join(map(str, step.input_shapes)) or "", str(step.output_shape),
+                str(step.stride), "yes" if step.contiguous else "no", step.memory or "input",
+            ]
+            for step in self.steps
+        ]
+        check_rows = [
+            [c["layout"], c["reference"], f"{c['attention_diff']:.1e}", f"{c['output_diff']:.1e}", "yes" if c["agree"] else "NO"]
+            for c in self.check()
+        ]
+        return display.result_html(
+            f"trace · {self.trace.model} · layer {self.trace.layer} · {self.trace.num_heads} heads",
+            display.tokens_html(self.tokens),
+            display.table_html(["layout", "role", "code", "shapes in", "shape out", "stride", "contiguous", "memory"], step_rows),
+            display.table_html(["layout", "reference", "attention", "output", "agree"], check_rows, "max |difference|; agree within 1e-5"),
+        )  # fmt: skip
+
+    def __repr__(self) -> str:
+        layouts = ", ".join(trace.name for trace in self.trace.layouts)
+        return f"<attnviz.TraceResult {layouts}: {len(self.steps)} steps, {'agree' if self.agree else 'DISAGREE'}>"
+
+
+class _Rendered:
+    """A Rich renderable for a result whose CLI view is printed by a print_* function."""
+
+    def __init__(self, result):
+        self.result = result
+
+    def __rich_console__(self, console, options):
+        yield from self.result.__rich_console__(console, options)
+
+
+def _error(message: str):
+    from attnviz.errors import AttnvizError
+
+    return AttnvizError(message)
