@@ -1,0 +1,175 @@
+"""attnviz as a library: the same numbers, files and one-line errors as the command line, a cheap import."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import attnviz
+from attnviz.cli import run
+
+ENGLISH = "The animal didn't cross the street because it was too tired."
+REPOSITORY = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return attnviz.load("bundled", device="cpu")
+
+
+def reference_attention(reference_bert, text: str, layer: int) -> np.ndarray:
+    """transformers' eager attentions of one layer for one text: (H, N, N)."""
+    tokenizer, bert = reference_bert
+    batch = tokenizer([text], return_tensors="pt")
+    with torch.no_grad():
+        return bert(**batch, output_attentions=True).attentions[layer][0].numpy()
+
+
+def test_importing_attnviz_loads_neither_torch_matplotlib_nor_transformers_and_figures_leave_no_pyplot():
+    code = (
+        "import sys, attnviz\n"
+        "heavy = lambda: sorted(m for m in ('torch', 'matplotlib', 'transformers') if m in sys.modules)\n"
+        "print(heavy())\n"
+        "attnviz.AttnvizError, attnviz.heads, attnviz.trace, attnviz.HeadsResult, attnviz.StatsResult\n"
+        "print(heavy())\n"
+        "figure = attnviz.heads('the cat', model='bundled', device='cpu').figure(head=1)\n"
+        "print(type(figure).__module__, 'matplotlib.pyplot' in sys.modules)\n"
+    )
+    shown = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPOSITORY
+    ).stdout.splitlines()
+    assert shown == ["[]", "[]", "matplotlib.figure False"]
+
+
+@pytest.mark.parametrize("layer", [0, 3])
+def test_heads_attention_is_transformers_eager_attention(layer, reference_bert):
+    from attnviz.loading import bundled_model_path
+
+    result = attnviz.heads(ENGLISH, model=str(bundled_model_path()), layer=layer, device="cpu")
+    expected = reference_attention(reference_bert, ENGLISH, layer)
+    assert isinstance(result.attention, torch.Tensor) and result.attention.shape == expected.shape
+    np.testing.assert_allclose(result.attention.numpy(), expected, atol=1e-5, rtol=0)
+    tokenizer, _ = reference_bert
+    assert result.tokens == result.key_tokens == tokenizer.convert_ids_to_tokens(tokenizer(ENGLISH)["input_ids"])
+    assert result.output.shape == (len(result.tokens), 384)
+    assert result.spec.layer == layer and result.spec.seed == 0 and result.spec.weights == "pretrained"
+
+
+def test_heads_over_a_list_is_each_text_alone(model):
+    texts = ["the cat", ENGLISH, "a dog ran home"]  # different lengths: the batch pads two of them
+    together = attnviz.heads(texts, model=model, weights="random", seed=3, heads=4)
+    assert [result.text for result in together] == texts
+    for text, result in zip(texts, together):
+        alone = attnviz.heads(text, model=model, weights="random", seed=3, heads=4)
+        assert result.attention.shape == alone.attention.shape == (4, len(alone.tokens), len(alone.tokens))
+        torch.testing.assert_close(result.attention, alone.attention, atol=1e-5, rtol=0)
+        torch.testing.assert_close(result.output, alone.output, atol=1e-5, rtol=0)
+        assert result.spec == alone.spec and result.spec.seed == 3
+
+
+def test_save_writes_what_the_command_writes(model, tmp_path):
+    assert run(["heads", "the cat sat", "--model", "bundled", "--device", "cpu", "--out", str(tmp_path / "cli")]) == 0
+    result = attnviz.heads("the cat sat", model=model)
+    written = result.save(tmp_path / "api")
+    assert sorted(path.name for path in written) == sorted(path.name for path in (tmp_path / "api").iterdir())
+    assert sorted(path.name for path in (tmp_path / "api").iterdir()) == sorted(
+        path.name for path in (tmp_path / "cli").iterdir()
+    )
+    cli_record = json.loads((tmp_path / "cli" / "attention.json").read_text(encoding="utf-8"))
+    api_record = json.loads((tmp_path / "api" / "attention.json").read_text(encoding="utf-8"))
+    assert api_record == cli_record
+    to_dict = result.to_dict()
+    assert {key: value for key, value in to_dict.items() if key != "attention"} == {
+        key: value for key, value in cli_record.items() if key != "attention"
+    }
+    np.testing.assert_allclose(np.array(to_dict["attention"]), np.array(cli_record["attention"]), atol=1e-6)
+    assert not [path for path in tmp_path.iterdir() if path.name.startswith(".")]  # no staging folder left
+
+
+def test_a_loaded_model_is_not_loaded_again(model, monkeypatch):
+    import attnviz.loading
+    from attnviz.api.models import loaded_models
+
+    monkeypatch.setattr(attnviz.loading, "load_model", lambda *args, **kwargs: pytest.fail("loaded again"))
+    assert attnviz.load("bundled", device="cpu") is model
+    assert attnviz.load("All-MiniLM-L6-v2", device="cpu") is model
+    first = attnviz.heads("the cat", model="bundled", device="cpu")
+    second = attnviz.heads("the dog", model="bundled", device="cpu")
+    assert first.spec.model == second.spec.model == "bundled"
+    assert sum(handle is model for handle in loaded_models()) == 1
+
+
+@pytest.mark.parametrize(
+    "command, call",
+    [
+        (["heads", " "], lambda: attnviz.heads(" ", model="bundled")),
+        (["heads", "hi", "--kv", "", ], lambda: attnviz.heads("hi", kv="", model="bundled")),
+        (["heads", "hi", "--kv", "yo", "--causal"], lambda: attnviz.heads("hi", kv="yo", causal=True, model="bundled")),
+        (["heads", "hi", "--layer", "6"], lambda: attnviz.heads("hi", layer=6, model="bundled")),
+        (["heads", "hi", "--heads", "0"], lambda: attnviz.heads("hi", heads=0, model="bundled")),
+        (["heads", "hi", "--heads", "5"], lambda: attnviz.heads("hi", heads=5, model="bundled")),
+        (["trace", "hi", *["--batch", "yo"] * 32], lambda: attnviz.trace(["hi", *["yo"] * 32], model="bundled")),
+        (["compare", "hi", "--heads", "1,x"], lambda: attnviz.compare("hi", heads="1,x", model="bundled")),
+        (["position", "hi", "--permutation", "0,1"], lambda: attnviz.position("hi", permutation=[0, 1], model="bundled")),
+        (["layers", "hi", "--model", "no-such-folder/"], lambda: attnviz.layers("hi", model="no-such-folder/")),
+    ],
+)
+def test_bad_input_raises_attnviz_error_with_the_commands_message(command, call, capsys, tmp_path):
+    if "--model" not in command:
+        command = [*command, "--model", "bundled"]
+    assert run([*command, "--device", "cpu", "--out", str(tmp_path / "r")]) == 2
+    printed = capsys.readouterr().err
+    with pytest.raises(attnviz.AttnvizError) as raised:
+        call()
+    assert isinstance(raised.value, ValueError)
+    assert printed == f"error: {raised.value}\n"
+
+
+def test_results_display_themselves_as_html_and_rich(model):
+    from rich.console import Console
+
+    result = attnviz.heads("the cat sat", model=model)
+    page = result._repr_html_()
+    assert '<img src="data:image/png;base64,' in page and "0:[CLS]" in page and "3:sat" in page
+    assert "<script" not in page and "http" not in page
+    console = Console(width=100, record=True, file=open("/dev/null", "w"))
+    console.print(result)
+    assert "query → the key it attends to most" in console.export_text()
+    figure = result.figure()
+    assert type(figure).__name__ == "Figure" and len(figure.axes) > 12  # 12 heads and a colorbar
+
+
+def test_trace_steps_and_checks(model, tmp_path):
+    traced = attnviz.trace("the cat sat", model=model, layout="all")
+    assert traced.agree and {check["layout"] for check in traced.check()} >= {
+        "view-permute", "merged-batch", "fused-qkv", "single-head"
+    }
+    q_view = next(step for step in traced.steps if step.layout == "view-permute" and step.role == "q_view")
+    assert q_view.output_shape == [1, 5, 12, 32] and q_view.memory == "view" and q_view.code
+    assert sorted(path.name for path in traced.save(tmp_path / "t")) == ["trace.json", "trace.md"]
+    assert traced.to_dict() == json.loads((tmp_path / "t" / "trace.json").read_text(encoding="utf-8"))
+
+
+def test_stats_layers_compare_and_position_compute_what_heads_computes(model, tmp_path):
+    layers = attnviz.layers("the cat sat", model=model)
+    for layer in (0, 5):
+        alone = attnviz.heads("the cat sat", model=model, layer=layer)
+        torch.testing.assert_close(layers.attention[layer], alone.attention, atol=1e-5, rtol=0)
+    assert np.allclose(layers.rollout.sum(-1), 1, atol=1e-5)
+    assert sorted(p.name for p in layers.save(tmp_path / "l")) == ["layers.png", "rollout.json", "rollout.png"]
+
+    stats = attnviz.stats(["the cat sat", "a dog ran home"], model=model)
+    assert stats.values.shape == (6, 12, len(stats.statistics)) and stats.js_distance.shape == (6, 12, 12)
+    assert sorted(p.name for p in stats.save(tmp_path / "s")) == ["js_distance.png", "stats.csv", "stats.json"]
+
+    compared = attnviz.compare("the cat sat", model=model, heads=[1, 12])
+    torch.testing.assert_close(
+        compared.attention[("pretrained", 12)], attnviz.heads("the cat sat", model=model).attention, atol=1e-5, rtol=0
+    )
+    position = attnviz.position("the cat sat", model=model)
+    assert position.without_positions.equivariant and not position.with_positions.equivariant
+    assert sorted(p.name for p in position.save(tmp_path / "p")) == ["position.json", "position.png"]
