@@ -173,3 +173,28 @@ def test_stats_layers_compare_and_position_compute_what_heads_computes(model, tm
     position = attnviz.position("the cat sat", model=model)
     assert position.without_positions.equivariant and not position.with_positions.equivariant
     assert sorted(p.name for p in position.save(tmp_path / "p")) == ["position.json", "position.png"]
+
+
+def readme_python_example() -> str:
+    """The ```python block of README.md's "Python" section."""
+    readme = (REPOSITORY / "README.md").read_text(encoding="utf-8")
+    section = readme.split("\n## Python\n", 1)[1].split("\n## ", 1)[0]
+    return section.split("```python\n", 1)[1].split("\n```", 1)[0]
+
+
+def test_the_readme_python_example_runs_as_written_and_prints_what_it_says(tmp_path):
+    example = readme_python_example()
+    shown = subprocess.run(
+        [sys.executable, "-c", example], capture_output=True, text=True, cwd=tmp_path,
+        env={**__import__("os").environ, "PYTHONPATH": str(REPOSITORY)},
+    )  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    printed = shown.stdout.splitlines()
+    comments = [line.split("# ", 1)[1] for line in example.splitlines() if line.lstrip().startswith("print(")]
+    assert len(printed) == len(comments) == 6
+    for line, comment in zip(printed, comments):
+        if comment.startswith("1.0 (to float precision)"):
+            assert abs(float(line) - 1.0) < 1e-6
+        else:
+            assert comment.startswith(line), (line, comment)
+    assert (tmp_path / "outputs" / "the-cat" / "attention.json").exists()
