@@ -22,7 +22,7 @@ except ImportError:
     from click.exceptions import UsageError
 
 from attnviz.errors import AttnvizError, Interrupted
-from attnviz.spec import check_text, check_trace_texts, refuse_causal_cross_attention
+from attnviz.spec import MAX_SEED, check_text, check_trace_texts, refuse_causal_cross_attention
 
 app = typer.Typer(
     help="See and check what multi-head attention does, with a real BERT's parameters.",
@@ -132,7 +132,6 @@ WeightsOption = typer.Option(
     help="The layer's parameters (W_q, W_k, W_v, W_o, not the attention weights): "
     "BERT's trained ones, or fresh random ones from --seed.",
 )
-MAX_SEED = 2**64 - 1  # torch.manual_seed takes 64 bits
 SeedOption = typer.Option(0, min=0, max=MAX_SEED, help="Seed of the random parameters of --weights random.")
 CausalOption = typer.Option(False, "--causal", help="Mask future keys (each token sees only itself and earlier).")
 EveryLayerCausalOption = typer.Option(

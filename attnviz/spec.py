@@ -15,6 +15,7 @@ from attnviz import __version__
 from attnviz.errors import AttnvizError
 
 WEIGHTS = ("pretrained", "random")  # the model's parameters, not the attention weights
+MAX_SEED = 2**64 - 1  # torch.manual_seed takes 64 bits
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,8 @@ class RunSpec:
     def __post_init__(self) -> None:
         if self.weights is not None and self.weights not in WEIGHTS:
             raise AttnvizError(f"unknown weights {self.weights!r}: choose pretrained or random")
+        if not 0 <= self.seed <= MAX_SEED:  # the command line's --seed checks this range as it parses
+            raise AttnvizError(f"seed {self.seed} is out of range: give 0 to 2**64 - 1")
 
     def to_dict(self) -> dict:
         """The "settings" object of every JSON attnviz writes (README.md, "Settings")."""

@@ -75,10 +75,11 @@ def test_save_writes_what_the_command_writes(model, tmp_path):
     assert run(["heads", "the cat sat", "--model", "bundled", "--device", "cpu", "--out", str(tmp_path / "cli")]) == 0
     result = attnviz.heads("the cat sat", model=model)
     written = result.save(tmp_path / "api")
-    assert sorted(path.name for path in written) == sorted(path.name for path in (tmp_path / "api").iterdir())
-    assert sorted(path.name for path in (tmp_path / "api").iterdir()) == sorted(
-        path.name for path in (tmp_path / "cli").iterdir()
-    )
+    from attnviz.runs import MANIFEST
+
+    in_folder = sorted(path.name for path in (tmp_path / "api").iterdir())
+    assert in_folder == sorted([MANIFEST, *(path.name for path in written)])  # the CLI's run folder manifest too
+    assert in_folder == sorted(path.name for path in (tmp_path / "cli").iterdir())
     cli_record = json.loads((tmp_path / "cli" / "attention.json").read_text(encoding="utf-8"))
     api_record = json.loads((tmp_path / "api" / "attention.json").read_text(encoding="utf-8"))
     assert api_record == cli_record
@@ -87,7 +88,7 @@ def test_save_writes_what_the_command_writes(model, tmp_path):
         key: value for key, value in cli_record.items() if key != "attention"
     }
     np.testing.assert_allclose(np.array(to_dict["attention"]), np.array(cli_record["attention"]), atol=1e-6)
-    assert not [path for path in tmp_path.iterdir() if path.name.startswith(".")]  # no staging folder left
+    assert not [path for path in (tmp_path / "api").iterdir() if path.is_dir()]  # no staging folder left
 
 
 def test_a_loaded_model_is_not_loaded_again(model, monkeypatch):
@@ -198,3 +199,19 @@ def test_the_readme_python_example_runs_as_written_and_prints_what_it_says(tmp_p
         else:
             assert comment.startswith(line), (line, comment)
     assert (tmp_path / "outputs" / "the-cat" / "attention.json").exists()
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: attnviz.heads("hi", weights="trained", model="bundled"), "unknown weights 'trained': choose pretrained or random"),
+        (lambda: attnviz.heads("hi", weights="random", seed=-1, model="bundled"), "seed -1 is out of range: give 0 to 2**64 - 1"),
+        (lambda: attnviz.heads([], model="bundled"), "no texts: give a text, or a list of texts"),
+        (lambda: attnviz.trace("hi", layout="sideways", model="bundled"), "unknown layout 'sideways'"),
+        (lambda: attnviz.heads("hi", model="bundled").figure(head=12), "head 12 is out of range: this run has heads 0 to 11"),
+    ],
+)
+def test_what_only_python_can_get_wrong_is_an_attnviz_error_too(call, message):
+    """Options the command line's parser refuses (choices, ranges) are checked by RunSpec or the API."""
+    with pytest.raises(attnviz.AttnvizError, match="^" + __import__("re").escape(message)):
+        call()
