@@ -140,6 +140,15 @@ def test_results_display_themselves_as_html_and_rich(model):
     console = Console(width=100, record=True, file=open("/dev/null", "w"))
     console.print(result)
     assert "query → the key it attends to most" in console.export_text()
+    for other, words in [
+        (attnviz.trace("the cat", model=model), ["view-permute", "q_heads", "torch.nn.MultiheadAttention"]),
+        (attnviz.position("the cat sat", model=model), ["does permuting the tokens just permute the map?", "equivariant"]),
+    ]:
+        console.print(other)
+        shown = console.export_text()
+        assert all(word in shown for word in words), shown
+        page = other._repr_html_()
+        assert "0:[CLS]" in page and "<script" not in page
     figure = result.figure()
     assert type(figure).__name__ == "Figure" and len(figure.axes) > 12  # 12 heads and a colorbar
 

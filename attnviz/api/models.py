@@ -30,6 +30,16 @@ class Model:
     loaded: Any  # attnviz.loading.LoadedModel
 
     @property
+    def tokenizer(self):
+        """attnviz's WordPiece tokenizer of the model (attnviz.tokens.WordPieceTokenizer)."""
+        return self.loaded.tokenizer
+
+    @property
+    def model(self):
+        """The BERT encoder in eval mode (attnviz.bert.BertEncoder, a torch.nn.Module)."""
+        return self.loaded.model
+
+    @property
     def num_layers(self) -> int:
         return self.loaded.num_layers
 
