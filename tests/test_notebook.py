@@ -4,11 +4,9 @@ import os
 import sys
 from pathlib import Path
 
-import pytest
-
-nbformat = pytest.importorskip("nbformat")
-nbclient = pytest.importorskip("nbclient")
-pytest.importorskip("ipykernel")
+import ipykernel  # noqa: F401  (the kernel: an import error here says the test extra is missing)
+import nbclient
+import nbformat
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 NOTEBOOK = REPOSITORY / "examples" / "quickstart.ipynb"
