@@ -62,6 +62,7 @@ def main() -> None:
     shown = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=REPOSITORY)
     record = json.loads(shown.stdout.strip().splitlines()[-1])
     first, second, *rest = record["calls"]
+    print(f"import attnviz, in process {record['import'] * 1000:.1f} ms (less noisy than whole processes)")
     print(f"modules loaded by the import: {record['heavy_after_import'] or 'none of torch, matplotlib, transformers'}")
     print(f"first attnviz.heads call   {first:.3f} s (imports torch, loads the model, runs)")
     print(f"second call                {second:.3f} s: {second / first:.3f} of the first (target < 0.1)")
