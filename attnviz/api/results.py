@@ -104,10 +104,13 @@ class HeadsResult:
         return save_run_files(folder, write)
 
     def to_dict(self) -> dict:
-        """attention.json's content, the attention as nested lists."""
-        from attnviz.export import attention_record
+        """attention.json's content: the attention as nested lists, rounded as the file rounds it."""
+        import numpy as np
 
-        return {**attention_record(self.run, self.spec), "attention": self.run.attention.tolist()}
+        from attnviz.export import DECIMALS, attention_record
+
+        attention = np.round(self.run.attention.astype(np.float64), DECIMALS).tolist()  # as weights_json writes it
+        return {**attention_record(self.run, self.spec), "attention": attention}
 
     def __rich__(self):
         from attnviz.terminal import heads_table
