@@ -212,6 +212,7 @@ def test_the_readme_python_example_runs_as_written_and_prints_what_it_says(tmp_p
         (lambda: attnviz.heads("hi", weights="trained", model="bundled"), "unknown weights 'trained': choose pretrained or random"),
         (lambda: attnviz.heads("hi", weights="random", seed=-1, model="bundled"), "seed -1 is out of range: give 0 to 2**64 - 1"),
         (lambda: attnviz.heads([], model="bundled"), "no texts: give a text, or a list of texts"),
+        (lambda: attnviz.stats(["hi", "word " * 600], model="bundled"), "texts[1] has 602 tokens, more than the model's 512"),
         (lambda: attnviz.trace("hi", layout="sideways", model="bundled"), "unknown layout 'sideways'"),
         (lambda: attnviz.heads("hi", model="bundled").figure(head=12), "head 12 is out of range: this run has heads 0 to 11"),
     ],

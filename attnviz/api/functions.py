@@ -46,6 +46,7 @@ def heads(
         handle.name, handle.loaded, handle.device, layer=layer, num_heads=resolve_num_heads(handle.loaded, heads),
         weights=weights, seed=seed, causal=causal, kv_text=kv, truncate=truncate,
     )  # fmt: skip
+    _check_lengths(handle.loaded, texts, truncate)
     runs = [run for batch in run_in_batches(handle.loaded, texts, **spec.attention_options()) for run in batch]
     results = [HeadsResult(run, spec) for run in runs]
     return results if isinstance(text, (list, tuple)) else results[0]
@@ -84,6 +85,7 @@ def trace(
         handle.name, handle.loaded, handle.device, layer=layer, num_heads=resolve_num_heads(handle.loaded, heads),
         weights=weights, seed=seed, causal=causal, kv_text=kv, truncate=truncate,
     )  # fmt: skip
+    _check_lengths(handle.loaded, texts, truncate)
     options = spec.attention_options()
     layouts = LAYOUTS if layout == "all" else (layout,)
     traced = trace_texts(handle.loaded, texts, layouts=layouts, mistake=mistake, **options)
@@ -113,6 +115,7 @@ def stats(
         handle.name, loaded, handle.device, layer=None, num_heads=resolve_num_heads(loaded, heads), weights=weights,
         seed=seed, causal=causal, kv_text=None, truncate=truncate,
     )  # fmt: skip
+    _check_lengths(loaded, texts, truncate)
     setup = dict(num_heads=heads, weights=weights, seed=seed, causal=causal, device=handle.device, truncate=truncate)
     result, _ = measure_heads(loaded, texts, **setup)
     (first_run,) = run_attention(loaded, texts[:1], **setup)  # the setup stats.json records, as the command's
@@ -220,6 +223,15 @@ def _texts(text, one: bool = False) -> list[str]:
             raise AttnvizError(f"a text must be a str, not {type(each).__name__}")
         check_text(each)
     return texts
+
+
+def _check_lengths(loaded, texts: list[str], truncate: bool) -> None:
+    """Name the first text of a list too long for the model ("texts[2] has 602 tokens, ..."), before any work."""
+    from attnviz.tokens import check_lengths
+
+    if len(texts) > 1 and not truncate:
+        counts = [len(ids) for ids in loaded.tokenizer.encode_batch(texts)]
+        check_lengths(counts, loaded.max_positions, [f"texts[{index}]" for index in range(len(texts))])
 
 
 def _comma_list(value) -> str:
