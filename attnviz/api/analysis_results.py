@@ -15,6 +15,7 @@ import numpy as np
 
 from attnviz.api import display
 from attnviz.api.results import _Rendered, save_run_files, tensor
+from attnviz.errors import AttnvizError
 from attnviz.spec import RunSpec
 
 
@@ -124,7 +125,7 @@ class LayersResult:
         if which == "rollout":
             return rollout_figure(self.layer_runs, self.rollout, seed=self.spec.seed)
         if which != "layers":
-            raise _error(f"unknown figure {which!r}: choose layers or rollout")
+            raise AttnvizError(f"unknown figure {which!r}: choose layers or rollout")
         return layers_figure(self.layer_runs, seed=self.spec.seed)
 
     def save(self, folder: str | Path, format: str = "png") -> list[Path]:
@@ -323,9 +324,3 @@ class PositionResult:
 
     def __repr__(self) -> str:
         return f"<attnviz.PositionResult {self.result.text!r}: permutation {self.permutation}>"
-
-
-def _error(message: str):
-    from attnviz.errors import AttnvizError
-
-    return AttnvizError(message)

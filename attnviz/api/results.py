@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from attnviz.api import display
+from attnviz.errors import AttnvizError
 from attnviz.spec import RunSpec
 
 
@@ -87,7 +88,7 @@ class HeadsResult:
         if head is None:
             return heads_grid_figure(self.run, seed=self.spec.seed)
         if not 0 <= head < self.num_heads:
-            raise _error(f"head {head} is out of range: this run has heads 0 to {self.num_heads - 1}")
+            raise AttnvizError(f"head {head} is out of range: this run has heads 0 to {self.num_heads - 1}")
         return head_figure(self.run, head, seed=self.spec.seed)
 
     def save(self, folder: str | Path, format: str = "png") -> list[Path]:
@@ -267,9 +268,3 @@ class _Rendered:
 
     def __rich_console__(self, console, options):
         yield from self.result.__rich_console__(console, options)
-
-
-def _error(message: str):
-    from attnviz.errors import AttnvizError
-
-    return AttnvizError(message)
