@@ -11,6 +11,7 @@ import io
 import json
 import math
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,6 @@ import torch.nn.functional as F
 from rich.cells import cell_len
 from rich.console import Console
 
-from attnviz import trace as trace_module
 from attnviz.attention import MultiHeadAttention
 from attnviz.cli import Layout, Mistake, run
 from attnviz.errors import AttnvizError
@@ -47,6 +47,9 @@ from attnviz.trace_files import (
     trace_record,
 )
 from attnviz.trace_render import print_trace
+
+# The trace stage's package (attnviz/trace/): `from attnviz import trace` is the API's function attnviz.trace.
+trace_module = sys.modules["attnviz.trace"]
 
 TOLERANCE = 1e-5
 CHINESE = "我想吃酸菜鱼"
