@@ -45,7 +45,7 @@ def test_the_quickstart_notebook_runs_and_every_result_displays_itself():
     }  # each cell's last line: the value it shows
     everything = [output for cell_outputs in outputs.values() for output in cell_outputs]
     assert not [output for output in everything if output.output_type == "error"]
-    assert not [output for output in everything if output.get("name") == "stderr" and "Traceback" in output.text]
+    assert not [output.text for output in everything if output.get("name") == "stderr"]  # no warning either
 
     def shown(last_line: str, kind: str) -> str:
         (result,) = [output for output in outputs[last_line] if output.output_type == "execute_result"]
