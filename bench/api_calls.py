@@ -66,7 +66,10 @@ def main() -> None:
     print(f"modules loaded by the import: {record['heavy_after_import'] or 'none of torch, matplotlib, transformers'}")
     print(f"first attnviz.heads call   {first:.3f} s (imports torch, loads the model, runs)")
     print(f"second call                {second:.3f} s: {second / first:.3f} of the first (target < 0.1)")
-    print(f"further calls, median      {statistics.median(rest):.3f} s: {statistics.median(rest) / first:.3f} of the first")
+    print(
+        f"further calls              median {statistics.median(rest):.3f} s ({statistics.median(rest) / first:.3f} of the "
+        f"first), fastest {min(rest):.3f} s, slowest {max(rest):.3f} s"
+    )
 
 
 if __name__ == "__main__":
