@@ -1,7 +1,9 @@
 """attnviz: see and check what multi-head attention does.
 
-The package is split by stage (see DESIGN.md): loading and tokenizing, the attention layer,
-the pipeline that runs it, analysis, and renderers. Nothing here imports the command line.
+A subpackage per stage and per face (README.md, "Layout"), imports pointing one way, from the
+top down: cli, api, output, render, analysis and trace, pipeline, models, attention, and the
+base (spec, result, errors, text). pyproject.toml's import-linter contract states it.
+Nothing here imports the command line, or torch: heavy libraries load on first use.
 
 As a library (README.md, "Python"):
 
@@ -59,9 +61,10 @@ def __dir__() -> list[str]:
 class _Package(types.ModuleType):
     """attnviz.trace, attnviz.compare and attnviz.position are the API's functions.
 
-    Stage modules of the same names (attnviz/trace/, compare.py, position.py) are imported as
-    `from attnviz.trace import ...`, through sys.modules; importing one must not replace the
-    function on the package, which Python's import system would otherwise do.
+    The trace stage (attnviz/trace/) has the same name as the API's function; it is imported as
+    `from attnviz.trace import ...`, through sys.modules, and importing it must not replace the
+    function on the package, which Python's import system would otherwise do. (compare and
+    position are attnviz.analysis.compare and .position: no clash.)
     """
 
     def __setattr__(self, name, value):

@@ -1,4 +1,4 @@
-"""The command line: parse options, call the stages, print. Nothing else imports this module.
+"""The command line: parse options, call the stages and faces, print. Nothing imports this module.
 
 Heavy libraries (torch, transformers, matplotlib) are imported inside the commands,
 so that `attnviz --help` stays instant.
@@ -189,13 +189,13 @@ def heads(
     allow_pickle: bool = AllowPickleOption,
 ) -> None:
     """Per-head attention heatmaps, a summary table and attention.json for one text, or each line of --file."""
-    from attnviz.analysis import summarize_heads
-    from attnviz.export import write_attention_json
-    from attnviz.heatmap import write_heatmaps
-    from attnviz.loading import load_model
+    from attnviz.analysis.statistics import summarize_heads
+    from attnviz.output.export import write_attention_json
+    from attnviz.render.heatmap import write_heatmaps
+    from attnviz.models.loading import load_model
     from attnviz.pipeline import device_label, resolve_device, resolve_num_heads, run_attention
-    from attnviz.runs import StagedRunFolder, run_folder_name
-    from attnviz import terminal
+    from attnviz.output.runs import StagedRunFolder, run_folder_name
+    from attnviz.render import terminal
 
     if text is not None and file is not None:
         raise AttnvizError("give either a TEXT or --file PATH, not both")
@@ -246,7 +246,7 @@ def heads(
     traced = None
     if show_trace:
         from attnviz.trace import trace_texts
-        from attnviz.trace_render import print_trace
+        from attnviz.render.trace_render import print_trace
 
         traced = trace_texts(
             loaded, [text], kv_text=kv, layer=layer, num_heads=num_heads, weights=weights.value, seed=seed,
@@ -259,7 +259,7 @@ def heads(
         written = write_heatmaps(run, staging, image_format.value, seed=seed)
         written.append(write_attention_json(run, spec, staging / "attention.json"))
         if traced is not None:
-            from attnviz.trace_files import write_trace_files
+            from attnviz.output.trace_files import write_trace_files
 
             written += write_trace_files(traced, [run], spec, staging, image_format.value)
     terminal.print_files(console, folder.final, [folder.final / path.name for path in written])
@@ -271,10 +271,11 @@ def _heads_for_file(
     file: str, *, model, allow_pickle: bool, device: str, image_format: str, out: Optional[Path], run_options: dict
 ) -> None:
     """`heads --file`: every line through the same layer, batch by batch; a folder per text."""
-    from attnviz import batch, terminal
-    from attnviz.loading import load_model
+    from attnviz.output import batch
+    from attnviz.render import terminal
+    from attnviz.models.loading import load_model
     from attnviz.pipeline import device_label, resolve_device, resolve_num_heads
-    from attnviz.runs import StagedRunFolder
+    from attnviz.output.runs import StagedRunFolder
 
     texts = batch.read_texts(file)
     target = _run_target(out, batch.batch_folder_name(file))
@@ -344,14 +345,15 @@ def stats(
     With --file, each statistic is averaged per text, then over the texts (every text weighs
     the same); Clark et al. average over all tokens of their data.
     """
-    from attnviz.batch import PROGRESS_MIN_TEXTS, batch_folder_name, check_lengths, read_texts
-    from attnviz.loading import load_model
-    from attnviz.pipeline import device_label, measure_heads, resolve_device, resolve_num_heads, run_attention
-    from attnviz.runs import StagedRunFolder, run_folder_name
-    from attnviz.stats_export import write_stats_csv, write_stats_json
-    from attnviz.stats_figures import write_js_distance
-    from attnviz.tokens import text_truncations
-    from attnviz import terminal
+    from attnviz.output.batch import PROGRESS_MIN_TEXTS, batch_folder_name, check_lengths, read_texts
+    from attnviz.models.loading import load_model
+    from attnviz.analysis.measure import measure_heads
+    from attnviz.pipeline import device_label, resolve_device, resolve_num_heads, run_attention
+    from attnviz.output.runs import StagedRunFolder, run_folder_name
+    from attnviz.output.stats_export import write_stats_csv, write_stats_json
+    from attnviz.render.stats_figures import write_js_distance
+    from attnviz.models.tokens import text_truncations
+    from attnviz.render import terminal
 
     if text is not None and file is not None:
         raise AttnvizError("give either a TEXT or --file PATH, not both")
@@ -419,13 +421,13 @@ def layers(
     allow_pickle: bool = AllowPickleOption,
 ) -> None:
     """Every layer and head at a glance (layers.png) and attention rollout through the layers (rollout.png)."""
-    from attnviz.analysis import attention_rollout
-    from attnviz.loading import load_model
+    from attnviz.analysis.rollout import attention_rollout
+    from attnviz.models.loading import load_model
     from attnviz.pipeline import device_label, resolve_device, resolve_num_heads, run_layers
-    from attnviz.runs import StagedRunFolder, run_folder_name
-    from attnviz.stats_export import write_rollout_json
-    from attnviz.stats_figures import write_layers_grid, write_rollout
-    from attnviz import terminal
+    from attnviz.output.runs import StagedRunFolder, run_folder_name
+    from attnviz.output.stats_export import write_rollout_json
+    from attnviz.render.stats_figures import write_layers_grid, write_rollout
+    from attnviz.render import terminal
 
     check_text(text)
     target = _run_target(out, run_folder_name(text))
@@ -487,13 +489,13 @@ def compare(
     allow_pickle: bool = AllowPickleOption,
 ) -> None:
     """The same W_q, W_k, W_v split into 1, 4, 12... heads, and BERT's parameters beside random ones."""
-    from attnviz.compare import compare_splits, default_head_counts, parse_head_counts, parse_weights
-    from attnviz.compare import write_comparison_json
-    from attnviz.compare_figures import write_comparison_figure
-    from attnviz.loading import load_model
+    from attnviz.analysis.compare import compare_splits, default_head_counts, parse_head_counts, parse_weights
+    from attnviz.render.compare_figures import write_comparison_figure
+    from attnviz.models.loading import load_model
+    from attnviz.output.compare_json import write_comparison_json
     from attnviz.pipeline import device_label, resolve_device
-    from attnviz.runs import StagedRunFolder, run_folder_name
-    from attnviz import terminal
+    from attnviz.output.runs import StagedRunFolder, run_folder_name
+    from attnviz.render import terminal
 
     check_text(text)
     counts = parse_head_counts(head_counts) if head_counts is not None else None
@@ -548,12 +550,13 @@ def position(
     allow_pickle: bool = AllowPickleOption,
 ) -> None:
     """Why attention needs position embeddings: permute the tokens, with and without them."""
-    from attnviz.compare_figures import write_position_figure
-    from attnviz.loading import load_model
+    from attnviz.render.compare_figures import write_position_figure
+    from attnviz.models.loading import load_model
     from attnviz.pipeline import device_label, resolve_device
-    from attnviz.position import LAYER, position_experiment, write_position_json
-    from attnviz.runs import StagedRunFolder, run_folder_name
-    from attnviz import terminal
+    from attnviz.analysis.position import LAYER, position_experiment
+    from attnviz.output.position_json import write_position_json
+    from attnviz.output.runs import StagedRunFolder, run_folder_name
+    from attnviz.render import terminal
 
     check_text(text)
     target = _run_target(out, run_folder_name(text))
@@ -620,14 +623,14 @@ def trace(
 
     Exits 1 when the layouts disagree by more than 1e-5 (the files are still written).
     """
-    from attnviz.batch import batch_folder_name, read_texts
-    from attnviz.loading import load_model
+    from attnviz.output.batch import batch_folder_name, read_texts
+    from attnviz.models.loading import load_model
     from attnviz.pipeline import device_label, resolve_device, resolve_num_heads, run_attention
-    from attnviz.runs import StagedRunFolder, run_folder_name
+    from attnviz.output.runs import StagedRunFolder, run_folder_name
     from attnviz.trace import LAYOUTS, trace_texts
-    from attnviz.trace_files import write_trace_files
-    from attnviz.trace_render import print_trace
-    from attnviz import terminal
+    from attnviz.output.trace_files import write_trace_files
+    from attnviz.render.trace_render import print_trace
+    from attnviz.render import terminal
 
     if text is not None and file is not None:
         raise AttnvizError("give either a TEXT or --file PATH, not both")
@@ -684,8 +687,8 @@ def _layouts_disagree(traced) -> int:
 @app.command(short_help='List the models that can be used now.')
 def models() -> None:
     """List the models that can be used now: the bundled one and BERT models in the local hub cache."""
-    from attnviz.loading import list_models
-    from attnviz import terminal
+    from attnviz.models.loading import list_models
+    from attnviz.render import terminal
 
     console.print(terminal.models_table(list_models()))
 
@@ -699,7 +702,7 @@ def _run_spec(model: Optional[str], loaded, device: str, **settings):
 
 def _run_target(out: Optional[Path], default_name: str) -> Path:
     """--out, or a folder under outputs/ named for the run; checked before any work is done."""
-    from attnviz.runs import check_target
+    from attnviz.output.runs import check_target
 
     return check_target(out if out is not None else DEFAULT_OUTPUTS / default_name)
 
@@ -752,8 +755,8 @@ def _interrupted(interrupted: Interrupted) -> int:
 
 def main() -> None:
     """The `attnviz` command: signals end a run cleanly, a closed pipe loses no files."""
-    from attnviz.runs import handle_signals
-    from attnviz.streams import PipeSafeStream
+    from attnviz.output.runs import handle_signals
+    from attnviz.output.streams import PipeSafeStream
 
     handle_signals()
     if sys.stdout is not None:  # None: started with stdout closed (>&-); Rich then prints nowhere

@@ -13,7 +13,7 @@ class AttnvizError(ValueError):
 class Interrupted(BaseException):
     """SIGINT (Ctrl-C), SIGTERM or SIGHUP that came while attnviz held it back (checking the output
     place, moving the files into place), raised once that is done. At any other moment a signal
-    ends the process at once (attnviz.runs.handle_signals). A BaseException, like KeyboardInterrupt.
+    ends the process at once (attnviz.output.runs.handle_signals). A BaseException, like KeyboardInterrupt.
 
     written: the run folder, when the signal came while its files were being moved into place
     (it waited for them to be whole); else None, and nothing was written.

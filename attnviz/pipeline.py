@@ -9,18 +9,26 @@ BERT's own projections and heads our layers stand in for BERT's attention in tha
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import torch
 
-from attnviz.analysis import ModelStatistics, StatisticsAccumulator, key_kind_columns
-from attnviz.attention import MultiHeadAttention, check_num_heads
+from attnviz.attention.layer import MultiHeadAttention, check_num_heads
 from attnviz.errors import AttnvizError
-from attnviz.loading import LoadedModel
+from attnviz.models.loading import LoadedModel
 from attnviz.result import AttentionRun
-from attnviz.tokens import Encoded, encode, truncation_notice, unknown_token_notice
+from attnviz.models.tokens import Encoded, encode, truncation_notice, unknown_token_notice
 
 WEIGHTS = ("pretrained", "random")
+
+# Texts per forward pass. The weights of a batch are (B, H, N, N) floats: for 32 texts of
+# 512 tokens and 12 heads that is 400 MB, the most we want to hold at once.
+BATCH_SIZE = 32
+
+
+def batches(items: list, size: int) -> Iterator[list]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
 
 
 def resolve_device(requested: str) -> str:
@@ -234,41 +242,6 @@ def run_layers(loaded: LoadedModel, texts: list[str], **options) -> list[list[At
     return [list(text_runs) for text_runs in zip(*by_layer)]
 
 
-def measure_heads(
-    loaded: LoadedModel,
-    texts: list[str],
-    *,
-    num_heads: int | None = None,
-    weights: str = "pretrained",
-    seed: int = 0,
-    causal: bool = False,
-    device: str = "cpu",
-    truncate: bool = False,
-    advance: Callable[[int], None] = lambda done: None,
-) -> tuple[ModelStatistics, list[str]]:
-    """The statistics of every head of every layer averaged over the texts, and text_notices' notes.
-
-    Texts of similar length are batched together, so they pad least (the averages do not
-    depend on the order); each batch is one forward pass, measured at once on the device.
-    advance(n) is called after each batch of n texts.
-    """
-    from attnviz.batch import BATCH_SIZE, batches
-
-    accumulator = StatisticsAccumulator(loaded.num_layers, causal)
-    layers = build_layers(loaded, num_heads, weights, seed, device)
-    in_place = in_berts_place(loaded, num_heads, weights, causal)
-    notices: dict[str, None] = {}  # in order, once each
-    for batch in batches(sorted(texts, key=len), BATCH_SIZE):
-        encoded = encode(loaded.tokenizer, batch, loaded.max_positions, truncate)
-        kinds = key_kind_columns(encoded.tokens, encoded.input_ids.shape[1]).to(device)  # (B, N, K)
-        for layer, (_, patterns) in enumerate(iter_layer_weights(loaded, encoded, layers, causal, device, in_place)):
-            accumulator.add_batch(layer, patterns, encoded.valid_lens, kinds)
-        notices.update(dict.fromkeys(text_notices(loaded, batch, encoded.ids)))
-        notices.update(dict.fromkeys(_truncation_notices(batch, encoded.truncations)))
-        advance(len(batch))
-    return accumulator.result(), list(notices)
-
-
 def text_notices(
     loaded: LoadedModel, texts: list[str], ids: list[list[int]], whats: list[str] | None = None
 ) -> list[str]:
@@ -284,7 +257,7 @@ def text_notices(
     return ([loaded.notice] if loaded.notice else []) + [notice for notice in notices if notice]
 
 
-def _truncation_notices(texts: list[str], truncations: list, what: str = "the text") -> list[str]:
+def truncation_notices(texts: list[str], truncations: list, what: str = "the text") -> list[str]:
     notices = (truncation_notice(text, truncation, what) for text, truncation in zip(texts, truncations))
     return [notice for notice in notices if notice]
 
@@ -315,8 +288,8 @@ def _split_runs(
         notices = text_notices(loaded, own_texts, [query_ids, key_ids], ["the text", "the --kv text"])
         truncated = queries.truncations[i]
         kv_truncated = keys.truncations[0] if kv_text is not None else None
-        notices += _truncation_notices([text], [truncated])
-        notices += _truncation_notices([kv_text], [kv_truncated], "the --kv text")
+        notices += truncation_notices([text], [truncated])
+        notices += truncation_notices([kv_text], [kv_truncated], "the --kv text")
         runs.append(
             AttentionRun(
                 text=text,

@@ -1,6 +1,6 @@
 """`attnviz stats`' own per-batch work, timed like bare_forward.py times the bare pass.
 
-Loads the bundled model, then times pipeline.measure_heads (what `attnviz stats` runs: the
+Loads the bundled model, then times analysis.measure.measure_heads (what `attnviz stats` runs: the
 forward pass with attnviz's layers, every statistic and JS distance) over the file's texts.
 Prints the seconds spent after loading, so start-up costs on neither side hide the loop's.
 
@@ -10,8 +10,8 @@ Prints the seconds spent after loading, so start-up costs on neither side hide t
 import sys
 import time
 
-from attnviz.loading import load_model
-from attnviz.pipeline import measure_heads
+from attnviz.models.loading import load_model
+from attnviz.analysis.measure import measure_heads
 
 
 def main(texts_file: str, device: str) -> None:

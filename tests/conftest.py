@@ -5,7 +5,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def bundled_bert():
-    from attnviz.loading import load_model
+    from attnviz.models.loading import load_model
 
     return load_model("bundled", "cpu")
 
@@ -15,7 +15,7 @@ def reference_bert():
     """transformers' BertModel (eager attention, so it returns its attention weights) and tokenizer."""
     from transformers import AutoTokenizer, BertModel
 
-    from attnviz.loading import bundled_model_path
+    from attnviz.models.loading import bundled_model_path
 
     folder = bundled_model_path()
     model = BertModel.from_pretrained(folder, attn_implementation="eager").eval()

@@ -11,14 +11,14 @@ import math
 import numpy as np
 import pytest
 
-from attnviz import analysis
-from attnviz.analysis import (
+from attnviz.analysis import statistics as analysis
+from attnviz.analysis.rollout import attention_rollout
+from attnviz.analysis.statistics import (
     BROAD_THRESHOLD,
     SHARE_THRESHOLD,
     STATISTICS,
     ModelStatistics,
     StatisticsAccumulator,
-    attention_rollout,
     batch_statistics,
     head_label,
     head_statistics,

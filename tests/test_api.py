@@ -47,7 +47,7 @@ def test_importing_attnviz_loads_neither_torch_matplotlib_nor_transformers_and_f
 
 @pytest.mark.parametrize("layer", [0, 3])
 def test_heads_attention_is_transformers_eager_attention(layer, reference_bert):
-    from attnviz.loading import bundled_model_path
+    from attnviz.models.loading import bundled_model_path
 
     result = attnviz.heads(ENGLISH, model=str(bundled_model_path()), layer=layer, device="cpu")
     expected = reference_attention(reference_bert, ENGLISH, layer)
@@ -75,7 +75,7 @@ def test_save_writes_what_the_command_writes(model, tmp_path):
     assert run(["heads", "the cat sat", "--model", "bundled", "--device", "cpu", "--out", str(tmp_path / "cli")]) == 0
     result = attnviz.heads("the cat sat", model=model)
     written = result.save(tmp_path / "api")
-    from attnviz.runs import MANIFEST
+    from attnviz.output.runs import MANIFEST
 
     in_folder = sorted(path.name for path in (tmp_path / "api").iterdir())
     assert in_folder == sorted([MANIFEST, *(path.name for path in written)])  # the CLI's run folder manifest too
@@ -88,10 +88,10 @@ def test_save_writes_what_the_command_writes(model, tmp_path):
 
 
 def test_a_loaded_model_is_not_loaded_again(model, monkeypatch):
-    import attnviz.loading
+    import attnviz.models.loading
     from attnviz.api.models import loaded_models
 
-    monkeypatch.setattr(attnviz.loading, "load_model", lambda *args, **kwargs: pytest.fail("loaded again"))
+    monkeypatch.setattr(attnviz.models.loading, "load_model", lambda *args, **kwargs: pytest.fail("loaded again"))
     assert attnviz.load("bundled", device="cpu") is model
     assert attnviz.load("All-MiniLM-L6-v2", device="cpu") is model
     first = attnviz.heads("the cat", model="bundled", device="cpu")
@@ -110,8 +110,8 @@ def test_a_loaded_model_is_not_loaded_again(model, monkeypatch):
         (["heads", "hi", "--heads", "0"], lambda: attnviz.heads("hi", heads=0, model="bundled")),
         (["heads", "hi", "--heads", "5"], lambda: attnviz.heads("hi", heads=5, model="bundled")),
         (["trace", "hi", *["--batch", "yo"] * 32], lambda: attnviz.trace(["hi", *["yo"] * 32], model="bundled")),
-        (["compare", "hi", "--heads", "1,x"], lambda: attnviz.compare("hi", heads="1,x", model="bundled")),
-        (["position", "hi", "--permutation", "0,1"], lambda: attnviz.position("hi", permutation=[0, 1], model="bundled")),
+        (["compare", "hi", "--heads", "1,x"], lambda: attnviz.analysis.compare("hi", heads="1,x", model="bundled")),
+        (["position", "hi", "--permutation", "0,1"], lambda: attnviz.analysis.position("hi", permutation=[0, 1], model="bundled")),
         (["layers", "hi", "--model", "no-such-folder/"], lambda: attnviz.layers("hi", model="no-such-folder/")),
     ],
 )
@@ -138,7 +138,7 @@ def test_results_display_themselves_as_html_and_rich(model):
     assert "query → the key it attends to most" in console.export_text()
     for other, words in [
         (attnviz.trace("the cat", model=model), ["view-permute", "q_heads", "torch.nn.MultiheadAttention"]),
-        (attnviz.position("the cat sat", model=model), ["does permuting the tokens just permute the map?", "equivariant"]),
+        (attnviz.analysis.position("the cat sat", model=model), ["does permuting the tokens just permute the map?", "equivariant"]),
     ]:
         console.print(other)
         shown = console.export_text()
@@ -172,11 +172,11 @@ def test_stats_layers_compare_and_position_compute_what_heads_computes(model, tm
     assert stats.values.shape == (6, 12, len(stats.statistics)) and stats.js_distance.shape == (6, 12, 12)
     assert sorted(p.name for p in stats.save(tmp_path / "s")) == ["js_distance.png", "stats.csv", "stats.json"]
 
-    compared = attnviz.compare("the cat sat", model=model, heads=[1, 12])
+    compared = attnviz.analysis.compare("the cat sat", model=model, heads=[1, 12])
     torch.testing.assert_close(
         compared.attention[("pretrained", 12)], attnviz.heads("the cat sat", model=model).attention, atol=1e-5, rtol=0
     )
-    position = attnviz.position("the cat sat", model=model)
+    position = attnviz.analysis.position("the cat sat", model=model)
     assert position.without_positions.equivariant and not position.with_positions.equivariant
     assert sorted(p.name for p in position.save(tmp_path / "p")) == ["position.json", "position.png"]
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attnviz.attention import MultiHeadAttention, allowed_keys, merge_heads, split_heads
+from attnviz.attention.layer import MultiHeadAttention, allowed_keys, merge_heads, split_heads
 from attnviz.errors import AttnvizError
 
 TOLERANCE = 1e-5

@@ -7,11 +7,12 @@ import json
 import numpy as np
 import pytest
 
-from attnviz import batch, pipeline
+from attnviz.output import batch
+from attnviz import pipeline
 from attnviz.cli import run
 from attnviz.errors import AttnvizError
 from attnviz.pipeline import run_attention
-from attnviz.runs import MANIFEST
+from attnviz.output.runs import MANIFEST
 
 TOLERANCE = 1e-5
 # Different lengths, so the batch is padded: 9, 16 and 6 tokens.
@@ -84,7 +85,7 @@ def heads(*args):
 @pytest.fixture
 def json_only(monkeypatch):
     """Write only attention.json per text: for tests about folders and texts, not images (fast)."""
-    from attnviz.export import write_attention_json
+    from attnviz.output.export import write_attention_json
 
     def write_json(run, spec, folder, fmt):
         folder.mkdir()
@@ -240,7 +241,7 @@ def test_a_failure_midway_leaves_nothing(bert, tmp_path, monkeypatch):
 
 def test_a_causal_batch_summary_uses_the_relative_entropy_of_stats(bert, tmp_path):
     """rel. in summary.csv divides by log of the keys each query may see, as `stats --causal` does."""
-    from attnviz.analysis import STATISTICS, head_statistics
+    from attnviz.analysis.statistics import STATISTICS, head_statistics
 
     (causal,) = run_attention(bert, [TEXTS[0]], layer=1, causal=True)
     row = batch.summary_row(1, batch.LineText(1, TEXTS[0]), "001-x", causal)

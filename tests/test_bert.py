@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from attnviz.analysis import summarize_heads
+from attnviz.analysis.statistics import summarize_heads
 from attnviz.pipeline import build_layer, embedding_output, layer_input, run_attention
-from attnviz.tokens import encode
+from attnviz.models.tokens import encode
 
 TOLERANCE = 1e-5
 SHORT = "The cat sat on the mat."

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from attnviz.cli import run
-from attnviz.runs import MANIFEST
+from attnviz.output.runs import MANIFEST
 
 HEAD_FILES = [f"head_{h:02d}.png" for h in range(12)]
 ENGLISH = "The animal didn't cross the street because it was too tired."
@@ -83,9 +83,9 @@ def test_causal_past_layer_0_says_the_mask_is_over_a_bidirectional_models_hidden
 @pytest.mark.parametrize("command", ["heads", "trace"])
 def test_causal_cross_attention_is_refused_before_the_model_loads(command, tmp_path, capsys, monkeypatch):
     """tril(Nq, Nk) over two different texts masks nothing meaningful."""
-    import attnviz.loading
+    import attnviz.models.loading
 
-    monkeypatch.setattr(attnviz.loading, "load_model", lambda *args, **kwargs: pytest.fail("the model loaded"))
+    monkeypatch.setattr(attnviz.models.loading, "load_model", lambda *args, **kwargs: pytest.fail("the model loaded"))
     args = [command, "我爱中国", "--kv", "我想吃酸菜鱼", "--causal", "--model", "bundled", "--out", str(tmp_path / "r")]
     assert run(args) == 2
     error = capsys.readouterr().err

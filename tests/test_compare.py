@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 import torch
 
-from attnviz.analysis import summarize_heads
+from attnviz.analysis.statistics import summarize_heads
 from attnviz.cli import run
-from attnviz.compare import compare_splits, default_head_counts, parse_head_counts, parse_weights
-from attnviz.compare_figures import MAX_HEADS_SHOWN, panel_grid, shown_heads
+from attnviz.analysis.compare import compare_splits, default_head_counts, parse_head_counts, parse_weights
+from attnviz.render.compare_figures import MAX_HEADS_SHOWN, panel_grid, shown_heads
 from attnviz.errors import AttnvizError
 from attnviz.pipeline import random_layer, run_attention
-from attnviz.runs import MANIFEST
+from attnviz.output.runs import MANIFEST
 
 TOLERANCE = 1e-5
 TEXT = "The animal didn't cross the street because it was too tired."  # 16 tokens
@@ -72,8 +72,8 @@ def test_one_head_is_the_softmax_of_the_twelve_trained_heads_summed_scores_and_t
     softmax(sum_h S_h / sqrt(12)); it is not a model trained with one head."""
     from matplotlib.text import Text
 
-    from attnviz.compare import resplit_note
-    from attnviz.compare_figures import comparison_figure
+    from attnviz.analysis.compare import resplit_note
+    from attnviz.render.compare_figures import comparison_figure
 
     twelve = reference_scores(reference_bert, 12)  # (12, N, N)
     expected = softmax_rows(twelve.sum(axis=0) / np.sqrt(12))

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from attnviz import heatmap
+from attnviz.render import heatmap
 from attnviz.cli import run
 from attnviz.pipeline import run_attention
 

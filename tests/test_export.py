@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from attnviz.export import DECIMALS, weights_json
+from attnviz.output.export import DECIMALS, weights_json
 
 
 @pytest.mark.parametrize("shape", [(1, 1), (3, 5), (2, 4, 7), (2, 3, 4, 5)])

@@ -15,13 +15,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from attnviz import heatmap, scales
+from attnviz.render import heatmap
+from attnviz.render import scales
 from attnviz.cli import run as run_cli
-from attnviz.compare import Split
-from attnviz.analysis import summarize_heads
-from attnviz.heatmap import heads_grid_figure
-from attnviz.scales import LOG_SCALE_MIN, MASKED_COLOR, block_maximum, capped_size
-from attnviz.stats_figures import layers_figure, rollout_figure
+from attnviz.analysis.compare import Split
+from attnviz.analysis.statistics import summarize_heads
+from attnviz.render.heatmap import heads_grid_figure
+from attnviz.render.scales import LOG_SCALE_MIN, MASKED_COLOR, block_maximum, capped_size
+from attnviz.render.stats_figures import layers_figure, rollout_figure
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_heatmap import make_run, read_png  # noqa: E402
@@ -127,7 +128,7 @@ def test_the_rollout_shows_only_colours_of_the_scale():
 
 
 def test_js_distances_of_more_heads_than_pixels_show_each_blocks_largest_distance():
-    from attnviz.stats_figures import js_distance_figure
+    from attnviz.render.stats_figures import js_distance_figure
 
     num_heads = 400  # a 3-inch panel has 360 pixels
     distances = np.eye(num_heads)[None]  # (1, H, H): one layer, 1 only on the diagonal
@@ -144,7 +145,7 @@ def test_js_distances_of_more_heads_than_pixels_show_each_blocks_largest_distanc
 
 
 def test_compare_panels_show_only_colours_of_the_scale():
-    from attnviz.compare_figures import comparison_figure
+    from attnviz.render.compare_figures import comparison_figure
 
     run = one_hot_run(80, num_heads=4)
     figure = comparison_figure([Split("pretrained", run, summarize_heads(run.attention), 4)])

@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from attnviz.loading import load_model
-from attnviz.pipeline import measure_heads, run_attention
+from attnviz.models.loading import load_model
+from attnviz.analysis.measure import measure_heads
+from attnviz.pipeline import run_attention
 
 pytestmark = [
     pytest.mark.gpu,

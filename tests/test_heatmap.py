@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from attnviz import heatmap
+from attnviz.render import heatmap
 from attnviz.errors import AttnvizError
-from attnviz.fonts import use_cjk_font
-from attnviz.heatmap import (
+from attnviz.render.fonts import use_cjk_font
+from attnviz.render.heatmap import (
     MASKED_COLOR,
     MAX_TICK_LABELS,
     grid_shape,
@@ -23,7 +23,7 @@ from attnviz.heatmap import (
     write_heads_grid,
 )
 from attnviz.result import AttentionRun
-from attnviz.titles import short_model_name
+from attnviz.render.titles import short_model_name
 
 CHINESE = ["[CLS]", "我", "想", "吃", "酸", "菜", "鱼", "[SEP]"]
 CJK = ["[CLS]", "我", "想", "吃", "こんにちは", "カタカナ", "안녕", "하세요", "[SEP]"]
@@ -140,7 +140,7 @@ def test_use_cjk_font_is_idempotent():
 
 
 def test_importing_the_renderers_does_not_import_matplotlib():
-    code = "import sys, attnviz.heatmap, attnviz.fonts; print('matplotlib' in sys.modules)"
+    code = "import sys, attnviz.render.heatmap, attnviz.render.fonts; print('matplotlib' in sys.modules)"
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
@@ -161,7 +161,7 @@ def test_without_the_cjk_font_the_same_render_warns(tmp_path, monkeypatch):
     """Negative control: the glyph check above would fail if fonts.py did nothing."""
     import matplotlib
 
-    monkeypatch.setattr("attnviz.fonts.use_cjk_font", lambda: "DejaVu Sans")
+    monkeypatch.setattr("attnviz.render.fonts.use_cjk_font", lambda: "DejaVu Sans")
     with matplotlib.rc_context({"font.family": ["DejaVu Sans"]}):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")

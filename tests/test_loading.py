@@ -1,4 +1,4 @@
-"""attnviz.loading with real transformers and real files, and no network.
+"""attnviz.models.loading with real transformers and real files, and no network.
 
 The hub cases run in a subprocess with HF_ENDPOINT, HF_HUB_CACHE and HF_HUB_OFFLINE set in its
 environment: huggingface_hub reads them once, at import, and a fresh process is also the honest
@@ -24,9 +24,9 @@ import pytest
 import torch
 from transformers import BertConfig, BertModel, BertTokenizer, GPT2Config
 
-from attnviz.bert import BertEncoder
+from attnviz.models.bert import BertEncoder
 from attnviz.errors import AttnvizError
-from attnviz.loading import (
+from attnviz.models.loading import (
     BUNDLED_NAME,
     DEFAULT_MODEL,
     _hub_answers,
@@ -187,9 +187,9 @@ NO_HANG_S = 10
 HUB_SCRIPT = textwrap.dedent(
     """
     import json, sys, time
-    import torch, tokenizers, attnviz.bert  # imported first: we time the decision, not imports
+    import torch, tokenizers, attnviz.models.bert  # imported first: we time the decision, not imports
     from attnviz.errors import AttnvizError
-    from attnviz.loading import load_model
+    from attnviz.models.loading import load_model
 
     results = {}
     for name in sys.argv[1:]:
@@ -547,7 +547,7 @@ def test_list_models_without_a_hub_cache_shows_only_the_bundled_model(tmp_path):
 
 def test_importing_loading_and_listing_models_does_not_import_torch(tmp_path):
     script = (
-        "import sys; from attnviz.loading import list_models; list_models(sys.argv[1]); "
+        "import sys; from attnviz.models.loading import list_models; list_models(sys.argv[1]); "
         "print(sorted({'torch', 'transformers'} & set(sys.modules)))"
     )
     result = subprocess.run(

@@ -20,10 +20,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-import attnviz.bert
+import attnviz.models.bert
 from attnviz.cli import run
 from attnviz.errors import AttnvizError
-from attnviz.loading import bundled_model_path, load_model
+from attnviz.models.loading import bundled_model_path, load_model
 from attnviz.pipeline import run_attention
 
 SMALL_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
@@ -207,7 +207,7 @@ def test_weights_linked_from_anywhere_else_are_refused(tmp_path, weights, capsys
 def no_layer_is_built(monkeypatch):
     """Fails a test that builds any BERT layer; a guard stops a runaway build after a few hundred."""
     built = []
-    original = attnviz.bert.BertLayer.__init__
+    original = attnviz.models.bert.BertLayer.__init__
 
     def counted(self, *args, **kwargs):
         built.append(1)
@@ -215,7 +215,7 @@ def no_layer_is_built(monkeypatch):
             raise RuntimeError("guard: more than 200 layers built")
         original(self, *args, **kwargs)
 
-    monkeypatch.setattr(attnviz.bert.BertLayer, "__init__", counted)
+    monkeypatch.setattr(attnviz.models.bert.BertLayer, "__init__", counted)
     yield
     assert not built, f"{len(built)} BERT layers were built"
 

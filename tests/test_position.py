@@ -8,8 +8,8 @@ import torch
 
 from attnviz.cli import run
 from attnviz.errors import AttnvizError
-from attnviz.position import TOLERANCE, default_permutation, parse_permutation, position_experiment
-from attnviz.runs import MANIFEST
+from attnviz.analysis.position import TOLERANCE, default_permutation, parse_permutation, position_experiment
+from attnviz.output.runs import MANIFEST
 
 TEXT = "The animal didn't cross the street because it was too tired."  # 16 tokens
 SHORT = "The cat sat."  # [CLS] the cat sat . [SEP]

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from attnviz.cli import run
 from attnviz.errors import AttnvizError
-from attnviz.loading import bundled_model_path, load_model
+from attnviz.models.loading import bundled_model_path, load_model
 
 # Texts a user might paste: emoji, combining marks, right-to-left scripts, zero-width
 # characters, control characters, very long words, CJK mixed with Latin.

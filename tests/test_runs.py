@@ -10,10 +10,10 @@ import time
 
 import pytest
 
-from attnviz import runs
+from attnviz.output import runs
 from attnviz.cli import run
 from attnviz.errors import AttnvizError, Interrupted
-from attnviz.runs import MANIFEST, MAX_NAME_CHARS, StagedRunFolder, run_folder_name
+from attnviz.output.runs import MANIFEST, MAX_NAME_CHARS, StagedRunFolder, run_folder_name
 
 
 @pytest.mark.parametrize(
@@ -222,7 +222,7 @@ def test_concurrent_runs_into_one_folder_leave_one_whole_run(tmp_path):
 )
 def test_an_unusable_out_is_one_line_and_exit_2_before_the_model_loads(out, words, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr("attnviz.loading.load_model", lambda *args, **kwargs: pytest.fail("the model was loaded"))
+    monkeypatch.setattr("attnviz.models.loading.load_model", lambda *args, **kwargs: pytest.fail("the model was loaded"))
     assert run(["heads", "the cat sat", "--model", "bundled", "--out", out]) == 2
     error = capsys.readouterr().err
     assert error.startswith("error: ") and error.count("\n") == 1 and words in error, error
@@ -284,7 +284,7 @@ def test_a_full_disk_is_exit_2_naming_the_folder_and_leaves_nothing(mount_tmpfs,
 
 def test_a_read_only_filesystem_is_refused_before_the_model_loads(mount_tmpfs, monkeypatch, capsys):
     point = mount_tmpfs(read_only=True)
-    monkeypatch.setattr("attnviz.loading.load_model", lambda *args, **kwargs: pytest.fail("the model was loaded"))
+    monkeypatch.setattr("attnviz.models.loading.load_model", lambda *args, **kwargs: pytest.fail("the model was loaded"))
     assert run(["heads", "the cat sat", "--model", "bundled", "--out", str(point / "run")]) == 2
     assert capsys.readouterr().err == f"error: cannot write the output folder {point / 'run'}: the file system is read-only\n"
 

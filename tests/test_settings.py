@@ -16,7 +16,7 @@ import pytest
 
 import attnviz
 from attnviz.cli import run
-from attnviz.loading import BUNDLED_NAME, bundled_model_path
+from attnviz.models.loading import BUNDLED_NAME, bundled_model_path
 from attnviz.spec import RunSpec
 
 SHORT = "The cat sat on the mat."

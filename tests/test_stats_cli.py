@@ -16,21 +16,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from attnviz.analysis import (
+from attnviz.analysis.rollout import attention_rollout
+from attnviz.analysis.statistics import (
     CAUSAL_OVER_BIDIRECTIONAL as CAUSAL_NOTE,
     CLARK_DIFFERENCES,
     STATISTICS,
     StatisticsAccumulator,
-    attention_rollout,
     head_label,
     head_statistics,
     js_distance,
 )
 from attnviz.cli import run
-from attnviz.heatmap import MASKED_COLOR
+from attnviz.render.heatmap import MASKED_COLOR
 from attnviz.pipeline import run_attention, run_layers
 from attnviz.result import AttentionRun
-from attnviz.runs import MANIFEST
+from attnviz.output.runs import MANIFEST
 
 TOLERANCE = 1e-5
 ENGLISH = "The animal didn't cross the street because it was too tired."
@@ -110,7 +110,7 @@ def test_attnviz_layers_stand_in_for_berts_attention_only_when_they_compute_the_
     bert, monkeypatch, options, berts_own_attention_runs
 ):
     """With BERT's projections and heads and no causal mask, the attention is computed once per layer."""
-    from attnviz.bert import BertLayer
+    from attnviz.models.bert import BertLayer
 
     calls = []
     attend = BertLayer.attend
@@ -215,16 +215,16 @@ def test_stats_states_each_definition_that_differs_from_clark_et_al(tmp_path, ca
     assert "differences_from_clark_et_al_2019" in readme
     for difference in differences.values():
         assert difference in readme, difference
-    import attnviz.analysis
+    import attnviz.analysis.statistics
 
-    assert "every statistic of" not in " ".join(attnviz.analysis.__doc__.split())
+    assert "every statistic of" not in " ".join(attnviz.analysis.statistics.__doc__.split())
 
 
 def test_causal_stats_and_layers_say_the_mask_is_over_a_bidirectional_models_hidden_states(tmp_path, capsys, bert):
     """In the terminal, the JSON files and every figure title: not a causal model's numbers."""
     from matplotlib.text import Text
 
-    from attnviz.stats_figures import js_distance_figure, layers_figure, rollout_figure
+    from attnviz.render.stats_figures import js_distance_figure, layers_figure, rollout_figure
 
     assert stats(SHORT, "--causal", "--out", str(tmp_path / "stats")) == 0
     assert CAUSAL_NOTE in json.loads((tmp_path / "stats" / "stats.json").read_text(encoding="utf-8"))["causal_note"]
@@ -330,8 +330,8 @@ def hand_made_runs(num_layers: int, num_heads: int, num_tokens: int, causal: boo
 def test_each_panel_of_the_grid_is_that_layers_head(tmp_path):
     import matplotlib
 
-    from attnviz.heatmap import COLORMAP
-    from attnviz.stats_figures import _layers_mosaic
+    from attnviz.render.heatmap import COLORMAP
+    from attnviz.render.stats_figures import _layers_mosaic
 
     runs = hand_made_runs(num_layers=3, num_heads=4, num_tokens=7, causal=True)
     mosaic, size, step = _layers_mosaic(runs)
@@ -351,8 +351,8 @@ def test_a_long_text_is_shown_as_the_maximum_of_each_block_in_the_grid(tmp_path)
     import matplotlib
     from matplotlib.colors import LogNorm
 
-    from attnviz.scales import COLORMAP, LOG_SCALE_MIN
-    from attnviz.stats_figures import _layers_mosaic, write_layers_grid
+    from attnviz.render.scales import COLORMAP, LOG_SCALE_MIN
+    from attnviz.render.stats_figures import _layers_mosaic, write_layers_grid
 
     runs = hand_made_runs(num_layers=2, num_heads=3, num_tokens=400)
     mosaic, size, step = _layers_mosaic(runs, max_cells=100)

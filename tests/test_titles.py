@@ -12,10 +12,10 @@ import re
 import numpy as np
 import pytest
 
-from attnviz.heatmap import write_head_heatmaps, write_heads_grid
+from attnviz.render.heatmap import write_head_heatmaps, write_heads_grid
 from attnviz.result import AttentionRun
-from attnviz.stats_figures import write_js_distance, write_layers_grid, write_rollout
-from attnviz.titles import figure_title
+from attnviz.render.stats_figures import write_js_distance, write_layers_grid, write_rollout
+from attnviz.render.titles import figure_title
 
 TOKENS = ["[CLS]", "the", "cat", "sat", "[SEP]"]
 KEY_TOKENS = ["[CLS]", "a", "dog", "[SEP]"]
@@ -97,9 +97,9 @@ def test_the_layers_rollout_and_js_distance_figures_use_the_same_title(tmp_path)
 
 
 def test_the_compare_and_position_figures_name_their_text_and_seed(bundled_bert, tmp_path):
-    from attnviz.compare import compare_splits
-    from attnviz.compare_figures import write_comparison_figure, write_position_figure
-    from attnviz.position import position_experiment
+    from attnviz.analysis.compare import compare_splits
+    from attnviz.render.compare_figures import write_comparison_figure, write_position_figure
+    from attnviz.analysis.position import position_experiment
 
     splits = compare_splits(bundled_bert, "the cat sat", [1, 2], ["pretrained", "random"], layer=1, seed=5)
     compared = drawn_lines(write_comparison_figure(splits, tmp_path, "svg", seed=5))

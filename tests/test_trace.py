@@ -20,13 +20,13 @@ import torch.nn.functional as F
 from rich.cells import cell_len
 from rich.console import Console
 
-from attnviz.attention import MultiHeadAttention
+from attnviz.attention.layer import MultiHeadAttention
 from attnviz.cli import Layout, Mistake, run
 from attnviz.errors import AttnvizError
-from attnviz.loading import load_model
+from attnviz.models.loading import load_model
 from attnviz.pipeline import build_layer, layer_input
-from attnviz.runs import MANIFEST
-from attnviz.tokens import encode
+from attnviz.output.runs import MANIFEST
+from attnviz.models.tokens import encode
 from attnviz.trace import (
     LAYOUTS,
     MISTAKES,
@@ -36,7 +36,7 @@ from attnviz.trace import (
     trace_layouts,
     trace_texts,
 )
-from attnviz.trace_files import (
+from attnviz.output.trace_files import (
     CHECK_KEYS,
     HEAD_SLICE_KEYS,
     LAYOUT_KEYS,
@@ -46,7 +46,7 @@ from attnviz.trace_files import (
     trace_markdown,
     trace_record,
 )
-from attnviz.trace_render import print_trace
+from attnviz.render.trace_render import print_trace
 
 # The trace stage's package (attnviz/trace/): `from attnviz import trace` is the API's function attnviz.trace.
 trace_module = sys.modules["attnviz.trace"]

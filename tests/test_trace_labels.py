@@ -14,15 +14,15 @@ from types import SimpleNamespace
 import pytest
 from rich.console import Console
 
-from attnviz import attention as attention_module
+from attnviz.attention import layer as attention_module
 from attnviz.trace import layout_view_permute
-from attnviz.loading import load_model
+from attnviz.models.loading import load_model
 from attnviz.pipeline import build_layer, layer_input
-from attnviz.tokens import encode
+from attnviz.models.tokens import encode
 from attnviz.trace import LAYOUTS, LayerInputs, trace_layouts, trace_texts
-from attnviz.trace_figures import MAX_IMAGE_SIDE, slice_labels, write_merge_figure
-from attnviz.trace_files import trace_markdown, trace_record
-from attnviz.trace_render import print_trace
+from attnviz.render.trace_figures import MAX_IMAGE_SIDE, slice_labels, write_merge_figure
+from attnviz.output.trace_files import trace_markdown, trace_record
+from attnviz.render.trace_render import print_trace
 
 SHORT = "The cat sat on the mat."
 LONG = "The animal didn't cross the street because it was too tired."
@@ -228,7 +228,7 @@ def text_run(tokens: list[str]) -> SimpleNamespace:
 def test_the_merge_figure_of_a_long_text_is_capped_and_says_so(tmp_path, monkeypatch):
     from PIL import Image
 
-    from attnviz import heatmap
+    from attnviz.render import heatmap
 
     figures = []
     new_figure = heatmap.new_figure

@@ -27,7 +27,7 @@ class StatsResult:
     js_distance (L, H, H); labels[layer][head] a head's label or None.
     """
 
-    stats: Any  # attnviz.analysis.ModelStatistics
+    stats: Any  # attnviz.analysis.statistics.ModelStatistics
     texts: list[str]
     truncated: list
     first_run: Any  # the first text's layer-0 run: the model and setup, as stats.json records them
@@ -35,7 +35,7 @@ class StatsResult:
 
     @property
     def statistics(self) -> list[str]:
-        from attnviz.analysis import STATISTICS
+        from attnviz.analysis.statistics import STATISTICS
 
         return list(STATISTICS)
 
@@ -53,15 +53,15 @@ class StatsResult:
 
     def figure(self):
         """js_distance.png: the Jensen-Shannon distances between the heads of each layer."""
-        from attnviz.stats_figures import js_distance_figure
+        from attnviz.render.stats_figures import js_distance_figure
 
         return js_distance_figure(self.stats.js_distance, self.first_run, self.texts, seed=self.spec.seed)
 
     def save(self, folder: str | Path, format: str = "png") -> list[Path]:
         """Write what `attnviz stats --out folder` writes: stats.csv, stats.json, js_distance.<format>."""
-        from attnviz.heatmap import check_format
-        from attnviz.stats_export import write_stats_csv, write_stats_json
-        from attnviz.stats_figures import write_js_distance
+        from attnviz.render.heatmap import check_format
+        from attnviz.output.stats_export import write_stats_csv, write_stats_json
+        from attnviz.render.stats_figures import write_js_distance
 
         check_format(format)
 
@@ -76,14 +76,14 @@ class StatsResult:
 
     def to_dict(self) -> dict:
         """stats.json's content."""
-        from attnviz.stats_export import stats_record
+        from attnviz.output.stats_export import stats_record
 
         return stats_record(self.stats, self.texts, self.truncated, self.first_run, self.spec)
 
     def __rich__(self):
         from rich.console import Group
 
-        from attnviz.terminal import labelled_heads_table, stats_grid
+        from attnviz.render.terminal import labelled_heads_table, stats_grid
 
         return Group(*stats_grid(self.stats), labelled_heads_table(self.stats))
 
@@ -120,7 +120,7 @@ class LayersResult:
 
     def figure(self, which: str = "layers"):
         """layers.png (every layer's heads at a glance), or with which="rollout" rollout.png."""
-        from attnviz.stats_figures import layers_figure, rollout_figure
+        from attnviz.render.stats_figures import layers_figure, rollout_figure
 
         if which == "rollout":
             return rollout_figure(self.layer_runs, self.rollout, seed=self.spec.seed)
@@ -130,9 +130,9 @@ class LayersResult:
 
     def save(self, folder: str | Path, format: str = "png") -> list[Path]:
         """Write what `attnviz layers --out folder` writes: layers.<format>, rollout.<format>, rollout.json."""
-        from attnviz.heatmap import check_format
-        from attnviz.stats_export import write_rollout_json
-        from attnviz.stats_figures import write_layers_grid, write_rollout
+        from attnviz.render.heatmap import check_format
+        from attnviz.output.stats_export import write_rollout_json
+        from attnviz.render.stats_figures import write_layers_grid, write_rollout
 
         check_format(format)
 
@@ -147,12 +147,12 @@ class LayersResult:
 
     def to_dict(self) -> dict:
         """rollout.json's content."""
-        from attnviz.stats_export import rollout_record
+        from attnviz.output.stats_export import rollout_record
 
         return rollout_record(self.layer_runs, self.rollout, self.spec)
 
     def __rich_console__(self, console, options):
-        from attnviz.terminal import print_rollout
+        from attnviz.render.terminal import print_rollout
 
         printed = display.Printed(options.max_width)
         print_rollout(printed, self.tokens, self.rollout)
@@ -182,7 +182,7 @@ class LayersResult:
 class CompareResult:
     """One layer's projections split into different numbers of heads, as `attnviz compare` runs them."""
 
-    splits: list  # attnviz.compare.Split, one per (weights, head count)
+    splits: list  # attnviz.analysis.compare.Split, one per (weights, head count)
     spec: RunSpec  # the shared settings; each split has its own head count and weights
 
     @property
@@ -196,15 +196,15 @@ class CompareResult:
 
     def figure(self):
         """compare.png: a row per weights, a column per head count."""
-        from attnviz.compare_figures import comparison_figure
+        from attnviz.render.compare_figures import comparison_figure
 
         return comparison_figure(self.splits, seed=self.spec.seed)
 
     def save(self, folder: str | Path, format: str = "png") -> list[Path]:
         """Write what `attnviz compare --out folder` writes: compare.<format> and compare.json."""
-        from attnviz.compare import write_comparison_json
-        from attnviz.compare_figures import write_comparison_figure
-        from attnviz.heatmap import check_format
+        from attnviz.output.compare_json import write_comparison_json
+        from attnviz.render.compare_figures import write_comparison_figure
+        from attnviz.render.heatmap import check_format
 
         check_format(format)
         return save_run_files(
@@ -217,12 +217,12 @@ class CompareResult:
 
     def to_dict(self) -> dict:
         """compare.json's content."""
-        from attnviz.compare import comparison_record
+        from attnviz.output.compare_json import comparison_record
 
         return comparison_record(self.splits, self.spec)
 
     def __rich__(self):
-        from attnviz.terminal import compare_table
+        from attnviz.render.terminal import compare_table
 
         return compare_table(self.splits)
 
@@ -247,7 +247,7 @@ class CompareResult:
 class PositionResult:
     """Layer 0 over a text and its permutation, without and with position embeddings (`attnviz position`)."""
 
-    result: Any  # attnviz.position.PositionResult
+    result: Any  # attnviz.analysis.position.PositionResult
     spec: RunSpec
     source: str
     device_label: str
@@ -262,7 +262,7 @@ class PositionResult:
 
     @property
     def with_positions(self):
-        """attnviz.position.PositionSide: original, permuted, permuted_back (H, N, N) arrays, and their differences."""
+        """attnviz.analysis.position.PositionSide: original, permuted, permuted_back (H, N, N) arrays, and their differences."""
         return self.result.with_positions
 
     @property
@@ -271,15 +271,15 @@ class PositionResult:
 
     def figure(self):
         """position.png: one head, without and with position embeddings."""
-        from attnviz.compare_figures import position_figure
+        from attnviz.render.compare_figures import position_figure
 
         return position_figure(self.result)
 
     def save(self, folder: str | Path, format: str = "png") -> list[Path]:
         """Write what `attnviz position --out folder` writes: position.<format> and position.json."""
-        from attnviz.compare_figures import write_position_figure
-        from attnviz.heatmap import check_format
-        from attnviz.position import write_position_json
+        from attnviz.render.compare_figures import write_position_figure
+        from attnviz.render.heatmap import check_format
+        from attnviz.output.position_json import write_position_json
 
         check_format(format)
         return save_run_files(
@@ -292,12 +292,12 @@ class PositionResult:
 
     def to_dict(self) -> dict:
         """position.json's content."""
-        from attnviz.position import position_record
+        from attnviz.output.position_json import position_record
 
         return position_record(self.result, self.spec)
 
     def __rich_console__(self, console, options):
-        from attnviz.terminal import print_position
+        from attnviz.render.terminal import print_position
 
         printed = display.Printed(options.max_width)
         print_position(printed, self.result, self.source, self.device_label)
@@ -307,7 +307,7 @@ class PositionResult:
         return _Rendered(self)
 
     def _repr_html_(self) -> str:
-        from attnviz.position import format_difference
+        from attnviz.analysis.position import format_difference
 
         rows = [
             [label, format_difference(side.max_difference), format_difference(side.output_difference),

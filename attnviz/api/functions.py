@@ -35,7 +35,7 @@ def heads(
     another text; causal masks future keys.
     """
     from attnviz.api.results import HeadsResult
-    from attnviz.batch import run_in_batches
+    from attnviz.output.batch import run_in_batches
     from attnviz.pipeline import resolve_num_heads
 
     texts = _texts(text)
@@ -105,8 +105,9 @@ def stats(
 ):
     """Statistics and labels of every head of every layer, averaged over the texts (a StatsResult)."""
     from attnviz.api.analysis_results import StatsResult
-    from attnviz.pipeline import measure_heads, resolve_num_heads, run_attention
-    from attnviz.tokens import text_truncations
+    from attnviz.analysis.measure import measure_heads
+    from attnviz.pipeline import resolve_num_heads, run_attention
+    from attnviz.models.tokens import text_truncations
 
     texts = _texts(texts)
     handle = load(model, device)
@@ -135,7 +136,7 @@ def layers(
     truncate: bool = False,
 ):
     """Every layer's heads over one text, and attention rollout through the layers (a LayersResult)."""
-    from attnviz.analysis import attention_rollout
+    from attnviz.analysis.rollout import attention_rollout
     from attnviz.api.analysis_results import LayersResult
     from attnviz.pipeline import resolve_num_heads, run_layers
 
@@ -166,7 +167,7 @@ def compare(
     """The same layer's projections split into several head counts (default 1, 4 and the model's own), and
     pretrained beside random parameters when weights is ["pretrained", "random"] (a CompareResult)."""
     from attnviz.api.analysis_results import CompareResult
-    from attnviz.compare import compare_splits, default_head_counts, parse_head_counts, parse_weights
+    from attnviz.analysis.compare import compare_splits, default_head_counts, parse_head_counts, parse_weights
 
     (text,) = _texts(text, one=True)
     counts = parse_head_counts(_comma_list(heads)) if heads is not None else None
@@ -200,7 +201,7 @@ def position(
     """
     from attnviz.api.analysis_results import PositionResult
     from attnviz.pipeline import device_label
-    from attnviz.position import LAYER, position_experiment
+    from attnviz.analysis.position import LAYER, position_experiment
 
     (text,) = _texts(text, one=True)
     handle = load(model, device)
@@ -227,7 +228,7 @@ def _texts(text, one: bool = False) -> list[str]:
 
 def _check_lengths(loaded, texts: list[str], truncate: bool) -> None:
     """Name the first text of a list too long for the model ("texts[2] has 602 tokens, ..."), before any work."""
-    from attnviz.tokens import check_lengths
+    from attnviz.models.tokens import check_lengths
 
     if len(texts) > 1 and not truncate:
         counts = [len(ids) for ids in loaded.tokenizer.encode_batch(texts)]

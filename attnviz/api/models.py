@@ -27,16 +27,16 @@ class Model:
     resolved: str
     source: str  # "local folder", "hub cache", "hub download" or "bundled"
     device: str  # "cpu" or "cuda"
-    loaded: Any  # attnviz.loading.LoadedModel
+    loaded: Any  # attnviz.models.loading.LoadedModel
 
     @property
     def tokenizer(self):
-        """attnviz's WordPiece tokenizer of the model (attnviz.tokens.WordPieceTokenizer)."""
+        """attnviz's WordPiece tokenizer of the model (attnviz.models.tokens.WordPieceTokenizer)."""
         return self.loaded.tokenizer
 
     @property
     def model(self):
-        """The BERT encoder in eval mode (attnviz.bert.BertEncoder, a torch.nn.Module)."""
+        """The BERT encoder in eval mode (attnviz.models.bert.BertEncoder, a torch.nn.Module)."""
         return self.loaded.model
 
     @property
@@ -63,7 +63,7 @@ def load(model: str | Path | Model | None = None, device: str = "auto", *, allow
 
     device is "auto" (the GPU when torch sees one), "cpu" or "cuda". A handle passes through.
     """
-    from attnviz.loading import load_model
+    from attnviz.models.loading import load_model
     from attnviz.pipeline import resolve_device
     from attnviz.spec import resolved_model_name
 
@@ -97,7 +97,7 @@ def _on_device(model: Model, device: str) -> Model:
 
 def _model_key(name: str | None) -> str | None:
     """One key per model, however it is named: "bundled" or its name, a folder as its absolute path."""
-    from attnviz.loading import BUNDLED_NAME
+    from attnviz.models.loading import BUNDLED_NAME
 
     if name is None:
         return None

@@ -18,7 +18,7 @@ from attnviz.spec import RunSpec
 
 def save_run_files(folder: str | Path, write) -> list[Path]:
     """Write through the command line's staged folder: every file lands, or none (write(staging) -> paths)."""
-    from attnviz.runs import StagedRunFolder
+    from attnviz.output.runs import StagedRunFolder
 
     run_folder = StagedRunFolder(Path(folder), unique=False)  # as `--out folder`: files of the same name replaced
     with run_folder as staging:
@@ -76,14 +76,14 @@ class HeadsResult:
 
     @cached_property
     def summaries(self) -> list:
-        """Per head: entropy, relative entropy, mean max and each query's top key (attnviz.analysis.HeadSummary)."""
-        from attnviz.analysis import summarize_heads
+        """Per head: entropy, relative entropy, mean max and each query's top key (attnviz.analysis.statistics.HeadSummary)."""
+        from attnviz.analysis.statistics import summarize_heads
 
         return summarize_heads(self.run.attention, self.run.causal)
 
     def figure(self, head: int | None = None):
         """One head's heatmap (head_XX.png), or the grid of all heads (heads.png): a matplotlib Figure, not saved."""
-        from attnviz.heatmap import head_figure, heads_grid_figure
+        from attnviz.render.heatmap import head_figure, heads_grid_figure
 
         if head is None:
             return heads_grid_figure(self.run, seed=self.spec.seed)
@@ -93,8 +93,8 @@ class HeadsResult:
 
     def save(self, folder: str | Path, format: str = "png") -> list[Path]:
         """Write what `attnviz heads TEXT --out folder` writes: head_XX.<format>, heads.<format>, attention.json."""
-        from attnviz.export import write_attention_json
-        from attnviz.heatmap import check_format, write_heatmaps
+        from attnviz.output.export import write_attention_json
+        from attnviz.render.heatmap import check_format, write_heatmaps
 
         check_format(format)
 
@@ -108,13 +108,13 @@ class HeadsResult:
         """attention.json's content: the attention as nested lists, rounded as the file rounds it."""
         import numpy as np
 
-        from attnviz.export import DECIMALS, attention_record
+        from attnviz.output.export import DECIMALS, attention_record
 
         attention = np.round(self.run.attention.astype(np.float64), DECIMALS).tolist()  # as weights_json writes it
         return {**attention_record(self.run, self.spec), "attention": attention}
 
     def __rich__(self):
-        from attnviz.terminal import heads_table
+        from attnviz.render.terminal import heads_table
 
         return heads_table(self.run, self.summaries)
 
@@ -214,20 +214,20 @@ class TraceResult:
 
     def save(self, folder: str | Path, format: str = "png") -> list[Path]:
         """Write what `attnviz trace ... --out folder` writes: trace.json, trace.md, and a mistake's figures."""
-        from attnviz.heatmap import check_format
-        from attnviz.trace_files import write_trace_files
+        from attnviz.render.heatmap import check_format
+        from attnviz.output.trace_files import write_trace_files
 
         check_format(format)
         return save_run_files(folder, lambda staging: write_trace_files(self.trace, self.runs, self.spec, staging, format))
 
     def to_dict(self) -> dict:
         """trace.json's content."""
-        from attnviz.trace_files import trace_record
+        from attnviz.output.trace_files import trace_record
 
         return trace_record(self.trace, self.spec)
 
     def __rich_console__(self, console, options):
-        from attnviz.trace_render import print_trace
+        from attnviz.render.trace_render import print_trace
 
         printed = display.Printed(options.max_width)
         print_trace(printed, self.trace, text_tokens=[run.query_tokens for run in self.runs])

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from attnviz.attention import MultiHeadAttention
+from attnviz.attention.layer import MultiHeadAttention
 from attnviz.errors import AttnvizError
 from attnviz.result import Truncation
 from attnviz.trace.checks import LAYER_NAME, TOLERANCE, Check, HeadSlice, check_layouts, head_slices, torch_reference
@@ -188,7 +188,7 @@ def trace_texts(
     one text passes its valid lengths, so the trace shows the padding path.
     """
     from attnviz.pipeline import build_layer, check_layer, layer_input, resolve_num_heads
-    from attnviz.tokens import encode
+    from attnviz.models.tokens import encode
 
     check_layer(loaded, layer)
     num_heads = resolve_num_heads(loaded, num_heads)

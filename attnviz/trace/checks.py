@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from attnviz.attention import MultiHeadAttention
+from attnviz.attention.layer import MultiHeadAttention
 from attnviz.trace.recorder import LayerInputs, LayoutTrace
 
 TOLERANCE = 1e-5

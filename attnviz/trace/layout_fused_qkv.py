@@ -7,7 +7,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from attnviz.attention import MultiHeadAttention
+from attnviz.attention.layer import MultiHeadAttention
 from attnviz.errors import AttnvizError
 from attnviz.trace.recorder import LayerInputs, LayoutTrace, Recorder, axis_sizes, broadcast_note, finish_trace
 

@@ -7,7 +7,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from attnviz.attention import MultiHeadAttention
+from attnviz.attention.layer import MultiHeadAttention
 from attnviz.trace.recorder import LayerInputs, LayoutTrace, Recorder, finish_trace
 
 

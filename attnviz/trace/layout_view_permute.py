@@ -9,7 +9,7 @@ import math
 
 import torch
 
-from attnviz.attention import MultiHeadAttention, allowed_keys
+from attnviz.attention.layer import MultiHeadAttention, allowed_keys
 from attnviz.errors import AttnvizError
 from attnviz.trace.mistakes import MISTAKES, WRONG_MERGE_NOTE, WRONG_SPLIT_NOTE
 from attnviz.trace.recorder import (

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from attnviz.attention import MultiHeadAttention
+from attnviz.attention.layer import MultiHeadAttention
 
 ADDED_MARK = "+"  # marks a step the layout's tutorial does not have
 

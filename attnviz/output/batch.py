@@ -14,15 +14,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from attnviz.analysis import summarize_heads
+from attnviz.analysis.statistics import summarize_heads
 from attnviz.errors import AttnvizError
 from attnviz.result import AttentionRun, Truncation, truncation_json
-from attnviz.runs import earlier_run_files, run_folder_name
+from attnviz.output.runs import earlier_run_files, run_folder_name
 from attnviz.spec import RunSpec
 
-# Texts per forward pass. The weights of a batch are (B, H, N, N) floats: for 32 texts of
-# 512 tokens and 12 heads that is 400 MB, the most we want to hold at once.
-BATCH_SIZE = 32
 PROGRESS_MIN_TEXTS = 6  # show a progress bar from this many texts on
 STDIN = "-"
 SUMMARY_FILES = ("summary.csv", "summary.json")
@@ -99,32 +96,27 @@ def check_batch_target(target: Path, names: list[str]) -> None:
 
 def check_lengths(tokenizer, texts: list[LineText], max_positions: int, truncate: bool) -> None:
     """Name the line of the first text too long for the model, before any work is done."""
-    from attnviz.tokens import check_lengths as check_token_counts
+    from attnviz.models.tokens import check_lengths as check_token_counts
 
     if not truncate:
         counts = [len(ids) for ids in tokenizer.encode_batch([entry.text for entry in texts])]
         check_token_counts(counts, max_positions, [f"line {entry.line}" for entry in texts])
 
 
-def batches(items: list, size: int) -> Iterator[list]:
-    for start in range(0, len(items), size):
-        yield items[start : start + size]
-
-
 def run_in_batches(
-    loaded, texts: list[str], batch_size: int = BATCH_SIZE, **run_options
+    loaded, texts: list[str], batch_size: int | None = None, **run_options
 ) -> Iterator[list[AttentionRun]]:
-    """run_attention over each batch of texts in turn: one padded forward pass per batch."""
-    from attnviz.pipeline import run_attention
+    """run_attention over each batch of texts in turn: one padded forward pass per batch (BATCH_SIZE texts)."""
+    from attnviz.pipeline import BATCH_SIZE, batches, run_attention
 
-    for batch in batches(texts, batch_size):
+    for batch in batches(texts, batch_size or BATCH_SIZE):
         yield run_attention(loaded, batch, **run_options)
 
 
 def write_run_files(run: AttentionRun, spec: RunSpec, folder: Path, fmt: str) -> list[Path]:
     """What `attnviz heads` writes for one text: head heatmaps, the grid, attention.json."""
-    from attnviz.export import write_attention_json
-    from attnviz.heatmap import write_heatmaps
+    from attnviz.output.export import write_attention_json
+    from attnviz.render.heatmap import write_heatmaps
 
     folder.mkdir()
     written = write_heatmaps(run, folder, fmt, seed=spec.seed)
@@ -162,7 +154,7 @@ def write_batch(
     fmt: str,
     spec: RunSpec,
     *,
-    batch_size: int = BATCH_SIZE,
+    batch_size: int | None = None,
     on_text: Callable[[], None] | None = None,
 ) -> BatchResult:
     """Run every text with spec's settings, write its folder into out_dir, then summary.csv and summary.json."""

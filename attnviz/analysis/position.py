@@ -16,18 +16,14 @@ since position embeddings are added by position after the shuffle.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from attnviz.errors import AttnvizError
-from attnviz.spec import RunSpec
 
 TOLERANCE = 1e-5  # equivariant means equal within this; float32 rounding is about 1e-7
 LAYER = 0  # the layer whose input is the embedding output, where position enters
-POSITION_FORMAT_VERSION = 1
 
 
 @dataclass
@@ -116,7 +112,7 @@ def parse_permutation(spec: str, tokens: list[str]) -> list[int]:
 
 def permute_encoded(encoded, permutation: list[int]):
     """The same single text with its token ids in the new order: (1, N) tensors, nothing re-tokenized."""
-    from attnviz.tokens import Encoded
+    from attnviz.models.tokens import Encoded
 
     order = list(permutation)
     return Encoded(
@@ -136,7 +132,7 @@ def position_experiment(
     import torch
 
     from attnviz.pipeline import build_layer, embedding_output
-    from attnviz.tokens import encode, unknown_token_notice
+    from attnviz.models.tokens import encode, unknown_token_notice
 
     encoded = encode(loaded.tokenizer, [text], loaded.max_positions)
     tokens = encoded.tokens[0]
@@ -182,37 +178,3 @@ def position_experiment(
         with_positions=with_positions,
         notices=[notice for notice in notices if notice],
     )
-
-
-def position_record(result: PositionResult, spec: RunSpec) -> dict:
-    def side(side: PositionSide) -> dict:
-        return {
-            "max_abs_difference": side.max_difference,
-            "head_max_abs_difference": [float(value) for value in side.head_differences],
-            "output_max_abs_difference": side.output_difference,
-            "equivariant": side.equivariant,
-        }
-
-    return {
-        "format": "attnviz-position",
-        "version": POSITION_FORMAT_VERSION,
-        "settings": spec.to_dict(),
-        "text": result.text,
-        "truncated": None,  # position never cuts: a text too long for the model is refused
-        "model": result.model,
-        "layer": LAYER,
-        "weights": "pretrained",
-        "device": result.device,
-        "tokens": result.tokens,
-        "permutation": result.permutation,
-        "permuted_tokens": result.permuted_tokens,
-        "head_shown": result.head,
-        "tolerance": TOLERANCE,
-        "without_positions": side(result.without_positions),
-        "with_positions": side(result.with_positions),
-    }
-
-
-def write_position_json(result: PositionResult, spec: RunSpec, path: Path) -> Path:
-    path.write_text(json.dumps(position_record(result, spec), ensure_ascii=False, indent=1), encoding="utf-8")
-    return path

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attnviz.analysis import causal_note
+from attnviz.analysis.statistics import causal_note
 from attnviz.result import AttentionRun, truncation_json
 from attnviz.spec import RunSpec
 

@@ -14,7 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from attnviz.analysis import (
+from attnviz.analysis.statistics import (
     BROAD_THRESHOLD,
     CAUSAL_OVER_BIDIRECTIONAL,
     CLS_TOKEN,
@@ -24,7 +24,7 @@ from attnviz.analysis import (
     ModelStatistics,
 )
 from attnviz.result import AttentionRun
-from attnviz.titles import counted
+from attnviz.render.titles import counted
 
 MAX_TOKENS_SHOWN = 64
 TOKEN_LEGEND = "index token id (index 0 is [CLS])"
@@ -276,7 +276,7 @@ def print_compare_setup(
 
 def compare_table(splits) -> Table:
     """One row per (weights, head count): how spread out its heads are; the re-split note under it."""
-    from attnviz.compare import resplit_note
+    from attnviz.analysis.compare import resplit_note
 
     table = Table(title="one projection, split into heads", title_justify="left")
     table.add_column("parameters")
@@ -336,7 +336,7 @@ def batch_table(rows: list[dict], causal: bool = False, max_rows: int = 40) -> T
 
 def print_position(console: Console, result, source: str, device_label: str) -> None:
     """Setup, both token orders, and the equivariance numbers of `attnviz position`."""
-    from attnviz.position import TOLERANCE, format_difference
+    from attnviz.analysis.position import TOLERANCE, format_difference
 
     setup = Table.grid(padding=(0, 2))
     setup.add_row("model", Text(result.model).append(f" ({source})", style="dim"))

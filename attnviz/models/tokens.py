@@ -222,7 +222,7 @@ def unknown_token_notice(
     The note names the text by what it is ("the text", "the --kv text") and its start, so that
     among several texts (--file, --kv) it says which one it is about.
     """
-    from attnviz.titles import shorten
+    from attnviz.text import shorten
 
     special = set(tokenizer.all_special_ids)
     own = [i for i in ids if i not in special or i == tokenizer.unk_token_id]

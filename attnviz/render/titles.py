@@ -8,13 +8,15 @@ the second which text, where the keys come from, and how to draw the same figure
 
     “我爱中国” · cross-attention (keys from: “我想吃酸菜鱼”) · random parameters, seed 7
 
-No heavy imports: the terminal's notes shorten texts with the same helper.
+No heavy imports: the terminal imports it; notes shorten texts with attnviz.text.shorten, as titles do.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+
+from attnviz.text import shorten
 
 TEXT_CHARS = 60  # a text in a title, shortened to this many characters
 CROSS_TEXT_CHARS = 36  # each of the two texts of cross-attention
@@ -27,15 +29,9 @@ def short_model_name(model: str) -> str:
     return parts[-1] if parts else model
 
 
-def shorten(text: str, max_chars: int) -> str:
-    """text on one line (runs of white space as one space), cut to max_chars with "…" at the end."""
-    one_line = " ".join(text.split())
-    return one_line if len(one_line) <= max_chars else one_line[: max_chars - 1].rstrip() + "…"
-
-
 def quoted(text: str, max_chars: int = TEXT_CHARS) -> str:
     """ "“text”", shortened, with characters no font can draw written as <U+XXXX>."""
-    from attnviz.fonts import displayable
+    from attnviz.render.fonts import displayable
 
     return f"“{displayable(shorten(text, max_chars))}”"
 
@@ -109,7 +105,7 @@ def run_title(run, scope: Sequence[str], *, seed: int | None = None, **options) 
     A causal mask on a layer past the first is over a bidirectional model's hidden states, and
     the title says so (only layer 0's input, the embeddings, holds no later token).
     """
-    from attnviz.analysis import CAUSAL_OVER_BIDIRECTIONAL
+    from attnviz.analysis.statistics import CAUSAL_OVER_BIDIRECTIONAL
 
     setup = dict(text=run.text, kv_text=run.kv_text, causal=run.causal, weights=run.weights)
     notes = list(options.pop("notes", ()))

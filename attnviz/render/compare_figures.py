@@ -12,16 +12,16 @@ from pathlib import Path
 
 import numpy as np
 
-from attnviz.compare import Split, resplit_note
-from attnviz.heatmap import (
+from attnviz.analysis.compare import Split, resplit_note
+from attnviz.render.heatmap import (
     check_format,
     freeze_layout,
     label_tokens,
     new_figure,
     save_options,
 )
-from attnviz.position import PositionResult, PositionSide, format_difference
-from attnviz.scales import (
+from attnviz.analysis.position import PositionResult, PositionSide, format_difference
+from attnviz.render.scales import (
     DPI,
     attention_colorbar,
     attention_norm,
@@ -30,7 +30,7 @@ from attnviz.scales import (
     scale_label,
     show_attention,
 )
-from attnviz.titles import chars_across, counted, figure_title
+from attnviz.render.titles import chars_across, counted, figure_title
 
 MAX_HEADS_SHOWN = 16  # per head count in compare.png: a 4 x 4 grid of panels is still readable
 MAX_SPLITS_PER_ROW = 6  # head counts side by side in compare.png before it wraps

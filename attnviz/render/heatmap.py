@@ -2,7 +2,7 @@
 
 Rows are queries (y axis), columns are keys (x axis); each row sums to 1, so the colour scale
 is fixed at 0..1 and a colour means the same weight in every head, layer and model (log for
-long maps; every pixel one value, never a blend; no image past the size cap: attnviz.scales).
+long maps; every pixel one value, never a blend; no image past the size cap: attnviz.render.scales).
 Figures are plain matplotlib Figures on an Agg canvas: no pyplot state, nothing left open.
 """
 
@@ -19,10 +19,10 @@ from pathlib import Path
 
 import numpy as np
 
-from attnviz.fonts import displayable
+from attnviz.render.fonts import displayable
 from attnviz.result import AttentionRun
-from attnviz.titles import chars_across, counted, run_title
-from attnviz.scales import (  # the colour scale, blocks and size cap of every attention figure
+from attnviz.render.titles import chars_across, counted, run_title
+from attnviz.render.scales import (  # the colour scale, blocks and size cap of every attention figure
     COLORMAP,  # noqa: F401 (the colours of heatmaps, imported from here by their tests)
     DPI,
     MASKED_COLOR,  # noqa: F401
@@ -73,7 +73,7 @@ def write_heatmaps(
     On Linux with more than one core, a forked copy of this process draws the grid while this
     one draws the heads: matplotlib uses one core, and the two jobs take about as long.
     """
-    from attnviz.fonts import use_cjk_font
+    from attnviz.render.fonts import use_cjk_font
 
     check_format(fmt)
     use_cjk_font()  # before the fork, so that both processes start with the fonts loaded
@@ -292,7 +292,7 @@ def new_figure(size: tuple[float, float]):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    from attnviz.fonts import use_cjk_font
+    from attnviz.render.fonts import use_cjk_font
 
     use_cjk_font()
     figure = Figure(figsize=capped_size(size), dpi=DPI, layout="constrained")  # say_capped names the big ones

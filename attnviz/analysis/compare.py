@@ -13,17 +13,11 @@ re-split, not what a model trained with one head would learn (resplit_note says 
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import dataclass
 
-from attnviz.analysis import HeadSummary, summarize_heads
+from attnviz.analysis.statistics import HeadSummary, summarize_heads
 from attnviz.errors import AttnvizError
-from attnviz.result import AttentionRun, truncation_json
-from attnviz.spec import RunSpec
-
-COMPARE_FORMAT_VERSION = 1
-
+from attnviz.result import AttentionRun
 
 @dataclass
 class Split:
@@ -104,7 +98,7 @@ def compare_splits(
     A random layer is built from the same seed for every head count, so its W_q, W_k and W_v
     are the same across the counts too, exactly as BERT's are.
     """
-    from attnviz.attention import check_num_heads
+    from attnviz.attention.layer import check_num_heads
     from attnviz.pipeline import run_attention
 
     for count in head_counts:
@@ -131,44 +125,3 @@ def resplit_note(splits: list[Split]) -> str | None:
         f"(1 head is exactly softmax(Σₕ Sₕ / √{trained}) of their scores Sₕ):\n"
         f"it shows those weights re-split, not what a model trained with that many heads would learn."
     )
-
-
-def comparison_record(splits: list[Split], spec: RunSpec) -> dict:
-    """spec holds the settings the splits share (num_heads and weights None); each split gets its own."""
-    first = splits[0].run
-    return {
-        "format": "attnviz-compare",
-        "version": COMPARE_FORMAT_VERSION,
-        "settings": spec.to_dict(),
-        "text": first.text,
-        "truncated": truncation_json(first.truncated),
-        "model": first.model,
-        "layer": first.layer,
-        "device": first.device,
-        "tokens": first.query_tokens,
-        "splits": [
-            {
-                "settings": replace(spec, num_heads=split.num_heads, weights=split.weights).to_dict(),
-                "weights": split.weights,
-                "num_heads": split.num_heads,
-                "head_dim": split.run.head_dim,
-                "mean_relative_entropy": round(split.mean_relative_entropy, 6),
-                "mean_max": round(split.mean_max, 6),
-                "heads": [
-                    {
-                        "head": summary.head,
-                        "entropy": round(summary.entropy, 6),
-                        "relative_entropy": round(summary.relative_entropy, 6),
-                        "mean_max": round(summary.mean_max, 6),
-                    }
-                    for summary in split.summaries
-                ],
-            }
-            for split in splits
-        ],
-    }
-
-
-def write_comparison_json(splits: list[Split], spec: RunSpec, path: Path) -> Path:
-    path.write_text(json.dumps(comparison_record(splits, spec), ensure_ascii=False, indent=1), encoding="utf-8")
-    return path

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from attnviz.scales import MAX_IMAGE_SIDE_PX as MAX_IMAGE_SIDE  # pixels, width and height, of every figure
+from attnviz.render.scales import MAX_IMAGE_SIDE_PX as MAX_IMAGE_SIDE  # pixels, width and height, of every figure
 from attnviz.trace import TraceResult
 
 MAX_GRID_HEADS = 16  # wrong heads in the grid figure; every head has its own file
@@ -31,7 +31,7 @@ def write_mistake_figures(
     notes receives a line for each figure that was capped or thinned; seed (of random
     parameters) goes into the titles.
     """
-    from attnviz.heatmap import write_heatmaps
+    from attnviz.render.heatmap import write_heatmaps
 
     notes = [] if notes is None else notes
     mistake = result.mistake.mistake
@@ -46,7 +46,7 @@ def write_mistake_figures(
 
 def slice_labels(num_heads: int, num_tokens: int, head_dim: int, tokens: list[str]) -> list[list[str]]:
     """For each wrong head, each row's label "token:text sK": slice K (columns K*d..) of that token."""
-    from attnviz.fonts import displayable
+    from attnviz.render.fonts import displayable
     from attnviz.trace import split_provenance
 
     provenance = split_provenance(num_heads, num_tokens, head_dim, "view-without-permute")  # (H, N, 2)
@@ -56,7 +56,7 @@ def slice_labels(num_heads: int, num_tokens: int, head_dim: int, tokens: list[st
 
 def _split_title(run, width_inches: float, seed: int | None, head: int | None = None) -> str:
     """The wrong computation named first, then the figure's usual title (titles.run_title)."""
-    from attnviz.titles import chars_across, run_title
+    from attnviz.render.titles import chars_across, run_title
 
     which = f"'head' {head}" if head is not None else f"{run.num_heads} 'heads'"  # a mistake needs 2 heads or more
     title = run_title(run, [f"layer {run.layer}", which], seed=seed, line_chars=chars_across(width_inches, 9))
@@ -76,11 +76,11 @@ def write_split_heatmaps(
     """
     import numpy as np
 
-    from attnviz.heatmap import (
+    from attnviz.render.heatmap import (
         DPI, MAX_GRID_TICK_LABELS, MAX_TICK_LABELS, cell_values, draw_attention, freeze_layout, grid_shape,
         head_figure_size, label_tokens, new_figure, save_options, show_attention, update_cell_values,
     )  # fmt: skip
-    from attnviz.scales import attention_colorbar
+    from attnviz.render.scales import attention_colorbar
 
     wrong = next(trace for trace in result.layouts if trace.mistake == "view-without-permute")
     weights = wrong.weights[0].numpy()  # (H, Nq, Nk) of the first text, padding included
@@ -147,7 +147,7 @@ def capped_inches(natural: float, dpi: int) -> float:
 
 def thinned_ticks(count: int, pixels: float) -> list[int]:
     """Every k-th index, so that each label has MIN_LABEL_PIXELS along an axis of this many pixels."""
-    from attnviz.heatmap import tick_positions
+    from attnviz.render.heatmap import tick_positions
 
     return tick_positions(count, max(1, int(pixels // MIN_LABEL_PIXELS)))
 
@@ -163,9 +163,9 @@ def write_merge_figure(
     """
     import numpy as np
 
-    from attnviz.fonts import displayable
-    from attnviz.heatmap import DPI, new_figure, save_options
-    from attnviz.titles import chars_across, counted, run_title
+    from attnviz.render.fonts import displayable
+    from attnviz.render.heatmap import DPI, new_figure, save_options
+    from attnviz.render.titles import chars_across, counted, run_title
     from attnviz.trace import merge_provenance
 
     notes = [] if notes is None else notes

@@ -1,7 +1,7 @@
 """Figures across layers: every head of every layer at a glance, attention rollout, and the
 Jensen-Shannon distances between the heads of each layer.
 
-Same conventions as attnviz.heatmap (rows are queries, columns keys, a fixed 0..1 colour
+Same conventions as attnviz.render.heatmap (rows are queries, columns keys, a fixed 0..1 colour
 scale, log for long texts, causal-masked cells in grey, each pixel one value or the maximum of
 a block of cells, the size cap) and the same fast path: plain matplotlib Figures on an Agg
 canvas, one imshow per map and no Text artist per cell. The layer-by-head grid is a single image:
@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 
 
-from attnviz.analysis import CAUSAL_OVER_BIDIRECTIONAL
-from attnviz.heatmap import (
+from attnviz.analysis.statistics import CAUSAL_OVER_BIDIRECTIONAL
+from attnviz.render.heatmap import (
     MAX_ANNOTATED_TOKENS,
     MAX_TICK_LABELS,
     cell_values,
@@ -33,7 +33,7 @@ from attnviz.heatmap import (
     update_cell_values,
 )
 from attnviz.result import AttentionRun
-from attnviz.scales import (
+from attnviz.render.scales import (
     DPI,
     attention_colorbar,
     attention_colormap,
@@ -45,7 +45,7 @@ from attnviz.scales import (
     scale_label,
     show_attention,
 )
-from attnviz.titles import chars_across, counted, figure_title, run_title
+from attnviz.render.titles import chars_across, counted, figure_title, run_title
 
 GRID_PANEL_INCHES = 1.1  # one head's map in layers.png
 MAX_GRID_WIDTH_INCHES = 18.0  # panels shrink so that many heads (--heads 48, ...) stay on a screen

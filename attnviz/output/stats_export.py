@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attnviz.analysis import (
+from attnviz.analysis.statistics import (
     BROAD_THRESHOLD,
     CLARK_DIFFERENCES,
     SHARE_LABELS,
@@ -18,7 +18,7 @@ from attnviz.analysis import (
     ModelStatistics,
     causal_note,
 )
-from attnviz.export import DECIMALS
+from attnviz.output.export import DECIMALS
 from attnviz.result import AttentionRun, Truncation, truncation_json
 from attnviz.spec import RunSpec
 

@@ -15,7 +15,7 @@ from rich.table import Table
 from attnviz.result import truncation_json
 from attnviz.spec import RunSpec
 from attnviz.trace import ADDED_MARK, LAYOUT_DESCRIPTIONS, TOLERANCE, Step, TraceResult
-from attnviz.trace_render import (
+from attnviz.render.trace_render import (
     CHECKS_EXPLANATION, axis_legend, batch_table, check_name, difference_text, head_slices_title, memory_word,
     shape_text,
 )  # fmt: skip
@@ -271,7 +271,7 @@ def write_trace_files(
     runs are the AttentionRuns of the texts (their tokens label the batch; the first text's, the
     figures); spec the run's settings; notes receives a line for each figure that was capped or thinned.
     """
-    from attnviz.trace_figures import write_mistake_figures
+    from attnviz.render.trace_figures import write_mistake_figures
 
     text_tokens = [run.query_tokens for run in runs]
     written = [write_trace_json(result, spec, out_dir / "trace.json")]

@@ -2,8 +2,8 @@
 
 For `heads`: a summary per head of one layer. For `stats` and `layers`: the per-head statistics
 of Clark et al. 2019 (three of them defined differently: CLARK_DIFFERENCES), labels for clear
-patterns, the Jensen-Shannon distances between the heads of a layer, and attention rollout
-through the layers (Abnar & Zuidema 2020). Plain NumPy: no torch, so the renderers can import it.
+patterns, and the Jensen-Shannon distances between the heads of a layer (attention rollout is in
+rollout.py). Plain NumPy at import (torch only inside the batch functions), so the renderers can import it.
 """
 
 from __future__ import annotations
@@ -317,24 +317,6 @@ def key_kind_columns(tokens: list[list[str]], num_tokens: int):
         kinds = key_kinds(text_tokens)
         columns[b, : len(text_tokens)] = np.stack([kinds[kind] for kind in KEY_KINDS], axis=-1)
     return torch.from_numpy(columns)
-
-
-def attention_rollout(layer_attention: list[np.ndarray]) -> np.ndarray:
-    """Attention rollout (Abnar & Zuidema 2020) of self-attention through the layers, in order.
-
-    Per layer: average the heads of (H, N, N), add the identity (the residual connection) and
-    renormalise the rows; then R = A'_{L-1} ... A'_1 A'_0. Row i of R (N, N) says how much the
-    last layer's token i draws on each input token; its rows sum to 1.
-    """
-    rollout = None
-    for attention in layer_attention:
-        weights = np.asarray(attention, dtype=np.float64)  # (H, N, N)
-        mixed = weights.mean(axis=0) + np.eye(weights.shape[-1])  # (N, N)
-        mixed /= mixed.sum(axis=-1, keepdims=True)
-        rollout = mixed if rollout is None else mixed @ rollout  # the later layer on the left
-    if rollout is None:
-        raise ValueError("attention rollout needs at least one layer")
-    return rollout
 
 
 @dataclass

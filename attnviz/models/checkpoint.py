@@ -24,7 +24,7 @@ from pathlib import Path, PurePosixPath
 
 import torch
 
-from attnviz.bert import BertConfig, BertEncoder
+from attnviz.models.bert import BertConfig, BertEncoder
 from attnviz.errors import first_line
 
 SINGLE_FILE = {True: "model.safetensors", False: "pytorch_model.bin"}

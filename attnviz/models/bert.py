@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnviz.attention import merge_heads, split_heads
+from attnviz.attention.layer import merge_heads, split_heads
 from attnviz.errors import AttnvizError
 
 ACTIVATIONS = {

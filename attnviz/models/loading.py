@@ -48,8 +48,8 @@ class LoadedModel:
 
     name: str  # hub id, local folder path as given, or BUNDLED_NAME
     source: str  # "local folder", "hub cache", "hub download" or "bundled"
-    tokenizer: Any  # attnviz.tokens.WordPieceTokenizer
-    model: Any  # attnviz.bert.BertEncoder in eval mode
+    tokenizer: Any  # attnviz.models.tokens.WordPieceTokenizer
+    model: Any  # attnviz.models.bert.BertEncoder in eval mode
     notice: str | None = None  # one line to show the user, e.g. why we fell back
 
     @property
@@ -217,7 +217,7 @@ def _download(repo_id: str, device: str, allow_pickle: bool) -> LoadedModel:
     from huggingface_hub import file_exists, hf_hub_download
     from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
 
-    from attnviz.checkpoint import shard_names
+    from attnviz.models.checkpoint import shard_names
 
     try:
         with warnings.catch_warnings():  # e.g. the hub's long warning about symlinks on Windows
@@ -263,8 +263,8 @@ def _load_weights(
     Every size is checked against the tensors' shapes, and the tokenizer against the embedding
     table, before the encoder is built and its tensors read.
     """
-    from attnviz.checkpoint import load_bert, open_checkpoint
-    from attnviz.tokens import WordPieceTokenizer
+    from attnviz.models.checkpoint import load_bert, open_checkpoint
+    from attnviz.models.tokens import WordPieceTokenizer
 
     checkpoint = open_checkpoint(folder, config, use_safetensors, allow_pickle)
     tokenizer = WordPieceTokenizer(folder, embedding_rows=checkpoint.config.vocab_size)

@@ -1,0 +1,55 @@
+"""`attnviz stats`: the statistics of every head of every layer, measured batch by batch on the device.
+
+The pipeline runs attnviz's layers in BERT's forward pass; the statistics accumulate each
+batch's weights as they come, so no layer's (B, H, N, N) weights outlive their batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from attnviz.analysis.statistics import ModelStatistics, StatisticsAccumulator, key_kind_columns
+from attnviz.pipeline import (
+    BATCH_SIZE,
+    batches,
+    build_layers,
+    in_berts_place,
+    iter_layer_weights,
+    text_notices,
+    truncation_notices,
+)
+from attnviz.models.loading import LoadedModel
+from attnviz.models.tokens import encode
+
+
+def measure_heads(
+    loaded: LoadedModel,
+    texts: list[str],
+    *,
+    num_heads: int | None = None,
+    weights: str = "pretrained",
+    seed: int = 0,
+    causal: bool = False,
+    device: str = "cpu",
+    truncate: bool = False,
+    advance: Callable[[int], None] = lambda done: None,
+) -> tuple[ModelStatistics, list[str]]:
+    """The statistics of every head of every layer averaged over the texts, and text_notices' notes.
+
+    Texts of similar length are batched together, so they pad least (the averages do not
+    depend on the order); each batch is one forward pass, measured at once on the device.
+    advance(n) is called after each batch of n texts.
+    """
+    accumulator = StatisticsAccumulator(loaded.num_layers, causal)
+    layers = build_layers(loaded, num_heads, weights, seed, device)
+    in_place = in_berts_place(loaded, num_heads, weights, causal)
+    notices: dict[str, None] = {}  # in order, once each
+    for batch in batches(sorted(texts, key=len), BATCH_SIZE):
+        encoded = encode(loaded.tokenizer, batch, loaded.max_positions, truncate)
+        kinds = key_kind_columns(encoded.tokens, encoded.input_ids.shape[1]).to(device)  # (B, N, K)
+        for layer, (_, patterns) in enumerate(iter_layer_weights(loaded, encoded, layers, causal, device, in_place)):
+            accumulator.add_batch(layer, patterns, encoded.valid_lens, kinds)
+        notices.update(dict.fromkeys(text_notices(loaded, batch, encoded.ids)))
+        notices.update(dict.fromkeys(truncation_notices(batch, encoded.truncations)))
+        advance(len(batch))
+    return accumulator.result(), list(notices)
