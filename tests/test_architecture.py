@@ -1,0 +1,80 @@
+"""The layout shows the architecture (README.md, "Layout"): imports point one way, and nothing imports in a circle.
+
+The contracts live in pyproject.toml under [tool.importlinter]; `lint-imports` checks them,
+imports made inside functions included. The cycle check is computed here as well, from the
+same import graph (grimp, which import-linter uses), over every module of attnviz.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_import_contracts_hold():
+    lint_imports = Path(sys.executable).parent / "lint-imports"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]), "COLUMNS": "200"}
+    result = subprocess.run(
+        [str(lint_imports), "--no-cache"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Contracts: 4 kept, 0 broken." in result.stdout, result.stdout  # none dropped from pyproject.toml
+    for contract in ("Layers", "no matplotlib, rich or typer", "Only the command line imports typer", "No import cycles"):
+        assert contract in result.stdout, contract
+
+
+def test_no_module_of_attnviz_imports_itself_in_a_circle():
+    import grimp
+
+    graph = grimp.build_graph("attnviz", cache_dir=None)
+    imports = {module: graph.find_modules_directly_imported_by(module) & graph.modules for module in graph.modules}
+    cycles = [sorted(component) for component in strongly_connected(imports) if len(component) > 1]
+    assert not cycles, cycles
+    assert not [module for module, imported in imports.items() if module in imported]  # nor directly itself
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    """The check above would fail on a cycle: a two-module loop and a three-module loop are found."""
+    imports = {"a": {"b"}, "b": {"a"}, "c": {"d"}, "d": {"e"}, "e": {"c"}, "f": {"a"}}
+    assert sorted(sorted(component) for component in strongly_connected(imports) if len(component) > 1) == [
+        ["a", "b"],
+        ["c", "d", "e"],
+    ]
+
+
+def strongly_connected(imports: dict[str, set[str]]) -> list[set[str]]:
+    """Tarjan's strongly connected components of the graph module -> modules it imports."""
+    index: dict[str, int] = {}
+    lowest: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[set[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = lowest[module] = len(index)
+        stack.append(module)
+        on_stack.add(module)
+        for imported in imports.get(module, ()):
+            if imported not in index:
+                visit(imported)
+                lowest[module] = min(lowest[module], lowest[imported])
+            elif imported in on_stack:
+                lowest[module] = min(lowest[module], index[imported])
+        if lowest[module] == index[module]:
+            component = set()
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.add(member)
+                if member == module:
+                    break
+            components.append(component)
+
+    for module in sorted(imports):
+        if module not in index:
+            visit(module)
+    return components
