@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from dataclasses import replace
 from enum import Enum
 from pathlib import Path
 from typing import Optional
@@ -226,18 +227,7 @@ def heads(
         model, loaded, device_name, layer=layer, num_heads=resolve_num_heads(loaded, num_heads), weights=weights.value,
         seed=seed, causal=causal, kv_text=kv, truncate=truncate,
     )
-    (run,) = run_attention(
-        loaded,
-        [text],
-        kv_text=kv,
-        layer=layer,
-        num_heads=num_heads,
-        weights=weights.value,
-        seed=seed,
-        causal=causal,
-        device=device_name,
-        truncate=truncate,
-    )
+    (run,) = run_attention(loaded, [text], spec)
 
     terminal.print_notices(errors, run.notices)
     terminal.print_setup(console, run, loaded.source, device_label(device_name), seed=seed)
@@ -248,10 +238,7 @@ def heads(
         from attnviz.trace import trace_texts
         from attnviz.render.trace_render import print_trace
 
-        traced = trace_texts(
-            loaded, [text], kv_text=kv, layer=layer, num_heads=num_heads, weights=weights.value, seed=seed,
-            causal=causal, device=device_name, truncate=truncate,
-        )
+        traced = trace_texts(loaded, [text], spec)
         print_trace(console, traced, text_tokens=[run.query_tokens])
 
     folder = StagedRunFolder(target, unique=out is None)
@@ -372,10 +359,10 @@ def stats(
         seed=seed, causal=causal, kv_text=None, truncate=truncate,
     )
 
-    setup = dict(num_heads=num_heads, weights=weights.value, seed=seed, causal=causal, device=device_name, truncate=truncate)
     with terminal.progress_bar(console, len(texts), "measuring heads", PROGRESS_MIN_TEXTS) as advance:
-        result, notices = measure_heads(loaded, texts, **setup, advance=advance)
-    (first_run,) = run_attention(loaded, texts[:1], **setup)  # what the terminal and stats.json say about the setup
+        result, notices = measure_heads(loaded, texts, spec, advance=advance)
+    # what the terminal and stats.json say about the setup: the first text through layer 0
+    (first_run,) = run_attention(loaded, texts[:1], replace(spec, layer=0))
     truncated = text_truncations(loaded.tokenizer, texts, loaded.max_positions) if truncate else [None] * len(texts)
 
     shown = list(notices)[:MAX_NOTICES_SHOWN]
@@ -437,10 +424,7 @@ def layers(
         model, loaded, device_name, layer=None, num_heads=resolve_num_heads(loaded, num_heads), weights=weights.value,
         seed=seed, causal=causal, kv_text=None, truncate=truncate,
     )
-    (layer_runs,) = run_layers(
-        loaded, [text], num_heads=num_heads, weights=weights.value, seed=seed, causal=causal,
-        device=device_name, truncate=truncate,
-    )
+    (layer_runs,) = run_layers(loaded, [text], spec)
     rollout = attention_rollout([run.attention for run in layer_runs])  # (N, N)
 
     first = layer_runs[0]
@@ -508,9 +492,7 @@ def compare(
         model, loaded, device_name, layer=layer, num_heads=None, weights=None, seed=seed, causal=False, kv_text=None,
         truncate=truncate,
     )
-    splits = compare_splits(
-        loaded, text, counts, weights_list, layer=layer, seed=seed, device=device_name, truncate=truncate
-    )
+    splits = compare_splits(loaded, text, counts, weights_list, spec)
 
     first = splits[0].run
     terminal.print_notices(errors, first.notices)
@@ -651,12 +633,11 @@ def trace(
         model, loaded, device_name, layer=layer, num_heads=resolve_num_heads(loaded, num_heads), weights=weights.value,
         seed=seed, causal=causal, kv_text=kv, truncate=truncate,
     )
-    options = spec.attention_options()
     traced = trace_texts(
-        loaded, texts, layouts=LAYOUTS if layout == Layout.all else (layout.value,),
-        mistake=mistake.value if mistake else None, **options,
+        loaded, texts, spec, layouts=LAYOUTS if layout == Layout.all else (layout.value,),
+        mistake=mistake.value if mistake else None,
     )
-    runs = run_attention(loaded, texts, **options)  # tokens, notices and heatmaps
+    runs = run_attention(loaded, texts, spec)  # tokens, notices and heatmaps
 
     terminal.print_notices(errors, [notice for run in runs for notice in run.notices])
     terminal.print_setup(console, runs[0], loaded.source, device_label(device_name), seed=seed)
@@ -695,9 +676,9 @@ def models() -> None:
 
 def _run_spec(model: Optional[str], loaded, device: str, **settings):
     """The run's settings (attnviz.spec.RunSpec), built once: the options as given, with the model that loaded."""
-    from attnviz.spec import build_spec
+    from attnviz.spec import run_spec
 
-    return build_spec(model, loaded, device, **settings)
+    return run_spec(loaded, model, device=device, **settings)
 
 
 def _run_target(out: Optional[Path], default_name: str) -> Path:

@@ -5,11 +5,15 @@ BERT layer L and that layer's input (for L = 0, BERT's embedding output), so its
 are BERT's own attention pattern. With random weights it is a fresh layer, as in the tutorials.
 For every layer at once (stats, layers), one forward pass gives each layer's input; with
 BERT's own projections and heads our layers stand in for BERT's attention in that pass.
+
+Every run takes its settings whole, as a RunSpec (attnviz.spec). The stage between models and
+attention below, and analysis and trace above (the stats loop, measure_heads, is in analysis).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 
 import torch
 
@@ -17,9 +21,8 @@ from attnviz.attention.layer import MultiHeadAttention, check_num_heads
 from attnviz.errors import AttnvizError
 from attnviz.models.loading import LoadedModel
 from attnviz.result import AttentionRun
+from attnviz.spec import RunSpec
 from attnviz.models.tokens import Encoded, encode, truncation_notice, unknown_token_notice
-
-WEIGHTS = ("pretrained", "random")
 
 # Texts per forward pass. The weights of a batch are (B, H, N, N) floats: for 32 texts of
 # 512 tokens and 12 heads that is 400 MB, the most we want to hold at once.
@@ -101,17 +104,14 @@ def random_layer(model_size: int, num_heads: int, seed: int) -> MultiHeadAttenti
         return MultiHeadAttention(model_size, num_heads, bias=True)
 
 
-def build_layer(
-    loaded: LoadedModel, layer: int, num_heads: int, weights: str, seed: int, device: str
-) -> MultiHeadAttention:
-    check_num_heads(loaded.hidden_size, num_heads)
-    if weights == "pretrained":
-        attention = layer_from_bert(loaded.model.encoder.layer[layer], num_heads)
-    elif weights == "random":
-        attention = random_layer(loaded.hidden_size, num_heads, seed)
-    else:
-        raise AttnvizError(f"unknown weights {weights!r}: choose pretrained or random")
-    return attention.to(device).eval()
+def build_layer(loaded: LoadedModel, spec: RunSpec) -> MultiHeadAttention:
+    """attnviz's layer for spec.layer: BERT's projections or random ones from spec.seed, split into spec.num_heads."""
+    num_heads = resolve_num_heads(loaded, spec.num_heads)
+    if spec.weights == "pretrained":
+        attention = layer_from_bert(loaded.model.encoder.layer[spec.layer], num_heads)
+    else:  # "random": RunSpec admits no other
+        attention = random_layer(loaded.hidden_size, num_heads, spec.seed)
+    return attention.to(spec.device).eval()
 
 
 def resolve_num_heads(loaded: LoadedModel, num_heads: int | None) -> int:
@@ -122,35 +122,20 @@ def resolve_num_heads(loaded: LoadedModel, num_heads: int | None) -> int:
     return num_heads
 
 
-def build_layers(
-    loaded: LoadedModel, num_heads: int | None, weights: str, seed: int, device: str
-) -> list[MultiHeadAttention]:
-    """attnviz's layer for every BERT layer, in order."""
-    num_heads = resolve_num_heads(loaded, num_heads)
-    return [build_layer(loaded, layer, num_heads, weights, seed, device) for layer in range(loaded.num_layers)]
+def build_layers(loaded: LoadedModel, spec: RunSpec) -> list[MultiHeadAttention]:
+    """attnviz's layer for every BERT layer, in order (spec.layer is not used)."""
+    return [build_layer(loaded, replace(spec, layer=layer)) for layer in range(loaded.num_layers)]
 
 
 @torch.inference_mode()
-def run_attention(
-    loaded: LoadedModel,
-    texts: list[str],
-    *,
-    kv_text: str | None = None,
-    layer: int = 0,
-    num_heads: int | None = None,
-    weights: str = "pretrained",
-    seed: int = 0,
-    causal: bool = False,
-    device: str = "cpu",
-    truncate: bool = False,
-) -> list[AttentionRun]:
-    """Run attnviz's layer over a padded batch of texts; one AttentionRun per text.
+def run_attention(loaded: LoadedModel, texts: list[str], spec: RunSpec) -> list[AttentionRun]:
+    """Run attnviz's layer over a padded batch of texts with spec's settings; one AttentionRun per text.
 
-    With kv_text, queries come from each text and keys and values from kv_text.
+    With spec.kv_text, queries come from each text and keys and values from kv_text.
     """
+    layer, kv_text, device, truncate = spec.layer, spec.kv_text, spec.device, spec.truncate
     check_layer(loaded, layer)
-    num_heads = resolve_num_heads(loaded, num_heads)
-    attention = build_layer(loaded, layer, num_heads, weights, seed, device)
+    attention = build_layer(loaded, spec)
 
     queries = encode(loaded.tokenizer, texts, loaded.max_positions, truncate)
     keys = queries if kv_text is None else encode(loaded.tokenizer, [kv_text], loaded.max_positions, truncate)
@@ -162,50 +147,35 @@ def run_attention(
     key_valid_lens = keys.valid_lens.to(device).expand(len(texts))  # (B,)
 
     output, patterns = attention(
-        query_states, key_states, key_states, valid_lens=key_valid_lens, causal=causal
+        query_states, key_states, key_states, valid_lens=key_valid_lens, causal=spec.causal
     )  # (B, Nq, D), (B, H, Nq, Nk)
-    return _split_runs(
-        loaded, texts, queries, keys, output, patterns,
-        kv_text=kv_text, layer=layer, weights=weights, num_heads=num_heads, device=device, causal=causal,
-    )
+    return _split_runs(loaded, texts, queries, keys, output, patterns, spec, layer, attention.num_heads)
 
 
 @torch.inference_mode()
-def iter_layer_runs(
-    loaded: LoadedModel,
-    texts: list[str],
-    *,
-    num_heads: int | None = None,
-    weights: str = "pretrained",
-    seed: int = 0,
-    causal: bool = False,
-    device: str = "cpu",
-    truncate: bool = False,
-) -> Iterator[list[AttentionRun]]:
+def iter_layer_runs(loaded: LoadedModel, texts: list[str], spec: RunSpec) -> Iterator[list[AttentionRun]]:
     """attnviz's layer in place of every BERT layer over a padded batch: per layer, one run per text.
 
-    One BERT forward pass gives every layer's input; layer L's run of a text is what
-    run_attention(layer=L) gives for it. Layer by layer, so that a caller who only needs numbers
+    spec.layer is not used. One BERT forward pass gives every layer's input; layer L's run of a
+    text is what run_attention with layer L gives for it. Layer by layer, so that a caller who only needs numbers
     holds one layer's weights at a time; each run holds a copy of its text's unpadded weights.
     """
-    in_place = in_berts_place(loaded, num_heads, weights, causal)
-    num_heads = resolve_num_heads(loaded, num_heads)
-    layers = build_layers(loaded, num_heads, weights, seed, device)
-    encoded = encode(loaded.tokenizer, texts, loaded.max_positions, truncate)
-    for layer, (output, patterns) in enumerate(iter_layer_weights(loaded, encoded, layers, causal, device, in_place)):
-        yield _split_runs(
-            loaded, texts, encoded, encoded, output, patterns,
-            layer=layer, weights=weights, num_heads=num_heads, device=device, causal=causal,
-        )
+    in_place = in_berts_place(loaded, spec)
+    num_heads = resolve_num_heads(loaded, spec.num_heads)
+    layers = build_layers(loaded, spec)
+    encoded = encode(loaded.tokenizer, texts, loaded.max_positions, spec.truncate)
+    weights = iter_layer_weights(loaded, encoded, layers, spec.causal, spec.device, in_place)
+    for layer, (output, patterns) in enumerate(weights):
+        yield _split_runs(loaded, texts, encoded, encoded, output, patterns, replace(spec, kv_text=None), layer, num_heads)
 
 
-def in_berts_place(loaded: LoadedModel, num_heads: int | None, weights: str, causal: bool) -> bool:
+def in_berts_place(loaded: LoadedModel, spec: RunSpec) -> bool:
     """True when attnviz's layers compute just what BERT's own attention does.
 
     That is with BERT's projections (pretrained), split into BERT's heads, without a causal
     mask: then each layer can run in BERT's place and the attention is computed once, not twice.
     """
-    return weights == "pretrained" and num_heads in (None, loaded.num_heads) and not causal
+    return spec.weights == "pretrained" and spec.num_heads in (None, loaded.num_heads) and not spec.causal
 
 
 @torch.inference_mode()
@@ -236,9 +206,9 @@ def iter_layer_weights(
         yield output, patterns
 
 
-def run_layers(loaded: LoadedModel, texts: list[str], **options) -> list[list[AttentionRun]]:
-    """Every layer's run of every text, runs[text][layer]; options as for iter_layer_runs."""
-    by_layer = list(iter_layer_runs(loaded, texts, **options))  # by_layer[layer][text]
+def run_layers(loaded: LoadedModel, texts: list[str], spec: RunSpec) -> list[list[AttentionRun]]:
+    """Every layer's run of every text, runs[text][layer], as iter_layer_runs gives them."""
+    by_layer = list(iter_layer_runs(loaded, texts, spec))  # by_layer[layer][text]
     return [list(text_runs) for text_runs in zip(*by_layer)]
 
 
@@ -269,15 +239,17 @@ def _split_runs(
     keys: Encoded,
     output: torch.Tensor,
     patterns: torch.Tensor,
-    *,
-    kv_text: str | None = None,
-    **setup,
+    spec: RunSpec,
+    layer: int,
+    num_heads: int,
 ) -> list[AttentionRun]:
     """One AttentionRun per text from a padded batch's output (B, Nq, D) and weights (B, H, Nq, Nk).
 
     Each run holds a copy of its own unpadded block, so a caller may drop the batch. keys holds
-    one text (kv_text) for cross-attention, else the same texts as queries.
+    one text (spec.kv_text) for cross-attention, else the same texts as queries. layer and
+    num_heads are the run's (spec may leave them to the model: None).
     """
+    kv_text = spec.kv_text
     output, patterns = output.float().cpu().numpy(), patterns.float().cpu().numpy()
     runs = []
     for i, text in enumerate(texts):
@@ -304,7 +276,11 @@ def _split_runs(
                 notices=notices,
                 truncated=truncated,
                 kv_truncated=kv_truncated,
-                **setup,
+                layer=layer,
+                weights=spec.weights,
+                num_heads=num_heads,
+                device=spec.device,
+                causal=spec.causal,
             )
         )
     return runs

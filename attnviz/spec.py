@@ -1,9 +1,10 @@
-"""A run's settings: one frozen dataclass, built once by the command line and written into every JSON.
+"""A run's settings: one frozen dataclass, built once (run_spec, by the command line or the API) and written into every JSON.
 
 A JSON file alone should say how to run it again: which model was asked for and which one
 loaded, the layer, the heads, the parameters (pretrained or random, and the seed), the masks,
 the device, whether texts could be cut, and the attnviz that wrote it. Plain values only, no
-torch: cheap to import, to compare and to print.
+torch: cheap to import, to compare and to print. The stages take the RunSpec whole (run_attention,
+run_layers, measure_heads, trace_texts, compare_splits, write_batch), never its settings one by one.
 """
 
 from __future__ import annotations
@@ -28,20 +29,21 @@ class RunSpec:
     commands that run every layer (stats, layers). num_heads is the count the projections were
     split into. weights are the model's parameters: "pretrained" (the checkpoint's projections)
     or "random" (a fresh layer drawn from seed). In compare's shared settings num_heads and
-    weights are None: each split has its own.
+    weights are None: each split has its own. num_heads None before the model is known means the
+    model's own count (the stages resolve it). The defaults are the command line's.
     """
 
     model: str | None
     resolved_model: str
     model_source: str
-    layer: int | None
-    num_heads: int | None
-    weights: str | None
-    seed: int
-    causal: bool
-    kv_text: str | None
-    device: str  # "cpu" or "cuda": where it ran, after "auto" was resolved
-    truncate: bool  # --truncate: texts longer than the model's positions may be cut
+    layer: int | None = 0
+    num_heads: int | None = None
+    weights: str | None = "pretrained"
+    seed: int = 0
+    causal: bool = False
+    kv_text: str | None = None
+    device: str = "cpu"  # "cpu" or "cuda": where it runs, after "auto" was resolved
+    truncate: bool = False  # --truncate: texts longer than the model's positions may be cut
     version: str = __version__  # attnviz's
 
     def __post_init__(self) -> None:
@@ -57,12 +59,14 @@ class RunSpec:
         settings["attnviz_version"] = settings.pop("version")
         return settings
 
-    def attention_options(self) -> dict:
-        """The settings as the keywords of run_attention and trace_texts."""
-        return dict(
-            kv_text=self.kv_text, layer=self.layer, num_heads=self.num_heads, weights=self.weights,
-            seed=self.seed, causal=self.causal, device=self.device, truncate=self.truncate,
-        )  # fmt: skip
+
+def run_spec(loaded, model: str | None = None, **settings) -> RunSpec:
+    """The settings of a run on a loaded model (anything with .name and .source, such as LoadedModel).
+
+    model is the name or folder as given (None: the default); settings are RunSpec's, the rest
+    keep their defaults.
+    """
+    return RunSpec(model=model, resolved_model=resolved_model_name(model, loaded), model_source=loaded.source, **settings)
 
 
 def resolved_model_name(given: str | None, loaded) -> str:
@@ -70,12 +74,6 @@ def resolved_model_name(given: str | None, loaded) -> str:
     if loaded.source == "local folder" and given is not None:
         return str(Path(given).expanduser().resolve())
     return loaded.name
-
-
-def build_spec(given_model: str | None, loaded, device: str, **settings) -> RunSpec:
-    """The run's settings, built once by the CLI or the API: the options as given, with the model that loaded."""
-    resolved = resolved_model_name(given_model, loaded)
-    return RunSpec(model=given_model, resolved_model=resolved, model_source=loaded.source, device=device, **settings)
 
 
 # ---- checks of the settings that need no model: the CLI and the API both call them before loading one ----

@@ -12,13 +12,14 @@ import time
 
 from attnviz.models.loading import load_model
 from attnviz.analysis.measure import measure_heads
+from attnviz.spec import run_spec
 
 
 def main(texts_file: str, device: str) -> None:
     texts = [line.strip() for line in open(texts_file, encoding="utf-8") if line.strip()]
     loaded = load_model("bundled", device)
     start = time.perf_counter()
-    measure_heads(loaded, texts, device=device)  # its result is on the CPU: the GPU's work is done
+    measure_heads(loaded, texts, run_spec(loaded, device=device))  # its result is on the CPU: the GPU's work is done
     print(f"loop_seconds={time.perf_counter() - start:.3f}")
 
 

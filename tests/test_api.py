@@ -110,8 +110,8 @@ def test_a_loaded_model_is_not_loaded_again(model, monkeypatch):
         (["heads", "hi", "--heads", "0"], lambda: attnviz.heads("hi", heads=0, model="bundled")),
         (["heads", "hi", "--heads", "5"], lambda: attnviz.heads("hi", heads=5, model="bundled")),
         (["trace", "hi", *["--batch", "yo"] * 32], lambda: attnviz.trace(["hi", *["yo"] * 32], model="bundled")),
-        (["compare", "hi", "--heads", "1,x"], lambda: attnviz.analysis.compare("hi", heads="1,x", model="bundled")),
-        (["position", "hi", "--permutation", "0,1"], lambda: attnviz.analysis.position("hi", permutation=[0, 1], model="bundled")),
+        (["compare", "hi", "--heads", "1,x"], lambda: attnviz.compare("hi", heads="1,x", model="bundled")),
+        (["position", "hi", "--permutation", "0,1"], lambda: attnviz.position("hi", permutation=[0, 1], model="bundled")),
         (["layers", "hi", "--model", "no-such-folder/"], lambda: attnviz.layers("hi", model="no-such-folder/")),
     ],
 )
@@ -138,7 +138,7 @@ def test_results_display_themselves_as_html_and_rich(model):
     assert "query → the key it attends to most" in console.export_text()
     for other, words in [
         (attnviz.trace("the cat", model=model), ["view-permute", "q_heads", "torch.nn.MultiheadAttention"]),
-        (attnviz.analysis.position("the cat sat", model=model), ["does permuting the tokens just permute the map?", "equivariant"]),
+        (attnviz.position("the cat sat", model=model), ["does permuting the tokens just permute the map?", "equivariant"]),
     ]:
         console.print(other)
         shown = console.export_text()
@@ -172,11 +172,11 @@ def test_stats_layers_compare_and_position_compute_what_heads_computes(model, tm
     assert stats.values.shape == (6, 12, len(stats.statistics)) and stats.js_distance.shape == (6, 12, 12)
     assert sorted(p.name for p in stats.save(tmp_path / "s")) == ["js_distance.png", "stats.csv", "stats.json"]
 
-    compared = attnviz.analysis.compare("the cat sat", model=model, heads=[1, 12])
+    compared = attnviz.compare("the cat sat", model=model, heads=[1, 12])
     torch.testing.assert_close(
         compared.attention[("pretrained", 12)], attnviz.heads("the cat sat", model=model).attention, atol=1e-5, rtol=0
     )
-    position = attnviz.analysis.position("the cat sat", model=model)
+    position = attnviz.position("the cat sat", model=model)
     assert position.without_positions.equivariant and not position.with_positions.equivariant
     assert sorted(p.name for p in position.save(tmp_path / "p")) == ["position.json", "position.png"]
 

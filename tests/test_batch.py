@@ -13,6 +13,7 @@ from attnviz.cli import run
 from attnviz.errors import AttnvizError
 from attnviz.pipeline import run_attention
 from attnviz.output.runs import MANIFEST
+from attnviz.spec import run_spec
 
 TOLERANCE = 1e-5
 # Different lengths, so the batch is padded: 9, 16 and 6 tokens.
@@ -63,7 +64,8 @@ def test_each_text_in_a_padded_batch_equals_its_single_run_and_padding_gets_exac
 
     build_layer = pipeline.build_layer
     monkeypatch.setattr(pipeline, "build_layer", build_and_watch)
-    runs = [run for chunk in batch.run_in_batches(bert, TEXTS * 2, batch_size=4, layer=1) for run in chunk]
+    chunks = batch.run_in_batches(bert, TEXTS * 2, run_spec(bert, layer=1), batch_size=4)
+    runs = [run for chunk in chunks for run in chunk]
     monkeypatch.undo()
 
     lengths = [9, 16, 6] * 2
@@ -73,7 +75,7 @@ def test_each_text_in_a_padded_batch_equals_its_single_run_and_padding_gets_exac
         weights = padded[i // 4][i % 4]  # (H, N, N) of text i, padded
         assert bool((weights[:, :, length:] == 0).all())  # padded keys: exactly 0, not small
         np.testing.assert_allclose(weights[:, :length, :length].numpy(), runs[i].attention, atol=0, rtol=0)
-        (alone,) = run_attention(bert, [TEXTS[i % 3]], layer=1)
+        (alone,) = run_attention(bert, [TEXTS[i % 3]], run_spec(bert, layer=1))
         np.testing.assert_allclose(runs[i].attention, alone.attention, atol=TOLERANCE, rtol=0)
         np.testing.assert_allclose(runs[i].output, alone.output, atol=TOLERANCE, rtol=0)
 
@@ -119,7 +121,7 @@ def test_heads_file_writes_one_folder_per_non_blank_line_with_each_texts_own_wei
     for folder, text in zip(folders, TEXTS):
         assert (folder / "heads.png").exists() and (folder / "head_11.png").exists()
         record = json.loads((folder / "attention.json").read_text(encoding="utf-8"))
-        (alone,) = run_attention(bert, [text], layer=2)
+        (alone,) = run_attention(bert, [text], run_spec(bert, layer=2))
         assert record["text"] == text and record["query_tokens"] == alone.query_tokens
         np.testing.assert_allclose(np.array(record["attention"]), alone.attention, atol=TOLERANCE, rtol=0)
 
@@ -243,7 +245,7 @@ def test_a_causal_batch_summary_uses_the_relative_entropy_of_stats(bert, tmp_pat
     """rel. in summary.csv divides by log of the keys each query may see, as `stats --causal` does."""
     from attnviz.analysis.statistics import STATISTICS, head_statistics
 
-    (causal,) = run_attention(bert, [TEXTS[0]], layer=1, causal=True)
+    (causal,) = run_attention(bert, [TEXTS[0]], run_spec(bert, layer=1, causal=True))
     row = batch.summary_row(1, batch.LineText(1, TEXTS[0]), "001-x", causal)
     per_head = head_statistics(causal.attention, causal.query_tokens, causal=True)[:, STATISTICS.index("relative_entropy")]
     assert row["mean_relative_entropy"] == pytest.approx(per_head.mean(), abs=1e-4)

@@ -11,6 +11,7 @@ import torch
 from attnviz.analysis.statistics import summarize_heads
 from attnviz.pipeline import build_layer, embedding_output, layer_input, run_attention
 from attnviz.models.tokens import encode
+from attnviz.spec import run_spec
 
 TOLERANCE = 1e-5
 SHORT = "The cat sat on the mat."
@@ -64,7 +65,7 @@ def test_our_tokens_and_every_hidden_state_equal_transformers(loaded, reference,
 @pytest.mark.parametrize("layer", range(6))
 def test_single_text_weights_and_output_equal_berts_for_every_layer(loaded, reference, layer):
     outputs, dense_out, _ = bert_reference(reference, [LONG], layer)
-    (run,) = run_attention(loaded, [LONG], layer=layer)
+    (run,) = run_attention(loaded, [LONG], run_spec(loaded, layer=layer))
 
     expected = outputs.attentions[layer][0].numpy()  # (H, N, N)
     assert run.attention.shape == expected.shape == (12, 16, 16)
@@ -75,20 +76,20 @@ def test_single_text_weights_and_output_equal_berts_for_every_layer(loaded, refe
 @pytest.mark.parametrize("layer", range(6))
 def test_padded_batch_equals_berts_batch_and_each_text_alone(loaded, reference, layer):
     outputs, dense_out, lengths = bert_reference(reference, [SHORT, LONG], layer)
-    runs = run_attention(loaded, [SHORT, LONG], layer=layer)
+    runs = run_attention(loaded, [SHORT, LONG], run_spec(loaded, layer=layer))
 
     assert [len(run.query_tokens) for run in runs] == lengths == [9, 16]
     for i, run in enumerate(runs):
         n = lengths[i]
         np.testing.assert_allclose(run.attention, outputs.attentions[layer][i, :, :n, :n].numpy(), atol=TOLERANCE, rtol=0)
         np.testing.assert_allclose(run.output, dense_out[i, :n].numpy(), atol=TOLERANCE, rtol=0)
-        (alone,) = run_attention(loaded, [run.text], layer=layer)
+        (alone,) = run_attention(loaded, [run.text], run_spec(loaded, layer=layer))
         np.testing.assert_allclose(run.attention, alone.attention, atol=TOLERANCE, rtol=0)
 
 
 def test_padding_keys_get_exactly_zero_and_rows_sum_to_one(loaded):
     encoded = encode(loaded.tokenizer, [SHORT, LONG], loaded.max_positions)
-    layer = build_layer(loaded, 2, 12, "pretrained", 0, "cpu")
+    layer = build_layer(loaded, run_spec(loaded, layer=2, num_heads=12))
     with torch.no_grad():
         _, weights = layer(layer_input(loaded, encoded, 2, "cpu"), valid_lens=encoded.valid_lens)
     assert torch.all(weights[0, :, :, 9:] == 0)
@@ -104,10 +105,10 @@ def test_layer_input_is_berts_hidden_state(loaded, reference, layer):
 
 
 def test_random_weights_are_reproducible_by_seed_and_nearly_uniform(loaded):
-    (first,) = run_attention(loaded, [LONG], weights="random", seed=7)
-    (again,) = run_attention(loaded, [LONG], weights="random", seed=7)
-    (other,) = run_attention(loaded, [LONG], weights="random", seed=8)
-    (bert,) = run_attention(loaded, [LONG], weights="pretrained")
+    (first,) = run_attention(loaded, [LONG], run_spec(loaded, weights="random", seed=7))
+    (again,) = run_attention(loaded, [LONG], run_spec(loaded, weights="random", seed=7))
+    (other,) = run_attention(loaded, [LONG], run_spec(loaded, weights="random", seed=8))
+    (bert,) = run_attention(loaded, [LONG], run_spec(loaded, weights="pretrained"))
 
     np.testing.assert_array_equal(first.attention, again.attention)
     assert not np.allclose(first.attention, other.attention)
@@ -118,30 +119,30 @@ def test_random_weights_are_reproducible_by_seed_and_nearly_uniform(loaded):
 
 
 def test_resplitting_berts_projections_into_other_head_counts(loaded):
-    (run,) = run_attention(loaded, [SHORT], num_heads=4)
+    (run,) = run_attention(loaded, [SHORT], run_spec(loaded, num_heads=4))
     assert run.attention.shape == (4, 9, 9) and run.head_dim == 96
     np.testing.assert_allclose(run.attention.sum(-1), 1, atol=TOLERANCE)
 
 
 def test_cross_attention_is_rectangular_with_each_sides_tokens(loaded):
-    (run,) = run_attention(loaded, [SHORT], kv_text=LONG)
+    (run,) = run_attention(loaded, [SHORT], run_spec(loaded, kv_text=LONG))
     assert run.attention.shape == (12, 9, 16)
     assert run.query_tokens[1] == "the" and run.key_tokens[2] == "animal"
     np.testing.assert_allclose(run.attention.sum(-1), 1, atol=TOLERANCE)
 
 
 def test_causal_rows_have_zeros_above_the_diagonal(loaded):
-    (run,) = run_attention(loaded, [SHORT], causal=True)
+    (run,) = run_attention(loaded, [SHORT], run_spec(loaded, causal=True))
     above = np.triu(np.ones((9, 9), dtype=bool), 1)
     assert np.all(run.attention[:, above] == 0)
     assert np.all(run.attention[:, ~above] > 0)
 
 
 def test_mostly_unknown_tokens_warn_and_name_a_better_model(loaded):
-    (run,) = run_attention(loaded, ["我想吃酸菜鱼"])
+    (run,) = run_attention(loaded, ["我想吃酸菜鱼"], run_spec(loaded))
     assert run.query_tokens[0] == "[CLS]" and run.query_tokens[-1] == "[SEP]" and len(run.query_tokens) == 8
     assert any("[UNK]" in notice and "bert-base-chinese" in notice for notice in run.notices)
-    (english,) = run_attention(loaded, [LONG])
+    (english,) = run_attention(loaded, [LONG], run_spec(loaded))
     assert english.notices == []
 
 

@@ -13,6 +13,7 @@ from attnviz.render.compare_figures import MAX_HEADS_SHOWN, panel_grid, shown_he
 from attnviz.errors import AttnvizError
 from attnviz.pipeline import random_layer, run_attention
 from attnviz.output.runs import MANIFEST
+from attnviz.spec import run_spec
 
 TOLERANCE = 1e-5
 TEXT = "The animal didn't cross the street because it was too tired."  # 16 tokens
@@ -21,7 +22,8 @@ LAYER = 2
 
 @pytest.fixture(scope="module")
 def splits(bundled_bert):
-    return compare_splits(bundled_bert, TEXT, [1, 4, 12, 96], ["pretrained", "random"], layer=LAYER, seed=3)
+    shared = run_spec(bundled_bert, layer=LAYER, seed=3)
+    return compare_splits(bundled_bert, TEXT, [1, 4, 12, 96], ["pretrained", "random"], shared)
 
 
 def reference_scores(reference, num_heads: int) -> np.ndarray:
@@ -59,7 +61,7 @@ def test_splits_come_weights_first_then_head_counts(splits):
 @pytest.mark.parametrize("index, num_heads", [(0, 1), (1, 4), (2, 12), (3, 96)])
 def test_each_head_count_splits_berts_own_projection(splits, index, num_heads, bundled_bert, reference_bert):
     split = splits[index]
-    (alone,) = run_attention(bundled_bert, [TEXT], layer=LAYER, num_heads=num_heads)
+    (alone,) = run_attention(bundled_bert, [TEXT], run_spec(bundled_bert, layer=LAYER, num_heads=num_heads))
     np.testing.assert_allclose(split.run.attention, alone.attention, atol=TOLERANCE, rtol=0)
     np.testing.assert_allclose(split.run.attention, reference_split(reference_bert, num_heads), atol=TOLERANCE, rtol=0)
     assert [s.relative_entropy for s in split.summaries] == [s.relative_entropy for s in summarize_heads(alone.attention)]
@@ -92,7 +94,8 @@ def test_the_random_layer_is_the_same_weights_for_every_head_count_and_matches_r
     one, many = random_layer(384, 1, seed=3), random_layer(384, 12, seed=3)
     for name in ("w_q", "w_k", "w_v", "w_o"):
         assert torch.equal(getattr(one, name).weight, getattr(many, name).weight)
-    (alone,) = run_attention(bundled_bert, [TEXT], layer=LAYER, num_heads=12, weights="random", seed=3)
+    random = run_spec(bundled_bert, layer=LAYER, num_heads=12, weights="random", seed=3)
+    (alone,) = run_attention(bundled_bert, [TEXT], random)
     np.testing.assert_array_equal(splits[6].run.attention, alone.attention)
 
 
@@ -143,7 +146,7 @@ def test_compare_end_to_end(tmp_path, capsys, bundled_bert):
     assert [(split["weights"], split["num_heads"]) for split in record["splits"]] == [
         ("pretrained", 1), ("pretrained", 4), ("random", 1), ("random", 4)
     ]
-    (four,) = run_attention(bundled_bert, [TEXT], layer=LAYER, num_heads=4)
+    (four,) = run_attention(bundled_bert, [TEXT], run_spec(bundled_bert, layer=LAYER, num_heads=4))
     expected = [round(summary.relative_entropy, 6) for summary in summarize_heads(four.attention)]
     assert [head["relative_entropy"] for head in record["splits"][1]["heads"]] == expected
     shown = capsys.readouterr().out

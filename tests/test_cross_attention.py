@@ -9,6 +9,7 @@ import torch
 from attnviz.render import heatmap
 from attnviz.cli import run
 from attnviz.pipeline import run_attention
+from attnviz.spec import run_spec
 
 TOLERANCE = 1e-5
 QUERIES = "The cat sat on the mat."  # 9 tokens
@@ -17,7 +18,7 @@ KEYS = "The animal didn't cross the street because it was too tired."  # 16 toke
 
 @pytest.fixture(scope="module")
 def cross(bundled_bert):
-    (result,) = run_attention(bundled_bert, [QUERIES], kv_text=KEYS, layer=3)
+    (result,) = run_attention(bundled_bert, [QUERIES], run_spec(bundled_bert, kv_text=KEYS, layer=3))
     return result
 
 
@@ -61,7 +62,7 @@ def test_the_heatmap_labels_rows_with_query_tokens_and_columns_with_key_tokens(c
 def test_heads_kv_end_to_end(tmp_path, capsys, bundled_bert):
     assert run(["heads", QUERIES, "--kv", KEYS, "--layer", "3", "--model", "bundled", "--out", str(tmp_path)]) == 0
     record = json.loads((tmp_path / "attention.json").read_text(encoding="utf-8"))
-    (expected,) = run_attention(bundled_bert, [QUERIES], kv_text=KEYS, layer=3)
+    (expected,) = run_attention(bundled_bert, [QUERIES], run_spec(bundled_bert, kv_text=KEYS, layer=3))
     assert record["text"] == QUERIES and record["kv_text"] == KEYS
     assert record["query_tokens"] == expected.query_tokens and len(record["query_tokens"]) == 9
     assert record["key_tokens"] == expected.key_tokens and len(record["key_tokens"]) == 16

@@ -7,6 +7,7 @@ import torch
 from attnviz.models.loading import load_model
 from attnviz.analysis.measure import measure_heads
 from attnviz.pipeline import run_attention
+from attnviz.spec import run_spec
 
 pytestmark = [
     pytest.mark.gpu,
@@ -19,9 +20,10 @@ TEXTS = ["The cat sat on the mat.", "The animal didn't cross the street because 
 @pytest.mark.parametrize("weights", ["pretrained", "random"])
 @pytest.mark.parametrize("layer", [0, 5])
 def test_weights_on_cuda_equal_weights_on_cpu(weights, layer):
+    models = {device: load_model("bundled", device) for device in ("cpu", "cuda")}
     runs = {
-        device: run_attention(load_model("bundled", device), TEXTS, layer=layer, weights=weights, device=device)
-        for device in ("cpu", "cuda")
+        device: run_attention(loaded, TEXTS, run_spec(loaded, layer=layer, weights=weights, device=device))
+        for device, loaded in models.items()
     }
     for on_cpu, on_cuda in zip(runs["cpu"], runs["cuda"]):
         assert on_cuda.device == "cuda"
@@ -31,9 +33,10 @@ def test_weights_on_cuda_equal_weights_on_cpu(weights, layer):
 
 @pytest.mark.parametrize("options", [{}, {"causal": True}])  # attnviz's layers in BERT's place, and beside it
 def test_statistics_on_cuda_equal_statistics_on_cpu(options):
+    models = {device: load_model("bundled", device) for device in ("cpu", "cuda")}
     results = {
-        device: measure_heads(load_model("bundled", device), TEXTS, device=device, **options)[0]
-        for device in ("cpu", "cuda")
+        device: measure_heads(loaded, TEXTS, run_spec(loaded, device=device, **options))[0]
+        for device, loaded in models.items()
     }
     np.testing.assert_allclose(results["cuda"].values, results["cpu"].values, atol=1e-4, rtol=0)
     np.testing.assert_allclose(results["cuda"].js_distance, results["cpu"].js_distance, atol=1e-4, rtol=0)

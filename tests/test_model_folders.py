@@ -25,6 +25,7 @@ from attnviz.cli import run
 from attnviz.errors import AttnvizError
 from attnviz.models.loading import bundled_model_path, load_model
 from attnviz.pipeline import run_attention
+from attnviz.spec import run_spec
 
 SMALL_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
 QUERY_2 = "encoder.layer.2.attention.self.query.weight"
@@ -346,8 +347,9 @@ def test_nan_in_the_weights_a_run_uses_is_named(args, nan_in_layer_2, tmp_path, 
 
 def test_nan_in_weights_a_run_never_uses_leaves_its_numbers_right(nan_in_layer_2, bundled_bert):
     """Layer 1's attention is computed from the embeddings and layers 0 and 1 alone: the same as the bundled model's."""
-    (ours,) = run_attention(load_model(str(nan_in_layer_2)), [TEXT], layer=1)
-    (bundled,) = run_attention(bundled_bert, [TEXT], layer=1)
+    damaged = load_model(str(nan_in_layer_2))
+    (ours,) = run_attention(damaged, [TEXT], run_spec(damaged, layer=1))
+    (bundled,) = run_attention(bundled_bert, [TEXT], run_spec(bundled_bert, layer=1))
     np.testing.assert_array_equal(ours.attention, bundled.attention)
 
 

@@ -31,6 +31,7 @@ from attnviz.render.heatmap import MASKED_COLOR
 from attnviz.pipeline import run_attention, run_layers
 from attnviz.result import AttentionRun
 from attnviz.output.runs import MANIFEST
+from attnviz.spec import run_spec
 
 TOLERANCE = 1e-5
 ENGLISH = "The animal didn't cross the street because it was too tired."
@@ -80,11 +81,11 @@ def read_png(path: Path) -> np.ndarray:
 
 @pytest.mark.parametrize("options", [{}, {"causal": True}, {"weights": "random", "seed": 3, "num_heads": 4}])
 def test_each_layer_equals_run_attention_for_that_layer_and_text(bert, options):
-    runs = run_layers(bert, [ENGLISH, SHORT], **options)
+    runs = run_layers(bert, [ENGLISH, SHORT], run_spec(bert, **options))
     assert len(runs) == 2 and all(len(text_runs) == NUM_LAYERS for text_runs in runs)
     for layer in range(NUM_LAYERS):
         # run_attention's batch equals each text alone (test_bert.py), so one call per layer will do.
-        batch = run_attention(bert, [ENGLISH, SHORT], layer=layer, **options)
+        batch = run_attention(bert, [ENGLISH, SHORT], run_spec(bert, layer=layer, **options))
         for layer_run, alone in zip([text_runs[layer] for text_runs in runs], batch):
             assert layer_run.layer == layer and layer_run.query_tokens == alone.query_tokens
             np.testing.assert_allclose(layer_run.attention, alone.attention, atol=TOLERANCE, rtol=0)
@@ -95,7 +96,7 @@ def test_bert_runs_once_for_all_layers(bert):
     calls = []
     handle = bert.model.register_forward_pre_hook(lambda module, args: calls.append(1))
     try:
-        run_layers(bert, [ENGLISH, SHORT])
+        run_layers(bert, [ENGLISH, SHORT], run_spec(bert))
     finally:
         handle.remove()
     assert len(calls) == 1
@@ -115,12 +116,12 @@ def test_attnviz_layers_stand_in_for_berts_attention_only_when_they_compute_the_
     calls = []
     attend = BertLayer.attend
     monkeypatch.setattr(BertLayer, "attend", lambda self, *args: calls.append(1) or attend(self, *args))
-    run_layers(bert, [ENGLISH, SHORT], **options)
+    run_layers(bert, [ENGLISH, SHORT], run_spec(bert, **options))
     assert len(calls) == berts_own_attention_runs
 
 
 def test_causal_maps_have_zeros_above_the_diagonal_in_every_layer(bert):
-    (text_runs,) = run_layers(bert, [SHORT], causal=True)
+    (text_runs,) = run_layers(bert, [SHORT], run_spec(bert, causal=True))
     above = np.triu(np.ones((9, 9), dtype=bool), k=1)
     for layer_run in text_runs:
         assert np.all(layer_run.attention[:, above] == 0)
@@ -130,12 +131,12 @@ def test_causal_maps_have_zeros_above_the_diagonal_in_every_layer(bert):
 def test_statistics_of_a_padded_batch_equal_the_average_of_each_text_alone(bert):
     texts = [ENGLISH, SHORT]
     batched = StatisticsAccumulator(NUM_LAYERS)
-    for text_runs in run_layers(bert, texts):
+    for text_runs in run_layers(bert, texts, run_spec(bert)):
         for layer_run in text_runs:
             batched.add(layer_run.layer, layer_run.attention, layer_run.query_tokens)
     alone = []
     for text in texts:
-        (text_runs,) = run_layers(bert, [text])
+        (text_runs,) = run_layers(bert, [text], run_spec(bert))
         alone.append(np.stack([head_statistics(r.attention, r.query_tokens) for r in text_runs]))  # (L, H, S)
     np.testing.assert_allclose(batched.result().values, np.mean(alone, axis=0), atol=TOLERANCE, rtol=0)
 
@@ -153,7 +154,7 @@ def test_stats_files_hold_the_analysis_of_run_attentions_weights(tmp_path, capsy
     assert list(rows[0]) == ["layer", "head", "label", *STATISTICS]
     record = json.loads((tmp_path / "stats.json").read_text(encoding="utf-8"))
     for layer in (0, 3):
-        (single,) = run_attention(bert, [ENGLISH], layer=layer)
+        (single,) = run_attention(bert, [ENGLISH], run_spec(bert, layer=layer))
         expected = head_statistics(single.attention, single.query_tokens)  # (H, S)
         np.testing.assert_allclose(csv_values(rows, layer), expected, atol=TOLERANCE, rtol=0)
         np.testing.assert_allclose(record["js_distance"][layer], js_distance(single.attention), atol=TOLERANCE)
@@ -185,7 +186,7 @@ def test_stats_of_a_file_average_its_non_blank_lines(tmp_path, bert):
     record = json.loads((out / "stats.json").read_text(encoding="utf-8"))
     assert record["num_texts"] == 3 and record["texts"] == [ENGLISH, SHORT, THIRD]
     layer = 2
-    singles = [run_attention(bert, [text], layer=layer)[0] for text in (ENGLISH, SHORT, THIRD)]
+    singles = [run_attention(bert, [text], run_spec(bert, layer=layer))[0] for text in (ENGLISH, SHORT, THIRD)]
     expected = np.mean([head_statistics(s.attention, s.query_tokens) for s in singles], axis=0)
     np.testing.assert_allclose(csv_values(read_csv(out / "stats.csv"), layer), expected, atol=TOLERANCE, rtol=0)
     expected_js = np.mean([js_distance(s.attention) for s in singles], axis=0)
@@ -234,7 +235,7 @@ def test_causal_stats_and_layers_say_the_mask_is_over_a_bidirectional_models_hid
     assert CAUSAL_NOTE in record["causal_note"] and "not a causal model" in record["causal_note"]
     assert f"--causal: {CAUSAL_NOTE}" in " ".join(capsys.readouterr().out.split())
 
-    (runs,) = run_layers(bert, [SHORT], causal=True)
+    (runs,) = run_layers(bert, [SHORT], run_spec(bert, causal=True))
     rollout = attention_rollout([run.attention for run in runs])
     figures = [
         layers_figure(runs),
@@ -274,7 +275,7 @@ def test_layers_writes_the_grid_and_the_rollout_of_every_layer(tmp_path, capsys,
     read_png(tmp_path / "rollout.png")
 
     record = json.loads((tmp_path / "rollout.json").read_text(encoding="utf-8"))
-    singles = [run_attention(bert, [ENGLISH], layer=layer)[0] for layer in range(NUM_LAYERS)]
+    singles = [run_attention(bert, [ENGLISH], run_spec(bert, layer=layer))[0] for layer in range(NUM_LAYERS)]
     expected = attention_rollout([single.attention for single in singles])
     rollout = np.array(record["rollout"])
     np.testing.assert_allclose(rollout, expected, atol=TOLERANCE, rtol=0)

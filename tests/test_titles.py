@@ -16,6 +16,7 @@ from attnviz.render.heatmap import write_head_heatmaps, write_heads_grid
 from attnviz.result import AttentionRun
 from attnviz.render.stats_figures import write_js_distance, write_layers_grid, write_rollout
 from attnviz.render.titles import figure_title
+from attnviz.spec import run_spec
 
 TOKENS = ["[CLS]", "the", "cat", "sat", "[SEP]"]
 KEY_TOKENS = ["[CLS]", "a", "dog", "[SEP]"]
@@ -101,7 +102,8 @@ def test_the_compare_and_position_figures_name_their_text_and_seed(bundled_bert,
     from attnviz.render.compare_figures import write_comparison_figure, write_position_figure
     from attnviz.analysis.position import position_experiment
 
-    splits = compare_splits(bundled_bert, "the cat sat", [1, 2], ["pretrained", "random"], layer=1, seed=5)
+    shared = run_spec(bundled_bert, layer=1, seed=5)
+    splits = compare_splits(bundled_bert, "the cat sat", [1, 2], ["pretrained", "random"], shared)
     compared = drawn_lines(write_comparison_figure(splits, tmp_path, "svg", seed=5))
     assert any(line.startswith("all-MiniLM-L6-v2 · layer 1") for line in compared)
     assert "“the cat sat” · random parameters, seed 5" in compared

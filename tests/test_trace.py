@@ -47,6 +47,7 @@ from attnviz.output.trace_files import (
     trace_record,
 )
 from attnviz.render.trace_render import print_trace
+from attnviz.spec import run_spec
 
 # The trace stage's package (attnviz/trace/): `from attnviz import trace` is the API's function attnviz.trace.
 trace_module = sys.modules["attnviz.trace"]
@@ -139,7 +140,7 @@ def assert_steps_match(steps: list[dict], expected: dict[str, torch.Tensor]) -> 
 
 def test_recorded_shapes_are_the_tensors_that_the_linear_layers_see(bert):
     x, _ = hidden(bert, [CHINESE])
-    layer = build_layer(bert, 0, 12, "pretrained", 0, "cpu")
+    layer = build_layer(bert, run_spec(bert, num_heads=12))
     seen = {}
 
     def remember(name):
@@ -175,7 +176,7 @@ def test_every_recorded_step_has_the_shape_stride_and_values_of_a_recomputation(
     inputs = LayerInputs(
         queries, keys, valid_lens=key_lens if "padded" in case else None, causal="causal" in case
     )
-    layer = build_layer(bert, 0, 12, "pretrained", 0, "cpu")
+    layer = build_layer(bert, run_spec(bert, num_heads=12))
     traced = trace_layout("view-permute", layer, inputs, 12)
     with torch.inference_mode():
         expected = recompute_default_layout(layer, inputs, 12)
@@ -220,7 +221,7 @@ def test_all_layouts_give_multihead_attentions_weights_and_output(bert, weights,
         assert key_lens.min() < keys.shape[1]  # some keys really are padding
     inputs = LayerInputs(queries, keys, valid_lens=key_lens if padded else None, causal=causal)
     if weights == "pretrained":
-        layer = build_layer(bert, 1, 12, "pretrained", 0, "cpu")
+        layer = build_layer(bert, run_spec(bert, layer=1, num_heads=12))
     else:
         layer = random_layer_with_large_weights(seed=3)
 
@@ -241,7 +242,7 @@ def test_all_layouts_give_multihead_attentions_weights_and_output(bert, weights,
 
 
 def test_fused_qkv_weight_is_wq_wk_wv_stacked_and_refuses_cross_attention(bert):
-    layer = build_layer(bert, 0, 12, "pretrained", 0, "cpu")
+    layer = build_layer(bert, run_spec(bert, num_heads=12))
     c_attn = trace_module.fused_projection(layer)
     x = torch.randn(2, 5, 384)
     q, k, v = c_attn(x).split(384, dim=2)
@@ -254,7 +255,7 @@ def test_fused_qkv_weight_is_wq_wk_wv_stacked_and_refuses_cross_attention(bert):
 
 def test_the_padding_path_is_traced_in_every_layout(bert):
     queries, valid_lens = hidden(bert, [SHORT, LONG])
-    layer = build_layer(bert, 0, 12, "pretrained", 0, "cpu")
+    layer = build_layer(bert, run_spec(bert, num_heads=12))
     traces, *_ = trace_layouts(layer, LayerInputs(queries, queries, valid_lens=valid_lens), list(LAYOUTS))
     batch, num_tokens = queries.shape[:2]
     by_layout = {traced.layout: {step.role: step for step in traced.steps} for traced in traces}
@@ -279,7 +280,7 @@ def test_the_padding_path_is_traced_in_every_layout(bert):
 @pytest.mark.parametrize("weights", ["pretrained", "random"])
 def test_head_h_scores_come_from_its_rows_of_the_linear_weights_alone(bert, weights):
     x, _ = hidden(bert, [LONG])
-    layer = build_layer(bert, 0, 12, "pretrained", 0, "cpu") if weights == "pretrained" else random_layer_with_large_weights()
+    layer = build_layer(bert, run_spec(bert, num_heads=12)) if weights == "pretrained" else random_layer_with_large_weights()
     traces, _, slices, _, _ = trace_layouts(layer, LayerInputs(x, x), ["view-permute"])
     scores = traces[0].tensors["scores"]  # (1, H, N, N)
     d = 32
@@ -305,7 +306,7 @@ def test_head_h_scores_come_from_its_rows_of_the_linear_weights_alone(bert, weig
 
 def test_view_without_permute_gives_other_weights_and_marks_the_split(bert):
     x, _ = hidden(bert, [LONG])
-    layer = build_layer(bert, 0, 12, "pretrained", 0, "cpu")
+    layer = build_layer(bert, run_spec(bert, num_heads=12))
     traces, _, _, mistake, _ = trace_layouts(layer, LayerInputs(x, x), ["view-permute"], "view-without-permute")
     right, wrong = traces
     batch, num_tokens, model_size = x.shape
@@ -326,7 +327,7 @@ def test_view_without_permute_gives_other_weights_and_marks_the_split(bert):
 
 def test_merge_without_permute_keeps_the_weights_and_scrambles_the_rows(bert):
     x, _ = hidden(bert, [LONG])
-    layer = build_layer(bert, 0, 12, "pretrained", 0, "cpu")
+    layer = build_layer(bert, run_spec(bert, num_heads=12))
     traces, _, _, mistake, _ = trace_layouts(layer, LayerInputs(x, x), ["view-permute"], "merge-without-permute")
     right, wrong = traces
     batch, num_tokens, model_size = x.shape
@@ -342,7 +343,7 @@ def test_merge_without_permute_keeps_the_weights_and_scrambles_the_rows(bert):
 
 def test_merge_provenance_is_where_the_wrong_merge_puts_each_heads_output(bert):
     x, _ = hidden(bert, [LONG])
-    layer = build_layer(bert, 0, 12, "pretrained", 0, "cpu")
+    layer = build_layer(bert, run_spec(bert, num_heads=12))
     traces, *_ = trace_layouts(layer, LayerInputs(x, x), ["view-permute"], "merge-without-permute")
     z, wrong_rows = traces[0].tensors["z"], traces[1].tensors["z_merged"]  # (1, H, N, d), (1, N, D)
     num_tokens, d = x.shape[1], 32
@@ -359,11 +360,11 @@ def test_merge_provenance_is_where_the_wrong_merge_puts_each_heads_output(bert):
 
 def test_mistakes_need_the_default_layout_and_more_than_one_head(bert):
     x, _ = hidden(bert, [SHORT])
-    layer = build_layer(bert, 0, 12, "pretrained", 0, "cpu")
+    layer = build_layer(bert, run_spec(bert, num_heads=12))
     with pytest.raises(AttnvizError, match="view-permute layout"):
         trace_layouts(layer, LayerInputs(x, x), ["merged-batch"], "view-without-permute")
     with pytest.raises(AttnvizError, match="more than one head"):
-        trace_layouts(build_layer(bert, 0, 1, "pretrained", 0, "cpu"), LayerInputs(x, x), ["view-permute"], "merge-without-permute")
+        trace_layouts(build_layer(bert, run_spec(bert, num_heads=1)), LayerInputs(x, x), ["view-permute"], "merge-without-permute")
 
 
 def test_the_command_lines_choices_are_the_librarys():
@@ -376,12 +377,12 @@ def test_the_command_lines_choices_are_the_librarys():
 
 @pytest.fixture(scope="module")
 def batch_trace(bert):
-    return trace_texts(bert, [SHORT, LONG], layouts=LAYOUTS, causal=True)
+    return trace_texts(bert, [SHORT, LONG], run_spec(bert, causal=True), layouts=LAYOUTS)
 
 
 @pytest.fixture(scope="module")
 def mistake_trace(bert):
-    return trace_texts(bert, [CHINESE], mistake="view-without-permute")
+    return trace_texts(bert, [CHINESE], run_spec(bert), mistake="view-without-permute")
 
 
 def readme_section(title: str) -> str:
@@ -451,7 +452,7 @@ def render(result, width=80) -> str:
 
 
 def test_the_terminal_trace_fits_80_columns_and_shows_the_way_there_and_back(bert, batch_trace):
-    chinese = trace_texts(bert, [CHINESE], layouts=LAYOUTS)
+    chinese = trace_texts(bert, [CHINESE], run_spec(bert), layouts=LAYOUTS)
     for result in (chinese, batch_trace):
         shown = render(result)
         assert max(cell_len(line) for line in shown.splitlines()) <= 80
@@ -483,7 +484,7 @@ def test_trace_writes_json_and_markdown_whose_shapes_are_the_real_ones(bert, tmp
 
     x, _ = hidden(bert, [CHINESE])
     with torch.inference_mode():
-        expected = recompute_default_layout(build_layer(bert, 0, 12, "pretrained", 0, "cpu"), LayerInputs(x, x), 12)
+        expected = recompute_default_layout(build_layer(bert, run_spec(bert, num_heads=12)), LayerInputs(x, x), 12)
     assert_steps_match(record["layouts"][0]["steps"], expected)
     shown = capsys.readouterr().out
     assert "(1, 8, 384)" in shown and "(1, 12, 8, 8)" in shown and "nn.MultiheadAttention" in shown

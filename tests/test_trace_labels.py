@@ -23,6 +23,7 @@ from attnviz.trace import LAYOUTS, LayerInputs, trace_layouts, trace_texts
 from attnviz.render.trace_figures import MAX_IMAGE_SIDE, slice_labels, write_merge_figure
 from attnviz.output.trace_files import trace_markdown, trace_record
 from attnviz.render.trace_render import print_trace
+from attnviz.spec import run_spec
 
 SHORT = "The cat sat on the mat."
 LONG = "The animal didn't cross the street because it was too tired."
@@ -37,7 +38,7 @@ def bert():
 
 @pytest.fixture(scope="module")
 def batch_all_layouts(bert):
-    return trace_texts(bert, [SHORT, DOG], layouts=LAYOUTS)
+    return trace_texts(bert, [SHORT, DOG], run_spec(bert), layouts=LAYOUTS)
 
 
 def hidden(bert, texts):
@@ -60,7 +61,7 @@ def tokens_of(bert, text):
 
 def test_each_row_of_a_wrong_head_is_labelled_with_the_token_slice_it_really_holds(bert):
     x, _ = hidden(bert, [SHORT])
-    layer = build_layer(bert, 0, 12, "pretrained", 0, "cpu")
+    layer = build_layer(bert, run_spec(bert, num_heads=12))
     traces, *_ = trace_layouts(layer, LayerInputs(x, x), ["view-permute"], "view-without-permute")
     q = traces[0].tensors["q"][0]  # (N, D): the right projection
     wrong_heads = traces[1].tensors["q_heads"][0]  # (H, N, d): what the mistake calls heads
@@ -79,7 +80,7 @@ def test_each_row_of_a_wrong_head_is_labelled_with_the_token_slice_it_really_hol
 
 
 def test_the_wrong_split_is_titled_wrong_and_its_example_names_a_slice(bert):
-    result = trace_texts(bert, [SHORT], mistake="view-without-permute")
+    result = trace_texts(bert, [SHORT], run_spec(bert), mistake="view-without-permute")
     shown = render(result, [tokens_of(bert, SHORT)])
     assert "the wrong computation, made on purpose" in shown
     assert "row 1 of 'head' 0 holds slice 1 (columns 32..63) of token 0 “[CLS]”" in shown
@@ -90,7 +91,7 @@ def test_the_wrong_split_is_titled_wrong_and_its_example_names_a_slice(bert):
 
 
 def test_single_head_alone_has_one_slice_and_numbers_texts_from_0(bert):
-    result = trace_texts(bert, [SHORT, DOG], layouts=("single-head",))
+    result = trace_texts(bert, [SHORT, DOG], run_spec(bert), layouts=("single-head",))
     assert [(s.head, s.start, s.stop) for s in result.head_slices] == [(0, 0, 384)]
     assert all(s.agree for s in result.head_slices)
     shown = render(result, [tokens_of(bert, SHORT), tokens_of(bert, DOG)], width=120)
@@ -108,7 +109,7 @@ def test_single_head_alone_has_one_slice_and_numbers_texts_from_0(bert):
 
 
 def test_stride_contiguity_and_memory_print_on_the_output_line_in_trace_md_words(bert):
-    result = trace_texts(bert, [SHORT], layouts=LAYOUTS, causal=True)
+    result = trace_texts(bert, [SHORT], run_spec(bert, causal=True), layouts=LAYOUTS)
     shown = render(result, width=120)
     for trace in result.layouts:
         for step in trace.steps:
@@ -147,7 +148,7 @@ def test_every_table_has_an_axis_legend_and_one_notation(bert, plain_spec, batch
 
 def test_a_batch_shows_every_text_with_its_real_tokens_and_padding_keys(bert):
     texts = [SHORT, DOG, LONG]
-    result = trace_texts(bert, texts)
+    result = trace_texts(bert, texts, run_spec(bert))
     text_tokens = [tokens_of(bert, text) for text in texts]
     lengths = [len(tokens) for tokens in text_tokens]
     padded = max(lengths)
@@ -199,7 +200,7 @@ def test_a_bug_in_attention_py_is_caught_by_the_torch_reference(bert, monkeypatc
 
     monkeypatch.setattr(attention_module, "allowed_keys", one_key_too_many)
     monkeypatch.setattr(layout_view_permute, "allowed_keys", one_key_too_many)  # the trace's layout uses it too
-    result = trace_texts(bert, [SHORT, DOG])  # DOG has padding keys: the bug lets one through
+    result = trace_texts(bert, [SHORT, DOG], run_spec(bert))  # DOG has padding keys: the bug lets one through
     checks = {check.layout: check for check in result.checks}
     assert checks["MultiHeadAttention"].reference == "nn.MultiheadAttention, 12 heads"
     assert not checks["MultiHeadAttention"].agree and not checks["view-permute"].agree
@@ -207,7 +208,7 @@ def test_a_bug_in_attention_py_is_caught_by_the_torch_reference(bert, monkeypatc
 
 
 def test_the_torch_reference_agrees_with_an_unmodified_run(bert):
-    result = trace_texts(bert, [SHORT, DOG], layouts=LAYOUTS, causal=True)
+    result = trace_texts(bert, [SHORT, DOG], run_spec(bert, causal=True), layouts=LAYOUTS)
     assert [check.reference for check in result.checks] == ["nn.MultiheadAttention, 12 heads"] * 4 + [
         "nn.MultiheadAttention, 1 head"
     ]

@@ -13,11 +13,12 @@ re-split, not what a model trained with one head would learn (resplit_note says 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from attnviz.analysis.statistics import HeadSummary, summarize_heads
 from attnviz.errors import AttnvizError
 from attnviz.result import AttentionRun
+from attnviz.spec import RunSpec
 
 @dataclass
 class Split:
@@ -68,7 +69,7 @@ def parse_head_counts(spec: str) -> list[int]:
 
 def parse_weights(spec: str) -> list[str]:
     """ "pretrained,random" -> ["pretrained", "random"]."""
-    from attnviz.pipeline import WEIGHTS
+    from attnviz.spec import WEIGHTS
 
     weights = _comma_list(spec, "--weights")
     for item in weights:
@@ -87,15 +88,12 @@ def compare_splits(
     text: str,
     head_counts: list[int],
     weights: list[str],
-    *,
-    layer: int = 0,
-    seed: int = 0,
-    device: str = "cpu",
-    truncate: bool = False,
+    spec: RunSpec,
 ) -> list[Split]:
     """Every combination, weights first: [(pretrained, 1), (pretrained, 4), ..., (random, 1), ...].
 
-    A random layer is built from the same seed for every head count, so its W_q, W_k and W_v
+    spec holds what the splits share (layer, seed, device, truncate); each split runs with its
+    own head count and weights in their place. A random layer is built from the same seed for every head count, so its W_q, W_k and W_v
     are the same across the counts too, exactly as BERT's are.
     """
     from attnviz.attention.layer import check_num_heads
@@ -106,10 +104,7 @@ def compare_splits(
     splits = []
     for weight in weights:
         for count in head_counts:
-            (run,) = run_attention(
-                loaded, [text], layer=layer, num_heads=count, weights=weight, seed=seed, device=device,
-                truncate=truncate,
-            )
+            (run,) = run_attention(loaded, [text], replace(spec, num_heads=count, weights=weight))
             splits.append(Split(weight, run, summarize_heads(run.attention), loaded.num_heads))
     return splits
 

@@ -20,32 +20,30 @@ from attnviz.pipeline import (
 )
 from attnviz.models.loading import LoadedModel
 from attnviz.models.tokens import encode
+from attnviz.spec import RunSpec
 
 
 def measure_heads(
     loaded: LoadedModel,
     texts: list[str],
-    *,
-    num_heads: int | None = None,
-    weights: str = "pretrained",
-    seed: int = 0,
-    causal: bool = False,
-    device: str = "cpu",
-    truncate: bool = False,
+    spec: RunSpec,
     advance: Callable[[int], None] = lambda done: None,
 ) -> tuple[ModelStatistics, list[str]]:
     """The statistics of every head of every layer averaged over the texts, and text_notices' notes.
+
+    spec's settings but its layer (every layer is measured) and kv_text (self-attention only).
 
     Texts of similar length are batched together, so they pad least (the averages do not
     depend on the order); each batch is one forward pass, measured at once on the device.
     advance(n) is called after each batch of n texts.
     """
+    causal, device = spec.causal, spec.device
     accumulator = StatisticsAccumulator(loaded.num_layers, causal)
-    layers = build_layers(loaded, num_heads, weights, seed, device)
-    in_place = in_berts_place(loaded, num_heads, weights, causal)
+    layers = build_layers(loaded, spec)
+    in_place = in_berts_place(loaded, spec)
     notices: dict[str, None] = {}  # in order, once each
     for batch in batches(sorted(texts, key=len), BATCH_SIZE):
-        encoded = encode(loaded.tokenizer, batch, loaded.max_positions, truncate)
+        encoded = encode(loaded.tokenizer, batch, loaded.max_positions, spec.truncate)
         kinds = key_kind_columns(encoded.tokens, encoded.input_ids.shape[1]).to(device)  # (B, N, K)
         for layer, (_, patterns) in enumerate(iter_layer_weights(loaded, encoded, layers, causal, device, in_place)):
             accumulator.add_batch(layer, patterns, encoded.valid_lens, kinds)

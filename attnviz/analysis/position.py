@@ -131,8 +131,9 @@ def position_experiment(
     """Run layer 0 (BERT's weights) over the text and its permutation, without and with positions."""
     import torch
 
-    from attnviz.pipeline import build_layer, embedding_output
     from attnviz.models.tokens import encode, unknown_token_notice
+    from attnviz.pipeline import build_layer, embedding_output
+    from attnviz.spec import run_spec
 
     encoded = encode(loaded.tokenizer, [text], loaded.max_positions)
     tokens = encoded.tokens[0]
@@ -140,7 +141,7 @@ def position_experiment(
     if head is not None and not 0 <= head < loaded.num_heads:
         raise AttnvizError(f"--head {head} is out of range: {loaded.name} has heads 0 to {loaded.num_heads - 1}")
     permuted = permute_encoded(encoded, permutation)
-    layer = build_layer(loaded, LAYER, loaded.num_heads, "pretrained", 0, device)
+    layer = build_layer(loaded, run_spec(loaded, layer=LAYER, device=device))  # BERT's own parameters and heads
 
     def attend(batch, positions: bool) -> tuple[np.ndarray, np.ndarray]:
         with torch.inference_mode():

@@ -6,11 +6,12 @@ the run's RunSpec once, calls the same stage functions as the command, and retur
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from attnviz.api.models import Model, load
 from attnviz.errors import AttnvizError
-from attnviz.spec import build_spec, check_text, check_trace_texts, refuse_causal_cross_attention
+from attnviz.spec import check_text, check_trace_texts, refuse_causal_cross_attention, run_spec
 
 ModelArg = str | Path | Model | None
 
@@ -42,12 +43,12 @@ def heads(
     check_text(kv, "the --kv text")
     refuse_causal_cross_attention(kv, causal)
     handle = load(model, device)
-    spec = build_spec(
-        handle.name, handle.loaded, handle.device, layer=layer, num_heads=resolve_num_heads(handle.loaded, heads),
+    spec = run_spec(
+        handle.loaded, handle.name, device=handle.device, layer=layer, num_heads=resolve_num_heads(handle.loaded, heads),
         weights=weights, seed=seed, causal=causal, kv_text=kv, truncate=truncate,
     )  # fmt: skip
     _check_lengths(handle.loaded, texts, truncate)
-    runs = [run for batch in run_in_batches(handle.loaded, texts, **spec.attention_options()) for run in batch]
+    runs = [run for batch in run_in_batches(handle.loaded, texts, spec) for run in batch]
     results = [HeadsResult(run, spec) for run in runs]
     return results if isinstance(text, (list, tuple)) else results[0]
 
@@ -81,15 +82,14 @@ def trace(
     refuse_causal_cross_attention(kv, causal)
     check_trace_texts(texts)
     handle = load(model, device)
-    spec = build_spec(
-        handle.name, handle.loaded, handle.device, layer=layer, num_heads=resolve_num_heads(handle.loaded, heads),
+    spec = run_spec(
+        handle.loaded, handle.name, device=handle.device, layer=layer, num_heads=resolve_num_heads(handle.loaded, heads),
         weights=weights, seed=seed, causal=causal, kv_text=kv, truncate=truncate,
     )  # fmt: skip
     _check_lengths(handle.loaded, texts, truncate)
-    options = spec.attention_options()
     layouts = LAYOUTS if layout == "all" else (layout,)
-    traced = trace_texts(handle.loaded, texts, layouts=layouts, mistake=mistake, **options)
-    return TraceResult(traced, run_attention(handle.loaded, texts, **options), spec)
+    traced = trace_texts(handle.loaded, texts, spec, layouts=layouts, mistake=mistake)
+    return TraceResult(traced, run_attention(handle.loaded, texts, spec), spec)
 
 
 def stats(
@@ -112,14 +112,13 @@ def stats(
     texts = _texts(texts)
     handle = load(model, device)
     loaded = handle.loaded
-    spec = build_spec(
-        handle.name, loaded, handle.device, layer=None, num_heads=resolve_num_heads(loaded, heads), weights=weights,
+    spec = run_spec(
+        loaded, handle.name, device=handle.device, layer=None, num_heads=resolve_num_heads(loaded, heads), weights=weights,
         seed=seed, causal=causal, kv_text=None, truncate=truncate,
     )  # fmt: skip
     _check_lengths(loaded, texts, truncate)
-    setup = dict(num_heads=heads, weights=weights, seed=seed, causal=causal, device=handle.device, truncate=truncate)
-    result, _ = measure_heads(loaded, texts, **setup)
-    (first_run,) = run_attention(loaded, texts[:1], **setup)  # the setup stats.json records, as the command's
+    result, _ = measure_heads(loaded, texts, spec)
+    (first_run,) = run_attention(loaded, texts[:1], replace(spec, layer=0))  # the setup stats.json records, as the command's
     truncated = text_truncations(loaded.tokenizer, texts, loaded.max_positions) if truncate else [None] * len(texts)
     return StatsResult(result, texts, truncated, first_run, spec)
 
@@ -142,14 +141,11 @@ def layers(
 
     (text,) = _texts(text, one=True)
     handle = load(model, device)
-    spec = build_spec(
-        handle.name, handle.loaded, handle.device, layer=None, num_heads=resolve_num_heads(handle.loaded, heads),
+    spec = run_spec(
+        handle.loaded, handle.name, device=handle.device, layer=None, num_heads=resolve_num_heads(handle.loaded, heads),
         weights=weights, seed=seed, causal=causal, kv_text=None, truncate=truncate,
     )  # fmt: skip
-    (layer_runs,) = run_layers(
-        handle.loaded, [text], num_heads=heads, weights=weights, seed=seed, causal=causal, device=handle.device,
-        truncate=truncate,
-    )  # fmt: skip
+    (layer_runs,) = run_layers(handle.loaded, [text], spec)
     return LayersResult(layer_runs, attention_rollout([run.attention for run in layer_runs]), spec)
 
 
@@ -175,13 +171,11 @@ def compare(
     handle = load(model, device)
     loaded = handle.loaded
     counts = counts or default_head_counts(loaded.hidden_size, loaded.num_heads)
-    spec = build_spec(  # what the splits share; each split's head count and weights are its own
-        handle.name, loaded, handle.device, layer=layer, num_heads=None, weights=None, seed=seed, causal=False,
+    spec = run_spec(  # what the splits share; each split's head count and weights are its own
+        loaded, handle.name, device=handle.device, layer=layer, num_heads=None, weights=None, seed=seed, causal=False,
         kv_text=None, truncate=truncate,
     )  # fmt: skip
-    splits = compare_splits(
-        loaded, text, counts, weights_list, layer=layer, seed=seed, device=handle.device, truncate=truncate
-    )
+    splits = compare_splits(loaded, text, counts, weights_list, spec)
     return CompareResult(splits, spec)
 
 
@@ -205,8 +199,8 @@ def position(
 
     (text,) = _texts(text, one=True)
     handle = load(model, device)
-    spec = build_spec(  # position runs layer 0 with the model's own parameters and heads
-        handle.name, handle.loaded, handle.device, layer=LAYER, num_heads=handle.loaded.num_heads,
+    spec = run_spec(  # position runs layer 0 with the model's own parameters and heads
+        handle.loaded, handle.name, device=handle.device, layer=LAYER, num_heads=handle.loaded.num_heads,
         weights="pretrained", seed=0, causal=False, kv_text=None, truncate=False,
     )  # fmt: skip
     spec_text = _comma_list(permutation) if permutation is not None else None

@@ -104,13 +104,13 @@ def check_lengths(tokenizer, texts: list[LineText], max_positions: int, truncate
 
 
 def run_in_batches(
-    loaded, texts: list[str], batch_size: int | None = None, **run_options
+    loaded, texts: list[str], spec: RunSpec, batch_size: int | None = None
 ) -> Iterator[list[AttentionRun]]:
     """run_attention over each batch of texts in turn: one padded forward pass per batch (BATCH_SIZE texts)."""
     from attnviz.pipeline import BATCH_SIZE, batches, run_attention
 
     for batch in batches(texts, batch_size or BATCH_SIZE):
-        yield run_attention(loaded, batch, **run_options)
+        yield run_attention(loaded, batch, spec)
 
 
 def write_run_files(run: AttentionRun, spec: RunSpec, folder: Path, fmt: str) -> list[Path]:
@@ -160,7 +160,7 @@ def write_batch(
     """Run every text with spec's settings, write its folder into out_dir, then summary.csv and summary.json."""
     names = text_folder_names(texts)
     rows, truncated, notices, first_run = [], [], {}, None
-    batched_runs = run_in_batches(loaded, [entry.text for entry in texts], batch_size, **spec.attention_options())
+    batched_runs = run_in_batches(loaded, [entry.text for entry in texts], spec, batch_size)
     runs = (run for batch_runs in batched_runs for run in batch_runs)  # one batch in memory at a time
     for index, (entry, name, run) in enumerate(zip(texts, names, runs), 1):
         write_run_files(run, spec, out_dir / name, fmt)

@@ -50,6 +50,7 @@ import torch
 from attnviz.attention.layer import MultiHeadAttention
 from attnviz.errors import AttnvizError
 from attnviz.result import Truncation
+from attnviz.spec import RunSpec
 from attnviz.trace.checks import LAYER_NAME, TOLERANCE, Check, HeadSlice, check_layouts, head_slices, torch_reference
 from attnviz.trace.layout_fused_qkv import fused_projection, fused_qkv
 from attnviz.trace.layout_merged_batch import merged_batch
@@ -170,29 +171,23 @@ def trace_layouts(
 def trace_texts(
     loaded,
     texts: list[str],
+    spec: RunSpec,
     *,
-    kv_text: str | None = None,
-    layer: int = 0,
-    num_heads: int | None = None,
-    weights: str = "pretrained",
-    seed: int = 0,
-    causal: bool = False,
-    device: str = "cpu",
     layouts: tuple[str, ...] = (DEFAULT_LAYOUT,),
     mistake: str | None = None,
-    truncate: bool = False,
 ) -> TraceResult:
-    """Trace the layouts over BERT layer `layer`'s input for a padded batch of texts.
+    """Trace the layouts over BERT layer spec.layer's input for a padded batch of texts.
 
-    The weights are build_layer's (BERT's own, or random with seed); a batch of more than
+    The weights are build_layer's (BERT's own, or random with spec.seed); a batch of more than
     one text passes its valid lengths, so the trace shows the padding path.
     """
-    from attnviz.pipeline import build_layer, check_layer, layer_input, resolve_num_heads
     from attnviz.models.tokens import encode
+    from attnviz.pipeline import build_layer, check_layer, layer_input
 
+    layer, kv_text, causal, device, truncate = spec.layer, spec.kv_text, spec.causal, spec.device, spec.truncate
     check_layer(loaded, layer)
-    num_heads = resolve_num_heads(loaded, num_heads)
-    attention = build_layer(loaded, layer, num_heads, weights, seed, device)
+    attention = build_layer(loaded, spec)
+    num_heads = attention.num_heads
     queries = encode(loaded.tokenizer, texts, loaded.max_positions, truncate)
     query_states = layer_input(loaded, queries, layer, device)  # (B, Nq, D)
     key_states, key_valid_lens = query_states, queries.valid_lens  # (B, Nk, D), (B,)
@@ -216,7 +211,7 @@ def trace_texts(
         kv_text=kv_text,
         model=loaded.name,
         layer=layer,
-        weights=weights,
+        weights=spec.weights,
         num_heads=num_heads,
         head_dim=loaded.hidden_size // num_heads,
         model_size=loaded.hidden_size,
