@@ -291,7 +291,7 @@ def test_a_read_only_filesystem_is_refused_before_the_model_loads(mount_tmpfs, m
 
 def test_a_signal_after_the_files_are_in_place_says_they_are_whole_not_that_nothing_was_written(tmp_path):
     """The window between the files landing and the process ending (the list of files is printed)."""
-    from attnviz.runs import forget_written_folders, interrupted_message
+    from attnviz.output.runs import forget_written_folders, interrupted_message
 
     forget_written_folders()
     assert interrupted_message() == "interrupted: nothing was written"

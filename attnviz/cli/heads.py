@@ -1,0 +1,164 @@
+"""`attnviz heads`: one layer's heads for a text, or for every line of --file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from attnviz.cli.options import (
+    app,
+    console,
+    errors,
+    Weights,
+    Device,
+    ImageFormat,
+    DeviceOption,
+    TruncateOption,
+    FormatOption,
+    WeightsOption,
+    SeedOption,
+    CausalOption,
+    AllowPickleOption,
+    ModelOption,
+)
+from attnviz.cli.shared import MAX_NOTICES_SHOWN, build_spec, layouts_disagree, run_target
+from attnviz.errors import AttnvizError
+from attnviz.spec import check_text, refuse_causal_cross_attention
+
+
+@app.command(short_help="Heatmaps and a table of one layer's heads, for a text or a file of texts.")
+def heads(
+    text: Optional[str] = typer.Argument(
+        None, metavar="TEXT", help="The text to attend over, e.g. 我想吃酸菜鱼. Or give --file.", show_default=False
+    ),
+    file: Optional[str] = typer.Option(
+        None,
+        "--file",
+        "-f",
+        metavar="PATH",
+        help="A batch: one text per line (blank lines skipped; - reads standard input), "
+        "one run folder per text and a summary.",
+    ),
+    model: Optional[str] = ModelOption,
+    layer: int = typer.Option(0, "--layer", "-l", help="BERT layer whose parameters (W_q, W_k, W_v, W_o) and input to use."),
+    num_heads: Optional[int] = typer.Option(
+        None, "--heads", help="Split the projections into this many heads (default: the model's own)."
+    ),
+    weights: Weights = WeightsOption,
+    seed: int = SeedOption,
+    kv: Optional[str] = typer.Option(
+        None, "--kv", help="Cross-attention: keys and values from this text, queries from TEXT."
+    ),
+    causal: bool = CausalOption,
+    show_trace: bool = typer.Option(
+        False, "--trace", help="Also print the shape trace of the heads (as attnviz trace) and write trace.json, trace.md."
+    ),
+    device: Device = DeviceOption,
+    image_format: ImageFormat = FormatOption,
+    out: Optional[Path] = typer.Option(
+        None, "--out", "-o", help="Run folder to write into (default: a new folder under outputs/ named after the text)."
+    ),
+    truncate: bool = TruncateOption,
+    allow_pickle: bool = AllowPickleOption,
+) -> None:
+    """Per-head attention heatmaps, a summary table and attention.json for one text, or each line of --file."""
+    from attnviz.analysis.statistics import summarize_heads
+    from attnviz.output.export import write_attention_json
+    from attnviz.render.heatmap import write_heatmaps
+    from attnviz.models.loading import load_model
+    from attnviz.pipeline import device_label, resolve_device, resolve_num_heads, run_attention
+    from attnviz.output.runs import StagedRunFolder, run_folder_name
+    from attnviz.render import terminal
+
+    if text is not None and file is not None:
+        raise AttnvizError("give either a TEXT or --file PATH, not both")
+    if text is None and file is None:
+        raise AttnvizError("missing argument 'TEXT': give a text, or --file PATH with one text per line")
+    check_text(text)
+    check_text(kv, "the --kv text")
+    if file is not None and show_trace:
+        raise AttnvizError("--trace traces one text: for a batch use attnviz trace --file PATH")
+    refuse_causal_cross_attention(kv, causal)
+    if file is not None:
+        return _heads_for_file(
+            file,
+            model=model,
+            allow_pickle=allow_pickle,
+            device=device.value,
+            image_format=image_format.value,
+            out=out,
+            run_options=dict(
+                kv_text=kv, layer=layer, num_heads=num_heads, weights=weights.value, seed=seed, causal=causal,
+                truncate=truncate,
+            ),
+        )
+    target = run_target(out, run_folder_name(text))
+    device_name = resolve_device(device.value)
+    loaded = load_model(model, device_name, allow_pickle=allow_pickle)
+    spec = build_spec(
+        model, loaded, device_name, layer=layer, num_heads=resolve_num_heads(loaded, num_heads), weights=weights.value,
+        seed=seed, causal=causal, kv_text=kv, truncate=truncate,
+    )
+    (run,) = run_attention(loaded, [text], spec)
+
+    terminal.print_notices(errors, run.notices)
+    terminal.print_setup(console, run, loaded.source, device_label(device_name), seed=seed)
+    terminal.print_tokens(console, run)
+    console.print(terminal.heads_table(run, summarize_heads(run.attention, run.causal)))
+    traced = None
+    if show_trace:
+        from attnviz.trace import trace_texts
+        from attnviz.render.trace_render import print_trace
+
+        traced = trace_texts(loaded, [text], spec)
+        print_trace(console, traced, text_tokens=[run.query_tokens])
+
+    folder = StagedRunFolder(target, unique=out is None)
+    with console.status("writing heatmaps…"), folder as staging:
+        written = write_heatmaps(run, staging, image_format.value, seed=seed)
+        written.append(write_attention_json(run, spec, staging / "attention.json"))
+        if traced is not None:
+            from attnviz.output.trace_files import write_trace_files
+
+            written += write_trace_files(traced, [run], spec, staging, image_format.value)
+    terminal.print_files(console, folder.final, [folder.final / path.name for path in written])
+    if traced is not None and not traced.agree:
+        return layouts_disagree(traced)
+
+
+def _heads_for_file(
+    file: str, *, model, allow_pickle: bool, device: str, image_format: str, out: Optional[Path], run_options: dict
+) -> None:
+    """`heads --file`: every line through the same layer, batch by batch; a folder per text."""
+    from attnviz.output import batch
+    from attnviz.render import terminal
+    from attnviz.models.loading import load_model
+    from attnviz.pipeline import device_label, resolve_device, resolve_num_heads
+    from attnviz.output.runs import StagedRunFolder
+
+    texts = batch.read_texts(file)
+    target = run_target(out, batch.batch_folder_name(file))
+    if out is not None:
+        batch.check_batch_target(target, batch.text_folder_names(texts))
+    device_name = resolve_device(device)
+    loaded = load_model(model, device_name, allow_pickle=allow_pickle)
+    batch.check_lengths(loaded.tokenizer, texts, loaded.max_positions, run_options["truncate"])
+    run_options["num_heads"] = resolve_num_heads(loaded, run_options["num_heads"])
+    spec = build_spec(model, loaded, device_name, **run_options)
+
+    folder = StagedRunFolder(target, unique=out is None)
+    progress = terminal.progress_bar(console, len(texts), "attention and heatmaps", batch.PROGRESS_MIN_TEXTS)
+    with progress as advance, folder as staging:
+        result = batch.write_batch(loaded, texts, staging, image_format, spec, on_text=lambda: advance(1))
+
+    shown = result.notices[:MAX_NOTICES_SHOWN]
+    if len(result.notices) > len(shown):
+        shown.append(f"… and {len(result.notices) - len(shown)} more notices like these")
+    terminal.print_notices(errors, shown)
+    terminal.print_setup(console, result.first_run, loaded.source, device_label(device_name), seed=run_options["seed"])
+    console.print(terminal.batch_table(result.rows, result.first_run.causal))
+    numbers = [row["folder"].split("-", 1)[0] for row in result.rows]
+    folders = result.rows[0]["folder"] if len(numbers) == 1 else f"{numbers[0]}-… to {numbers[-1]}-… (a folder per text)"
+    terminal.print_files(console, folder.final, [folder.final / folders, *result.files])

@@ -1,0 +1,93 @@
+"""The `attnviz` program: the commands in --help's order, `models`, and running them with one-line errors and exit codes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+import typer
+
+try:  # typer 0.2x vendors click; older typers use click itself
+    from typer._click.exceptions import UsageError
+except ImportError:
+    from click.exceptions import UsageError
+
+from attnviz.cli.options import app, console, errors
+from attnviz.errors import AttnvizError, Interrupted
+
+# Each module registers its commands on app when imported: this order is --help's.
+from attnviz.cli import heads  # noqa: E402, F401  isort: skip
+from attnviz.cli import every_layer  # noqa: E402, F401  isort: skip
+from attnviz.cli import experiments  # noqa: E402, F401  isort: skip
+from attnviz.cli import trace_command  # noqa: E402, F401  isort: skip
+
+INTERRUPTED = 130  # the shell's exit code for Ctrl-C (128 + SIGINT)
+
+
+@app.command(short_help='List the models that can be used now.')
+def models() -> None:
+    """List the models that can be used now: the bundled one and BERT models in the local hub cache."""
+    from attnviz.models.loading import list_models
+    from attnviz.render import terminal
+
+    console.print(terminal.models_table(list_models()))
+
+
+def run(args: list[str] | None = None) -> int:
+    """Run the command line and return its exit code; errors become one line on stderr."""
+    from attnviz.output.runs import forget_written_folders
+
+    forget_written_folders()
+    try:
+        _refuse_empty_out(sys.argv[1:] if args is None else args)
+        result = app(args=args, prog_name="attnviz", standalone_mode=False)
+    except UsageError as error:
+        command = error.ctx.command_path if error.ctx else "attnviz"
+        errors.print(f"error: {error.format_message()} (see {command} --help)", soft_wrap=True)
+        return 2
+    except AttnvizError as error:
+        errors.print(f"error: {error}", soft_wrap=True)
+        return 2
+    except Interrupted as interrupted:
+        return _interrupted(interrupted)
+    except (KeyboardInterrupt, typer.Abort):  # Python's own Ctrl-C, where attnviz's handlers are not set
+        return _interrupted(Interrupted(signal.SIGINT))
+    except Exception as error:  # a bug: still one line, the traceback on request
+        if os.environ.get("ATTNVIZ_DEBUG"):
+            raise
+        errors.print(
+            f"error: unexpected {type(error).__name__}: {error} (set ATTNVIZ_DEBUG=1 for the traceback)", soft_wrap=True
+        )
+        return 1
+    if result == INTERRUPTED:  # typer turns a KeyboardInterrupt into this exit code; run folders clean up on it
+        return _interrupted(Interrupted(signal.SIGINT))
+    return result if isinstance(result, int) else 0
+
+
+def _refuse_empty_out(args: list[str]) -> None:
+    """--out "" would mean the current folder (Path("") is "."): refuse it, before typer turns it into "."."""
+    options = args[: args.index("--")] if "--" in args else args
+    for option, value in zip(options, [*options[1:], None]):
+        if option == "--out=" or option in ("--out", "-o") and value == "":
+            raise AttnvizError("--out is empty: give a folder (--out . for the current one)")
+
+
+def _interrupted(interrupted: Interrupted) -> int:
+    from attnviz.output.runs import interrupted_message
+
+    errors.print(interrupted_message(interrupted.written), soft_wrap=True)
+    return interrupted.exit_code
+
+
+def main() -> None:
+    """The `attnviz` command: signals end a run cleanly, a closed pipe loses no files."""
+    from attnviz.output.runs import handle_signals
+    from attnviz.output.streams import PipeSafeStream
+
+    handle_signals()
+    if sys.stdout is not None:  # None: started with stdout closed (>&-); Rich then prints nowhere
+        sys.stdout = PipeSafeStream(sys.stdout)
+    if sys.stderr is not None:
+        sys.stderr = PipeSafeStream(sys.stderr)
+    sys.exit(run())

@@ -1,0 +1,142 @@
+"""The command line's options: the Typer app, its consoles, the choices and the options several commands share.
+
+Heavy libraries (torch, transformers, matplotlib) are imported inside the commands,
+so that `attnviz --help` stays instant.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from attnviz.spec import MAX_SEED
+
+app = typer.Typer(
+    help="See and check what multi-head attention does, with a real BERT's parameters.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # click's plain help: a tenth of a second faster than Rich panels, and it wraps at 80 columns
+)
+console = Console(highlight=False)
+errors = Console(stderr=True, highlight=False, markup=False)
+
+DEFAULT_OUTPUTS = Path("outputs")
+HELP_TYPE_WORDS = {"<str>": "TEXT", "<int>": "INTEGER", "<int range>": "INTEGER", "<path>": "PATH", "<float>": "NUMBER"}
+
+
+class Weights(str, Enum):
+    pretrained = "pretrained"
+    random = "random"
+
+
+class Device(str, Enum):
+    auto = "auto"
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+class ImageFormat(str, Enum):
+    png = "png"
+    svg = "svg"
+    pdf = "pdf"
+
+
+class Layout(str, Enum):  # attnviz.trace.LAYOUTS, and all (not imported: trace imports torch)
+    view_permute = "view-permute"
+    merged_batch = "merged-batch"
+    fused_qkv = "fused-qkv"
+    single_head = "single-head"
+    all = "all"
+
+
+class Mistake(str, Enum):  # attnviz.trace.MISTAKES
+    view_without_permute = "view-without-permute"
+    merge_without_permute = "merge-without-permute"
+
+
+def _version(asked: bool) -> None:
+    if asked:
+        console.print(f"attnviz {package_version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print attnviz's version and exit."
+    ),
+) -> None:
+    """See and check what multi-head attention does, with a real BERT's parameters."""
+
+
+def package_version() -> str:
+    """The installed package's version, else (running from a source tree) attnviz.__version__."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("attnviz")
+    except PackageNotFoundError:
+        from attnviz import __version__
+
+        return __version__
+
+
+def _help_types_as_words() -> None:
+    """Write option types in --help as words (TEXT, INTEGER, PATH) and choices as [a|b].
+
+    typer 0.2x writes them as <str>, <int>, <path>, <a|b>; click and older typers already
+    write words, and have no display_type to wrap. An argument's type is its metavar (TEXT).
+    """
+    from typer import core
+
+    if not hasattr(core.TyperArgument, "display_type") or getattr(core.TyperOption.display_type, "as_words", False):
+        return
+    for kind in (core.TyperArgument, core.TyperOption):
+        shown = kind.display_type
+
+        def display_type(self, ctx, _shown=shown):
+            label = _shown(self, ctx)
+            if label in HELP_TYPE_WORDS:
+                return HELP_TYPE_WORDS[label]
+            return f"[{label[1:-1]}]" if label.startswith("<") and label.endswith(">") else label
+
+        display_type.as_words = True
+        kind.display_type = display_type
+    core.TyperArgument.display_type_rich = lambda self, ctx: None  # an argument's metavar (TEXT) says its type
+
+
+_help_types_as_words()
+
+
+# Options that several commands share, declared once.
+DeviceOption = typer.Option(Device.auto, help="Where to run: auto is the GPU when torch sees one.")
+TruncateOption = typer.Option(False, help="Cut texts longer than the model's positions instead of refusing them.")
+FormatOption = typer.Option(ImageFormat.png, "--format", help="Image file format.")
+WeightsOption = typer.Option(
+    Weights.pretrained,
+    help="The layer's parameters (W_q, W_k, W_v, W_o, not the attention weights): "
+    "BERT's trained ones, or fresh random ones from --seed.",
+)
+SeedOption = typer.Option(0, min=0, max=MAX_SEED, help="Seed of the random parameters of --weights random.")
+CausalOption = typer.Option(False, "--causal", help="Mask future keys (each token sees only itself and earlier).")
+EveryLayerCausalOption = typer.Option(
+    False,
+    "--causal",
+    help="Mask future keys in every layer: a causal mask over a bidirectional model's hidden states "
+    "(each layer's input comes from BERT's own pass and already holds later tokens).",
+)
+AllowPickleOption = typer.Option(
+    False, help="Let a model whose weights are pickle files (pytorch_model.bin, .bin shards) load (unpickling can run code)."
+)
+ModelOption = typer.Option(
+    None,
+    "--model",
+    "-m",
+    help="Hugging Face hub id or local folder of a BERT model. "
+    "(default: bert-base-chinese; offline, the bundled all-MiniLM-L6-v2)",
+    show_default=False,
+)

@@ -1,0 +1,37 @@
+"""What the commands share: the output folder and the run's settings, checked before any work; the notices' cap; the trace's verdict."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from attnviz.cli.options import DEFAULT_OUTPUTS, errors
+
+
+MAX_NOTICES_SHOWN = 3  # over many texts: the first few notices, then a count
+
+
+def build_spec(model: Optional[str], loaded, device: str, **settings):
+    """The run's settings (attnviz.spec.RunSpec), built once: the options as given, with the model that loaded."""
+    from attnviz.spec import run_spec
+
+    return run_spec(loaded, model, device=device, **settings)
+
+
+def run_target(out: Optional[Path], default_name: str) -> Path:
+    """--out, or a folder under outputs/ named for the run; checked before any work is done."""
+    from attnviz.output.runs import check_target
+
+    return check_target(out if out is not None else DEFAULT_OUTPUTS / default_name)
+
+
+
+def layouts_disagree(traced) -> int:
+    """A check that failed is a bug, not bad input: one line on stderr and exit code 1."""
+    worst = max(traced.checks, key=lambda check: max(check.weights_diff, check.output_diff))
+    errors.print(
+        f"error: the layouts disagree: {worst.layout} differs from {worst.reference} by "
+        f"{max(worst.weights_diff, worst.output_diff):.1e}, more than 1e-05 (see trace.json)",
+        soft_wrap=True,
+    )
+    return 1
