@@ -20,9 +20,9 @@ import torch
 from attnviz.attention.layer import MultiHeadAttention, check_num_heads
 from attnviz.errors import AttnvizError
 from attnviz.models.loading import LoadedModel
+from attnviz.models.tokens import Encoded, encode, truncation_notice, unknown_token_notice
 from attnviz.result import AttentionRun
 from attnviz.spec import RunSpec
-from attnviz.models.tokens import Encoded, encode, truncation_notice, unknown_token_notice
 
 # Texts per forward pass. The weights of a batch are (B, H, N, N) floats: for 32 texts of
 # 512 tokens and 12 heads that is 400 MB, the most we want to hold at once.

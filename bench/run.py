@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
-BATCH_SIZE = 32  # attnviz.output.batch.BATCH_SIZE: the bare pass runs the same batches
+BATCH_SIZE = 32  # attnviz.pipeline.BATCH_SIZE: the bare pass runs the same batches
 PYTHON = sys.executable
 ATTNVIZ = [str(Path(PYTHON).with_name("attnviz"))]  # the console script, as a user runs it
 SENTENCE_12_TOKENS = "the quick brown fox jumps over the lazy dog again"  # 10 words + [CLS] + [SEP]

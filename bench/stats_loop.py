@@ -10,8 +10,8 @@ Prints the seconds spent after loading, so start-up costs on neither side hide t
 import sys
 import time
 
-from attnviz.models.loading import load_model
 from attnviz.analysis.measure import measure_heads
+from attnviz.models.loading import load_model
 from attnviz.spec import run_spec
 
 

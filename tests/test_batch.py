@@ -7,12 +7,12 @@ import json
 import numpy as np
 import pytest
 
-from attnviz.output import batch
 from attnviz import pipeline
 from attnviz.cli import run
 from attnviz.errors import AttnvizError
-from attnviz.pipeline import run_attention
+from attnviz.output import batch
 from attnviz.output.runs import MANIFEST
+from attnviz.pipeline import run_attention
 from attnviz.spec import run_spec
 
 TOLERANCE = 1e-5

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from attnviz.analysis.statistics import summarize_heads
-from attnviz.pipeline import build_layer, embedding_output, layer_input, run_attention
 from attnviz.models.tokens import encode
+from attnviz.pipeline import build_layer, embedding_output, layer_input, run_attention
 from attnviz.spec import run_spec
 
 TOLERANCE = 1e-5

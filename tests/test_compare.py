@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 import torch
 
+from attnviz.analysis.compare import compare_splits, default_head_counts, parse_head_counts, parse_weights
 from attnviz.analysis.statistics import summarize_heads
 from attnviz.cli import run
-from attnviz.analysis.compare import compare_splits, default_head_counts, parse_head_counts, parse_weights
-from attnviz.render.compare_figures import MAX_HEADS_SHOWN, panel_grid, shown_heads
 from attnviz.errors import AttnvizError
-from attnviz.pipeline import random_layer, run_attention
 from attnviz.output.runs import MANIFEST
+from attnviz.pipeline import random_layer, run_attention
+from attnviz.render.compare_figures import MAX_HEADS_SHOWN, panel_grid, shown_heads
 from attnviz.spec import run_spec
 
 TOLERANCE = 1e-5

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from attnviz.render import heatmap
 from attnviz.cli import run
 from attnviz.pipeline import run_attention
+from attnviz.render import heatmap
 from attnviz.spec import run_spec
 
 TOLERANCE = 1e-5

@@ -15,11 +15,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from attnviz.render import heatmap
-from attnviz.render import scales
-from attnviz.cli import run as run_cli
 from attnviz.analysis.compare import Split
 from attnviz.analysis.statistics import summarize_heads
+from attnviz.cli import run as run_cli
+from attnviz.render import heatmap
+from attnviz.render import scales
 from attnviz.render.heatmap import heads_grid_figure
 from attnviz.render.scales import LOG_SCALE_MIN, MASKED_COLOR, block_maximum, capped_size
 from attnviz.render.stats_figures import layers_figure, rollout_figure

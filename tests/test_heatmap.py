@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from attnviz.render import heatmap
 from attnviz.errors import AttnvizError
+from attnviz.render import heatmap
 from attnviz.render.fonts import use_cjk_font
 from attnviz.render.heatmap import (
     MASKED_COLOR,
@@ -22,8 +22,8 @@ from attnviz.render.heatmap import (
     write_head_heatmaps,
     write_heads_grid,
 )
-from attnviz.result import AttentionRun
 from attnviz.render.titles import short_model_name
+from attnviz.result import AttentionRun
 
 CHINESE = ["[CLS]", "我", "想", "吃", "酸", "菜", "鱼", "[SEP]"]
 CJK = ["[CLS]", "我", "想", "吃", "こんにちは", "カタカナ", "안녕", "하세요", "[SEP]"]

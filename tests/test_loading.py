@@ -24,8 +24,8 @@ import pytest
 import torch
 from transformers import BertConfig, BertModel, BertTokenizer, GPT2Config
 
-from attnviz.models.bert import BertEncoder
 from attnviz.errors import AttnvizError
+from attnviz.models.bert import BertEncoder
 from attnviz.models.loading import (
     BUNDLED_NAME,
     DEFAULT_MODEL,

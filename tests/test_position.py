@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
+from attnviz.analysis.position import TOLERANCE, default_permutation, parse_permutation, position_experiment
 from attnviz.cli import run
 from attnviz.errors import AttnvizError
-from attnviz.analysis.position import TOLERANCE, default_permutation, parse_permutation, position_experiment
 from attnviz.output.runs import MANIFEST
 
 TEXT = "The animal didn't cross the street because it was too tired."  # 16 tokens

@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from attnviz.output import runs
 from attnviz.cli import run
 from attnviz.errors import AttnvizError, Interrupted
+from attnviz.output import runs
 from attnviz.output.runs import MANIFEST, MAX_NAME_CHARS, StagedRunFolder, run_folder_name
 
 

@@ -27,10 +27,10 @@ from attnviz.analysis.statistics import (
     js_distance,
 )
 from attnviz.cli import run
-from attnviz.render.heatmap import MASKED_COLOR
-from attnviz.pipeline import run_attention, run_layers
-from attnviz.result import AttentionRun
 from attnviz.output.runs import MANIFEST
+from attnviz.pipeline import run_attention, run_layers
+from attnviz.render.heatmap import MASKED_COLOR
+from attnviz.result import AttentionRun
 from attnviz.spec import run_spec
 
 TOLERANCE = 1e-5

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from attnviz.render.heatmap import write_head_heatmaps, write_heads_grid
-from attnviz.result import AttentionRun
 from attnviz.render.stats_figures import write_js_distance, write_layers_grid, write_rollout
 from attnviz.render.titles import figure_title
+from attnviz.result import AttentionRun
 from attnviz.spec import run_spec
 
 TOKENS = ["[CLS]", "the", "cat", "sat", "[SEP]"]
@@ -99,8 +99,8 @@ def test_the_layers_rollout_and_js_distance_figures_use_the_same_title(tmp_path)
 
 def test_the_compare_and_position_figures_name_their_text_and_seed(bundled_bert, tmp_path):
     from attnviz.analysis.compare import compare_splits
-    from attnviz.render.compare_figures import write_comparison_figure, write_position_figure
     from attnviz.analysis.position import position_experiment
+    from attnviz.render.compare_figures import write_comparison_figure, write_position_figure
 
     shared = run_spec(bundled_bert, layer=1, seed=5)
     splits = compare_splits(bundled_bert, "the cat sat", [1, 2], ["pretrained", "random"], shared)

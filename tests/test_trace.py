@@ -24,9 +24,9 @@ from attnviz.attention.layer import MultiHeadAttention
 from attnviz.cli import Layout, Mistake, run
 from attnviz.errors import AttnvizError
 from attnviz.models.loading import load_model
-from attnviz.pipeline import build_layer, layer_input
-from attnviz.output.runs import MANIFEST
 from attnviz.models.tokens import encode
+from attnviz.output.runs import MANIFEST
+from attnviz.pipeline import build_layer, layer_input
 from attnviz.trace import (
     LAYOUTS,
     MISTAKES,

@@ -68,15 +68,15 @@ def stats(
     With --file, each statistic is averaged per text, then over the texts (every text weighs
     the same); Clark et al. average over all tokens of their data.
     """
-    from attnviz.output.batch import PROGRESS_MIN_TEXTS, batch_folder_name, check_lengths, read_texts
-    from attnviz.models.loading import load_model
     from attnviz.analysis.measure import measure_heads
-    from attnviz.pipeline import device_label, resolve_device, resolve_num_heads, run_attention
+    from attnviz.models.loading import load_model
+    from attnviz.models.tokens import text_truncations
+    from attnviz.output.batch import PROGRESS_MIN_TEXTS, batch_folder_name, check_lengths, read_texts
     from attnviz.output.runs import StagedRunFolder, run_folder_name
     from attnviz.output.stats_export import write_stats_csv, write_stats_json
-    from attnviz.render.stats_figures import write_js_distance
-    from attnviz.models.tokens import text_truncations
+    from attnviz.pipeline import device_label, resolve_device, resolve_num_heads, run_attention
     from attnviz.render import terminal
+    from attnviz.render.stats_figures import write_js_distance
 
     if text is not None and file is not None:
         raise AttnvizError("give either a TEXT or --file PATH, not both")
@@ -146,11 +146,11 @@ def layers(
     """Every layer and head at a glance (layers.png) and attention rollout through the layers (rollout.png)."""
     from attnviz.analysis.rollout import attention_rollout
     from attnviz.models.loading import load_model
-    from attnviz.pipeline import device_label, resolve_device, resolve_num_heads, run_layers
     from attnviz.output.runs import StagedRunFolder, run_folder_name
     from attnviz.output.stats_export import write_rollout_json
-    from attnviz.render.stats_figures import write_layers_grid, write_rollout
+    from attnviz.pipeline import device_label, resolve_device, resolve_num_heads, run_layers
     from attnviz.render import terminal
+    from attnviz.render.stats_figures import write_layers_grid, write_rollout
 
     check_text(text)
     target = run_target(out, run_folder_name(text))

@@ -55,12 +55,12 @@ def compare(
 ) -> None:
     """The same W_q, W_k, W_v split into 1, 4, 12... heads, and BERT's parameters beside random ones."""
     from attnviz.analysis.compare import compare_splits, default_head_counts, parse_head_counts, parse_weights
-    from attnviz.render.compare_figures import write_comparison_figure
     from attnviz.models.loading import load_model
     from attnviz.output.compare_json import write_comparison_json
-    from attnviz.pipeline import device_label, resolve_device
     from attnviz.output.runs import StagedRunFolder, run_folder_name
+    from attnviz.pipeline import device_label, resolve_device
     from attnviz.render import terminal
+    from attnviz.render.compare_figures import write_comparison_figure
 
     check_text(text)
     counts = parse_head_counts(head_counts) if head_counts is not None else None
@@ -113,13 +113,13 @@ def position(
     allow_pickle: bool = AllowPickleOption,
 ) -> None:
     """Why attention needs position embeddings: permute the tokens, with and without them."""
-    from attnviz.render.compare_figures import write_position_figure
-    from attnviz.models.loading import load_model
-    from attnviz.pipeline import device_label, resolve_device
     from attnviz.analysis.position import LAYER, position_experiment
+    from attnviz.models.loading import load_model
     from attnviz.output.position_json import write_position_json
     from attnviz.output.runs import StagedRunFolder, run_folder_name
+    from attnviz.pipeline import device_label, resolve_device
     from attnviz.render import terminal
+    from attnviz.render.compare_figures import write_position_figure
 
     check_text(text)
     target = run_target(out, run_folder_name(text))

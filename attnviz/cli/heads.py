@@ -65,12 +65,12 @@ def heads(
 ) -> None:
     """Per-head attention heatmaps, a summary table and attention.json for one text, or each line of --file."""
     from attnviz.analysis.statistics import summarize_heads
-    from attnviz.output.export import write_attention_json
-    from attnviz.render.heatmap import write_heatmaps
     from attnviz.models.loading import load_model
-    from attnviz.pipeline import device_label, resolve_device, resolve_num_heads, run_attention
+    from attnviz.output.export import write_attention_json
     from attnviz.output.runs import StagedRunFolder, run_folder_name
+    from attnviz.pipeline import device_label, resolve_device, resolve_num_heads, run_attention
     from attnviz.render import terminal
+    from attnviz.render.heatmap import write_heatmaps
 
     if text is not None and file is not None:
         raise AttnvizError("give either a TEXT or --file PATH, not both")
@@ -109,8 +109,8 @@ def heads(
     console.print(terminal.heads_table(run, summarize_heads(run.attention, run.causal)))
     traced = None
     if show_trace:
-        from attnviz.trace import trace_texts
         from attnviz.render.trace_render import print_trace
+        from attnviz.trace import trace_texts
 
         traced = trace_texts(loaded, [text], spec)
         print_trace(console, traced, text_tokens=[run.query_tokens])
@@ -132,11 +132,11 @@ def _heads_for_file(
     file: str, *, model, allow_pickle: bool, device: str, image_format: str, out: Optional[Path], run_options: dict
 ) -> None:
     """`heads --file`: every line through the same layer, batch by batch; a folder per text."""
-    from attnviz.output import batch
-    from attnviz.render import terminal
     from attnviz.models.loading import load_model
-    from attnviz.pipeline import device_label, resolve_device, resolve_num_heads
+    from attnviz.output import batch
     from attnviz.output.runs import StagedRunFolder
+    from attnviz.pipeline import device_label, resolve_device, resolve_num_heads
+    from attnviz.render import terminal
 
     texts = batch.read_texts(file)
     target = run_target(out, batch.batch_folder_name(file))

@@ -72,14 +72,14 @@ def trace(
 
     Exits 1 when the layouts disagree by more than 1e-5 (the files are still written).
     """
-    from attnviz.output.batch import batch_folder_name, read_texts
     from attnviz.models.loading import load_model
-    from attnviz.pipeline import device_label, resolve_device, resolve_num_heads, run_attention
+    from attnviz.output.batch import batch_folder_name, read_texts
     from attnviz.output.runs import StagedRunFolder, run_folder_name
-    from attnviz.trace import LAYOUTS, trace_texts
     from attnviz.output.trace_files import write_trace_files
-    from attnviz.render.trace_render import print_trace
+    from attnviz.pipeline import device_label, resolve_device, resolve_num_heads, run_attention
     from attnviz.render import terminal
+    from attnviz.render.trace_render import print_trace
+    from attnviz.trace import LAYOUTS, trace_texts
 
     if text is not None and file is not None:
         raise AttnvizError("give either a TEXT or --file PATH, not both")

@@ -7,7 +7,7 @@ tensors load by name (checkpoint.py checks and reads them), and the tests check 
 hidden states equal transformers' own.
 
 Its attention only feeds the next layer; the weights attnviz shows come from attnviz's own
-layer (attention.py), built from the same projections (check_attention_weights first).
+layer (attention/layer.py), built from the same projections (check_attention_weights first).
 
 NaN or infinity in the weights is an AttnvizError naming the tensor, found where a run uses
 them: the embeddings and every layer's output are tested as they are computed (one cheap

@@ -24,8 +24,8 @@ from pathlib import Path, PurePosixPath
 
 import torch
 
-from attnviz.models.bert import BertConfig, BertEncoder
 from attnviz.errors import first_line
+from attnviz.models.bert import BertConfig, BertEncoder
 
 SINGLE_FILE = {True: "model.safetensors", False: "pytorch_model.bin"}
 

@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 
 from attnviz.render.fonts import displayable
-from attnviz.result import AttentionRun
 from attnviz.render.titles import chars_across, counted, run_title
+from attnviz.result import AttentionRun
 from attnviz.render.scales import (  # the colour scale, blocks and size cap of every attention figure
     COLORMAP,  # noqa: F401 (the colours of heatmaps, imported from here by their tests)
     DPI,

@@ -23,8 +23,8 @@ from attnviz.analysis.statistics import (
     HeadSummary,
     ModelStatistics,
 )
-from attnviz.result import AttentionRun
 from attnviz.render.titles import counted
+from attnviz.result import AttentionRun
 
 MAX_TOKENS_SHOWN = 64
 TOKEN_LEGEND = "index token id (index 0 is [CLS])"

@@ -11,7 +11,7 @@ from attnviz.attention.layer import MultiHeadAttention
 from attnviz.trace.recorder import LayerInputs, LayoutTrace
 
 TOLERANCE = 1e-5
-LAYER_NAME = "MultiHeadAttention"  # attnviz's own layer (attention.py), checked beside the layouts
+LAYER_NAME = "MultiHeadAttention"  # attnviz's own layer (attention/layer.py), checked beside the layouts
 
 
 @dataclass
@@ -36,7 +36,7 @@ def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
 def torch_reference(layer: MultiHeadAttention, inputs: LayerInputs, num_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
     """torch.nn.MultiheadAttention loaded with the layer's W_q, W_k, W_v, W_o, split into num_heads heads.
 
-    Independent of attention.py: torch's own projections, head split, masks and softmax.
+    Independent of attention/layer.py: torch's own projections, head split, masks and softmax.
     Returns the output (B, Nq, D) and the weights (B, H, Nq, Nk).
     """
     model_size = layer.w_q.out_features

@@ -1,4 +1,4 @@
-"""attnviz's own layer (attention.py), step by step: view + permute to (B, H, N, d).
+"""attnviz's own layer (attention/layer.py), step by step: view + permute to (B, H, N, d).
 
 It also makes the two mistakes of MISTAKES on request, so a learner sees where they go wrong.
 """
@@ -20,7 +20,7 @@ from attnviz.trace.recorder import (
 def view_permute(
     layer: MultiHeadAttention, inputs: LayerInputs, num_heads: int, mistake: str | None = None
 ) -> LayoutTrace:
-    """attnviz's layer (attention.py), step by step: view + permute to (B, H, N, d)."""
+    """attnviz's layer (attention/layer.py), step by step: view + permute to (B, H, N, d)."""
     if mistake not in (None, *MISTAKES):
         raise AttnvizError(f"unknown mistake {mistake!r}: choose one of {', '.join(MISTAKES)}")
     sizes = axis_sizes(inputs, num_heads)
