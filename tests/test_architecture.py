@@ -78,3 +78,38 @@ def strongly_connected(imports: dict[str, set[str]]) -> list[set[str]]:
         if module not in index:
             visit(module)
     return components
+
+
+SETTINGS = {"model", "layer", "num_heads", "heads", "weights", "seed", "causal", "kv_text", "kv", "device", "truncate"}
+# A title formats what a figure shows, not a run's settings: compare's title names a list of
+# parameters ("pretrained", "random") and the averaged figures no text; run_title feeds it from a run.
+NOT_SETTINGS = {"attnviz.render.titles.figure_title"}
+
+
+def test_below_the_command_line_the_settings_travel_as_one_runspec():
+    """No function below the CLI takes three or more of a run's settings one by one: it takes the RunSpec.
+
+    One or two plain values (a device, a seed for a title) are fine; dataclasses that hold
+    results (AttentionRun, TraceResult) and RunSpec itself are not functions that take settings.
+    """
+    import dataclasses
+    import importlib
+    import inspect
+    import pkgutil
+
+    import attnviz
+
+    trains = []
+    for info in pkgutil.walk_packages(attnviz.__path__, "attnviz."):
+        if info.name == "attnviz.cli" or info.name.startswith(("attnviz.cli.", "attnviz.__main__")):
+            continue
+        module = importlib.import_module(info.name)
+        functions = [f for _, f in inspect.getmembers(module, inspect.isfunction) if f.__module__ == info.name]
+        for _, cls in inspect.getmembers(module, inspect.isclass):
+            if cls.__module__ == info.name and not dataclasses.is_dataclass(cls):
+                functions += [f for _, f in inspect.getmembers(cls, inspect.isfunction)]
+        for function in functions:
+            settings = SETTINGS & set(inspect.signature(function).parameters)
+            if len(settings) >= 3 and f"{info.name}.{function.__qualname__}" not in NOT_SETTINGS:
+                trains.append(f"{info.name}.{function.__qualname__}: {sorted(settings)}")
+    assert not trains, trains
