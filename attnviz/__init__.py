@@ -2,7 +2,7 @@
 
 A subpackage per stage and per face (README.md, "Layout"), imports pointing one way, from the
 top down: cli, api, output, render, analysis and trace, pipeline, models, attention, and the
-base (spec, result, errors, text). pyproject.toml's import-linter contract states it.
+base (spec, result, errors, text, version). pyproject.toml's import-linter contract states it.
 Nothing here imports the command line, or torch: heavy libraries load on first use.
 
 As a library (README.md, "Python"):
@@ -19,7 +19,7 @@ torch, transformers and matplotlib load only when a function runs.
 import sys
 import types
 
-__version__ = "0.1.0"
+from attnviz.version import __version__
 
 # public name -> the module that defines it
 _PUBLIC = {

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from attnviz import __version__
 from attnviz.errors import AttnvizError
+from attnviz.version import __version__
 
 WEIGHTS = ("pretrained", "random")  # the model's parameters, not the attention weights
 MAX_SEED = 2**64 - 1  # torch.manual_seed takes 64 bits

@@ -74,13 +74,13 @@ def _main(
 
 
 def package_version() -> str:
-    """The installed package's version, else (running from a source tree) attnviz.__version__."""
+    """The installed package's version, else (running from a source tree) attnviz.version.__version__."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
         return version("attnviz")
     except PackageNotFoundError:
-        from attnviz import __version__
+        from attnviz.version import __version__
 
         return __version__
 
