@@ -84,10 +84,13 @@ SETTINGS = {"model", "layer", "num_heads", "heads", "weights", "seed", "causal",
 # A title formats what a figure shows, not a run's settings: compare's title names a list of
 # parameters ("pretrained", "random") and the averaged figures no text; run_title feeds it from a run.
 NOT_SETTINGS = {"attnviz.render.titles.figure_title"}
+# The command line's options and the API's keywords (issue 11: attnviz.heads(text, layer=..., ...))
+# are where the settings come in, one by one; both build the RunSpec once and pass it down.
+FACES_THAT_TAKE_OPTIONS = {"cli", "api", "__main__"}
 
 
 def test_below_the_command_line_the_settings_travel_as_one_runspec():
-    """No function below the CLI takes three or more of a run's settings one by one: it takes the RunSpec.
+    """No function below the CLI and the API takes three or more of a run's settings one by one: it takes the RunSpec.
 
     One or two plain values (a device, a seed for a title) are fine; dataclasses that hold
     results (AttentionRun, TraceResult) and RunSpec itself are not functions that take settings.
@@ -101,7 +104,7 @@ def test_below_the_command_line_the_settings_travel_as_one_runspec():
 
     trains = []
     for info in pkgutil.walk_packages(attnviz.__path__, "attnviz."):
-        if info.name == "attnviz.cli" or info.name.startswith(("attnviz.cli.", "attnviz.__main__")):
+        if info.name.split(".")[1] in FACES_THAT_TAKE_OPTIONS:
             continue
         module = importlib.import_module(info.name)
         functions = [f for _, f in inspect.getmembers(module, inspect.isfunction) if f.__module__ == info.name]
