@@ -16,9 +16,6 @@ As a library (README.md, "Python"):
 torch, transformers and matplotlib load only when a function runs.
 """
 
-import sys
-import types
-
 from attnviz.version import __version__
 
 # public name -> the module that defines it
@@ -57,20 +54,3 @@ def __getattr__(name: str):
 def __dir__() -> list[str]:
     return sorted({*globals(), *_PUBLIC})
 
-
-class _Package(types.ModuleType):
-    """attnviz.trace, attnviz.compare and attnviz.position are the API's functions.
-
-    The trace stage (attnviz/trace/) has the same name as the API's function; it is imported as
-    `from attnviz.trace import ...`, through sys.modules, and importing it must not replace the
-    function on the package, which Python's import system would otherwise do. (compare and
-    position are attnviz.analysis.compare and .position: no clash.)
-    """
-
-    def __setattr__(self, name, value):
-        if name in _PUBLIC and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package

@@ -1,6 +1,6 @@
 """Shape traces: recorded from the real tensors, every layout the same computation, mistakes caught.
 
-Expectations are computed here with other code than attnviz/trace/ uses (F.linear, unflatten,
+Expectations are computed here with other code than attnviz/tracing/ uses (F.linear, unflatten,
 transpose, einsum, the weight rows of nn.Linear, forward hooks), on the bundled
 all-MiniLM-L6-v2 (D = 384, 12 heads of d = 32).
 """
@@ -11,7 +11,6 @@ import io
 import json
 import math
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -27,7 +26,7 @@ from attnviz.models.loading import load_model
 from attnviz.models.tokens import encode
 from attnviz.output.runs import MANIFEST
 from attnviz.pipeline import build_layer, layer_input
-from attnviz.trace import (
+from attnviz.tracing import (
     LAYOUTS,
     MISTAKES,
     LayerInputs,
@@ -49,8 +48,7 @@ from attnviz.output.trace_files import (
 from attnviz.render.trace_render import print_trace
 from attnviz.spec import run_spec
 
-# The trace stage's package (attnviz/trace/): `from attnviz import trace` is the API's function attnviz.trace.
-trace_module = sys.modules["attnviz.trace"]
+import attnviz.tracing as trace_module  # the trace stage; attnviz.trace is the API's function
 
 TOLERANCE = 1e-5
 CHINESE = "我想吃酸菜鱼"

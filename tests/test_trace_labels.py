@@ -22,8 +22,8 @@ from attnviz.pipeline import build_layer, layer_input
 from attnviz.render.trace_figures import MAX_IMAGE_SIDE, slice_labels, write_merge_figure
 from attnviz.render.trace_render import print_trace
 from attnviz.spec import run_spec
-from attnviz.trace import layout_view_permute
-from attnviz.trace import LAYOUTS, LayerInputs, trace_layouts, trace_texts
+from attnviz.tracing import layout_view_permute
+from attnviz.tracing import LAYOUTS, LayerInputs, trace_layouts, trace_texts
 
 SHORT = "The cat sat on the mat."
 LONG = "The animal didn't cross the street because it was too tired."

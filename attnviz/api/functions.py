@@ -75,7 +75,7 @@ def trace(
     """
     from attnviz.api.results import TraceResult
     from attnviz.pipeline import resolve_num_heads, run_attention
-    from attnviz.trace import LAYOUTS, trace_texts
+    from attnviz.tracing import LAYOUTS, trace_texts
 
     texts = _texts(text)
     check_text(kv, "the --kv text")

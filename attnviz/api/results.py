@@ -141,7 +141,7 @@ class HeadsResult:
 
 @dataclass(frozen=True)
 class TraceStep:
-    """One tensor a layout made, read from the tensor itself (attnviz.trace.Step, named for readers)."""
+    """One tensor a layout made, read from the tensor itself (attnviz.tracing.Step, named for readers)."""
 
     layout: str
     role: str  # stable across layouts: x, q, q_view, q_heads, scores, pattern, z, z_merged, out, ...
@@ -160,7 +160,7 @@ class TraceStep:
 class TraceResult:
     """Every split and merge of the heads, step by step, as `attnviz trace` records it.
 
-    trace is attnviz.trace.TraceResult; runs the texts' AttentionRuns (their tokens label it).
+    trace is attnviz.tracing.TraceResult; runs the texts' AttentionRuns (their tokens label it).
     """
 
     trace: Any

@@ -110,7 +110,7 @@ def heads(
     traced = None
     if show_trace:
         from attnviz.render.trace_render import print_trace
-        from attnviz.trace import trace_texts
+        from attnviz.tracing import trace_texts
 
         traced = trace_texts(loaded, [text], spec)
         print_trace(console, traced, text_tokens=[run.query_tokens])

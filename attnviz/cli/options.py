@@ -45,7 +45,7 @@ class ImageFormat(str, Enum):
     pdf = "pdf"
 
 
-class Layout(str, Enum):  # attnviz.trace.LAYOUTS, and all (not imported: trace imports torch)
+class Layout(str, Enum):  # attnviz.tracing.LAYOUTS, and all (not imported: trace imports torch)
     view_permute = "view-permute"
     merged_batch = "merged-batch"
     fused_qkv = "fused-qkv"
@@ -53,7 +53,7 @@ class Layout(str, Enum):  # attnviz.trace.LAYOUTS, and all (not imported: trace 
     all = "all"
 
 
-class Mistake(str, Enum):  # attnviz.trace.MISTAKES
+class Mistake(str, Enum):  # attnviz.tracing.MISTAKES
     view_without_permute = "view-without-permute"
     merge_without_permute = "merge-without-permute"
 

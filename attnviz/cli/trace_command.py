@@ -79,7 +79,7 @@ def trace(
     from attnviz.pipeline import device_label, resolve_device, resolve_num_heads, run_attention
     from attnviz.render import terminal
     from attnviz.render.trace_render import print_trace
-    from attnviz.trace import LAYOUTS, trace_texts
+    from attnviz.tracing import LAYOUTS, trace_texts
 
     if text is not None and file is not None:
         raise AttnvizError("give either a TEXT or --file PATH, not both")

@@ -14,7 +14,7 @@ from rich.table import Table
 
 from attnviz.result import truncation_json
 from attnviz.spec import RunSpec
-from attnviz.trace import ADDED_MARK, LAYOUT_DESCRIPTIONS, TOLERANCE, Step, TraceResult
+from attnviz.tracing import ADDED_MARK, LAYOUT_DESCRIPTIONS, TOLERANCE, Step, TraceResult
 from attnviz.render.trace_render import (
     CHECKS_EXPLANATION, axis_legend, batch_table, check_name, difference_text, head_slices_title, memory_word,
     shape_text,

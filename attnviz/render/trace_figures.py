@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 
 from attnviz.render.scales import MAX_IMAGE_SIDE_PX as MAX_IMAGE_SIDE  # pixels, width and height, of every figure
-from attnviz.trace import TraceResult
+from attnviz.tracing import TraceResult
 
 MAX_GRID_HEADS = 16  # wrong heads in the grid figure; every head has its own file
 MIN_LABEL_PIXELS = 12  # a tick label needs about this much room along its axis
@@ -47,7 +47,7 @@ def write_mistake_figures(
 def slice_labels(num_heads: int, num_tokens: int, head_dim: int, tokens: list[str]) -> list[list[str]]:
     """For each wrong head, each row's label "token:text sK": slice K (columns K*d..) of that token."""
     from attnviz.render.fonts import displayable
-    from attnviz.trace import split_provenance
+    from attnviz.tracing import split_provenance
 
     provenance = split_provenance(num_heads, num_tokens, head_dim, "view-without-permute")  # (H, N, 2)
     name = lambda token: displayable(tokens[token]) if token < len(tokens) else "[PAD]"
@@ -166,7 +166,7 @@ def write_merge_figure(
     from attnviz.render.fonts import displayable
     from attnviz.render.heatmap import DPI, new_figure, save_options
     from attnviz.render.titles import chars_across, counted, run_title
-    from attnviz.trace import merge_provenance
+    from attnviz.tracing import merge_provenance
 
     notes = [] if notes is None else notes
     tokens = run.query_tokens

@@ -9,7 +9,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from attnviz.trace import ADDED_MARK, LAYER_NAME, LAYOUT_DESCRIPTIONS, TOLERANCE, LayoutTrace, Step, TraceResult
+from attnviz.tracing import ADDED_MARK, LAYER_NAME, LAYOUT_DESCRIPTIONS, TOLERANCE, LayoutTrace, Step, TraceResult
 
 # The roles a layout's one-line summary follows, from the input to the output.
 FLOW_ROLES = ("x", "q_heads", "pattern", "z", "z_merged", "out")
@@ -203,7 +203,7 @@ def head_slices_table(result: TraceResult) -> Group:
 
 
 def check_name(name: str) -> str:
-    return "attnviz's layer (attention.py)" if name == LAYER_NAME else name
+    return "attnviz's layer (attention/layer.py)" if name == LAYER_NAME else name
 
 
 CHECKS_EXPLANATION = (
@@ -233,7 +233,7 @@ def token_name(index: int, tokens: list[str] | None) -> str:
 
 def mistake_text(result: TraceResult, tokens: list[str] | None = None) -> Text:
     """What the mistake changed, with numbers, and one row's provenance as an example."""
-    from attnviz.trace import merge_provenance, split_provenance
+    from attnviz.tracing import merge_provenance, split_provenance
 
     mistake = result.mistake
     text = Text(f"mistake: {mistake.mistake}", style="bold red")

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from attnviz.attention.layer import MultiHeadAttention
 from attnviz.errors import AttnvizError
-from attnviz.trace.recorder import LayerInputs, LayoutTrace, Recorder, axis_sizes, broadcast_note, finish_trace
+from attnviz.tracing.recorder import LayerInputs, LayoutTrace, Recorder, axis_sizes, broadcast_note, finish_trace
 
 
 def fused_projection(layer: MultiHeadAttention) -> torch.nn.Linear:

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from attnviz.attention.layer import MultiHeadAttention
-from attnviz.trace.recorder import LayerInputs, LayoutTrace, Recorder, axis_sizes, finish_trace, record_projections
+from attnviz.tracing.recorder import LayerInputs, LayoutTrace, Recorder, axis_sizes, finish_trace, record_projections
 
 D2L_MASK_VALUE = -1e6  # d2l's masked_softmax: large negative, not -inf
 

@@ -11,8 +11,8 @@ import torch
 
 from attnviz.attention.layer import MultiHeadAttention, allowed_keys
 from attnviz.errors import AttnvizError
-from attnviz.trace.mistakes import MISTAKES, WRONG_MERGE_NOTE, WRONG_SPLIT_NOTE
-from attnviz.trace.recorder import (
+from attnviz.tracing.mistakes import MISTAKES, WRONG_MERGE_NOTE, WRONG_SPLIT_NOTE
+from attnviz.tracing.recorder import (
     LayerInputs, LayoutTrace, Recorder, axis_sizes, broadcast_note, finish_trace, record_projections,
 )  # fmt: skip
 

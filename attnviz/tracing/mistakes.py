@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
-from attnviz.trace.checks import max_abs_diff
-from attnviz.trace.recorder import LayoutTrace
+from attnviz.tracing.checks import max_abs_diff
+from attnviz.tracing.recorder import LayoutTrace
 
 MISTAKES = ("view-without-permute", "merge-without-permute")
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from attnviz.attention.layer import MultiHeadAttention
-from attnviz.trace.recorder import LayerInputs, LayoutTrace
+from attnviz.tracing.recorder import LayerInputs, LayoutTrace
 
 TOLERANCE = 1e-5
 LAYER_NAME = "MultiHeadAttention"  # attnviz's own layer (attention/layer.py), checked beside the layouts

@@ -51,19 +51,19 @@ from attnviz.attention.layer import MultiHeadAttention
 from attnviz.errors import AttnvizError
 from attnviz.result import Truncation
 from attnviz.spec import RunSpec
-from attnviz.trace.checks import LAYER_NAME, TOLERANCE, Check, HeadSlice, check_layouts, head_slices, torch_reference
-from attnviz.trace.layout_fused_qkv import fused_projection, fused_qkv
-from attnviz.trace.layout_merged_batch import merged_batch
-from attnviz.trace.layout_single_head import single_head
-from attnviz.trace.layout_view_permute import view_permute
-from attnviz.trace.mistakes import MISTAKES, MistakeResult, compare_mistake, merge_provenance, split_provenance
-from attnviz.trace.recorder import ADDED_MARK, LayerInputs, LayoutTrace, Recorder, Step, axis_size
+from attnviz.tracing.checks import LAYER_NAME, TOLERANCE, Check, HeadSlice, check_layouts, head_slices, torch_reference
+from attnviz.tracing.layout_fused_qkv import fused_projection, fused_qkv
+from attnviz.tracing.layout_merged_batch import merged_batch
+from attnviz.tracing.layout_single_head import single_head
+from attnviz.tracing.layout_view_permute import view_permute
+from attnviz.tracing.mistakes import MISTAKES, MistakeResult, compare_mistake, merge_provenance, split_provenance
+from attnviz.tracing.recorder import ADDED_MARK, LayerInputs, LayoutTrace, Recorder, Step, axis_size
 
 LAYOUTS = ("view-permute", "merged-batch", "fused-qkv", "single-head")
 DEFAULT_LAYOUT = "view-permute"
 
 LAYOUT_DESCRIPTIONS = {
-    "view-permute": "attnviz's own layer (attention.py), split as the BERT-fed and cross-attention tutorials "
+    "view-permute": "attnviz's own layer (attention/layer.py), split as the BERT-fed and cross-attention tutorials "
     "split it: separate W_q, W_k, W_v; view + permute to (B, H, N, d)",
     "merged-batch": "the d2l.ai tutorial's code: heads folded into the batch axis as (B*H, N, d); valid lengths "
     "repeated per head, masked scores set to -1e6",

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from attnviz.attention.layer import MultiHeadAttention
-from attnviz.trace.recorder import LayerInputs, LayoutTrace, Recorder, finish_trace
+from attnviz.tracing.recorder import LayerInputs, LayoutTrace, Recorder, finish_trace
 
 
 def single_head(layer: MultiHeadAttention, inputs: LayerInputs, num_heads: int = 1) -> LayoutTrace:
