@@ -18,11 +18,10 @@ from attnviz.render.heatmap import (
     freeze_layout,
     label_tokens,
     new_figure,
-    save_options,
+    save_figure,
 )
 from attnviz.analysis.position import PositionResult, PositionSide, format_difference
 from attnviz.render.scales import (
-    DPI,
     attention_colorbar,
     attention_norm,
     draw_attention,
@@ -63,10 +62,8 @@ def write_comparison_figure(splits: list[Split], out_dir: Path, fmt: str = "png"
     """compare.<fmt>: a row per weights (wrapped after 6 head counts), a column per head count,
     each cell that split's heads."""
     check_format(fmt)
-    figure = comparison_figure(splits, f"compare.{fmt}", seed)
-    path = Path(out_dir) / f"compare.{fmt}"
-    figure.savefig(path, dpi=DPI, **save_options(fmt))
-    return path
+    name = f"compare.{fmt}"
+    return save_figure(comparison_figure(splits, name, seed), out_dir, name)
 
 
 def comparison_figure(splits: list[Split], name: str = "compare.png", seed: int | None = None):
@@ -139,10 +136,7 @@ def write_position_figure(result: PositionResult, out_dir: Path, fmt: str = "png
     """position.<fmt>: for one head, without and with position embeddings, four maps each:
     A(x), A(Px), Pᵀ A(Px) P (permuted back) and |Pᵀ A(Px) P − A(x)|."""
     check_format(fmt)
-    figure = position_figure(result)
-    path = Path(out_dir) / f"position.{fmt}"
-    figure.savefig(path, dpi=DPI, **save_options(fmt))
-    return path
+    return save_figure(position_figure(result), out_dir, f"position.{fmt}")
 
 
 def position_figure(result: PositionResult):

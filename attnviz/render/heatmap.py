@@ -160,10 +160,7 @@ def write_heads_grid(
 ) -> Path:
     """Write <prefix>heads.<fmt>: every head in a grid with one shared colorbar; return its path."""
     check_format(fmt)
-    figure = heads_grid_figure(run, note, seed)
-    path = Path(out_dir) / f"{prefix}heads.{fmt}"
-    figure.savefig(path, dpi=DPI, **save_options(fmt))
-    return path
+    return save_figure(heads_grid_figure(run, note, seed), out_dir, f"{prefix}heads.{fmt}")
 
 
 def heads_grid_figure(run: AttentionRun, note: str = "", seed: int | None = None):
@@ -409,6 +406,13 @@ def _grid_figure_size(run: AttentionRun) -> tuple[float, float]:
 
 def save_options(fmt: str) -> dict:
     return {"pil_kwargs": {"compress_level": PNG_COMPRESS_LEVEL}} if fmt == "png" else {}
+
+
+def save_figure(figure, out_dir: Path, name: str) -> Path:
+    """Write figure as out_dir/name (its format from the name's suffix, as every figure file is saved)."""
+    path = Path(out_dir) / name
+    figure.savefig(path, dpi=DPI, **save_options(path.suffix[1:]))
+    return path
 
 
 def check_format(fmt: str) -> None:

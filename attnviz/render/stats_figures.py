@@ -28,13 +28,12 @@ from attnviz.render.heatmap import (
     label_tokens,
     masked_attention,
     new_figure,
-    save_options,
+    save_figure,
     tick_positions,
     update_cell_values,
 )
 from attnviz.result import AttentionRun
 from attnviz.render.scales import (
-    DPI,
     attention_colorbar,
     attention_colormap,
     attention_colors,
@@ -59,10 +58,8 @@ def write_layers_grid(layer_runs: list[AttentionRun], out_dir: Path, fmt: str = 
     blocks of cells (so a one-hot head stays at 1), and the colour bar says so.
     """
     check_format(fmt)
-    figure = layers_figure(layer_runs, f"layers.{fmt}", seed)
-    path = Path(out_dir) / f"layers.{fmt}"
-    figure.savefig(path, dpi=DPI, **save_options(fmt))
-    return path
+    name = f"layers.{fmt}"
+    return save_figure(layers_figure(layer_runs, name, seed), out_dir, name)
 
 
 def layers_figure(layer_runs: list[AttentionRun], name: str = "layers.png", seed: int | None = None):
@@ -148,10 +145,7 @@ def write_rollout(
 ) -> Path:
     """Write rollout.<fmt>: the rollout (N, N) of these layers' runs, with the tokens on both axes."""
     check_format(fmt)
-    figure = rollout_figure(layer_runs, rollout, seed)
-    path = Path(out_dir) / f"rollout.{fmt}"
-    figure.savefig(path, dpi=DPI, **save_options(fmt))
-    return path
+    return save_figure(rollout_figure(layer_runs, rollout, seed), out_dir, f"rollout.{fmt}")
 
 
 def rollout_figure(layer_runs: list[AttentionRun], rollout: np.ndarray, seed: int | None = None):
@@ -190,10 +184,8 @@ def write_js_distance(
     the largest distance of each block of head pairs.
     """
     check_format(fmt)
-    figure = js_distance_figure(distances, run, texts, f"js_distance.{fmt}", seed)
-    path = Path(out_dir) / f"js_distance.{fmt}"
-    figure.savefig(path, dpi=DPI, **save_options(fmt))
-    return path
+    name = f"js_distance.{fmt}"
+    return save_figure(js_distance_figure(distances, run, texts, name, seed), out_dir, name)
 
 
 def js_distance_figure(

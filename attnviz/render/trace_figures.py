@@ -77,8 +77,8 @@ def write_split_heatmaps(
     import numpy as np
 
     from attnviz.render.heatmap import (
-        DPI, MAX_GRID_TICK_LABELS, MAX_TICK_LABELS, cell_values, draw_attention, freeze_layout, grid_shape,
-        head_figure_size, label_tokens, new_figure, save_options, show_attention, update_cell_values,
+        MAX_GRID_TICK_LABELS, MAX_TICK_LABELS, cell_values, draw_attention, freeze_layout, grid_shape,
+        head_figure_size, label_tokens, new_figure, save_figure, show_attention, update_cell_values,
     )  # fmt: skip
     from attnviz.render.scales import attention_colorbar
 
@@ -112,9 +112,7 @@ def write_split_heatmaps(
     written = []
     for head in range(num_heads):
         show(head)
-        path = Path(out_dir) / f"{prefix}head_{head:02d}.{fmt}"
-        figure.savefig(path, dpi=DPI, **save_options(fmt))
-        written.append(path)
+        written.append(save_figure(figure, out_dir, f"{prefix}head_{head:02d}.{fmt}"))
 
     shown = min(num_heads, MAX_GRID_HEADS)
     if shown < num_heads:
@@ -136,9 +134,7 @@ def write_split_heatmaps(
     attention_colorbar(figure, image, "attention weight of the wrong computation", ax=axes, shrink=0.6)
     figure.suptitle(_split_title(run, figure.get_figwidth(), seed), color="darkred", parse_math=False)
     figure.supxlabel(f"rows and columns: {SPLIT_AXIS_NOTE}", fontsize=9)
-    path = Path(out_dir) / f"{prefix}heads.{fmt}"
-    figure.savefig(path, dpi=DPI, **save_options(fmt))
-    return written + [path]
+    return written + [save_figure(figure, out_dir, f"{prefix}heads.{fmt}")]
 
 
 def capped_inches(natural: float, dpi: int) -> float:
@@ -164,7 +160,7 @@ def write_merge_figure(
     import numpy as np
 
     from attnviz.render.fonts import displayable
-    from attnviz.render.heatmap import DPI, new_figure, save_options
+    from attnviz.render.heatmap import DPI, new_figure, save_figure
     from attnviz.render.titles import chars_across, counted, run_title
     from attnviz.tracing import merge_provenance
 
@@ -206,7 +202,7 @@ def write_merge_figure(
     scope = [f"layer {run.layer}", counted(num_heads, "head")]
     title = run_title(run, scope, seed=seed, line_chars=chars_across(size[0]))
     figure.suptitle(f"where each head's output lands in the merged rows (h = head, t = token)\n{title}", parse_math=False)
-    figure.savefig(path, dpi=DPI, **save_options(path.suffix.lstrip(".")))
+    save_figure(figure, path.parent, path.name)
     if size != natural or len(rows) < num_tokens or len(slots) < num_heads:
         notes.append(
             f"{path.name} is capped at {MAX_IMAGE_SIDE} pixels a side ({math.ceil(size[0] * DPI)} × "
