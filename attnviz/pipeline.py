@@ -149,7 +149,7 @@ def run_attention(loaded: LoadedModel, texts: list[str], spec: RunSpec) -> list[
     output, patterns = attention(
         query_states, key_states, key_states, valid_lens=key_valid_lens, causal=spec.causal
     )  # (B, Nq, D), (B, H, Nq, Nk)
-    return _split_runs(loaded, texts, queries, keys, output, patterns, spec, layer, attention.num_heads)
+    return split_runs(loaded, texts, queries, keys, output, patterns, spec, layer, attention.num_heads)
 
 
 @torch.inference_mode()
@@ -166,7 +166,7 @@ def iter_layer_runs(loaded: LoadedModel, texts: list[str], spec: RunSpec) -> Ite
     encoded = encode(loaded.tokenizer, texts, loaded.max_positions, spec.truncate)
     weights = iter_layer_weights(loaded, encoded, layers, spec.causal, spec.device, in_place)
     for layer, (output, patterns) in enumerate(weights):
-        yield _split_runs(loaded, texts, encoded, encoded, output, patterns, replace(spec, kv_text=None), layer, num_heads)
+        yield split_runs(loaded, texts, encoded, encoded, output, patterns, replace(spec, kv_text=None), layer, num_heads)
 
 
 def in_berts_place(loaded: LoadedModel, spec: RunSpec) -> bool:
@@ -232,7 +232,7 @@ def truncation_notices(texts: list[str], truncations: list, what: str = "the tex
     return [notice for notice in notices if notice]
 
 
-def _split_runs(
+def split_runs(
     loaded: LoadedModel,
     texts: list[str],
     queries: Encoded,

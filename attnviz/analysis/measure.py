@@ -7,6 +7,8 @@ batch's weights as they come, so no layer's (B, H, N, N) weights outlive their b
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
+from typing import NamedTuple
 
 from attnviz.analysis.statistics import ModelStatistics, StatisticsAccumulator, key_kind_columns
 from attnviz.pipeline import (
@@ -15,12 +17,20 @@ from attnviz.pipeline import (
     build_layers,
     in_berts_place,
     iter_layer_weights,
+    split_runs,
     text_notices,
     truncation_notices,
 )
 from attnviz.models.loading import LoadedModel
 from attnviz.models.tokens import encode
+from attnviz.result import AttentionRun
 from attnviz.spec import RunSpec
+
+
+class Measured(NamedTuple):
+    stats: ModelStatistics
+    notices: list[str]  # text_notices' notes, in order, once each
+    first_run: AttentionRun  # the first text through layer 0: the model and setup, as stats prints and records them
 
 
 def measure_heads(
@@ -28,8 +38,8 @@ def measure_heads(
     texts: list[str],
     spec: RunSpec,
     advance: Callable[[int], None] = lambda done: None,
-) -> tuple[ModelStatistics, list[str]]:
-    """The statistics of every head of every layer averaged over the texts, and text_notices' notes.
+) -> Measured:
+    """The statistics of every head of every layer averaged over the texts, text_notices' notes, the first text's layer-0 run.
 
     spec's settings but its layer (every layer is measured) and kv_text (self-attention only).
 
@@ -42,12 +52,21 @@ def measure_heads(
     layers = build_layers(loaded, spec)
     in_place = in_berts_place(loaded, spec)
     notices: dict[str, None] = {}  # in order, once each
+    first_run = None
     for batch in batches(sorted(texts, key=len), BATCH_SIZE):
         encoded = encode(loaded.tokenizer, batch, loaded.max_positions, spec.truncate)
         kinds = key_kind_columns(encoded.tokens, encoded.input_ids.shape[1]).to(device)  # (B, N, K)
-        for layer, (_, patterns) in enumerate(iter_layer_weights(loaded, encoded, layers, causal, device, in_place)):
+        for layer, (output, patterns) in enumerate(iter_layer_weights(loaded, encoded, layers, causal, device, in_place)):
             accumulator.add_batch(layer, patterns, encoded.valid_lens, kinds)
+            if layer == 0 and first_run is None and texts[0] in batch:
+                first_run = _first_text_run(loaded, batch, texts[0], encoded, output, patterns, spec, layers[0].num_heads)
         notices.update(dict.fromkeys(text_notices(loaded, batch, encoded.ids)))
         notices.update(dict.fromkeys(truncation_notices(batch, encoded.truncations)))
         advance(len(batch))
-    return accumulator.result(), list(notices)
+    return Measured(accumulator.result(), list(notices), first_run)
+
+
+def _first_text_run(loaded, batch, text, encoded, output, patterns, spec, num_heads) -> AttentionRun:
+    """The text's layer-0 run, cut from its batch's padded output (B, N, D) and weights (B, H, N, N)."""
+    runs = split_runs(loaded, batch, encoded, encoded, output, patterns, replace(spec, kv_text=None), 0, num_heads)
+    return runs[batch.index(text)]

@@ -6,7 +6,7 @@ line's renderers and writers, imported when asked for.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,7 @@ class StatsResult:
     truncated: list
     first_run: Any  # the first text's layer-0 run: the model and setup, as stats.json records them
     spec: RunSpec
+    notices: list[str] = field(default_factory=list)  # what the command prints as "note: ...", once each: [UNK] tokens, cut texts
 
     @property
     def statistics(self) -> list[str]:
@@ -59,20 +60,18 @@ class StatsResult:
 
     def save(self, folder: str | Path, format: str = "png") -> list[Path]:
         """Write what `attnviz stats --out folder` writes: stats.csv, stats.json, js_distance.<format>."""
-        from attnviz.render.heatmap import check_format
+        return save_run_files(folder, lambda staging: self.write_files(staging, format), format)
+
+    def write_files(self, folder: Path, format: str = "png") -> list[Path]:
+        """save's files, written straight into an existing folder (the command line stages its own)."""
         from attnviz.output.stats_export import write_stats_csv, write_stats_json
         from attnviz.render.stats_figures import write_js_distance
 
-        check_format(format)
-
-        def write(staging: Path) -> list[Path]:
-            return [
-                write_stats_csv(self.stats, staging / "stats.csv"),
-                write_stats_json(self.stats, self.texts, self.truncated, self.first_run, self.spec, staging / "stats.json"),
-                write_js_distance(self.stats.js_distance, self.first_run, self.texts, staging, format, seed=self.spec.seed),
-            ]
-
-        return save_run_files(folder, write)
+        return [
+            write_stats_csv(self.stats, folder / "stats.csv"),
+            write_stats_json(self.stats, self.texts, self.truncated, self.first_run, self.spec, folder / "stats.json"),
+            write_js_distance(self.stats.js_distance, self.first_run, self.texts, folder, format, seed=self.spec.seed),
+        ]
 
     def to_dict(self) -> dict:
         """stats.json's content."""
@@ -130,20 +129,18 @@ class LayersResult:
 
     def save(self, folder: str | Path, format: str = "png") -> list[Path]:
         """Write what `attnviz layers --out folder` writes: layers.<format>, rollout.<format>, rollout.json."""
-        from attnviz.render.heatmap import check_format
+        return save_run_files(folder, lambda staging: self.write_files(staging, format), format)
+
+    def write_files(self, folder: Path, format: str = "png") -> list[Path]:
+        """save's files, written straight into an existing folder (the command line stages its own)."""
         from attnviz.output.stats_export import write_rollout_json
         from attnviz.render.stats_figures import write_layers_grid, write_rollout
 
-        check_format(format)
-
-        def write(staging: Path) -> list[Path]:
-            return [
-                write_layers_grid(self.layer_runs, staging, format, seed=self.spec.seed),
-                write_rollout(self.layer_runs, self.rollout, staging, format, seed=self.spec.seed),
-                write_rollout_json(self.layer_runs, self.rollout, self.spec, staging / "rollout.json"),
-            ]
-
-        return save_run_files(folder, write)
+        return [
+            write_layers_grid(self.layer_runs, folder, format, seed=self.spec.seed),
+            write_rollout(self.layer_runs, self.rollout, folder, format, seed=self.spec.seed),
+            write_rollout_json(self.layer_runs, self.rollout, self.spec, folder / "rollout.json"),
+        ]
 
     def to_dict(self) -> dict:
         """rollout.json's content."""
@@ -202,18 +199,17 @@ class CompareResult:
 
     def save(self, folder: str | Path, format: str = "png") -> list[Path]:
         """Write what `attnviz compare --out folder` writes: compare.<format> and compare.json."""
+        return save_run_files(folder, lambda staging: self.write_files(staging, format), format)
+
+    def write_files(self, folder: Path, format: str = "png") -> list[Path]:
+        """save's files, written straight into an existing folder (the command line stages its own)."""
         from attnviz.output.compare_json import write_comparison_json
         from attnviz.render.compare_figures import write_comparison_figure
-        from attnviz.render.heatmap import check_format
 
-        check_format(format)
-        return save_run_files(
-            folder,
-            lambda staging: [
-                write_comparison_figure(self.splits, staging, format, seed=self.spec.seed),
-                write_comparison_json(self.splits, self.spec, staging / "compare.json"),
-            ],
-        )
+        return [
+            write_comparison_figure(self.splits, folder, format, seed=self.spec.seed),
+            write_comparison_json(self.splits, self.spec, folder / "compare.json"),
+        ]
 
     def to_dict(self) -> dict:
         """compare.json's content."""
@@ -277,18 +273,17 @@ class PositionResult:
 
     def save(self, folder: str | Path, format: str = "png") -> list[Path]:
         """Write what `attnviz position --out folder` writes: position.<format> and position.json."""
-        from attnviz.render.compare_figures import write_position_figure
-        from attnviz.render.heatmap import check_format
-        from attnviz.output.position_json import write_position_json
+        return save_run_files(folder, lambda staging: self.write_files(staging, format), format)
 
-        check_format(format)
-        return save_run_files(
-            folder,
-            lambda staging: [
-                write_position_figure(self.result, staging, format),
-                write_position_json(self.result, self.spec, staging / "position.json"),
-            ],
-        )
+    def write_files(self, folder: Path, format: str = "png") -> list[Path]:
+        """save's files, written straight into an existing folder (the command line stages its own)."""
+        from attnviz.output.position_json import write_position_json
+        from attnviz.render.compare_figures import write_position_figure
+
+        return [
+            write_position_figure(self.result, folder, format),
+            write_position_json(self.result, self.spec, folder / "position.json"),
+        ]
 
     def to_dict(self) -> dict:
         """position.json's content."""

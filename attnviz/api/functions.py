@@ -6,7 +6,7 @@ the run's RunSpec once, calls the same stage functions as the command, and retur
 
 from __future__ import annotations
 
-from dataclasses import replace
+from collections.abc import Callable
 from pathlib import Path
 
 from attnviz.api.models import Model, load
@@ -102,11 +102,15 @@ def stats(
     causal: bool = False,
     device: str = "auto",
     truncate: bool = False,
+    progress: Callable[[int], None] | None = None,
 ):
-    """Statistics and labels of every head of every layer, averaged over the texts (a StatsResult)."""
+    """Statistics and labels of every head of every layer, averaged over the texts (a StatsResult).
+
+    progress(n), when given, is called after each batch with the number of texts it measured.
+    """
     from attnviz.api.analysis_results import StatsResult
     from attnviz.analysis.measure import measure_heads
-    from attnviz.pipeline import resolve_num_heads, run_attention
+    from attnviz.pipeline import resolve_num_heads
     from attnviz.models.tokens import text_truncations
 
     texts = _texts(texts)
@@ -117,10 +121,9 @@ def stats(
         seed=seed, causal=causal, kv_text=None, truncate=truncate,
     )  # fmt: skip
     _check_lengths(loaded, texts, truncate)
-    result, _ = measure_heads(loaded, texts, spec)
-    (first_run,) = run_attention(loaded, texts[:1], replace(spec, layer=0))  # the setup stats.json records, as the command's
+    measured = measure_heads(loaded, texts, spec, advance=progress or (lambda done: None))
     truncated = text_truncations(loaded.tokenizer, texts, loaded.max_positions) if truncate else [None] * len(texts)
-    return StatsResult(result, texts, truncated, first_run, spec)
+    return StatsResult(measured.stats, texts, truncated, measured.first_run, spec, measured.notices)
 
 
 def layers(

@@ -40,6 +40,13 @@ class Model:
         return self.loaded.model
 
     @property
+    def device_label(self) -> str:
+        """The device as the command line's setup names it (with the GPU's name)."""
+        from attnviz.pipeline import device_label
+
+        return device_label(self.device)
+
+    @property
     def num_layers(self) -> int:
         return self.loaded.num_layers
 
@@ -58,10 +65,13 @@ class Model:
         )
 
 
-def load(model: str | Path | Model | None = None, device: str = "auto", *, allow_pickle: bool = False) -> Model:
+def load(
+    model: str | Path | Model | None = None, device: str = "auto", *, allow_pickle: bool = False, cache: bool = True
+) -> Model:
     """Load a BERT model by hub id, local folder or "bundled" (None: the default model); once per process.
 
     device is "auto" (the GPU when torch sees one), "cpu" or "cuda". A handle passes through.
+    cache=False loads it afresh and keeps no handle (the command line: one command, one load).
     """
     from attnviz.models.loading import load_model
     from attnviz.pipeline import resolve_device
@@ -74,10 +84,13 @@ def load(model: str | Path | Model | None = None, device: str = "auto", *, allow
     name = str(model) if model is not None else None
     device_name = resolve_device(device)
     key = (_model_key(name), device_name, allow_pickle)
-    if key not in _LOADED:
-        loaded = load_model(name, device_name, allow_pickle=allow_pickle)
-        _LOADED[key] = Model(name, resolved_model_name(name, loaded), loaded.source, device_name, loaded)
-    return _LOADED[key]
+    if key in _LOADED and cache:
+        return _LOADED[key]
+    loaded = load_model(name, device_name, allow_pickle=allow_pickle)
+    handle = Model(name, resolved_model_name(name, loaded), loaded.source, device_name, loaded)
+    if cache:
+        _LOADED[key] = handle
+    return handle
 
 
 def loaded_models() -> list[Model]:

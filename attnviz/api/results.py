@@ -16,10 +16,12 @@ from attnviz.errors import AttnvizError
 from attnviz.spec import RunSpec
 
 
-def save_run_files(folder: str | Path, write) -> list[Path]:
+def save_run_files(folder: str | Path, write, format: str) -> list[Path]:
     """Write through the command line's staged folder: every file lands, or none (write(staging) -> paths)."""
     from attnviz.output.runs import StagedRunFolder
+    from attnviz.render.heatmap import check_format
 
+    check_format(format)
     run_folder = StagedRunFolder(Path(folder), unique=False)  # as `--out folder`: files of the same name replaced
     with run_folder as staging:
         written = write(staging)
@@ -93,16 +95,15 @@ class HeadsResult:
 
     def save(self, folder: str | Path, format: str = "png") -> list[Path]:
         """Write what `attnviz heads TEXT --out folder` writes: head_XX.<format>, heads.<format>, attention.json."""
+        return save_run_files(folder, lambda staging: self.write_files(staging, format), format)
+
+    def write_files(self, folder: Path, format: str = "png") -> list[Path]:
+        """save's files, written straight into an existing folder (the command line stages its own)."""
         from attnviz.output.export import write_attention_json
-        from attnviz.render.heatmap import check_format, write_heatmaps
+        from attnviz.render.heatmap import write_heatmaps
 
-        check_format(format)
-
-        def write(staging: Path) -> list[Path]:
-            written = write_heatmaps(self.run, staging, format, seed=self.spec.seed)
-            return written + [write_attention_json(self.run, self.spec, staging / "attention.json")]
-
-        return save_run_files(folder, write)
+        written = write_heatmaps(self.run, folder, format, seed=self.spec.seed)
+        return written + [write_attention_json(self.run, self.spec, folder / "attention.json")]
 
     def to_dict(self) -> dict:
         """attention.json's content: the attention as nested lists, rounded as the file rounds it."""
@@ -208,17 +209,23 @@ class TraceResult:
             for check in self.trace.checks
         ]
 
+    def heads_results(self) -> list[HeadsResult]:
+        """Each text's heads, as attnviz.heads returns them (the trace has run them already)."""
+        return [HeadsResult(run, self.spec) for run in self.runs]
+
     def figure(self, head: int | None = None):
         """The first text's heads (a grid, or one head), as attnviz.heads draws them."""
         return HeadsResult(self.runs[0], self.spec).figure(head)
 
     def save(self, folder: str | Path, format: str = "png") -> list[Path]:
         """Write what `attnviz trace ... --out folder` writes: trace.json, trace.md, and a mistake's figures."""
-        from attnviz.render.heatmap import check_format
+        return save_run_files(folder, lambda staging: self.write_files(staging, format), format)
+
+    def write_files(self, folder: Path, format: str = "png", notes: list[str] | None = None) -> list[Path]:
+        """save's files, written straight into an existing folder; notes gets a line per figure capped in size or thinned."""
         from attnviz.output.trace_files import write_trace_files
 
-        check_format(format)
-        return save_run_files(folder, lambda staging: write_trace_files(self.trace, self.runs, self.spec, staging, format))
+        return write_trace_files(self.trace, self.runs, self.spec, folder, format, notes)
 
     def to_dict(self) -> dict:
         """trace.json's content."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
@@ -24,7 +23,7 @@ from attnviz.cli.options import (
     AllowPickleOption,
     ModelOption,
 )
-from attnviz.cli.shared import MAX_NOTICES_SHOWN, build_spec, run_target
+from attnviz.cli.shared import MAX_NOTICES_SHOWN, run_target, write_run
 from attnviz.errors import AttnvizError
 from attnviz.spec import check_text
 
@@ -68,15 +67,11 @@ def stats(
     With --file, each statistic is averaged per text, then over the texts (every text weighs
     the same); Clark et al. average over all tokens of their data.
     """
-    from attnviz.analysis.measure import measure_heads
-    from attnviz.models.loading import load_model
-    from attnviz.models.tokens import text_truncations
+    from attnviz.api import functions
+    from attnviz.api.models import load
     from attnviz.output.batch import PROGRESS_MIN_TEXTS, batch_folder_name, check_lengths, read_texts
-    from attnviz.output.runs import StagedRunFolder, run_folder_name
-    from attnviz.output.stats_export import write_stats_csv, write_stats_json
-    from attnviz.pipeline import device_label, resolve_device, resolve_num_heads, run_attention
+    from attnviz.output.runs import run_folder_name
     from attnviz.render import terminal
-    from attnviz.render.stats_figures import write_js_distance
 
     if text is not None and file is not None:
         raise AttnvizError("give either a TEXT or --file PATH, not both")
@@ -86,40 +81,28 @@ def stats(
     lines = read_texts(file) if file is not None else None
     texts = [entry.text for entry in lines] if lines is not None else [text]
     target = run_target(out, batch_folder_name(file) if file else run_folder_name(text))
-    device_name = resolve_device(device.value)
-    loaded = load_model(model, device_name, allow_pickle=allow_pickle)
-    if lines is not None:
-        check_lengths(loaded.tokenizer, lines, loaded.max_positions, truncate)
-    spec = build_spec(
-        model, loaded, device_name, layer=None, num_heads=resolve_num_heads(loaded, num_heads), weights=weights.value,
-        seed=seed, causal=causal, kv_text=None, truncate=truncate,
-    )
+    handle = load(model, device.value, allow_pickle=allow_pickle, cache=False)
+    if lines is not None:  # named by line number, before any work
+        check_lengths(handle.tokenizer, lines, handle.loaded.max_positions, truncate)
 
     with terminal.progress_bar(console, len(texts), "measuring heads", PROGRESS_MIN_TEXTS) as advance:
-        result, notices = measure_heads(loaded, texts, spec, advance=advance)
-    # what the terminal and stats.json say about the setup: the first text through layer 0
-    (first_run,) = run_attention(loaded, texts[:1], replace(spec, layer=0))
-    truncated = text_truncations(loaded.tokenizer, texts, loaded.max_positions) if truncate else [None] * len(texts)
+        result = functions.stats(
+            texts, model=handle, heads=num_heads, weights=weights.value, seed=seed, causal=causal, truncate=truncate,
+            progress=advance,
+        )  # fmt: skip
 
+    notices = result.notices
     shown = list(notices)[:MAX_NOTICES_SHOWN]
     if len(notices) > len(shown):
         shown.append(f"… and {len(notices) - len(shown)} more such notes, one per text")
     terminal.print_notices(errors, shown)
     terminal.print_setup(
-        console, first_run, loaded.source, device_label(device_name), loaded.num_layers, len(texts), seed=seed
+        console, result.first_run, handle.source, handle.device_label, handle.num_layers, len(texts), seed=seed
     )
-    for table in terminal.stats_grid(result, console.width):
+    for table in terminal.stats_grid(result.stats, console.width):
         console.print(table)
-    console.print(terminal.labelled_heads_table(result))
-
-    folder = StagedRunFolder(target, unique=out is None)
-    with console.status("writing statistics…"), folder as staging:
-        written = [
-            write_stats_csv(result, staging / "stats.csv"),
-            write_stats_json(result, texts, truncated, first_run, spec, staging / "stats.json"),
-            write_js_distance(result.js_distance, first_run, texts, staging, image_format.value, seed=seed),
-        ]
-    terminal.print_files(console, folder.final, [folder.final / path.name for path in written])
+    console.print(terminal.labelled_heads_table(result.stats))
+    write_run(out, target, "writing statistics…", lambda staging: result.write_files(staging, image_format.value))
 
 
 @app.command(short_help="Every layer's heads at a glance, and attention rollout.")
@@ -144,36 +127,21 @@ def layers(
     allow_pickle: bool = AllowPickleOption,
 ) -> None:
     """Every layer and head at a glance (layers.png) and attention rollout through the layers (rollout.png)."""
-    from attnviz.analysis.rollout import attention_rollout
-    from attnviz.models.loading import load_model
-    from attnviz.output.runs import StagedRunFolder, run_folder_name
-    from attnviz.output.stats_export import write_rollout_json
-    from attnviz.pipeline import device_label, resolve_device, resolve_num_heads, run_layers
+    from attnviz.api import functions
+    from attnviz.api.models import load
+    from attnviz.output.runs import run_folder_name
     from attnviz.render import terminal
-    from attnviz.render.stats_figures import write_layers_grid, write_rollout
 
     check_text(text)
     target = run_target(out, run_folder_name(text))
-    device_name = resolve_device(device.value)
-    loaded = load_model(model, device_name, allow_pickle=allow_pickle)
-    spec = build_spec(
-        model, loaded, device_name, layer=None, num_heads=resolve_num_heads(loaded, num_heads), weights=weights.value,
-        seed=seed, causal=causal, kv_text=None, truncate=truncate,
+    handle = load(model, device.value, allow_pickle=allow_pickle, cache=False)
+    result = functions.layers(
+        text, model=handle, heads=num_heads, weights=weights.value, seed=seed, causal=causal, truncate=truncate
     )
-    (layer_runs,) = run_layers(loaded, [text], spec)
-    rollout = attention_rollout([run.attention for run in layer_runs])  # (N, N)
 
-    first = layer_runs[0]
+    first = result.layer_runs[0]
     terminal.print_notices(errors, first.notices)
-    terminal.print_setup(console, first, loaded.source, device_label(device_name), len(layer_runs), seed=seed)
+    terminal.print_setup(console, first, handle.source, handle.device_label, len(result.layer_runs), seed=seed)
     terminal.print_tokens(console, first)
-    terminal.print_rollout(console, first.query_tokens, rollout, first.causal)
-
-    folder = StagedRunFolder(target, unique=out is None)
-    with console.status("writing figures…"), folder as staging:
-        written = [
-            write_layers_grid(layer_runs, staging, image_format.value, seed=seed),
-            write_rollout(layer_runs, rollout, staging, image_format.value, seed=seed),
-            write_rollout_json(layer_runs, rollout, spec, staging / "rollout.json"),
-        ]
-    terminal.print_files(console, folder.final, [folder.final / path.name for path in written])
+    terminal.print_rollout(console, first.query_tokens, result.rollout, first.causal)
+    write_run(out, target, "writing figures…", lambda staging: result.write_files(staging, image_format.value))

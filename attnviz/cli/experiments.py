@@ -20,7 +20,7 @@ from attnviz.cli.options import (
     AllowPickleOption,
     ModelOption,
 )
-from attnviz.cli.shared import build_spec, run_target
+from attnviz.cli.shared import run_target, write_run
 from attnviz.spec import check_text
 
 
@@ -54,40 +54,28 @@ def compare(
     allow_pickle: bool = AllowPickleOption,
 ) -> None:
     """The same W_q, W_k, W_v split into 1, 4, 12... heads, and BERT's parameters beside random ones."""
-    from attnviz.analysis.compare import compare_splits, default_head_counts, parse_head_counts, parse_weights
-    from attnviz.models.loading import load_model
-    from attnviz.output.compare_json import write_comparison_json
-    from attnviz.output.runs import StagedRunFolder, run_folder_name
-    from attnviz.pipeline import device_label, resolve_device
+    from attnviz.analysis.compare import parse_head_counts, parse_weights
+    from attnviz.api import functions
+    from attnviz.api.models import load
+    from attnviz.output.runs import run_folder_name
     from attnviz.render import terminal
-    from attnviz.render.compare_figures import write_comparison_figure
 
     check_text(text)
-    counts = parse_head_counts(head_counts) if head_counts is not None else None
+    if head_counts is not None:
+        parse_head_counts(head_counts)  # bad lists are refused before any work
     weights_list = parse_weights(weights)
     target = run_target(out, run_folder_name(text))
-    device_name = resolve_device(device.value)
-    loaded = load_model(model, device_name, allow_pickle=allow_pickle)
-    counts = counts or default_head_counts(loaded.hidden_size, loaded.num_heads)
-    spec = build_spec(  # what the splits share; each split's head count and weights are its own
-        model, loaded, device_name, layer=layer, num_heads=None, weights=None, seed=seed, causal=False, kv_text=None,
-        truncate=truncate,
+    handle = load(model, device.value, allow_pickle=allow_pickle, cache=False)
+    result = functions.compare(
+        text, heads=head_counts, weights=weights, model=handle, layer=layer, seed=seed, truncate=truncate
     )
-    splits = compare_splits(loaded, text, counts, weights_list, spec)
 
-    first = splits[0].run
+    first = result.splits[0].run
     terminal.print_notices(errors, first.notices)
-    terminal.print_compare_setup(console, first, loaded.source, device_label(device_name), weights_list, seed)
+    terminal.print_compare_setup(console, first, handle.source, handle.device_label, weights_list, seed)
     terminal.print_tokens(console, first)
-    console.print(terminal.compare_table(splits))
-
-    folder = StagedRunFolder(target, unique=out is None)
-    with console.status("drawing the comparison…"), folder as staging:
-        written = [
-            write_comparison_figure(splits, staging, image_format.value, seed=seed),
-            write_comparison_json(splits, spec, staging / "compare.json"),
-        ]
-    terminal.print_files(console, folder.final, [folder.final / path.name for path in written])
+    console.print(result)  # its __rich__: the table of the splits
+    write_run(out, target, "drawing the comparison…", lambda staging: result.write_files(staging, image_format.value))
 
 
 @app.command(short_help='Why attention needs position embeddings.')
@@ -113,31 +101,16 @@ def position(
     allow_pickle: bool = AllowPickleOption,
 ) -> None:
     """Why attention needs position embeddings: permute the tokens, with and without them."""
-    from attnviz.analysis.position import LAYER, position_experiment
-    from attnviz.models.loading import load_model
-    from attnviz.output.position_json import write_position_json
-    from attnviz.output.runs import StagedRunFolder, run_folder_name
-    from attnviz.pipeline import device_label, resolve_device
+    from attnviz.api import functions
+    from attnviz.api.models import load
+    from attnviz.output.runs import run_folder_name
     from attnviz.render import terminal
-    from attnviz.render.compare_figures import write_position_figure
 
     check_text(text)
     target = run_target(out, run_folder_name(text))
-    device_name = resolve_device(device.value)
-    loaded = load_model(model, device_name, allow_pickle=allow_pickle)
-    spec = build_spec(  # position runs layer 0 with the model's own parameters and heads
-        model, loaded, device_name, layer=LAYER, num_heads=loaded.num_heads, weights="pretrained", seed=0,
-        causal=False, kv_text=None, truncate=False,
-    )
-    result = position_experiment(loaded, text, permutation, head, device_name)
+    handle = load(model, device.value, allow_pickle=allow_pickle, cache=False)
+    result = functions.position(text, permutation=permutation, head=head, model=handle)
 
-    terminal.print_notices(errors, result.notices)
-    terminal.print_position(console, result, loaded.source, device_label(device_name))
-
-    folder = StagedRunFolder(target, unique=out is None)
-    with console.status("drawing the maps…"), folder as staging:
-        written = [
-            write_position_figure(result, staging, image_format.value),
-            write_position_json(result, spec, staging / "position.json"),
-        ]
-    terminal.print_files(console, folder.final, [folder.final / path.name for path in written])
+    terminal.print_notices(errors, result.result.notices)
+    terminal.print_position(console, result.result, handle.source, handle.device_label)
+    write_run(out, target, "drawing the maps…", lambda staging: result.write_files(staging, image_format.value))

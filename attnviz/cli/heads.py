@@ -23,7 +23,7 @@ from attnviz.cli.options import (
     AllowPickleOption,
     ModelOption,
 )
-from attnviz.cli.shared import MAX_NOTICES_SHOWN, build_spec, layouts_disagree, run_target
+from attnviz.cli.shared import MAX_NOTICES_SHOWN, layouts_disagree, run_target, write_run
 from attnviz.errors import AttnvizError
 from attnviz.spec import check_text, refuse_causal_cross_attention
 
@@ -64,13 +64,10 @@ def heads(
     allow_pickle: bool = AllowPickleOption,
 ) -> None:
     """Per-head attention heatmaps, a summary table and attention.json for one text, or each line of --file."""
-    from attnviz.analysis.statistics import summarize_heads
-    from attnviz.models.loading import load_model
-    from attnviz.output.export import write_attention_json
-    from attnviz.output.runs import StagedRunFolder, run_folder_name
-    from attnviz.pipeline import device_label, resolve_device, resolve_num_heads, run_attention
+    from attnviz.api import functions
+    from attnviz.api.models import load
+    from attnviz.output.runs import run_folder_name
     from attnviz.render import terminal
-    from attnviz.render.heatmap import write_heatmaps
 
     if text is not None and file is not None:
         raise AttnvizError("give either a TEXT or --file PATH, not both")
@@ -95,58 +92,56 @@ def heads(
             ),
         )
     target = run_target(out, run_folder_name(text))
-    device_name = resolve_device(device.value)
-    loaded = load_model(model, device_name, allow_pickle=allow_pickle)
-    spec = build_spec(
-        model, loaded, device_name, layer=layer, num_heads=resolve_num_heads(loaded, num_heads), weights=weights.value,
-        seed=seed, causal=causal, kv_text=kv, truncate=truncate,
+    handle = load(model, device.value, allow_pickle=allow_pickle, cache=False)
+    settings = dict(
+        model=handle, layer=layer, heads=num_heads, weights=weights.value, seed=seed, kv=kv, causal=causal, truncate=truncate
     )
-    (run,) = run_attention(loaded, [text], spec)
+    traced = functions.trace(text, **settings) if show_trace else None  # its run is the heads' run: computed once
+    result = traced.heads_results()[0] if traced is not None else functions.heads(text, **settings)
 
+    run = result.run
     terminal.print_notices(errors, run.notices)
-    terminal.print_setup(console, run, loaded.source, device_label(device_name), seed=seed)
+    terminal.print_setup(console, run, handle.source, handle.device_label, seed=seed)
     terminal.print_tokens(console, run)
-    console.print(terminal.heads_table(run, summarize_heads(run.attention, run.causal)))
-    traced = None
-    if show_trace:
+    console.print(result)  # its __rich__: the table of the heads
+    if traced is not None:
         from attnviz.render.trace_render import print_trace
-        from attnviz.tracing import trace_texts
 
-        traced = trace_texts(loaded, [text], spec)
-        print_trace(console, traced, text_tokens=[run.query_tokens])
+        print_trace(console, traced.trace, text_tokens=[run.query_tokens])
 
-    folder = StagedRunFolder(target, unique=out is None)
-    with console.status("writing heatmaps…"), folder as staging:
-        written = write_heatmaps(run, staging, image_format.value, seed=seed)
-        written.append(write_attention_json(run, spec, staging / "attention.json"))
-        if traced is not None:
-            from attnviz.output.trace_files import write_trace_files
+    def write(staging: Path) -> list[Path]:
+        written = result.write_files(staging, image_format.value)
+        return written + (traced.write_files(staging, image_format.value) if traced is not None else [])
 
-            written += write_trace_files(traced, [run], spec, staging, image_format.value)
-    terminal.print_files(console, folder.final, [folder.final / path.name for path in written])
+    write_run(out, target, "writing heatmaps…", write)
     if traced is not None and not traced.agree:
-        return layouts_disagree(traced)
+        return layouts_disagree(traced.trace)
 
 
 def _heads_for_file(
     file: str, *, model, allow_pickle: bool, device: str, image_format: str, out: Optional[Path], run_options: dict
 ) -> None:
-    """`heads --file`: every line through the same layer, batch by batch; a folder per text."""
-    from attnviz.models.loading import load_model
+    """`heads --file`: every line through the same layer, batch by batch; a folder per text.
+
+    The output layer's write_batch, not attnviz.heads: it writes each batch's folders as it goes,
+    so no more than a batch of runs is ever held, however long the file.
+    """
+    from attnviz.api.models import load
     from attnviz.output import batch
     from attnviz.output.runs import StagedRunFolder
-    from attnviz.pipeline import device_label, resolve_device, resolve_num_heads
+    from attnviz.pipeline import resolve_num_heads
     from attnviz.render import terminal
+    from attnviz.spec import run_spec
 
     texts = batch.read_texts(file)
     target = run_target(out, batch.batch_folder_name(file))
     if out is not None:
         batch.check_batch_target(target, batch.text_folder_names(texts))
-    device_name = resolve_device(device)
-    loaded = load_model(model, device_name, allow_pickle=allow_pickle)
+    handle = load(model, device, allow_pickle=allow_pickle, cache=False)
+    loaded = handle.loaded
     batch.check_lengths(loaded.tokenizer, texts, loaded.max_positions, run_options["truncate"])
     run_options["num_heads"] = resolve_num_heads(loaded, run_options["num_heads"])
-    spec = build_spec(model, loaded, device_name, **run_options)
+    spec = run_spec(loaded, model, device=handle.device, **run_options)
 
     folder = StagedRunFolder(target, unique=out is None)
     progress = terminal.progress_bar(console, len(texts), "attention and heatmaps", batch.PROGRESS_MIN_TEXTS)
@@ -157,7 +152,7 @@ def _heads_for_file(
     if len(result.notices) > len(shown):
         shown.append(f"… and {len(result.notices) - len(shown)} more notices like these")
     terminal.print_notices(errors, shown)
-    terminal.print_setup(console, result.first_run, loaded.source, device_label(device_name), seed=run_options["seed"])
+    terminal.print_setup(console, result.first_run, handle.source, handle.device_label, seed=run_options["seed"])
     console.print(terminal.batch_table(result.rows, result.first_run.causal))
     numbers = [row["folder"].split("-", 1)[0] for row in result.rows]
     folders = result.rows[0]["folder"] if len(numbers) == 1 else f"{numbers[0]}-… to {numbers[-1]}-… (a folder per text)"

@@ -5,17 +5,24 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from attnviz.cli.options import DEFAULT_OUTPUTS, errors
+from attnviz.cli.options import DEFAULT_OUTPUTS, console, errors
 
 
 MAX_NOTICES_SHOWN = 3  # over many texts: the first few notices, then a count
 
 
-def build_spec(model: Optional[str], loaded, device: str, **settings):
-    """The run's settings (attnviz.spec.RunSpec), built once: the options as given, with the model that loaded."""
-    from attnviz.spec import run_spec
+def write_run(out: Optional[Path], target: Path, doing: str, write) -> None:
+    """Write a run's files (write(staging) -> paths, a result's write_files) into target, all or none; list them.
 
-    return run_spec(loaded, model, device=device, **settings)
+    Without --out, target is a new folder (a number added if the name is taken).
+    """
+    from attnviz.output.runs import StagedRunFolder
+    from attnviz.render import terminal
+
+    folder = StagedRunFolder(target, unique=out is None)
+    with console.status(doing), folder as staging:
+        written = write(staging)
+    terminal.print_files(console, folder.final, [folder.final / path.name for path in written])
 
 
 def run_target(out: Optional[Path], default_name: str) -> Path:

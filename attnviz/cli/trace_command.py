@@ -24,7 +24,7 @@ from attnviz.cli.options import (
     AllowPickleOption,
     ModelOption,
 )
-from attnviz.cli.shared import build_spec, layouts_disagree, run_target
+from attnviz.cli.shared import layouts_disagree, run_target, write_run
 from attnviz.errors import AttnvizError
 from attnviz.spec import check_text, check_trace_texts, refuse_causal_cross_attention
 
@@ -72,14 +72,13 @@ def trace(
 
     Exits 1 when the layouts disagree by more than 1e-5 (the files are still written).
     """
-    from attnviz.models.loading import load_model
+    from attnviz.api import functions
+    from attnviz.api.models import load
+    from attnviz.models.tokens import check_lengths
     from attnviz.output.batch import batch_folder_name, read_texts
-    from attnviz.output.runs import StagedRunFolder, run_folder_name
-    from attnviz.output.trace_files import write_trace_files
-    from attnviz.pipeline import device_label, resolve_device, resolve_num_heads, run_attention
+    from attnviz.output.runs import run_folder_name
     from attnviz.render import terminal
     from attnviz.render.trace_render import print_trace
-    from attnviz.tracing import LAYOUTS, trace_texts
 
     if text is not None and file is not None:
         raise AttnvizError("give either a TEXT or --file PATH, not both")
@@ -94,28 +93,22 @@ def trace(
     refuse_causal_cross_attention(kv, causal)
     check_trace_texts(texts)
     target = run_target(out, batch_folder_name(file) if file else run_folder_name(text))
-    device_name = resolve_device(device.value)
-    loaded = load_model(model, device_name, allow_pickle=allow_pickle)
-    spec = build_spec(
-        model, loaded, device_name, layer=layer, num_heads=resolve_num_heads(loaded, num_heads), weights=weights.value,
-        seed=seed, causal=causal, kv_text=kv, truncate=truncate,
-    )
-    traced = trace_texts(
-        loaded, texts, spec, layouts=LAYOUTS if layout == Layout.all else (layout.value,),
-        mistake=mistake.value if mistake else None,
-    )
-    runs = run_attention(loaded, texts, spec)  # tokens, notices and heatmaps
+    handle = load(model, device.value, allow_pickle=allow_pickle, cache=False)
+    if not truncate:  # a long text named as the command names it ("the text has ..."), not as texts[i]
+        check_lengths([len(ids) for ids in handle.tokenizer.encode_batch(texts)], handle.loaded.max_positions)
+    result = functions.trace(
+        texts, layout=layout.value, mistake=mistake.value if mistake else None, model=handle, layer=layer,
+        heads=num_heads, weights=weights.value, seed=seed, kv=kv, causal=causal, truncate=truncate,
+    )  # fmt: skip
 
+    runs = result.runs  # tokens, notices and heatmaps
     terminal.print_notices(errors, [notice for run in runs for notice in run.notices])
-    terminal.print_setup(console, runs[0], loaded.source, device_label(device_name), seed=seed)
+    terminal.print_setup(console, runs[0], handle.source, handle.device_label, seed=seed)
     terminal.print_tokens(console, runs[0])
-    print_trace(console, traced, text_tokens=[run.query_tokens for run in runs])
+    print_trace(console, result.trace, text_tokens=[run.query_tokens for run in runs])
 
-    folder = StagedRunFolder(target, unique=out is None)
     figure_notes: list[str] = []  # figures capped in size or thinned
-    with console.status("writing the trace…"), folder as staging:
-        written = write_trace_files(traced, runs, spec, staging, image_format.value, figure_notes)
-    terminal.print_files(console, folder.final, [folder.final / path.name for path in written])
+    write_run(out, target, "writing the trace…", lambda staging: result.write_files(staging, image_format.value, figure_notes))
     for note in figure_notes:
         errors.print(f"note: {note}", soft_wrap=True)
-    return 0 if traced.agree else layouts_disagree(traced)
+    return 0 if result.agree else layouts_disagree(result.trace)
