@@ -1,4 +1,4 @@
-"""The command line: parse options, call the stages and faces, print. Nothing imports this package.
+"""The command line: parse options, call the API (attnviz.api), print. Nothing imports this package.
 
 options (the Typer app, its consoles, choices and shared options), one module per group of
 commands (heads, every_layer: stats and layers, experiments: compare and position,
