@@ -94,7 +94,7 @@ def trace(
     check_trace_texts(texts)
     target = run_target(out, batch_folder_name(file) if file else run_folder_name(text))
     handle = load(model, device.value, allow_pickle=allow_pickle, cache=False)
-    if not truncate:  # a long text named as the command names it ("the text has ..."), not as texts[i]
+    if len(texts) > 1 and not truncate:  # a long text named as the command names it ("the text has ..."), not texts[i]
         check_lengths([len(ids) for ids in handle.tokenizer.encode_batch(texts)], handle.loaded.max_positions)
     result = functions.trace(
         texts, layout=layout.value, mistake=mistake.value if mistake else None, model=handle, layer=layer,
