@@ -39,7 +39,8 @@ def measure_heads(
     spec: RunSpec,
     advance: Callable[[int], None] = lambda done: None,
 ) -> Measured:
-    """The statistics of every head of every layer averaged over the texts, text_notices' notes, the first text's layer-0 run.
+    """The statistics of every head of every layer averaged over the texts, text_notices' notes, and
+    the first text's layer-0 run (cut from its batch: the setup the command prints, stats.json records).
 
     spec's settings but its layer (every layer is measured) and kv_text (self-attention only).
 
@@ -59,14 +60,15 @@ def measure_heads(
         for layer, (output, patterns) in enumerate(iter_layer_weights(loaded, encoded, layers, causal, device, in_place)):
             accumulator.add_batch(layer, patterns, encoded.valid_lens, kinds)
             if layer == 0 and first_run is None and texts[0] in batch:
-                first_run = _first_text_run(loaded, batch, texts[0], encoded, output, patterns, spec, layers[0].num_heads)
+                first_run = _first_text_run(loaded, batch, texts[0], encoded, output, patterns, spec, layers[0])
         notices.update(dict.fromkeys(text_notices(loaded, batch, encoded.ids)))
         notices.update(dict.fromkeys(truncation_notices(batch, encoded.truncations)))
         advance(len(batch))
     return Measured(accumulator.result(), list(notices), first_run)
 
 
-def _first_text_run(loaded, batch, text, encoded, output, patterns, spec, num_heads) -> AttentionRun:
+def _first_text_run(loaded, batch, text, encoded, output, patterns, spec, layer) -> AttentionRun:
     """The text's layer-0 run, cut from its batch's padded output (B, N, D) and weights (B, H, N, N)."""
-    runs = split_runs(loaded, batch, encoded, encoded, output, patterns, replace(spec, kv_text=None), 0, num_heads)
+    self_attention = replace(spec, kv_text=None)
+    runs = split_runs(loaded, batch, encoded, encoded, output, patterns, self_attention, 0, layer.num_heads)
     return runs[batch.index(text)]

@@ -108,7 +108,9 @@ def trace(
     print_trace(console, result.trace, text_tokens=[run.query_tokens for run in runs])
 
     figure_notes: list[str] = []  # figures capped in size or thinned
-    write_run(out, target, "writing the trace…", lambda staging: result.write_files(staging, image_format.value, figure_notes))
+    write_run(
+        out, target, "writing the trace…", lambda staging: result.write_files(staging, image_format.value, figure_notes)
+    )
     for note in figure_notes:
         errors.print(f"note: {note}", soft_wrap=True)
     return 0 if result.agree else layouts_disagree(result.trace)
