@@ -253,3 +253,20 @@ def test_no_attnviz_module_ever_passes_trust_remote_code():
         if name.endswith(".py"):
             source = open(os.path.join(package, name), encoding="utf-8").read()
             assert "trust_remote_code=True" not in source.replace(" ", ""), name
+
+
+def test_a_signal_once_the_run_is_over_cannot_turn_a_whole_run_into_a_kill(tmp_path):
+    """Python's shutdown puts the default handlers back: a SIGTERM then would kill the finished run (-15).
+
+    The signal is sent from an atexit hook, that is after attnviz's work is done and said.
+    """
+    script = (
+        "import atexit, os, signal, sys\n"
+        "atexit.register(lambda: os.kill(os.getpid(), signal.SIGTERM))\n"
+        "sys.argv = ['attnviz', 'models']\n"
+        "from attnviz.cli import main\n"
+        "main()\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, (result.returncode, result.stderr)
+    assert "interrupted" not in result.stderr

@@ -82,7 +82,7 @@ def _interrupted(interrupted: Interrupted) -> int:
 
 def main() -> None:
     """The `attnviz` command: signals end a run cleanly, a closed pipe loses no files."""
-    from attnviz.output.runs import handle_signals
+    from attnviz.output.runs import DEFERRED_SIGNALS, handle_signals
     from attnviz.output.streams import PipeSafeStream
 
     handle_signals()
@@ -90,4 +90,10 @@ def main() -> None:
         sys.stdout = PipeSafeStream(sys.stdout)
     if sys.stderr is not None:
         sys.stderr = PipeSafeStream(sys.stderr)
-    sys.exit(run())
+    code = run()
+    # The run is over and what it says is said. Python's shutdown puts the default action back for
+    # signals with Python handlers, so a late SIGTERM would kill the process and hide the exit code
+    # of a whole run. Ignored signals stay ignored (a mask would not do: it is per thread).
+    for number in DEFERRED_SIGNALS:
+        signal.signal(number, signal.SIG_IGN)
+    sys.exit(code)
