@@ -22,6 +22,8 @@ from attnviz.cli.options import (
     EveryLayerCausalOption,
     AllowPickleOption,
     ModelOption,
+    FileOutOption,
+    OutOption,
 )
 from attnviz.cli.shared import MAX_NOTICES_SHOWN, run_target, write_run
 from attnviz.errors import AttnvizError
@@ -49,12 +51,7 @@ def stats(
     causal: bool = EveryLayerCausalOption,
     device: Device = DeviceOption,
     image_format: ImageFormat = FormatOption,
-    out: Optional[Path] = typer.Option(
-        None,
-        "--out",
-        "-o",
-        help="Run folder to write into (default: a new folder under outputs/ named after the text or file).",
-    ),
+    out: Optional[Path] = FileOutOption,
     truncate: bool = TruncateOption,
     allow_pickle: bool = AllowPickleOption,
 ) -> None:
@@ -117,12 +114,7 @@ def layers(
     causal: bool = EveryLayerCausalOption,
     device: Device = DeviceOption,
     image_format: ImageFormat = FormatOption,
-    out: Optional[Path] = typer.Option(
-        None,
-        "--out",
-        "-o",
-        help="Run folder to write into (default: a new folder under outputs/ named after the text).",
-    ),
+    out: Optional[Path] = OutOption,
     truncate: bool = TruncateOption,
     allow_pickle: bool = AllowPickleOption,
 ) -> None:

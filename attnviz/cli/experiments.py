@@ -19,6 +19,7 @@ from attnviz.cli.options import (
     MAX_SEED,
     AllowPickleOption,
     ModelOption,
+    OutOption,
 )
 from attnviz.cli.shared import run_target, write_run
 from attnviz.spec import check_text
@@ -47,9 +48,7 @@ def compare(
     seed: int = typer.Option(0, min=0, max=MAX_SEED, help="Seed of the random parameters."),
     device: Device = DeviceOption,
     image_format: ImageFormat = FormatOption,
-    out: Optional[Path] = typer.Option(
-        None, "--out", "-o", help="Run folder to write into (default: a new folder under outputs/ named after the text)."
-    ),
+    out: Optional[Path] = OutOption,
     truncate: bool = TruncateOption,
     allow_pickle: bool = AllowPickleOption,
 ) -> None:
@@ -95,9 +94,7 @@ def position(
     model: Optional[str] = ModelOption,
     device: Device = DeviceOption,
     image_format: ImageFormat = FormatOption,
-    out: Optional[Path] = typer.Option(
-        None, "--out", "-o", help="Run folder to write into (default: a new folder under outputs/ named after the text)."
-    ),
+    out: Optional[Path] = OutOption,
     allow_pickle: bool = AllowPickleOption,
 ) -> None:
     """Why attention needs position embeddings: permute the tokens, with and without them."""

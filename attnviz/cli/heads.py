@@ -22,6 +22,7 @@ from attnviz.cli.options import (
     CausalOption,
     AllowPickleOption,
     ModelOption,
+    FileOutOption,
 )
 from attnviz.cli.shared import MAX_NOTICES_SHOWN, layouts_disagree, run_target, write_run
 from attnviz.errors import AttnvizError
@@ -57,9 +58,7 @@ def heads(
     ),
     device: Device = DeviceOption,
     image_format: ImageFormat = FormatOption,
-    out: Optional[Path] = typer.Option(
-        None, "--out", "-o", help="Run folder to write into (default: a new folder under outputs/ named after the text)."
-    ),
+    out: Optional[Path] = FileOutOption,
     truncate: bool = TruncateOption,
     allow_pickle: bool = AllowPickleOption,
 ) -> None:

@@ -129,6 +129,15 @@ EveryLayerCausalOption = typer.Option(
     help="Mask future keys in every layer: a causal mask over a bidirectional model's hidden states "
     "(each layer's input comes from BERT's own pass and already holds later tokens).",
 )
+OutOption = typer.Option(
+    None, "--out", "-o", help="Run folder to write into (default: a new folder under outputs/ named after the text)."
+)
+FileOutOption = typer.Option(  # for the commands that also take --file
+    None,
+    "--out",
+    "-o",
+    help="Run folder to write into (default: a new folder under outputs/ named after the text, or after the --file).",
+)
 AllowPickleOption = typer.Option(
     False, help="Let a model whose weights are pickle files (pytorch_model.bin, .bin shards) load (unpickling can run code)."
 )

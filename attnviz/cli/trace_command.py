@@ -23,6 +23,7 @@ from attnviz.cli.options import (
     CausalOption,
     AllowPickleOption,
     ModelOption,
+    FileOutOption,
 )
 from attnviz.cli.shared import layouts_disagree, run_target, write_run
 from attnviz.errors import AttnvizError
@@ -62,9 +63,7 @@ def trace(
     causal: bool = CausalOption,
     device: Device = DeviceOption,
     image_format: ImageFormat = typer.Option(ImageFormat.png, "--format", help="Image format of --mistake's heatmaps."),
-    out: Optional[Path] = typer.Option(
-        None, "--out", "-o", help="Run folder to write into (default: a new folder under outputs/ named after the text)."
-    ),
+    out: Optional[Path] = FileOutOption,
     truncate: bool = TruncateOption,
     allow_pickle: bool = AllowPickleOption,
 ) -> int:
