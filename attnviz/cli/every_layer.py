@@ -22,6 +22,7 @@ from attnviz.cli.options import (
     EveryLayerCausalOption,
     AllowPickleOption,
     ModelOption,
+    EveryLayerHeadsOption,
     FileOutOption,
     OutOption,
 )
@@ -43,9 +44,7 @@ def stats(
         help="Average over texts: one per line (blank lines skipped; - reads standard input).",
     ),
     model: Optional[str] = ModelOption,
-    num_heads: Optional[int] = typer.Option(
-        None, "--heads", help="Split each layer's projections into this many heads (default: the model's own)."
-    ),
+    num_heads: Optional[int] = EveryLayerHeadsOption,
     weights: Weights = WeightsOption,
     seed: int = SeedOption,
     causal: bool = EveryLayerCausalOption,
@@ -106,9 +105,7 @@ def stats(
 def layers(
     text: str = typer.Argument(..., metavar="TEXT", help="The text to attend over, e.g. 我想吃酸菜鱼."),
     model: Optional[str] = ModelOption,
-    num_heads: Optional[int] = typer.Option(
-        None, "--heads", help="Split each layer's projections into this many heads (default: the model's own)."
-    ),
+    num_heads: Optional[int] = EveryLayerHeadsOption,
     weights: Weights = WeightsOption,
     seed: int = SeedOption,
     causal: bool = EveryLayerCausalOption,

@@ -19,6 +19,7 @@ from attnviz.cli.options import (
     MAX_SEED,
     AllowPickleOption,
     ModelOption,
+    LayerOption,
     OutOption,
 )
 from attnviz.cli.shared import run_target, write_run
@@ -44,7 +45,7 @@ def compare(
         "or pretrained,random to set them side by side.",
     ),
     model: Optional[str] = ModelOption,
-    layer: int = typer.Option(0, "--layer", "-l", help="BERT layer whose projections and input to use."),
+    layer: int = LayerOption,
     seed: int = typer.Option(0, min=0, max=MAX_SEED, help="Seed of the random parameters."),
     device: Device = DeviceOption,
     image_format: ImageFormat = FormatOption,

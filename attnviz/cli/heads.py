@@ -22,6 +22,8 @@ from attnviz.cli.options import (
     CausalOption,
     AllowPickleOption,
     ModelOption,
+    LayerOption,
+    HeadsOption,
     FileOutOption,
 )
 from attnviz.cli.shared import MAX_NOTICES_SHOWN, layouts_disagree, run_target, write_run
@@ -43,10 +45,8 @@ def heads(
         "one run folder per text and a summary.",
     ),
     model: Optional[str] = ModelOption,
-    layer: int = typer.Option(0, "--layer", "-l", help="BERT layer whose parameters (W_q, W_k, W_v, W_o) and input to use."),
-    num_heads: Optional[int] = typer.Option(
-        None, "--heads", help="Split the projections into this many heads (default: the model's own)."
-    ),
+    layer: int = LayerOption,
+    num_heads: Optional[int] = HeadsOption,
     weights: Weights = WeightsOption,
     seed: int = SeedOption,
     kv: Optional[str] = typer.Option(

@@ -129,6 +129,13 @@ EveryLayerCausalOption = typer.Option(
     help="Mask future keys in every layer: a causal mask over a bidirectional model's hidden states "
     "(each layer's input comes from BERT's own pass and already holds later tokens).",
 )
+LayerOption = typer.Option(
+    0, "--layer", "-l", help="BERT layer whose parameters (W_q, W_k, W_v, W_o) and input to use."
+)
+HeadsOption = typer.Option(None, "--heads", help="Split the projections into this many heads (default: the model's own).")
+EveryLayerHeadsOption = typer.Option(
+    None, "--heads", help="Split each layer's projections into this many heads (default: the model's own)."
+)
 OutOption = typer.Option(
     None, "--out", "-o", help="Run folder to write into (default: a new folder under outputs/ named after the text)."
 )
