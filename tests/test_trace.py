@@ -22,7 +22,6 @@ from rich.console import Console
 from attnviz.attention.layer import MultiHeadAttention
 from attnviz.cli import Layout, Mistake, run
 from attnviz.errors import AttnvizError
-from attnviz.models.loading import load_model
 from attnviz.models.tokens import encode
 from attnviz.output.runs import MANIFEST
 from attnviz.pipeline import build_layer, layer_input
@@ -59,8 +58,8 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 
 
 @pytest.fixture(scope="module")
-def bert():
-    return load_model("bundled", "cpu")
+def bert(bundled_bert):
+    return bundled_bert  # conftest's: the bundled model, loaded once for the whole session
 
 
 def hidden(bert, texts, layer=0):

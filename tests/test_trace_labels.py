@@ -15,7 +15,6 @@ import pytest
 from rich.console import Console
 
 from attnviz.attention import layer as attention_module
-from attnviz.models.loading import load_model
 from attnviz.models.tokens import encode
 from attnviz.output.trace_files import trace_markdown, trace_record
 from attnviz.pipeline import build_layer, layer_input
@@ -32,8 +31,8 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 
 
 @pytest.fixture(scope="module")
-def bert():
-    return load_model("bundled", "cpu")
+def bert(bundled_bert):
+    return bundled_bert  # conftest's: the bundled model, loaded once for the whole session
 
 
 @pytest.fixture(scope="module")
