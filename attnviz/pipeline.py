@@ -17,7 +17,7 @@ from dataclasses import replace
 
 import torch
 
-from attnviz.attention.layer import MultiHeadAttention, check_num_heads
+from attnviz.attention.layer import MultiHeadAttention, check_num_heads, layer_from_weights
 from attnviz.errors import AttnvizError
 from attnviz.models.loading import LoadedModel
 from attnviz.models.tokens import Encoded, encode, truncation_notice, unknown_token_notice
@@ -81,20 +81,7 @@ def embedding_output(loaded: LoadedModel, encoded: Encoded, device: str, positio
 
 def layer_from_bert(bert_layer, num_heads: int) -> MultiHeadAttention:
     """Our layer with the projections of one BertLayer copied in, split into num_heads heads."""
-    bert_layer.check_attention_weights()
-    self_attention = bert_layer.attention.self
-    output_dense = bert_layer.attention.output.dense
-    with torch.device("meta"):  # no random initialisation: BERT's tensors replace it
-        layer = MultiHeadAttention(output_dense.out_features, num_heads, bias=True)
-    copies = {
-        layer.w_q: self_attention.query,
-        layer.w_k: self_attention.key,
-        layer.w_v: self_attention.value,
-        layer.w_o: output_dense,
-    }
-    for ours, berts in copies.items():
-        ours.load_state_dict({name: tensor.clone() for name, tensor in berts.state_dict().items()}, assign=True)
-    return layer
+    return layer_from_weights(bert_layer.attention_weights(), num_heads)
 
 
 def random_layer(model_size: int, num_heads: int, seed: int) -> MultiHeadAttention:

@@ -1,13 +1,21 @@
 """attnviz's own multi-head attention layer, written from the shapes up.
 
 Axis names used in shape comments: B batch, Nq query tokens, Nk key tokens,
-D model size, H heads, d = D / H head size. Head h owns columns h*d .. (h+1)*d - 1
-of the projected queries, keys and values.
+D model size, H heads, d head size (D / H unless a model sets it apart), H_kv key/value
+heads (H unless the model shares them: grouped-query attention). Head h owns columns
+h*d .. (h+1)*d - 1 of the projected queries; with grouped-query attention, query heads
+h*G .. (h+1)*G - 1 (G = H / H_kv) share key/value head h.
+
+Beyond the tutorials' layer, the same layer runs current models with their own
+projections: key/value heads shared by groups of query heads (Llama, Mistral, Qwen),
+rotary position embeddings applied to q and k (RoPE), RMSNorm over each head's q and k
+(Qwen3), another scale than 1/sqrt(d) (T5: none), and an additive position bias (T5).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -41,6 +49,36 @@ def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
     return x.permute(0, 2, 1, 3)  # (B, H, N, d)
 
 
+def repeat_kv(x: torch.Tensor, group_size: int) -> torch.Tensor:
+    """b h_kv n d -> b (h_kv g) n d: each key/value head repeated for the g query heads that share it."""
+    return x if group_size == 1 else x.repeat_interleave(group_size, dim=1)  # (B, H, N, d)
+
+
+def rotary_frequencies(head_dim: int, theta: float) -> torch.Tensor:
+    """RoPE's angle per position for each pair of features: theta^(-2i/d), i = 0 .. d/2 - 1, (d/2,)."""
+    return 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+
+
+def rotary_tables(num_tokens: int, inv_freq: torch.Tensor, scaling: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of the angle position * frequency, each (N, d): the d/2 angles written twice.
+
+    Feature i and feature i + d/2 form a pair, rotated by the same angle (the half-split layout
+    of transformers' Llama; scaling is a rope type's attention factor, 1 for the default).
+    """
+    positions = torch.arange(num_tokens, dtype=torch.float64, device=inv_freq.device)
+    angles = torch.outer(positions, inv_freq.double())  # (N, d/2)
+    angles = torch.cat([angles, angles], dim=-1)  # (N, d)
+    return (angles.cos() * scaling).float(), (angles.sin() * scaling).float()
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE on (B, H, N, d): each pair (x1, x2) of features becomes (x1 cos - x2 sin, x2 cos + x1 sin)."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    rotated_half = torch.cat([-x2, x1], dim=-1)  # (B, H, N, d)
+    return x * cos + rotated_half * sin
+
+
 def merge_heads(x: torch.Tensor) -> torch.Tensor:
     """b h n d -> b n (h d): the inverse of split_heads."""
     batch, num_heads, tokens, head_dim = x.shape
@@ -72,11 +110,27 @@ def allowed_keys(
     return allowed
 
 
+class HeadNorm(nn.Module):
+    """RMSNorm over each head's d features (Qwen3's q_norm and k_norm): x / rms(x) * weight."""
+
+    def __init__(self, head_dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(head_dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight  # (B, H, N, d)
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head attention: project, split into heads, attend, merge, project.
 
     query_size, key_size and value_size default to model_size; they may differ
-    (cross-attention between sequences of other widths, as in d2l.ai).
+    (cross-attention between sequences of other widths, as in d2l.ai). The rest is for
+    current models: num_kv_heads (grouped-query attention: H_kv key/value heads, each shared
+    by H / H_kv query heads), head_dim (d, when a model sets it apart from D / H), scale
+    (default 1/sqrt(d)), out_bias (default: bias), rotary_inv_freq (RoPE's frequencies, d/2:
+    q and k are rotated by position) and q_norm / k_norm (HeadNorm, set after building).
     """
 
     def __init__(
@@ -89,16 +143,43 @@ class MultiHeadAttention(nn.Module):
         value_size: int | None = None,
         bias: bool = True,
         dropout: float = 0.0,
+        num_kv_heads: int | None = None,
+        head_dim: int | None = None,
+        scale: float | None = None,
+        out_bias: bool | None = None,
+        rotary_inv_freq: torch.Tensor | None = None,
+        rotary_scaling: float = 1.0,
     ):
         super().__init__()
-        check_num_heads(model_size, num_heads)
+        if head_dim is None:
+            check_num_heads(model_size, num_heads)
         self.num_heads = num_heads
-        self.head_dim = model_size // num_heads
-        self.w_q = nn.Linear(query_size or model_size, model_size, bias=bias)
-        self.w_k = nn.Linear(key_size or model_size, model_size, bias=bias)
-        self.w_v = nn.Linear(value_size or model_size, model_size, bias=bias)
-        self.w_o = nn.Linear(model_size, model_size, bias=bias)
+        self.num_kv_heads = num_kv_heads or num_heads
+        if num_heads % self.num_kv_heads:
+            raise AttnvizError(f"{self.num_kv_heads} key/value heads cannot be shared evenly by {num_heads} query heads")
+        self.head_dim = head_dim or model_size // num_heads
+        self.scale = 1 / math.sqrt(self.head_dim) if scale is None else scale
+        inner, kv_inner = num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.w_q = nn.Linear(query_size or model_size, inner, bias=bias)
+        self.w_k = nn.Linear(key_size or model_size, kv_inner, bias=bias)
+        self.w_v = nn.Linear(value_size or model_size, kv_inner, bias=bias)
+        self.w_o = nn.Linear(inner, model_size, bias=bias if out_bias is None else out_bias)
+        self.q_norm: HeadNorm | None = None
+        self.k_norm: HeadNorm | None = None
+        self.register_buffer("rotary_inv_freq", rotary_inv_freq, persistent=False)
+        self.rotary_scaling = rotary_scaling
         self.dropout = nn.Dropout(dropout)
+
+    @property
+    def group_size(self) -> int:
+        """G: the query heads that share one key/value head (1 without grouped-query attention)."""
+        return self.num_heads // self.num_kv_heads
+
+    def rotary(self, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """RoPE's cos and sin tables (N, d) for positions 0 .. N - 1; None for a layer without RoPE."""
+        if self.rotary_inv_freq is None:
+            return None
+        return rotary_tables(num_tokens, self.rotary_inv_freq, self.rotary_scaling)
 
     def forward(
         self,
@@ -108,19 +189,30 @@ class MultiHeadAttention(nn.Module):
         *,
         valid_lens: torch.Tensor | None = None,
         causal: bool = False,
+        position_bias: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns the output (B, Nq, D) and the attention weights (B, H, Nq, Nk).
 
         keys and values default to queries (self-attention); valid_lens (B,)
-        counts the real keys of each sequence, the rest is padding.
+        counts the real keys of each sequence, the rest is padding. position_bias
+        (1 or B, H, Nq, Nk) is added to the scores (T5's relative position bias).
         """
         keys = queries if keys is None else keys
         values = keys if values is None else values
         q = split_heads(self.w_q(queries), self.num_heads)  # (B, H, Nq, d)
-        k = split_heads(self.w_k(keys), self.num_heads)  # (B, H, Nk, d)
-        v = split_heads(self.w_v(values), self.num_heads)  # (B, H, Nk, d)
+        k = split_heads(self.w_k(keys), self.num_kv_heads)  # (B, H_kv, Nk, d)
+        v = split_heads(self.w_v(values), self.num_kv_heads)  # (B, H_kv, Nk, d)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.rotary_inv_freq is not None:
+            cos, sin = self.rotary(max(q.shape[2], k.shape[2]))  # (N, d) each
+            q = rotate(q, cos[: q.shape[2]], sin[: q.shape[2]])  # (B, H, Nq, d)
+            k = rotate(k, cos[: k.shape[2]], sin[: k.shape[2]])  # (B, H_kv, Nk, d)
+        k, v = repeat_kv(k, self.group_size), repeat_kv(v, self.group_size)  # (B, H, Nk, d)
 
-        scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)  # (B, H, Nq, Nk)
+        scores = q @ k.transpose(-2, -1) * self.scale  # (B, H, Nq, Nk)
+        if position_bias is not None:
+            scores = scores + position_bias
         allowed = allowed_keys(q.shape[2], k.shape[2], valid_lens, causal, scores.device)
         if allowed is not None:
             # -inf gives masked keys exactly zero weight; every row keeps at least key 0.
@@ -130,3 +222,113 @@ class MultiHeadAttention(nn.Module):
         z = self.dropout(pattern) @ v  # (B, H, Nq, d)
         out = self.w_o(merge_heads(z))  # (B, Nq, D)
         return out, pattern
+
+
+@dataclass
+class AttentionWeights:
+    """One layer's attention parameters as a model stores them: what attnviz's layer is built from.
+
+    Each projection is (weight (out, in), bias or None) in nn.Linear's layout; names are the
+    model's own names of w_q, w_k, w_v, w_o (e.g. "model.layers.3.self_attn.q_proj"), for
+    traces and messages. scale None means 1/sqrt(d). rope_theta and rotary_inv_freq are
+    RoPE's base and its frequencies for head_dim (None without RoPE); q_norm and k_norm are
+    (weight, eps) of an RMSNorm over each head (Qwen3). position_bias: the model adds a bias
+    per head to the scores (T5), so its heads cannot be split another way.
+    """
+
+    w_q: tuple[torch.Tensor, torch.Tensor | None]
+    w_k: tuple[torch.Tensor, torch.Tensor | None]
+    w_v: tuple[torch.Tensor, torch.Tensor | None]
+    w_o: tuple[torch.Tensor, torch.Tensor | None]
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    names: dict[str, str] = field(default_factory=dict)
+    scale: float | None = None
+    rope_theta: float | None = None
+    rotary_inv_freq: torch.Tensor | None = None
+    rotary_scaling: float = 1.0
+    q_norm: tuple[torch.Tensor, float] | None = None
+    k_norm: tuple[torch.Tensor, float] | None = None
+    position_bias: bool = False
+    family: str = "BERT"  # for messages
+
+    @property
+    def group_size(self) -> int:
+        return self.num_heads // self.num_kv_heads
+
+
+def check_split(weights: AttentionWeights, num_heads: int) -> None:
+    """Refuse a head count the model's projections cannot be split into: an AttnvizError that says which would do."""
+    inner = weights.num_heads * weights.head_dim
+    if num_heads == weights.num_heads:
+        return
+    if weights.position_bias:
+        raise AttnvizError(
+            f"--heads {num_heads}: {weights.family} adds a learned position bias per head to the scores, "
+            f"so its {weights.num_heads} heads cannot be split another way; leave --heads out"
+        )
+    if weights.q_norm is not None:
+        raise AttnvizError(
+            f"--heads {num_heads}: {weights.family} normalises each head's q and k over its {weights.head_dim} "
+            f"features, so its {weights.num_heads} heads cannot be split another way; leave --heads out"
+        )
+    group, rotary = weights.group_size, weights.rotary_inv_freq is not None
+    if group == 1 and not rotary:
+        check_num_heads(inner, num_heads)
+        return
+    # RoPE rotates pairs of features: a head needs an even number of them.
+    choices = [h for h in valid_head_counts(inner) if h % group == 0 and not (rotary and (inner // h) % 2)]
+    if num_heads in choices:
+        return
+    if group == 1:
+        raise AttnvizError(
+            f"--heads {num_heads}: RoPE rotates pairs of features, so a head needs an even number of them; "
+            f"choose a count that splits {inner} into even heads: {', '.join(map(str, choices))}"
+        )
+    raise AttnvizError(
+        f"--heads {num_heads}: {weights.family}'s {weights.num_heads} query heads share "
+        f"{weights.num_kv_heads} key/value heads in groups of {group}; a split must keep the groups whole: "
+        f"choose a multiple of {group} that divides {inner}: {', '.join(map(str, choices))}"
+    )
+
+
+def layer_from_weights(weights: AttentionWeights, num_heads: int | None = None) -> MultiHeadAttention:
+    """attnviz's layer holding a model's projections, split into num_heads heads (default: the model's own).
+
+    Another count re-splits the same projections (check_split says which counts can be): with
+    grouped-query attention the groups stay whole, H / H_kv query heads to each key/value head;
+    with RoPE a new head size gets RoPE's frequencies for that size from the model's base.
+    """
+    num_heads = num_heads or weights.num_heads
+    check_split(weights, num_heads)
+    head_dim = weights.num_heads * weights.head_dim // num_heads
+    num_kv_heads = num_heads // weights.group_size
+    inv_freq = weights.rotary_inv_freq
+    if inv_freq is not None and head_dim != weights.head_dim:
+        inv_freq = rotary_frequencies(head_dim, weights.rope_theta).float()
+    (q, q_bias), (k, k_bias), (v, v_bias), (o, o_bias) = weights.w_q, weights.w_k, weights.w_v, weights.w_o
+    with torch.device("meta"):  # no random initialisation: the model's tensors replace it
+        layer = MultiHeadAttention(
+            o.shape[0],
+            num_heads,
+            query_size=q.shape[1],
+            key_size=k.shape[1],
+            value_size=v.shape[1],
+            bias=q_bias is not None,
+            out_bias=o_bias is not None,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            scale=weights.scale if head_dim == weights.head_dim else None,
+        )
+    for linear, (weight, bias) in zip((layer.w_q, layer.w_k, layer.w_v, layer.w_o), (weights.w_q, weights.w_k, weights.w_v, weights.w_o)):
+        state = {"weight": weight.detach().clone()} | ({"bias": bias.detach().clone()} if bias is not None else {})
+        linear.load_state_dict(state, assign=True)
+    layer.rotary_inv_freq = None if inv_freq is None else inv_freq.detach().clone().float()
+    layer.rotary_scaling = weights.rotary_scaling
+    for name, norm in (("q_norm", weights.q_norm), ("k_norm", weights.k_norm)):
+        if norm is not None:
+            head_norm = HeadNorm(head_dim, eps=norm[1])
+            head_norm.weight = nn.Parameter(norm[0].detach().clone(), requires_grad=False)
+            setattr(layer, name, head_norm)
+    return layer

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnviz.attention.layer import merge_heads, split_heads
+from attnviz.attention.layer import AttentionWeights, merge_heads, split_heads
 from attnviz.errors import AttnvizError
 
 ACTIVATIONS = {
@@ -163,6 +163,20 @@ class BertLayer(nn.Module):
         hidden = self.activation(self.intermediate.dense(x))  # (B, N, 4D)
         output = self.output.LayerNorm(x + self.output.dense(hidden))  # (B, N, D)
         return require_finite(output, self, f"encoder.layer.{self.index}.", f"the output of layer {self.index}")
+
+    def attention_weights(self) -> AttentionWeights:
+        """The layer's W_q, W_k, W_v and W_o (checked for NaN and infinity first), for attnviz's layer."""
+        self.check_attention_weights()
+        projections = self.attention.self
+        linears = (projections.query, projections.key, projections.value, self.attention.output.dense)
+        prefix = f"encoder.layer.{self.index}.attention."
+        return AttentionWeights(
+            *((linear.weight, linear.bias) for linear in linears),
+            num_heads=self.num_heads,
+            num_kv_heads=self.num_heads,
+            head_dim=linears[0].out_features // self.num_heads,
+            names=dict(zip(("w_q", "w_k", "w_v", "w_o"), (prefix + name for name in ("self.query", "self.key", "self.value", "output.dense")))),
+        )
 
     def check_attention_weights(self) -> None:
         """An AttnvizError naming the tensor, if the projections that attnviz's layer copies hold NaN or infinity."""
