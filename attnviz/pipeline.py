@@ -1,8 +1,9 @@
-"""From text to attention: tokenize, take a BERT layer's input, run attnviz's own layer.
+"""From text to attention: tokenize, take a model layer's input, run attnviz's own layer.
 
 With pretrained weights our layer gets the query, key, value and output projections of
-BERT layer L and that layer's input (for L = 0, BERT's embedding output), so its weights
-are BERT's own attention pattern. With random weights it is a fresh layer, as in the tutorials.
+layer L and that layer's input (for BERT's L = 0, its embedding output; for the other families,
+what enters the attention module, after the family's own norms), so its weights are the model's
+own attention pattern. With random weights it is a fresh layer, as in the tutorials.
 For every layer at once (stats, layers), one forward pass gives each layer's input; with
 BERT's own projections and heads our layers stand in for BERT's attention in that pass.
 
@@ -13,16 +14,16 @@ attention below, and analysis and trace above (the stats loop, measure_heads, is
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 
-from attnviz.attention.layer import MultiHeadAttention, check_num_heads, layer_from_weights
+from attnviz.attention.layer import MultiHeadAttention, check_num_heads, check_split, layer_from_weights
 from attnviz.errors import AttnvizError
 from attnviz.models.loading import LoadedModel
 from attnviz.models.tokens import Encoded, encode, truncation_notice, unknown_token_notice
 from attnviz.result import AttentionRun
-from attnviz.spec import RunSpec
+from attnviz.spec import RunSpec, model_is_causal
 
 # Texts per forward pass. The weights of a batch are (B, H, N, N) floats: for 32 texts of
 # 512 tokens and 12 heads that is 400 MB, the most we want to hold at once.
@@ -50,11 +51,90 @@ def device_label(device: str) -> str:
     return f"cuda ({torch.cuda.get_device_name()})" if device == "cuda" else device
 
 
-def check_layer(loaded: LoadedModel, layer: int) -> None:
-    if not 0 <= layer < loaded.num_layers:
-        raise AttnvizError(
-            f"layer {layer} is out of range: {loaded.name} has layers 0 to {loaded.num_layers - 1}"
-        )
+def check_layer(loaded: LoadedModel, layer: int, stack: str | None = None) -> None:
+    num_layers = loaded.num_layers_of(stack)
+    if not 0 <= layer < num_layers:
+        where = f"'s {'decoder' if stack in ('decoder', 'cross') else 'encoder'}" if stack else ""
+        raise AttnvizError(f"layer {layer} is out of range: {loaded.name}{where} has layers 0 to {num_layers - 1}")
+
+
+@dataclass
+class LayerStates:
+    """What one layer's attention runs over: queries' states (B, Nq, D), keys' (B, Nk, D), and T5's position bias."""
+
+    queries: torch.Tensor
+    keys: torch.Tensor
+    position_bias: torch.Tensor | None = None
+
+
+@dataclass
+class EncodedTexts:
+    """A run's padded batches: the queries' texts; the keys' when they are another text (--kv, or an
+    encoder-decoder's cross-attention: the source); and the source the encoder reads for the
+    decoder and cross stacks."""
+
+    queries: Encoded
+    keys: Encoded | None = None
+    source: Encoded | None = None
+
+
+def encode_texts(loaded: LoadedModel, texts: list[str], spec: RunSpec) -> EncodedTexts:
+    """The texts as the run's stack reads them (an encoder-decoder's decoder: shifted right), and the keys' text.
+
+    Keys come from spec.kv_text (--kv: one text); for cross-attention without --kv, and for the
+    decoder's self-attention, the encoder reads each text itself.
+    """
+    queries = encode(loaded.tokenizer_for(spec.stack), texts, loaded.max_positions, spec.truncate)
+    keys = None
+    if spec.kv_text is not None:
+        keys = encode(loaded.tokenizer, [spec.kv_text], loaded.max_positions, spec.truncate)
+    elif spec.stack in ("decoder", "cross"):
+        keys = encode(loaded.tokenizer, texts, loaded.max_positions, spec.truncate)
+    if spec.stack == "decoder":
+        return EncodedTexts(queries, None, keys)
+    return EncodedTexts(queries, keys, keys if spec.stack == "cross" else None)
+
+
+def _model_inputs(encoded: Encoded, device: str, batch: int | None = None) -> dict[str, torch.Tensor]:
+    """input_ids and attention_mask on device; a one-text batch repeated `batch` times."""
+    ids, mask = encoded.input_ids.to(device), encoded.attention_mask.to(device)
+    if batch is not None and ids.shape[0] != batch:
+        ids, mask = ids.expand(batch, -1), mask.expand(batch, -1)
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+@torch.inference_mode()
+def layer_states(loaded: LoadedModel, encoded: EncodedTexts, layers: list[int], spec: RunSpec) -> dict[int, LayerStates]:
+    """What each of `layers` attends with, over the queries' batch and, when given, the keys' text.
+
+    BERT: its own encoder's hidden states. Other families: what enters each attention module in
+    transformers' forward pass (the encoder reading encoded.source for an encoder-decoder's
+    decoder and cross stacks).
+    """
+    device, stack, queries, keys = spec.device, spec.stack, encoded.queries, encoded.keys
+    batch = len(queries.ids)
+    if loaded.is_bert:
+        states = layer_inputs(loaded, queries, device, max(layers))
+        key_states = layer_inputs(loaded, keys, device, max(layers)) if keys is not None else states
+        return {layer: LayerStates(states[layer], key_states[layer].expand(batch, -1, -1)) for layer in layers}
+    model = loaded.model
+    source = _model_inputs(encoded.source, device, batch) if encoded.source is not None else None
+    captured = model.capture(_model_inputs(queries, device), layers, stack, source)
+    key_captured = None
+    if keys is not None and stack != "cross":  # --kv on an encoder: the other text's own pass
+        key_captured = model.capture(_model_inputs(keys, device), layers, stack)
+    result = {}
+    for layer in layers:
+        hidden = captured[layer].hidden
+        if stack == "cross":
+            key_hidden = captured[layer].kv_hidden
+        elif key_captured is not None:
+            key_hidden = key_captured[layer].hidden.expand(batch, -1, -1)
+        else:
+            key_hidden = hidden
+        bias = model.position_bias(stack, hidden.shape[1], key_hidden.shape[1], device)
+        result[layer] = LayerStates(hidden, key_hidden, bias)
+    return result
 
 
 @torch.inference_mode()
@@ -64,9 +144,10 @@ def layer_input(loaded: LoadedModel, encoded: Encoded, layer: int, device: str) 
 
 
 @torch.inference_mode()
-def layer_inputs(loaded: LoadedModel, encoded: Encoded, device: str) -> list[torch.Tensor]:
-    """The input of every BERT layer from one forward pass: element L (B, N, D) enters layer L."""
-    return loaded.model(**encoded.model_inputs(device), num_layers=loaded.num_layers - 1)
+def layer_inputs(loaded: LoadedModel, encoded: Encoded, device: str, last: int | None = None) -> list[torch.Tensor]:
+    """The input of every BERT layer up to `last` (default: all) from one forward pass: element L (B, N, D) enters layer L."""
+    last = loaded.num_layers - 1 if last is None else last
+    return loaded.model(**encoded.model_inputs(device), num_layers=last)
 
 
 @torch.inference_mode()
@@ -93,67 +174,81 @@ def random_layer(model_size: int, num_heads: int, seed: int) -> MultiHeadAttenti
 
 def build_layer(loaded: LoadedModel, spec: RunSpec) -> MultiHeadAttention:
     """attnviz's layer for spec.layer: BERT's projections or random ones from spec.seed, split into spec.num_heads."""
-    num_heads = resolve_num_heads(loaded, spec.num_heads)
-    if spec.weights == "pretrained":
-        attention = layer_from_bert(loaded.model.encoder.layer[spec.layer], num_heads)
-    else:  # "random": RunSpec admits no other
+    num_heads = resolve_num_heads(loaded, spec.num_heads, spec.stack)
+    if spec.weights == "random":  # a fresh layer of the tutorials' kind: RunSpec admits no other
         attention = random_layer(loaded.hidden_size, num_heads, spec.seed)
+    elif loaded.is_bert:
+        attention = layer_from_bert(loaded.model.encoder.layer[spec.layer], num_heads)
+    else:
+        attention = layer_from_weights(loaded.model.attention_weights(spec.layer, spec.stack), num_heads)
     return attention.to(spec.device).eval()
 
 
-def resolve_num_heads(loaded: LoadedModel, num_heads: int | None) -> int:
-    """--heads: the model's own count when not given; any count given (0 too) must divide the model size."""
+def resolve_num_heads(loaded: LoadedModel, num_heads: int | None, stack: str | None = None) -> int:
+    """--heads: the model's own count when not given; a count given (0 too) must split the projections.
+
+    For BERT and random parameters it must divide the model size; for the other families
+    check_split also keeps grouped-query attention's groups whole and RoPE's pairs of features.
+    """
     if num_heads is None:
-        return loaded.num_heads
-    check_num_heads(loaded.hidden_size, num_heads)
+        return loaded.num_heads_of(stack)
+    if loaded.is_bert:
+        check_num_heads(loaded.hidden_size, num_heads)
+    else:
+        check_split(loaded.model.attention_weights(0, stack), num_heads)
     return num_heads
 
 
 def build_layers(loaded: LoadedModel, spec: RunSpec) -> list[MultiHeadAttention]:
-    """attnviz's layer for every BERT layer, in order (spec.layer is not used)."""
-    return [build_layer(loaded, replace(spec, layer=layer)) for layer in range(loaded.num_layers)]
+    """attnviz's layer for every layer of spec.stack, in order (spec.layer is not used)."""
+    return [build_layer(loaded, replace(spec, layer=layer)) for layer in range(loaded.num_layers_of(spec.stack))]
 
 
 @torch.inference_mode()
 def run_attention(loaded: LoadedModel, texts: list[str], spec: RunSpec) -> list[AttentionRun]:
     """Run attnviz's layer over a padded batch of texts with spec's settings; one AttentionRun per text.
 
-    With spec.kv_text, queries come from each text and keys and values from kv_text.
+    With spec.kv_text, queries come from each text and keys and values from kv_text (for an
+    encoder-decoder's cross-attention, the source the encoder reads).
     """
-    layer, kv_text, device, truncate = spec.layer, spec.kv_text, spec.device, spec.truncate
-    check_layer(loaded, layer)
+    check_layer(loaded, spec.layer, spec.stack)
     attention = build_layer(loaded, spec)
-
-    queries = encode(loaded.tokenizer, texts, loaded.max_positions, truncate)
-    keys = queries if kv_text is None else encode(loaded.tokenizer, [kv_text], loaded.max_positions, truncate)
-    query_states = layer_input(loaded, queries, layer, device)  # (B, Nq, D)
-    key_states = query_states
-    if kv_text is not None:
-        key_states = layer_input(loaded, keys, layer, device)  # (1, Nk, D)
-        key_states = key_states.expand(len(texts), -1, -1)  # (B, Nk, D)
-    key_valid_lens = keys.valid_lens.to(device).expand(len(texts))  # (B,)
-
+    encoded = encode_texts(loaded, texts, spec)
+    states = layer_states(loaded, encoded, [spec.layer], spec)[spec.layer]
+    keys = encoded.keys if encoded.keys is not None else encoded.queries
     output, patterns = attention(
-        query_states, key_states, key_states, valid_lens=key_valid_lens, causal=spec.causal
+        states.queries,
+        states.keys,
+        states.keys,
+        valid_lens=keys.valid_lens.to(spec.device).expand(len(texts)),
+        causal=spec.causal,
+        position_bias=states.position_bias,
     )  # (B, Nq, D), (B, H, Nq, Nk)
-    return split_runs(loaded, texts, queries, keys, output, patterns, spec, layer, attention.num_heads)
+    return split_runs(loaded, texts, encoded.queries, keys, output, patterns, spec, spec.layer, *layer_sizes(attention))
 
 
 @torch.inference_mode()
 def iter_layer_runs(loaded: LoadedModel, texts: list[str], spec: RunSpec) -> Iterator[list[AttentionRun]]:
-    """attnviz's layer in place of every BERT layer over a padded batch: per layer, one run per text.
+    """attnviz's layer in place of every model layer over a padded batch: per layer, one run per text.
 
-    spec.layer is not used. One BERT forward pass gives every layer's input; layer L's run of a
-    text is what run_attention with layer L gives for it. Layer by layer, so that a caller who only needs numbers
-    holds one layer's weights at a time; each run holds a copy of its text's unpadded weights.
+    spec.layer and spec.kv_text are not used (self-attention of spec.stack). One forward pass gives
+    every layer's input; layer L's run of a text is what run_attention with layer L gives for it.
+    Layer by layer, so that a caller who only needs numbers holds one layer's weights at a time;
+    each run holds a copy of its text's unpadded weights.
     """
+    spec = replace(spec, kv_text=None)
     in_place = in_berts_place(loaded, spec)
-    num_heads = resolve_num_heads(loaded, spec.num_heads)
     layers = build_layers(loaded, spec)
-    encoded = encode(loaded.tokenizer, texts, loaded.max_positions, spec.truncate)
-    weights = iter_layer_weights(loaded, encoded, layers, spec.causal, spec.device, in_place)
+    encoded = encode_texts(loaded, texts, spec)
+    keys = encoded.keys if encoded.keys is not None else encoded.queries
+    weights = iter_layer_weights(loaded, encoded, layers, spec, in_place)
     for layer, (output, patterns) in enumerate(weights):
-        yield split_runs(loaded, texts, encoded, encoded, output, patterns, replace(spec, kv_text=None), layer, num_heads)
+        yield split_runs(loaded, texts, encoded.queries, keys, output, patterns, spec, layer, *layer_sizes(layers[layer]))
+
+
+def layer_sizes(attention: MultiHeadAttention) -> tuple[int, int, int]:
+    """The heads, key/value heads and H * d of a layer: what split_runs records with each run."""
+    return attention.num_heads, attention.num_kv_heads, attention.num_heads * attention.head_dim
 
 
 def in_berts_place(loaded: LoadedModel, spec: RunSpec) -> bool:
@@ -162,30 +257,35 @@ def in_berts_place(loaded: LoadedModel, spec: RunSpec) -> bool:
     That is with BERT's projections (pretrained), split into BERT's heads, without a causal
     mask: then each layer can run in BERT's place and the attention is computed once, not twice.
     """
-    return spec.weights == "pretrained" and spec.num_heads in (None, loaded.num_heads) and not spec.causal
+    return loaded.is_bert and spec.weights == "pretrained" and spec.num_heads in (None, loaded.num_heads) and not spec.causal
 
 
 @torch.inference_mode()
 def iter_layer_weights(
     loaded: LoadedModel,
-    encoded: Encoded,
+    encoded: EncodedTexts,
     layers: list[MultiHeadAttention],
-    causal: bool,
-    device: str,
+    spec: RunSpec,
     in_place: bool = False,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Per BERT layer, attnviz's layer over the padded batch: output (B, N, D) and weights (B, H, N, N).
+    """Per model layer, attnviz's layer over the padded batch: output (B, N, D) and weights (B, H, N, Nk).
 
-    Each layer runs over the hidden state that enters that BERT layer. With in_place (see
+    Each layer runs over the hidden state that enters that layer's attention. With in_place (see
     in_berts_place) attnviz's layer stands in for BERT's attention in the forward pass, and
     its output goes on through the rest of BERT's layer to the next.
     """
-    valid_lens = encoded.valid_lens.to(device)  # (B,)
+    device = spec.device
+    keys = encoded.keys if encoded.keys is not None else encoded.queries
+    valid_lens = keys.valid_lens.to(device).expand(len(encoded.queries.ids))  # (B,)
     if not in_place:
-        for layer, hidden in enumerate(layer_inputs(loaded, encoded, device)):  # hidden: (B, N, D)
-            yield layers[layer](hidden, valid_lens=valid_lens, causal=causal)
+        states = layer_states(loaded, encoded, list(range(len(layers))), spec)
+        for layer, attention in enumerate(layers):
+            state = states.pop(layer)  # let each layer's states go once used
+            yield attention(
+                state.queries, state.keys, state.keys, valid_lens=valid_lens, causal=spec.causal, position_bias=state.position_bias
+            )
         return
-    hidden = layer_input(loaded, encoded, 0, device)  # (B, N, D): the embeddings
+    hidden = layer_input(loaded, encoded.queries, 0, device)  # (B, N, D): the embeddings
     for layer, attention in enumerate(layers):
         if layer:
             hidden = loaded.model.encoder.layer[layer - 1].finish(hidden, output)  # enters this layer
@@ -229,6 +329,8 @@ def split_runs(
     spec: RunSpec,
     layer: int,
     num_heads: int,
+    num_kv_heads: int | None = None,
+    inner_size: int | None = None,
 ) -> list[AttentionRun]:
     """One AttentionRun per text from a padded batch's output (B, Nq, D) and weights (B, H, Nq, Nk).
 
@@ -268,6 +370,11 @@ def split_runs(
                 num_heads=num_heads,
                 device=spec.device,
                 causal=spec.causal,
+                family=loaded.family.name,
+                stack=spec.stack,
+                model_causal=model_is_causal(loaded, spec.stack),
+                num_kv_heads=num_kv_heads,
+                inner_size=inner_size,
             )
         )
     return runs

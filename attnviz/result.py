@@ -56,7 +56,12 @@ class AttentionRun:
     notices: list[str] = field(default_factory=list)
     truncated: Truncation | None = None  # the text's cut, if --truncate cut it
     kv_truncated: Truncation | None = None  # the --kv text's
+    family: str = "BERT"
+    stack: str | None = None  # an encoder-decoder's "encoder", "decoder" or "cross"; None for other models
+    model_causal: bool = False  # the causal mask is the model's own (a decoder), not --causal's experiment
+    num_kv_heads: int | None = None  # key/value heads, when fewer than num_heads (grouped-query attention)
+    inner_size: int | None = None  # H * d, when a model sets it apart from the model size D (Qwen3)
 
     @property
     def head_dim(self) -> int:
-        return self.output.shape[-1] // self.num_heads
+        return (self.inner_size or self.output.shape[-1]) // self.num_heads

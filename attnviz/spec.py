@@ -15,7 +15,8 @@ from pathlib import Path
 from attnviz.errors import AttnvizError
 from attnviz.version import __version__
 
-WEIGHTS = ("pretrained", "random")  # the model's parameters, not the attention weights
+WEIGHTS = ("pretrained", "random")
+STACKS = ("encoder", "decoder", "cross")  # an encoder-decoder's attentions (RunSpec.stack)  # the model's parameters, not the attention weights
 MAX_SEED = 2**64 - 1  # torch.manual_seed takes 64 bits
 
 
@@ -30,7 +31,11 @@ class RunSpec:
     split into. weights are the model's parameters: "pretrained" (the checkpoint's projections)
     or "random" (a fresh layer drawn from seed). In compare's shared settings num_heads and
     weights are None: each split has its own. num_heads None before the model is known means the
-    model's own count (the stages resolve it). The defaults are the command line's.
+    model's own count (the stages resolve it). stack is which attention of an encoder-decoder
+    ("encoder", "decoder": the decoder's self-attention, "cross": the decoder's attention over the
+    encoder), None for other models. causal is the mask: a decoder's own (GPT-2, Llama, an
+    encoder-decoder's decoder) or --causal's over a bidirectional model. The defaults are the
+    command line's.
     """
 
     model: str | None
@@ -42,6 +47,7 @@ class RunSpec:
     seed: int = 0
     causal: bool = False
     kv_text: str | None = None
+    stack: str | None = None
     device: str = "cpu"  # "cpu" or "cuda": where it runs, after "auto" was resolved
     truncate: bool = False  # --truncate: texts longer than the model's positions may be cut
     version: str = __version__  # attnviz's
@@ -49,6 +55,8 @@ class RunSpec:
     def __post_init__(self) -> None:
         if self.weights is not None and self.weights not in WEIGHTS:
             raise AttnvizError(f"unknown weights {self.weights!r}: choose pretrained or random")
+        if self.stack is not None and self.stack not in STACKS:
+            raise AttnvizError(f"unknown stack {self.stack!r}: choose encoder, decoder or cross")
         if not 0 <= self.seed <= MAX_SEED:  # the command line's --seed checks this range as it parses
             raise AttnvizError(f"seed {self.seed} is out of range: give 0 to 2**64 - 1")
 
@@ -64,9 +72,27 @@ def run_spec(loaded, model: str | None = None, **settings) -> RunSpec:
     """The settings of a run on a loaded model (anything with .name and .source, such as LoadedModel).
 
     model is the name or folder as given (None: the default); settings are RunSpec's, the rest
-    keep their defaults.
+    keep their defaults. An encoder-decoder's stack defaults to "cross" with a kv_text, else
+    "encoder"; a decoder's own attention is causal whatever settings say (model_is_causal).
     """
+    family = getattr(loaded, "family", None)
+    if getattr(family, "kind", None) == "encoder-decoder":
+        settings["stack"] = settings.get("stack") or ("cross" if settings.get("kv_text") is not None else "encoder")
+    elif settings.get("stack") is not None:
+        raise AttnvizError(f"--stack {settings['stack']}: {loaded.name} is not an encoder-decoder; leave --stack out")
+    kind = getattr(family, "kind", None)
+    if settings.get("kv_text") is not None and (kind == "decoder" or settings.get("stack") == "decoder"):
+        where = f"{loaded.name} is a decoder" if kind == "decoder" else "a decoder's self-attention"
+        raise AttnvizError(f"--kv: {where} attends over one text's own tokens; --kv needs an encoder, or an encoder-decoder's cross-attention")
+    if model_is_causal(loaded, settings.get("stack")):
+        settings["causal"] = True
     return RunSpec(model=model, resolved_model=resolved_model_name(model, loaded), model_source=loaded.source, **settings)
+
+
+def model_is_causal(loaded, stack: str | None) -> bool:
+    """True when the model's own attention is causal: a decoder's, or an encoder-decoder's decoder self-attention."""
+    family = getattr(loaded, "family", None)
+    return getattr(family, "kind", None) == "decoder" or stack == "decoder"
 
 
 def resolved_model_name(given: str | None, loaded) -> str:

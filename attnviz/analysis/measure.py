@@ -16,13 +16,14 @@ from attnviz.pipeline import (
     batches,
     build_layers,
     in_berts_place,
+    encode_texts,
     iter_layer_weights,
+    layer_sizes,
     split_runs,
     text_notices,
     truncation_notices,
 )
 from attnviz.models.loading import LoadedModel
-from attnviz.models.tokens import encode
 from attnviz.result import AttentionRun
 from attnviz.spec import RunSpec
 
@@ -48,21 +49,22 @@ def measure_heads(
     depend on the order); each batch is one forward pass, measured at once on the device.
     advance(n) is called after each batch of n texts.
     """
+    spec = replace(spec, kv_text=None)
     causal, device = spec.causal, spec.device
-    accumulator = StatisticsAccumulator(loaded.num_layers, causal)
+    accumulator = StatisticsAccumulator(loaded.num_layers_of(spec.stack), causal)
     layers = build_layers(loaded, spec)
     in_place = in_berts_place(loaded, spec)
     notices: dict[str, None] = {}  # in order, once each
     first_run = None
     for batch in batches(sorted(texts, key=len), BATCH_SIZE):
-        encoded = encode(loaded.tokenizer, batch, loaded.max_positions, spec.truncate)
-        kinds = key_kind_columns(encoded.tokens, encoded.input_ids.shape[1]).to(device)  # (B, N, K)
-        for layer, (output, patterns) in enumerate(iter_layer_weights(loaded, encoded, layers, causal, device, in_place)):
-            accumulator.add_batch(layer, patterns, encoded.valid_lens, kinds)
+        encoded = encode_texts(loaded, batch, spec)
+        kinds = key_kind_columns(encoded.queries.tokens, encoded.queries.input_ids.shape[1]).to(device)  # (B, N, K)
+        for layer, (output, patterns) in enumerate(iter_layer_weights(loaded, encoded, layers, spec, in_place)):
+            accumulator.add_batch(layer, patterns, encoded.queries.valid_lens, kinds)
             if layer == 0 and first_run is None and texts[0] in batch:
                 first_run = _first_text_run(loaded, batch, texts[0], encoded, output, patterns, spec, layers[0])
-        notices.update(dict.fromkeys(text_notices(loaded, batch, encoded.ids)))
-        notices.update(dict.fromkeys(truncation_notices(batch, encoded.truncations)))
+        notices.update(dict.fromkeys(text_notices(loaded, batch, encoded.queries.ids)))
+        notices.update(dict.fromkeys(truncation_notices(batch, encoded.queries.truncations)))
         advance(len(batch))
     return Measured(accumulator.result(), list(notices), first_run)
 
@@ -70,5 +72,5 @@ def measure_heads(
 def _first_text_run(loaded, batch, text, encoded, output, patterns, spec, layer) -> AttentionRun:
     """The text's layer-0 run, cut from its batch's padded output (B, N, D) and weights (B, H, N, N)."""
     self_attention = replace(spec, kv_text=None)
-    runs = split_runs(loaded, batch, encoded, encoded, output, patterns, self_attention, 0, layer.num_heads)
+    runs = split_runs(loaded, batch, encoded.queries, encoded.queries, output, patterns, self_attention, 0, *layer_sizes(layer))
     return runs[batch.index(text)]

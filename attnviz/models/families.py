@@ -14,9 +14,6 @@ from dataclasses import dataclass, field
 
 ENCODER, DECODER, ENCODER_DECODER = "encoder", "decoder", "encoder-decoder"
 
-# Which attention of an encoder-decoder a run shows (RunSpec.stack).
-STACKS = ("encoder", "decoder", "cross")
-
 
 @dataclass(frozen=True)
 class Family:

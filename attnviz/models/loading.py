@@ -1,4 +1,4 @@
-"""Load a BERT model and its tokenizer: from a local folder, the Hugging Face hub, or the bundled model.
+"""Load a model and its tokenizer: from a local folder, the Hugging Face hub, or the bundled model.
 
 Where `load_model(name)` looks, in order:
 
@@ -10,10 +10,12 @@ Where `load_model(name)` looks, in order:
 Only the default model (name None) falls back to the bundled one when the hub cannot be had;
 an explicit name that cannot be loaded is an AttnvizError that says why.
 
-The checkpoint is read by attnviz itself (checkpoint.py: config.json and the safetensors,
-checked before anything is built; bert.py: a small BERT encoder; tokens.py: the tokenizer
-through the `tokenizers` library), never through transformers, whose import alone takes
-seconds. torch and huggingface_hub are imported inside the functions that need them, so
+The family is read from config.json's model_type (families.py). A BERT checkpoint is read by
+attnviz itself (checkpoint.py: config.json and the safetensors, checked before anything is
+built; bert.py: a small BERT encoder; tokens.py: the tokenizer through the `tokenizers`
+library), never through transformers, whose import alone takes seconds. Every other family
+loads through transformers (transformers_model.py), from safetensors only. torch,
+transformers and huggingface_hub are imported inside the functions that need them, so
 importing this module (and `attnviz --help`) stays instant.
 """
 
@@ -27,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from attnviz.errors import AttnvizError, first_line
+from attnviz.models.families import FAMILIES, Family, family_of, supported_names
 
 DEFAULT_MODEL = "bert-base-chinese"
 BUNDLED_NAME = "all-MiniLM-L6-v2"
@@ -39,34 +42,71 @@ HUB_PROBE_GRACE_S = 0.5
 SAFETENSORS_FILES = ("model.safetensors", "model.safetensors.index.json")
 PICKLE_FILES = ("pytorch_model.bin", "pytorch_model.bin.index.json")
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")
+# What other families' tokenizers may be saved as, besides tokenizer.json: GPT-2's BPE files, SentencePiece models.
+OTHER_TOKENIZER_FILES = ("vocab.json", "merges.txt", "spiece.model", "sentencepiece.bpe.model", "source.spm", "target.spm")
+BERT = FAMILIES[0]
 TOKENIZER_SETTINGS = ("tokenizer_config.json", "special_tokens_map.json")
 
 
 @dataclass
 class LoadedModel:
-    """A BERT model in eval mode with its tokenizer, and where they came from."""
+    """A model in eval mode with its tokenizer, its family, and where they came from.
+
+    For BERT, model is attnviz's BertEncoder and tokenizer its WordPieceTokenizer; for every other
+    family, model is a transformers_model.TransformersModel and tokenizer a TransformersTokenizer.
+    The sizes are the encoder's for an encoder-decoder; num_layers_of and num_heads_of take a stack.
+    """
 
     name: str  # hub id, local folder path as given, or BUNDLED_NAME
     source: str  # "local folder", "hub cache", "hub download" or "bundled"
-    tokenizer: Any  # attnviz.models.tokens.WordPieceTokenizer
-    model: Any  # attnviz.models.bert.BertEncoder in eval mode
+    tokenizer: Any
+    model: Any
     notice: str | None = None  # one line to show the user, e.g. why we fell back
+    family: Family = BERT
+    config: dict | None = None  # config.json's values (for the other families)
+
+    @property
+    def is_bert(self) -> bool:
+        return self.family is BERT
 
     @property
     def num_layers(self) -> int:
-        return self.model.config.num_hidden_layers
+        return self.num_layers_of(None)
 
     @property
     def num_heads(self) -> int:
-        return self.model.config.num_attention_heads
+        return self.num_heads_of(None)
+
+    def num_layers_of(self, stack: str | None) -> int:
+        return self.model.config.num_hidden_layers if self.is_bert else self.model.num_layers(stack)
+
+    def num_heads_of(self, stack: str | None) -> int:
+        return self.model.config.num_attention_heads if self.is_bert else self.model.num_heads(stack)
+
+    @property
+    def num_kv_heads(self) -> int:
+        """Key/value heads: fewer than the query heads with grouped-query attention."""
+        return self.num_heads if self.is_bert else (self.family.size(self.config, "kv_heads") or self.num_heads)
 
     @property
     def hidden_size(self) -> int:
-        return self.model.config.hidden_size
+        return self.model.config.hidden_size if self.is_bert else self.family.size(self.config, "hidden")
 
     @property
     def max_positions(self) -> int:
-        return self.model.config.max_position_embeddings
+        """The most tokens a text may have: the position table less RoBERTa's offset, Mistral's window."""
+        if self.is_bert:
+            return self.model.config.max_position_embeddings
+        positions = self.family.size(self.config, "positions") - self.family.position_offset
+        window = self.config.get("sliding_window") if self.config.get("use_sliding_window", True) else None
+        return min(positions, window) if isinstance(window, int) and window > 0 else positions
+
+    def tokenizer_for(self, stack: str | None):
+        """The tokenizer a stack reads its text with: an encoder-decoder's decoder reads it shifted right."""
+        if stack in ("decoder", "cross"):
+            start = self.config.get("decoder_start_token_id")
+            return self.tokenizer.for_decoder(start if start is not None else self.tokenizer.pad_token_id)
+        return self.tokenizer
 
 
 @dataclass
@@ -175,12 +215,16 @@ def _load_bundled(device: str) -> LoadedModel:
 def _load_folder(name: str, folder: Path, source: str, device: str, allow_pickle: bool) -> LoadedModel:
     """Load from a folder on disk: checks first, so that the errors say what is wrong with the folder."""
     config = _read_config(name, folder)
-    _require_bert(name, config)
+    family = _require_family(name, config)
     safetensors, pickles = _weights_files(folder)
+    if family is not BERT:
+        allow_pickle = False  # transformers' loader: safetensors only
     use_safetensors = _choose_weights(name, safetensors, pickles, allow_pickle, where=f"in {folder}")
-    if not _has_tokenizer(folder):
+    if not _has_tokenizer(folder, family):
         raise AttnvizError(f"cannot load model {name!r}: no tokenizer (tokenizer.json or vocab.txt) in {folder}")
     try:
+        if family is not BERT:
+            return _load_transformers(name, folder, source, device, family, config)
         return _load_weights(name, folder, source, device, config, use_safetensors, allow_pickle)
     except Exception as error:  # a damaged, mismatched or hostile file: say which model, keep the cause for debugging
         raise AttnvizError(f"cannot load model {name!r}: {first_line(error)}") from error
@@ -223,12 +267,14 @@ def _download(repo_id: str, device: str, allow_pickle: bool) -> LoadedModel:
         with warnings.catch_warnings():  # e.g. the hub's long warning about symlinks on Windows
             warnings.simplefilter("ignore")
             config_path = hf_hub_download(repo_id, "config.json")
-            _require_bert(repo_id, json.loads(Path(config_path).read_text(encoding="utf-8")))
+            family = _require_family(repo_id, json.loads(Path(config_path).read_text(encoding="utf-8")))
+            if family is not BERT:
+                allow_pickle = False  # transformers' loader: safetensors only
             safetensors = [file_name for file_name in SAFETENSORS_FILES if file_exists(repo_id, file_name)]
             pickles = [] if safetensors else [file_name for file_name in PICKLE_FILES if file_exists(repo_id, file_name)]
             _choose_weights(repo_id, safetensors, pickles, allow_pickle, where="on the hub")
             # Only what attnviz reads: the tokenizer, and the weight files of one kind with their shards.
-            for file_name in (*TOKENIZER_FILES, *TOKENIZER_SETTINGS):
+            for file_name in (*TOKENIZER_FILES, *TOKENIZER_SETTINGS, *(() if family is BERT else OTHER_TOKENIZER_FILES)):
                 if file_exists(repo_id, file_name):
                     hf_hub_download(repo_id, file_name)
             for file_name in safetensors[:1] or pickles[:1]:
@@ -272,6 +318,26 @@ def _load_weights(
     return LoadedModel(name=name, source=source, tokenizer=tokenizer, model=model)
 
 
+def _load_transformers(name: str, folder: Path, source: str, device: str, family: Family, config: dict) -> LoadedModel:
+    """Any family but BERT, through transformers (transformers_model.py): shards checked to lie in the folder first."""
+    from attnviz.models.checkpoint import weight_files
+    from attnviz.models.transformers_model import embedding_rows, load_transformers_model, load_transformers_tokenizer
+
+    _check_sizes(family, config)
+    weight_files(folder, safetensors=True, allow_pickle=False)
+    model = load_transformers_model(folder, family, config, device)
+    tokenizer = load_transformers_tokenizer(folder, embedding_rows(model.model))
+    return LoadedModel(name=name, source=source, tokenizer=tokenizer, model=model, family=family, config=config)
+
+
+def _check_sizes(family: Family, config: dict) -> None:
+    """The sizes attnviz reads from config.json must be positive whole numbers (transformers checks the rest)."""
+    for key in ("layers", "heads", "kv_heads", "hidden", "positions", "decoder_layers", "decoder_heads"):
+        value = family.size(config, key)
+        if key in family.keys and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"config.json: {family.keys[key][0]} must be a positive whole number, not {value!r}")
+
+
 # ---- checks and small helpers ------------------------------------------------------------------
 
 
@@ -285,17 +351,18 @@ def _read_config(name: str, folder: Path) -> Any:
         raise AttnvizError(f"cannot load model {name!r}: unreadable config.json ({first_line(error)})") from error
 
 
-def _require_bert(name: str, config: Any) -> None:
+def _require_family(name: str, config: Any) -> Family:
+    """The family config.json's model_type names; an AttnvizError naming the supported ones for any other."""
     if not isinstance(config, dict):
         kind = {list: "a list", str: "a string", int: "a number", float: "a number"}.get(type(config), "no settings")
         raise AttnvizError(f'cannot load model {name!r}: config.json holds {kind}, not an object {{"model_type": "bert", ...}}')
-    # attnviz reads BertModel's layout: encoder.layer[i].attention.self.query/key/value, attention.output.dense.
-    model_type = config.get("model_type")
-    if model_type != "bert":
+    family = family_of(config)
+    if family is None:
         raise AttnvizError(
-            f"cannot load model {name!r}: attnviz needs a BERT-family model (model_type 'bert'), "
-            f"this one is {model_type!r}"
+            f"cannot load model {name!r}: its model_type is {config.get('model_type')!r}; "
+            f"attnviz supports {supported_names()}"
         )
+    return family
 
 
 def _choose_weights(name: str, safetensors: list[str], pickles: list[str], allow_pickle: bool, where: str) -> bool:
@@ -331,8 +398,10 @@ def _has_weights(folder: Path) -> bool:
     return any((folder / file_name).is_file() for file_name in SAFETENSORS_FILES + PICKLE_FILES)
 
 
-def _has_tokenizer(folder: Path) -> bool:
-    return any((folder / file_name).is_file() for file_name in TOKENIZER_FILES)
+def _has_tokenizer(folder: Path, family: Family | None = None) -> bool:
+    """A tokenizer file the family reads (None: any family's)."""
+    files = TOKENIZER_FILES if family is BERT else (*TOKENIZER_FILES, *OTHER_TOKENIZER_FILES)
+    return any((folder / file_name).is_file() for file_name in files)
 
 
 def _model_info(name: str, source: str, folder: Path) -> ModelInfo | None:
