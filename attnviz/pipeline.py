@@ -116,7 +116,10 @@ def layer_states(loaded: LoadedModel, encoded: EncodedTexts, layers: list[int], 
     if loaded.is_bert:
         states = layer_inputs(loaded, queries, device, max(layers))
         key_states = layer_inputs(loaded, keys, device, max(layers)) if keys is not None else states
-        return {layer: LayerStates(states[layer], key_states[layer].expand(batch, -1, -1)) for layer in layers}
+        return {  # self-attention: the keys are the queries' very tensor (a trace tells self-attention by it)
+            layer: LayerStates(states[layer], states[layer] if keys is None else key_states[layer].expand(batch, -1, -1))
+            for layer in layers
+        }
     model = loaded.model
     source = _model_inputs(encoded.source, device, batch) if encoded.source is not None else None
     captured = model.capture(_model_inputs(queries, device), layers, stack, source)

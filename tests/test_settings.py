@@ -50,6 +50,7 @@ def settings(**given) -> dict:
         "seed": None,
         "causal": False,
         "kv_text": None,
+        "stack": None,
         "device": "cpu",
         "truncate": False,
         "attnviz_version": attnviz.__version__,

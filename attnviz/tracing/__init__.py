@@ -181,28 +181,25 @@ def trace_texts(
     The weights are build_layer's (BERT's own, or random with spec.seed); a batch of more than
     one text passes its valid lengths, so the trace shows the padding path.
     """
-    from attnviz.models.tokens import encode
-    from attnviz.pipeline import build_layer, check_layer, layer_input
+    from attnviz.pipeline import build_layer, check_layer, encode_texts, layer_states
 
-    layer, kv_text, causal, device, truncate = spec.layer, spec.kv_text, spec.causal, spec.device, spec.truncate
-    check_layer(loaded, layer)
+    layer, kv_text, causal, device = spec.layer, spec.kv_text, spec.causal, spec.device
+    check_layer(loaded, layer, spec.stack)
     attention = build_layer(loaded, spec)
     num_heads = attention.num_heads
-    queries = encode(loaded.tokenizer, texts, loaded.max_positions, truncate)
-    query_states = layer_input(loaded, queries, layer, device)  # (B, Nq, D)
-    key_states, key_valid_lens = query_states, queries.valid_lens  # (B, Nk, D), (B,)
-    keys = None
-    if kv_text is not None:
-        keys = encode(loaded.tokenizer, [kv_text], loaded.max_positions, truncate)
-        key_states = layer_input(loaded, keys, layer, device).expand(len(texts), -1, -1)  # (B, Nk, D)
-        key_valid_lens = keys.valid_lens.expand(len(texts))  # (B,)
+    encoded = encode_texts(loaded, texts, spec)
+    queries, keys = encoded.queries, encoded.keys
+    states = layer_states(loaded, encoded, [layer], spec)[layer]
+    key_valid_lens = (keys if keys is not None else queries).valid_lens.expand(len(texts))  # (B,)
+    model = "bert" if loaded.is_bert else "model"
     inputs = LayerInputs(
-        query_states,
-        key_states,
+        states.queries,
+        states.keys,
         valid_lens=key_valid_lens.to(device) if len(texts) > 1 else None,  # a batch shows the padding path
         causal=causal,
-        source=f"layer_input(bert, encode(texts), layer={layer})",
-        kv_source=f"layer_input(bert, encode([kv_text]), layer={layer}).expand(B, -1, -1)",
+        source=f"layer_input({model}, encode(texts), layer={layer})",
+        kv_source=f"layer_input({model}, encode([kv_text]), layer={layer}).expand(B, -1, -1)",
+        position_bias=states.position_bias,
     )
 
     traces, checks, slices, mistake_result, notes = trace_layouts(attention, inputs, list(layouts), mistake)
@@ -213,7 +210,7 @@ def trace_texts(
         layer=layer,
         weights=spec.weights,
         num_heads=num_heads,
-        head_dim=loaded.hidden_size // num_heads,
+        head_dim=attention.head_dim,
         model_size=loaded.hidden_size,
         causal=causal,
         device=device,

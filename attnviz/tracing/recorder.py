@@ -52,6 +52,7 @@ class LayerInputs:
     causal: bool = False
     source: str = "x"  # the code that made queries: the x step's operation
     kv_source: str = "x_kv"
+    position_bias: torch.Tensor | None = None  # (1, H, Nq, Nk), added to the scores (T5)
 
     @property
     def self_attention(self) -> bool:
