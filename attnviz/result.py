@@ -16,6 +16,7 @@ class Truncation:
 
     before: int
     after: int
+    kept_final: str | None = "[SEP]"  # the special token kept at the end ([SEP], </s>); None: the end was cut (GPT-2, Llama)
 
     @property
     def dropped(self) -> int:

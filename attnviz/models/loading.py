@@ -217,8 +217,11 @@ def _load_folder(name: str, folder: Path, source: str, device: str, allow_pickle
     config = _read_config(name, folder)
     family = _require_family(name, config)
     safetensors, pickles = _weights_files(folder)
-    if family is not BERT:
-        allow_pickle = False  # transformers' loader: safetensors only
+    if family is not BERT and pickles and not safetensors:
+        raise AttnvizError(
+            f"cannot load model {name!r}: its only weights are {pickles[0]}, a pickle file; attnviz loads "
+            f"{family.name} from safetensors only: convert it to model.safetensors"
+        )
     use_safetensors = _choose_weights(name, safetensors, pickles, allow_pickle, where=f"in {folder}")
     if not _has_tokenizer(folder, family):
         raise AttnvizError(f"cannot load model {name!r}: no tokenizer (tokenizer.json or vocab.txt) in {folder}")

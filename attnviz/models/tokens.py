@@ -159,7 +159,9 @@ def check_lengths(token_counts: list[int], max_positions: int, where: list[str] 
 def encode(tokenizer: WordPieceTokenizer, texts: list[str], max_positions: int, truncate: bool = False) -> Encoded:
     """Tokenize texts into one padded batch, refusing blank texts and texts too long for the model.
 
-    --truncate keeps the first max_positions - 1 tokens and the final [SEP].
+    --truncate keeps the first max_positions - 1 tokens and the final [SEP] (or </s>: the special
+    token a tokenizer ends every text with); a tokenizer that ends texts with none (GPT-2, Llama)
+    keeps the first max_positions tokens.
     """
     for text in texts:
         if not text.strip():
@@ -167,7 +169,7 @@ def encode(tokenizer: WordPieceTokenizer, texts: list[str], max_positions: int, 
     ids = tokenizer.encode_batch(texts)
     truncations = [None] * len(ids)
     if truncate:
-        cuts = [truncate_ids(row, max_positions) for row in ids]
+        cuts = [truncate_ids(row, max_positions, final_token(tokenizer, row)) for row in ids]
         ids, truncations = [row for row, _ in cuts], [cut for _, cut in cuts]
     check_lengths([len(row) for row in ids], max_positions)
 
@@ -187,16 +189,25 @@ def encode(tokenizer: WordPieceTokenizer, texts: list[str], max_positions: int, 
     )
 
 
-def truncate_ids(ids: list[int], max_positions: int) -> tuple[list[int], Truncation | None]:
-    """--truncate: the first max_positions - 1 tokens and the final [SEP]; and the cut, None when it fits."""
+def final_token(tokenizer, ids: list[int]) -> str | None:
+    """The special token the tokenizer ends every text with ([SEP], </s>), which --truncate keeps; None if it ends with none."""
+    if not ids or not getattr(tokenizer, "ends_with_special", True):
+        return None
+    return tokenizer.convert_ids_to_tokens(ids[-1:])[0]
+
+
+def truncate_ids(ids: list[int], max_positions: int, final: str | None = "[SEP]") -> tuple[list[int], Truncation | None]:
+    """--truncate: the first max_positions - 1 tokens and the final special token (final, e.g. "[SEP]"),
+    or with final None the first max_positions; and the cut, None when it fits."""
     if len(ids) <= max_positions:
         return ids, None
-    return ids[: max_positions - 1] + ids[-1:], Truncation(len(ids), max_positions)
+    kept = ids[: max_positions - 1] + ids[-1:] if final is not None else ids[:max_positions]
+    return kept, Truncation(len(ids), max_positions, kept_final=final)
 
 
 def text_truncations(tokenizer: WordPieceTokenizer, texts: list[str], max_positions: int) -> list[Truncation | None]:
     """What --truncate cuts from each text, as encode cuts it."""
-    return [truncate_ids(ids, max_positions)[1] for ids in tokenizer.encode_batch(texts)]
+    return [truncate_ids(ids, max_positions, final_token(tokenizer, ids))[1] for ids in tokenizer.encode_batch(texts)]
 
 
 NOTICE_QUOTE_CHARS = 24  # enough of a text to tell it from the others in a batch
@@ -208,10 +219,12 @@ def truncation_notice(text: str, truncation: Truncation | None, what: str = "the
         return None
     start = " ".join(text.split())
     quoted = start if len(start) <= NOTICE_QUOTE_CHARS else start[:NOTICE_QUOTE_CHARS].rstrip() + "…"
-    return (
-        f'--truncate cut {what} "{quoted}" from {truncation.before} to {truncation.after} tokens: '
-        f"dropped the {truncation.dropped} tokens before its final [SEP]"
-    )
+    if truncation.kept_final is not None:
+        dropped = f"the {truncation.dropped} tokens before its final {truncation.kept_final}"
+    else:
+        dropped = f"its last {truncation.dropped} tokens"
+    return f'--truncate cut {what} "{quoted}" from {truncation.before} to {truncation.after} tokens: dropped {dropped}'
+
 
 
 def unknown_token_notice(

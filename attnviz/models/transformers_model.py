@@ -146,6 +146,10 @@ class TransformersModel:
         kv_heads = heads
         if self.family.rotary:
             kv_heads = self.family.size(self.config, "kv_heads")
+        for key, (weight, bias) in zip(("w_q", "w_k", "w_v", "w_o"), projections):
+            _require_finite(weight, names[key] + ".weight")
+            if bias is not None:
+                _require_finite(bias, names[key] + ".bias")
         head_dim = projections[0][0].shape[0] // heads
         weights = AttentionWeights(
             *projections,
@@ -204,6 +208,8 @@ class TransformersModel:
             calls.append(layer)
             if layer in wanted:
                 hidden = args[0] if args else kwargs["hidden_states"]
+                if not torch.isfinite(hidden).all():
+                    raise AttnvizError(f"NaN or infinity in the input of layer {layer}: the model's weights hold them, or overflow")
                 kv = kwargs.get("key_value_states") if stack == "cross" else None
                 captured[layer] = Captured(hidden.detach().clone(), None if kv is None else kv.detach().clone())
             if len(captured) == len(wanted):
@@ -236,6 +242,14 @@ class TransformersModel:
                 decoder_attention_mask=inputs["attention_mask"],
                 use_cache=False,
             )
+
+def _require_finite(tensor: torch.Tensor, name: str) -> None:
+    """An AttnvizError naming the tensor if it holds NaN or infinity (a finite sum, the usual case, means none)."""
+    if not torch.isfinite(tensor.sum()):
+        count = int((~torch.isfinite(tensor)).sum())
+        if count:
+            raise AttnvizError(f"the model's {name} holds {count} NaN or infinite value{'s' if count > 1 else ''}: its checkpoint is damaged")
+
 
 def _names(base: str, q: str, k: str, v: str, o: str) -> dict[str, str]:
     """The model's names of w_q, w_k, w_v, w_o; o may be a full name (RoBERTa's sits beside the module)."""
@@ -274,7 +288,8 @@ class TransformersTokenizer:
         self.pad_token_id = pad if pad is not None else (tokenizer.eos_token_id or 0)
         self.all_special_ids = sorted(set(tokenizer.all_special_ids))
         ids = self._raw_ids(["a"])[0]
-        self.ends_with_special = bool(ids) and ids[-1] in self.all_special_ids  # e.g. [SEP], </s>: --truncate keeps it
+        # e.g. [SEP], </s>: --truncate keeps it. A decoder's shifted view ends with the text's own last token.
+        self.ends_with_special = start_token_id is None and bool(ids) and ids[-1] in self.all_special_ids
 
     def for_decoder(self, start_token_id: int) -> "TransformersTokenizer":
         return TransformersTokenizer(self._tokenizer, self.embedding_rows, start_token_id)
