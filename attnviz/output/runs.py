@@ -91,14 +91,19 @@ def check_target(target: Path) -> Path:
     return target
 
 
+# Concurrent runs' checks make and remove the same missing folder: each removal may undo our making
+# of it once, and under load several in a row can (three attempts were seen to run out in CI-like load).
+MAKE_ATTEMPTS = 50
+
+
 def _make_hidden_folder(folder: Path, suffix: str) -> tuple[Path, list[Path]]:
     """A new hidden folder in folder, made with its missing parents; returns it and the parents made."""
-    for attempt in range(3):
+    for attempt in range(MAKE_ATTEMPTS):
         created = _make_folders(folder)
         try:
             return Path(tempfile.mkdtemp(prefix=HIDDEN_PREFIX, suffix=suffix, dir=folder)), created
         except FileNotFoundError:
-            if folder.exists() or attempt == 2:
+            if folder.exists() or attempt == MAKE_ATTEMPTS - 1:
                 raise output_error(folder, FileNotFoundError(errno.ENOENT, "")) from None
             # else a concurrent run's check removed the folder it had made: make it again
         except OSError as error:
