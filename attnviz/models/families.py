@@ -20,7 +20,7 @@ class Family:
     """One family: its name as people write it, its model_types, its kind and its config keys.
 
     keys maps each size to (config.json key, default): layers, heads, kv_heads, hidden, positions,
-    and head_dim where a config may set it apart from hidden / heads. For an encoder-decoder,
+    vocab, and head_dim where a config may set it apart from hidden / heads. For an encoder-decoder,
     layers and heads are the encoder's; decoder_layers and decoder_heads the decoder's.
     """
 
@@ -38,16 +38,23 @@ class Family:
         return self.kind == DECODER
 
     def size(self, config: dict, key: str) -> int | None:
-        """A size from config.json's values, or transformers' default for it; None if the family has no such key."""
-        if key not in self.keys:
-            return None
-        name, default = self.keys[key]
-        value = config.get(name, default)
-        if key == "kv_heads" and value is None:  # Llama-style configs: no key/value head count means one per head
+        """A size from config.json's values, or what transformers' config class makes of it when absent.
+
+        kv_heads and head_dim exist for every family (one key/value head per query head without
+        grouped-query attention; head_dim = hidden / heads where no key sets it apart); the
+        decoder's sizes only for an encoder-decoder (None otherwise).
+        """
+        name, default = self.keys.get(key, (None, None))
+        value = config.get(name, default) if name else None
+        if value is not None:
+            return value
+        if key == "kv_heads":  # no key/value head count: one per query head
             return self.size(config, "heads")
-        if key == "decoder_layers" and value is None:  # T5: the decoder as deep as the encoder
+        if key == "head_dim":  # the model size split evenly over the heads
+            return self.size(config, "hidden") // self.size(config, "heads")
+        if key == "decoder_layers" and self.kind == ENCODER_DECODER:  # T5: the decoder as deep as the encoder
             return self.size(config, "layers")
-        return value
+        return None
 
 
 _BERT_KEYS = {
@@ -55,6 +62,7 @@ _BERT_KEYS = {
     "heads": ("num_attention_heads", 12),
     "hidden": ("hidden_size", 768),
     "positions": ("max_position_embeddings", 512),
+    "vocab": ("vocab_size", 30522),
 }
 _LLAMA_KEYS = {
     "layers": ("num_hidden_layers", 32),
@@ -63,6 +71,13 @@ _LLAMA_KEYS = {
     "hidden": ("hidden_size", 4096),
     "head_dim": ("head_dim", None),
     "positions": ("max_position_embeddings", 2048),
+    "vocab": ("vocab_size", 32000),
+}
+_QWEN_KEYS = {  # Qwen2Config's and Qwen3Config's defaults: 32 key/value heads, a vocabulary of 151936
+    **_LLAMA_KEYS,
+    "kv_heads": ("num_key_value_heads", 32),
+    "positions": ("max_position_embeddings", 32768),
+    "vocab": ("vocab_size", 151936),
 }
 _BART_KEYS = {
     "layers": ("encoder_layers", 12),
@@ -71,32 +86,50 @@ _BART_KEYS = {
     "decoder_heads": ("decoder_attention_heads", 16),
     "hidden": ("d_model", 1024),
     "positions": ("max_position_embeddings", 1024),
+    "vocab": ("vocab_size", 50265),
 }
 
 FAMILIES = (
     Family("BERT", ("bert",), ENCODER, _BERT_KEYS),
-    Family("RoBERTa", ("roberta",), ENCODER, {**_BERT_KEYS, "positions": ("max_position_embeddings", 514)}, position_offset=2),
-    Family("XLM-RoBERTa", ("xlm-roberta",), ENCODER, {**_BERT_KEYS, "positions": ("max_position_embeddings", 514)}, position_offset=2),
+    Family("RoBERTa", ("roberta",), ENCODER, {**_BERT_KEYS, "vocab": ("vocab_size", 50265)}, position_offset=2),
+    Family("XLM-RoBERTa", ("xlm-roberta",), ENCODER, _BERT_KEYS, position_offset=2),
     Family(
         "DistilBERT",
         ("distilbert",),
         ENCODER,
-        {"layers": ("n_layers", 6), "heads": ("n_heads", 12), "hidden": ("dim", 768), "positions": ("max_position_embeddings", 512)},
+        {
+            "layers": ("n_layers", 6),
+            "heads": ("n_heads", 12),
+            "hidden": ("dim", 768),
+            "positions": ("max_position_embeddings", 512),
+            "vocab": ("vocab_size", 30522),
+        },
     ),
-    Family("ALBERT", ("albert",), ENCODER, {**_BERT_KEYS, "hidden": ("hidden_size", 4096), "heads": ("num_attention_heads", 64)}),
+    Family(
+        "ALBERT",
+        ("albert",),
+        ENCODER,
+        {**_BERT_KEYS, "hidden": ("hidden_size", 4096), "heads": ("num_attention_heads", 64), "vocab": ("vocab_size", 30000)},
+    ),
     Family("ELECTRA", ("electra",), ENCODER, {**_BERT_KEYS, "hidden": ("hidden_size", 256), "heads": ("num_attention_heads", 4)}),
     Family(
         "GPT-2",
         ("gpt2",),
         DECODER,
-        {"layers": ("n_layer", 12), "heads": ("n_head", 12), "hidden": ("n_embd", 768), "positions": ("n_positions", 1024)},
+        {
+            "layers": ("n_layer", 12),
+            "heads": ("n_head", 12),
+            "hidden": ("n_embd", 768),
+            "positions": ("n_positions", 1024),
+            "vocab": ("vocab_size", 50257),
+        },
     ),
     Family("Llama", ("llama",), DECODER, _LLAMA_KEYS, rotary=True),
     Family("Mistral", ("mistral",), DECODER, {**_LLAMA_KEYS, "kv_heads": ("num_key_value_heads", 8), "positions": ("max_position_embeddings", 131072)}, rotary=True),
-    Family("Qwen2", ("qwen2",), DECODER, {**_LLAMA_KEYS, "kv_heads": ("num_key_value_heads", 32), "positions": ("max_position_embeddings", 32768)}, rotary=True),
-    Family("Qwen3", ("qwen3",), DECODER, {**_LLAMA_KEYS, "kv_heads": ("num_key_value_heads", 32), "head_dim": ("head_dim", 128), "positions": ("max_position_embeddings", 32768)}, rotary=True),
+    Family("Qwen2", ("qwen2",), DECODER, _QWEN_KEYS, rotary=True),
+    Family("Qwen3", ("qwen3",), DECODER, {**_QWEN_KEYS, "head_dim": ("head_dim", 128)}, rotary=True),
     Family("BART", ("bart",), ENCODER_DECODER, _BART_KEYS, position_offset=2),
-    Family("Marian", ("marian",), ENCODER_DECODER, {**_BART_KEYS, "positions": ("max_position_embeddings", 1024)}),
+    Family("Marian", ("marian",), ENCODER_DECODER, {**_BART_KEYS, "vocab": ("vocab_size", 58101)}),
     Family(
         "T5",
         ("t5",),
@@ -109,6 +142,7 @@ FAMILIES = (
             "hidden": ("d_model", 512),
             "head_dim": ("d_kv", 64),
             "positions": ("n_positions", 512),  # relative positions have no end; 512 is what T5 was trained on
+            "vocab": ("vocab_size", 32128),
         },
         position_bias=True,
     ),
