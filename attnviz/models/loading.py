@@ -445,29 +445,25 @@ def _model_info(name: str, source: str, folder: Path) -> ModelInfo | None:
 
 def _info_from_config(name: str, source: str, path: Path, config: Any) -> ModelInfo | None:
     """ModelInfo from config.json's values, transformers' defaults for what it leaves out (families.py)."""
-    from attnviz.models.families import ENCODER_DECODER, family_of
-
     family = family_of(config)
     if family is None:
         return None
-    keys = ("layers", "heads", "kv_heads", "hidden", "vocab")
-    if family.kind == ENCODER_DECODER:
-        keys += ("decoder_layers", "decoder_heads")
-    sizes = {key: family.size(config, key) for key in keys}
-    if not all(isinstance(size, int) and not isinstance(size, bool) and size > 0 for size in sizes.values()):
-        return None  # a damaged config.json: no model to use
+    try:
+        _check_sizes(family, config)
+    except ValueError:  # a damaged config.json: no model to use
+        return None
     return ModelInfo(
         name=name,
         source=source,
         path=path,
         family=family.name,
-        num_layers=sizes["layers"],
-        num_heads=sizes["heads"],
-        num_kv_heads=sizes["kv_heads"],
-        hidden_size=sizes["hidden"],
-        vocab_size=sizes["vocab"],
-        decoder_layers=sizes.get("decoder_layers"),
-        decoder_heads=sizes.get("decoder_heads"),
+        num_layers=family.size(config, "layers"),
+        num_heads=family.size(config, "heads"),
+        num_kv_heads=family.size(config, "kv_heads"),
+        hidden_size=family.size(config, "hidden"),
+        vocab_size=family.size(config, "vocab"),
+        decoder_layers=family.size(config, "decoder_layers"),  # None but for an encoder-decoder
+        decoder_heads=family.size(config, "decoder_heads"),
     )
 
 
