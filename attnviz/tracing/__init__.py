@@ -22,13 +22,21 @@ mistakes (the two reshape mistakes and where they put the numbers); this one run
 Step roles, stable across layouts (in the spirit of TransformerLens' hook names):
 
     x, x_kv                    the layer's query and key/value inputs
-    qkv                        fused-qkv: the one projection (B, N, 3D)
-    q, k, v                    the projections (B, N, D)
+    qkv_weight, qkv            fused-qkv: the one projection's weight as a Conv1D stores it (D, 3D),
+                               GPT-2 only; the one projection (B, N, 3D)
+    q, k, v                    the projections (B, N, D); k, v (B, N, H_kv*d) with grouped-query attention
     q_view, k_view, v_view     (B, N, H, d): the model axis split into heads
     q_permuted, ...            merged-batch: (B, H, N, d) before folding heads into the batch
-    q_heads, k_heads, v_heads  each head's tokens: (B, H, N, d), or (B*H, N, d) merged-batch
+    q_heads, k_heads, v_heads  each head's tokens: (B, H, N, d), or (B*H, N, d) merged-batch;
+                               k_heads, v_heads (B, H_kv, N, d) with grouped-query attention
+    q_normed, k_normed         RMSNorm over each head's d features (Qwen3)
+    positions, inv_freq        RoPE: token positions (N,) and frequencies theta^(-2i/d) (d/2,)
+    angles, cos, sin           RoPE: positions x frequencies (N, d/2), their cos and sin (N, d)
+    q_rot, k_rot               RoPE: q and k turned by position, x*cos + rotate_half(x)*sin
+    k_repeated, v_repeated     grouped-query attention: (B, H_kv, N, d) -> (B, H, N, d), repeat_interleave(G)
     k_t                        the keys transposed for the product
-    scores                     Q K^T / sqrt(d)
+    scores                     Q K^T / sqrt(d), or times the model's own scale (T5: 1)
+    position_bias, biased_scores   T5: the bias (1, H, Nq, Nk) and the scores with it added
     valid_lens, ...            the padding path: valid lengths, repeated, and the masks
     mask                       the boolean mask the scores are filled by (True = may attend)
     masked_scores              the scores with masked keys at -inf (or -1e6 in d2l)
@@ -38,11 +46,13 @@ Step roles, stable across layouts (in the spirit of TransformerLens' hook names)
     out                        W_o(z_merged)
 
 Axis names: B batch, N tokens (Nq queries and Nk keys when they differ), H heads, d head
-size, D model size, "1" a broadcast axis; products such as B*H name a merged axis.
+size, D model size, "1" a broadcast axis; products such as B*H name a merged axis. Current
+models add H_kv key/value heads, G = H / H_kv query heads per key/value head, d/2 RoPE's pairs.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -57,7 +67,7 @@ from attnviz.tracing.layout_merged_batch import merged_batch
 from attnviz.tracing.layout_single_head import single_head
 from attnviz.tracing.layout_view_permute import view_permute
 from attnviz.tracing.mistakes import MISTAKES, MistakeResult, compare_mistake, merge_provenance, split_provenance
-from attnviz.tracing.recorder import ADDED_MARK, LayerInputs, LayoutTrace, Recorder, Step, axis_size
+from attnviz.tracing.recorder import ADDED_MARK, LayerInputs, LayoutTrace, Recorder, Step, axis_size, beyond_tutorials
 
 LAYOUTS = ("view-permute", "merged-batch", "fused-qkv", "single-head")
 DEFAULT_LAYOUT = "view-permute"
@@ -96,6 +106,12 @@ def trace_layout(
         raise AttnvizError(f"unknown layout {name!r}: choose one of {', '.join(LAYOUTS)} or all")
     if mistake is not None and name != "view-permute":
         raise AttnvizError("--mistake is shown in the view-permute layout: leave out --layout or use --layout view-permute")
+    beyond = beyond_tutorials(layer, inputs)
+    if name != DEFAULT_LAYOUT and beyond:
+        raise AttnvizError(
+            f"--layout {name}: its tutorial's code cannot do what this layer does ({'; '.join(beyond)}); "
+            "it is traced in the view-permute layout: leave out --layout or use --layout view-permute"
+        )
     with torch.inference_mode():
         if name == "view-permute":
             return LAYOUT_FUNCTIONS[name](layer, inputs, num_heads, mistake)
@@ -122,6 +138,10 @@ class TraceResult:
     head_slices: list[HeadSlice]
     mistake: MistakeResult | None = None
     notes: list[str] = field(default_factory=list)
+    num_kv_heads: int | None = None  # key/value heads, fewer than num_heads with grouped-query attention; None: as many
+    scale: float | None = None  # the scores' scale when it is not 1/sqrt(head_dim) (T5: 1)
+    positioned: bool = False  # q and k pass RoPE or RMSNorms on their way to the scores
+    features: list[str] = field(default_factory=list)  # what the layer does beyond the tutorials' (beyond_tutorials)
     truncated: list[Truncation | None] = field(default_factory=list)  # each text's cut by --truncate
     kv_truncated: Truncation | None = None  # the --kv text's
 
@@ -153,6 +173,13 @@ def trace_layouts(
             trace_layout("fused-qkv", layer, inputs, num_heads)  # raises the clear error
         names.remove("fused-qkv")
         notes.append("fused-qkv left out: it is self-attention only, and --kv makes this cross-attention")
+    beyond = beyond_tutorials(layer, inputs)
+    if beyond and names != [DEFAULT_LAYOUT]:
+        if DEFAULT_LAYOUT not in names:
+            trace_layout(names[0], layer, inputs, num_heads)  # raises the clear error
+        left_out = [name for name in names if name != DEFAULT_LAYOUT]
+        names = [DEFAULT_LAYOUT]
+        notes.append(f"{', '.join(left_out)} left out: their tutorials' code cannot do what this layer does ({'; '.join(beyond)})")
     traces = [trace_layout(name, layer, inputs, num_heads) for name in names]
     # The head slices are those of the heads shown: one head of D columns when single-head is all there is.
     sliced_heads = 1 if names == ["single-head"] else num_heads
@@ -211,6 +238,10 @@ def trace_texts(
         weights=spec.weights,
         num_heads=num_heads,
         head_dim=attention.head_dim,
+        num_kv_heads=attention.num_kv_heads,
+        scale=None if math.isclose(attention.scale, 1 / math.sqrt(attention.head_dim)) else attention.scale,
+        positioned=attention.rotary_inv_freq is not None or attention.q_norm is not None,
+        features=beyond_tutorials(attention, inputs),
         model_size=loaded.hidden_size,
         causal=causal,
         device=device,
