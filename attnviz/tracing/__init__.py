@@ -203,10 +203,11 @@ def trace_texts(
     layouts: tuple[str, ...] = (DEFAULT_LAYOUT,),
     mistake: str | None = None,
 ) -> TraceResult:
-    """Trace the layouts over BERT layer spec.layer's input for a padded batch of texts.
+    """Trace the layouts over layer spec.layer's input for a padded batch of texts.
 
-    The weights are build_layer's (BERT's own, or random with spec.seed); a batch of more than
-    one text passes its valid lengths, so the trace shows the padding path.
+    The weights are build_layer's (the model's own, or random with spec.seed); the input is what
+    enters that layer's attention in the model (pipeline.layer_states), with T5's position bias;
+    a batch of more than one text passes its valid lengths, so the trace shows the padding path.
     """
     from attnviz.pipeline import build_layer, check_layer, encode_texts, layer_states
 
@@ -218,15 +219,22 @@ def trace_texts(
     queries, keys = encoded.queries, encoded.keys
     states = layer_states(loaded, encoded, [layer], spec)[layer]
     key_valid_lens = (keys if keys is not None else queries).valid_lens.expand(len(texts))  # (B,)
-    model = "bert" if loaded.is_bert else "model"
+    if loaded.is_bert:
+        source = f"layer_input(bert, encode(texts), layer={layer})"
+        kv_source = f"layer_input(bert, encode([kv_text]), layer={layer}).expand(B, -1, -1)"
+    else:
+        module = loaded.model.attention_module(layer, spec.stack)[0]
+        source = f"hidden_states entering {module} (a forward pre-hook)"
+        kv_source = f"key/value states entering {module} (a forward pre-hook)"
     inputs = LayerInputs(
         states.queries,
         states.keys,
         valid_lens=key_valid_lens.to(device) if len(texts) > 1 else None,  # a batch shows the padding path
         causal=causal,
-        source=f"layer_input({model}, encode(texts), layer={layer})",
-        kv_source=f"layer_input({model}, encode([kv_text]), layer={layer}).expand(B, -1, -1)",
+        source=source,
+        kv_source=kv_source,
         position_bias=states.position_bias,
+        position_bias_source="compute_bias(Nq, Nk): the stack's relative position bias (block 0's buckets)",
     )
 
     traces, checks, slices, mistake_result, notes = trace_layouts(attention, inputs, list(layouts), mistake)
@@ -252,5 +260,5 @@ def trace_texts(
         mistake=mistake_result,
         notes=notes,
         truncated=queries.truncations,
-        kv_truncated=keys.truncations[0] if keys is not None else None,
+        kv_truncated=keys.truncations[0] if keys is not None and kv_text is not None else None,
     )

@@ -17,16 +17,15 @@ import torch
 from attnviz.attention.layer import MultiHeadAttention, rotary_frequencies
 from attnviz.tracing.recorder import LayerInputs, Recorder
 
-NORM_ADDED = "the tutorials' layers normalise nothing inside attention; Qwen3 applies an RMSNorm to each head's q and k"
-ROPE_TABLE_ADDED = "RoPE's table: the tutorials' layers take positions from the embeddings, not inside attention"
-ROPE_ADDED = "the tutorials' q and k carry no position; RoPE turns them by their position, so q·k depends on the distance"
-REPEAT_ADDED = "the tutorials give each query head its own key and value head"
-BIAS_ADDED = "the tutorials add nothing to the scores; T5 adds a learned bias per head and relative distance"
+NORM_ADDED = "Qwen3 normalises each head's q and k"
+ROPE_TABLE_ADDED = "RoPE's table (the tutorials' positions are added to the embeddings)"
+ROPE_ADDED = "RoPE turns q and k by their position, so q·k depends on the distance"
+BIAS_ADDED = "T5 adds a learned bias per head and relative distance to the scores"
 
 
 def record_head_norms(record: Recorder, layer: MultiHeadAttention, q: torch.Tensor, k: torch.Tensor, kv_heads: str):
     """q_normed, k_normed: x / sqrt(mean(x²) + eps) * weight over each head's d features (B, H or H_kv, N, d)."""
-    note = f"RMSNorm over d: x / sqrt(mean(x²) + {layer.q_norm.eps:g}) * weight (d,); the scale of each head's vectors is reset"
+    note = f"RMSNorm over d: x / sqrt(mean(x²) + {layer.q_norm.eps:g}) * weight (d,)"
     q = record("q_normed", layer.q_norm(q), f"self.q_norm({record.role_of(q)})", "B H Nq d", (q,), note=note, added=NORM_ADDED)
     k = record(
         "k_normed", layer.k_norm(k), f"self.k_norm({record.role_of(k)})", f"B {kv_heads} Nk d", (k,), note=note,
@@ -55,19 +54,19 @@ def record_rotary_tables(record: Recorder, layer: MultiHeadAttention, num_tokens
         else "the model's rotary_emb.inv_freq"
     )
     frequencies_note = (
-        f"θ_i = {theta}^(-2i/d), i = 0 .. d/2 - 1: the first pairs turn fast, the last slowly"
+        f"θ_i = {theta}^(-2i/d): the first pairs turn fast, the last slowly"
         if theta is not None
         else "the model's own frequencies (a scaled rope type: not θ^(-2i/d) throughout)"
     )
     positions = record(
         "positions", torch.arange(num_tokens, dtype=torch.float64, device=inv_freq.device), f"torch.arange({tokens})",
-        tokens, note="each token's position n, from 0; float64 so the angles of long texts stay exact",
+        tokens, note="float64, so long texts' angles stay exact",
         added=ROPE_TABLE_ADDED,
     )
     inv_freq = record("inv_freq", inv_freq, frequencies, "d/2", note=frequencies_note, added=ROPE_TABLE_ADDED)
     angles = record(
         "angles", torch.outer(positions, inv_freq.double()), "torch.outer(positions, inv_freq)", f"{tokens} d/2",
-        (positions, inv_freq), pattern="n, i -> n i", note="the angle of pair i at position n: n · θ_i",
+        (positions, inv_freq), pattern="n, i -> n i", note="pair i at position n turns by n·θ_i",
         added=ROPE_TABLE_ADDED,
     )
     doubled = torch.cat([angles, angles], dim=-1)  # (N, d): feature i and i + d/2 form a pair, turned alike
@@ -81,7 +80,7 @@ def record_rotary_tables(record: Recorder, layer: MultiHeadAttention, num_tokens
             record(
                 name, table, f"{operation}.float()", f"{tokens} d",
                 (angles,), pattern="n i -> n (2 i)",
-                note="feature i and feature i + d/2 form a pair and turn by the same angle",
+                note="features i and i + d/2 form a pair, turned alike",
                 added=ROPE_TABLE_ADDED,
             )
         )
@@ -98,10 +97,7 @@ def record_rotation(record: Recorder, name: str, x: torch.Tensor, cos: torch.Ten
     operation = (
         f"{source} * cos{cut} + torch.cat([-{source}[..., d//2:], {source}[..., :d//2]], dim=-1) * sin{cut}"
     )
-    note = (
-        "each pair (x_i, x_i+d/2) turns by its angle n·θ_i: (x_i cos − x_i+d/2 sin, x_i+d/2 cos + x_i sin); "
-        "cos and sin (N, d) broadcast over B and heads"
-    )
+    note = "pair (x_i, x_i+d/2) → (x_i cos − x_i+d/2 sin, x_i+d/2 cos + x_i sin); cos, sin broadcast over B and heads"
     return record(f"{name}_rot", rotated, operation, axes, (x, cos, sin), note=note, added=ROPE_ADDED)
 
 
@@ -113,9 +109,9 @@ def record_repeat(record: Recorder, layer: MultiHeadAttention, name: str, x: tor
     return record(
         f"{name}_repeated", x.repeat_interleave(group, dim=1), f"{record.role_of(x)}.repeat_interleave(G, dim=1)",
         "B H Nk d", (x,), pattern="b h_kv n d -> b (h_kv g) n d",
-        note=f"query head h reads key/value head h // G (query heads {shared}{more}): a copy per query head",
-        added=f"{REPEAT_ADDED}; grouped-query attention shares each of the H_kv = {layer.num_kv_heads} "
-        f"among G = {group} query heads",
+        note=f"query head h reads key/value head h // G ({shared}{more})",
+        added=f"the tutorials give each query head its own key/value head; here G = {group} query heads share each of "
+        f"the H_kv = {layer.num_kv_heads}",
     )
 
 
