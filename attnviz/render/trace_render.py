@@ -50,13 +50,13 @@ AXIS_WORDS = {
 def axis_legend(trace: LayoutTrace) -> str:
     """The axes a layout's steps use, with their sizes: "B = 1 batch, N = 8 tokens, ..."."""
     sizes: dict[str, int] = {}
-    products: list[str] = []
+    products = False
     for step in trace.steps:
         for name, size in zip(step.output_axes, step.output_shape):
             if name in AXIS_WORDS:
                 sizes.setdefault(name, size)
-            elif name not in products:
-                products.append(name)
+            else:
+                products = True
     words = dict(AXIS_WORDS)
     if trace.layout == "single-head" and any(":valid_lens" in step.operation for step in trace.steps):
         words["Nk"] = f"real keys of text {trace.shown_text} (its padding cut off)"
@@ -66,7 +66,7 @@ def axis_legend(trace: LayoutTrace) -> str:
         words["d"] = "head size (the model's, not D / H)"
     parts = [f"{name} = {size} {words[name]}" if name != "1" else f"1 {words[name]}" for name, size in sizes.items()]
     legend = "axes: " + ", ".join(sorted(parts, key=lambda part: list(AXIS_WORDS).index(part.split()[0])))
-    return legend + (f"; {', '.join(products)}: axes multiplied into one" if products else "")
+    return legend + ("; B*H, 3D ...: axes multiplied into one" if products else "")
 
 
 def difference_text(value: float) -> str:
