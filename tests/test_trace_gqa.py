@@ -171,7 +171,7 @@ def result_of(layer: MultiHeadAttention, inputs: LayerInputs, traces, checks, sl
         texts=["one", "two"], kv_text=None, model="tiny", layer=0, weights="pretrained", num_heads=layer.num_heads,
         head_dim=layer.head_dim, model_size=layer.w_o.out_features, causal=True, device="cpu",
         valid_lens=TEXTS_LENGTHS, layouts=traces, checks=checks, head_slices=slices, notes=notes,
-        num_kv_heads=layer.num_kv_heads, positioned=True, features=beyond_tutorials(layer, inputs),
+        num_kv_heads=layer.num_kv_heads, before_scores=["RoPE"], features=beyond_tutorials(layer, inputs),
     )  # fmt: skip
 
 
@@ -182,7 +182,7 @@ def test_the_rendered_trace_shows_the_repeat_the_rotation_and_the_shared_heads(l
     shown = console.file.getvalue()
     assert "+ k_repeated" in shown and "repeat_interleave(G, dim=1)" in shown and "b h_kv n d -> b (h_kv g) n d" in shown
     assert "+ q_rot" in shown and "H_kv = 2 key/value heads" in shown
-    assert "kv head" in shown and "shares key/value head h // 3" in shown
+    assert "kv head" in shown and "shares key/value head h // 3" in shown and "the layer's RoPE applied to them" in shown
     assert "do the layouts agree with F.scaled_dot_product_attention?" in shown and "✗" not in shown
     markdown = trace_markdown(result)
     assert "repeat_interleave" in markdown and "6 heads sharing 2 key/value heads" in markdown
@@ -288,3 +288,39 @@ def test_a_model_scale_and_position_bias_are_traced_as_used():
     assert trace.step("masked_scores").inputs == ["biased_scores", "mask"]
     assert all(check.agree for check in checks) and checks[0].reference.startswith("F.scaled_dot_product_attention")
     assert all(head.agree for head in slices)
+
+
+def tiny_llama_folder(folder) -> None:
+    """A 2-layer Llama (6 query heads on 2 key/value heads) saved as safetensors, with a word-level tokenizer."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    words = "<pad> <unk> <s> the cat sat on mat a dog ran".split()
+    tokenizer = Tokenizer(models.WordLevel({word: index for index, word in enumerate(words)}, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<pad>", unk_token="<unk>", bos_token="<s>").save_pretrained(folder)
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(words), hidden_size=48, intermediate_size=64, num_hidden_layers=2, num_attention_heads=6,
+        num_key_value_heads=2, max_position_embeddings=64, initializer_range=0.3, pad_token_id=0, bos_token_id=2,
+    )  # fmt: skip
+    LlamaForCausalLM(config).save_pretrained(folder, safe_serialization=True)
+
+
+def test_attnviz_trace_on_a_llama_folder_writes_the_gqa_and_rope_steps(tmp_path, capsys):
+    from attnviz.cli import run
+
+    folder, out = tmp_path / "llama", tmp_path / "out"
+    tiny_llama_folder(folder)
+    code = run(["trace", "the cat sat on the mat", "--batch", "a dog ran", "--model", str(folder), "--layer", "1",
+                "--out", str(out)])  # fmt: skip
+    shown = capsys.readouterr().out
+    assert code == 0, shown
+    record = json.loads((out / "trace.json").read_text(encoding="utf-8"))
+    steps = {step["role"]: step for step in record["layouts"][0]["steps"]}
+    assert steps["k_heads"]["output_axes"] == ["B", "H_kv", "N", "d"] and steps["k_heads"]["output_shape"][1] == 2
+    assert steps["k_repeated"]["output_shape"][1] == 6 and steps["k_repeated"]["pattern"] == "b h_kv n d -> b (h_kv g) n d"
+    assert steps["q_rot"]["inputs"] == ["q_heads", "cos", "sin"] and record["causal"] is True
+    assert record["num_kv_heads"] == 2 and all(check["agree"] for check in record["checks"])
+    assert [head["kv_head"] for head in record["head_slices"]] == [0, 0, 0, 1, 1, 1]
+    assert "repeat_interleave" in (out / "trace.md").read_text(encoding="utf-8") and "+ k_repeated" in shown

@@ -229,7 +229,7 @@ def trace_markdown(result: TraceResult, text_tokens: list[list[str]] | None = No
         _cell(head_slices_title(result)) + " (x @ W + b). "
         "Its scores and z recomputed from those slices alone, against the layer's; they agree when the "
         f"differences are float32 rounding: at most {TOLERANCE:.0e} × max(1, max abs scores) and {TOLERANCE:.0e}."
-        + (" " + _cell(head_slices_explanation(result)) if grouped(result) or result.positioned else ""),
+        + (" " + _cell(head_slices_explanation(result)) if grouped(result) or result.before_scores else ""),
         "",
     ]
     shared = grouped(result)

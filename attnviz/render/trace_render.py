@@ -228,7 +228,7 @@ def head_slices_explanation(result: TraceResult) -> str:
     return (
         f"Q_h = x @ W_q[:, cols] + b_q[cols], {kv}, from these slices alone "
         "(W = self.w_q.weight.T: nn.Linear keeps (out, in), so cols are its rows)"
-        + ("; the layer's q/k norms and RoPE applied to them" if result.positioned else "")
+        + (f"; the layer's {' and '.join(result.before_scores)} applied to them" if result.before_scores else "")
         + f". Δ scores = max |{scores_formula(result)} − scores[:, h]|, Δ z = max |A_h V_h − z[:, h]|; "
         f"✓: float32 rounding, Δ scores at most {TOLERANCE:.0e} × max(1, max |scores|)."
     )

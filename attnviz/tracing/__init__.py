@@ -140,7 +140,7 @@ class TraceResult:
     notes: list[str] = field(default_factory=list)
     num_kv_heads: int | None = None  # key/value heads, fewer than num_heads with grouped-query attention; None: as many
     scale: float | None = None  # the scores' scale when it is not 1/sqrt(head_dim) (T5: 1)
-    positioned: bool = False  # q and k pass RoPE or RMSNorms on their way to the scores
+    before_scores: list[str] = field(default_factory=list)  # what q and k pass after their split: "q/k norms", "RoPE"
     features: list[str] = field(default_factory=list)  # what the layer does beyond the tutorials' (beyond_tutorials)
     truncated: list[Truncation | None] = field(default_factory=list)  # each text's cut by --truncate
     kv_truncated: Truncation | None = None  # the --kv text's
@@ -193,6 +193,11 @@ def trace_layouts(
         traces.append(wrong)
     checks = check_layouts(layer, inputs, traces)
     return traces, checks, head_slices(layer, inputs, sliced), mistake_result, notes
+
+
+def before_scores(layer: MultiHeadAttention) -> list[str]:
+    """What a layer does to each head's q and k between the split and the scores, in its order."""
+    return ["q/k norms"] * (layer.q_norm is not None) + ["RoPE"] * (layer.rotary_inv_freq is not None)
 
 
 def trace_texts(
@@ -248,7 +253,7 @@ def trace_texts(
         head_dim=attention.head_dim,
         num_kv_heads=attention.num_kv_heads,
         scale=None if math.isclose(attention.scale, 1 / math.sqrt(attention.head_dim)) else attention.scale,
-        positioned=attention.rotary_inv_freq is not None or attention.q_norm is not None,
+        before_scores=before_scores(attention),
         features=beyond_tutorials(attention, inputs),
         model_size=loaded.hidden_size,
         causal=causal,
