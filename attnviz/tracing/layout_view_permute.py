@@ -34,7 +34,7 @@ def view_permute(
         raise AttnvizError(f"unknown mistake {mistake!r}: choose one of {', '.join(MISTAKES)}")
     own_heads = num_heads == layer.num_heads
     if not own_heads and beyond_tutorials(layer, inputs):
-        raise AttnvizError(f"trace bug: a layer with {beyond_tutorials(layer, inputs)[0]} is traced in its own heads only")
+        raise RuntimeError(f"trace bug: a layer with {beyond_tutorials(layer, inputs)[0]} is traced in its own heads only")
     if mistake is not None and layer.group_size > 1:
         raise AttnvizError(
             f"--mistake shows a wrong split of heads that queries and keys share; this layer's {layer.num_heads} "
