@@ -184,6 +184,7 @@ def test_the_rendered_trace_shows_the_repeat_the_rotation_and_the_shared_heads(l
     assert "+ q_rot" in shown and "H_kv = 2 key/value heads" in shown
     assert "kv head" in shown and "shares key/value head h // 3" in shown and "the layer's RoPE applied to them" in shown
     assert "do the layouts agree with F.scaled_dot_product_attention?" in shown and "✗" not in shown
+    assert "RoPE written as complex rotation" in " ".join(shown.split())
     markdown = trace_markdown(result)
     assert "repeat_interleave" in markdown and "6 heads sharing 2 key/value heads" in markdown
     rows = [line for line in markdown.splitlines() if line.startswith("| 3 | 24–31 |")]
@@ -288,6 +289,13 @@ def test_a_model_scale_and_position_bias_are_traced_as_used():
     assert trace.step("masked_scores").inputs == ["biased_scores", "mask"]
     assert all(check.agree for check in checks) and checks[0].reference.startswith("F.scaled_dot_product_attention")
     assert all(head.agree for head in slices)
+    result = result_of(layer, inputs, traces, checks, slices, notes)
+    result.scale, result.before_scores, result.causal = 1.0, [], False
+    console = Console(file=io.StringIO(), width=80, color_system=None)
+    print_trace(console, result)
+    shown = " ".join(console.file.getvalue().split())
+    assert "+ biased_scores" in shown and "max |Q_h K_hᵀ − scores[:, h]|" in shown  # no /√d in the head slices
+    assert "RoPE" not in shown and "(scale 1, not 1/sqrt(d); a position bias added to the scores)" in shown
 
 
 def tiny_llama_folder(folder) -> None:

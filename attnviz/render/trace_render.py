@@ -247,10 +247,10 @@ CHECKS_EXPLANATION = (
 
 SDPA_CHECKS_EXPLANATION = (
     "largest absolute difference of the attention weights and of the output from torch's "
-    "F.scaled_dot_product_attention (enable_gqa) with the same W_q, W_k, W_v, W_o, on q and k turned by RoPE "
-    "written as complex rotation (torch.polar), the weights a softmax of scores computed beside it: "
-    "nn.MultiheadAttention cannot run this layer"
+    "F.scaled_dot_product_attention (enable_gqa) with the same W_q, W_k, W_v, W_o{rope}, the weights a softmax "
+    "of scores computed beside it: nn.MultiheadAttention cannot run this layer"
 )
+SDPA_ROPE = ", on q and k turned by RoPE written as complex rotation (torch.polar)"
 
 
 def checks_table(result: TraceResult) -> Group:
@@ -280,7 +280,8 @@ def checks_explanation(result: TraceResult) -> str:
     """CHECKS_EXPLANATION, or SDPA_CHECKS_EXPLANATION for a layer beyond nn.MultiheadAttention."""
     if not sdpa_checked(result):
         return CHECKS_EXPLANATION
-    return SDPA_CHECKS_EXPLANATION + f" ({'; '.join(result.features)}); they agree when both are at most {TOLERANCE:.0e}"
+    explanation = SDPA_CHECKS_EXPLANATION.format(rope=SDPA_ROPE if "RoPE" in result.before_scores else "")
+    return explanation + f" ({'; '.join(result.features)}); they agree when both are at most {TOLERANCE:.0e}"
 
 
 def token_name(index: int, tokens: list[str] | None) -> str:
