@@ -16,8 +16,11 @@ the shape, stride, contiguity and memory sharing are read from that tensor, and 
 names are checked against the sizes, so a trace cannot claim a shape the run did not have.
 
 Modules: recorder (the records and the recorder), one per layout (layout_view_permute, ...,
-layout_single_head), checks (against torch.nn.MultiheadAttention, and the head slices),
-mistakes (the two reshape mistakes and where they put the numbers); this one runs them.
+layout_single_head), decoder_steps (what current models add: q/k norms, RoPE, repeated key/value
+heads, the model's scale and position bias; traced by view-permute only, the other layouts refuse
+such a layer), checks (against torch.nn.MultiheadAttention, or F.scaled_dot_product_attention
+for what it cannot run, and the head slices), mistakes (the two reshape mistakes and where they
+put the numbers); this one runs them.
 
 Step roles, stable across layouts (in the spirit of TransformerLens' hook names):
 
