@@ -117,7 +117,7 @@ def record_repeat(record: Recorder, layer: MultiHeadAttention, name: str, x: tor
 
 def record_scores(record: Recorder, layer: MultiHeadAttention, q: torch.Tensor, k_t: torch.Tensor) -> torch.Tensor:
     """scores: q @ k_t scaled as the model scales them (1/sqrt(d) for most, 1 for T5)."""
-    d = layer.head_dim if q.shape[-1] == layer.head_dim else q.shape[-1]
+    d = q.shape[-1]
     product, note = f"{record.role_of(q)} @ k_t", None
     if math.isclose(layer.scale, 1 / math.sqrt(d), rel_tol=1e-6):
         scores, operation = q @ k_t / math.sqrt(d), f"{product} / math.sqrt(d)"
