@@ -182,7 +182,7 @@ def test_the_rendered_trace_shows_the_repeat_the_rotation_and_the_shared_heads(l
     shown = console.file.getvalue()
     assert "+ k_repeated" in shown and "repeat_interleave(G, dim=1)" in shown and "b h_kv n d -> b (h_kv g) n d" in shown
     assert "+ q_rot" in shown and "H_kv = 2 key/value heads" in shown
-    assert "kv head" in shown and "shares key/value head h // 3" in shown and "the layer's RoPE applied to them" in shown
+    assert "kv head" in shown and "shares key/value head h // 3" in shown and "Q_h and K_h pass the layer's RoPE" in " ".join(shown.split())
     assert "do the layouts agree with F.scaled_dot_product_attention?" in shown and "✗" not in shown
     assert "RoPE written as complex rotation" in " ".join(shown.split())
     markdown = trace_markdown(result)

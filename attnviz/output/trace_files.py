@@ -17,8 +17,8 @@ from attnviz.result import truncation_json
 from attnviz.spec import RunSpec
 from attnviz.tracing import ADDED_MARK, LAYOUT_DESCRIPTIONS, TOLERANCE, Step, TraceResult
 from attnviz.render.trace_render import (
-    axis_legend, batch_table, check_name, checks_explanation, difference_text, grouped, head_slices_explanation,
-    head_slices_title, memory_word, shape_text,
+    axis_legend, batch_table, check_name, checks_explanation, difference_text, grouped, head_slices_extras,
+    head_slices_title, memory_word, scores_formula, shape_text,
 )  # fmt: skip
 
 FORMAT_VERSION = 1
@@ -229,7 +229,8 @@ def trace_markdown(result: TraceResult, text_tokens: list[list[str]] | None = No
         _cell(head_slices_title(result)) + " (x @ W + b). "
         "Its scores and z recomputed from those slices alone, against the layer's; they agree when the "
         f"differences are float32 rounding: at most {TOLERANCE:.0e} × max(1, max abs scores) and {TOLERANCE:.0e}."
-        + (" " + _cell(head_slices_explanation(result)) if grouped(result) or result.before_scores else ""),
+        + "".join(f" {_cell(extra[0].upper() + extra[1:])}." for extra in head_slices_extras(result))
+        + (f" Scores: {_cell(scores_formula(result))}." if result.scale is not None else ""),
         "",
     ]
     shared = grouped(result)

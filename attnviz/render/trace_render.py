@@ -223,13 +223,22 @@ def scores_formula(result: TraceResult) -> str:
     return "Q_h K_hᵀ" if result.scale == 1 else f"Q_h K_hᵀ·{result.scale:.6g}"
 
 
+def head_slices_extras(result: TraceResult) -> list[str]:
+    """What a current model's head slices add to the tutorials' recomputation, in words."""
+    extras = []
+    if grouped(result):
+        extras.append("K_h and V_h come from the columns of W_k and W_v of the key/value head h shares")
+    if result.before_scores:
+        extras.append(f"Q_h and K_h pass the layer's {' and '.join(result.before_scores)}")
+    return extras
+
+
 def head_slices_explanation(result: TraceResult) -> str:
-    kv = "K_h and V_h from its key/value head's columns" if grouped(result) else "K_h and V_h alike"
+    extras = "".join(f"; {extra}" for extra in head_slices_extras(result))
     return (
-        f"Q_h = x @ W_q[:, cols] + b_q[cols], {kv}, from these slices alone "
-        "(W = self.w_q.weight.T: nn.Linear keeps (out, in), so cols are its rows)"
-        + (f"; the layer's {' and '.join(result.before_scores)} applied to them" if result.before_scores else "")
-        + f". Δ scores = max |{scores_formula(result)} − scores[:, h]|, Δ z = max |A_h V_h − z[:, h]|; "
+        "Q_h = x @ W_q[:, cols] + b_q[cols], K_h and V_h alike, from these slices alone "
+        f"(W = self.w_q.weight.T: nn.Linear keeps (out, in), so cols are its rows){extras}. "
+        f"Δ scores = max |{scores_formula(result)} − scores[:, h]|, Δ z = max |A_h V_h − z[:, h]|; "
         f"✓: float32 rounding, Δ scores at most {TOLERANCE:.0e} × max(1, max |scores|)."
     )
 
