@@ -332,3 +332,15 @@ def test_attnviz_trace_on_a_llama_folder_writes_the_gqa_and_rope_steps(tmp_path,
     assert record["num_kv_heads"] == 2 and all(check["agree"] for check in record["checks"])
     assert [head["kv_head"] for head in record["head_slices"]] == [0, 0, 0, 1, 1, 1]
     assert "repeat_interleave" in (out / "trace.md").read_text(encoding="utf-8") and "+ k_repeated" in shown
+
+
+def test_a_layer_with_biased_projections_but_no_output_bias_is_checked_by_every_layout():
+    """Qwen2 keeps biases on W_q, W_k, W_v and none on W_o; nn.MultiheadAttention gets a zero output bias."""
+    torch.manual_seed(0)
+    layer = MultiHeadAttention(16, 4, bias=True, out_bias=False).eval()
+    hidden = torch.randn(2, 5, 16)
+    traces, checks, _, _, notes = trace_layouts(
+        layer, LayerInputs(hidden, hidden, valid_lens=torch.tensor([5, 3])), ["view-permute", "merged-batch", "fused-qkv", "single-head"]
+    )
+    assert notes == [] and len(checks) == 5 and all(check.agree for check in checks)
+    assert checks[0].reference == "nn.MultiheadAttention, 4 heads"

@@ -42,8 +42,10 @@ def torch_reference(layer: MultiHeadAttention, inputs: LayerInputs, num_heads: i
     """
     model_size = layer.w_q.out_features
     key_size, value_size = layer.w_k.in_features, layer.w_v.in_features
+    linears = (layer.w_q, layer.w_k, layer.w_v, layer.w_o)
+    biased = any(linear.bias is not None for linear in linears)  # Qwen2-like: W_q, W_k, W_v biased, W_o not
     reference = torch.nn.MultiheadAttention(
-        model_size, num_heads, bias=layer.w_q.bias is not None, kdim=key_size, vdim=value_size, batch_first=True,
+        model_size, num_heads, bias=biased, kdim=key_size, vdim=value_size, batch_first=True,
     ).to(layer.w_q.weight.device, layer.w_q.weight.dtype).eval()
     with torch.no_grad():
         if reference._qkv_same_embed_dim:
@@ -51,9 +53,10 @@ def torch_reference(layer: MultiHeadAttention, inputs: LayerInputs, num_heads: i
         else:
             for name, linear in (("q", layer.w_q), ("k", layer.w_k), ("v", layer.w_v)):
                 getattr(reference, f"{name}_proj_weight").copy_(linear.weight)
-        if layer.w_q.bias is not None:
-            reference.in_proj_bias.copy_(torch.cat([layer.w_q.bias, layer.w_k.bias, layer.w_v.bias]))  # (3D,)
-            reference.out_proj.bias.copy_(layer.w_o.bias)
+        if biased:
+            q_bias, k_bias, v_bias, o_bias = (matrix_and_bias(linear)[1] for linear in linears)  # zeros where none
+            reference.in_proj_bias.copy_(torch.cat([q_bias, k_bias, v_bias]))  # (3D,)
+            reference.out_proj.bias.copy_(o_bias)
         reference.out_proj.weight.copy_(layer.w_o.weight)
     num_queries, num_keys = inputs.queries.shape[1], inputs.keys_values.shape[1]
     device = inputs.queries.device
