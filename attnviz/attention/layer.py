@@ -168,6 +168,7 @@ class MultiHeadAttention(nn.Module):
         self.k_norm: HeadNorm | None = None
         self.register_buffer("rotary_inv_freq", rotary_inv_freq, persistent=False)
         self.rotary_scaling = rotary_scaling
+        self.fused_qkv_name: str | None = None  # the model's one fused W_q, W_k, W_v (GPT-2's c_attn), for traces
         self.dropout = nn.Dropout(dropout)
 
     @property
@@ -233,7 +234,9 @@ class AttentionWeights:
     traces and messages. scale None means 1/sqrt(d). rope_theta and rotary_inv_freq are
     RoPE's base and its frequencies for head_dim (None without RoPE); q_norm and k_norm are
     (weight, eps) of an RMSNorm over each head (Qwen3). position_bias: the model adds a bias
-    per head to the scores (T5), so its heads cannot be split another way.
+    per head to the scores (T5), so its heads cannot be split another way. fused_qkv: the
+    model's name of one projection holding W_q, W_k, W_v, stored transposed (GPT-2's Conv1D
+    "h.0.attn.c_attn", weight (D, 3D)); None when the model keeps them apart.
     """
 
     w_q: tuple[torch.Tensor, torch.Tensor | None]
@@ -252,6 +255,7 @@ class AttentionWeights:
     k_norm: tuple[torch.Tensor, float] | None = None
     position_bias: bool = False
     family: str = "BERT"  # for messages
+    fused_qkv: str | None = None
 
     @property
     def group_size(self) -> int:
@@ -326,6 +330,7 @@ def layer_from_weights(weights: AttentionWeights, num_heads: int | None = None) 
         linear.load_state_dict(state, assign=True)
     layer.rotary_inv_freq = None if inv_freq is None else inv_freq.detach().clone().float()
     layer.rotary_scaling = weights.rotary_scaling
+    layer.fused_qkv_name = weights.fused_qkv
     for name, norm in (("q_norm", weights.q_norm), ("k_norm", weights.k_norm)):
         if norm is not None:
             head_norm = HeadNorm(head_dim, eps=norm[1])

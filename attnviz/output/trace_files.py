@@ -7,6 +7,7 @@ and trace.md uses the same ones.
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -16,8 +17,8 @@ from attnviz.result import truncation_json
 from attnviz.spec import RunSpec
 from attnviz.tracing import ADDED_MARK, LAYOUT_DESCRIPTIONS, TOLERANCE, Step, TraceResult
 from attnviz.render.trace_render import (
-    CHECKS_EXPLANATION, axis_legend, batch_table, check_name, difference_text, head_slices_title, memory_word,
-    shape_text,
+    axis_legend, batch_table, check_name, checks_explanation, difference_text, grouped, head_slices_extras,
+    head_slices_title, memory_word, scores_formula, shape_text,
 )  # fmt: skip
 
 FORMAT_VERSION = 1
@@ -27,7 +28,7 @@ DECIMALS = 10  # differences are ~1e-7; keep them readable and exact enough to c
 TRACE_KEYS = (
     "format", "version", "settings", "texts", "kv_text", "truncated", "kv_truncated", "model", "layer", "weights",
     "causal", "device",
-    "num_heads", "head_dim", "model_size", "valid_lens", "tolerance", "layouts", "checks",
+    "num_heads", "num_kv_heads", "head_dim", "model_size", "scale", "valid_lens", "tolerance", "layouts", "checks",
     "head_slices", "mistake", "notes",
 )  # fmt: skip
 LAYOUT_KEYS = ("layout", "mistake", "description", "num_heads", "head_dim", "notes", "steps")
@@ -36,7 +37,9 @@ STEP_KEYS = (
     "output_axes", "pattern", "stride", "contiguous", "memory", "dtype", "mistake", "in_tutorial", "note",
 )  # fmt: skip
 CHECK_KEYS = ("layout", "reference", "weights_max_abs_diff", "output_max_abs_diff", "agree")
-HEAD_SLICE_KEYS = ("head", "columns", "scores_max_abs_diff", "z_max_abs_diff", "scores_max_abs", "agree")
+HEAD_SLICE_KEYS = (
+    "head", "columns", "kv_head", "kv_columns", "scores_max_abs_diff", "z_max_abs_diff", "scores_max_abs", "agree",
+)  # fmt: skip
 MISTAKE_KEYS = ("mistake", "wrong_steps", "weights_max_abs_diff", "output_max_abs_diff")
 
 
@@ -84,8 +87,10 @@ def trace_record(result: TraceResult, spec: RunSpec) -> dict:
         "causal": result.causal,
         "device": result.device,
         "num_heads": result.num_heads,
+        "num_kv_heads": result.num_kv_heads or result.num_heads,
         "head_dim": result.head_dim,
         "model_size": result.model_size,
+        "scale": result.scale if result.scale is not None else 1 / math.sqrt(result.head_dim),
         "valid_lens": result.valid_lens,
         "tolerance": TOLERANCE,
         "layouts": [
@@ -114,6 +119,8 @@ def trace_record(result: TraceResult, spec: RunSpec) -> dict:
             {
                 "head": head.head,
                 "columns": [head.start, head.stop - 1],
+                "kv_head": head.kv_head,
+                "kv_columns": [head.kv_start, head.kv_stop - 1],
                 "scores_max_abs_diff": _rounded(head.scores_diff),
                 "z_max_abs_diff": _rounded(head.z_diff),
                 "scores_max_abs": _rounded(head.scores_scale),
@@ -134,7 +141,7 @@ def trace_record(result: TraceResult, spec: RunSpec) -> dict:
 
 
 # A list of numbers or of axis names, as json.dumps(indent=1) spreads it over lines.
-_SHORT_LIST = re.compile(r'\[\s+((?:-?[\w.+*]+|"[\w*]+")(?:,\s+(?:-?[\w.+*]+|"[\w*]+"))*)\s+\]')
+_SHORT_LIST = re.compile(r'\[\s+((?:-?[\w.+*]+|"[\w*/]+")(?:,\s+(?:-?[\w.+*]+|"[\w*/]+"))*)\s+\]')
 
 
 def trace_json(result: TraceResult, spec: RunSpec) -> str:
@@ -182,8 +189,11 @@ def trace_markdown(result: TraceResult, text_tokens: list[list[str]] | None = No
         f"# Shape trace: {_cell(quoted)}",
         "",
         f"{_cell(result.model)} · layer {result.layer} · {result.weights} weights · {result.num_heads} heads "
-        f"× d = {result.head_dim} · D = {result.model_size}" + (" · causal" if result.causal else ""),
+        + (f"sharing {result.num_kv_heads} key/value heads " if (result.num_kv_heads or result.num_heads) != result.num_heads else "")
+        + f"× d = {result.head_dim} · D = {result.model_size}" + (" · causal" if result.causal else ""),
     ]
+    if result.features:
+        lines += ["", f"Beyond the tutorials' layers: {_cell('; '.join(result.features))}."]
     if result.valid_lens is not None:
         lines += ["", f"Valid lengths of the keys (the rest is padding, masked): {result.valid_lens}"]
     if len(result.texts) > 1 and text_tokens:
@@ -218,21 +228,29 @@ def trace_markdown(result: TraceResult, text_tokens: list[list[str]] | None = No
         "",
         _cell(head_slices_title(result)) + " (x @ W + b). "
         "Its scores and z recomputed from those slices alone, against the layer's; they agree when the "
-        f"differences are float32 rounding: at most {TOLERANCE:.0e} × max(1, max abs scores) and {TOLERANCE:.0e}.",
+        f"differences are float32 rounding: at most {TOLERANCE:.0e} × max(1, max abs scores) and {TOLERANCE:.0e}."
+        + "".join(f" {_cell(extra[0].upper() + extra[1:])}." for extra in head_slices_extras(result))
+        + (f" Scores: {_cell(scores_formula(result))}." if result.scale is not None else ""),
         "",
-        "| head | columns | max abs diff, scores | max abs scores | max abs diff, z | agree |",
-        "| ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    shared = grouped(result)
+    kv_header, kv_rule = (" kv head | W_k, W_v columns |", " ---: | ---: |") if shared else ("", "")
+    lines += [
+        f"| head | {'W_q columns' if shared else 'columns'} |{kv_header} max abs diff, scores | max abs scores | "
+        "max abs diff, z | agree |",
+        f"| ---: | ---: |{kv_rule} ---: | ---: | ---: | --- |",
     ]
     for head in result.head_slices:
+        kv_cells = f" {head.kv_head} | {head.kv_start}–{head.kv_stop - 1} |" if shared else ""
         lines.append(
-            f"| {head.head} | {head.start}–{head.stop - 1} | {difference_text(head.scores_diff)} | "
+            f"| {head.head} | {head.start}–{head.stop - 1} |{kv_cells} {difference_text(head.scores_diff)} | "
             f"{head.scores_scale:.3g} | {difference_text(head.z_diff)} | {'yes' if head.agree else '**no**'} |"
         )
     lines += [
         "",
         "## Checks",
         "",
-        _cell(CHECKS_EXPLANATION[0].upper() + CHECKS_EXPLANATION[1:]) + ".",
+        _cell(checks_explanation(result)[0].upper() + checks_explanation(result)[1:]) + ".",
         "",
         "| layout | compared with | weights | output | agree |",
         "| --- | --- | ---: | ---: | --- |",

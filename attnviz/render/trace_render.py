@@ -42,7 +42,8 @@ def aligned_shape(shape: list[int], axes: list[str]) -> tuple[str, str]:
 # The axis names of the traces (README, "Shape traces"); products such as B*H are explained once.
 AXIS_WORDS = {
     "B": "batch", "N": "tokens", "Nq": "query tokens", "Nk": "key tokens", "H": "heads",
-    "d": "head size (D / H)", "D": "model size", "1": "broadcast axis",
+    "H_kv": "key/value heads", "G": "query heads per key/value head",
+    "d": "head size (D / H)", "d/2": "RoPE's pairs of features", "D": "model size", "1": "broadcast axis",
 }  # fmt: skip
 
 
@@ -61,6 +62,8 @@ def axis_legend(trace: LayoutTrace) -> str:
         words["Nk"] = f"real keys of text {trace.shown_text} (its padding cut off)"
     if trace.layout == "single-head":
         words["d"] = "head size (D / H: all of D with one head)"
+    if "D" in sizes and "H" in sizes and sizes.get("d", 0) * sizes["H"] != sizes["D"]:
+        words["d"] = "head size (the model's, not D / H)"
     parts = [f"{name} = {size} {words[name]}" if name != "1" else f"1 {words[name]}" for name, size in sizes.items()]
     legend = "axes: " + ", ".join(sorted(parts, key=lambda part: list(AXIS_WORDS).index(part.split()[0])))
     return legend + ("; B*H, 3D ...: axes multiplied into one" if products else "")
@@ -168,38 +171,76 @@ def steps_table(trace: LayoutTrace) -> Group:
     return Group(table, Text(legend, style="dim"))
 
 
+def grouped(result: TraceResult) -> bool:
+    """Do query heads share key/value heads in this trace's head slices (grouped-query attention)?"""
+    return any(head.kv_head != head.head for head in result.head_slices)
+
+
 def head_slices_title(result: TraceResult) -> str:
     d = result.head_slices[0].stop - result.head_slices[0].start
-    if len(result.head_slices) == 1:
+    count = len(result.head_slices)
+    if count == 1:
         return f"the one head's slice: it uses all {d} columns of W_q, W_k, W_v"
-    return f"head slices: head h of the {len(result.head_slices)} uses columns h*{d} .. (h+1)*{d}-1 of W_q, W_k, W_v"
+    if grouped(result):
+        groups = count // (result.head_slices[-1].kv_head + 1)
+        return (
+            f"head slices: query head h of the {count} uses columns h*{d} .. (h+1)*{d}-1 of W_q and shares "
+            f"key/value head h // {groups}: its columns of W_k, W_v"
+        )
+    return f"head slices: head h of the {count} uses columns h*{d} .. (h+1)*{d}-1 of W_q, W_k, W_v"
 
 
 def head_slices_table(result: TraceResult) -> Group:
+    shared = grouped(result)
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column("head", justify="right")
-    table.add_column("columns", justify="right")
+    table.add_column("W_q columns" if shared else "columns", justify="right")
+    if shared:
+        table.add_column("kv head", justify="right")
+        table.add_column("W_k, W_v columns", justify="right")
     table.add_column("Δ scores", justify="right")
     table.add_column("max |scores|", justify="right")
     table.add_column("Δ z", justify="right")
     table.add_column("")
     for head in result.head_slices:
+        kv_cells = [str(head.kv_head), f"{head.kv_start}–{head.kv_stop - 1}"] if shared else []
         table.add_row(
             str(head.head),
             f"{head.start}–{head.stop - 1}",
+            *kv_cells,
             difference_text(head.scores_diff),
             f"{head.scores_scale:.3g}",
             difference_text(head.z_diff),
             Text("✓", style="green") if head.agree else Text("✗", style="bold red"),
         )
-    explanation = Text(
+    return Group(Text(head_slices_title(result), style="italic"), table, Text(head_slices_explanation(result), style="dim"))
+
+
+def scores_formula(result: TraceResult) -> str:
+    """Q_h K_hᵀ/√d, or with the model's own scale: Q_h K_hᵀ (T5: 1), Q_h K_hᵀ·0.1."""
+    if result.scale is None:
+        return "Q_h K_hᵀ/√d"
+    return "Q_h K_hᵀ" if result.scale == 1 else f"Q_h K_hᵀ·{result.scale:.6g}"
+
+
+def head_slices_extras(result: TraceResult) -> list[str]:
+    """What a current model's head slices add to the tutorials' recomputation, in words."""
+    extras = []
+    if grouped(result):
+        extras.append("K_h and V_h come from the columns of W_k and W_v of the key/value head h shares")
+    if result.before_scores:
+        extras.append(f"Q_h and K_h pass the layer's {' and '.join(result.before_scores)}")
+    return extras
+
+
+def head_slices_explanation(result: TraceResult) -> str:
+    extras = "".join(f"; {extra}" for extra in head_slices_extras(result))
+    return (
         "Q_h = x @ W_q[:, cols] + b_q[cols], K_h and V_h alike, from these slices alone "
-        "(W = self.w_q.weight.T: nn.Linear keeps (out, in), so cols are its rows). "
-        "Δ scores = max |Q_h K_hᵀ/√d − scores[:, h]|, Δ z = max |A_h V_h − z[:, h]|; "
-        f"✓: float32 rounding, Δ scores at most {TOLERANCE:.0e} × max(1, max |scores|).",
-        style="dim",
+        f"(W = self.w_q.weight.T: nn.Linear keeps (out, in), so cols are its rows){extras}. "
+        f"Δ scores = max |{scores_formula(result)} − scores[:, h]|, Δ z = max |A_h V_h − z[:, h]|; "
+        f"✓: float32 rounding, Δ scores at most {TOLERANCE:.0e} × max(1, max |scores|)."
     )
-    return Group(Text(head_slices_title(result), style="italic"), table, explanation)
 
 
 def check_name(name: str) -> str:
@@ -213,6 +254,14 @@ CHECKS_EXPLANATION = (
 )
 
 
+SDPA_CHECKS_EXPLANATION = (
+    "largest absolute difference of the attention weights and of the output from torch's "
+    "F.scaled_dot_product_attention (enable_gqa) with the same W_q, W_k, W_v, W_o{rope}, the weights a softmax "
+    "of scores computed beside it: nn.MultiheadAttention cannot run this layer"
+)
+SDPA_ROPE = ", on q and k turned by RoPE written as complex rotation (torch.polar)"
+
+
 def checks_table(result: TraceResult) -> Group:
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     for name in ("layout", "heads", "weights", "output", ""):
@@ -223,8 +272,25 @@ def checks_table(result: TraceResult) -> Group:
             check_name(check.layout), str(check.num_heads), difference_text(check.weights_diff),
             difference_text(check.output_diff), mark,
         )
-    title = Text("do the layouts agree with torch.nn.MultiheadAttention?", style="italic")
-    return Group(title, table, Text(CHECKS_EXPLANATION, style="dim"))
+    return Group(Text(checks_title(result), style="italic"), table, Text(checks_explanation(result), style="dim"))
+
+
+def sdpa_checked(result: TraceResult) -> bool:
+    """Is the reference scaled_dot_product_attention (a layer nn.MultiheadAttention cannot run)?"""
+    return any(check.reference.startswith("F.scaled_dot_product_attention") for check in result.checks)
+
+
+def checks_title(result: TraceResult) -> str:
+    reference = "F.scaled_dot_product_attention" if sdpa_checked(result) else "torch.nn.MultiheadAttention"
+    return f"do the layouts agree with {reference}?"
+
+
+def checks_explanation(result: TraceResult) -> str:
+    """CHECKS_EXPLANATION, or SDPA_CHECKS_EXPLANATION for a layer beyond nn.MultiheadAttention."""
+    if not sdpa_checked(result):
+        return CHECKS_EXPLANATION
+    explanation = SDPA_CHECKS_EXPLANATION.format(rope=SDPA_ROPE if "RoPE" in result.before_scores else "")
+    return explanation + f" ({'; '.join(result.features)}); they agree when both are at most {TOLERANCE:.0e}"
 
 
 def token_name(index: int, tokens: list[str] | None) -> str:

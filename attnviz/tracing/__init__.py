@@ -16,19 +16,30 @@ the shape, stride, contiguity and memory sharing are read from that tensor, and 
 names are checked against the sizes, so a trace cannot claim a shape the run did not have.
 
 Modules: recorder (the records and the recorder), one per layout (layout_view_permute, ...,
-layout_single_head), checks (against torch.nn.MultiheadAttention, and the head slices),
-mistakes (the two reshape mistakes and where they put the numbers); this one runs them.
+layout_single_head), decoder_steps (what current models add: q/k norms, RoPE, repeated key/value
+heads, the model's scale and position bias; traced by view-permute only, the other layouts refuse
+such a layer), checks (against torch.nn.MultiheadAttention, or F.scaled_dot_product_attention
+for what it cannot run, and the head slices), mistakes (the two reshape mistakes and where they
+put the numbers); this one runs them.
 
 Step roles, stable across layouts (in the spirit of TransformerLens' hook names):
 
     x, x_kv                    the layer's query and key/value inputs
-    qkv                        fused-qkv: the one projection (B, N, 3D)
-    q, k, v                    the projections (B, N, D)
+    qkv_weight, qkv            fused-qkv: the one projection's weight as a Conv1D stores it (D, 3D),
+                               GPT-2 only; the one projection (B, N, 3D)
+    q, k, v                    the projections (B, N, D); k, v (B, N, H_kv*d) with grouped-query attention
     q_view, k_view, v_view     (B, N, H, d): the model axis split into heads
     q_permuted, ...            merged-batch: (B, H, N, d) before folding heads into the batch
-    q_heads, k_heads, v_heads  each head's tokens: (B, H, N, d), or (B*H, N, d) merged-batch
+    q_heads, k_heads, v_heads  each head's tokens: (B, H, N, d), or (B*H, N, d) merged-batch;
+                               k_heads, v_heads (B, H_kv, N, d) with grouped-query attention
+    q_normed, k_normed         RMSNorm over each head's d features (Qwen3)
+    positions, inv_freq        RoPE: token positions (N,) and frequencies theta^(-2i/d) (d/2,)
+    angles, cos, sin           RoPE: positions x frequencies (N, d/2), their cos and sin (N, d)
+    q_rot, k_rot               RoPE: q and k turned by position, x*cos + rotate_half(x)*sin
+    k_repeated, v_repeated     grouped-query attention: (B, H_kv, N, d) -> (B, H, N, d), repeat_interleave(G)
     k_t                        the keys transposed for the product
-    scores                     Q K^T / sqrt(d)
+    scores                     Q K^T / sqrt(d), or times the model's own scale (T5: 1)
+    position_bias, biased_scores   T5: the bias (1, H, Nq, Nk) and the scores with it added
     valid_lens, ...            the padding path: valid lengths, repeated, and the masks
     mask                       the boolean mask the scores are filled by (True = may attend)
     masked_scores              the scores with masked keys at -inf (or -1e6 in d2l)
@@ -38,11 +49,13 @@ Step roles, stable across layouts (in the spirit of TransformerLens' hook names)
     out                        W_o(z_merged)
 
 Axis names: B batch, N tokens (Nq queries and Nk keys when they differ), H heads, d head
-size, D model size, "1" a broadcast axis; products such as B*H name a merged axis.
+size, D model size, "1" a broadcast axis; products such as B*H name a merged axis. Current
+models add H_kv key/value heads, G = H / H_kv query heads per key/value head, d/2 RoPE's pairs.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -57,7 +70,7 @@ from attnviz.tracing.layout_merged_batch import merged_batch
 from attnviz.tracing.layout_single_head import single_head
 from attnviz.tracing.layout_view_permute import view_permute
 from attnviz.tracing.mistakes import MISTAKES, MistakeResult, compare_mistake, merge_provenance, split_provenance
-from attnviz.tracing.recorder import ADDED_MARK, LayerInputs, LayoutTrace, Recorder, Step, axis_size
+from attnviz.tracing.recorder import ADDED_MARK, LayerInputs, LayoutTrace, Recorder, Step, axis_size, beyond_tutorials
 
 LAYOUTS = ("view-permute", "merged-batch", "fused-qkv", "single-head")
 DEFAULT_LAYOUT = "view-permute"
@@ -96,6 +109,12 @@ def trace_layout(
         raise AttnvizError(f"unknown layout {name!r}: choose one of {', '.join(LAYOUTS)} or all")
     if mistake is not None and name != "view-permute":
         raise AttnvizError("--mistake is shown in the view-permute layout: leave out --layout or use --layout view-permute")
+    beyond = beyond_tutorials(layer, inputs)
+    if name != DEFAULT_LAYOUT and beyond:
+        raise AttnvizError(
+            f"--layout {name}: its tutorial's code cannot do what this layer does ({'; '.join(beyond)}); "
+            "it is traced in the view-permute layout: leave out --layout or use --layout view-permute"
+        )
     with torch.inference_mode():
         if name == "view-permute":
             return LAYOUT_FUNCTIONS[name](layer, inputs, num_heads, mistake)
@@ -122,6 +141,10 @@ class TraceResult:
     head_slices: list[HeadSlice]
     mistake: MistakeResult | None = None
     notes: list[str] = field(default_factory=list)
+    num_kv_heads: int | None = None  # key/value heads, fewer than num_heads with grouped-query attention; None: as many
+    scale: float | None = None  # the scores' scale when it is not 1/sqrt(head_dim) (T5: 1)
+    before_scores: list[str] = field(default_factory=list)  # what q and k pass after their split: "q/k norms", "RoPE"
+    features: list[str] = field(default_factory=list)  # what the layer does beyond the tutorials' (beyond_tutorials)
     truncated: list[Truncation | None] = field(default_factory=list)  # each text's cut by --truncate
     kv_truncated: Truncation | None = None  # the --kv text's
 
@@ -153,6 +176,13 @@ def trace_layouts(
             trace_layout("fused-qkv", layer, inputs, num_heads)  # raises the clear error
         names.remove("fused-qkv")
         notes.append("fused-qkv left out: it is self-attention only, and --kv makes this cross-attention")
+    beyond = beyond_tutorials(layer, inputs)
+    if beyond and names != [DEFAULT_LAYOUT]:
+        if DEFAULT_LAYOUT not in names:
+            trace_layout(names[0], layer, inputs, num_heads)  # raises the clear error
+        left_out = [name for name in names if name != DEFAULT_LAYOUT]
+        names = [DEFAULT_LAYOUT]
+        notes.append(f"{', '.join(left_out)} left out: their tutorials' code cannot do what this layer does ({'; '.join(beyond)})")
     traces = [trace_layout(name, layer, inputs, num_heads) for name in names]
     # The head slices are those of the heads shown: one head of D columns when single-head is all there is.
     sliced_heads = 1 if names == ["single-head"] else num_heads
@@ -168,6 +198,11 @@ def trace_layouts(
     return traces, checks, head_slices(layer, inputs, sliced), mistake_result, notes
 
 
+def before_scores(layer: MultiHeadAttention) -> list[str]:
+    """What a layer does to each head's q and k between the split and the scores, in its order."""
+    return ["q/k norms"] * (layer.q_norm is not None) + ["RoPE"] * (layer.rotary_inv_freq is not None)
+
+
 def trace_texts(
     loaded,
     texts: list[str],
@@ -176,10 +211,11 @@ def trace_texts(
     layouts: tuple[str, ...] = (DEFAULT_LAYOUT,),
     mistake: str | None = None,
 ) -> TraceResult:
-    """Trace the layouts over BERT layer spec.layer's input for a padded batch of texts.
+    """Trace the layouts over layer spec.layer's input for a padded batch of texts.
 
-    The weights are build_layer's (BERT's own, or random with spec.seed); a batch of more than
-    one text passes its valid lengths, so the trace shows the padding path.
+    The weights are build_layer's (the model's own, or random with spec.seed); the input is what
+    enters that layer's attention in the model (pipeline.layer_states), with T5's position bias;
+    a batch of more than one text passes its valid lengths, so the trace shows the padding path.
     """
     from attnviz.pipeline import build_layer, check_layer, encode_texts, layer_states
 
@@ -191,15 +227,22 @@ def trace_texts(
     queries, keys = encoded.queries, encoded.keys
     states = layer_states(loaded, encoded, [layer], spec)[layer]
     key_valid_lens = (keys if keys is not None else queries).valid_lens.expand(len(texts))  # (B,)
-    model = "bert" if loaded.is_bert else "model"
+    if loaded.is_bert:
+        source = f"layer_input(bert, encode(texts), layer={layer})"
+        kv_source = f"layer_input(bert, encode([kv_text]), layer={layer}).expand(B, -1, -1)"
+    else:
+        module = loaded.model.attention_module(layer, spec.stack)[0]
+        source = f"hidden_states entering {module} (a forward pre-hook)"
+        kv_source = f"key/value states entering {module} (a forward pre-hook)"
     inputs = LayerInputs(
         states.queries,
         states.keys,
         valid_lens=key_valid_lens.to(device) if len(texts) > 1 else None,  # a batch shows the padding path
         causal=causal,
-        source=f"layer_input({model}, encode(texts), layer={layer})",
-        kv_source=f"layer_input({model}, encode([kv_text]), layer={layer}).expand(B, -1, -1)",
+        source=source,
+        kv_source=kv_source,
         position_bias=states.position_bias,
+        position_bias_source="compute_bias(Nq, Nk): the stack's relative position bias (block 0's buckets)",
     )
 
     traces, checks, slices, mistake_result, notes = trace_layouts(attention, inputs, list(layouts), mistake)
@@ -211,6 +254,10 @@ def trace_texts(
         weights=spec.weights,
         num_heads=num_heads,
         head_dim=attention.head_dim,
+        num_kv_heads=attention.num_kv_heads,
+        scale=None if math.isclose(attention.scale, 1 / math.sqrt(attention.head_dim)) else attention.scale,
+        before_scores=before_scores(attention),
+        features=beyond_tutorials(attention, inputs),
         model_size=loaded.hidden_size,
         causal=causal,
         device=device,
@@ -221,5 +268,5 @@ def trace_texts(
         mistake=mistake_result,
         notes=notes,
         truncated=queries.truncations,
-        kv_truncated=keys.truncations[0] if keys is not None else None,
+        kv_truncated=keys.truncations[0] if keys is not None and kv_text is not None else None,
     )

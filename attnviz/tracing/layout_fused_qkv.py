@@ -26,6 +26,22 @@ def fused_projection(layer: MultiHeadAttention) -> torch.nn.Linear:
     return c_attn
 
 
+def record_conv1d_projection(record: Recorder, c_attn: torch.nn.Linear, x: torch.Tensor, name: str) -> torch.Tensor:
+    """GPT-2's c_attn as it stores it: a Conv1D, x @ weight + bias with weight (D, 3D), nn.Linear's transposed."""
+    batch, tokens, model_size = x.shape
+    weight = record(
+        "qkv_weight", c_attn.weight.T.contiguous(), f"{name}.weight", "D 3D",
+        note="Conv1D keeps (in, out) = (D, 3D), the transpose of nn.Linear's (out, in); "
+        "rebuilt here from W_q, W_k, W_v, equal to the model's",
+    )  # (D, 3D)
+    bias = c_attn.bias if c_attn.bias is not None else torch.zeros_like(weight[0])  # (3D,)
+    flat = torch.addmm(bias, x.reshape(-1, model_size), weight)  # (B*N, 3D): Conv1D.forward
+    return record(
+        "qkv", flat.view(batch, tokens, -1), "self.c_attn(x)", "B Nq 3D", (x, weight),
+        pattern="b n i, i o -> b n o", note="Conv1D.forward: torch.addmm(bias, x.view(-1, D), weight), no transpose",
+    )  # (B, N, 3D)
+
+
 def fused_qkv(layer: MultiHeadAttention, inputs: LayerInputs, num_heads: int) -> LayoutTrace:
     """nanoGPT's CausalSelfAttention.forward; --causal adds its lower-triangular buffer."""
     if not inputs.self_attention:
@@ -39,7 +55,11 @@ def fused_qkv(layer: MultiHeadAttention, inputs: LayerInputs, num_heads: int) ->
     c_attn = fused_projection(layer)
 
     x = record("x", inputs.queries, inputs.source, "B Nq D")
-    qkv = record("qkv", c_attn(x), "self.attn(x)", "B Nq 3D", (x,))  # (B, N, 3D)
+    stored_as = getattr(layer, "fused_qkv_name", None)  # GPT-2: "h.L.attn.c_attn", a Conv1D
+    if stored_as is None:
+        qkv = record("qkv", c_attn(x), "self.attn(x)", "B Nq 3D", (x,))  # (B, N, 3D)
+    else:
+        qkv = record_conv1d_projection(record, c_attn, x, stored_as)  # (B, N, 3D)
     q, k, v = qkv.split(D, dim=2)  # three (B, N, D) views into qkv
     heads = []
     for index, (name, projected) in enumerate((("q", q), ("k", k), ("v", v))):
@@ -115,9 +135,17 @@ def fused_qkv(layer: MultiHeadAttention, inputs: LayerInputs, num_heads: int) ->
         "out", layer.w_o(merged), "self.c_proj(z_merged)", "B Nq D", (merged,),
         added="the tutorial returns the merged heads; W_o (nanoGPT's c_proj), so the output compares with the other layouts",
     )
-    notes = [
+    fused = (
         "the tutorial's self.attn = nn.Linear(n_embd, 3 * n_embd) (nanoGPT's c_attn); its weight here is "
-        "torch.cat([W_q, W_k, W_v]) (3D, D), so split(D, dim=2) gives back q, k and v",
+        "torch.cat([W_q, W_k, W_v]) (3D, D), so split(D, dim=2) gives back q, k and v"
+    )
+    if stored_as is not None:
+        fused = (
+            f"the model's own fused projection {stored_as}: a Conv1D, whose weight (D, 3D) is the transpose of "
+            "nn.Linear's (3D, D); its columns are W_q, W_k, W_v side by side, so split(D, dim=2) gives back q, k and v"
+        )
+    notes = [
+        fused,
         "the tutorial's T is Nq here, C and n_embd are D, n_heads is H",
         "the tutorial always masks the future; here only with --causal",
     ]

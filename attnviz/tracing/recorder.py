@@ -7,6 +7,7 @@ claim a shape the run did not have.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -52,7 +53,8 @@ class LayerInputs:
     causal: bool = False
     source: str = "x"  # the code that made queries: the x step's operation
     kv_source: str = "x_kv"
-    position_bias: torch.Tensor | None = None  # (1, H, Nq, Nk), added to the scores (T5)
+    position_bias: torch.Tensor | None = None  # (1 or B, H, Nq, Nk): added to the scores (T5)
+    position_bias_source: str = "position_bias"
 
     @property
     def self_attention(self) -> bool:
@@ -170,9 +172,10 @@ def axis_size(name: str, sizes: dict[str, int]) -> int:
     return size
 
 
-def axis_sizes(inputs: LayerInputs, num_heads: int) -> dict[str, int]:
+def axis_sizes(inputs: LayerInputs, num_heads: int, layer: MultiHeadAttention | None = None) -> dict[str, int]:
+    """The named axes' sizes; given the layer (split into its own num_heads), its H_kv, G and d too."""
     batch, num_queries, model_size = inputs.queries.shape
-    return {
+    sizes = {
         "B": batch,
         "Nq": num_queries,
         "Nk": inputs.keys_values.shape[1],
@@ -180,6 +183,42 @@ def axis_sizes(inputs: LayerInputs, num_heads: int) -> dict[str, int]:
         "d": model_size // num_heads,
         "D": model_size,
     }
+    if layer is not None and num_heads == layer.num_heads:
+        sizes |= {"H_kv": layer.num_kv_heads, "G": layer.group_size, "d": layer.head_dim, "d/2": layer.head_dim // 2}
+    return sizes
+
+
+def beyond_tutorials(layer: MultiHeadAttention, inputs: LayerInputs | None = None) -> list[str]:
+    """What this layer does that the tutorials' layers do not, in words; [] for a BERT-era layer.
+
+    Only the view-permute layout traces these (the others refuse such a layer), and torch's
+    nn.MultiheadAttention cannot check them (checks.py takes scaled_dot_product_attention then).
+    """
+    features = []
+    if layer.group_size > 1:
+        features.append(
+            f"grouped-query attention ({layer.num_heads} query heads share {layer.num_kv_heads} key/value heads)"
+        )
+    if layer.rotary_inv_freq is not None:
+        features.append("rotary position embeddings (RoPE) on q and k")
+    if layer.q_norm is not None:
+        features.append("an RMSNorm over each head's q and k")
+    if not math.isclose(layer.scale, 1 / math.sqrt(layer.head_dim), rel_tol=1e-6):
+        features.append(f"scale {layer.scale:g}, not 1/sqrt(d)")
+    if inputs is not None and inputs.position_bias is not None:
+        features.append("a position bias added to the scores")
+    if layer.num_heads * layer.head_dim != layer.w_o.out_features:
+        features.append(f"heads of d = {layer.head_dim}, not D / H")
+    return features
+
+
+def inner_axes(layer: MultiHeadAttention, num_heads: int) -> tuple[str, str]:
+    """The axis names of the projected queries' and keys' features: D, or H*d and H_kv*d when they are not D."""
+    if num_heads != layer.num_heads:
+        return "D", "D"
+    model_size = layer.w_o.out_features
+    query_axis = "D" if layer.num_heads * layer.head_dim == model_size else "H*d"
+    return query_axis, query_axis if layer.group_size == 1 else "H_kv*d"
 
 
 def broadcast_note(mask: torch.Tensor, mask_axes: str, target: torch.Tensor, target_axes: str) -> str:
@@ -206,16 +245,20 @@ def finish_trace(layout: str, record: Recorder, num_heads: int, head_dim: int, w
     )
 
 
-def record_projections(record: Recorder, layer: MultiHeadAttention, inputs: LayerInputs, spelling: str):
+def record_projections(
+    record: Recorder, layer: MultiHeadAttention, inputs: LayerInputs, spelling: str, num_heads: int | None = None
+):
     """Record x (and x_kv for cross-attention) and the three projections of a batched layout.
 
     spelling names the projections as the tutorial's code does: "self.w_{}" gives self.w_q(x).
-    Returns q (B, Nq, D), k and v (B, Nk, D).
+    Returns q (B, Nq, D), k and v (B, Nk, D); with grouped-query attention k and v are
+    (B, Nk, H_kv*d), and with a head size set apart from D / H, q is (B, Nq, H*d).
     """
+    query_axis, kv_axis = inner_axes(layer, num_heads or layer.num_heads)
     x = record("x", inputs.queries, inputs.source, "B Nq D")
     x_kv = x if inputs.self_attention else record("x_kv", inputs.keys_values, inputs.kv_source, "B Nk D")
     kv_name = "x" if inputs.self_attention else "x_kv"
-    q = record("q", layer.w_q(x), f"{spelling.format('q')}(x)", "B Nq D", (x,))
-    k = record("k", layer.w_k(x_kv), f"{spelling.format('k')}({kv_name})", "B Nk D", (x_kv,))
-    v = record("v", layer.w_v(x_kv), f"{spelling.format('v')}({kv_name})", "B Nk D", (x_kv,))
+    q = record("q", layer.w_q(x), f"{spelling.format('q')}(x)", f"B Nq {query_axis}", (x,))
+    k = record("k", layer.w_k(x_kv), f"{spelling.format('k')}({kv_name})", f"B Nk {kv_axis}", (x_kv,))
+    v = record("v", layer.w_v(x_kv), f"{spelling.format('v')}({kv_name})", f"B Nk {kv_axis}", (x_kv,))
     return q, k, v
