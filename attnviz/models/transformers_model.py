@@ -169,6 +169,8 @@ class TransformersModel:
             weights.q_norm = (module.q_norm.weight.detach(), module.q_norm.variance_epsilon)
             weights.k_norm = (module.k_norm.weight.detach(), module.k_norm.variance_epsilon)
         weights.position_bias = self.family.position_bias and stack != "cross"
+        if self.model_type == "gpt2":
+            weights.fused_qkv = names["w_q"]  # one Conv1D, c_attn, stores W_q, W_k and W_v side by side, transposed
         return weights
 
     def position_bias(self, stack: str | None, num_queries: int, num_keys: int, device: str) -> torch.Tensor | None:

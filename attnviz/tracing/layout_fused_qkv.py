@@ -147,6 +147,8 @@ def fused_qkv(layer: MultiHeadAttention, inputs: LayerInputs, num_heads: int) ->
     notes = [
         fused,
         "the tutorial's T is Nq here, C and n_embd are D, n_heads is H",
-        "the tutorial always masks the future; here only with --causal",
+        "the tutorial always masks the future; here only with --causal"
+        if stored_as is None
+        else "the tutorial always masks the future, and so does this model: a decoder's own mask",
     ]
     return finish_trace("fused-qkv", record, H, d, pattern, out, notes=notes)
