@@ -76,10 +76,9 @@ def run_spec(loaded, model: str | None = None, **settings) -> RunSpec:
     "encoder"; a decoder's own attention is causal whatever settings say (model_is_causal).
     """
     family = getattr(loaded, "family", None)
+    refuse_stack(loaded.name, family, settings.get("stack"))
     if getattr(family, "kind", None) == "encoder-decoder":
         settings["stack"] = settings.get("stack") or ("cross" if settings.get("kv_text") is not None else "encoder")
-    elif settings.get("stack") is not None:
-        raise AttnvizError(f"--stack {settings['stack']}: {loaded.name} is not an encoder-decoder; leave --stack out")
     kind = getattr(family, "kind", None)
     if settings.get("kv_text") is not None and (kind == "decoder" or settings.get("stack") == "decoder"):
         where = f"{loaded.name} is a decoder" if kind == "decoder" else "a decoder's self-attention"
@@ -87,6 +86,14 @@ def run_spec(loaded, model: str | None = None, **settings) -> RunSpec:
     if model_is_causal(loaded, settings.get("stack")):
         settings["causal"] = True
     return RunSpec(model=model, resolved_model=resolved_model_name(model, loaded), model_source=loaded.source, **settings)
+
+
+def refuse_stack(name: str, family, stack: str | None) -> None:
+    """--stack picks one of an encoder-decoder's attentions: any other family has one, so it is refused."""
+    if stack is None or getattr(family, "kind", None) == "encoder-decoder":
+        return
+    what = f"a {family.name} {family.kind}, not an encoder-decoder" if family is not None else "not an encoder-decoder"
+    raise AttnvizError(f"--stack {stack}: {name} is {what}; leave --stack out")
 
 
 def model_is_causal(loaded, stack: str | None) -> bool:
@@ -117,6 +124,15 @@ def refuse_causal_cross_attention(kv_text: str | None, causal: bool) -> None:
         raise AttnvizError(
             "--causal and --kv do not go together: a causal mask orders one text's tokens, "
             "and --kv takes the keys from another text"
+        )
+
+
+def refuse_cross_over_every_layer(stack: str | None) -> None:
+    """stats and layers run each layer's self-attention over one text; cross-attention needs a source text too."""
+    if stack == "cross":
+        raise AttnvizError(
+            "--stack cross: stats and layers measure self-attention (--stack encoder or decoder); "
+            "for cross-attention run attnviz heads --stack cross"
         )
 
 

@@ -7,11 +7,18 @@ the run's RunSpec once, calls the same stage functions as the command, and retur
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from attnviz.api.models import Model, load
 from attnviz.errors import AttnvizError
-from attnviz.spec import check_text, check_trace_texts, refuse_causal_cross_attention, run_spec
+from attnviz.spec import (
+    check_text,
+    check_trace_texts,
+    refuse_causal_cross_attention,
+    refuse_cross_over_every_layer,
+    run_spec,
+)
 
 ModelArg = str | Path | Model | None
 
@@ -26,6 +33,7 @@ def heads(
     seed: int = 0,
     kv: str | None = None,
     causal: bool = False,
+    stack: str | None = None,
     device: str = "auto",
     truncate: bool = False,
 ):
@@ -33,20 +41,21 @@ def heads(
 
     heads splits the projections into that many heads (None: the model's own); weights are the
     layer's parameters, "pretrained" or "random" (from seed); kv takes keys and values from
-    another text; causal masks future keys.
+    another text; causal masks future keys (a decoder's own attention is causal already).
+    stack picks an encoder-decoder's attention: "encoder" (default), "decoder" or "cross"
+    (the decoder over the encoder's output for kv, or for each text itself without kv).
     """
     from attnviz.api.results import HeadsResult
     from attnviz.output.batch import run_in_batches
-    from attnviz.pipeline import resolve_num_heads
 
     texts = _texts(text)
     check_text(kv, "the --kv text")
     refuse_causal_cross_attention(kv, causal)
+    refuse_before_loading(model, stack)
     handle = load(model, device)
-    spec = run_spec(
-        handle.loaded, handle.name, device=handle.device, layer=layer, num_heads=resolve_num_heads(handle.loaded, heads),
-        weights=weights, seed=seed, causal=causal, kv_text=kv, truncate=truncate,
-    )  # fmt: skip
+    spec = run_spec_for(
+        handle, heads, layer=layer, weights=weights, seed=seed, causal=causal, kv_text=kv, stack=stack, truncate=truncate
+    )
     _check_lengths(handle.loaded, texts, truncate)
     runs = [run for batch in run_in_batches(handle.loaded, texts, spec) for run in batch]
     results = [HeadsResult(run, spec) for run in runs]
@@ -65,27 +74,28 @@ def trace(
     seed: int = 0,
     kv: str | None = None,
     causal: bool = False,
+    stack: str | None = None,
     device: str = "auto",
     truncate: bool = False,
 ):
     """Every split and merge of the heads with the real shapes (a TraceResult); a list of texts is one padded batch.
 
     layout is one of attnviz's LAYOUTS or "all" (every layout, checked against each other);
-    mistake makes a reshape mistake in view-permute and shows where it goes wrong.
+    mistake makes a reshape mistake in view-permute and shows where it goes wrong; stack as in heads.
     """
     from attnviz.api.results import TraceResult
-    from attnviz.pipeline import resolve_num_heads, run_attention
+    from attnviz.pipeline import run_attention
     from attnviz.tracing import LAYOUTS, trace_texts
 
     texts = _texts(text)
     check_text(kv, "the --kv text")
     refuse_causal_cross_attention(kv, causal)
     check_trace_texts(texts)
+    refuse_before_loading(model, stack)
     handle = load(model, device)
-    spec = run_spec(
-        handle.loaded, handle.name, device=handle.device, layer=layer, num_heads=resolve_num_heads(handle.loaded, heads),
-        weights=weights, seed=seed, causal=causal, kv_text=kv, truncate=truncate,
-    )  # fmt: skip
+    spec = run_spec_for(
+        handle, heads, layer=layer, weights=weights, seed=seed, causal=causal, kv_text=kv, stack=stack, truncate=truncate
+    )
     _check_lengths(handle.loaded, texts, truncate)
     layouts = LAYOUTS if layout == "all" else (layout,)
     traced = trace_texts(handle.loaded, texts, spec, layouts=layouts, mistake=mistake)
@@ -100,26 +110,28 @@ def stats(
     weights: str = "pretrained",
     seed: int = 0,
     causal: bool = False,
+    stack: str | None = None,
     device: str = "auto",
     truncate: bool = False,
     progress: Callable[[int], None] | None = None,
 ):
     """Statistics and labels of every head of every layer, averaged over the texts (a StatsResult).
 
-    progress(n), when given, is called after each batch with the number of texts it measured.
+    stack: an encoder-decoder's "encoder" (default) or "decoder" self-attention. progress(n),
+    when given, is called after each batch with the number of texts it measured.
     """
     from attnviz.api.analysis_results import StatsResult
     from attnviz.analysis.measure import measure_heads
-    from attnviz.pipeline import resolve_num_heads
     from attnviz.models.tokens import text_truncations
 
     texts = _texts(texts)
+    refuse_cross_over_every_layer(stack)
+    refuse_before_loading(model, stack)
     handle = load(model, device)
     loaded = handle.loaded
-    spec = run_spec(
-        loaded, handle.name, device=handle.device, layer=None, num_heads=resolve_num_heads(loaded, heads), weights=weights,
-        seed=seed, causal=causal, kv_text=None, truncate=truncate,
-    )  # fmt: skip
+    spec = run_spec_for(
+        handle, heads, layer=None, weights=weights, seed=seed, causal=causal, kv_text=None, stack=stack, truncate=truncate
+    )
     _check_lengths(loaded, texts, truncate)
     measured = measure_heads(loaded, texts, spec, advance=progress or (lambda done: None))
     truncated = text_truncations(loaded.tokenizer, texts, loaded.max_positions) if truncate else [None] * len(texts)
@@ -134,20 +146,25 @@ def layers(
     weights: str = "pretrained",
     seed: int = 0,
     causal: bool = False,
+    stack: str | None = None,
     device: str = "auto",
     truncate: bool = False,
 ):
-    """Every layer's heads over one text, and attention rollout through the layers (a LayersResult)."""
+    """Every layer's heads over one text, and attention rollout through the layers (a LayersResult).
+
+    stack: an encoder-decoder's "encoder" (default) or "decoder" self-attention.
+    """
     from attnviz.analysis.rollout import attention_rollout
     from attnviz.api.analysis_results import LayersResult
-    from attnviz.pipeline import resolve_num_heads, run_layers
+    from attnviz.pipeline import run_layers
 
     (text,) = _texts(text, one=True)
+    refuse_cross_over_every_layer(stack)
+    refuse_before_loading(model, stack)
     handle = load(model, device)
-    spec = run_spec(
-        handle.loaded, handle.name, device=handle.device, layer=None, num_heads=resolve_num_heads(handle.loaded, heads),
-        weights=weights, seed=seed, causal=causal, kv_text=None, truncate=truncate,
-    )  # fmt: skip
+    spec = run_spec_for(
+        handle, heads, layer=None, weights=weights, seed=seed, causal=causal, kv_text=None, stack=stack, truncate=truncate
+    )
     (layer_runs,) = run_layers(handle.loaded, [text], spec)
     return LayersResult(layer_runs, attention_rollout([run.attention for run in layer_runs]), spec)
 
@@ -171,8 +188,10 @@ def compare(
     (text,) = _texts(text, one=True)
     counts = parse_head_counts(_comma_list(heads)) if heads is not None else None
     weights_list = parse_weights(_comma_list(weights))
+    refuse_before_loading(model, needs_bert=COMPARE_NEEDS_BERT)
     handle = load(model, device)
     loaded = handle.loaded
+    require_bert(handle, COMPARE_NEEDS_BERT)
     counts = counts or default_head_counts(loaded.hidden_size, loaded.num_heads)
     spec = run_spec(  # what the splits share; each split's head count and weights are its own
         loaded, handle.name, device=handle.device, layer=layer, num_heads=None, weights=None, seed=seed, causal=False,
@@ -201,7 +220,9 @@ def position(
     from attnviz.analysis.position import LAYER, position_experiment
 
     (text,) = _texts(text, one=True)
+    refuse_before_loading(model, needs_bert=POSITION_NEEDS_BERT)
     handle = load(model, device)
+    require_bert(handle, POSITION_NEEDS_BERT)
     spec = run_spec(  # position runs layer 0 with the model's own parameters and heads
         handle.loaded, handle.name, device=handle.device, layer=LAYER, num_heads=handle.loaded.num_heads,
         weights="pretrained", seed=0, causal=False, kv_text=None, truncate=False,
@@ -209,6 +230,47 @@ def position(
     spec_text = _comma_list(permutation) if permutation is not None else None
     result = position_experiment(handle.loaded, text, spec_text, head, handle.device)
     return PositionResult(result, spec, handle.source, device_label(handle.device))
+
+
+def run_spec_for(handle: Model, heads: int | None, **settings):
+    """The call's RunSpec (spec.run_spec) with heads resolved for its stack: the model's own count when None."""
+    from attnviz.pipeline import resolve_num_heads
+
+    spec = run_spec(handle.loaded, handle.name, device=handle.device, num_heads=None, **settings)
+    return replace(spec, num_heads=resolve_num_heads(handle.loaded, heads, spec.stack))
+
+
+# What the BERT-only commands say to any other family (require_bert fills in the model and its family).
+POSITION_NEEDS_BERT = (
+    "attnviz position needs a BERT model: it takes BERT's learned position embeddings out of the layer's input, "
+    "and {model} is a {family}"
+)
+COMPARE_NEEDS_BERT = (
+    "attnviz compare needs a BERT model: it re-splits BERT's projections into other head counts, "
+    "and {model} is a {family} (attnviz heads --heads N splits its projections another way)"
+)
+
+
+def refuse_before_loading(model: ModelArg, stack: str | None = None, needs_bert: str | None = None) -> None:
+    """Refuse --stack, or a BERT-only command, for a model whose family is known before loading it (a folder's config.json)."""
+    from attnviz.api.models import family_before_loading
+    from attnviz.spec import refuse_stack
+
+    if stack is None and needs_bert is None:
+        return
+    family = family_before_loading(model)
+    if family is None:  # known once loaded: run_spec and require_bert check it then
+        return
+    name = model.loaded.name if isinstance(model, Model) else str(model)
+    refuse_stack(name, family, stack)
+    if needs_bert is not None and family.name != "BERT":
+        raise AttnvizError(needs_bert.format(model=name, family=f"{family.name} {family.kind}"))
+
+
+def require_bert(handle: Model, needs_bert: str) -> None:
+    """A BERT-only command (needs_bert: POSITION_NEEDS_BERT or COMPARE_NEEDS_BERT) refuses a loaded model of another family."""
+    if not handle.loaded.is_bert:
+        raise AttnvizError(needs_bert.format(model=handle.loaded.name, family=f"{handle.family} {handle.kind}"))
 
 
 def _texts(text, one: bool = False) -> list[str]:

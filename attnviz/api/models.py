@@ -17,10 +17,11 @@ _LOADED: dict[tuple, "Model"] = {}  # (model key, device, allow_pickle) -> its h
 
 @dataclass(frozen=True, repr=False)
 class Model:
-    """A loaded BERT model and its tokenizer, where they came from, and the device they are on.
+    """A loaded model (any family attnviz supports) and its tokenizer, where they came from, and the device they are on.
 
     name is the model as given to load (None: the default), resolved the one that loaded (a hub
     id, the bundled model's name, or a folder's absolute path), source where it came from.
+    The sizes (num_layers, num_heads, num_kv_heads) are an encoder-decoder's encoder's.
     """
 
     name: str | None
@@ -31,13 +32,23 @@ class Model:
 
     @property
     def tokenizer(self):
-        """attnviz's WordPiece tokenizer of the model (attnviz.models.tokens.WordPieceTokenizer)."""
+        """The model's tokenizer: attnviz's WordPiece tokenizer for BERT, the checkpoint's own through transformers otherwise."""
         return self.loaded.tokenizer
 
     @property
     def model(self):
-        """The BERT encoder in eval mode (attnviz.models.bert.BertEncoder, a torch.nn.Module)."""
+        """The model in eval mode: attnviz's BertEncoder for BERT, a transformers_model.TransformersModel otherwise."""
         return self.loaded.model
+
+    @property
+    def family(self) -> str:
+        """The model's family as people write it: "BERT", "GPT-2", "Llama", "T5"..."""
+        return self.loaded.family.name
+
+    @property
+    def kind(self) -> str:
+        """ "encoder", "decoder" (causal) or "encoder-decoder"."""
+        return self.loaded.family.kind
 
     @property
     def device_label(self) -> str:
@@ -55,20 +66,26 @@ class Model:
         return self.loaded.num_heads
 
     @property
+    def num_kv_heads(self) -> int:
+        """Key/value heads: fewer than num_heads with grouped-query attention, else the same."""
+        return self.loaded.num_kv_heads
+
+    @property
     def hidden_size(self) -> int:
         return self.loaded.hidden_size
 
     def __repr__(self) -> str:
+        kv_heads = f", {self.num_kv_heads} key/value heads" if self.num_kv_heads != self.num_heads else ""
         return (
-            f"attnviz.Model({self.resolved!r}, source={self.source!r}, device={self.device!r}, "
-            f"{self.num_layers} layers × {self.num_heads} heads)"
+            f"attnviz.Model({self.resolved!r}, {self.family} {self.kind}, source={self.source!r}, device={self.device!r}, "
+            f"{self.num_layers} layers × {self.num_heads} heads{kv_heads})"
         )
 
 
 def load(
     model: str | Path | Model | None = None, device: str = "auto", *, allow_pickle: bool = False, cache: bool = True
 ) -> Model:
-    """Load a BERT model by hub id, local folder or "bundled" (None: the default model); once per process.
+    """Load a model of any supported family by hub id, local folder or "bundled" (None: the default model); once per process.
 
     device is "auto" (the GPU when torch sees one), "cpu" or "cuda". A handle passes through.
     cache=False loads it afresh and keeps no handle (the command line: one command, one load).
@@ -106,6 +123,26 @@ def _on_device(model: Model, device: str) -> Model:
             f"the model is loaded on {model.device}, not {device}: load it with attnviz.load(..., device={device!r})"
         )
     return model
+
+
+def family_before_loading(model):
+    """The model's Family when it is known without loading it (a handle, the bundled or default BERT, a folder's config.json), else None.
+
+    So that a setting the family rules out (--stack on a decoder, position on GPT-2) is refused before a slow load.
+    """
+    import json
+
+    from attnviz.models.families import FAMILIES, family_of
+
+    if isinstance(model, Model):
+        return model.loaded.family
+    if model is None or _model_key(str(model)) == "bundled":
+        return FAMILIES[0]  # BERT: the default model and its offline fallback, the bundled one
+    config = Path(str(model)).expanduser() / "config.json"
+    try:
+        return family_of(json.loads(config.read_text(encoding="utf-8")))
+    except (OSError, ValueError):  # not a folder, or not one attnviz can read: load_model will say why
+        return None
 
 
 def _model_key(name: str | None) -> str | None:

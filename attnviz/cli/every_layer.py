@@ -14,6 +14,7 @@ from attnviz.cli.options import (
     Weights,
     Device,
     ImageFormat,
+    Stack,
     DeviceOption,
     TruncateOption,
     FormatOption,
@@ -23,12 +24,13 @@ from attnviz.cli.options import (
     AllowPickleOption,
     ModelOption,
     EveryLayerHeadsOption,
+    EveryLayerStackOption,
     FileOutOption,
     OutOption,
 )
 from attnviz.cli.shared import MAX_NOTICES_SHOWN, run_target, write_run
 from attnviz.errors import AttnvizError
-from attnviz.spec import check_text
+from attnviz.spec import check_text, refuse_cross_over_every_layer
 
 
 @app.command(short_help='What every head of every layer does: statistics and labels.')
@@ -48,6 +50,7 @@ def stats(
     weights: Weights = WeightsOption,
     seed: int = SeedOption,
     causal: bool = EveryLayerCausalOption,
+    stack: Optional[Stack] = EveryLayerStackOption,
     device: Device = DeviceOption,
     image_format: ImageFormat = FormatOption,
     out: Optional[Path] = FileOutOption,
@@ -76,6 +79,8 @@ def stats(
     check_text(text)
     lines = read_texts(file) if file is not None else None
     texts = [entry.text for entry in lines] if lines is not None else [text]
+    refuse_cross_over_every_layer(stack.value if stack else None)
+    functions.refuse_before_loading(model, stack.value if stack else None)
     target = run_target(out, batch_folder_name(file) if file else run_folder_name(text))
     handle = load(model, device.value, allow_pickle=allow_pickle, cache=False)
     if lines is not None:  # named by line number, before any work
@@ -84,7 +89,7 @@ def stats(
     with terminal.progress_bar(console, len(texts), "measuring heads", PROGRESS_MIN_TEXTS) as advance:
         result = functions.stats(
             texts, model=handle, heads=num_heads, weights=weights.value, seed=seed, causal=causal, truncate=truncate,
-            progress=advance,
+            stack=stack.value if stack else None, progress=advance,
         )  # fmt: skip
 
     notices = result.notices
@@ -109,6 +114,7 @@ def layers(
     weights: Weights = WeightsOption,
     seed: int = SeedOption,
     causal: bool = EveryLayerCausalOption,
+    stack: Optional[Stack] = EveryLayerStackOption,
     device: Device = DeviceOption,
     image_format: ImageFormat = FormatOption,
     out: Optional[Path] = OutOption,
@@ -122,10 +128,13 @@ def layers(
     from attnviz.render import terminal
 
     check_text(text)
+    refuse_cross_over_every_layer(stack.value if stack else None)
+    functions.refuse_before_loading(model, stack.value if stack else None)
     target = run_target(out, run_folder_name(text))
     handle = load(model, device.value, allow_pickle=allow_pickle, cache=False)
     result = functions.layers(
-        text, model=handle, heads=num_heads, weights=weights.value, seed=seed, causal=causal, truncate=truncate
+        text, model=handle, heads=num_heads, weights=weights.value, seed=seed, causal=causal, truncate=truncate,
+        stack=stack.value if stack else None,
     )
 
     first = result.layer_runs[0]

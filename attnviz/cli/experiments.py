@@ -41,7 +41,7 @@ def compare(
         "pretrained",
         "--weights",
         metavar="PARAMETERS",
-        help="The layer's parameters, as a comma list: pretrained (BERT's), random (from --seed), "
+        help="The layer's parameters, as a comma list: pretrained (the model's), random (from --seed), "
         "or pretrained,random to set them side by side.",
     ),
     model: Optional[str] = ModelOption,
@@ -64,6 +64,7 @@ def compare(
     if head_counts is not None:
         parse_head_counts(head_counts)  # bad lists are refused before any work
     weights_list = parse_weights(weights)
+    functions.refuse_before_loading(model, needs_bert=functions.COMPARE_NEEDS_BERT)
     target = run_target(out, run_folder_name(text))
     handle = load(model, device.value, allow_pickle=allow_pickle, cache=False)
     result = functions.compare(
@@ -105,6 +106,7 @@ def position(
     from attnviz.render import terminal
 
     check_text(text)
+    functions.refuse_before_loading(model, needs_bert=functions.POSITION_NEEDS_BERT)
     target = run_target(out, run_folder_name(text))
     handle = load(model, device.value, allow_pickle=allow_pickle, cache=False)
     result = functions.position(text, permutation=permutation, head=head, model=handle)

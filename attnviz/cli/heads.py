@@ -14,6 +14,7 @@ from attnviz.cli.options import (
     Weights,
     Device,
     ImageFormat,
+    Stack,
     DeviceOption,
     TruncateOption,
     FormatOption,
@@ -24,6 +25,7 @@ from attnviz.cli.options import (
     ModelOption,
     LayerOption,
     HeadsOption,
+    StackOption,
     FileOutOption,
 )
 from attnviz.cli.shared import MAX_NOTICES_SHOWN, layouts_disagree, run_target, write_run
@@ -53,6 +55,7 @@ def heads(
         None, "--kv", help="Cross-attention: keys and values from this text, queries from TEXT."
     ),
     causal: bool = CausalOption,
+    stack: Optional[Stack] = StackOption,
     show_trace: bool = typer.Option(
         False, "--trace", help="Also print the shape trace of the heads (as attnviz trace) and write trace.json, trace.md."
     ),
@@ -77,6 +80,7 @@ def heads(
     if file is not None and show_trace:
         raise AttnvizError("--trace traces one text: for a batch use attnviz trace --file PATH")
     refuse_causal_cross_attention(kv, causal)
+    functions.refuse_before_loading(model, stack.value if stack else None)
     if file is not None:
         return _heads_for_file(
             file,
@@ -87,13 +91,14 @@ def heads(
             out=out,
             run_options=dict(
                 kv_text=kv, layer=layer, num_heads=num_heads, weights=weights.value, seed=seed, causal=causal,
-                truncate=truncate,
+                truncate=truncate, stack=stack.value if stack else None,
             ),
         )
     target = run_target(out, run_folder_name(text))
     handle = load(model, device.value, allow_pickle=allow_pickle, cache=False)
     settings = dict(
-        model=handle, layer=layer, heads=num_heads, weights=weights.value, seed=seed, kv=kv, causal=causal, truncate=truncate
+        model=handle, layer=layer, heads=num_heads, weights=weights.value, seed=seed, kv=kv, causal=causal, truncate=truncate,
+        stack=stack.value if stack else None,
     )
     traced = functions.trace(text, **settings) if show_trace else None  # its run is the heads' run: computed once
     result = traced.heads_results()[0] if traced is not None else functions.heads(text, **settings)
@@ -127,10 +132,9 @@ def _heads_for_file(
     """
     from attnviz.api.models import load
     from attnviz.output import batch
+    from attnviz.api.functions import run_spec_for
     from attnviz.output.runs import StagedRunFolder
-    from attnviz.pipeline import resolve_num_heads
     from attnviz.render import terminal
-    from attnviz.spec import run_spec
 
     texts = batch.read_texts(file)
     target = run_target(out, batch.batch_folder_name(file))
@@ -139,8 +143,7 @@ def _heads_for_file(
     handle = load(model, device, allow_pickle=allow_pickle, cache=False)
     loaded = handle.loaded
     batch.check_lengths(loaded.tokenizer, texts, loaded.max_positions, run_options["truncate"])
-    run_options["num_heads"] = resolve_num_heads(loaded, run_options["num_heads"])
-    spec = run_spec(loaded, model, device=handle.device, **run_options)
+    spec = run_spec_for(handle, run_options.pop("num_heads"), **run_options)
 
     folder = StagedRunFolder(target, unique=out is None)
     progress = terminal.progress_bar(console, len(texts), "attention and heatmaps", batch.PROGRESS_MIN_TEXTS)

@@ -12,10 +12,11 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from attnviz.models.families import supported_names
 from attnviz.spec import MAX_SEED
 
 app = typer.Typer(
-    help="See and check what multi-head attention does, with a real BERT's parameters.",
+    help="See and check what multi-head attention does, with a real model's parameters.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -53,6 +54,12 @@ class Layout(str, Enum):  # attnviz.tracing.LAYOUTS, and all (not imported: trac
     all = "all"
 
 
+class Stack(str, Enum):  # attnviz.spec.STACKS
+    encoder = "encoder"
+    decoder = "decoder"
+    cross = "cross"
+
+
 class Mistake(str, Enum):  # attnviz.tracing.MISTAKES
     view_without_permute = "view-without-permute"
     merge_without_permute = "merge-without-permute"
@@ -70,7 +77,7 @@ def _main(
         False, "--version", callback=_version, is_eager=True, help="Print attnviz's version and exit."
     ),
 ) -> None:
-    """See and check what multi-head attention does, with a real BERT's parameters."""
+    """See and check what multi-head attention does, with a real model's parameters."""
 
 
 def package_version() -> str:
@@ -119,18 +126,36 @@ FormatOption = typer.Option(ImageFormat.png, "--format", help="Image file format
 WeightsOption = typer.Option(
     Weights.pretrained,
     help="The layer's parameters (W_q, W_k, W_v, W_o, not the attention weights): "
-    "BERT's trained ones, or fresh random ones from --seed.",
+    "the model's trained ones, or fresh random ones from --seed.",
 )
 SeedOption = typer.Option(0, min=0, max=MAX_SEED, help="Seed of the random parameters of --weights random.")
-CausalOption = typer.Option(False, "--causal", help="Mask future keys (each token sees only itself and earlier).")
+CausalOption = typer.Option(
+    False, "--causal", help="Mask future keys (each token sees only itself and earlier); a decoder's attention is causal already."
+)
 EveryLayerCausalOption = typer.Option(
     False,
     "--causal",
     help="Mask future keys in every layer: a causal mask over a bidirectional model's hidden states "
-    "(each layer's input comes from BERT's own pass and already holds later tokens).",
+    "(each layer's input comes from the model's own pass and already holds later tokens); "
+    "a decoder's attention is causal already.",
 )
 LayerOption = typer.Option(
-    0, "--layer", "-l", help="BERT layer whose parameters (W_q, W_k, W_v, W_o) and input to use."
+    0, "--layer", "-l", help="Model layer whose parameters (W_q, W_k, W_v, W_o) and input to use."
+)
+StackOption = typer.Option(
+    None,
+    "--stack",
+    help="Which attention of an encoder-decoder (BART, Marian, T5): the encoder's self-attention (default), "
+    "the decoder's (causal; the encoder reads the same text), or the decoder's cross-attention over the "
+    "encoder (--kv gives the source text; without it each text is its own source).",
+    show_default=False,
+)
+EveryLayerStackOption = typer.Option(
+    None,
+    "--stack",
+    help="Which self-attention of an encoder-decoder (BART, Marian, T5): the encoder's (default) or the "
+    "decoder's (causal). Cross-attention runs one layer at a time: attnviz heads --stack cross.",
+    show_default=False,
 )
 HeadsOption = typer.Option(None, "--heads", help="Split the projections into this many heads (default: the model's own).")
 EveryLayerHeadsOption = typer.Option(
@@ -152,7 +177,7 @@ ModelOption = typer.Option(
     None,
     "--model",
     "-m",
-    help="Hugging Face hub id or local folder of a BERT model. "
+    help=f"Hugging Face hub id or local folder of a model ({supported_names()}). "
     "(default: bert-base-chinese; offline, the bundled all-MiniLM-L6-v2)",
     show_default=False,
 )

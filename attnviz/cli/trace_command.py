@@ -16,6 +16,7 @@ from attnviz.cli.options import (
     ImageFormat,
     Layout,
     Mistake,
+    Stack,
     DeviceOption,
     TruncateOption,
     WeightsOption,
@@ -25,6 +26,7 @@ from attnviz.cli.options import (
     ModelOption,
     LayerOption,
     HeadsOption,
+    StackOption,
     FileOutOption,
 )
 from attnviz.cli.shared import layouts_disagree, run_target, write_run
@@ -61,6 +63,7 @@ def trace(
         None, "--kv", help="Cross-attention: keys and values from this text, queries from TEXT (not with fused-qkv)."
     ),
     causal: bool = CausalOption,
+    stack: Optional[Stack] = StackOption,
     device: Device = DeviceOption,
     image_format: ImageFormat = typer.Option(ImageFormat.png, "--format", help="Image format of --mistake's heatmaps."),
     out: Optional[Path] = FileOutOption,
@@ -91,6 +94,7 @@ def trace(
     check_text(kv, "the --kv text")
     refuse_causal_cross_attention(kv, causal)
     check_trace_texts(texts)
+    functions.refuse_before_loading(model, stack.value if stack else None)
     target = run_target(out, batch_folder_name(file) if file else run_folder_name(text))
     handle = load(model, device.value, allow_pickle=allow_pickle, cache=False)
     if len(texts) > 1 and not truncate:  # a long text named as the command names it ("the text has ..."), not texts[i]
@@ -98,6 +102,7 @@ def trace(
     result = functions.trace(
         texts, layout=layout.value, mistake=mistake.value if mistake else None, model=handle, layer=layer,
         heads=num_heads, weights=weights.value, seed=seed, kv=kv, causal=causal, truncate=truncate,
+        stack=stack.value if stack else None,
     )  # fmt: skip
 
     runs = result.runs  # tokens, notices and heatmaps
