@@ -129,15 +129,51 @@ def causal_note(over_bidirectional: bool) -> str | None:
     return f"{CAUSAL_OVER_BIDIRECTIONAL}: {CAUSAL_OVER_BIDIRECTIONAL_DETAIL}" if over_bidirectional else None
 
 
+def model_causal_words(family: str, stack: str | None) -> str:
+    """Why a decoder's attention is causal, in words: the mask is the model's own."""
+    if stack == "decoder":
+        return f"{family}'s decoder attends from each token to itself and the tokens before it"
+    return f"{family} is a decoder, each token attends to itself and the tokens before it"
+
+
+def run_causal_note(run, every_layer: bool = False) -> str | None:
+    """The causal_note of a run's JSON: a decoder's own mask, or --causal's over a bidirectional model's hidden states.
+
+    every_layer: the run stands for every layer (stats, layers), not only its own layer, whose
+    input holds no later token at layer 0.
+    """
+    if run.model_causal:
+        return f"causal: {model_causal_words(run.family, run.stack)}"
+    return causal_note(run.causal and (every_layer or run.layer > 0))
+
+
 CLS_TOKEN = "[CLS]"
 SEP_TOKEN = "[SEP]"
 KEY_KINDS = ("cls", "sep", "punctuation")  # the statistics that are shares on a kind of key
 
 
+# The marks of a space before a word: byte-level BPE's (GPT-2, Llama 3, Qwen) and SentencePiece's (T5, Llama 2).
+SPACE_MARKS = ("Ġ", "▁")
+
+
 def is_punctuation(token: str) -> bool:
-    """True for a token made only of Unicode punctuation (categories P*), e.g. "." "," "。" "'"."""
+    """True for a token made only of Unicode punctuation (categories P*), e.g. "." "," "。" "'"; "Ġ," (" ,") too."""
     text = token.removeprefix("##")  # a WordPiece continuation of punctuation is still punctuation
+    if text[:1] in SPACE_MARKS:  # a space before punctuation, as byte-level BPE and SentencePiece write it
+        text = text[1:]
     return bool(text) and all(unicodedata.category(char).startswith("P") for char in text)
+
+
+def absent_key_kinds_note(family: str, tokens: list[str]) -> str | None:
+    """What the cls and sep shares mean when a text's tokens hold no [CLS] or [SEP] (GPT-2's, Llama's): None when they hold both."""
+    absent = [token for token in (CLS_TOKEN, SEP_TOKEN) if token not in tokens]
+    if not absent:
+        return None
+    shares = " and ".join(token.strip("[]").lower() for token in absent)
+    return (
+        f"the tokens {family} reads here hold no {' or '.join(absent)}: the {shares} "
+        f"share{'s are' if len(absent) > 1 else ' is'} 0 and {'their labels' if len(absent) > 1 else 'its label'} n/a"
+    )
 
 
 def key_kinds(tokens: list[str]) -> dict[str, np.ndarray]:

@@ -84,7 +84,7 @@ class StatsResult:
 
         from attnviz.render.terminal import labelled_heads_table, stats_grid
 
-        return Group(*stats_grid(self.stats), labelled_heads_table(self.stats))
+        return Group(*stats_grid(self.stats, model_causal=self.first_run.model_causal), labelled_heads_table(self.stats))
 
     def _repr_html_(self) -> str:
         rows = [[f"L{layer}", *[label or "·" for label in labels]] for layer, labels in enumerate(self.labels)]

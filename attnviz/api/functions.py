@@ -122,6 +122,7 @@ def stats(
     """
     from attnviz.api.analysis_results import StatsResult
     from attnviz.analysis.measure import measure_heads
+    from attnviz.analysis.statistics import absent_key_kinds_note
     from attnviz.models.tokens import text_truncations
 
     texts = _texts(texts)
@@ -135,7 +136,10 @@ def stats(
     _check_lengths(loaded, texts, truncate)
     measured = measure_heads(loaded, texts, spec, advance=progress or (lambda done: None))
     truncated = text_truncations(loaded.tokenizer, texts, loaded.max_positions) if truncate else [None] * len(texts)
-    return StatsResult(measured.stats, texts, truncated, measured.first_run, spec, measured.notices)
+    first = measured.first_run
+    key_kinds_note = absent_key_kinds_note(first.family, first.query_tokens)
+    notices = [*measured.notices, *([key_kinds_note] if key_kinds_note else [])]
+    return StatsResult(measured.stats, texts, truncated, first, spec, notices)
 
 
 def layers(

@@ -100,7 +100,7 @@ def stats(
     terminal.print_setup(
         console, result.first_run, handle.source, handle.device_label, handle.num_layers, len(texts), seed=seed
     )
-    for table in terminal.stats_grid(result.stats, console.width):
+    for table in terminal.stats_grid(result.stats, console.width, result.first_run.model_causal):
         console.print(table)
     console.print(terminal.labelled_heads_table(result.stats))
     write_run(out, target, "writing statistics…", lambda staging: result.write_files(staging, image_format.value))
@@ -141,5 +141,5 @@ def layers(
     terminal.print_notices(errors, first.notices)
     terminal.print_setup(console, first, handle.source, handle.device_label, len(result.layer_runs), seed=seed)
     terminal.print_tokens(console, first)
-    terminal.print_rollout(console, first.query_tokens, result.rollout, first.causal)
+    terminal.print_rollout(console, first.query_tokens, result.rollout, first.causal and not first.model_causal)
     write_run(out, target, "writing figures…", lambda staging: result.write_files(staging, image_format.value))

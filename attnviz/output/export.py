@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attnviz.analysis.statistics import causal_note
+from attnviz.analysis.statistics import run_causal_note
 from attnviz.result import AttentionRun, truncation_json
 from attnviz.spec import RunSpec
 
@@ -31,7 +31,7 @@ def attention_record(run: AttentionRun, spec: RunSpec) -> dict:
         "head_dim": run.head_dim,
         "device": run.device,
         "causal": run.causal,
-        "causal_note": causal_note(run.causal and run.layer > 0),  # layer 0's input holds no later token
+        "causal_note": run_causal_note(run),
         "query_tokens": run.query_tokens,
         "key_tokens": run.key_tokens,
         "query_ids": run.query_ids,

@@ -16,7 +16,8 @@ from attnviz.analysis.statistics import (
     SHARE_THRESHOLD,
     STATISTICS,
     ModelStatistics,
-    causal_note,
+    absent_key_kinds_note,
+    run_causal_note,
 )
 from attnviz.output.export import DECIMALS
 from attnviz.result import AttentionRun, Truncation, truncation_json
@@ -60,11 +61,12 @@ def stats_record(
         "head_dim": run.head_dim,
         "device": run.device,
         "causal": stats.causal,
-        "causal_note": causal_note(stats.causal),
+        "causal_note": run_causal_note(run, every_layer=True),
         "num_texts": stats.num_texts,
         "texts": texts,
         "truncated": [truncation_json(truncation) for truncation in truncated],
         "statistics": list(STATISTICS),
+        "key_kinds_note": absent_key_kinds_note(run.family, run.query_tokens),
         "thresholds": {
             "share": SHARE_THRESHOLD,
             "share_labels": SHARE_LABELS,
@@ -104,7 +106,7 @@ def rollout_record(layer_runs: list[AttentionRun], rollout: np.ndarray, spec: Ru
         "num_heads": run.num_heads,
         "device": run.device,
         "causal": run.causal,
-        "causal_note": causal_note(run.causal),
+        "causal_note": run_causal_note(run, every_layer=True),
         "tokens": run.query_tokens,
         "ids": run.query_ids,
         "rollout": np.round(rollout.astype(np.float64), DECIMALS).tolist(),

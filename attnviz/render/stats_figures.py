@@ -44,7 +44,7 @@ from attnviz.render.scales import (
     scale_label,
     show_attention,
 )
-from attnviz.render.titles import chars_across, counted, figure_title, run_title
+from attnviz.render.titles import chars_across, counted, figure_title, run_setup, run_title
 
 GRID_PANEL_INCHES = 1.1  # one head's map in layers.png
 MAX_GRID_WIDTH_INCHES = 18.0  # panels shrink so that many heads (--heads 48, ...) stay on a screen
@@ -218,11 +218,11 @@ def js_distance_figure(
         "Jensen-Shannon distance between the heads of each layer",
     ]
     text, about = (texts[0], None) if len(texts) == 1 else (None, f"averaged over {len(texts)} texts")
+    setup = {**run_setup(run), "text": text, "kv_text": None}
     title = figure_title(
-        run.model, scope, text=text, about=about, causal=run.causal, weights=run.weights, seed=seed,
-        notes=_causal_notes(run),
-        line_chars=chars_across(figure.get_figwidth()),
-    )
+        run.model, scope, about=about, seed=seed, notes=_causal_notes(run), line_chars=chars_across(figure.get_figwidth()),
+        **setup,
+    )  # fmt: skip
     figure.suptitle(title, parse_math=False)
     freeze_layout(figure)
 
@@ -282,5 +282,5 @@ def _label_js_panels(ax, num_layers: int, num_heads: int, cells: int) -> None:
 
 
 def _causal_notes(run: AttentionRun) -> list[str]:
-    """With --causal, what it means over every layer: the titles explain their "causal" with it."""
-    return [CAUSAL_OVER_BIDIRECTIONAL] if run.causal else []
+    """With --causal, what it means over every layer: the titles explain their "causal" with it (a decoder's is its own)."""
+    return [CAUSAL_OVER_BIDIRECTIONAL] if run.causal and not run.model_causal else []

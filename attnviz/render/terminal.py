@@ -23,8 +23,9 @@ from attnviz.analysis.statistics import (
     SHARE_THRESHOLD,
     HeadSummary,
     ModelStatistics,
+    model_causal_words,
 )
-from attnviz.render.titles import counted
+from attnviz.render.titles import counted, kv_heads_words, quoted, stack_words
 from attnviz.result import AttentionRun
 
 MAX_TOKENS_SHOWN = 64
@@ -53,14 +54,19 @@ def print_setup(
     seed: the seed of random parameters (--weights random --seed S).
     """
     setup = Table.grid(padding=(0, 2))
-    setup.add_row("model", Text(run.model).append(f" ({source})", style="dim"))
+    setup.add_row("model", Text(run.model).append(f" ({run.family}, {source})", style="dim"))
+    if run.stack is not None:  # an encoder-decoder's: which of its attentions
+        setup.add_row("attention", stack_words(run.stack, quoted(run.kv_text) if run.kv_text else None))
     if num_layers is None:
         setup.add_row("layer", str(run.layer))
     else:
-        setup.add_row("layers", f"all {num_layers}, each on its own input from one BERT pass")
-    setup.add_row("heads", f"{run.num_heads} × d={run.head_dim}")
+        setup.add_row("layers", f"all {num_layers}, each on its own input from one {run.family} pass")
+    kv_heads = kv_heads_words(run.num_heads, run.num_kv_heads)
+    setup.add_row("heads", f"{run.num_heads} × d={run.head_dim}" + (f", {kv_heads}" if kv_heads else ""))
     setup.add_row("parameters", parameters_label(run.weights, seed))
-    if run.causal:
+    if run.model_causal:
+        setup.add_row("mask", f"causal, the model's own: {model_causal_words(run.family, run.stack)}")
+    elif run.causal:
         mask = "causal: each query sees itself and the keys before it"
         if num_layers is not None or run.layer > 0:  # the layer's input comes from a bidirectional pass
             mask += f"; a {CAUSAL_OVER_BIDIRECTIONAL}"
@@ -89,11 +95,20 @@ def token_cells(tokens: list[str], ids: list[int]) -> Columns:
     return Columns(cells, padding=(0, 2))
 
 
+def token_legend(run: AttentionRun) -> str:
+    """What the token cells hold, and what index 0 is where the family says: BERT's [CLS], a decoder stack's start token."""
+    if run.family == "BERT":
+        return TOKEN_LEGEND
+    if run.stack in ("decoder", "cross"):  # the decoder reads the text shifted right, after its start token
+        return f"index token id (index 0, {run.query_tokens[0]}, is the decoder's start token)"
+    return "index token id"
+
+
 def print_tokens(console: Console, run: AttentionRun) -> None:
-    heading = "query tokens" if run.kv_text else "tokens"
-    console.print(Text.assemble((heading, "bold underline"), (f"  {TOKEN_LEGEND}", "dim")))
+    heading = "query tokens" if run.kv_text or run.stack == "cross" else "tokens"
+    console.print(Text.assemble((heading, "bold underline"), (f"  {token_legend(run)}", "dim")))
     console.print(token_cells(run.query_tokens, run.query_ids))
-    if run.kv_text:
+    if run.kv_text or run.stack == "cross":  # cross-attention: the keys are the encoder's tokens
         console.print(Text("key/value tokens", style="bold underline"))
         console.print(token_cells(run.key_tokens, run.key_ids))
 
@@ -201,8 +216,11 @@ UNLABELLED_CELL = ("·", "dim", "none")
 MAX_HEADS_PER_LABEL = 10  # in the list of striking heads; stats.csv has them all
 
 
-def stats_grid(stats: ModelStatistics, width: int = 80) -> list[Table]:
-    """Layers × heads, each cell the head's label in short and colour; heads in blocks that fit width."""
+def stats_grid(stats: ModelStatistics, width: int = 80, model_causal: bool = False) -> list[Table]:
+    """Layers × heads, each cell the head's label in short and colour; heads in blocks that fit width.
+
+    model_causal: the causal mask is a decoder's own, not --causal's over a bidirectional model.
+    """
     layer_width = len(f"L{stats.num_layers - 1}")
     head_width = max(3, len(f"H{stats.num_heads - 1}"))
     # A column costs its text, one space either side and a border; the layer column also the left border.
@@ -227,7 +245,7 @@ def stats_grid(stats: ModelStatistics, width: int = 80) -> list[Table]:
         if label == "broad":
             legend.append(f"\nelse relative entropy ≥ {BROAD_THRESHOLD:g}:")
         legend.append("  ").append(short, style=style).append(f" {word}")
-    if stats.causal:
+    if stats.causal and not model_causal:
         legend.append(f"\n--causal: {CAUSAL_OVER_BIDIRECTIONAL}")
     tables[-1].caption = legend
     tables[-1].caption_justify = "left"

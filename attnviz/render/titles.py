@@ -8,6 +8,12 @@ the second which text, where the keys come from, and how to draw the same figure
 
     “我爱中国” · cross-attention (keys from: “我想吃酸菜鱼”) · random parameters, seed 7
 
+A model of another family than BERT is named with its family, its key/value heads when fewer
+than its heads (grouped-query attention), and an encoder-decoder's attention:
+
+    t5 · T5 · layer 0 · head 3
+    “The cat sat.” · decoder cross-attention (keys: the encoder's output for: “Le chat.”)
+
 No heavy imports: the terminal imports it; notes shorten texts with attnviz.text.shorten, as titles do.
 """
 
@@ -70,6 +76,9 @@ def figure_title(
     seed: int | None = None,
     notes: Sequence[str] = (),
     line_chars: int | None = None,
+    family: str | None = None,
+    stack: str | None = None,
+    kv_heads: str | None = None,
 ) -> str:
     """The two title lines of a figure (more when they would be longer than line_chars).
 
@@ -78,37 +87,78 @@ def figure_title(
     text keys and values come from; weights: "pretrained", "random", or a list of both (the
     parameters, not the attention weights), with seed the seed of the random ones; notes:
     more for the second line; line_chars: the characters a line may hold (see chars_across),
-    texts are shortened to fit it.
+    texts are shortened to fit it. family: the model's family, named after the model unless
+    it is BERT; stack: an encoder-decoder's attention (stack_words); kv_heads: kv_heads_words.
     """
-    first = [short_model_name(model), *scope, *(["causal"] if causal else [])]
+    named_family = [family] if family and family != "BERT" else []
+    first = [short_model_name(model), *named_family, *scope, *(["causal"] if causal else [])]
     max_chars = CROSS_TEXT_CHARS if kv_text else TEXT_CHARS
     if line_chars is not None:  # a text fits one line; "cross-attention (keys from: “…”)" too
-        around = len(_cross_attention("“”")) if kv_text else len("“”")
+        around = len(_keys_words(stack, "“”")) if kv_text else len("“”")
         max_chars = max(12, min(max_chars, line_chars - around))
     second = [quoted(text, max_chars)] if text is not None else []
     second += [about] if about else []
-    if kv_text:
-        second.append(_cross_attention(quoted(kv_text, max_chars)))
+    if kv_text or stack:
+        second.append(_keys_words(stack, quoted(kv_text, max_chars) if kv_text else None))
+    second += [kv_heads] if kv_heads else []
     if "random" in ([weights] if isinstance(weights, str) else weights):
         second.append("random parameters" + (f", seed {seed}" if seed is not None else ""))
     second += notes
     return wrapped(first, line_chars) + "\n" + wrapped(second, line_chars)
 
 
-def _cross_attention(quoted_keys_text: str) -> str:
+def _keys_words(stack: str | None, quoted_keys_text: str | None) -> str:
+    """Where the keys come from: --kv's text, or an encoder-decoder's stack (stack_words)."""
+    if stack is not None:
+        return stack_words(stack, quoted_keys_text)
     return f"cross-attention (keys from: {quoted_keys_text})"
+
+
+def stack_words(stack: str, quoted_kv_text: str | None = None) -> str:
+    """An encoder-decoder's attention in words; quoted_kv_text: --kv's text, quoted (None: no --kv).
+
+    Cross-attention's keys are the encoder's output for the --kv text, or for the text itself.
+    """
+    if stack == "cross":
+        source = f": {quoted_kv_text}" if quoted_kv_text else " the same text"
+        return f"decoder cross-attention (keys: the encoder's output for{source})"
+    if stack == "decoder":
+        return "decoder self-attention (the encoder reads the same text)"
+    if quoted_kv_text:  # --stack encoder --kv: the encoder's layer, keys from the other text's encoder states
+        return f"encoder layer, cross-attention (keys from: {quoted_kv_text})"
+    return "encoder self-attention"
+
+
+def kv_heads_words(num_heads: int, num_kv_heads: int | None) -> str | None:
+    """ "2 key/value heads (grouped-query)" when the heads share fewer key/value heads; else None."""
+    if num_kv_heads is None or num_kv_heads >= num_heads:
+        return None
+    return f"{counted(num_kv_heads, 'key/value head')} (grouped-query)"
+
+
+def run_setup(run) -> dict:
+    """figure_title's settings of an AttentionRun: its text, keys' text, mask, parameters, family, stack, key/value heads."""
+    return dict(
+        text=run.text,
+        kv_text=run.kv_text,
+        causal=run.causal,
+        weights=run.weights,
+        family=run.family,
+        stack=run.stack,
+        kv_heads=kv_heads_words(run.num_heads, run.num_kv_heads),
+    )
 
 
 def run_title(run, scope: Sequence[str], *, seed: int | None = None, **options) -> str:
     """figure_title of an AttentionRun: its model, text, keys' text, mask and parameters.
 
-    A causal mask on a layer past the first is over a bidirectional model's hidden states, and
-    the title says so (only layer 0's input, the embeddings, holds no later token).
+    A causal mask (--causal) on a layer past the first is over a bidirectional model's hidden
+    states, and the title says so (only layer 0's input, the embeddings, holds no later token);
+    a decoder's own causal mask (run.model_causal) needs no such note.
     """
     from attnviz.analysis.statistics import CAUSAL_OVER_BIDIRECTIONAL
 
-    setup = dict(text=run.text, kv_text=run.kv_text, causal=run.causal, weights=run.weights)
     notes = list(options.pop("notes", ()))
-    if run.causal and run.layer > 0:
+    if run.causal and run.layer > 0 and not run.model_causal:
         notes = list(dict.fromkeys([*notes, CAUSAL_OVER_BIDIRECTIONAL]))
-    return figure_title(run.model, scope, seed=seed, notes=notes, **{**setup, **options})
+    return figure_title(run.model, scope, seed=seed, notes=notes, **{**run_setup(run), **options})
