@@ -118,12 +118,17 @@ def check_text(text: str | None, what: str = "the text") -> None:
         raise AttnvizError(f"{what} is empty: give some words to attend over")
 
 
-def refuse_causal_cross_attention(kv_text: str | None, causal: bool) -> None:
+def refuse_causal_cross_attention(kv_text: str | None, causal: bool, stack: str | None = None) -> None:
     """A causal mask hides a text's later tokens from its earlier ones; across two texts there is no "later"."""
     if kv_text is not None and causal:
         raise AttnvizError(
             "--causal and --kv do not go together: a causal mask orders one text's tokens, "
             "and --kv takes the keys from another text"
+        )
+    if stack == "cross" and causal:  # the decoder's queries over the encoder's tokens: no order between them
+        raise AttnvizError(
+            "--causal and --stack cross do not go together: a causal mask orders one sequence's tokens, "
+            "and cross-attention takes the keys from the encoder's"
         )
 
 

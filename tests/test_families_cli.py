@@ -194,3 +194,9 @@ def test_a_model_handle_names_its_family_and_key_value_heads(folders):
     t5 = attnviz.load(folders["t5"])
     assert (t5.family, t5.kind, t5.num_kv_heads) == ("T5", "encoder-decoder", 4)
     assert "key/value" not in repr(t5)
+
+
+def test_causal_with_stack_cross_is_refused_before_loading(folders, tmp_path, capsys, no_loading):
+    """The decoder's queries and the encoder's keys are two sequences: a causal mask has no order to keep between them."""
+    assert run(["heads", "hi", "--model", folders["t5"], "--stack", "cross", "--causal", "--out", str(tmp_path / "r")]) == 2
+    assert one_line_error(capsys).startswith("error: --causal and --stack cross do not go together")

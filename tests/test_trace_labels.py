@@ -221,7 +221,7 @@ def text_run(tokens: list[str]) -> SimpleNamespace:
     """What the merge figure reads of an AttentionRun: its tokens and what its title names."""
     return SimpleNamespace(
         query_tokens=tokens, text=" ".join(tokens[1:-1]), kv_text=None, model="bundled", layer=0, causal=False,
-        weights="pretrained",
+        weights="pretrained", family="BERT", stack=None, num_heads=48, num_kv_heads=None, model_causal=False,
     )
 
 

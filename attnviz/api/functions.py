@@ -50,7 +50,7 @@ def heads(
 
     texts = _texts(text)
     check_text(kv, "the --kv text")
-    refuse_causal_cross_attention(kv, causal)
+    refuse_causal_cross_attention(kv, causal, stack)
     refuse_before_loading(model, stack)
     handle = load(model, device)
     spec = run_spec_for(
@@ -89,7 +89,7 @@ def trace(
 
     texts = _texts(text)
     check_text(kv, "the --kv text")
-    refuse_causal_cross_attention(kv, causal)
+    refuse_causal_cross_attention(kv, causal, stack)
     check_trace_texts(texts)
     refuse_before_loading(model, stack)
     handle = load(model, device)

@@ -79,7 +79,7 @@ def heads(
     check_text(kv, "the --kv text")
     if file is not None and show_trace:
         raise AttnvizError("--trace traces one text: for a batch use attnviz trace --file PATH")
-    refuse_causal_cross_attention(kv, causal)
+    refuse_causal_cross_attention(kv, causal, stack.value if stack else None)
     functions.refuse_before_loading(model, stack.value if stack else None)
     if file is not None:
         return _heads_for_file(

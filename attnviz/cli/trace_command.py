@@ -92,7 +92,7 @@ def trace(
     for given in texts:
         check_text(given)
     check_text(kv, "the --kv text")
-    refuse_causal_cross_attention(kv, causal)
+    refuse_causal_cross_attention(kv, causal, stack.value if stack else None)
     check_trace_texts(texts)
     functions.refuse_before_loading(model, stack.value if stack else None)
     target = run_target(out, batch_folder_name(file) if file else run_folder_name(text))
