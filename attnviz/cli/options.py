@@ -154,7 +154,7 @@ EveryLayerStackOption = typer.Option(
     None,
     "--stack",
     help="Which self-attention of an encoder-decoder (BART, Marian, T5): the encoder's (default) or the "
-    "decoder's (causal). Cross-attention runs one layer at a time: attnviz heads --stack cross.",
+    "decoder's (causal); cross is refused here: for cross-attention use attnviz heads --stack cross.",
     show_default=False,
 )
 HeadsOption = typer.Option(None, "--heads", help="Split the projections into this many heads (default: the model's own).")
