@@ -200,3 +200,17 @@ def test_causal_with_stack_cross_is_refused_before_loading(folders, tmp_path, ca
     """The decoder's queries and the encoder's keys are two sequences: a causal mask has no order to keep between them."""
     assert run(["heads", "hi", "--model", folders["t5"], "--stack", "cross", "--causal", "--out", str(tmp_path / "r")]) == 2
     assert one_line_error(capsys).startswith("error: --causal and --stack cross do not go together")
+
+
+def test_gpt2_traces_as_the_fused_qkv_layout_on_its_own_c_attn_by_default(folders):
+    """GPT-2 stores W_q, W_k, W_v as one Conv1D, c_attn: its trace is the fused-qkv layout, on that weight."""
+    from safetensors.torch import load_file
+
+    traced = attnviz.trace(TEXT, model=folders["gpt2"], device="cpu")
+    [layout] = traced.trace.layouts
+    assert layout.layout == "fused-qkv"
+    [weight] = [step for step in layout.steps if step.role == "qkv_weight"]
+    assert "h.0.attn.c_attn" in weight.operation
+    c_attn = load_file(f"{folders['gpt2']}/model.safetensors")["h.0.attn.c_attn.weight"]  # (D, 3D), as stored
+    assert weight.output_shape == list(c_attn.shape)
+    assert attnviz.trace(TEXT, model=folders["llama"], device="cpu").trace.layouts[0].layout == "view-permute"

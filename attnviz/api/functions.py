@@ -65,7 +65,7 @@ def heads(
 def trace(
     text: str | list[str],
     *,
-    layout: str = "view-permute",
+    layout: str | None = None,
     mistake: str | None = None,
     model: ModelArg = None,
     layer: int = 0,
@@ -80,12 +80,13 @@ def trace(
 ):
     """Every split and merge of the heads with the real shapes (a TraceResult); a list of texts is one padded batch.
 
-    layout is one of attnviz's LAYOUTS or "all" (every layout, checked against each other);
+    layout is one of attnviz's LAYOUTS or "all" (every layout, checked against each other); None
+    is the model's own: fused-qkv for GPT-2 (its c_attn stores W_q, W_k, W_v as one), else view-permute.
     mistake makes a reshape mistake in view-permute and shows where it goes wrong; stack as in heads.
     """
     from attnviz.api.results import TraceResult
     from attnviz.pipeline import run_attention
-    from attnviz.tracing import LAYOUTS, trace_texts
+    from attnviz.tracing import LAYOUTS, model_layout, trace_texts
 
     texts = _texts(text)
     check_text(kv, "the --kv text")
@@ -97,6 +98,7 @@ def trace(
         handle, heads, layer=layer, weights=weights, seed=seed, causal=causal, kv_text=kv, stack=stack, truncate=truncate
     )
     _check_lengths(handle.loaded, texts, truncate)
+    layout = layout or model_layout(handle.loaded)
     layouts = LAYOUTS if layout == "all" else (layout,)
     traced = trace_texts(handle.loaded, texts, spec, layouts=layouts, mistake=mistake)
     return TraceResult(traced, run_attention(handle.loaded, texts, spec), spec)

@@ -46,9 +46,11 @@ def trace(
     file: Optional[str] = typer.Option(
         None, "--file", "-f", metavar="PATH", help="A padded batch: one text per line (blank lines skipped; - reads standard input)."
     ),
-    layout: Layout = typer.Option(
-        Layout.view_permute, "--layout", help="How the heads are split and merged, as a tutorial writes it; "
-        "all runs every layout on the same weights and checks that they agree.",
+    layout: Optional[Layout] = typer.Option(
+        None, "--layout", help="How the heads are split and merged, as a tutorial writes it; "
+        "all runs every layout on the same weights and checks that they agree. "
+        "[default: view-permute; fused-qkv for GPT-2, whose c_attn stores W_q, W_k, W_v as one]",
+        show_default=False,
     ),
     mistake: Optional[Mistake] = typer.Option(
         None, "--mistake", help="Make a common reshape mistake in view-permute and show where it goes wrong.",
@@ -100,7 +102,7 @@ def trace(
     if len(texts) > 1 and not truncate:  # a long text named as the command names it ("the text has ..."), not texts[i]
         check_lengths([len(ids) for ids in handle.tokenizer.encode_batch(texts)], handle.loaded.max_positions)
     result = functions.trace(
-        texts, layout=layout.value, mistake=mistake.value if mistake else None, model=handle, layer=layer,
+        texts, layout=layout.value if layout else None, mistake=mistake.value if mistake else None, model=handle, layer=layer,
         heads=num_heads, weights=weights.value, seed=seed, kv=kv, causal=causal, truncate=truncate,
         stack=stack.value if stack else None,
     )  # fmt: skip

@@ -75,6 +75,11 @@ from attnviz.tracing.recorder import ADDED_MARK, LayerInputs, LayoutTrace, Recor
 LAYOUTS = ("view-permute", "merged-batch", "fused-qkv", "single-head")
 DEFAULT_LAYOUT = "view-permute"
 
+
+def model_layout(loaded) -> str:
+    """The layout a model's own code uses: fused-qkv for GPT-2 (one c_attn for W_q, W_k, W_v), else view-permute."""
+    return "fused-qkv" if getattr(loaded, "family", None) is not None and loaded.family.model_types == ("gpt2",) else DEFAULT_LAYOUT
+
 LAYOUT_DESCRIPTIONS = {
     "view-permute": "attnviz's own layer (attention/layer.py), split as the BERT-fed and cross-attention tutorials "
     "split it: separate W_q, W_k, W_v; view + permute to (B, H, N, d)",
