@@ -91,6 +91,27 @@ def test_the_conversion_lives_in_attnviz_cache(smollm2_converted, attnviz_cache)
     assert folder.name.startswith(f"{SMOLLM2_NAME}-")
 
 
+@pytest.mark.parametrize("layer", [0, 14, 29])
+def test_smollm2_heads_are_the_models_own_attention(smollm2_converted, layer):
+    """`--model smollm2` end to end through the API: attnviz's layer (9 query heads over 3 key/value heads,
+    RoPE, causal) gives the attention weights transformers' eager SmolLM2 returns, built from the GGUF."""
+    import torch
+
+    import attnviz
+
+    reference = smollm2_converted.gguf_model
+    result = attnviz.heads(TEXT, model="SmolLM2", layer=layer, device="cpu")
+    assert attnviz.load("smollm2", "cpu").loaded is attnviz.load("SmolLM2-135M-Instruct", "cpu").loaded  # one handle
+    assert result.run.family == "Llama" and result.run.causal
+    assert result.spec.resolved_model == SMOLLM2_NAME
+
+    reference.set_attn_implementation("eager")  # the implementation that returns its attention weights
+    with torch.no_grad():
+        expected = reference.model(torch.tensor([result.run.query_ids]), output_attentions=True).attentions[layer][0]
+    assert result.run.attention.shape == (9, 11, 11)
+    torch.testing.assert_close(torch.from_numpy(result.run.attention), expected, atol=1e-5, rtol=0)
+
+
 # ---- names and the cache's place ----------------------------------------------------------------
 
 
