@@ -227,3 +227,15 @@ def test_partial_folders_of_ended_processes_are_removed(fake_gguf, monkeypatch):
     monkeypatch.setattr(smollm2, "_convert", write_stand_in)
     folder = smollm2_folder()
     assert sorted(path.name for path in models.iterdir()) == sorted([folder.name, running.name])
+
+
+def test_an_unwritable_cache_is_a_one_line_error_before_the_note(fake_gguf, tmp_path, monkeypatch):
+    not_a_folder = tmp_path / "a file"
+    not_a_folder.write_text("", encoding="utf-8")
+    monkeypatch.setenv("ATTNVIZ_CACHE", str(not_a_folder))
+    monkeypatch.setattr(smollm2, "_convert", write_stand_in)
+    notes: list[str] = []
+    with pytest.raises(AttnvizError, match="cannot write attnviz's cache .*: set ATTNVIZ_CACHE to a writable folder") as error:
+        smollm2_folder(notify=notes.append)
+    assert "\n" not in str(error.value)
+    assert notes == []  # no promise of a conversion that cannot happen

@@ -90,9 +90,18 @@ def smollm2_folder(notify: Callable[[str], None] | None = None) -> Path:
     folder = converted_folder(gguf)
     if folder.is_dir():
         return folder
-    if notify is not None:
-        notify(f"converting {SMOLLM2_NAME} from GGUF once (about {CONVERSION_SECONDS} s); cached in {folder}")
-    _convert_into_place(gguf, folder)
+    partial = _partial_folder(folder)  # first: an unwritable cache is an error before the note
+    try:
+        if notify is not None:
+            notify(f"converting {SMOLLM2_NAME} from GGUF once (about {CONVERSION_SECONDS} s); cached in {folder}")
+        _convert(gguf, partial)
+        _rename_into_place(partial, folder)
+    except AttnvizError:
+        raise
+    except Exception as error:
+        raise AttnvizError(f"cannot convert {SMOLLM2_NAME} from {gguf}: {first_line(error)}") from error
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)  # gone already if the rename succeeded
     return folder
 
 
@@ -105,29 +114,25 @@ def note_on_stderr(note: str) -> None:
 # ---- the conversion ----------------------------------------------------------------------------
 
 
-def _convert_into_place(gguf: Path, folder: Path) -> None:
-    """Convert into a hidden sibling of `folder`, then rename it into place: the folder is whole or absent."""
+def _partial_folder(folder: Path) -> Path:
+    """A new hidden sibling of `folder` to convert into, named after this process (see _remove_abandoned_partials)."""
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
         _remove_abandoned_partials(folder.parent)
-        partial = Path(tempfile.mkdtemp(prefix=f".{folder.name}.{os.getpid()}-", suffix=".partial", dir=folder.parent))
+        return Path(tempfile.mkdtemp(prefix=f".{folder.name}.{os.getpid()}-", suffix=".partial", dir=folder.parent))
     except OSError as error:
         raise AttnvizError(
             f"cannot write attnviz's cache {cache_root()} ({first_line(error)}): set ATTNVIZ_CACHE to a writable folder"
         ) from error
+
+
+def _rename_into_place(partial: Path, folder: Path) -> None:
+    """Rename a whole conversion into place, atomically; if another process's got there first, keep that one."""
     try:
-        _convert(gguf, partial)
-        try:
-            os.rename(partial, folder)
-        except OSError:
-            if not folder.is_dir():  # not another process's folder that was renamed first
-                raise
-    except AttnvizError:
-        raise
-    except Exception as error:
-        raise AttnvizError(f"cannot convert {SMOLLM2_NAME} from {gguf}: {first_line(error)}") from error
-    finally:
-        shutil.rmtree(partial, ignore_errors=True)  # gone already if the rename succeeded
+        os.rename(partial, folder)
+    except OSError:
+        if not folder.is_dir():
+            raise
 
 
 def _convert(gguf: Path, folder: Path) -> None:
