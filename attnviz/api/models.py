@@ -148,10 +148,13 @@ def family_before_loading(model):
 def _model_key(name: str | None) -> str | None:
     """One key per model, however it is named: "bundled" or its name, a folder as its absolute path."""
     from attnviz.models.loading import BUNDLED_NAME
+    from attnviz.models.smollm2 import SMOLLM2_NAME, is_smollm2
 
     if name is None:
         return None
     if name.strip().lower() in (BUNDLED_NAME.lower(), "bundled"):
         return "bundled"
+    if is_smollm2(name):
+        return SMOLLM2_NAME
     folder = Path(name).expanduser()
     return str(folder.resolve()) if folder.is_dir() else name

