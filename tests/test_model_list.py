@@ -22,7 +22,8 @@ import pytest
 import torch
 import transformers
 
-from attnviz.models.loading import BUNDLED_NAME, SMOLLM2_NAME, list_models
+from attnviz.models.listing import SMOLLM2_NAME, list_models
+from attnviz.models.loading import BUNDLED_NAME
 from tiny_families import FAMILY_CHECKPOINTS, build_checkpoint
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

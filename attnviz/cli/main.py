@@ -28,7 +28,7 @@ INTERRUPTED = 130  # the shell's exit code for Ctrl-C (128 + SIGINT)
 @app.command(short_help='List the models that can be used now.')
 def models() -> None:
     """List the models that can be used now: the bundled ones and the local hub cache's models of every supported family."""
-    from attnviz.models.loading import list_models
+    from attnviz.models.listing import list_models
     from attnviz.render import terminal
 
     console.print(terminal.models_table(list_models()))

