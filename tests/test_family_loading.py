@@ -8,6 +8,7 @@ checked against transformers' own attention module built with the re-split head 
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -43,12 +44,14 @@ def test_pickle_weights_of_another_family_are_refused_even_when_allowed(tmp_path
     )
 
 
+def copy_of(source, folder):
+    """A copy of a checkpoint folder, to change without touching the module's."""
+    shutil.copytree(source, folder)
+    return folder
+
+
 def test_no_code_from_the_model_folder_is_run(tmp_path, llama):
-    source, _ = llama
-    folder = tmp_path / "with-code"
-    folder.mkdir()
-    for file in source.iterdir():
-        (folder / file.name).write_bytes(file.read_bytes())
+    folder = copy_of(llama[0], tmp_path / "with-code")
     marker = tmp_path / "code-ran"
     code = f"open({str(marker)!r}, 'w').close()\nclass Evil: pass\n"
     for module in ("modeling_evil.py", "tokenization_evil.py", "configuration_evil.py"):
@@ -70,11 +73,7 @@ def test_no_code_from_the_model_folder_is_run(tmp_path, llama):
 
 
 def test_a_nan_in_a_projection_is_named(tmp_path, llama):
-    source, _ = llama
-    folder = tmp_path / "damaged"
-    folder.mkdir()
-    for file in source.iterdir():
-        (folder / file.name).write_bytes(file.read_bytes())
+    folder = copy_of(llama[0], tmp_path / "damaged")
     tensors = load_file(folder / "model.safetensors")
     tensors["layers.1.self_attn.q_proj.weight"][3, 5] = float("nan")
     save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
