@@ -59,3 +59,18 @@ def test_the_command_line_on_cuda_writes_the_cpu_numbers(tmp_path, capsys, comma
     np.testing.assert_allclose(np.array(records["cuda"][key]), np.array(records["cpu"][key]), atol=1e-4, rtol=0)
     if command == "heads":
         assert (tmp_path / "cuda" / "heads.png").stat().st_size > 0  # drawn by the forked process
+
+
+@pytest.mark.parametrize("model_type", ["llama", "t5", "gpt2"])
+def test_every_family_on_cuda_equals_the_cpu(model_type, tmp_path):
+    """Grouped-query heads and RoPE (Llama), position bias and cross-attention (T5), GPT-2's fused c_attn."""
+    from tiny_families import build_checkpoint
+
+    build_checkpoint(model_type, tmp_path / model_type)
+    stack = "cross" if model_type == "t5" else None
+    runs = {}
+    for device in ("cpu", "cuda"):
+        loaded = load_model(str(tmp_path / model_type), device)
+        runs[device] = run_attention(loaded, TEXTS, run_spec(loaded, layer=1, stack=stack, device=device))
+    for on_cpu, on_cuda in zip(runs["cpu"], runs["cuda"]):
+        np.testing.assert_allclose(on_cuda.attention, on_cpu.attention, atol=1e-4, rtol=0)
