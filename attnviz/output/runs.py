@@ -92,7 +92,7 @@ def check_target(target: Path) -> Path:
 
 
 # Concurrent runs' checks make and remove the same missing folder: each removal may undo our making
-# of it once, and under load several in a row can (three attempts were seen to run out in CI-like load).
+# of it once, and under load several in a row can.
 MAKE_ATTEMPTS = 50
 
 
@@ -103,9 +103,10 @@ def _make_hidden_folder(folder: Path, suffix: str) -> tuple[Path, list[Path]]:
         try:
             return Path(tempfile.mkdtemp(prefix=HIDDEN_PREFIX, suffix=suffix, dir=folder)), created
         except FileNotFoundError:
-            if folder.exists() or attempt == MAKE_ATTEMPTS - 1:
+            # A concurrent run's check removed the folder it had made (it may have made it again
+            # since, so that the folder exists by now): make it again, and try once more.
+            if attempt == MAKE_ATTEMPTS - 1:
                 raise output_error(folder, FileNotFoundError(errno.ENOENT, "")) from None
-            # else a concurrent run's check removed the folder it had made: make it again
         except OSError as error:
             _remove_empty(created)
             raise output_error(folder, error) from None
