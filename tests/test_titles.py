@@ -122,3 +122,11 @@ def test_title_lines_wrap_between_parts_within_the_width_they_are_given(line_cha
     lines = title.split("\n")
     assert all(len(line) <= line_chars for line in lines), lines
     assert "random parameters, seed 12" in title and lines[0].startswith("all-MiniLM-L6-v2 · layer 0")
+
+
+def test_a_part_longer_than_a_line_is_cut_at_its_spaces_so_no_line_runs_off_the_figure():
+    """A T5 head's cross-attention title: its source phrase alone is longer than a small figure's line."""
+    title = figure_title("t5", ["layer 0", "head 1"], text="The cat sat.", kv_text="Le chat.", stack="cross", line_chars=50)
+    lines = title.split("\n")
+    assert all(len(line) <= 50 for line in lines), lines
+    assert " ".join(lines[1:]).replace(" · ", " ") == "“The cat sat.” decoder cross-attention (keys: the encoder's output for: “Le chat.”)"

@@ -20,6 +20,7 @@ No heavy imports: the terminal imports it; notes shorten texts with attnviz.text
 from __future__ import annotations
 
 import re
+import textwrap
 from collections.abc import Sequence
 
 from attnviz.text import shorten
@@ -56,11 +57,14 @@ def wrapped(parts: Sequence[str], line_chars: int | None, separator: str = " · 
     """parts joined by separator, a new line before a part that would make a line longer than line_chars."""
     lines = [""]
     for part in parts:
-        joined = lines[-1] + separator + part if lines[-1] else part
+        # A part longer than a line itself (a cross-attention's source) is cut at its spaces.
+        first, *rest = textwrap.wrap(part, line_chars, break_long_words=False) if line_chars and len(part) > line_chars else [part]
+        joined = lines[-1] + separator + first if lines[-1] else first
         if lines[-1] and line_chars is not None and len(joined) > line_chars:
-            lines.append(part)
+            lines.append(first)
         else:
             lines[-1] = joined
+        lines += rest
     return "\n".join(lines)
 
 
