@@ -1,8 +1,9 @@
 """The throughput limit under `attnviz stats`: a bare transformers forward pass with attentions.
 
-Loads the model, tokenizes the file's texts in the batches `attnviz stats` makes (sorted by
-length, BATCH_SIZE at a time) and runs BertModel with output_attentions=True over them, nothing
-else. Prints the seconds spent in the loop.
+Loads the model (AutoModel, any family, eager attention) and its tokenizer, tokenizes the file's
+texts in the batches `attnviz stats` makes (sorted by length, BATCH_SIZE at a time) and runs the
+model with output_attentions=True over them, nothing else. Prints the seconds spent in the loop.
+With one text and BATCH_SIZE 1 it is families.py's baseline for `attnviz heads`.
 
     python bench/bare_forward.py MODEL_DIR TEXTS_FILE BATCH_SIZE DEVICE
 """
@@ -11,13 +12,13 @@ import sys
 import time
 
 import torch
-from transformers import AutoTokenizer, BertModel
+from transformers import AutoModel, AutoTokenizer
 
 
 def main(model_dir: str, texts_file: str, batch_size: str, device: str) -> None:
     texts = sorted((line.strip() for line in open(texts_file, encoding="utf-8") if line.strip()), key=len)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = BertModel.from_pretrained(model_dir, attn_implementation="eager").to(device).eval()
+    model = AutoModel.from_pretrained(model_dir, attn_implementation="eager").to(device).eval()
     size = int(batch_size)
     start = time.perf_counter()
     with torch.inference_mode():

@@ -166,11 +166,11 @@ def print_table(rows, args) -> None:
     print()
     print("| case | median s | peak MB | baseline | baseline s | ratio | target | met |")
     print("| --- | ---: | ---: | --- | ---: | ---: | --- | --- |")
-    for name, timing, baseline_name, baseline, target, met in rows:
+    for name, timing, baseline_name, baseline, target, met in rows:  # met None: no target
         ratio = timing.seconds / baseline.seconds
         print(
             f"| {name} | {timing.seconds:.2f} | {timing.peak_mb:.0f} | {baseline_name} | {baseline.seconds:.2f} "
-            f"| {ratio:.2f} | {target} | {'yes' if met else 'NO'} |"
+            f"| {ratio:.2f} | {target} | {'-' if met is None else 'yes' if met else 'NO'} |"
         )
 
 
