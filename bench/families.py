@@ -13,16 +13,21 @@ ratios come from run.py's run_process, in one run. The models:
 - GPT-2-sized: transformers.GPT2Config()'s defaults (12 layers, 12 heads, 768 wide, vocab
   50257: 124M parameters), randomly initialised with seed 0, saved as safetensors into a
   temporary hub cache as the snapshot of `bench/gpt2-124m`, with SmolLM2's byte-level BPE
-  tokenizer (49152 tokens, so every id has a row in the 50257-row embedding).
+  tokenizer (49152 tokens, so every id has a row in the 50257-row embedding): bench/gpt2_sized.py.
 - SmolLM2: `--model smollm2` with an empty temporary ATTNVIZ_CACHE: the first run converts the
   GGUF file (timed once, as its own row), the others find the conversion cached.
+
+Beside each model's heads row, a process that only imports attnviz's loader and calls
+load_model (its share of heads); and the imports alone: torch, and transformers' classes.
+Whatever needs torch runs in a process of its own, so the bench's own memory never counts in
+a timed process's peak (a child's max RSS starts from its parent's).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -36,6 +41,12 @@ TEXT = "The cat sat on the mat because it was tired."
 GPT2_REPO_ID = "bench/gpt2-124m"
 GPT2_REVISION = "0" * 40  # the snapshot's commit hash in the temporary hub cache
 SMOLLM2_FOLDER_GLOB = "models/SmolLM2-135M-Instruct-*"  # where attnviz's cache keeps the conversion
+IMPORT_CLASSES = "import torch, transformers; transformers.GPT2Model, transformers.LlamaModel, transformers.AutoTokenizer"
+TOKEN_COUNTS = (
+    "import sys; from transformers import AutoTokenizer as T; "
+    "[print(len(T.from_pretrained(folder)(sys.argv[1])['input_ids'])) for folder in sys.argv[2:]]"
+)
+LOAD_ONLY = "import sys; from attnviz.models.loading import load_model; load_model(sys.argv[1])"
 
 
 def main() -> None:
@@ -44,10 +55,38 @@ def main() -> None:
     parser.add_argument("--old-tree", type=Path, help="a checkout of an older attnviz: its BERT heads run is timed too")
     args = parser.parse_args()
 
-    rows, forward_only = [], {}
     with tempfile.TemporaryDirectory(prefix="attnviz-bench-") as scratch:
-        scratch = Path(scratch)
-        env = {
+        cases = Cases(Path(scratch), args.repeat)
+        rows = cases.import_rows()
+        rows += cases.model_rows("bundled BERT", "bundled", Path(bundled_model_dir()))
+        if args.old_tree:
+            bert, old = rows[-2][1], cases.heads("bundled", PYTHONPATH=str(args.old_tree.resolve()))
+            within_noise = bert.seconds <= 1.10 * old.seconds
+            rows.append(("heads, bundled BERT", bert, "the same, old tree", old, "≤ 1.10×", within_noise))
+
+        smollm2_model, smollm2_folder, first_run = prepare_smollm2(cases)
+        gpt2_folder, gpt2_parameters = build_gpt2(cases.scratch / "hub", smollm2_folder)
+        cases.notes.append(f"GPT-2-sized: {gpt2_parameters:,} parameters")
+        rows += cases.model_rows("GPT-2-sized, hub cache", GPT2_REPO_ID, gpt2_folder)
+        rows += cases.model_rows("SmolLM2", smollm2_model, smollm2_folder)
+        if first_run is not None:
+            rows.append(("heads, SmolLM2, first run (converts)", first_run, "heads, SmolLM2", rows[-2][1], "-", None))
+
+        bert_tokens, gpt2_tokens, smollm2_tokens = token_counts([Path(bundled_model_dir()), gpt2_folder, smollm2_folder])
+        cases.notes.append(f"tokens: BERT {bert_tokens}, GPT-2-sized {gpt2_tokens}, SmolLM2 {smollm2_tokens}")
+
+    print(f"text: {TEXT!r}; attnviz from {REPO}" + (f"; old tree {args.old_tree}" if args.old_tree else ""))
+    print_table(rows, argparse.Namespace(repeat=args.repeat, gpu=False))
+    print()
+    print("\n".join(cases.notes))
+
+
+class Cases:
+    """The processes timed, all with one environment: this checkout's attnviz, offline, temporary caches."""
+
+    def __init__(self, scratch: Path, repeat: int):
+        self.scratch, self.repeat, self.notes = scratch, repeat, []
+        self.env = {
             **os.environ,
             "PYTHONPATH": str(REPO),  # this checkout's attnviz, whatever the venv has installed
             "HF_HUB_OFFLINE": "1",
@@ -55,90 +94,69 @@ def main() -> None:
             "ATTNVIZ_CACHE": str(scratch / "attnviz-cache"),
             "COLUMNS": "100",
         }
-        text_file = scratch / "text.txt"
-        text_file.write_text(TEXT + "\n", encoding="utf-8")
+        self.text_file = scratch / "text.txt"
+        self.text_file.write_text(TEXT + "\n", encoding="utf-8")
 
-        def heads(model: str, run_env: dict = env) -> Timing:
-            command = [*ATTNVIZ, "heads", TEXT, "--model", model, "--out", str(scratch / "heads"), "--device", "cpu"]
-            return run_process(command, args.repeat, run_env)
+    def run(self, command: list[str], repeat: int | None = None, **env: str) -> Timing:
+        return run_process(command, repeat or self.repeat, {**self.env, **env})
 
-        def bare(folder: Path | str, case: str) -> Timing:
-            command = [PYTHON, str(BENCH / "bare_forward.py"), str(folder), str(text_file), "1", "cpu"]
-            forward_only[case] = run_process(command, args.repeat, env), token_count(folder)
-            return forward_only[case][0]
+    def heads(self, model: str, repeat: int | None = None, **env: str) -> Timing:
+        command = [*ATTNVIZ, "heads", TEXT, "--model", model, "--out", str(self.scratch / "heads"), "--device", "cpu"]
+        return self.run(command, repeat, **env)
 
-        # The parts every case pays for before any model: starting Python, torch, transformers' classes.
-        python_pass = run_process([PYTHON, "-c", "pass"], args.repeat, env)
-        import_torch = run_process([PYTHON, "-c", "import torch"], args.repeat, env)
-        import_transformers = run_process(
-            [PYTHON, "-c", "import torch, transformers; transformers.AutoModel, transformers.AutoTokenizer"], args.repeat, env
-        )
-        rows.append(("import torch", import_torch, "python -c pass", python_pass, "-", None))
-        rows.append(("import torch, transformers' Auto classes", import_transformers, "import torch", import_torch, "-", None))
+    def import_rows(self) -> list[tuple]:
+        """What a transformers run pays before any model: torch, then transformers' GPT-2 and Llama classes."""
+        python_pass = self.run([PYTHON, "-c", "pass"])
+        torch = self.run([PYTHON, "-c", "import torch"])
+        classes = self.run([PYTHON, "-c", IMPORT_CLASSES])
+        return [
+            ("import torch", torch, "python -c pass", python_pass, "-", None),
+            ("import torch, transformers' GPT2Model, LlamaModel", classes, "import torch", torch, "-", None),
+        ]
 
-        bert = heads("bundled")
-        rows.append(("heads, bundled BERT", bert, "bare forward", bare(bundled_model_dir(), "bundled BERT"), "-", None))
-        if args.old_tree:
-            old_env = {**env, "PYTHONPATH": str(args.old_tree.resolve())}
-            old = heads("bundled", old_env)
-            rows.append(("heads, bundled BERT", bert, "the same, old tree", old, "≤ 1.10×", bert.seconds <= 1.10 * old.seconds))
-
-        smollm2_model, first_run = prepare_smollm2(scratch, env)
-        smollm2_folder = Path(smollm2_model) if first_run is None else next((scratch / "attnviz-cache").glob(SMOLLM2_FOLDER_GLOB))
-        build_gpt2(scratch / "hub", smollm2_folder)
-        gpt2_folder = scratch / "hub" / f"models--{GPT2_REPO_ID.replace('/', '--')}" / "snapshots" / GPT2_REVISION
-        rows.append(("heads, GPT-2-sized (hub cache)", heads(GPT2_REPO_ID), "bare forward", bare(gpt2_folder, "GPT-2-sized"), "-", None))
-
-        smollm2 = heads(smollm2_model)
-        if first_run is not None:
-            rows.append(("heads, smollm2, first run (converts)", first_run, "later runs", smollm2, "-", None))
-        rows.append(("heads, SmolLM2", smollm2, "bare forward", bare(smollm2_folder, "SmolLM2"), "-", None))
-
-    print(f"text: {TEXT!r}; attnviz from {REPO}" + (f"; old tree {args.old_tree}" if args.old_tree else ""))
-    print_table(rows, argparse.Namespace(repeat=args.repeat, gpu=False))
-    print()
-    for case, (timing, tokens) in forward_only.items():
-        print(f"bare forward, {case}, {tokens} tokens: the forward pass alone {timing.loop_seconds:.3f} s of {timing.seconds:.2f} s")
+    def model_rows(self, name: str, model: str, folder: Path) -> list[tuple]:
+        """heads against the bare forward pass; attnviz's load_model alone against heads (its share)."""
+        heads_run = self.heads(model)
+        bare = self.run([PYTHON, str(BENCH / "bare_forward.py"), str(folder), str(self.text_file), "1", "cpu"])
+        load = self.run([PYTHON, "-c", LOAD_ONLY, model])
+        self.notes.append(f"{name}: the bare forward pass alone {bare.loop_seconds:.3f} s of its {bare.seconds:.2f} s")
+        return [
+            (f"heads, {name}", heads_run, "bare forward", bare, "-", None),
+            (f"load_model only, {name}", load, f"heads, {name}", heads_run, "-", None),
+        ]
 
 
-def prepare_smollm2(scratch: Path, env: dict) -> tuple[str, Timing | None]:
-    """What to pass as --model for SmolLM2, and the first run's timing if that run converted the GGUF file.
+def prepare_smollm2(cases: Cases) -> tuple[str, Path, Timing | None]:
+    """SmolLM2's --model and converted folder, and the first run's timing if that run converted the GGUF file.
 
     With attnviz's `--model smollm2` (attnviz/models/smollm2.py), its first run converts into the
     empty ATTNVIZ_CACHE; without it, this bench converts the same way and passes the folder.
     """
-    has_alias = (REPO / "attnviz" / "models" / "smollm2.py").exists()
-    if has_alias:
-        command = [*ATTNVIZ, "heads", TEXT, "--model", "smollm2", "--out", str(scratch / "heads"), "--device", "cpu"]
-        return "smollm2", run_process(command, 1, env)
-    folder = scratch / "smollm2"
-    run_process([PYTHON, __file__.replace("families.py", "convert_smollm2.py"), str(folder)], 1, env)
-    return str(folder), None
+    if (REPO / "attnviz" / "models" / "smollm2.py").exists():
+        first_run = cases.heads("smollm2", repeat=1)
+        folder = next((cases.scratch / "attnviz-cache").glob(SMOLLM2_FOLDER_GLOB))
+        return "smollm2", folder, first_run
+    folder = cases.scratch / "smollm2"
+    cases.run([PYTHON, str(BENCH / "convert_smollm2.py"), str(folder)], repeat=1)
+    return str(folder), folder, None
 
 
-def token_count(folder: Path | str) -> int:
-    from transformers import AutoTokenizer
+def token_counts(folders: list[Path]) -> list[int]:
+    """How many tokens each model's tokenizer makes of TEXT (in a process of its own: the bench stays small)."""
+    command = [PYTHON, "-c", TOKEN_COUNTS, TEXT, *map(str, folders)]
+    output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    return [int(line) for line in output.split()]
 
-    return len(AutoTokenizer.from_pretrained(folder)(TEXT)["input_ids"])
 
-
-def build_gpt2(hub_cache: Path, tokenizer_folder: Path) -> None:
-    """GPT2Config()'s defaults, seed 0, saved (safetensors) with the tokenizer as a snapshot in the hub cache."""
-    import torch
-    from transformers import GPT2Config, GPT2Model
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # save_pretrained's bar for one shard
+def build_gpt2(hub_cache: Path, tokenizer_folder: Path) -> tuple[Path, int]:
+    """bench/gpt2_sized.py's checkpoint as the `main` snapshot of GPT2_REPO_ID in a hub cache: folder, parameters."""
     repo = hub_cache / f"models--{GPT2_REPO_ID.replace('/', '--')}"
     snapshot = repo / "snapshots" / GPT2_REVISION
-    torch.manual_seed(0)
-    model = GPT2Model(GPT2Config())
-    model.save_pretrained(snapshot)  # config.json and model.safetensors
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        if (tokenizer_folder / name).exists():
-            shutil.copy(tokenizer_folder / name, snapshot / name)
+    command = [PYTHON, str(BENCH / "gpt2_sized.py"), str(snapshot), str(tokenizer_folder)]
+    parameters = int(subprocess.run(command, capture_output=True, text=True, check=True).stdout)
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(GPT2_REVISION)
+    return snapshot, parameters
 
 
 if __name__ == "__main__":
