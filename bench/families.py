@@ -64,13 +64,12 @@ def main() -> None:
             within_noise = bert.seconds <= 1.10 * old.seconds
             rows.append(("heads, bundled BERT", bert, "the same, old tree", old, "≤ 1.10×", within_noise))
 
-        smollm2_model, smollm2_folder, first_run = prepare_smollm2(cases)
+        smollm2_folder, first_run = convert_smollm2(cases)
         gpt2_folder, gpt2_parameters = build_gpt2(cases.scratch / "hub", smollm2_folder)
         cases.notes.append(f"GPT-2-sized: {gpt2_parameters:,} parameters")
         rows += cases.model_rows("GPT-2-sized, hub cache", GPT2_REPO_ID, gpt2_folder)
-        rows += cases.model_rows("SmolLM2", smollm2_model, smollm2_folder)
-        if first_run is not None:
-            rows.append(("heads, SmolLM2, first run (converts)", first_run, "heads, SmolLM2", rows[-2][1], "-", None))
+        rows += cases.model_rows("SmolLM2", "smollm2", smollm2_folder)
+        rows.append(("heads, SmolLM2, first run (converts)", first_run, "heads, SmolLM2", rows[-2][1], "-", None))
 
         bert_tokens, gpt2_tokens, smollm2_tokens = token_counts([Path(bundled_model_dir()), gpt2_folder, smollm2_folder])
         cases.notes.append(f"tokens: BERT {bert_tokens}, GPT-2-sized {gpt2_tokens}, SmolLM2 {smollm2_tokens}")
@@ -126,19 +125,10 @@ class Cases:
         ]
 
 
-def prepare_smollm2(cases: Cases) -> tuple[str, Path, Timing | None]:
-    """SmolLM2's --model and converted folder, and the first run's timing if that run converted the GGUF file.
-
-    With attnviz's `--model smollm2` (attnviz/models/smollm2.py), its first run converts into the
-    empty ATTNVIZ_CACHE; without it, this bench converts the same way and passes the folder.
-    """
-    if (REPO / "attnviz" / "models" / "smollm2.py").exists():
-        first_run = cases.heads("smollm2", repeat=1)
-        folder = next((cases.scratch / "attnviz-cache").glob(SMOLLM2_FOLDER_GLOB))
-        return "smollm2", folder, first_run
-    folder = cases.scratch / "smollm2"
-    cases.run([PYTHON, str(BENCH / "convert_smollm2.py"), str(folder)], repeat=1)
-    return str(folder), folder, None
+def convert_smollm2(cases: Cases) -> tuple[Path, Timing]:
+    """The first `--model smollm2` run, which converts the GGUF file into the empty ATTNVIZ_CACHE: folder, timing."""
+    first_run = cases.heads("smollm2", repeat=1)
+    return next((cases.scratch / "attnviz-cache").glob(SMOLLM2_FOLDER_GLOB)), first_run
 
 
 def token_counts(folders: list[Path]) -> list[int]:
