@@ -17,8 +17,9 @@ ratios come from run.py's run_process, in one run. The models:
 - SmolLM2: `--model smollm2` with an empty temporary ATTNVIZ_CACHE: the first run converts the
   GGUF file (timed once, as its own row), the others find the conversion cached.
 
-Beside each model's heads row, a process that only imports attnviz's loader and calls
-load_model (its share of heads); and the imports alone: torch, and transformers' classes.
+heads runs on layer 0 (the default) and on the model's last layer. Beside them, a process that
+only imports attnviz's loader and calls load_model (its share of heads); and the imports alone:
+torch, and transformers' classes.
 Whatever needs torch runs in a process of its own, so the bench's own memory never counts in
 a timed process's peak (a child's max RSS starts from its parent's).
 """
@@ -58,18 +59,20 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="attnviz-bench-") as scratch:
         cases = Cases(Path(scratch), args.repeat)
         rows = cases.import_rows()
-        rows += cases.model_rows("bundled BERT", "bundled", Path(bundled_model_dir()))
+        bert_rows = cases.model_rows("bundled BERT", "bundled", Path(bundled_model_dir()), last_layer=5)
+        rows += bert_rows
         if args.old_tree:
-            bert, old = rows[-2][1], cases.heads("bundled", PYTHONPATH=str(args.old_tree.resolve()))
+            bert, old = bert_rows[0][1], cases.heads("bundled", PYTHONPATH=str(args.old_tree.resolve()))
             within_noise = bert.seconds <= 1.10 * old.seconds
             rows.append(("heads, bundled BERT", bert, "the same, old tree", old, "≤ 1.10×", within_noise))
 
         smollm2_folder, first_run = convert_smollm2(cases)
         gpt2_folder, gpt2_parameters = build_gpt2(cases.scratch / "hub", smollm2_folder)
         cases.notes.append(f"GPT-2-sized: {gpt2_parameters:,} parameters")
-        rows += cases.model_rows("GPT-2-sized, hub cache", GPT2_REPO_ID, gpt2_folder)
-        rows += cases.model_rows("SmolLM2", "smollm2", smollm2_folder)
-        rows.append(("heads, SmolLM2, first run (converts)", first_run, "heads, SmolLM2", rows[-2][1], "-", None))
+        rows += cases.model_rows("GPT-2-sized, hub cache", GPT2_REPO_ID, gpt2_folder, last_layer=11)
+        smollm2_rows = cases.model_rows("SmolLM2", "smollm2", smollm2_folder, last_layer=29)
+        rows += smollm2_rows
+        rows.append(("heads, SmolLM2, first run (converts)", first_run, "heads, SmolLM2", smollm2_rows[0][1], "-", None))
 
         bert_tokens, gpt2_tokens, smollm2_tokens = token_counts([Path(bundled_model_dir()), gpt2_folder, smollm2_folder])
         cases.notes.append(f"tokens: BERT {bert_tokens}, GPT-2-sized {gpt2_tokens}, SmolLM2 {smollm2_tokens}")
@@ -99,8 +102,8 @@ class Cases:
     def run(self, command: list[str], repeat: int | None = None, **env: str) -> Timing:
         return run_process(command, repeat or self.repeat, {**self.env, **env})
 
-    def heads(self, model: str, repeat: int | None = None, **env: str) -> Timing:
-        command = [*ATTNVIZ, "heads", TEXT, "--model", model, "--out", str(self.scratch / "heads"), "--device", "cpu"]
+    def heads(self, model: str, *options: str, repeat: int | None = None, **env: str) -> Timing:
+        command = [*ATTNVIZ, "heads", TEXT, "--model", model, "--out", str(self.scratch / "heads"), "--device", "cpu", *options]
         return self.run(command, repeat, **env)
 
     def import_rows(self) -> list[tuple]:
@@ -113,14 +116,19 @@ class Cases:
             ("import torch, transformers' GPT2Model, LlamaModel", classes, "import torch", torch, "-", None),
         ]
 
-    def model_rows(self, name: str, model: str, folder: Path) -> list[tuple]:
-        """heads against the bare forward pass; attnviz's load_model alone against heads (its share)."""
+    def model_rows(self, name: str, model: str, folder: Path, last_layer: int) -> list[tuple]:
+        """heads (layer 0, and the last) against the bare forward pass, first; load_model alone against heads.
+
+        heads on layer L runs the model up to L's input and stops; the bare pass runs every layer.
+        """
         heads_run = self.heads(model)
+        last_layer_run = self.heads(model, "--layer", str(last_layer))
         bare = self.run([PYTHON, str(BENCH / "bare_forward.py"), str(folder), str(self.text_file), "1", "cpu"])
         load = self.run([PYTHON, "-c", LOAD_ONLY, model])
         self.notes.append(f"{name}: the bare forward pass alone {bare.loop_seconds:.3f} s of its {bare.seconds:.2f} s")
         return [
             (f"heads, {name}", heads_run, "bare forward", bare, "-", None),
+            (f"heads --layer {last_layer} (the last), {name}", last_layer_run, "bare forward", bare, "-", None),
             (f"load_model only, {name}", load, f"heads, {name}", heads_run, "-", None),
         ]
 
