@@ -7,7 +7,8 @@
 Every case is `attnviz heads TEXT --model M --out ... --device cpu` as a new process, as a user
 runs it; its baseline is bench/bare_forward.py on the same model folder and text: AutoModel
 (eager attention) and AutoTokenizer, one forward pass with output_attentions=True. Medians and
-ratios come from run.py's run_process, in one run. The models:
+ratios come from run.py's run_rounds, in one run: every case once per round, so that a drift of
+the machine falls on every case alike. The models:
 
 - bundled: the bundled all-MiniLM-L6-v2 (attnviz's own BERT path).
 - GPT-2-sized: transformers.GPT2Config()'s defaults (12 layers, 12 heads, 768 wide, vocab
@@ -31,11 +32,12 @@ import os
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run.py, beside this file
 
-from run import ATTNVIZ, BENCH, PYTHON, Timing, bundled_model_dir, print_table, run_process  # noqa: E402
+from run import ATTNVIZ, BENCH, PYTHON, Timing, bundled_model_dir, print_table, run_process, run_rounds  # noqa: E402
 
 REPO = BENCH.parent
 TEXT = "The cat sat on the mat because it was tired."
@@ -47,7 +49,17 @@ TOKEN_COUNTS = (
     "import sys; from transformers import AutoTokenizer as T; "
     "[print(len(T.from_pretrained(folder)(sys.argv[1])['input_ids'])) for folder in sys.argv[2:]]"
 )
+IMPORT_CLASSES_CASE = "import torch, transformers' GPT2Model, LlamaModel"
+OLD_BERT = "heads, bundled BERT, old tree"
 LOAD_ONLY = "import sys; from attnviz.models.loading import load_model; load_model(sys.argv[1])"
+
+
+@dataclass
+class Model:
+    name: str
+    model: str  # what --model gets
+    folder: Path  # what bench/bare_forward.py loads
+    last_layer: int
 
 
 def main() -> None:
@@ -57,37 +69,31 @@ def main() -> None:
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="attnviz-bench-") as scratch:
-        cases = Cases(Path(scratch), args.repeat)
-        rows = cases.import_rows()
-        bert_rows = cases.model_rows("bundled BERT", "bundled", Path(bundled_model_dir()), last_layer=5)
-        rows += bert_rows
-        if args.old_tree:
-            bert, old = bert_rows[0][1], cases.heads("bundled", PYTHONPATH=str(args.old_tree.resolve()))
-            within_noise = bert.seconds <= 1.10 * old.seconds
-            rows.append(("heads, bundled BERT", bert, "the same, old tree", old, "≤ 1.10×", within_noise))
-
-        smollm2_folder, first_run = convert_smollm2(cases)
+        cases = Cases(Path(scratch))
+        smollm2_folder, first_run = cases.convert_smollm2()
         gpt2_folder, gpt2_parameters = build_gpt2(cases.scratch / "hub", smollm2_folder)
-        cases.notes.append(f"GPT-2-sized: {gpt2_parameters:,} parameters")
-        rows += cases.model_rows("GPT-2-sized, hub cache", GPT2_REPO_ID, gpt2_folder, last_layer=11)
-        smollm2_rows = cases.model_rows("SmolLM2", "smollm2", smollm2_folder, last_layer=29)
-        rows += smollm2_rows
-        rows.append(("heads, SmolLM2, first run (converts)", first_run, "heads, SmolLM2", smollm2_rows[0][1], "-", None))
-
-        bert_tokens, gpt2_tokens, smollm2_tokens = token_counts([Path(bundled_model_dir()), gpt2_folder, smollm2_folder])
-        cases.notes.append(f"tokens: BERT {bert_tokens}, GPT-2-sized {gpt2_tokens}, SmolLM2 {smollm2_tokens}")
+        models = [
+            Model("bundled BERT", "bundled", Path(bundled_model_dir()), last_layer=5),
+            Model("GPT-2-sized, hub cache", GPT2_REPO_ID, gpt2_folder, last_layer=11),
+            Model("SmolLM2", "smollm2", smollm2_folder, last_layer=29),
+        ]
+        timings = run_rounds(cases.commands(models, args.old_tree), args.repeat)
+        tokens = token_counts([model.folder for model in models])
 
     print(f"text: {TEXT!r}; attnviz from {REPO}" + (f"; old tree {args.old_tree}" if args.old_tree else ""))
-    print_table(rows, argparse.Namespace(repeat=args.repeat, gpu=False))
+    print_table(table_rows(timings, models, first_run), argparse.Namespace(repeat=args.repeat, gpu=False))
     print()
-    print("\n".join(cases.notes))
+    print(f"GPT-2-sized: {gpt2_parameters:,} parameters")
+    for model, count in zip(models, tokens):
+        bare = timings[f"bare forward, {model.name}"]
+        print(f"{model.name}: {count} tokens; the bare forward pass alone {bare.loop_seconds:.3f} s of its {bare.seconds:.2f} s")
 
 
 class Cases:
     """The processes timed, all with one environment: this checkout's attnviz, offline, temporary caches."""
 
-    def __init__(self, scratch: Path, repeat: int):
-        self.scratch, self.repeat, self.notes = scratch, repeat, []
+    def __init__(self, scratch: Path):
+        self.scratch = scratch
         self.env = {
             **os.environ,
             "PYTHONPATH": str(REPO),  # this checkout's attnviz, whatever the venv has installed
@@ -99,44 +105,55 @@ class Cases:
         self.text_file = scratch / "text.txt"
         self.text_file.write_text(TEXT + "\n", encoding="utf-8")
 
-    def run(self, command: list[str], repeat: int | None = None, **env: str) -> Timing:
-        return run_process(command, repeat or self.repeat, {**self.env, **env})
+    def heads(self, model: str, *options: str) -> list[str]:
+        return [*ATTNVIZ, "heads", TEXT, "--model", model, "--out", str(self.scratch / "heads"), "--device", "cpu", *options]
 
-    def heads(self, model: str, *options: str, repeat: int | None = None, **env: str) -> Timing:
-        command = [*ATTNVIZ, "heads", TEXT, "--model", model, "--out", str(self.scratch / "heads"), "--device", "cpu", *options]
-        return self.run(command, repeat, **env)
+    def convert_smollm2(self) -> tuple[Path, Timing]:
+        """The first `--model smollm2` run, which converts the GGUF file into the empty ATTNVIZ_CACHE: folder, timing."""
+        first_run = run_process(self.heads("smollm2"), 1, self.env)
+        return next((self.scratch / "attnviz-cache").glob(SMOLLM2_FOLDER_GLOB)), first_run
 
-    def import_rows(self) -> list[tuple]:
-        """What a transformers run pays before any model: torch, then transformers' GPT-2 and Llama classes."""
-        python_pass = self.run([PYTHON, "-c", "pass"])
-        torch = self.run([PYTHON, "-c", "import torch"])
-        classes = self.run([PYTHON, "-c", IMPORT_CLASSES])
-        return [
-            ("import torch", torch, "python -c pass", python_pass, "-", None),
-            ("import torch, transformers' GPT2Model, LlamaModel", classes, "import torch", torch, "-", None),
+    def commands(self, models: list[Model], old_tree: Path | None) -> dict[str, tuple[list[str], dict]]:
+        """Every case by name: the imports alone; per model heads on layer 0 and the last, the bare pass, load_model alone."""
+        commands = {
+            "python -c pass": [PYTHON, "-c", "pass"],
+            "import torch": [PYTHON, "-c", "import torch"],
+            IMPORT_CLASSES_CASE: [PYTHON, "-c", IMPORT_CLASSES],
+        }
+        for model in models:
+            commands[f"heads, {model.name}"] = self.heads(model.model)
+            commands[f"heads --layer {model.last_layer} (the last), {model.name}"] = self.heads(
+                model.model, "--layer", str(model.last_layer)
+            )
+            bare = [PYTHON, str(BENCH / "bare_forward.py"), str(model.folder), str(self.text_file), "1", "cpu"]
+            commands[f"bare forward, {model.name}"] = bare
+            commands[f"load_model only, {model.name}"] = [PYTHON, "-c", LOAD_ONLY, model.model]
+        timed = {name: (command, self.env) for name, command in commands.items()}
+        if old_tree:
+            timed[OLD_BERT] = (self.heads("bundled"), {**self.env, "PYTHONPATH": str(old_tree.resolve())})
+        return timed
+
+
+def table_rows(timings: dict[str, Timing], models: list[Model], first_run: Timing) -> list[tuple]:
+    """run.py's rows: (case, timing, baseline's name, baseline, target, met); None for met where there is no target."""
+    rows = [
+        ("import torch", timings["import torch"], "python -c pass", timings["python -c pass"], "-", None),
+        (IMPORT_CLASSES_CASE, timings[IMPORT_CLASSES_CASE], "import torch", timings["import torch"], "-", None),
+    ]
+    for model in models:
+        heads, bare = timings[f"heads, {model.name}"], timings[f"bare forward, {model.name}"]
+        last = f"heads --layer {model.last_layer} (the last), {model.name}"
+        load = f"load_model only, {model.name}"
+        rows += [
+            (f"heads, {model.name}", heads, "bare forward", bare, "-", None),
+            (last, timings[last], "bare forward", bare, "-", None),
+            (load, timings[load], f"heads, {model.name}", heads, "-", None),
         ]
-
-    def model_rows(self, name: str, model: str, folder: Path, last_layer: int) -> list[tuple]:
-        """heads (layer 0, and the last) against the bare forward pass, first; load_model alone against heads.
-
-        heads on layer L runs the model up to L's input and stops; the bare pass runs every layer.
-        """
-        heads_run = self.heads(model)
-        last_layer_run = self.heads(model, "--layer", str(last_layer))
-        bare = self.run([PYTHON, str(BENCH / "bare_forward.py"), str(folder), str(self.text_file), "1", "cpu"])
-        load = self.run([PYTHON, "-c", LOAD_ONLY, model])
-        self.notes.append(f"{name}: the bare forward pass alone {bare.loop_seconds:.3f} s of its {bare.seconds:.2f} s")
-        return [
-            (f"heads, {name}", heads_run, "bare forward", bare, "-", None),
-            (f"heads --layer {last_layer} (the last), {name}", last_layer_run, "bare forward", bare, "-", None),
-            (f"load_model only, {name}", load, f"heads, {name}", heads_run, "-", None),
-        ]
-
-
-def convert_smollm2(cases: Cases) -> tuple[Path, Timing]:
-    """The first `--model smollm2` run, which converts the GGUF file into the empty ATTNVIZ_CACHE: folder, timing."""
-    first_run = cases.heads("smollm2", repeat=1)
-    return next((cases.scratch / "attnviz-cache").glob(SMOLLM2_FOLDER_GLOB)), first_run
+    if OLD_BERT in timings:
+        bert, old = timings["heads, bundled BERT"], timings[OLD_BERT]
+        rows.append(("heads, bundled BERT", bert, OLD_BERT, old, "≤ 1.10×", bert.seconds <= 1.10 * old.seconds))
+    rows.append(("heads, SmolLM2, first run (converts)", first_run, "heads, SmolLM2", timings["heads, SmolLM2"], "-", None))
+    return rows
 
 
 def token_counts(folders: list[Path]) -> list[int]:

