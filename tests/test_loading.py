@@ -205,7 +205,7 @@ HUB_SCRIPT = textwrap.dedent(
             else:
                 loaded = load_model(None if name == "<default>" else name)
             result = {"name": loaded.name, "source": loaded.source, "notice": loaded.notice,
-                      "layers": loaded.num_layers}
+                      "layers": loaded.num_layers, "family": loaded.family.name, "kv_heads": loaded.num_kv_heads}
         except AttnvizError as error:
             result = {"error": str(error)}
         result["seconds"] = time.perf_counter() - started
@@ -315,6 +315,13 @@ class FakeHubHandler(BaseHTTPRequestHandler):
             self.wfile.write(data)
 
 
+def tiny_llama_folder(folder: Path) -> Path:
+    from tiny_families import build_checkpoint
+
+    build_checkpoint("llama", folder)
+    return folder
+
+
 @pytest.fixture(scope="module")
 def fake_hub(tmp_path_factory):
     repos = tmp_path_factory.mktemp("fake_hub_repos")
@@ -327,6 +334,7 @@ def fake_hub(tmp_path_factory):
             "org/pickled-bert": write_tiny_bert_folder(repos / "pickled-bert", tiny_bert(seed=0), pickle_only=True),
             "org/pickle-shards": write_pickle_shard_folder(repos / "pickle-shards", tiny_bert(seed=0)),
             "org/tiny-gpt": gpt_folder,
+            "org/tiny-llama": tiny_llama_folder(repos / "tiny-llama"),
         }
     )
     threading.Thread(target=hub.serve_forever, daemon=True).start()
@@ -364,6 +372,8 @@ def hub_runs(tmp_path_factory, fake_hub):
                 "org/pickled-bert",
                 "allow_pickle:org/pickled-bert",
                 "org/pickle-shards",
+                "org/tiny-llama",  # a family through transformers: downloaded, then found in the cache
+                "org/tiny-llama",
             ],
             fake_hub_home,
             HF_ENDPOINT=fake_hub.endpoint,
@@ -457,6 +467,16 @@ def test_a_hub_model_of_an_unsupported_family_is_refused_before_its_weights_down
     assert "GET /org/tiny-gpt/resolve/main/config.json" in fake_hub.requests
     assert not any(request.startswith("GET /org/tiny-gpt/") and request.endswith("/model.safetensors")
                    for request in fake_hub.requests)
+
+
+def test_a_decoder_downloads_with_its_tokenizer_then_loads_from_the_cache(hub_runs, fake_hub):
+    results, _ = hub_runs["fake hub"]
+    downloaded, cached = results["org/tiny-llama"]
+
+    assert (downloaded["source"], cached["source"]) == ("hub download", "hub cache")
+    assert (downloaded["family"], downloaded["layers"], downloaded["kv_heads"]) == ("Llama", 2, 2)
+    for file in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+        assert f"GET /org/tiny-llama/resolve/main/{file}" in fake_hub.requests
 
 
 def test_a_hub_model_with_only_pickle_weights_is_refused_unless_allowed(hub_runs, fake_hub):
