@@ -36,11 +36,14 @@ def short_model_name(model: str) -> str:
     return parts[-1] if parts else model
 
 
-def quoted(text: str, max_chars: int = TEXT_CHARS) -> str:
-    """ "“text”", shortened, with characters no font can draw written as <U+XXXX>."""
-    from attnviz.render.fonts import displayable
+def quoted(text: str, max_chars: int = TEXT_CHARS, fonts: bool = True) -> str:
+    """ "“text”", shortened, with characters no font can draw written as <U+XXXX> (fonts=False: as they are, for a browser)."""
+    short = shorten(text, max_chars)
+    if fonts:
+        from attnviz.render.fonts import displayable
 
-    return f"“{displayable(shorten(text, max_chars))}”"
+        short = displayable(short)
+    return f"“{short}”"
 
 
 def counted(count: int, noun: str) -> str:
@@ -83,6 +86,7 @@ def figure_title(
     family: str | None = None,
     stack: str | None = None,
     kv_heads: str | None = None,
+    fonts: bool = True,
 ) -> str:
     """The two title lines of a figure (more when they would be longer than line_chars).
 
@@ -92,7 +96,8 @@ def figure_title(
     parameters, not the attention weights), with seed the seed of the random ones; notes:
     more for the second line; line_chars: the characters a line may hold (see chars_across),
     texts are shortened to fit it. family: the model's family, named after the model unless
-    it is BERT; stack: an encoder-decoder's attention (stack_words); kv_heads: kv_heads_words.
+    it is BERT; stack: an encoder-decoder's attention (stack_words); kv_heads: kv_heads_words;
+    fonts=False keeps characters matplotlib's fonts lack (an HTML title, which the browser draws).
     """
     named_family = [family] if family and family != "BERT" else []
     first = [short_model_name(model), *named_family, *scope, *(["causal"] if causal else [])]
@@ -100,10 +105,10 @@ def figure_title(
     if line_chars is not None:  # a text fits one line; "cross-attention (keys from: “…”)" too
         around = len(_keys_words(stack, "“”")) if kv_text else len("“”")
         max_chars = max(12, min(max_chars, line_chars - around))
-    second = [quoted(text, max_chars)] if text is not None else []
+    second = [quoted(text, max_chars, fonts)] if text is not None else []
     second += [about] if about else []
     if kv_text or stack:
-        second.append(_keys_words(stack, quoted(kv_text, max_chars) if kv_text else None))
+        second.append(_keys_words(stack, quoted(kv_text, max_chars, fonts) if kv_text else None))
     second += [kv_heads] if kv_heads else []
     if "random" in ([weights] if isinstance(weights, str) else weights):
         second.append("random parameters" + (f", seed {seed}" if seed is not None else ""))

@@ -1,0 +1,79 @@
+"""One HTML file: the template with the styles, the scripts and the record inline.
+
+The page needs nothing but a browser: no request to any host, ever. Its Content-Security-Policy
+says so to the browser too: no source but the page itself (default-src 'none'), and of scripts
+only the one inline script whose sha256 the policy names, so even a text that slipped in as
+markup could run nothing (no inline event handler, no injected script). The record goes in as
+JSON in a <script type="application/json"> element, with every "<" escaped, so no text can end
+that element early.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import html
+import json
+import re
+from importlib import resources
+
+from attnviz.text import shorten
+
+# The page's scripts, in the order they run: core.js defines window.AV, the views register
+# themselves with it, main.js starts the page.
+SCRIPTS = (
+    "core.js",
+    "header.js",
+    "head_view.js",
+    "model_view.js",
+    "heatmap_view.js",
+    "trace_view.js",
+    "stats_view.js",
+    "main.js",
+)
+STYLES = ("report.css",)
+TEMPLATE = "report.html"
+TITLE_CHARS = 60
+_SLOT = re.compile(r"<!--attnviz:(\w+)-->")
+
+
+def static_text(name: str) -> str:
+    return resources.files("attnviz.html").joinpath("static", name).read_text(encoding="utf-8")
+
+
+def _static_names() -> set[str]:
+    return {entry.name for entry in resources.files("attnviz.html").joinpath("static").iterdir()}
+
+
+def page_script() -> str:
+    """The scripts, joined in SCRIPTS' order (each file keeps its names to itself)."""
+    present = _static_names()
+    script = "\n".join(f"// ---- {name} ----\n{static_text(name)}" for name in SCRIPTS if name in present)
+    if "</script" in script.lower() or "<!--" in script:
+        raise ValueError("a report script holds '</script' or '<!--', which the HTML parser reads inside a script")
+    return script
+
+
+def record_json(record: dict) -> str:
+    """The record as JSON safe inside a <script> element: every "<" written as \\u003c."""
+    return json.dumps(record, ensure_ascii=False, separators=(",", ":")).replace("<", "\\u003c")
+
+
+def content_security_policy(script: str) -> str:
+    digest = base64.b64encode(hashlib.sha256(script.encode("utf-8")).digest()).decode("ascii")
+    return f"default-src 'none'; script-src 'sha256-{digest}'; style-src 'unsafe-inline'; img-src data: blob:"
+
+
+def report_page(record: dict) -> str:
+    """The report's HTML file (README.md, "report.html") for a record of html.record.report_record."""
+    script = page_script()
+    first_text = record["texts"][0]["text"] if record.get("texts") else ""
+    slots = {
+        "csp": html.escape(content_security_policy(script)),
+        "title": html.escape(f"attnviz · {shorten(first_text, TITLE_CHARS)}"),
+        "style": "\n".join(static_text(name) for name in STYLES if name in _static_names()),
+        "data": record_json(record),
+        "script": script,
+    }
+    # One pass over the template: nothing inserted is searched again for slots.
+    return _SLOT.sub(lambda match: slots[match.group(1)], static_text(TEMPLATE))

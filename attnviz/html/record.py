@@ -1,0 +1,131 @@
+"""The report's data: attention.json's record of each text, with its weights encoded compactly.
+
+A report of a 512-token text holds every layer's maps, 19 million weights (6 layers × 12 heads
+× 512²): as JSON numbers that would be about 150 MB. So the weights travel as integers,
+zlib-compressed and base64-encoded (ENCODED in README.md, "report.html"):
+
+- exact: the weight rounded to 4 decimals, the precision the page reads out, as uint16 in units
+  of 1e-4. The run's layer ("attention"), the rollout, and every layer of a text short enough;
+- quantised: past MAX_EXACT_VALUES weights, the other layers' maps are drawn from uint8 codes,
+  the 256 levels of the log colour scale from LOG_MIN to 1 that long maps use; the page marks
+  their read-outs as approximate (≈).
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+import zlib
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from attnviz.output.export import attention_record
+from attnviz.output.stats_export import stats_record
+from attnviz.output.trace_files import trace_record
+from attnviz.result import AttentionRun
+from attnviz.spec import RunSpec
+from attnviz.version import __version__
+
+FORMAT_VERSION = 1
+EXACT_UNIT = 1e-4  # the read-out's 4 decimals
+LOG_MIN = 1e-3  # the bottom of the log colour scale (render/scales.py's LOG_SCALE_MIN)
+LOG_LEVELS = 255  # uint8 codes 1..255 on the log scale; code 0 is below LOG_MIN
+MAX_EXACT_VALUES = 2**22  # a text's every-layer maps are exact up to this many weights (6×12×240²)
+COMPRESSION_LEVEL = 6
+
+WEIGHTS_ROUNDING = (
+    "Weights are stored rounded to 4 decimals, the precision read out here; "
+    "for long texts the maps of every layer are drawn from 256 levels of the log colour scale "
+    "(0.001 to 1), and their read-outs are marked ≈."
+)
+
+
+@dataclass(frozen=True)
+class ReportText:
+    """What the report shows of one text: the run's layer, and, for self-attention, every layer."""
+
+    run: AttentionRun  # the run's layer (spec.layer)
+    layer_runs: list[AttentionRun] | None = None  # every layer, in order; None for cross-attention
+    rollout: np.ndarray | None = None  # (N, N)
+    statistics: object | None = None  # analysis.statistics.ModelStatistics of this text alone
+    trace: object | None = None  # tracing.TraceResult of every layout the layer allows
+    mistakes: list = field(default_factory=list)  # tracing.TraceResult of each --mistake run
+
+
+def encode_exact(weights: np.ndarray) -> dict:
+    """Weights in [0, 1] rounded to 4 decimals: uint16 codes in units of EXACT_UNIT."""
+    codes = np.rint(np.asarray(weights, dtype=np.float64) / EXACT_UNIT).astype("<u2")
+    return {"shape": list(codes.shape), "dtype": "uint16", "unit": EXACT_UNIT, "data": _packed(codes)}
+
+
+def encode_quantised(weights: np.ndarray) -> dict:
+    """Weights in [0, 1] as uint8 codes on the log scale: 0 below LOG_MIN, else 10 ** (3 * (c - 1) / 254 - 3)."""
+    weights = np.asarray(weights, dtype=np.float64)
+    decades = -math.log10(LOG_MIN)  # 3
+    steps = LOG_LEVELS - 1  # 254 steps between codes 1 and 255
+    with np.errstate(divide="ignore"):
+        position = 1 + steps * (np.log10(weights) + decades) / decades  # 1 at LOG_MIN, 255 at 1
+    codes = np.where(np.rint(position) >= 1, np.clip(np.rint(position), 1, LOG_LEVELS), 0).astype(np.uint8)
+    return {"shape": list(codes.shape), "dtype": "uint8", "log_min": LOG_MIN, "data": _packed(codes)}
+
+
+def decode_weights(encoded: dict) -> np.ndarray:
+    """The weights an ENCODED array holds (what the page decodes), as float64."""
+    raw = zlib.decompress(base64.b64decode(encoded["data"]))
+    codes = np.frombuffer(raw, dtype="<u2" if encoded["dtype"] == "uint16" else np.uint8).reshape(encoded["shape"])
+    if encoded["dtype"] == "uint16":
+        return codes * encoded["unit"]
+    decades = -math.log10(encoded["log_min"])
+    return np.where(codes == 0, 0.0, 10.0 ** (decades * (codes.astype(np.float64) - 1) / (LOG_LEVELS - 1) - decades))
+
+
+def _packed(codes: np.ndarray) -> str:
+    return base64.b64encode(zlib.compress(codes.tobytes(), COMPRESSION_LEVEL)).decode("ascii")
+
+
+def text_record(text: ReportText, spec: RunSpec) -> dict:
+    """attention.json's record of text.run, its weights encoded, with the layers, rollout, statistics and traces."""
+    from attnviz.render.titles import run_title
+
+    run = text.run
+    record = attention_record(run, spec)
+    record["attention"] = encode_exact(run.attention)
+    record["title"] = run_title(run, [f"layer {run.layer}"], seed=spec.seed if run.weights == "random" else None, fonts=False).split("\n")
+    every_layer = replace(spec, layer=None)  # stats.json's and rollout.json's settings
+    layers = None
+    if text.layer_runs is not None:
+        stacked = np.stack([layer_run.attention for layer_run in text.layer_runs])  # (L, H, N, N)
+        layers = encode_exact(stacked) if stacked.size <= MAX_EXACT_VALUES else encode_quantised(stacked)
+    record["layers"] = layers
+    record["rollout"] = encode_exact(text.rollout) if text.rollout is not None else None
+    record["statistics"] = (
+        stats_record(text.statistics, [run.text], [run.truncated], run, every_layer) if text.statistics is not None else None
+    )
+    record["trace"] = trace_record(text.trace, spec) if text.trace is not None else None
+    record["mistakes"] = [trace_record(mistaken, spec) for mistaken in text.mistakes]
+    return record
+
+
+def report_record(texts: list[ReportText], spec: RunSpec, *, kind: str, num_layers: int, notes: list[str] = ()) -> dict:
+    """The report's data (README.md, "report.html"): the run's settings and one record per text.
+
+    kind: the model's kind ("encoder", "decoder", "encoder-decoder"); num_layers: its layers (of
+    the stack shown); notes: what the run printed as notes, in order, without repeats.
+    """
+    first = texts[0].run
+    return {
+        "format": "attnviz-report",
+        "version": FORMAT_VERSION,
+        "settings": spec.to_dict(),
+        "attnviz_version": __version__,
+        "family": first.family,
+        "kind": kind,
+        "num_layers": num_layers,
+        "num_heads": first.num_heads,
+        "num_kv_heads": first.num_kv_heads or first.num_heads,
+        "head_dim": first.head_dim,
+        "weights_rounding": WEIGHTS_ROUNDING,
+        "notes": list(dict.fromkeys([*notes, *(note for text in texts for note in text.run.notices)])),
+        "texts": [text_record(text, spec) for text in texts],
+    }
