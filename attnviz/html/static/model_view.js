@@ -1,0 +1,67 @@
+// model_view.js: every layer × head as a small map (BertViz's model view); click or Enter on one
+// opens it large in the heatmap view.
+(() => {
+  "use strict";
+  const AV = window.AV;
+  const CELL_SIDE_PX = 72; // a small map's side at most; longer texts show each pixel's block maximum
+
+  function cellButton(textIndex, layer, head) {
+    const canvas = AV.el("canvas", { class: "model-cell", "data-layer": layer, "data-head": head, "aria-hidden": "true" });
+    const button = AV.el("button", { type: "button", class: "model-cell-button", "aria-label": `layer ${layer}, head ${head}: open in the heatmap view`, title: `layer ${layer} · head ${head}` }, canvas);
+    if (layer === AV.state.layer && head === AV.state.head) button.setAttribute("aria-current", "true");
+    button.addEventListener("click", () => AV.set({ layer, head, view: "heatmap" }));
+    return { button, canvas };
+  }
+
+  // Lets the browser paint between layers, so a long text's 72 maps do not freeze the page.
+  const nextFrame = () => new Promise((resolve) => setTimeout(resolve, 0));
+
+  async function render(section) {
+    const textIndex = AV.state.text;
+    const text = AV.current();
+    const layers = AV.layersOf(textIndex);
+    const heads = AV.data.num_heads;
+    const rows = text.query_tokens.length;
+    const cols = text.key_tokens.length;
+    const logScale = AV.logScale(cols);
+    section.appendChild(AV.el("h2", {}, "Model view"));
+    const notes = [`Every layer × head of this text (${rows} × ${cols} tokens), coloured on the ${logScale ? "log scale 0.001 to 1" : "linear scale 0 to 1"}; click a map (or Tab to it and press Enter) to open it large.`];
+    if (!text.layers) notes.push(`This cross-attention run holds only layer ${text.layer}: the report has no other layer's maps for it.`);
+    if (Math.max(rows, cols) > CELL_SIDE_PX) notes.push(`Each pixel of a small map shows the largest weight of the block of cells it covers.`);
+    if (text.layers && text.layers.dtype === "uint8") notes.push("Layers other than the run's are drawn from 256 levels of the log colour scale.");
+    section.appendChild(AV.el("p", { class: "note" }, notes.join(" ")));
+    const grid = AV.el("div", { class: "model-grid", style: `grid-template-columns: max-content repeat(${heads}, max-content)` });
+    grid.appendChild(AV.el("span", { class: "axis" }, ""));
+    for (let head = 0; head < heads; head++) grid.appendChild(AV.el("span", { class: "axis" }, `head ${head}`));
+    const cells = [];
+    for (const layer of layers) {
+      grid.appendChild(AV.el("span", { class: "axis" }, `layer ${layer}`));
+      for (let head = 0; head < heads; head++) {
+        const cell = cellButton(textIndex, layer, head);
+        grid.appendChild(cell.button);
+        cells.push({ layer, head, canvas: cell.canvas });
+      }
+    }
+    section.appendChild(AV.el("div", { class: "model-figure" }, grid, AV.colourBar(logScale, { height: 160, masked: text.causal })));
+    const cellSize = Math.max(1, Math.floor(CELL_SIDE_PX / Math.max(rows, cols)));
+    for (const layer of layers) {
+      for (const { head, canvas } of cells.filter((cell) => cell.layer === layer)) {
+        const map = await AV.headMap(textIndex, layer, head);
+        AV.drawMap(canvas, map.weights, map.offset, rows, cols, { logScale, causal: text.causal, cellSize, maxSide: CELL_SIDE_PX });
+      }
+      await nextFrame();
+    }
+  }
+
+  AV.onChange((state, patch) => {
+    if (!("layer" in patch || "head" in patch)) return;
+    for (const button of document.querySelectorAll("#view-model .model-cell-button")) {
+      const canvas = button.firstChild;
+      const current = Number(canvas.dataset.layer) === state.layer && Number(canvas.dataset.head) === state.head;
+      if (current) button.setAttribute("aria-current", "true");
+      else button.removeAttribute("aria-current");
+    }
+  });
+
+  AV.registerView({ id: "model", title: "Model view", render });
+})();
