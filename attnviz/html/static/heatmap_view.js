@@ -77,7 +77,8 @@
       AV.clear(container);
       container.style[along === "top" ? "height" : "width"] = `${length}px`;
       for (let index = 0; index < tokens.length; index += step) {
-        const centre = index * cellSize + cellSize / 2 - LABEL_PX / 2;
+        // a query label's top edge; a key label's left edge before its turn about that corner (report.css)
+        const centre = index * cellSize + cellSize / 2 + (along === "top" ? -LABEL_PX / 2 : LABEL_PX / 2);
         container.appendChild(AV.el("span", { style: `${along}:${centre}px`, title: AV.tokenLabel(tokens, index) }, tokens[index]));
       }
     };
