@@ -120,7 +120,8 @@
     if (drawn !== current) return;
     const rows = text.query_tokens.length;
     const cols = text.key_tokens.length;
-    const minWeight = isLong(text) ? LONG_TEXT_MIN_WEIGHT : -1;
+    // float32 holds 0.01 as 0.0099999998: compare a hair lower, so a weight of 0.0100 is drawn
+    const minWeight = isLong(text) ? LONG_TEXT_MIN_WEIGHT * (1 - 1e-6) : -1;
     const fragment = document.createDocumentFragment();
     const queries = [];
     const keys = [];

@@ -1,0 +1,240 @@
+"""The report's head, model and heatmap views and its core (window.AV) in Debian's Chromium.
+
+What these check is computed here independently: colours with matplotlib's viridis and norms
+(render/scales.py's rule), weights by decoding the record in Python. Every page is opened from a
+file with every request blocked: none may be attempted, and no console or page error may occur.
+Locally the tests skip when Chromium or Playwright is missing; under CI=true they fail instead.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import shutil
+import zlib
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+CHROMIUM = "/usr/bin/chromium"
+LONG_TEXT = " ".join(("The animal didn't cross the street because it was too tired and the rain kept falling. " * 12).split()[:90])
+
+
+def _chromium() -> str:
+    path = CHROMIUM if os.path.exists(CHROMIUM) else shutil.which("chromium")
+    reason = None
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        reason = "Playwright for Python is not installed"
+    if path is None:
+        reason = "Debian's Chromium is not installed (apt-get install chromium)"
+    if reason:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"browser tests need a browser under CI: {reason}")
+        pytest.skip(reason)
+    return path
+
+
+@pytest.fixture(scope="module")
+def browser():
+    executable = _chromium()
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=executable, args=["--no-sandbox", "--disable-gpu"])
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture(scope="module")
+def pages(bundled_bert, tmp_path_factory):
+    """Report files by name: a short text, a causal run at layer 2, and a text of more than 64 tokens."""
+    folder = tmp_path_factory.mktemp("report-views")
+    texts = {
+        "short": dict(text="我想吃酸菜鱼, the cat sat."),
+        "causal": dict(text="The cat sat on the mat.", causal=True, layer=2),
+        "long": dict(text=LONG_TEXT),
+    }
+    paths = {}
+    for name, settings in texts.items():
+        path = folder / f"{name}.html"
+        path.write_text(_report(bundled_bert, **settings), encoding="utf-8")
+        paths[name] = path
+    return paths
+
+
+def _report(loaded, text, causal=False, layer=0):
+    from attnviz.html import ReportText, report_page, report_record
+    from attnviz.pipeline import run_attention, run_layers
+    from attnviz.spec import RunSpec
+
+    spec = RunSpec(
+        model="bundled", resolved_model=loaded.name, model_source=loaded.source, layer=layer,
+        num_heads=loaded.num_heads, weights="pretrained", seed=0, causal=causal, kv_text=None, device="cpu",
+        truncate=False,
+    )  # fmt: skip
+    (run,) = run_attention(loaded, [text], spec)
+    (layer_runs,) = run_layers(loaded, [text], replace(spec, layer=None))
+    record = report_record([ReportText(run, layer_runs)], spec, kind="encoder", num_layers=len(layer_runs))
+    return report_page(record)
+
+
+class Page:
+    """A report opened from its file with every request blocked and recorded, errors collected."""
+
+    def __init__(self, browser, path, color_scheme="light"):
+        self.url = path.as_uri()
+        self.path = path
+        self.requests, self.errors = [], []
+        self.page = browser.new_page(viewport={"width": 1200, "height": 900})
+        self.page.route(lambda url: not url.startswith("file:"), lambda route: route.abort())
+        self.page.on("request", lambda request: self.requests.append(request.url) if request.url != self.url else None)
+        self.page.on("console", lambda message: self.errors.append(message.text) if message.type == "error" else None)
+        self.page.on("pageerror", lambda error: self.errors.append(str(error)))
+        self.page.emulate_media(color_scheme=color_scheme)
+        self.page.goto(self.url)
+        self.page.wait_for_selector("body[data-ready=true]", state="attached", timeout=20000)
+
+    def record(self):
+        html = self.path.read_text(encoding="utf-8")
+        return json.loads(re.search(r'id="attnviz-data">(.*?)</script>', html, re.S).group(1))
+
+    def close(self):
+        self.page.close()
+        assert self.requests == [] and self.errors == [], (self.requests, self.errors)
+
+
+@pytest.fixture
+def opened(browser):
+    opened_pages = []
+
+    def open_page(path, **options):
+        opened_pages.append(Page(browser, path, **options))
+        return opened_pages[-1]
+
+    yield open_page
+    for page in opened_pages:
+        page.close()
+
+
+def decoded(encoded):
+    """An ENCODED array's weights, decoded here (uint16 codes in units of 1e-4)."""
+    assert encoded["dtype"] == "uint16"
+    raw = zlib.decompress(base64.b64decode(encoded["data"]))
+    return np.frombuffer(raw, dtype="<u2").reshape(encoded["shape"]) * 1e-4
+
+
+def viridis_bytes(weights, num_keys):
+    """render/scales.py's colours: viridis on a linear norm up to 64 keys, else a log norm 0.001..1."""
+    import matplotlib
+    from matplotlib.colors import LogNorm, Normalize
+
+    norm = LogNorm(1e-3, 1.0, clip=True) if num_keys > 64 else Normalize(0.0, 1.0)
+    clipped = np.clip(np.asarray(weights, dtype=np.float64), 1e-3 if num_keys > 64 else 0.0, 1.0)
+    return matplotlib.colormaps["viridis"](norm(clipped), bytes=True)[..., :3].astype(int)
+
+
+def test_the_colour_scale_is_matplotlibs_viridis_linear_then_log(pages, opened):
+    page = opened(pages["short"])
+    weights = [0.0, 0.0004, 0.001, 0.0031, 0.01, 0.1234, 0.25, 0.5, 0.7777, 0.999, 1.0]
+    for num_keys in (12, 64, 65, 512):
+        log_scale = page.page.evaluate("n => AV.logScale(n)", num_keys)
+        assert log_scale == (num_keys > 64)
+        colours = page.page.evaluate("([ws, log]) => ws.map(w => AV.colour(w, log))", [weights, log_scale])
+        assert np.array(colours).tolist() == viridis_bytes(weights, num_keys).tolist()
+    assert page.page.evaluate("AV.MASKED") == "#d0d0d0"
+    ticks = page.page.evaluate("[false, true].map(log => Array.from(AV.colourBar(log).querySelectorAll('text')).map(t => t.textContent))")
+    assert ticks == [["0", "0.25", "0.5", "0.75", "1"], ["0.001", "0.01", "0.1", "1"]]
+
+
+def test_the_page_decodes_both_encodings_as_the_record_states(pages, opened):
+    from attnviz.html.record import decode_weights, encode_exact, encode_quantised
+
+    rng = np.random.default_rng(3)
+    weights = rng.dirichlet(np.full(70, 0.3), size=(2, 5)).astype(np.float32)  # (2, 5, 70), rows sum to 1
+    weights[0, 0, :] = 0.0
+    weights[0, 0, 3] = 1.0
+    page = opened(pages["short"])
+    for encoded in (encode_exact(weights), encode_quantised(weights)):
+        got = page.page.evaluate(
+            "async e => { const w = await AV.decode(e); return {shape: w.shape, exact: w.exact, values: Array.from(w.values), at: w.at(1, 4, 69)}; }",
+            encoded,
+        )
+        expected = decode_weights(encoded)
+        assert got["shape"] == [2, 5, 70] and got["exact"] == (encoded["dtype"] == "uint16")
+        assert np.allclose(np.array(got["values"]).reshape(expected.shape), expected, rtol=1e-6, atol=1e-7)
+        assert got["at"] == pytest.approx(expected[1, 4, 69], rel=1e-6, abs=1e-7)
+    formatted = page.page.evaluate("[AV.formatWeight(0.1234), AV.formatWeight(0.0123, false), AV.formatWeight(0, false)]")
+    assert formatted == ["0.1234", "≈ 0.0123", "< 0.001"]
+
+
+def test_the_heatmap_draws_each_cell_in_its_colour_and_masked_cells_grey(pages, opened):
+    page = opened(pages["causal"])
+    text = page.record()["texts"][0]
+    page.page.click("button[data-view=heatmap]")
+    page.page.select_option("#heatmap-head", "4")
+    page.page.wait_for_function("document.querySelector('#heatmap-note').textContent.includes('head 4')")
+    cells = page.page.evaluate(
+        """() => { const c = document.getElementById('heatmap-canvas'); const n = c.width / %d;
+        const data = c.getContext('2d').getImageData(0, 0, c.width, c.height).data; const rows = [];
+        for (let i = 0; i < c.height / n; i++) { const row = []; for (let j = 0; j < c.width / n; j++) {
+          const p = 4 * ((Math.floor(i * n + n / 2)) * c.width + Math.floor(j * n + n / 2)); row.push([data[p], data[p + 1], data[p + 2]]); }
+          rows.push(row); } return rows; }"""
+        % len(text["key_tokens"])
+    )
+    weights = decoded(text["attention"])[4]
+    expected = viridis_bytes(weights, weights.shape[1])
+    masked = np.triu(np.ones(weights.shape, dtype=bool), k=1)
+    expected[masked] = [0xD0, 0xD0, 0xD0]
+    assert np.array(cells).tolist() == expected.tolist()
+    box = page.page.query_selector("#heatmap-canvas").bounding_box()
+    n = len(text["query_tokens"])
+    page.page.mouse.move(box["x"] + box["width"] * 2.5 / n, box["y"] + box["height"] * 5.5 / n)
+    q, k = text["query_tokens"], text["key_tokens"]
+    assert page.page.text_content("#heatmap-readout") == f"query 5:{q[5]} · key 2:{k[2]} · {weights[5, 2]:.4f}"
+
+
+def test_a_long_texts_head_view_draws_head_0s_weights_from_0_01_and_says_what_it_left_out(pages, opened):
+    page = opened(pages["long"])
+    text = page.record()["texts"][0]
+    weights = decoded(text["attention"])
+    assert weights.shape[1] > 64
+    lines = page.page.evaluate(
+        "Array.from(document.querySelectorAll('#head-lines line')).map(l => [+l.dataset.head, +l.dataset.query, +l.dataset.key, l.getAttribute('stroke-opacity')])"
+    )
+    kept = np.argwhere(weights[0] >= 0.01)
+    assert sorted((h, i, j) for h, i, j, _ in lines) == [(0, i, j) for i, j in kept.tolist()]
+    assert all(opacity == f"{weights[0, i, j]:.4f}" for _, i, j, opacity in lines)
+    left_out = weights[0].size - len(kept)
+    note = page.page.text_content("#head-note")
+    assert f"{left_out:,} of {weights[0].size:,} query-key pairs are left out" in note and "≥ 0.01" in note
+    assert page.page.evaluate("Array.from(document.querySelectorAll('input.head-toggle')).filter(b => b.checked).length") == 1
+
+
+def test_the_views_are_reachable_by_keyboard(pages, opened):
+    page = opened(pages["short"], color_scheme="dark")
+    keyboard = page.page.keyboard
+    page.page.focus("button[data-view=head]")
+    keyboard.press("ArrowRight")
+    assert page.page.evaluate("document.activeElement.dataset.view") == "model"
+    keyboard.press("Enter")
+    page.page.wait_for_selector("canvas.model-cell[data-layer='3'][data-head='7'][data-block]", state="attached")
+    page.page.focus("button.model-cell-button:has(canvas[data-layer='3'][data-head='7'])")
+    keyboard.press("Enter")
+    page.page.wait_for_function("document.querySelector('#heatmap-note') && document.querySelector('#heatmap-note').textContent.startsWith('Layer 3, head 7')")
+    assert page.page.evaluate("document.querySelector('#views [aria-selected=true]').dataset.view") == "heatmap"
+    page.page.focus("#heatmap-canvas")
+    keyboard.press("ArrowDown")
+    keyboard.press("ArrowRight")
+    weights = decoded(page.record()["texts"][0]["layers"])[3, 7]
+    tokens = page.record()["texts"][0]["query_tokens"]
+    assert page.page.text_content("#heatmap-readout") == f"query 1:{tokens[1]} · key 1:{tokens[1]} · {weights[1, 1]:.4f}"
+    page.page.click("button[data-view=head]")
+    page.page.focus(".token[data-side=query][data-index='2']")
+    visible = page.page.evaluate("Array.from(document.querySelectorAll('#head-lines line')).filter(l => getComputedStyle(l).display !== 'none').map(l => l.dataset.query)")
+    assert visible and set(visible) == {"2"}
+    assert "我" in page.page.text_content(".token-column.query")
