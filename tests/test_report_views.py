@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shutil
+import time
 import zlib
 from dataclasses import replace
 
@@ -99,6 +100,13 @@ class Page:
         self.page.goto(self.url)
         self.page.wait_for_selector("body[data-ready=true]", state="attached", timeout=20000)
 
+    def wait_until(self, expression, timeout_s=10.0):
+        """Polls expression with page.evaluate (wait_for_function would eval in the page, which the CSP refuses)."""
+        deadline = time.monotonic() + timeout_s
+        while not self.page.evaluate(expression):
+            assert time.monotonic() < deadline, f"timed out waiting for {expression}"
+            self.page.wait_for_timeout(20)
+
     def record(self):
         html = self.path.read_text(encoding="utf-8")
         return json.loads(re.search(r'id="attnviz-data">(.*?)</script>', html, re.S).group(1))
@@ -177,7 +185,7 @@ def test_the_heatmap_draws_each_cell_in_its_colour_and_masked_cells_grey(pages, 
     text = page.record()["texts"][0]
     page.page.click("button[data-view=heatmap]")
     page.page.select_option("#heatmap-head", "4")
-    page.page.wait_for_function("document.querySelector('#heatmap-note').textContent.includes('head 4')")
+    page.wait_until("document.querySelector('#heatmap-note').textContent.includes('head 4')")
     cells = page.page.evaluate(
         """() => { const c = document.getElementById('heatmap-canvas'); const n = c.width / %d;
         const data = c.getContext('2d').getImageData(0, 0, c.width, c.height).data; const rows = [];
@@ -225,7 +233,7 @@ def test_the_views_are_reachable_by_keyboard(pages, opened):
     page.page.wait_for_selector("canvas.model-cell[data-layer='3'][data-head='7'][data-block]", state="attached")
     page.page.focus("button.model-cell-button:has(canvas[data-layer='3'][data-head='7'])")
     keyboard.press("Enter")
-    page.page.wait_for_function("document.querySelector('#heatmap-note') && document.querySelector('#heatmap-note').textContent.startsWith('Layer 3, head 7')")
+    page.wait_until("(document.querySelector('#heatmap-note') || {textContent: ''}).textContent.startsWith('Layer 3, head 7')")
     assert page.page.evaluate("document.querySelector('#views [aria-selected=true]').dataset.view") == "heatmap"
     page.page.focus("#heatmap-canvas")
     keyboard.press("ArrowDown")

@@ -239,17 +239,27 @@
     current.readout.textContent = tokenReadout(side, index);
   }
 
-  // Every line whose data-query (or data-key) is not index gets class "hidden".
+  // Every line whose data-query (or data-key) is not index gets class "hidden"; the tokens across
+  // are shaded by their strongest weight with index over the chosen heads (also where no line is drawn).
   function isolate(side, index) {
     const current = drawn;
     const ends = side === "query" ? current.queries : current.keys;
     for (let n = 0; n < current.elements.length; n++) current.elements[n].classList.toggle("hidden", ends[n] !== index);
+    const across = side === "query" ? "key" : "query";
+    for (const token of current.columns.querySelectorAll(`.token[data-side="${across}"]`)) {
+      const other = Number(token.dataset.index);
+      let strongest = 0;
+      for (const head of current.heads) strongest = Math.max(strongest, side === "query" ? weightOf(head, index, other) : weightOf(head, other, index));
+      token.style.setProperty("--weight", strongest.toFixed(4));
+      token.classList.add("shaded");
+    }
   }
 
   function restore() {
     const current = drawn;
     if (!current || !current.elements) return;
     for (const line of current.elements) line.classList.remove("hidden");
+    for (const token of current.columns.querySelectorAll(".token.shaded")) token.classList.remove("shaded");
   }
 
   function weightOf(head, i, j) {
