@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 CHROMIUM = "/usr/bin/chromium"
+HOSTILE = "</script><script>document.title='x'</script><img src=x onerror=alert(1)>"
 LONG_TEXT = " ".join(("The animal didn't cross the street because it was too tired and the rain kept falling. " * 12).split()[:90])
 
 
@@ -59,6 +60,7 @@ def pages(bundled_bert, tmp_path_factory):
         "short": dict(text="我想吃酸菜鱼, the cat sat."),
         "causal": dict(text="The cat sat on the mat.", causal=True, layer=2),
         "long": dict(text=LONG_TEXT),
+        "several": dict(text=["The cat sat.", HOSTILE]),
     }
     paths = {}
     for name, settings in texts.items():
@@ -78,10 +80,11 @@ def _report(loaded, text, causal=False, layer=0):
         num_heads=loaded.num_heads, weights="pretrained", seed=0, causal=causal, kv_text=None, device="cpu",
         truncate=False,
     )  # fmt: skip
-    (run,) = run_attention(loaded, [text], spec)
-    (layer_runs,) = run_layers(loaded, [text], replace(spec, layer=None))
-    record = report_record([ReportText(run, layer_runs)], spec, kind="encoder", num_layers=len(layer_runs))
-    return report_page(record)
+    texts = text if isinstance(text, list) else [text]
+    runs = run_attention(loaded, texts, spec)
+    every_layer = run_layers(loaded, texts, replace(spec, layer=None))
+    shown = [ReportText(run, layer_runs) for run, layer_runs in zip(runs, every_layer)]
+    return report_page(report_record(shown, spec, kind="encoder", num_layers=loaded.num_layers))
 
 
 class Page:
@@ -246,3 +249,21 @@ def test_the_views_are_reachable_by_keyboard(pages, opened):
     visible = page.page.evaluate("Array.from(document.querySelectorAll('#head-lines line')).filter(l => getComputedStyle(l).display !== 'none').map(l => l.dataset.query)")
     assert visible and set(visible) == {"2"}
     assert "我" in page.page.text_content(".token-column.query")
+
+
+def test_the_text_picker_redraws_the_views_for_another_text_whose_tokens_stay_characters(pages, opened):
+    page = opened(pages["several"])
+    dialogs = []
+    page.page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+    title = page.page.title()
+    texts = page.record()["texts"]
+    page.page.click("button[data-view=heatmap]")
+    page.page.select_option("#text-select", "1")
+    page.wait_until("document.querySelectorAll('.key-labels span').length > 0 && AV.state.text === 1")
+    assert page.page.evaluate("Array.from(document.querySelectorAll('.key-labels span')).map(s => s.textContent)") == texts[1]["key_tokens"]
+    page.page.click("button[data-view=head]")
+    page.wait_until("document.querySelectorAll('.token[data-side=query]').length > 0")
+    tokens = page.page.evaluate("Array.from(document.querySelectorAll('.token[data-side=query]')).map(t => t.textContent)")
+    assert tokens == texts[1]["query_tokens"] and "</script>" in "".join(tokens)
+    assert page.page.evaluate("[document.images.length, document.querySelectorAll('script').length]") == [0, 2]
+    assert page.page.title() == title and dialogs == []
