@@ -28,9 +28,9 @@
     return isLong(text) || heads * pairs > DEFAULT_LINE_BUDGET ? new Set([0]) : new Set(Array.from({ length: heads }, (_, h) => h));
   }
 
+  // The heads ticked: state.heads once the reader has chosen, else this text's default.
   function chosenHeads() {
-    if (!AV.state.heads) AV.state.heads = defaultHeads(AV.current());
-    return Array.from(AV.state.heads).sort((a, b) => a - b);
+    return Array.from(AV.state.heads || defaultHeads(AV.current())).sort((a, b) => a - b);
   }
 
   function layerSelect(textIndex) {
@@ -48,7 +48,7 @@
       const input = AV.el("input", { type: "checkbox", class: "head-toggle", "data-head": head, id: `head-toggle-${head}` });
       input.checked = chosen.has(head);
       input.addEventListener("change", () => {
-        const heads = new Set(AV.state.heads);
+        const heads = new Set(chosenHeads());
         if (input.checked) heads.add(head);
         else heads.delete(head);
         AV.set({ heads });
@@ -302,7 +302,8 @@
       if (select) select.value = String(state.layer);
     }
     if ("heads" in patch) {
-      for (const input of drawn.section.querySelectorAll("input.head-toggle")) input.checked = state.heads.has(Number(input.dataset.head));
+      const chosen = new Set(chosenHeads());
+      for (const input of drawn.section.querySelectorAll("input.head-toggle")) input.checked = chosen.has(Number(input.dataset.head));
     }
     if ("layer" in patch || "heads" in patch) drawLines();
   });
