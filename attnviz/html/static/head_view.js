@@ -116,8 +116,10 @@
     const text = AV.data.texts[current.textIndex];
     const heads = chosenHeads();
     const layer = AV.state.layer;
+    const request = (current.request || 0) + 1; // a later call (another layer, more heads) wins
+    current.request = request;
     const maps = await Promise.all(heads.map((head) => AV.headMap(current.textIndex, layer, head)));
-    if (drawn !== current) return;
+    if (drawn !== current || current.request !== request) return;
     const rows = text.query_tokens.length;
     const cols = text.key_tokens.length;
     // float32 holds 0.01 as 0.0099999998: compare a hair lower, so a weight of 0.0100 is drawn

@@ -49,15 +49,18 @@
   async function draw() {
     const current = shown;
     const text = AV.data.texts[current.textIndex];
-    const data = await AV.headMap(current.textIndex, AV.state.layer, AV.state.head);
-    if (shown !== current) return;
+    const request = (current.request || 0) + 1; // a later call (another layer or head) wins
+    current.request = request;
+    const { layer, head } = AV.state;
+    const data = await AV.headMap(current.textIndex, layer, head);
+    if (shown !== current || current.request !== request) return;
     const rows = text.query_tokens.length;
     const cols = text.key_tokens.length;
     const logScale = AV.logScale(cols);
     const cellSize = Math.min(MAX_CELL_PX, Math.max(1, Math.floor(MAP_SIDE_PX / Math.max(rows, cols))));
     AV.drawMap(current.canvas, data.weights, data.offset, rows, cols, { logScale, causal: text.causal, cellSize });
-    current.canvas.setAttribute("aria-label", `attention map of layer ${AV.state.layer}, head ${AV.state.head}: ${rows} queries × ${cols} keys; arrow keys move over the cells`);
-    Object.assign(current, { data, rows, cols, cellSize, layer: AV.state.layer, head: AV.state.head, exact: data.exact, causal: text.causal });
+    current.canvas.setAttribute("aria-label", `attention map of layer ${layer}, head ${head}: ${rows} queries × ${cols} keys; arrow keys move over the cells`);
+    Object.assign(current, { data, rows, cols, cellSize, layer, head, exact: data.exact, causal: text.causal });
     const step = labels(current, text, cellSize);
     const bar = AV.colourBar(logScale, { height: Math.min(240, Math.max(120, rows * cellSize)), masked: text.causal });
     bar.setAttribute("id", "heatmap-colourbar");
