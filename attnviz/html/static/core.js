@@ -164,6 +164,13 @@
     return decoded.get(key);
   };
 
+  // Only the shown text's weights stay decoded: a file of many long texts would otherwise hold
+  // every text's layers (75 MB of Float32Array for a 512-token text).
+  AV.onChange((state, patch) => {
+    if (!("text" in patch)) return;
+    for (const key of decoded.keys()) if (!key.startsWith(`${state.text}/`)) decoded.delete(key);
+  });
+
   // One head's map of one layer: the run's layer from "attention" (exact), any other from "layers".
   // Resolves {weights, offset, rows, cols, exact} or null when the report does not hold that layer.
   AV.headMap = async (textIndex, layer, head) => {
