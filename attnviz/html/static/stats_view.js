@@ -66,7 +66,10 @@
     const absent = absentKinds(text, statistics);
     const rows = statistics.heads;
     const table = AV.el("table", { id: "stats-table", class: "stats-table" });
-    table.appendChild(AV.el("caption", {}, `Every head of every layer on this text: ${rows.length} rows. Sort by a column with its heading's button.`));
+    const caption = AV.el("caption", {}, `Every head of every layer on this text: ${rows.length} rows. Sort by a column with its heading's button.`);
+    caption.style.textAlign = "left";
+    table.appendChild(caption);
+    table.style.fontVariantNumeric = "tabular-nums";
     const headRow = AV.el("tr");
     const body = AV.el("tbody");
     const sort = { key: "layer", direction: "ascending" }; // the rows come in layer, head order
@@ -76,7 +79,11 @@
       const order = sort.key === "layer" && sort.direction === "ascending" ? rows : sortedRows(rows, column, sort.direction);
       AV.clear(body);
       for (const row of order) {
-        const cells = COLUMNS.map((c) => AV.el(c.key === "layer" || c.key === "head" ? "th" : "td", { "data-key": c.key, scope: c.key === "layer" ? "row" : null }, cellText(row, c, absent)));
+        const cells = COLUMNS.map((c) => {
+          const cell = AV.el(c.key === "layer" || c.key === "head" ? "th" : "td", { "data-key": c.key, scope: c.key === "layer" ? "row" : null }, cellText(row, c, absent));
+          Object.assign(cell.style, { padding: "0.05rem 0.5rem", textAlign: c.kind === "label" ? "left" : "right" });
+          return cell;
+        });
         body.appendChild(AV.el("tr", { "data-layer": row.layer, "data-head": row.head, "data-label": row.label || "" }, cells));
       }
       for (const th of headRow.children) th.setAttribute("aria-sort", th.dataset.key === sort.key ? sort.direction : "none");
