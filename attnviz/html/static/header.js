@@ -26,7 +26,7 @@
 
   function maskText(text) {
     if (text.kv_text !== null && text.kv_text !== undefined) {
-      return `cross-attention: queries from the text, keys and values from “${text.kv_text}”`;
+      return "cross-attention: queries from the text, keys and values from the --kv text";
     }
     if (text.causal) return text.causal_note ? `causal; ${text.causal_note}` : "causal: each token attends to itself and the tokens before it";
     return "self-attention, not causal: every token attends to every token";
@@ -79,7 +79,9 @@
     const [first, ...rest] = text.title && text.title.length ? text.title : [`${text.model} · layer ${text.layer}`];
     header.appendChild(AV.el("h1", { class: "report-title" }, first));
     for (const line of rest) header.appendChild(AV.el("p", { class: "report-subtitle" }, line));
-    header.appendChild(AV.el("p", { class: "report-text", lang: "und" }, text.text));
+    const quoted = AV.el("p", { class: "report-text", lang: "und" }, text.text);
+    Object.assign(quoted.style, { maxHeight: "7.5em", overflowY: "auto" }); // a 512-token text scrolls in its box
+    header.appendChild(quoted);
     if (text.kv_text !== null && text.kv_text !== undefined) {
       header.appendChild(AV.el("p", { class: "report-text report-kv-text", lang: "und" }, `keys and values from: ${text.kv_text}`));
     }
