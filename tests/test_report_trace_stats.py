@@ -126,6 +126,7 @@ def test_the_trace_view_shows_every_layouts_steps_with_trace_jsons_shapes(pages,
             assert facts["memory"] == (step["memory"] or "input")
             assert facts["in-tutorial"] == ("yes" if step["in_tutorial"] else f"no (+): {step['note']}")
             heading = page.page.text_content(f"{card} h3")
+            assert heading.startswith(f"Step {step['index']}: ") and heading.endswith(step["role"])  # numbered from 0, as trace.json
             assert ("+ " in heading) == (not step["in_tutorial"]) and ("✗" in heading) == step["mistake"]
             if step["mistake"]:
                 expected = next(s for s in right["steps"] if s["role"] == step["role"])

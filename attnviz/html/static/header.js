@@ -28,7 +28,8 @@
     if (text.kv_text !== null && text.kv_text !== undefined) {
       return "cross-attention: queries from the text, keys and values from the --kv text";
     }
-    if (text.causal) return text.causal_note ? `causal; ${text.causal_note}` : "causal: each token attends to itself and the tokens before it";
+    // causal_note begins with what the mask is ("causal: GPT-2 is a decoder, …", "causal mask over a bidirectional model's …")
+    if (text.causal) return text.causal_note || "causal: each token attends to itself and the tokens before it";
     return "self-attention, not causal: every token attends to every token";
   }
 

@@ -7,6 +7,8 @@
   const AV = window.AV;
   const ADDED_MARK = "+"; // tracing/recorder.py
   const MISTAKE_MARK = "✗";
+  const WRONG_COLOUR = "#d62728"; // the wrong step's edge, and the right layout's step's beside it
+  const RIGHT_COLOUR = "#2ca02c";
   const LAYER_NAME = "MultiHeadAttention"; // tracing/checks.py: attnviz's own layer in the checks
 
   // render/trace_render.py's AXIS_WORDS: the legend's words for each axis name
@@ -159,9 +161,10 @@
     return (step.mistake ? `${MISTAKE_MARK} ` : "") + (step.in_tutorial ? "" : `${ADDED_MARK} `);
   }
 
-  function stepCard(step, count, heading) {
+  // Steps are numbered from 0, as in trace.json, trace.md and the terminal.
+  function stepCard(step, heading) {
     const card = AV.el("div", { class: `trace-step${step.mistake ? " mistake" : ""}${step.in_tutorial ? "" : " added"}`, "data-index": step.index, "data-role": step.role });
-    card.appendChild(AV.el("h3", {}, heading || `Step ${step.index + 1} of ${count}: ${marks(step)}${step.role}`));
+    card.appendChild(AV.el("h3", {}, heading || `Step ${step.index}: ${marks(step)}${step.role}`));
     card.appendChild(flow(step));
     card.appendChild(stepFacts(step));
     return card;
@@ -180,15 +183,17 @@
     const step = steps[at];
     const box = AV.clear(current.box);
     box.classList.toggle("mistake", Boolean(step.mistake));
-    const card = stepCard(step, steps.length);
+    const card = stepCard(step);
     if (step.mistake) {
+      Object.assign(card.style, { borderLeft: `4px solid ${WRONG_COLOUR}`, paddingLeft: "0.6rem" });
       card.insertBefore(AV.el("p", { class: "error trace-mistake-mark" }, `${MISTAKE_MARK} the wrong step of --mistake ${choice.layout.mistake}: the wrong computation, made on purpose`), card.children[1]);
     }
     box.appendChild(card);
     const right = step.mistake ? rightStepFor(choice, step) : null;
     if (right) {
-      const against = stepCard(right, choice.right.steps.length, `Right (${choice.right.layout}), step ${right.index + 1} of ${choice.right.steps.length}: ${marks(right)}${right.role}`);
+      const against = stepCard(right, `Right (${choice.right.layout}), its step ${right.index}: ${marks(right)}${right.role}`);
       against.classList.add("trace-right-step");
+      Object.assign(against.style, { borderLeft: `4px solid ${RIGHT_COLOUR}`, paddingLeft: "0.6rem", marginTop: "1rem" });
       box.appendChild(against);
       const same = right.output_shape.join(",") === step.output_shape.join(",");
       box.appendChild(
@@ -197,7 +202,7 @@
           (same ? ": the same shape, other numbers in it (a shape check cannot catch this mistake)." : ".")),
       ); // prettier-ignore
     }
-    current.counter.textContent = `step ${at + 1} of ${steps.length}`;
+    current.counter.textContent = `step ${at} of 0–${steps.length - 1}`;
     current.prev.disabled = at === 0;
     current.next.disabled = at === steps.length - 1;
     for (const item of current.list.children) {
