@@ -161,6 +161,12 @@ def test_the_trace_views_tables_hold_trace_jsons_checks_and_head_slices(pages, o
         for h in trace["head_slices"]
     ]
     assert "B = 1 batch, N = 8 tokens, H = 12 heads, d = 32 head size (D / H), D = 384 model size" in page.page.text_content("#trace-legend")
+    assert page.page.evaluate("document.querySelector('#trace-prev').disabled") is True
+    page.page.click("#trace-next")
+    page.page.click("#trace-next")
+    page.page.click("#trace-prev")
+    assert page.page.get_attribute("#trace-steps > li[aria-current=step]", "data-index") == "1"
+    assert page.page.text_content("#trace-counter") == f"step 1 of 0–{len(trace['layouts'][0]['steps']) - 1}"
 
 
 def test_the_statistics_table_holds_every_heads_numbers_and_sorts(pages, opened):
