@@ -62,6 +62,12 @@ def test_default_run_folders_are_named_after_the_text_and_never_overwritten(tmp_
     assert (tmp_path / "outputs" / "我爱中国-2" / "head_00.svg").exists()
 
 
+def test_dollar_signs_in_a_text_print_as_themselves_not_as_math(tmp_path):
+    # matplotlib reads "$...$" as mathtext: "$$" failed to parse in the head figures' titles
+    assert heads("$$ and $x$", "--heads", "2", "--out", str(tmp_path / "dollars")) == 0
+    assert run(["compare", "$$", "--heads", "1,2", "--model", "bundled", "--out", str(tmp_path / "compare")]) == 0
+
+
 def test_cross_attention_and_causal_options(tmp_path):
     assert heads("我爱中国", "--kv", "我想吃酸菜鱼", "--heads", "2", "--out", str(tmp_path / "kv")) == 0
     record = json.loads((tmp_path / "kv" / "attention.json").read_text(encoding="utf-8"))

@@ -128,7 +128,7 @@ def _draw_split(cell_figure, split: Split, norm) -> list:
     title = f"{split.weights} · {counted(split.num_heads, 'head')} × d={split.run.head_dim}"
     if len(heads) < split.num_heads:
         title += f"\n{len(heads)} of {split.num_heads} shown, most focused → broadest"
-    cell_figure.suptitle(title, fontsize=10)
+    cell_figure.suptitle(title, fontsize=10, parse_math=False)
     return drawn
 
 

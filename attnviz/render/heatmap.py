@@ -224,7 +224,7 @@ class _HeadFigure:
         self.image = draw_attention(self.ax, first_head)
         self.cell_values = cell_values(self.ax, num_queries, num_keys)
         # A fixed y: automatic placement would move the title while it is hidden for the background.
-        self.title = self.ax.set_title("", y=1.0)
+        self.title = self.ax.set_title("", y=1.0, parse_math=False)
         short = max(num_queries, num_keys) <= MAX_ANNOTATED_TOKENS
         _label_token_axes(self.ax, run, MAX_TICK_LABELS, fontsize=10 if short else 7)
         self.ax.set_xlabel("key")
