@@ -16,12 +16,16 @@ from attnviz.errors import AttnvizError
 from attnviz.spec import RunSpec
 
 
-def save_run_files(folder: str | Path, write, format: str) -> list[Path]:
-    """Write through the command line's staged folder: every file lands, or none (write(staging) -> paths)."""
+def save_run_files(folder: str | Path, write, format: str | None = None) -> list[Path]:
+    """Write through the command line's staged folder: every file lands, or none (write(staging) -> paths).
+
+    format, when the files include figures: checked before anything is written.
+    """
     from attnviz.output.runs import StagedRunFolder
     from attnviz.render.heatmap import check_format
 
-    check_format(format)
+    if format is not None:
+        check_format(format)
     run_folder = StagedRunFolder(Path(folder), unique=False)  # as `--out folder`: files of the same name replaced
     with run_folder as staging:
         written = write(staging)

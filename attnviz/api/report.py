@@ -1,0 +1,175 @@
+"""attnviz.report: the offline HTML report (report.html) of one or more texts, and what it returns.
+
+The report is a face over the stages' own numbers: per text the run's layer (as attnviz.heads
+runs it), for self-attention every layer (attnviz.layers) with the rollout and the text's own
+statistics (attnviz.stats on that text alone), and the shape trace of every layout with each
+reshape mistake (attnviz.trace). attnviz.html turns them into the record and the page.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, replace
+from functools import cached_property
+from pathlib import Path
+
+from attnviz.api.functions import ModelArg, _check_lengths, _texts, refuse_before_loading, run_spec_for
+from attnviz.api.models import load
+from attnviz.api.results import save_run_files
+from attnviz.errors import AttnvizError
+from attnviz.spec import RunSpec, check_text, refuse_causal_cross_attention
+
+MAX_REPORT_TEXTS = 64  # one page holds every text's layers and traces: a few MB each for short texts
+REPORT_FILE = "report.html"
+IFRAME_HEIGHT = 720  # px: the notebook's view of the page
+
+
+def report(
+    text_or_texts: str | list[str],
+    *,
+    model: ModelArg = None,
+    layer: int = 0,
+    heads: int | None = None,
+    weights: str = "pretrained",
+    seed: int = 0,
+    kv: str | None = None,
+    causal: bool = False,
+    stack: str | None = None,
+    device: str = "auto",
+    truncate: bool = False,
+) -> ReportResult:
+    """The interactive report of a text, or of a list of texts (at most MAX_REPORT_TEXTS), as a ReportResult.
+
+    The settings are attnviz.heads'. Self-attention adds every layer, the rollout and each text's
+    statistics; cross-attention (kv, or stack="cross") shows the run's layer and its trace only.
+    """
+    from attnviz.output.batch import run_in_batches
+
+    texts = _texts(text_or_texts)
+    check_report_count(len(texts))
+    check_text(kv, "the --kv text")
+    refuse_causal_cross_attention(kv, causal, stack)
+    refuse_before_loading(model, stack)
+    handle = load(model, device)
+    spec = run_spec_for(
+        handle, heads, layer=layer, weights=weights, seed=seed, causal=causal, kv_text=kv, stack=stack, truncate=truncate
+    )
+    _check_lengths(handle.loaded, texts, truncate)
+    runs = [run for batch in run_in_batches(handle.loaded, texts, spec) for run in batch]
+    return report_of_runs(handle.loaded, runs, spec)
+
+
+def check_report_count(count: int) -> None:
+    """A report holds at most MAX_REPORT_TEXTS texts: refused before any work."""
+    if count > MAX_REPORT_TEXTS:
+        raise AttnvizError(
+            f"a report holds at most {MAX_REPORT_TEXTS} texts, not {count}: split them into several reports"
+        )
+
+
+def report_of_runs(loaded, runs: list, spec: RunSpec, notes: list[str] = ()) -> ReportResult:
+    """The report of runs already made (attnviz.heads' runs of the texts, with spec), adding what it shows besides.
+
+    loaded: the LoadedModel they ran on; notes: what the page adds to the runs' own notices.
+    """
+    from attnviz.html import report_record
+
+    texts, report_notes = report_texts(loaded, runs, spec)
+    record = report_record(
+        texts, spec, kind=loaded.family.kind, num_layers=loaded.num_layers_of(spec.stack), notes=[*notes, *report_notes]
+    )
+    return ReportResult(record)
+
+
+def report_texts(loaded, runs: list, spec: RunSpec) -> tuple[list, list[str]]:
+    """Each run's ReportText (attnviz.html.record), and the notes of what was left out, once each."""
+    from attnviz.html import ReportText
+
+    notes: dict[str, None] = {}
+    texts = []
+    for run in runs:
+        layer_runs, rollout, statistics = every_layer(loaded, run.text, spec)
+        trace, mistakes = traces(loaded, run.text, spec, notes)
+        texts.append(ReportText(run, layer_runs, rollout, statistics, trace, mistakes))
+    return texts, list(notes)
+
+
+def every_layer(loaded, text: str, spec: RunSpec) -> tuple:
+    """Every layer's run of the text (attnviz.layers'), the rollout and the text's statistics; Nones for cross-attention."""
+    from attnviz.analysis.rollout import attention_rollout
+    from attnviz.pipeline import run_layers
+
+    if spec.kv_text is not None or spec.stack == "cross":  # every layer is self-attention: attnviz.layers refuses cross
+        return None, None, None
+    (layer_runs,) = run_layers(loaded, [text], replace(spec, layer=None))
+    rollout = attention_rollout([run.attention for run in layer_runs])
+    return layer_runs, rollout, text_statistics(layer_runs, spec.causal)
+
+
+def text_statistics(layer_runs: list, causal: bool):
+    """One text's statistics of every head (a ModelStatistics over that text alone), from its layers' runs."""
+    from attnviz.analysis.statistics import StatisticsAccumulator
+
+    accumulator = StatisticsAccumulator(len(layer_runs), causal)
+    for layer, run in enumerate(layer_runs):
+        accumulator.add(layer, run.attention, run.query_tokens)
+    return accumulator.result()
+
+
+def traces(loaded, text: str, spec: RunSpec, notes: dict) -> tuple:
+    """The trace of every layout the layer can do (as trace --layout all), and a trace per reshape mistake.
+
+    What trace refuses (a mistake with 1 head, ...) is left out, with its reason added to notes.
+    """
+    from attnviz.tracing import DEFAULT_LAYOUT, LAYOUTS, MISTAKES, trace_texts
+
+    def traced(layouts: tuple[str, ...], mistake: str | None = None):
+        try:
+            return trace_texts(loaded, [text], spec, layouts=layouts, mistake=mistake)
+        except AttnvizError as refused:
+            notes[f"no trace of {f'the mistake {mistake}' if mistake else 'the layouts'} in this report: {refused}"] = None
+            return None
+
+    every_layout = traced(LAYOUTS)
+    mistakes = [traced((DEFAULT_LAYOUT,), mistake) for mistake in MISTAKES]
+    return every_layout, [mistaken for mistaken in mistakes if mistaken is not None]
+
+
+@dataclass(frozen=True, repr=False)
+class ReportResult:
+    """The interactive report: .record is its data (README.md, "report.html"), .html the page itself."""
+
+    record: dict
+
+    @property
+    def texts(self) -> list[str]:
+        return [text["text"] for text in self.record["texts"]]
+
+    @cached_property
+    def html(self) -> str:
+        """The whole page: one HTML file that needs nothing but a browser."""
+        from attnviz.html import report_page
+
+        return report_page(self.record)
+
+    def save(self, folder: str | Path) -> list[Path]:
+        """Write report.html into folder (made if new), through a staged folder: it lands whole or not at all."""
+        return save_run_files(folder, self.write_files)
+
+    def write_files(self, folder: Path) -> list[Path]:
+        """save's file, written straight into an existing folder (the command line stages its own)."""
+        path = Path(folder) / REPORT_FILE
+        path.write_text(self.html, encoding="utf-8")
+        return [path]
+
+    def _repr_html_(self) -> str:
+        # srcdoc, not a data: URL or a file: the page's scripts run in Jupyter and VS Code alike, sandboxed
+        return (
+            f'<iframe srcdoc="{html.escape(self.html, quote=True)}" sandbox="allow-scripts" '
+            f'style="width:100%;height:{IFRAME_HEIGHT}px;border:0"></iframe>'
+        )
+
+    def __repr__(self) -> str:
+        first = self.record["texts"][0]
+        more = f" and {len(self.texts) - 1} more texts" if len(self.texts) > 1 else ""
+        return f"<attnviz.ReportResult {first['text']!r}{more}: {first['model']}, layer {first['layer']}, {len(self.html)} bytes>"
