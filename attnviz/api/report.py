@@ -8,20 +8,16 @@ reshape mistake (attnviz.trace). attnviz.html turns them into the record and the
 
 from __future__ import annotations
 
-import html
-from dataclasses import dataclass, replace
-from functools import cached_property
-from pathlib import Path
+from dataclasses import replace
 
+from attnviz.api.analysis_results import text_statistics
 from attnviz.api.functions import ModelArg, _check_lengths, _texts, refuse_before_loading, run_spec_for
 from attnviz.api.models import load
-from attnviz.api.results import save_run_files
+from attnviz.api.results import ReportResult, report_result
 from attnviz.errors import AttnvizError
 from attnviz.spec import RunSpec, check_text, refuse_causal_cross_attention
 
 MAX_REPORT_TEXTS = 64  # one page holds every text's layers and traces: a few MB each for short texts
-REPORT_FILE = "report.html"
-IFRAME_HEIGHT = 720  # px: the notebook's view of the page
 
 
 def report(
@@ -72,13 +68,8 @@ def report_of_runs(loaded, runs: list, spec: RunSpec, notes: list[str] = ()) -> 
 
     loaded: the LoadedModel they ran on; notes: what the page adds to the runs' own notices.
     """
-    from attnviz.html import report_record
-
     texts, report_notes = report_texts(loaded, runs, spec)
-    record = report_record(
-        texts, spec, kind=loaded.family.kind, num_layers=loaded.num_layers_of(spec.stack), notes=[*notes, *report_notes]
-    )
-    return ReportResult(record)
+    return report_result(texts, spec, loaded.num_layers_of(spec.stack), [*notes, *report_notes])
 
 
 def report_texts(loaded, runs: list, spec: RunSpec) -> tuple[list, list[str]]:
@@ -106,16 +97,6 @@ def every_layer(loaded, text: str, spec: RunSpec) -> tuple:
     return layer_runs, rollout, text_statistics(layer_runs, spec.causal)
 
 
-def text_statistics(layer_runs: list, causal: bool):
-    """One text's statistics of every head (a ModelStatistics over that text alone), from its layers' runs."""
-    from attnviz.analysis.statistics import StatisticsAccumulator
-
-    accumulator = StatisticsAccumulator(len(layer_runs), causal)
-    for layer, run in enumerate(layer_runs):
-        accumulator.add(layer, run.attention, run.query_tokens)
-    return accumulator.result()
-
-
 def traces(loaded, text: str, spec: RunSpec, notes: dict) -> tuple:
     """The trace of every layout the layer can do (as trace --layout all), and a trace per reshape mistake.
 
@@ -133,43 +114,3 @@ def traces(loaded, text: str, spec: RunSpec, notes: dict) -> tuple:
     every_layout = traced(LAYOUTS)
     mistakes = [traced((DEFAULT_LAYOUT,), mistake) for mistake in MISTAKES]
     return every_layout, [mistaken for mistaken in mistakes if mistaken is not None]
-
-
-@dataclass(frozen=True, repr=False)
-class ReportResult:
-    """The interactive report: .record is its data (README.md, "report.html"), .html the page itself."""
-
-    record: dict
-
-    @property
-    def texts(self) -> list[str]:
-        return [text["text"] for text in self.record["texts"]]
-
-    @cached_property
-    def html(self) -> str:
-        """The whole page: one HTML file that needs nothing but a browser."""
-        from attnviz.html import report_page
-
-        return report_page(self.record)
-
-    def save(self, folder: str | Path) -> list[Path]:
-        """Write report.html into folder (made if new), through a staged folder: it lands whole or not at all."""
-        return save_run_files(folder, self.write_files)
-
-    def write_files(self, folder: Path) -> list[Path]:
-        """save's file, written straight into an existing folder (the command line stages its own)."""
-        path = Path(folder) / REPORT_FILE
-        path.write_text(self.html, encoding="utf-8")
-        return [path]
-
-    def _repr_html_(self) -> str:
-        # srcdoc, not a data: URL or a file: the page's scripts run in Jupyter and VS Code alike, sandboxed
-        return (
-            f'<iframe srcdoc="{html.escape(self.html, quote=True)}" sandbox="allow-scripts" '
-            f'style="width:100%;height:{IFRAME_HEIGHT}px;border:0"></iframe>'
-        )
-
-    def __repr__(self) -> str:
-        first = self.record["texts"][0]
-        more = f" and {len(self.texts) - 1} more texts" if len(self.texts) > 1 else ""
-        return f"<attnviz.ReportResult {first['text']!r}{more}: {first['model']}, layer {first['layer']}, {len(self.html)} bytes>"
