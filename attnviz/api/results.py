@@ -344,8 +344,13 @@ class ReportResult:
 
     def __repr__(self) -> str:
         first = self.record["texts"][0]
-        more = f" and {len(self.texts) - 1} more texts" if len(self.texts) > 1 else ""
-        return f"<attnviz.ReportResult {first['text']!r}{more}: {first['model']}, layer {first['layer']}, {len(self.html)} bytes>"
+        others = len(self.texts) - 1
+        more = f" and {others} more text{'s' if others > 1 else ''}" if others else ""
+        layers = "every layer" if first["layers"] is not None else "no other layers"
+        return (
+            f"<attnviz.ReportResult {first['text']!r}{more}: {first['model']}, layer {first['layer']}, "
+            f"{len(first['query_tokens'])} tokens, {layers}>"
+        )
 
 
 class _Rendered:
