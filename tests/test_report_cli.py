@@ -35,7 +35,7 @@ def test_report_writes_report_html_says_where_and_what_and_is_attnviz_report_s_p
     assert f"{tmp_path / 'run'}/" in out and "report.html" in out
     summary = [line for line in out.splitlines() if line.startswith("report.html: ")]
     assert summary == [
-        "report.html: 1 text, 9 tokens, all-MiniLM-L6-v2 layer 1 of 6 × 12 heads (every layer), "
+        "report.html: 1 text, 9 tokens; all-MiniLM-L6-v2 layer 1 and every layer (6 × 12 heads); "
         f"{round((tmp_path / 'run' / 'report.html').stat().st_size / 1e3)} kB; open it in a browser, no network needed"
     ]
     page = (tmp_path / "run" / "report.html").read_text(encoding="utf-8")

@@ -102,15 +102,19 @@ def report(
 
 
 def report_summary(record: dict, size: int) -> str:
-    """One line: what the report holds and its size, e.g. "report.html: 1 text, 12 tokens, layer 0 of 6 layers × 12 heads, 0.4 MB"."""
+    """One line: what the report holds and its size.
+
+    "report.html: 1 text, 8 tokens; all-MiniLM-L6-v2 layer 0 and every layer (6 × 12 heads); 152 kB; open it ..."
+    """
     texts = record["texts"]
-    tokens = len(texts[0]["query_tokens"]) if len(texts) == 1 else sum(len(text["query_tokens"]) for text in texts)
+    first = texts[0]
+    tokens = sum(len(text["query_tokens"]) for text in texts)
     what = f"1 text, {tokens} tokens" if len(texts) == 1 else f"{len(texts)} texts, {tokens} tokens in all"
-    layers = "every layer" if texts[0]["layers"] is not None else "cross-attention"
-    return (
-        f"report.html: {what}, {record['texts'][0]['model']} layer {texts[0]['layer']} of {record['num_layers']} "
-        f"× {record['num_heads']} heads ({layers}), {file_size(size)}; open it in a browser, no network needed"
-    )
+    if first["layers"] is not None:
+        layers = f"layer {first['layer']} and every layer ({record['num_layers']} × {record['num_heads']} heads)"
+    else:
+        layers = f"layer {first['layer']}, {record['num_heads']} heads (cross-attention: this layer only)"
+    return f"report.html: {what}; {first['model']} {layers}; {file_size(size)}; open it in a browser, no network needed"
 
 
 def file_size(size: int) -> str:
