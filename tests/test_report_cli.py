@@ -83,6 +83,15 @@ def test_heads_file_writes_one_report_of_the_first_64_texts_and_says_so(tmp_path
     assert not (tmp_path / "no" / "report.html").exists()
 
 
+def test_heads_file_refuses_an_out_folder_with_a_report_html_attnviz_did_not_write(tmp_path, capsys):
+    source = write_lines(tmp_path / "texts.txt", ["the cat"])
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "report.html").write_text("mine", encoding="utf-8")
+    assert run(["heads", "--file", str(source), "--model", "bundled", "--out", str(tmp_path / "run")]) == 2
+    assert "already has report.html that attnviz did not write" in capsys.readouterr().err
+    assert (tmp_path / "run" / "report.html").read_text(encoding="utf-8") == "mine"
+
+
 BAD_INPUTS = {
     "text and file": (["hi", "--file", "texts.txt"], "give either a TEXT or --file PATH, not both"),
     "neither": ([], "missing argument 'TEXT'"),

@@ -146,7 +146,7 @@ def _heads_for_file(
     texts = batch.read_texts(file)
     target = run_target(out, batch.batch_folder_name(file))
     if out is not None:
-        batch.check_batch_target(target, batch.text_folder_names(texts))
+        batch.check_batch_target(target, [*batch.text_folder_names(texts), *(["report.html"] if html else [])])
     handle = load(model, device, allow_pickle=allow_pickle, cache=False)
     loaded = handle.loaded
     batch.check_lengths(loaded.tokenizer, texts, loaded.max_positions, run_options["truncate"])
