@@ -76,7 +76,8 @@ def test_heads_file_writes_one_report_of_the_first_64_texts_and_says_so(tmp_path
     assert run(["heads", "--file", str(source), "--model", "bundled", "--out", str(tmp_path / "run")]) == 0
     record = record_of(tmp_path / "run" / "report.html")
     assert [text["text"] for text in record["texts"]] == [f"text {number}" for number in range(64)]
-    assert "this report shows the first 64 of the 66 texts" in " ".join(record["notes"])
+    assert "report.html shows the first 64 of the 66 texts" in " ".join(record["notes"])
+    assert "note: report.html shows the first 64 of the 66 texts" in capsys.readouterr().err
     assert (tmp_path / "run" / "066-text-65" / "attention.json").exists()
 
     assert run(["heads", "--file", str(source), "--model", "bundled", "--no-html", "--out", str(tmp_path / "no")]) == 0

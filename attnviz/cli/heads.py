@@ -156,12 +156,12 @@ def _heads_for_file(
     progress = terminal.progress_bar(console, len(texts), "attention and heatmaps", batch.PROGRESS_MIN_TEXTS)
     with progress as advance, folder as staging:
         result = batch.write_batch(loaded, texts, staging, image_format, spec, on_text=lambda: advance(1))
-        report_files = _batch_report(loaded, [entry.text for entry in texts], spec, staging) if html else []
+        report_files, report_notes = _batch_report(loaded, [entry.text for entry in texts], spec, staging) if html else ([], [])
 
     shown = result.notices[:MAX_NOTICES_SHOWN]
     if len(result.notices) > len(shown):
         shown.append(f"… and {len(result.notices) - len(shown)} more notices like these")
-    terminal.print_notices(errors, shown)
+    terminal.print_notices(errors, [*shown, *report_notes])
     terminal.print_setup(console, result.first_run, handle.source, handle.device_label, seed=run_options["seed"])
     console.print(terminal.batch_table(result.rows, result.first_run.causal))
     numbers = [row["folder"].split("-", 1)[0] for row in result.rows]
@@ -169,15 +169,15 @@ def _heads_for_file(
     terminal.print_files(console, folder.final, [folder.final / folders, *result.files, *report_files])
 
 
-def _batch_report(loaded, texts: list[str], spec, staging: Path) -> list[Path]:
-    """report.html of the batch: its first MAX_REPORT_TEXTS texts (run again: write_batch keeps no runs), with a note past them."""
+def _batch_report(loaded, texts: list[str], spec, staging: Path) -> tuple[list[Path], list[str]]:
+    """report.html of the batch: its first MAX_REPORT_TEXTS texts (run again: write_batch keeps no runs); the note past them."""
     from attnviz.api.report import MAX_REPORT_TEXTS, report_of_runs
     from attnviz.output.batch import run_in_batches
 
     shown = texts[:MAX_REPORT_TEXTS]
     notes = [] if len(shown) == len(texts) else [
-        f"this report shows the first {len(shown)} of the {len(texts)} texts (a report holds at most {MAX_REPORT_TEXTS}); "
+        f"report.html shows the first {len(shown)} of the {len(texts)} texts (a report holds at most {MAX_REPORT_TEXTS}); "
         "every text has its own folder of heatmaps and attention.json"
     ]  # fmt: skip
     runs = [run for batch in run_in_batches(loaded, shown, spec) for run in batch]
-    return report_of_runs(loaded, runs, spec, notes).write_files(staging)
+    return report_of_runs(loaded, runs, spec, notes).write_files(staging), notes
