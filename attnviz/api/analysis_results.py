@@ -87,9 +87,11 @@ class StatsResult:
         from attnviz.html import ReportText
 
         one_text = len(self.texts) == 1
-        notes = [] if one_text else [
-            f"the statistics of the {len(self.texts)} texts are averaged over them (stats.json): this report shows the first text's layer 0 without them"
-        ]  # fmt: skip
+        averaged = (
+            f"the statistics of the {len(self.texts)} texts are averaged over them (stats.json): "
+            "this report shows the first text's layer 0 without them"
+        )
+        notes = [] if one_text else [averaged]
         text = ReportText(self.first_run, statistics=self.stats if one_text else None)
         return report_result([text], replace(self.spec, layer=0), self.stats.num_layers, notes)
 

@@ -58,7 +58,7 @@ def report(
     truncate: bool = TruncateOption,
     allow_pickle: bool = AllowPickleOption,
 ) -> None:
-    """report.html: one file that a browser opens offline, to explore the run's heads, every layer, the shape trace and the statistics.
+    """report.html: one file a browser opens offline, to explore the heads, every layer, the shape trace and the statistics.
 
     Self-attention shows every layer, the rollout and each text's statistics; cross-attention
     (--kv, --stack cross) the run's layer and its trace.
