@@ -169,3 +169,28 @@ def test_results_report_from_the_numbers_they_hold(model):
 def test_import_attnviz_still_imports_no_torch_and_exposes_report():
     code = "import sys, attnviz\nattnviz.report, attnviz.ReportResult\nprint('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+
+
+def test_the_notebook_s_iframe_runs_the_page_offline_in_a_browser(report, tmp_path):
+    """What Jupyter and VS Code do with _repr_html_: the srcdoc page's scripts run, sandboxed, with no request."""
+    from test_report_views import _chromium  # the browser tests' rule: skip locally without Chromium, fail under CI
+
+    executable = _chromium()
+    from playwright.sync_api import sync_playwright
+
+    notebook = tmp_path / "notebook.html"
+    notebook.write_text(f"<!doctype html><meta charset='utf-8'><body>{report._repr_html_()}</body>", encoding="utf-8")
+    requests, problems = [], []
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=executable, args=["--no-sandbox", "--disable-gpu"])
+        page = browser.new_page()
+        page.on("request", lambda request: requests.append(request.url))
+        page.on("console", lambda message: problems.append(message.text) if message.type == "error" else None)
+        page.on("pageerror", lambda error: problems.append(str(error)))
+        page.goto(notebook.as_uri())
+        (frame,) = [frame for frame in page.frames if frame != page.main_frame]
+        frame.wait_for_selector('body[data-ready="true"]', timeout=15_000)
+        lines = frame.locator("svg#head-lines line").count()
+        browser.close()
+    assert requests == [notebook.as_uri()] and problems == []
+    assert lines == 12 * 9 * 9  # every head's line from each query to each key of the 9-token text
