@@ -109,6 +109,21 @@ def test_cross_attention_has_no_layers_and_one_head_has_no_mistakes_and_says_why
     assert sum("--mistake needs more than one head" in note for note in one_head.record["notes"]) == 2
 
 
+def test_a_decoder_with_grouped_query_heads_has_every_layer_its_own_layout_and_no_mistakes(tmp_path):
+    from tiny_families import build_checkpoint
+
+    build_checkpoint("llama", tmp_path / "llama")
+    llama = attnviz.report(TEXT, model=str(tmp_path / "llama"), device="cpu", layer=1)
+    (text,) = llama.record["texts"]
+    assert (llama.record["kind"], llama.record["num_layers"], llama.record["num_heads"], llama.record["num_kv_heads"]) == (
+        "decoder", 2, 6, 2
+    )
+    assert text["causal"] and text["layers"]["shape"][:2] == [2, 6] and text["statistics"]["num_layers"] == 2
+    assert [layout["layout"] for layout in text["trace"]["layouts"]] == ["view-permute"]  # RoPE and GQA: the others cannot
+    assert text["mistakes"] == []
+    assert sum("query heads share 2 key/value heads" in note for note in llama.record["notes"]) == 2
+
+
 def test_a_list_of_texts_is_one_report_in_order_and_more_than_64_are_refused_before_loading(model, monkeypatch):
     texts = ["the cat", "我想吃酸菜鱼", "a dog barked"]
     several = attnviz.report(texts, model=model)
