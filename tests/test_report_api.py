@@ -136,6 +136,22 @@ def test_a_list_of_texts_is_one_report_in_order_and_more_than_64_are_refused_bef
         attnviz.report(["the cat"] * 65, model="bundled")
 
 
+def test_texts_whose_every_layer_maps_outgrow_a_report_are_refused_but_one_text_never_is(model, monkeypatch):
+    # the every-layer maps' weights, 6 layers × 12 heads × N²: "the cat" 4 tokens, "a dog barked" 5, "hi" 3
+    assert [6 * 12 * count**2 for count in (4, 5, 3)] == [1152, 1800, 648]
+    monkeypatch.setattr(attnviz.api.report, "MAX_REPORT_WEIGHTS", 3000)
+    with pytest.raises(AttnvizError) as refused:
+        attnviz.report(["the cat", "a dog barked", "hi"], model=model)
+    assert str(refused.value) == (
+        "these 3 texts are more than one report holds: their maps of every layer have 3,600 attention weights, "
+        "and a report holds 3,000 (the first 2 texts fit); give fewer or shorter texts"
+    )
+    assert len(attnviz.report(["the cat", "a dog barked"], model=model).record["texts"]) == 2
+    monkeypatch.setattr(attnviz.api.report, "MAX_REPORT_WEIGHTS", 100)
+    assert attnviz.report("a dog barked", model=model).record["texts"][0]["layers"]["shape"] == [6, 12, 5, 5]
+    assert len(attnviz.report(["the cat", "hi"], model=model, kv="a dog").record["texts"]) == 2  # no layers: no weights
+
+
 def test_the_page_carries_the_record_and_the_notebook_shows_it_in_a_sandboxed_srcdoc_iframe(report):
     assert page_record(report.html) == json.loads(json.dumps(report.record))
     shown = report._repr_html_()

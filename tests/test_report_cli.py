@@ -84,6 +84,22 @@ def test_heads_file_writes_one_report_of_the_first_64_texts_and_says_so(tmp_path
     assert not (tmp_path / "no" / "report.html").exists()
 
 
+def test_heads_file_s_report_holds_the_first_texts_whose_maps_fit_and_says_so(tmp_path, monkeypatch, capsys):
+    import attnviz.api.report
+
+    monkeypatch.setattr(attnviz.api.report, "MAX_REPORT_WEIGHTS", 3000)  # "the cat" 1152, "a dog barked" 1800, "hi" 648
+    source = write_lines(tmp_path / "texts.txt", ["the cat", "a dog barked", "hi"])
+    assert run(["heads", "--file", str(source), "--model", "bundled", "--format", "svg", "--out", str(tmp_path / "run")]) == 0
+    record = record_of(tmp_path / "run" / "report.html")
+    assert [text["text"] for text in record["texts"]] == ["the cat", "a dog barked"]
+    note = (
+        "report.html shows the first 2 of the 3 texts (a report holds at most 64 texts, whose maps of every layer have "
+        "at most 3,000 attention weights; these have 3,600)"
+    )
+    assert note in " ".join(record["notes"]) and note in " ".join(capsys.readouterr().err.split())
+    assert (tmp_path / "run" / "003-hi" / "attention.json").exists()
+
+
 def test_heads_file_refuses_an_out_folder_with_a_report_html_attnviz_did_not_write(tmp_path, capsys):
     source = write_lines(tmp_path / "texts.txt", ["the cat"])
     (tmp_path / "run").mkdir()

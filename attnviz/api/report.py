@@ -18,6 +18,9 @@ from attnviz.errors import AttnvizError
 from attnviz.spec import RunSpec, check_text, refuse_causal_cross_attention
 
 MAX_REPORT_TEXTS = 64  # one page holds every text's layers and traces: a few MB each for short texts
+# The weights of every layer's maps of all its texts (L × H × N² each): about 30 MB of page and 64 MB of
+# float32 to encode. 64 texts of 20 tokens fit, 14 of 128 tokens (6 layers × 12 heads); a first text always does.
+MAX_REPORT_WEIGHTS = 2**24
 
 
 def report(
@@ -51,6 +54,7 @@ def report(
         handle, heads, layer=layer, weights=weights, seed=seed, causal=causal, kv_text=kv, stack=stack, truncate=truncate
     )
     _check_lengths(handle.loaded, texts, truncate)
+    check_report_size(handle.loaded, texts, spec)
     runs = [run for batch in run_in_batches(handle.loaded, texts, spec) for run in batch]
     return report_of_runs(handle.loaded, runs, spec)
 
@@ -60,6 +64,32 @@ def check_report_count(count: int) -> None:
     if count > MAX_REPORT_TEXTS:
         raise AttnvizError(
             f"a report holds at most {MAX_REPORT_TEXTS} texts, not {count}: split them into several reports"
+        )
+
+
+def texts_that_fit(loaded, texts: list[str], spec: RunSpec) -> tuple[int, int]:
+    """How many of the texts, from the first, one report holds, and the weights of all their every-layer maps.
+
+    At most MAX_REPORT_TEXTS texts, whose maps of every layer (self-attention only: cross-attention
+    has none) hold at most MAX_REPORT_WEIGHTS weights in all; the first text always fits.
+    """
+    cross = spec.kv_text is not None or spec.stack == "cross"
+    counts = [min(len(ids), loaded.max_positions) for ids in loaded.tokenizer.encode_batch(texts)]  # --truncate's cut
+    sizes = [0 if cross else loaded.num_layers_of(spec.stack) * spec.num_heads * count**2 for count in counts]
+    fit = 1
+    while fit < min(len(texts), MAX_REPORT_TEXTS) and sum(sizes[: fit + 1]) <= MAX_REPORT_WEIGHTS:
+        fit += 1
+    return fit, sum(sizes)
+
+
+def check_report_size(loaded, texts: list[str], spec: RunSpec) -> None:
+    """Refuse texts whose every-layer maps are more than one report holds, before any work."""
+    fit, weights = texts_that_fit(loaded, texts, spec)
+    if fit < len(texts):
+        raise AttnvizError(
+            f"these {len(texts)} texts are more than one report holds: their maps of every layer have "
+            f"{weights:,} attention weights, and a report holds {MAX_REPORT_WEIGHTS:,} (the first {fit} texts fit); "
+            "give fewer or shorter texts"
         )
 
 

@@ -170,13 +170,15 @@ def _heads_for_file(
 
 
 def _batch_report(loaded, texts: list[str], spec, staging: Path) -> tuple[list[Path], list[str]]:
-    """report.html of the batch: its first MAX_REPORT_TEXTS texts (run again: write_batch keeps no runs); the note past them."""
-    from attnviz.api.report import MAX_REPORT_TEXTS, report_of_runs
+    """report.html of the batch: its first texts that one report holds (run again: write_batch keeps no runs); the note past them."""
+    from attnviz.api.report import MAX_REPORT_TEXTS, MAX_REPORT_WEIGHTS, report_of_runs, texts_that_fit
     from attnviz.output.batch import run_in_batches
 
-    shown = texts[:MAX_REPORT_TEXTS]
+    fit, weights = texts_that_fit(loaded, texts, spec)
+    shown = texts[:fit]
     notes = [] if len(shown) == len(texts) else [
-        f"report.html shows the first {len(shown)} of the {len(texts)} texts (a report holds at most {MAX_REPORT_TEXTS}); "
+        f"report.html shows the first {len(shown)} of the {len(texts)} texts (a report holds at most {MAX_REPORT_TEXTS} "
+        f"texts, whose maps of every layer have at most {MAX_REPORT_WEIGHTS:,} attention weights; these have {weights:,}); "
         "every text has its own folder of heatmaps and attention.json"
     ]  # fmt: skip
     runs = [run for batch in run_in_batches(loaded, shown, spec) for run in batch]
