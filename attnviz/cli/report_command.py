@@ -41,7 +41,8 @@ def report(
         "--file",
         "-f",
         metavar="PATH",
-        help="Many texts in one report: one per line (blank lines skipped; - reads standard input; at most 64).",
+        help="Many texts in one report: one per line (blank lines skipped; - reads standard input; "
+        "at most 64, fewer when long: see the README).",
     ),
     model: Optional[str] = ModelOption,
     layer: int = LayerOption,
