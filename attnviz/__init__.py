@@ -28,6 +28,7 @@ _PUBLIC = {
     "layers": "attnviz.api.functions",
     "compare": "attnviz.api.functions",
     "position": "attnviz.api.functions",
+    "report": "attnviz.api.report",
     "HeadsResult": "attnviz.api.results",
     "TraceResult": "attnviz.api.results",
     "TraceStep": "attnviz.api.results",
@@ -35,6 +36,7 @@ _PUBLIC = {
     "LayersResult": "attnviz.api.analysis_results",
     "CompareResult": "attnviz.api.analysis_results",
     "PositionResult": "attnviz.api.analysis_results",
+    "ReportResult": "attnviz.api.report",
     "RunSpec": "attnviz.spec",
     "AttnvizError": "attnviz.errors",
 }

@@ -117,7 +117,7 @@ def test_heads_file_writes_one_folder_per_non_blank_line_with_each_texts_own_wei
         "002-The-animal-didn-t-cross-the-street-becau",  # names are cut at 40 characters
         "003-Attention-is-all",
     ]
-    assert sorted(path.name for path in out.iterdir() if path.is_file()) == [MANIFEST, "summary.csv", "summary.json"]
+    assert sorted(path.name for path in out.iterdir() if path.is_file()) == [MANIFEST, "report.html", "summary.csv", "summary.json"]
     for folder, text in zip(folders, TEXTS):
         assert (folder / "heads.png").exists() and (folder / "head_11.png").exists()
         record = json.loads((folder / "attention.json").read_text(encoding="utf-8"))
@@ -146,6 +146,7 @@ def test_heads_file_dash_reads_standard_input_into_outputs_stdin(tmp_path, monke
         MANIFEST,
         "001-我想吃酸菜鱼",
         "002-我爱中国",
+        "report.html",
         "summary.csv",
         "summary.json",
     ]
@@ -212,7 +213,7 @@ def test_a_rerun_into_the_same_out_replaces_the_earlier_batch_as_a_whole(tmp_pat
     write_lines(source, ["again"])
     assert heads("--file", str(source), "--out", str(tmp_path / "run")) == 0
     names = sorted(path.name for path in (tmp_path / "run").iterdir())
-    assert names == [MANIFEST, "001-again", "summary.csv", "summary.json"]  # 001-hello and 002-world are gone
+    assert names == [MANIFEST, "001-again", "report.html", "summary.csv", "summary.json"]  # 001-hello and 002-world are gone
 
 
 def test_an_out_folder_with_the_users_own_folders_of_those_names_is_refused(tmp_path, capsys, json_only):

@@ -35,7 +35,7 @@ def test_heads_writes_every_head_the_grid_and_berts_own_weights(text, tmp_path, 
     assert not [w for w in caught if "missing from font" in str(w.message)]
 
     written = sorted(path.name for path in (tmp_path / "run").iterdir())
-    assert written == sorted(HEAD_FILES + ["heads.png", "attention.json", MANIFEST])
+    assert written == sorted(HEAD_FILES + ["heads.png", "attention.json", "report.html", MANIFEST])
     for name in HEAD_FILES + ["heads.png"]:
         assert (tmp_path / "run" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -197,7 +197,7 @@ def test_help_imports_no_heavy_library():
     assert "heads" in result.stdout and "--layer" in result.stdout
 
 
-COMMANDS = ("heads", "stats", "layers", "compare", "position", "trace", "models")
+COMMANDS = ("heads", "report", "stats", "layers", "compare", "position", "trace", "models")
 
 
 @pytest.fixture(scope="module")

@@ -60,3 +60,6 @@ def test_the_quickstart_notebook_runs_and_every_result_displays_itself():
     assert "2:animal" in trace and "q_view" in trace and "[1, 10, 12, 32]" in trace
     stats = shown("stats", "text/html")
     assert "3 texts" in stats and "2:animal" in stats and '<img src="data:image/png;base64,' in stats
+    report = shown("report", "text/html")
+    assert report.startswith('<iframe srcdoc="') and 'sandbox="allow-scripts"' in report
+    assert "attnviz-data" in report and "<script" not in report  # the page is the attribute's text, escaped

@@ -48,7 +48,7 @@ def test_any_text_either_succeeds_with_valid_outputs_or_fails_in_one_line(text, 
     folders = {path.parts[:2] for path in written}
     assert len(folders) == 1 and next(iter(folders))[0] == "outputs"  # one run folder, inside outputs/
     folder = workdir.joinpath(*next(iter(folders)))
-    names = [".attnviz-files.json", "attention.json", "head_00.png", "head_01.png", "heads.png"]
+    names = [".attnviz-files.json", "attention.json", "head_00.png", "head_01.png", "heads.png", "report.html"]
     assert sorted(path.name for path in folder.iterdir()) == names
     record = json.loads((folder / "attention.json").read_text(encoding="utf-8"))
     assert record["text"] == text
@@ -118,7 +118,9 @@ def assert_whole_or_nothing(folder, code, error, names):
         assert not folder.exists() or list(folder.iterdir()) == [], list(folder.iterdir())
 
 
-HEADS_FILES = [".attnviz-files.json", "attention.json", *(f"head_{head:02d}.png" for head in range(12)), "heads.png"]
+HEADS_FILES = [
+    ".attnviz-files.json", "attention.json", *(f"head_{head:02d}.png" for head in range(12)), "heads.png", "report.html"
+]  # fmt: skip
 
 
 @pytest.mark.parametrize("signal_number", [signal.SIGINT, signal.SIGTERM])
@@ -182,7 +184,7 @@ def test_a_reader_that_stops_early_loses_no_file_and_sees_no_error(tmp_path):
     error = process.stderr.read()
     process.wait(timeout=120)
     assert first_line.startswith("model") and process.returncode == 0 and error == ""
-    names = [".attnviz-files.json", "attention.json", "head_00.png", "head_01.png", "heads.png"]
+    names = [".attnviz-files.json", "attention.json", "head_00.png", "head_01.png", "heads.png", "report.html"]
     assert sorted(path.name for path in target.iterdir()) == names
     json.loads((target / "attention.json").read_text(encoding="utf-8"))
 

@@ -114,7 +114,9 @@ def test_heads_with_fewer_heads_into_the_same_out_leaves_no_stale_head_files(tmp
     assert run(["heads", "the cat sat", "--model", "bundled", "--out", str(target)]) == 0
     assert run(["heads", "the cat sat", "--model", "bundled", "--out", str(target), "--heads", "4"]) == 0
     names = sorted(path.name for path in target.iterdir())
-    assert names == [MANIFEST, "attention.json", "head_00.png", "head_01.png", "head_02.png", "head_03.png", "heads.png"]
+    assert names == [
+        MANIFEST, "attention.json", "head_00.png", "head_01.png", "head_02.png", "head_03.png", "heads.png", "report.html"
+    ]  # fmt: skip
     assert json.loads((target / "attention.json").read_text())["num_heads"] == 4
 
 
@@ -271,7 +273,7 @@ def test_out_on_another_filesystem_is_written_in_full(mount_tmpfs, tmp_path):
     for num_heads in ("4", "2"):
         assert run(["heads", "the cat sat", "--model", "bundled", "--out", str(point), "--heads", num_heads]) == 0
     names = sorted(path.name for path in point.iterdir())
-    assert names == [MANIFEST, "attention.json", "head_00.png", "head_01.png", "heads.png", "notes.txt"]
+    assert names == [MANIFEST, "attention.json", "head_00.png", "head_01.png", "heads.png", "notes.txt", "report.html"]
 
 
 def test_a_full_disk_is_exit_2_naming_the_folder_and_leaves_nothing(mount_tmpfs, capsys):

@@ -6,7 +6,7 @@ line's renderers and writers, imported when asked for.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from attnviz.api import display
-from attnviz.api.results import _Rendered, save_run_files, tensor
+from attnviz.api.results import _Rendered, report_result, save_run_files, tensor
 from attnviz.errors import AttnvizError
 from attnviz.spec import RunSpec
 
@@ -78,6 +78,22 @@ class StatsResult:
         from attnviz.output.stats_export import stats_record
 
         return stats_record(self.stats, self.texts, self.truncated, self.first_run, self.spec)
+
+    def report(self):
+        """The interactive report of the first text's layer 0, with the statistics when they are of that one text.
+
+        Statistics averaged over several texts are not one text's: the report leaves them out (stats.json has them).
+        """
+        from attnviz.html import ReportText
+
+        one_text = len(self.texts) == 1
+        averaged = (
+            f"the statistics of the {len(self.texts)} texts are averaged over them (stats.json): "
+            "this report shows the first text's layer 0 without them"
+        )
+        notes = [] if one_text else [averaged]
+        text = ReportText(self.first_run, statistics=self.stats if one_text else None)
+        return report_result([text], replace(self.spec, layer=0), self.stats.num_layers, notes)
 
     def __rich__(self):
         from rich.console import Group
@@ -147,6 +163,15 @@ class LayersResult:
         from attnviz.output.stats_export import rollout_record
 
         return rollout_record(self.layer_runs, self.rollout, self.spec)
+
+    def report(self):
+        """The interactive report of these layers (layer 0 first), the rollout and the text's statistics (a ReportResult)."""
+        from attnviz.html import ReportText
+
+        text = ReportText(
+            self.layer_runs[0], self.layer_runs, self.rollout, text_statistics(self.layer_runs, self.spec.causal)
+        )
+        return report_result([text], replace(self.spec, layer=0), len(self.layer_runs))
 
     def __rich_console__(self, console, options):
         from attnviz.render.terminal import print_rollout
@@ -319,3 +344,13 @@ class PositionResult:
 
     def __repr__(self) -> str:
         return f"<attnviz.PositionResult {self.result.text!r}: permutation {self.permutation}>"
+
+
+def text_statistics(layer_runs: list, causal: bool):
+    """One text's statistics of every head (a ModelStatistics over that text alone), from its layers' runs."""
+    from attnviz.analysis.statistics import StatisticsAccumulator
+
+    accumulator = StatisticsAccumulator(len(layer_runs), causal)
+    for layer, run in enumerate(layer_runs):
+        accumulator.add(layer, run.attention, run.query_tokens)
+    return accumulator.result()

@@ -58,7 +58,7 @@ def heads(
     )
     _check_lengths(handle.loaded, texts, truncate)
     runs = [run for batch in run_in_batches(handle.loaded, texts, spec) for run in batch]
-    results = [HeadsResult(run, spec) for run in runs]
+    results = [HeadsResult(run, spec, handle.loaded.num_layers_of(spec.stack)) for run in runs]
     return results if isinstance(text, (list, tuple)) else results[0]
 
 
@@ -101,7 +101,7 @@ def trace(
     layout = layout or model_layout(handle.loaded)
     layouts = LAYOUTS if layout == "all" else (layout,)
     traced = trace_texts(handle.loaded, texts, spec, layouts=layouts, mistake=mistake)
-    return TraceResult(traced, run_attention(handle.loaded, texts, spec), spec)
+    return TraceResult(traced, run_attention(handle.loaded, texts, spec), spec, handle.loaded.num_layers_of(spec.stack))
 
 
 def stats(

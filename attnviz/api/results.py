@@ -6,6 +6,7 @@ files come from the same renderers and writers as the command line, imported whe
 
 from __future__ import annotations
 
+import html
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -16,16 +17,24 @@ from attnviz.errors import AttnvizError
 from attnviz.spec import RunSpec
 
 
-def save_run_files(folder: str | Path, write, format: str) -> list[Path]:
-    """Write through the command line's staged folder: every file lands, or none (write(staging) -> paths)."""
+def save_run_files(folder: str | Path, write, format: str | None = None) -> list[Path]:
+    """Write through the command line's staged folder: every file lands, or none (write(staging) -> paths).
+
+    format, when the files include figures: checked before anything is written.
+    """
     from attnviz.output.runs import StagedRunFolder
     from attnviz.render.heatmap import check_format
 
-    check_format(format)
+    if format is not None:
+        check_format(format)
     run_folder = StagedRunFolder(Path(folder), unique=False)  # as `--out folder`: files of the same name replaced
     with run_folder as staging:
         written = write(staging)
     return [run_folder.final / path.name for path in written]
+
+
+REPORT_FILE = "report.html"
+IFRAME_HEIGHT = 720  # px: the notebook's view of the report
 
 
 def tensor(array):
@@ -45,6 +54,7 @@ class HeadsResult:
 
     run: Any  # attnviz.result.AttentionRun
     spec: RunSpec
+    num_layers: int | None = None  # the model's layers (of spec.stack), for the report's header
 
     @property
     def text(self) -> str:
@@ -114,6 +124,12 @@ class HeadsResult:
         attention = np.round(self.run.attention.astype(np.float64), DECIMALS).tolist()  # as weights_json writes it
         return {**attention_record(self.run, self.spec), "attention": attention}
 
+    def report(self):
+        """The interactive report of this layer (a ReportResult; attnviz.report adds every layer and the traces)."""
+        from attnviz.html import ReportText
+
+        return report_result([ReportText(self.run)], self.spec, self.num_layers)
+
     def __rich__(self):
         from attnviz.render.terminal import heads_table
 
@@ -167,6 +183,7 @@ class TraceResult:
     trace: Any
     runs: list
     spec: RunSpec
+    num_layers: int | None = None  # the model's layers (of spec.stack), for the report's header
 
     @property
     def texts(self) -> list[str]:
@@ -211,7 +228,7 @@ class TraceResult:
 
     def heads_results(self) -> list[HeadsResult]:
         """Each text's heads, as attnviz.heads returns them (the trace has run them already)."""
-        return [HeadsResult(run, self.spec) for run in self.runs]
+        return [HeadsResult(run, self.spec, self.num_layers) for run in self.runs]
 
     def figure(self, head: int | None = None):
         """The first text's heads (a grid, or one head), as attnviz.heads draws them."""
@@ -232,6 +249,18 @@ class TraceResult:
         from attnviz.output.trace_files import trace_record
 
         return trace_record(self.trace, self.spec)
+
+    def report(self):
+        """The interactive report of the traced layer with this trace (a ReportResult).
+
+        A trace of several texts (one padded batch) is shown with the first text.
+        """
+        from attnviz.html import ReportText
+
+        mistaken = self.trace.mistake is not None
+        first = ReportText(self.runs[0], trace=None if mistaken else self.trace, mistakes=[self.trace] if mistaken else [])
+        others = [ReportText(run) for run in self.runs[1:]]
+        return report_result([first, *others], self.spec, self.num_layers)
 
     def __rich_console__(self, console, options):
         from attnviz.render.trace_render import print_trace
@@ -265,6 +294,63 @@ class TraceResult:
     def __repr__(self) -> str:
         layouts = ", ".join(trace.name for trace in self.trace.layouts)
         return f"<attnviz.TraceResult {layouts}: {len(self.steps)} steps, {'agree' if self.agree else 'DISAGREE'}>"
+
+
+def report_result(texts: list, spec: RunSpec, num_layers: int | None, notes: list[str] = ()) -> ReportResult:
+    """A ReportResult of ReportTexts (attnviz.html.record): what attnviz.report and every result's .report() return.
+
+    num_layers: the model's layers (of spec.stack), as the page's header says them.
+    """
+    from attnviz.html import report_record
+    from attnviz.models.families import FAMILIES
+
+    kind = next(family.kind for family in FAMILIES if family.name == texts[0].run.family)
+    return ReportResult(report_record(texts, spec, kind=kind, num_layers=num_layers, notes=list(notes)))
+
+
+@dataclass(frozen=True, repr=False)
+class ReportResult:
+    """The interactive report: .record is its data (README.md, "report.html"), .html the page itself."""
+
+    record: dict
+
+    @property
+    def texts(self) -> list[str]:
+        return [text["text"] for text in self.record["texts"]]
+
+    @cached_property
+    def html(self) -> str:
+        """The whole page: one HTML file that needs nothing but a browser."""
+        from attnviz.html import report_page
+
+        return report_page(self.record)
+
+    def save(self, folder: str | Path) -> list[Path]:
+        """Write report.html into folder (made if new), through a staged folder: it lands whole or not at all."""
+        return save_run_files(folder, self.write_files)
+
+    def write_files(self, folder: Path) -> list[Path]:
+        """save's file, written straight into an existing folder (the command line stages its own)."""
+        path = Path(folder) / REPORT_FILE
+        path.write_text(self.html, encoding="utf-8")
+        return [path]
+
+    def _repr_html_(self) -> str:
+        # srcdoc, not a data: URL or a file: the page's scripts run in Jupyter and VS Code alike, sandboxed
+        return (
+            f'<iframe srcdoc="{html.escape(self.html, quote=True)}" sandbox="allow-scripts" '
+            f'style="width:100%;height:{IFRAME_HEIGHT}px;border:0"></iframe>'
+        )
+
+    def __repr__(self) -> str:
+        first = self.record["texts"][0]
+        others = len(self.texts) - 1
+        more = f" and {others} more text{'s' if others > 1 else ''}" if others else ""
+        layers = "every layer" if first["layers"] is not None else "no other layers"
+        return (
+            f"<attnviz.ReportResult {first['text']!r}{more}: {first['model']}, layer {first['layer']}, "
+            f"{len(first['query_tokens'])} tokens, {layers}>"
+        )
 
 
 class _Rendered:

@@ -64,10 +64,14 @@ def heads(
     out: Optional[Path] = FileOutOption,
     truncate: bool = TruncateOption,
     allow_pickle: bool = AllowPickleOption,
+    no_html: bool = typer.Option(
+        False, "--no-html", help="Do not write report.html (the interactive report, as attnviz report writes it)."
+    ),
 ) -> None:
-    """Per-head attention heatmaps, a summary table and attention.json for one text, or each line of --file."""
+    """Per-head attention heatmaps, a summary table, attention.json and report.html for one text, or each line of --file."""
     from attnviz.api import functions
     from attnviz.api.models import load
+    from attnviz.api.report import report_of_runs
     from attnviz.output.runs import run_folder_name
     from attnviz.render import terminal
 
@@ -89,6 +93,7 @@ def heads(
             device=device.value,
             image_format=image_format.value,
             out=out,
+            html=not no_html,
             run_options=dict(
                 kv_text=kv, layer=layer, num_heads=num_heads, weights=weights.value, seed=seed, causal=causal,
                 truncate=truncate, stack=stack.value if stack else None,
@@ -115,7 +120,8 @@ def heads(
 
     def write(staging: Path) -> list[Path]:
         written = result.write_files(staging, image_format.value)
-        return written + (traced.write_files(staging, image_format.value) if traced is not None else [])
+        written += traced.write_files(staging, image_format.value) if traced is not None else []
+        return written + (report_of_runs(handle.loaded, [run], result.spec).write_files(staging) if not no_html else [])
 
     write_run(out, target, "writing heatmaps…", write)
     if traced is not None and not traced.agree:
@@ -123,9 +129,10 @@ def heads(
 
 
 def _heads_for_file(
-    file: str, *, model, allow_pickle: bool, device: str, image_format: str, out: Optional[Path], run_options: dict
+    file: str, *, model, allow_pickle: bool, device: str, image_format: str, out: Optional[Path], html: bool,
+    run_options: dict,
 ) -> None:
-    """`heads --file`: every line through the same layer, batch by batch; a folder per text.
+    """`heads --file`: every line through the same layer, batch by batch; a folder per text; report.html of the first texts.
 
     The output layer's write_batch, not attnviz.heads: it writes each batch's folders as it goes,
     so no more than a batch of runs is ever held, however long the file.
@@ -139,7 +146,7 @@ def _heads_for_file(
     texts = batch.read_texts(file)
     target = run_target(out, batch.batch_folder_name(file))
     if out is not None:
-        batch.check_batch_target(target, batch.text_folder_names(texts))
+        batch.check_batch_target(target, [*batch.text_folder_names(texts), *(["report.html"] if html else [])])
     handle = load(model, device, allow_pickle=allow_pickle, cache=False)
     loaded = handle.loaded
     batch.check_lengths(loaded.tokenizer, texts, loaded.max_positions, run_options["truncate"])
@@ -149,13 +156,30 @@ def _heads_for_file(
     progress = terminal.progress_bar(console, len(texts), "attention and heatmaps", batch.PROGRESS_MIN_TEXTS)
     with progress as advance, folder as staging:
         result = batch.write_batch(loaded, texts, staging, image_format, spec, on_text=lambda: advance(1))
+        report_files, report_notes = _batch_report(loaded, [entry.text for entry in texts], spec, staging) if html else ([], [])
 
     shown = result.notices[:MAX_NOTICES_SHOWN]
     if len(result.notices) > len(shown):
         shown.append(f"… and {len(result.notices) - len(shown)} more notices like these")
-    terminal.print_notices(errors, shown)
+    terminal.print_notices(errors, [*shown, *report_notes])
     terminal.print_setup(console, result.first_run, handle.source, handle.device_label, seed=run_options["seed"])
     console.print(terminal.batch_table(result.rows, result.first_run.causal))
     numbers = [row["folder"].split("-", 1)[0] for row in result.rows]
     folders = result.rows[0]["folder"] if len(numbers) == 1 else f"{numbers[0]}-… to {numbers[-1]}-… (a folder per text)"
-    terminal.print_files(console, folder.final, [folder.final / folders, *result.files])
+    terminal.print_files(console, folder.final, [folder.final / folders, *result.files, *report_files])
+
+
+def _batch_report(loaded, texts: list[str], spec, staging: Path) -> tuple[list[Path], list[str]]:
+    """report.html of the batch: its first texts that one report holds (run again: write_batch keeps no runs); the note past them."""
+    from attnviz.api.report import MAX_REPORT_TEXTS, MAX_REPORT_WEIGHTS, report_of_runs, texts_that_fit
+    from attnviz.output.batch import run_in_batches
+
+    fit, weights = texts_that_fit(loaded, texts, spec)
+    shown = texts[:fit]
+    notes = [] if len(shown) == len(texts) else [
+        f"report.html shows the first {len(shown)} of the {len(texts)} texts (a report holds at most {MAX_REPORT_TEXTS} "
+        f"texts, whose maps of every layer have at most {MAX_REPORT_WEIGHTS:,} attention weights; these have {weights:,}); "
+        "every text has its own folder of heatmaps and attention.json"
+    ]  # fmt: skip
+    runs = [run for batch in run_in_batches(loaded, shown, spec) for run in batch]
+    return report_of_runs(loaded, runs, spec, notes).write_files(staging), notes

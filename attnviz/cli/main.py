@@ -18,6 +18,7 @@ from attnviz.errors import AttnvizError, Interrupted
 
 # Each module registers its commands on app when imported: this order is --help's.
 from attnviz.cli import heads  # noqa: E402, F401  isort: skip
+from attnviz.cli import report_command  # noqa: E402, F401  isort: skip
 from attnviz.cli import every_layer  # noqa: E402, F401  isort: skip
 from attnviz.cli import experiments  # noqa: E402, F401  isort: skip
 from attnviz.cli import trace_command  # noqa: E402, F401  isort: skip

@@ -11,8 +11,8 @@ from attnviz.cli.options import DEFAULT_OUTPUTS, console, errors
 MAX_NOTICES_SHOWN = 3  # over many texts: the first few notices, then a count
 
 
-def write_run(out: Optional[Path], target: Path, doing: str, write) -> None:
-    """Write a run's files (write(staging) -> paths, a result's write_files) into target, all or none; list them.
+def write_run(out: Optional[Path], target: Path, doing: str, write) -> list[Path]:
+    """Write a run's files (write(staging) -> paths, a result's write_files) into target, all or none; list them and return them.
 
     Without --out, target is a new folder (a number added if the name is taken).
     """
@@ -22,7 +22,9 @@ def write_run(out: Optional[Path], target: Path, doing: str, write) -> None:
     folder = StagedRunFolder(target, unique=out is None)
     with console.status(doing), folder as staging:
         written = write(staging)
-    terminal.print_files(console, folder.final, [folder.final / path.name for path in written])
+    final = [folder.final / path.name for path in written]
+    terminal.print_files(console, folder.final, final)
+    return final
 
 
 def run_target(out: Optional[Path], default_name: str) -> Path:

@@ -1,0 +1,146 @@
+"""attnviz.report: the offline HTML report (report.html) of one or more texts, and what it returns.
+
+The report is a face over the stages' own numbers: per text the run's layer (as attnviz.heads
+runs it), for self-attention every layer (attnviz.layers) with the rollout and the text's own
+statistics (attnviz.stats on that text alone), and the shape trace of every layout with each
+reshape mistake (attnviz.trace). attnviz.html turns them into the record and the page.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from attnviz.api.analysis_results import text_statistics
+from attnviz.api.functions import ModelArg, _check_lengths, _texts, refuse_before_loading, run_spec_for
+from attnviz.api.models import load
+from attnviz.api.results import ReportResult, report_result
+from attnviz.errors import AttnvizError
+from attnviz.spec import RunSpec, check_text, refuse_causal_cross_attention
+
+MAX_REPORT_TEXTS = 64  # one page holds every text's layers and traces: a few MB each for short texts
+# The weights of every layer's maps of all its texts (L × H × N² each): about 30 MB of page and 64 MB of
+# float32 to encode. 64 texts of 20 tokens fit, 14 of 128 tokens (6 layers × 12 heads); a first text always does.
+MAX_REPORT_WEIGHTS = 2**24
+
+
+def report(
+    text_or_texts: str | list[str],
+    *,
+    model: ModelArg = None,
+    layer: int = 0,
+    heads: int | None = None,
+    weights: str = "pretrained",
+    seed: int = 0,
+    kv: str | None = None,
+    causal: bool = False,
+    stack: str | None = None,
+    device: str = "auto",
+    truncate: bool = False,
+) -> ReportResult:
+    """The interactive report of a text, or of a list of texts (at most MAX_REPORT_TEXTS), as a ReportResult.
+
+    The settings are attnviz.heads'. Self-attention adds every layer, the rollout and each text's
+    statistics; cross-attention (kv, or stack="cross") shows the run's layer and its trace only.
+    """
+    from attnviz.output.batch import run_in_batches
+
+    texts = _texts(text_or_texts)
+    check_report_count(len(texts))
+    check_text(kv, "the --kv text")
+    refuse_causal_cross_attention(kv, causal, stack)
+    refuse_before_loading(model, stack)
+    handle = load(model, device)
+    spec = run_spec_for(
+        handle, heads, layer=layer, weights=weights, seed=seed, causal=causal, kv_text=kv, stack=stack, truncate=truncate
+    )
+    _check_lengths(handle.loaded, texts, truncate)
+    check_report_size(handle.loaded, texts, spec)
+    runs = [run for batch in run_in_batches(handle.loaded, texts, spec) for run in batch]
+    return report_of_runs(handle.loaded, runs, spec)
+
+
+def check_report_count(count: int) -> None:
+    """A report holds at most MAX_REPORT_TEXTS texts: refused before any work."""
+    if count > MAX_REPORT_TEXTS:
+        raise AttnvizError(
+            f"a report holds at most {MAX_REPORT_TEXTS} texts, not {count}: split them into several reports"
+        )
+
+
+def texts_that_fit(loaded, texts: list[str], spec: RunSpec) -> tuple[int, int]:
+    """How many of the texts, from the first, one report holds, and the weights of all their every-layer maps.
+
+    At most MAX_REPORT_TEXTS texts, whose maps of every layer (self-attention only: cross-attention
+    has none) hold at most MAX_REPORT_WEIGHTS weights in all; the first text always fits.
+    """
+    cross = spec.kv_text is not None or spec.stack == "cross"
+    counts = [min(len(ids), loaded.max_positions) for ids in loaded.tokenizer.encode_batch(texts)]  # --truncate's cut
+    sizes = [0 if cross else loaded.num_layers_of(spec.stack) * spec.num_heads * count**2 for count in counts]
+    fit = 1
+    while fit < min(len(texts), MAX_REPORT_TEXTS) and sum(sizes[: fit + 1]) <= MAX_REPORT_WEIGHTS:
+        fit += 1
+    return fit, sum(sizes)
+
+
+def check_report_size(loaded, texts: list[str], spec: RunSpec) -> None:
+    """Refuse texts whose every-layer maps are more than one report holds, before any work."""
+    fit, weights = texts_that_fit(loaded, texts, spec)
+    if fit < len(texts):
+        raise AttnvizError(
+            f"these {len(texts)} texts are more than one report holds: their maps of every layer have "
+            f"{weights:,} attention weights, and a report holds {MAX_REPORT_WEIGHTS:,} (the first {fit} texts fit); "
+            "give fewer or shorter texts"
+        )
+
+
+def report_of_runs(loaded, runs: list, spec: RunSpec, notes: list[str] = ()) -> ReportResult:
+    """The report of runs already made (attnviz.heads' runs of the texts, with spec), adding what it shows besides.
+
+    loaded: the LoadedModel they ran on; notes: what the page adds to the runs' own notices.
+    """
+    texts, report_notes = report_texts(loaded, runs, spec)
+    return report_result(texts, spec, loaded.num_layers_of(spec.stack), [*notes, *report_notes])
+
+
+def report_texts(loaded, runs: list, spec: RunSpec) -> tuple[list, list[str]]:
+    """Each run's ReportText (attnviz.html.record), and the notes of what was left out, once each."""
+    from attnviz.html import ReportText
+
+    notes: dict[str, None] = {}
+    texts = []
+    for run in runs:
+        layer_runs, rollout, statistics = every_layer(loaded, run.text, spec)
+        trace, mistakes = traces(loaded, run.text, spec, notes)
+        texts.append(ReportText(run, layer_runs, rollout, statistics, trace, mistakes))
+    return texts, list(notes)
+
+
+def every_layer(loaded, text: str, spec: RunSpec) -> tuple:
+    """Every layer's run of the text (attnviz.layers'), the rollout and the text's statistics; Nones for cross-attention."""
+    from attnviz.analysis.rollout import attention_rollout
+    from attnviz.pipeline import run_layers
+
+    if spec.kv_text is not None or spec.stack == "cross":  # every layer is self-attention: attnviz.layers refuses cross
+        return None, None, None
+    (layer_runs,) = run_layers(loaded, [text], replace(spec, layer=None))
+    rollout = attention_rollout([run.attention for run in layer_runs])
+    return layer_runs, rollout, text_statistics(layer_runs, spec.causal)
+
+
+def traces(loaded, text: str, spec: RunSpec, notes: dict) -> tuple:
+    """The trace of every layout the layer can do (as trace --layout all), and a trace per reshape mistake.
+
+    What trace refuses (a mistake with 1 head, ...) is left out, with its reason added to notes.
+    """
+    from attnviz.tracing import DEFAULT_LAYOUT, LAYOUTS, MISTAKES, trace_texts
+
+    def traced(layouts: tuple[str, ...], mistake: str | None = None):
+        try:
+            return trace_texts(loaded, [text], spec, layouts=layouts, mistake=mistake)
+        except AttnvizError as refused:
+            notes[f"no trace of {f'the mistake {mistake}' if mistake else 'the layouts'} in this report: {refused}"] = None
+            return None
+
+    every_layout = traced(LAYOUTS)
+    mistakes = [traced((DEFAULT_LAYOUT,), mistake) for mistake in MISTAKES]
+    return every_layout, [mistaken for mistaken in mistakes if mistaken is not None]
