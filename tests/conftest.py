@@ -67,3 +67,28 @@ def smollm2_converted(attnviz_cache):
         folder = smollm2.smollm2_folder(notify=notes.append)
     gguf_model, _ = built[0]
     return SimpleNamespace(folder=folder, notes=notes, gguf_model=gguf_model)
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """One headless Debian Chromium for the session (tests/browser.py): skipped without it, failed under CI=true."""
+    from browser import launched_chromium
+
+    with launched_chromium() as chromium:
+        yield chromium
+
+
+@pytest.fixture
+def offline_page(browser):
+    """open(path, **options) -> browser.OfflinePage: a report file opened offline, closed after the test."""
+    from browser import OfflinePage
+
+    opened = []
+
+    def open_page(path, **options):
+        opened.append(OfflinePage(browser, path, **options))
+        return opened[-1]
+
+    yield open_page
+    for page in opened:
+        page.close()
