@@ -29,6 +29,7 @@ LAUNCH_ARGS = [
 ]
 READY = 'body[data-ready="true"]'
 READY_TIMEOUT_MS = 20_000
+ACTION_TIMEOUT_MS = 5_000  # a click on an element the page lacks fails in 5 s, not Playwright's 30
 
 
 def chromium_executable() -> str:
@@ -77,6 +78,7 @@ class OfflinePage:
         self.dialogs: list[str] = []
         width, height = viewport
         self.context = browser.new_context(viewport={"width": width, "height": height}, color_scheme=color_scheme)
+        self.context.set_default_timeout(ACTION_TIMEOUT_MS)
         self.context.on("request", self._requested)
         self.page = self.context.new_page()
         self.page.route("**/*", self._route)
