@@ -10,46 +10,22 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import re
-import shutil
 import time
 import zlib
 from dataclasses import replace
 
 import numpy as np
 import pytest
+from browser import chromium_executable
 
-CHROMIUM = "/usr/bin/chromium"
 HOSTILE = "</script><script>document.title='x'</script><img src=x onerror=alert(1)>"
 LONG_TEXT = " ".join(("The animal didn't cross the street because it was too tired and the rain kept falling. " * 12).split()[:90])
 
 
-def _chromium() -> str:
-    path = CHROMIUM if os.path.exists(CHROMIUM) else shutil.which("chromium")
-    reason = None
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError:
-        reason = "Playwright for Python is not installed"
-    if path is None:
-        reason = "Debian's Chromium is not installed (apt-get install chromium)"
-    if reason:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"browser tests need a browser under CI: {reason}")
-        pytest.skip(reason)
-    return path
-
-
-@pytest.fixture(scope="module")
-def browser():
-    executable = _chromium()
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=executable, args=["--no-sandbox", "--disable-gpu"])
-        yield chromium
-        chromium.close()
+# The session's one Chromium is conftest.py's `browser` (tests/browser.py): Playwright's sync API runs
+# one at a time per thread, so a module starting its own would fail beside it.
+_chromium = chromium_executable  # the rule, for tests that need only the check (skip locally, fail under CI)
 
 
 @pytest.fixture(scope="module")
