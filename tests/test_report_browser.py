@@ -35,6 +35,11 @@ def model():
 
 
 @pytest.fixture(scope="module")
+def zh_heads(model):
+    return attnviz.heads(ZH, model=model)
+
+
+@pytest.fixture(scope="module")
 def zh_report(model, tmp_path_factory):
     """The Chinese text's report, saved as a user saves it: (its path, its record as the page carries it)."""
     folder = tmp_path_factory.mktemp("report-zh")
@@ -84,10 +89,9 @@ def visible_lines(page) -> list[tuple[int, int, int]]:
 # ---- the record, without a browser ----
 
 
-def test_the_embedded_record_holds_attention_json_and_its_weights(model, zh_report, tmp_path):
+def test_the_embedded_record_holds_attention_json_and_its_weights(zh_heads, zh_report):
     path, record = zh_report
-    attnviz.heads(ZH, model=model).save(tmp_path)
-    attention_json = json.loads((tmp_path / "attention.json").read_text(encoding="utf-8"))
+    attention_json = json.loads(json.dumps(zh_heads.to_dict()))  # attention.json's content (README, "Python")
     (text,) = record["texts"]
     assert record["format"] == "attnviz-report" and record["num_layers"] == 6 and record["num_heads"] == 12
     assert {key: text[key] for key in attention_json if key != "attention"} == {
@@ -117,7 +121,7 @@ def test_the_nav_offers_every_view(zh_page):
     assert zh_page.page.eval_on_selector_all("nav#views button[data-view]", "bs => bs.map(b => b.dataset.view)") == VIEWS
 
 
-def test_the_head_view_draws_one_line_per_query_and_key_with_its_weight_as_opacity(model, zh_page):
+def test_the_head_view_draws_one_line_per_query_and_key_with_its_weight_as_opacity(zh_heads, zh_page):
     page, text = zh_page.page, zh_page.text
     page.click("#head-none")
     page.check(f"input.head-toggle[data-head='{HEAD}']")
@@ -127,7 +131,7 @@ def test_the_head_view_draws_one_line_per_query_and_key_with_its_weight_as_opaci
         ".map(l => [+l.dataset.head, +l.dataset.query, +l.dataset.key, l.getAttribute('stroke-opacity'), l.getAttribute('stroke')])"
     )
     weights = decoded(text["attention"])[HEAD]  # (Nq, Nk)
-    heads = attnviz.heads(ZH, model=model).attention.numpy()[HEAD]
+    heads = zh_heads.attention.numpy()[HEAD]
     assert np.abs(weights - np.round(heads.astype(np.float64), 4)).max() < 1e-9
     num_queries, num_keys = weights.shape
     assert sorted((h, i, j) for h, i, j, _, _ in lines) == [(HEAD, i, j) for i in range(num_queries) for j in range(num_keys)]
