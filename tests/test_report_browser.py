@@ -109,6 +109,18 @@ def test_no_angle_bracket_is_raw_inside_the_data_script(hostile_report):
     assert page.count("<script") == 2  # the data and the one page script: the text added none
 
 
+def test_without_chromium_the_browser_tests_skip_locally_and_fail_under_ci(monkeypatch):
+    from browser import chromium_executable
+
+    monkeypatch.setenv("ATTNVIZ_CHROMIUM", "/nonexistent/chromium")
+    monkeypatch.setenv("CI", "false")
+    with pytest.raises(pytest.skip.Exception, match="Chromium is not installed"):
+        chromium_executable()
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="must run under CI: .*Chromium is not installed"):
+        chromium_executable()
+
+
 # ---- in the browser ----
 
 
