@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from test_report_views import HOSTILE, Page, browser, decoded, opened  # noqa: F401 (fixtures)
+from test_report_views import HOSTILE, Page, decoded, opened  # noqa: F401 (opened: a fixture; the browser is conftest.py's, one per session)
 
 ENGLISH = "The cat sat on the mat, because it was tired."
 
