@@ -202,19 +202,15 @@ def test_import_attnviz_still_imports_no_torch_and_exposes_report():
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
 
 
-def test_the_notebook_s_iframe_runs_the_page_offline_in_a_browser(report, tmp_path):
-    """What Jupyter and VS Code do with _repr_html_: the srcdoc page's scripts run, sandboxed, with no request."""
-    from test_report_views import _chromium  # the browser tests' rule: skip locally without Chromium, fail under CI
+def test_the_notebook_s_iframe_runs_the_page_offline_in_a_browser(report, tmp_path, browser):
+    """What Jupyter and VS Code do with _repr_html_: the srcdoc page's scripts run, sandboxed, with no request.
 
-    executable = _chromium()
-    from playwright.sync_api import sync_playwright
-
+    browser: the session's one Chromium (conftest.py; skipped locally without it, failed under CI)."""
     notebook = tmp_path / "notebook.html"
     notebook.write_text(f"<!doctype html><meta charset='utf-8'><body>{report._repr_html_()}</body>", encoding="utf-8")
     requests, problems = [], []
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=executable, args=["--no-sandbox", "--disable-gpu"])
-        page = browser.new_page()
+    page = browser.new_page()
+    try:
         page.on("request", lambda request: requests.append(request.url))
         page.on("console", lambda message: problems.append(message.text) if message.type == "error" else None)
         page.on("pageerror", lambda error: problems.append(str(error)))
@@ -222,6 +218,7 @@ def test_the_notebook_s_iframe_runs_the_page_offline_in_a_browser(report, tmp_pa
         (frame,) = [frame for frame in page.frames if frame != page.main_frame]
         frame.wait_for_selector('body[data-ready="true"]', timeout=15_000)
         lines = frame.locator("svg#head-lines line").count()
-        browser.close()
+    finally:
+        page.close()
     assert requests == [notebook.as_uri()] and problems == []
     assert lines == 12 * 9 * 9  # every head's line from each query to each key of the 9-token text
