@@ -92,3 +92,8 @@ def test_record_json_escapes_every_angle_bracket_and_keeps_characters():
 def test_policy_names_the_scripts_hash():
     digest = base64.b64encode(hashlib.sha256(b"let a = 1;").digest()).decode()
     assert f"'sha256-{digest}'" in content_security_policy("let a = 1;")
+
+
+def test_page_scripts_are_package_data_in_order():
+    present = [name for name in SCRIPTS if f"// ---- {name} ----" in page_script()]
+    assert present == list(SCRIPTS), "every script of the page ships in attnviz/html/static"
