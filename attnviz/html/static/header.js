@@ -79,7 +79,10 @@
     const text = AV.current();
     const [first, ...rest] = text.title && text.title.length ? text.title : [`${text.model} · layer ${text.layer}`];
     header.appendChild(AV.el("h1", { class: "report-title" }, first));
-    for (const line of rest) header.appendChild(AV.el("p", { class: "report-subtitle" }, line));
+    for (const line of rest) {
+      if (/^“[^”]*”$/.test(line)) continue; // the quoted text alone: the text is shown whole just below
+      header.appendChild(AV.el("p", { class: "report-subtitle" }, line));
+    }
     const quoted = AV.el("p", { class: "report-text", lang: "und" }, text.text);
     Object.assign(quoted.style, { maxHeight: "7.5em", overflowY: "auto" }); // a 512-token text scrolls in its box
     header.appendChild(quoted);
