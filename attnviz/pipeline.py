@@ -277,6 +277,19 @@ def iter_layer_weights(
     in_berts_place) attnviz's layer stands in for BERT's attention in the forward pass, and
     its output goes on through the rest of BERT's layer to the next.
     """
+    for _, output, patterns in iter_layer_passes(loaded, encoded, layers, spec, in_place):
+        yield output, patterns
+
+
+@torch.inference_mode()
+def iter_layer_passes(
+    loaded: LoadedModel,
+    encoded: EncodedTexts,
+    layers: list[MultiHeadAttention],
+    spec: RunSpec,
+    in_place: bool = False,
+) -> Iterator[tuple[LayerStates, torch.Tensor, torch.Tensor]]:
+    """iter_layer_weights with what each layer ran over: its LayerStates, output (B, N, D), weights (B, H, N, Nk)."""
     device = spec.device
     keys = encoded.keys if encoded.keys is not None else encoded.queries
     valid_lens = keys.valid_lens.to(device).expand(len(encoded.queries.ids))  # (B,)
@@ -284,16 +297,17 @@ def iter_layer_weights(
         states = layer_states(loaded, encoded, list(range(len(layers))), spec)
         for layer, attention in enumerate(layers):
             state = states.pop(layer)  # let each layer's states go once used
-            yield attention(
+            output, patterns = attention(
                 state.queries, state.keys, state.keys, valid_lens=valid_lens, causal=spec.causal, position_bias=state.position_bias
             )
+            yield state, output, patterns
         return
     hidden = layer_input(loaded, encoded.queries, 0, device)  # (B, N, D): the embeddings
     for layer, attention in enumerate(layers):
         if layer:
             hidden = loaded.model.encoder.layer[layer - 1].finish(hidden, output)  # enters this layer
         output, patterns = attention(hidden, valid_lens=valid_lens)
-        yield output, patterns
+        yield LayerStates(hidden, hidden), output, patterns
 
 
 def run_layers(loaded: LoadedModel, texts: list[str], spec: RunSpec) -> list[list[AttentionRun]]:
