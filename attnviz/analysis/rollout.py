@@ -1,6 +1,7 @@
 """Attention rollout (Abnar & Zuidema 2020): how much each token of the last layer draws on each input token.
 
-Plain NumPy: no torch, so the renderers can import it.
+Plain NumPy: no torch, so the renderers can import it. residual_attention is the per-layer matrix
+that rollout multiplies and attention flow (flow.py) takes as its graph's capacities.
 """
 
 from __future__ import annotations
@@ -11,16 +12,26 @@ import numpy as np
 def attention_rollout(layer_attention: list[np.ndarray]) -> np.ndarray:
     """Attention rollout (Abnar & Zuidema 2020) of self-attention through the layers, in order.
 
-    Per layer: average the heads of (H, N, N), add the identity (the residual connection) and
-    renormalise the rows; then R = A'_{L-1} ... A'_1 A'_0. Row i of R (N, N) says how much the
-    last layer's token i draws on each input token; its rows sum to 1.
+    Per layer: A' = residual_attention(A); then R = A'_{L-1} ... A'_1 A'_0. Row i of R (N, N)
+    says how much the last layer's token i draws on each input token; its rows sum to 1.
     """
     rollout = None
     for attention in layer_attention:
-        weights = np.asarray(attention, dtype=np.float64)  # (H, N, N)
-        mixed = weights.mean(axis=0) + np.eye(weights.shape[-1])  # (N, N)
-        mixed /= mixed.sum(axis=-1, keepdims=True)
+        mixed = residual_attention(attention)  # (N, N)
         rollout = mixed if rollout is None else mixed @ rollout  # the later layer on the left
     if rollout is None:
         raise ValueError("attention rollout needs at least one layer")
     return rollout
+
+
+def residual_attention(attention: np.ndarray) -> np.ndarray:
+    """One layer's attention with its residual connection: the heads of (H, N, N) averaged, the identity
+    added, the rows renormalised, (N, N) in float64. With rows of weights that sum to 1 this is (mean_h A_h + I) / 2."""
+    weights = np.asarray(attention, dtype=np.float64)  # (H, N, N)
+    return normalise_rows(weights.mean(axis=0) + np.eye(weights.shape[-1]))  # (N, N)
+
+
+def normalise_rows(maps: np.ndarray) -> np.ndarray:
+    """maps (..., Nq, Nk) with each row divided by its sum, so that it sums to 1; a row of zeros stays zeros."""
+    sums = maps.sum(axis=-1, keepdims=True)
+    return np.divide(maps, sums, out=np.zeros(np.shape(maps), dtype=np.result_type(maps, np.float64)), where=sums != 0)
