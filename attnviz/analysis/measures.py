@@ -1,0 +1,127 @@
+"""What attention weights leave out: the measures beside the weights, layer by layer and text by text.
+
+- norm (Kobayashi et al. 2020, norms.py): ‖α^h_ij f^h(x_j)‖ per head, and ‖Σ_h α^h_ij f^h(x_j)‖ per layer;
+- value zeroing (Mohebbi et al. 2023, value_zeroing.py): the cosine distance between token i's
+  output and its output with key j's value vector zeroed, per layer;
+- flow (Abnar & Zuidema 2020, flow.py): maximum flow through the layers' graph, across layers.
+
+measure_layers and measure_layer run attnviz's layers as run_layers and run_attention do, and
+compute norm and value zeroing from the very tensors each layer ran on (its values' input, its
+weights, its output), so each MeasuredLayer holds the weights' run and its measures side by side.
+Flow needs only every layer's weights: attention_flow([m.run.attention for m in measured]).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+
+from attnviz.analysis.norms import head_norms, summed_squared_norms, transformed_values
+from attnviz.analysis.rollout import normalise_rows
+from attnviz.analysis.value_zeroing import value_zeroing_distances
+from attnviz.attention.layer import MultiHeadAttention
+from attnviz.models.loading import LoadedModel
+from attnviz.pipeline import (
+    EncodedTexts,
+    LayerStates,
+    build_layer,
+    build_layers,
+    check_layer,
+    encode_texts,
+    in_berts_place,
+    iter_layer_passes,
+    layer_sizes,
+    layer_states,
+    split_runs,
+)
+from attnviz.result import AttentionRun
+from attnviz.spec import RunSpec
+
+
+@dataclass
+class MeasuredLayer:
+    """One text's pass through one layer, with the measures (README.md, "Measures").
+
+    head_norms (H, Nq, Nk): ‖α^h_ij f^h(x_j)‖; summed_norms (Nq, Nk): ‖Σ_h α^h_ij f^h(x_j)‖, both raw
+    norms in the hidden state's units. value_zeroing (Nq, Nk): the cosine distance between query
+    token i's layer output and that output with key j's value vector zeroed; value_zeroing_rows:
+    the same, each row divided by its sum (Mohebbi et al.'s maps). All float64.
+    """
+
+    run: AttentionRun
+    head_norms: np.ndarray
+    summed_norms: np.ndarray
+    value_zeroing: np.ndarray
+    value_zeroing_rows: np.ndarray
+
+
+@torch.inference_mode()
+def measure_layers(loaded: LoadedModel, texts: list[str], spec: RunSpec) -> list[list[MeasuredLayer]]:
+    """Every layer of every text, measured[text][layer]: the runs are run_layers' (self-attention of
+    spec.stack; spec.layer and spec.kv_text are not used), one forward pass for the batch."""
+    spec = replace(spec, kv_text=None)
+    layers = build_layers(loaded, spec)
+    encoded = encode_texts(loaded, texts, spec)
+    passes = iter_layer_passes(loaded, encoded, layers, spec, in_berts_place(loaded, spec))
+    by_layer = [
+        _measured(loaded, texts, encoded, spec, layer, layers[layer], state, output, patterns)
+        for layer, (state, output, patterns) in enumerate(passes)
+    ]  # by_layer[layer][text]
+    return [list(text_layers) for text_layers in zip(*by_layer)]
+
+
+@torch.inference_mode()
+def measure_layer(loaded: LoadedModel, texts: list[str], spec: RunSpec) -> list[MeasuredLayer]:
+    """spec.layer of every text, one MeasuredLayer per text: the runs are run_attention's (with
+    spec.kv_text, keys and values come from that text; value zeroing then zeroes its tokens)."""
+    check_layer(loaded, spec.layer, spec.stack)
+    attention = build_layer(loaded, spec)
+    encoded = encode_texts(loaded, texts, spec)
+    state = layer_states(loaded, encoded, [spec.layer], spec)[spec.layer]
+    keys = encoded.keys if encoded.keys is not None else encoded.queries
+    output, patterns = attention(
+        state.queries,
+        state.keys,
+        state.keys,
+        valid_lens=keys.valid_lens.to(spec.device).expand(len(texts)),
+        causal=spec.causal,
+        position_bias=state.position_bias,
+    )  # (B, Nq, D), (B, H, Nq, Nk)
+    return _measured(loaded, texts, encoded, spec, spec.layer, attention, state, output, patterns)
+
+
+def _measured(
+    loaded: LoadedModel,
+    texts: list[str],
+    encoded: EncodedTexts,
+    spec: RunSpec,
+    layer: int,
+    attention: MultiHeadAttention,
+    state: LayerStates,
+    output: torch.Tensor,
+    patterns: torch.Tensor,
+) -> list[MeasuredLayer]:
+    """One layer's padded batch, its output (B, Nq, D) and weights (B, H, Nq, Nk), measured and cut into one MeasuredLayer per text."""
+    keys = encoded.keys if encoded.keys is not None else encoded.queries
+    transformed = transformed_values(attention, state.keys)  # (B, H, Nk, D): the layer's values are its keys' states
+    per_head = head_norms(patterns, transformed)  # (B, H, Nq, Nk)
+    summed_squared = summed_squared_norms(patterns, transformed)  # (B, Nq, Nk)
+    distances = value_zeroing_distances(patterns, transformed, output, summed_squared)  # (B, Nq, Nk)
+    runs = split_runs(loaded, texts, encoded.queries, keys, output, patterns, spec, layer, *layer_sizes(attention))
+    per_head, summed, distances = (t.cpu().numpy() for t in (per_head.double(), summed_squared.sqrt(), distances))
+    measured = []
+    for index, run in enumerate(runs):
+        num_queries, num_keys = run.attention.shape[1:]  # the text's own tokens, padding cut
+        text_distances = distances[index, :num_queries, :num_keys]
+        measured.append(
+            MeasuredLayer(
+                run=run,
+                head_norms=per_head[index, :, :num_queries, :num_keys].copy(),
+                summed_norms=summed[index, :num_queries, :num_keys].copy(),
+                value_zeroing=text_distances.copy(),
+                value_zeroing_rows=normalise_rows(text_distances),
+            )
+        )
+    return measured

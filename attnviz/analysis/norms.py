@@ -1,0 +1,64 @@
+"""The norm of each weighted, transformed value vector (Kobayashi et al. 2020, "Attention is Not Only a Weight").
+
+A layer's output for query token i is a sum of one vector per head h and key token j:
+
+    out_i = Σ_h Σ_j α^h_ij f^h(x_j) + b_o,    f^h(x) = (x W_v^h + b_v^h) W_o^h
+
+with W_v^h, b_v^h head h's columns of the value projection (with grouped-query attention, those
+of the key/value head that h shares) and W_o^h the d rows of the output projection that take head
+h's features. b_o belongs to no head and no key, so it is left out, as in the paper. A weight α
+says how much a key is chosen; the norm ‖α^h_ij f^h(x_j)‖ says how much it adds to the output: a
+large weight on a vector of small norm (Kobayashi et al. find this for [CLS], [SEP] and
+punctuation) adds little.
+
+Two maps per layer: per head ‖α^h_ij f^h(x_j)‖ (H, Nq, Nk), and the heads summed, ‖Σ_h α^h_ij f^h(x_j)‖
+(Nq, Nk): what key j adds to token i's output through all heads at once (the paper's
+layer-level norm). Both are raw norms, in the units of the hidden state; rows do not sum to 1.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from attnviz.attention.layer import MultiHeadAttention, repeat_kv, split_heads
+
+
+def transformed_values(attention: MultiHeadAttention, values: torch.Tensor) -> torch.Tensor:
+    """f^h(x_j) for every head h and key token j: (B, H, Nk, D), from the values' input (B, Nk, D_v).
+
+    Each head's value vectors (x W_v^h + b_v^h) go through that head's own d rows of W_o.
+    """
+    model_size, inner = attention.w_o.weight.shape  # (D, H*d): nn.Linear stores W_o transposed
+    v = split_heads(attention.w_v(values), attention.num_kv_heads)  # (B, H_kv, Nk, d)
+    v = repeat_kv(v, attention.group_size)  # (B, H, Nk, d): each query head's shared value head
+    w_o = attention.w_o.weight.view(model_size, attention.num_heads, attention.head_dim)  # (D, H, d)
+    w_o_per_head = w_o.permute(1, 2, 0)  # (H, d, D): W_o^h, head h's rows of W_o
+    return v @ w_o_per_head  # (B, H, Nk, d) @ (H, d, D) -> (B, H, Nk, D)
+
+
+def head_norms(pattern: torch.Tensor, transformed: torch.Tensor) -> torch.Tensor:
+    """‖α^h_ij f^h(x_j)‖ = α^h_ij ‖f^h(x_j)‖ (weights are never negative): (B, H, Nq, Nk).
+
+    pattern (B, H, Nq, Nk) is the layer's attention weights; transformed (B, H, Nk, D) is transformed_values.
+    """
+    return pattern * transformed.norm(dim=-1)[:, :, None, :]  # (B, H, Nq, Nk) * (B, H, 1, Nk)
+
+
+def summed_squared_norms(pattern: torch.Tensor, transformed: torch.Tensor) -> torch.Tensor:
+    """‖Σ_h α^h_ij f^h(x_j)‖², in float64: (B, Nq, Nk).
+
+    The heads' sum is never built as a (B, Nq, Nk, D) tensor: for each key the heads' vectors'
+    dot products G_j[h, g] = <f^h(x_j), f^g(x_j)> (H, H) give ‖Σ_h α^h_ij f^h(x_j)‖² =
+    Σ_h Σ_g α^h_ij α^g_ij G_j[h, g]. Float64, because the heads' vectors may nearly cancel and
+    float32 would then lose the small difference.
+    """
+    transformed = transformed.double()
+    gram = torch.einsum("bhkd,bgkd->bkhg", transformed, transformed)  # (B, Nk, H, H)
+    alpha = pattern.double()  # (B, H, Nq, Nk)
+    weighted = torch.einsum("bhqk,bkhg->bgqk", alpha, gram)  # (B, H, Nq, Nk): Σ_h α^h_ij G_j[h, g]
+    return (alpha * weighted).sum(dim=1).clamp_min(0)  # (B, Nq, Nk); rounding may leave -1e-18
+
+
+def summed_norms(pattern: torch.Tensor, transformed: torch.Tensor) -> torch.Tensor:
+    """‖Σ_h α^h_ij f^h(x_j)‖: what key token j adds to query token i's output through every head, (B, Nq, Nk) float64."""
+    return summed_squared_norms(pattern, transformed).sqrt()

@@ -1,0 +1,246 @@
+"""The measures beside the weights, each against a computation of its own written out here.
+
+norm (Kobayashi et al. 2020): the per-head vectors α^h_ij f^h(x_j) built from the model's nn.Linear
+weights; value zeroing (Mohebbi et al. 2023): the layer rerun with one key's value vector zeroed,
+one key at a time; flow (Abnar & Zuidema 2020): networkx's maximum flow on the graph built here.
+All within 1e-5, on the bundled model's real weights and on layers built by hand.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from attnviz.analysis.measures import measure_layer, measure_layers
+from attnviz.analysis.norms import head_norms, summed_norms, transformed_values
+from attnviz.analysis.value_zeroing import value_zeroing_distances
+from attnviz.attention.layer import MultiHeadAttention
+
+TOLERANCE = 1e-5
+# Two texts of different lengths in one batch: the shorter is padded, and its measures must not see the padding.
+TEXTS = ["The cat sat on the mat, unbelievably.", "我想吃酸菜鱼"]
+SHORT_TEXT = "Attention flows."  # 6 tokens with [CLS] and [SEP]
+
+
+@pytest.fixture(scope="module")
+def every_layer_spec(plain_spec):
+    return replace(plain_spec, layer=None)
+
+
+@pytest.fixture(scope="module")
+def measured(bundled_bert, every_layer_spec):
+    """measured[text][layer] for TEXTS, batched together."""
+    return measure_layers(bundled_bert, TEXTS, every_layer_spec)
+
+
+def bert_inputs(loaded, text: str) -> list[torch.Tensor]:
+    """What enters each of BERT's layers for the text alone (no padding), from BERT's own forward pass: (N, D) each."""
+    from attnviz.models.tokens import encode
+
+    encoded = encode(loaded.tokenizer, [text], loaded.max_positions, False)
+    with torch.no_grad():
+        states = loaded.model(encoded.input_ids, encoded.attention_mask, encoded.token_type_ids)
+    return [state[0].double() for state in states]
+
+
+def linear(module: torch.nn.Linear) -> tuple[torch.Tensor, torch.Tensor]:
+    return module.weight.detach().double(), module.bias.detach().double()
+
+
+def weights_and_values(bert_layer, x: torch.Tensor, num_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """α^h (H, N, N) and f^h(x_j) (H, N, D) for every head, written out from the layer's nn.Linear weights.
+
+    α^h = softmax(q^h k^hT / sqrt(d)); f^h(x) = (x W_v^h + b_v^h) W_o^h with W_v^h head h's d output
+    features of the value projection and W_o^h the d input features of the output projection it feeds.
+    """
+    (w_q, b_q), (w_k, b_k), (w_v, b_v) = (linear(getattr(bert_layer.attention.self, name)) for name in ("query", "key", "value"))
+    w_o, _ = linear(bert_layer.attention.output.dense)  # (D, D): out features x in features
+    head_dim = w_q.shape[0] // num_heads
+    alphas, values = [], []
+    for head in range(num_heads):
+        rows = slice(head * head_dim, (head + 1) * head_dim)
+        q = x @ w_q[rows].T + b_q[rows]  # (N, d)
+        k = x @ w_k[rows].T + b_k[rows]
+        v = x @ w_v[rows].T + b_v[rows]
+        alphas.append(torch.softmax(q @ k.T / math.sqrt(head_dim), dim=-1))  # (N, N)
+        values.append(v @ w_o[:, rows].T)  # (N, D): f^h(x_j) for every key j
+    return torch.stack(alphas), torch.stack(values)
+
+
+def per_head_vectors(bert_layer, x: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """α^h_ij f^h(x_j) for every head, query and key: (H, N, N, D)."""
+    alpha, values = weights_and_values(bert_layer, x, num_heads)
+    return alpha[:, :, :, None] * values[:, None, :, :]
+
+
+# --- norm -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text_index", [0, 1])
+@pytest.mark.parametrize("layer", [0, 3, 5])
+def test_head_norms_are_the_norms_of_the_per_head_vectors_built_from_the_weights(bundled_bert, measured, text_index, layer):
+    """‖α^h_ij f^h(x_j)‖ per head, and ‖Σ_h α^h_ij f^h(x_j)‖, equal the vectors' norms written out, within 1e-5
+    (the second text is padded in its batch: its maps cover its own tokens only)."""
+    result = measured[text_index][layer]
+    x = bert_inputs(bundled_bert, TEXTS[text_index])[layer]
+    vectors = per_head_vectors(bundled_bert.model.encoder.layer[layer], x, bundled_bert.num_heads)  # (H, N, N, D)
+    assert result.head_norms.shape == vectors.shape[:3]
+    np.testing.assert_allclose(result.head_norms, vectors.norm(dim=-1).numpy(), rtol=0, atol=TOLERANCE)
+    np.testing.assert_allclose(result.summed_norms, vectors.sum(dim=0).norm(dim=-1).numpy(), rtol=0, atol=TOLERANCE)
+
+
+def test_the_weights_beside_the_measures_are_the_layers_weights(bundled_bert, measured):
+    """Each MeasuredLayer's run holds the weights α^h written out from the same layer and input, within 1e-5."""
+    x = bert_inputs(bundled_bert, TEXTS[0])[2]
+    alpha, _ = weights_and_values(bundled_bert.model.encoder.layer[2], x, bundled_bert.num_heads)
+    np.testing.assert_allclose(measured[0][2].run.attention, alpha.numpy(), rtol=0, atol=TOLERANCE)
+
+
+def small_layer(num_heads: int = 4, num_kv_heads: int | None = None, seed: int = 0) -> MultiHeadAttention:
+    """A random layer of model size 16, its biases non-zero (b_v and b_o must be treated right)."""
+    torch.manual_seed(seed)
+    layer = MultiHeadAttention(16, num_heads, num_kv_heads=num_kv_heads).double().eval()
+    with torch.no_grad():
+        for module in (layer.w_q, layer.w_k, layer.w_v, layer.w_o):
+            module.bias.normal_()
+    return layer
+
+
+def test_grouped_query_heads_use_the_key_value_head_they_share():
+    """With 4 query heads sharing 2 key/value heads, head h's f^h takes value head h // 2's projection
+    and W_o's rows of query head h: the norms equal those vectors written out, within 1e-5."""
+    layer = small_layer(num_heads=4, num_kv_heads=2)
+    x = torch.randn(1, 5, 16, dtype=torch.float64)
+    output, pattern = layer(x)
+    w_v, b_v = linear(layer.w_v)  # (2 * d, D)
+    w_o, _ = linear(layer.w_o)  # (D, 4 * d)
+    d = 4
+    expected_heads, expected_sum = [], 0
+    for head in range(4):
+        value_rows = slice((head // 2) * d, (head // 2 + 1) * d)
+        f = (x[0] @ w_v[value_rows].T + b_v[value_rows]) @ w_o[:, head * d : (head + 1) * d].T  # (N, D)
+        vectors = pattern[0, head, :, :, None] * f[None]  # (N, N, D)
+        expected_heads.append(vectors.norm(dim=-1))
+        expected_sum = expected_sum + vectors
+    transformed = transformed_values(layer, x)
+    np.testing.assert_allclose(head_norms(pattern, transformed)[0].detach(), torch.stack(expected_heads).detach(), atol=TOLERANCE)
+    np.testing.assert_allclose(summed_norms(pattern, transformed)[0].detach(), expected_sum.norm(dim=-1).detach(), atol=TOLERANCE)
+
+
+def test_a_head_with_all_its_weight_on_one_key_has_that_keys_norm():
+    """Under a causal mask the first token sees only itself: every head's weight there is 1 on key 0, so
+    its norm is ‖f^h(x_0)‖ and 0 on every other key, and the heads' sum is the output less b_o."""
+    layer = small_layer()
+    x = torch.randn(1, 6, 16, dtype=torch.float64)
+    output, pattern = layer(x, causal=True)
+    w_v, b_v = linear(layer.w_v)
+    w_o, b_o = linear(layer.w_o)
+    transformed = transformed_values(layer, x)
+    norms = head_norms(pattern, transformed)[0].detach()  # (H, N, N)
+    for head in range(4):
+        rows = slice(head * 4, (head + 1) * 4)
+        f_0 = (x[0, 0] @ w_v[rows].T + b_v[rows]) @ w_o[:, rows].T  # (D,)
+        assert norms[head, 0, 0].item() == pytest.approx(f_0.norm().item(), abs=TOLERANCE)
+        assert torch.all(norms[head, 0, 1:] == 0)
+    summed = summed_norms(pattern, transformed)[0].detach()
+    assert summed[0, 0].item() == pytest.approx((output[0, 0] - b_o).norm().item(), abs=TOLERANCE)
+
+
+# --- value zeroing -----------------------------------------------------------------------------
+
+
+def rerun_with_value_zeroed(layer: MultiHeadAttention, queries, keys, key: int, **options) -> torch.Tensor:
+    """The layer's output (Nq, D) with key token `key`'s value vector (x_j W_v + b_v, every head) set to zero."""
+
+    def zero_the_value(module, inputs, values):  # values (B, Nk, H_kv * d)
+        values = values.clone()
+        values[:, key] = 0
+        return values
+
+    handle = layer.w_v.register_forward_hook(zero_the_value)
+    try:
+        with torch.no_grad():
+            output, _ = layer(queries, keys, keys, **options)
+    finally:
+        handle.remove()
+    return output[0]
+
+
+def distances_by_reruns(layer, queries, keys, **options) -> np.ndarray:
+    """Cosine distance between each query's output and its output with key j's value zeroed, key by key: (Nq, Nk)."""
+    with torch.no_grad():
+        original, _ = layer(queries, keys, keys, **options)
+    columns = []
+    for key in range(keys.shape[1]):
+        altered = rerun_with_value_zeroed(layer, queries, keys, key, **options)
+        cosine = torch.nn.functional.cosine_similarity(original[0].double(), altered.double(), dim=-1, eps=0)
+        columns.append(1 - cosine)
+    return torch.stack(columns, dim=-1).numpy()
+
+
+@pytest.mark.parametrize("text_index", [0, 1])
+@pytest.mark.parametrize("layer", [0, 4])
+def test_value_zeroing_equals_rerunning_the_layer_with_each_value_zeroed(bundled_bert, measured, text_index, layer):
+    """For each key j, the layer rerun with v_j = 0: the cosine distance of each token's output from its
+    original equals the value-zeroing map within 1e-5; the rows map is each row divided by its sum."""
+    from attnviz.attention.layer import layer_from_weights
+
+    bert_layer = bundled_bert.model.encoder.layer[layer]
+    attention = layer_from_weights(bert_layer.attention_weights()).eval()
+    x = bert_inputs(bundled_bert, TEXTS[text_index])[layer].float()[None]  # (1, N, D)
+    expected = distances_by_reruns(attention, x, x)
+    result = measured[text_index][layer]
+    np.testing.assert_allclose(result.value_zeroing, expected, rtol=0, atol=TOLERANCE)
+    np.testing.assert_allclose(result.value_zeroing_rows, expected / expected.sum(axis=1, keepdims=True), rtol=0, atol=TOLERANCE)
+
+
+def test_value_zeroing_of_a_grouped_query_layer_under_a_causal_mask():
+    """Rerunning a grouped-query layer key by key: equal within 1e-5; keys a query cannot see change nothing (0)."""
+    layer = small_layer(num_heads=4, num_kv_heads=2, seed=1)
+    x = torch.randn(1, 7, 16, dtype=torch.float64)
+    output, pattern = layer(x, causal=True)
+    distances = value_zeroing_distances(pattern, transformed_values(layer, x), output)[0].detach().numpy()
+    np.testing.assert_allclose(distances, distances_by_reruns(layer, x, x, causal=True), rtol=0, atol=TOLERANCE)
+    assert np.all(distances[np.triu_indices(7, k=1)] == 0)
+
+
+def test_value_zeroing_distances_are_cosine_distances(measured):
+    """0 <= distance <= 2 everywhere, every row has a key that changes something, and each rows-map row sums to 1."""
+    for text in measured:
+        for result in text:
+            assert np.all(result.value_zeroing >= 0) and np.all(result.value_zeroing <= 2)
+            assert np.all(result.value_zeroing.max(axis=1) > 0)
+            np.testing.assert_allclose(result.value_zeroing_rows.sum(axis=1), 1, atol=1e-12)
+
+
+def test_one_layer_measured_alone_equals_that_layer_of_every_layer(bundled_bert, plain_spec, measured):
+    """measure_layer (run_attention's path: the model's own hidden states) and measure_layers (attnviz's layers
+    in BERT's place) give the same weights and measures for a layer, within 1e-5."""
+    alone = measure_layer(bundled_bert, TEXTS, replace(plain_spec, layer=3))
+    for text_index, result in enumerate(alone):
+        together = measured[text_index][3]
+        assert result.run.query_tokens == together.run.query_tokens and result.run.layer == 3
+        for name in ("head_norms", "summed_norms", "value_zeroing", "value_zeroing_rows"):
+            np.testing.assert_allclose(getattr(result, name), getattr(together, name), rtol=0, atol=TOLERANCE, err_msg=name)
+        np.testing.assert_allclose(result.run.attention, together.run.attention, rtol=0, atol=TOLERANCE)
+
+
+def test_cross_attention_measures_zero_the_other_texts_values(bundled_bert, plain_spec):
+    """With --kv's text as keys and values, the norms and value zeroing are over that text's tokens, and
+    equal the per-head vectors and the reruns built from its states, within 1e-5."""
+    from attnviz.attention.layer import layer_from_weights
+
+    (result,) = measure_layer(bundled_bert, [TEXTS[0]], replace(plain_spec, layer=1, kv_text=SHORT_TEXT))
+    queries = bert_inputs(bundled_bert, TEXTS[0])[1].float()[None]  # (1, Nq, D)
+    keys = bert_inputs(bundled_bert, SHORT_TEXT)[1].float()[None]  # (1, Nk, D)
+    attention = layer_from_weights(bundled_bert.model.encoder.layer[1].attention_weights()).eval()
+    assert result.value_zeroing.shape == (queries.shape[1], keys.shape[1])
+    np.testing.assert_allclose(result.value_zeroing, distances_by_reruns(attention, queries, keys), rtol=0, atol=TOLERANCE)
+    with torch.no_grad():
+        _, pattern = attention(queries, keys, keys)
+        expected = pattern[0, :, :, :, None].double() * transformed_values(attention, keys)[0, :, None].double()
+    np.testing.assert_allclose(result.head_norms, expected.norm(dim=-1).numpy(), rtol=0, atol=TOLERANCE)
