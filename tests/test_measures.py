@@ -15,15 +15,18 @@ import numpy as np
 import pytest
 import torch
 
+from attnviz.analysis.flow import FLOW_MAX_TOKENS, attention_flow, check_flow_length
 from attnviz.analysis.measures import measure_layer, measure_layers
 from attnviz.analysis.norms import head_norms, summed_norms, transformed_values
+from attnviz.analysis.rollout import attention_rollout
 from attnviz.analysis.value_zeroing import value_zeroing_distances
 from attnviz.attention.layer import MultiHeadAttention
+from attnviz.errors import AttnvizError
 
 TOLERANCE = 1e-5
 # Two texts of different lengths in one batch: the shorter is padded, and its measures must not see the padding.
 TEXTS = ["The cat sat on the mat, unbelievably.", "我想吃酸菜鱼"]
-SHORT_TEXT = "Attention flows."  # 6 tokens with [CLS] and [SEP]
+SHORT_TEXT = "Attention flows."  # 6 tokens with [CLS] and [SEP]: networkx's flows stay quick
 
 
 @pytest.fixture(scope="module")
@@ -244,3 +247,68 @@ def test_cross_attention_measures_zero_the_other_texts_values(bundled_bert, plai
         _, pattern = attention(queries, keys, keys)
         expected = pattern[0, :, :, :, None].double() * transformed_values(attention, keys)[0, :, None].double()
     np.testing.assert_allclose(result.head_norms, expected.norm(dim=-1).numpy(), rtol=0, atol=TOLERANCE)
+
+
+# --- flow ---------------------------------------------------------------------------------------
+
+
+def flows_by_networkx(layer_attention: list[np.ndarray]) -> np.ndarray:
+    """networkx's maximum flow from each last-layer token to each input token on the layers' graph built here."""
+    import networkx as nx
+
+    num_tokens = layer_attention[0].shape[-1]
+    graph = nx.DiGraph()
+    for depth, attention in enumerate(layer_attention):
+        mixed = attention.astype(np.float64).mean(axis=0) + np.eye(num_tokens)  # heads averaged, the residual added
+        mixed = mixed / mixed.sum(axis=1, keepdims=True)
+        for i in range(num_tokens):
+            for j in range(num_tokens):
+                graph.add_edge((depth + 1, i), (depth, j), capacity=float(mixed[i, j]))
+    top = len(layer_attention)
+    return np.array(
+        [[nx.maximum_flow_value(graph, (top, i), (0, j)) for j in range(num_tokens)] for i in range(num_tokens)]
+    )
+
+
+@pytest.fixture(scope="module")
+def short_text_layers(bundled_bert, every_layer_spec):
+    (layers,) = measure_layers(bundled_bert, [SHORT_TEXT], every_layer_spec)
+    return [result.run.attention for result in layers]  # 6 layers of (H, N, N)
+
+
+def test_flow_equals_networkx_maximum_flow_on_the_layers_graph(short_text_layers):
+    """Flow through the bundled model's 6 layers equals networkx's maximum flows within 1e-5, and its
+    normalised map is each row divided by its sum."""
+    assert short_text_layers[0].shape[-1] <= 8
+    expected = flows_by_networkx(short_text_layers)
+    flow = attention_flow(short_text_layers)
+    np.testing.assert_allclose(flow.flow, expected, rtol=0, atol=TOLERANCE)
+    np.testing.assert_allclose(flow.normalised, expected / expected.sum(axis=1, keepdims=True), rtol=0, atol=TOLERANCE)
+
+
+def test_flow_from_a_token_never_exceeds_one(measured):
+    """Each token's capacity out of the last layer is 1: no flow exceeds it, and every input token gets some."""
+    flow = attention_flow([result.run.attention for result in measured[1]]).flow
+    assert flow.max() <= 1 and flow.min() > 0
+
+
+def test_flow_through_one_layer_is_its_residual_attention_as_rollout_is():
+    """With one layer the graph's only path from i to j is the edge A'[i, j]: flow and rollout both equal
+    (mean_h A_h + I) / 2, within the flow's resolution."""
+    rng = np.random.default_rng(0)
+    weights = rng.random((3, 5, 5))
+    weights /= weights.sum(axis=-1, keepdims=True)  # (H, N, N), rows summing to 1
+    expected = (weights.mean(axis=0) + np.eye(5)) / 2
+    np.testing.assert_allclose(attention_flow([weights]).flow, expected, rtol=0, atol=TOLERANCE)
+    np.testing.assert_allclose(attention_rollout([weights]), expected, rtol=0, atol=1e-12)
+
+
+def test_flow_refuses_a_text_longer_than_it_handles():
+    """A text of FLOW_MAX_TOKENS + 1 tokens is refused at once, in one line that names the limit and the length."""
+    check_flow_length(FLOW_MAX_TOKENS)
+    message = f"flow handles texts of up to {FLOW_MAX_TOKENS} tokens (about 10 s); this text has {FLOW_MAX_TOKENS + 1}"
+    with pytest.raises(AttnvizError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        check_flow_length(FLOW_MAX_TOKENS + 1)
+    too_long = np.full((1, FLOW_MAX_TOKENS + 1, FLOW_MAX_TOKENS + 1), 1 / (FLOW_MAX_TOKENS + 1))
+    with pytest.raises(AttnvizError, match="this text has"):
+        attention_flow([too_long] * 6)
