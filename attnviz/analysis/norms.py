@@ -52,11 +52,12 @@ def summed_squared_norms(pattern: torch.Tensor, transformed: torch.Tensor) -> to
     Σ_h Σ_g α^h_ij α^g_ij G_j[h, g]. Float64, because the heads' vectors may nearly cancel and
     float32 would then lose the small difference.
     """
-    transformed = transformed.double()
-    gram = torch.einsum("bhkd,bgkd->bkhg", transformed, transformed)  # (B, Nk, H, H)
-    alpha = pattern.double()  # (B, H, Nq, Nk)
-    weighted = torch.einsum("bhqk,bkhg->bgqk", alpha, gram)  # (B, H, Nq, Nk): Σ_h α^h_ij G_j[h, g]
-    return (alpha * weighted).sum(dim=1).clamp_min(0)  # (B, Nq, Nk); rounding may leave -1e-18
+    per_key = transformed.double().transpose(1, 2)  # (B, Nk, H, D)
+    gram = per_key @ per_key.transpose(-2, -1)  # (B, Nk, H, H): G_j
+    alpha = pattern.double().permute(0, 3, 2, 1)  # (B, Nk, Nq, H): α^h_ij, key by key
+    weighted = alpha @ gram  # (B, Nk, Nq, H): Σ_h α^h_ij G_j[h, g], for each g
+    squared = (alpha * weighted).sum(dim=-1).transpose(1, 2)  # (B, Nq, Nk)
+    return squared.clamp_min(0)  # rounding may leave -1e-18
 
 
 def summed_norms(pattern: torch.Tensor, transformed: torch.Tensor) -> torch.Tensor:

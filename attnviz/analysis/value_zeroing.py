@@ -42,11 +42,11 @@ def value_zeroing_distances(
     """
     if summed_squared is None:
         summed_squared = summed_squared_norms(pattern, transformed)
-    output = output.double()  # (B, Nq, D)
-    # <out_i, f^h(x_j)>, then <out_i, g_ij> = Σ_h α^h_ij <out_i, f^h(x_j)>
-    out_dot_values = output[:, None] @ transformed.double().transpose(-2, -1)  # (B, 1, Nq, D) @ (B, H, D, Nk) -> (B, H, Nq, Nk)
-    out_dot_change = (pattern.double() * out_dot_values).sum(dim=1)  # (B, Nq, Nk)
-    out_squared = output.pow(2).sum(dim=-1)[..., None]  # (B, Nq, 1): ‖out_i‖²
+    # <out_i, f^h(x_j)>, then <out_i, g_ij> = Σ_h α^h_ij <out_i, f^h(x_j)>. In the layer's precision: an
+    # error in <out_i, g_ij> moves the cosine only at second order while g_ij is small beside out_i.
+    out_dot_values = output[:, None] @ transformed.transpose(-2, -1)  # (B, 1, Nq, D) @ (B, H, D, Nk) -> (B, H, Nq, Nk)
+    out_dot_change = (pattern * out_dot_values).double().sum(dim=1)  # (B, Nq, Nk)
+    out_squared = output.double().pow(2).sum(dim=-1)[..., None]  # (B, Nq, 1): ‖out_i‖²
     altered_squared = (out_squared - 2 * out_dot_change + summed_squared).clamp_min(0)  # ‖out_i - g_ij‖²
     norms = (out_squared * altered_squared).sqrt()  # ‖out_i‖ ‖out_i - g_ij‖
     cosine = (out_squared - out_dot_change) / norms.clamp_min(torch.finfo(torch.float64).tiny)

@@ -1,0 +1,93 @@
+"""The measures' costs (issue 14, part 4), in one process on the bundled model (6 layers, 12 heads):
+
+    python bench/measures.py [--repeat 9] [--tokens 128] [--flow-lengths 8,16,32,48,64,80,96] [--threads N]
+
+1. norm and value zeroing of every layer of a --tokens text (analysis.measures.measure_layers: the
+   layers' weights with both measures) against the plain weights run of the same text
+   (attnviz.layers, with rollout), medians of --repeat warm calls. Target: within 3 times.
+2. attention flow (analysis.flow.attention_flow) through the 6 layers of texts of each of
+   --flow-lengths tokens, once each: FLOW_MAX_TOKENS is the longest under 10 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+WORDS = "the animal did not cross the street because it was too tired and the quick brown fox ran over the lazy dog".split()  # one token each
+
+
+def text_of(loaded, num_tokens: int) -> str:
+    """An English text of exactly num_tokens tokens for the model, [CLS] and [SEP] included."""
+    from attnviz.models.tokens import encode
+
+    text = " ".join(WORDS[index % len(WORDS)] for index in range(num_tokens - 2))
+    count = len(encode(loaded.tokenizer, [text], 10**6, False).ids[0])
+    if count != num_tokens:
+        raise ValueError(f"the text meant to be {num_tokens} tokens has {count}")
+    return text
+
+
+def seconds(call) -> tuple[float, float]:
+    """Wall-clock and CPU seconds (this process's, every thread's) of one call."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    call()
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
+def paired_medians(first, second, repeat: int) -> dict[str, tuple[float, float, float]]:
+    """Per clock ("wall", "cpu"): the medians of first's and second's times and of their ratio, each pair
+    timed back to back (the shared machine's load drifts; a pair sees about the same), after one warm call of each."""
+    first(), second()
+    pairs = [(seconds(first), seconds(second)) for _ in range(repeat)]
+    return {
+        clock: (
+            statistics.median(a[index] for a, _ in pairs),
+            statistics.median(b[index] for _, b in pairs),
+            statistics.median(b[index] / a[index] for a, b in pairs),
+        )
+        for index, clock in enumerate(("wall", "cpu"))
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=9)
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--flow-lengths", default="8,16,32,48,64,80,96")
+    parser.add_argument("--threads", type=int, default=None, help="torch's threads (default: torch's own choice)")
+    args = parser.parse_args()
+
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    import attnviz
+    from attnviz.analysis.flow import FLOW_MAX_TOKENS, attention_flow
+    from attnviz.analysis.measures import measure_layers
+    from attnviz.api.functions import run_spec_for
+
+    model = attnviz.load("bundled", "cpu")
+    loaded = model.loaded
+    spec = run_spec_for(model, None, layer=None)
+    text = text_of(loaded, args.tokens)
+    timings = paired_medians(
+        lambda: attnviz.layers(text, model=model), lambda: measure_layers(loaded, [text], spec), args.repeat
+    )
+    print(f"{args.tokens} tokens, {torch.get_num_threads()} threads, medians of {args.repeat} pairs (wall s, CPU s):")
+    (plain_wall, measured_wall, wall_ratio), (plain_cpu, measured_cpu, cpu_ratio) = timings["wall"], timings["cpu"]
+    print(f"  weights (attnviz.layers)            {plain_wall:.3f}  {plain_cpu:.3f}")
+    print(f"  weights + norm + value zeroing      {measured_wall:.3f}  {measured_cpu:.3f}")
+    print(f"  ratio (median of the pairs' ratios) {wall_ratio:.2f} x  {cpu_ratio:.2f} x")
+    print(f"attention flow through {loaded.num_layers} layers (FLOW_MAX_TOKENS = {FLOW_MAX_TOKENS}):")
+    for length in map(int, args.flow_lengths.split(",")):
+        (layers,) = measure_layers(loaded, [text_of(loaded, length)], spec)
+        start = time.perf_counter()
+        attention_flow([layer.run.attention for layer in layers], max_tokens=None)
+        print(f"  {length:4d} tokens  {time.perf_counter() - start:7.2f} s")
+
+
+if __name__ == "__main__":
+    main()
