@@ -6,7 +6,7 @@
    layers' weights with both measures) against the plain weights run of the same text
    (attnviz.layers, with rollout), medians of --repeat warm calls. Target: within 3 times.
 2. attention flow (analysis.flow.attention_flow) through the 6 layers of texts of each of
-   --flow-lengths tokens, once each: FLOW_MAX_TOKENS is the longest under 10 s.
+   --flow-lengths tokens, once each (one thread: scipy's flows): FLOW_MAX_TOKENS is the longest under 10 s.
 """
 
 from __future__ import annotations
@@ -84,9 +84,8 @@ def main() -> None:
     print(f"attention flow through {loaded.num_layers} layers (FLOW_MAX_TOKENS = {FLOW_MAX_TOKENS}):")
     for length in map(int, args.flow_lengths.split(",")):
         (layers,) = measure_layers(loaded, [text_of(loaded, length)], spec)
-        start = time.perf_counter()
-        attention_flow([layer.run.attention for layer in layers], max_tokens=None)
-        print(f"  {length:4d} tokens  {time.perf_counter() - start:7.2f} s")
+        wall, cpu = seconds(lambda: attention_flow([layer.run.attention for layer in layers], max_tokens=None))
+        print(f"  {length:4d} tokens  {wall:7.2f} s wall  {cpu:7.2f} s CPU")
 
 
 if __name__ == "__main__":
