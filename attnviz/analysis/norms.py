@@ -13,7 +13,9 @@ punctuation) adds little.
 
 Two maps per layer: per head ‖α^h_ij f^h(x_j)‖ (H, Nq, Nk), and the heads summed, ‖Σ_h α^h_ij f^h(x_j)‖
 (Nq, Nk): what key j adds to token i's output through all heads at once (the paper's
-layer-level norm). Both are raw norms, in the units of the hidden state; rows do not sum to 1.
+layer-level norm). Both are raw norms, in the units of the hidden state; rows do not sum to 1 and
+are not normalised here. To show them as the paper does, raw: a layer's head maps on one linear
+scale from 0 to the layer's largest norm, so that heads compare (a weights-like 0..1 scale would not fit).
 """
 
 from __future__ import annotations

@@ -5,10 +5,12 @@ For key token j: set its value vector v_j = x_j W_v + b_v to zero in every head,
 between query token i's output and its altered output. Map (Nq, Nk) per layer.
 
 What is measured: the output of attnviz's attention layer, after W_o and b_o, for each query
-token. Mohebbi et al. measure the output of the whole Transformer block instead (after the
-residual connection, the layer norms and the feed-forward block), so their distances are smaller
-(each token's own residual dominates its block output) and can differ in order; the attention
-layer's output is what every model family attnviz runs has, and what its layer computes.
+token, before the residual connection. Mohebbi et al. measure the output of the whole Transformer
+block instead (after the residual connection, the layer norms and the feed-forward block), so
+these are not their numbers: without the residual, token i's own input does not damp the change,
+and no layer norm or feed-forward block reshapes it. The attention layer's output is what every
+model family attnviz runs has and what its layer computes; the whole block, for every (i, j) pair,
+would cost N feed-forward passes per layer where this costs about one attention layer.
 
 Zeroing v_j takes α^h_ij f^h(x_j) (norms.py) out of every head's sum, so the altered output is
 
