@@ -174,13 +174,14 @@ def rerun_with_value_zeroed(layer: MultiHeadAttention, queries, keys, key: int, 
 
 
 def distances_by_reruns(layer, queries, keys, **options) -> np.ndarray:
-    """Cosine distance between each query's output and its output with key j's value zeroed, key by key: (Nq, Nk)."""
+    """Cosine distance between each query's output and its output with key j's value zeroed, key by key: (Nq, Nk).
+    An output that zeroing leaves all zero (key j carried all of it) is at distance 1 (torch's cosine_similarity)."""
     with torch.no_grad():
         original, _ = layer(queries, keys, keys, **options)
     columns = []
     for key in range(keys.shape[1]):
         altered = rerun_with_value_zeroed(layer, queries, keys, key, **options)
-        cosine = torch.nn.functional.cosine_similarity(original[0].double(), altered.double(), dim=-1, eps=0)
+        cosine = torch.nn.functional.cosine_similarity(original[0].double(), altered.double(), dim=-1)  # 0 for a zero vector
         columns.append(1 - cosine)
     return torch.stack(columns, dim=-1).numpy()
 
@@ -205,8 +206,8 @@ def test_value_zeroing_of_a_grouped_query_layer_under_a_causal_mask():
     """Rerunning a grouped-query layer key by key: equal within 1e-5; keys a query cannot see change nothing (0)."""
     layer = small_layer(num_heads=4, num_kv_heads=2, seed=1)
     x = torch.randn(1, 7, 16, dtype=torch.float64)
-    output, pattern = layer(x, causal=True)
-    distances = value_zeroing_distances(pattern, transformed_values(layer, x), output)[0].detach().numpy()
+    _, pattern = layer(x, causal=True)
+    distances = value_zeroing_distances(layer, x, pattern)[0].detach().numpy()
     np.testing.assert_allclose(distances, distances_by_reruns(layer, x, x, causal=True), rtol=0, atol=TOLERANCE)
     assert np.all(distances[np.triu_indices(7, k=1)] == 0)
 
@@ -247,6 +248,40 @@ def test_cross_attention_measures_zero_the_other_texts_values(bundled_bert, plai
         _, pattern = attention(queries, keys, keys)
         expected = pattern[0, :, :, :, None].double() * transformed_values(attention, keys)[0, :, None].double()
     np.testing.assert_allclose(result.head_norms, expected.norm(dim=-1).numpy(), rtol=0, atol=TOLERANCE)
+
+
+def test_a_grouped_query_decoder_measured_against_its_weights_and_reruns(tmp_path):
+    """A tiny Llama (6 query heads over 2 key/value heads, RoPE, its own causal mask), two texts in a padded
+    batch: each layer's norms equal the vectors built from transformers' v_proj and o_proj weights, and
+    value zeroing equals the layer rerun key by key, within 1e-5."""
+    from tiny_families import build_checkpoint
+
+    from attnviz.models.loading import load_model
+    from attnviz.pipeline import build_layer, encode_texts, layer_states
+    from attnviz.spec import run_spec
+
+    model = build_checkpoint("llama", tmp_path / "llama")
+    loaded = load_model(str(tmp_path / "llama"))
+    spec = run_spec(loaded, str(tmp_path / "llama"), layer=None)
+    texts = ["The cat sat on the mat because it was tired.", "Attention is all."]
+    measured = measure_layers(loaded, texts, spec)
+    for layer, block in enumerate(model.layers):  # a LlamaModel: no head
+        w_v, w_o = block.self_attn.v_proj.weight.detach().double(), block.self_attn.o_proj.weight.detach().double()
+        head_dim = w_o.shape[1] // 6
+        for text, result in zip(texts, (text_layers[layer] for text_layers in measured)):
+            layer_spec = replace(spec, layer=layer)
+            x = layer_states(loaded, encode_texts(loaded, [text], layer_spec), [layer], layer_spec)[layer].queries  # (1, N, D)
+            alpha = torch.from_numpy(result.run.attention).double()  # (H, N, N)
+            vectors = torch.stack([
+                alpha[head, :, :, None]
+                * ((x[0].double() @ w_v[(head // 3) * head_dim : (head // 3 + 1) * head_dim].T)
+                   @ w_o[:, head * head_dim : (head + 1) * head_dim].T)[None]
+                for head in range(6)
+            ])  # (H, N, N, D): query head h shares key/value head h // 3
+            np.testing.assert_allclose(result.head_norms, vectors.norm(dim=-1).numpy(), rtol=0, atol=TOLERANCE)
+            np.testing.assert_allclose(result.summed_norms, vectors.sum(dim=0).norm(dim=-1).numpy(), rtol=0, atol=TOLERANCE)
+            expected = distances_by_reruns(build_layer(loaded, layer_spec), x, x, causal=True)
+            np.testing.assert_allclose(result.value_zeroing, expected, rtol=0, atol=TOLERANCE)
 
 
 # --- flow ---------------------------------------------------------------------------------------

@@ -108,9 +108,9 @@ def _measured(
     transformed = transformed_values(attention, state.keys)  # (B, H, Nk, D): the layer's values are its keys' states
     per_head = head_norms(patterns, transformed)  # (B, H, Nq, Nk)
     summed_squared = summed_squared_norms(patterns, transformed)  # (B, Nq, Nk)
-    distances = value_zeroing_distances(patterns, transformed, output, summed_squared)  # (B, Nq, Nk)
+    distances = value_zeroing_distances(attention, state.keys, patterns, summed_squared)  # (B, Nq, Nk)
     runs = split_runs(loaded, texts, encoded.queries, keys, output, patterns, spec, layer, *layer_sizes(attention))
-    per_head, summed, distances = (t.cpu().numpy() for t in (per_head.double(), summed_squared.sqrt(), distances))
+    per_head, summed, distances = (t.cpu().numpy() for t in (per_head, summed_squared.sqrt(), distances))
     measured = []
     for index, run in enumerate(runs):
         num_queries, num_keys = run.attention.shape[1:]  # the text's own tokens, padding cut

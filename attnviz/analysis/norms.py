@@ -25,17 +25,26 @@ import torch
 from attnviz.attention.layer import MultiHeadAttention, repeat_kv, split_heads
 
 
-def transformed_values(attention: MultiHeadAttention, values: torch.Tensor) -> torch.Tensor:
-    """f^h(x_j) for every head h and key token j: (B, H, Nk, D), from the values' input (B, Nk, D_v).
+def head_values(attention: MultiHeadAttention, values: torch.Tensor) -> torch.Tensor:
+    """v^h_j = x_j W_v^h + b_v^h for every query head h (the key/value head it shares) and key j: (B, H, Nk, d), float64."""
+    v = split_heads(attention.w_v(values).double(), attention.num_kv_heads)  # (B, H_kv, Nk, d)
+    return repeat_kv(v, attention.group_size)  # (B, H, Nk, d)
 
-    Each head's value vectors (x W_v^h + b_v^h) go through that head's own d rows of W_o.
+
+def output_rows(attention: MultiHeadAttention) -> torch.Tensor:
+    """W_o^h, the d rows of W_o that take head h's features, for every head: (H, d, D), float64."""
+    model_size = attention.w_o.weight.shape[0]  # nn.Linear stores W_o transposed: (D, H*d)
+    w_o = attention.w_o.weight.double().view(model_size, attention.num_heads, attention.head_dim)  # (D, H, d)
+    return w_o.permute(1, 2, 0)  # (H, d, D)
+
+
+def transformed_values(attention: MultiHeadAttention, values: torch.Tensor) -> torch.Tensor:
+    """f^h(x_j) = v^h_j W_o^h for every head h and key token j: (B, H, Nk, D), float64, from the values' input (B, Nk, D_v).
+
+    Float64 from the value projection on, as value zeroing's output is (value_zeroing.py): the
+    measures then subtract vectors that agree to the last bit where they should cancel.
     """
-    model_size, inner = attention.w_o.weight.shape  # (D, H*d): nn.Linear stores W_o transposed
-    v = split_heads(attention.w_v(values), attention.num_kv_heads)  # (B, H_kv, Nk, d)
-    v = repeat_kv(v, attention.group_size)  # (B, H, Nk, d): each query head's shared value head
-    w_o = attention.w_o.weight.view(model_size, attention.num_heads, attention.head_dim)  # (D, H, d)
-    w_o_per_head = w_o.permute(1, 2, 0)  # (H, d, D): W_o^h, head h's rows of W_o
-    return v @ w_o_per_head  # (B, H, Nk, d) @ (H, d, D) -> (B, H, Nk, D)
+    return head_values(attention, values) @ output_rows(attention)  # (B, H, Nk, d) @ (H, d, D) -> (B, H, Nk, D)
 
 
 def head_norms(pattern: torch.Tensor, transformed: torch.Tensor) -> torch.Tensor:
@@ -47,14 +56,14 @@ def head_norms(pattern: torch.Tensor, transformed: torch.Tensor) -> torch.Tensor
 
 
 def summed_squared_norms(pattern: torch.Tensor, transformed: torch.Tensor) -> torch.Tensor:
-    """‖Σ_h α^h_ij f^h(x_j)‖², in float64: (B, Nq, Nk).
+    """‖Σ_h α^h_ij f^h(x_j)‖², float64: (B, Nq, Nk).
 
     The heads' sum is never built as a (B, Nq, Nk, D) tensor: for each key the heads' vectors'
     dot products G_j[h, g] = <f^h(x_j), f^g(x_j)> (H, H) give ‖Σ_h α^h_ij f^h(x_j)‖² =
     Σ_h Σ_g α^h_ij α^g_ij G_j[h, g]. Float64, because the heads' vectors may nearly cancel and
     float32 would then lose the small difference.
     """
-    per_key = transformed.double().transpose(1, 2)  # (B, Nk, H, D)
+    per_key = transformed.transpose(1, 2)  # (B, Nk, H, D)
     gram = per_key @ per_key.transpose(-2, -1)  # (B, Nk, H, H): G_j
     alpha = pattern.double().permute(0, 3, 2, 1)  # (B, Nk, Nq, H): α^h_ij, key by key
     weighted = alpha @ gram  # (B, Nk, Nq, H): Σ_h α^h_ij G_j[h, g], for each g

@@ -27,29 +27,43 @@ from __future__ import annotations
 
 import torch
 
-from attnviz.analysis.norms import summed_squared_norms
+from attnviz.analysis.norms import head_values, output_rows, summed_squared_norms, transformed_values
+from attnviz.attention.layer import MultiHeadAttention
+
+# An altered output under this fraction of the output's norm has vanished (key j carried all of it: the
+# first token of a decoder without b_o); its direction is rounding, and its distance is taken as 1, as
+# torch's cosine_similarity gives for a zero vector. Float64 resolves altered outputs well below it.
+VANISHED = 1e-6
 
 
 def value_zeroing_distances(
+    attention: MultiHeadAttention,
+    values: torch.Tensor,
     pattern: torch.Tensor,
-    transformed: torch.Tensor,
-    output: torch.Tensor,
     summed_squared: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Cosine distance between out_i and out_i with key j's value vector zeroed: (B, Nq, Nk) float64.
 
-    pattern (B, H, Nq, Nk) the layer's weights, transformed (B, H, Nk, D) norms.transformed_values of
-    its values' input, output (B, Nq, D) the layer's output; summed_squared (B, Nq, Nk) is ‖g_ij‖²
-    (norms.summed_squared_norms), computed here when not given.
+    attention is the layer, values (B, Nk, D_v) its values' input and pattern (B, H, Nq, Nk) its
+    weights over them; summed_squared (B, Nq, Nk) is ‖g_ij‖² (norms.summed_squared_norms), computed
+    here when not given. The output is recomputed in float64 from the same value vectors as g_ij,
+    so that out_i - g_ij keeps what the other keys add even where key j carries almost all of it.
     """
+    v = head_values(attention, values)  # (B, H, Nk, d)
+    w_o = output_rows(attention)  # (H, d, D)
+    alpha = pattern.double()  # (B, H, Nq, Nk)
     if summed_squared is None:
-        summed_squared = summed_squared_norms(pattern, transformed)
-    # <out_i, f^h(x_j)>, then <out_i, g_ij> = Σ_h α^h_ij <out_i, f^h(x_j)>. In the layer's precision: an
-    # error in <out_i, g_ij> moves the cosine only at second order while g_ij is small beside out_i.
-    out_dot_values = output[:, None] @ transformed.transpose(-2, -1)  # (B, 1, Nq, D) @ (B, H, D, Nk) -> (B, H, Nq, Nk)
-    out_dot_change = (pattern * out_dot_values).double().sum(dim=1)  # (B, Nq, Nk)
-    out_squared = output.double().pow(2).sum(dim=-1)[..., None]  # (B, Nq, 1): ‖out_i‖²
+        summed_squared = summed_squared_norms(pattern, transformed_values(attention, values))
+    output = ((alpha @ v) @ w_o).sum(dim=1)  # (B, H, Nq, d) @ (H, d, D) -> (B, H, Nq, D), heads summed: (B, Nq, D)
+    if attention.w_o.bias is not None:
+        output = output + attention.w_o.bias.double()
+    # <out_i, f^h(x_j)> = <out_i W_o^hT, v^h_j>, then <out_i, g_ij> = Σ_h α^h_ij <out_i, f^h(x_j)>
+    out_per_head = output[:, None] @ w_o.transpose(-2, -1)  # (B, 1, Nq, D) @ (H, D, d) -> (B, H, Nq, d)
+    out_dot_change = (alpha * (out_per_head @ v.transpose(-2, -1))).sum(dim=1)  # (B, Nq, Nk)
+    out_squared = output.pow(2).sum(dim=-1)[..., None]  # (B, Nq, 1): ‖out_i‖²
     altered_squared = (out_squared - 2 * out_dot_change + summed_squared).clamp_min(0)  # ‖out_i - g_ij‖²
+    vanished = altered_squared <= VANISHED**2 * out_squared
     norms = (out_squared * altered_squared).sqrt()  # ‖out_i‖ ‖out_i - g_ij‖
     cosine = (out_squared - out_dot_change) / norms.clamp_min(torch.finfo(torch.float64).tiny)
+    cosine = cosine.masked_fill(vanished, 0.0)
     return (1 - cosine).clamp(0, 2)  # (B, Nq, Nk); rounding may step a hair outside [0, 2]
