@@ -212,6 +212,32 @@ def test_value_zeroing_of_a_grouped_query_layer_under_a_causal_mask():
     assert np.all(distances[np.triu_indices(7, k=1)] == 0)
 
 
+def test_value_zeroing_keeps_what_other_keys_add_when_one_key_carries_almost_all():
+    """An attention sink without b_o: every head puts 1 - 1e-5 of each row on key 0, so zeroing v_0 leaves an
+    output 1e-5 the size of the original. Its distance equals the altered output written out directly
+    (b_o + Σ_h Σ_(k≠j) α^h_ik f^h(x_k), no subtraction), within 1e-5; an output that vanishes is at 1."""
+    torch.manual_seed(2)
+    layer = MultiHeadAttention(16, 4, out_bias=False).eval()  # float32, as models run
+    x = torch.randn(1, 6, 16)
+    rest = torch.rand(1, 4, 6, 5, dtype=torch.float64)
+    pattern = torch.cat([torch.ones(1, 4, 6, 1, dtype=torch.float64), 1e-5 * rest / rest.sum(-1, keepdim=True)], dim=-1)
+    pattern = pattern / pattern.sum(-1, keepdim=True)  # (1, H, N, N): rows sum to 1, key 0 holds 1 - 1e-5
+    pattern[0, :, 0] = torch.tensor([1.0, 0, 0, 0, 0, 0], dtype=torch.float64)  # token 0: all on key 0
+    pattern = pattern.float()
+    f = transformed_values(layer, x)[0].detach()  # (H, N, D) float64, trusted: checked against the weights above
+    expected = np.zeros((6, 6))
+    for i in range(6):
+        output = (pattern[0, :, i, :, None].double() * f).sum(dim=(0, 1))  # (D,)
+        for j in range(6):
+            keep = [k for k in range(6) if k != j]
+            altered = (pattern[0, :, i, keep, None].double() * f[:, keep]).sum(dim=(0, 1))
+            cosine = torch.nn.functional.cosine_similarity(output, altered, dim=0)  # 0 for a zero vector
+            expected[i, j] = 1 - cosine.item()
+    distances = value_zeroing_distances(layer, x, pattern)[0].detach().numpy()
+    np.testing.assert_allclose(distances, expected, rtol=0, atol=TOLERANCE)
+    assert distances[0, 0] == 1 and 0.01 < distances[1:, 0].min()  # the sink's removal turns the outputs
+
+
 def test_value_zeroing_distances_are_cosine_distances(measured):
     """0 <= distance <= 2 everywhere, every row has a key that changes something, and each rows-map row sums to 1."""
     for text in measured:
