@@ -4,7 +4,7 @@
 
 1. norm and value zeroing of every layer of a --tokens text (analysis.measures.measure_layers: the
    layers' weights with both measures) against the plain weights run of the same text
-   (attnviz.layers, with rollout), medians of --repeat warm calls. Target: within 3 times.
+   (attnviz.layers, with rollout), --repeat pairs of warm calls: medians, and the best of each. Target: within 3 times.
 2. attention flow (analysis.flow.attention_flow) through the 6 layers of texts of each of
    --flow-lengths tokens, once each (one thread: scipy's flows): FLOW_MAX_TOKENS is the longest under 10 s.
 """
