@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import torch
 
@@ -207,9 +208,20 @@ def build_layers(loaded: LoadedModel, spec: RunSpec) -> list[MultiHeadAttention]
     return [build_layer(loaded, replace(spec, layer=layer)) for layer in range(loaded.num_layers_of(spec.stack))]
 
 
+class LayerPass(NamedTuple):
+    """One layer's pass over a padded batch: the layer, the texts, its input and what it returned."""
+
+    attention: MultiHeadAttention
+    encoded: EncodedTexts
+    states: LayerStates
+    keys: Encoded  # the keys' texts: encoded.keys with --kv, else encoded.queries
+    output: torch.Tensor  # (B, Nq, D)
+    patterns: torch.Tensor  # (B, H, Nq, Nk)
+
+
 @torch.inference_mode()
-def run_attention(loaded: LoadedModel, texts: list[str], spec: RunSpec) -> list[AttentionRun]:
-    """Run attnviz's layer over a padded batch of texts with spec's settings; one AttentionRun per text.
+def layer_pass(loaded: LoadedModel, texts: list[str], spec: RunSpec) -> LayerPass:
+    """attnviz's layer spec.layer over a padded batch of texts, on that layer's real input.
 
     With spec.kv_text, queries come from each text and keys and values from kv_text (for an
     encoder-decoder's cross-attention, the source the encoder reads).
@@ -227,7 +239,14 @@ def run_attention(loaded: LoadedModel, texts: list[str], spec: RunSpec) -> list[
         causal=spec.causal,
         position_bias=states.position_bias,
     )  # (B, Nq, D), (B, H, Nq, Nk)
-    return split_runs(loaded, texts, encoded.queries, keys, output, patterns, spec, spec.layer, *layer_sizes(attention))
+    return LayerPass(attention, encoded, states, keys, output, patterns)
+
+
+def run_attention(loaded: LoadedModel, texts: list[str], spec: RunSpec) -> list[AttentionRun]:
+    """Run attnviz's layer over a padded batch of texts with spec's settings (layer_pass); one AttentionRun per text."""
+    done = layer_pass(loaded, texts, spec)
+    sizes = layer_sizes(done.attention)
+    return split_runs(loaded, texts, done.encoded.queries, done.keys, done.output, done.patterns, spec, spec.layer, *sizes)
 
 
 @torch.inference_mode()

@@ -10,7 +10,9 @@ Without Chromium or Playwright the tests skip with the reason, except under CI=t
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import time
 from contextlib import contextmanager
@@ -118,6 +120,11 @@ class OfflinePage:
     def texts(self, selector: str) -> list[str]:
         """The textContent of every element the selector matches, in document order."""
         return self.page.eval_on_selector_all(selector, "elements => elements.map(e => e.textContent)")
+
+    def record(self) -> dict:
+        """The report's data, read from its file (the JSON of the attnviz-data script)."""
+        html = self.path.read_text(encoding="utf-8")
+        return json.loads(re.search(r'id="attnviz-data">(.*?)</script>', html, re.S).group(1))
 
     def assert_offline_and_clean(self) -> None:
         assert self.requests == [], f"the page tried to load {self.requests}"

@@ -92,3 +92,17 @@ def offline_page(browser):
     yield open_page
     for page in opened:
         page.close()
+
+
+@pytest.fixture
+def opened(offline_page):
+    """offline_page (conftest.py), each page held to no request, no error and no dialog when the test ends."""
+    pages = []
+
+    def open_page(path, **options):
+        pages.append(offline_page(path, **options))
+        return pages[-1]
+
+    yield open_page
+    for page in pages:
+        page.assert_offline_and_clean()

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import numpy as np
 import pytest
-from test_report_views import HOSTILE, Page, decoded, opened  # noqa: F401 (opened: a fixture; the browser is conftest.py's, one per session)
+from test_report_views import HOSTILE, decoded
 
 ENGLISH = "The cat sat on the mat, because it was tired."
 

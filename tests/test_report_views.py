@@ -9,9 +9,6 @@ Locally the tests skip when Chromium or Playwright is missing; under CI=true the
 from __future__ import annotations
 
 import base64
-import json
-import re
-import time
 import zlib
 from dataclasses import replace
 
@@ -61,51 +58,6 @@ def _report(loaded, text, causal=False, layer=0):
     every_layer = run_layers(loaded, texts, replace(spec, layer=None))
     shown = [ReportText(run, layer_runs) for run, layer_runs in zip(runs, every_layer)]
     return report_page(report_record(shown, spec, kind="encoder", num_layers=loaded.num_layers))
-
-
-class Page:
-    """A report opened from its file with every request blocked and recorded, errors collected."""
-
-    def __init__(self, browser, path, color_scheme="light"):
-        self.url = path.as_uri()
-        self.path = path
-        self.requests, self.errors = [], []
-        self.page = browser.new_page(viewport={"width": 1200, "height": 900})
-        self.page.route(lambda url: not url.startswith("file:"), lambda route: route.abort())
-        self.page.on("request", lambda request: self.requests.append(request.url) if request.url != self.url else None)
-        self.page.on("console", lambda message: self.errors.append(message.text) if message.type == "error" else None)
-        self.page.on("pageerror", lambda error: self.errors.append(str(error)))
-        self.page.emulate_media(color_scheme=color_scheme)
-        self.page.goto(self.url)
-        self.page.wait_for_selector("body[data-ready=true]", state="attached", timeout=20000)
-
-    def wait_until(self, expression, timeout_s=10.0):
-        """Polls expression with page.evaluate (wait_for_function would eval in the page, which the CSP refuses)."""
-        deadline = time.monotonic() + timeout_s
-        while not self.page.evaluate(expression):
-            assert time.monotonic() < deadline, f"timed out waiting for {expression}"
-            self.page.wait_for_timeout(20)
-
-    def record(self):
-        html = self.path.read_text(encoding="utf-8")
-        return json.loads(re.search(r'id="attnviz-data">(.*?)</script>', html, re.S).group(1))
-
-    def close(self):
-        self.page.close()
-        assert self.requests == [] and self.errors == [], (self.requests, self.errors)
-
-
-@pytest.fixture
-def opened(browser):
-    opened_pages = []
-
-    def open_page(path, **options):
-        opened_pages.append(Page(browser, path, **options))
-        return opened_pages[-1]
-
-    yield open_page
-    for page in opened_pages:
-        page.close()
 
 
 def decoded(encoded):

@@ -26,14 +26,12 @@ from attnviz.models.loading import LoadedModel
 from attnviz.pipeline import (
     EncodedTexts,
     LayerStates,
-    build_layer,
     build_layers,
-    check_layer,
     encode_texts,
     in_berts_place,
     iter_layer_passes,
+    layer_pass,
     layer_sizes,
-    layer_states,
     split_runs,
 )
 from attnviz.result import AttentionRun
@@ -76,20 +74,8 @@ def measure_layers(loaded: LoadedModel, texts: list[str], spec: RunSpec) -> list
 def measure_layer(loaded: LoadedModel, texts: list[str], spec: RunSpec) -> list[MeasuredLayer]:
     """spec.layer of every text, one MeasuredLayer per text: the runs are run_attention's (with
     spec.kv_text, keys and values come from that text; value zeroing then zeroes its tokens)."""
-    check_layer(loaded, spec.layer, spec.stack)
-    attention = build_layer(loaded, spec)
-    encoded = encode_texts(loaded, texts, spec)
-    state = layer_states(loaded, encoded, [spec.layer], spec)[spec.layer]
-    keys = encoded.keys if encoded.keys is not None else encoded.queries
-    output, patterns = attention(
-        state.queries,
-        state.keys,
-        state.keys,
-        valid_lens=keys.valid_lens.to(spec.device).expand(len(texts)),
-        causal=spec.causal,
-        position_bias=state.position_bias,
-    )  # (B, Nq, D), (B, H, Nq, Nk)
-    return _measured(loaded, texts, encoded, spec, spec.layer, attention, state, output, patterns)
+    done = layer_pass(loaded, texts, spec)
+    return _measured(loaded, texts, done.encoded, spec, spec.layer, done.attention, done.states, done.output, done.patterns)
 
 
 def _measured(
