@@ -146,6 +146,8 @@ def _units(tokens: list[str], scheme: str, special_tokens) -> list[_Unit]:
             pending.surface += decoder.decode(raw)
             if not decoder.getstate()[0]:  # no bytes left waiting for the rest of a character
                 pending = None
+    if pending is not None:  # a text cut inside a character (--truncate): its bytes show as U+FFFD
+        pending.surface += decoder.decode(b"", final=True)
     return units
 
 
@@ -222,6 +224,8 @@ def _joins(previous: _Unit, unit: _Unit, text: str, chinese: list[int] | None) -
     """Whether `unit` continues the word of the unit before it."""
     if "special" in (previous.kind, unit.kind):
         return False
+    if not (previous.span and unit.span) and "\ufffd" in (previous.surface or "") + (unit.surface or ""):
+        return False  # a character cut short is not in the text: it cannot be placed in a word
     if previous.span and unit.span:
         if text[previous.span[1] : unit.span[0]].strip() != text[previous.span[1] : unit.span[0]]:
             return False  # a space lies between them
