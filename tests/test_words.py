@@ -214,3 +214,20 @@ def test_one_token_words_are_the_identity(drawn):
 def test_a_text_cut_inside_a_character_shows_the_replacement_character_not_mojibake():
     tokens = ["æĪ", "ĳ", "æ", "ĥ"]  # 我 and the first two of 想's three bytes (--truncate cut the third)
     assert token_words(tokens, "我想", BYTE_LEVEL).labels == ["我", "\ufffd"]
+
+
+def test_the_scheme_of_a_real_tokenizer_json(smollm2_converted):
+    import json
+
+    from attnviz.analysis.words import tokenizer_scheme
+    from attnviz.models.loading import bundled_model_path
+
+    def scheme(folder):
+        return tokenizer_scheme(json.loads((folder / "tokenizer.json").read_text(encoding="utf-8")))
+
+    assert scheme(bundled_model_path()) == WORDPIECE
+    assert scheme(smollm2_converted.folder) == BYTE_LEVEL
+    metaspace = {"model": {"type": "Unigram"}, "pre_tokenizer": {"type": "Metaspace"}, "decoder": {"type": "Metaspace"}}
+    assert tokenizer_scheme(metaspace) == SENTENCEPIECE
+    # With the scheme known, a byte-level word with no space before it is one word, as the marks say.
+    assert token_words(["un", "bel", "ievable"], "unbelievable", BYTE_LEVEL).labels == ["unbelievable"]

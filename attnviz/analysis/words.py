@@ -34,6 +34,8 @@ import re
 import unicodedata
 from dataclasses import dataclass
 
+from attnviz.analysis.statistics import is_punctuation
+
 WORDPIECE = "wordpiece"
 SENTENCEPIECE = "sentencepiece"
 BYTE_LEVEL = "byte-level"
@@ -90,7 +92,9 @@ _BYTE_OF_CHAR = {char: byte for byte, char in byte_level_alphabet().items()}
 def guess_scheme(tokens: list[str]) -> str:
     """The tokenizer's marks as the tokens show them: "##" WordPiece, "▁" SentencePiece, "Ġ" or
     another char of the byte alphabet past U+00FF byte-level BPE; WordPiece when none shows.
-    A caller that knows the tokenizer should pass its scheme instead."""
+    A guess: one byte-level word of several pieces with no space before it ("un" "bel" "ievable")
+    shows no mark and reads as WordPiece's separate words; a caller with the tokenizer's
+    tokenizer.json should pass tokenizer_scheme(...) instead."""
     pieces = [token for token in tokens if not _is_special(token)]
     if any(token.startswith("##") for token in pieces):
         return WORDPIECE
@@ -99,6 +103,16 @@ def guess_scheme(tokens: list[str]) -> str:
     if any(char in _BYTE_OF_CHAR and ord(char) > 0xFF for token in pieces for char in token):
         return BYTE_LEVEL
     return WORDPIECE
+
+
+def tokenizer_scheme(tokenizer_json: dict) -> str:
+    """The scheme of a tokenizer.json's tokenizer: byte-level where a ByteLevel step reads its text
+    (GPT-2, SmolLM2, Llama 3), WordPiece for a WordPiece model, else SentencePiece (▁ marks: T5, Llama 2)."""
+    steps = [tokenizer_json.get(key) or {} for key in ("pre_tokenizer", "decoder")]
+    steps += [inner for step in steps for inner in step.get("pretokenizers", []) + step.get("decoders", [])]
+    if any(step.get("type") == "ByteLevel" for step in steps):
+        return BYTE_LEVEL
+    return WORDPIECE if (tokenizer_json.get("model") or {}).get("type") == "WordPiece" else SENTENCEPIECE
 
 
 def token_words(
@@ -215,11 +229,6 @@ def _is_cjk(char: str) -> bool:
     return bool(_HAN.match(char) or _KANA.match(char))
 
 
-def _is_punctuation(surface: str | None) -> bool:
-    stripped = (surface or "").strip()
-    return bool(stripped) and all(unicodedata.category(char).startswith("P") for char in stripped)
-
-
 def _joins(previous: _Unit, unit: _Unit, text: str, chinese: list[int] | None) -> bool:
     """Whether `unit` continues the word of the unit before it."""
     if "special" in (previous.kind, unit.kind):
@@ -234,7 +243,9 @@ def _joins(previous: _Unit, unit: _Unit, text: str, chinese: list[int] | None) -
             return False
         if _is_cjk(before):  # and after: Chinese words by the segmenter, Japanese characters apart
             return chinese is not None and chinese[previous.span[1] - 1] == chinese[unit.span[0]]
-    if "unknown" in (previous.kind, unit.kind) or _is_punctuation(previous.surface) or _is_punctuation(unit.surface):
+    if "unknown" in (previous.kind, unit.kind):
+        return False
+    if is_punctuation((previous.surface or "").strip()) or is_punctuation((unit.surface or "").strip()):
         return False
     return not unit.starts_word
 
