@@ -214,6 +214,8 @@ def test_one_token_words_are_the_identity(drawn):
 def test_a_text_cut_inside_a_character_shows_the_replacement_character_not_mojibake():
     tokens = ["æĪ", "ĳ", "æ", "ĥ"]  # 我 and the first two of 想's three bytes (--truncate cut the third)
     assert token_words(tokens, "我想", BYTE_LEVEL).labels == ["我", "\ufffd"]
+    cut_before_end = token_words([*tokens, "<|endoftext|>"], "我想", BYTE_LEVEL)
+    assert cut_before_end == Words([0, 0, 1, 1, 2], ["我", "\ufffd", "<|endoftext|>"])
 
 
 def test_the_scheme_of_a_real_tokenizer_json(smollm2_converted):
@@ -231,3 +233,8 @@ def test_the_scheme_of_a_real_tokenizer_json(smollm2_converted):
     assert tokenizer_scheme(metaspace) == SENTENCEPIECE
     # With the scheme known, a byte-level word with no space before it is one word, as the marks say.
     assert token_words(["un", "bel", "ievable"], "unbelievable", BYTE_LEVEL).labels == ["unbelievable"]
+
+
+def test_a_word_of_whitespace_alone_keeps_its_mark_as_its_label():
+    tokens = ["Ġ", "Ġleading", "Ċ", "OK"]  # GPT-2's tokens of "  leading\nOK": the newline opens the word OK
+    assert token_words(tokens, "  leading\nOK", BYTE_LEVEL) == Words([0, 1, 2, 2], ["Ġ", "leading", "OK"])

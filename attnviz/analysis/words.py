@@ -118,7 +118,12 @@ def tokenizer_scheme(tokenizer_json: dict) -> str:
 def token_words(
     tokens: list[str], text: str, scheme: str | None = None, special_tokens: frozenset[str] | set[str] = SPECIAL_TOKENS
 ) -> Words:
-    """The word of every token of `text` and the words' labels (see the module's docstring for the rules)."""
+    """The word of every token of `text` and the words' labels (see the module's docstring for the rules).
+
+    scheme: WORDPIECE, SENTENCEPIECE or BYTE_LEVEL (tokenizer_scheme(...) of the tokenizer.json), guessed
+    from the tokens when None. special_tokens: the tokens that are words of their own, besides any
+    <|...|> and [NAME] token.
+    """
     scheme = scheme or guess_scheme(tokens)
     if scheme not in SCHEMES:
         raise ValueError(f"unknown tokenizer scheme {scheme!r}; one of {', '.join(SCHEMES)}")
@@ -146,7 +151,9 @@ def _units(tokens: list[str], scheme: str, special_tokens) -> list[_Unit]:
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     for position, token in enumerate(tokens):
         if _is_special(token, special_tokens) or token in UNKNOWN_TOKENS:
-            pending, _ = None, decoder.reset()
+            if pending is not None:  # a character cut short before a special token: U+FFFD
+                pending.surface += decoder.decode(b"", final=True)
+            pending = None
             kind = "unknown" if token in UNKNOWN_TOKENS else "special"
             units.append(_Unit([position], kind, None, kind == "unknown"))
         elif scheme == WORDPIECE:
@@ -251,10 +258,13 @@ def _joins(previous: _Unit, unit: _Unit, text: str, chinese: list[int] | None) -
 
 
 def _label(group: list[_Unit], tokens: list[str], text: str) -> str:
-    """A word's text: its characters in the text where they were found, else what its pieces spell."""
+    """A word's text: its characters in the text where they were found, else what its pieces spell;
+    a word of whitespace alone (GPT-2's lone "Ġ", "Ċ") keeps its tokens' own marks, never an empty label."""
     if all(unit.span for unit in group):
-        return text[group[0].span[0] : group[-1].span[1]].strip()
-    return "".join(unit.surface.strip() if unit.surface else tokens[unit.tokens[0]] for unit in group)
+        label = text[group[0].span[0] : group[-1].span[1]].strip()
+    else:
+        label = "".join(unit.surface.strip() if unit.surface else tokens[unit.tokens[0]] for unit in group)
+    return label or "".join(tokens[token] for unit in group for token in unit.tokens)
 
 
 def merge_attention(attention, query_words: list[int], key_words: list[int]):
