@@ -60,6 +60,11 @@ class RunSpec:
         if not 0 <= self.seed <= MAX_SEED:  # the command line's --seed checks this range as it parses
             raise AttnvizError(f"seed {self.seed} is out of range: give 0 to 2**64 - 1")
 
+    @property
+    def cross_attention(self) -> bool:
+        """Keys from another text (--kv) or an encoder-decoder's cross-attention: no every-layer self-attention maps."""
+        return self.kv_text is not None or self.stack == "cross"
+
     def to_dict(self) -> dict:
         """The "settings" object of every JSON attnviz writes (README.md, "Settings")."""
         settings = asdict(self)

@@ -73,9 +73,8 @@ def texts_that_fit(loaded, texts: list[str], spec: RunSpec) -> tuple[int, int]:
     At most MAX_REPORT_TEXTS texts, whose maps of every layer (self-attention only: cross-attention
     has none) hold at most MAX_REPORT_WEIGHTS weights in all; the first text always fits.
     """
-    cross = spec.kv_text is not None or spec.stack == "cross"
     counts = [min(len(ids), loaded.max_positions) for ids in loaded.tokenizer.encode_batch(texts)]  # --truncate's cut
-    sizes = [0 if cross else loaded.num_layers_of(spec.stack) * spec.num_heads * count**2 for count in counts]
+    sizes = [0 if spec.cross_attention else loaded.num_layers_of(spec.stack) * spec.num_heads * count**2 for count in counts]
     fit = 1
     while fit < min(len(texts), MAX_REPORT_TEXTS) and sum(sizes[: fit + 1]) <= MAX_REPORT_WEIGHTS:
         fit += 1
@@ -120,7 +119,7 @@ def every_layer(loaded, text: str, spec: RunSpec) -> tuple:
     from attnviz.analysis.rollout import attention_rollout
     from attnviz.pipeline import run_layers
 
-    if spec.kv_text is not None or spec.stack == "cross":  # every layer is self-attention: attnviz.layers refuses cross
+    if spec.cross_attention:  # every layer is self-attention: attnviz.layers refuses cross
         return None, None, None
     (layer_runs,) = run_layers(loaded, [text], replace(spec, layer=None))
     rollout = attention_rollout([run.attention for run in layer_runs])
