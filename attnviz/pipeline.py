@@ -23,6 +23,7 @@ from attnviz.attention.layer import MultiHeadAttention, check_num_heads, check_s
 from attnviz.errors import AttnvizError
 from attnviz.models.loading import LoadedModel
 from attnviz.models.tokens import Encoded, encode, truncation_notice, unknown_token_notice
+from attnviz.models.words import merge_run, run_words
 from attnviz.result import AttentionRun
 from attnviz.spec import RunSpec, model_is_causal
 
@@ -413,4 +414,7 @@ def split_runs(
                 inner_size=inner_size,
             )
         )
+    if spec.words:
+        tokenizer = loaded.tokenizer_for(spec.stack)
+        runs = [merge_run(run, *run_words(tokenizer, run)) for run in runs]
     return runs

@@ -32,12 +32,29 @@ def truncation_json(truncation: Truncation | None) -> dict | None:
 
 
 @dataclass
+class TokenWords:
+    """The tokens behind a run shown over words (--words): each side's tokens, their ids, the word of
+    each token (0, 1, ... in order), and the weights over tokens, (H, Nq, Nk), that the words merge."""
+
+    query_tokens: list[str]
+    query_ids: list[int]
+    query_word: list[int]
+    key_tokens: list[str]
+    key_ids: list[int]
+    key_word: list[int]
+    token_attention: np.ndarray
+
+
+@dataclass
 class AttentionRun:
     """One text's pass through attnviz's attention layer.
 
     attention has shape (H, Nq, Nk): head, query token, key token; every row sums to 1.
     output has shape (Nq, D): the layer's output after W_o.
     For self-attention key_tokens == query_tokens and kv_text is None.
+    With words (--words), the run is over words: query_tokens and key_tokens are the words' labels,
+    attention (H, Wq, Wk) is merged by Clark et al.'s rule, output (Wq, D) is each word's mean,
+    query_ids and key_ids are empty, and words holds the tokens (models/words.py, merge_run).
     """
 
     text: str
@@ -62,6 +79,14 @@ class AttentionRun:
     model_causal: bool = False  # the causal mask is the model's own (a decoder), not --causal's experiment
     num_kv_heads: int | None = None  # key/value heads, when fewer than num_heads (grouped-query attention)
     inner_size: int | None = None  # H * d, when a model sets it apart from the model size D (Qwen3)
+    words: TokenWords | None = None  # set when the run is over words, not tokens
+
+    @property
+    def tokenizer_tokens(self) -> tuple[list[str], list[str]]:
+        """The query and key tokens as the tokenizer made them, also for a run over words: what a tensor's rows are."""
+        if self.words is not None:
+            return self.words.query_tokens, self.words.key_tokens
+        return self.query_tokens, self.key_tokens
 
     @property
     def head_dim(self) -> int:

@@ -50,6 +50,7 @@ class RunSpec:
     stack: str | None = None
     device: str = "cpu"  # "cpu" or "cuda": where it runs, after "auto" was resolved
     truncate: bool = False  # --truncate: texts longer than the model's positions may be cut
+    words: bool = False  # --words: maps over words (pieces merged by Clark et al.'s rule), not tokens
     version: str = __version__  # attnviz's
 
     def __post_init__(self) -> None:

@@ -53,6 +53,7 @@ def settings(**given) -> dict:
         "stack": None,
         "device": "cpu",
         "truncate": False,
+        "words": False,
         "attnviz_version": attnviz.__version__,
         **given,
     }

@@ -1,4 +1,4 @@
-"""Words, not word pieces (attnviz/analysis/words.py): hand-worked examples of the word of every token,
+"""Words, not word pieces (attnviz.models.words.py): hand-worked examples of the word of every token,
 in Chinese and English, under WordPiece, SentencePiece and byte-level tokenizers; merged attention
 against hand-computed sums and means; properties of the merge (rows still sum to 1, one-token words
 change nothing, a causal mask stays a mask)."""
@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from attnviz.analysis.words import (
+from attnviz.models.words import (
     BYTE_LEVEL,
     SENTENCEPIECE,
     WORDPIECE,
@@ -221,7 +221,7 @@ def test_a_text_cut_inside_a_character_shows_the_replacement_character_not_mojib
 def test_the_scheme_of_a_real_tokenizer_json(smollm2_converted):
     import json
 
-    from attnviz.analysis.words import tokenizer_scheme
+    from attnviz.models.words import tokenizer_scheme
     from attnviz.models.loading import bundled_model_path
 
     def scheme(folder):

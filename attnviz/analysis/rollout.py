@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from attnviz.models.words import merge_attention
+
 
 def attention_rollout(layer_attention: list[np.ndarray]) -> np.ndarray:
     """Attention rollout (Abnar & Zuidema 2020) of self-attention through the layers, in order.
@@ -22,6 +24,17 @@ def attention_rollout(layer_attention: list[np.ndarray]) -> np.ndarray:
     if rollout is None:
         raise ValueError("attention rollout needs at least one layer")
     return rollout
+
+
+def runs_rollout(layer_runs: list) -> np.ndarray:
+    """The rollout of one text's runs, one per layer in order (AttentionRun). Over words (--words), the
+    rollout of the token maps merged by Clark et al.'s rule: a share of a word is the sum of its pieces'
+    shares, so merging after the product is exact (merging each layer first would not be)."""
+    words = layer_runs[0].words
+    if words is None:
+        return attention_rollout([run.attention for run in layer_runs])
+    rollout = attention_rollout([run.words.token_attention for run in layer_runs])
+    return merge_attention(rollout, words.query_word, words.key_word)
 
 
 def residual_attention(attention: np.ndarray) -> np.ndarray:

@@ -36,6 +36,7 @@ def heads(
     stack: str | None = None,
     device: str = "auto",
     truncate: bool = False,
+    words: bool = False,
 ):
     """One layer's heads over a text (a HeadsResult), or over a list of texts (a list, run in padded batches).
 
@@ -44,6 +45,8 @@ def heads(
     another text; causal masks future keys (a decoder's own attention is causal already).
     stack picks an encoder-decoder's attention: "encoder" (default), "decoder" or "cross"
     (the decoder over the encoder's output for kv, or for each text itself without kv).
+    words shows words, not word pieces (Clark et al. 2019: attention to a word is the sum over its
+    pieces, from a word the mean); each run's words holds the tokens and the word of each.
     """
     from attnviz.api.results import HeadsResult
     from attnviz.output.batch import run_in_batches
@@ -54,7 +57,8 @@ def heads(
     refuse_before_loading(model, stack)
     handle = load(model, device)
     spec = run_spec_for(
-        handle, heads, layer=layer, weights=weights, seed=seed, causal=causal, kv_text=kv, stack=stack, truncate=truncate
+        handle, heads, layer=layer, weights=weights, seed=seed, causal=causal, kv_text=kv, stack=stack, truncate=truncate,
+        words=words,
     )
     _check_lengths(handle.loaded, texts, truncate)
     runs = [run for batch in run_in_batches(handle.loaded, texts, spec) for run in batch]
@@ -77,6 +81,7 @@ def trace(
     stack: str | None = None,
     device: str = "auto",
     truncate: bool = False,
+    words: bool = False,
 ):
     """Every split and merge of the heads with the real shapes (a TraceResult); a list of texts is one padded batch.
 
@@ -95,7 +100,8 @@ def trace(
     refuse_before_loading(model, stack)
     handle = load(model, device)
     spec = run_spec_for(
-        handle, heads, layer=layer, weights=weights, seed=seed, causal=causal, kv_text=kv, stack=stack, truncate=truncate
+        handle, heads, layer=layer, weights=weights, seed=seed, causal=causal, kv_text=kv, stack=stack, truncate=truncate,
+        words=words,
     )
     _check_lengths(handle.loaded, texts, truncate)
     layout = layout or model_layout(handle.loaded)
@@ -155,12 +161,13 @@ def layers(
     stack: str | None = None,
     device: str = "auto",
     truncate: bool = False,
+    words: bool = False,
 ):
     """Every layer's heads over one text, and attention rollout through the layers (a LayersResult).
 
     stack: an encoder-decoder's "encoder" (default) or "decoder" self-attention.
     """
-    from attnviz.analysis.rollout import attention_rollout
+    from attnviz.analysis.rollout import runs_rollout
     from attnviz.api.analysis_results import LayersResult
     from attnviz.pipeline import run_layers
 
@@ -169,10 +176,11 @@ def layers(
     refuse_before_loading(model, stack)
     handle = load(model, device)
     spec = run_spec_for(
-        handle, heads, layer=None, weights=weights, seed=seed, causal=causal, kv_text=None, stack=stack, truncate=truncate
+        handle, heads, layer=None, weights=weights, seed=seed, causal=causal, kv_text=None, stack=stack, truncate=truncate,
+        words=words,
     )
     (layer_runs,) = run_layers(handle.loaded, [text], spec)
-    return LayersResult(layer_runs, attention_rollout([run.attention for run in layer_runs]), spec)
+    return LayersResult(layer_runs, runs_rollout(layer_runs), spec)
 
 
 def compare(

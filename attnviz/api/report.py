@@ -36,11 +36,13 @@ def report(
     stack: str | None = None,
     device: str = "auto",
     truncate: bool = False,
+    words: bool = False,
 ) -> ReportResult:
     """The interactive report of a text, or of a list of texts (at most MAX_REPORT_TEXTS), as a ReportResult.
 
     The settings are attnviz.heads'. Self-attention adds every layer, the rollout and each text's
     statistics; cross-attention (kv, or stack="cross") shows the run's layer and its trace only.
+    words: the maps over words, as attnviz.heads(words=True) shows them (the traces stay over tokens).
     """
     from attnviz.output.batch import run_in_batches
 
@@ -51,7 +53,8 @@ def report(
     refuse_before_loading(model, stack)
     handle = load(model, device)
     spec = run_spec_for(
-        handle, heads, layer=layer, weights=weights, seed=seed, causal=causal, kv_text=kv, stack=stack, truncate=truncate
+        handle, heads, layer=layer, weights=weights, seed=seed, causal=causal, kv_text=kv, stack=stack, truncate=truncate,
+        words=words,
     )
     _check_lengths(handle.loaded, texts, truncate)
     check_report_size(handle.loaded, texts, spec)
@@ -116,13 +119,13 @@ def report_texts(loaded, runs: list, spec: RunSpec) -> tuple[list, list[str]]:
 
 def every_layer(loaded, text: str, spec: RunSpec) -> tuple:
     """Every layer's run of the text (attnviz.layers'), the rollout and the text's statistics; Nones for cross-attention."""
-    from attnviz.analysis.rollout import attention_rollout
+    from attnviz.analysis.rollout import runs_rollout
     from attnviz.pipeline import run_layers
 
     if spec.cross_attention:  # every layer is self-attention: attnviz.layers refuses cross
         return None, None, None
     (layer_runs,) = run_layers(loaded, [text], replace(spec, layer=None))
-    rollout = attention_rollout([run.attention for run in layer_runs])
+    rollout = runs_rollout(layer_runs)
     return layer_runs, rollout, text_statistics(layer_runs, spec.causal)
 
 

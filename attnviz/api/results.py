@@ -266,7 +266,7 @@ class TraceResult:
         from attnviz.render.trace_render import print_trace
 
         printed = display.Printed(options.max_width)
-        print_trace(printed, self.trace, text_tokens=[run.query_tokens for run in self.runs])
+        print_trace(printed, self.trace, text_tokens=[run.tokenizer_tokens[0] for run in self.runs])
         yield printed.group()
 
     def __rich__(self):

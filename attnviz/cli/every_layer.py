@@ -17,6 +17,7 @@ from attnviz.cli.options import (
     Stack,
     DeviceOption,
     TruncateOption,
+    WordsOption,
     FormatOption,
     WeightsOption,
     SeedOption,
@@ -119,6 +120,7 @@ def layers(
     image_format: ImageFormat = FormatOption,
     out: Optional[Path] = OutOption,
     truncate: bool = TruncateOption,
+    words: bool = WordsOption,
     allow_pickle: bool = AllowPickleOption,
 ) -> None:
     """Every layer and head at a glance (layers.png) and attention rollout through the layers (rollout.png)."""
@@ -134,7 +136,7 @@ def layers(
     handle = load(model, device.value, allow_pickle=allow_pickle, cache=False)
     result = functions.layers(
         text, model=handle, heads=num_heads, weights=weights.value, seed=seed, causal=causal, truncate=truncate,
-        stack=stack.value if stack else None,
+        stack=stack.value if stack else None, words=words,
     )
 
     first = result.layer_runs[0]

@@ -17,6 +17,7 @@ from attnviz.cli.options import (
     Stack,
     DeviceOption,
     TruncateOption,
+    WordsOption,
     FormatOption,
     WeightsOption,
     SeedOption,
@@ -63,6 +64,7 @@ def heads(
     image_format: ImageFormat = FormatOption,
     out: Optional[Path] = FileOutOption,
     truncate: bool = TruncateOption,
+    words: bool = WordsOption,
     allow_pickle: bool = AllowPickleOption,
     no_html: bool = typer.Option(
         False, "--no-html", help="Do not write report.html (the interactive report, as attnviz report writes it)."
@@ -96,14 +98,14 @@ def heads(
             html=not no_html,
             run_options=dict(
                 kv_text=kv, layer=layer, num_heads=num_heads, weights=weights.value, seed=seed, causal=causal,
-                truncate=truncate, stack=stack.value if stack else None,
+                truncate=truncate, stack=stack.value if stack else None, words=words,
             ),
         )
     target = run_target(out, run_folder_name(text))
     handle = load(model, device.value, allow_pickle=allow_pickle, cache=False)
     settings = dict(
         model=handle, layer=layer, heads=num_heads, weights=weights.value, seed=seed, kv=kv, causal=causal, truncate=truncate,
-        stack=stack.value if stack else None,
+        stack=stack.value if stack else None, words=words,
     )
     traced = functions.trace(text, **settings) if show_trace else None  # its run is the heads' run: computed once
     result = traced.heads_results()[0] if traced is not None else functions.heads(text, **settings)

@@ -181,3 +181,10 @@ ModelOption = typer.Option(
     "(default: bert-base-chinese; offline, the bundled all-MiniLM-L6-v2)",
     show_default=False,
 )
+WordsOption = typer.Option(
+    False,
+    "--words",
+    help="Show words, not word pieces (Clark et al. 2019): attention to a word is the sum over its pieces, "
+    "from a word the mean, so rows still sum to 1. Words from the tokenizer's marks (## ▁ Ġ), "
+    "rjieba's words for Chinese, single characters for Japanese, spaces for Korean; special tokens stay apart.",
+)

@@ -16,6 +16,7 @@ from attnviz.cli.options import (
     Stack,
     DeviceOption,
     TruncateOption,
+    WordsOption,
     WeightsOption,
     SeedOption,
     CausalOption,
@@ -57,6 +58,7 @@ def report(
     device: Device = DeviceOption,
     out: Optional[Path] = FileOutOption,
     truncate: bool = TruncateOption,
+    words: bool = WordsOption,
     allow_pickle: bool = AllowPickleOption,
 ) -> None:
     """report.html: one file a browser opens offline, to explore the heads, every layer, the shape trace and the statistics.
@@ -91,6 +93,7 @@ def report(
         result = report_of(
             texts, model=handle, layer=layer, heads=num_heads, weights=weights.value, seed=seed, kv=kv, causal=causal,
             stack=stack.value if stack else None, device=device.value, truncate=truncate,
+            words=words,
         )  # fmt: skip
 
     notes = result.record["notes"]

@@ -19,6 +19,7 @@ from attnviz.cli.options import (
     Stack,
     DeviceOption,
     TruncateOption,
+    WordsOption,
     WeightsOption,
     SeedOption,
     CausalOption,
@@ -70,6 +71,7 @@ def trace(
     image_format: ImageFormat = typer.Option(ImageFormat.png, "--format", help="Image format of --mistake's heatmaps."),
     out: Optional[Path] = FileOutOption,
     truncate: bool = TruncateOption,
+    words: bool = WordsOption,
     allow_pickle: bool = AllowPickleOption,
 ) -> int:
     """Every split and merge of the heads, step by step with the real shapes; trace.json and trace.md.
@@ -104,14 +106,14 @@ def trace(
     result = functions.trace(
         texts, layout=layout.value if layout else None, mistake=mistake.value if mistake else None, model=handle, layer=layer,
         heads=num_heads, weights=weights.value, seed=seed, kv=kv, causal=causal, truncate=truncate,
-        stack=stack.value if stack else None,
+        stack=stack.value if stack else None, words=words,
     )  # fmt: skip
 
     runs = result.runs  # tokens, notices and heatmaps
     terminal.print_notices(errors, [notice for run in runs for notice in run.notices])
     terminal.print_setup(console, runs[0], handle.source, handle.device_label, seed=seed)
     terminal.print_tokens(console, runs[0])
-    print_trace(console, result.trace, text_tokens=[run.query_tokens for run in runs])
+    print_trace(console, result.trace, text_tokens=[run.tokenizer_tokens[0] for run in runs])
 
     figure_notes: list[str] = []  # figures capped in size or thinned
     write_run(

@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import torch
 
 from attnviz.errors import AttnvizError, first_line
+from attnviz.models.words import tokenizer_scheme
 from attnviz.result import Truncation
 
 # CJK ideographs, kana and hangul: text a Chinese, Japanese or Korean vocabulary handles.
@@ -52,6 +54,11 @@ class WordPieceTokenizer:
                     "embedding table (vocab_size): the tokenizer is not this model's"
                 )
             self._check_ids([self.pad_token_id, *self.all_special_ids])
+
+    @cached_property
+    def word_scheme(self) -> str:
+        """How its tokens mark words (models/words.py: WORDPIECE, SENTENCEPIECE or BYTE_LEVEL), from its tokenizer.json."""
+        return tokenizer_scheme(json.loads(self._tokenizer.to_str()))
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         """Each text's token ids, [CLS] and [SEP] included, never cut."""

@@ -15,7 +15,9 @@ Only safetensors are loaded (use_safetensors=True), and nothing from the folder 
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,7 @@ from torch import nn
 from attnviz.attention.layer import AttentionWeights
 from attnviz.errors import AttnvizError
 from attnviz.models.families import DECODER, ENCODER_DECODER, Family
+from attnviz.models.words import tokenizer_scheme
 
 # transformers' base model class (no task head) of each model_type.
 MODEL_CLASSES = {
@@ -292,6 +295,12 @@ class TransformersTokenizer:
         ids = self._raw_ids(["a"])[0]
         # e.g. [SEP], </s>: --truncate keeps it. A decoder's shifted view ends with the text's own last token.
         self.ends_with_special = start_token_id is None and bool(ids) and ids[-1] in self.all_special_ids
+
+    @cached_property
+    def word_scheme(self) -> str | None:
+        """How its tokens mark words (models/words.py), from the fast tokenizer's tokenizer.json; None (guessed from the tokens) for a slow one."""
+        backend = getattr(self._tokenizer, "backend_tokenizer", None)
+        return tokenizer_scheme(json.loads(backend.to_str())) if backend is not None else None
 
     def for_decoder(self, start_token_id: int) -> "TransformersTokenizer":
         return TransformersTokenizer(self._tokenizer, self.embedding_rows, start_token_id)

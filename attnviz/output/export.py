@@ -36,7 +36,25 @@ def attention_record(run: AttentionRun, spec: RunSpec) -> dict:
         "key_tokens": run.key_tokens,
         "query_ids": run.query_ids,
         "key_ids": run.key_ids,
+        **(words_record(run) if run.words is not None else {}),
         "attention": None,  # written by weights_json: the last key, so it can go in at the end
+    }
+
+
+def words_record(run: AttentionRun) -> dict:
+    """A run over words (--words): the tokens stay tokens, the words and each token's word are added, and
+    "attention" (H, Wq, Wk) is over the words (README.md, "attention.json")."""
+    words = run.words
+    return {
+        "query_tokens": words.query_tokens,
+        "key_tokens": words.key_tokens,
+        "query_ids": words.query_ids,
+        "key_ids": words.key_ids,
+        "query_words": run.query_tokens,
+        "key_words": run.key_tokens,
+        "query_token_words": words.query_word,  # the index in query_words of each query token's word
+        "key_token_words": words.key_word,
+        "attention_over": "words",
     }
 
 

@@ -84,6 +84,9 @@ def parameters_label(weights: str, seed: int | None = None) -> str:
     return f"{weights} (the model's own W_q, W_k, W_v, W_o)"
 
 
+WORDS_LEGEND = "maps over words: attention to a word is the sum over its tokens, from a word the mean (Clark et al. 2019)"
+
+
 def token_cells(tokens: list[str], ids: list[int]) -> Columns:
     """'0 [CLS] 101' per token, laid out in columns that never split a token; long texts cut."""
     cells = [
@@ -105,12 +108,40 @@ def token_legend(run: AttentionRun) -> str:
 
 
 def print_tokens(console: Console, run: AttentionRun) -> None:
-    heading = "query tokens" if run.kv_text or run.stack == "cross" else "tokens"
+    cross = run.kv_text or run.stack == "cross"  # cross-attention: the keys are another text's or the encoder's tokens
+    if run.words is not None:
+        return _print_words(console, run, cross)
+    heading = "query tokens" if cross else "tokens"
     console.print(Text.assemble((heading, "bold underline"), (f"  {token_legend(run)}", "dim")))
     console.print(token_cells(run.query_tokens, run.query_ids))
-    if run.kv_text or run.stack == "cross":  # cross-attention: the keys are the encoder's tokens
+    if cross:
         console.print(Text("key/value tokens", style="bold underline"))
         console.print(token_cells(run.key_tokens, run.key_ids))
+
+
+def _print_words(console: Console, run: AttentionRun, cross: bool) -> None:
+    """--words: each word with its index and, when they differ from it, the tokens it merges."""
+    legend = f"  index word = its tokens; {WORDS_LEGEND}"
+    console.print(Text.assemble(("query words" if cross else "words", "bold underline"), (legend, "dim")))
+    words = run.words
+    console.print(word_cells(run.query_tokens, words.query_tokens, words.query_word))
+    if cross:
+        console.print(Text("key/value words", style="bold underline"))
+        console.print(word_cells(run.key_tokens, words.key_tokens, words.key_word))
+
+
+def word_cells(labels: list[str], tokens: list[str], token_words: list[int]) -> Columns:
+    """'4 酸菜鱼 = 酸 [UNK] 鱼' per word (a word that is its one token: '1 我'), in columns; long texts cut."""
+    pieces: list[list[str]] = [[] for _ in labels]
+    for token, word in zip(tokens, token_words):
+        pieces[word].append(token)
+    cells = [
+        Text.assemble((f"{index} ", "dim"), (label, "bold"), (f" = {' '.join(parts)}" if parts != [label] else "", "dim"))
+        for index, (label, parts) in enumerate(zip(labels[:MAX_TOKENS_SHOWN], pieces))
+    ]
+    if len(labels) > MAX_TOKENS_SHOWN:
+        cells.append(Text(f"… {len(labels) - MAX_TOKENS_SHOWN} more", style="dim"))
+    return Columns(cells, padding=(0, 2))
 
 
 def indexed(index: int, token: str) -> str:

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 
 from attnviz.text import shorten
 
+WORDS_NOTE = "over words (pieces merged, Clark et al. 2019)"  # a run of --words
 TEXT_CHARS = 60  # a text in a title, shortened to this many characters
 CROSS_TEXT_CHARS = 36  # each of the two texts of cross-attention
 CHAR_WIDTH = 0.6  # a character's mean width, in font sizes (DejaVu Sans; a CJK character is nearer 1)
@@ -158,16 +159,18 @@ def run_setup(run) -> dict:
     )
 
 
-def run_title(run, scope: Sequence[str], *, seed: int | None = None, **options) -> str:
+def run_title(run, scope: Sequence[str], *, seed: int | None = None, over_words: bool | None = None, **options) -> str:
     """figure_title of an AttentionRun: its model, text, keys' text, mask and parameters.
 
     A causal mask (--causal) on a layer past the first is over a bidirectional model's hidden
     states, and the title says so (only layer 0's input, the embeddings, holds no later token);
-    a decoder's own causal mask (run.model_causal) needs no such note.
+    a decoder's own causal mask (run.model_causal) needs no such note. A run over words says so (over_words=False: a figure of its tokens' tensors does not).
     """
     from attnviz.analysis.statistics import CAUSAL_OVER_BIDIRECTIONAL
 
     notes = list(options.pop("notes", ()))
+    if run.words is not None if over_words is None else over_words:
+        notes.append(WORDS_NOTE)
     if run.causal and run.layer > 0 and not run.model_causal:
         notes = list(dict.fromkeys([*notes, CAUSAL_OVER_BIDIRECTIONAL]))
     return figure_title(run.model, scope, seed=seed, notes=notes, **{**run_setup(run), **options})

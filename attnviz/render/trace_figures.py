@@ -59,7 +59,7 @@ def _split_title(run, width_inches: float, seed: int | None, head: int | None = 
     from attnviz.render.titles import chars_across, run_title
 
     which = f"'head' {head}" if head is not None else f"{run.num_heads} 'heads'"  # a mistake needs 2 heads or more
-    title = run_title(run, [f"layer {run.layer}", which], seed=seed, line_chars=chars_across(width_inches, 9))
+    title = run_title(run, [f"layer {run.layer}", which], seed=seed, line_chars=chars_across(width_inches, 9), over_words=False)
     return f"WRONG computation: q.view(B, H, N, d) without permute\n{title}"
 
 
@@ -85,8 +85,8 @@ def write_split_heatmaps(
     wrong = next(trace for trace in result.layouts if trace.mistake == "view-without-permute")
     weights = wrong.weights[0].numpy()  # (H, Nq, Nk) of the first text, padding included
     num_heads, num_queries, num_keys = weights.shape
-    query_labels = slice_labels(num_heads, num_queries, result.head_dim, run.query_tokens)
-    key_labels = slice_labels(num_heads, num_keys, result.head_dim, run.key_tokens)
+    query_labels = slice_labels(num_heads, num_queries, result.head_dim, run.tokenizer_tokens[0])
+    key_labels = slice_labels(num_heads, num_keys, result.head_dim, run.tokenizer_tokens[1])
     prefix = mistake_prefix("view-without-permute")
     # One figure for every head: per head only the data, the tick labels and the title change.
     # Its layout is solved once, for the head with the longest labels, so that every head fits.
@@ -165,7 +165,7 @@ def write_merge_figure(
     from attnviz.tracing import merge_provenance
 
     notes = [] if notes is None else notes
-    tokens = run.query_tokens
+    tokens = run.tokenizer_tokens[0]  # the merged rows are tokens' rows, also with --words
     num_heads, num_tokens = result.num_heads, len(tokens)
     panels = {
         "right\nz.permute(0, 2, 1, 3).contiguous().view(B, N, D)": merge_provenance(num_heads, num_tokens, result.head_dim),
@@ -200,7 +200,7 @@ def write_merge_figure(
     if num_tokens <= 24:
         colorbar.set_ticks(range(num_tokens), labels=[f"{index}:{label}" for index, label in enumerate(labels)])
     scope = [f"layer {run.layer}", counted(num_heads, "head")]
-    title = run_title(run, scope, seed=seed, line_chars=chars_across(size[0]))
+    title = run_title(run, scope, seed=seed, line_chars=chars_across(size[0]), over_words=False)
     figure.suptitle(f"where each head's output lands in the merged rows (h = head, t = token)\n{title}", parse_math=False)
     save_figure(figure, path.parent, path.name)
     if size != natural or len(rows) < num_tokens or len(slots) < num_heads:

@@ -42,7 +42,10 @@
   function tokensText(text) {
     const queries = text.query_tokens.length;
     const keys = text.key_tokens.length;
-    return text.kv_text !== null && text.kv_text !== undefined ? `${queries} queries, ${keys} keys` : `${queries}`;
+    const counts = text.kv_text !== null && text.kv_text !== undefined ? `${queries} queries, ${keys} keys` : `${queries}`;
+    if (!text.query_pieces) return counts;
+    // --words: the maps are over words (record.py puts the words in query_tokens, the tokens in query_pieces)
+    return `${counts} words of ${text.query_pieces.length} tokens (Clark et al. 2019: attention to a word is the sum over its pieces, from a word the mean)`;
   }
 
   // [term, value] pairs; a value of null leaves its term out.
@@ -54,7 +57,7 @@
       ["Parameters", parametersText(text)],
       ["Heads", headsText(text)],
       ["Attention", maskText(text)],
-      ["Tokens", tokensText(text)],
+      [text.query_pieces ? "Words" : "Tokens", tokensText(text)],
       ["Truncation", truncationText(text.truncated) || "none"],
       ["Keys' text truncation", truncationText(text.kv_truncated)],
       ["Device", text.device],

@@ -32,9 +32,10 @@ from __future__ import annotations
 import codecs
 import re
 import unicodedata
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from attnviz.analysis.statistics import is_punctuation
+from attnviz.result import AttentionRun, TokenWords
+
 
 WORDPIECE = "wordpiece"
 SENTENCEPIECE = "sentencepiece"
@@ -252,9 +253,14 @@ def _joins(previous: _Unit, unit: _Unit, text: str, chinese: list[int] | None) -
             return chinese is not None and chinese[previous.span[1] - 1] == chinese[unit.span[0]]
     if "unknown" in (previous.kind, unit.kind):
         return False
-    if is_punctuation((previous.surface or "").strip()) or is_punctuation((unit.surface or "").strip()):
+    if _is_punctuation((previous.surface or "").strip()) or _is_punctuation((unit.surface or "").strip()):
         return False
     return not unit.starts_word
+
+
+def _is_punctuation(text: str) -> bool:
+    """Text made only of Unicode punctuation (categories P*): a word of its own, as BERT's pre-tokenizer makes it."""
+    return bool(text) and all(unicodedata.category(char).startswith("P") for char in text)
 
 
 def _label(group: list[_Unit], tokens: list[str], text: str) -> str:
@@ -281,6 +287,37 @@ def merge_attention(attention, query_words: list[int], key_words: list[int]):
     if hasattr(attention, "new_tensor"):  # torch
         return attention.new_tensor(rows) @ attention @ attention.new_tensor(cols.T)
     return rows.astype(attention.dtype) @ attention @ cols.T.astype(attention.dtype)
+
+
+def run_words(tokenizer, run: AttentionRun) -> tuple[Words, Words]:
+    """The words of a run's query and key tokens, by its tokenizer's marks (tokens.py's word_scheme) and
+    special tokens; keys read from the --kv text, or, for an encoder-decoder's cross stack, the encoder's view of the text."""
+    special = SPECIAL_TOKENS | set(tokenizer.convert_ids_to_tokens(tokenizer.all_special_ids))
+    query = token_words(run.query_tokens, run.text, tokenizer.word_scheme, special)
+    if run.key_tokens == run.query_tokens and run.kv_text is None:
+        return query, query
+    return query, token_words(run.key_tokens, run.kv_text or run.text, tokenizer.word_scheme, special)
+
+
+def merge_run(run: AttentionRun, query: Words, key: Words) -> AttentionRun:
+    """The run over words: labels for tokens, attention merged (merge_attention), each word's output
+    the mean of its pieces' outputs (the rows' rule); the tokens kept in run.words."""
+    if run.words is not None:
+        raise ValueError("the run is over words already")
+    rows = _membership(query.index, len(run.query_tokens), "query")
+    tokens = TokenWords(
+        run.query_tokens, run.query_ids, list(query.index), run.key_tokens, run.key_ids, list(key.index), run.attention
+    )  # fmt: skip
+    return replace(
+        run,
+        query_tokens=list(query.labels),
+        key_tokens=list(key.labels),
+        query_ids=[],
+        key_ids=[],
+        attention=merge_attention(run.attention, query.index, key.index),
+        output=(rows / rows.sum(axis=1, keepdims=True)).astype(run.output.dtype) @ run.output,
+        words=tokens,
+    )
 
 
 def _membership(words: list[int], num_tokens: int, side: str):
