@@ -18,10 +18,13 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
+from attnviz.analysis.measure_names import measure_names  # noqa: F401 (re-exported for the API)
+from attnviz.analysis.flow import AttentionFlow, attention_flow, check_flow_length
 from attnviz.analysis.norms import head_norms, summed_squared_norms, transformed_values
 from attnviz.analysis.rollout import normalise_rows
 from attnviz.analysis.value_zeroing import value_zeroing_distances
 from attnviz.attention.layer import MultiHeadAttention
+from attnviz.errors import AttnvizError
 from attnviz.models.loading import LoadedModel
 from attnviz.pipeline import (
     EncodedTexts,
@@ -30,8 +33,10 @@ from attnviz.pipeline import (
     encode_texts,
     in_berts_place,
     iter_layer_passes,
+    iter_layer_runs,
     layer_pass,
     layer_sizes,
+    run_attention,
     split_runs,
 )
 from attnviz.result import AttentionRun
@@ -111,3 +116,61 @@ def _measured(
             )
         )
     return measured
+
+
+@dataclass
+class RunMeasures:
+    """The measures of one text's run beside its weights (None where not asked for).
+
+    norm_heads (H, Nq, Nk) and norm (Nq, Nk): Kobayashi et al.'s norms, per head and heads summed;
+    value_zeroing (Nq, Nk): the raw cosine distances, value_zeroing_rows the rows divided by their sums;
+    flow: attention flow through layers 0 to the run's layer (flow_layers of them). Over words with --words.
+    """
+
+    names: tuple[str, ...]
+    norm_heads: np.ndarray | None = None
+    norm: np.ndarray | None = None
+    value_zeroing: np.ndarray | None = None
+    value_zeroing_rows: np.ndarray | None = None
+    flow: AttentionFlow | None = None
+    flow_layers: int | None = None
+
+
+def check_measures(loaded: LoadedModel, text: str, spec: RunSpec, names: tuple[str, ...]) -> None:
+    """Refuse what a measure cannot do, before any pass: flow of cross-attention, flow of a text too long."""
+    if "flow" not in names:
+        return
+    if spec.cross_attention:
+        raise AttnvizError("flow follows self-attention through the layers: it cannot be measured with --kv or --stack cross")
+    check_flow_length(len(loaded.tokenizer_for(spec.stack).encode_batch([text])[0]))
+
+
+@torch.inference_mode()
+def measure_text(loaded: LoadedModel, text: str, spec: RunSpec, names: tuple[str, ...]) -> tuple[AttentionRun, RunMeasures]:
+    """The run of one text at spec.layer (run_attention's) and the measures named (measure_names)."""
+    from itertools import islice
+
+    check_measures(loaded, text, spec, names)
+    measures = RunMeasures(names)
+    if {"norm", "value-zeroing"} & set(names):
+        (measured,) = measure_layer(loaded, [text], spec)
+        run = measured.run
+        if "norm" in names:
+            measures.norm_heads, measures.norm = measured.head_norms, measured.summed_norms
+        if "value-zeroing" in names:
+            measures.value_zeroing, measures.value_zeroing_rows = measured.value_zeroing, measured.value_zeroing_rows
+    else:
+        (run,) = run_attention(loaded, [text], spec)
+    if "flow" in names:
+        layer_runs = [runs[0] for runs in islice(iter_layer_runs(loaded, [text], spec), spec.layer + 1)]
+        measures.flow, measures.flow_layers = runs_flow(layer_runs), len(layer_runs)
+    return run, measures
+
+
+def runs_flow(layer_runs: list[AttentionRun]) -> AttentionFlow:
+    """Attention flow through one text's runs, one per layer in order; over words when the runs are
+    (the flow from each output token to the set of a word's input tokens, word_measures.py)."""
+    words = layer_runs[0].words
+    if words is None:
+        return attention_flow([run.attention for run in layer_runs])
+    raise AttnvizError("flow over words is not built yet: use --measure flow without --words")

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+from attnviz.analysis.measure_names import measure_names
 from attnviz.api.models import Model, load
 from attnviz.errors import AttnvizError
 from attnviz.spec import (
@@ -37,6 +38,7 @@ def heads(
     device: str = "auto",
     truncate: bool = False,
     words: bool = False,
+    measure: str = "weights",
 ):
     """One layer's heads over a text (a HeadsResult), or over a list of texts (a list, run in padded batches).
 
@@ -47,6 +49,9 @@ def heads(
     (the decoder over the encoder's output for kv, or for each text itself without kv).
     words shows words, not word pieces (Clark et al. 2019: attention to a word is the sum over its
     pieces, from a word the mean); each run's words holds the tokens and the word of each.
+    measure adds what the weights leave out (analysis/measure_names.py): "norm" (Kobayashi et al.
+    2020), "value-zeroing" (Mohebbi et al. 2023), "flow" (Abnar & Zuidema 2020) or "all", in each
+    result's measures (attnviz.analysis.measures.RunMeasures); "weights" (default) adds none.
     """
     from attnviz.api.results import HeadsResult
     from attnviz.output.batch import run_in_batches
@@ -54,6 +59,7 @@ def heads(
     texts = _texts(text)
     check_text(kv, "the --kv text")
     refuse_causal_cross_attention(kv, causal, stack)
+    names = measure_names(measure)
     refuse_before_loading(model, stack)
     handle = load(model, device)
     spec = run_spec_for(
@@ -61,8 +67,22 @@ def heads(
         words=words,
     )
     _check_lengths(handle.loaded, texts, truncate)
+    num_layers = handle.loaded.num_layers_of(spec.stack)
+    if names:
+        return _measured_heads(handle, text, texts, spec, names, num_layers)
     runs = [run for batch in run_in_batches(handle.loaded, texts, spec) for run in batch]
-    results = [HeadsResult(run, spec, handle.loaded.num_layers_of(spec.stack)) for run in runs]
+    results = [HeadsResult(run, spec, num_layers) for run in runs]
+    return results if isinstance(text, (list, tuple)) else results[0]
+
+
+def _measured_heads(handle: Model, text, texts: list[str], spec, names: tuple[str, ...], num_layers: int):
+    """heads with measures: every text checked (flow's length) before any pass, then measured one by one."""
+    from attnviz.analysis.measures import check_measures, measure_text
+    from attnviz.api.results import HeadsResult
+
+    for each in texts:
+        check_measures(handle.loaded, each, spec, names)
+    results = [HeadsResult(run, spec, num_layers, measures) for run, measures in (measure_text(handle.loaded, each, spec, names) for each in texts)]
     return results if isinstance(text, (list, tuple)) else results[0]
 
 

@@ -55,6 +55,7 @@ class HeadsResult:
     run: Any  # attnviz.result.AttentionRun
     spec: RunSpec
     num_layers: int | None = None  # the model's layers (of spec.stack), for the report's header
+    measures: Any = None  # attnviz.analysis.measures.RunMeasures, with measure= other than "weights"
 
     @property
     def text(self) -> str:
@@ -104,7 +105,8 @@ class HeadsResult:
         return head_figure(self.run, head, seed=self.spec.seed)
 
     def save(self, folder: str | Path, format: str = "png") -> list[Path]:
-        """Write what `attnviz heads TEXT --out folder` writes: head_XX.<format>, heads.<format>, attention.json."""
+        """Write what `attnviz heads TEXT --out folder` writes: head_XX.<format>, heads.<format>, attention.json,
+        and with measures, their figures (norm_heads, norm, value_zeroing, flow, measures.<format>)."""
         return save_run_files(folder, lambda staging: self.write_files(staging, format), format)
 
     def write_files(self, folder: Path, format: str = "png") -> list[Path]:
@@ -113,16 +115,21 @@ class HeadsResult:
         from attnviz.render.heatmap import write_heatmaps
 
         written = write_heatmaps(self.run, folder, format, seed=self.spec.seed)
-        return written + [write_attention_json(self.run, self.spec, folder / "attention.json")]
+        if self.measures is not None:
+            from attnviz.render.measure_figures import write_measure_figures
+
+            written += write_measure_figures(self.run, self.measures, folder, format, seed=self.spec.seed)
+        return written + [write_attention_json(self.run, self.spec, folder / "attention.json", self.measures)]
 
     def to_dict(self) -> dict:
         """attention.json's content: the attention as nested lists, rounded as the file rounds it."""
         import numpy as np
 
-        from attnviz.output.export import DECIMALS, attention_record
+        from attnviz.output.export import DECIMALS, attention_record, measures_record
 
         attention = np.round(self.run.attention.astype(np.float64), DECIMALS).tolist()  # as weights_json writes it
-        return {**attention_record(self.run, self.spec), "attention": attention}
+        measures = {"measures": measures_record(self.measures)} if self.measures is not None else {}
+        return {**attention_record(self.run, self.spec), **measures, "attention": attention}
 
     def report(self):
         """The interactive report of this layer (a ReportResult; attnviz.report adds every layer and the traces)."""

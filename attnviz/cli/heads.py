@@ -18,6 +18,8 @@ from attnviz.cli.options import (
     DeviceOption,
     TruncateOption,
     WordsOption,
+    Measure,
+    MeasureOption,
     FormatOption,
     WeightsOption,
     SeedOption,
@@ -31,6 +33,7 @@ from attnviz.cli.options import (
 )
 from attnviz.cli.shared import MAX_NOTICES_SHOWN, layouts_disagree, run_target, write_run
 from attnviz.errors import AttnvizError
+from attnviz.analysis.measure_names import measure_names
 from attnviz.spec import check_text, refuse_causal_cross_attention
 
 
@@ -65,6 +68,7 @@ def heads(
     out: Optional[Path] = FileOutOption,
     truncate: bool = TruncateOption,
     words: bool = WordsOption,
+    measure: Measure = MeasureOption,
     allow_pickle: bool = AllowPickleOption,
     no_html: bool = typer.Option(
         False, "--no-html", help="Do not write report.html (the interactive report, as attnviz report writes it)."
@@ -85,6 +89,9 @@ def heads(
     check_text(kv, "the --kv text")
     if file is not None and show_trace:
         raise AttnvizError("--trace traces one text: for a batch use attnviz trace --file PATH")
+    if file is not None and measure != Measure.weights:
+        raise AttnvizError("--measure measures one text: give a TEXT, not --file")
+    measure_names(measure.value)
     refuse_causal_cross_attention(kv, causal, stack.value if stack else None)
     functions.refuse_before_loading(model, stack.value if stack else None)
     if file is not None:
@@ -108,13 +115,18 @@ def heads(
         stack=stack.value if stack else None, words=words,
     )
     traced = functions.trace(text, **settings) if show_trace else None  # its run is the heads' run: computed once
-    result = traced.heads_results()[0] if traced is not None else functions.heads(text, **settings)
+    if traced is not None and measure == Measure.weights:
+        result = traced.heads_results()[0]
+    else:
+        result = functions.heads(text, **settings, measure=measure.value)
 
     run = result.run
     terminal.print_notices(errors, run.notices)
     terminal.print_setup(console, run, handle.source, handle.device_label, seed=seed)
     terminal.print_tokens(console, run)
     console.print(result)  # its __rich__: the table of the heads
+    if result.measures is not None:
+        terminal.print_measures(console, run, result.measures)
     if traced is not None:
         from attnviz.render.trace_render import print_trace
 

@@ -188,3 +188,22 @@ WordsOption = typer.Option(
     "from a word the mean, so rows still sum to 1. Words from the tokenizer's marks (## ▁ Ġ), "
     "rjieba's words for Chinese, single characters for Japanese, spaces for Korean; special tokens stay apart.",
 )
+
+
+class Measure(str, Enum):  # attnviz.analysis.measure_names.MEASURE_CHOICES
+    weights = "weights"
+    norm = "norm"
+    value_zeroing = "value-zeroing"
+    flow = "flow"
+    all = "all"
+
+
+MeasureOption = typer.Option(
+    Measure.weights,
+    "--measure",
+    help="What else to show beside the attention weights α (always drawn). "
+    "norm: ‖α f(x)‖, the weighted value vectors' norms per head and heads summed (Kobayashi et al. 2020); "
+    "value-zeroing: how much token i's attention output turns (cosine distance) when key j's values are zeroed "
+    "(Mohebbi et al. 2023); flow: maximum flow through the layers up to this one (Abnar & Zuidema 2020; "
+    "texts of up to 88 tokens); all: every one, and measures.png side by side.",
+)

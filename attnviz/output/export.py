@@ -58,8 +58,12 @@ def words_record(run: AttentionRun) -> dict:
     }
 
 
-def write_attention_json(run: AttentionRun, spec: RunSpec, path: Path) -> Path:
-    record = json.dumps(attention_record(run, spec), ensure_ascii=False)
+def write_attention_json(run: AttentionRun, spec: RunSpec, path: Path, measures=None) -> Path:
+    """attention.json; measures (analysis.measures.RunMeasures, --measure) adds "measures" before "attention"."""
+    record = attention_record(run, spec)
+    if measures is not None and measures.names:
+        record = {**{key: value for key, value in record.items() if key != "attention"}, "measures": measures_record(measures), "attention": None}
+    record = json.dumps(record, ensure_ascii=False)
     attention = weights_json(run.attention)
     path.write_text(record.removesuffix("null}") + attention + "}", encoding="utf-8")
     return path
@@ -85,3 +89,25 @@ def weights_json(weights: np.ndarray) -> str:
     for size in reversed(weights.shape[:-1]):  # rows into their lists, outermost last
         texts = ["[" + ",".join(texts[start : start + size]) + "]" for start in range(0, len(texts), size)]
     return texts[0]
+
+
+def measures_record(measures, decimals: int = DECIMALS) -> dict:
+    """attention.json's "measures" (--measure): per measure its name, title, paper and definition, and its maps
+    (analysis.measures.RunMeasures), over the same tokens or words as "attention", rounded to `decimals`."""
+    from attnviz.analysis.measure_names import MEASURES
+
+    def rounded(values) -> list:
+        return np.round(np.asarray(values, dtype=np.float64), decimals).tolist()
+
+    maps = {
+        "norm": lambda: {"heads": rounded(measures.norm_heads), "summed": rounded(measures.norm)},
+        "value-zeroing": lambda: {"distances": rounded(measures.value_zeroing), "rows": rounded(measures.value_zeroing_rows)},
+        "flow": lambda: {
+            "layers": [0, measures.flow_layers - 1], "flow": rounded(measures.flow.flow), "normalised": rounded(measures.flow.normalised)
+        },
+    }  # fmt: skip
+    record = {}
+    for name in measures.names:
+        title, paper, definition = MEASURES[name]
+        record[name] = {"name": name, "title": title, "paper": paper, "definition": definition, **maps[name]()}
+    return record

@@ -1,0 +1,103 @@
+"""`attnviz heads --measure`: attention.json's measures against computations written out in the tests
+(the per-head vectors from the layer's nn.Linear weights, the layer rerun with a value zeroed,
+networkx's maximum flow), the figures named by their papers, and what --measure refuses before any pass."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from test_measures import bert_inputs, distances_by_reruns, flows_by_networkx, per_head_vectors
+
+import attnviz
+from attnviz.cli import run
+
+TEXT = "The unaffable cat sat, quietly."
+LAYER = 2
+TOLERANCE = 1e-5
+
+
+@pytest.fixture(scope="module")
+def measured_run(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("measures") / "run"
+    options = ["--model", "bundled", "--device", "cpu", "--no-html", "--layer", str(LAYER), "--out", str(folder)]
+    assert run(["heads", TEXT, "--measure", "all", *options]) == 0
+    return folder, json.loads((folder / "attention.json").read_text(encoding="utf-8"))
+
+
+def test_the_json_names_each_measure_with_its_paper_and_definition(measured_run):
+    _, record = measured_run
+    measures = record["measures"]
+    assert list(measures) == ["norm", "value-zeroing", "flow"]
+    assert "Kobayashi et al. 2020" in measures["norm"]["paper"]
+    assert "Mohebbi et al. 2023" in measures["value-zeroing"]["paper"]
+    assert "Abnar & Zuidema 2020" in measures["flow"]["paper"]
+    assert all(measure["name"] == name and measure["definition"] for name, measure in measures.items())
+
+
+def test_the_norms_equal_the_per_head_vectors_written_out_from_the_weights(bundled_bert, measured_run):
+    _, record = measured_run
+    x = bert_inputs(bundled_bert, TEXT)[LAYER]
+    vectors = per_head_vectors(bundled_bert.model.encoder.layer[LAYER], x, bundled_bert.num_heads)  # (H, N, N, D)
+    np.testing.assert_allclose(record["measures"]["norm"]["heads"], vectors.norm(dim=-1).numpy(), atol=TOLERANCE)
+    np.testing.assert_allclose(record["measures"]["norm"]["summed"], vectors.sum(dim=0).norm(dim=-1).numpy(), atol=TOLERANCE)
+
+
+def test_value_zeroing_equals_rerunning_the_layer_with_each_value_zeroed(bundled_bert, measured_run):
+    from attnviz.attention.layer import layer_from_weights
+
+    _, record = measured_run
+    attention = layer_from_weights(bundled_bert.model.encoder.layer[LAYER].attention_weights()).eval()
+    x = bert_inputs(bundled_bert, TEXT)[LAYER].float()[None]
+    expected = distances_by_reruns(attention, x, x)
+    measure = record["measures"]["value-zeroing"]
+    np.testing.assert_allclose(measure["distances"], expected, atol=TOLERANCE)
+    np.testing.assert_allclose(measure["rows"], expected / expected.sum(axis=1, keepdims=True), atol=TOLERANCE)
+
+
+def test_flow_equals_networkx_through_the_layers_up_to_the_runs(measured_run):
+    _, record = measured_run
+    layers = attnviz.layers(TEXT, model="bundled", device="cpu").layer_runs[: LAYER + 1]
+    expected = flows_by_networkx([layer_run.attention for layer_run in layers])
+    flow = record["measures"]["flow"]
+    assert flow["layers"] == [0, LAYER]
+    np.testing.assert_allclose(flow["flow"], expected, atol=TOLERANCE)
+    np.testing.assert_allclose(flow["normalised"], expected / expected.sum(axis=1, keepdims=True), atol=TOLERANCE)
+
+
+def test_every_measure_has_its_figure(measured_run):
+    from PIL import Image
+
+    folder, _ = measured_run
+    for name in ("norm_heads", "norm", "value_zeroing", "flow", "measures"):
+        image = np.asarray(Image.open(folder / f"{name}.png").convert("L"))
+        assert image.std() > 10, name  # drawn, not blank
+
+
+def test_the_figures_name_each_measure_by_its_paper():
+    from attnviz.render.measure_figures import measure_panels
+
+    result = attnviz.heads(TEXT, model="bundled", device="cpu", measure="all")
+    titles = {name: panel.title for name, panel in measure_panels(result.run, result.measures).items()}
+    assert "Kobayashi et al. 2020" in titles["norm"]
+    assert "Mohebbi et al. 2023" in titles["value_zeroing"]
+    assert "Abnar & Zuidema 2020" in titles["flow"] and "layer 0" in titles["flow"]
+    np.testing.assert_allclose(result.measures.norm, result.to_dict()["measures"]["norm"]["summed"], atol=1e-7)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["heads", " ".join(["word"] * 100), "--measure", "flow"], "flow handles texts of up to 88 tokens"),
+        (["heads", TEXT, "--measure", "flow", "--kv", "another text"], "flow follows self-attention"),
+        (["heads", "--file", "-", "--measure", "norm"], "--measure measures one text"),
+        (["heads", TEXT, "--measure", "entropy"], "entropy"),
+    ],
+)
+def test_what_measure_refuses_is_one_line_and_exit_2_with_nothing_written(tmp_path, capsys, args, message):
+    out = tmp_path / "out"
+    assert run([*args, "--model", "bundled", "--device", "cpu", "--out", str(out)]) == 2
+    error = capsys.readouterr().err
+    assert message in " ".join(error.split()) and "Traceback" not in error
+    assert not out.exists()
