@@ -101,3 +101,38 @@ def test_what_measure_refuses_is_one_line_and_exit_2_with_nothing_written(tmp_pa
     error = capsys.readouterr().err
     assert message in " ".join(error.split()) and "Traceback" not in error
     assert not out.exists()
+
+
+# ---- layers --measure: every layer's, flow through all of them beside the rollout ----
+
+
+@pytest.fixture(scope="module")
+def layers_measured(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("layers-measures") / "run"
+    assert run(["layers", TEXT, "--measure", "all", "--model", "bundled", "--device", "cpu", "--out", str(folder)]) == 0
+    return folder, json.loads((folder / "measures.json").read_text(encoding="utf-8"))
+
+
+def test_layers_measures_json_holds_every_layers_norm_and_value_zeroing(bundled_bert, layers_measured):
+    from attnviz.attention.layer import layer_from_weights
+
+    _, record = layers_measured
+    assert record["format"] == "attnviz-measures" and record["num_layers"] == 6
+    norms, zeroing = record["measures"]["norm"]["summed"], record["measures"]["value-zeroing"]["distances"]
+    assert len(norms) == len(zeroing) == 6
+    for layer in (1, 5):
+        x = bert_inputs(bundled_bert, TEXT)[layer]
+        bert_layer = bundled_bert.model.encoder.layer[layer]
+        vectors = per_head_vectors(bert_layer, x, bundled_bert.num_heads)
+        np.testing.assert_allclose(norms[layer], vectors.sum(dim=0).norm(dim=-1).numpy(), atol=TOLERANCE)
+        attention = layer_from_weights(bert_layer.attention_weights()).eval()
+        np.testing.assert_allclose(zeroing[layer], distances_by_reruns(attention, x.float()[None], x.float()[None]), atol=TOLERANCE)
+
+
+def test_layers_flow_goes_through_every_layer_beside_the_rollout(layers_measured):
+    folder, record = layers_measured
+    layer_runs = attnviz.layers(TEXT, model="bundled", device="cpu").layer_runs
+    expected = flows_by_networkx([layer_run.attention for layer_run in layer_runs])
+    np.testing.assert_allclose(record["measures"]["flow"]["flow"], expected, atol=TOLERANCE)
+    for name in ("flow", "norm_layers", "value_zeroing_layers", "rollout", "layers"):
+        assert (folder / f"{name}.png").is_file()

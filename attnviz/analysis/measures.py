@@ -37,6 +37,7 @@ from attnviz.pipeline import (
     layer_pass,
     layer_sizes,
     run_attention,
+    run_layers,
     split_runs,
 )
 from attnviz.result import AttentionRun
@@ -174,3 +175,40 @@ def runs_flow(layer_runs: list[AttentionRun]) -> AttentionFlow:
     if words is None:
         return attention_flow([run.attention for run in layer_runs])
     raise AttnvizError("flow over words is not built yet: use --measure flow without --words")
+
+
+@dataclass
+class LayersMeasures:
+    """The measures of one text through every layer (attnviz layers --measure), None where not asked for.
+
+    norm (L, N, N): ‖Σ_h α^h_ij f^h(x_j)‖ of each layer; value_zeroing and value_zeroing_rows (L, N, N)
+    each layer's; flow: attention flow through every layer (rollout's graph). Over words with --words.
+    """
+
+    names: tuple[str, ...]
+    norm: np.ndarray | None = None
+    value_zeroing: np.ndarray | None = None
+    value_zeroing_rows: np.ndarray | None = None
+    flow: AttentionFlow | None = None
+
+
+@torch.inference_mode()
+def measure_every_layer(
+    loaded: LoadedModel, text: str, spec: RunSpec, names: tuple[str, ...]
+) -> tuple[list[AttentionRun], LayersMeasures]:
+    """Every layer's run of the text (run_layers') and the measures named, every layer at once."""
+    check_measures(loaded, text, spec, names)
+    measures = LayersMeasures(names)
+    if {"norm", "value-zeroing"} & set(names):
+        (measured,) = measure_layers(loaded, [text], spec)
+        layer_runs = [layer.run for layer in measured]
+        if "norm" in names:
+            measures.norm = np.stack([layer.summed_norms for layer in measured])
+        if "value-zeroing" in names:
+            measures.value_zeroing = np.stack([layer.value_zeroing for layer in measured])
+            measures.value_zeroing_rows = np.stack([layer.value_zeroing_rows for layer in measured])
+    else:
+        (layer_runs,) = run_layers(loaded, [text], spec)
+    if "flow" in names:
+        measures.flow = runs_flow(layer_runs)
+    return layer_runs, measures

@@ -123,6 +123,7 @@ class LayersResult:
     layer_runs: list  # one AttentionRun per layer
     rollout: np.ndarray  # (N, N)
     spec: RunSpec
+    measures: Any = None  # attnviz.analysis.measures.LayersMeasures, with measure= other than "weights"
 
     @property
     def tokens(self) -> list[str]:
@@ -144,7 +145,8 @@ class LayersResult:
         return layers_figure(self.layer_runs, seed=self.spec.seed)
 
     def save(self, folder: str | Path, format: str = "png") -> list[Path]:
-        """Write what `attnviz layers --out folder` writes: layers.<format>, rollout.<format>, rollout.json."""
+        """Write what `attnviz layers --out folder` writes: layers.<format>, rollout.<format>, rollout.json, and
+        with measures their figures (norm_layers, value_zeroing_layers, flow.<format>) and measures.json."""
         return save_run_files(folder, lambda staging: self.write_files(staging, format), format)
 
     def write_files(self, folder: Path, format: str = "png") -> list[Path]:
@@ -152,11 +154,18 @@ class LayersResult:
         from attnviz.output.stats_export import write_rollout_json
         from attnviz.render.stats_figures import write_layers_grid, write_rollout
 
-        return [
+        written = [
             write_layers_grid(self.layer_runs, folder, format, seed=self.spec.seed),
             write_rollout(self.layer_runs, self.rollout, folder, format, seed=self.spec.seed),
             write_rollout_json(self.layer_runs, self.rollout, self.spec, folder / "rollout.json"),
         ]
+        if self.measures is not None:
+            from attnviz.output.export import write_layers_measures_json
+            from attnviz.render.measure_figures import write_layers_measure_figures
+
+            written += write_layers_measure_figures(self.layer_runs, self.rollout, self.measures, folder, format, self.spec.seed)
+            written.append(write_layers_measures_json(self.layer_runs, self.measures, self.spec, folder / "measures.json"))
+        return written
 
     def to_dict(self) -> dict:
         """rollout.json's content."""

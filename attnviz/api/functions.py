@@ -182,8 +182,12 @@ def layers(
     device: str = "auto",
     truncate: bool = False,
     words: bool = False,
+    measure: str = "weights",
 ):
     """Every layer's heads over one text, and attention rollout through the layers (a LayersResult).
+
+    words as in heads; measure adds every layer's measures (analysis.measures.LayersMeasures):
+    "norm", "value-zeroing", "flow" through every layer beside the rollout, or "all".
 
     stack: an encoder-decoder's "encoder" (default) or "decoder" self-attention.
     """
@@ -193,12 +197,19 @@ def layers(
 
     (text,) = _texts(text, one=True)
     refuse_cross_over_every_layer(stack)
+    measure_names(measure)
     refuse_before_loading(model, stack)
     handle = load(model, device)
     spec = run_spec_for(
         handle, heads, layer=None, weights=weights, seed=seed, causal=causal, kv_text=None, stack=stack, truncate=truncate,
         words=words,
     )
+    names = measure_names(measure)
+    if names:
+        from attnviz.analysis.measures import measure_every_layer
+
+        layer_runs, measures = measure_every_layer(handle.loaded, text, spec, names)
+        return LayersResult(layer_runs, runs_rollout(layer_runs), spec, measures)
     (layer_runs,) = run_layers(handle.loaded, [text], spec)
     return LayersResult(layer_runs, runs_rollout(layer_runs), spec)
 

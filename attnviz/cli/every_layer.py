@@ -18,6 +18,8 @@ from attnviz.cli.options import (
     DeviceOption,
     TruncateOption,
     WordsOption,
+    Measure,
+    LayersMeasureOption,
     FormatOption,
     WeightsOption,
     SeedOption,
@@ -121,6 +123,7 @@ def layers(
     out: Optional[Path] = OutOption,
     truncate: bool = TruncateOption,
     words: bool = WordsOption,
+    measure: Measure = LayersMeasureOption,
     allow_pickle: bool = AllowPickleOption,
 ) -> None:
     """Every layer and head at a glance (layers.png) and attention rollout through the layers (rollout.png)."""
@@ -136,7 +139,7 @@ def layers(
     handle = load(model, device.value, allow_pickle=allow_pickle, cache=False)
     result = functions.layers(
         text, model=handle, heads=num_heads, weights=weights.value, seed=seed, causal=causal, truncate=truncate,
-        stack=stack.value if stack else None, words=words,
+        stack=stack.value if stack else None, words=words, measure=measure.value,
     )
 
     first = result.layer_runs[0]
@@ -144,4 +147,6 @@ def layers(
     terminal.print_setup(console, first, handle.source, handle.device_label, len(result.layer_runs), seed=seed)
     terminal.print_tokens(console, first)
     terminal.print_rollout(console, first.query_tokens, result.rollout, first.causal and not first.model_causal)
+    if result.measures is not None and result.measures.flow is not None:
+        terminal.print_rollout(console, first.query_tokens, result.measures.flow.normalised, name="flow")
     write_run(out, target, "writing figures…", lambda staging: result.write_files(staging, image_format.value))

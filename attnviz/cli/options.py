@@ -207,3 +207,10 @@ MeasureOption = typer.Option(
     "(Mohebbi et al. 2023); flow: maximum flow through the layers up to this one (Abnar & Zuidema 2020; "
     "texts of up to 88 tokens); all: every one, and measures.png side by side.",
 )
+LayersMeasureOption = typer.Option(
+    Measure.weights,
+    "--measure",
+    help="Every layer's measures beside the weights (always drawn). norm: ‖Σ_h α f(x)‖ of each layer "
+    "(Kobayashi et al. 2020); value-zeroing: each layer's (Mohebbi et al. 2023); flow: maximum flow through "
+    "every layer beside the rollout (Abnar & Zuidema 2020; texts of up to 88 tokens); all: every one.",
+)

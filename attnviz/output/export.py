@@ -92,22 +92,50 @@ def weights_json(weights: np.ndarray) -> str:
 
 
 def measures_record(measures, decimals: int = DECIMALS) -> dict:
-    """attention.json's "measures" (--measure): per measure its name, title, paper and definition, and its maps
-    (analysis.measures.RunMeasures), over the same tokens or words as "attention", rounded to `decimals`."""
+    """The "measures" of attention.json (heads --measure: analysis.measures.RunMeasures, maps of the run's
+    layer) or of measures.json (layers --measure: LayersMeasures, maps with a leading layer axis): per
+    measure its name, title, paper and definition, and its maps over the run's tokens or words, rounded."""
     from attnviz.analysis.measure_names import MEASURES
 
     def rounded(values) -> list:
         return np.round(np.asarray(values, dtype=np.float64), decimals).tolist()
 
+    norm_heads = getattr(measures, "norm_heads", None)  # per head: heads --measure only
+    flow_layers = getattr(measures, "flow_layers", None)  # through layers 0..L of the run; layers: every one
     maps = {
-        "norm": lambda: {"heads": rounded(measures.norm_heads), "summed": rounded(measures.norm)},
+        "norm": lambda: {**({"heads": rounded(norm_heads)} if norm_heads is not None else {}), "summed": rounded(measures.norm)},
         "value-zeroing": lambda: {"distances": rounded(measures.value_zeroing), "rows": rounded(measures.value_zeroing_rows)},
         "flow": lambda: {
-            "layers": [0, measures.flow_layers - 1], "flow": rounded(measures.flow.flow), "normalised": rounded(measures.flow.normalised)
+            **({"layers": [0, flow_layers - 1]} if flow_layers else {}),
+            "flow": rounded(measures.flow.flow),
+            "normalised": rounded(measures.flow.normalised),
         },
-    }  # fmt: skip
+    }
     record = {}
     for name in measures.names:
         title, paper, definition = MEASURES[name]
         record[name] = {"name": name, "title": title, "paper": paper, "definition": definition, **maps[name]()}
     return record
+
+
+def write_layers_measures_json(layer_runs: list[AttentionRun], measures, spec: RunSpec, path: Path) -> Path:
+    """measures.json of attnviz layers --measure (README.md, "measures.json")."""
+    run = layer_runs[0]
+    record = {
+        "format": "attnviz-measures",
+        "version": FORMAT_VERSION,
+        "settings": spec.to_dict(),
+        "text": run.text,
+        "truncated": truncation_json(run.truncated),
+        "model": run.model,
+        "weights": run.weights,
+        "num_layers": len(layer_runs),
+        "num_heads": run.num_heads,
+        "device": run.device,
+        "causal": run.causal,
+        "tokens": run.tokenizer_tokens[0],
+        **({"words": run.query_tokens, "token_words": run.words.query_word} if run.words is not None else {}),
+        "measures": measures_record(measures),
+    }
+    path.write_text(json.dumps(record, ensure_ascii=False), encoding="utf-8")
+    return path

@@ -107,8 +107,9 @@ def rollout_record(layer_runs: list[AttentionRun], rollout: np.ndarray, spec: Ru
         "device": run.device,
         "causal": run.causal,
         "causal_note": run_causal_note(run, every_layer=True),
-        "tokens": run.query_tokens,
-        "ids": run.query_ids,
+        "tokens": run.tokenizer_tokens[0],
+        "ids": run.words.query_ids if run.words is not None else run.query_ids,
+        **({"words": run.query_tokens, "token_words": run.words.query_word, "rollout_over": "words"} if run.words is not None else {}),
         "rollout": np.round(rollout.astype(np.float64), DECIMALS).tolist(),
     }
 

@@ -8,6 +8,9 @@
     measures.png     --measure all: the four side by side (weights averaged over heads, norm, value
                      zeroing, flow), each on its own linear scale from 0 to its largest value
 
+and for attnviz layers --measure, every layer's: norm_layers.png, value_zeroing_layers.png, and
+flow.png, the flow through every layer beside the rollout through them.
+
 Norms are in the hidden state's units and rows do not sum to 1, so no map here uses the weights'
 fixed 0..1 (or log) scale: each colour bar says what it shows and runs from 0 to its own maximum.
 Each title names the measure, its paper and what a cell is.
@@ -92,9 +95,17 @@ def measure_panels(run: AttentionRun, measures) -> dict[str, Panel]:
     return panels
 
 
-def maps_figure(run: AttentionRun, panels: list[Panel], what: str, seed: int | None = None, shared_colour: str | None = None):
+def maps_figure(
+    run: AttentionRun,
+    panels: list[Panel],
+    what: str,
+    seed: int | None = None,
+    shared_colour: str | None = None,
+    scope: list[str] | None = None,
+):
     """Panels of (Nq, Nk) maps over the run's tokens (or words) in a grid, each on a linear scale from 0
-    to its own maximum, or, with shared_colour, all on one scale with one colour bar so that they compare."""
+    to its own maximum, or, with shared_colour, all on one scale with one colour bar so that they compare.
+    scope: what the title's first line names after the model (default: the run's layer and heads)."""
     from matplotlib.colors import Normalize
 
     num_queries, num_keys = panels[0].values.shape
@@ -124,7 +135,7 @@ def maps_figure(run: AttentionRun, panels: list[Panel], what: str, seed: int | N
             attention_colorbar(figure, image, panel.colour, ax=ax, shrink=0.8)
     if shared_colour:
         attention_colorbar(figure, drawn[0][0], shared_colour, ax=axes, shrink=0.6)
-    scope = [f"layer {run.layer}", counted(run.num_heads, "head")]
+    scope = scope or [f"layer {run.layer}", counted(run.num_heads, "head")]
     figure.suptitle(f"{what}\n{run_title(run, scope, seed=seed, line_chars=chars_across(size[0]))}", parse_math=False)
     figure.supxlabel("key")
     figure.supylabel("query")
@@ -132,3 +143,29 @@ def maps_figure(run: AttentionRun, panels: list[Panel], what: str, seed: int | N
     for image, values in drawn:  # fitted to the frozen axes: one value per pixel, the block maximum when pooled
         show_attention(image, values)
     return figure
+
+
+def write_layers_measure_figures(
+    layer_runs: list[AttentionRun], rollout: np.ndarray, measures, out_dir: Path, fmt: str = "png", seed: int | None = None
+) -> list[Path]:
+    """attnviz layers' figures of the measures asked for (measures: analysis.measures.LayersMeasures); their paths."""
+    check_format(fmt)
+    run = layer_runs[0]
+    every_layer = [f"every layer ({len(layer_runs)})", counted(run.num_heads, "head")]
+    figures = {}
+    if measures.norm is not None:
+        panels = [Panel(f"layer {layer}", values, "‖Σ_h α f(x)‖") for layer, values in enumerate(measures.norm)]
+        what = "norm ‖Σ_h α^h_ij f^h(x_j)‖ of each layer, heads summed (Kobayashi et al. 2020)"
+        figures["norm_layers"] = maps_figure(run, panels, what, seed, scope=every_layer)
+    if measures.value_zeroing_rows is not None:
+        panels = [Panel(f"layer {layer}", values, "share of the row") for layer, values in enumerate(measures.value_zeroing_rows)]
+        what = "value zeroing of each layer, rows normalised (Mohebbi et al. 2023)"
+        figures["value_zeroing_layers"] = maps_figure(run, panels, what, seed, scope=every_layer)
+    if measures.flow is not None:
+        panels = [
+            Panel("rollout: the paths' weights multiplied", rollout, "share of the input token"),
+            Panel("flow: the paths as pipes, rows normalised", measures.flow.normalised, "share of the row's flow"),
+        ]
+        what = f"attention flow (Abnar & Zuidema 2020) beside rollout, through {counted(len(layer_runs), 'layer')}"
+        figures["flow"] = maps_figure(run, panels, what, seed, scope=every_layer)
+    return [save_figure(figure, out_dir, f"{name}.{fmt}") for name, figure in figures.items()]

@@ -299,10 +299,11 @@ def labelled_heads_table(stats: ModelStatistics) -> Table:
     return table
 
 
-def print_rollout(console: Console, tokens: list[str], rollout, causal: bool = False) -> None:
+def print_rollout(console: Console, tokens: list[str], rollout, causal: bool = False, name: str = "rollout") -> None:
     """For each token after the last layer, the input token it draws on most, and the text's own
-    token it draws on most when that is [CLS] or [SEP]: "2 animal→[CLS] 0.64 · animal 0.04"."""
-    console.print(Text("rollout: the input token each token draws on most", style="bold underline"))
+    token it draws on most when that is [CLS] or [SEP]: "2 animal→[CLS] 0.64 · animal 0.04".
+    name: "rollout", or "flow" for attention flow's map with rows normalised, read the same way."""
+    console.print(Text(f"{name}: the input token each token draws on most", style="bold underline"))
     special = np.array([token in (CLS_TOKEN, SEP_TOKEN) for token in tokens])
     cells = []
     for query, token in enumerate(tokens[:MAX_TOKENS_SHOWN]):
