@@ -136,3 +136,13 @@ def test_layers_flow_goes_through_every_layer_beside_the_rollout(layers_measured
     np.testing.assert_allclose(record["measures"]["flow"]["flow"], expected, atol=TOLERANCE)
     for name in ("flow", "norm_layers", "value_zeroing_layers", "rollout", "layers"):
         assert (folder / f"{name}.png").is_file()
+
+
+def test_a_notebook_shows_the_measures_beside_the_heads():
+    with_measures = attnviz.heads(TEXT, model="bundled", device="cpu", measure="norm")
+    html = with_measures._repr_html_()
+    assert html.count("<img") == 2 and "what the weights leave out" in html
+    titles = [ax.get_title() for ax in with_measures.measures_figure().axes if ax.get_title()]
+    assert titles[:2] == ["weights α, heads averaged", "norm (Kobayashi et al. 2020)"]
+    with pytest.raises(attnviz.AttnvizError, match="no measures"):
+        attnviz.heads(TEXT, model="bundled", device="cpu").measures_figure()

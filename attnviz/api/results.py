@@ -104,6 +104,14 @@ class HeadsResult:
             raise AttnvizError(f"head {head} is out of range: this run has heads 0 to {self.num_heads - 1}")
         return head_figure(self.run, head, seed=self.spec.seed)
 
+    def measures_figure(self):
+        """The weights averaged over heads beside each measure asked for (measures.png of measure="all"): a Figure."""
+        from attnviz.render.measure_figures import side_by_side_figure
+
+        if self.measures is None:
+            raise AttnvizError('no measures in this result: run attnviz.heads(..., measure="all") or another measure')
+        return side_by_side_figure(self.run, self.measures, seed=self.spec.seed)
+
     def save(self, folder: str | Path, format: str = "png") -> list[Path]:
         """Write what `attnviz heads TEXT --out folder` writes: head_XX.<format>, heads.<format>, attention.json,
         and with measures, their figures (norm_heads, norm, value_zeroing, flow, measures.<format>)."""
@@ -152,6 +160,7 @@ class HeadsResult:
             parts.append(display.tokens_html(self.key_tokens, "key/value tokens"))
         parts += [
             display.figure_html(self.figure(), "every head's attention"),
+            *([display.figure_html(self.measures_figure(), "what the weights leave out")] if self.measures is not None else []),
             display.table_html(
                 ["head", "entropy", "rel.", "mean max"], rows,
                 "entropy of each row in nats, mean over queries; rel.: entropy / log(keys the query may see)",

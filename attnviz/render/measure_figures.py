@@ -64,9 +64,14 @@ def write_measure_figures(run: AttentionRun, measures, out_dir: Path, fmt: str =
             figure = maps_figure(run, [panel._replace(title="")], f"{panel.title}: {panel.about}", seed)
             written.append(save_figure(figure, out_dir, f"{name}.{fmt}"))
     if len(measures.names) == 3:  # --measure all
-        figure = maps_figure(run, list(panels.values()), "what the weights leave out: four measures side by side", seed)
-        written.append(save_figure(figure, out_dir, f"measures.{fmt}"))
+        written.append(save_figure(side_by_side_figure(run, measures, seed), out_dir, f"measures.{fmt}"))
     return written
+
+
+def side_by_side_figure(run: AttentionRun, measures, seed: int | None = None):
+    """The weights averaged over heads beside each measure asked for (measures.png with all four)."""
+    panels = list(measure_panels(run, measures).values())
+    return maps_figure(run, panels, f"what the weights leave out: {len(panels)} maps side by side", seed)
 
 
 NORM_HEADS_TITLE = "norm ‖α^h_ij f^h(x_j)‖ per head (Kobayashi et al. 2020)"
