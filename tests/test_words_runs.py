@@ -102,3 +102,17 @@ def test_the_report_over_words_shows_words_and_keeps_the_tokens():
     assert text["query_tokens"] == CHINESE_WORDS  # what the page draws
     assert text["query_pieces"][4:7] == ["[UNK]", "[UNK]", "[UNK]"]
     assert text["settings"]["words"] is True
+
+
+def test_the_report_command_counts_tokens_and_words(tmp_path, capsys):
+    args = ["report", CHINESE, "--words", "--model", "bundled", "--device", "cpu", "--out", str(tmp_path / "r")]
+    assert run(args) == 0
+    assert "1 text, 8 tokens in 6 words;" in " ".join(capsys.readouterr().out.split())
+
+
+def test_the_page_over_words_draws_the_words_and_says_how_many_tokens_they_merge(tmp_path, opened):
+    attnviz.report(CHINESE, **bundled(words=True)).save(tmp_path)
+    page = opened(tmp_path / "report.html")
+    assert page.texts(".token[data-side='query']") == CHINESE_WORDS
+    (words_fact,) = page.texts("[data-fact='words'] dd")
+    assert words_fact.startswith("6 words of 8 tokens (Clark et al. 2019")

@@ -365,7 +365,7 @@ class ReportResult:
         layers = "every layer" if first["layers"] is not None else "no other layers"
         return (
             f"<attnviz.ReportResult {first['text']!r}{more}: {first['model']}, layer {first['layer']}, "
-            f"{len(first['query_tokens'])} tokens, {layers}>"
+            f"{len(first.get('query_pieces', first['query_tokens']))} tokens, {layers}>"
         )
 
 

@@ -112,8 +112,10 @@ def report_summary(record: dict, size: int) -> str:
     """
     texts = record["texts"]
     first = texts[0]
-    tokens = sum(len(text["query_tokens"]) for text in texts)
+    tokens = sum(len(text.get("query_pieces", text["query_tokens"])) for text in texts)
     what = f"1 text, {tokens} tokens" if len(texts) == 1 else f"{len(texts)} texts, {tokens} tokens in all"
+    if "query_pieces" in first:  # --words: the page's labels are words (html/record.py)
+        what += f" in {sum(len(text['query_tokens']) for text in texts)} words"
     if first["layers"] is not None:
         layers = f"layer {first['layer']} and every layer ({record['num_layers']} × {record['num_heads']} heads)"
     else:
