@@ -116,3 +116,17 @@ def test_the_page_over_words_draws_the_words_and_says_how_many_tokens_they_merge
     assert page.texts(".token[data-side='query']") == CHINESE_WORDS
     (words_fact,) = page.texts("[data-fact='words'] dd")
     assert words_fact.startswith("6 words of 8 tokens (Clark et al. 2019")
+
+
+def test_heads_file_with_words_counts_tokens_and_words_per_text(tmp_path):
+    import csv
+
+    corpus = tmp_path / "texts.txt"
+    corpus.write_text(f"{CHINESE}\n{ENGLISH}\n", encoding="utf-8")
+    args = ["heads", "--file", str(corpus), "--words", "--no-html", "--model", "bundled", "--device", "cpu"]
+    assert run([*args, "--out", str(tmp_path / "out")]) == 0
+    with open(tmp_path / "out" / "summary.csv", encoding="utf-8") as summary:
+        rows = list(csv.DictReader(summary))
+    assert [(row["tokens"], row["words"]) for row in rows] == [("8", "6"), ("9", "7")]
+    first = json.loads((tmp_path / "out" / rows[0]["folder"] / "attention.json").read_text(encoding="utf-8"))
+    assert first["query_words"] == CHINESE_WORDS

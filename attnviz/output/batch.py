@@ -29,6 +29,7 @@ SUMMARY_FIELDS = (
     "line",
     "folder",
     "tokens",
+    "words",
     "most_focused_head",
     "most_focused_relative_entropy",
     "mean_relative_entropy",
@@ -131,7 +132,8 @@ def summary_row(index: int, entry: LineText, folder: str, run: AttentionRun) -> 
         "index": index,
         "line": entry.line,
         "folder": folder,
-        "tokens": len(run.query_tokens),
+        "tokens": len(run.tokenizer_tokens[0]),
+        "words": len(run.query_tokens) if run.words is not None else None,  # --words: the maps' rows
         "most_focused_head": focused.head,
         "most_focused_relative_entropy": round(focused.relative_entropy, 4),
         "mean_relative_entropy": round(sum(s.relative_entropy for s in summaries) / len(summaries), 4),

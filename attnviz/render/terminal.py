@@ -385,6 +385,9 @@ def batch_table(rows: list[dict], causal: bool = False, max_rows: int = 40) -> T
     table.add_column("#", justify="right", no_wrap=True)
     table.add_column("line", justify="right", no_wrap=True)
     table.add_column("tokens", justify="right", no_wrap=True)
+    words = rows and rows[0]["words"] is not None
+    if words:
+        table.add_column("words", justify="right", no_wrap=True)
     table.add_column("focused head", justify="right", no_wrap=True)
     table.add_column("rel.", justify="right", no_wrap=True)
     table.add_column("text", overflow="fold")  # wrapped, never cut: the text is how a row is found
@@ -393,6 +396,7 @@ def batch_table(rows: list[dict], causal: bool = False, max_rows: int = 40) -> T
             str(row["index"]),
             str(row["line"]),
             str(row["tokens"]),
+            *([str(row["words"])] if words else []),
             f"{row['most_focused_head']} ({row['most_focused_relative_entropy']:.2f})",
             f"{row['mean_relative_entropy']:.2f}",
             Text(row["text"]),
