@@ -146,3 +146,14 @@ def test_a_notebook_shows_the_measures_beside_the_heads():
     assert titles[:2] == ["weights α, heads averaged", "norm (Kobayashi et al. 2020)"]
     with pytest.raises(attnviz.AttnvizError, match="no measures"):
         attnviz.heads(TEXT, model="bundled", device="cpu").measures_figure()
+
+
+@pytest.mark.parametrize("command", ["heads", "layers"])
+def test_help_names_each_measures_paper_and_flows_limit(command, capsys):
+    from attnviz.analysis.flow import FLOW_MAX_TOKENS
+
+    assert run([command, "--help"]) == 0
+    shown = " ".join(capsys.readouterr().out.split())
+    for paper in ("Kobayashi et al. 2020", "Mohebbi et al. 2023", "Abnar & Zuidema 2020"):
+        assert paper in shown
+    assert f"texts of up to {FLOW_MAX_TOKENS} tokens" in shown
