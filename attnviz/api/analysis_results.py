@@ -160,7 +160,7 @@ class LayersResult:
             write_rollout_json(self.layer_runs, self.rollout, self.spec, folder / "rollout.json"),
         ]
         if self.measures is not None:
-            from attnviz.output.export import write_layers_measures_json
+            from attnviz.output.stats_export import write_layers_measures_json
             from attnviz.render.measure_figures import write_layers_measure_figures
 
             written += write_layers_measure_figures(self.layer_runs, self.rollout, self.measures, folder, format, self.spec.seed)

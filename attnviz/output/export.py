@@ -116,26 +116,3 @@ def measures_record(measures, decimals: int = DECIMALS) -> dict:
         title, paper, definition = MEASURES[name]
         record[name] = {"name": name, "title": title, "paper": paper, "definition": definition, **maps[name]()}
     return record
-
-
-def write_layers_measures_json(layer_runs: list[AttentionRun], measures, spec: RunSpec, path: Path) -> Path:
-    """measures.json of attnviz layers --measure (README.md, "measures.json")."""
-    run = layer_runs[0]
-    record = {
-        "format": "attnviz-measures",
-        "version": FORMAT_VERSION,
-        "settings": spec.to_dict(),
-        "text": run.text,
-        "truncated": truncation_json(run.truncated),
-        "model": run.model,
-        "weights": run.weights,
-        "num_layers": len(layer_runs),
-        "num_heads": run.num_heads,
-        "device": run.device,
-        "causal": run.causal,
-        "tokens": run.tokenizer_tokens[0],
-        **({"words": run.query_tokens, "token_words": run.words.query_word} if run.words is not None else {}),
-        "measures": measures_record(measures),
-    }
-    path.write_text(json.dumps(record, ensure_ascii=False), encoding="utf-8")
-    return path

@@ -19,7 +19,7 @@ from attnviz.analysis.statistics import (
     absent_key_kinds_note,
     run_causal_note,
 )
-from attnviz.output.export import DECIMALS
+from attnviz.output.export import DECIMALS, measures_record
 from attnviz.result import AttentionRun, Truncation, truncation_json
 from attnviz.spec import RunSpec
 
@@ -91,10 +91,13 @@ def write_stats_json(
     return path
 
 
-def rollout_record(layer_runs: list[AttentionRun], rollout: np.ndarray, spec: RunSpec) -> dict:
+def layers_record(format_name: str, layer_runs: list[AttentionRun], spec: RunSpec) -> dict:
+    """What rollout.json and measures.json (attnviz layers) both begin with: the settings, the text, the
+    model and the mask, the tokens and ids, and with --words the words and each token's word."""
     run = layer_runs[0]
+    words = {"words": run.query_tokens, "token_words": run.words.query_word} if run.words is not None else {}
     return {
-        "format": "attnviz-rollout",
+        "format": format_name,
         "version": FORMAT_VERSION,
         "settings": spec.to_dict(),
         "text": run.text,
@@ -109,9 +112,24 @@ def rollout_record(layer_runs: list[AttentionRun], rollout: np.ndarray, spec: Ru
         "causal_note": run_causal_note(run, every_layer=True),
         "tokens": run.tokenizer_tokens[0],
         "ids": run.words.query_ids if run.words is not None else run.query_ids,
-        **({"words": run.query_tokens, "token_words": run.words.query_word, "rollout_over": "words"} if run.words is not None else {}),
+        **words,
+    }
+
+
+def rollout_record(layer_runs: list[AttentionRun], rollout: np.ndarray, spec: RunSpec) -> dict:
+    over_words = {"rollout_over": "words"} if layer_runs[0].words is not None else {}
+    return {
+        **layers_record("attnviz-rollout", layer_runs, spec),
+        **over_words,
         "rollout": np.round(rollout.astype(np.float64), DECIMALS).tolist(),
     }
+
+
+def write_layers_measures_json(layer_runs: list[AttentionRun], measures, spec: RunSpec, path: Path) -> Path:
+    """measures.json of attnviz layers --measure (README.md, "layers")."""
+    record = {**layers_record("attnviz-measures", layer_runs, spec), "measures": measures_record(measures)}
+    path.write_text(json.dumps(record, ensure_ascii=False), encoding="utf-8")
+    return path
 
 
 def write_rollout_json(layer_runs: list[AttentionRun], rollout: np.ndarray, spec: RunSpec, path: Path) -> Path:
