@@ -297,7 +297,7 @@ def batch_statistics(attention, valid_lens, kinds, causal: bool = False):
         "same": weights.diagonal(dim1=-2, dim2=-1),
         "previous": F.pad(weights.diagonal(offset=-1, dim1=-2, dim2=-1), (1, 0)),  # query i on key i-1; 0 for i = 0
         "next": F.pad(weights.diagonal(offset=1, dim1=-2, dim2=-1), (0, 1)),  # query i on key i+1; 0 for i = N-1
-        "distance": (weights * offsets).sum(-1),
+        "distance": torch.einsum("bhqk,qk->bhq", weights, offsets),  # Σ_k w_qk |q - k|, no (B, H, N, N) product kept
     }
     counted = {  # (B, N) each: the queries each statistic averages over
         "relative_entropy": real & (visible > 1),  # a query that sees one key has no choice to make
@@ -325,10 +325,15 @@ def _batch_js_distance(weights, plogp, query_weights):
     batch, num_heads, num_tokens, _ = weights.shape
     slogs = torch.zeros(batch, num_heads, num_heads, num_tokens, device=weights.device)  # (B, H, H, N)
     pairs_at_once = max(1, JS_CELLS_AT_ONCE // (batch * num_tokens * num_tokens))  # bounds the memory of long texts
+    # One buffer for every pair's s and s log s, written in place: at 512 tokens this loop is most of
+    # `attnviz stats`' own work, and allocating a (B, P, N, N) tensor per step doubled its time.
+    buffer = weights.new_empty(batch, min(pairs_at_once, max(num_heads - 1, 1)), num_tokens, num_tokens)
     for a in range(num_heads - 1):
         for start in range(a + 1, num_heads, pairs_at_once):
             b = slice(start, min(start + pairs_at_once, num_heads))
-            slogs[:, a, b] = _xlogx_sum(weights[:, a : a + 1] + weights[:, b])
+            pair_sums = buffer[:, : b.stop - b.start]  # (B, P', N, N)
+            torch.add(weights[:, a : a + 1], weights[:, b], out=pair_sums)
+            slogs[:, a, b] = torch.special.xlogy(pair_sums, pair_sums, out=pair_sums).sum(-1)  # 0 log 0 = 0
     row_sums = weights.sum(-1)  # (B, H, N): 1 for real queries
     mlogm = (slogs - LN2 * (row_sums[:, :, None] + row_sums[:, None, :])) / 2  # (B, H, H, N)
     divergence = ((plogp[:, :, None] + plogp[:, None, :]) / 2 - mlogm) / LN2  # (B, H, H, N): JSD in bits
