@@ -31,7 +31,7 @@ def test_weights_on_cuda_equal_weights_on_cpu(weights, layer):
         np.testing.assert_allclose(on_cuda.output, on_cpu.output, atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("options", [{}, {"causal": True}])  # attnviz's layers in BERT's place, and beside it
+@pytest.mark.parametrize("options", [{}, {"causal": True}, {"words": True}, {"words": True, "causal": True}])  # attnviz's layers in BERT's place, and beside it; --words
 def test_statistics_on_cuda_equal_statistics_on_cpu(options):
     models = {device: load_model("bundled", device) for device in ("cpu", "cuda")}
     results = {

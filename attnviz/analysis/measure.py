@@ -2,6 +2,9 @@
 
 The pipeline runs attnviz's layers in BERT's forward pass; the statistics accumulate each
 batch's weights as they come, so no layer's (B, H, N, N) weights outlive their batch.
+With --words (spec.words) each batch's maps are merged over words on the device first
+(WordBatch: Clark et al.'s rule as two batched products), and every statistic is the same
+statistic of the word maps: its key kinds from the words, previous and next the words beside.
 """
 
 from __future__ import annotations
@@ -9,6 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 from typing import NamedTuple
+
+import numpy as np
+import torch
 
 from attnviz.analysis.statistics import ModelStatistics, StatisticsAccumulator, key_kind_columns
 from attnviz.pipeline import (
@@ -24,6 +30,7 @@ from attnviz.pipeline import (
     truncation_notices,
 )
 from attnviz.models.loading import LoadedModel
+from attnviz.models.words import tokenizer_words
 from attnviz.result import AttentionRun
 from attnviz.spec import RunSpec
 
@@ -47,6 +54,7 @@ def measure_heads(
 
     Texts of similar length are batched together, so they pad least (the averages do not
     depend on the order); each batch is one forward pass, measured at once on the device.
+    With spec.words the statistics are those of each text's maps over words (WordBatch).
     advance(n) is called after each batch of n texts.
     """
     spec = replace(spec, kv_text=None)
@@ -56,11 +64,18 @@ def measure_heads(
     in_place = in_berts_place(loaded, spec)
     notices: dict[str, None] = {}  # in order, once each
     first_run = None
+    tokenizer = loaded.tokenizer_for(spec.stack)
     for batch in batches(sorted(texts, key=len), BATCH_SIZE):
         encoded = encode_texts(loaded, batch, spec)
-        kinds = key_kind_columns(encoded.queries.tokens, encoded.queries.input_ids.shape[1]).to(device)  # (B, N, K)
+        queries = encoded.queries
+        words = word_batch(tokenizer, batch, queries.tokens, queries.input_ids.shape[1], device) if spec.words else None
+        if words is None:
+            labels, valid_lens, width = queries.tokens, queries.valid_lens, queries.input_ids.shape[1]  # N tokens
+        else:
+            labels, valid_lens, width = words.labels, words.word_counts, words.rows.shape[1]  # W words
+        kinds = key_kind_columns(labels, width).to(device)  # (B, N, K), or (B, W, K) over words
         for layer, (output, patterns) in enumerate(iter_layer_weights(loaded, encoded, layers, spec, in_place)):
-            accumulator.add_batch(layer, patterns, encoded.queries.valid_lens, kinds)
+            accumulator.add_batch(layer, words.merge(patterns) if words else patterns, valid_lens, kinds)
             if layer == 0 and first_run is None and texts[0] in batch:
                 first_run = _first_text_run(loaded, batch, texts[0], encoded, output, patterns, spec, layers[0])
         notices.update(dict.fromkeys(text_notices(loaded, batch, encoded.queries.ids)))
@@ -74,3 +89,42 @@ def _first_text_run(loaded, batch, text, encoded, output, patterns, spec, layer)
     self_attention = replace(spec, kv_text=None)
     runs = split_runs(loaded, batch, encoded.queries, encoded.queries, output, patterns, self_attention, 0, *layer_sizes(layer))
     return runs[batch.index(text)]
+
+
+class WordBatch(NamedTuple):
+    """A padded batch's words, and the membership matrices that merge its maps over tokens into maps over words.
+
+    Clark et al.'s rule (models/words.py, merge_attention) for every text at once: attention to a
+    word is the sum over its pieces (cols), from a word the mean over its pieces (rows). Padding
+    tokens are in no word and padding words hold no token, so the merged maps are zero on them.
+    """
+
+    labels: list[list[str]]  # each text's words
+    word_counts: torch.Tensor  # (B,): each text's words, the merged maps' valid lengths
+    rows: torch.Tensor  # (B, W, N): 1 / (the word's pieces) on its pieces; zero rows for padding words
+    cols: torch.Tensor  # (B, N, W): 1 where token n is in word w; zero rows for padding tokens
+
+    def merge(self, patterns: torch.Tensor) -> torch.Tensor:
+        """Maps over tokens (B, H, N, N) -> over words (B, H, W, W) in float64, on the maps' device.
+
+        float64, so that batch_statistics measures them in float64: over words, a causal mask often leaves
+        two heads near-identical rows (word 1 sees two words), whose JS distance float32 blurs (statistics.py).
+        """
+        return self.rows[:, None] @ patterns.double() @ self.cols[:, None]  # (B, 1, W, N) @ (B, H, N, N) @ (B, 1, N, W)
+
+
+def word_batch(tokenizer, texts: list[str], tokens: list[list[str]], num_tokens: int, device: str) -> WordBatch:
+    """The WordBatch of a padded batch: texts, each text's tokens (padding left out), N the padded length."""
+    words = [tokenizer_words(tokenizer, text_tokens, text) for text, text_tokens in zip(texts, tokens)]
+    num_words = max(len(text_words.labels) for text_words in words)
+    cols = np.zeros((len(texts), num_tokens, num_words))  # (B, N, W)
+    for b, text_words in enumerate(words):
+        cols[b, np.arange(len(text_words.index)), text_words.index] = 1.0
+    pieces = cols.sum(axis=1)  # (B, W): each word's tokens; 0 for padding words
+    rows = cols.transpose(0, 2, 1) / np.maximum(pieces, 1)[:, :, None]  # (B, W, N)
+    return WordBatch(
+        labels=[list(text_words.labels) for text_words in words],
+        word_counts=torch.tensor([len(text_words.labels) for text_words in words]),
+        rows=torch.from_numpy(rows).to(device),
+        cols=torch.from_numpy(cols).to(device),
+    )

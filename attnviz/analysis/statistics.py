@@ -83,6 +83,8 @@ STATISTICS = (
     "next",  # share on key i+1 for query i, over the queries that have one
     "distance",  # mean over queries of sum_j A_ij |i - j|, in tokens
 )
+# Over words (stats --words: maps merged by Clark et al.'s rule, measure.WordBatch), the same definitions
+# with words for tokens: previous and next are the words beside, distance counts words.
 
 # A head gets the label of its largest share among these when that share is at least
 # SHARE_THRESHOLD: then, on average, most of every query's weight goes to that one kind of key.
@@ -267,7 +269,8 @@ def batch_statistics(attention, valid_lens, kinds, causal: bool = False):
 
     attention is a torch tensor (B, H, N, N), on any device, zero on each text's padding keys;
     valid_lens (B,) counts each text's tokens; kinds (B, N, K) is key_kind_columns of their
-    tokens (computed once for all the layers of a batch). The same numbers as calling
+    tokens (computed once for all the layers of a batch). Maps over words (B, H, W, W) take
+    each text's word count and its words' kinds. The same numbers as calling
     head_statistics and js_distance on each text's unpadded block (the tests hold them to
     that), computed for the whole batch at once in a few dozen tensor operations, whatever
     the batch size: per text, numpy's per-call overhead would be most of `attnviz stats`.
@@ -277,7 +280,9 @@ def batch_statistics(attention, valid_lens, kinds, causal: bool = False):
     import torch
     import torch.nn.functional as F
 
-    weights = attention.float()  # (B, H, N, N): float32 keeps the sums within 1e-6 of float64, at half the cost
+    # (B, H, N, N): float32 keeps the sums within 1e-6 of float64, at half the cost; float64 stays float64
+    # (stats --words): the JS distance of two near-identical rows, the root of a divergence near 0, can be 1e-4 off in float32.
+    weights = attention if attention.dtype == torch.float64 else attention.float()
     batch, num_heads, num_tokens, _ = weights.shape
     device = weights.device
     positions = torch.arange(num_tokens, device=device)  # (N,)
@@ -285,7 +290,7 @@ def batch_statistics(attention, valid_lens, kinds, causal: bool = False):
     real = positions < lens  # (B, N): real queries (and keys)
     visible = positions + 1 if causal else lens  # (N,) or (B, 1): keys each query may see
     offsets = (positions[:, None] - positions[None, :]).abs().float()  # (N, N): |i - j|
-    kinds = kinds.to(device)  # (B, N, K): 1 on the keys of each kind
+    kinds = kinds.to(device, weights.dtype)  # (B, N, K): 1 on the keys of each kind
 
     plogp = _xlogx_sum(weights)  # (B, H, N): sum_k p log p, the negative entropy in nats
     shares = weights @ kinds[:, None]  # (B, H, N, K): each query's weight on each kind of key
@@ -323,7 +328,7 @@ def _batch_js_distance(weights, plogp, query_weights):
     import torch
 
     batch, num_heads, num_tokens, _ = weights.shape
-    slogs = torch.zeros(batch, num_heads, num_heads, num_tokens, device=weights.device)  # (B, H, H, N)
+    slogs = torch.zeros(batch, num_heads, num_heads, num_tokens, device=weights.device, dtype=weights.dtype)  # (B, H, H, N)
     pairs_at_once = max(1, JS_CELLS_AT_ONCE // (batch * num_tokens * num_tokens))  # bounds the memory of long texts
     # One buffer for every pair's s and s log s, written in place: at 512 tokens this loop is most of
     # `attnviz stats`' own work, and allocating a (B, P, N, N) tensor per step doubled its time.

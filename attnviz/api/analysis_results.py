@@ -107,7 +107,7 @@ class StatsResult:
         headers = ["", *[f"H{head}" for head in range(self.stats.num_heads)]]
         return display.result_html(
             f"stats · {self.first_run.model} · {len(self.texts)} text{'s' if len(self.texts) != 1 else ''}",
-            display.tokens_html(self.first_run.query_tokens, "first text's tokens"),
+            display.tokens_html(self.first_run.query_tokens, f"first text's {'words' if self.first_run.words else 'tokens'}"),
             display.figure_html(self.figure(), "Jensen-Shannon distances between heads"),
             display.table_html(headers, rows, "head labels by layer (stats.csv has every statistic)"),
         )

@@ -141,12 +141,14 @@ def stats(
     stack: str | None = None,
     device: str = "auto",
     truncate: bool = False,
+    words: bool = False,
     progress: Callable[[int], None] | None = None,
 ):
     """Statistics and labels of every head of every layer, averaged over the texts (a StatsResult).
 
-    stack: an encoder-decoder's "encoder" (default) or "decoder" self-attention. progress(n),
-    when given, is called after each batch with the number of texts it measured.
+    stack: an encoder-decoder's "encoder" (default) or "decoder" self-attention. words: every
+    statistic over each text's maps merged into words (as in heads), previous and next the words
+    beside. progress(n), when given, is called after each batch with the number of texts it measured.
     """
     from attnviz.api.analysis_results import StatsResult
     from attnviz.analysis.measure import measure_heads
@@ -159,7 +161,8 @@ def stats(
     handle = load(model, device)
     loaded = handle.loaded
     spec = run_spec_for(
-        handle, heads, layer=None, weights=weights, seed=seed, causal=causal, kv_text=None, stack=stack, truncate=truncate
+        handle, heads, layer=None, weights=weights, seed=seed, causal=causal, kv_text=None, stack=stack, truncate=truncate,
+        words=words,
     )
     _check_lengths(loaded, texts, truncate)
     measured = measure_heads(loaded, texts, spec, advance=progress or (lambda done: None))

@@ -58,6 +58,7 @@ def stats(
     image_format: ImageFormat = FormatOption,
     out: Optional[Path] = FileOutOption,
     truncate: bool = TruncateOption,
+    words: bool = WordsOption,
     allow_pickle: bool = AllowPickleOption,
 ) -> None:
     """What every head of every layer does: entropy, [CLS], [SEP], previous/next token, labels; stats.csv and .json.
@@ -67,7 +68,8 @@ def stats(
     averaged over queries; Clark et al. sum the Jensen-Shannon divergence over tokens.
     punctuation is any token made only of Unicode punctuation; Clark et al. count "." and ",".
     With --file, each statistic is averaged per text, then over the texts (every text weighs
-    the same); Clark et al. average over all tokens of their data.
+    the same); Clark et al. average over all tokens of their data. With --words, every statistic
+    is over words: previous and next are the words beside, distance counts words.
     """
     from attnviz.api import functions
     from attnviz.api.models import load
@@ -92,7 +94,7 @@ def stats(
     with terminal.progress_bar(console, len(texts), "measuring heads", PROGRESS_MIN_TEXTS) as advance:
         result = functions.stats(
             texts, model=handle, heads=num_heads, weights=weights.value, seed=seed, causal=causal, truncate=truncate,
-            stack=stack.value if stack else None, progress=advance,
+            stack=stack.value if stack else None, words=words, progress=advance,
         )  # fmt: skip
 
     notices = result.notices

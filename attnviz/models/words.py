@@ -292,11 +292,16 @@ def merge_attention(attention, query_words: list[int], key_words: list[int]):
 def run_words(tokenizer, run: AttentionRun) -> tuple[Words, Words]:
     """The words of a run's query and key tokens, by its tokenizer's marks (tokens.py's word_scheme) and
     special tokens; keys read from the --kv text, or, for an encoder-decoder's cross stack, the encoder's view of the text."""
-    special = SPECIAL_TOKENS | set(tokenizer.convert_ids_to_tokens(tokenizer.all_special_ids))
-    query = token_words(run.query_tokens, run.text, tokenizer.word_scheme, special)
+    query = tokenizer_words(tokenizer, run.query_tokens, run.text)
     if run.key_tokens == run.query_tokens and run.kv_text is None:
         return query, query
-    return query, token_words(run.key_tokens, run.kv_text or run.text, tokenizer.word_scheme, special)
+    return query, tokenizer_words(tokenizer, run.key_tokens, run.kv_text or run.text)
+
+
+def tokenizer_words(tokenizer, tokens: list[str], text: str) -> Words:
+    """The words of `text`'s tokens as `tokenizer` made them: token_words by its marks (tokens.py's word_scheme) and special tokens."""
+    special = SPECIAL_TOKENS | set(tokenizer.convert_ids_to_tokens(tokenizer.all_special_ids))
+    return token_words(tokens, text, tokenizer.word_scheme, special)
 
 
 def merge_run(run: AttentionRun, query: Words, key: Words) -> AttentionRun:

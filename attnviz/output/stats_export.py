@@ -66,6 +66,7 @@ def stats_record(
         "texts": texts,
         "truncated": [truncation_json(truncation) for truncation in truncated],
         "statistics": list(STATISTICS),
+        "statistics_over": "words" if spec.words else "tokens",  # --words: each text's maps merged over words
         "key_kinds_note": absent_key_kinds_note(run.family, run.query_tokens),
         "thresholds": {
             "share": SHARE_THRESHOLD,

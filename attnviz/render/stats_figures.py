@@ -44,7 +44,7 @@ from attnviz.render.scales import (
     scale_label,
     show_attention,
 )
-from attnviz.render.titles import chars_across, counted, figure_title, run_setup, run_title
+from attnviz.render.titles import WORDS_NOTE, chars_across, counted, figure_title, run_setup, run_title
 
 GRID_PANEL_INCHES = 1.1  # one head's map in layers.png
 MAX_GRID_WIDTH_INCHES = 18.0  # panels shrink so that many heads (--heads 48, ...) stay on a screen
@@ -219,10 +219,10 @@ def js_distance_figure(
     ]
     text, about = (texts[0], None) if len(texts) == 1 else (None, f"averaged over {len(texts)} texts")
     setup = {**run_setup(run), "text": text, "kv_text": None}
+    notes = [*_causal_notes(run), *([WORDS_NOTE] if run.words is not None else [])]  # stats --words: rows over words
     title = figure_title(
-        run.model, scope, about=about, seed=seed, notes=_causal_notes(run), line_chars=chars_across(figure.get_figwidth()),
-        **setup,
-    )  # fmt: skip
+        run.model, scope, about=about, seed=seed, notes=notes, line_chars=chars_across(figure.get_figwidth()), **setup
+    )
     figure.suptitle(title, parse_math=False)
     freeze_layout(figure)
 

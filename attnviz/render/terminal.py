@@ -74,6 +74,8 @@ def print_setup(
     setup.add_row("device", device_label)
     if num_texts is not None:
         setup.add_row("texts", f"{num_texts}, statistics averaged over them" if num_texts > 1 else "1")
+        if run.words is not None:  # stats --words
+            setup.add_row("over", "words: " + WORDS_LEGEND.removeprefix("maps over words: "))
     console.print(setup)
 
 
