@@ -289,7 +289,7 @@ def batch_statistics(attention, valid_lens, kinds, causal: bool = False):
     lens = valid_lens.to(device)[:, None]  # (B, 1)
     real = positions < lens  # (B, N): real queries (and keys)
     visible = positions + 1 if causal else lens  # (N,) or (B, 1): keys each query may see
-    offsets = (positions[:, None] - positions[None, :]).abs().float()  # (N, N): |i - j|
+    offsets = (positions[:, None] - positions[None, :]).abs().to(weights.dtype)  # (N, N): |i - j|
     kinds = kinds.to(device, weights.dtype)  # (B, N, K): 1 on the keys of each kind
 
     plogp = _xlogx_sum(weights)  # (B, H, N): sum_k p log p, the negative entropy in nats
