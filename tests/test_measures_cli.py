@@ -157,3 +157,13 @@ def test_help_names_each_measures_paper_and_flows_limit(command, capsys):
     for paper in ("Kobayashi et al. 2020", "Mohebbi et al. 2023", "Abnar & Zuidema 2020"):
         assert paper in shown
     assert f"texts of up to {FLOW_MAX_TOKENS} tokens" in shown
+
+
+def test_measure_all_over_words_keeps_the_papers_and_the_words(tmp_path):
+    result = attnviz.heads("我想吃酸菜鱼", model="bundled", device="cpu", measure="all", words=True)
+    assert result.run.query_tokens == ["[CLS]", "我", "想", "吃", "酸菜鱼", "[SEP]"]
+    assert result.measures.norm_heads.shape == (12, 6, 6)
+    for square in (result.measures.norm, result.measures.value_zeroing_rows, result.measures.flow.normalised):
+        assert square.shape == (6, 6)
+    np.testing.assert_allclose(result.measures.flow.normalised.sum(axis=1), 1.0, atol=1e-9)
+    assert result.attention.shape == (12, 6, 6)

@@ -57,10 +57,14 @@ def check_flow_length(num_tokens: int) -> None:
         )
 
 
-def attention_flow(layer_attention: list[np.ndarray], max_tokens: int | None = FLOW_MAX_TOKENS) -> AttentionFlow:
+def attention_flow(
+    layer_attention: list[np.ndarray], max_tokens: int | None = FLOW_MAX_TOKENS, key_words: list[int] | None = None
+) -> AttentionFlow:
     """Attention flow of self-attention through the layers, in order: each layer's weights (H, N, N).
 
-    max_tokens: refuse longer texts (check_flow_length); None computes any length.
+    max_tokens: refuse longer texts (check_flow_length); None computes any length. key_words, the word
+    of every input token (0, 1, ... in order): flow[i, w] is then the maximum flow from token i into the
+    set of word w's input tokens, (N, W) (word_measures.py), through one sink per word fed by its tokens.
     """
     from scipy.sparse.csgraph import maximum_flow
 
@@ -69,27 +73,35 @@ def attention_flow(layer_attention: list[np.ndarray], max_tokens: int | None = F
     num_tokens = np.shape(layer_attention[0])[-1]
     if max_tokens is not None:
         check_flow_length(num_tokens)
-    graph = flow_graph([residual_attention(attention) for attention in layer_attention])
+    graph = flow_graph([residual_attention(attention) for attention in layer_attention], key_words)
     last = len(layer_attention) * num_tokens  # node of token 0 after the last layer
-    flow = np.zeros((num_tokens, num_tokens))
+    sinks = range(num_tokens) if key_words is None else range(last + num_tokens, last + num_tokens + max(key_words) + 1)
+    flow = np.zeros((num_tokens, len(sinks)))
     for i in range(num_tokens):
-        for j in range(num_tokens):
-            flow[i, j] = maximum_flow(graph, last + i, j).flow_value
+        for column, sink in enumerate(sinks):
+            flow[i, column] = maximum_flow(graph, last + i, sink).flow_value
     flow *= FLOW_RESOLUTION
     return AttentionFlow(flow, normalise_rows(flow))
 
 
-def flow_graph(layer_matrices: list[np.ndarray]):
-    """The layers' graph as scipy's csr_array of int32 capacities, (L + 1) N nodes square.
+def flow_graph(layer_matrices: list[np.ndarray], key_words: list[int] | None = None):
+    """The layers' graph as scipy's csr_array of int32 capacities, (L + 1) N nodes square (and W more).
 
     Node l * N + t is token t at depth l; A'_l[i, j] (N, N) is the capacity of the edge from node
     (l + 1) * N + i to node l * N + j, in units of FLOW_RESOLUTION. Edges that round to 0 are left out.
+    With key_words, node (L + 1) * N + w is word w's sink, with an edge from each of its input tokens
+    of capacity FLOW_SCALE: more than a token can receive (a flow is at most 1), so never the bottleneck.
     """
     from scipy.sparse import csr_array
 
     num_tokens = layer_matrices[0].shape[-1]
     num_nodes = (len(layer_matrices) + 1) * num_tokens
     sources, targets, capacities = [], [], []
+    if key_words is not None:
+        sources.append(np.arange(num_tokens))
+        targets.append(num_nodes + np.asarray(key_words))
+        capacities.append(np.full(num_tokens, FLOW_SCALE, dtype=np.int32))
+        num_nodes += max(key_words) + 1
     for depth, matrix in enumerate(layer_matrices):
         units = np.floor(matrix * FLOW_SCALE).astype(np.int32)  # (N, N): down, so no flow is overstated
         i, j = np.nonzero(units)

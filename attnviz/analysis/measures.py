@@ -23,6 +23,7 @@ from attnviz.analysis.flow import AttentionFlow, attention_flow, check_flow_leng
 from attnviz.analysis.norms import head_norms, summed_squared_norms, transformed_values
 from attnviz.analysis.rollout import normalise_rows
 from attnviz.analysis.value_zeroing import value_zeroing_distances
+from attnviz.analysis.word_measures import word_maps, word_rows
 from attnviz.attention.layer import MultiHeadAttention
 from attnviz.errors import AttnvizError
 from attnviz.models.loading import LoadedModel
@@ -97,11 +98,13 @@ def _measured(
 ) -> list[MeasuredLayer]:
     """One layer's padded batch, its output (B, Nq, D) and weights (B, H, Nq, Nk), measured and cut into one MeasuredLayer per text."""
     keys = encoded.keys if encoded.keys is not None else encoded.queries
+    runs = split_runs(loaded, texts, encoded.queries, keys, output, patterns, spec, layer, *layer_sizes(attention))
+    if spec.words:
+        return [_measured_words(run, index, attention, state, patterns) for index, run in enumerate(runs)]
     transformed = transformed_values(attention, state.keys)  # (B, H, Nk, D): the layer's values are its keys' states
     per_head = head_norms(patterns, transformed)  # (B, H, Nq, Nk)
     summed_squared = summed_squared_norms(patterns, transformed)  # (B, Nq, Nk)
     distances = value_zeroing_distances(attention, state.keys, patterns, summed_squared)  # (B, Nq, Nk)
-    runs = split_runs(loaded, texts, encoded.queries, keys, output, patterns, spec, layer, *layer_sizes(attention))
     per_head, summed, distances = (t.cpu().numpy() for t in (per_head, summed_squared.sqrt(), distances))
     measured = []
     for index, run in enumerate(runs):
@@ -135,6 +138,15 @@ class RunMeasures:
     value_zeroing_rows: np.ndarray | None = None
     flow: AttentionFlow | None = None
     flow_layers: int | None = None
+
+
+def _measured_words(run: AttentionRun, index: int, attention: MultiHeadAttention, state: LayerStates, patterns) -> MeasuredLayer:
+    """Text `index` of a padded batch measured over its words (word_measures.py); run is its run over words."""
+    words = run.words
+    num_queries, num_keys = len(words.query_tokens), len(words.key_tokens)
+    values = state.keys[min(index, state.keys.shape[0] - 1), :num_keys]  # --kv: one keys' text for the batch
+    maps = word_maps(attention, values, patterns[index, :, :num_queries, :num_keys], words.query_word, words.key_word)
+    return MeasuredLayer(run, maps.head_norms, maps.summed_norms, maps.value_zeroing, maps.value_zeroing_rows)
 
 
 def check_measures(loaded: LoadedModel, text: str, spec: RunSpec, names: tuple[str, ...]) -> None:
@@ -174,7 +186,9 @@ def runs_flow(layer_runs: list[AttentionRun]) -> AttentionFlow:
     words = layer_runs[0].words
     if words is None:
         return attention_flow([run.attention for run in layer_runs])
-    raise AttnvizError("flow over words is not built yet: use --measure flow without --words")
+    token_attention = [run.words.token_attention for run in layer_runs]
+    flow = word_rows(words.query_word) @ attention_flow(token_attention, key_words=words.key_word).flow  # (Wq, Wk)
+    return AttentionFlow(flow, normalise_rows(flow))
 
 
 @dataclass

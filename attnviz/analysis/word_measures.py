@@ -1,0 +1,84 @@
+"""The measures over words (--words --measure), each by its own definition, never by adding up the pieces' numbers.
+
+Clark et al.'s rule (sum to a word, mean from a word) is exact for weights and rollout, which are
+shares. The measures are not: the norm of a sum is not the sum of the norms, zeroing a word is not
+zeroing each piece in turn, and a maximum flow into a set of tokens is not the sum of the flows into
+each. So, with W a key word (its pieces j ∈ W) and i a query token:
+
+- norm per head: ‖Σ_{j∈W} α^h_ij f^h(x_j)‖, what the word adds to i's output through head h;
+  heads summed: ‖Σ_h Σ_{j∈W} α^h_ij f^h(x_j)‖ (f as in norms.py);
+- value zeroing: the value vectors of all of W's pieces zeroed at once, in every head; the cosine
+  distance between out_i and the altered out_i (value_zeroing.py: attnviz's attention output, the
+  same VANISHED rule), raw and with rows divided by their sums;
+- flow: the maximum flow from token i after the last layer into the set of W's input pieces
+  (flow.py's graph with one sink per word, fed by its pieces; flow.attention_flow's key_words).
+
+From a query word, each is the mean over its pieces (Clark's rule for rows). With one token per word
+every map equals the token map (the tests hold them to that).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from attnviz.analysis.norms import head_values, output_rows
+from attnviz.analysis.rollout import normalise_rows
+from attnviz.analysis.value_zeroing import VANISHED
+from attnviz.attention.layer import MultiHeadAttention
+
+
+@dataclass
+class WordMaps:
+    """One text's measures over words: head_norms (H, Wq, Wk), summed_norms (Wq, Wk), value_zeroing and
+    value_zeroing_rows (Wq, Wk), float64; the fields of measures.MeasuredLayer."""
+
+    head_norms: np.ndarray
+    summed_norms: np.ndarray
+    value_zeroing: np.ndarray
+    value_zeroing_rows: np.ndarray
+
+
+def word_rows(words: list[int]) -> np.ndarray:
+    """(W, N): each word's mean over its tokens (row w is 1/|w| on w's tokens)."""
+    rows = np.zeros((max(words) + 1, len(words)))
+    rows[words, np.arange(len(words))] = 1.0
+    return rows / rows.sum(axis=1, keepdims=True)
+
+
+@torch.inference_mode()
+def word_maps(
+    attention: MultiHeadAttention, values: torch.Tensor, pattern: torch.Tensor, query_words: list[int], key_words: list[int]
+) -> WordMaps:
+    """The measures of one text over words: attention the layer, values (Nk, D_v) the values' input of the
+    text's own keys, pattern (H, Nq, Nk) its weights over them (no padding); the word of every query and key token."""
+    v = head_values(attention, values[None])[0]  # (H, Nk, d), float64
+    w_o = output_rows(attention)  # (H, d, D)
+    alpha = pattern.double()  # (H, Nq, Nk)
+    output = ((alpha @ v) @ w_o).sum(dim=0)  # (Nq, D): the heads summed, as value_zeroing.py recomputes it
+    if attention.w_o.bias is not None:
+        output = output + attention.w_o.bias.double()
+    keys = torch.as_tensor(key_words, device=alpha.device)
+    head_norms, summed_norms, distances = [], [], []
+    for word in range(max(key_words) + 1):
+        pieces = (keys == word).nonzero()[:, 0]  # the word's key tokens
+        per_head = (alpha[:, :, pieces] @ v[:, pieces]) @ w_o  # (H, Nq, D): Σ_{j∈W} α^h_ij f^h(x_j)
+        added = per_head.sum(dim=0)  # (Nq, D): what the word adds through every head
+        head_norms.append(per_head.norm(dim=-1))  # (H, Nq)
+        summed_norms.append(added.norm(dim=-1))  # (Nq,)
+        distances.append(_cosine_distance(output, output - added))  # (Nq,)
+    rows = torch.as_tensor(word_rows(query_words), device=alpha.device)  # (Wq, Nq): mean over a query word's pieces
+    head_norms = (rows @ torch.stack(head_norms, dim=-1)).cpu().numpy()  # (H, Wq, Wk)
+    summed_norms = (rows @ torch.stack(summed_norms, dim=-1)).cpu().numpy()  # (Wq, Wk)
+    distances = (rows @ torch.stack(distances, dim=-1)).cpu().numpy()  # (Wq, Wk)
+    return WordMaps(head_norms, summed_norms, distances, normalise_rows(distances))
+
+
+def _cosine_distance(output: torch.Tensor, altered: torch.Tensor) -> torch.Tensor:
+    """1 - cos(out_i, altered_i) for every row (Nq,); an altered output under VANISHED of the output's norm is at distance 1."""
+    out_norm, altered_norm = output.norm(dim=-1), altered.norm(dim=-1)
+    cosine = (output * altered).sum(dim=-1) / (out_norm * altered_norm).clamp_min(torch.finfo(torch.float64).tiny)
+    cosine = cosine.masked_fill(altered_norm <= VANISHED * out_norm, 0.0)
+    return (1 - cosine).clamp(0, 2)
