@@ -55,25 +55,29 @@ def head_norms(pattern: torch.Tensor, transformed: torch.Tensor) -> torch.Tensor
     return pattern * transformed.norm(dim=-1)[:, :, None, :]  # (B, H, Nq, Nk) * (B, H, 1, Nk)
 
 
+def head_grams(transformed: torch.Tensor) -> torch.Tensor:
+    """G_j[h, g] = <f^h(x_j), f^g(x_j)>, the dot products of the heads' vectors for each key j: (B, Nk, H, H) float64.
+
+    transformed (B, H, Nk, D) is transformed_values. One batched matrix product over the keys
+    (each key's (H, D) vectors times their transpose).
+    """
+    by_key = transformed.double().transpose(1, 2)  # (B, Nk, H, D)
+    return by_key @ by_key.transpose(-2, -1)  # (B, Nk, H, D) @ (B, Nk, D, H) -> (B, Nk, H, H)
+
+
 def summed_squared_norms(pattern: torch.Tensor, transformed: torch.Tensor) -> torch.Tensor:
     """‖Σ_h α^h_ij f^h(x_j)‖², float64: (B, Nq, Nk).
 
-    The heads' sum is never built as a (B, Nq, Nk, D) tensor: for each key the heads' vectors'
-    dot products G_j[h, g] = <f^h(x_j), f^g(x_j)> give ‖Σ_h α^h_ij f^h(x_j)‖² =
-    Σ_h (α^h_ij)² G_j[h, h] + 2 Σ_h α^h_ij Σ_(g>h) α^g_ij G_j[h, g], one head h at a time. Elementwise on
-    purpose: as batched (H, H) matrix products the same sums ran up to ten times slower on two busy
-    CPU threads. Float64, because the heads' vectors may nearly cancel and float32 would lose the
-    small difference.
+    The heads' sum is never built as a (B, Nq, Nk, D) tensor: with the heads' dot products
+    G_j (head_grams), ‖Σ_h α^h_ij f^h(x_j)‖² = Σ_h Σ_g α^h_ij G_j[h, g] α^g_ij, a quadratic form in
+    the heads' weights, for all queries of key j in one (Nq, H) @ (H, H) product. Float64, because
+    the heads' vectors may nearly cancel: the squared norm is then a small difference of large
+    terms, and float32's 1e-7 of them would be a large error in its square root.
     """
-    alpha = pattern.double()  # (B, H, Nq, Nk)
-    transformed = transformed.double()  # (B, H, Nk, D)
-    own = transformed.pow(2).sum(dim=-1)  # (B, H, Nk): G_j[h, h] = ‖f^h(x_j)‖²
-    squared = (alpha.pow(2) * own[:, :, None, :]).sum(dim=1)  # (B, Nq, Nk)
-    for head in range(alpha.shape[1] - 1):
-        later = slice(head + 1, None)  # the heads g > h
-        gram_row = (transformed[:, head : head + 1] * transformed[:, later]).sum(dim=-1)  # (B, H-h-1, Nk): G_j[h, g]
-        squared += 2 * alpha[:, head] * (alpha[:, later] * gram_row[:, :, None, :]).sum(dim=1)
-    return squared.clamp_min(0)  # rounding may leave -1e-18
+    alpha = pattern.double().permute(0, 3, 2, 1).contiguous()  # (B, Nk, Nq, H): for each key, every query's head weights
+    grams = head_grams(transformed)  # (B, Nk, H, H)
+    squared = ((alpha @ grams) * alpha).sum(dim=-1)  # (B, Nk, Nq, H) @ (B, Nk, H, H) -> (B, Nk, Nq, H), row dots: (B, Nk, Nq)
+    return squared.transpose(1, 2).clamp_min(0)  # (B, Nq, Nk); rounding may leave -1e-18
 
 
 def summed_norms(pattern: torch.Tensor, transformed: torch.Tensor) -> torch.Tensor:

@@ -26,9 +26,10 @@ divided by their sums, as Mohebbi et al. show them (rows sum to 1).
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
-from attnviz.analysis.norms import head_values, output_rows, summed_squared_norms, transformed_values
-from attnviz.attention.layer import MultiHeadAttention
+from attnviz.analysis.norms import head_values, summed_squared_norms, transformed_values
+from attnviz.attention.layer import MultiHeadAttention, merge_heads, split_heads
 
 # An altered output under this fraction of the output's norm has vanished (key j carried all of it: the
 # first token of a decoder without b_o); its direction is rounding, and its distance is taken as 1, as
@@ -50,15 +51,14 @@ def value_zeroing_distances(
     so that out_i - g_ij keeps what the other keys add even where key j carries almost all of it.
     """
     v = head_values(attention, values)  # (B, H, Nk, d)
-    w_o = output_rows(attention)  # (H, d, D)
     alpha = pattern.double()  # (B, H, Nq, Nk)
     if summed_squared is None:
         summed_squared = summed_squared_norms(pattern, transformed_values(attention, values))
-    output = ((alpha @ v) @ w_o).sum(dim=1)  # (B, H, Nq, d) @ (H, d, D) -> (B, H, Nq, D), heads summed: (B, Nq, D)
-    if attention.w_o.bias is not None:
-        output = output + attention.w_o.bias.double()
+    w_o, b_o = attention.w_o.weight.double(), attention.w_o.bias  # W_o as nn.Linear stores it: (D, H*d)
+    # as the layer computes it: the heads' outputs α^h v^h side by side, through W_o
+    output = F.linear(merge_heads(alpha @ v), w_o, None if b_o is None else b_o.double())  # (B, Nq, H*d) -> (B, Nq, D)
     # <out_i, f^h(x_j)> = <out_i W_o^hT, v^h_j>, then <out_i, g_ij> = Σ_h α^h_ij <out_i, f^h(x_j)>
-    out_per_head = output[:, None] @ w_o.transpose(-2, -1)  # (B, 1, Nq, D) @ (H, D, d) -> (B, H, Nq, d)
+    out_per_head = split_heads(output @ w_o, attention.num_heads)  # (B, Nq, D) @ (D, H*d) -> (B, H, Nq, d)
     out_dot_change = (alpha * (out_per_head @ v.transpose(-2, -1))).sum(dim=1)  # (B, Nq, Nk)
     out_squared = output.pow(2).sum(dim=-1)[..., None]  # (B, Nq, 1): ‖out_i‖²
     altered_squared = (out_squared - 2 * out_dot_change + summed_squared).clamp_min(0)  # ‖out_i - g_ij‖²
