@@ -5,6 +5,7 @@
 1. norm and value zeroing of every layer of a --tokens text (analysis.measures.measure_layers: the
    layers' weights with both measures) against the plain weights run of the same text
    (attnviz.layers, with rollout), --repeat pairs of warm calls: medians, and the best of each. Target: within 3 times.
+   Then the same measures over the text's words (--words), against the measures over its tokens.
 2. attention flow (analysis.flow.attention_flow) through the 6 layers of texts of each of
    --flow-lengths tokens, once each (one thread: scipy's flows): FLOW_MAX_TOKENS is the longest under 10 s.
 """
@@ -84,6 +85,12 @@ def main() -> None:
     print(f"  weights (attnviz.layers)            {plain:.3f}  {plain_best:.3f}")
     print(f"  weights + norm + value zeroing      {measured:.3f}  {measured_best:.3f}")
     print(f"  ratio                               {ratio:.2f} x  {ratio_best:.2f} x  (median of the pairs' ratios; ratio of the bests)")
+    from dataclasses import replace
+
+    words_spec = replace(spec, words=True)  # the same text over its words: word_measures.py's definitions
+    words = paired_timings(lambda: measure_layers(loaded, [text], spec), lambda: measure_layers(loaded, [text], words_spec), args.repeat)
+    (tokens_median, words_median, words_ratio), _ = words["median"], words["best"]
+    print(f"  the same over words (--words)       {words_median:.3f}         {words_ratio:.2f} x the measures over tokens")
     print(f"attention flow through {loaded.num_layers} layers (FLOW_MAX_TOKENS = {FLOW_MAX_TOKENS}):")
     for length in map(int, args.flow_lengths.split(",")):
         (layers,) = measure_layers(loaded, [text_of(loaded, length)], spec)

@@ -145,7 +145,8 @@ def _measured_words(run: AttentionRun, index: int, attention: MultiHeadAttention
     words = run.words
     num_queries, num_keys = len(words.query_tokens), len(words.key_tokens)
     values = state.keys[min(index, state.keys.shape[0] - 1), :num_keys]  # --kv: one keys' text for the batch
-    maps = word_maps(attention, values, patterns[index, :, :num_queries, :num_keys], words.query_word, words.key_word)
+    pattern = patterns[index, :, :num_queries, :num_keys].contiguous()  # (H, Nq, Nk): the text's own, padding cut
+    maps = word_maps(attention, values.contiguous(), pattern, words.query_word, words.key_word)
     return MeasuredLayer(run, maps.head_norms, maps.summed_norms, maps.value_zeroing, maps.value_zeroing_rows)
 
 

@@ -23,11 +23,12 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
-from attnviz.analysis.norms import head_values, output_rows
+from attnviz.analysis.norms import head_norms, head_values, summed_squared_norms, transformed_values
 from attnviz.analysis.rollout import normalise_rows
-from attnviz.analysis.value_zeroing import VANISHED
-from attnviz.attention.layer import MultiHeadAttention
+from attnviz.analysis.value_zeroing import VANISHED, value_zeroing_distances
+from attnviz.attention.layer import MultiHeadAttention, merge_heads
 
 
 @dataclass
@@ -53,27 +54,45 @@ def word_maps(
     attention: MultiHeadAttention, values: torch.Tensor, pattern: torch.Tensor, query_words: list[int], key_words: list[int]
 ) -> WordMaps:
     """The measures of one text over words: attention the layer, values (Nk, D_v) the values' input of the
-    text's own keys, pattern (H, Nq, Nk) its weights over them (no padding); the word of every query and key token."""
-    v = head_values(attention, values[None])[0]  # (H, Nk, d), float64
-    w_o = output_rows(attention)  # (H, d, D)
-    alpha = pattern.double()  # (H, Nq, Nk)
-    output = ((alpha @ v) @ w_o).sum(dim=0)  # (Nq, D): the heads summed, as value_zeroing.py recomputes it
-    if attention.w_o.bias is not None:
-        output = output + attention.w_o.bias.double()
-    keys = torch.as_tensor(key_words, device=alpha.device)
-    head_norms, summed_norms, distances = [], [], []
-    for word in range(max(key_words) + 1):
-        pieces = (keys == word).nonzero()[:, 0]  # the word's key tokens
-        per_head = (alpha[:, :, pieces] @ v[:, pieces]) @ w_o  # (H, Nq, D): Σ_{j∈W} α^h_ij f^h(x_j)
+    text's own keys, pattern (H, Nq, Nk) its weights over them (no padding); the word of every query and key token.
+
+    A key word of one token is that token's column of the token maps (norms.py, value_zeroing.py, all
+    keys at once); only the words of several tokens are summed here, one word at a time.
+    """
+    alpha = pattern[None]  # (1, H, Nq, Nk)
+    transformed = transformed_values(attention, values[None])  # (1, H, Nk, D), float64
+    summed_squared = summed_squared_norms(alpha, transformed)  # (1, Nq, Nk)
+    token_heads = head_norms(alpha.double(), transformed)[0]  # (H, Nq, Nk)
+    token_distances = value_zeroing_distances(attention, values[None], alpha, summed_squared)[0]  # (Nq, Nk)
+    output = _output(attention, alpha.double(), values)  # (Nq, D)
+    first = torch.as_tensor([key_words.index(word) for word in range(max(key_words) + 1)], device=pattern.device)
+    heads = token_heads[:, :, first]  # (H, Nq, Wk): each word's first token's column, right for the one-token words
+    summed = summed_squared[0][:, first].sqrt()  # (Nq, Wk)
+    distances = token_distances[:, first]  # (Nq, Wk)
+    for word, pieces in _words_of_several_tokens(key_words):
+        per_head = alpha[0, :, :, pieces].double() @ transformed[0, :, pieces]  # (H, Nq, D): Σ_{j∈W} α^h_ij f^h(x_j)
         added = per_head.sum(dim=0)  # (Nq, D): what the word adds through every head
-        head_norms.append(per_head.norm(dim=-1))  # (H, Nq)
-        summed_norms.append(added.norm(dim=-1))  # (Nq,)
-        distances.append(_cosine_distance(output, output - added))  # (Nq,)
-    rows = torch.as_tensor(word_rows(query_words), device=alpha.device)  # (Wq, Nq): mean over a query word's pieces
-    head_norms = (rows @ torch.stack(head_norms, dim=-1)).cpu().numpy()  # (H, Wq, Wk)
-    summed_norms = (rows @ torch.stack(summed_norms, dim=-1)).cpu().numpy()  # (Wq, Wk)
-    distances = (rows @ torch.stack(distances, dim=-1)).cpu().numpy()  # (Wq, Wk)
-    return WordMaps(head_norms, summed_norms, distances, normalise_rows(distances))
+        heads[:, :, word] = per_head.norm(dim=-1)
+        summed[:, word] = added.norm(dim=-1)
+        distances[:, word] = _cosine_distance(output, output - added)
+    rows = torch.as_tensor(word_rows(query_words), device=pattern.device)  # (Wq, Nq): mean over a query word's pieces
+    heads, summed, distances = ((rows @ columns).cpu().numpy() for columns in (heads, summed, distances))  # over Wq
+    return WordMaps(heads, summed, distances, normalise_rows(distances))
+
+
+def _words_of_several_tokens(words: list[int]) -> list[tuple[int, list[int]]]:
+    """(word, its tokens) for every word of more than one token."""
+    pieces: dict[int, list[int]] = {}
+    for token, word in enumerate(words):
+        pieces.setdefault(word, []).append(token)
+    return [(word, tokens) for word, tokens in pieces.items() if len(tokens) > 1]
+
+
+def _output(attention: MultiHeadAttention, alpha: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """The layer's output (Nq, D) in float64, as value_zeroing.py recomputes it: the heads' α^h v^h side by side, through W_o."""
+    v = head_values(attention, values[None])  # (1, H, Nk, d)
+    bias = attention.w_o.bias.double() if attention.w_o.bias is not None else None
+    return F.linear(merge_heads(alpha @ v), attention.w_o.weight.double(), bias)[0]  # (1, Nq, H*d) -> (Nq, D)
 
 
 def _cosine_distance(output: torch.Tensor, altered: torch.Tensor) -> torch.Tensor:
