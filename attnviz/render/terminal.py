@@ -387,7 +387,7 @@ def batch_table(rows: list[dict], causal: bool = False, max_rows: int = 40) -> T
     table.add_column("#", justify="right", no_wrap=True)
     table.add_column("line", justify="right", no_wrap=True)
     table.add_column("tokens", justify="right", no_wrap=True)
-    words = rows and rows[0]["words"] is not None
+    words = bool(rows) and rows[0].get("words") is not None  # --words: summary_row counts them
     if words:
         table.add_column("words", justify="right", no_wrap=True)
     table.add_column("focused head", justify="right", no_wrap=True)
