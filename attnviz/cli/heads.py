@@ -126,7 +126,9 @@ def heads(
     terminal.print_tokens(console, run)
     console.print(result)  # its __rich__: the table of the heads
     if result.measures is not None:
-        terminal.print_measures(console, run, result.measures)
+        from attnviz.render.measure_table import print_measures
+
+        print_measures(console, run, result.measures)
     if traced is not None:
         from attnviz.render.trace_render import print_trace
 

@@ -91,13 +91,16 @@ WORDS_LEGEND = "maps over words: attention to a word is the sum over its tokens,
 
 def token_cells(tokens: list[str], ids: list[int]) -> Columns:
     """'0 [CLS] 101' per token, laid out in columns that never split a token; long texts cut."""
-    cells = [
-        Text.assemble((f"{position} ", "dim"), (token, "bold"), (f" {token_id}", "dim"))
-        for position, (token, token_id) in enumerate(zip(tokens[:MAX_TOKENS_SHOWN], ids))
-    ]
-    if len(tokens) > MAX_TOKENS_SHOWN:
-        cells.append(Text(f"… {len(tokens) - MAX_TOKENS_SHOWN} more", style="dim"))
-    return Columns(cells, padding=(0, 2))
+    return _shown_cells([
+        Text.assemble((f"{index} ", "dim"), (token, "bold"), (f" {token_id}", "dim"))
+        for index, (token, token_id) in enumerate(zip(tokens, ids))
+    ])
+
+
+def _shown_cells(cells: list[Text]) -> Columns:
+    """The first MAX_TOKENS_SHOWN cells in columns, and how many more there are."""
+    more = [Text(f"… {len(cells) - MAX_TOKENS_SHOWN} more", style="dim")] if len(cells) > MAX_TOKENS_SHOWN else []
+    return Columns(cells[:MAX_TOKENS_SHOWN] + more, padding=(0, 2))
 
 
 def token_legend(run: AttentionRun) -> str:
@@ -110,26 +113,18 @@ def token_legend(run: AttentionRun) -> str:
 
 
 def print_tokens(console: Console, run: AttentionRun) -> None:
+    """The tokens with their index and id; with --words, each word with the tokens it merges (word_cells)."""
     cross = run.kv_text or run.stack == "cross"  # cross-attention: the keys are another text's or the encoder's tokens
-    if run.words is not None:
-        return _print_words(console, run, cross)
-    heading = "query tokens" if cross else "tokens"
-    console.print(Text.assemble((heading, "bold underline"), (f"  {token_legend(run)}", "dim")))
-    console.print(token_cells(run.query_tokens, run.query_ids))
-    if cross:
-        console.print(Text("key/value tokens", style="bold underline"))
-        console.print(token_cells(run.key_tokens, run.key_ids))
-
-
-def _print_words(console: Console, run: AttentionRun, cross: bool) -> None:
-    """--words: each word with its index and, when they differ from it, the tokens it merges."""
-    legend = f"  index word = its tokens; {WORDS_LEGEND}"
-    console.print(Text.assemble(("query words" if cross else "words", "bold underline"), (legend, "dim")))
     words = run.words
-    console.print(word_cells(run.query_tokens, words.query_tokens, words.query_word))
+    noun, legend = ("words", f"index word = its tokens; {WORDS_LEGEND}") if words else ("tokens", token_legend(run))
+    console.print(Text.assemble((f"query {noun}" if cross else noun, "bold underline"), (f"  {legend}", "dim")))
+    if words:
+        console.print(word_cells(run.query_tokens, words.query_tokens, words.query_word))
+    else:
+        console.print(token_cells(run.query_tokens, run.query_ids))
     if cross:
-        console.print(Text("key/value words", style="bold underline"))
-        console.print(word_cells(run.key_tokens, words.key_tokens, words.key_word))
+        console.print(Text(f"key/value {noun}", style="bold underline"))
+        console.print(word_cells(run.key_tokens, words.key_tokens, words.key_word) if words else token_cells(run.key_tokens, run.key_ids))
 
 
 def word_cells(labels: list[str], tokens: list[str], token_words: list[int]) -> Columns:
@@ -137,13 +132,10 @@ def word_cells(labels: list[str], tokens: list[str], token_words: list[int]) -> 
     pieces: list[list[str]] = [[] for _ in labels]
     for token, word in zip(tokens, token_words):
         pieces[word].append(token)
-    cells = [
+    return _shown_cells([
         Text.assemble((f"{index} ", "dim"), (label, "bold"), (f" = {' '.join(parts)}" if parts != [label] else "", "dim"))
-        for index, (label, parts) in enumerate(zip(labels[:MAX_TOKENS_SHOWN], pieces))
-    ]
-    if len(labels) > MAX_TOKENS_SHOWN:
-        cells.append(Text(f"… {len(labels) - MAX_TOKENS_SHOWN} more", style="dim"))
-    return Columns(cells, padding=(0, 2))
+        for index, (label, parts) in enumerate(zip(labels, pieces))
+    ])
 
 
 def indexed(index: int, token: str) -> str:
@@ -454,27 +446,3 @@ def print_position(console: Console, result, source: str, device_label: str) -> 
     table.caption_justify = "left"
     console.print(table)
 
-
-MAX_MEASURE_KEYS = 16  # rows of the measures table; attention.json has every key
-
-
-def print_measures(console: Console, run: AttentionRun, measures) -> None:
-    """--measure: each key's share of each measure's map (its column's sum over the map's total), side by side,
-    so that where the measures disagree with the weights shows at a glance ([CLS], [SEP], punctuation)."""
-    from attnviz.render.measure_figures import measure_panels
-
-    panels = measure_panels(run, measures)
-    shares = {name: panel.values.sum(axis=0) / max(float(panel.values.sum()), 1e-300) for name, panel in panels.items()}
-    keys = range(len(run.key_tokens))
-    if len(run.key_tokens) > MAX_MEASURE_KEYS:  # the keys some measure gives most
-        keys = sorted(sorted(keys, key=lambda key: -max(share[key] for share in shares.values()))[:MAX_MEASURE_KEYS])
-    table = Table(title="each key's share of each measure's map, %", title_justify="left", box=box.SIMPLE_HEAD)
-    table.add_column("key")
-    for panel in panels.values():
-        table.add_column(panel.title, justify="right")
-    for key in keys:
-        table.add_row(indexed(key, run.key_tokens[key]), *(f"{100 * share[key]:.1f}" for share in shares.values()))
-    console.print(table)
-    more = len(run.key_tokens) - len(keys)
-    legend = "weights averaged over heads; norm summed over heads; value zeroing and flow with rows normalised"
-    console.print(Text(legend + (f"; {more} more keys in attention.json" if more > 0 else ""), style="dim"))
