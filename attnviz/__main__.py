@@ -20,6 +20,13 @@ for _number in (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP):
 
 
 def main() -> None:
+    import sys
+
+    if sys.argv[1:] == ["--version"]:  # the whole answer: no command line to build (typer and rich take 50 ms)
+        from attnviz.version import package_version
+
+        print(f"attnviz {package_version()}")
+        return
     from attnviz.cli import main as command_line
 
     command_line()

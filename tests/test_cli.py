@@ -250,6 +250,18 @@ def test_version_prints_the_package_version_without_importing_torch():
     assert version("attnviz") == attnviz.__version__
 
 
+def test_the_console_scripts_version_is_the_commands_and_builds_no_command_line():
+    """attnviz --version answers before typer, rich (50 ms of imports) or torch load, with the same line."""
+    from importlib.metadata import version
+
+    script = (
+        "import sys\nsys.argv = ['attnviz', '--version']\nfrom attnviz.__main__ import main\nmain()\n"
+        "print(sorted({'typer', 'rich', 'torch'} & set(sys.modules)))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert result.stdout.splitlines() == [f"attnviz {version('attnviz')}", "[]"]
+
+
 def test_python_dash_m_and_the_console_script_run(tmp_path):
     env = {**os.environ, "COLUMNS": "80"}
     module = subprocess.run([sys.executable, "-m", "attnviz", "--help"], capture_output=True, text=True, env=env)

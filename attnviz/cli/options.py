@@ -14,6 +14,7 @@ from rich.console import Console
 
 from attnviz.models.families import supported_names
 from attnviz.spec import MAX_SEED
+from attnviz.version import package_version
 
 app = typer.Typer(
     help="See and check what multi-head attention does, with a real model's parameters.",
@@ -78,18 +79,6 @@ def _main(
     ),
 ) -> None:
     """See and check what multi-head attention does, with a real model's parameters."""
-
-
-def package_version() -> str:
-    """The installed package's version, else (running from a source tree) attnviz.version.__version__."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("attnviz")
-    except PackageNotFoundError:
-        from attnviz.version import __version__
-
-        return __version__
 
 
 def _help_types_as_words() -> None:
