@@ -167,3 +167,15 @@ def test_measure_all_over_words_keeps_the_papers_and_the_words(tmp_path):
         assert square.shape == (6, 6)
     np.testing.assert_allclose(result.measures.flow.normalised.sum(axis=1), 1.0, atol=1e-9)
     assert result.attention.shape == (12, 6, 6)
+
+
+def test_a_measure_figures_title_is_wrapped_to_the_figures_width():
+    from attnviz.render.measure_figures import maps_figure, measure_panels
+    from attnviz.render.titles import chars_across
+
+    result = attnviz.heads(TEXT, model="bundled", device="cpu", measure="value-zeroing")
+    panel = measure_panels(result.run, result.measures)["value_zeroing"]
+    figure = maps_figure(result.run, [panel._replace(title="")], f"{panel.title}: {panel.about}")
+    lines = figure._suptitle.get_text().split("\n")
+    assert len(lines) >= 3 and "Mohebbi et al. 2023" in lines[0]
+    assert max(len(line) for line in lines) <= chars_across(figure.get_figwidth())

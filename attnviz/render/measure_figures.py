@@ -18,6 +18,7 @@ Each title names the measure, its paper and what a cell is.
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import NamedTuple
 
@@ -141,6 +142,7 @@ def maps_figure(
     if shared_colour:
         attention_colorbar(figure, drawn[0][0], shared_colour, ax=axes, shrink=0.6)
     scope = scope or [f"layer {run.layer}", counted(run.num_heads, "head")]
+    what = "\n".join(textwrap.wrap(what, chars_across(size[0])))  # a measure's definition may be wider than the figure
     figure.suptitle(f"{what}\n{run_title(run, scope, seed=seed, line_chars=chars_across(size[0]))}", parse_math=False)
     figure.supxlabel("key")
     figure.supylabel("query")
