@@ -179,3 +179,17 @@ def test_a_measure_figures_title_is_wrapped_to_the_figures_width():
     lines = figure._suptitle.get_text().split("\n")
     assert len(lines) >= 3 and "Mohebbi et al. 2023" in lines[0]
     assert max(len(line) for line in lines) <= chars_across(figure.get_figwidth())
+
+
+def test_the_measure_figures_of_a_512_token_text_stay_within_the_size_cap(tmp_path):
+    from PIL import Image
+
+    from attnviz.render.measure_figures import write_measure_figures
+    from attnviz.render.scales import MAX_IMAGE_SIDE_PX
+
+    text = " ".join(["the cat sat on the mat and"] * 80)  # 560 words, cut to the model's 512 positions
+    result = attnviz.heads(text, model="bundled", device="cpu", measure="norm", truncate=True)
+    assert len(result.tokens) == 512
+    for path in write_measure_figures(result.run, result.measures, tmp_path):
+        width, height = Image.open(path).size
+        assert max(width, height) <= MAX_IMAGE_SIDE_PX, path.name
