@@ -18,15 +18,15 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from attnviz.analysis.measure_names import measure_names  # noqa: F401 (re-exported for the API)
 from attnviz.analysis.flow import AttentionFlow, attention_flow, check_flow_length
 from attnviz.analysis.norms import head_norms, summed_squared_norms, transformed_values
 from attnviz.analysis.rollout import normalise_rows
 from attnviz.analysis.value_zeroing import value_zeroing_distances
-from attnviz.analysis.word_measures import word_maps, word_rows
+from attnviz.analysis.word_measures import word_maps
 from attnviz.attention.layer import MultiHeadAttention
 from attnviz.errors import AttnvizError
 from attnviz.models.loading import LoadedModel
+from attnviz.models.words import word_means
 from attnviz.pipeline import (
     EncodedTexts,
     LayerStates,
@@ -188,7 +188,7 @@ def runs_flow(layer_runs: list[AttentionRun]) -> AttentionFlow:
     if words is None:
         return attention_flow([run.attention for run in layer_runs])
     token_attention = [run.words.token_attention for run in layer_runs]
-    flow = word_rows(words.query_word) @ attention_flow(token_attention, key_words=words.key_word).flow  # (Wq, Wk)
+    flow = word_means(words.query_word) @ attention_flow(token_attention, key_words=words.key_word).flow  # (Wq, Wk)
     return AttentionFlow(flow, normalise_rows(flow))
 
 

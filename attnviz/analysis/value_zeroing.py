@@ -37,6 +37,13 @@ from attnviz.attention.layer import MultiHeadAttention, merge_heads, split_heads
 VANISHED = 1e-6
 
 
+def float64_output(attention: MultiHeadAttention, alpha: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """The layer's output (B, Nq, D) recomputed in float64 as the layer computes it: the heads' outputs α^h v^h
+    side by side, through W_o and b_o; alpha (B, H, Nq, Nk) and v (B, H, Nk, d) (norms.head_values) in float64."""
+    b_o = attention.w_o.bias
+    return F.linear(merge_heads(alpha @ v), attention.w_o.weight.double(), None if b_o is None else b_o.double())
+
+
 def value_zeroing_distances(
     attention: MultiHeadAttention,
     values: torch.Tensor,
@@ -54,9 +61,8 @@ def value_zeroing_distances(
     alpha = pattern.double()  # (B, H, Nq, Nk)
     if summed_squared is None:
         summed_squared = summed_squared_norms(pattern, transformed_values(attention, values))
-    w_o, b_o = attention.w_o.weight.double(), attention.w_o.bias  # W_o as nn.Linear stores it: (D, H*d)
-    # as the layer computes it: the heads' outputs α^h v^h side by side, through W_o
-    output = F.linear(merge_heads(alpha @ v), w_o, None if b_o is None else b_o.double())  # (B, Nq, H*d) -> (B, Nq, D)
+    output = float64_output(attention, alpha, v)  # (B, Nq, D)
+    w_o = attention.w_o.weight.double()  # W_o as nn.Linear stores it: (D, H*d)
     # <out_i, f^h(x_j)> = <out_i W_o^hT, v^h_j>, then <out_i, g_ij> = Σ_h α^h_ij <out_i, f^h(x_j)>
     out_per_head = split_heads(output @ w_o, attention.num_heads)  # (B, Nq, D) @ (D, H*d) -> (B, H, Nq, d)
     out_dot_change = (alpha * (out_per_head @ v.transpose(-2, -1))).sum(dim=1)  # (B, Nq, Nk)

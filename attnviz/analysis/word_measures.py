@@ -23,12 +23,12 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from attnviz.analysis.norms import head_norms, head_values, summed_squared_norms, transformed_values
 from attnviz.analysis.rollout import normalise_rows
-from attnviz.analysis.value_zeroing import VANISHED, value_zeroing_distances
-from attnviz.attention.layer import MultiHeadAttention, merge_heads
+from attnviz.analysis.value_zeroing import VANISHED, float64_output, value_zeroing_distances
+from attnviz.attention.layer import MultiHeadAttention
+from attnviz.models.words import word_means
 
 
 @dataclass
@@ -40,13 +40,6 @@ class WordMaps:
     summed_norms: np.ndarray
     value_zeroing: np.ndarray
     value_zeroing_rows: np.ndarray
-
-
-def word_rows(words: list[int]) -> np.ndarray:
-    """(W, N): each word's mean over its tokens (row w is 1/|w| on w's tokens)."""
-    rows = np.zeros((max(words) + 1, len(words)))
-    rows[words, np.arange(len(words))] = 1.0
-    return rows / rows.sum(axis=1, keepdims=True)
 
 
 @torch.inference_mode()
@@ -64,7 +57,7 @@ def word_maps(
     summed_squared = summed_squared_norms(alpha, transformed)  # (1, Nq, Nk)
     token_heads = head_norms(alpha.double(), transformed)[0]  # (H, Nq, Nk)
     token_distances = value_zeroing_distances(attention, values[None], alpha, summed_squared)[0]  # (Nq, Nk)
-    output = _output(attention, alpha.double(), values)  # (Nq, D)
+    output = float64_output(attention, alpha.double(), head_values(attention, values[None]))[0]  # (Nq, D)
     first = torch.as_tensor([key_words.index(word) for word in range(max(key_words) + 1)], device=pattern.device)
     heads = token_heads[:, :, first]  # (H, Nq, Wk): each word's first token's column, right for the one-token words
     summed = summed_squared[0][:, first].sqrt()  # (Nq, Wk)
@@ -75,7 +68,7 @@ def word_maps(
         heads[:, :, word] = per_head.norm(dim=-1)
         summed[:, word] = added.norm(dim=-1)
         distances[:, word] = _cosine_distance(output, output - added)
-    rows = torch.as_tensor(word_rows(query_words), device=pattern.device)  # (Wq, Nq): mean over a query word's pieces
+    rows = torch.as_tensor(word_means(query_words), device=pattern.device)  # (Wq, Nq): mean over a query word's pieces
     heads, summed, distances = ((rows @ columns).cpu().numpy() for columns in (heads, summed, distances))  # over Wq
     return WordMaps(heads, summed, distances, normalise_rows(distances))
 
@@ -86,13 +79,6 @@ def _words_of_several_tokens(words: list[int]) -> list[tuple[int, list[int]]]:
     for token, word in enumerate(words):
         pieces.setdefault(word, []).append(token)
     return [(word, tokens) for word, tokens in pieces.items() if len(tokens) > 1]
-
-
-def _output(attention: MultiHeadAttention, alpha: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-    """The layer's output (Nq, D) in float64, as value_zeroing.py recomputes it: the heads' α^h v^h side by side, through W_o."""
-    v = head_values(attention, values[None])  # (1, H, Nk, d)
-    bias = attention.w_o.bias.double() if attention.w_o.bias is not None else None
-    return F.linear(merge_heads(alpha @ v), attention.w_o.weight.double(), bias)[0]  # (1, Nq, H*d) -> (Nq, D)
 
 
 def _cosine_distance(output: torch.Tensor, altered: torch.Tensor) -> torch.Tensor:

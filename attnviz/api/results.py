@@ -133,11 +133,10 @@ class HeadsResult:
         """attention.json's content: the attention as nested lists, rounded as the file rounds it."""
         import numpy as np
 
-        from attnviz.output.export import DECIMALS, attention_record, measures_record
+        from attnviz.output.export import DECIMALS, attention_record
 
         attention = np.round(self.run.attention.astype(np.float64), DECIMALS).tolist()  # as weights_json writes it
-        measures = {"measures": measures_record(self.measures)} if self.measures is not None else {}
-        return {**attention_record(self.run, self.spec), **measures, "attention": attention}
+        return {**attention_record(self.run, self.spec, self.measures), "attention": attention}
 
     def report(self):
         """The interactive report of this layer (a ReportResult; attnviz.report adds every layer and the traces)."""

@@ -33,7 +33,6 @@ from attnviz.cli.options import (
 )
 from attnviz.cli.shared import MAX_NOTICES_SHOWN, layouts_disagree, run_target, write_run
 from attnviz.errors import AttnvizError
-from attnviz.analysis.measure_names import measure_names
 from attnviz.spec import check_text, refuse_causal_cross_attention
 
 
@@ -91,7 +90,6 @@ def heads(
         raise AttnvizError("--trace traces one text: for a batch use attnviz trace --file PATH")
     if file is not None and measure != Measure.weights:
         raise AttnvizError("--measure measures one text: give a TEXT, not --file")
-    measure_names(measure.value)
     refuse_causal_cross_attention(kv, causal, stack.value if stack else None)
     functions.refuse_before_loading(model, stack.value if stack else None)
     if file is not None:

@@ -281,9 +281,8 @@ def merge_attention(attention, query_words: list[int], key_words: list[int]):
     its pieces' cells are (a causal mask stays a mask). Works on NumPy arrays and torch tensors.
     """
     *_, num_queries, num_keys = attention.shape
-    rows = _membership(query_words, num_queries, "query")  # (Wq, Nq): 1 where a token is in the word
-    cols = _membership(key_words, num_keys, "key")  # (Wk, Nk)
-    rows = rows / rows.sum(axis=1, keepdims=True)  # each word's mean over its pieces
+    rows = word_means(query_words, num_queries, "query")  # (Wq, Nq): each word's mean over its pieces
+    cols = _membership(key_words, num_keys, "key")  # (Wk, Nk): 1 where a token is in the word
     if hasattr(attention, "new_tensor"):  # torch
         return attention.new_tensor(rows) @ attention @ attention.new_tensor(cols.T)
     return rows.astype(attention.dtype) @ attention @ cols.T.astype(attention.dtype)
@@ -309,7 +308,6 @@ def merge_run(run: AttentionRun, query: Words, key: Words) -> AttentionRun:
     the mean of its pieces' outputs (the rows' rule); the tokens kept in run.words."""
     if run.words is not None:
         raise ValueError("the run is over words already")
-    rows = _membership(query.index, len(run.query_tokens), "query")
     tokens = TokenWords(
         run.query_tokens, run.query_ids, list(query.index), run.key_tokens, run.key_ids, list(key.index), run.attention
     )  # fmt: skip
@@ -320,9 +318,15 @@ def merge_run(run: AttentionRun, query: Words, key: Words) -> AttentionRun:
         query_ids=[],
         key_ids=[],
         attention=merge_attention(run.attention, query.index, key.index),
-        output=(rows / rows.sum(axis=1, keepdims=True)).astype(run.output.dtype) @ run.output,
+        output=word_means(query.index, len(run.query_tokens), "query").astype(run.output.dtype) @ run.output,
         words=tokens,
     )
+
+
+def word_means(words: list[int], num_tokens: int | None = None, side: str = "query"):
+    """(W, N): each word's mean over its tokens, row w 1/|w| on w's tokens (Clark et al.'s rule for rows)."""
+    rows = _membership(words, len(words) if num_tokens is None else num_tokens, side)
+    return rows / rows.sum(axis=1, keepdims=True)
 
 
 def _membership(words: list[int], num_tokens: int, side: str):

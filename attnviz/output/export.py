@@ -15,7 +15,8 @@ FORMAT_VERSION = 1
 DECIMALS = 7  # float32 weights rounded to 1e-7: far below the 1e-5 the tests hold them to
 
 
-def attention_record(run: AttentionRun, spec: RunSpec) -> dict:
+def attention_record(run: AttentionRun, spec: RunSpec, measures=None) -> dict:
+    """attention.json's object but its weights; measures (analysis.measures.RunMeasures, --measure) adds "measures"."""
     return {
         "format": "attnviz-attention",
         "version": FORMAT_VERSION,
@@ -37,6 +38,7 @@ def attention_record(run: AttentionRun, spec: RunSpec) -> dict:
         "query_ids": run.query_ids,
         "key_ids": run.key_ids,
         **(words_record(run) if run.words is not None else {}),
+        **({"measures": measures_record(measures)} if measures is not None and measures.names else {}),
         "attention": None,  # written by weights_json: the last key, so it can go in at the end
     }
 
@@ -60,10 +62,7 @@ def words_record(run: AttentionRun) -> dict:
 
 def write_attention_json(run: AttentionRun, spec: RunSpec, path: Path, measures=None) -> Path:
     """attention.json; measures (analysis.measures.RunMeasures, --measure) adds "measures" before "attention"."""
-    record = attention_record(run, spec)
-    if measures is not None and measures.names:
-        record = {**{key: value for key, value in record.items() if key != "attention"}, "measures": measures_record(measures), "attention": None}
-    record = json.dumps(record, ensure_ascii=False)
+    record = json.dumps(attention_record(run, spec, measures), ensure_ascii=False)
     attention = weights_json(run.attention)
     path.write_text(record.removesuffix("null}") + attention + "}", encoding="utf-8")
     return path
