@@ -9,7 +9,7 @@ import networkx as nx
 import numpy as np
 import pytest
 import torch
-from test_measures import bert_inputs, per_head_vectors
+from test_measures import bert_inputs, per_head_vectors, rerun_with_value_zeroed  # its key may be a word's list of tokens
 
 import attnviz
 from attnviz.attention.layer import layer_from_weights
@@ -47,23 +47,6 @@ def test_word_norms_are_the_norms_of_the_words_summed_vectors(bundled_bert, text
     np.testing.assert_allclose(result.measures.norm, expected_summed, atol=TOLERANCE, rtol=0)
 
 
-def rerun_with_values_zeroed(layer, x: torch.Tensor, keys: list[int]) -> torch.Tensor:
-    """The layer's output (N, D) with the value vectors of every key in `keys` set to zero, in every head."""
-
-    def zero_the_values(module, inputs, values):
-        values = values.clone()
-        values[:, keys] = 0
-        return values
-
-    handle = layer.w_v.register_forward_hook(zero_the_values)
-    try:
-        with torch.no_grad():
-            output, _ = layer(x, x, x)
-    finally:
-        handle.remove()
-    return output[0]
-
-
 @pytest.mark.parametrize("text", [ENGLISH, CHINESE])
 def test_word_value_zeroing_reruns_the_layer_with_all_its_pieces_zeroed(bundled_bert, text):
     result = measured(text, words=True)
@@ -73,7 +56,7 @@ def test_word_value_zeroing_reruns_the_layer_with_all_its_pieces_zeroed(bundled_
     with torch.no_grad():
         original = layer(x, x, x)[0][0].double()
     columns = [
-        1 - torch.nn.functional.cosine_similarity(original, rerun_with_values_zeroed(layer, x, pieces).double(), dim=-1)
+        1 - torch.nn.functional.cosine_similarity(original, rerun_with_value_zeroed(layer, x, x, pieces).double(), dim=-1)
         for pieces in pieces_of(words.key_word)
     ]
     expected = rows_mean(torch.stack(columns, dim=-1).numpy(), words.query_word)
