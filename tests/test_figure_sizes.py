@@ -1,0 +1,136 @@
+"""Every figure attnviz draws stays within its stated size (attnviz.render.sizes, the README's
+"Figure sizes"): at 512 tokens, the bundled model's longest text, and at sizes far beyond it.
+
+The PNGs' pixels are read back with PIL, so the bound is the file's, not the figure's own idea of it.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import attnviz
+from attnviz.render.scales import DPI, MAX_IMAGE_SIDE_PX
+from attnviz.render.sizes import FIGURE_MAX_PX, figure_max_px
+
+WORDS = "the animal did not cross the street because it was too tired and the quick brown fox ran over the lazy dog".split()
+LONG_TEXT = " ".join(WORDS[index % len(WORDS)] for index in range(560))  # one token a word: cut to 512 by truncate
+
+
+def png_size(path) -> tuple[int, int]:
+    with Image.open(path) as image:
+        return image.size
+
+
+@pytest.fixture(scope="module")
+def figures_of_512_tokens(tmp_path_factory, bundled_bert):
+    """Every figure file of every command at 512 tokens, in one folder: {file name: (width, height)}."""
+    from attnviz.analysis.flow import AttentionFlow
+    from attnviz.analysis.measures import LayersMeasures, RunMeasures
+    from attnviz.render.heatmap import write_heatmaps
+    from attnviz.render.measure_figures import write_layers_measure_figures, write_measure_figures
+
+    folder = tmp_path_factory.mktemp("figures-512")
+    common = {"model": "bundled", "device": "cpu", "truncate": True}
+    heads = attnviz.heads(LONG_TEXT, **common)
+    assert len(heads.tokens) == 512
+    written = write_heatmaps(heads.run, folder)
+    layers = attnviz.layers(LONG_TEXT, **common)
+    written += layers.write_files(folder)
+    written += attnviz.stats([LONG_TEXT], **common).write_files(folder)
+    written += attnviz.compare(LONG_TEXT, **common).write_files(folder)
+    position = attnviz.position(" ".join(LONG_TEXT.split()[:510]), model="bundled", device="cpu")
+    assert len(position.tokens) == 512
+    written += position.write_files(folder)
+    for mistake in ("merge-without-permute", "view-without-permute"):
+        written += attnviz.trace(LONG_TEXT, mistake=mistake, **common).write_files(folder)
+    # The measures' figures drawn from maps of the right shapes: flow is refused past 88 tokens and
+    # value zeroing of every layer takes long, but the figures' sizes depend only on the maps' shapes.
+    rng = np.random.default_rng(0)
+    maps = lambda *shape: rng.random((*shape, 512, 512))  # noqa: E731
+    names = ("norm", "value-zeroing", "flow")
+    run_measures = RunMeasures(
+        names, norm_heads=maps(heads.run.num_heads), norm=maps(), value_zeroing=maps(), value_zeroing_rows=maps(),
+        flow=AttentionFlow(maps(), maps()), flow_layers=1,
+    )  # fmt: skip
+    written += write_measure_figures(heads.run, run_measures, folder)
+    num_layers = len(layers.layer_runs)
+    layers_measures = LayersMeasures(
+        names, norm=maps(num_layers), value_zeroing=maps(num_layers), value_zeroing_rows=maps(num_layers),
+        flow=AttentionFlow(maps(), maps()),
+    )  # fmt: skip
+    written += write_layers_measure_figures(layers.layer_runs, layers.rollout, layers_measures, folder)
+    return {path.name: png_size(path) for path in written if path.suffix == ".png"}
+
+
+def test_every_figure_at_512_tokens_is_within_its_stated_size(figures_of_512_tokens):
+    for name, (width, height) in figures_of_512_tokens.items():
+        most_width, most_height = figure_max_px(name)
+        assert width <= most_width and height <= most_height, (name, (width, height), (most_width, most_height))
+        assert max(width, height) <= MAX_IMAGE_SIDE_PX, name
+
+
+def test_every_stated_size_is_of_a_figure_that_was_drawn(figures_of_512_tokens):
+    """No figure escapes the check above, and no stated size is of a figure attnviz no longer draws."""
+    drawn = {re.sub(r"head_\d+$", "head_XX", name.removesuffix(".png")) for name in figures_of_512_tokens}
+    assert drawn == set(FIGURE_MAX_PX)
+    assert {f"head_{head:02d}.png" for head in range(12)} <= set(figures_of_512_tokens)
+
+
+def test_no_figure_is_bigger_than_the_cap_and_the_readme_says_each_size():
+    from pathlib import Path
+
+    readme = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
+    section = readme.split("### Figure sizes", 1)[1].split("\n#", 1)[0]
+    for name, (width, height) in FIGURE_MAX_PX.items():
+        assert max(width, height) <= MAX_IMAGE_SIDE_PX, name
+        assert f"`{name}.png` | {width:,} × {height:,}" in section, name
+
+
+def test_a_long_text_never_grows_a_single_map_past_its_stated_size():
+    """head_figure_size, which sizes head_XX, rollout and a wrong head, stops growing: 100,000 tokens."""
+    from attnviz.render.heatmap import head_figure_size
+
+    for num_tokens in (512, 4096, 100_000):
+        width, height = head_figure_size(num_tokens, num_tokens)
+        most_width, most_height = FIGURE_MAX_PX["head_XX"]
+        assert round(width * DPI) <= most_width and round(height * DPI) <= most_height
+    assert FIGURE_MAX_PX["rollout"] == FIGURE_MAX_PX["mistake_view-without-permute_head_XX"] == FIGURE_MAX_PX["head_XX"]
+
+
+def test_deep_models_with_many_heads_keep_layers_png_within_its_stated_size(tmp_path):
+    import sys
+    from pathlib import Path
+
+    from attnviz.render.stats_figures import write_layers_grid
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_heatmap import make_run
+
+    tokens = [f"t{index}" for index in range(8)]
+    runs = [make_run(tokens, num_heads=64, seed=layer) for layer in range(96)]
+    for layer, run in enumerate(runs):
+        run.layer = layer
+    width, height = png_size(write_layers_grid(runs, tmp_path))
+    assert width <= FIGURE_MAX_PX["layers"][0] and height <= FIGURE_MAX_PX["layers"][1]
+
+
+def test_the_merge_figure_of_thousands_of_tokens_and_many_heads_stays_within_its_stated_size(tmp_path):
+    from types import SimpleNamespace
+
+    from attnviz.render.trace_figures import MAX_MERGE_ROW_LABELS, write_merge_figure
+
+    tokens = ["[CLS]", *(f"w{index}" for index in range(4094)), "[SEP]"]
+    run = SimpleNamespace(
+        query_tokens=tokens, text=" ".join(tokens[1:-1]), kv_text=None, model="bundled", layer=0, causal=False,
+        weights="pretrained", family="BERT", stack=None, num_heads=256, num_kv_heads=None, model_causal=False,
+        words=None, tokenizer_tokens=(tokens, tokens),
+    )  # fmt: skip
+    notes = []
+    path = write_merge_figure(SimpleNamespace(num_heads=256, head_dim=4), run, tmp_path / "merge.png", notes)
+    width, height = png_size(path)
+    assert (width, height) == FIGURE_MAX_PX["mistake_merge-without-permute_merge"] == (4096, 2400)
+    assert f"{MAX_MERGE_ROW_LABELS} of 4096 tokens" in notes[0]
