@@ -134,3 +134,22 @@ def test_the_merge_figure_of_thousands_of_tokens_and_many_heads_stays_within_its
     width, height = png_size(path)
     assert (width, height) == FIGURE_MAX_PX["mistake_merge-without-permute_merge"] == (4096, 2400)
     assert f"{MAX_MERGE_ROW_LABELS} of 4096 tokens" in notes[0]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("num_tokens, cells", [(512, 91), (100, 7), (12, 12)])
+def test_layers_png_panels_hold_the_same_block_maxima_as_the_masked_path(causal, num_tokens, cells):
+    """layers.png's plain-array block maxima (the fast path) equal scales.block_maximum of the masked map."""
+    from attnviz.render.heatmap import masked_attention
+    from attnviz.render.scales import block_maximum
+    from attnviz.render.stats_figures import _panel_maximum
+
+    weights = np.random.default_rng(num_tokens).random((num_tokens, num_tokens)).astype(np.float32)
+    future = np.triu(np.ones((num_tokens, num_tokens), dtype=bool), k=1) if causal else None
+    fast = _panel_maximum(weights, future, cells)
+    expected = block_maximum(masked_attention(weights, causal), cells, cells)
+    assert fast.shape == expected.shape == (cells, cells)
+    assert np.array_equal(np.ma.getmaskarray(fast), np.ma.getmaskarray(expected))
+    assert np.array_equal(fast.filled(-1.0), expected.filled(-1.0))
+    if causal and cells == num_tokens:  # unpooled: exactly the future cells are masked
+        assert np.array_equal(np.ma.getmaskarray(fast), future)
