@@ -153,3 +153,23 @@ def test_layers_png_panels_hold_the_same_block_maxima_as_the_masked_path(causal,
     assert np.array_equal(fast.filled(-1.0), expected.filled(-1.0))
     if causal and cells == num_tokens:  # unpooled: exactly the future cells are masked
         assert np.array_equal(np.ma.getmaskarray(fast), future)
+
+
+def test_the_wrong_heads_grid_at_512_tokens_says_its_panels_show_block_maxima(tmp_path, monkeypatch, bundled_bert):
+    """A panel of about 300 pixels shows 512 cells as blocks: the colour bar of the grid (and of a wrong
+    head, whose bar says so exactly when its map was pooled) must say so, not show maxima as cells."""
+    from attnviz.render import heatmap
+    from attnviz.render.trace_figures import write_split_heatmaps
+
+    figures = []
+    new_figure = heatmap.new_figure
+    monkeypatch.setattr(heatmap, "new_figure", lambda size: figures.append(new_figure(size)) or figures[-1])
+    trace = attnviz.trace(LONG_TEXT, mistake="view-without-permute", model="bundled", device="cpu", truncate=True)
+    write_split_heatmaps(trace.trace, trace.runs[0], tmp_path, "png", [], 0)
+    head_figure, grid = figures
+    for figure in (head_figure, grid):
+        images = [image for ax in figure.axes for image in ax.images]
+        shown = max(max(512 / image.get_array().shape[0], 512 / image.get_array().shape[1]) for image in images)
+        label = figure.axes[-1].get_ylabel()  # the colour bar's axes come last
+        assert ("max of ≤" in label) == (shown > 1), label
+    assert "max of ≤2×2 cells" in grid.axes[-1].get_ylabel()

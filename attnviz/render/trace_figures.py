@@ -84,7 +84,7 @@ def write_split_heatmaps(
         MAX_GRID_TICK_LABELS, MAX_TICK_LABELS, cell_values, draw_attention, freeze_layout, grid_shape,
         head_figure_size, label_tokens, new_figure, save_figure, show_attention, update_cell_values,
     )  # fmt: skip
-    from attnviz.render.scales import attention_colorbar
+    from attnviz.render.scales import attention_colorbar, scale_label
 
     wrong = next(trace for trace in result.layouts if trace.mistake == "view-without-permute")
     weights = wrong.weights[0].numpy()  # (H, Nq, Nk) of the first text, padding included
@@ -101,21 +101,23 @@ def write_split_heatmaps(
     title = ax.set_title("", fontsize=9, color="darkred", parse_math=False)
     ax.set_xlabel(f"wrong 'key' row: {SPLIT_AXIS_NOTE}", fontsize=8)
     ax.set_ylabel("wrong 'query' row: a slice of a token, not a token", fontsize=8)
-    attention_colorbar(figure, image, "attention weight of the wrong computation", ax=ax)  # says when it is log
+    what = "attention weight of the wrong computation"
+    colorbar = attention_colorbar(figure, image, what, ax=ax)  # says when it is log
 
-    def show(head: int) -> None:
+    def show(head: int) -> int:
         head_weights = np.ma.masked_array(weights[head])  # (Nq, Nk)
-        show_attention(image, head_weights)  # fitted to the axes' pixels: each pixel one value
+        pool = show_attention(image, head_weights)  # fitted to the axes' pixels: each pixel one value
         if values is not None:
             update_cell_values(values, head_weights, image)
         label_tokens(ax, key_labels[head], query_labels[head], MAX_TICK_LABELS, fontsize=7)
         title.set_text(_split_title(run, figure.get_figwidth(), seed, head))
+        return pool
 
     show(max(range(num_heads), key=lambda head: max(map(len, query_labels[head] + key_labels[head]))))
     freeze_layout(figure)
     written = []
     for head in range(num_heads):
-        show(head)
+        colorbar.set_label(scale_label(what, image.norm, show(head)))  # the same for every head: the same axes
         written.append(save_figure(figure, out_dir, f"{prefix}head_{head:02d}.{fmt}"))
 
     shown = min(num_heads, MAX_GRID_HEADS)
@@ -135,9 +137,14 @@ def write_split_heatmaps(
         image = draw_attention(ax, np.ma.masked_array(weights[head]))
         ax.set_title(f"'head' {head}", fontsize=9)
         label_tokens(ax, key_labels[head], query_labels[head], MAX_GRID_TICK_LABELS // 2, fontsize=5)
-    attention_colorbar(figure, image, "attention weight of the wrong computation", ax=axes, shrink=0.6)
+    what = "attention weight of the wrong computation"
+    colorbar = attention_colorbar(figure, image, what, ax=axes, shrink=0.6)
     figure.suptitle(_split_title(run, figure.get_figwidth(), seed), color="darkred", parse_math=False)
     figure.supxlabel(f"rows and columns: {SPLIT_AXIS_NOTE}", fontsize=9)
+    freeze_layout(figure)  # laid out once: savefig then draws the grid once, not twice
+    # Fitted to the frozen axes: each pixel one value, or a block's maximum, which the bar then says.
+    pools = [show_attention(ax.images[0], np.ma.masked_array(weights[head])) for head, ax in enumerate(axes.flat[:shown])]
+    colorbar.set_label(scale_label(what, image.norm, max(pools)))
     return written + [save_figure(figure, out_dir, f"{prefix}heads.{fmt}")]
 
 
