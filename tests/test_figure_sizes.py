@@ -173,3 +173,28 @@ def test_the_wrong_heads_grid_at_512_tokens_says_its_panels_show_block_maxima(tm
         label = figure.axes[-1].get_ylabel()  # the colour bar's axes come last
         assert ("max of ≤" in label) == (shown > 1), label
     assert "max of ≤2×2 cells" in grid.axes[-1].get_ylabel()
+
+
+@pytest.mark.parametrize("num_panels, shared", [(12, True), (1, False), (4, False)])
+def test_a_measure_figure_at_512_tokens_says_when_its_panels_show_block_maxima(num_panels, shared):
+    import sys
+    from pathlib import Path
+
+    from attnviz.render.measure_figures import Panel, maps_figure
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_heatmap import make_run
+
+    run = make_run([f"t{index}" for index in range(512)], num_heads=1)
+    rng = np.random.default_rng(0)
+    panels = [Panel(f"map {index}", rng.random((512, 512)), "value") for index in range(num_panels)]
+    figure = maps_figure(run, panels, "what", shared_colour="value" if shared else None)
+    images = [image for ax in figure.axes for image in ax.images]
+    assert len(images) == num_panels
+    cells = max(max(512 / size for size in image.get_array().shape) for image in images)
+    bars = [ax for ax in figure.axes if ax.get_ylabel().startswith("value")]  # the colour bars' axes
+    assert len(bars) == (1 if shared else num_panels)
+    for bar in bars:
+        assert ("max of ≤" in bar.get_ylabel()) == (cells > 1), bar.get_ylabel()
+    if num_panels == 12:
+        assert cells > 1  # 12 panels of at most 3.6 inches: fewer pixels than 512 cells
