@@ -154,6 +154,7 @@ def _panel_maximum(weights: np.ndarray, future: np.ndarray | None, cells: int) -
             size = values.shape[axis]
             starts = (np.arange(cells) * size + cells - 1) // cells  # as block_maximum: the first cell of each block
             values = np.maximum.reduceat(values, starts, axis=axis)
+    values = values.astype(np.float64)  # (cells, cells), as block_maximum: coloured exactly alike
     return np.ma.masked_invalid(np.where(np.isneginf(values), np.nan, values))
 
 
