@@ -157,11 +157,38 @@ def main() -> None:
             rows.append(
                 throughput_row(f"stats loop only, {device}", stats_loop.loop(), "bare loop", bare.loop(), args.sentences)
             )
+        rows += figure_rows(args.repeat, env)
+
         if args.gpu:
             gpu = run_process(heads(SENTENCE_12_TOKENS, "--device", "cuda"), args.repeat, env)
             rows.append(("heads, 12 tokens, cuda", gpu, "heads, 12 tokens, cpu", short, "-", True))
 
     print_table(rows, args)
+
+
+def figure_rows(repeat: int, env: dict) -> list[tuple]:
+    """bench/figures.py: every figure drawn and saved at 512 tokens in one process after loading, each
+    figure's median CPU seconds (a loaded machine's wall clock says little) against the 2 s target.
+    A set of files (12 head_XX.png) is compared per file; the peak MB column is that process's."""
+    command = [PYTHON, str(BENCH / "figures.py"), "--repeat", str(repeat)]
+    with tempfile.TemporaryFile() as stdout:
+        process = subprocess.Popen(command, stdout=stdout, stderr=subprocess.DEVNULL, env=env)
+        _, status, usage = os.wait4(process.pid, 0)
+        stdout.seek(0)
+        output = stdout.read().decode()
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"failed: {' '.join(command)}")
+    rows, target = [], Timing(2.0, 0.0)
+    for line in output.splitlines():
+        if line.startswith("drawn: "):
+            numbers, _, figure = line.removeprefix("drawn: ").partition(" figure=")  # the name may hold spaces
+            fields = dict(field.split("=", 1) for field in numbers.split())
+            timing = Timing(float(fields["cpu_per_file_s"]), usage.ru_maxrss / 1024)
+            name = f"{figure}, 512 tokens, {fields['width']}×{fields['height']} px, CPU s"
+            if fields["files"] != "1":
+                name += f" per file of {fields['files']}"
+            rows.append((name, timing, "target", target, "< 2 s", timing.seconds < 2 and fields["within_cap"] == "yes"))
+    return rows
 
 
 def throughput_row(name: str, timing: Timing, baseline_name: str, baseline: Timing, count: int) -> tuple:

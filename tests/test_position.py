@@ -149,3 +149,25 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(case, tmp_path, capsys)
     error = capsys.readouterr().err
     assert error.startswith("error: ") and message in error and error.count("\n") == 1, error
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_long_texts_position_figure_labels_every_kth_token_with_its_index(bundled_bert):
+    """Past 24 tokens: at most 16 labels an axis, each "index:token" of that axis (the permuted map's
+    axes in the permuted order), and the rows of the permuted-back and difference maps left to the first."""
+    from attnviz.render.compare_figures import MAX_POSITION_LONG_TICK_LABELS, position_figure
+
+    words = "the animal did not cross the street because it was too tired".split()
+    text = " ".join(words[index % len(words)] for index in range(98))  # 100 tokens with [CLS] and [SEP]
+    result = position_experiment(bundled_bert, text, None, None, "cpu")
+    assert len(result.tokens) == 100
+    figure = position_figure(result)
+    maps = [ax for ax in figure.axes if ax.images]  # 2 rows of 4 maps
+    assert len(maps) == 8
+    expected_ticks = list(range(0, 100, 7))  # every 7th: ceil(100 / 16)
+    for column, ax in enumerate(maps):
+        tokens = result.permuted_tokens if column % 4 == 1 else result.tokens
+        keys = [label.get_text() for label in ax.get_xticklabels()]
+        assert len(keys) <= MAX_POSITION_LONG_TICK_LABELS
+        assert keys == [f"{k}:{tokens[k]}" for k in expected_ticks]
+        queries = [label.get_text() for label in ax.get_yticklabels()]
+        assert queries == ([f"{q}:{tokens[q]}" for q in expected_ticks] if column % 4 < 2 else [])

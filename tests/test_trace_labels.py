@@ -18,7 +18,7 @@ from attnviz.attention import layer as attention_module
 from attnviz.models.tokens import encode
 from attnviz.output.trace_files import trace_markdown, trace_record
 from attnviz.pipeline import build_layer, layer_input
-from attnviz.render.trace_figures import MAX_IMAGE_SIDE, slice_labels, write_merge_figure
+from attnviz.render.trace_figures import MAX_MERGE_ROW_LABELS, MERGE_MAX_PX, slice_labels, write_merge_figure
 from attnviz.render.trace_render import print_trace
 from attnviz.spec import run_spec
 from attnviz.tracing import layout_view_permute
@@ -240,12 +240,14 @@ def test_the_merge_figure_of_a_long_text_is_capped_and_says_so(tmp_path, monkeyp
     path = write_merge_figure(result, text_run(tokens), tmp_path / "merge.png", notes)
 
     width, height = Image.open(path).size
-    assert width <= MAX_IMAGE_SIDE and height <= MAX_IMAGE_SIDE
-    assert height == MAX_IMAGE_SIDE  # 340 rows at 0.38 inch would be 15,792 pixels
-    assert len(notes) == 1 and "merge.png is capped at 4096 pixels a side" in notes[0]
+    assert (width, height) == (48 * 0.25 * 2 * 120 + 3.5 * 120, 2400)  # 340 rows at 0.38 inch would be 15,792 pixels
+    assert MERGE_MAX_PX == (4096, 2400)
+    assert len(notes) == 1 and "merge.png is capped at 4096 × 2400 pixels" in notes[0]
     (figure,) = figures
     assert all(image.get_interpolation() == "nearest" for ax in figure.axes for image in ax.images)
-    assert "4096 × 4096 pixels" in README.read_text(encoding="utf-8")
+    labels = [label.get_text() for label in figure.axes[0].get_yticklabels()]
+    assert len(labels) <= MAX_MERGE_ROW_LABELS and labels[:2] == ["0:[CLS]", "6:w5"]  # every 6th of 340 rows
+    assert "at most 4,096 × 2,400 px" in README.read_text(encoding="utf-8")
 
 
 def test_the_merge_figure_of_a_short_text_is_not_capped(tmp_path):

@@ -17,6 +17,7 @@ since position embeddings are added by position after the shuffle.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -40,9 +41,9 @@ class PositionSide:
     permuted_back: np.ndarray
     output_difference: float  # max |out(Px) - P out(x)| of the layer's output (N, D)
 
-    @property
+    @cached_property
     def head_differences(self) -> np.ndarray:
-        """(H,) max |A(Px) - P A(x) Pᵀ| of each head."""
+        """(H,) max |A(Px) - P A(x) Pᵀ| of each head (once: the figure, the table and position.json ask for it)."""
         return np.abs(self.permuted_back - self.original).max(axis=(1, 2))
 
     @property

@@ -35,7 +35,8 @@ MAX_HEADS_SHOWN = 16  # per head count in compare.png: a 4 x 4 grid of panels is
 MAX_SPLITS_PER_ROW = 6  # head counts side by side in compare.png before it wraps
 MAX_LABELLED_COLUMNS = 2  # token labels on a head count's panels only when they are this few across
 MAX_COMPARE_TICK_LABELS = 16
-MAX_POSITION_TICK_LABELS = 24
+MAX_POSITION_TICK_LABELS = 24  # a text this short has every token labelled in position.png
+MAX_POSITION_LONG_TICK_LABELS = 16  # a longer one every k-th, at most this many per axis (labels are most of its time)
 DIFFERENCE_COLORMAP = "magma"
 
 
@@ -146,7 +147,8 @@ def position_figure(result: PositionResult):
     figure = new_figure((4 * panel + 2.2, 2 * (panel + 0.9) + 0.9))
     rows = figure.subfigures(2, 1)
     # One difference scale for both rows, so the row without positions looks as flat as it is.
-    largest = max(float(np.abs(side.permuted_back - side.original)[result.head].max()) for side in _sides(result))
+    h = result.head  # its maps only: the difference of all heads is 12 times the work
+    largest = max(float(np.abs(side.permuted_back[h] - side.original[h]).max()) for side in _sides(result))
     drawn = []  # (image, values, colour bar, what it shows) of every panel
     for row, side in zip(rows, _sides(result)):
         drawn += _draw_position_row(row, result, side, difference_scale=max(largest, 1e-6))
@@ -177,11 +179,20 @@ def _draw_position_row(row_figure, result: PositionResult, side: PositionSide, d
         (side.permuted[head], result.permuted_tokens, "A(Px): permuted text"),
         (side.permuted_back[head], result.tokens, "Pᵀ A(Px) P: permuted back"),
     ]
+    # A long text's labels are thinned to every k-th token, each with its index (a repeated word
+    # is otherwise ambiguous); then the permuted-back and difference maps, whose rows are the text's
+    # as in the first map of their row, leave their rows unlabelled: labels are most of this
+    # figure's drawing time, and repeated they tell nothing new.
+    repeat_rows = len(result.tokens) <= MAX_POSITION_TICK_LABELS
+    max_labels = MAX_POSITION_TICK_LABELS if repeat_rows else MAX_POSITION_LONG_TICK_LABELS
+    if not repeat_rows:
+        panels = [(weights, [f"{i}:{token}" for i, token in enumerate(tokens)], title) for weights, tokens, title in panels]
+    text_labels = panels[0][1]  # the text's tokens, as its maps' axes are labelled
     images = []
-    for ax, (weights, tokens, title) in zip(axes, panels):
+    for index, (ax, (weights, tokens, title)) in enumerate(zip(axes, panels)):
         images.append((draw_attention(ax, np.ma.masked_array(weights), norm), np.ma.masked_array(weights)))
         ax.set_title(title, fontsize=9, parse_math=False)
-        label_tokens(ax, tokens, tokens, MAX_POSITION_TICK_LABELS, fontsize=7)
+        label_tokens(ax, tokens, tokens if index < 2 or repeat_rows else [], max_labels, fontsize=7)
     difference_image = axes[3].imshow(
         np.ma.masked_all((1, 1)), cmap=DIFFERENCE_COLORMAP, norm=Normalize(0.0, difference_scale), aspect="auto",
         interpolation="nearest",
@@ -189,7 +200,7 @@ def _draw_position_row(row_figure, result: PositionResult, side: PositionSide, d
     show_attention(difference_image, np.ma.masked_array(difference))  # a block's largest difference
     largest = format_difference(float(difference.max()))
     axes[3].set_title(f"|back − A(x)|, max {largest}", fontsize=9, parse_math=False)
-    label_tokens(axes[3], result.tokens, result.tokens, MAX_POSITION_TICK_LABELS, fontsize=7)
+    label_tokens(axes[3], text_labels, text_labels if repeat_rows else [], max_labels, fontsize=7)
     weights_bar = attention_colorbar(row_figure, images[0][0], ax=axes[:3], shrink=0.8)
     difference_bar = row_figure.colorbar(difference_image, ax=axes[3], shrink=0.8, label="difference")
     which = "with BERT's" if side.positions else "without"

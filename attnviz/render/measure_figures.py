@@ -35,7 +35,7 @@ from attnviz.render.heatmap import (
     new_figure,
     save_figure,
 )
-from attnviz.render.scales import attention_colorbar, capped_size, draw_attention, show_attention
+from attnviz.render.scales import attention_colorbar, capped_size, draw_attention, scale_label, show_attention
 from attnviz.render.titles import chars_across, counted, run_title
 from attnviz.result import AttentionRun
 
@@ -131,24 +131,28 @@ def maps_figure(
         values = masked_attention(panel.values, run.causal)
         norm = Normalize(0.0, (top if shared_colour else float(np.max(panel.values))) or 1.0)
         image = draw_attention(ax, values, norm)
-        drawn.append((image, values))
+        colorbar = None if shared_colour else attention_colorbar(figure, image, panel.colour, ax=ax, shrink=0.8)
+        drawn.append((image, values, colorbar, panel.colour))
         ax.set_title(panel.title, fontsize=9 if len(panels) == 1 else 8, wrap=True, parse_math=False)
         outer_keys, outer_queries = index + num_columns >= len(panels), index % num_columns == 0
         label_tokens(
             ax, run.key_tokens if outer_keys else [], run.query_tokens if outer_queries else [], max_labels, 7 if len(panels) > 1 else 9
         )
-        if not shared_colour:
-            attention_colorbar(figure, image, panel.colour, ax=ax, shrink=0.8)
     if shared_colour:
-        attention_colorbar(figure, drawn[0][0], shared_colour, ax=axes, shrink=0.6)
+        shared_bar = attention_colorbar(figure, drawn[0][0], shared_colour, ax=axes, shrink=0.6)
     scope = scope or [f"layer {run.layer}", counted(run.num_heads, "head")]
     what = "\n".join(textwrap.wrap(what, chars_across(size[0])))  # a measure's definition may be wider than the figure
     figure.suptitle(f"{what}\n{run_title(run, scope, seed=seed, line_chars=chars_across(size[0]))}", parse_math=False)
     figure.supxlabel("key")
     figure.supylabel("query")
     freeze_layout(figure)
-    for image, values in drawn:  # fitted to the frozen axes: one value per pixel, the block maximum when pooled
-        show_attention(image, values)
+    # Fitted to the frozen axes: one value per pixel, or the block maximum when pooled, which each bar says.
+    pools = [show_attention(image, values) for image, values, _, _ in drawn]
+    for (image, _, colorbar, colour), pool in zip(drawn, pools):
+        if colorbar is not None:
+            colorbar.set_label(scale_label(colour, image.norm, pool))
+    if shared_colour:
+        shared_bar.set_label(scale_label(shared_colour, drawn[0][0].norm, max(pools)))
     return figure
 
 

@@ -132,12 +132,30 @@ def _layers_mosaic(layer_runs: list[AttentionRun], max_cells: int = 10**6, norm=
     gap = _panel_gap(panel_size)
     step = panel_size + gap
     mosaic = np.full((len(layer_runs) * step - gap, num_heads * step - gap, 4), 255, dtype=np.uint8)
+    future = np.triu(np.ones((num_tokens, num_tokens), dtype=bool), k=1)  # key index > query index
     for layer, run in enumerate(layer_runs):
         for head in range(num_heads):
-            weights = block_maximum(masked_attention(run.attention[head], run.causal), panel_size, panel_size)
+            weights = _panel_maximum(run.attention[head], future if run.causal else None, panel_size)
             top, left = layer * step, head * step
             mosaic[top : top + panel_size, left : left + panel_size] = attention_colors(weights, norm)
     return mosaic, panel_size, step
+
+
+def _panel_maximum(weights: np.ndarray, future: np.ndarray | None, cells: int) -> np.ma.MaskedArray:
+    """scales.block_maximum of one (N, N) map, masked where future (a causal run's future keys) is True.
+
+    The same blocks and values, through a plain array (its own dtype, the mask as -inf) rather than a
+    masked one: 72 maps of 512 tokens take a third of the time. Returns (cells, cells), masked where
+    a block is all future.
+    """
+    values = weights if future is None else np.where(future, -np.inf, weights)  # (N, N)
+    if cells < values.shape[0]:
+        for axis in (0, 1):
+            size = values.shape[axis]
+            starts = (np.arange(cells) * size + cells - 1) // cells  # as block_maximum: the first cell of each block
+            values = np.maximum.reduceat(values, starts, axis=axis)
+    values = values.astype(np.float64)  # (cells, cells), as block_maximum: coloured exactly alike
+    return np.ma.masked_invalid(np.where(np.isneginf(values), np.nan, values))
 
 
 def write_rollout(

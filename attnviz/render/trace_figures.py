@@ -3,8 +3,8 @@
 A wrong split changes the weights: its "heads" get heatmaps whose rows and columns are labelled
 with what they really hold, a slice of a token's features, not a token. A wrong merge leaves the
 weights as they were and mixes up the merged rows: its figure shows where each head's output
-lands. Every figure is at most MAX_IMAGE_SIDE pixels a side; cells are drawn without
-interpolation, so every colour is one on the scale.
+lands. Every figure is at most MAX_IMAGE_SIDE pixels a side, the merge figure at most
+MERGE_MAX_PX; cells are drawn without interpolation, so every colour is one on the scale.
 """
 
 from __future__ import annotations
@@ -17,6 +17,10 @@ from attnviz.tracing import TraceResult
 
 MAX_GRID_HEADS = 16  # wrong heads in the grid figure; every head has its own file
 MIN_LABEL_PIXELS = 12  # a tick label needs about this much room along its axis
+# (width, height) of the merge figure: as wide as any figure (many heads), and at most 20 inches
+# tall, about 4 pixels a row at 512 tokens; a taller one takes longer to draw and shows no more.
+MERGE_MAX_PX = (MAX_IMAGE_SIDE, 2400)
+MAX_MERGE_ROW_LABELS = 64  # token labels down the merge figure: every 8th token at 512 tokens
 
 
 def mistake_prefix(mistake: str) -> str:
@@ -80,7 +84,7 @@ def write_split_heatmaps(
         MAX_GRID_TICK_LABELS, MAX_TICK_LABELS, cell_values, draw_attention, freeze_layout, grid_shape,
         head_figure_size, label_tokens, new_figure, save_figure, show_attention, update_cell_values,
     )  # fmt: skip
-    from attnviz.render.scales import attention_colorbar
+    from attnviz.render.scales import attention_colorbar, scale_label
 
     wrong = next(trace for trace in result.layouts if trace.mistake == "view-without-permute")
     weights = wrong.weights[0].numpy()  # (H, Nq, Nk) of the first text, padding included
@@ -97,21 +101,23 @@ def write_split_heatmaps(
     title = ax.set_title("", fontsize=9, color="darkred", parse_math=False)
     ax.set_xlabel(f"wrong 'key' row: {SPLIT_AXIS_NOTE}", fontsize=8)
     ax.set_ylabel("wrong 'query' row: a slice of a token, not a token", fontsize=8)
-    attention_colorbar(figure, image, "attention weight of the wrong computation", ax=ax)  # says when it is log
+    what = "attention weight of the wrong computation"
+    colorbar = attention_colorbar(figure, image, what, ax=ax)  # says when it is log
 
-    def show(head: int) -> None:
+    def show(head: int) -> int:
         head_weights = np.ma.masked_array(weights[head])  # (Nq, Nk)
-        show_attention(image, head_weights)  # fitted to the axes' pixels: each pixel one value
+        pool = show_attention(image, head_weights)  # fitted to the axes' pixels: each pixel one value
         if values is not None:
             update_cell_values(values, head_weights, image)
         label_tokens(ax, key_labels[head], query_labels[head], MAX_TICK_LABELS, fontsize=7)
         title.set_text(_split_title(run, figure.get_figwidth(), seed, head))
+        return pool
 
     show(max(range(num_heads), key=lambda head: max(map(len, query_labels[head] + key_labels[head]))))
     freeze_layout(figure)
     written = []
     for head in range(num_heads):
-        show(head)
+        colorbar.set_label(scale_label(what, image.norm, show(head)))  # the same for every head: the same axes
         written.append(save_figure(figure, out_dir, f"{prefix}head_{head:02d}.{fmt}"))
 
     shown = min(num_heads, MAX_GRID_HEADS)
@@ -131,21 +137,24 @@ def write_split_heatmaps(
         image = draw_attention(ax, np.ma.masked_array(weights[head]))
         ax.set_title(f"'head' {head}", fontsize=9)
         label_tokens(ax, key_labels[head], query_labels[head], MAX_GRID_TICK_LABELS // 2, fontsize=5)
-    attention_colorbar(figure, image, "attention weight of the wrong computation", ax=axes, shrink=0.6)
+    what = "attention weight of the wrong computation"
+    colorbar = attention_colorbar(figure, image, what, ax=axes, shrink=0.6)
     figure.suptitle(_split_title(run, figure.get_figwidth(), seed), color="darkred", parse_math=False)
     figure.supxlabel(f"rows and columns: {SPLIT_AXIS_NOTE}", fontsize=9)
+    freeze_layout(figure)  # laid out once: savefig then draws the grid once, not twice
+    # Fitted to the frozen axes: each pixel one value, or a block's maximum, which the bar then says.
+    pools = [show_attention(ax.images[0], np.ma.masked_array(weights[head])) for head, ax in enumerate(axes.flat[:shown])]
+    colorbar.set_label(scale_label(what, image.norm, max(pools)))
     return written + [save_figure(figure, out_dir, f"{prefix}heads.{fmt}")]
 
 
-def capped_inches(natural: float, dpi: int) -> float:
-    return min(natural, MAX_IMAGE_SIDE / dpi)
-
-
-def thinned_ticks(count: int, pixels: float) -> list[int]:
-    """Every k-th index, so that each label has MIN_LABEL_PIXELS along an axis of this many pixels."""
+def thinned_ticks(count: int, pixels: float, max_labels: int | None = None) -> list[int]:
+    """Every k-th index, so that each label has MIN_LABEL_PIXELS along an axis of this many pixels,
+    and no more than max_labels are labelled."""
     from attnviz.render.heatmap import tick_positions
 
-    return tick_positions(count, max(1, int(pixels // MIN_LABEL_PIXELS)))
+    fitting = max(1, int(pixels // MIN_LABEL_PIXELS))
+    return tick_positions(count, fitting if max_labels is None else min(fitting, max_labels))
 
 
 def write_merge_figure(
@@ -154,13 +163,13 @@ def write_merge_figure(
     """Two grids, right merge and merge without permute: row n, slot h is columns h*d..(h+1)*d-1
     of token n's merged output; the colour is the token its numbers came from, the label the head.
 
-    At most MAX_IMAGE_SIDE pixels a side: a long text or many heads get thinner rows and fewer
-    labels, and a line in notes says so.
+    At most MERGE_MAX_PX (width, height): a long text or many heads get thinner rows and fewer
+    labels (at most MAX_MERGE_ROW_LABELS tokens), and a line in notes says so.
     """
     import numpy as np
 
     from attnviz.render.fonts import displayable
-    from attnviz.render.heatmap import DPI, new_figure, save_figure
+    from attnviz.render.heatmap import DPI, freeze_layout, new_figure, save_figure
     from attnviz.render.titles import chars_across, counted, run_title
     from attnviz.tracing import merge_provenance
 
@@ -174,11 +183,11 @@ def write_merge_figure(
     cell = 0.5 if num_heads <= 16 else 0.25
     panel_width = max(num_heads * cell, 3.6)  # inches: wide enough for the code in its title
     natural = (2 * panel_width + 3.5, num_tokens * 0.38 + 2.4)
-    size = (capped_inches(natural[0], DPI), capped_inches(natural[1], DPI))
+    size = (min(natural[0], MERGE_MAX_PX[0] / DPI), min(natural[1], MERGE_MAX_PX[1] / DPI))
     figure = new_figure(size)
     axes = figure.subplots(1, 2, sharey=True)
     labels = [displayable(token) for token in tokens]
-    rows = thinned_ticks(num_tokens, (size[1] - 2.4) * DPI)
+    rows = thinned_ticks(num_tokens, (size[1] - 2.4) * DPI, MAX_MERGE_ROW_LABELS)
     slots = thinned_ticks(num_heads, (size[0] - 3.5) / 2 * DPI)
     for ax, (title, provenance) in zip(axes, panels.items()):
         source_tokens = provenance[..., 1].numpy()  # (N, H)
@@ -188,12 +197,13 @@ def write_merge_figure(
         ax.set_title(title, fontsize=9, parse_math=False, color="darkred" if title.startswith("WRONG") else "black")
         ax.set_xticks(slots, [str(h) for h in slots], fontsize=7)
         ax.set_xlabel(f"slot h: columns h·{result.head_dim} .. (h+1)·{result.head_dim}−1")
-        ax.set_yticks(rows, [f"{index}:{labels[index]}" for index in rows], fontsize=8, parse_math=False)
         if num_tokens <= 24 and num_heads <= 16:
             for (row, slot), token in np.ndenumerate(source_tokens):
                 head = int(provenance[row, slot, 0])
                 ax.text(slot, row, f"h{head}\nt{token}", ha="center", va="center", fontsize=5.5,
                         color="black" if token > num_tokens / 2 else "white")  # fmt: skip
+    # The panels share their rows: labelled once, on the left (ticks are most of the drawing time).
+    axes[0].set_yticks(rows, [f"{index}:{labels[index]}" for index in rows], fontsize=8, parse_math=False)
     axes[0].set_ylabel("token n (row of the merged output)")
     colorbar = figure.colorbar(image, ax=axes, shrink=0.8)
     colorbar.set_label("the token its numbers came from")
@@ -202,10 +212,11 @@ def write_merge_figure(
     scope = [f"layer {run.layer}", counted(num_heads, "head")]
     title = run_title(run, scope, seed=seed, line_chars=chars_across(size[0]), over_words=False)
     figure.suptitle(f"where each head's output lands in the merged rows (h = head, t = token)\n{title}", parse_math=False)
+    freeze_layout(figure)  # laid out once: savefig then draws the figure once, not twice
     save_figure(figure, path.parent, path.name)
     if size != natural or len(rows) < num_tokens or len(slots) < num_heads:
         notes.append(
-            f"{path.name} is capped at {MAX_IMAGE_SIDE} pixels a side ({math.ceil(size[0] * DPI)} × "
+            f"{path.name} is capped at {MERGE_MAX_PX[0]} × {MERGE_MAX_PX[1]} pixels ({math.ceil(size[0] * DPI)} × "
             f"{math.ceil(size[1] * DPI)}): {len(rows)} of {num_tokens} tokens and {len(slots)} of {num_heads} "
             "slots labelled"
         )

@@ -1,0 +1,200 @@
+"""Every figure attnviz draws stays within its stated size (attnviz.render.sizes, the README's
+"Figure sizes"): at 512 tokens, the bundled model's longest text, and at sizes far beyond it.
+
+The PNGs' pixels are read back with PIL, so the bound is the file's, not the figure's own idea of it.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import attnviz
+from attnviz.render.scales import DPI, MAX_IMAGE_SIDE_PX
+from attnviz.render.sizes import FIGURE_MAX_PX, figure_max_px
+
+WORDS = "the animal did not cross the street because it was too tired and the quick brown fox ran over the lazy dog".split()
+LONG_TEXT = " ".join(WORDS[index % len(WORDS)] for index in range(560))  # one token a word: cut to 512 by truncate
+
+
+def png_size(path) -> tuple[int, int]:
+    with Image.open(path) as image:
+        return image.size
+
+
+@pytest.fixture(scope="module")
+def figures_of_512_tokens(tmp_path_factory, bundled_bert):
+    """Every figure file of every command at 512 tokens, in one folder: {file name: (width, height)}."""
+    from attnviz.analysis.flow import AttentionFlow
+    from attnviz.analysis.measures import LayersMeasures, RunMeasures
+    from attnviz.render.heatmap import write_heatmaps
+    from attnviz.render.measure_figures import write_layers_measure_figures, write_measure_figures
+
+    folder = tmp_path_factory.mktemp("figures-512")
+    common = {"model": "bundled", "device": "cpu", "truncate": True}
+    heads = attnviz.heads(LONG_TEXT, **common)
+    assert len(heads.tokens) == 512
+    written = write_heatmaps(heads.run, folder)
+    layers = attnviz.layers(LONG_TEXT, **common)
+    written += layers.write_files(folder)
+    written += attnviz.stats([LONG_TEXT], **common).write_files(folder)
+    written += attnviz.compare(LONG_TEXT, **common).write_files(folder)
+    position = attnviz.position(" ".join(LONG_TEXT.split()[:510]), model="bundled", device="cpu")
+    assert len(position.tokens) == 512
+    written += position.write_files(folder)
+    for mistake in ("merge-without-permute", "view-without-permute"):
+        written += attnviz.trace(LONG_TEXT, mistake=mistake, **common).write_files(folder)
+    # The measures' figures drawn from maps of the right shapes: flow is refused past 88 tokens and
+    # value zeroing of every layer takes long, but the figures' sizes depend only on the maps' shapes.
+    rng = np.random.default_rng(0)
+    maps = lambda *shape: rng.random((*shape, 512, 512))  # noqa: E731
+    names = ("norm", "value-zeroing", "flow")
+    run_measures = RunMeasures(
+        names, norm_heads=maps(heads.run.num_heads), norm=maps(), value_zeroing=maps(), value_zeroing_rows=maps(),
+        flow=AttentionFlow(maps(), maps()), flow_layers=1,
+    )  # fmt: skip
+    written += write_measure_figures(heads.run, run_measures, folder)
+    num_layers = len(layers.layer_runs)
+    layers_measures = LayersMeasures(
+        names, norm=maps(num_layers), value_zeroing=maps(num_layers), value_zeroing_rows=maps(num_layers),
+        flow=AttentionFlow(maps(), maps()),
+    )  # fmt: skip
+    written += write_layers_measure_figures(layers.layer_runs, layers.rollout, layers_measures, folder)
+    return {path.name: png_size(path) for path in written if path.suffix == ".png"}
+
+
+def test_every_figure_at_512_tokens_is_within_its_stated_size(figures_of_512_tokens):
+    for name, (width, height) in figures_of_512_tokens.items():
+        most_width, most_height = figure_max_px(name)
+        assert width <= most_width and height <= most_height, (name, (width, height), (most_width, most_height))
+        assert max(width, height) <= MAX_IMAGE_SIDE_PX, name
+
+
+def test_every_stated_size_is_of_a_figure_that_was_drawn(figures_of_512_tokens):
+    """No figure escapes the check above, and no stated size is of a figure attnviz no longer draws."""
+    drawn = {re.sub(r"head_\d+$", "head_XX", name.removesuffix(".png")) for name in figures_of_512_tokens}
+    assert drawn == set(FIGURE_MAX_PX)
+    assert {f"head_{head:02d}.png" for head in range(12)} <= set(figures_of_512_tokens)
+
+
+def test_no_figure_is_bigger_than_the_cap_and_the_readme_says_each_size():
+    from pathlib import Path
+
+    readme = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
+    section = readme.split("### Figure sizes", 1)[1].split("\n#", 1)[0]
+    for name, (width, height) in FIGURE_MAX_PX.items():
+        assert max(width, height) <= MAX_IMAGE_SIDE_PX, name
+        assert f"`{name}.png` | {width:,} × {height:,}" in section, name
+
+
+def test_a_long_text_never_grows_a_single_map_past_its_stated_size():
+    """head_figure_size, which sizes head_XX, rollout and a wrong head, stops growing: 100,000 tokens."""
+    from attnviz.render.heatmap import head_figure_size
+
+    for num_tokens in (512, 4096, 100_000):
+        width, height = head_figure_size(num_tokens, num_tokens)
+        most_width, most_height = FIGURE_MAX_PX["head_XX"]
+        assert round(width * DPI) <= most_width and round(height * DPI) <= most_height
+    assert FIGURE_MAX_PX["rollout"] == FIGURE_MAX_PX["mistake_view-without-permute_head_XX"] == FIGURE_MAX_PX["head_XX"]
+
+
+def test_deep_models_with_many_heads_keep_layers_png_within_its_stated_size(tmp_path):
+    import sys
+    from pathlib import Path
+
+    from attnviz.render.stats_figures import write_layers_grid
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_heatmap import make_run
+
+    tokens = [f"t{index}" for index in range(8)]
+    runs = [make_run(tokens, num_heads=64, seed=layer) for layer in range(96)]
+    for layer, run in enumerate(runs):
+        run.layer = layer
+    width, height = png_size(write_layers_grid(runs, tmp_path))
+    assert width <= FIGURE_MAX_PX["layers"][0] and height <= FIGURE_MAX_PX["layers"][1]
+
+
+def test_the_merge_figure_of_thousands_of_tokens_and_many_heads_stays_within_its_stated_size(tmp_path):
+    from types import SimpleNamespace
+
+    from attnviz.render.trace_figures import MAX_MERGE_ROW_LABELS, write_merge_figure
+
+    tokens = ["[CLS]", *(f"w{index}" for index in range(4094)), "[SEP]"]
+    run = SimpleNamespace(
+        query_tokens=tokens, text=" ".join(tokens[1:-1]), kv_text=None, model="bundled", layer=0, causal=False,
+        weights="pretrained", family="BERT", stack=None, num_heads=256, num_kv_heads=None, model_causal=False,
+        words=None, tokenizer_tokens=(tokens, tokens),
+    )  # fmt: skip
+    notes = []
+    path = write_merge_figure(SimpleNamespace(num_heads=256, head_dim=4), run, tmp_path / "merge.png", notes)
+    width, height = png_size(path)
+    assert (width, height) == FIGURE_MAX_PX["mistake_merge-without-permute_merge"] == (4096, 2400)
+    assert f"{MAX_MERGE_ROW_LABELS} of 4096 tokens" in notes[0]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("num_tokens, cells", [(512, 91), (100, 7), (12, 12)])
+def test_layers_png_panels_hold_the_same_block_maxima_as_the_masked_path(causal, num_tokens, cells):
+    """layers.png's plain-array block maxima (the fast path) equal scales.block_maximum of the masked map."""
+    from attnviz.render.heatmap import masked_attention
+    from attnviz.render.scales import block_maximum
+    from attnviz.render.stats_figures import _panel_maximum
+
+    weights = np.random.default_rng(num_tokens).random((num_tokens, num_tokens)).astype(np.float32)
+    future = np.triu(np.ones((num_tokens, num_tokens), dtype=bool), k=1) if causal else None
+    fast = _panel_maximum(weights, future, cells)
+    expected = block_maximum(masked_attention(weights, causal), cells, cells)
+    assert fast.shape == expected.shape == (cells, cells)
+    assert np.array_equal(np.ma.getmaskarray(fast), np.ma.getmaskarray(expected))
+    assert np.array_equal(fast.filled(-1.0), expected.filled(-1.0))
+    if causal and cells == num_tokens:  # unpooled: exactly the future cells are masked
+        assert np.array_equal(np.ma.getmaskarray(fast), future)
+
+
+def test_the_wrong_heads_grid_at_512_tokens_says_its_panels_show_block_maxima(tmp_path, monkeypatch, bundled_bert):
+    """A panel of about 300 pixels shows 512 cells as blocks: the colour bar of the grid (and of a wrong
+    head, whose bar says so exactly when its map was pooled) must say so, not show maxima as cells."""
+    from attnviz.render import heatmap
+    from attnviz.render.trace_figures import write_split_heatmaps
+
+    figures = []
+    new_figure = heatmap.new_figure
+    monkeypatch.setattr(heatmap, "new_figure", lambda size: figures.append(new_figure(size)) or figures[-1])
+    trace = attnviz.trace(LONG_TEXT, mistake="view-without-permute", model="bundled", device="cpu", truncate=True)
+    write_split_heatmaps(trace.trace, trace.runs[0], tmp_path, "png", [], 0)
+    head_figure, grid = figures
+    for figure in (head_figure, grid):
+        images = [image for ax in figure.axes for image in ax.images]
+        shown = max(max(512 / image.get_array().shape[0], 512 / image.get_array().shape[1]) for image in images)
+        label = figure.axes[-1].get_ylabel()  # the colour bar's axes come last
+        assert ("max of ≤" in label) == (shown > 1), label
+    assert "max of ≤2×2 cells" in grid.axes[-1].get_ylabel()
+
+
+@pytest.mark.parametrize("num_panels, shared", [(12, True), (1, False), (4, False)])
+def test_a_measure_figure_at_512_tokens_says_when_its_panels_show_block_maxima(num_panels, shared):
+    import sys
+    from pathlib import Path
+
+    from attnviz.render.measure_figures import Panel, maps_figure
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_heatmap import make_run
+
+    run = make_run([f"t{index}" for index in range(512)], num_heads=1)
+    rng = np.random.default_rng(0)
+    panels = [Panel(f"map {index}", rng.random((512, 512)), "value") for index in range(num_panels)]
+    figure = maps_figure(run, panels, "what", shared_colour="value" if shared else None)
+    images = [image for ax in figure.axes for image in ax.images]
+    assert len(images) == num_panels
+    cells = max(max(512 / size for size in image.get_array().shape) for image in images)
+    bars = [ax for ax in figure.axes if ax.get_ylabel().startswith("value")]  # the colour bars' axes
+    assert len(bars) == (1 if shared else num_panels)
+    for bar in bars:
+        assert ("max of ≤" in bar.get_ylabel()) == (cells > 1), bar.get_ylabel()
+    if num_panels == 12:
+        assert cells > 1  # 12 panels of at most 3.6 inches: fewer pixels than 512 cells
