@@ -24,7 +24,9 @@ ZH = "我想吃酸菜鱼 中国的大学生"  # the bundled vocabulary has 我 �
 ZH_TOKENS = "我中国的大学生"
 HOSTILE = "</script><script>document.title='x'</script><img src=x onerror=alert(1)>"
 HEAD = 3
-ROUNDING = 5e-5  # the record's weights are rounded to 4 decimals
+# The record's weights are rounded to 4 decimals (5e-5), attention.json's to 7 (5e-8): a weight near
+# a half unit, 0.10035 say, can be 5e-5 from the record in one and a few float64 ulps more in the other.
+ROUNDING = 5e-5 + 5e-8 + 1e-12
 VIEWS = ["head", "model", "heatmap", "trace", "stats"]
 DATA = re.compile(r'<script type="application/json" id="attnviz-data">(.*?)</script>', re.S)
 

@@ -249,7 +249,8 @@ def check_name(name: str) -> str:
 
 CHECKS_EXPLANATION = (
     "largest absolute difference of the attention weights and of the output from torch.nn.MultiheadAttention "
-    "loaded with the same W_q, W_k, W_v, W_o and split into as many heads (torch's own code, not attnviz's); "
+    "loaded with the same W_q, W_k, W_v, W_o and split into as many heads (torch's own code, not attnviz's, "
+    "in float64); "
     f"they agree when both are at most {TOLERANCE:.0e}"
 )
 

@@ -31,14 +31,15 @@ class Check:
 
 
 def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.float().cpu() - b.float().cpu()).abs().max())
+    return float((a.double().cpu() - b.double().cpu()).abs().max())
 
 
 def torch_reference(layer: MultiHeadAttention, inputs: LayerInputs, num_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
     """torch.nn.MultiheadAttention loaded with the layer's W_q, W_k, W_v, W_o, split into num_heads heads.
 
-    Independent of attention/layer.py: torch's own projections, head split, masks and softmax.
-    Returns the output (B, Nq, D) and the weights (B, H, Nq, Nk).
+    Independent of attention/layer.py: torch's own projections, head split, masks and softmax, in
+    float64, so that a difference is the float32 layout's own rounding, not the sum of two layers'.
+    Returns the output (B, Nq, D) and the weights (B, H, Nq, Nk), float64.
     """
     model_size = layer.w_q.out_features
     key_size, value_size = layer.w_k.in_features, layer.w_v.in_features
@@ -46,7 +47,7 @@ def torch_reference(layer: MultiHeadAttention, inputs: LayerInputs, num_heads: i
     biased = any(linear.bias is not None for linear in linears)  # Qwen2-like: W_q, W_k, W_v biased, W_o not
     reference = torch.nn.MultiheadAttention(
         model_size, num_heads, bias=biased, kdim=key_size, vdim=value_size, batch_first=True,
-    ).to(layer.w_q.weight.device, layer.w_q.weight.dtype).eval()
+    ).to(layer.w_q.weight.device, torch.float64).eval()
     with torch.no_grad():
         if reference._qkv_same_embed_dim:
             reference.in_proj_weight.copy_(torch.cat([layer.w_q.weight, layer.w_k.weight, layer.w_v.weight]))  # (3D, D)
@@ -67,8 +68,9 @@ def torch_reference(layer: MultiHeadAttention, inputs: LayerInputs, num_heads: i
     if inputs.causal:
         future = torch.ones(num_queries, num_keys, dtype=torch.bool, device=device).triu(1)
     with torch.inference_mode():
+        queries, keys_values = inputs.queries.double(), inputs.keys_values.double()
         return reference(
-            inputs.queries, inputs.keys_values, inputs.keys_values, key_padding_mask=padding, attn_mask=future,
+            queries, keys_values, keys_values, key_padding_mask=padding, attn_mask=future,
             need_weights=True, average_attn_weights=False,
         )
 
