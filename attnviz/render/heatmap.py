@@ -12,9 +12,7 @@ import contextlib
 import functools
 import math
 import os
-import re
 import signal
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -71,18 +69,27 @@ def write_heatmaps(
     seed: the seed of random parameters, for the titles (figures of random parameters name it).
 
     On Linux with more than one core, a forked copy of this process draws the grid while this
-    one draws the heads: matplotlib uses one core, and the two jobs take about as long.
+    one draws the heads: matplotlib uses one core, and the two jobs take about as long. Inside
+    heatmaps_drawn_ahead with the same arguments, the figure worker has drawn them already.
     """
+    from attnviz.render import figure_worker
     from attnviz.render.fonts import use_cjk_font
 
     check_format(fmt)
-    use_cjk_font()  # before the fork, so that both processes start with the fonts loaded
+    ahead = _drawn_ahead.pop((id(run), Path(out_dir), fmt, prefix, note, seed), None)
+    if ahead is not None:  # the figure worker has been drawing these files: its answer, or the same drawn here
+        return ahead[1].wait(lambda: write_heatmaps(run, out_dir, fmt, prefix, note, seed))
     say_capped(f"{prefix}heads.{fmt}", _grid_figure_size(run))  # here: a forked process's stderr may go nowhere
     grid_path = Path(out_dir) / f"{prefix}heads.{fmt}"
-    if sys.platform != "linux" or (os.cpu_count() or 1) < 2:
+    if not figure_worker.can_fork():
         paths = write_head_heatmaps(run, out_dir, fmt, prefix, note, seed)
         return paths + [write_heads_grid(run, out_dir, fmt, prefix, note, seed)]
-    child = _fork(lambda: write_heads_grid(run, out_dir, fmt, prefix, note, seed))
+    # Before the fork, so that neither process imports them again (0.2 s each).
+    import matplotlib.backends.backend_agg  # noqa: F401
+    import matplotlib.figure  # noqa: F401
+
+    use_cjk_font()
+    child = figure_worker.fork(lambda: write_heads_grid(run, out_dir, fmt, prefix, note, seed))
     try:
         paths = write_head_heatmaps(run, out_dir, fmt, prefix, note, seed)
         status = os.waitpid(child, 0)[1]
@@ -100,37 +107,30 @@ def write_heatmaps(
     return paths + [grid_path]
 
 
-def _fork(draw) -> int:
-    """Run draw() in a forked copy of this process that dies with it; return the copy's pid.
+_drawn_ahead: dict = {}  # write_heatmaps' arguments (the run by id) -> (the run, the figure worker's Job)
 
-    The copy leaves with os._exit, never running the parent's code after this (its cleanup of the
-    run folder above all): exit code 0 done, the errno of an OSError, 1 anything else.
+
+@contextlib.contextmanager
+def heatmaps_drawn_ahead(run: AttentionRun, out_dir: Path, fmt: str = "png", seed: int | None = None):
+    """Within the block, the figure worker (attnviz.render.figure_worker, if started) writes run's heatmaps into out_dir.
+
+    write_heatmaps(run, out_dir, fmt, seed=seed) inside the block waits for them instead of drawing
+    them; the work before it (the report) runs meanwhile. Leaving the block any other way (an
+    error, a signal's exception) stops the worker, so that nothing is written into out_dir after.
     """
-    parent = os.getpid()
-    child = os.fork()
-    if child != 0:
-        return child
-    exit_code = 1
+    from attnviz.render import figure_worker
+
+    check_format(fmt)
+    key = (id(run), Path(out_dir), fmt, "", "", seed)
+    job = figure_worker.submit(write_heatmaps, run, Path(out_dir), fmt, "", "", seed)
+    if job is not None:
+        _drawn_ahead[key] = (run, job)  # the run held: its id stays its own
     try:
-        for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # die of them: the parent cleans up
-            signal.signal(number, signal.SIG_DFL)
-        _die_with_parent(parent)
-        draw()
-        exit_code = 0
-    except OSError as error:
-        exit_code = error.errno if error.errno and 1 < error.errno < 126 else 1
+        yield
     finally:
-        os._exit(exit_code)
-
-
-def _die_with_parent(parent: int) -> None:
-    """Ask Linux to SIGKILL this process when its parent dies (prctl PR_SET_PDEATHSIG), even by SIGKILL."""
-    import ctypes
-
-    PR_SET_PDEATHSIG = 1
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent:  # it died before the request was made
-        os._exit(1)
+        unused = _drawn_ahead.pop(key, None)
+        if unused is not None:
+            unused[1].cancel()
 
 
 def write_head_heatmaps(

@@ -1,0 +1,120 @@
+"""Start-up: the figure worker (a copy forked before torch is imported) draws the same files as this process,
+and stops when its folder is abandoned; short texts run torch on one thread; `attnviz --help` answers from its saved text."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+linux_with_two_cores = pytest.mark.skipif(
+    sys.platform != "linux" or (os.cpu_count() or 1) < 2, reason="the figure worker is forked on Linux with 2 cores or more"
+)
+
+
+def run_script(script: str, env: dict | None = None) -> list[str]:
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300, cwd=TESTS
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout.splitlines()
+
+
+@linux_with_two_cores
+def test_the_figure_worker_draws_the_files_this_process_would(tmp_path):
+    """Drawn ahead by the worker, the heatmaps equal those drawn here, pixel for pixel; this process never
+    imported matplotlib.figure (so the worker did draw them), and the worker is reaped at exit."""
+    script = f"""
+import sys
+from pathlib import Path
+from test_heatmap import make_run
+from attnviz.render import figure_worker, heatmap
+
+figure_worker.start()
+worker = figure_worker._worker.pid
+run = make_run(["[CLS]", "我", "想", "吃", "[SEP]"], num_heads=3)
+out = Path({str(tmp_path)!r}) / "ahead"
+out.mkdir()
+with heatmap.heatmaps_drawn_ahead(run, out, "png", seed=None):
+    paths = heatmap.write_heatmaps(run, out, "png")
+print([path.name for path in paths])
+print("matplotlib.figure" in sys.modules)
+print(worker)
+"""
+    names, imported, worker = run_script(script)
+    assert names == str(["head_00.png", "head_01.png", "head_02.png", "heads.png"])
+    assert imported == "False"
+    with pytest.raises(ProcessLookupError):  # gone with its parent
+        os.kill(int(worker), 0)
+
+    from test_heatmap import make_run, read_png
+
+    from attnviz.render import heatmap
+
+    here = tmp_path / "here"
+    here.mkdir()
+    run = make_run(["[CLS]", "我", "想", "吃", "[SEP]"], num_heads=3)  # the same seed: the same weights
+    drawn = heatmap.write_head_heatmaps(run, here) + [heatmap.write_heads_grid(run, here)]
+    for path in drawn:
+        assert (read_png(tmp_path / "ahead" / path.name) == read_png(path)).all(), path.name
+
+
+@linux_with_two_cores
+def test_an_abandoned_folder_stops_the_worker(tmp_path):
+    """An error inside the block kills the worker: nothing can be written into the folder after it."""
+    script = f"""
+import os
+from pathlib import Path
+from test_heatmap import make_run
+from attnviz.render import figure_worker, heatmap
+
+figure_worker.start()
+worker = figure_worker._worker.pid
+run = make_run(["a", "b", "c"], num_heads=2)
+try:
+    with heatmap.heatmaps_drawn_ahead(run, Path({str(tmp_path)!r}), "png"):
+        raise KeyboardInterrupt
+except KeyboardInterrupt:
+    pass
+print(figure_worker._worker is None)
+try:
+    os.kill(worker, 0)
+    print("alive")
+except ProcessLookupError:
+    print("gone")
+"""
+    assert run_script(script) == ["True", "gone"]
+
+
+def test_no_worker_once_torch_is_imported():
+    """The API and the tests have torch already: nothing to overlap, and no copy of torch's threads is made."""
+    script = "import torch\nfrom attnviz.render import figure_worker\nfigure_worker.start()\nprint(figure_worker._worker)\n"
+    assert run_script(script) == ["None"]
+
+
+@pytest.mark.parametrize(
+    "args, threads",
+    [
+        (["heads", "the quick brown fox"], "1"),
+        (["stats", "--file", "texts.txt"], None),
+        (["stats", "-ftexts.txt"], None),
+        (["heads", "word " * 100], None),  # 500 characters: a long text keeps torch's threads
+    ],
+)
+def test_short_texts_run_torch_on_one_thread(args, threads):
+    script = (
+        "import os\nfrom attnviz.cli.main import few_threads_for_short_texts\n"
+        f"few_threads_for_short_texts({args!r})\nprint(os.environ.get('OMP_NUM_THREADS'))\n"
+        "import torch\nprint(torch.get_num_threads())\n"
+    )
+    env = {key: value for key, value in os.environ.items() if key not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    shown, torch_threads = run_script(script, env)
+    assert shown == str(threads)
+    if threads:
+        assert torch_threads == threads
+    env["OMP_NUM_THREADS"] = "2"  # the user's choice stays
+    assert run_script(script, env)[0] == "2"
