@@ -118,3 +118,36 @@ def test_short_texts_run_torch_on_one_thread(args, threads):
         assert torch_threads == threads
     env["OMP_NUM_THREADS"] = "2"  # the user's choice stays
     assert run_script(script, env)[0] == "2"
+
+
+HELP_BY_TYPER = "from attnviz.cli import run\nrun(['--help'])\n"  # builds the command line: never the saved text
+HELP_BY_THE_SCRIPT = (
+    "import sys\nsys.argv = ['attnviz', '--help']\nfrom attnviz.__main__ import main\n"
+    "try:\n    main()\nexcept SystemExit as done:\n    assert done.code == 0\n"
+    "print(sorted({'typer', 'rich', 'click', 'torch'} & set(sys.modules)))\n"
+)
+
+
+@pytest.mark.parametrize("columns", ["80", "100", "200"])
+def test_the_saved_help_is_what_typer_writes(columns):
+    """attnviz/cli/help.txt equals typer's --help at every width it is printed at. If this fails, the commands'
+    help changed: save it again with COLUMNS=100 python -c "from attnviz.cli import run; run(['--help'])" > attnviz/cli/help.txt"""
+    from attnviz.__main__ import SAVED_HELP
+
+    env = {**os.environ, "COLUMNS": columns}
+    by_typer = subprocess.run([sys.executable, "-c", HELP_BY_TYPER], capture_output=True, text=True, env=env, check=True)
+    saved = Path(SAVED_HELP).read_text(encoding="utf-8")
+    assert by_typer.stdout == saved
+    printed = run_script(HELP_BY_THE_SCRIPT, env)
+    assert "\n".join(printed[:-1]) + "\n" == saved
+    assert printed[-1] == "[]"  # printed without building the command line
+
+
+def test_a_narrow_terminal_gets_typers_help():
+    """Below 80 columns click wraps narrower: the saved text would be wrong, so typer writes it."""
+    env = {**os.environ, "COLUMNS": "60"}
+    by_typer = subprocess.run([sys.executable, "-c", HELP_BY_TYPER], capture_output=True, text=True, env=env, check=True)
+    printed = run_script(HELP_BY_THE_SCRIPT, env)
+    assert "\n".join(printed[:-1]) + "\n" == by_typer.stdout
+    assert max(len(line) for line in by_typer.stdout.splitlines()) <= 58
+    assert "typer" in printed[-1]
