@@ -3,6 +3,7 @@ and stops when its folder is abandoned; short texts run torch on one thread; `at
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 import sys
@@ -67,6 +68,7 @@ print(worker)
 def test_an_abandoned_folder_stops_the_worker(tmp_path):
     """An error inside the block kills the worker: nothing can be written into the folder after it."""
     script = f"""
+import ast
 import os
 from pathlib import Path
 from test_heatmap import make_run
@@ -151,3 +153,36 @@ def test_a_narrow_terminal_gets_typers_help():
     assert "\n".join(printed[:-1]) + "\n" == by_typer.stdout
     assert max(len(line) for line in by_typer.stdout.splitlines()) <= 58
     assert "typer" in printed[-1]
+
+
+@linux_with_two_cores
+def test_a_results_files_written_by_the_worker_equal_its_own(tmp_path):
+    """compare's files (what compare and position hand to the worker): the same bytes of JSON and pixels of PNG
+    as the result writes itself, and this process never imported matplotlib.figure."""
+    script = f"""
+import sys
+from pathlib import Path
+from attnviz.render import figure_worker
+
+figure_worker.start()  # before torch, as the commands do
+import attnviz
+
+result = attnviz.compare("the cat sat on the mat", model="bundled", device="cpu", heads="1,4")
+there = Path({str(tmp_path)!r}) / "there"
+there.mkdir()
+print([path.name for path in figure_worker.write_files_here_or_there(result, there, "png")])
+print("matplotlib.figure" in sys.modules)
+here = Path({str(tmp_path)!r}) / "here"
+here.mkdir()
+result.write_files(here, "png")
+"""
+    names, imported = run_script(script)
+    assert imported == "False"
+    from test_heatmap import read_png
+
+    for name in ast.literal_eval(names):
+        there, here = tmp_path / "there" / name, tmp_path / "here" / name
+        if name.endswith(".png"):
+            assert (read_png(there) == read_png(here)).all(), name
+        else:
+            assert there.read_bytes() == here.read_bytes(), name

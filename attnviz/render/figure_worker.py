@@ -106,6 +106,22 @@ def stop(kill: bool = True) -> None:
         os.waitpid(worker.pid, 0)
 
 
+def write_files(result, folder, fmt: str) -> list:
+    """result.write_files(folder, fmt): a job for the worker (a result of attnviz.api, pickled with its arrays)."""
+    return result.write_files(folder, fmt)
+
+
+def write_files_here_or_there(result, folder, fmt: str) -> list:
+    """result.write_files(folder, fmt), by the figure worker if one is free (matplotlib is loaded there), else here."""
+    job = submit(write_files, result, folder, fmt)
+    if job is None:
+        return result.write_files(folder, fmt)
+    try:
+        return job.wait(lambda: result.write_files(folder, fmt))
+    finally:
+        job.cancel()  # a no-op once it answered; else nothing more is written into folder
+
+
 class _Worker:
     def __init__(self, pid: int, jobs: int, replies: int):
         self.pid, self.jobs, self.replies = pid, jobs, replies
@@ -134,8 +150,8 @@ class Job:
         return value
 
     def cancel(self) -> None:
-        """Stop the job (and the worker) at once: it may be writing into a folder about to be removed."""
-        if self._worker is _worker:
+        """Stop the job (and the worker) at once if it has not answered: it may be writing into a folder about to be removed."""
+        if self._worker is _worker and self._worker.busy:
             stop()
 
 
