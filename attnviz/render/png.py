@@ -24,12 +24,13 @@ _INCHES_PER_METRE = 39.3701
 def png_bytes(rgba: np.ndarray, dpi: float) -> bytes:
     """A PNG file of an opaque (height, width, 4) uint8 image, as RGB, with its resolution (pHYs) in dpi."""
     height, width, _ = rgba.shape
-    rgb = rgba[..., :3]  # (H, W, 3), a view: the alpha bytes are skipped, not copied
+    # (H, 3W): one copy without the alpha bytes; the subtraction below then runs along whole rows
+    # (on (H, W, 3) views, numpy's inner loop would be 3 bytes long: three times slower).
+    rgb = np.ascontiguousarray(rgba[..., :3]).reshape(height, width * 3)
     rows = np.empty((height, 1 + width * 3), dtype=np.uint8)  # each row: its filter type, then its bytes
     rows[:, 0] = _FILTER_UP
-    pixels = rows[:, 1:].reshape(height, width, 3)  # a view of the rows' bytes
-    pixels[0] = rgb[0]  # the first row's "above" is zeros
-    np.subtract(rgb[1:], rgb[:-1], out=pixels[1:])  # uint8: wraps modulo 256, as the filter is defined
+    rows[0, 1:] = rgb[0]  # the first row's "above" is zeros
+    np.subtract(rgb[1:], rgb[:-1], out=rows[1:, 1:])  # uint8: wraps modulo 256, as the filter is defined
     pixels_per_metre = round(dpi * _INCHES_PER_METRE)
     return b"".join(
         [
