@@ -58,7 +58,8 @@ def compare(
     from attnviz.api import functions
     from attnviz.api.models import load
     from attnviz.output.runs import run_folder_name
-    from attnviz.render import terminal
+    from attnviz.render import figure_worker, terminal
+    from attnviz.render.figure_worker import write_files_here_or_there
 
     check_text(text)
     if head_counts is not None:
@@ -66,6 +67,7 @@ def compare(
     weights_list = parse_weights(weights)
     functions.refuse_before_loading(model, needs_bert=functions.COMPARE_NEEDS_BERT)
     target = run_target(out, run_folder_name(text))
+    figure_worker.start()  # it imports matplotlib while this process imports torch and runs the model
     handle = load(model, device.value, allow_pickle=allow_pickle, cache=False)
     result = functions.compare(
         text, heads=head_counts, weights=weights, model=handle, layer=layer, seed=seed, truncate=truncate
@@ -76,7 +78,7 @@ def compare(
     terminal.print_compare_setup(console, first, handle.source, handle.device_label, weights_list, seed)
     terminal.print_tokens(console, first)
     console.print(result)  # its __rich__: the table of the splits
-    write_run(out, target, "drawing the comparison…", lambda staging: result.write_files(staging, image_format.value))
+    write_run(out, target, "drawing the comparison…", lambda staging: write_files_here_or_there(result, staging, image_format.value))
 
 
 @app.command(short_help='Why attention needs position embeddings.')
@@ -103,14 +105,16 @@ def position(
     from attnviz.api import functions
     from attnviz.api.models import load
     from attnviz.output.runs import run_folder_name
-    from attnviz.render import terminal
+    from attnviz.render import figure_worker, terminal
+    from attnviz.render.figure_worker import write_files_here_or_there
 
     check_text(text)
     functions.refuse_before_loading(model, needs_bert=functions.POSITION_NEEDS_BERT)
     target = run_target(out, run_folder_name(text))
+    figure_worker.start()  # it imports matplotlib while this process imports torch and runs the model
     handle = load(model, device.value, allow_pickle=allow_pickle, cache=False)
     result = functions.position(text, permutation=permutation, head=head, model=handle)
 
     terminal.print_notices(errors, result.result.notices)
     terminal.print_position(console, result.result, handle.source, handle.device_label)
-    write_run(out, target, "drawing the maps…", lambda staging: result.write_files(staging, image_format.value))
+    write_run(out, target, "drawing the maps…", lambda staging: write_files_here_or_there(result, staging, image_format.value))

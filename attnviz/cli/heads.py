@@ -78,7 +78,8 @@ def heads(
     from attnviz.api.models import load
     from attnviz.api.report import report_of_runs
     from attnviz.output.runs import run_folder_name
-    from attnviz.render import terminal
+    from attnviz.render import figure_worker, terminal
+    from attnviz.render.heatmap import heatmaps_drawn_ahead
 
     if text is not None and file is not None:
         raise AttnvizError("give either a TEXT or --file PATH, not both")
@@ -107,6 +108,7 @@ def heads(
             ),
         )
     target = run_target(out, run_folder_name(text))
+    figure_worker.start()  # it imports matplotlib while this process imports torch and runs the model
     handle = load(model, device.value, allow_pickle=allow_pickle, cache=False)
     settings = dict(
         model=handle, layer=layer, heads=num_heads, weights=weights.value, seed=seed, kv=kv, causal=causal, truncate=truncate,
@@ -133,9 +135,12 @@ def heads(
         print_trace(console, traced.trace, text_tokens=[run.query_tokens])
 
     def write(staging: Path) -> list[Path]:
-        written = result.write_files(staging, image_format.value)
-        written += traced.write_files(staging, image_format.value) if traced is not None else []
-        return written + (report_of_runs(handle.loaded, [run], result.spec).write_files(staging) if not no_html else [])
+        # The figure worker draws the heatmaps while this process computes the report (its own passes).
+        with heatmaps_drawn_ahead(run, staging, image_format.value, seed=result.spec.seed):
+            report = report_of_runs(handle.loaded, [run], result.spec).write_files(staging) if not no_html else []
+            written = result.write_files(staging, image_format.value)
+            written += traced.write_files(staging, image_format.value) if traced is not None else []
+        return written + report
 
     write_run(out, target, "writing heatmaps…", write)
     if traced is not None and not traced.agree:

@@ -24,6 +24,7 @@ from attnviz.cli import experiments  # noqa: E402, F401  isort: skip
 from attnviz.cli import trace_command  # noqa: E402, F401  isort: skip
 
 INTERRUPTED = 130  # the shell's exit code for Ctrl-C (128 + SIGINT)
+SHORT_TEXT_CHARS = 256  # a command on texts no longer than this runs torch on one thread (few_threads_for_short_texts)
 
 
 @app.command(short_help='List the models that can be used now.')
@@ -74,6 +75,23 @@ def _refuse_empty_out(args: list[str]) -> None:
             raise AttnvizError("--out is empty: give a folder (--out . for the current one)")
 
 
+def few_threads_for_short_texts(args: list[str]) -> None:
+    """One torch thread (OMP_NUM_THREADS=1, set before torch is imported) for a command on short texts.
+
+    A dozen tokens make tensors so small that a second thread only adds waiting: the forward pass
+    and the report's passes of a 12-token text take 10 to 20 times longer with torch's two threads
+    on a 2-core machine where another process holds a core (each parallel region waits for both).
+    A batch (--file) or a long text keeps torch's threads, and so does a thread count the user set.
+    """
+    if "torch" in sys.modules or {"OMP_NUM_THREADS", "MKL_NUM_THREADS"} & set(os.environ):
+        return
+    options = args[: args.index("--")] if "--" in args else args
+    if any(arg == "--file" or arg.startswith(("--file=", "-f")) for arg in options):
+        return
+    if all(len(arg) <= SHORT_TEXT_CHARS for arg in args):
+        os.environ["OMP_NUM_THREADS"] = "1"
+
+
 def _interrupted(interrupted: Interrupted) -> int:
     from attnviz.output.runs import interrupted_message
 
@@ -87,6 +105,7 @@ def main() -> None:
     from attnviz.output.streams import PipeSafeStream
 
     handle_signals()
+    few_threads_for_short_texts(sys.argv[1:])
     if sys.stdout is not None:  # None: started with stdout closed (>&-); Rich then prints nowhere
         sys.stdout = PipeSafeStream(sys.stdout)
     if sys.stderr is not None:

@@ -9,16 +9,18 @@ Figures are plain matplotlib Figures on an Agg canvas: no pyplot state, nothing 
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 import os
-import re
 import signal
-import sys
 from pathlib import Path
 
 import numpy as np
 
+from attnviz.render.cell_values import (  # noqa: F401  (the other figures import them from here)
+    MAX_ANNOTATED_TOKENS,
+    cell_values,
+    update_cell_values,
+)
 from attnviz.render.fonts import displayable
 from attnviz.render.titles import chars_across, counted, run_title
 from attnviz.result import AttentionRun
@@ -34,7 +36,6 @@ from attnviz.render.scales import (  # the colour scale, blocks and size cap of 
     show_attention,
 )
 
-MAX_ANNOTATED_TOKENS = 20  # print the weight in each cell when both axes are this short
 MAX_TICK_LABELS = 48  # per axis of a single-head figure
 MAX_GRID_TICK_LABELS = 16  # per axis of one panel in the grid
 FORMATS = ("png", "svg", "pdf")
@@ -71,18 +72,27 @@ def write_heatmaps(
     seed: the seed of random parameters, for the titles (figures of random parameters name it).
 
     On Linux with more than one core, a forked copy of this process draws the grid while this
-    one draws the heads: matplotlib uses one core, and the two jobs take about as long.
+    one draws the heads: matplotlib uses one core, and the two jobs take about as long. Inside
+    heatmaps_drawn_ahead with the same arguments, the figure worker has drawn them already.
     """
+    from attnviz.render import figure_worker
     from attnviz.render.fonts import use_cjk_font
 
     check_format(fmt)
-    use_cjk_font()  # before the fork, so that both processes start with the fonts loaded
+    ahead = _drawn_ahead.pop((id(run), Path(out_dir), fmt, prefix, note, seed), None)
+    if ahead is not None:  # the figure worker has been drawing these files: its answer, or the same drawn here
+        return ahead[1].wait(lambda: write_heatmaps(run, out_dir, fmt, prefix, note, seed))
     say_capped(f"{prefix}heads.{fmt}", _grid_figure_size(run))  # here: a forked process's stderr may go nowhere
     grid_path = Path(out_dir) / f"{prefix}heads.{fmt}"
-    if sys.platform != "linux" or (os.cpu_count() or 1) < 2:
+    if not figure_worker.can_fork():
         paths = write_head_heatmaps(run, out_dir, fmt, prefix, note, seed)
         return paths + [write_heads_grid(run, out_dir, fmt, prefix, note, seed)]
-    child = _fork(lambda: write_heads_grid(run, out_dir, fmt, prefix, note, seed))
+    # Before the fork, so that neither process imports them again (0.2 s each).
+    import matplotlib.backends.backend_agg  # noqa: F401
+    import matplotlib.figure  # noqa: F401
+
+    use_cjk_font()
+    child = figure_worker.fork(lambda: write_heads_grid(run, out_dir, fmt, prefix, note, seed))
     try:
         paths = write_head_heatmaps(run, out_dir, fmt, prefix, note, seed)
         status = os.waitpid(child, 0)[1]
@@ -100,37 +110,30 @@ def write_heatmaps(
     return paths + [grid_path]
 
 
-def _fork(draw) -> int:
-    """Run draw() in a forked copy of this process that dies with it; return the copy's pid.
+_drawn_ahead: dict = {}  # write_heatmaps' arguments (the run by id) -> (the run, the figure worker's Job)
 
-    The copy leaves with os._exit, never running the parent's code after this (its cleanup of the
-    run folder above all): exit code 0 done, the errno of an OSError, 1 anything else.
+
+@contextlib.contextmanager
+def heatmaps_drawn_ahead(run: AttentionRun, out_dir: Path, fmt: str = "png", seed: int | None = None):
+    """Within the block, the figure worker (attnviz.render.figure_worker, if started) writes run's heatmaps into out_dir.
+
+    write_heatmaps(run, out_dir, fmt, seed=seed) inside the block waits for them instead of drawing
+    them; the work before it (the report) runs meanwhile. Leaving the block any other way (an
+    error, a signal's exception) stops the worker, so that nothing is written into out_dir after.
     """
-    parent = os.getpid()
-    child = os.fork()
-    if child != 0:
-        return child
-    exit_code = 1
+    from attnviz.render import figure_worker
+
+    check_format(fmt)
+    key = (id(run), Path(out_dir), fmt, "", "", seed)
+    job = figure_worker.submit(write_heatmaps, run, Path(out_dir), fmt, "", "", seed)
+    if job is not None:
+        _drawn_ahead[key] = (run, job)  # the run held: its id stays its own
     try:
-        for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # die of them: the parent cleans up
-            signal.signal(number, signal.SIG_DFL)
-        _die_with_parent(parent)
-        draw()
-        exit_code = 0
-    except OSError as error:
-        exit_code = error.errno if error.errno and 1 < error.errno < 126 else 1
+        yield
     finally:
-        os._exit(exit_code)
-
-
-def _die_with_parent(parent: int) -> None:
-    """Ask Linux to SIGKILL this process when its parent dies (prctl PR_SET_PDEATHSIG), even by SIGKILL."""
-    import ctypes
-
-    PR_SET_PDEATHSIG = 1
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent:  # it died before the request was made
-        os._exit(1)
+        unused = _drawn_ahead.pop(key, None)
+        if unused is not None:
+            unused[1].cancel()
 
 
 def write_head_heatmaps(
@@ -258,7 +261,7 @@ class _HeadFigure:
         return [artist for artist in artists if artist is not None]
 
     def _blit_png(self, path: Path) -> None:
-        from PIL import Image
+        from attnviz.render.png import write_png
 
         canvas = self.figure.canvas
         if self.background is None:
@@ -266,9 +269,7 @@ class _HeadFigure:
         canvas.restore_region(self.background)
         for artist in self._per_head_artists():
             self.ax.draw_artist(artist)
-        # (height, width, 3): the figure is opaque, an alpha channel would add only bytes.
-        rgb = np.ascontiguousarray(np.asarray(canvas.buffer_rgba())[..., :3])
-        Image.fromarray(rgb).save(path, dpi=(DPI, DPI), compress_level=PNG_COMPRESS_LEVEL)
+        write_png(path, np.asarray(canvas.buffer_rgba()), DPI)  # (height, width, 4), written as RGB
 
     def _render_background(self):
         for artist in self._per_head_artists():
@@ -336,56 +337,6 @@ def label_tokens(ax, key_tokens: list[str], query_tokens: list[str], max_labels:
     )
 
 
-def cell_values(ax, num_queries: int, num_keys: int):
-    """An empty collection for the weights printed in the cells, or None when the map is too big.
-
-    The values are glyph outlines in one PathCollection: one draw call per head instead of
-    Nq * Nk Text artists (about 1 ms each, most of the time of a 20-token figure).
-    """
-    from matplotlib.collections import PathCollection
-    from matplotlib.transforms import Affine2D
-
-    if max(num_queries, num_keys) > MAX_ANNOTATED_TOKENS:
-        return None
-    query_index, key_index = np.mgrid[0:num_queries, 0:num_keys]  # (Nq, Nk) each
-    centres = np.column_stack([key_index.ravel(), query_index.ravel()])  # (Nq*Nk, 2) as (x, y)
-    points_to_pixels = Affine2D().scale(1 / 72) + ax.figure.dpi_scale_trans
-    collection = PathCollection(
-        [],
-        offsets=centres,
-        offset_transform=ax.transData,
-        transform=points_to_pixels,
-        edgecolors="none",
-    )
-    ax.add_collection(collection, autolim=False)
-    return collection
-
-
-def update_cell_values(collection, weights: np.ma.MaskedArray, image) -> None:
-    """Each cell's weight as "0.42", in black or white, whichever contrasts with the cell."""
-    rgba = image.to_rgba(weights.filled(0.0))  # (Nq, Nk, 4)
-    luminance = rgba[..., :3] @ np.array([0.2126, 0.7152, 0.0722])  # (Nq, Nk)
-    labels = np.where(np.ma.getmaskarray(weights), "", np.char.mod("%.2f", weights.data))
-    collection.set_paths([_centred_text_path(label) for label in labels.ravel()])
-    light = (luminance > 0.5).ravel()[:, None]  # (Nq*Nk, 1)
-    collection.set_facecolor(np.where(light, (0, 0, 0, 1), (1, 1, 1, 1)))
-
-
-@functools.cache
-def _centred_text_path(label: str):
-    """Outline of label in 8 pt DejaVu Sans, in points, centred on (0, 0); "" draws nothing."""
-    from matplotlib.font_manager import FontProperties
-    from matplotlib.path import Path as GlyphPath
-    from matplotlib.textpath import TextPath, text_to_path
-
-    if not label:
-        return GlyphPath(np.empty((0, 2)))
-    font = FontProperties(family="DejaVu Sans", size=8)
-    # From the font's metrics: Path.get_extents on glyph curves is 100x slower.
-    width, height, descent = text_to_path.get_text_width_height_descent(label, font, ismath=False)
-    return TextPath((-width / 2, descent - height / 2), label, prop=font)
-
-
 def head_figure_size(num_queries: int, num_keys: int) -> tuple[float, float]:
     """About 0.45 inch per token, so a printed "0.42" fits its cell, within 5..11 inches.
 
@@ -409,8 +360,17 @@ def save_options(fmt: str) -> dict:
 
 
 def save_figure(figure, out_dir: Path, name: str) -> Path:
-    """Write figure as out_dir/name (its format from the name's suffix, as every figure file is saved)."""
+    """Write figure as out_dir/name (its format from the name's suffix, as every figure file is saved).
+
+    A PNG of a figure whose layout is frozen is its canvas's pixels, written by attnviz.render.png
+    (the pixels savefig writes, in a fifth of the encoding time); other figures go through savefig.
+    """
     path = Path(out_dir) / name
+    opaque = figure.get_facecolor()[3] == 1.0  # the PNG has no alpha channel
+    if path.suffix == ".png" and figure.get_layout_engine() is None and figure.dpi == DPI and opaque:
+        from attnviz.render.png import write_canvas_png
+
+        return write_canvas_png(figure, path)
     figure.savefig(path, dpi=DPI, **save_options(path.suffix[1:]))
     return path
 

@@ -1,0 +1,188 @@
+"""Start-up: the figure worker (a copy forked before torch is imported) draws the same files as this process,
+and stops when its folder is abandoned; short texts run torch on one thread; `attnviz --help` answers from its saved text."""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+linux_with_two_cores = pytest.mark.skipif(
+    sys.platform != "linux" or (os.cpu_count() or 1) < 2, reason="the figure worker is forked on Linux with 2 cores or more"
+)
+
+
+def run_script(script: str, env: dict | None = None) -> list[str]:
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300, cwd=TESTS
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout.splitlines()
+
+
+@linux_with_two_cores
+def test_the_figure_worker_draws_the_files_this_process_would(tmp_path):
+    """Drawn ahead by the worker, the heatmaps equal those drawn here, pixel for pixel; this process never
+    imported matplotlib.figure (so the worker did draw them), and the worker is reaped at exit."""
+    script = f"""
+import sys
+from pathlib import Path
+from test_heatmap import make_run
+from attnviz.render import figure_worker, heatmap
+
+figure_worker.start()
+worker = figure_worker._worker.pid
+run = make_run(["[CLS]", "我", "想", "吃", "[SEP]"], num_heads=3)
+out = Path({str(tmp_path)!r}) / "ahead"
+out.mkdir()
+with heatmap.heatmaps_drawn_ahead(run, out, "png", seed=None):
+    paths = heatmap.write_heatmaps(run, out, "png")
+print([path.name for path in paths])
+print("matplotlib.figure" in sys.modules)
+print(worker)
+"""
+    names, imported, worker = run_script(script)
+    assert names == str(["head_00.png", "head_01.png", "head_02.png", "heads.png"])
+    assert imported == "False"
+    with pytest.raises(ProcessLookupError):  # gone with its parent
+        os.kill(int(worker), 0)
+
+    from test_heatmap import make_run, read_png
+
+    from attnviz.render import heatmap
+
+    here = tmp_path / "here"
+    here.mkdir()
+    run = make_run(["[CLS]", "我", "想", "吃", "[SEP]"], num_heads=3)  # the same seed: the same weights
+    drawn = heatmap.write_head_heatmaps(run, here) + [heatmap.write_heads_grid(run, here)]
+    for path in drawn:
+        assert (read_png(tmp_path / "ahead" / path.name) == read_png(path)).all(), path.name
+
+
+@linux_with_two_cores
+def test_an_abandoned_folder_stops_the_worker(tmp_path):
+    """An error inside the block kills the worker: nothing can be written into the folder after it."""
+    script = f"""
+import ast
+import os
+from pathlib import Path
+from test_heatmap import make_run
+from attnviz.render import figure_worker, heatmap
+
+figure_worker.start()
+worker = figure_worker._worker.pid
+run = make_run(["a", "b", "c"], num_heads=2)
+try:
+    with heatmap.heatmaps_drawn_ahead(run, Path({str(tmp_path)!r}), "png"):
+        raise KeyboardInterrupt
+except KeyboardInterrupt:
+    pass
+print(figure_worker._worker is None)
+try:
+    os.kill(worker, 0)
+    print("alive")
+except ProcessLookupError:
+    print("gone")
+"""
+    assert run_script(script) == ["True", "gone"]
+
+
+def test_no_worker_once_torch_is_imported():
+    """The API and the tests have torch already: nothing to overlap, and no copy of torch's threads is made."""
+    script = "import torch\nfrom attnviz.render import figure_worker\nfigure_worker.start()\nprint(figure_worker._worker)\n"
+    assert run_script(script) == ["None"]
+
+
+@pytest.mark.parametrize(
+    "args, threads",
+    [
+        (["heads", "the quick brown fox"], "1"),
+        (["stats", "--file", "texts.txt"], None),
+        (["stats", "-ftexts.txt"], None),
+        (["heads", "word " * 100], None),  # 500 characters: a long text keeps torch's threads
+    ],
+)
+def test_short_texts_run_torch_on_one_thread(args, threads):
+    script = (
+        "import os\nfrom attnviz.cli.main import few_threads_for_short_texts\n"
+        f"few_threads_for_short_texts({args!r})\nprint(os.environ.get('OMP_NUM_THREADS'))\n"
+        "import torch\nprint(torch.get_num_threads())\n"
+    )
+    env = {key: value for key, value in os.environ.items() if key not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    shown, torch_threads = run_script(script, env)
+    assert shown == str(threads)
+    if threads:
+        assert torch_threads == threads
+    env["OMP_NUM_THREADS"] = "2"  # the user's choice stays
+    assert run_script(script, env)[0] == "2"
+
+
+HELP_BY_TYPER = "from attnviz.cli import run\nrun(['--help'])\n"  # builds the command line: never the saved text
+HELP_BY_THE_SCRIPT = (
+    "import sys\nsys.argv = ['attnviz', '--help']\nfrom attnviz.__main__ import main\n"
+    "try:\n    main()\nexcept SystemExit as done:\n    assert done.code == 0\n"
+    "print(sorted({'typer', 'rich', 'click', 'torch'} & set(sys.modules)))\n"
+)
+
+
+@pytest.mark.parametrize("columns", ["80", "100", "200"])
+def test_the_saved_help_is_what_typer_writes(columns):
+    """attnviz/cli/help.txt equals typer's --help at every width it is printed at. If this fails, the commands'
+    help changed: save it again with COLUMNS=100 python -c "from attnviz.cli import run; run(['--help'])" > attnviz/cli/help.txt"""
+    from attnviz.__main__ import SAVED_HELP
+
+    env = {**os.environ, "COLUMNS": columns}
+    by_typer = subprocess.run([sys.executable, "-c", HELP_BY_TYPER], capture_output=True, text=True, env=env, check=True)
+    saved = Path(SAVED_HELP).read_text(encoding="utf-8")
+    assert by_typer.stdout == saved
+    printed = run_script(HELP_BY_THE_SCRIPT, env)
+    assert "\n".join(printed[:-1]) + "\n" == saved
+    assert printed[-1] == "[]"  # printed without building the command line
+
+
+def test_a_narrow_terminal_gets_typers_help():
+    """Below 80 columns click wraps narrower: the saved text would be wrong, so typer writes it."""
+    env = {**os.environ, "COLUMNS": "60"}
+    by_typer = subprocess.run([sys.executable, "-c", HELP_BY_TYPER], capture_output=True, text=True, env=env, check=True)
+    printed = run_script(HELP_BY_THE_SCRIPT, env)
+    assert "\n".join(printed[:-1]) + "\n" == by_typer.stdout
+    assert max(len(line) for line in by_typer.stdout.splitlines()) <= 58
+    assert "typer" in printed[-1]
+
+
+@linux_with_two_cores
+def test_a_results_files_written_by_the_worker_equal_its_own(tmp_path):
+    """compare's files (what compare and position hand to the worker): the same bytes of JSON and pixels of PNG
+    as the result writes itself, and this process never imported matplotlib.figure."""
+    script = f"""
+import sys
+from pathlib import Path
+from attnviz.render import figure_worker
+
+figure_worker.start()  # before torch, as the commands do
+import attnviz
+
+result = attnviz.compare("the cat sat on the mat", model="bundled", device="cpu", heads="1,4")
+there = Path({str(tmp_path)!r}) / "there"
+there.mkdir()
+print([path.name for path in figure_worker.write_files_here_or_there(result, there, "png")])
+print("matplotlib.figure" in sys.modules)
+here = Path({str(tmp_path)!r}) / "here"
+here.mkdir()
+result.write_files(here, "png")
+"""
+    names, imported = run_script(script)
+    assert imported == "False"
+    from test_heatmap import read_png
+
+    for name in ast.literal_eval(names):
+        there, here = tmp_path / "there" / name, tmp_path / "here" / name
+        if name.endswith(".png"):
+            assert (read_png(there) == read_png(here)).all(), name
+        else:
+            assert there.read_bytes() == here.read_bytes(), name
