@@ -70,10 +70,14 @@ def stats(
     checkpoint: Optional[Path] = typer.Option(
         None,
         metavar="PATH",
-        help="With --file: after each chunk of 1,024 lines, save the sums so far to PATH (.npz), for --resume.",
+        help="With --file: after each chunk of --chunk-lines texts, save the sums so far to PATH (.npz), for --resume.",
     ),
     resume: bool = typer.Option(
         False, help="Continue from --checkpoint PATH: refused when it was made with other settings or another file."
+    ),
+    chunk_lines: int = typer.Option(
+        1024, "--chunk-lines", min=1, metavar="N",
+        help="With --file: texts read, measured and checkpointed at a time (a shard on Ray).",
     ),
     engine: Engine = typer.Option(
         Engine.local,
@@ -105,7 +109,7 @@ def stats(
     refuse_cross_over_every_layer(stack.value if stack else None)
     functions.refuse_before_loading(model, stack.value if stack else None)
     if file is None:
-        for given, name in ((checkpoint, "--checkpoint"), (resume, "--resume"), (engine != Engine.local, "--engine")):
+        for given, name in ((checkpoint, "--checkpoint"), (resume, "--resume"), (engine != Engine.local, "--engine ray")):
             if given:
                 raise AttnvizError(f"{name} goes with --file: one TEXT is measured at once")
         target = run_target(out, run_folder_name(text))
@@ -119,6 +123,7 @@ def stats(
         result, handle = _stats_of_corpus(
             file, model=model, num_heads=num_heads, weights=weights, seed=seed, causal=causal, stack=stack, device=device,
             truncate=truncate, words=words, allow_pickle=allow_pickle, checkpoint=checkpoint, resume=resume, engine=engine,
+            chunk_lines=chunk_lines,
         )  # fmt: skip
     texts_count = result.stats.num_texts
 
@@ -139,7 +144,7 @@ def stats(
 
 
 def _stats_of_corpus(file, *, model, num_heads, weights, seed, causal, stack, device, truncate, words, allow_pickle,
-                     checkpoint, resume, engine):  # fmt: skip
+                     checkpoint, resume, engine, chunk_lines):  # fmt: skip
     """stats --file: the corpus checked (UTF-8, lengths, checkpoint, engine) before the heavy work, then streamed; (StatsResult, handle)."""
     from attnviz.api import functions
     from attnviz.api.analysis_results import StatsResult
@@ -165,7 +170,7 @@ def _stats_of_corpus(file, *, model, num_heads, weights, seed, causal, stack, de
     # With Ray, the actors run on --device; this process only reads the tokens and the first text's setup.
     handle = load(model, "cpu" if engine == Engine.ray else device.value, allow_pickle=allow_pickle, cache=False)
     if corpus is not None:  # named by line number, before any work
-        for lines in chunks(iter_texts(file)):
+        for lines in chunks(iter_texts(file), chunk_lines):
             check_lengths(handle.tokenizer, lines, handle.loaded.max_positions, truncate)
     spec = functions.run_spec_for(
         handle, num_heads, layer=None, weights=weights.value, seed=seed, causal=causal, kv_text=None,
@@ -179,7 +184,7 @@ def _stats_of_corpus(file, *, model, num_heads, weights, seed, causal, stack, de
     with terminal.progress_bar(console, total, "measuring heads", PROGRESS_MIN_TEXTS) as advance:
         measured = corpus_statistics(
             handle.loaded, file, spec, corpus, advance=advance, checkpoint=checkpoint, resume=resume,
-            engine=engine.value, model_name=handle.name if handle.source != "local folder" else spec.resolved_model,
+            engine=engine.value, chunk_lines=chunk_lines, model_name=handle.name if handle.source != "local folder" else spec.resolved_model,
             allow_pickle=allow_pickle,
         )  # fmt: skip
     progress, first = measured.progress, replace(measured.first_run, device=spec.device)

@@ -20,7 +20,8 @@ from attnviz.models.loading import LoadedModel
 from attnviz.models.tokens import text_truncations
 from attnviz.output.batch import STDIN, LineText, check_lengths
 from attnviz.output.checkpoint import CorpusProgress, read_checkpoint, write_checkpoint
-from attnviz.output.corpus import CHUNK_LINES, CorpusIdentity, chunks, iter_texts, where
+from attnviz.output import corpus as corpus_file
+from attnviz.output.corpus import CorpusIdentity, chunks, iter_texts, where
 from attnviz.result import AttentionRun, Truncation
 from attnviz.spec import RunSpec
 
@@ -53,7 +54,7 @@ def corpus_statistics(
     checkpoint: Path | None = None,
     resume: bool = False,
     engine: str = "local",
-    chunk_lines: int = CHUNK_LINES,
+    chunk_lines: int | None = None,
     model_name: str | None = None,
     allow_pickle: bool = False,
 ) -> CorpusStats:
@@ -62,6 +63,7 @@ def corpus_statistics(
     advance(n) after every n texts measured (and once with the texts a resumed checkpoint had).
     With the file's lengths checked beforehand (corpus given), a stdin chunk is checked before it runs.
     engine "ray": the shards go to Ray actors (output/ray_engine.py) that load model_name themselves.
+    chunk_lines: texts per shard (and per checkpoint), corpus.CHUNK_LINES by default.
     """
     measurer = HeadsMeasurer(loaded, spec)
     accumulator, progress = measurer.accumulator(), CorpusProgress()
@@ -69,7 +71,7 @@ def corpus_statistics(
         state, progress = read_checkpoint(checkpoint, spec, corpus)
         accumulator = StatisticsAccumulator.from_state(state)
         advance(progress.num_texts)
-    shards = _shards(path, loaded, spec, progress.lines_consumed, corpus is None, chunk_lines)
+    shards = _shards(path, loaded, spec, progress.lines_consumed, corpus is None, chunk_lines or corpus_file.CHUNK_LINES)
     if engine == "ray":
         from attnviz.output.ray_engine import ray_shard_states
 
