@@ -192,3 +192,19 @@ def test_bad_lines_are_named_by_number_and_nothing_is_written(tiny, tmp_path, ca
     monkeypatch.setattr(sys, "stdin", io.StringIO("\n".join(lines) + "\n"))  # found in its chunk, after 3 chunks ran
     assert "line 31 has 82 tokens" in refused([*args, "--file", "-"], capsys)
     assert not out.exists()
+
+
+def test_engine_ray_without_ray_installed_is_one_line(tiny, tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # what `import ray` meets where the extra is not installed
+    corpus = write_corpus(tmp_path / "corpus.txt", corpus_lines(5))
+    error = refused(["stats", "--file", str(corpus), "--model", str(tiny), "--engine", "ray", "--out", str(tmp_path / "o")], capsys)
+    assert 'pip install "attnviz[ray]"' in error and not (tmp_path / "o").exists()
+
+
+def test_importing_attnviz_and_stats_help_import_neither_ray_nor_torch():
+    script = (
+        "import sys, attnviz\nfrom attnviz.cli import run\nrun(['stats', '--help'])\n"
+        "print(sorted({'ray', 'torch'} & set(sys.modules)))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert "--engine" in result.stdout and result.stdout.splitlines()[-1] == "[]"
