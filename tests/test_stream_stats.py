@@ -10,6 +10,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -208,3 +209,21 @@ def test_importing_attnviz_and_stats_help_import_neither_ray_nor_torch():
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert "--engine" in result.stdout and result.stdout.splitlines()[-1] == "[]"
+
+
+def test_the_progress_bar_estimates_the_time_left_or_shows_count_and_rate():
+    from rich.console import Console
+
+    from attnviz.render.terminal import progress_bar
+
+    shown = {}
+    for name, total in (("known", 40), ("streamed", None)):
+        console = Console(record=True, force_terminal=True, width=100)
+        with progress_bar(console, total, "measuring heads", 6) as advance:
+            for _ in range(4):
+                advance(5)
+                time.sleep(0.02)
+            console.print("")  # the live display's last frame stays in the recording
+        shown[name] = console.export_text()
+    assert re.search(r"20/40 \d+:\d\d:\d\d", shown["known"]), shown  # done/total, then the time left
+    assert re.search(r"20 texts [\d.,]+ texts/s", shown["streamed"]), shown  # no total: the count and the rate

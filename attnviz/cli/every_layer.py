@@ -191,7 +191,7 @@ def _stats_of_corpus(file, *, model, num_heads, weights, seed, causal, stack, de
     key_kinds_note = absent_key_kinds_note(first.family, first.query_tokens)
     notices = [*progress.notices, *([key_kinds_note] if key_kinds_note else [])]
     if progress.notices_left_out:
-        notices.append(f"… and at least {progress.notices_left_out} more distinct notes not kept")
+        notices.append(f"… and up to {progress.notices_left_out} more distinct notes, not kept")
     about = {**(corpus.to_dict() if corpus is not None else {"file": STDIN, "bytes": None, "sha256": None}),
              "texts": progress.num_texts, "truncated": progress.num_truncated}  # fmt: skip
     return StatsResult(measured.stats, progress.texts, measured.truncated, first, spec, notices, about), handle

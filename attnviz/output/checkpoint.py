@@ -36,7 +36,7 @@ class CorpusProgress:
     truncated: list | None = field(default_factory=list)  # each listed text's cut (truncation_json), or None
     num_truncated: int = 0
     notices: list[str] = field(default_factory=list)  # distinct, in order, at most KEPT_NOTICES
-    notices_left_out: int = 0  # distinct notices beyond KEPT_NOTICES
+    notices_left_out: int = 0  # notices beyond KEPT_NOTICES, distinct within each shard (one in two shards counts twice)
     first_text: str | None = None
 
 

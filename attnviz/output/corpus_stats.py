@@ -132,4 +132,4 @@ def _record(progress: CorpusProgress, shard: Shard, notices: list[str], loaded, 
         if len(progress.notices) < KEPT_NOTICES:
             progress.notices.append(notice)
         else:
-            progress.notices_left_out += 1  # counted once per shard it appears in: "at least"
+            progress.notices_left_out += 1  # distinct within the shard: "up to" this many
