@@ -27,7 +27,7 @@ WORKER_TITLE = b"ray::StatsShardWorker.measure"  # the process title Ray gives a
 @pytest.fixture(scope="module")
 def local_ray():
     previous = os.environ.pop("RAY_ADDRESS", None)  # a local instance, never a cluster this machine may know of
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR")  # "local": a new instance, always
     yield
     ray.shutdown()
     if previous is not None:

@@ -176,18 +176,20 @@ def _stats_of_corpus(file, *, model, num_heads, weights, seed, causal, stack, de
         handle, num_heads, layer=None, weights=weights.value, seed=seed, causal=causal, kv_text=None,
         stack=stack.value if stack else None, truncate=truncate, words=words,
     )  # fmt: skip
+    engine_device = spec.device
     if engine == Engine.ray:
         from attnviz.output.ray_engine import actor_device
 
-        spec = replace(spec, device=actor_device(device.value))
+        engine_device = actor_device(device.value)
     total = corpus.num_texts if corpus is not None else None
     with terminal.progress_bar(console, total, "measuring heads", PROGRESS_MIN_TEXTS) as advance:
         measured = corpus_statistics(
             handle.loaded, file, spec, corpus, advance=advance, checkpoint=checkpoint, resume=resume,
             engine=engine.value, chunk_lines=chunk_lines, model_name=handle.name if handle.source != "local folder" else spec.resolved_model,
-            allow_pickle=allow_pickle,
+            allow_pickle=allow_pickle, engine_device=engine_device,
         )  # fmt: skip
-    progress, first = measured.progress, replace(measured.first_run, device=spec.device)
+    spec = replace(spec, device=engine_device)  # what stats.json records: where the statistics were measured
+    progress, first = measured.progress, replace(measured.first_run, device=engine_device)
     key_kinds_note = absent_key_kinds_note(first.family, first.query_tokens)
     notices = [*progress.notices, *([key_kinds_note] if key_kinds_note else [])]
     if progress.notices_left_out:

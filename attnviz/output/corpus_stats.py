@@ -57,12 +57,14 @@ def corpus_statistics(
     chunk_lines: int | None = None,
     model_name: str | None = None,
     allow_pickle: bool = False,
+    engine_device: str | None = None,
 ) -> CorpusStats:
     """The statistics of every head over the corpus at path, read chunk by chunk (scan_corpus' identity; None for stdin).
 
     advance(n) after every n texts measured (and once with the texts a resumed checkpoint had).
     With the file's lengths checked beforehand (corpus given), a stdin chunk is checked before it runs.
-    engine "ray": the shards go to Ray actors (output/ray_engine.py) that load model_name themselves.
+    engine "ray": the shards go to Ray actors (output/ray_engine.py) that load model_name themselves, on
+    engine_device (spec.device, where loaded is, by default: this process needs no GPU for them).
     chunk_lines: texts per shard (and per checkpoint), corpus.CHUNK_LINES by default.
     """
     measurer = HeadsMeasurer(loaded, spec)
@@ -75,7 +77,8 @@ def corpus_statistics(
     if engine == "ray":
         from attnviz.output.ray_engine import ray_shard_states
 
-        measured = ray_shard_states(shards, model_name, spec, allow_pickle, advance)
+        actor_spec = replace(spec, device=engine_device or spec.device)
+        measured = ray_shard_states(shards, model_name, actor_spec, allow_pickle, advance)
     else:
         measured = _local_shard_states(measurer, shards, advance)
     try:
