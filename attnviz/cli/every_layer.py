@@ -93,11 +93,11 @@ def stats(
     With --file, each statistic is averaged per text, then over the texts (every text weighs
     the same); Clark et al. average over all tokens of their data. With --words, every statistic
     is over words: previous and next are the words beside, distance counts words. --file is read
-    line by line, 1,024 lines at a time, so a corpus of any length fits in memory.
+    line by line, --chunk-lines texts at a time, so a corpus of any length fits in memory.
     """
     from attnviz.api import functions
     from attnviz.api.models import load
-    from attnviz.output.batch import PROGRESS_MIN_TEXTS, batch_folder_name
+    from attnviz.output.batch import batch_folder_name
     from attnviz.output.runs import run_folder_name
     from attnviz.render import terminal
 
