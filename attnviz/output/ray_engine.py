@@ -1,8 +1,9 @@
 """`stats --file --engine ray`: the corpus' shards measured on Ray actors, merged on this process (the driver).
 
 The only module that imports ray (an import-linter contract), and only when --engine ray runs.
-ray.init(address=RAY_ADDRESS) joins a running cluster; without RAY_ADDRESS, Ray starts a local
-instance for the run (and stops it after). Each actor loads the model once, by name or folder,
+ray.init(address=RAY_ADDRESS) joins a running cluster (RAY_ADDRESS=auto: the one `ray start` runs on
+this machine); without RAY_ADDRESS, a new local instance for the run (address "local", stopped
+after it): never a cluster Ray guesses from a file a stopped one may have left in /tmp/ray. Each actor loads the model once, by name or folder,
 with the same loader as this process (models.loading.load_model): no torch module is ever pickled,
 only texts go out and plain numpy states (analysis/accumulate.py) come back. An actor that dies
 mid-shard is restarted by Ray and the shard retried (max_restarts, max_task_retries); the driver
@@ -65,7 +66,7 @@ def ray_shard_states(
 
     started = not ray.is_initialized()
     if started:
-        ray.init(address=os.environ.get("RAY_ADDRESS"), logging_level="ERROR", include_dashboard=False)
+        ray.init(address=os.environ.get("RAY_ADDRESS") or "local", logging_level="ERROR", include_dashboard=False)
     actors = []
     try:
         resources = ray.cluster_resources()
