@@ -51,37 +51,61 @@ def measure_heads(
     the first text's layer-0 run (cut from its batch: the setup the command prints, stats.json records).
 
     spec's settings but its layer (every layer is measured) and kv_text (self-attention only).
+    advance(n) is called after each batch of n texts. `stats --file` streams its corpus through a
+    HeadsMeasurer chunk by chunk instead (output/corpus_stats.py).
+    """
+    measurer = HeadsMeasurer(loaded, spec)
+    accumulator = measurer.accumulator()
+    notices, first_run = measurer.measure(texts, accumulator, advance, first_text=texts[0])
+    return Measured(accumulator.result(), notices, first_run)
+
+
+class HeadsMeasurer:
+    """measure_heads' work over any number of calls: the model's layers built once, texts added into an accumulator.
 
     Texts of similar length are batched together, so they pad least (the averages do not
     depend on the order); each batch is one forward pass, measured at once on the device.
     With spec.words the statistics are those of each text's maps over words (WordBatch).
-    advance(n) is called after each batch of n texts.
     """
-    spec = replace(spec, kv_text=None)
-    causal, device = spec.causal, spec.device
-    accumulator = StatisticsAccumulator(loaded.num_layers_of(spec.stack), causal)
-    layers = build_layers(loaded, spec)
-    in_place = in_berts_place(loaded, spec)
-    notices: dict[str, None] = {}  # in order, once each
-    first_run = None
-    tokenizer = loaded.tokenizer_for(spec.stack)
-    for batch in batches(sorted(texts, key=len), BATCH_SIZE):
-        encoded = encode_texts(loaded, batch, spec)
-        queries = encoded.queries
-        words = word_batch(tokenizer, batch, queries.tokens, queries.input_ids.shape[1], device) if spec.words else None
-        if words is None:
-            labels, valid_lens, width = queries.tokens, queries.valid_lens, queries.input_ids.shape[1]  # N tokens
-        else:
-            labels, valid_lens, width = words.labels, words.word_counts, words.rows.shape[1]  # W words
-        kinds = key_kind_columns(labels, width).to(device)  # (B, N, K), or (B, W, K) over words
-        for layer, (output, patterns) in enumerate(iter_layer_weights(loaded, encoded, layers, spec, in_place)):
-            accumulator.add_batch(layer, words.merge(patterns) if words else patterns, valid_lens, kinds)
-            if layer == 0 and first_run is None and texts[0] in batch:
-                first_run = _first_text_run(loaded, batch, texts[0], encoded, output, patterns, spec, layers[0])
-        notices.update(dict.fromkeys(text_notices(loaded, batch, encoded.queries.ids)))
-        notices.update(dict.fromkeys(truncation_notices(batch, encoded.queries.truncations)))
-        advance(len(batch))
-    return Measured(accumulator.result(), list(notices), first_run)
+
+    def __init__(self, loaded: LoadedModel, spec: RunSpec):
+        self.loaded, self.spec = loaded, replace(spec, kv_text=None)
+        self.layers = build_layers(loaded, self.spec)
+        self.in_place = in_berts_place(loaded, self.spec)
+        self.tokenizer = loaded.tokenizer_for(self.spec.stack)
+
+    def accumulator(self) -> StatisticsAccumulator:
+        """An empty accumulator for this model's layers and mask."""
+        return StatisticsAccumulator(self.loaded.num_layers_of(self.spec.stack), self.spec.causal)
+
+    def measure(
+        self,
+        texts: list[str],
+        accumulator: StatisticsAccumulator,
+        advance: Callable[[int], None] = lambda done: None,
+        first_text: str | None = None,
+    ) -> tuple[list[str], AttentionRun | None]:
+        """Add the texts' statistics into accumulator; their notices (in order, once each), and first_text's layer-0 run (None when not given)."""
+        loaded, spec, device = self.loaded, self.spec, self.spec.device
+        notices: dict[str, None] = {}  # in order, once each
+        first_run = None
+        for batch in batches(sorted(texts, key=len), BATCH_SIZE):
+            encoded = encode_texts(loaded, batch, spec)
+            queries = encoded.queries
+            words = word_batch(self.tokenizer, batch, queries.tokens, queries.input_ids.shape[1], device) if spec.words else None
+            if words is None:
+                labels, valid_lens, width = queries.tokens, queries.valid_lens, queries.input_ids.shape[1]  # N tokens
+            else:
+                labels, valid_lens, width = words.labels, words.word_counts, words.rows.shape[1]  # W words
+            kinds = key_kind_columns(labels, width).to(device)  # (B, N, K), or (B, W, K) over words
+            for layer, (output, patterns) in enumerate(iter_layer_weights(loaded, encoded, self.layers, spec, self.in_place)):
+                accumulator.add_batch(layer, words.merge(patterns) if words else patterns, valid_lens, kinds)
+                if layer == 0 and first_run is None and first_text is not None and first_text in batch:
+                    first_run = _first_text_run(loaded, batch, first_text, encoded, output, patterns, spec, self.layers[0])
+            notices.update(dict.fromkeys(text_notices(loaded, batch, encoded.queries.ids)))
+            notices.update(dict.fromkeys(truncation_notices(batch, encoded.queries.truncations)))
+            advance(len(batch))
+        return list(notices), first_run
 
 
 def _first_text_run(loaded, batch, text, encoded, output, patterns, spec, layer) -> AttentionRun:

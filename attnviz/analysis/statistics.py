@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from attnviz.analysis.accumulate import MergeableSums
+
 
 @dataclass
 class HeadSummary:
@@ -400,13 +402,14 @@ class ModelStatistics:
         return {label: sorted(heads, key=lambda item: -item[2]) for label, heads in found.items() if heads}
 
 
-class StatisticsAccumulator:
+class StatisticsAccumulator(MergeableSums):
     """Sums each text's statistics, computed on its own unpadded weights, and averages them.
 
         accumulator = StatisticsAccumulator(num_layers, causal=False)
         accumulator.add(layer, weights, tokens)  # for every text and layer, in any order
         accumulator.add_batch(layer, padded_weights, valid_lens, kinds)  # or a padded batch at once
         accumulator.result()  # ModelStatistics
+        accumulator.merge(other)  # another's sums and counts added (a shard's); state() / from_state(): accumulate.py
 
     Sums may be numpy arrays or torch tensors (add_batch's, on the batch's device): they are
     brought to numpy once, in result().

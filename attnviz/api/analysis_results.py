@@ -28,11 +28,12 @@ class StatsResult:
     """
 
     stats: Any  # attnviz.analysis.statistics.ModelStatistics
-    texts: list[str]
-    truncated: list
+    texts: list[str] | None  # None: a corpus too large to list (stats --file beyond LISTED_TEXTS), see corpus
+    truncated: list | None
     first_run: Any  # the first text's layer-0 run: the model and setup, as stats.json records them
     spec: RunSpec
     notices: list[str] = field(default_factory=list)  # what the command prints as "note: ...", once each: [UNK] tokens, cut texts
+    corpus: dict | None = None  # stats --file: the file, its bytes, SHA-256, texts and texts cut (stats.json's "corpus")
 
     @property
     def statistics(self) -> list[str]:
@@ -56,7 +57,12 @@ class StatsResult:
         """js_distance.png: the Jensen-Shannon distances between the heads of each layer."""
         from attnviz.render.stats_figures import js_distance_figure
 
-        return js_distance_figure(self.stats.js_distance, self.first_run, self.texts, seed=self.spec.seed)
+        return js_distance_figure(self.stats.js_distance, self.first_run, self._titled_texts, seed=self.spec.seed)
+
+    @property
+    def _titled_texts(self):
+        """What the figure's title counts (and quotes when one): the texts, or as many placeholders when they are not listed."""
+        return self.texts if self.texts is not None else _Unlisted(self.stats.num_texts)
 
     def save(self, folder: str | Path, format: str = "png") -> list[Path]:
         """Write what `attnviz stats --out folder` writes: stats.csv, stats.json, js_distance.<format>."""
@@ -69,15 +75,15 @@ class StatsResult:
 
         return [
             write_stats_csv(self.stats, folder / "stats.csv"),
-            write_stats_json(self.stats, self.texts, self.truncated, self.first_run, self.spec, folder / "stats.json"),
-            write_js_distance(self.stats.js_distance, self.first_run, self.texts, folder, format, seed=self.spec.seed),
+            write_stats_json(self.stats, self.texts, self.truncated, self.first_run, self.spec, folder / "stats.json", self.corpus),
+            write_js_distance(self.stats.js_distance, self.first_run, self._titled_texts, folder, format, seed=self.spec.seed),
         ]
 
     def to_dict(self) -> dict:
         """stats.json's content."""
         from attnviz.output.stats_export import stats_record
 
-        return stats_record(self.stats, self.texts, self.truncated, self.first_run, self.spec)
+        return stats_record(self.stats, self.texts, self.truncated, self.first_run, self.spec, self.corpus)
 
     def report(self):
         """The interactive report of the first text's layer 0, with the statistics when they are of that one text.
@@ -86,9 +92,9 @@ class StatsResult:
         """
         from attnviz.html import ReportText
 
-        one_text = len(self.texts) == 1
+        one_text = self.stats.num_texts == 1
         averaged = (
-            f"the statistics of the {len(self.texts)} texts are averaged over them (stats.json): "
+            f"the statistics of the {self.stats.num_texts} texts are averaged over them (stats.json): "
             "this report shows the first text's layer 0 without them"
         )
         notes = [] if one_text else [averaged]
@@ -106,15 +112,25 @@ class StatsResult:
         rows = [[f"L{layer}", *[label or "·" for label in labels]] for layer, labels in enumerate(self.labels)]
         headers = ["", *[f"H{head}" for head in range(self.stats.num_heads)]]
         return display.result_html(
-            f"stats · {self.first_run.model} · {len(self.texts)} text{'s' if len(self.texts) != 1 else ''}",
+            f"stats · {self.first_run.model} · {self.stats.num_texts} text{'s' if self.stats.num_texts != 1 else ''}",
             display.tokens_html(self.first_run.query_tokens, f"first text's {'words' if self.first_run.words else 'tokens'}"),
             display.figure_html(self.figure(), "Jensen-Shannon distances between heads"),
             display.table_html(headers, rows, "head labels by layer (stats.csv has every statistic)"),
         )
 
     def __repr__(self) -> str:
-        return f"<attnviz.StatsResult {self.stats.num_layers} layers × {self.stats.num_heads} heads over {len(self.texts)} texts>"
+        return f"<attnviz.StatsResult {self.stats.num_layers} layers × {self.stats.num_heads} heads over {self.stats.num_texts} texts>"
 
+
+
+class _Unlisted:
+    """The texts of a corpus too large to list, for the figure's title: only their count."""
+
+    def __init__(self, count: int):
+        self.count = count
+
+    def __len__(self) -> int:
+        return self.count
 
 @dataclass(frozen=True, repr=False)
 class LayersResult:

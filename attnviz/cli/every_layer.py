@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from enum import Enum
 from pathlib import Path
 from typing import Optional
 
@@ -36,6 +38,11 @@ from attnviz.errors import AttnvizError
 from attnviz.spec import check_text, refuse_cross_over_every_layer
 
 
+class Engine(str, Enum):  # attnviz.output.corpus_stats.ENGINES
+    local = "local"
+    ray = "ray"
+
+
 @app.command(short_help='What every head of every layer does: statistics and labels.')
 def stats(
     text: Optional[str] = typer.Argument(
@@ -60,6 +67,22 @@ def stats(
     truncate: bool = TruncateOption,
     words: bool = WordsOption,
     allow_pickle: bool = AllowPickleOption,
+    checkpoint: Optional[Path] = typer.Option(
+        None,
+        metavar="PATH",
+        help="With --file: after each chunk of --chunk-lines texts, save the sums so far to PATH (.npz), for --resume.",
+    ),
+    resume: bool = typer.Option(
+        False, help="Continue from --checkpoint PATH: refused when it was made with other settings or another file."
+    ),
+    chunk_lines: int = typer.Option(
+        1024, "--chunk-lines", min=1, metavar="N",
+        help="With --file: texts read, measured and checkpointed at a time (a shard on Ray).",
+    ),
+    engine: Engine = typer.Option(
+        Engine.local,
+        help='With --file: run here, or on Ray (RAY_ADDRESS, else a local Ray): pip install "attnviz[ray]".',
+    ),
 ) -> None:
     """What every head of every layer does: entropy, [CLS], [SEP], previous/next token, labels; stats.csv and .json.
 
@@ -69,11 +92,12 @@ def stats(
     punctuation is any token made only of Unicode punctuation; Clark et al. count "." and ",".
     With --file, each statistic is averaged per text, then over the texts (every text weighs
     the same); Clark et al. average over all tokens of their data. With --words, every statistic
-    is over words: previous and next are the words beside, distance counts words.
+    is over words: previous and next are the words beside, distance counts words. --file is read
+    line by line, --chunk-lines texts at a time, so a corpus of any length fits in memory.
     """
     from attnviz.api import functions
     from attnviz.api.models import load
-    from attnviz.output.batch import PROGRESS_MIN_TEXTS, batch_folder_name, check_lengths, read_texts
+    from attnviz.output.batch import batch_folder_name
     from attnviz.output.runs import run_folder_name
     from attnviz.render import terminal
 
@@ -82,20 +106,26 @@ def stats(
     if text is None and file is None:
         raise AttnvizError("missing argument 'TEXT': give a text, or --file PATH with one text per line")
     check_text(text)
-    lines = read_texts(file) if file is not None else None
-    texts = [entry.text for entry in lines] if lines is not None else [text]
     refuse_cross_over_every_layer(stack.value if stack else None)
     functions.refuse_before_loading(model, stack.value if stack else None)
-    target = run_target(out, batch_folder_name(file) if file else run_folder_name(text))
-    handle = load(model, device.value, allow_pickle=allow_pickle, cache=False)
-    if lines is not None:  # named by line number, before any work
-        check_lengths(handle.tokenizer, lines, handle.loaded.max_positions, truncate)
-
-    with terminal.progress_bar(console, len(texts), "measuring heads", PROGRESS_MIN_TEXTS) as advance:
+    if file is None:
+        for given, name in ((checkpoint, "--checkpoint"), (resume, "--resume"), (engine != Engine.local, "--engine ray")):
+            if given:
+                raise AttnvizError(f"{name} goes with --file: one TEXT is measured at once")
+        target = run_target(out, run_folder_name(text))
+        handle = load(model, device.value, allow_pickle=allow_pickle, cache=False)
         result = functions.stats(
-            texts, model=handle, heads=num_heads, weights=weights.value, seed=seed, causal=causal, truncate=truncate,
-            stack=stack.value if stack else None, words=words, progress=advance,
+            [text], model=handle, heads=num_heads, weights=weights.value, seed=seed, causal=causal, truncate=truncate,
+            stack=stack.value if stack else None, words=words,
         )  # fmt: skip
+    else:
+        target = run_target(out, batch_folder_name(file))
+        result, handle = _stats_of_corpus(
+            file, model=model, num_heads=num_heads, weights=weights, seed=seed, causal=causal, stack=stack, device=device,
+            truncate=truncate, words=words, allow_pickle=allow_pickle, checkpoint=checkpoint, resume=resume, engine=engine,
+            chunk_lines=chunk_lines,
+        )  # fmt: skip
+    texts_count = result.stats.num_texts
 
     notices = result.notices
     shown = list(notices)[:MAX_NOTICES_SHOWN]
@@ -103,12 +133,70 @@ def stats(
         shown.append(f"… and {len(notices) - len(shown)} more such notes, one per text")
     terminal.print_notices(errors, shown)
     terminal.print_setup(
-        console, result.first_run, handle.source, handle.device_label, handle.num_layers, len(texts), seed=seed
+        console, result.first_run, handle.source, handle.device_label, handle.num_layers, texts_count, seed=seed
     )
     for table in terminal.stats_grid(result.stats, console.width, result.first_run.model_causal):
         console.print(table)
     console.print(terminal.labelled_heads_table(result.stats))
     write_run(out, target, "writing statistics…", lambda staging: result.write_files(staging, image_format.value))
+    if checkpoint is not None:  # the run's files are written: nothing is left to resume
+        checkpoint.unlink(missing_ok=True)
+
+
+def _stats_of_corpus(file, *, model, num_heads, weights, seed, causal, stack, device, truncate, words, allow_pickle,
+                     checkpoint, resume, engine, chunk_lines):  # fmt: skip
+    """stats --file: the corpus checked (UTF-8, lengths, checkpoint, engine) before the heavy work, then streamed; (StatsResult, handle)."""
+    from attnviz.api import functions
+    from attnviz.api.analysis_results import StatsResult
+    from attnviz.api.models import load
+    from attnviz.analysis.statistics import absent_key_kinds_note
+    from attnviz.output.batch import PROGRESS_MIN_TEXTS, STDIN, check_lengths
+    from attnviz.output.checkpoint import check_checkpoint_path
+    from attnviz.output.corpus import chunks, iter_texts, scan_corpus
+    from attnviz.output.corpus_stats import corpus_statistics
+    from attnviz.render import terminal
+
+    if resume and checkpoint is None:
+        raise AttnvizError("--resume needs --checkpoint PATH: the checkpoint to continue from")
+    if checkpoint is not None and file == STDIN:
+        raise AttnvizError("--checkpoint needs a --file on disk: standard input cannot be read again to resume")
+    if checkpoint is not None:
+        check_checkpoint_path(checkpoint, resume)
+    if engine == Engine.ray:
+        from attnviz.output.ray_engine import require_ray
+
+        require_ray()
+    corpus = scan_corpus(file)  # None for standard input, read once, as it comes
+    # With Ray, the actors run on --device; this process only reads the tokens and the first text's setup.
+    handle = load(model, "cpu" if engine == Engine.ray else device.value, allow_pickle=allow_pickle, cache=False)
+    if corpus is not None:  # named by line number, before any work
+        for lines in chunks(iter_texts(file), chunk_lines):
+            check_lengths(handle.tokenizer, lines, handle.loaded.max_positions, truncate)
+    spec = functions.run_spec_for(
+        handle, num_heads, layer=None, weights=weights.value, seed=seed, causal=causal, kv_text=None,
+        stack=stack.value if stack else None, truncate=truncate, words=words,
+    )  # fmt: skip
+    engine_device = spec.device
+    if engine == Engine.ray:
+        from attnviz.output.ray_engine import actor_device
+
+        engine_device = actor_device(device.value)
+    total = corpus.num_texts if corpus is not None else None
+    with terminal.progress_bar(console, total, "measuring heads", PROGRESS_MIN_TEXTS) as advance:
+        measured = corpus_statistics(
+            handle.loaded, file, spec, corpus, advance=advance, checkpoint=checkpoint, resume=resume,
+            engine=engine.value, chunk_lines=chunk_lines, model_name=handle.name if handle.source != "local folder" else spec.resolved_model,
+            allow_pickle=allow_pickle, engine_device=engine_device,
+        )  # fmt: skip
+    spec = replace(spec, device=engine_device)  # what stats.json records: where the statistics were measured
+    progress, first = measured.progress, replace(measured.first_run, device=engine_device)
+    key_kinds_note = absent_key_kinds_note(first.family, first.query_tokens)
+    notices = [*progress.notices, *([key_kinds_note] if key_kinds_note else [])]
+    if progress.notices_left_out:
+        notices.append(f"… and up to {progress.notices_left_out} more distinct notes, not kept")
+    about = {**(corpus.to_dict() if corpus is not None else {"file": STDIN, "bytes": None, "sha256": None}),
+             "texts": progress.num_texts, "truncated": progress.num_truncated}  # fmt: skip
+    return StatsResult(measured.stats, progress.texts, measured.truncated, first, spec, notices, about), handle
 
 
 @app.command(short_help="Every layer's heads at a glance, and attention rollout.")

@@ -41,9 +41,18 @@ def write_stats_csv(stats: ModelStatistics, path: Path) -> Path:
 
 
 def stats_record(
-    stats: ModelStatistics, texts: list[str], truncated: list[Truncation | None], run: AttentionRun, spec: RunSpec
+    stats: ModelStatistics,
+    texts: list[str] | None,
+    truncated: list[Truncation | None] | None,
+    run: AttentionRun,
+    spec: RunSpec,
+    corpus: dict | None = None,
 ) -> dict:
-    """The stats.json object; truncated is each text's cut, run any one of the runs, for the model and the setup."""
+    """The stats.json object; truncated is each text's cut, run any one of the runs, for the model and the setup.
+
+    texts and truncated are None for a corpus too large to list (stats --file): corpus then says
+    which file it was (its bytes and SHA-256), how many texts it held and how many were cut.
+    """
     heads = []
     for layer in range(stats.num_layers):
         for head in range(stats.num_heads):
@@ -64,7 +73,8 @@ def stats_record(
         "causal_note": run_causal_note(run, every_layer=True),
         "num_texts": stats.num_texts,
         "texts": texts,
-        "truncated": [truncation_json(truncation) for truncation in truncated],
+        "truncated": [truncation_json(truncation) for truncation in truncated] if truncated is not None else None,
+        **({"corpus": corpus} if corpus is not None else {}),
         "statistics": list(STATISTICS),
         "statistics_over": "words" if spec.words else "tokens",  # --words: each text's maps merged over words
         "key_kinds_note": absent_key_kinds_note(run.family, run.query_tokens),
@@ -86,8 +96,9 @@ def write_stats_json(
     run: AttentionRun,
     spec: RunSpec,
     path: Path,
+    corpus: dict | None = None,
 ) -> Path:
-    record = stats_record(stats, texts, truncated, run, spec)
+    record = stats_record(stats, texts, truncated, run, spec, corpus)
     path.write_text(json.dumps(record, ensure_ascii=False), encoding="utf-8")
     return path
 

@@ -1,0 +1,73 @@
+"""Sums that merge: the plain state of a StatisticsAccumulator, so that shards of a corpus add up.
+
+`attnviz stats --file` checkpoints its accumulator after each chunk of texts and resumes from the
+state; `--engine ray` sums each shard of texts on a Ray actor and merges the states on the driver.
+Averages are sums over texts divided by counts, so sums that add and counts that add give the
+single-process average (up to the order of float64 additions: about 1e-16 relative).
+Plain NumPy: the state is what a checkpoint stores and what Ray pickles, no torch tensor in it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class MergeableSums:
+    """What StatisticsAccumulator keeps, as a plain state and merged with another's.
+
+    Subclasses hold causal, value_sums (L entries of (H, S)), js_sums (L of (H, H)) and counts
+    (L ints); an entry is 0.0 while its layer has no text yet, else a numpy array or a torch tensor.
+    """
+
+    causal: bool
+    value_sums: list
+    js_sums: list
+    counts: list[int]
+
+    def state(self) -> dict:
+        """{"causal": bool, "counts": (L,) int64, "value_sums": (L, H, S), "js_sums": (L, H, H)} float64.
+
+        An accumulator with no text yet has value_sums and js_sums of shape (L, 0, 0).
+        """
+        counts = np.asarray(self.counts, dtype=np.int64)  # (L,)
+        if not counts.any():
+            empty = np.zeros((len(counts), 0, 0))
+            return {"causal": bool(self.causal), "counts": counts, "value_sums": empty, "js_sums": empty.copy()}
+        if not counts.all():
+            raise ValueError(f"a state needs every layer measured over the same texts, got counts {self.counts}")
+        return {
+            "causal": bool(self.causal),
+            "counts": counts,
+            "value_sums": np.stack([_to_numpy(sums) for sums in self.value_sums]),  # (L, H, S)
+            "js_sums": np.stack([_to_numpy(sums) for sums in self.js_sums]),  # (L, H, H)
+        }
+
+    @classmethod
+    def from_state(cls, state: dict):
+        """The accumulator whose state() is `state` (a dict as state() returns, or a loaded .npz)."""
+        counts = [int(count) for count in np.asarray(state["counts"])]
+        accumulator = cls(len(counts), bool(np.asarray(state["causal"])))
+        value_sums, js_sums = np.asarray(state["value_sums"], np.float64), np.asarray(state["js_sums"], np.float64)
+        if any(counts):
+            accumulator.value_sums, accumulator.js_sums = list(value_sums), list(js_sums)
+        accumulator.counts = counts
+        return accumulator
+
+    def merge(self, other: "MergeableSums") -> "MergeableSums":
+        """Add other's sums and counts into this accumulator (returned); both over the same layers and mask."""
+        if len(other.counts) != len(self.counts) or bool(other.causal) != bool(self.causal):
+            raise ValueError(
+                f"cannot merge statistics of {len(other.counts)} layers (causal={other.causal}) into "
+                f"{len(self.counts)} layers (causal={self.causal})"
+            )
+        for layer, count in enumerate(other.counts):
+            if count:
+                self.value_sums[layer] = _to_numpy(self.value_sums[layer]) + _to_numpy(other.value_sums[layer])
+                self.js_sums[layer] = _to_numpy(self.js_sums[layer]) + _to_numpy(other.js_sums[layer])
+                self.counts[layer] += count
+        return self
+
+
+def _to_numpy(values) -> np.ndarray:
+    """A float64 numpy array of a number, a numpy array or a torch tensor on any device."""
+    return np.asarray(values.cpu() if hasattr(values, "cpu") else values, dtype=np.float64)
