@@ -99,7 +99,8 @@ def stats(
     from attnviz.api.models import load
     from attnviz.output.batch import batch_folder_name
     from attnviz.output.runs import run_folder_name
-    from attnviz.render import terminal
+    from attnviz.render import figure_worker, terminal
+    from attnviz.render.figure_worker import write_files_here_or_there
 
     if text is not None and file is not None:
         raise AttnvizError("give either a TEXT or --file PATH, not both")
@@ -113,6 +114,7 @@ def stats(
             if given:
                 raise AttnvizError(f"{name} goes with --file: one TEXT is measured at once")
         target = run_target(out, run_folder_name(text))
+        figure_worker.start()  # it imports matplotlib while this process imports torch and runs the model
         handle = load(model, device.value, allow_pickle=allow_pickle, cache=False)
         result = functions.stats(
             [text], model=handle, heads=num_heads, weights=weights.value, seed=seed, causal=causal, truncate=truncate,
@@ -138,7 +140,7 @@ def stats(
     for table in terminal.stats_grid(result.stats, console.width, result.first_run.model_causal):
         console.print(table)
     console.print(terminal.labelled_heads_table(result.stats))
-    write_run(out, target, "writing statistics…", lambda staging: result.write_files(staging, image_format.value))
+    write_run(out, target, "writing statistics…", lambda staging: write_files_here_or_there(result, staging, image_format.value))
     if checkpoint is not None:  # the run's files are written: nothing is left to resume
         checkpoint.unlink(missing_ok=True)
 
@@ -220,12 +222,14 @@ def layers(
     from attnviz.api import functions
     from attnviz.api.models import load
     from attnviz.output.runs import run_folder_name
-    from attnviz.render import terminal
+    from attnviz.render import figure_worker, terminal
+    from attnviz.render.figure_worker import write_files_here_or_there
 
     check_text(text)
     refuse_cross_over_every_layer(stack.value if stack else None)
     functions.refuse_before_loading(model, stack.value if stack else None)
     target = run_target(out, run_folder_name(text))
+    figure_worker.start()  # it imports matplotlib while this process imports torch and runs the model
     handle = load(model, device.value, allow_pickle=allow_pickle, cache=False)
     result = functions.layers(
         text, model=handle, heads=num_heads, weights=weights.value, seed=seed, causal=causal, truncate=truncate,
@@ -239,4 +243,4 @@ def layers(
     terminal.print_rollout(console, first.query_tokens, result.rollout, first.causal and not first.model_causal)
     if result.measures is not None and result.measures.flow is not None:
         terminal.print_rollout(console, first.query_tokens, result.measures.flow.normalised, name="flow")
-    write_run(out, target, "writing figures…", lambda staging: result.write_files(staging, image_format.value))
+    write_run(out, target, "writing figures…", lambda staging: write_files_here_or_there(result, staging, image_format.value))
