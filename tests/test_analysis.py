@@ -349,7 +349,6 @@ def test_batch_statistics_of_a_padded_batch_equal_each_texts_own_statistics(caus
     import torch
 
     monkeypatch.setattr(blockwise, "CPU_CELLS_AT_ONCE", cells_at_once)
-    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)  # query_sums' choice; its ops run as they may
 
     rng = np.random.default_rng(7)
     texts = [["[CLS]", "a", ",", "b", "c", "[SEP]"], ["[CLS]", "x", "[SEP]"], ["[CLS]", "[SEP]"], ["[CLS]"]]
@@ -363,9 +362,15 @@ def test_batch_statistics_of_a_padded_batch_equal_each_texts_own_statistics(caus
         padded[t, :, :n, :n] /= padded[t, :, :n, :n].sum(-1, keepdims=True)
 
     kinds = key_kind_columns(texts, 6)
-    values, distances = batch_statistics(
-        torch.tensor(padded, dtype=torch.float32), torch.tensor([len(tokens) for tokens in texts]), kinds, causal
-    )
+    torch_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        values, distances = batch_statistics(
+            torch.tensor(padded, dtype=torch.float32), torch.tensor([len(tokens) for tokens in texts]), kinds, causal
+        )
+        assert torch.get_num_threads() == threads  # given back
+    finally:
+        torch.set_num_threads(torch_threads)
 
     blocks = [padded[t, :, : len(tokens), : len(tokens)] for t, tokens in enumerate(texts)]
     expected = sum(head_statistics(block, tokens, causal) for block, tokens in zip(blocks, texts))

@@ -12,7 +12,9 @@ ten times slower than its vectorised log (torch 2.13, measured on these maps).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 
 # How many (query, pair, key) cells a block holds: on the CPU about the size of L2 (2**19 float32 is
 # 2 MB); 12 heads at 512 tokens: 15 queries a block. Elsewhere (CUDA) fewer, larger blocks.
@@ -20,7 +22,28 @@ CPU_CELLS_AT_ONCE = 2**19
 DEVICE_CELLS_AT_ONCE = 2**25
 
 
-def query_sums(weights, valid_lens: list[int], columns):
+@contextmanager
+def one_thread_per_op(device) -> Iterator[int]:
+    """On the CPU, torch's ops each on one thread inside the block; yields the threads torch had (query_sums' workers).
+
+    A block's ops are too small to share among threads: each op's threads wait at its end for the
+    slowest, and on a busy machine (or after torch's thread count changed) that wait cost more than
+    the op (4x slower, measured). query_sums gives a text to each worker instead. Elsewhere (CUDA) yields 1.
+    """
+    import torch
+
+    threads = torch.get_num_threads()
+    if device.type != "cpu" or threads == 1:
+        yield 1
+        return
+    torch.set_num_threads(1)
+    try:
+        yield threads
+    finally:
+        torch.set_num_threads(threads)
+
+
+def query_sums(weights, valid_lens: list[int], columns, workers: int = 1):
     """Every query's sums of a padded batch of maps (B, H, N, N), zero on padding.
 
     valid_lens holds each text's tokens (B ints); columns (B, N, C) holds C values per key (the key
@@ -32,7 +55,8 @@ def query_sums(weights, valid_lens: list[int], columns):
       distance (B, N, H): sum_k p_k |q - k|, in tokens
       pair_slogs (B, N, P): sum_k s log s with s = p_a + p_b, for the pairs a < b in
         torch.triu_indices(H, H, 1)'s order
-    Keys past a text's length are left out: the maps are zero there, so no sum changes.
+    Keys past a text's length are left out: the maps are zero there, so no sum changes. workers > 1
+    shares the texts among that many threads (inside one_thread_per_op).
     """
     import torch
 
@@ -54,19 +78,12 @@ def query_sums(weights, valid_lens: list[int], columns):
         b, length = text
         _text_sums(weights[b, :, :length, :length], columns[b, :length], offsets, [out[b] for out in sums])
 
-    threads = torch.get_num_threads()
-    if weights.device.type != "cpu" or threads == 1 or len(texts) == 1:
+    if workers == 1 or len(texts) == 1:
         for text in texts:
             text_sums(text)
     else:
-        # On the CPU, a text to each of torch's threads, each op on one thread: a block's ops are too small to
-        # share well, and on a busy machine each op's threads waited at its end for the slowest (4x slower, measured).
-        torch.set_num_threads(1)
-        try:
-            with ThreadPoolExecutor(threads) as pool:
-                list(pool.map(text_sums, texts))
-        finally:
-            torch.set_num_threads(threads)
+        with ThreadPoolExecutor(workers) as pool:
+            list(pool.map(text_sums, texts))
     return (*sums[:3], sums[3][..., 0], sums[4])
 
 
