@@ -274,13 +274,22 @@ def batch_statistics(attention, valid_lens, kinds, causal: bool = False):
     tokens (computed once for all the layers of a batch). Maps over words (B, H, W, W) take
     each text's word count and its words' kinds. The same numbers as calling
     head_statistics and js_distance on each text's unpadded block (the tests hold them to
-    that), computed for the whole batch at once in a few dozen tensor operations, whatever
-    the batch size: per text, numpy's per-call overhead would be most of `attnviz stats`.
-    Returns float64 tensors ((H, S), (H, H)) on attention's device, so that a caller on the
-    GPU waits for none of it until it asks for the numbers.
+    that), computed block by block of queries (blockwise.query_sums: at 512 tokens the JS
+    distances' passes over the whole batch waited on memory) and then for the whole batch at once.
+    Returns float64 tensors ((H, S), (H, H)) on attention's device.
     """
+    from attnviz.analysis.blockwise import one_thread_per_op
+
+    with one_thread_per_op(attention.device) as workers:
+        return _batch_statistics(attention, valid_lens, kinds, causal, workers)
+
+
+def _batch_statistics(attention, valid_lens, kinds, causal: bool, workers: int):
+    """batch_statistics, with query_sums' texts shared among `workers` threads."""
     import torch
     import torch.nn.functional as F
+
+    from attnviz.analysis.blockwise import query_sums
 
     # (B, H, N, N): float32 keeps the sums within 1e-6 of float64, at half the cost; float64 stays float64
     # (stats --words): the JS distance of two near-identical rows, the root of a divergence near 0, can be 1e-4 off in float32.
@@ -291,69 +300,53 @@ def batch_statistics(attention, valid_lens, kinds, causal: bool = False):
     lens = valid_lens.to(device)[:, None]  # (B, 1)
     real = positions < lens  # (B, N): real queries (and keys)
     visible = positions + 1 if causal else lens  # (N,) or (B, 1): keys each query may see
-    offsets = (positions[:, None] - positions[None, :]).abs().to(weights.dtype)  # (N, N): |i - j|
     kinds = kinds.to(device, weights.dtype)  # (B, N, K): 1 on the keys of each kind
+    key_columns = torch.cat([kinds, torch.ones_like(kinds[..., :1])], dim=-1)  # (B, N, K + 1): the kinds, then 1 (row sums)
 
-    plogp = _xlogx_sum(weights)  # (B, H, N): sum_k p log p, the negative entropy in nats
-    shares = weights @ kinds[:, None]  # (B, H, N, K): each query's weight on each kind of key
-    per_query = {  # (B, H, N, ...) each: the statistic of every query
+    by_query = query_sums(weights, valid_lens.tolist(), key_columns, workers)  # (B, N, H), (B, N, H), (B, N, H, K + 1), (B, N, H), (B, N, P)
+    plogp, maxima, products, distance = (sums.transpose(1, 2) for sums in by_query[:4])  # (B, H, N), ..., (B, H, N, K + 1), (B, H, N)
+    per_query = {  # (B, H, N) each: the statistic of every query
         "entropy": -plogp,
         "relative_entropy": -plogp / torch.log(visible.clamp(min=2)).expand(batch, num_tokens)[:, None],
-        "mean_max": weights.amax(-1),
-        **{kind: shares[..., k] for k, kind in enumerate(KEY_KINDS)},
+        "mean_max": maxima,
+        **{kind: products[..., k] for k, kind in enumerate(KEY_KINDS)},  # each query's weight on each kind of key
         "same": weights.diagonal(dim1=-2, dim2=-1),
         "previous": F.pad(weights.diagonal(offset=-1, dim1=-2, dim2=-1), (1, 0)),  # query i on key i-1; 0 for i = 0
         "next": F.pad(weights.diagonal(offset=1, dim1=-2, dim2=-1), (0, 1)),  # query i on key i+1; 0 for i = N-1
-        "distance": torch.einsum("bhqk,qk->bhq", weights, offsets),  # Σ_k w_qk |q - k|, no (B, H, N, N) product kept
+        "distance": distance,  # sum_k w_qk |q - k|
     }
     counted = {  # (B, N) each: the queries each statistic averages over
         "relative_entropy": real & (visible > 1),  # a query that sees one key has no choice to make
         "previous": real & (positions >= 1),
         "next": positions + 1 < lens,
     }
-    queries = torch.stack([counted.get(name, real) for name in STATISTICS], dim=-1).float()  # (B, N, S)
+    queries = torch.stack([counted.get(name, real) for name in STATISTICS], dim=-1).to(weights.dtype)  # (B, N, S)
     query_weights = queries / queries.sum(1, keepdim=True).clamp(min=1)  # (B, N, S): a mean over each text's queries
     columns = torch.stack([per_query[name] for name in STATISTICS], dim=-1)  # (B, H, N, S)
     statistics = (columns * query_weights[:, None]).sum((0, 2))  # (H, S), summed over the texts
     real_weights = query_weights[..., STATISTICS.index("entropy")]  # (B, N): a mean over each text's real queries
-    return statistics.double(), _batch_js_distance(weights, plogp, real_weights)
+    row_sums = by_query[2][..., len(KEY_KINDS)]  # (B, N, H): 1 for real queries, 0 for padding
+    return statistics.double(), _batch_js_distance(by_query[4], by_query[0], row_sums, real_weights)
 
 
-def _batch_js_distance(weights, plogp, query_weights):
-    """(H, H): js_distance of every text of a padded batch (B, H, N, N), summed over the texts.
+def _batch_js_distance(pair_slogs, plogp, row_sums, query_weights):
+    """(H, H): js_distance of every text of a padded batch, summed over the texts.
 
-    plogp (B, H, N) holds sum_k p log p of every row; query_weights (B, N) averages over each
-    text's real queries. With s = p + q = 2m, JSD = H(m) - (H(p) + H(q)) / 2 needs one pass of
-    s log s over the pair's cells: sum m log m = (sum s log s - log 2 * sum s) / 2. Head a is
-    paired with every later head at once (JS_CELLS_AT_ONCE (pair, query, key) cells at most).
+    pair_slogs (B, N, P) holds sum_k s log s for s = p_a + p_b = 2m, the pairs a < b in triu_indices'
+    order; plogp (B, N, H) sum_k p log p and row_sums (B, N, H) sum_k p of every row; query_weights
+    (B, N) averages over each text's real queries. JSD = H(m) - (H(p) + H(q)) / 2, and
+    sum m log m = (sum s log s - log 2 * sum s) / 2.
     """
     import torch
 
-    batch, num_heads, num_tokens, _ = weights.shape
-    slogs = torch.zeros(batch, num_heads, num_heads, num_tokens, device=weights.device, dtype=weights.dtype)  # (B, H, H, N)
-    pairs_at_once = max(1, JS_CELLS_AT_ONCE // (batch * num_tokens * num_tokens))  # bounds the memory of long texts
-    # One buffer for every pair's s and s log s, written in place: at 512 tokens this loop is most of
-    # `attnviz stats`' own work, and allocating a (B, P, N, N) tensor per step doubled its time.
-    buffer = weights.new_empty(batch, min(pairs_at_once, max(num_heads - 1, 1)), num_tokens, num_tokens)
-    for a in range(num_heads - 1):
-        for start in range(a + 1, num_heads, pairs_at_once):
-            b = slice(start, min(start + pairs_at_once, num_heads))
-            pair_sums = buffer[:, : b.stop - b.start]  # (B, P', N, N)
-            torch.add(weights[:, a : a + 1], weights[:, b], out=pair_sums)
-            slogs[:, a, b] = torch.special.xlogy(pair_sums, pair_sums, out=pair_sums).sum(-1)  # 0 log 0 = 0
-    row_sums = weights.sum(-1)  # (B, H, N): 1 for real queries
-    mlogm = (slogs - LN2 * (row_sums[:, :, None] + row_sums[:, None, :])) / 2  # (B, H, H, N)
-    divergence = ((plogp[:, :, None] + plogp[:, None, :]) / 2 - mlogm) / LN2  # (B, H, H, N): JSD in bits
-    distances = (divergence.clamp(0.0, 1.0).sqrt() * query_weights[:, None, None]).sum((0, 3))  # (H, H)
-    distances = distances.double().triu(diagonal=1)  # each pair once: only a < b was computed
+    num_heads = plogp.shape[-1]
+    first, second = torch.triu_indices(num_heads, num_heads, 1, device=plogp.device)  # (P,) each
+    mlogm = (pair_slogs - LN2 * (row_sums[..., first] + row_sums[..., second])) / 2  # (B, N, P)
+    divergence = ((plogp[..., first] + plogp[..., second]) / 2 - mlogm) / LN2  # (B, N, P): JSD in bits
+    pairs = (divergence.clamp(0.0, 1.0).sqrt() * query_weights[..., None]).sum((0, 1))  # (P,)
+    distances = torch.zeros(num_heads, num_heads, device=plogp.device, dtype=torch.float64)
+    distances[first, second] = pairs.double()
     return distances + distances.T
-
-
-def _xlogx_sum(x):
-    """sum over the last axis of x log x (a torch tensor), with 0 log 0 = 0."""
-    import torch
-
-    return x.clamp_min(torch.finfo(x.dtype).tiny).log_().mul_(x).sum(-1)
 
 
 def key_kind_columns(tokens: list[list[str]], num_tokens: int):
