@@ -341,8 +341,9 @@ def test_the_accumulator_averages_each_texts_own_statistics():
         np.testing.assert_allclose(result.js_distance[layer], expected_js, atol=1e-12)
 
 
-@pytest.mark.parametrize("cells_at_once", [blockwise.CPU_CELLS_AT_ONCE, 1])  # 1: one query a block
-@pytest.mark.parametrize("threads", [1, 2])  # 2: the texts shared among threads
+# The default: these 4 short texts one block; 1: one query a block; 300: one text a block
+@pytest.mark.parametrize("cells_at_once", [blockwise.CPU_CELLS_AT_ONCE, 1, 300])
+@pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("causal", [False, True])
 def test_batch_statistics_of_a_padded_batch_equal_each_texts_own_statistics(causal, threads, cells_at_once, monkeypatch):
     """The fast path (torch, block by block) against the plain one (numpy, one unpadded text at a time)."""
@@ -352,9 +353,10 @@ def test_batch_statistics_of_a_padded_batch_equal_each_texts_own_statistics(caus
 
     rng = np.random.default_rng(7)
     texts = [["[CLS]", "a", ",", "b", "c", "[SEP]"], ["[CLS]", "x", "[SEP]"], ["[CLS]", "[SEP]"], ["[CLS]"]]
-    padded = np.zeros((len(texts), 3, 6, 6))  # (B, H, N, N): zero on every padding key and query
+    padded = np.zeros((len(texts), 3, 6, 6))  # (B, H, N, N): zero on every padding key
     for t, tokens in enumerate(texts):
         n = len(tokens)
+        padded[t, :, n:, :n] = rng.dirichlet(np.ones(n), size=(3, 6 - n))  # padding queries see the real keys, as in the layer
         scores = rng.normal(size=(3, n, n)) * 3
         if causal:
             scores = np.where(np.tril(np.ones((n, n), dtype=bool)), scores, -np.inf)
@@ -368,7 +370,7 @@ def test_batch_statistics_of_a_padded_batch_equal_each_texts_own_statistics(caus
         values, distances = batch_statistics(
             torch.tensor(padded, dtype=torch.float32), torch.tensor([len(tokens) for tokens in texts]), kinds, causal
         )
-        assert torch.get_num_threads() == threads  # given back
+        assert torch.get_num_threads() == threads  # left as it was
     finally:
         torch.set_num_threads(torch_threads)
 

@@ -278,14 +278,6 @@ def batch_statistics(attention, valid_lens, kinds, causal: bool = False):
     distances' passes over the whole batch waited on memory) and then for the whole batch at once.
     Returns float64 tensors ((H, S), (H, H)) on attention's device.
     """
-    from attnviz.analysis.blockwise import one_thread_per_op
-
-    with one_thread_per_op(attention.device) as workers:
-        return _batch_statistics(attention, valid_lens, kinds, causal, workers)
-
-
-def _batch_statistics(attention, valid_lens, kinds, causal: bool, workers: int):
-    """batch_statistics, with query_sums' texts shared among `workers` threads."""
     import torch
     import torch.nn.functional as F
 
@@ -303,7 +295,7 @@ def _batch_statistics(attention, valid_lens, kinds, causal: bool, workers: int):
     kinds = kinds.to(device, weights.dtype)  # (B, N, K): 1 on the keys of each kind
     key_columns = torch.cat([kinds, torch.ones_like(kinds[..., :1])], dim=-1)  # (B, N, K + 1): the kinds, then 1 (row sums)
 
-    by_query = query_sums(weights, valid_lens.tolist(), key_columns, workers)  # (B, N, H), (B, N, H), (B, N, H, K + 1), (B, N, H), (B, N, P)
+    by_query = query_sums(weights, valid_lens.tolist(), key_columns)  # (B, N, H), (B, N, H), (B, N, H, K + 1), (B, N, H), (B, N, P)
     plogp, maxima, products, distance = (sums.transpose(1, 2) for sums in by_query[:4])  # (B, H, N), ..., (B, H, N, K + 1), (B, H, N)
     per_query = {  # (B, H, N) each: the statistic of every query
         "entropy": -plogp,
