@@ -38,8 +38,8 @@ class MergeableSums:
         return {
             "causal": bool(self.causal),
             "counts": counts,
-            "value_sums": np.stack([_to_numpy(sums) for sums in self.value_sums]),  # (L, H, S)
-            "js_sums": np.stack([_to_numpy(sums) for sums in self.js_sums]),  # (L, H, H)
+            "value_sums": np.stack([as_float64(sums) for sums in self.value_sums]),  # (L, H, S)
+            "js_sums": np.stack([as_float64(sums) for sums in self.js_sums]),  # (L, H, H)
         }
 
     @classmethod
@@ -62,12 +62,12 @@ class MergeableSums:
             )
         for layer, count in enumerate(other.counts):
             if count:
-                self.value_sums[layer] = _to_numpy(self.value_sums[layer]) + _to_numpy(other.value_sums[layer])
-                self.js_sums[layer] = _to_numpy(self.js_sums[layer]) + _to_numpy(other.js_sums[layer])
+                self.value_sums[layer] = as_float64(self.value_sums[layer]) + as_float64(other.value_sums[layer])
+                self.js_sums[layer] = as_float64(self.js_sums[layer]) + as_float64(other.js_sums[layer])
                 self.counts[layer] += count
         return self
 
 
-def _to_numpy(values) -> np.ndarray:
+def as_float64(values) -> np.ndarray:
     """A float64 numpy array of a number, a numpy array or a torch tensor on any device."""
     return np.asarray(values.cpu() if hasattr(values, "cpu") else values, dtype=np.float64)

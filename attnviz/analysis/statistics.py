@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from attnviz.analysis.accumulate import MergeableSums
+from attnviz.analysis.accumulate import MergeableSums, as_float64
 
 
 @dataclass
@@ -426,13 +426,8 @@ class StatisticsAccumulator(MergeableSums):
             raise ValueError(f"every layer needs the same texts, got counts {self.counts}")
         num_texts = self.counts[0]
         return ModelStatistics(
-            values=np.stack([_to_numpy(sums) for sums in self.value_sums]) / num_texts,  # (L, H, S)
-            js_distance=np.stack([_to_numpy(sums) for sums in self.js_sums]) / num_texts,  # (L, H, H)
+            values=np.stack([as_float64(sums) for sums in self.value_sums]) / num_texts,  # (L, H, S)
+            js_distance=np.stack([as_float64(sums) for sums in self.js_sums]) / num_texts,  # (L, H, H)
             num_texts=num_texts,
             causal=self.causal,
         )
-
-
-def _to_numpy(values) -> np.ndarray:
-    """A float64 numpy array of a numpy array or a torch tensor on any device."""
-    return np.asarray(values.cpu() if hasattr(values, "cpu") else values, dtype=np.float64)
