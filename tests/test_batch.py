@@ -11,6 +11,7 @@ from attnviz import pipeline
 from attnviz.cli import run
 from attnviz.errors import AttnvizError
 from attnviz.output import batch
+from attnviz.output.corpus import read_texts
 from attnviz.output.runs import MANIFEST
 from attnviz.pipeline import run_attention
 from attnviz.spec import run_spec
@@ -37,13 +38,13 @@ def write_lines(path, lines):
 def test_read_texts_skips_blank_lines_and_keeps_line_numbers(tmp_path):
     path = tmp_path / "texts.txt"
     path.write_bytes("\ufeffone\r\n\r\n   \n\ttwo  \nthree".encode("utf-8"))  # BOM, CRLF, blank and spaces
-    texts = batch.read_texts(str(path))
+    texts = read_texts(str(path))
     assert [(entry.line, entry.text) for entry in texts] == [(1, "one"), (4, "two"), (5, "three")]
 
 
 def test_dash_reads_standard_input(monkeypatch):
     monkeypatch.setattr("sys.stdin", io.StringIO("我想吃酸菜鱼\n\n我爱中国\n"))
-    assert [entry.text for entry in batch.read_texts("-")] == ["我想吃酸菜鱼", "我爱中国"]
+    assert [entry.text for entry in read_texts("-")] == ["我想吃酸菜鱼", "我爱中国"]
 
 
 def test_folder_names_keep_the_order_and_are_unique_and_safe():

@@ -158,11 +158,12 @@ def _heads_for_file(
     """
     from attnviz.api.models import load
     from attnviz.output import batch
+    from attnviz.output.corpus import read_texts
     from attnviz.api.functions import run_spec_for
     from attnviz.output.runs import StagedRunFolder
     from attnviz.render import terminal
 
-    texts = batch.read_texts(file)
+    texts = read_texts(file)
     target = run_target(out, batch.batch_folder_name(file))
     if out is not None:
         batch.check_batch_target(target, [*batch.text_folder_names(texts), *(["report.html"] if html else [])])

@@ -69,7 +69,8 @@ def report(
     from attnviz.api import functions
     from attnviz.api.models import load
     from attnviz.api.report import check_report_count, report as report_of
-    from attnviz.output.batch import batch_folder_name, check_lengths, read_texts
+    from attnviz.output.batch import batch_folder_name, check_lengths
+    from attnviz.output.corpus import read_texts
     from attnviz.output.runs import run_folder_name
     from attnviz.render import terminal
 

@@ -81,7 +81,8 @@ def trace(
     from attnviz.api import functions
     from attnviz.api.models import load
     from attnviz.models.tokens import check_lengths
-    from attnviz.output.batch import batch_folder_name, read_texts
+    from attnviz.output.batch import batch_folder_name
+    from attnviz.output.corpus import read_texts
     from attnviz.output.runs import run_folder_name
     from attnviz.render import terminal
     from attnviz.render.trace_render import print_trace

@@ -9,19 +9,18 @@ from __future__ import annotations
 
 import csv
 import json
-import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from attnviz.analysis.statistics import summarize_heads
 from attnviz.errors import AttnvizError
+from attnviz.output.corpus import STDIN, LineText
 from attnviz.output.runs import earlier_run_files, run_folder_name
 from attnviz.result import AttentionRun, Truncation, truncation_json
 from attnviz.spec import RunSpec
 
 PROGRESS_MIN_TEXTS = 6  # show a progress bar from this many texts on
-STDIN = "-"
 SUMMARY_FILES = ("summary.csv", "summary.json")
 SUMMARY_FORMAT_VERSION = 1
 SUMMARY_FIELDS = (
@@ -35,38 +34,6 @@ SUMMARY_FIELDS = (
     "mean_relative_entropy",
     "text",
 )
-
-
-@dataclass
-class LineText:
-    """One non-blank line of the input: its 1-based line number and its text."""
-
-    line: int
-    text: str
-
-
-def read_texts(path: str) -> list[LineText]:
-    """The non-blank lines of a UTF-8 file, or of standard input for "-", stripped."""
-    where = "standard input" if path == STDIN else path
-    if path == STDIN and sys.stdin is None:  # started with stdin closed (<&-)
-        raise AttnvizError("--file -: standard input is closed: pipe the texts in, e.g. cat texts.txt | attnviz heads --file -")
-    try:
-        if path == STDIN:
-            content = sys.stdin.read()
-        else:
-            content = Path(path).read_bytes().decode("utf-8-sig")
-    except FileNotFoundError:
-        raise AttnvizError(f"--file {path}: no such file") from None
-    except IsADirectoryError:
-        raise AttnvizError(f"--file {path} is a folder: give a text file with one text per line") from None
-    except UnicodeDecodeError as error:
-        raise AttnvizError(f"cannot read {where}: it is not UTF-8 text (byte {error.start})") from None
-    except OSError as error:
-        raise AttnvizError(f"cannot read --file {path}: {error.strerror or error}") from None
-    texts = [LineText(number, line.strip()) for number, line in enumerate(content.splitlines(), 1) if line.strip()]
-    if not texts:
-        raise AttnvizError(f"{where} has no text: every line is blank")
-    return texts
 
 
 def batch_folder_name(path: str) -> str:

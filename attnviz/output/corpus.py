@@ -1,4 +1,5 @@
-"""`stats --file`'s corpus, read line by line: memory bounded by a chunk of lines, not by the file.
+"""A --file of texts, read line by line: `stats --file`'s corpus (memory bounded by a chunk of lines,
+not by the file), and read_texts, every text of a file at once (heads, trace and report --file).
 
 A file is read twice before the heavy work: scan_corpus checks it is UTF-8 with a text in it and
 takes its identity (size, SHA-256: what a checkpoint is matched against), then the caller checks
@@ -18,10 +19,18 @@ from pathlib import Path
 from typing import BinaryIO
 
 from attnviz.errors import AttnvizError
-from attnviz.output.batch import STDIN, LineText
 
+STDIN = "-"
 CHUNK_LINES = 1024  # texts measured (and checkpointed) at a time: sorted by length within a chunk for batching
 BOM = b"\xef\xbb\xbf"
+
+
+@dataclass
+class LineText:
+    """One non-blank line of the input: its 1-based line number and its text."""
+
+    line: int
+    text: str
 
 
 @dataclass(frozen=True)
@@ -43,10 +52,10 @@ def where(path: str) -> str:
 
 @contextmanager
 def open_binary(path: str) -> Iterator[BinaryIO | Iterator[bytes]]:
-    """The file (or standard input for "-") as bytes, with read_texts' one-line errors."""
+    """The file (or standard input for "-") as bytes, or a one-line error."""
     if path == STDIN:
         if sys.stdin is None:  # started with stdin closed (<&-)
-            raise AttnvizError("--file -: standard input is closed: pipe the texts in, e.g. cat texts.txt | attnviz stats --file -")
+            raise AttnvizError("--file -: standard input is closed: pipe the texts in, e.g. cat texts.txt | attnviz heads --file -")
         # Bytes, so that the UTF-8 check is attnviz's (and names the line); a text stream without them (a test's StringIO) as bytes
         yield sys.stdin.buffer if hasattr(sys.stdin, "buffer") else (line.encode("utf-8", "surrogateescape") for line in sys.stdin)
         return
@@ -63,7 +72,7 @@ def open_binary(path: str) -> Iterator[BinaryIO | Iterator[bytes]]:
 
 
 def iter_texts(path: str, hasher=None) -> Iterator[LineText]:
-    """The non-blank lines of a UTF-8 file (or standard input), stripped, one at a time: read_texts' texts and numbers.
+    """The non-blank lines of a UTF-8 file (or standard input), stripped, one at a time, with their line numbers.
 
     hasher, when given, is fed every byte read. A line that is not UTF-8 stops it with its number.
     """
@@ -78,11 +87,19 @@ def iter_texts(path: str, hasher=None) -> Iterator[LineText]:
                 raise AttnvizError(
                     f"cannot read {where(path)}: line {number + 1} is not UTF-8 text (byte {error.start + 1} of the line)"
                 ) from None
-            # str.splitlines, as read_texts splits the whole text: \r, \x0c, U+2028 ... end a line too
+            # str.splitlines, as over the whole text: \r, \x0c, U+2028 ... end a line too
             for text in line.splitlines() or [""]:
                 number += 1
                 if text.strip():
                     yield LineText(number, text.strip())
+
+
+def read_texts(path: str) -> list[LineText]:
+    """Every non-blank line of a UTF-8 file, or of standard input for "-", stripped (iter_texts' texts)."""
+    texts = list(iter_texts(path))
+    if not texts:
+        raise AttnvizError(f"{where(path)} has no text: every line is blank")
+    return texts
 
 
 def scan_corpus(path: str) -> CorpusIdentity | None:

@@ -18,10 +18,10 @@ from attnviz.analysis.statistics import ModelStatistics, StatisticsAccumulator
 from attnviz.errors import AttnvizError
 from attnviz.models.loading import LoadedModel
 from attnviz.models.tokens import text_truncations
-from attnviz.output.batch import LineText, check_lengths
+from attnviz.output.batch import check_lengths
 from attnviz.output.checkpoint import CorpusProgress, read_checkpoint, write_checkpoint
 from attnviz.output import corpus as corpus_file
-from attnviz.output.corpus import CorpusIdentity, chunks, iter_texts, where
+from attnviz.output.corpus import CorpusIdentity, LineText, chunks, iter_texts, where
 from attnviz.result import AttentionRun, Truncation
 from attnviz.spec import RunSpec
 
