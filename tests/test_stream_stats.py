@@ -213,7 +213,7 @@ def test_importing_attnviz_and_stats_help_import_neither_ray_nor_torch():
 def test_the_progress_bar_estimates_the_time_left_or_shows_count_and_rate():
     from rich.console import Console
 
-    from attnviz.render.terminal import progress_bar
+    from attnviz.render.progress import progress_bar
 
     shown = {}
     for name, total in (("known", 40), ("streamed", None)):

@@ -156,7 +156,7 @@ def _stats_of_corpus(file, *, model, num_heads, weights, seed, causal, stack, de
     from attnviz.output.checkpoint import check_checkpoint_path
     from attnviz.output.corpus import chunks, iter_texts, scan_corpus
     from attnviz.output.corpus_stats import corpus_statistics
-    from attnviz.render import terminal
+    from attnviz.render.progress import progress_bar
 
     if resume and checkpoint is None:
         raise AttnvizError("--resume needs --checkpoint PATH: the checkpoint to continue from")
@@ -184,7 +184,7 @@ def _stats_of_corpus(file, *, model, num_heads, weights, seed, causal, stack, de
 
         engine_device = actor_device(device.value)
     total = corpus.num_texts if corpus is not None else None
-    with terminal.progress_bar(console, total, "measuring heads", PROGRESS_MIN_TEXTS) as advance:
+    with progress_bar(console, total, "measuring heads", PROGRESS_MIN_TEXTS) as advance:
         measured = corpus_statistics(
             handle.loaded, file, spec, corpus, advance=advance, checkpoint=checkpoint, resume=resume,
             engine=engine.value, chunk_lines=chunk_lines, model_name=handle.name if handle.source != "local folder" else spec.resolved_model,

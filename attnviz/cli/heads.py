@@ -162,6 +162,7 @@ def _heads_for_file(
     from attnviz.api.functions import run_spec_for
     from attnviz.output.runs import StagedRunFolder
     from attnviz.render import terminal
+    from attnviz.render.progress import progress_bar
 
     texts = read_texts(file)
     target = run_target(out, batch.batch_folder_name(file))
@@ -173,7 +174,7 @@ def _heads_for_file(
     spec = run_spec_for(handle, run_options.pop("num_heads"), **run_options)
 
     folder = StagedRunFolder(target, unique=out is None)
-    progress = terminal.progress_bar(console, len(texts), "attention and heatmaps", batch.PROGRESS_MIN_TEXTS)
+    progress = progress_bar(console, len(texts), "attention and heatmaps", batch.PROGRESS_MIN_TEXTS)
     with progress as advance, folder as staging:
         result = batch.write_batch(loaded, texts, staging, image_format, spec, on_text=lambda: advance(1))
         report_files, report_notes = _batch_report(loaded, [entry.text for entry in texts], spec, staging) if html else ([], [])
