@@ -150,6 +150,23 @@ def test_results_display_themselves_as_html_and_rich(model):
     assert type(figure).__name__ == "Figure" and len(figure.axes) > 12  # 12 heads and a colorbar
 
 
+def test_a_notebook_shows_the_pixels_the_maps_were_fitted_to(model):
+    """300 tokens in a grid panel of 384 pixels at the figure's 120 dpi: a pixel per cell. The inline PNG is
+    drawn at that dpi (at 80, Agg would drop a third of the rows, a one-hot key with them)."""
+    import base64
+    import io
+    import re
+
+    from PIL import Image
+
+    text = " ".join(["cat"] * 298)  # [CLS] + 298 + [SEP] = 300 tokens
+    result = attnviz.heads(text, model=model)
+    figure = result.figure()
+    encoded = re.search(r'<img src="data:image/png;base64,([^"]+)"', result._repr_html_()).group(1)
+    with Image.open(io.BytesIO(base64.b64decode(encoded))) as image:
+        assert image.size == (round(figure.get_figwidth() * figure.dpi), round(figure.get_figheight() * figure.dpi))
+
+
 def test_trace_steps_and_checks(model, tmp_path):
     traced = attnviz.trace("the cat sat", model=model, layout="all")
     assert traced.agree and {check["layout"] for check in traced.check()} >= {

@@ -10,12 +10,15 @@ import base64
 import html
 import io
 
-DISPLAY_DPI = 80  # inline figures: the files' 120 dpi would make a notebook several MB
+def figure_png(figure) -> bytes:
+    """The figure as a PNG at its own dpi, the one its maps were fitted to (render/scales.show_attention).
 
-
-def figure_png(figure, dpi: int = DISPLAY_DPI) -> bytes:
+    At a lower dpi Agg would drop rows and columns of a map that has a pixel per cell or per block, so
+    a head that puts all its weight on one key could lose it inline, and "max of ≤k×k cells" would
+    overstate what is shown: a notebook shows the pixels the files have.
+    """
     buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=dpi)
+    figure.savefig(buffer, format="png", dpi=figure.dpi)
     return buffer.getvalue()
 
 
