@@ -16,11 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attnviz.render.cell_values import (  # noqa: F401  (the other figures import them from here)
-    MAX_ANNOTATED_TOKENS,
-    cell_values,
-    update_cell_values,
-)
+from attnviz.render.cell_values import MAX_ANNOTATED_TOKENS, cell_values, update_cell_values
 from attnviz.render.fonts import displayable
 from attnviz.render.titles import chars_across, counted, run_title
 from attnviz.result import AttentionRun

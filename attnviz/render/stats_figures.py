@@ -17,10 +17,9 @@ import numpy as np
 
 
 from attnviz.analysis.statistics import CAUSAL_OVER_BIDIRECTIONAL
+from attnviz.render.cell_values import MAX_ANNOTATED_TOKENS, cell_values, update_cell_values
 from attnviz.render.heatmap import (
-    MAX_ANNOTATED_TOKENS,
     MAX_TICK_LABELS,
-    cell_values,
     check_format,
     freeze_layout,
     grid_shape,
@@ -30,7 +29,6 @@ from attnviz.render.heatmap import (
     new_figure,
     save_figure,
     tick_positions,
-    update_cell_values,
 )
 from attnviz.result import AttentionRun
 from attnviz.render.scales import (

@@ -80,9 +80,10 @@ def write_split_heatmaps(
     """
     import numpy as np
 
+    from attnviz.render.cell_values import cell_values, update_cell_values
     from attnviz.render.heatmap import (
-        MAX_GRID_TICK_LABELS, MAX_TICK_LABELS, cell_values, draw_attention, freeze_layout, grid_shape,
-        head_figure_size, label_tokens, new_figure, save_figure, show_attention, update_cell_values,
+        MAX_GRID_TICK_LABELS, MAX_TICK_LABELS, draw_attention, freeze_layout, grid_shape,
+        head_figure_size, label_tokens, new_figure, save_figure, show_attention,
     )  # fmt: skip
     from attnviz.render.scales import attention_colorbar, scale_label
 
