@@ -51,6 +51,7 @@ class RunSpec:
     device: str = "cpu"  # "cpu" or "cuda": where it runs, after "auto" was resolved
     truncate: bool = False  # --truncate: texts longer than the model's positions may be cut
     words: bool = False  # --words: maps over words (pieces merged by Clark et al.'s rule), not tokens
+    js: bool | None = None  # stats: whether the Jensen-Shannon distances are measured (--js); None elsewhere (measured where asked)
     version: str = __version__  # attnviz's
 
     def __post_init__(self) -> None:

@@ -231,12 +231,15 @@ def main() -> None:
                     "bare": ([PYTHON, str(BENCH / "bare_forward.py"), model_dir, str(long_file), str(BATCH_SIZE), device], env),
                     "stats": ([*ATTNVIZ, "stats", "--file", str(long_file), "--model", "bundled", "--device", device, "--out", str(scratch / "stats")], env),
                     "loop": ([PYTHON, str(BENCH / "stats_loop.py"), str(long_file), device], env),
+                    "loop --js": ([PYTHON, str(BENCH / "stats_loop.py"), str(long_file), device, "--js"], env),
                 },
                 args.repeat,
             )
             name = f"{count} texts of {tokens} tokens"
             rows.append(throughput_row(f"stats, {name}, {device}", timings["stats"], "bare forward", timings["bare"], count, 1.0))
             rows.append(throughput_row(f"stats loop only, {name}, {device}", timings["loop"].loop(), "bare loop", timings["bare"].loop(), count))
+            with_js = throughput_row(f"stats loop --js, {name}, {device}", timings["loop --js"].loop(), "bare loop", timings["bare"].loop(), count)
+            rows.append((*with_js[:4], "none: what --js costs", True))
         if args.gpu:
             gpu = run_process(heads(SENTENCE_12_TOKENS, "--device", "cuda"), args.repeat, env)
             rows.append(("heads, 12 tokens, cuda", gpu, "heads, 12 tokens, cpu", short, "-", True))

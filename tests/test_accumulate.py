@@ -23,8 +23,8 @@ def weights():
     return {(t, layer): random_attention(rng, len(tokens)) for t, tokens in enumerate(TEXTS) for layer in range(NUM_LAYERS)}
 
 
-def accumulate(weights, texts, causal=False):
-    accumulator = StatisticsAccumulator(NUM_LAYERS, causal)
+def accumulate(weights, texts, causal=False, js=True):
+    accumulator = StatisticsAccumulator(NUM_LAYERS, causal, js)
     for t in texts:
         for layer in range(NUM_LAYERS):
             accumulator.add(layer, weights[t, layer], TEXTS[t])
@@ -70,6 +70,20 @@ def test_merge_refuses_other_layers_or_another_mask(weights):
         accumulate(weights, [0]).merge(StatisticsAccumulator(NUM_LAYERS + 1))
     with pytest.raises(ValueError, match="cannot merge"):
         accumulate(weights, [0]).merge(accumulate(weights, [1], causal=True))
+    with pytest.raises(ValueError, match="cannot merge"):  # sums without JS distances added to sums with them
+        accumulate(weights, [0]).merge(accumulate(weights, [1], js=False))
+
+
+def test_without_js_the_statistics_are_the_same_and_the_distances_none(weights, tmp_path):
+    """Merged and restored through a .npz, an accumulator without JS distances keeps its values and its lack of them."""
+    merged = StatisticsAccumulator(NUM_LAYERS, js=False)
+    for shard in [[0, 3], [1, 2]]:
+        np.savez(tmp_path / "state.npz", **accumulate(weights, shard, js=False).state())
+        with np.load(tmp_path / "state.npz") as loaded:
+            merged.merge(StatisticsAccumulator.from_state(dict(loaded)))
+    result, full = merged.result(), accumulate(weights, range(len(TEXTS))).result()
+    assert result.js_distance is None and merged.js is False
+    np.testing.assert_allclose(result.values, full.values, rtol=0, atol=1e-12)
 
 
 def test_a_half_measured_accumulator_has_no_state(weights):

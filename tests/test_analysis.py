@@ -345,7 +345,8 @@ def test_the_accumulator_averages_each_texts_own_statistics():
 @pytest.mark.parametrize("cells_at_once", [blockwise.CPU_CELLS_AT_ONCE, 1, 300])
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("causal", [False, True])
-def test_batch_statistics_of_a_padded_batch_equal_each_texts_own_statistics(causal, threads, cells_at_once, monkeypatch):
+@pytest.mark.parametrize("js", [True, False])
+def test_batch_statistics_of_a_padded_batch_equal_each_texts_own_statistics(js, causal, threads, cells_at_once, monkeypatch):
     """The fast path (torch, block by block) against the plain one (numpy, one unpadded text at a time)."""
     import torch
 
@@ -368,7 +369,7 @@ def test_batch_statistics_of_a_padded_batch_equal_each_texts_own_statistics(caus
     torch.set_num_threads(threads)
     try:
         values, distances = batch_statistics(
-            torch.tensor(padded, dtype=torch.float32), torch.tensor([len(tokens) for tokens in texts]), kinds, causal
+            torch.tensor(padded, dtype=torch.float32), torch.tensor([len(tokens) for tokens in texts]), kinds, causal, js
         )
         assert torch.get_num_threads() == threads  # left as it was
     finally:
@@ -377,6 +378,9 @@ def test_batch_statistics_of_a_padded_batch_equal_each_texts_own_statistics(caus
     blocks = [padded[t, :, : len(tokens), : len(tokens)] for t, tokens in enumerate(texts)]
     expected = sum(head_statistics(block, tokens, causal) for block, tokens in zip(blocks, texts))
     np.testing.assert_allclose(values.numpy(), expected, atol=1e-5, rtol=0)
+    if not js:  # the statistics without the pairs of heads' sums
+        assert distances is None
+        return
     np.testing.assert_allclose(distances.numpy(), sum(js_distance(block) for block in blocks), atol=1e-5, rtol=0)
 
 

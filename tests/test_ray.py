@@ -47,12 +47,12 @@ def corpus(tmp_path_factory):
 @pytest.fixture(scope="module")
 def single_process(tiny, corpus, tmp_path_factory):
     out = tmp_path_factory.mktemp("local") / "run"
-    assert run(["stats", "--file", str(corpus), "--model", str(tiny), "--out", str(out)]) == 0
+    assert run(["stats", "--file", str(corpus), "--model", str(tiny), "--js", "--out", str(out)]) == 0
     return stats_numbers(out)
 
 
 def stats_on_ray(tiny, corpus, out: Path) -> tuple:
-    assert run(["stats", "--file", str(corpus), "--model", str(tiny), "--engine", "ray", "--chunk-lines", "60", "--out", str(out)]) == 0
+    assert run(["stats", "--file", str(corpus), "--model", str(tiny), "--engine", "ray", "--chunk-lines", "60", "--js", "--out", str(out)]) == 0
     return stats_numbers(out)
 
 

@@ -54,6 +54,7 @@ def settings(**given) -> dict:
         "device": "cpu",
         "truncate": False,
         "words": False,
+        "js": None,  # stats' alone
         "attnviz_version": attnviz.__version__,
         **given,
     }
@@ -151,7 +152,7 @@ def test_stats_records_every_texts_cut(tmp_path, capsys, count_tokens):
     options = ["--heads", "2", "--weights", "random", "--seed", "4", "--truncate"]
     assert attnviz_run("stats", "--file", str(source), *options, "--out", str(tmp_path / "run")) == 0
     record = read(tmp_path / "run" / "stats.json")
-    assert record["settings"] == settings(layer=None, num_heads=2, weights="random", seed=4, truncate=True)
+    assert record["settings"] == settings(layer=None, num_heads=2, weights="random", seed=4, truncate=True, js=False)
     assert record["texts"] == [LONG.strip(), SHORT]
     assert record["truncated"] == [cut(count_tokens(LONG)), None]
     assert "from 602 to 512 tokens: dropped the 90 tokens" in shown(capsys)

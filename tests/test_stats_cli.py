@@ -182,7 +182,7 @@ def test_stats_of_a_file_average_its_non_blank_lines(tmp_path, bert):
     texts_file = tmp_path / "texts.txt"
     texts_file.write_text(f"{ENGLISH}\n\n   \n{SHORT}\n{THIRD}\n", encoding="utf-8")
     out = tmp_path / "run"
-    assert stats("--file", str(texts_file), "--out", str(out)) == 0
+    assert stats("--file", str(texts_file), "--js", "--out", str(out)) == 0
     record = json.loads((out / "stats.json").read_text(encoding="utf-8"))
     assert record["num_texts"] == 3 and record["texts"] == [ENGLISH, SHORT, THIRD]
     layer = 2
@@ -196,6 +196,26 @@ def test_stats_of_a_file_average_its_non_blank_lines(tmp_path, bert):
     lengths = [len(s.query_tokens) for s in singles]
     per_token = np.average([head_statistics(s.attention, s.query_tokens) for s in singles], axis=0, weights=lengths)
     assert np.abs(per_token - expected).max() > 100 * TOLERANCE
+
+
+def test_a_file_measures_the_js_distances_only_with_js(tmp_path, capsys):
+    """Over a --file the JS distances (most of the work on long texts) wait for --js; the other numbers do not change."""
+    texts_file = tmp_path / "texts.txt"
+    texts_file.write_text(f"{ENGLISH}\n{SHORT}\n", encoding="utf-8")
+    assert stats("--file", str(texts_file), "--js", "--out", str(tmp_path / "with")) == 0
+    capsys.readouterr()
+    assert stats("--file", str(texts_file), "--out", str(tmp_path / "without")) == 0
+    assert "--js measures them" in " ".join(capsys.readouterr().out.split())
+    with_js, without = (json.loads((tmp_path / name / "stats.json").read_text(encoding="utf-8")) for name in ("with", "without"))
+    assert without["js_distance"] is None and without["settings"]["js"] is False and with_js["settings"]["js"] is True
+    assert np.array(with_js["js_distance"]).shape == (6, 12, 12)
+    assert sorted(path.name for path in (tmp_path / "without").glob("[!.]*")) == ["stats.csv", "stats.json"]
+    assert (tmp_path / "with" / "js_distance.png").exists()
+    assert without["heads"] == with_js["heads"]  # the same numbers to the last decimal kept
+    # One TEXT measures them unless --no-js.
+    assert stats(SHORT, "--no-js", "--out", str(tmp_path / "text")) == 0
+    assert not (tmp_path / "text" / "js_distance.png").exists()
+    assert json.loads((tmp_path / "text" / "stats.json").read_text(encoding="utf-8"))["js_distance"] is None
 
 
 def test_stats_states_each_definition_that_differs_from_clark_et_al(tmp_path, capsys):

@@ -54,7 +54,7 @@ def test_streamed_chunks_equal_one_pass_over_all_texts(tiny, tmp_path, settings)
     lines[3] = lines[17] = "   "  # blank lines are skipped
     corpus = write_corpus(tmp_path / "corpus.txt", lines)
     out = tmp_path / "run"
-    assert run(["stats", "--file", str(corpus), "--model", str(tiny), "--chunk-lines", "7", "--out", str(out), *settings]) == 0
+    assert run(["stats", "--file", str(corpus), "--model", str(tiny), "--chunk-lines", "7", "--js", "--out", str(out), *settings]) == 0
     values, distances, record = stats_numbers(out)
     texts = [line for line in lines if line.strip()]
     keywords = {"causal": "--causal" in settings, "words": "--words" in settings}
@@ -104,7 +104,7 @@ def test_a_killed_run_resumes_from_its_checkpoint_to_the_same_numbers(tiny, tmp_
     lines = corpus_lines(4000, seed=4, max_words=12)
     corpus = write_corpus(tmp_path / "corpus.txt", lines)
     checkpoint = tmp_path / "stats.ckpt.npz"
-    common = ["stats", "--file", str(corpus), "--model", str(tiny), "--chunk-lines", "100"]
+    common = ["stats", "--file", str(corpus), "--model", str(tiny), "--chunk-lines", "100", "--js"]  # the JS sums resume too
     killed = subprocess.Popen(
         [sys.executable, "-m", "attnviz", *common, "--checkpoint", str(checkpoint), "--out", str(tmp_path / "killed")],
         env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -160,6 +160,7 @@ def test_resume_refuses_other_settings_or_another_file(tiny, tmp_path, checkpoin
     args = ["stats", "--file", str(corpus), "--model", str(tiny), "--checkpoint", str(checkpoint), "--resume", "--out", str(tmp_path / "o")]
     assert "was made with other settings (causal: False, not True)" in refused([*args, "--causal"], capsys)
     assert "was made with other settings (words" in refused([*args, "--words"], capsys)
+    assert "was made with other settings (js: False, not True)" in refused([*args, "--js"], capsys)
     with corpus.open("a", encoding="utf-8") as stream:
         stream.write("one more line\n")
     assert "was made from another file" in refused(args, capsys)

@@ -76,7 +76,8 @@ class HeadsMeasurer:
 
     def accumulator(self) -> StatisticsAccumulator:
         """An empty accumulator for this model's layers and mask."""
-        return StatisticsAccumulator(self.loaded.num_layers_of(self.spec.stack), self.spec.causal)
+        js = self.spec.js is not False  # None: a spec not of stats, which measures everything
+        return StatisticsAccumulator(self.loaded.num_layers_of(self.spec.stack), self.spec.causal, js)
 
     def measure(
         self,

@@ -266,7 +266,7 @@ def js_distance(attention: np.ndarray) -> np.ndarray:
     return distances + distances.T
 
 
-def batch_statistics(attention, valid_lens, kinds, causal: bool = False):
+def batch_statistics(attention, valid_lens, kinds, causal: bool = False, js: bool = True):
     """head_statistics and js_distance of every text of a padded batch, summed over the texts.
 
     attention is a torch tensor (B, H, N, N), on any device, zero on each text's padding keys;
@@ -276,7 +276,7 @@ def batch_statistics(attention, valid_lens, kinds, causal: bool = False):
     head_statistics and js_distance on each text's unpadded block (the tests hold them to
     that), computed block by block of queries (blockwise.query_sums: at 512 tokens the JS
     distances' passes over the whole batch waited on memory) and then for the whole batch at once.
-    Returns float64 tensors ((H, S), (H, H)) on attention's device.
+    Returns float64 tensors ((H, S), (H, H)) on attention's device; the distances None when not js.
     """
     import torch
     import torch.nn.functional as F
@@ -295,8 +295,8 @@ def batch_statistics(attention, valid_lens, kinds, causal: bool = False):
     kinds = kinds.to(device, weights.dtype)  # (B, N, K): 1 on the keys of each kind
     key_columns = torch.cat([kinds, torch.ones_like(kinds[..., :1])], dim=-1)  # (B, N, K + 1): the kinds, then 1 (row sums)
 
-    by_query = query_sums(weights, valid_lens.tolist(), key_columns)  # (B, N, H), (B, N, H), (B, N, H, K + 1), (B, N, H), (B, N, P)
-    plogp, maxima, products, distance = (sums.transpose(1, 2) for sums in by_query[:4])  # (B, H, N), ..., (B, H, N, K + 1), (B, H, N)
+    # (B, H, N) each, products (B, H, N, K + 1), pair_slogs (B, P, N) or None
+    plogp, maxima, products, distance, pair_slogs = query_sums(weights, valid_lens.tolist(), key_columns, pairs=js)
     per_query = {  # (B, H, N) each: the statistic of every query
         "entropy": -plogp,
         "relative_entropy": -plogp / torch.log(visible.clamp(min=2)).expand(batch, num_tokens)[:, None],
@@ -316,26 +316,28 @@ def batch_statistics(attention, valid_lens, kinds, causal: bool = False):
     query_weights = queries / queries.sum(1, keepdim=True).clamp(min=1)  # (B, N, S): a mean over each text's queries
     columns = torch.stack([per_query[name] for name in STATISTICS], dim=-1)  # (B, H, N, S)
     statistics = (columns * query_weights[:, None]).sum((0, 2))  # (H, S), summed over the texts
+    if pair_slogs is None:
+        return statistics.double(), None
     real_weights = query_weights[..., STATISTICS.index("entropy")]  # (B, N): a mean over each text's real queries
-    row_sums = by_query[2][..., len(KEY_KINDS)]  # (B, N, H): 1 for real queries, 0 for padding
-    return statistics.double(), _batch_js_distance(by_query[4], by_query[0], row_sums, real_weights)
+    row_sums = products[..., len(KEY_KINDS)]  # (B, H, N): 1 for real queries, 0 for padding
+    return statistics.double(), _batch_js_distance(pair_slogs, plogp, row_sums, real_weights)
 
 
 def _batch_js_distance(pair_slogs, plogp, row_sums, query_weights):
     """(H, H): js_distance of every text of a padded batch, summed over the texts.
 
-    pair_slogs (B, N, P) holds sum_k s log s for s = p_a + p_b = 2m, the pairs a < b in triu_indices'
-    order; plogp (B, N, H) sum_k p log p and row_sums (B, N, H) sum_k p of every row; query_weights
+    pair_slogs (B, P, N) holds sum_k s log s for s = p_a + p_b = 2m, the pairs a < b in triu_indices'
+    order; plogp (B, H, N) sum_k p log p and row_sums (B, H, N) sum_k p of every row; query_weights
     (B, N) averages over each text's real queries. JSD = H(m) - (H(p) + H(q)) / 2, and
     sum m log m = (sum s log s - log 2 * sum s) / 2.
     """
     import torch
 
-    num_heads = plogp.shape[-1]
+    num_heads = plogp.shape[1]
     first, second = torch.triu_indices(num_heads, num_heads, 1, device=plogp.device)  # (P,) each
-    mlogm = (pair_slogs - LN2 * (row_sums[..., first] + row_sums[..., second])) / 2  # (B, N, P)
-    divergence = ((plogp[..., first] + plogp[..., second]) / 2 - mlogm) / LN2  # (B, N, P): JSD in bits
-    pairs = (divergence.clamp(0.0, 1.0).sqrt() * query_weights[..., None]).sum((0, 1))  # (P,)
+    mlogm = (pair_slogs - LN2 * (row_sums[:, first] + row_sums[:, second])) / 2  # (B, P, N)
+    divergence = ((plogp[:, first] + plogp[:, second]) / 2 - mlogm) / LN2  # (B, P, N): JSD in bits
+    pairs = (divergence.clamp(0.0, 1.0).sqrt() * query_weights[:, None]).sum((0, 2))  # (P,)
     distances = torch.zeros(num_heads, num_heads, device=plogp.device, dtype=torch.float64)
     distances[first, second] = pairs.double()
     return distances + distances.T
@@ -357,7 +359,7 @@ class ModelStatistics:
     """Statistics of every head of every layer, averaged over texts."""
 
     values: np.ndarray  # (L, H, S): STATISTICS along the last axis
-    js_distance: np.ndarray  # (L, H, H)
+    js_distance: np.ndarray | None  # (L, H, H); None when not measured (stats --file without --js)
     num_texts: int
     causal: bool = False
 
@@ -390,35 +392,38 @@ class ModelStatistics:
 class StatisticsAccumulator(MergeableSums):
     """Sums each text's statistics, computed on its own unpadded weights, and averages them.
 
-        accumulator = StatisticsAccumulator(num_layers, causal=False)
+        accumulator = StatisticsAccumulator(num_layers, causal=False, js=True)
         accumulator.add(layer, weights, tokens)  # for every text and layer, in any order
         accumulator.add_batch(layer, padded_weights, valid_lens, kinds)  # or a padded batch at once
         accumulator.result()  # ModelStatistics
         accumulator.merge(other)  # another's sums and counts added (a shard's); state() / from_state(): accumulate.py
 
     Sums may be numpy arrays or torch tensors (add_batch's, on the batch's device): they are
-    brought to numpy once, in result().
+    brought to numpy once, in result(). Without js the Jensen-Shannon distances, most of the work,
+    are not measured: js_sums stay 0 and the result's js_distance is None.
     """
 
-    def __init__(self, num_layers: int, causal: bool = False):
-        self.causal = causal
+    def __init__(self, num_layers: int, causal: bool = False, js: bool = True):
+        self.causal, self.js = causal, js
         self.value_sums: list = [0.0] * num_layers  # (H, S) each
         self.js_sums: list = [0.0] * num_layers  # (H, H) each
         self.counts = [0] * num_layers
 
     def add(self, layer: int, attention: np.ndarray, tokens: list[str]) -> None:
         """One text's self-attention (H, N, N) in one layer, and its N tokens."""
-        self.add_sums(layer, head_statistics(attention, tokens, self.causal), js_distance(attention), 1)
+        distances = js_distance(attention) if self.js else None
+        self.add_sums(layer, head_statistics(attention, tokens, self.causal), distances, 1)
 
     def add_batch(self, layer: int, attention, valid_lens, kinds) -> None:
         """A padded batch's self-attention (B, H, N, N), valid lengths (B,) and key_kind_columns (B, N, K): torch tensors."""
-        values, distances = batch_statistics(attention, valid_lens, kinds, self.causal)
+        values, distances = batch_statistics(attention, valid_lens, kinds, self.causal, self.js)
         self.add_sums(layer, values, distances, len(valid_lens))
 
     def add_sums(self, layer: int, values, distances, count: int) -> None:
-        """Statistics (H, S) and JS distances (H, H) summed over `count` texts."""
+        """Statistics (H, S) and JS distances (H, H, or None without js) summed over `count` texts."""
         self.value_sums[layer] = self.value_sums[layer] + values
-        self.js_sums[layer] = self.js_sums[layer] + distances
+        if self.js:
+            self.js_sums[layer] = self.js_sums[layer] + distances
         self.counts[layer] += count
 
     def result(self) -> ModelStatistics:
@@ -427,7 +432,7 @@ class StatisticsAccumulator(MergeableSums):
         num_texts = self.counts[0]
         return ModelStatistics(
             values=np.stack([as_float64(sums) for sums in self.value_sums]) / num_texts,  # (L, H, S)
-            js_distance=np.stack([as_float64(sums) for sums in self.js_sums]) / num_texts,  # (L, H, H)
+            js_distance=np.stack([as_float64(sums) for sums in self.js_sums]) / num_texts if self.js else None,  # (L, H, H)
             num_texts=num_texts,
             causal=self.causal,
         )

@@ -24,7 +24,8 @@ class StatsResult:
     """Every head of every layer, averaged over the texts, as `attnviz stats` measures it.
 
     values is (L, H, S) with the statistics named in .statistics along the last axis;
-    js_distance (L, H, H); labels[layer][head] a head's label or None.
+    js_distance (L, H, H), None when not measured (stats(..., js=False), stats --file without --js);
+    labels[layer][head] a head's label or None.
     """
 
     stats: Any  # attnviz.analysis.statistics.ModelStatistics
@@ -46,7 +47,7 @@ class StatsResult:
         return self.stats.values
 
     @property
-    def js_distance(self) -> np.ndarray:
+    def js_distance(self) -> np.ndarray | None:
         return self.stats.js_distance
 
     @property
@@ -57,6 +58,8 @@ class StatsResult:
         """js_distance.png: the Jensen-Shannon distances between the heads of each layer."""
         from attnviz.render.stats_figures import js_distance_figure
 
+        if self.stats.js_distance is None:
+            raise AttnvizError("the Jensen-Shannon distances were not measured: give js=True (attnviz stats --js)")
         return js_distance_figure(self.stats.js_distance, self.first_run, self._titled_texts, seed=self.spec.seed)
 
     @property
@@ -65,7 +68,7 @@ class StatsResult:
         return self.texts if self.texts is not None else _Unlisted(self.stats.num_texts)
 
     def save(self, folder: str | Path, format: str = "png") -> list[Path]:
-        """Write what `attnviz stats --out folder` writes: stats.csv, stats.json, js_distance.<format>."""
+        """Write what `attnviz stats --out folder` writes: stats.csv, stats.json, js_distance.<format> (when measured)."""
         return save_run_files(folder, lambda staging: self.write_files(staging, format), format)
 
     def write_files(self, folder: Path, format: str = "png") -> list[Path]:
@@ -73,11 +76,13 @@ class StatsResult:
         from attnviz.output.stats_export import write_stats_csv, write_stats_json
         from attnviz.render.stats_figures import write_js_distance
 
-        return [
+        files = [
             write_stats_csv(self.stats, folder / "stats.csv"),
             write_stats_json(self.stats, self.texts, self.truncated, self.first_run, self.spec, folder / "stats.json", self.corpus),
-            write_js_distance(self.stats.js_distance, self.first_run, self._titled_texts, folder, format, seed=self.spec.seed),
         ]
+        if self.stats.js_distance is not None:
+            files.append(write_js_distance(self.stats.js_distance, self.first_run, self._titled_texts, folder, format, seed=self.spec.seed))
+        return files
 
     def to_dict(self) -> dict:
         """stats.json's content."""
@@ -114,7 +119,7 @@ class StatsResult:
         return display.result_html(
             f"stats · {self.first_run.model} · {self.stats.num_texts} text{'s' if self.stats.num_texts != 1 else ''}",
             display.tokens_html(self.first_run.query_tokens, f"first text's {'words' if self.first_run.words else 'tokens'}"),
-            display.figure_html(self.figure(), "Jensen-Shannon distances between heads"),
+            display.figure_html(self.figure(), "Jensen-Shannon distances between heads") if self.js_distance is not None else "",
             display.table_html(headers, rows, "head labels by layer (stats.csv has every statistic)"),
         )
 

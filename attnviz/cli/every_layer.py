@@ -83,6 +83,13 @@ def stats(
         Engine.local,
         help='With --file: run here, or on Ray (RAY_ADDRESS, else a local Ray): pip install "attnviz[ray]".',
     ),
+    js: Optional[bool] = typer.Option(
+        None,
+        "--js/--no-js",
+        help="Measure the Jensen-Shannon distances between heads (js_distance.png): on for one TEXT; "
+        "off for --file, where they take 2 to 3 times the rest at 128 tokens.",
+        show_default=False,
+    ),
 ) -> None:
     """What every head of every layer does: entropy, [CLS], [SEP], previous/next token, labels; stats.csv and .json.
 
@@ -93,7 +100,8 @@ def stats(
     With --file, each statistic is averaged per text, then over the texts (every text weighs
     the same); Clark et al. average over all tokens of their data. With --words, every statistic
     is over words: previous and next are the words beside, distance counts words. --file is read
-    line by line, --chunk-lines texts at a time, so a corpus of any length fits in memory.
+    line by line, --chunk-lines texts at a time, so a corpus of any length fits in memory; its
+    JS distances are measured with --js only (stats.json's js_distance is null without).
     """
     from attnviz.api import functions
     from attnviz.api.models import load
@@ -107,6 +115,7 @@ def stats(
     if text is None and file is None:
         raise AttnvizError("missing argument 'TEXT': give a text, or --file PATH with one text per line")
     check_text(text)
+    js = js if js is not None else file is None  # one TEXT: every number; a corpus: the JS distances when asked
     refuse_cross_over_every_layer(stack.value if stack else None)
     functions.refuse_before_loading(model, stack.value if stack else None)
     if file is None:
@@ -118,14 +127,14 @@ def stats(
         handle = load(model, device.value, allow_pickle=allow_pickle, cache=False)
         result = functions.stats(
             [text], model=handle, heads=num_heads, weights=weights.value, seed=seed, causal=causal, truncate=truncate,
-            stack=stack.value if stack else None, words=words,
+            stack=stack.value if stack else None, words=words, js=js,
         )  # fmt: skip
     else:
         target = run_target(out, batch_folder_name(file))
         result, handle = _stats_of_corpus(
             file, model=model, num_heads=num_heads, weights=weights, seed=seed, causal=causal, stack=stack, device=device,
-            truncate=truncate, words=words, allow_pickle=allow_pickle, checkpoint=checkpoint, resume=resume, engine=engine,
-            chunk_lines=chunk_lines,
+            truncate=truncate, words=words, js=js, allow_pickle=allow_pickle, checkpoint=checkpoint, resume=resume,
+            engine=engine, chunk_lines=chunk_lines,
         )  # fmt: skip
     texts_count = result.stats.num_texts
 
@@ -140,12 +149,14 @@ def stats(
     for table in terminal.stats_grid(result.stats, console.width, result.first_run.model_causal):
         console.print(table)
     console.print(terminal.labelled_heads_table(result.stats))
+    if result.stats.js_distance is None:
+        console.print("[dim]Jensen-Shannon distances between heads: not measured over a --file; --js measures them (js_distance.png)[/dim]")
     write_run(out, target, "writing statistics…", lambda staging: write_files_here_or_there(result, staging, image_format.value))
     if checkpoint is not None:  # the run's files are written: nothing is left to resume
         checkpoint.unlink(missing_ok=True)
 
 
-def _stats_of_corpus(file, *, model, num_heads, weights, seed, causal, stack, device, truncate, words, allow_pickle,
+def _stats_of_corpus(file, *, model, num_heads, weights, seed, causal, stack, device, truncate, words, js, allow_pickle,
                      checkpoint, resume, engine, chunk_lines):  # fmt: skip
     """stats --file: the corpus checked (UTF-8, lengths, checkpoint, engine) before the heavy work, then streamed; (StatsResult, handle)."""
     from attnviz.api import functions
@@ -176,7 +187,7 @@ def _stats_of_corpus(file, *, model, num_heads, weights, seed, causal, stack, de
             check_lengths(handle.tokenizer, lines, handle.loaded.max_positions, truncate)
     spec = functions.run_spec_for(
         handle, num_heads, layer=None, weights=weights.value, seed=seed, causal=causal, kv_text=None,
-        stack=stack.value if stack else None, truncate=truncate, words=words,
+        stack=stack.value if stack else None, truncate=truncate, words=words, js=js,
     )  # fmt: skip
     engine_device = spec.device
     if engine == Engine.ray:

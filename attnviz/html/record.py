@@ -102,7 +102,7 @@ def text_record(text: ReportText, spec: RunSpec) -> dict:
         record["query_tokens"], record["key_tokens"] = record["query_words"], record["key_words"]
     record["attention"] = encode_exact(run.attention)
     record["title"] = run_title(run, [f"layer {run.layer}"], seed=spec.seed if run.weights == "random" else None, fonts=False).split("\n")
-    every_layer = replace(spec, layer=None)  # stats.json's and rollout.json's settings
+    every_layer = replace(spec, layer=None, js=True)  # stats.json's settings: one text's statistics, its JS distances measured
     layers = None
     if text.layer_runs is not None:
         stacked = np.stack([layer_run.attention for layer_run in text.layer_runs])  # (L, H, N, N)

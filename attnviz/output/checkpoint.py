@@ -23,7 +23,7 @@ from attnviz.output.corpus import CorpusIdentity
 from attnviz.spec import RunSpec
 
 CHECKPOINT_FORMAT = "attnviz-stats-checkpoint"
-CHECKPOINT_VERSION = 1
+CHECKPOINT_VERSION = 2  # 2: the state records js (whether the JS distances are measured)
 
 
 @dataclass

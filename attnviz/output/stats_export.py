@@ -85,7 +85,7 @@ def stats_record(
         },
         "differences_from_clark_et_al_2019": CLARK_DIFFERENCES,
         "heads": heads,
-        "js_distance": np.round(stats.js_distance, DECIMALS).tolist(),
+        "js_distance": np.round(stats.js_distance, DECIMALS).tolist() if stats.js_distance is not None else None,  # None: not measured
     }
 
 
