@@ -206,11 +206,13 @@ def test_notes_go_to_stderr_and_results_to_stdout(tmp_path, capsys):
     assert "note:" not in captured.out and captured.out.startswith("model")
 
 
-def test_file_dash_with_standard_input_closed_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("command", ["heads", "stats", "trace"])
+def test_file_dash_with_standard_input_closed_is_one_line_and_exit_2(command, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(sys, "stdin", None)  # what Python makes of a closed descriptor 0 (<&-)
-    assert run(["heads", "--file", "-", "--model", "bundled", "--out", str(tmp_path / "run")]) == 2
+    assert run([command, "--file", "-", "--model", "bundled", "--out", str(tmp_path / "run")]) == 2
     error = capsys.readouterr().err
     assert error.startswith("error: --file -: standard input is closed") and error.count("\n") == 1
+    assert "or give --file PATH" in error  # the hint names no other command than the one run
     assert list(tmp_path.iterdir()) == []
 
 

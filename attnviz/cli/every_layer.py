@@ -143,8 +143,10 @@ def stats(
     if len(notices) > len(shown):
         shown.append(f"… and {len(notices) - len(shown)} more such notes, one per text")
     terminal.print_notices(errors, shown)
+    # --engine ray --device cuda: the actors measured on their GPUs, this process loaded the model on its CPU
+    device_label = handle.device_label if result.spec.device == handle.device else f"{result.spec.device} (Ray actors)"
     terminal.print_setup(
-        console, result.first_run, handle.source, handle.device_label, handle.num_layers, texts_count, seed=seed
+        console, result.first_run, handle.source, device_label, handle.num_layers, texts_count, seed=seed
     )
     for table in terminal.stats_grid(result.stats, console.width, result.first_run.model_causal):
         console.print(table)

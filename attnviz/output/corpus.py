@@ -55,7 +55,7 @@ def open_binary(path: str) -> Iterator[BinaryIO | Iterator[bytes]]:
     """The file (or standard input for "-") as bytes, or a one-line error."""
     if path == STDIN:
         if sys.stdin is None:  # started with stdin closed (<&-)
-            raise AttnvizError("--file -: standard input is closed: pipe the texts in, e.g. cat texts.txt | attnviz heads --file -")
+            raise AttnvizError("--file -: standard input is closed: pipe the texts in (cat texts.txt | attnviz ...), or give --file PATH")
         # Bytes, so that the UTF-8 check is attnviz's (and names the line); a text stream without them (a test's StringIO) as bytes
         yield sys.stdin.buffer if hasattr(sys.stdin, "buffer") else (line.encode("utf-8", "surrogateescape") for line in sys.stdin)
         return
