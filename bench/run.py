@@ -169,6 +169,7 @@ def main() -> None:
     parser.add_argument("--gpu", action="store_true", help="also run the cases on CUDA")
     parser.add_argument("--sentences", type=int, default=1000)
     parser.add_argument("--startup", action="store_true", help="only the start-up cases (startup_rows)")
+    parser.add_argument("--long", action="store_true", help="only the long-text cases (long_text_rows)")
     parser.add_argument("--long-texts", type=int, default=64, help="texts of 128 and of 512 tokens in the long-text cases")
     args = parser.parse_args()
 
@@ -183,6 +184,8 @@ def main() -> None:
         def heads(text: str, *extra: str) -> list[str]:
             return [*ATTNVIZ, "heads", text, "--model", "bundled", "--out", str(scratch / "heads"), *extra]
 
+        if args.long:
+            return print_table(long_text_rows(args, env, scratch, model_dir), args)
         rows += startup_rows(args.repeat, env, scratch)
         if args.startup:
             return print_table(rows, args)
@@ -218,33 +221,41 @@ def main() -> None:
             )
         rows += figure_rows(args.repeat, env)
 
-        # Long texts, where the JS distances' pairs of heads grow with the square of the length; on the GPU
-        # (--gpu) also texts of 12 tokens, args.sentences of them, each side on the same GPU.
-        long_cases = [("cpu", 128, args.long_texts), ("cpu", 512, args.long_texts)]
-        if args.gpu:
-            long_cases += [("cuda", 12, args.sentences), ("cuda", 512, args.long_texts)]
-        for device, tokens, count in long_cases:
-            long_file = scratch / f"texts_{tokens}.txt"
-            long_file.write_text(long_texts(count, tokens), encoding="utf-8")
-            timings = run_rounds(
-                {
-                    "bare": ([PYTHON, str(BENCH / "bare_forward.py"), model_dir, str(long_file), str(BATCH_SIZE), device], env),
-                    "stats": ([*ATTNVIZ, "stats", "--file", str(long_file), "--model", "bundled", "--device", device, "--out", str(scratch / "stats")], env),
-                    "loop": ([PYTHON, str(BENCH / "stats_loop.py"), str(long_file), device], env),
-                    "loop --js": ([PYTHON, str(BENCH / "stats_loop.py"), str(long_file), device, "--js"], env),
-                },
-                args.repeat,
-            )
-            name = f"{count} texts of {tokens} tokens"
-            rows.append(throughput_row(f"stats, {name}, {device}", timings["stats"], "bare forward", timings["bare"], count, 1.0))
-            rows.append(throughput_row(f"stats loop only, {name}, {device}", timings["loop"].loop(), "bare loop", timings["bare"].loop(), count))
-            with_js = throughput_row(f"stats loop --js, {name}, {device}", timings["loop --js"].loop(), "bare loop", timings["bare"].loop(), count)
-            rows.append((*with_js[:4], "none: what --js costs", True))
+        rows += long_text_rows(args, env, scratch, model_dir)
         if args.gpu:
             gpu = run_process(heads(SENTENCE_12_TOKENS, "--device", "cuda"), args.repeat, env)
             rows.append(("heads, 12 tokens, cuda", gpu, "heads, 12 tokens, cpu", short, "-", True))
 
     print_table(rows, args)
+
+
+
+def long_text_rows(args, env: dict, scratch: Path, model_dir: str) -> list[tuple]:
+    """stats over texts of 128 and 512 tokens against the bare pass, in interleaved rounds (issue 15, part 2)."""
+    rows = []
+    # Long texts, where the JS distances' pairs of heads grow with the square of the length; on the GPU
+    # (--gpu) also texts of 12 tokens, args.sentences of them, each side on the same GPU.
+    long_cases = [("cpu", 128, args.long_texts), ("cpu", 512, args.long_texts)]
+    if args.gpu:
+        long_cases += [("cuda", 12, args.sentences), ("cuda", 512, args.long_texts)]
+    for device, tokens, count in long_cases:
+        long_file = scratch / f"texts_{tokens}.txt"
+        long_file.write_text(long_texts(count, tokens), encoding="utf-8")
+        timings = run_rounds(
+            {
+                "bare": ([PYTHON, str(BENCH / "bare_forward.py"), model_dir, str(long_file), str(BATCH_SIZE), device], env),
+                "stats": ([*ATTNVIZ, "stats", "--file", str(long_file), "--model", "bundled", "--device", device, "--out", str(scratch / "stats")], env),
+                "loop": ([PYTHON, str(BENCH / "stats_loop.py"), str(long_file), device], env),
+                "loop --js": ([PYTHON, str(BENCH / "stats_loop.py"), str(long_file), device, "--js"], env),
+            },
+            args.repeat,
+        )
+        name = f"{count} texts of {tokens} tokens"
+        rows.append(throughput_row(f"stats, {name}, {device}", timings["stats"], "bare forward", timings["bare"], count, 1.0))
+        rows.append(throughput_row(f"stats loop only, {name}, {device}", timings["loop"].loop(), "bare loop", timings["bare"].loop(), count))
+        with_js = throughput_row(f"stats loop --js, {name}, {device}", timings["loop --js"].loop(), "bare loop", timings["bare"].loop(), count)
+        rows.append((*with_js[:4], "none: what --js costs", True))
+    return rows
 
 
 def figure_rows(repeat: int, env: dict) -> list[tuple]:

@@ -38,7 +38,7 @@ def query_sums(weights, valid_lens: list[int], columns, pairs: bool = True):
 
     batch, num_heads, num_tokens, _ = weights.shape
     num_rows = num_heads * (num_heads + 1) // 2 if pairs else num_heads  # the heads, then their pairs
-    maxima = weights.amax(dim=-1)  # (B, H, N)
+    maxima = weights.new_zeros(batch, num_heads, num_tokens)
     products = (weights.reshape(batch, -1, num_tokens) @ columns).view(batch, num_heads, num_tokens, -1)  # (B, H N, N) @ (B, N, C)
     slogs = weights.new_zeros(batch, num_rows, num_tokens)  # (B, R, N): sum s log s of every row
     distance = weights.new_zeros(batch, num_heads, num_tokens)
@@ -50,7 +50,7 @@ def query_sums(weights, valid_lens: list[int], columns, pairs: bool = True):
         length = max(lengths[b] for b in group)
         if length > 0:
             texts = slice(group.start, group.stop)
-            _group_sums(weights[texts, :, :length, :length], offsets[:length, :length], cells, slogs[texts], distance[texts])
+            _group_sums(weights[texts, :, :length, :length], offsets[:length, :length], cells, slogs[texts], maxima[texts], distance[texts])
     # A group's shorter texts have padding queries inside it, and a batch's maps hold on padding
     # queries what the layer gave them: zero them all.
     real = (positions < torch.tensor(lengths, device=weights.device)[:, None]).to(weights.dtype)[:, None]  # (B, 1, N)
@@ -68,9 +68,9 @@ def _groups(cells: int, num_rows: int, num_tokens: int, batch: int) -> list[rang
     return [range(first, min(first + size, batch)) for first in range(0, batch, size)]
 
 
-def _group_sums(maps, offsets, cells: int, slogs, distance) -> None:
+def _group_sums(maps, offsets, cells: int, slogs, maxima, distance) -> None:
     """query_sums of a group of texts' maps (G, H, n, n), n the longest of them, with offsets (n, n):
-    into their rows of query_sums' slogs (G, R, N) and distance (G, H, N)."""
+    into their rows of query_sums' slogs (G, R, N), maxima (G, H, N) and distance (G, H, N)."""
     import torch
 
     group, num_heads, length, _ = maps.shape
@@ -90,6 +90,8 @@ def _group_sums(maps, offsets, cells: int, slogs, distance) -> None:
             later = num_heads - 1 - a
             torch.add(heads[a : a + 1], heads[a + 1 :], out=rows[first : first + later])
             first += later
-        distance[:, :, start:stop] = (heads * offsets[start:stop]).sum(dim=-1).transpose(0, 1)  # (G, H, Q)
+        maxima[:, :, start:stop] = heads.amax(dim=-1).transpose(0, 1)  # (G, H, Q): in the cache, where the batch's are not
+        weighted = torch.mul(heads, offsets[start:stop], out=logs[:num_heads])  # in a block's buffer: a new one costs more
+        distance[:, :, start:stop] = weighted.sum(dim=-1).transpose(0, 1)  # (G, H, Q)
         torch.log(rows, out=logs)
         slogs[:, :, start:stop] = logs.mul_(rows).sum(dim=-1).transpose(0, 1)  # (G, R, Q)
