@@ -4,6 +4,7 @@
     python bench/run.py --repeat 3   # quicker
     python bench/run.py --gpu        # also the GPU cases (needs CUDA)
     python bench/run.py --startup    # only the start-up cases: each command against the torch import
+    python bench/run.py --long       # only stats over texts of 128 and 512 tokens against the bare pass
 
 Each case runs as a new process, as a user runs it; the table gives medians, the ratio to the
 baseline, the target and the peak memory (max RSS) of the process. Where a case's process
