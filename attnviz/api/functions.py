@@ -150,8 +150,8 @@ def stats(
     stack: an encoder-decoder's "encoder" (default) or "decoder" self-attention. words: every
     statistic over each text's maps merged into words (as in heads), previous and next the words
     beside. js: also the Jensen-Shannon distances between heads (.js_distance and the figure), most
-    of the time on long texts: 2 to 3 times the rest at 128 tokens. progress(n), when given, is
-    called after each batch with the number of texts it measured.
+    of the statistics' work: a log for every key of every pair of heads. progress(n), when given,
+    is called after each batch with the number of texts it measured.
     """
     from attnviz.api.analysis_results import StatsResult
     from attnviz.analysis.measure import measure_heads

@@ -87,7 +87,7 @@ def stats(
         None,
         "--js/--no-js",
         help="Measure the Jensen-Shannon distances between heads (js_distance.png): on for one TEXT; "
-        "off for --file, where they take 2 to 3 times the rest at 128 tokens.",
+        "off for --file, where they are most of the statistics' work.",
         show_default=False,
     ),
 ) -> None:
