@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from attnviz.render.cell_pixels import CellPixels
 from attnviz.render.cell_values import MAX_ANNOTATED_TOKENS, cell_values, update_cell_values
 from attnviz.render.fonts import displayable
 from attnviz.render.titles import chars_across, counted, run_title
@@ -233,6 +234,7 @@ class _HeadFigure:
         freeze_layout(self.figure)
         colorbar.set_label(scale_label("attention weight", self.image.norm, self.show_head(run.num_heads - 1)))
         self.background = None  # pixels of the parts common to all heads, after the first PNG
+        self.pixels: CellPixels | None = None  # where the map's cells land, learnt with the background
 
     def show_head(self, head: int) -> int:
         """Show this head's map, title and cell values; return the block size of show_attention."""
@@ -262,10 +264,15 @@ class _HeadFigure:
         canvas = self.figure.canvas
         if self.background is None:
             self.background = self._render_background()
+            self.pixels = CellPixels.learn(self.image)  # None: matplotlib draws the image
         canvas.restore_region(self.background)
+        buffer = np.asarray(canvas.buffer_rgba())  # (height, width, 4), written as RGB
         for artist in self._per_head_artists():
-            self.ax.draw_artist(artist)
-        write_png(path, np.asarray(canvas.buffer_rgba()), DPI)  # (height, width, 4), written as RGB
+            if artist is self.image and self.pixels is not None:
+                self.pixels.paint(buffer)  # the same bytes as drawing it, in a sixth of the time
+            else:
+                self.ax.draw_artist(artist)
+        write_png(path, buffer, DPI)
 
     def _render_background(self):
         for artist in self._per_head_artists():
