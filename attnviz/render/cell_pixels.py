@@ -53,15 +53,23 @@ class CellPixels:
         code[..., 3] = 255
         complement = code.copy()
         complement[..., :3] = 255 - code[..., :3]
-        first, second = (_drawn_alone(image, pixels) for pixels in (code, complement))
+        # Only the axes' pixels, and a margin, are read back: a grid has a dozen maps on a big canvas.
+        height, width = np.asarray(image.figure.canvas.buffer_rgba()).shape[:2]
+        region = (
+            slice(max(0, int(height - box.y1) - 2), min(height, int(height - box.y0) + 3)),  # rows: y grows upwards
+            slice(max(0, int(box.x0) - 2), min(width, int(box.x1) + 3)),
+        )
+        first, second = (_drawn_alone(image, pixels, region) for pixels in (code, complement))
         image.set_data(shown)
         # A pixel showing one cell holds the code in one drawing and its complement in the other; the
         # background holds the same bytes in both (their sum is even, never 255), a blended edge neither.
-        covered = np.all(first[..., :3].astype(np.int16) + second[..., :3] == 255, axis=-1)  # (H, W)
+        covered = np.all(first[..., :3].astype(np.int16) + second[..., :3] == 255, axis=-1)  # (h, w) of the region
         ys, xs = np.nonzero(covered)
         if ys.size == 0:
             return None
         top, bottom, left, right = ys.min(), ys.max() + 1, xs.min(), xs.max() + 1
+        if top == 0 or left == 0 or bottom == covered.shape[0] or right == covered.shape[1]:
+            return None  # at the region's edge: it may reach past it
         if ys.size != (bottom - top) * (right - left):  # not one whole rectangle: leave it to matplotlib
             return None
         block = first[top:bottom, left:right].astype(np.int32)
@@ -69,7 +77,7 @@ class CellPixels:
         rows = block[..., 1] | ((block[..., 2] >> 4) << 8)
         if columns.max() >= num_columns or rows.max() >= num_rows:
             return None
-        return cls(image, int(top), int(left), rows, columns)
+        return cls(image, int(top + region[0].start), int(left + region[1].start), rows, columns)
 
     def colors(self) -> np.ndarray:
         """(rows, columns, 4) uint8: the image's data coloured as matplotlib colours it after resampling (norm, then colormap)."""
@@ -81,8 +89,8 @@ class CellPixels:
         buffer[self.top : self.top + height, self.left : self.left + width] = self.colors()[self.rows, self.columns]
 
 
-def _drawn_alone(image, pixels: np.ndarray) -> np.ndarray:
-    """The canvas' (H, W, 4) pixels after drawing image alone, showing pixels ((rows, columns, 4) uint8), over what is there."""
+def _drawn_alone(image, pixels: np.ndarray, region: tuple[slice, slice]) -> np.ndarray:
+    """The canvas' pixels in region ((h, w, 4)) after drawing image alone, showing pixels ((rows, columns, 4) uint8)."""
     image.set_data(pixels)
     image.axes.draw_artist(image)
-    return np.array(image.figure.canvas.buffer_rgba())
+    return np.array(np.asarray(image.figure.canvas.buffer_rgba())[region])

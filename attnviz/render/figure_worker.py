@@ -51,8 +51,12 @@ def fork(draw) -> int:
         os._exit(exit_code)
 
 
-def start() -> None:
+def start(prepare=None) -> None:
     """Fork the figure worker, if it helps: on Linux with two cores, once, before torch is imported.
+
+    prepare: (function, args) that the worker runs once matplotlib is imported, before any job:
+    work done ahead for the jobs to come (heads_ahead.prepare). It answers nothing; its failure
+    is ignored (the jobs then do that work themselves).
 
     With torch already imported (the API, the tests) there is no import to overlap, and a copy of
     a process that has started torch's threads is best not made.
@@ -69,7 +73,7 @@ def start() -> None:
             os.close(jobs_write)
             os.close(replies_read)
             _become_a_helper(parent)
-            _serve(jobs_read, replies_write)
+            _serve(jobs_read, replies_write, prepare)
         finally:
             os._exit(0)
     os.close(jobs_read)
@@ -167,8 +171,8 @@ def _become_a_helper(parent: int) -> None:
         os._exit(1)
 
 
-def _serve(jobs: int, replies: int) -> None:
-    """The worker: import what drawing needs, then run jobs until the parent closes the pipe."""
+def _serve(jobs: int, replies: int, prepare=None) -> None:
+    """The worker: import what drawing needs, prepare, then run jobs until the parent closes the pipe."""
     global _worker
     _worker = None  # the parent's, copied: this process runs its jobs itself
     import matplotlib.backends.backend_agg  # noqa: F401  the imports this worker is for
@@ -177,6 +181,10 @@ def _serve(jobs: int, replies: int) -> None:
     from attnviz.render.fonts import use_cjk_font
 
     use_cjk_font()
+    if prepare is not None:
+        function, args = prepare
+        with contextlib.suppress(Exception):  # work ahead only: a job does it again if it failed
+            function(*args)
     while (job := _receive(jobs)) is not None:
         function, args = job
         try:

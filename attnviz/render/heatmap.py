@@ -69,10 +69,11 @@ def write_heatmaps(
     seed: the seed of random parameters, for the titles (figures of random parameters name it).
 
     On Linux with more than one core, a forked copy of this process draws the grid while this
-    one draws the heads: matplotlib uses one core, and the two jobs take about as long. Inside
-    heatmaps_drawn_ahead with the same arguments, the figure worker has drawn them already.
+    one draws the heads: matplotlib uses one core, and the two jobs take about as long. Figures
+    laid out ahead (heads_ahead.py) leave the grid little to draw: the copy draws the last heads
+    too. Inside heatmaps_drawn_ahead with the same arguments, the figure worker has drawn them already.
     """
-    from attnviz.render import figure_worker
+    from attnviz.render import figure_worker, laid_out
     from attnviz.render.fonts import use_cjk_font
 
     check_format(fmt)
@@ -81,17 +82,31 @@ def write_heatmaps(
         return ahead[1].wait(lambda: write_heatmaps(run, out_dir, fmt, prefix, note, seed))
     say_capped(f"{prefix}heads.{fmt}", _grid_figure_size(run))  # here: a forked process's stderr may go nowhere
     grid_path = Path(out_dir) / f"{prefix}heads.{fmt}"
+    prepared = laid_out.take(run, fmt, prefix, note, seed)  # (head figure, grid) laid out before the run, or None
+    head_figure = prepared[0] if prepared else None
+    split = run.num_heads
+    if prepared:  # the grid costs about two heads to draw now: the copy takes the heads past the middle
+        split = min(run.num_heads, (run.num_heads + 3) // 2)
+
+    def draw_grid() -> None:
+        if prepared:
+            prepared[1].write(grid_path)
+        else:
+            write_heads_grid(run, out_dir, fmt, prefix, note, seed)
+        _write_heads(run, head_figure, out_dir, fmt, prefix, note, seed, range(split, run.num_heads))
+
     if not figure_worker.can_fork():
-        paths = write_head_heatmaps(run, out_dir, fmt, prefix, note, seed)
-        return paths + [write_heads_grid(run, out_dir, fmt, prefix, note, seed)]
+        paths = _write_heads(run, head_figure, out_dir, fmt, prefix, note, seed, range(split))
+        draw_grid()
+        return paths + [Path(out_dir) / f"{prefix}head_{head:02d}.{fmt}" for head in range(split, run.num_heads)] + [grid_path]
     # Before the fork, so that neither process imports them again (0.2 s each).
     import matplotlib.backends.backend_agg  # noqa: F401
     import matplotlib.figure  # noqa: F401
 
     use_cjk_font()
-    child = figure_worker.fork(lambda: write_heads_grid(run, out_dir, fmt, prefix, note, seed))
+    child = figure_worker.fork(draw_grid)
     try:
-        paths = write_head_heatmaps(run, out_dir, fmt, prefix, note, seed)
+        paths = _write_heads(run, head_figure, out_dir, fmt, prefix, note, seed, range(split))
         status = os.waitpid(child, 0)[1]
         child = None
     finally:
@@ -104,7 +119,7 @@ def write_heatmaps(
         raise OSError(exit_code, os.strerror(exit_code), str(grid_path))
     if exit_code != 0:
         raise RuntimeError(f"drawing {grid_path.name} failed in its process")
-    return paths + [grid_path]
+    return paths + [Path(out_dir) / f"{prefix}head_{head:02d}.{fmt}" for head in range(split, run.num_heads)] + [grid_path]
 
 
 _drawn_ahead: dict = {}  # write_heatmaps' arguments (the run by id) -> (the run, the figure worker's Job)
@@ -145,9 +160,15 @@ def write_head_heatmaps(
     and the title change.
     """
     check_format(fmt)
-    heatmap = _HeadFigure(run, note, seed)
+    return _write_heads(run, None, out_dir, fmt, prefix, note, seed, range(run.num_heads))
+
+
+def _write_heads(run, heatmap, out_dir: Path, fmt: str, prefix: str, note: str, seed: int | None, heads: range) -> list[Path]:
+    """write_head_heatmaps of the given heads, on heatmap (a _HeadFigure of run laid out ahead) or a new figure."""
+    if len(heads) and heatmap is None:
+        heatmap = _HeadFigure(run, note, seed)
     paths = []
-    for head in range(run.num_heads):
+    for head in heads:
         heatmap.show_head(head)
         path = Path(out_dir) / f"{prefix}head_{head:02d}.{fmt}"
         heatmap.save(path)
@@ -263,8 +284,7 @@ class _HeadFigure:
 
         canvas = self.figure.canvas
         if self.background is None:
-            self.background = self._render_background()
-            self.pixels = CellPixels.learn(self.image)  # None: matplotlib draws the image
+            self.prepare_blit()
         canvas.restore_region(self.background)
         buffer = np.asarray(canvas.buffer_rgba())  # (height, width, 4), written as RGB
         for artist in self._per_head_artists():
@@ -273,6 +293,11 @@ class _HeadFigure:
             else:
                 self.ax.draw_artist(artist)
         write_png(path, buffer, DPI)
+
+    def prepare_blit(self) -> None:
+        """Render the parts common to all heads, and learn where the map's cells land (None: matplotlib draws it)."""
+        self.background = self._render_background()
+        self.pixels = CellPixels.learn(self.image)
 
     def _render_background(self):
         for artist in self._per_head_artists():
