@@ -24,10 +24,10 @@ MIN_CELL_PIXELS = 4
 class CellPixels:
     """Which cell of an image each pixel of its canvas shows; learn() makes one, paint() writes a head's colours."""
 
-    def __init__(self, image, top: int, left: int, rows: np.ndarray, columns: np.ndarray):
+    def __init__(self, image, top: int, left: int, cells: np.ndarray):
         self.image = image
         self.top, self.left = top, left  # the painted rectangle's top-left corner in the buffer (row, column)
-        self.rows, self.columns = rows, columns  # (h, w) each: the cell shown at each pixel of the rectangle
+        self.cells = cells  # (h, w): the cell shown at each pixel of the rectangle, as row * columns + column
 
     @classmethod
     def learn(cls, image) -> CellPixels | None:
@@ -44,6 +44,8 @@ class CellPixels:
         num_rows, num_columns = shown.shape
         box = image.axes.get_window_extent()
         if min(box.width / num_columns, box.height / num_rows) < MIN_CELL_PIXELS or max(shown.shape) >= 4096:
+            return None
+        if not np.little_endian:  # the 32-bit words below
             return None
         row, column = np.mgrid[0:num_rows, 0:num_columns]  # (rows, columns) each
         code = np.empty((num_rows, num_columns, 4), dtype=np.uint8)
@@ -62,8 +64,10 @@ class CellPixels:
         first, second = (_drawn_alone(image, pixels, region) for pixels in (code, complement))
         image.set_data(shown)
         # A pixel showing one cell holds the code in one drawing and its complement in the other; the
-        # background holds the same bytes in both (their sum is even, never 255), a blended edge neither.
-        covered = np.all(first[..., :3].astype(np.int16) + second[..., :3] == 255, axis=-1)  # (h, w) of the region
+        # background holds the same bytes in both, a blended edge neither. As 32-bit RGBA words
+        # (little-endian: red in the low byte), the two differ in exactly the red, green and blue bits.
+        first, second = (pixels.view(np.uint32)[..., 0] for pixels in (first, second))  # (h, w) each
+        covered = (first ^ second) == 0x00FFFFFF  # (h, w) of the region
         ys, xs = np.nonzero(covered)
         if ys.size == 0:
             return None
@@ -72,12 +76,13 @@ class CellPixels:
             return None  # at the region's edge: it may reach past it
         if ys.size != (bottom - top) * (right - left):  # not one whole rectangle: leave it to matplotlib
             return None
-        block = first[top:bottom, left:right].astype(np.int32)
-        columns = block[..., 0] | ((block[..., 2] & 15) << 8)
-        rows = block[..., 1] | ((block[..., 2] >> 4) << 8)
+        block = first[top:bottom, left:right]
+        columns = (block & 0xFF) | (((block >> 16) & 0xF) << 8)  # red, then the low half of blue
+        rows = ((block >> 8) & 0xFF) | (((block >> 20) & 0xF) << 8)  # green, then the high half of blue
         if columns.max() >= num_columns or rows.max() >= num_rows:
             return None
-        return cls(image, int(top + region[0].start), int(left + region[1].start), rows, columns)
+        cells = (rows * num_columns + columns).astype(np.intp)
+        return cls(image, int(top + region[0].start), int(left + region[1].start), cells)
 
     def colors(self) -> np.ndarray:
         """(rows, columns, 4) uint8: the image's data coloured as matplotlib colours it after resampling (norm, then colormap)."""
@@ -85,8 +90,10 @@ class CellPixels:
 
     def paint(self, buffer: np.ndarray) -> None:
         """Write the image's current data into buffer ((H, W, 4) uint8, the canvas' RGBA): what drawing it would write."""
-        height, width = self.rows.shape
-        buffer[self.top : self.top + height, self.left : self.left + width] = self.colors()[self.rows, self.columns]
+        height, width = self.cells.shape
+        colors = np.ascontiguousarray(self.colors()).view(np.uint32).reshape(-1)  # a pixel as one word: a quarter of the gathers
+        words = buffer.view(np.uint32)[..., 0]  # (H, W)
+        words[self.top : self.top + height, self.left : self.left + width] = colors[self.cells]
 
 
 def _drawn_alone(image, pixels: np.ndarray, region: tuple[slice, slice]) -> np.ndarray:
