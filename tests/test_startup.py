@@ -186,3 +186,26 @@ result.write_files(here, "png")
             assert (read_png(there) == read_png(here)).all(), name
         else:
             assert there.read_bytes() == here.read_bytes(), name
+
+
+@linux_with_two_cores
+@pytest.mark.parametrize(
+    "args, started",
+    [
+        (["heads", "a text"], True),
+        (["heads", "a text", "--model", "bundled"], True),
+        (["heads", "--file", "texts.txt"], False),  # a batch draws in its own process
+        (["heads", "-f", "texts.txt"], False),
+        (["heads", "--help"], False),
+        (["layers", "a text"], False),
+        (["--version"], False),
+    ],
+)
+def test_the_figure_worker_starts_before_parsing_only_for_heads_on_a_text(args, started):
+    script = f"""
+from attnviz.cli.main import start_figure_worker_early
+from attnviz.render import figure_worker
+start_figure_worker_early({args!r})
+print(figure_worker._worker is not None)
+"""
+    assert run_script(script) == [str(started)]

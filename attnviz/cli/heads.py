@@ -114,7 +114,9 @@ def heads(
         model=model, resolved_model=model or "", model_source="", layer=layer, num_heads=num_heads, weights=weights.value,
         seed=seed, causal=causal, kv_text=kv, stack=stack.value if stack else None, words=words,
     )
-    figure_worker.start(prepare=(heads_ahead.prepare, (text, options)) if image_format.value == "png" else None)
+    figure_worker.start()  # started already by main (start_figure_worker_early); here when run otherwise
+    if image_format.value == "png":
+        figure_worker.ahead(heads_ahead.prepare, text, options)
     handle = load(model, device.value, allow_pickle=allow_pickle, cache=False)
     settings = dict(
         model=handle, layer=layer, heads=num_heads, weights=weights.value, seed=seed, kv=kv, causal=causal, truncate=truncate,

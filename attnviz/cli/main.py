@@ -92,6 +92,24 @@ def few_threads_for_short_texts(args: list[str]) -> None:
         os.environ["OMP_NUM_THREADS"] = "1"
 
 
+def start_figure_worker_early(args: list[str]) -> None:
+    """Fork the figure worker (render/figure_worker.py) now, for `attnviz heads` on a text, before typer parses the options.
+
+    Parsing (typer builds a pydantic validator per option) and the command's imports take 0.1 to
+    0.2 s; the worker imports matplotlib meanwhile instead of after, and has that much longer to
+    lay out the figures before the run exists. Not for --file (drawn in this process) nor --help.
+    """
+    from attnviz.render import figure_worker
+
+    options = args[: args.index("--")] if "--" in args else args
+    words = [arg for arg in options if not arg.startswith("-")]
+    if not words or words[0] != "heads" or any(arg in ("--help", "-h") for arg in options):
+        return
+    if any(arg == "--file" or arg.startswith(("--file=", "-f")) for arg in options):
+        return
+    figure_worker.start()
+
+
 def _interrupted(interrupted: Interrupted) -> int:
     from attnviz.output.runs import interrupted_message
 
@@ -106,6 +124,7 @@ def main() -> None:
 
     handle_signals()
     few_threads_for_short_texts(sys.argv[1:])
+    start_figure_worker_early(sys.argv[1:])
     if sys.stdout is not None:  # None: started with stdout closed (>&-); Rich then prints nowhere
         sys.stdout = PipeSafeStream(sys.stdout)
     if sys.stderr is not None:

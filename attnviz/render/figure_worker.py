@@ -3,9 +3,10 @@
 - fork(draw): a copy that runs draw() and exits (the heads' grid, drawn beside the head figures).
 - start() and submit(): the figure worker, a copy forked when `attnviz heads` starts, before
   torch is imported. It imports matplotlib (0.2 s) on the second core while this process imports
-  torch (a second or more) and runs the model, then runs the jobs it is sent (the heatmaps,
-  while this process computes the report). Jobs are a module-level function and its arguments,
-  pickled through a pipe; the answer comes back the same way.
+  torch (a second or more) and runs the model, lays out the figures to come meanwhile (ahead():
+  heads_ahead.prepare), then runs the jobs it is sent (the heatmaps, while this process computes
+  the report). Jobs are a module-level function and its arguments, pickled through a pipe; the
+  answer comes back the same way.
 
 Both die with this process (prctl PR_SET_PDEATHSIG), and of SIGINT, SIGTERM and SIGHUP: this
 process removes what they were writing. Linux only, and only with two cores or more: elsewhere
@@ -51,12 +52,8 @@ def fork(draw) -> int:
         os._exit(exit_code)
 
 
-def start(prepare=None) -> None:
+def start() -> None:
     """Fork the figure worker, if it helps: on Linux with two cores, once, before torch is imported.
-
-    prepare: (function, args) that the worker runs once matplotlib is imported, before any job:
-    work done ahead for the jobs to come (heads_ahead.prepare). It answers nothing; its failure
-    is ignored (the jobs then do that work themselves).
 
     With torch already imported (the API, the tests) there is no import to overlap, and a copy of
     a process that has started torch's threads is best not made.
@@ -73,13 +70,29 @@ def start(prepare=None) -> None:
             os.close(jobs_write)
             os.close(replies_read)
             _become_a_helper(parent)
-            _serve(jobs_read, replies_write, prepare)
+            _serve(jobs_read, replies_write)
         finally:
             os._exit(0)
     os.close(jobs_read)
     os.close(replies_write)
     _worker = _Worker(pid, jobs_write, replies_read)
-    atexit.register(stop, kill=False)  # reaped, so that its CPU time counts in this process's children's
+    # At exit its jobs are answered, or abandoned (an error): work ahead is not waited for. Reaped,
+    # so that its CPU time counts in this process's children's.
+    atexit.register(stop)
+
+
+def ahead(function, *args) -> None:
+    """Have the figure worker run function(*args) (a module-level function) before its next job, answering nothing.
+
+    Work done ahead for the jobs to come (heads_ahead.prepare): its failure is ignored there (the
+    jobs then do that work themselves), and nothing here waits for it.
+    """
+    if _worker is None or _worker.busy:
+        return
+    try:
+        _send(_worker.jobs, (function, args, False))
+    except OSError:  # it died: the jobs are done here
+        stop()
 
 
 def submit(function, *args) -> Job | None:
@@ -87,7 +100,7 @@ def submit(function, *args) -> Job | None:
     if _worker is None or _worker.busy:
         return None
     try:
-        _send(_worker.jobs, (function, args))
+        _send(_worker.jobs, (function, args, True))
     except OSError:  # it died: draw here
         stop()
         return None
@@ -171,8 +184,8 @@ def _become_a_helper(parent: int) -> None:
         os._exit(1)
 
 
-def _serve(jobs: int, replies: int, prepare=None) -> None:
-    """The worker: import what drawing needs, prepare, then run jobs until the parent closes the pipe."""
+def _serve(jobs: int, replies: int) -> None:
+    """The worker: import what drawing needs, then run jobs until the parent closes the pipe."""
     global _worker
     _worker = None  # the parent's, copied: this process runs its jobs itself
     import matplotlib.backends.backend_agg  # noqa: F401  the imports this worker is for
@@ -181,12 +194,12 @@ def _serve(jobs: int, replies: int, prepare=None) -> None:
     from attnviz.render.fonts import use_cjk_font
 
     use_cjk_font()
-    if prepare is not None:
-        function, args = prepare
-        with contextlib.suppress(Exception):  # work ahead only: a job does it again if it failed
-            function(*args)
     while (job := _receive(jobs)) is not None:
-        function, args = job
+        function, args, answered = job
+        if not answered:  # work ahead (ahead()): nobody waits for it, a job does it again if it failed
+            with contextlib.suppress(Exception):
+                function(*args)
+            continue
         try:
             reply = ("done", function(*args))
         except OSError as error:
