@@ -197,11 +197,18 @@ result.write_files(here, "png")
         (["heads", "--file", "texts.txt"], False),  # a batch draws in its own process
         (["heads", "-f", "texts.txt"], False),
         (["heads", "--help"], False),
-        (["layers", "a text"], False),
+        (["layers", "a text"], True),
+        (["stats", "a text", "--model", "bundled"], True),
+        (["stats", "--file", "texts.txt"], False),
+        (["compare", "a text"], True),
+        (["position", "a text"], True),
+        (["trace", "a text"], False),  # draws in its own process
+        (["report", "a text"], False),
+        (["models"], False),
         (["--version"], False),
     ],
 )
-def test_the_figure_worker_starts_before_parsing_only_for_heads_on_a_text(args, started):
+def test_the_figure_worker_starts_before_parsing_for_the_commands_that_use_it(args, started):
     script = f"""
 from attnviz.cli.main import start_figure_worker_early
 from attnviz.render import figure_worker

@@ -24,6 +24,7 @@ from attnviz.cli import experiments  # noqa: E402, F401  isort: skip
 from attnviz.cli import trace_command  # noqa: E402, F401  isort: skip
 
 INTERRUPTED = 130  # the shell's exit code for Ctrl-C (128 + SIGINT)
+FIGURE_WORKER_COMMANDS = ("heads", "layers", "stats", "compare", "position")  # those that draw in the figure worker on one text
 SHORT_TEXT_CHARS = 256  # a command on texts no longer than this runs torch on one thread (few_threads_for_short_texts)
 
 
@@ -93,17 +94,17 @@ def few_threads_for_short_texts(args: list[str]) -> None:
 
 
 def start_figure_worker_early(args: list[str]) -> None:
-    """Fork the figure worker (render/figure_worker.py) now, for `attnviz heads` on a text, before typer parses the options.
+    """Fork the figure worker (render/figure_worker.py) now, before typer parses the options, for a command that uses it.
 
-    Parsing (typer builds a pydantic validator per option) and the command's imports take 0.1 to
-    0.2 s; the worker imports matplotlib meanwhile instead of after, and has that much longer to
-    lay out the figures before the run exists. Not for --file (drawn in this process) nor --help.
+    Parsing and the command's imports take a tenth of a second; the worker imports matplotlib
+    meanwhile instead of after, and has that much longer for the work it does before the run
+    exists (heads lays out its figures then). Not with --file (drawn in this process) nor --help.
     """
     from attnviz.render import figure_worker
 
     options = args[: args.index("--")] if "--" in args else args
     words = [arg for arg in options if not arg.startswith("-")]
-    if not words or words[0] != "heads" or any(arg in ("--help", "-h") for arg in options):
+    if not words or words[0] not in FIGURE_WORKER_COMMANDS or any(arg in ("--help", "-h") for arg in options):
         return
     if any(arg == "--file" or arg.startswith(("--file=", "-f")) for arg in options):
         return
