@@ -76,6 +76,8 @@ def test_figures_drawn_on_prepared_layouts_equal_figures_drawn_from_scratch(tmp_
     run = dataclasses.replace(run, num_kv_heads=12)
     heads_ahead.prepare(TEXTS[1], options(causal=causal))
     assert laid_out._laid_out  # foreseen: the figures were laid out
+    (head_figure, grid), = laid_out._laid_out.values()
+    assert head_figure.pixels is not None and head_figure.titles is not None and all(grid.pixels)  # the fast paths
     (tmp_path / "ahead").mkdir()
     (tmp_path / "scratch").mkdir()
     ahead = heatmap.write_heatmaps(run, tmp_path / "ahead", seed=0)

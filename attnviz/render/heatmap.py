@@ -256,17 +256,21 @@ class _HeadFigure:
         colorbar.set_label(scale_label("attention weight", self.image.norm, self.show_head(run.num_heads - 1)))
         self.background = None  # pixels of the parts common to all heads, after the first PNG
         self.pixels: CellPixels | None = None  # where the map's cells land, learnt with the background
+        self.titles: list | None = None  # each head's title over the background, rendered ahead (heads_ahead), or None
 
     def show_head(self, head: int) -> int:
         """Show this head's map, title and cell values; return the block size of show_attention."""
         weights = masked_attention(self.run.attention[head], self.run.causal)  # (Nq, Nk)
         pool = show_attention(self.image, weights)
-        scope = [f"layer {self.run.layer}", *_noted(self.note), f"head {head}"]
-        line_chars = chars_across(self.figure.get_figwidth())
-        self.title.set_text(run_title(self.run, scope, seed=self.seed, line_chars=line_chars))
+        self.head = head
+        self.title.set_text(self.title_of(head))
         if self.cell_values is not None:
             update_cell_values(self.cell_values, weights, self.image)
         return pool
+
+    def title_of(self, head: int) -> str:
+        scope = [f"layer {self.run.layer}", *_noted(self.note), f"head {head}"]
+        return run_title(self.run, scope, seed=self.seed, line_chars=chars_across(self.figure.get_figwidth()))
 
     def save(self, path: Path) -> None:
         if path.suffix == ".png":
@@ -276,7 +280,7 @@ class _HeadFigure:
 
     def _per_head_artists(self) -> list:
         # The frame (spines) is redrawn too: the image would otherwise cover its inner half.
-        artists = [self.image, self.cell_values, self.title, *self.ax.spines.values()]
+        artists = [self.image, self.cell_values, self.title if self.titles is None else None, *self.ax.spines.values()]
         return [artist for artist in artists if artist is not None]
 
     def _blit_png(self, path: Path) -> None:
@@ -286,6 +290,8 @@ class _HeadFigure:
         if self.background is None:
             self.prepare_blit()
         canvas.restore_region(self.background)
+        if self.titles is not None:
+            canvas.restore_region(self.titles[self.head])
         buffer = np.asarray(canvas.buffer_rgba())  # (height, width, 4), written as RGB
         for artist in self._per_head_artists():
             if artist is self.image and self.pixels is not None:
