@@ -118,3 +118,10 @@ main()
     here = heatmap.write_head_heatmaps(run, tmp_path / "here", seed=0) + [heatmap.write_heads_grid(run, tmp_path / "here", seed=0)]
     for path in here:
         np.testing.assert_array_equal(read_png(tmp_path / "cli" / path.name), read_png(path), err_msg=path.name)
+
+
+def test_warming_up_draws_nothing_anywhere(tmp_path, monkeypatch):
+    """warm_up (the worker's work ahead for layers, stats, compare, position) only draws in memory: no file is written."""
+    monkeypatch.chdir(tmp_path)
+    heads_ahead.warm_up()
+    assert list(tmp_path.iterdir()) == []
