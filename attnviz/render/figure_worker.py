@@ -1,6 +1,7 @@
 """Forked copies of this process that draw figures while it does other work.
 
-- fork(draw): a copy that runs draw() and exits (the heads' grid, drawn beside the head figures).
+- fork(draw): a copy that runs draw() and exits; beside(): one drawing here, another in such a copy (the heads'
+  grid beside the head figures).
 - start() and submit(): the figure worker, a copy forked when `attnviz heads` starts, before
   torch is imported. It imports matplotlib (0.2 s) on the second core while this process imports
   torch (a second or more) and runs the model, lays out the figures to come meanwhile (ahead():
@@ -50,6 +51,35 @@ def fork(draw) -> int:
         exit_code = error.errno if error.errno and 1 < error.errno < 126 else 1
     finally:
         os._exit(exit_code)
+
+
+def beside(draw_here, draw_there, folder) -> list:
+    """draw_here() in this process while a forked copy runs draw_there() (fork), on Linux with two cores; return draw_here's answer.
+
+    Without a second core both run here, one after the other. The copy is killed if this process
+    stops drawing (Ctrl-C, SIGTERM: its files are not wanted any more); its OSError (e.g. ENOSPC)
+    is raised here again, naming folder, where it was writing; its other failures as a RuntimeError.
+    """
+    if not can_fork():
+        answer = draw_here()
+        draw_there()
+        return answer
+    child = fork(draw_there)
+    try:
+        answer = draw_here()
+        status = os.waitpid(child, 0)[1]
+        child = None
+    finally:
+        if child is not None:
+            with contextlib.suppress(ProcessLookupError, ChildProcessError):
+                os.kill(child, signal.SIGKILL)
+                os.waitpid(child, 0)
+    exit_code = os.waitstatus_to_exitcode(status)
+    if exit_code > 1:  # the errno of the copy's OSError
+        raise OSError(exit_code, os.strerror(exit_code), str(folder))
+    if exit_code != 0:
+        raise RuntimeError(f"drawing in a forked process failed (writing into {folder})")
+    return answer
 
 
 def start() -> None:

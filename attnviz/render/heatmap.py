@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
-import signal
 from pathlib import Path
 
 import numpy as np
@@ -84,9 +82,9 @@ def write_heatmaps(
     grid_path = Path(out_dir) / f"{prefix}heads.{fmt}"
     prepared = laid_out.take(run, fmt, prefix, note, seed)  # (head figure, grid) laid out before the run, or None
     head_figure = prepared[0] if prepared else None
-    split = run.num_heads
-    if prepared:  # the grid costs about two heads to draw now: the copy takes the heads past the middle
-        split = min(run.num_heads, (run.num_heads + 3) // 2)
+    # Prepared, the grid costs about two heads to draw: the copy takes the heads past the middle.
+    split = min(run.num_heads, (run.num_heads + 3) // 2) if prepared else run.num_heads
+    copy_paths = [Path(out_dir) / f"{prefix}head_{head:02d}.{fmt}" for head in range(split, run.num_heads)] + [grid_path]
 
     def draw_grid() -> None:
         if prepared:
@@ -95,31 +93,16 @@ def write_heatmaps(
             write_heads_grid(run, out_dir, fmt, prefix, note, seed)
         _write_heads(run, head_figure, out_dir, fmt, prefix, note, seed, range(split, run.num_heads))
 
-    if not figure_worker.can_fork():
-        paths = _write_heads(run, head_figure, out_dir, fmt, prefix, note, seed, range(split))
-        draw_grid()
-        return paths + [Path(out_dir) / f"{prefix}head_{head:02d}.{fmt}" for head in range(split, run.num_heads)] + [grid_path]
-    # Before the fork, so that neither process imports them again (0.2 s each).
-    import matplotlib.backends.backend_agg  # noqa: F401
-    import matplotlib.figure  # noqa: F401
+    if figure_worker.can_fork():
+        # Before the fork, so that neither process imports them again (0.2 s each).
+        import matplotlib.backends.backend_agg  # noqa: F401
+        import matplotlib.figure  # noqa: F401
 
-    use_cjk_font()
-    child = figure_worker.fork(draw_grid)
-    try:
-        paths = _write_heads(run, head_figure, out_dir, fmt, prefix, note, seed, range(split))
-        status = os.waitpid(child, 0)[1]
-        child = None
-    finally:
-        if child is not None:  # e.g. Ctrl-C or SIGTERM: the grid is not wanted any more
-            with contextlib.suppress(ProcessLookupError, ChildProcessError):
-                os.kill(child, signal.SIGKILL)
-                os.waitpid(child, 0)
-    exit_code = os.waitstatus_to_exitcode(status)
-    if exit_code > 1:  # the errno of the child's OSError, e.g. ENOSPC: the same error as here
-        raise OSError(exit_code, os.strerror(exit_code), str(grid_path))
-    if exit_code != 0:
-        raise RuntimeError(f"drawing {grid_path.name} failed in its process")
-    return paths + [Path(out_dir) / f"{prefix}head_{head:02d}.{fmt}" for head in range(split, run.num_heads)] + [grid_path]
+        use_cjk_font()
+    def draw_here() -> list[Path]:
+        return _write_heads(run, head_figure, out_dir, fmt, prefix, note, seed, range(split))
+
+    return figure_worker.beside(draw_here, draw_grid, Path(out_dir)) + copy_paths
 
 
 _drawn_ahead: dict = {}  # write_heatmaps' arguments (the run by id) -> (the run, the figure worker's Job)
