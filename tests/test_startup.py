@@ -216,3 +216,27 @@ start_figure_worker_early({args!r})
 print(figure_worker._worker is not None)
 """
     assert run_script(script) == [str(started)]
+
+
+@linux_with_two_cores
+def test_the_figure_worker_writes_relative_paths_where_this_process_is_now(tmp_path):
+    """A worker started in one folder draws into another after this process changed folders (the API, tests):
+    a relative path means what it means here."""
+    (tmp_path / "first").mkdir()
+    (tmp_path / "second" / "out").mkdir(parents=True)
+    script = f"""
+import os
+from pathlib import Path
+from test_heatmap import make_run
+from attnviz.render import figure_worker, heatmap
+
+os.chdir({str(tmp_path / "first")!r})
+figure_worker.start()
+os.chdir({str(tmp_path / "second")!r})
+run = make_run(["[CLS]", "a", "[SEP]"], num_heads=2)
+with heatmap.heatmaps_drawn_ahead(run, Path("out"), "png"):
+    paths = heatmap.write_heatmaps(run, Path("out"), "png")
+print(sorted(path.name for path in Path("out").iterdir()))
+"""
+    assert run_script(script) == [str(["head_00.png", "head_01.png", "heads.png"])]
+    assert list((tmp_path / "first").iterdir()) == []

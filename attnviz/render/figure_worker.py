@@ -120,7 +120,7 @@ def ahead(function, *args) -> None:
     if _worker is None or _worker.busy:
         return
     try:
-        _send(_worker.jobs, (function, args, False))
+        _send(_worker.jobs, (function, args, False, os.getcwd()))
     except OSError:  # it died: the jobs are done here
         stop()
 
@@ -130,7 +130,7 @@ def submit(function, *args) -> Job | None:
     if _worker is None or _worker.busy:
         return None
     try:
-        _send(_worker.jobs, (function, args, True))
+        _send(_worker.jobs, (function, args, True, os.getcwd()))
     except OSError:  # it died: draw here
         stop()
         return None
@@ -225,12 +225,13 @@ def _serve(jobs: int, replies: int) -> None:
 
     use_cjk_font()
     while (job := _receive(jobs)) is not None:
-        function, args, answered = job
+        function, args, answered, cwd = job
         if not answered:  # work ahead (ahead()): nobody waits for it, a job does it again if it failed
             with contextlib.suppress(Exception):
                 function(*args)
             continue
         try:
+            os.chdir(cwd)  # the parent's, now: a relative path means what it means there (the API may chdir between runs)
             reply = ("done", function(*args))
         except OSError as error:
             reply = ("oserror", (error.errno, error.strerror, error.filename))
