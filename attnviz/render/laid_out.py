@@ -30,7 +30,9 @@ def figure_key(run: AttentionRun) -> tuple | None:
 
 
 def keep(run: AttentionRun, seed: int | None, head_figure, grid) -> None:
-    """Keep the head figure and grid laid out for run (the foreseen one) until take()."""
+    """Keep the head figure and grid laid out for run (the foreseen one) until take(); only the latest (a worker kept
+    across the API's runs would otherwise keep every figure whose run was not the one foreseen)."""
+    _laid_out.clear()
     _laid_out[(figure_key(run), seed)] = (head_figure, grid)
 
 
