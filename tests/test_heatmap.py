@@ -292,3 +292,30 @@ def test_cell_values_are_printed_with_contrast():
     np.testing.assert_array_equal(colours[cell(1, 1)], [0, 0, 0])
     assert len(paths[cell(1, 1)].vertices) > 0
     assert len(paths[cell(1, 2)].vertices) == 0  # a future key: masked, no number
+
+
+@pytest.mark.parametrize(
+    "num_tokens, causal",
+    [(8, False), (8, True), (12, False), (40, True), (80, True)],  # 80 keys: the log scale
+)
+def test_painted_maps_equal_matplotlibs_full_draw(tmp_path, num_tokens, causal):
+    """Every head's PNG, its map painted by CellPixels, has exactly the pixels of savefig's full draw of that head."""
+    run = make_run([f"t{i}" for i in range(num_tokens)], num_heads=3, causal=causal, seed=num_tokens)
+    figure = heatmap._HeadFigure(run)
+    for head in range(run.num_heads):
+        figure.show_head(head)
+        figure.save(tmp_path / f"painted_{head}.png")
+        assert figure.pixels is not None  # the fast path was taken, not matplotlib's draw
+        figure.figure.savefig(tmp_path / f"full_{head}.png", dpi=heatmap.DPI)
+        np.testing.assert_array_equal(read_png(tmp_path / f"painted_{head}.png"), read_png(tmp_path / f"full_{head}.png"))
+
+
+def test_maps_finer_than_the_pixels_are_left_to_matplotlib(tmp_path):
+    """300 tokens in a 10-inch figure: under 4 pixels a cell, where matplotlib colours after resampling; no painting."""
+    run = make_run([f"t{i}" for i in range(300)], num_heads=1)
+    figure = heatmap._HeadFigure(run)
+    figure.show_head(0)
+    figure.save(tmp_path / "head.png")
+    assert figure.pixels is None
+    figure.figure.savefig(tmp_path / "full.png", dpi=heatmap.DPI)
+    np.testing.assert_array_equal(read_png(tmp_path / "head.png"), read_png(tmp_path / "full.png"))

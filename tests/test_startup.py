@@ -186,3 +186,57 @@ result.write_files(here, "png")
             assert (read_png(there) == read_png(here)).all(), name
         else:
             assert there.read_bytes() == here.read_bytes(), name
+
+
+@linux_with_two_cores
+@pytest.mark.parametrize(
+    "args, started",
+    [
+        (["heads", "a text"], True),
+        (["heads", "a text", "--model", "bundled"], True),
+        (["heads", "--file", "texts.txt"], False),  # a batch draws in its own process
+        (["heads", "-f", "texts.txt"], False),
+        (["heads", "--help"], False),
+        (["layers", "a text"], True),
+        (["stats", "a text", "--model", "bundled"], True),
+        (["stats", "--file", "texts.txt"], False),
+        (["compare", "a text"], True),
+        (["position", "a text"], True),
+        (["trace", "a text"], False),  # draws in its own process
+        (["report", "a text"], False),
+        (["models"], False),
+        (["--version"], False),
+    ],
+)
+def test_the_figure_worker_starts_before_parsing_for_the_commands_that_use_it(args, started):
+    script = f"""
+from attnviz.cli.main import start_figure_worker_early
+from attnviz.render import figure_worker
+start_figure_worker_early({args!r})
+print(figure_worker._worker is not None)
+"""
+    assert run_script(script) == [str(started)]
+
+
+@linux_with_two_cores
+def test_the_figure_worker_writes_relative_paths_where_this_process_is_now(tmp_path):
+    """A worker started in one folder draws into another after this process changed folders (the API, tests):
+    a relative path means what it means here."""
+    (tmp_path / "first").mkdir()
+    (tmp_path / "second" / "out").mkdir(parents=True)
+    script = f"""
+import os
+from pathlib import Path
+from test_heatmap import make_run
+from attnviz.render import figure_worker, heatmap
+
+os.chdir({str(tmp_path / "first")!r})
+figure_worker.start()
+os.chdir({str(tmp_path / "second")!r})
+run = make_run(["[CLS]", "a", "[SEP]"], num_heads=2)
+with heatmap.heatmaps_drawn_ahead(run, Path("out"), "png"):
+    paths = heatmap.write_heatmaps(run, Path("out"), "png")
+print(sorted(path.name for path in Path("out").iterdir()))
+"""
+    assert run_script(script) == [str(["head_00.png", "head_01.png", "heads.png"])]
+    assert list((tmp_path / "first").iterdir()) == []

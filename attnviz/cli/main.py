@@ -24,6 +24,7 @@ from attnviz.cli import experiments  # noqa: E402, F401  isort: skip
 from attnviz.cli import trace_command  # noqa: E402, F401  isort: skip
 
 INTERRUPTED = 130  # the shell's exit code for Ctrl-C (128 + SIGINT)
+FIGURE_WORKER_COMMANDS = ("heads", "layers", "stats", "compare", "position")  # those that draw in the figure worker on one text
 SHORT_TEXT_CHARS = 256  # a command on texts no longer than this runs torch on one thread (few_threads_for_short_texts)
 
 
@@ -92,6 +93,24 @@ def few_threads_for_short_texts(args: list[str]) -> None:
         os.environ["OMP_NUM_THREADS"] = "1"
 
 
+def start_figure_worker_early(args: list[str]) -> None:
+    """Fork the figure worker (render/figure_worker.py) now, before typer parses the options, for a command that uses it.
+
+    Parsing and the command's imports take a tenth of a second; the worker imports matplotlib
+    meanwhile instead of after, and has that much longer for the work it does before the run
+    exists (heads lays out its figures then). Not with --file (drawn in this process) nor --help.
+    """
+    from attnviz.render import figure_worker
+
+    options = args[: args.index("--")] if "--" in args else args
+    words = [arg for arg in options if not arg.startswith("-")]
+    if not words or words[0] not in FIGURE_WORKER_COMMANDS or any(arg in ("--help", "-h") for arg in options):
+        return
+    if any(arg == "--file" or arg.startswith(("--file=", "-f")) for arg in options):
+        return
+    figure_worker.start()
+
+
 def _interrupted(interrupted: Interrupted) -> int:
     from attnviz.output.runs import interrupted_message
 
@@ -106,6 +125,7 @@ def main() -> None:
 
     handle_signals()
     few_threads_for_short_texts(sys.argv[1:])
+    start_figure_worker_early(sys.argv[1:])
     if sys.stdout is not None:  # None: started with stdout closed (>&-); Rich then prints nowhere
         sys.stdout = PipeSafeStream(sys.stdout)
     if sys.stderr is not None:

@@ -7,12 +7,14 @@ import re
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from attnviz.errors import AttnvizError, first_line
 from attnviz.models.words import tokenizer_scheme
 from attnviz.result import Truncation
+
+if TYPE_CHECKING:
+    import torch
 
 # CJK ideographs, kana and hangul: text a Chinese, Japanese or Korean vocabulary handles.
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u9fff\uac00-\ud7af\uf900-\ufaff]")
@@ -179,6 +181,8 @@ def encode(tokenizer: WordPieceTokenizer, texts: list[str], max_positions: int, 
         cuts = [truncate_ids(row, max_positions, final_token(tokenizer, row)) for row in ids]
         ids, truncations = [row for row, _ in cuts], [cut for _, cut in cuts]
     check_lengths([len(row) for row in ids], max_positions)
+
+    import torch  # here: the tokenizer alone (the figure worker's look ahead, heads_ahead.py) needs no torch
 
     longest = max(len(row) for row in ids)
     input_ids = torch.full((len(ids), longest), tokenizer.pad_token_id, dtype=torch.long)  # (B, N)

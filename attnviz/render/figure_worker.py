@@ -1,11 +1,13 @@
 """Forked copies of this process that draw figures while it does other work.
 
-- fork(draw): a copy that runs draw() and exits (the heads' grid, drawn beside the head figures).
+- fork(draw): a copy that runs draw() and exits; beside(): one drawing here, another in such a copy (the heads'
+  grid beside the head figures).
 - start() and submit(): the figure worker, a copy forked when `attnviz heads` starts, before
   torch is imported. It imports matplotlib (0.2 s) on the second core while this process imports
-  torch (a second or more) and runs the model, then runs the jobs it is sent (the heatmaps,
-  while this process computes the report). Jobs are a module-level function and its arguments,
-  pickled through a pipe; the answer comes back the same way.
+  torch (a second or more) and runs the model, lays out the figures to come meanwhile (ahead():
+  heads_ahead.prepare), then runs the jobs it is sent (the heatmaps, while this process computes
+  the report). Jobs are a module-level function and its arguments, pickled through a pipe; the
+  answer comes back the same way.
 
 Both die with this process (prctl PR_SET_PDEATHSIG), and of SIGINT, SIGTERM and SIGHUP: this
 process removes what they were writing. Linux only, and only with two cores or more: elsewhere
@@ -51,6 +53,35 @@ def fork(draw) -> int:
         os._exit(exit_code)
 
 
+def beside(draw_here, draw_there, folder) -> list:
+    """draw_here() in this process while a forked copy runs draw_there() (fork), on Linux with two cores; return draw_here's answer.
+
+    Without a second core both run here, one after the other. The copy is killed if this process
+    stops drawing (Ctrl-C, SIGTERM: its files are not wanted any more); its OSError (e.g. ENOSPC)
+    is raised here again, naming folder, where it was writing; its other failures as a RuntimeError.
+    """
+    if not can_fork():
+        answer = draw_here()
+        draw_there()
+        return answer
+    child = fork(draw_there)
+    try:
+        answer = draw_here()
+        status = os.waitpid(child, 0)[1]
+        child = None
+    finally:
+        if child is not None:
+            with contextlib.suppress(ProcessLookupError, ChildProcessError):
+                os.kill(child, signal.SIGKILL)
+                os.waitpid(child, 0)
+    exit_code = os.waitstatus_to_exitcode(status)
+    if exit_code > 1:  # the errno of the copy's OSError
+        raise OSError(exit_code, os.strerror(exit_code), str(folder))
+    if exit_code != 0:
+        raise RuntimeError(f"drawing in a forked process failed (writing into {folder})")
+    return answer
+
+
 def start() -> None:
     """Fork the figure worker, if it helps: on Linux with two cores, once, before torch is imported.
 
@@ -75,7 +106,23 @@ def start() -> None:
     os.close(jobs_read)
     os.close(replies_write)
     _worker = _Worker(pid, jobs_write, replies_read)
-    atexit.register(stop, kill=False)  # reaped, so that its CPU time counts in this process's children's
+    # At exit its jobs are answered, or abandoned (an error): work ahead is not waited for. Reaped,
+    # so that its CPU time counts in this process's children's.
+    atexit.register(stop)
+
+
+def ahead(function, *args) -> None:
+    """Have the figure worker run function(*args) (a module-level function) before its next job, answering nothing.
+
+    Work done ahead for the jobs to come (heads_ahead.prepare): its failure is ignored there (the
+    jobs then do that work themselves), and nothing here waits for it.
+    """
+    if _worker is None or _worker.busy:
+        return
+    try:
+        _send(_worker.jobs, (function, args, False, os.getcwd()))
+    except OSError:  # it died: the jobs are done here
+        stop()
 
 
 def submit(function, *args) -> Job | None:
@@ -83,7 +130,7 @@ def submit(function, *args) -> Job | None:
     if _worker is None or _worker.busy:
         return None
     try:
-        _send(_worker.jobs, (function, args))
+        _send(_worker.jobs, (function, args, True, os.getcwd()))
     except OSError:  # it died: draw here
         stop()
         return None
@@ -178,8 +225,13 @@ def _serve(jobs: int, replies: int) -> None:
 
     use_cjk_font()
     while (job := _receive(jobs)) is not None:
-        function, args = job
+        function, args, answered, cwd = job
+        if not answered:  # work ahead (ahead()): nobody waits for it, a job does it again if it failed
+            with contextlib.suppress(Exception):
+                function(*args)
+            continue
         try:
+            os.chdir(cwd)  # the parent's, now: a relative path means what it means there (the API may chdir between runs)
             reply = ("done", function(*args))
         except OSError as error:
             reply = ("oserror", (error.errno, error.strerror, error.filename))

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
-import signal
 from pathlib import Path
 
 import numpy as np
 
+from attnviz.render.cell_pixels import CellPixels
 from attnviz.render.cell_values import MAX_ANNOTATED_TOKENS, cell_values, update_cell_values
 from attnviz.render.fonts import displayable
 from attnviz.render.titles import chars_across, counted, run_title
@@ -68,10 +67,11 @@ def write_heatmaps(
     seed: the seed of random parameters, for the titles (figures of random parameters name it).
 
     On Linux with more than one core, a forked copy of this process draws the grid while this
-    one draws the heads: matplotlib uses one core, and the two jobs take about as long. Inside
-    heatmaps_drawn_ahead with the same arguments, the figure worker has drawn them already.
+    one draws the heads: matplotlib uses one core, and the two jobs take about as long. Figures
+    laid out ahead (heads_ahead.py) leave the grid little to draw: the copy draws the last heads
+    too. Inside heatmaps_drawn_ahead with the same arguments, the figure worker has drawn them already.
     """
-    from attnviz.render import figure_worker
+    from attnviz.render import figure_worker, laid_out
     from attnviz.render.fonts import use_cjk_font
 
     check_format(fmt)
@@ -80,30 +80,29 @@ def write_heatmaps(
         return ahead[1].wait(lambda: write_heatmaps(run, out_dir, fmt, prefix, note, seed))
     say_capped(f"{prefix}heads.{fmt}", _grid_figure_size(run))  # here: a forked process's stderr may go nowhere
     grid_path = Path(out_dir) / f"{prefix}heads.{fmt}"
-    if not figure_worker.can_fork():
-        paths = write_head_heatmaps(run, out_dir, fmt, prefix, note, seed)
-        return paths + [write_heads_grid(run, out_dir, fmt, prefix, note, seed)]
-    # Before the fork, so that neither process imports them again (0.2 s each).
-    import matplotlib.backends.backend_agg  # noqa: F401
-    import matplotlib.figure  # noqa: F401
+    prepared = laid_out.take(run, fmt, prefix, note, seed)  # (head figure, grid) laid out before the run, or None
+    head_figure = prepared[0] if prepared else None
+    # Prepared, the grid costs about two heads to draw: the copy takes the heads past the middle.
+    split = min(run.num_heads, (run.num_heads + 3) // 2) if prepared else run.num_heads
+    copy_paths = [Path(out_dir) / f"{prefix}head_{head:02d}.{fmt}" for head in range(split, run.num_heads)] + [grid_path]
 
-    use_cjk_font()
-    child = figure_worker.fork(lambda: write_heads_grid(run, out_dir, fmt, prefix, note, seed))
-    try:
-        paths = write_head_heatmaps(run, out_dir, fmt, prefix, note, seed)
-        status = os.waitpid(child, 0)[1]
-        child = None
-    finally:
-        if child is not None:  # e.g. Ctrl-C or SIGTERM: the grid is not wanted any more
-            with contextlib.suppress(ProcessLookupError, ChildProcessError):
-                os.kill(child, signal.SIGKILL)
-                os.waitpid(child, 0)
-    exit_code = os.waitstatus_to_exitcode(status)
-    if exit_code > 1:  # the errno of the child's OSError, e.g. ENOSPC: the same error as here
-        raise OSError(exit_code, os.strerror(exit_code), str(grid_path))
-    if exit_code != 0:
-        raise RuntimeError(f"drawing {grid_path.name} failed in its process")
-    return paths + [grid_path]
+    def draw_grid() -> None:
+        if prepared:
+            prepared[1].write(grid_path)
+        else:
+            write_heads_grid(run, out_dir, fmt, prefix, note, seed)
+        _write_heads(run, head_figure, out_dir, fmt, prefix, note, seed, range(split, run.num_heads))
+
+    if figure_worker.can_fork():
+        # Before the fork, so that neither process imports them again (0.2 s each).
+        import matplotlib.backends.backend_agg  # noqa: F401
+        import matplotlib.figure  # noqa: F401
+
+        use_cjk_font()
+    def draw_here() -> list[Path]:
+        return _write_heads(run, head_figure, out_dir, fmt, prefix, note, seed, range(split))
+
+    return figure_worker.beside(draw_here, draw_grid, Path(out_dir)) + copy_paths
 
 
 _drawn_ahead: dict = {}  # write_heatmaps' arguments (the run by id) -> (the run, the figure worker's Job)
@@ -144,9 +143,15 @@ def write_head_heatmaps(
     and the title change.
     """
     check_format(fmt)
-    heatmap = _HeadFigure(run, note, seed)
+    return _write_heads(run, None, out_dir, fmt, prefix, note, seed, range(run.num_heads))
+
+
+def _write_heads(run, heatmap, out_dir: Path, fmt: str, prefix: str, note: str, seed: int | None, heads: range) -> list[Path]:
+    """write_head_heatmaps of the given heads, on heatmap (a _HeadFigure of run laid out ahead) or a new figure."""
+    if len(heads) and heatmap is None:
+        heatmap = _HeadFigure(run, note, seed)
     paths = []
-    for head in range(run.num_heads):
+    for head in heads:
         heatmap.show_head(head)
         path = Path(out_dir) / f"{prefix}head_{head:02d}.{fmt}"
         heatmap.save(path)
@@ -233,17 +238,22 @@ class _HeadFigure:
         freeze_layout(self.figure)
         colorbar.set_label(scale_label("attention weight", self.image.norm, self.show_head(run.num_heads - 1)))
         self.background = None  # pixels of the parts common to all heads, after the first PNG
+        self.pixels: CellPixels | None = None  # where the map's cells land, learnt with the background
+        self.titles: list | None = None  # each head's title over the background, rendered ahead (heads_ahead), or None
 
     def show_head(self, head: int) -> int:
         """Show this head's map, title and cell values; return the block size of show_attention."""
         weights = masked_attention(self.run.attention[head], self.run.causal)  # (Nq, Nk)
         pool = show_attention(self.image, weights)
-        scope = [f"layer {self.run.layer}", *_noted(self.note), f"head {head}"]
-        line_chars = chars_across(self.figure.get_figwidth())
-        self.title.set_text(run_title(self.run, scope, seed=self.seed, line_chars=line_chars))
+        self.head = head
+        self.title.set_text(self.title_of(head))
         if self.cell_values is not None:
             update_cell_values(self.cell_values, weights, self.image)
         return pool
+
+    def title_of(self, head: int) -> str:
+        scope = [f"layer {self.run.layer}", *_noted(self.note), f"head {head}"]
+        return run_title(self.run, scope, seed=self.seed, line_chars=chars_across(self.figure.get_figwidth()))
 
     def save(self, path: Path) -> None:
         if path.suffix == ".png":
@@ -253,7 +263,7 @@ class _HeadFigure:
 
     def _per_head_artists(self) -> list:
         # The frame (spines) is redrawn too: the image would otherwise cover its inner half.
-        artists = [self.image, self.cell_values, self.title, *self.ax.spines.values()]
+        artists = [self.image, self.cell_values, self.title if self.titles is None else None, *self.ax.spines.values()]
         return [artist for artist in artists if artist is not None]
 
     def _blit_png(self, path: Path) -> None:
@@ -261,11 +271,22 @@ class _HeadFigure:
 
         canvas = self.figure.canvas
         if self.background is None:
-            self.background = self._render_background()
+            self.prepare_blit()
         canvas.restore_region(self.background)
+        if self.titles is not None:
+            canvas.restore_region(self.titles[self.head])
+        buffer = np.asarray(canvas.buffer_rgba())  # (height, width, 4), written as RGB
         for artist in self._per_head_artists():
-            self.ax.draw_artist(artist)
-        write_png(path, np.asarray(canvas.buffer_rgba()), DPI)  # (height, width, 4), written as RGB
+            if artist is self.image and self.pixels is not None:
+                self.pixels.paint(buffer)  # the same bytes as drawing it, in a sixth of the time
+            else:
+                self.ax.draw_artist(artist)
+        write_png(path, buffer, DPI)
+
+    def prepare_blit(self) -> None:
+        """Render the parts common to all heads, and learn where the map's cells land (None: matplotlib draws it)."""
+        self.background = self._render_background()
+        self.pixels = CellPixels.learn(self.image)
 
     def _render_background(self):
         for artist in self._per_head_artists():

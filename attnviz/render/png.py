@@ -24,9 +24,13 @@ _INCHES_PER_METRE = 39.3701
 def png_bytes(rgba: np.ndarray, dpi: float) -> bytes:
     """A PNG file of an opaque (height, width, 4) uint8 image, as RGB, with its resolution (pHYs) in dpi."""
     height, width, _ = rgba.shape
-    # (H, 3W): one copy without the alpha bytes; the subtraction below then runs along whole rows
-    # (on (H, W, 3) views, numpy's inner loop would be 3 bytes long: three times slower).
-    rgb = np.ascontiguousarray(rgba[..., :3]).reshape(height, width * 3)
+    # (H, 3W): a copy without the alpha bytes; the subtraction below then runs along whole rows
+    # (on (H, W, 3) views, numpy's inner loop would be 3 bytes long: three times slower). Copied a
+    # channel at a time: one copy of the (H, W, 3) view is as slow, 3.5 ms against 1 ms at 950 x 860.
+    rgb = np.empty((height, width, 3), dtype=np.uint8)
+    for channel in range(3):
+        rgb[..., channel] = rgba[..., channel]
+    rgb = rgb.reshape(height, width * 3)
     rows = np.empty((height, 1 + width * 3), dtype=np.uint8)  # each row: its filter type, then its bytes
     rows[:, 0] = _FILTER_UP
     rows[0, 1:] = rgb[0]  # the first row's "above" is zeros
