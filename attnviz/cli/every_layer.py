@@ -107,7 +107,7 @@ def stats(
     from attnviz.api.models import load
     from attnviz.output.batch import batch_folder_name
     from attnviz.output.runs import run_folder_name
-    from attnviz.render import figure_worker, heads_ahead, terminal
+    from attnviz.render import heads_ahead, terminal
     from attnviz.render.figure_worker import write_files_here_or_there
 
     if text is not None and file is not None:
@@ -123,8 +123,7 @@ def stats(
             if given:
                 raise AttnvizError(f"{name} goes with --file: one TEXT is measured at once")
         target = run_target(out, run_folder_name(text))
-        figure_worker.start()  # it imports matplotlib while this process imports torch and runs the model
-        figure_worker.ahead(heads_ahead.warm_up)  # and loads fonts and caches meanwhile
+        heads_ahead.start_warmed_up()  # the figure worker imports matplotlib and warms up while this process loads torch
         handle = load(model, device.value, allow_pickle=allow_pickle, cache=False)
         result = functions.stats(
             [text], model=handle, heads=num_heads, weights=weights.value, seed=seed, causal=causal, truncate=truncate,
@@ -236,15 +235,14 @@ def layers(
     from attnviz.api import functions
     from attnviz.api.models import load
     from attnviz.output.runs import run_folder_name
-    from attnviz.render import figure_worker, heads_ahead, terminal
+    from attnviz.render import heads_ahead, terminal
     from attnviz.render.figure_worker import write_files_here_or_there
 
     check_text(text)
     refuse_cross_over_every_layer(stack.value if stack else None)
     functions.refuse_before_loading(model, stack.value if stack else None)
     target = run_target(out, run_folder_name(text))
-    figure_worker.start()  # it imports matplotlib while this process imports torch and runs the model
-    figure_worker.ahead(heads_ahead.warm_up)  # and loads fonts and caches meanwhile
+    heads_ahead.start_warmed_up()  # the figure worker imports matplotlib and warms up while this process loads torch
     handle = load(model, device.value, allow_pickle=allow_pickle, cache=False)
     result = functions.layers(
         text, model=handle, heads=num_heads, weights=weights.value, seed=seed, causal=causal, truncate=truncate,

@@ -58,7 +58,7 @@ def compare(
     from attnviz.api import functions
     from attnviz.api.models import load
     from attnviz.output.runs import run_folder_name
-    from attnviz.render import figure_worker, heads_ahead, terminal
+    from attnviz.render import heads_ahead, terminal
     from attnviz.render.figure_worker import write_files_here_or_there
 
     check_text(text)
@@ -67,8 +67,7 @@ def compare(
     weights_list = parse_weights(weights)
     functions.refuse_before_loading(model, needs_bert=functions.COMPARE_NEEDS_BERT)
     target = run_target(out, run_folder_name(text))
-    figure_worker.start()  # it imports matplotlib while this process imports torch and runs the model
-    figure_worker.ahead(heads_ahead.warm_up)  # and loads fonts and caches meanwhile
+    heads_ahead.start_warmed_up()  # the figure worker imports matplotlib and warms up while this process loads torch
     handle = load(model, device.value, allow_pickle=allow_pickle, cache=False)
     result = functions.compare(
         text, heads=head_counts, weights=weights, model=handle, layer=layer, seed=seed, truncate=truncate
@@ -106,14 +105,13 @@ def position(
     from attnviz.api import functions
     from attnviz.api.models import load
     from attnviz.output.runs import run_folder_name
-    from attnviz.render import figure_worker, heads_ahead, terminal
+    from attnviz.render import heads_ahead, terminal
     from attnviz.render.figure_worker import write_files_here_or_there
 
     check_text(text)
     functions.refuse_before_loading(model, needs_bert=functions.POSITION_NEEDS_BERT)
     target = run_target(out, run_folder_name(text))
-    figure_worker.start()  # it imports matplotlib while this process imports torch and runs the model
-    figure_worker.ahead(heads_ahead.warm_up)  # and loads fonts and caches meanwhile
+    heads_ahead.start_warmed_up()  # the figure worker imports matplotlib and warms up while this process loads torch
     handle = load(model, device.value, allow_pickle=allow_pickle, cache=False)
     result = functions.position(text, permutation=permutation, head=head, model=handle)
 

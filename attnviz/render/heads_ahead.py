@@ -77,6 +77,15 @@ def prepare(text: str, spec) -> None:
     laid_out.keep(run, spec.seed, head_figure, GridBlit(run, spec.seed))
 
 
+def start_warmed_up() -> None:
+    """Start the figure worker (figure_worker.start) and have it warm up (warm_up) while torch loads: for layers,
+    stats, compare and position, whose figures are not foreseen."""
+    from attnviz.render import figure_worker
+
+    figure_worker.start()  # it imports matplotlib while this process imports torch and runs the model
+    figure_worker.ahead(warm_up)  # and loads fonts and caches meanwhile
+
+
 def warm_up() -> None:
     """In the figure worker, for a command whose figures are not foreseen: draw a small figure of the kinds every
     command draws (a map, its colorbar, rotated labels, a title), so that fonts and matplotlib's caches are loaded

@@ -99,6 +99,7 @@ def write_heatmaps(
         import matplotlib.figure  # noqa: F401
 
         use_cjk_font()
+
     def draw_here() -> list[Path]:
         return _write_heads(run, head_figure, out_dir, fmt, prefix, note, seed, range(split))
 
