@@ -36,7 +36,7 @@ def long_text(num_tokens: int) -> str:
 def figure_cases(num_tokens: int) -> dict:
     """Each figure's name and a function out_dir -> paths that draws and saves it, all computed beforehand."""
     import attnviz
-    from attnviz.render import compare_figures, heatmap, measure_figures, stats_figures, trace_figures
+    from attnviz.render import compare_figures, heatmap, measure_figures, position_figure, stats_figures, trace_figures
 
     text = long_text(num_tokens)
     model = attnviz.load("bundled", device="cpu")
@@ -79,7 +79,7 @@ def figure_cases(num_tokens: int) -> dict:
         "rollout.png": lambda out: [stats_figures.write_rollout(layers.layer_runs, layers.rollout, out)],
         "js_distance.png": lambda out: [stats_figures.write_js_distance(stats.stats.js_distance, stats.first_run, stats.texts, out)],
         "compare.png": lambda out: [compare_figures.write_comparison_figure(compare.splits, out)],
-        "position.png": lambda out: [compare_figures.write_position_figure(position.result, out)],
+        "position.png": lambda out: [position_figure.write_position_figure(position.result, out)],
         "merge.png (trace --mistake merge-without-permute)": merge_figure,
         "wrong heads (trace --mistake view-without-permute)": split_figures,
         "norm_heads.png + norm.png (--measure norm)": norm_figures,

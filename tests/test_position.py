@@ -154,7 +154,7 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(case, tmp_path, capsys)
 def test_a_long_texts_position_figure_labels_every_kth_token_with_its_index(bundled_bert):
     """Past 24 tokens: at most 16 labels an axis, each "index:token" of that axis (the permuted map's
     axes in the permuted order), and the rows of the permuted-back and difference maps left to the first."""
-    from attnviz.render.compare_figures import MAX_POSITION_LONG_TICK_LABELS, position_figure
+    from attnviz.render.position_figure import MAX_POSITION_LONG_TICK_LABELS, position_figure
 
     words = "the animal did not cross the street because it was too tired".split()
     text = " ".join(words[index % len(words)] for index in range(98))  # 100 tokens with [CLS] and [SEP]

@@ -100,7 +100,8 @@ def test_the_layers_rollout_and_js_distance_figures_use_the_same_title(tmp_path)
 def test_the_compare_and_position_figures_name_their_text_and_seed(bundled_bert, tmp_path):
     from attnviz.analysis.compare import compare_splits
     from attnviz.analysis.position import position_experiment
-    from attnviz.render.compare_figures import write_comparison_figure, write_position_figure
+    from attnviz.render.compare_figures import write_comparison_figure
+    from attnviz.render.position_figure import write_position_figure
 
     shared = run_spec(bundled_bert, layer=1, seed=5)
     splits = compare_splits(bundled_bert, "the cat sat", [1, 2], ["pretrained", "random"], shared)

@@ -322,7 +322,7 @@ class PositionResult:
 
     def figure(self):
         """position.png: one head, without and with position embeddings."""
-        from attnviz.render.compare_figures import position_figure
+        from attnviz.render.position_figure import position_figure
 
         return position_figure(self.result)
 
@@ -333,7 +333,7 @@ class PositionResult:
     def write_files(self, folder: Path, format: str = "png") -> list[Path]:
         """save's files, written straight into an existing folder (the command line stages its own)."""
         from attnviz.output.position_json import write_position_json
-        from attnviz.render.compare_figures import write_position_figure
+        from attnviz.render.position_figure import write_position_figure
 
         return [
             write_position_figure(self.result, folder, format),

@@ -105,13 +105,15 @@ def position(
     from attnviz.api import functions
     from attnviz.api.models import load
     from attnviz.output.runs import run_folder_name
-    from attnviz.render import heads_ahead, terminal
+    from attnviz.render import figure_worker, position_figure, terminal
     from attnviz.render.figure_worker import write_files_here_or_there
 
     check_text(text)
     functions.refuse_before_loading(model, needs_bert=functions.POSITION_NEEDS_BERT)
     target = run_target(out, run_folder_name(text))
-    heads_ahead.start_warmed_up()  # the figure worker imports matplotlib and warms up while this process loads torch
+    figure_worker.start()  # started already by main (start_figure_worker_early); here when run otherwise
+    # It imports matplotlib and lays position.png out while this process imports torch and runs the model.
+    figure_worker.ahead(position_figure.prepare, text, model, permutation, head)
     handle = load(model, device.value, allow_pickle=allow_pickle, cache=False)
     result = functions.position(text, permutation=permutation, head=head, model=handle)
 

@@ -1,4 +1,4 @@
-"""Figures that set attention maps side by side: `attnviz compare` and `attnviz position`.
+"""compare.png of `attnviz compare`: the same weights split into different numbers of heads, side by side.
 
 Same conventions as heatmap.py, whose helpers these reuse: rows are queries, columns keys,
 the colour scale is fixed at 0..1 (log for long texts), each pixel one value or the maximum of
@@ -20,7 +20,6 @@ from attnviz.render.heatmap import (
     new_figure,
     save_figure,
 )
-from attnviz.analysis.position import PositionResult, PositionSide, format_difference
 from attnviz.render.scales import (
     attention_colorbar,
     attention_norm,
@@ -35,9 +34,6 @@ MAX_HEADS_SHOWN = 16  # per head count in compare.png: a 4 x 4 grid of panels is
 MAX_SPLITS_PER_ROW = 6  # head counts side by side in compare.png before it wraps
 MAX_LABELLED_COLUMNS = 2  # token labels on a head count's panels only when they are this few across
 MAX_COMPARE_TICK_LABELS = 16
-MAX_POSITION_TICK_LABELS = 24  # a text this short has every token labelled in position.png
-MAX_POSITION_LONG_TICK_LABELS = 16  # a longer one every k-th, at most this many per axis (labels are most of its time)
-DIFFERENCE_COLORMAP = "magma"
 
 
 def shown_heads(split: Split) -> list[int]:
@@ -131,88 +127,3 @@ def _draw_split(cell_figure, split: Split, norm) -> list:
         title += f"\n{len(heads)} of {split.num_heads} shown, most focused → broadest"
     cell_figure.suptitle(title, fontsize=10, parse_math=False)
     return drawn
-
-
-def write_position_figure(result: PositionResult, out_dir: Path, fmt: str = "png") -> Path:
-    """position.<fmt>: for one head, without and with position embeddings, four maps each:
-    A(x), A(Px), Pᵀ A(Px) P (permuted back) and |Pᵀ A(Px) P − A(x)|."""
-    check_format(fmt)
-    return save_figure(position_figure(result), out_dir, f"position.{fmt}")
-
-
-def position_figure(result: PositionResult):
-    """The Figure of write_position_figure, laid out and ready to save."""
-    num_tokens = len(result.tokens)
-    panel = float(np.clip(1.2 + 0.16 * num_tokens, 2.6, 4.5))
-    figure = new_figure((4 * panel + 2.2, 2 * (panel + 0.9) + 0.9))
-    rows = figure.subfigures(2, 1)
-    # One difference scale for both rows, so the row without positions looks as flat as it is.
-    h = result.head  # its maps only: the difference of all heads is 12 times the work
-    largest = max(float(np.abs(side.permuted_back[h] - side.original[h]).max()) for side in _sides(result))
-    drawn = []  # (image, values, colour bar, what it shows) of every panel
-    for row, side in zip(rows, _sides(result)):
-        drawn += _draw_position_row(row, result, side, difference_scale=max(largest, 1e-6))
-    head = f"head {result.head}" + ("" if result.head_chosen else " (the head position changes most)")
-    scope = ["layer 0", head, f"x permuted by P = {_permutation_text(result.permutation)}"]
-    title = figure_title(result.model, scope, text=result.text, line_chars=chars_across(figure.get_figwidth()))
-    figure.suptitle(title, parse_math=False)
-    freeze_layout(figure)
-    for image, values, colorbar, what in drawn:
-        colorbar.set_label(scale_label(what, image.norm, show_attention(image, values)))
-    return figure
-
-
-def _sides(result: PositionResult) -> tuple[PositionSide, PositionSide]:
-    return result.without_positions, result.with_positions
-
-
-def _draw_position_row(row_figure, result: PositionResult, side: PositionSide, difference_scale: float) -> list:
-    """Draw one row; return (image, values, its colour bar, what the bar shows) for each panel."""
-    from matplotlib.colors import Normalize
-
-    head = result.head
-    norm = attention_norm(len(result.tokens))
-    difference = np.abs(side.permuted_back[head] - side.original[head])  # (N, N)
-    axes = row_figure.subplots(1, 4)
-    panels = [
-        (side.original[head], result.tokens, "A(x): the text"),
-        (side.permuted[head], result.permuted_tokens, "A(Px): permuted text"),
-        (side.permuted_back[head], result.tokens, "Pᵀ A(Px) P: permuted back"),
-    ]
-    # A long text's labels are thinned to every k-th token, each with its index (a repeated word
-    # is otherwise ambiguous); then the permuted-back and difference maps, whose rows are the text's
-    # as in the first map of their row, leave their rows unlabelled: labels are most of this
-    # figure's drawing time, and repeated they tell nothing new.
-    repeat_rows = len(result.tokens) <= MAX_POSITION_TICK_LABELS
-    max_labels = MAX_POSITION_TICK_LABELS if repeat_rows else MAX_POSITION_LONG_TICK_LABELS
-    if not repeat_rows:
-        panels = [(weights, [f"{i}:{token}" for i, token in enumerate(tokens)], title) for weights, tokens, title in panels]
-    text_labels = panels[0][1]  # the text's tokens, as its maps' axes are labelled
-    images = []
-    for index, (ax, (weights, tokens, title)) in enumerate(zip(axes, panels)):
-        images.append((draw_attention(ax, np.ma.masked_array(weights), norm), np.ma.masked_array(weights)))
-        ax.set_title(title, fontsize=9, parse_math=False)
-        label_tokens(ax, tokens, tokens if index < 2 or repeat_rows else [], max_labels, fontsize=7)
-    difference_image = axes[3].imshow(
-        np.ma.masked_all((1, 1)), cmap=DIFFERENCE_COLORMAP, norm=Normalize(0.0, difference_scale), aspect="auto",
-        interpolation="nearest",
-    )
-    show_attention(difference_image, np.ma.masked_array(difference))  # a block's largest difference
-    largest = format_difference(float(difference.max()))
-    axes[3].set_title(f"|back − A(x)|, max {largest}", fontsize=9, parse_math=False)
-    label_tokens(axes[3], text_labels, text_labels if repeat_rows else [], max_labels, fontsize=7)
-    weights_bar = attention_colorbar(row_figure, images[0][0], ax=axes[:3], shrink=0.8)
-    difference_bar = row_figure.colorbar(difference_image, ax=axes[3], shrink=0.8, label="difference")
-    which = "with BERT's" if side.positions else "without"
-    verdict = "equivariant" if side.equivariant else "not equivariant"
-    value = format_difference(side.max_difference)
-    title = f"{which} position embeddings: max over heads |A(Px) − P A(x) Pᵀ| = {value}, {verdict}"
-    row_figure.suptitle(title, fontsize=10, parse_math=False)
-    drawn = [(image, values, weights_bar, "attention weight") for image, values in images]
-    return drawn + [(difference_image, np.ma.masked_array(difference), difference_bar, "difference")]
-
-
-def _permutation_text(permutation: list[int], max_items: int = 16) -> str:
-    if len(permutation) <= max_items:
-        return "(" + ",".join(map(str, permutation)) + ")"
-    return "(" + ",".join(map(str, permutation[:max_items])) + ",…)"

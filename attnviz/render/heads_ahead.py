@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -26,18 +27,25 @@ from attnviz.render.cell_pixels import CellPixels
 from attnviz.result import AttentionRun
 
 
-def foreseen_run(text: str, spec) -> AttentionRun | None:
-    """The run `attnviz heads TEXT` will make with spec (a RunSpec before loading) on a BERT model folder, with zeros
-    for its numbers; None when not foreseen.
+class Foreseen(NamedTuple):
+    name: str  # the model's, as a run names it
+    ids: list[int]
+    tokens: list[str]
+    config: dict  # the model's config.json
+
+
+def foreseen_tokens(text: str, model: str | None) -> Foreseen | None:
+    """The text's tokens (with the model's name and config) for a BERT model folder given as model
+    (the command's option); None when not foreseen: the default model (the hub cache, or the bundled one in its place),
+    a hub id, another family, a text beyond the model's positions.
 
     Read without torch: config.json and the tokenizer (models/tokens.py, the loader's own class).
     """
     from attnviz.models import loading
     from attnviz.models.tokens import WordPieceTokenizer
 
-    model = spec.model
-    if model is None or spec.kv_text is not None or spec.stack is not None or spec.words:
-        return None  # the default model: the hub cache, or the bundled one in its place
+    if model is None:
+        return None
     if model.strip().lower() in (loading.BUNDLED_NAME.lower(), "bundled"):
         name, folder = loading.BUNDLED_NAME, loading.bundled_model_path()
     elif Path(model).expanduser().is_dir():
@@ -47,12 +55,23 @@ def foreseen_run(text: str, spec) -> AttentionRun | None:
     config = loading._read_config(name, folder)
     if loading._require_family(name, config) is not loading.BERT:
         return None
-    heads = spec.num_heads if spec.num_heads is not None else config["num_attention_heads"]
     tokenizer = WordPieceTokenizer(folder)
     ids = tokenizer.encode_batch([text])[0]
     if len(ids) > config.get("max_position_embeddings", 512):
         return None  # refused, or cut by --truncate
-    tokens = tokenizer.convert_ids_to_tokens(ids)
+    return Foreseen(name, ids, tokenizer.convert_ids_to_tokens(ids), config)
+
+
+def foreseen_run(text: str, spec) -> AttentionRun | None:
+    """The run `attnviz heads TEXT` will make with spec (a RunSpec before loading) on a BERT model folder, with zeros
+    for its numbers; None when not foreseen (foreseen_tokens)."""
+    if spec.kv_text is not None or spec.stack is not None or spec.words:
+        return None
+    foreseen = foreseen_tokens(text, spec.model)
+    if foreseen is None:
+        return None
+    name, ids, tokens, config = foreseen
+    heads = spec.num_heads if spec.num_heads is not None else config["num_attention_heads"]
     return AttentionRun(
         text=text, model=name, layer=spec.layer, weights=spec.weights, num_heads=heads, device="cpu",
         query_tokens=tokens, key_tokens=tokens, query_ids=ids, key_ids=ids,

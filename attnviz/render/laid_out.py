@@ -1,7 +1,9 @@
-"""Figures laid out before their run exists (heads_ahead.py), kept by what they show until write_heatmaps takes them.
+"""Figures laid out before their run exists, kept by what they show until the run's drawing takes them.
 
-Its own module, so that heatmap.py (which takes them) and heads_ahead.py (which makes them, with heatmap.py's figures)
-import it without importing each other.
+heads' figures (heads_ahead.py, taken by write_heatmaps) and position.png (position_figure.py). Its own module, so
+that heatmap.py (which takes heads' figures) and heads_ahead.py (which makes them, with heatmap.py's figures) import it
+without importing each other. In the figure worker only the latest is kept: a worker kept across the API's runs would
+otherwise keep every figure whose run was not the one foreseen.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from attnviz.result import AttentionRun
 # Not shown by any heads figure: what may differ between the foreseen run and the real one.
 _NOT_DRAWN = ("attention", "output", "query_ids", "key_ids", "notices", "truncated", "kv_truncated", "device", "inner_size")
 
-_laid_out: dict = {}  # in the figure worker: (figure_key, seed) -> (its _HeadFigure, its GridBlit), ready to draw on
+_laid_out: dict = {}  # in the figure worker: a key of what a figure shows besides its numbers -> the figure, laid out
 
 
 def figure_key(run: AttentionRun) -> tuple | None:
@@ -29,11 +31,20 @@ def figure_key(run: AttentionRun) -> tuple | None:
     return (run.attention.shape, *sorted(fields.items()))
 
 
-def keep(run: AttentionRun, seed: int | None, head_figure, grid) -> None:
-    """Keep the head figure and grid laid out for run (the foreseen one) until take(); only the latest (a worker kept
-    across the API's runs would otherwise keep every figure whose run was not the one foreseen)."""
+def keep_figure(key, figure) -> None:
+    """Keep figure, laid out for what key says it shows, until take_figure(key); only the latest."""
     _laid_out.clear()
-    _laid_out[(figure_key(run), seed)] = (head_figure, grid)
+    _laid_out[key] = figure
+
+
+def take_figure(key):
+    """The figure kept for key, or None."""
+    return _laid_out.pop(key, None)
+
+
+def keep(run: AttentionRun, seed: int | None, head_figure, grid) -> None:
+    """Keep the head figure and grid laid out for run (the foreseen one) until take()."""
+    keep_figure((figure_key(run), seed), (head_figure, grid))
 
 
 def take(run: AttentionRun, fmt: str, prefix: str, note: str, seed: int | None) -> tuple | None:
@@ -41,7 +52,7 @@ def take(run: AttentionRun, fmt: str, prefix: str, note: str, seed: int | None) 
     if fmt != "png" or prefix or note:
         return None
     key = figure_key(run)
-    laid_out = _laid_out.pop((key, seed), None) if key is not None else None
+    laid_out = take_figure((key, seed)) if key is not None else None
     if laid_out is None:
         return None
     head_figure, grid = laid_out

@@ -25,7 +25,7 @@ FIGURE_MAX_PX = {
     "js_distance": (CAP, CAP),
     # a cell of 3.4 inches per head count and weights: the cap
     "compare": (CAP, CAP),
-    # 4 panels of at most 4.5 inches across, 2 rows (compare_figures.position_figure)
+    # 4 panels of at most 4.5 inches across, 2 rows (position_figure.PositionFigure)
     "position": (2424, 1404),
     # trace_figures.MERGE_MAX_PX: 4 pixels a row at 512 tokens
     "mistake_merge-without-permute_merge": (CAP, 2400),

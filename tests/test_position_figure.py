@@ -1,0 +1,116 @@
+"""position.png laid out before its numbers exist (render/position_figure.py): laid out with stand-in numbers, then
+shown with the result's, it equals the figure laid out with the result's numbers from the start, pixel for pixel;
+where a number's text would take other room, it is laid out again; and `attnviz position` lays it out ahead."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+
+import numpy as np
+import pytest
+
+from attnviz.analysis.position import position_experiment
+from attnviz.render import laid_out, position_figure
+from attnviz.render.position_figure import PositionFigure, PositionLayout, _Numbers
+from test_heatmap import read_png
+from test_startup import linux_with_two_cores, run_script
+
+TEXT = "the quick brown fox jumps over the lazy dog again"
+CASES = {
+    "default": (TEXT, None, None),
+    "a chosen head": (TEXT, None, 7),
+    "cls and sep moved": ("The cat sat on the mat.", "1,0,2,3,4,5,6,8,7", None),
+    "unknown characters": ("我想吃酸菜鱼 and ❤️ emoji", None, None),
+    "100 tokens, thinned labels": (" ".join(["the animal did not cross the street"] * 14), None, None),
+}
+
+
+def pixels(figure) -> np.ndarray:
+    figure.canvas.draw()
+    return np.asarray(figure.canvas.buffer_rgba()).copy()  # (height, width, 4)
+
+
+@pytest.fixture(scope="module")
+def results(bundled_bert):
+    return {case: position_experiment(bundled_bert, text, permutation, head) for case, (text, permutation, head) in CASES.items()}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_laid_out_with_stand_ins_it_equals_the_figure_laid_out_with_its_own_numbers(results, case):
+    result = results[case]
+    layout = PositionLayout.of(result)
+    own = pixels(PositionFigure(layout, _Numbers.of(result)).show(result))
+    np.testing.assert_array_equal(pixels(PositionFigure(layout).show(result)), own)
+    np.testing.assert_array_equal(pixels(position_figure.position_figure(result)), own)
+
+
+def test_numbers_whose_text_takes_other_room_are_laid_out_again(results):
+    """A difference scale of 0.0123 has wider tick labels than the stand-in's 0.99: the figure is laid out again, and
+    equals the one laid out with those numbers from the start."""
+    result = results["default"]
+    side = result.with_positions
+    small = dataclasses.replace(side, permuted_back=side.original + np.float32(0.0123))  # every difference 0.0123
+    small.__dict__.pop("head_differences", None)  # a cached property of the side it was copied from
+    result = dataclasses.replace(result, with_positions=small)
+    layout = PositionLayout.of(result)
+    stand_in = PositionFigure(layout)
+    room = stand_in._room
+    stand_in._write(_Numbers.of(result))
+    assert stand_in._room_taken() != room  # the case this test is for
+    own = pixels(PositionFigure(layout, _Numbers.of(result)).show(result))
+    np.testing.assert_array_equal(pixels(PositionFigure(layout).show(result)), own)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_layout_foreseen_from_the_tokenizer_alone_is_the_results(results, case):
+    text, permutation, head = CASES[case]
+    position_figure.prepare(text, "bundled", permutation, head)
+    assert laid_out.take_figure(("position", PositionLayout.of(results[case]))) is not None
+
+
+def test_a_local_folder_is_foreseen_under_the_name_given(tmp_path):
+    from attnviz.api import functions
+    from attnviz.models.loading import bundled_model_path
+
+    folder = tmp_path / "model"
+    shutil.copytree(bundled_model_path(), folder)
+    result = functions.position(TEXT, model=str(folder)).result
+    position_figure.prepare(TEXT, str(folder), None, None)
+    assert laid_out.take_figure(("position", PositionLayout.of(result))) is not None
+
+
+def test_the_default_model_is_not_foreseen_and_nothing_is_kept():
+    laid_out._laid_out.clear()
+    position_figure.prepare(TEXT, None, None, None)
+    position_figure.prepare(TEXT, "org/not-a-folder", None, None)
+    assert not laid_out._laid_out
+
+
+@linux_with_two_cores
+def test_attnviz_position_lays_its_figure_out_ahead_and_draws_the_same_png(tmp_path):
+    """The command's figure worker lays position.png out while torch loads and takes it for the run (recorded by the
+    script); the PNG equals the one drawn here from the same run."""
+    from attnviz.api import functions
+
+    taken = tmp_path / "taken"
+    script = f"""
+import sys
+from attnviz.cli import main
+from attnviz.render import laid_out
+
+take_figure = laid_out.take_figure
+def recording_take_figure(key):
+    figure = take_figure(key)
+    open({str(taken)!r}, "a").write(f"{{key[0]}} {{figure is not None}}\\n")
+    return figure
+laid_out.take_figure = recording_take_figure  # the worker, forked from here, records what it takes
+sys.argv = ["attnviz", "position", {TEXT!r}, "--model", "bundled", "--device", "cpu", "--out", {str(tmp_path / "cli")!r}]
+main()
+"""
+    run_script(script, env=None)
+    assert taken.read_text() == "position True\n"
+    result = functions.position(TEXT, model="bundled", device="cpu")
+    (tmp_path / "here").mkdir()
+    here = position_figure.write_position_figure(result.result, tmp_path / "here")
+    np.testing.assert_array_equal(read_png(tmp_path / "cli" / "position.png"), read_png(here))
