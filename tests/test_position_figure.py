@@ -40,9 +40,19 @@ def results(bundled_bert):
 def test_laid_out_with_stand_ins_it_equals_the_figure_laid_out_with_its_own_numbers(results, case):
     result = results[case]
     layout = PositionLayout.of(result)
-    own = pixels(PositionFigure(layout, _Numbers.of(result)).show(result))
-    np.testing.assert_array_equal(pixels(PositionFigure(layout).show(result)), own)
+    own = pixels(PositionFigure(layout, _Numbers.of(result)).show(result).figure)
+    np.testing.assert_array_equal(pixels(PositionFigure(layout).show(result).figure), own)
     np.testing.assert_array_equal(pixels(position_figure.position_figure(result)), own)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_png_drawn_on_pixels_rendered_ahead_equals_the_whole_figure_drawn(results, case, tmp_path):
+    result = results[case]
+    ahead = PositionFigure(PositionLayout.of(result))
+    ahead.render_ahead()
+    written = ahead.show(result).write_png(tmp_path / "ahead.png")
+    whole = PositionFigure(PositionLayout.of(result)).show(result).write_png(tmp_path / "whole.png")
+    np.testing.assert_array_equal(read_png(written), read_png(whole))
 
 
 def test_numbers_whose_text_takes_other_room_are_laid_out_again(results):
@@ -58,15 +68,16 @@ def test_numbers_whose_text_takes_other_room_are_laid_out_again(results):
     room = stand_in._room
     stand_in._write(_Numbers.of(result))
     assert stand_in._room_taken() != room  # the case this test is for
-    own = pixels(PositionFigure(layout, _Numbers.of(result)).show(result))
-    np.testing.assert_array_equal(pixels(PositionFigure(layout).show(result)), own)
+    own = pixels(PositionFigure(layout, _Numbers.of(result)).show(result).figure)
+    np.testing.assert_array_equal(pixels(PositionFigure(layout).show(result).figure), own)
 
 
 @pytest.mark.parametrize("case", CASES)
 def test_the_layout_foreseen_from_the_tokenizer_alone_is_the_results(results, case):
     text, permutation, head = CASES[case]
     position_figure.prepare(text, "bundled", permutation, head)
-    assert laid_out.take_figure(("position", PositionLayout.of(results[case]))) is not None
+    prepared = laid_out.take_figure(("position", PositionLayout.of(results[case])))
+    assert prepared is not None and prepared.background is not None  # laid out and rendered ahead
 
 
 def test_a_local_folder_is_foreseen_under_the_name_given(tmp_path):

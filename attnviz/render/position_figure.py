@@ -8,10 +8,12 @@ maximum of a block of cells, the size cap; a plain matplotlib Figure on an Agg c
 Laying it out is most of its drawing time (eight maps of token labels, four colour bars), and the
 layout depends on what it shows besides its numbers (PositionLayout: the text, its tokens, the
 permutation, the head when chosen), all known before torch is imported. So the figure is always
-made in two steps: PositionFigure(layout) lays it out with placeholder numbers (_Numbers), then
+made in two steps: PositionFigure(layout) lays it out with stand-in numbers (_Numbers), then
 show(result) puts the result's maps and numbers in. The figure worker takes the first step
 while the command loads torch and runs the model (prepare), the same step a figure drawn from
-scratch takes, so both give the same pixels.
+scratch takes, so both give the same pixels; it also renders everything show() leaves as it
+is (render_ahead), so that write_png draws only the maps, the titles with numbers and the
+difference colour bars on those pixels.
 
 The numbers do reach the layout where they are text: the titles that print them, the difference
 scale's tick labels, the figure title's head when the data chose it. show() checks that each
@@ -90,17 +92,49 @@ class PositionFigure:
         self.title = self.figure.suptitle("", parse_math=False)
         self._write(numbers)
         freeze_layout(self.figure)
+        for row in self.rows:
+            row.fit()
         self._room = self._room_taken()
+        self.background = None  # the pixels of all show() leaves as it is, once rendered ahead (render_ahead)
 
-    def show(self, result: PositionResult):
-        """The laid-out Figure, showing result (whose PositionLayout is self.layout's), ready to save."""
+    def show(self, result: PositionResult) -> PositionFigure:
+        """This figure showing result (whose PositionLayout is self.layout's); another, laid out for result's numbers,
+        where a number's text takes other room than its stand-in's."""
         numbers = _Numbers.of(result)
         self._write(numbers)
-        if numbers != self.numbers and self._room_taken() != self._room:  # a number's text takes other room than its stand-in's
+        if numbers != self.numbers and self._room_taken() != self._room:
             return PositionFigure(self.layout, numbers).show(result)
         for row, side in zip(self.rows, _sides(result)):
             row.show(side, result.head)
-        return self.figure
+        return self
+
+    def render_ahead(self) -> None:
+        """Render all that show() leaves as it is (token labels, titles of the maps, the weights' colour bars; most of
+        the drawing) and keep its pixels: write_png then draws only the rest on them."""
+        changing = self._changing()
+        for artist in changing:
+            artist.set_visible(False)
+        self.figure.canvas.draw()
+        for artist in changing:
+            artist.set_visible(True)
+        self.background = self.figure.canvas.copy_from_bbox(self.figure.bbox)
+
+    def write_png(self, path: Path) -> Path:
+        """The shown figure as a PNG: on the pixels rendered ahead, if any, else drawn whole (the same pixels)."""
+        from attnviz.render.heatmap import save_figure
+        from attnviz.render.png import write_png
+        from attnviz.render.scales import DPI
+
+        if self.background is None:
+            return save_figure(self.figure, path.parent, path.name)
+        self.figure.canvas.restore_region(self.background)
+        for artist in self._changing():  # maps before their frames, as a whole draw has them
+            self.figure.draw_artist(artist)
+        return write_png(path, np.asarray(self.figure.canvas.buffer_rgba()), DPI)
+
+    def _changing(self) -> list:
+        """The artists show() changes: the titles, the maps, the frames drawn over the maps, the difference colour bars."""
+        return [self.title, *(artist for row in self.rows for artist in row.changing())]
 
     def _write(self, numbers: _Numbers) -> None:
         """Every text and scale that prints a number."""
@@ -136,7 +170,7 @@ class _Row:
         from attnviz.render.scales import attention_colorbar, attention_norm, draw_attention, show_attention
 
         self.positions = positions
-        num_tokens = len(layout.tokens)
+        self.num_tokens = num_tokens = len(layout.tokens)
         zeros = np.ma.masked_array(np.zeros((num_tokens, num_tokens), dtype=np.float32))  # (N, N) until show()
         axes = row_figure.subplots(1, 4)
         panels = [
@@ -180,34 +214,53 @@ class _Row:
         self.difference_title.set_text(f"|back − A(x)|, max {format_difference(largest)}")
         self.difference_image.set_clim(0.0, difference_scale)  # its colour bar's ticks follow
 
-    def show(self, side: PositionSide, head: int) -> None:
-        """The maps of side's head, fitted to the laid-out axes, and the colour bars' labels (a block maximum is said)."""
+    def fit(self) -> None:
+        """Once laid out: fit the maps to their axes, and say on the colour bars where a pixel is a block's maximum."""
         from attnviz.render.scales import scale_label, show_attention
 
-        maps = [side.original[head], side.permuted[head], side.permuted_back[head]]
-        pools = [show_attention(image, np.ma.masked_array(weights)) for image, weights in zip(self.images, maps)]
+        zeros = np.ma.masked_array(np.zeros((self.num_tokens, self.num_tokens), dtype=np.float32))  # (N, N)
+        pools = [show_attention(image, zeros) for image in self.images]  # same size of map, same axes: the same block
         self.weights_bar.set_label(scale_label("attention weight", self.images[0].norm, max(pools)))
-        difference = np.abs(side.permuted_back[head] - side.original[head])  # (N, N)
-        pool = show_attention(self.difference_image, np.ma.masked_array(difference))  # a block's largest difference
+        pool = show_attention(self.difference_image, zeros)
         self.difference_bar.set_label(scale_label("difference", self.difference_image.norm, pool))
+
+    def show(self, side: PositionSide, head: int) -> None:
+        """The maps of side's head, fitted to the laid-out axes (a pixel the maximum of a block of cells where needed)."""
+        from attnviz.render.scales import show_attention
+
+        maps = [side.original[head], side.permuted[head], side.permuted_back[head]]
+        for image, weights in zip(self.images, maps):
+            show_attention(image, np.ma.masked_array(weights))
+        difference = np.abs(side.permuted_back[head] - side.original[head])  # (N, N)
+        show_attention(self.difference_image, np.ma.masked_array(difference))  # a block's largest difference
+
+    def changing(self) -> list:
+        """What show() and write() change, maps before the frames drawn over them."""
+        map_axes = [image.axes for image in (*self.images, self.difference_image)]
+        frames = [spine for ax in map_axes for spine in ax.spines.values()]
+        return [self.title, *self.images, self.difference_image, *frames, self.difference_title, self.difference_bar.ax]
 
 
 def position_figure(result: PositionResult):
-    """position.png's Figure for result, laid out and ready to save: the one laid out ahead (prepare) if it fits."""
-    from attnviz.render import laid_out
-
-    layout = PositionLayout.of(result)
-    figure = laid_out.take_figure(("position", layout)) or PositionFigure(layout)
-    return figure.show(result)
+    """position.png's Figure for result, laid out and ready to save."""
+    return PositionFigure(PositionLayout.of(result)).show(result).figure
 
 
 def write_position_figure(result: PositionResult, out_dir: Path, fmt: str = "png") -> Path:
     """position.<fmt>: for one head, without and with position embeddings, four maps each:
-    A(x), A(Px), Pᵀ A(Px) P (permuted back) and |Pᵀ A(Px) P − A(x)|."""
+    A(x), A(Px), Pᵀ A(Px) P (permuted back) and |Pᵀ A(Px) P − A(x)|.
+
+    On the figure laid out and rendered ahead (prepare) if there is one for result.
+    """
+    from attnviz.render import laid_out
     from attnviz.render.heatmap import check_format, save_figure
 
     check_format(fmt)
-    return save_figure(position_figure(result), out_dir, f"position.{fmt}")
+    layout = PositionLayout.of(result)
+    shown = (laid_out.take_figure(("position", layout)) or PositionFigure(layout)).show(result)
+    if fmt == "png":
+        return shown.write_png(Path(out_dir) / "position.png")
+    return save_figure(shown.figure, out_dir, f"position.{fmt}")
 
 
 def prepare(text: str, model: str | None, permutation: str | None, head: int | None) -> None:
@@ -222,7 +275,9 @@ def prepare(text: str, model: str | None, permutation: str | None, head: int | N
     tokens = foreseen.tokens
     order = parse_permutation(permutation, tokens) if permutation else default_permutation(tokens)
     layout = PositionLayout(foreseen.name, text, tuple(tokens), tuple(order), head)
-    laid_out.keep_figure(("position", layout), PositionFigure(layout))
+    figure = PositionFigure(layout)
+    figure.render_ahead()
+    laid_out.keep_figure(("position", layout), figure)
 
 
 def _sides(result: PositionResult) -> tuple[PositionSide, PositionSide]:
