@@ -23,7 +23,7 @@ from attnviz.cli.options import (
     OutOption,
 )
 from attnviz.cli.shared import run_target, write_run
-from attnviz.spec import check_text
+from attnviz.spec import RunSpec, check_text
 
 
 @app.command(short_help="One layer's projections split into different numbers of heads.")
@@ -58,7 +58,7 @@ def compare(
     from attnviz.api import functions
     from attnviz.api.models import load
     from attnviz.output.runs import run_folder_name
-    from attnviz.render import heads_ahead, terminal
+    from attnviz.render import compare_figures, figure_worker, terminal
     from attnviz.render.figure_worker import write_files_here_or_there
 
     check_text(text)
@@ -67,7 +67,12 @@ def compare(
     weights_list = parse_weights(weights)
     functions.refuse_before_loading(model, needs_bert=functions.COMPARE_NEEDS_BERT)
     target = run_target(out, run_folder_name(text))
-    heads_ahead.start_warmed_up()  # the figure worker imports matplotlib and warms up while this process loads torch
+    figure_worker.start()  # started already by main (start_figure_worker_early); here when run otherwise
+    # It imports matplotlib and lays compare.png out while this process imports torch and runs the model.
+    shared = RunSpec(  # what the splits share, before loading: the model as given
+        model=model, resolved_model=model or "", model_source="", layer=layer, num_heads=None, weights=None, seed=seed
+    )
+    figure_worker.ahead(compare_figures.prepare, text, shared, head_counts, weights)
     handle = load(model, device.value, allow_pickle=allow_pickle, cache=False)
     result = functions.compare(
         text, heads=head_counts, weights=weights, model=handle, layer=layer, seed=seed, truncate=truncate

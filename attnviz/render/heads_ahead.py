@@ -155,18 +155,14 @@ class GridBlit:
     """heads.png of a run, laid out and rendered but for its maps and their frames; write() draws a run's maps on it."""
 
     def __init__(self, run: AttentionRun, seed: int | None):
+        from attnviz.render.blit import render_without
         from attnviz.render.heatmap import heads_grid_figure
 
         self.run = run
         self.figure = heads_grid_figure(run, seed=seed)
         self.images = [image for ax in self.figure.axes for image in ax.images]  # one per head; the colorbar has none
         drawn_per_head = [*self.images, *(spine for image in self.images for spine in image.axes.spines.values())]
-        for artist in drawn_per_head:
-            artist.set_visible(False)
-        self.figure.canvas.draw()
-        for artist in drawn_per_head:
-            artist.set_visible(True)
-        self.background = self.figure.canvas.copy_from_bbox(self.figure.bbox)
+        self.background = render_without(self.figure, drawn_per_head)
         self.pixels = [CellPixels.learn(image) for image in self.images]  # None: matplotlib draws that map
 
     def write(self, path: Path) -> Path:

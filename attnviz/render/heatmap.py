@@ -286,16 +286,10 @@ class _HeadFigure:
 
     def prepare_blit(self) -> None:
         """Render the parts common to all heads, and learn where the map's cells land (None: matplotlib draws it)."""
-        self.background = self._render_background()
-        self.pixels = CellPixels.learn(self.image)
+        from attnviz.render.blit import render_without
 
-    def _render_background(self):
-        for artist in self._per_head_artists():
-            artist.set_visible(False)
-        self.figure.canvas.draw()
-        for artist in self._per_head_artists():
-            artist.set_visible(True)
-        return self.figure.canvas.copy_from_bbox(self.figure.bbox)
+        self.background = render_without(self.figure, self._per_head_artists())
+        self.pixels = CellPixels.learn(self.image)
 
 
 def _noted(note: str) -> list[str]:

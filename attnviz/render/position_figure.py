@@ -111,26 +111,18 @@ class PositionFigure:
     def render_ahead(self) -> None:
         """Render all that show() leaves as it is (token labels, titles of the maps, the weights' colour bars; most of
         the drawing) and keep its pixels: write_png then draws only the rest on them."""
-        changing = self._changing()
-        for artist in changing:
-            artist.set_visible(False)
-        self.figure.canvas.draw()
-        for artist in changing:
-            artist.set_visible(True)
-        self.background = self.figure.canvas.copy_from_bbox(self.figure.bbox)
+        from attnviz.render.blit import render_without
+
+        self.background = render_without(self.figure, self._changing())
 
     def write_png(self, path: Path) -> Path:
         """The shown figure as a PNG: on the pixels rendered ahead, if any, else drawn whole (the same pixels)."""
+        from attnviz.render.blit import write_drawn_on
         from attnviz.render.heatmap import save_figure
-        from attnviz.render.png import write_png
-        from attnviz.render.scales import DPI
 
         if self.background is None:
             return save_figure(self.figure, path.parent, path.name)
-        self.figure.canvas.restore_region(self.background)
-        for artist in self._changing():  # maps before their frames, as a whole draw has them
-            self.figure.draw_artist(artist)
-        return write_png(path, np.asarray(self.figure.canvas.buffer_rgba()), DPI)
+        return write_drawn_on(self.figure, self.background, self._changing(), path)
 
     def _changing(self) -> list:
         """The artists show() changes: the titles, the maps, the frames drawn over the maps, the difference colour bars."""

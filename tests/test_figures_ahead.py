@@ -1,6 +1,11 @@
-"""position.png laid out before its numbers exist (render/position_figure.py): laid out with stand-in numbers, then
-shown with the result's, it equals the figure laid out with the result's numbers from the start, pixel for pixel;
-where a number's text would take other room, it is laid out again; and `attnviz position` lays it out ahead."""
+"""position.png and compare.png laid out and rendered before their numbers exist, while the command loads torch.
+
+position.png (render/position_figure.py), laid out with stand-in numbers then shown with the result's, equals the
+figure laid out with the result's numbers from the start, pixel for pixel; where a number's text would take other
+room, it is laid out again. compare.png (render/compare_figures.py) shows no number but its maps: laid out from
+foreseen splits of zeros, it equals the figure of the real splits. Both PNGs, drawn on pixels rendered ahead, equal
+the whole figure drawn; and the commands' figure workers do take the figures they laid out.
+"""
 
 from __future__ import annotations
 
@@ -10,10 +15,13 @@ import shutil
 import numpy as np
 import pytest
 
+from attnviz.analysis.compare import compare_splits
 from attnviz.analysis.position import position_experiment
-from attnviz.render import laid_out, position_figure
+from attnviz.render import compare_figures, laid_out, position_figure
+from attnviz.render.compare_figures import ComparisonLayout
 from attnviz.render.position_figure import PositionFigure, PositionLayout, _Numbers
 from test_heatmap import read_png
+from attnviz.spec import RunSpec, run_spec
 from test_startup import linux_with_two_cores, run_script
 
 TEXT = "the quick brown fox jumps over the lazy dog again"
@@ -98,13 +106,11 @@ def test_the_default_model_is_not_foreseen_and_nothing_is_kept():
     assert not laid_out._laid_out
 
 
-@linux_with_two_cores
-def test_attnviz_position_lays_its_figure_out_ahead_and_draws_the_same_png(tmp_path):
-    """The command's figure worker lays position.png out while torch loads and takes it for the run (recorded by the
-    script); the PNG equals the one drawn here from the same run."""
-    from attnviz.api import functions
-
+def run_recording_takes(tmp_path, *argv: str) -> str:
+    """Run `attnviz *argv --model bundled --device cpu --out tmp_path/cli`; return what its figure worker took from
+    laid_out, a line per take: the figure's kind and whether one was kept for it."""
     taken = tmp_path / "taken"
+    arguments = [*argv, "--model", "bundled", "--device", "cpu", "--out", str(tmp_path / "cli")]
     script = f"""
 import sys
 from attnviz.cli import main
@@ -116,12 +122,73 @@ def recording_take_figure(key):
     open({str(taken)!r}, "a").write(f"{{key[0]}} {{figure is not None}}\\n")
     return figure
 laid_out.take_figure = recording_take_figure  # the worker, forked from here, records what it takes
-sys.argv = ["attnviz", "position", {TEXT!r}, "--model", "bundled", "--device", "cpu", "--out", {str(tmp_path / "cli")!r}]
+sys.argv = ["attnviz", *{arguments!r}]
 main()
 """
     run_script(script, env=None)
-    assert taken.read_text() == "position True\n"
+    return taken.read_text()
+
+
+@linux_with_two_cores
+def test_attnviz_position_lays_its_figure_out_ahead_and_draws_the_same_png(tmp_path):
+    """The command's figure worker lays position.png out while torch loads and takes it for the run; the PNG equals
+    the one drawn here from the same run."""
+    from attnviz.api import functions
+
+    assert run_recording_takes(tmp_path, "position", TEXT) == "position True\n"
     result = functions.position(TEXT, model="bundled", device="cpu")
     (tmp_path / "here").mkdir()
     here = position_figure.write_position_figure(result.result, tmp_path / "here")
     np.testing.assert_array_equal(read_png(tmp_path / "cli" / "position.png"), read_png(here))
+
+
+COMPARE_CASES = {  # (head counts as --heads gives them, weights, layer, seed)
+    "the default": (None, "pretrained", 0, 0),
+    "two weights, given counts": ("2,3,12", "pretrained,random", 2, 5),
+    "seven counts, wrapped": ("1,2,3,4,6,8,12", "random", 1, 0),
+}
+
+
+def shared_spec(layer: int, seed: int) -> RunSpec:
+    """What `attnviz compare --model bundled` gives prepare(): the settings its splits share, before loading."""
+    return RunSpec(model="bundled", resolved_model="bundled", model_source="", layer=layer, num_heads=None, weights=None, seed=seed)
+
+
+def real_splits(bundled_bert, text: str, heads: str | None, weights: str, layer: int, seed: int):
+    from attnviz.analysis.compare import default_head_counts, parse_head_counts, parse_weights
+
+    counts = parse_head_counts(heads) if heads else default_head_counts(bundled_bert.hidden_size, bundled_bert.num_heads)
+    return compare_splits(bundled_bert, text, counts, parse_weights(weights), run_spec(bundled_bert, layer=layer, seed=seed))
+
+
+@pytest.mark.parametrize("case", COMPARE_CASES)
+def test_compare_png_laid_out_and_rendered_ahead_equals_the_real_splits_figure(bundled_bert, case, tmp_path):
+    heads, weights, layer, seed = COMPARE_CASES[case]
+    splits = real_splits(bundled_bert, TEXT, heads, weights, layer, seed)
+    compare_figures.prepare(TEXT, shared_spec(layer, seed), heads, weights)
+    prepared = laid_out.take_figure(("compare", ComparisonLayout.of(splits, seed)))
+    assert prepared is not None and prepared.background is not None  # foreseen: laid out and rendered ahead
+    prepared.show(splits)
+    ahead = prepared.write_png(tmp_path / "ahead.png")
+    whole = compare_figures.comparison_figure(splits, seed=seed)
+    np.testing.assert_array_equal(read_png(ahead), pixels(whole)[..., :3])
+
+
+def test_compare_with_more_heads_than_shown_is_not_foreseen(bundled_bert):
+    """Past 16 heads the panels shown depend on the maps (the most focused to the broadest)."""
+    splits = real_splits(bundled_bert, TEXT, "4,32", "pretrained", 0, 0)
+    assert ComparisonLayout.of(splits, 0) is None
+    laid_out._laid_out.clear()
+    compare_figures.prepare(TEXT, shared_spec(0, 0), "4,32", "pretrained")
+    assert not laid_out._laid_out
+
+
+@linux_with_two_cores
+def test_attnviz_compare_lays_its_figure_out_ahead_and_draws_the_same_png(tmp_path):
+    from attnviz.api import functions
+
+    argv = ["compare", TEXT, "--weights", "pretrained,random", "--seed", "3"]
+    assert run_recording_takes(tmp_path, *argv) == "compare True\n"
+    result = functions.compare(TEXT, weights="pretrained,random", seed=3, model="bundled", device="cpu")
+    whole = compare_figures.comparison_figure(result.splits, seed=3)
+    np.testing.assert_array_equal(read_png(tmp_path / "cli" / "compare.png"), pixels(whole)[..., :3])
