@@ -192,3 +192,13 @@ def test_attnviz_compare_lays_its_figure_out_ahead_and_draws_the_same_png(tmp_pa
     result = functions.compare(TEXT, weights="pretrained,random", seed=3, model="bundled", device="cpu")
     whole = compare_figures.comparison_figure(result.splits, seed=3)
     np.testing.assert_array_equal(read_png(tmp_path / "cli" / "compare.png"), pixels(whole)[..., :3])
+
+
+def test_laying_out_ahead_writes_nothing_anywhere(tmp_path, monkeypatch):
+    """prepare() lays out and renders in memory: no file is written, in the current folder or elsewhere it is told of."""
+    monkeypatch.chdir(tmp_path)
+    position_figure.prepare(TEXT, "bundled", None, None)
+    compare_figures.prepare(TEXT, shared_spec(0, 0), None, "pretrained,random")
+    assert len(laid_out._laid_out) == 1  # the latest only
+    laid_out._laid_out.clear()
+    assert list(tmp_path.iterdir()) == []

@@ -121,7 +121,7 @@ main()
 
 
 def test_warming_up_draws_nothing_anywhere(tmp_path, monkeypatch):
-    """warm_up (the worker's work ahead for layers, stats, compare, position) only draws in memory: no file is written."""
+    """warm_up (the worker's work ahead for layers, stats and runs not foreseen) only draws in memory: no file is written."""
     monkeypatch.chdir(tmp_path)
     heads_ahead.warm_up()
     assert list(tmp_path.iterdir()) == []

@@ -2,10 +2,10 @@
 
 - fork(draw): a copy that runs draw() and exits; beside(): one drawing here, another in such a copy (the heads'
   grid beside the head figures).
-- start() and submit(): the figure worker, a copy forked when `attnviz heads` starts, before
+- start() and submit(): the figure worker, a copy forked when a figure command starts, before
   torch is imported. It imports matplotlib (0.2 s) on the second core while this process imports
   torch (a second or more) and runs the model, lays out the figures to come meanwhile (ahead():
-  heads_ahead.prepare), then runs the jobs it is sent (the heatmaps, while this process computes
+  heads_ahead.prepare, position_figure.prepare, compare_figures.prepare), then runs the jobs it is sent (the heatmaps, while this process computes
   the report). Jobs are a module-level function and its arguments, pickled through a pipe; the
   answer comes back the same way.
 

@@ -97,8 +97,8 @@ def prepare(text: str, spec) -> None:
 
 
 def start_warmed_up() -> None:
-    """Start the figure worker (figure_worker.start) and have it warm up (warm_up) while torch loads: for layers,
-    stats, compare and position, whose figures are not foreseen."""
+    """Start the figure worker (figure_worker.start) and have it warm up (warm_up) while torch loads: for layers and
+    stats, whose figures are not foreseen."""
     from attnviz.render import figure_worker
 
     figure_worker.start()  # it imports matplotlib while this process imports torch and runs the model
@@ -106,7 +106,7 @@ def start_warmed_up() -> None:
 
 
 def warm_up() -> None:
-    """In the figure worker, for a command whose figures are not foreseen: draw a small figure of the kinds every
+    """In the figure worker, for a command or run whose figures are not foreseen: draw a small figure of the kinds every
     command draws (a map, its colorbar, rotated labels, a title), so that fonts and matplotlib's caches are loaded
     before the run exists, not after (0.05 to 0.08 s of layers.png)."""
     from attnviz.render.heatmap import freeze_layout, label_tokens, new_figure
