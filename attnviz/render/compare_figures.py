@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from attnviz.analysis.compare import Split, resplit_note
+from attnviz.render.blit import RenderedAhead
 from attnviz.render.heatmap import (
     check_format,
     freeze_layout,
@@ -79,7 +80,7 @@ class ComparisonLayout:
         return cls(run.model, run.text, run.layer, seed, tuple(run.query_tokens), tuple(run.key_tokens), shape)
 
 
-class ComparisonFigure:
+class ComparisonFigure(RenderedAhead):
     """compare.png of some splits, laid out (its maps those splits' until show)."""
 
     def __init__(self, splits: list[Split], name: str = "compare.png", seed: int | None = None):
@@ -114,7 +115,6 @@ class ComparisonFigure:
         freeze_layout(figure)
         pool = max(self.show(splits))
         colorbar.set_label(scale_label("attention weight", norm, pool))
-        self.background = None  # the pixels of all but the maps, once rendered ahead (render_ahead)
 
     def show(self, splits: list[Split]) -> list[int]:
         """Show the splits' maps (splits laid out alike: the same ComparisonLayout); return each panel's block size."""
@@ -122,21 +122,8 @@ class ComparisonFigure:
             show_attention(image, np.ma.masked_array(splits[index].run.attention[head])) for index, head, image in self.panels
         ]
 
-    def render_ahead(self) -> None:
-        """Render all but the maps and their frames, and keep its pixels: write_png then draws only those on them."""
-        from attnviz.render.blit import render_without
-
-        self.background = render_without(self.figure, self._changing())
-
-    def write_png(self, path: Path) -> Path:
-        """The figure as a PNG: on the pixels rendered ahead, if any, else drawn whole (the same pixels)."""
-        from attnviz.render.blit import write_drawn_on
-
-        if self.background is None:
-            return save_figure(self.figure, path.parent, path.name)
-        return write_drawn_on(self.figure, self.background, self._changing(), path)
-
-    def _changing(self) -> list:
+    def changing(self) -> list:
+        """The maps, and their frames drawn over them."""
         images = [image for _, _, image in self.panels]
         return [*images, *(spine for image in images for spine in image.axes.spines.values())]
 

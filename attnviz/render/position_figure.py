@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from attnviz.analysis.position import PositionResult, PositionSide, format_difference
+from attnviz.render.blit import RenderedAhead
 
 MAX_POSITION_TICK_LABELS = 24  # a text this short has every token labelled in position.png
 MAX_POSITION_LONG_TICK_LABELS = 16  # a longer one every k-th, at most this many per axis (labels are most of its time)
@@ -78,7 +79,7 @@ class _Numbers:
 _PLACEHOLDER = _Numbers(head=0, difference_scale=0.99, rows=((1.2e-7, True, 1.2e-7), (0.99, False, 0.99)))
 
 
-class PositionFigure:
+class PositionFigure(RenderedAhead):
     """position.png for layout, laid out (with numbers standing in for the result's until show)."""
 
     def __init__(self, layout: PositionLayout, numbers: _Numbers = _PLACEHOLDER):
@@ -95,7 +96,6 @@ class PositionFigure:
         for row in self.rows:
             row.fit()
         self._room = self._room_taken()
-        self.background = None  # the pixels of all show() leaves as it is, once rendered ahead (render_ahead)
 
     def show(self, result: PositionResult) -> PositionFigure:
         """This figure showing result (whose PositionLayout is self.layout's); another, laid out for result's numbers,
@@ -108,23 +108,7 @@ class PositionFigure:
             row.show(side, result.head)
         return self
 
-    def render_ahead(self) -> None:
-        """Render all that show() leaves as it is (token labels, titles of the maps, the weights' colour bars; most of
-        the drawing) and keep its pixels: write_png then draws only the rest on them."""
-        from attnviz.render.blit import render_without
-
-        self.background = render_without(self.figure, self._changing())
-
-    def write_png(self, path: Path) -> Path:
-        """The shown figure as a PNG: on the pixels rendered ahead, if any, else drawn whole (the same pixels)."""
-        from attnviz.render.blit import write_drawn_on
-        from attnviz.render.heatmap import save_figure
-
-        if self.background is None:
-            return save_figure(self.figure, path.parent, path.name)
-        return write_drawn_on(self.figure, self.background, self._changing(), path)
-
-    def _changing(self) -> list:
+    def changing(self) -> list:
         """The artists show() changes: the titles, the maps, the frames drawn over the maps, the difference colour bars."""
         return [self.title, *(artist for row in self.rows for artist in row.changing())]
 
