@@ -69,7 +69,6 @@ def test_numbers_whose_text_takes_other_room_are_laid_out_again(results):
     result = results["default"]
     side = result.with_positions
     small = dataclasses.replace(side, permuted_back=side.original + np.float32(0.0123))  # every difference 0.0123
-    small.__dict__.pop("head_differences", None)  # a cached property of the side it was copied from
     result = dataclasses.replace(result, with_positions=small)
     layout = PositionLayout.of(result)
     stand_in = PositionFigure(layout)
@@ -78,6 +77,22 @@ def test_numbers_whose_text_takes_other_room_are_laid_out_again(results):
     assert stand_in._room_taken() != room  # the case this test is for
     own = pixels(PositionFigure(layout, _Numbers.of(result)).show(result).figure)
     np.testing.assert_array_equal(pixels(PositionFigure(layout).show(result).figure), own)
+
+
+def test_a_difference_of_exactly_one_takes_the_stand_ins_room(results):
+    """Softmax saturates in float32, so the difference scale is often 1.0 exactly, where a tick would sit at the bar's
+    top and reach above it: the difference colour bars have no tick in their top 5 %, and the layout stays."""
+    result = results["default"]
+    side = result.with_positions
+    back = side.permuted_back.copy()
+    back[result.head] = np.where(side.original[result.head] > 0.5, 0.0, 1.0)  # differences up to 1.0 exactly
+    result = dataclasses.replace(result, with_positions=dataclasses.replace(side, permuted_back=back))
+    assert _Numbers.of(result).difference_scale == 1.0
+    stand_in = PositionFigure(PositionLayout.of(result))
+    assert stand_in.show(result) is stand_in  # no second layout
+    for row in stand_in.rows:
+        ticks = [tick for tick in row.difference_bar.ax.get_yticks() if 0.0 <= tick <= 1.0]
+        assert ticks == pytest.approx([0.0, 0.2, 0.4, 0.6, 0.8])
 
 
 @pytest.mark.parametrize("case", CASES)

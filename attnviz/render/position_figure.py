@@ -179,6 +179,7 @@ class _Row:
         label_tokens(axes[3], text_labels, text_labels if repeat_rows else [], max_labels, fontsize=7)
         self.weights_bar = attention_colorbar(row_figure, self.images[0], ax=axes[:3], shrink=0.8)
         self.difference_bar = row_figure.colorbar(self.difference_image, ax=axes[3], shrink=0.8, label="difference")
+        self.difference_bar.locator = _ticks_below_the_top()
         self.title = row_figure.suptitle("", fontsize=10, parse_math=False)
 
     def write(self, max_difference: float, equivariant: bool, largest: float, difference_scale: float) -> None:
@@ -254,6 +255,19 @@ def prepare(text: str, model: str | None, permutation: str | None, head: int | N
     figure = PositionFigure(layout)
     figure.render_ahead()
     laid_out.keep_figure(("position", layout), figure)
+
+
+def _ticks_below_the_top():
+    """matplotlib's usual ticks for a linear colour bar, but none in its top 5 %: a tick label there would reach above
+    the bar, and the room it takes would then depend on the difference scale (1.0 exactly, or 0.99999976)."""
+    from matplotlib.ticker import AutoLocator
+
+    class TicksBelowTheTop(AutoLocator):
+        def tick_values(self, vmin, vmax):
+            ticks = super().tick_values(vmin, vmax)
+            return ticks[ticks <= vmax - 0.05 * (vmax - vmin)]
+
+    return TicksBelowTheTop()
 
 
 def _sides(result: PositionResult) -> tuple[PositionSide, PositionSide]:
