@@ -75,14 +75,14 @@ class _Numbers:
 
 
 # Typical numbers, so that show() rarely needs another layout: float rounding without positions; with them, a
-# difference below 1 whose colour bar has no tick at its top (a tick there reaches above the bar).
-_PLACEHOLDER = _Numbers(head=0, difference_scale=0.99, rows=((1.2e-7, True, 1.2e-7), (0.99, False, 0.99)))
+# difference near 1 (the head the positions change most is near one-hot), whose colour bar is labelled 0.0 to 0.8.
+_STAND_IN = _Numbers(head=0, difference_scale=0.99, rows=((1.2e-7, True, 1.2e-7), (0.99, False, 0.99)))
 
 
 class PositionFigure(RenderedAhead):
     """position.png for layout, laid out (with numbers standing in for the result's until show)."""
 
-    def __init__(self, layout: PositionLayout, numbers: _Numbers = _PLACEHOLDER):
+    def __init__(self, layout: PositionLayout, numbers: _Numbers = _STAND_IN):
         from attnviz.render.heatmap import freeze_layout, new_figure
 
         self.layout, self.numbers = layout, numbers
