@@ -17,7 +17,7 @@ difference colour bars on those pixels.
 
 The numbers do reach the layout where they are text: the titles that print them, the difference
 scale's tick labels, the figure title's head when the data chose it. show() checks that each
-of those takes the room its placeholder took; where one does not, the figure is laid out again
+of those takes the room its stand-in took; where one does not, the figure is laid out again
 with the result's numbers in place, as a figure drawn with them from the start would be.
 """
 
