@@ -169,8 +169,8 @@ def prepare(text: str, shared, head_counts: str | None, weights: str) -> None:
     splits = []
     for weight in parse_weights(weights):
         for count in counts:
-            run = heads_ahead.foreseen_run(text, replace(shared, num_heads=count, weights=weight))
-            splits.append(Split(weight, replace(run, inner_size=hidden_size), [], model_heads))
+            run = heads_ahead.zero_run(text, replace(shared, num_heads=count, weights=weight), foreseen)
+            splits.append(Split(weight, run, [], model_heads))
     seed = shared.seed
     layout = ComparisonLayout.of(splits, seed)
     if layout is None:

@@ -68,15 +68,19 @@ def foreseen_run(text: str, spec) -> AttentionRun | None:
     if spec.kv_text is not None or spec.stack is not None or spec.words:
         return None
     foreseen = foreseen_tokens(text, spec.model)
-    if foreseen is None:
-        return None
+    return zero_run(text, spec, foreseen) if foreseen is not None else None
+
+
+def zero_run(text: str, spec, foreseen: Foreseen) -> AttentionRun:
+    """The run of text with spec's settings over the foreseen tokens, with zeros for its numbers."""
     name, ids, tokens, config = foreseen
     heads = spec.num_heads if spec.num_heads is not None else config["num_attention_heads"]
     return AttentionRun(
         text=text, model=name, layer=spec.layer, weights=spec.weights, num_heads=heads, device="cpu",
         query_tokens=tokens, key_tokens=tokens, query_ids=ids, key_ids=ids,
         attention=np.zeros((heads, len(ids), len(ids)), dtype=np.float32),  # (H, N, N)
-        output=np.zeros((len(ids), 0)), causal=spec.causal, num_kv_heads=heads,
+        output=np.zeros((len(ids), config["hidden_size"]), dtype=np.float32),  # (N, D): its width gives head_dim
+        causal=spec.causal, num_kv_heads=heads,
     )  # fmt: skip
 
 
