@@ -241,8 +241,8 @@ def write_position_figure(result: PositionResult, out_dir: Path, fmt: str = "png
 
 
 def prepare(text: str, model: str | None, permutation: str | None, head: int | None) -> None:
-    """In the figure worker, before the run exists: lay out `attnviz position TEXT`'s figure (the command's options as
-    given), for position_figure to take. Only a BERT model in a folder is foreseen; other runs warm the worker up."""
+    """In the figure worker, before the run exists: lay out and render `attnviz position TEXT`'s figure (the command's
+    options as given), for write_position_figure to take. Only a BERT model in a folder is foreseen; other runs warm the worker up."""
     from attnviz.analysis.position import default_permutation, parse_permutation
     from attnviz.render import heads_ahead, laid_out
 
