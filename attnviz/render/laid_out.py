@@ -1,10 +1,9 @@
 """Figures laid out before their run exists, kept by what they show until the run's drawing takes them.
 
 heads' figures (heads_ahead.py, taken by write_heatmaps), position.png (position_figure.py) and compare.png
-(compare_figures.py). Its own module, so
-that heatmap.py (which takes heads' figures) and heads_ahead.py (which makes them, with heatmap.py's figures) import it
-without importing each other. In the figure worker only the latest is kept: a worker kept across the API's runs would
-otherwise keep every figure whose run was not the one foreseen.
+(compare_figures.py). Its own module, so that heatmap.py (which takes heads' figures) and heads_ahead.py (which makes
+them, with heatmap.py's figures) import it without importing each other. In the figure worker only the latest is kept:
+a worker kept across the API's runs would otherwise keep every figure whose run was not the one foreseen.
 """
 
 from __future__ import annotations
