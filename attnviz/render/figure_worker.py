@@ -5,9 +5,9 @@
 - start() and submit(): the figure worker, a copy forked when a figure command starts, before
   torch is imported. It imports matplotlib (0.2 s) on the second core while this process imports
   torch (a second or more) and runs the model, lays out the figures to come meanwhile (ahead():
-  heads_ahead.prepare, position_figure.prepare, compare_figures.prepare), then runs the jobs it is sent (the heatmaps, while this process computes
-  the report). Jobs are a module-level function and its arguments, pickled through a pipe; the
-  answer comes back the same way.
+  heads_ahead.prepare, position_figure.prepare, compare_figures.prepare), then runs the jobs it
+  is sent (the heatmaps, while this process computes the report). Jobs are a module-level
+  function and its arguments, pickled through a pipe; the answer comes back the same way.
 
 Both die with this process (prctl PR_SET_PDEATHSIG), and of SIGINT, SIGTERM and SIGHUP: this
 process removes what they were writing. Linux only, and only with two cores or more: elsewhere
@@ -114,7 +114,7 @@ def start() -> None:
 def ahead(function, *args) -> None:
     """Have the figure worker run function(*args) (a module-level function) before its next job, answering nothing.
 
-    Work done ahead for the jobs to come (heads_ahead.prepare): its failure is ignored there (the
+    Work done ahead for the jobs to come (heads_ahead.prepare and the like): its failure is ignored there (the
     jobs then do that work themselves), and nothing here waits for it.
     """
     if _worker is None or _worker.busy:
