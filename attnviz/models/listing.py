@@ -13,7 +13,7 @@ from typing import Any
 
 from attnviz.models import smollm2
 from attnviz.models.families import family_of
-from attnviz.models.loading import BUNDLED_NAME, _check_hub_cache, _check_sizes, _has_weights, bundled_model_path
+from attnviz.models.loading import BUNDLED_NAME, _check_hub_cache, _has_weights, bundled_model_path
 
 
 @dataclass
@@ -97,7 +97,7 @@ def _info_from_config(name: str, source: str, path: Path, config: Any) -> ModelI
     if family is None:
         return None
     try:
-        _check_sizes(family, config)
+        family.check_config(config)
     except ValueError:  # a damaged config.json: no model to use
         return None
     return ModelInfo(
