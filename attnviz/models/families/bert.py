@@ -1,8 +1,9 @@
-"""BERT's layout: BERT itself (read by attnviz, models/bert.py), and RoBERTa, XLM-RoBERTa and ELECTRA through transformers.
+"""BERT's layout: BERT itself (read by attnviz, models/bert.py), and RoBERTa and XLM-RoBERTa through transformers.
 
 Each layer's attention is encoder.layer.{i}.attention: self.query, self.key, self.value, and
 output.dense beside self. Positions are learned (RoBERTa's and XLM-RoBERTa's numbered from 2,
-after the padding token's): the embeddings add them before the first layer.
+after the padding token's): the embeddings add them before the first layer. ELECTRA
+(electra.py) keeps this layout too.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ class BertLayout(Family):
         }
 
     def embedding_shapes(self, config: dict) -> dict[str, tuple[tuple[int, ...], str]]:
-        # ELECTRA's embeddings may be narrower than the layers, projected up to them
+        # ELECTRA's embeddings may be narrower than the layers (embedding_size), projected up to them
         width_key = self.key_name("embedding" if "embedding" in self.keys else "hidden")
         width = self.size(config, "embedding") or self.size(config, "hidden")
         return {
@@ -44,9 +45,4 @@ FAMILIES = (
     BertLayout("BERT", ("bert",), ENCODER, BERT_KEYS),  # attnviz reads it itself: no transformers class
     BertLayout("RoBERTa", ("roberta",), ENCODER, {**BERT_KEYS, "vocab": ("vocab_size", 50265)}, "RobertaModel", position_offset=2),
     BertLayout("XLM-RoBERTa", ("xlm-roberta",), ENCODER, BERT_KEYS, "XLMRobertaModel", position_offset=2),
-    BertLayout(
-        "ELECTRA", ("electra",), ENCODER,
-        {**BERT_KEYS, "hidden": ("hidden_size", 256), "heads": ("num_attention_heads", 4), "embedding": ("embedding_size", 128)},
-        "ElectraModel",
-    ),
 )
