@@ -154,6 +154,15 @@ def test_a_task_heads_tensors_are_left_unused(tmp_path):
     assert torch.equal(loaded.model.model.layers[1].self_attn.q_proj.weight, model.model.layers[1].self_attn.q_proj.weight)
 
 
+def test_a_task_head_beside_unprefixed_weights_is_left_unused(tmp_path, checkpoints):
+    """T5 v1.1's kind: shared, encoder and decoder with no prefix, and an lm_head of its own beside them."""
+    folder = with_config(checkpoints["t5"], tmp_path / "t5-lm")
+    save_tensors(folder, lambda tensors: tensors.update({"lm_head.weight": torch.ones(30522, 32)}))
+    loaded = load_model(str(folder))
+    expected = load_file(checkpoints["t5"] / "model.safetensors")["encoder.block.1.layer.0.SelfAttention.q.weight"]
+    assert torch.equal(loaded.model.model.encoder.block[1].layer[0].SelfAttention.q.weight, expected)
+
+
 # ---- every size against the safetensors headers, before anything is built -------------------------
 
 

@@ -56,7 +56,7 @@ def load_transformers_model(folder: Path, family: Family, config: dict, device: 
     from transformers.utils import logging as hf_logging
 
     model_class = getattr(transformers, family.model_class)
-    names = _check_headers(folder, family, config, model_class.base_model_prefix)
+    _check_headers(folder, family, config, model_class.base_model_prefix)
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # e.g. "some weights were not used": a task head attnviz does not need
     hf_logging.disable_progress_bar()
@@ -72,39 +72,37 @@ def load_transformers_model(folder: Path, family: Family, config: dict, device: 
         )
     finally:
         hf_logging.set_verbosity(verbosity)
-    _check_loading_info(family, info, head=names.head)
+    _check_loading_info(family, info, model)
     return TransformersModel(family, config, model.to(device).eval())
 
 
-@dataclass
-class _HeaderNames:
-    """The weights' tensor names: those of the base model (its prefix taken off) and a task head's (left unused)."""
-
-    base: dict[str, tuple[int, ...]]
-    head: set[str]
-
-
-def _check_headers(folder: Path, family: Family, config: dict, prefix: str) -> _HeaderNames:
-    """The adapter's sizes against the safetensors headers (names and shapes, no tensor read); the names found."""
+def _check_headers(folder: Path, family: Family, config: dict, prefix: str) -> None:
+    """The adapter's sizes against the safetensors headers (names and shapes: no tensor is read)."""
     from attnviz.models.checkpoint import safetensors_shapes, weight_files
 
     shapes: dict[str, tuple[int, ...]] = {}
     for path in weight_files(folder, safetensors=True, allow_pickle=False):
         shapes.update(safetensors_shapes(path))
     # saved from a model with a task head (LlamaForCausalLM): the base model's tensors under its prefix, the head's beside
-    prefixed = any(name.startswith(prefix + ".") for name in shapes)
-    base = {name.removeprefix(prefix + "."): shape for name, shape in shapes.items() if not prefixed or name.startswith(prefix + ".")}
-    names = _HeaderNames(base, {name for name in shapes if prefixed and not name.startswith(prefix + ".")})
-    family.check_weights(config, names.base)
-    return names
+    if any(name.startswith(prefix + ".") for name in shapes):
+        shapes = {name.removeprefix(prefix + "."): shape for name, shape in shapes.items() if name.startswith(prefix + ".")}
+    family.check_weights(config, shapes)
 
 
-def _check_loading_info(family: Family, info: dict, head: set[str]) -> None:
-    """A ValueError when weights were missing (left random), unused, or of other shapes: naming how many and a few."""
+def _check_loading_info(family: Family, info: dict, model: nn.Module) -> None:
+    """A ValueError when weights were missing (left random), unused, or of another shape: naming how many and a few.
+
+    Unused tensors outside the base model's modules are a task head's (lm_head, final_logits_bias,
+    a classifier): attnviz does not need them. Those the adapter names unused (a pooler) may be
+    absent or extra.
+    """
+    prefix = model.base_model_prefix + "."
+    modules = {name for name, _ in model.named_children()}
     unused = lambda name: any(part in name for part in family.unused_weights)  # noqa: E731
+    in_model = lambda name: name.removeprefix(prefix).split(".")[0] in modules  # noqa: E731
     problems = [
         ("missing from the weights (they would be random)", [name for name in info["missing_keys"] if not unused(name)]),
-        ("in the weights but not in the model", [name for name in info["unexpected_keys"] if name not in head and not unused(name)]),
+        ("in the weights but not in the model", [name for name in info["unexpected_keys"] if in_model(name) and not unused(name)]),
         ("of another shape than the model's", [str(entry[0]) if isinstance(entry, tuple) else str(entry) for entry in info["mismatched_keys"]]),
     ]
     for what, names in problems:
