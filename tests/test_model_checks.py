@@ -210,6 +210,12 @@ def test_a_million_layers_are_refused_from_the_headers_at_once(tmp_path, checkpo
         ),
         ("t5", {"num_decoder_layers": 3}, "config.json's num_decoder_layers is 3, but the weights hold 2 of those decoder layers"),
         ("llama", {"rope_theta": 0.0, "rope_parameters": None}, "config.json: rope_theta must be a positive number, not 0.0"),
+        (  # a size the adapter does not read: transformers' own accounting, in attnviz's words
+            "llama",
+            {"intermediate_size": 32},
+            "6 tensors of another shape than the model's (layers.0.mlp.down_proj.weight, layers.0.mlp.gate_proj.weight, "
+            "layers.0.mlp.up_proj.weight, ...): config.json does not describe these weights as a Llama model",
+        ),
     ],
 )
 def test_a_size_the_weights_contradict_is_named(tmp_path, checkpoints, model_type, changes, message):

@@ -10,7 +10,7 @@ Where `load_model(name)` looks, in order:
 Only the default model (name None) falls back to the bundled one when the hub cannot be had;
 an explicit name that cannot be loaded is an AttnvizError that says why.
 
-The family is read from config.json's model_type (families.py). A BERT checkpoint is read by
+The family is read from config.json's model_type (families/). A BERT checkpoint is read by
 attnviz itself (checkpoint.py: config.json and the safetensors, checked before anything is
 built; bert.py: a small BERT encoder; tokens.py: the tokenizer through the `tokenizers`
 library), never through transformers, whose import alone takes seconds. Every other family
