@@ -1,4 +1,4 @@
-"""The family table (attnviz/models/families.py) against transformers' own config classes.
+"""The family table (the adapters in attnviz/models/families/) against transformers' own config and model classes.
 
 The expectation is what transformers' config object says once built from the same values: its
 attributes (num_hidden_layers, num_attention_heads, num_key_value_heads, ..., through each class's
@@ -148,3 +148,15 @@ def test_an_unsupported_or_malformed_config_has_no_family(config_json):
 
 def test_supported_names_lists_every_family_once():
     assert supported_names().split(", ") == [family.name for family in FAMILIES]
+
+
+@pytest.mark.parametrize("family", [family for family in FAMILIES if family.model_class], ids=lambda family: family.name)
+def test_each_adapter_names_the_transformers_class_of_its_model_type(family):
+    """The adapter's base model class is the one transformers builds for its model_type (no task head)."""
+    model_class = getattr(transformers, family.model_class)
+    assert model_class.config_class.model_type in family.model_types
+    assert model_class.__name__ == transformers.MODEL_MAPPING[model_class.config_class].__name__
+
+
+def test_only_bert_is_read_by_attnviz_itself():
+    assert [family.name for family in FAMILIES if family.model_class is None] == ["BERT"]

@@ -98,6 +98,11 @@ FAMILY_CHECKPOINTS = {
 def build_checkpoint(model_type: str, folder: Path, seed: int = 0) -> transformers.PreTrainedModel:
     """Save a tiny random checkpoint of model_type (safetensors, with its tokenizer) to folder; returns the model."""
     config, model_class, tokenizer = FAMILY_CHECKPOINTS[model_type]()
+    return save_checkpoint(config, model_class, tokenizer(), folder, seed)
+
+
+def save_checkpoint(config, model_class, tokenizer, folder: Path, seed: int = 0) -> transformers.PreTrainedModel:
+    """Save model_class built from config, its parameters drawn wide from seed, with tokenizer, to folder; returns the model."""
     torch.manual_seed(seed)
     model = model_class._from_config(config, attn_implementation="eager").eval()
     with torch.no_grad():
@@ -105,5 +110,5 @@ def build_checkpoint(model_type: str, folder: Path, seed: int = 0) -> transforme
             if parameter.dim() > 1 or "bias" in name:
                 parameter.normal_(0.0, PARAMETER_STD)
     model.save_pretrained(folder)  # safetensors
-    tokenizer().save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
     return model

@@ -15,6 +15,7 @@ rotary position embeddings applied to q and k (RoPE), RMSNorm over each head's q
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -232,7 +233,9 @@ class AttentionWeights:
     Each projection is (weight (out, in), bias or None) in nn.Linear's layout; names are the
     model's own names of w_q, w_k, w_v, w_o (e.g. "model.layers.3.self_attn.q_proj"), for
     traces and messages. scale None means 1/sqrt(d). rope_theta and rotary_inv_freq are
-    RoPE's base and its frequencies for head_dim (None without RoPE); q_norm and k_norm are
+    RoPE's base and its frequencies for head_dim (None without RoPE); rotary_for gives the
+    frequencies and attention factor for another head size, with the model's own rope type and
+    scaling (the family's adapter: None refuses a re-split of RoPE's heads); q_norm and k_norm are
     (weight, eps) of an RMSNorm over each head (Qwen3). position_bias: the model adds a bias
     per head to the scores (T5), so its heads cannot be split another way. fused_qkv: the
     model's name of one projection holding W_q, W_k, W_v, stored transposed (GPT-2's Conv1D
@@ -251,6 +254,7 @@ class AttentionWeights:
     rope_theta: float | None = None
     rotary_inv_freq: torch.Tensor | None = None
     rotary_scaling: float = 1.0
+    rotary_for: Callable[[int], tuple[torch.Tensor, float]] | None = None
     q_norm: tuple[torch.Tensor, float] | None = None
     k_norm: tuple[torch.Tensor, float] | None = None
     position_bias: bool = False
@@ -302,15 +306,21 @@ def layer_from_weights(weights: AttentionWeights, num_heads: int | None = None) 
 
     Another count re-splits the same projections (check_split says which counts can be): with
     grouped-query attention the groups stay whole, H / H_kv query heads to each key/value head;
-    with RoPE a new head size gets RoPE's frequencies for that size from the model's base.
+    with RoPE a new head size gets RoPE's frequencies and attention factor for that size from
+    the model's own rope type and scaling (weights.rotary_for).
     """
     num_heads = num_heads or weights.num_heads
     check_split(weights, num_heads)
     head_dim = weights.num_heads * weights.head_dim // num_heads
     num_kv_heads = num_heads // weights.group_size
-    inv_freq = weights.rotary_inv_freq
+    inv_freq, rotary_scaling = weights.rotary_inv_freq, weights.rotary_scaling
     if inv_freq is not None and head_dim != weights.head_dim:
-        inv_freq = rotary_frequencies(head_dim, weights.rope_theta).float()
+        if weights.rotary_for is None:
+            raise AttnvizError(
+                f"--heads {num_heads}: RoPE's frequencies for heads of {head_dim} features are not known for these "
+                f"weights (only the model's own {weights.head_dim}); leave --heads out"
+            )
+        inv_freq, rotary_scaling = weights.rotary_for(head_dim)
     (q, q_bias), (k, k_bias), (v, v_bias), (o, o_bias) = weights.w_q, weights.w_k, weights.w_v, weights.w_o
     with torch.device("meta"):  # no random initialisation: the model's tensors replace it
         layer = MultiHeadAttention(
@@ -329,7 +339,7 @@ def layer_from_weights(weights: AttentionWeights, num_heads: int | None = None) 
         state = {"weight": weight.detach().clone()} | ({"bias": bias.detach().clone()} if bias is not None else {})
         linear.load_state_dict(state, assign=True)
     layer.rotary_inv_freq = None if inv_freq is None else inv_freq.detach().clone().float()
-    layer.rotary_scaling = weights.rotary_scaling
+    layer.rotary_scaling = rotary_scaling
     layer.fused_qkv_name = weights.fused_qkv
     for name, norm in (("q_norm", weights.q_norm), ("k_norm", weights.k_norm)):
         if norm is not None:

@@ -63,7 +63,7 @@ def open_checkpoint(folder: Path, config_values: dict, safetensors: bool, allow_
     shapes, unpickled = {}, {}
     for path in files:
         if path.suffix == ".safetensors":
-            keyed = _safetensors_shapes(path)
+            keyed = safetensors_shapes(path)
         else:  # allowed by now: torch.load(weights_only=True) refuses to run code
             unpickled[path] = _unpickle(path)
             keyed = {key: tuple(tensor.shape) for key, tensor in unpickled[path].items()}
@@ -192,7 +192,7 @@ def _inside(folder: Path, name: str) -> Path:
     return path
 
 
-def _safetensors_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+def safetensors_shapes(path: Path) -> dict[str, tuple[int, ...]]:
     """Every tensor's shape from a safetensors file's header; the data is not read."""
     from safetensors import safe_open
 

@@ -1,6 +1,6 @@
 """`attnviz models`: the bundled models and the cached checkpoints of every supported family, nothing loaded.
 
-Each entry is read from its config.json (families.py gives the keys and transformers' defaults);
+Each entry is read from its config.json (families/ gives the keys and transformers' defaults);
 SmolLM2's sizes are written here, as its GGUF header states them.
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 
 from attnviz.models import smollm2
 from attnviz.models.families import family_of
-from attnviz.models.loading import BUNDLED_NAME, _check_hub_cache, _check_sizes, _has_weights, bundled_model_path
+from attnviz.models.loading import BUNDLED_NAME, _check_hub_cache, _has_weights, bundled_model_path
 
 
 @dataclass
@@ -27,7 +27,7 @@ class ModelInfo:
     name: str
     source: str  # "bundled" or "hub cache"
     path: Path  # the model folder (SmolLM2: its GGUF file)
-    family: str  # the family's name: "BERT", "GPT-2", "Llama", "T5", ... (families.py)
+    family: str  # the family's name: "BERT", "GPT-2", "Llama", "T5", ... (families/)
     num_layers: int
     num_heads: int
     num_kv_heads: int  # key/value heads: fewer than num_heads where query heads share them (GQA)
@@ -92,12 +92,12 @@ def _model_info(name: str, source: str, folder: Path) -> ModelInfo | None:
 
 
 def _info_from_config(name: str, source: str, path: Path, config: Any) -> ModelInfo | None:
-    """ModelInfo from config.json's values, transformers' defaults for what it leaves out (families.py)."""
+    """ModelInfo from config.json's values, transformers' defaults for what it leaves out (families/)."""
     family = family_of(config)
     if family is None:
         return None
     try:
-        _check_sizes(family, config)
+        family.check_config(config)
     except ValueError:  # a damaged config.json: no model to use
         return None
     return ModelInfo(

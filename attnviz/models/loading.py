@@ -10,7 +10,7 @@ Where `load_model(name)` looks, in order:
 Only the default model (name None) falls back to the bundled one when the hub cannot be had;
 an explicit name that cannot be loaded is an AttnvizError that says why.
 
-The family is read from config.json's model_type (families.py). A BERT checkpoint is read by
+The family is read from config.json's model_type (families/). A BERT checkpoint is read by
 attnviz itself (checkpoint.py: config.json and the safetensors, checked before anything is
 built; bert.py: a small BERT encoder; tokens.py: the tokenizer through the `tokenizers`
 library), never through transformers, whose import alone takes seconds. Every other family
@@ -290,19 +290,11 @@ def _load_transformers(name: str, folder: Path, source: str, device: str, family
     from attnviz.models.checkpoint import weight_files
     from attnviz.models.transformers_model import embedding_rows, load_transformers_model, load_transformers_tokenizer
 
-    _check_sizes(family, config)
+    family.check_config(config)
     weight_files(folder, safetensors=True, allow_pickle=False)
     model = load_transformers_model(folder, family, config, device)
     tokenizer = load_transformers_tokenizer(folder, embedding_rows(model.model))
     return LoadedModel(name=name, source=source, tokenizer=tokenizer, model=model, family=family, config=config)
-
-
-def _check_sizes(family: Family, config: dict) -> None:
-    """The sizes attnviz reads from config.json must be positive whole numbers (transformers checks the rest)."""
-    for key in ("layers", "heads", "kv_heads", "hidden", "positions", "decoder_layers", "decoder_heads"):
-        value = family.size(config, key)
-        if key in family.keys and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise ValueError(f"config.json: {family.keys[key][0]} must be a positive whole number, not {value!r}")
 
 
 # ---- checks and small helpers ------------------------------------------------------------------

@@ -4,9 +4,9 @@ transformers' model (eager attention, float32, eval mode) runs the text; a hook 
 attention module takes what enters it: the hidden state after the family's own norms (pre-norm
 decoders normalise first: RMSNorm, LayerNorm), and for cross-attention the encoder's output.
 attnviz's own layer (attention/layer.py) then computes the weights from the module's
-projections, read here as AttentionWeights: W_q, W_k and W_v (GPT-2's fused c_attn split, its
-Conv1D weights transposed), W_o, the key/value heads, the scale, RoPE's frequencies, Qwen3's
-q/k norms; and T5's relative position bias, from the model's own bucket table.
+projections, which the family's adapter (families/) names and splits into AttentionWeights,
+with its position scheme (RoPE's frequencies, T5's relative position bias). This module is the
+same for every family: the model's class, module names and weights come from the adapter.
 
 transformers is imported only here, on this path: `attnviz --help` and BERT runs never pay for it.
 Only safetensors are loaded (use_safetensors=True), and nothing from the folder is run
@@ -16,6 +16,7 @@ Only safetensors are loaded (use_safetensors=True), and nothing from the folder 
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -29,22 +30,6 @@ from attnviz.errors import AttnvizError
 from attnviz.models.families import DECODER, ENCODER_DECODER, Family
 from attnviz.models.words import tokenizer_scheme
 
-# transformers' base model class (no task head) of each model_type.
-MODEL_CLASSES = {
-    "roberta": "RobertaModel",
-    "xlm-roberta": "XLMRobertaModel",
-    "distilbert": "DistilBertModel",
-    "albert": "AlbertModel",
-    "electra": "ElectraModel",
-    "gpt2": "GPT2Model",
-    "llama": "LlamaModel",
-    "mistral": "MistralModel",
-    "qwen2": "Qwen2Model",
-    "qwen3": "Qwen3Model",
-    "bart": "BartModel",
-    "marian": "MarianModel",
-    "t5": "T5Model",
-}
 
 @dataclass
 class Captured:
@@ -53,35 +38,90 @@ class Captured:
     hidden: torch.Tensor
     kv_hidden: torch.Tensor | None = None
 
+
+
 class _Stop(Exception):
     """Raised by a hook once every layer asked for is captured: the rest of the forward pass is not needed."""
 
+
 def load_transformers_model(folder: Path, family: Family, config: dict, device: str) -> "TransformersModel":
-    """transformers' base model of the family from a checked folder (safetensors only), in eval mode on device."""
+    """transformers' base model of the family from a checked folder (safetensors only), in eval mode on device.
+
+    Before anything is built, the family's adapter checks config.json's sizes against the
+    safetensors headers; after, every weight the model has must have come from the files, and
+    every tensor in them (but a task head's, and those the adapter says attnviz never reads)
+    must have gone into the model: a config that names the wrong family never runs on random weights.
+    """
     import transformers
     from transformers.utils import logging as hf_logging
 
-    model_class = getattr(transformers, MODEL_CLASSES[config["model_type"]])
+    model_class = getattr(transformers, family.model_class)
+    _check_headers(folder, family, config, model_class.base_model_prefix)
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # e.g. "some weights were not used": a task head attnviz does not need
     hf_logging.disable_progress_bar()
     try:
-        model = model_class.from_pretrained(
+        model, info = model_class.from_pretrained(
             folder,
             use_safetensors=True,
             attn_implementation="eager",
             dtype=torch.float32,
             local_files_only=True,
+            ignore_mismatched_sizes=True,  # reported in info, refused below with attnviz's message
+            output_loading_info=True,
         )
     finally:
         hf_logging.set_verbosity(verbosity)
+    _check_loading_info(family, info, model)
     return TransformersModel(family, config, model.to(device).eval())
 
+
+def _check_headers(folder: Path, family: Family, config: dict, prefix: str) -> None:
+    """The adapter's sizes against the safetensors headers (names and shapes: no tensor is read)."""
+    from attnviz.models.checkpoint import safetensors_shapes, weight_files
+
+    shapes: dict[str, tuple[int, ...]] = {}
+    for path in weight_files(folder, safetensors=True, allow_pickle=False):
+        shapes.update(safetensors_shapes(path))
+    # saved from a model with a task head (LlamaForCausalLM): the base model's tensors under its prefix, the head's beside
+    if any(name.startswith(prefix + ".") for name in shapes):
+        shapes = {name.removeprefix(prefix + "."): shape for name, shape in shapes.items() if name.startswith(prefix + ".")}
+    family.check_weights(config, shapes)
+
+
+def _check_loading_info(family: Family, info: dict, model: nn.Module) -> None:
+    """A ValueError when weights were missing (left random), unused, or of another shape: naming how many and a few.
+
+    Unused tensors outside the base model's modules are a task head's (lm_head, final_logits_bias,
+    a classifier): attnviz does not need them. Those the adapter names unused (a pooler) may be
+    absent or extra.
+    """
+    prefix = model.base_model_prefix + "."
+    modules = {name for name, _ in model.named_children()}
+    unused = lambda name: any(part in name for part in family.unused_weights)  # noqa: E731
+    in_model = lambda name: name.removeprefix(prefix).split(".")[0] in modules  # noqa: E731
+    problems = [
+        ("missing from the weights (they would be random)", [name for name in info["missing_keys"] if not unused(name)]),
+        ("in the weights but not in the model", [name for name in info["unexpected_keys"] if in_model(name) and not unused(name)]),
+        ("of another shape than the model's", [str(entry[0]) if isinstance(entry, tuple) else str(entry) for entry in info["mismatched_keys"]]),
+    ]
+    for what, names in problems:
+        if names:
+            few = ", ".join(sorted(names)[:3]) + (", ..." if len(names) > 3 else "")
+            raise ValueError(
+                f"{len(names)} tensor{'s' if len(names) > 1 else ''} {what} ({few}): config.json does not describe "
+                f"these weights as a {family.name} model"
+            )
+    if info.get("error_msgs"):
+        raise ValueError(f"the weights could not be loaded: {info['error_msgs'][0]}")
+
+
 class TransformersModel:
-    """A transformers model of a supported family, and what attnviz's layer needs from it.
+    """A transformers model of a supported family, and what attnviz's layer needs from it (through the family's adapter).
 
     stack is None for encoders and decoders; for an encoder-decoder, "encoder", "decoder" (the
     decoder's self-attention) or "cross" (the decoder's attention over the encoder's output).
+    A handle may be used from several threads: capture's hooks run one forward pass at a time.
     """
 
     def __init__(self, family: Family, config: dict, model: nn.Module):
@@ -89,101 +129,31 @@ class TransformersModel:
         self.config = config
         self.model = model
         self.model_type = config["model_type"]
-        if self.model_type == "albert" and config.get("inner_group_num", 1) != 1:
-            raise AttnvizError("ALBERT with inner_group_num other than 1 is not supported: every released ALBERT has 1")
+        self._forward_lock = threading.Lock()
 
     # ---- sizes -----------------------------------------------------------------------------
 
     def num_layers(self, stack: str | None = None) -> int:
-        key = "decoder_layers" if stack in ("decoder", "cross") else "layers"
-        return self.family.size(self.config, key)
+        return self.family.stack_size(self.config, "layers", stack)
 
     def num_heads(self, stack: str | None = None) -> int:
-        key = "decoder_heads" if stack in ("decoder", "cross") else "heads"
-        return self.family.size(self.config, key)
+        return self.family.stack_size(self.config, "heads", stack)
 
     # ---- the attention modules and their projections ---------------------------------------
 
     def attention_module(self, layer: int, stack: str | None = None) -> tuple[str, nn.Module]:
         """The module (and its name in the model) whose input is layer `layer`'s attention input."""
-        name = self._module_names(layer, stack)[0]
+        index = self.family.stored_index(self.config, layer, stack)
+        name = self.family.layer_names(self.config, index, stack)[0]
         return name, self.model.get_submodule(name)
 
-    def _module_names(self, layer: int, stack: str | None) -> tuple[str, dict[str, str]]:
-        """(the hooked module's name, the names of w_q, w_k, w_v, w_o) in the base model."""
-        kind, i = self.model_type, layer
-        if kind in ("roberta", "xlm-roberta", "electra"):
-            base = f"encoder.layer.{i}.attention"
-            return f"{base}.self", _names(f"{base}.self", "query", "key", "value", f"{base}.output.dense")
-        if kind == "distilbert":
-            base = f"transformer.layer.{i}.attention"
-            return base, _names(base, "q_lin", "k_lin", "v_lin", "out_lin")
-        if kind == "albert":
-            groups, layers = self.config.get("num_hidden_groups", 1), self.num_layers()
-            base = f"encoder.albert_layer_groups.{i * groups // layers}.albert_layers.0.attention"  # shared by layers
-            return base, _names(base, "query", "key", "value", "dense")
-        if kind == "gpt2":
-            base = f"h.{i}.attn"
-            return base, _names(base, "c_attn", "c_attn", "c_attn", "c_proj")
-        if kind in ("llama", "mistral", "qwen2", "qwen3"):
-            base = f"layers.{i}.self_attn"
-            return base, _names(base, "q_proj", "k_proj", "v_proj", "o_proj")
-        side = "decoder" if stack in ("decoder", "cross") else "encoder"
-        if kind in ("bart", "marian"):
-            base = f"{side}.layers.{i}.{'encoder_attn' if stack == 'cross' else 'self_attn'}"
-            return base, _names(base, "q_proj", "k_proj", "v_proj", "out_proj")
-        if kind == "t5":
-            base = f"{side}.block.{i}.layer.1.EncDecAttention" if stack == "cross" else f"{side}.block.{i}.layer.0.SelfAttention"
-            return base, _names(base, "q", "k", "v", "o")
-        raise AssertionError(f"no attention modules for {kind}")  # families.py and MODEL_CLASSES list the same types
-
     def attention_weights(self, layer: int, stack: str | None = None) -> AttentionWeights:
-        """Layer `layer`'s projections and settings, as attnviz's layer takes them."""
-        module_name, names = self._module_names(layer, stack)
-        module = self.model.get_submodule(module_name)
-        heads = self.num_heads(stack)
-        if self.model_type == "gpt2":
-            projections = _gpt2_projections(module)
-        else:
-            projections = [_linear(self.model.get_submodule(names[key])) for key in ("w_q", "w_k", "w_v", "w_o")]
-        kv_heads = heads
-        if self.family.rotary:
-            kv_heads = self.family.size(self.config, "kv_heads")
-        for key, (weight, bias) in zip(("w_q", "w_k", "w_v", "w_o"), projections):
-            _require_finite(weight, names[key] + ".weight")
-            if bias is not None:
-                _require_finite(bias, names[key] + ".bias")
-        head_dim = projections[0][0].shape[0] // heads
-        weights = AttentionWeights(
-            *projections,
-            num_heads=heads,
-            num_kv_heads=kv_heads,
-            head_dim=head_dim,
-            names=names,
-            scale=float(module.scaling),
-            family=self.family.name,
-        )
-        if self.family.rotary:
-            rotary = self.model.rotary_emb
-            weights.rotary_inv_freq = rotary.inv_freq.detach().float()
-            weights.rotary_scaling = float(getattr(rotary, "attention_scaling", 1.0))
-            weights.rope_theta = _rope_theta(self.config)
-        if getattr(module, "q_norm", None) is not None:  # Qwen3
-            weights.q_norm = (module.q_norm.weight.detach(), module.q_norm.variance_epsilon)
-            weights.k_norm = (module.k_norm.weight.detach(), module.k_norm.variance_epsilon)
-        weights.position_bias = self.family.position_bias and stack != "cross"
-        if self.model_type == "gpt2":
-            weights.fused_qkv = names["w_q"]  # one Conv1D, c_attn, stores W_q, W_k and W_v side by side, transposed
-        return weights
+        """Layer `layer`'s projections and settings, as attnviz's layer takes them (the family's adapter splits them)."""
+        return self.family.attention_weights(self.model, self.config, layer, stack)
 
     def position_bias(self, stack: str | None, num_queries: int, num_keys: int, device: str) -> torch.Tensor | None:
-        """T5's relative position bias (1, H, Nq, Nk), from the stack's first block's bucket table; None for other families."""
-        if not self.family.position_bias or stack == "cross":
-            return None
-        side = "decoder" if stack == "decoder" else "encoder"
-        first = self.model.get_submodule(f"{side}.block.0.layer.0.SelfAttention")
-        with torch.inference_mode():
-            return first.compute_bias(num_queries, num_keys, device=device)
+        """T5's relative position bias (1, H, Nq, Nk); None for families without one."""
+        return self.family.relative_bias(self.model, stack, num_queries, num_keys, device)
 
     # ---- layer inputs ------------------------------------------------------------------------
 
@@ -198,8 +168,15 @@ class TransformersModel:
         """What enters the attention of each of `layers`, from one forward pass stopped after the last of them.
 
         inputs are the padded batch's input_ids and attention_mask (for an encoder-decoder's
-        decoder or cross stack, the decoder's); source the encoder's, for those stacks.
+        decoder or cross stack, the decoder's); source the encoder's, for those stacks. The hooks
+        sit on modules the threads share: one capture at a time.
         """
+        with self._forward_lock:
+            return self._capture(inputs, layers, stack, source)
+
+    def _capture(
+        self, inputs: dict[str, torch.Tensor], layers: list[int], stack: str | None, source: dict[str, torch.Tensor] | None
+    ) -> dict[int, Captured]:
         wanted = sorted(set(layers))
         seen: dict[int, list] = {}  # id(module) -> the calls it has had (ALBERT's layers share one module)
         captured: dict[int, Captured] = {}
@@ -248,33 +225,6 @@ class TransformersModel:
                 use_cache=False,
             )
 
-def _require_finite(tensor: torch.Tensor, name: str) -> None:
-    """An AttnvizError naming the tensor if it holds NaN or infinity (a finite sum, the usual case, means none)."""
-    if not torch.isfinite(tensor.sum()):
-        count = int((~torch.isfinite(tensor)).sum())
-        if count:
-            raise AttnvizError(f"the model's {name} holds {count} NaN or infinite value{'s' if count > 1 else ''}: its checkpoint is damaged")
-
-
-def _names(base: str, q: str, k: str, v: str, o: str) -> dict[str, str]:
-    """The model's names of w_q, w_k, w_v, w_o; o may be a full name (RoBERTa's sits beside the module)."""
-    full = lambda name: name if "." in name else f"{base}.{name}"  # noqa: E731
-    return {"w_q": full(q), "w_k": full(k), "w_v": full(v), "w_o": full(o)}
-
-def _linear(module: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
-    return module.weight.detach(), None if module.bias is None else module.bias.detach()
-
-def _gpt2_projections(module: nn.Module) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
-    """GPT-2's fused c_attn split into W_q, W_k, W_v, and c_proj: Conv1D stores (in, out), nn.Linear (out, in)."""
-    weight, bias = module.c_attn.weight.detach(), module.c_attn.bias.detach()  # (D, 3D), (3D,)
-    size = weight.shape[1] // 3
-    projections = [(weight[:, part * size : (part + 1) * size].T, bias[part * size : (part + 1) * size]) for part in range(3)]
-    projections.append((module.c_proj.weight.detach().T, module.c_proj.bias.detach()))
-    return projections
-
-def _rope_theta(config: dict) -> float:
-    parameters = config.get("rope_parameters") or config.get("rope_scaling") or {}
-    return float(parameters.get("rope_theta") or config.get("rope_theta") or 10000.0)
 
 class TransformersTokenizer:
     """A family's own tokenizer (transformers' AutoTokenizer, never remote code) with the interface encode() needs.

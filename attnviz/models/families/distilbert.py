@@ -1,0 +1,38 @@
+"""DistilBERT: BERT's layout renamed, transformer.layer.{i}.attention with q_lin, k_lin, v_lin and out_lin; learned positions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from attnviz.models.families.family import ENCODER, Family
+
+
+@dataclass(frozen=True)
+class DistilBert(Family):
+    def layer_names(self, config: dict, index: int, stack: str | None) -> tuple[str, dict[str, str]]:
+        base = f"transformer.layer.{index}.attention"
+        return base, {"w_q": f"{base}.q_lin", "w_k": f"{base}.k_lin", "w_v": f"{base}.v_lin", "w_o": f"{base}.out_lin"}
+
+    def embedding_shapes(self, config: dict) -> dict[str, tuple[tuple[int, ...], str]]:
+        hidden = self.size(config, "hidden")
+        return {
+            "embeddings.word_embeddings.weight": ((self.size(config, "vocab"), hidden), "vocab_size by dim"),
+            "embeddings.position_embeddings.weight": ((self.size(config, "positions"), hidden), "max_position_embeddings by dim"),
+        }
+
+
+FAMILIES = (
+    DistilBert(
+        "DistilBERT",
+        ("distilbert",),
+        ENCODER,
+        {
+            "layers": ("n_layers", 6),
+            "heads": ("n_heads", 12),
+            "hidden": ("dim", 768),
+            "positions": ("max_position_embeddings", 512),
+            "vocab": ("vocab_size", 30522),
+        },
+        "DistilBertModel",
+    ),
+)
