@@ -1,0 +1,56 @@
+"""What a careless or hostile user does to the command line and the API: bytes that are not UTF-8
+in a text, a standard output on a full disk, Ctrl-C while a result is saved."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from attnviz.cli import run
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+TEXT_COMMANDS = ["heads", "report", "layers", "stats", "compare", "position", "trace"]
+
+
+def attnviz(*args, **options) -> subprocess.CompletedProcess:
+    """The attnviz command in a process of its own: its arguments may be bytes, as a shell passes them."""
+    return subprocess.run([sys.executable, "-m", "attnviz", *args], env=ENV, capture_output=True, timeout=300, **options)
+
+
+@pytest.mark.parametrize("command", TEXT_COMMANDS)
+def test_a_byte_that_is_not_utf8_in_a_text_is_one_line_naming_it(command, tmp_path, capsys):
+    """Python hands an argument's undecodable byte 0xE9 on as the lone surrogate U+DCE9 (surrogateescape)."""
+    out = tmp_path / "run"
+    assert run([command, "caf\udce9 au lait", "--model", "bundled", "--out", str(out)]) == 2
+    assert capsys.readouterr().err == "error: the text has a byte that is not UTF-8: 0xE9 at character 4 (give it in UTF-8)\n"
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("command", ["heads", "report", "trace"])
+def test_a_byte_that_is_not_utf8_in_the_kv_text_is_one_line_naming_it(command, tmp_path, capsys):
+    assert run([command, "the cat", "--kv", "ma\udcf1ana", "--model", "bundled", "--out", str(tmp_path / "run")]) == 2
+    assert capsys.readouterr().err == "error: the --kv text has a byte that is not UTF-8: 0xF1 at character 3 (give it in UTF-8)\n"
+
+
+def test_the_raw_bytes_from_a_shell_are_refused_the_same_way(tmp_path):
+    done = attnviz(b"heads", b"caf\xe9 au lait", b"--model", b"bundled", b"--out", str(tmp_path / "run").encode())
+    assert done.returncode == 2
+    assert done.stderr.decode() == "error: the text has a byte that is not UTF-8: 0xE9 at character 4 (give it in UTF-8)\n"
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_api_refuses_a_lone_surrogate_too():
+    import attnviz as api
+
+    with pytest.raises(api.AttnvizError, match=r"^the text has a lone surrogate U\+D800 at character 2, which is no character$"):
+        api.heads("a\ud800b", model="bundled")
+
+
+def test_a_file_line_that_is_not_utf8_is_one_line_naming_it(tmp_path, capsys):
+    texts = tmp_path / "texts.txt"
+    texts.write_bytes("fine\ncafé\n".encode() + b"caf\xe9 au lait\n")
+    for command in ("heads", "report", "trace", "stats"):
+        assert run([command, "--file", str(texts), "--model", "bundled", "--out", str(tmp_path / "run")]) == 2
+        assert capsys.readouterr().err == f"error: cannot read {texts}: line 3 is not UTF-8 text (byte 4 of the line)\n"
+    assert not (tmp_path / "run").exists()
