@@ -54,3 +54,61 @@ def test_a_file_line_that_is_not_utf8_is_one_line_naming_it(tmp_path, capsys):
         assert run([command, "--file", str(texts), "--model", "bundled", "--out", str(tmp_path / "run")]) == 2
         assert capsys.readouterr().err == f"error: cannot read {texts}: line 3 is not UTF-8 text (byte 4 of the line)\n"
     assert not (tmp_path / "run").exists()
+
+
+SAVE_UNDER_SIGINT = r"""
+import json, os, signal, sys, threading, time
+from pathlib import Path
+
+import attnviz
+
+moment, reference, folder = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
+result = attnviz.heads("the cat sat on the mat", model="bundled", heads=2)
+result.save(reference)  # the whole run, to compare with
+if moment == "moving":  # Ctrl-C just after the first file moved into place: attnviz holds it until all are in
+    real_replace = os.replace
+
+    def replace_then_interrupt(source, destination):
+        real_replace(source, destination)
+        os.replace = real_replace
+        os.kill(os.getpid(), signal.SIGINT)
+
+    os.replace = replace_then_interrupt
+else:  # Ctrl-C once the first file is in the staging folder, while the others are written
+    def interrupt_when_staged():
+        while not any(folder.glob(".attnviz-*.partial/*")):
+            time.sleep(0.001)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt_when_staged, daemon=True).start()
+try:
+    result.save(folder)
+    print(json.dumps({"caught": None}))
+except KeyboardInterrupt as caught:
+    print(json.dumps({"caught": type(caught).__name__, "written": str(getattr(caught, "written", None))}))
+"""
+
+
+def contents(folder):
+    return {path.name: path.read_bytes() for path in folder.iterdir()} if folder.exists() else {}
+
+
+@pytest.mark.parametrize("moment", ["moving", "writing"])
+def test_ctrl_c_during_save_is_a_keyboard_interrupt_and_leaves_a_whole_run_or_nothing(moment, tmp_path):
+    import json
+
+    reference, folder = tmp_path / "reference", tmp_path / "saved"
+    done = subprocess.run(
+        [sys.executable, "-c", SAVE_UNDER_SIGINT, moment, str(reference), str(folder)],
+        env=ENV, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["caught"] in ("KeyboardInterrupt", "Interrupted"), report
+    if moment == "moving":  # the signal waited for the files: they are all in place
+        assert report == {"caught": "Interrupted", "written": str(folder)}
+    if report["caught"] == "Interrupted":
+        assert contents(folder) == contents(reference)
+    else:
+        assert contents(folder) == {}
+    assert [path for path in tmp_path.rglob(".attnviz-*") if path.is_dir()] == []  # no staging, probe or trash folder left

@@ -187,6 +187,31 @@ def test_a_signal_while_the_files_move_in_waits_for_them_then_interrupts(tmp_pat
     assert sorted(contents(target)) == [MANIFEST, "head_00.png"] and contents(target)["head_00.png"] == b"new"
 
 
+@pytest.mark.parametrize("command", [["heads", "the cat sat", "--heads", "2"], ["trace", "the cat sat"]])
+def test_a_sigterm_while_the_command_moves_its_files_in_exits_143_and_names_the_whole_run(command, tmp_path, monkeypatch, capsys):
+    """An Interrupted is a KeyboardInterrupt, which typer turns into exit code 130: the command still says 143 and the folder."""
+    target = tmp_path / "run"
+    real_replace = os.replace
+
+    def replace_then_signal(source, destination):
+        real_replace(source, destination)
+        if os.path.dirname(destination) == str(target):  # the first file moved into place: the signal is held back
+            monkeypatch.setattr(runs.os, "replace", real_replace)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    handlers = {number: signal.getsignal(number) for number in runs.DEFERRED_SIGNALS}
+    monkeypatch.setattr(runs.os, "replace", replace_then_signal)
+    try:
+        runs.handle_signals()
+        code = run([*command, "--model", "bundled", "--out", str(target)])
+    finally:
+        for number, handler in handlers.items():
+            signal.signal(number, handler)
+    assert code == 143
+    assert capsys.readouterr().err.endswith(f"interrupted once the files were written in full: {target}\n")
+    assert MANIFEST in contents(target) and len(contents(target)) > 1
+
+
 def _write_runs_in_turn(target, worker, rounds):
     for round_number in range(rounds):
         names = [f"head_{head:02d}.png" for head in range(worker + 1)] + [f"00{worker}-text/"]

@@ -39,7 +39,7 @@ def models() -> None:
 
 def run(args: list[str] | None = None) -> int:
     """Run the command line and return its exit code; errors become one line on stderr."""
-    from attnviz.output.runs import forget_written_folders
+    from attnviz.output.runs import forget_written_folders, last_interruption
 
     forget_written_folders()
     try:
@@ -63,8 +63,8 @@ def run(args: list[str] | None = None) -> int:
             f"error: unexpected {type(error).__name__}: {error} (set ATTNVIZ_DEBUG=1 for the traceback)", soft_wrap=True
         )
         return 1
-    if result == INTERRUPTED:  # typer turns a KeyboardInterrupt into this exit code; run folders clean up on it
-        return _interrupted(Interrupted(signal.SIGINT))
+    if result == INTERRUPTED:  # typer turns a KeyboardInterrupt (an Interrupted too) into this exit code; run folders clean up on it
+        return _interrupted(last_interruption() or Interrupted(signal.SIGINT))
     return result if isinstance(result, int) else 0
 
 
