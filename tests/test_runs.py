@@ -309,6 +309,44 @@ def test_a_full_disk_is_exit_2_naming_the_folder_and_leaves_nothing(mount_tmpfs,
     assert list(point.iterdir()) == []
 
 
+PAGE = 4096  # a tmpfs gives out its space in pages
+
+EVERY_COMMAND = [
+    ["heads", "the cat sat", "--heads", "2"],
+    ["report", "the cat sat"],
+    ["layers", "the cat sat"],
+    ["stats", "the cat sat"],
+    ["compare", "the cat sat", "--heads", "1,2"],
+    ["position", "the cat sat"],
+    ["trace", "the cat sat"],
+]
+
+
+@pytest.mark.parametrize("command", EVERY_COMMAND, ids=[command[0] for command in EVERY_COMMAND])
+def test_every_command_on_a_disk_that_fills_up_at_its_last_file_is_exit_2_and_leaves_nothing(command, mount_tmpfs, tmp_path, capsys):
+    """The disk holds the run's files but not the list of them (MANIFEST, written last): the same one line, nothing left."""
+    assert run([*command, "--model", "bundled", "--out", str(tmp_path / "free")]) == 0
+    pages = sum(-(-path.stat().st_size // PAGE) for path in (tmp_path / "free").rglob("*") if path.is_file() and path.name != MANIFEST)
+    point = mount_tmpfs(size=f"{pages * PAGE // 1024}k")
+    capsys.readouterr()
+    assert run([*command, "--model", "bundled", "--out", str(point / "run")]) == 2
+    assert capsys.readouterr().err == f"error: cannot write the output folder {point / 'run'}: the disk is full\n"
+    assert list(point.iterdir()) == []
+
+
+def test_a_stats_checkpoint_on_a_full_disk_is_exit_2_naming_it_and_leaves_no_temporary(mount_tmpfs, tmp_path, capsys):
+    point = mount_tmpfs(size="64k")
+    (point / "filler").write_bytes(b"x" * 64 * 1024)  # every page taken
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the cat sat\nthe dog ran\n", encoding="utf-8")
+    checkpoint = point / "stats.ckpt.npz"
+    out = tmp_path / "run"
+    args = ["stats", "--file", str(corpus), "--model", "bundled", "--checkpoint", str(checkpoint), "--out", str(out)]
+    assert run(args) == 2
+    assert capsys.readouterr().err == f"error: cannot write --checkpoint {checkpoint}: the disk is full\n"
+    assert [path.name for path in point.iterdir()] == ["filler"] and not out.exists()
+
+
 def test_a_read_only_filesystem_is_refused_before_the_model_loads(mount_tmpfs, monkeypatch, capsys):
     point = mount_tmpfs(read_only=True)
     monkeypatch.setattr("attnviz.models.loading.load_model", lambda *args, **kwargs: pytest.fail("the model was loaded"))

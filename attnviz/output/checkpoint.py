@@ -20,6 +20,7 @@ import numpy as np
 
 from attnviz.errors import AttnvizError
 from attnviz.output.corpus import CorpusIdentity
+from attnviz.output.runs import REASONS, place_reason
 from attnviz.spec import RunSpec
 
 CHECKPOINT_FORMAT = "attnviz-stats-checkpoint"
@@ -75,6 +76,11 @@ def write_checkpoint(path: Path, state: dict, spec: RunSpec, corpus: CorpusIdent
             stream.flush()
             os.fsync(stream.fileno())
         os.replace(temporary, path)
+    except OSError as error:  # a full disk: one line, and the checkpoint before this one stays whole
+        if error.errno not in REASONS:
+            raise
+        kept = ", and --resume continues from the one before" if path.exists() else ""
+        raise AttnvizError(f"cannot write --checkpoint {path}: {place_reason(error)}{kept}") from None
     finally:
         temporary.unlink(missing_ok=True)
 

@@ -59,9 +59,14 @@ def run_folder_name(text: str) -> str:
     return name or "run"
 
 
+def place_reason(error: OSError) -> str:
+    """What is wrong with the place a file goes, in words: "the disk is full"."""
+    return REASONS.get(error.errno, error.strerror or str(error))
+
+
 def output_error(folder: Path, error: OSError) -> AttnvizError:
     """One line naming the folder and, in words, what is wrong with it."""
-    reason = REASONS.get(error.errno, error.strerror or str(error))
+    reason = place_reason(error)
     if error.errno == errno.ENOENT:  # mkdir in an existing folder that takes no new ones, such as /proc
         reason = "its folder does not take new folders"
     elif error.errno == errno.ENOTDIR:
@@ -328,8 +333,8 @@ class StagedRunFolder:
 
     def _publish(self) -> None:
         names = sorted(os.listdir(self.staging))
-        write_manifest(self.staging, names)
         try:
+            write_manifest(self.staging, names)  # the last file written: the disk may fill up here too
             with signals_deferred() as caught:
                 self._publish_new() if self.unique else self._replace_files(names)
         except OSError as error:
