@@ -1,6 +1,7 @@
 """What a careless or hostile user does to the command line and the API: bytes that are not UTF-8
 in a text, a standard output on a full disk, Ctrl-C while a result is saved."""
 
+import json
 import os
 import subprocess
 import sys
@@ -13,9 +14,10 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 TEXT_COMMANDS = ["heads", "report", "layers", "stats", "compare", "position", "trace"]
 
 
-def attnviz(*args, **options) -> subprocess.CompletedProcess:
+def attnviz(*args, **streams) -> subprocess.CompletedProcess:
     """The attnviz command in a process of its own: its arguments may be bytes, as a shell passes them."""
-    return subprocess.run([sys.executable, "-m", "attnviz", *args], env=ENV, capture_output=True, timeout=300, **options)
+    streams = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, **streams}
+    return subprocess.run([sys.executable, "-m", "attnviz", *args], env=ENV, timeout=300, **streams)
 
 
 @pytest.mark.parametrize("command", TEXT_COMMANDS)
@@ -95,8 +97,6 @@ def contents(folder):
 
 @pytest.mark.parametrize("moment", ["moving", "writing"])
 def test_ctrl_c_during_save_is_a_keyboard_interrupt_and_leaves_a_whole_run_or_nothing(moment, tmp_path):
-    import json
-
     reference, folder = tmp_path / "reference", tmp_path / "saved"
     done = subprocess.run(
         [sys.executable, "-c", SAVE_UNDER_SIGINT, moment, str(reference), str(folder)],
@@ -112,3 +112,32 @@ def test_ctrl_c_during_save_is_a_keyboard_interrupt_and_leaves_a_whole_run_or_no
     else:
         assert contents(folder) == {}
     assert [path for path in tmp_path.rglob(".attnviz-*") if path.is_dir()] == []  # no staging, probe or trash folder left
+
+
+HEADS_FILES = [".attnviz-files.json", "attention.json", "head_00.png", "head_01.png", "heads.png", "report.html"]
+
+
+def test_a_full_disk_under_standard_output_costs_no_file_and_is_exit_2(tmp_path):
+    """`attnviz heads ... > file` on a full disk (/dev/full: every write is ENOSPC): the run writes all its files."""
+    target = tmp_path / "run"
+    with open("/dev/full", "w") as full:
+        done = attnviz("heads", "the cat sat", "--model", "bundled", "--heads", "2", "--out", str(target), stdout=full, text=True)
+    assert done.returncode == 2
+    assert done.stderr == f"error: cannot write the standard output: the disk is full (the files were written in full: {target})\n"
+    assert sorted(path.name for path in target.iterdir()) == HEADS_FILES
+    assert json.loads((target / "attention.json").read_text(encoding="utf-8"))["text"] == "the cat sat"
+
+
+def test_a_command_that_writes_no_file_says_its_output_was_lost(tmp_path):
+    with open("/dev/full", "w") as full:
+        done = attnviz("models", stdout=full, text=True)
+    assert done.returncode == 2 and done.stderr == "error: cannot write the standard output: the disk is full\n"
+
+
+def test_a_full_disk_under_standard_error_costs_nothing(tmp_path):
+    """Nothing can be said there: the run goes on, its files are written, its output printed."""
+    target = tmp_path / "run"
+    with open("/dev/full", "w") as full:
+        done = attnviz("heads", "the cat sat", "--model", "bundled", "--heads", "2", "--out", str(target), stderr=full, stdout=subprocess.PIPE, text=True)
+    assert done.returncode == 0 and done.stdout.startswith("model")
+    assert sorted(path.name for path in target.iterdir()) == HEADS_FILES

@@ -183,12 +183,17 @@ def last_interruption() -> Interrupted | None:
     return _interruptions[-1] if _interruptions else None
 
 
+def written_folder() -> Path | None:
+    """The folder whose files this process's command put in place last, if any."""
+    return _written_folders[-1] if _written_folders else None
+
+
 def interrupted_message(written: Path | None = None) -> str:
     """What a signal left: nothing, or a whole run (it came after the files were in place).
 
     written: the folder the files went to; by default the last this process put in place, if any.
     """
-    written = written or (_written_folders[-1] if _written_folders else None)
+    written = written or written_folder()
     if written is None:
         return "interrupted: nothing was written"
     return f"interrupted once the files were written in full: {written}"
