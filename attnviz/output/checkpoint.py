@@ -223,9 +223,11 @@ def _check_progress(progress: CorpusProgress, corpus: CorpusIdentity) -> None:
         raise Damaged(f"its first text is not the file's first text, {read[0]!r:.40}")
     if progress.num_truncated > progress.num_texts:
         raise Damaged(f"its progress counts {progress.num_truncated} texts cut, more than the {progress.num_texts} read")
-    if progress.texts is None:
-        if progress.num_texts <= LISTED_TEXTS or progress.truncated is not None:
+    if progress.texts is None:  # too many to list, and so their cuts too
+        if progress.num_texts <= LISTED_TEXTS:
             raise Damaged(f"its progress lists no texts, but {progress.num_texts} are at most the {LISTED_TEXTS} stats.json lists")
+        if progress.truncated is not None:
+            raise Damaged("its progress lists the texts' cuts (truncated) but not the texts")
         return
     if progress.texts != read:
         raise Damaged("its progress lists texts that are not the file's")
