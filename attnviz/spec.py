@@ -131,7 +131,8 @@ def check_text(text: str | None, what: str = "the text") -> None:
         raise AttnvizError(f"{what} is empty: give some words to attend over")
     for position, char in enumerate(text, start=1):
         if 0xDC80 <= ord(char) <= 0xDCFF:
-            raise AttnvizError(f"{what} has a byte that is not UTF-8: 0x{ord(char) - 0xDC00:02X} at character {position} (give it in UTF-8)")
+            byte = ord(char) - 0xDC00
+            raise AttnvizError(f"{what} has a byte that is not UTF-8: 0x{byte:02X} at character {position} (give it in UTF-8)")
         if 0xD800 <= ord(char) <= 0xDFFF:
             raise AttnvizError(f"{what} has a lone surrogate U+{ord(char):04X} at character {position}, which is no character")
 

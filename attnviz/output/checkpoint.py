@@ -205,7 +205,8 @@ def _check_state(arrays: dict, layout: StateLayout, num_texts: int) -> None:
     out = np.argwhere((means < -TOLERANCE) | (means > top + TOLERANCE))
     if len(out):
         layer, head, column = out[0]
-        raise Damaged(f"value_sums give layer {layer} head {head} a mean {STATISTICS[column]} of {means[layer, head, column]:.4g}, out of its range")
+        mean = means[layer, head, column]
+        raise Damaged(f"value_sums give layer {layer} head {head} a mean {STATISTICS[column]} of {mean:.4g}, out of its range")
     distances = arrays["js_sums"] / num_texts
     if (distances < -TOLERANCE).any() or (distances > 1 + TOLERANCE).any() or (not layout.js and distances.any()):
         raise Damaged("js_sums give Jensen-Shannon distances outside 0 to 1" if layout.js else "js_sums are not zeros without --js")
@@ -218,7 +219,8 @@ def _check_progress(progress: CorpusProgress, corpus: CorpusIdentity) -> None:
         raise Damaged(f"its progress has read up to line {progress.lines_consumed}, which is not a line of text of the file")
     read = [entry.text for entry in entries]
     if progress.num_texts != len(read):
-        raise Damaged(f"its progress counts {progress.num_texts} texts, but lines 1 to {progress.lines_consumed} of the file hold {len(read)}")
+        lines = f"lines 1 to {progress.lines_consumed}"
+        raise Damaged(f"its progress counts {progress.num_texts} texts, but {lines} of the file hold {len(read)}")
     if progress.first_text != read[0]:
         raise Damaged(f"its first text is not the file's first text, {read[0]!r:.40}")
     if progress.num_truncated > progress.num_texts:
