@@ -10,10 +10,12 @@ class AttnvizError(ValueError):
     """Bad input or an unusable environment, explained in one line."""
 
 
-class Interrupted(BaseException):
+class Interrupted(KeyboardInterrupt):
     """SIGINT (Ctrl-C), SIGTERM or SIGHUP that came while attnviz held it back (checking the output
-    place, moving the files into place), raised once that is done. At any other moment a signal
-    ends the process at once (attnviz.output.runs.handle_signals). A BaseException, like KeyboardInterrupt.
+    place, moving the files into place), raised once that is done. On the command line a signal at
+    any other moment ends the process at once (attnviz.output.runs.handle_signals); from Python,
+    Ctrl-C is Python's own KeyboardInterrupt then. A KeyboardInterrupt, so that `except
+    KeyboardInterrupt` around a `.save()` catches a Ctrl-C whenever it comes.
 
     written: the run folder, when the signal came while its files were being moved into place
     (it waited for them to be whole); else None, and nothing was written.

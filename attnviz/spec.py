@@ -120,9 +120,21 @@ def resolved_model_name(given: str | None, loaded) -> str:
 
 
 def check_text(text: str | None, what: str = "the text") -> None:
-    """A text (or the --kv text) must have some words; None is "not given" and passes."""
-    if text is not None and not text.strip():
+    """A text (or the --kv text) must have some words, all of them characters; None is "not given" and passes.
+
+    A byte that is not UTF-8 on the command line (`attnviz heads $'caf\\xe9'`) reaches Python as a
+    lone surrogate, U+DC80 to U+DCFF (surrogateescape), which no tokenizer takes: refused, naming it.
+    """
+    if text is None:
+        return
+    if not text.strip():
         raise AttnvizError(f"{what} is empty: give some words to attend over")
+    for position, char in enumerate(text, start=1):
+        if 0xDC80 <= ord(char) <= 0xDCFF:
+            byte = ord(char) - 0xDC00
+            raise AttnvizError(f"{what} has a byte that is not UTF-8: 0x{byte:02X} at character {position} (give it in UTF-8)")
+        if 0xD800 <= ord(char) <= 0xDFFF:
+            raise AttnvizError(f"{what} has a lone surrogate U+{ord(char):04X} at character {position}, which is no character")
 
 
 def refuse_causal_cross_attention(kv_text: str | None, causal: bool, stack: str | None = None) -> None:

@@ -187,6 +187,31 @@ def test_a_signal_while_the_files_move_in_waits_for_them_then_interrupts(tmp_pat
     assert sorted(contents(target)) == [MANIFEST, "head_00.png"] and contents(target)["head_00.png"] == b"new"
 
 
+@pytest.mark.parametrize("command", [["heads", "the cat sat", "--heads", "2"], ["trace", "the cat sat"]])
+def test_a_sigterm_while_the_command_moves_its_files_in_exits_143_and_names_the_whole_run(command, tmp_path, monkeypatch, capsys):
+    """An Interrupted is a KeyboardInterrupt, which typer turns into exit code 130: the command still says 143 and the folder."""
+    target = tmp_path / "run"
+    real_replace = os.replace
+
+    def replace_then_signal(source, destination):
+        real_replace(source, destination)
+        if os.path.dirname(destination) == str(target):  # the first file moved into place: the signal is held back
+            monkeypatch.setattr(runs.os, "replace", real_replace)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    handlers = {number: signal.getsignal(number) for number in runs.DEFERRED_SIGNALS}
+    monkeypatch.setattr(runs.os, "replace", replace_then_signal)
+    try:
+        runs.handle_signals()
+        code = run([*command, "--model", "bundled", "--out", str(target)])
+    finally:
+        for number, handler in handlers.items():
+            signal.signal(number, handler)
+    assert code == 143
+    assert capsys.readouterr().err.endswith(f"interrupted once the files were written in full: {target}\n")
+    assert MANIFEST in contents(target) and len(contents(target)) > 1
+
+
 def _write_runs_in_turn(target, worker, rounds):
     for round_number in range(rounds):
         names = [f"head_{head:02d}.png" for head in range(worker + 1)] + [f"00{worker}-text/"]
@@ -282,6 +307,44 @@ def test_a_full_disk_is_exit_2_naming_the_folder_and_leaves_nothing(mount_tmpfs,
     assert run(["heads", "the cat sat", "--model", "bundled", "--out", str(target)]) == 2
     assert capsys.readouterr().err == f"error: cannot write the output folder {target}: the disk is full\n"
     assert list(point.iterdir()) == []
+
+
+PAGE = 4096  # a tmpfs gives out its space in pages
+
+EVERY_COMMAND = [
+    ["heads", "the cat sat", "--heads", "2"],
+    ["report", "the cat sat"],
+    ["layers", "the cat sat"],
+    ["stats", "the cat sat"],
+    ["compare", "the cat sat", "--heads", "1,2"],
+    ["position", "the cat sat"],
+    ["trace", "the cat sat"],
+]
+
+
+@pytest.mark.parametrize("command", EVERY_COMMAND, ids=[command[0] for command in EVERY_COMMAND])
+def test_every_command_on_a_disk_that_fills_up_at_its_last_file_is_exit_2_and_leaves_nothing(command, mount_tmpfs, tmp_path, capsys):
+    """The disk holds the run's files but not the list of them (MANIFEST, written last): the same one line, nothing left."""
+    assert run([*command, "--model", "bundled", "--out", str(tmp_path / "free")]) == 0
+    pages = sum(-(-path.stat().st_size // PAGE) for path in (tmp_path / "free").rglob("*") if path.is_file() and path.name != MANIFEST)
+    point = mount_tmpfs(size=f"{pages * PAGE // 1024}k")
+    capsys.readouterr()
+    assert run([*command, "--model", "bundled", "--out", str(point / "run")]) == 2
+    assert capsys.readouterr().err == f"error: cannot write the output folder {point / 'run'}: the disk is full\n"
+    assert list(point.iterdir()) == []
+
+
+def test_a_stats_checkpoint_on_a_full_disk_is_exit_2_naming_it_and_leaves_no_temporary(mount_tmpfs, tmp_path, capsys):
+    point = mount_tmpfs(size="64k")
+    (point / "filler").write_bytes(b"x" * 64 * 1024)  # every page taken
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the cat sat\nthe dog ran\n", encoding="utf-8")
+    checkpoint = point / "stats.ckpt.npz"
+    out = tmp_path / "run"
+    args = ["stats", "--file", str(corpus), "--model", "bundled", "--checkpoint", str(checkpoint), "--out", str(out)]
+    assert run(args) == 2
+    assert capsys.readouterr().err == f"error: cannot write --checkpoint {checkpoint}: the disk is full\n"
+    assert [path.name for path in point.iterdir()] == ["filler"] and not out.exists()
 
 
 def test_a_read_only_filesystem_is_refused_before_the_model_loads(mount_tmpfs, monkeypatch, capsys):

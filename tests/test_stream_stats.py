@@ -227,3 +227,130 @@ def test_the_progress_bar_estimates_the_time_left_or_shows_count_and_rate():
         shown[name] = console.export_text()
     assert re.search(r"20/40 \d+:\d\d:\d\d", shown["known"]), shown  # done/total, then the time left
     assert re.search(r"20 texts [\d.,]+ texts/s", shown["streamed"]), shown  # no total: the count and the rate
+
+
+@pytest.fixture(scope="module")
+def one_checkpoint(tiny, tmp_path_factory):
+    """A corpus of 3000 lines and the checkpoint of a run killed after its first chunks (made once: each test damages a copy)."""
+    folder = tmp_path_factory.mktemp("checkpointed")
+    corpus = write_corpus(folder / "corpus.txt", corpus_lines(3000, seed=6))
+    checkpoint = folder / "ckpt.npz"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "attnviz", "stats", "--file", str(corpus), "--model", str(tiny), "--chunk-lines", "100",
+         "--checkpoint", str(checkpoint), "--out", str(folder / "never")],
+        env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    while not checkpoint.exists() and process.poll() is None:
+        time.sleep(0.005)
+    process.kill()
+    process.wait()
+    return corpus, checkpoint.read_bytes()
+
+
+def without(name):
+    return lambda arrays, meta: arrays.pop(name)
+
+
+def set_array(name, make):
+    return lambda arrays, meta: arrays.__setitem__(name, make(arrays[name]))
+
+
+def set_progress(name, make):
+    return lambda arrays, meta: meta["progress"].__setitem__(name, make(meta["progress"][name]))
+
+
+def fewer_texts(arrays, meta):
+    """Counts and num_texts edited alike: the sums would be averaged over texts they do not hold."""
+    arrays["counts"] = arrays["counts"] - 7
+    meta["progress"]["num_texts"] -= 7
+
+
+def nan_at(name):
+    def damage(arrays, meta):
+        arrays[name] = arrays[name].copy()
+        arrays[name][0, 1, 1] = np.nan
+
+    return damage
+
+
+DAMAGES = {
+    # what is left out, or of another shape or type
+    "no counts": (without("counts"), "it lacks the array counts"),
+    "no value_sums": (without("value_sums"), "it lacks the array value_sums"),
+    "no js_sums": (without("js_sums"), "it lacks the array js_sums"),
+    "no progress": (lambda arrays, meta: meta.pop("progress"), "it has no progress entry"),
+    "a progress entry missing": (lambda arrays, meta: meta["progress"].pop("notices"), "its progress lacks notices"),
+    "an array too many": (lambda arrays, meta: arrays.__setitem__("extra", np.zeros(3)), "it has an unknown array extra"),
+    "a layer too few": (set_array("value_sums", lambda sums: sums[:1]), r"value_sums are float64 of shape \(1, 4, 10\), not float64 of shape \(2, 4, 10\)"),
+    "float32 sums": (set_array("value_sums", lambda sums: sums.astype(np.float32)), r"value_sums are float32 of shape \(2, 4, 10\)"),
+    "js_sums of 3 heads": (set_array("js_sums", lambda sums: sums[:, :3, :3]), r"js_sums are float64 of shape \(2, 3, 3\)"),
+    "counts as floats": (set_array("counts", lambda counts: counts.astype(np.float64)), r"counts are float64 of shape \(2,\)"),
+    "counts as text": (set_array("counts", lambda counts: counts.astype(str)), r"counts are <U\d+ of shape \(2,\)"),
+    "counts of 3 layers": (set_array("counts", lambda counts: np.append(counts, counts[0])), r"counts are int64 of shape \(3,\)"),
+    "causal flipped": (set_array("causal", lambda flag: np.array(True)), "causal is array\\(True\\), not this run's False"),
+    "causal as a number": (set_array("causal", lambda flag: np.array(0)), "causal is array\\(0\\), not this run's False"),
+    "num_texts as text": (set_progress("num_texts", lambda count: "many"), "its progress num_texts is 'many', not a count"),
+    "a negative line": (set_progress("lines_consumed", lambda line: -1), "its progress lines_consumed is -1, not a count"),
+    "settings not an object": (lambda arrays, meta: meta.__setitem__("settings", []), "its settings are not a JSON object"),
+    # edited by hand: resumed, the numbers would be wrong
+    "counts edited": (set_array("counts", lambda counts: counts - 7), r"counts are \[(\d+), \1\], not the \d+ texts"),
+    "counts and num_texts edited alike": (fewer_texts, r"its progress counts \d+ texts, but lines 1 to \d+ of the file hold \d+"),
+    "no text read": (lambda arrays, meta: meta["progress"].__setitem__("num_texts", 0), "its progress counts no text read"),
+    "NaN in value_sums": (nan_at("value_sums"), "value_sums hold NaN or infinity"),
+    "infinity in js_sums": (set_array("js_sums", lambda sums: sums + np.inf), "js_sums hold NaN or infinity"),
+    "sums ten times": (set_array("value_sums", lambda sums: sums * 10), "a mean relative_entropy of [\\d.]+, out of its range"),
+    "negative sums": (set_array("value_sums", lambda sums: -sums), "a mean entropy of -[\\d.]+, out of its range"),
+    "JS sums without --js": (set_array("js_sums", lambda sums: sums + 0.5), "js_sums are not zeros without --js"),
+    "past the file's end": (set_progress("lines_consumed", lambda line: 3001), "read up to line 3001, which is not a line of text"),
+    "a text edited": (set_progress("texts", lambda texts: [*texts[:-1], "edited"]), "its progress lists texts that are not the file's"),
+    "the first text edited": (set_progress("first_text", lambda text: "edited"), "its first text is not the file's first text"),
+    "texts cut, none listed": (set_progress("num_truncated", lambda count: 5), "its progress counts 5 texts cut, but lists 0"),
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGES, ids=list(DAMAGES))
+def test_resume_refuses_a_damaged_or_edited_checkpoint_in_one_line_naming_what_is_wrong(damage, tiny, one_checkpoint, tmp_path, capsys):
+    corpus, stored = one_checkpoint
+    checkpoint = tmp_path / "ckpt.npz"
+    checkpoint.write_bytes(stored)
+    with np.load(checkpoint) as loaded:
+        arrays = {name: loaded[name] for name in loaded.files}
+    meta = json.loads(str(arrays.pop("meta")))
+    change, expected = DAMAGES[damage]
+    change(arrays, meta)
+    with checkpoint.open("wb") as stream:
+        np.savez(stream, meta=np.array(json.dumps(meta)), **arrays)
+    damaged = checkpoint.read_bytes()
+    out = tmp_path / "run"
+    error = refused(["stats", "--file", str(corpus), "--model", str(tiny), "--checkpoint", str(checkpoint), "--resume", "--out", str(out)], capsys)
+    assert error.startswith(f"error: --resume: {checkpoint} is damaged: "), error
+    assert re.search(expected, error), error
+    assert error.endswith("; remove it and start afresh without --resume\n")
+    assert checkpoint.read_bytes() == damaged and not out.exists()
+
+
+@pytest.mark.parametrize("content", ["empty", "half", "meta a list", "meta not JSON"])
+def test_resume_refuses_what_is_no_checkpoint_at_all_in_one_line(content, tiny, one_checkpoint, tmp_path, capsys):
+    """An empty file was taken for Ctrl-C ("interrupted", exit 130): numpy's EOFError is what click reads as one."""
+    corpus, stored = one_checkpoint
+    checkpoint = tmp_path / "ckpt.npz"
+    with np.load(io.BytesIO(stored)) as loaded:
+        arrays = {name: loaded[name] for name in loaded.files if name != "meta"}
+    buffer = io.BytesIO()
+    np.savez(buffer, meta=np.array("[1, 2]" if content == "meta a list" else "{not json"), **arrays)
+    checkpoint.write_bytes({"empty": b"", "half": stored[: len(stored) // 2]}.get(content, buffer.getvalue()))
+    args = ["stats", "--file", str(corpus), "--model", str(tiny), "--checkpoint", str(checkpoint), "--resume", "--out", str(tmp_path / "o")]
+    assert re.fullmatch(f"error: --resume: {checkpoint} is not an attnviz stats checkpoint( \\(version 2\\))?\n", refused(args, capsys))
+
+
+def test_an_untouched_copy_of_that_checkpoint_resumes(tiny, one_checkpoint, tmp_path):
+    """The checks refuse damage, not a checkpoint as attnviz writes it."""
+    corpus, stored = one_checkpoint
+    checkpoint = tmp_path / "ckpt.npz"
+    checkpoint.write_bytes(stored)
+    args = ["stats", "--file", str(corpus), "--model", str(tiny), "--chunk-lines", "500"]
+    assert run([*args, "--checkpoint", str(checkpoint), "--resume", "--out", str(tmp_path / "resumed")]) == 0
+    assert run([*args, "--out", str(tmp_path / "whole")]) == 0
+    resumed, whole = stats_numbers(tmp_path / "resumed"), stats_numbers(tmp_path / "whole")
+    np.testing.assert_allclose(resumed[0], whole[0], rtol=0, atol=ROUNDED)
+    assert resumed[2]["num_texts"] == whole[2]["num_texts"] == 3000

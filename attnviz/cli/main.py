@@ -39,7 +39,7 @@ def models() -> None:
 
 def run(args: list[str] | None = None) -> int:
     """Run the command line and return its exit code; errors become one line on stderr."""
-    from attnviz.output.runs import forget_written_folders
+    from attnviz.output.runs import forget_written_folders, last_interruption
 
     forget_written_folders()
     try:
@@ -63,8 +63,8 @@ def run(args: list[str] | None = None) -> int:
             f"error: unexpected {type(error).__name__}: {error} (set ATTNVIZ_DEBUG=1 for the traceback)", soft_wrap=True
         )
         return 1
-    if result == INTERRUPTED:  # typer turns a KeyboardInterrupt into this exit code; run folders clean up on it
-        return _interrupted(Interrupted(signal.SIGINT))
+    if result == INTERRUPTED:  # typer turns a KeyboardInterrupt (an Interrupted too) into this exit code; run folders clean up on it
+        return _interrupted(last_interruption() or Interrupted(signal.SIGINT))
     return result if isinstance(result, int) else 0
 
 
@@ -121,7 +121,7 @@ def _interrupted(interrupted: Interrupted) -> int:
 def main() -> None:
     """The `attnviz` command: signals end a run cleanly, a closed pipe loses no files."""
     from attnviz.output.runs import DEFERRED_SIGNALS, handle_signals
-    from attnviz.output.streams import PipeSafeStream
+    from attnviz.output.streams import PipeSafeStream, lost_output_code
 
     handle_signals()
     few_threads_for_short_texts(sys.argv[1:])
@@ -130,7 +130,7 @@ def main() -> None:
         sys.stdout = PipeSafeStream(sys.stdout)
     if sys.stderr is not None:
         sys.stderr = PipeSafeStream(sys.stderr)
-    code = run()
+    code = lost_output_code(run(), sys.stdout)
     # The run is over and what it says is said. Python's shutdown puts the default action back for
     # signals with Python handlers, so a late SIGTERM would kill the process and hide the exit code
     # of a whole run. Ignored signals stay ignored (a mask would not do: it is per thread).

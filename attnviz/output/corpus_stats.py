@@ -19,13 +19,12 @@ from attnviz.errors import AttnvizError
 from attnviz.models.loading import LoadedModel
 from attnviz.models.tokens import text_truncations
 from attnviz.output.batch import check_lengths
-from attnviz.output.checkpoint import CorpusProgress, read_checkpoint, write_checkpoint
+from attnviz.output.checkpoint import LISTED_TEXTS, CorpusProgress, StateLayout, read_checkpoint, write_checkpoint
 from attnviz.output import corpus as corpus_file
 from attnviz.output.corpus import CorpusIdentity, LineText, chunks, iter_texts, where
 from attnviz.result import AttentionRun, Truncation
 from attnviz.spec import RunSpec
 
-LISTED_TEXTS = 1000  # stats.json lists the texts (and their cuts) of a corpus up to this many
 KEPT_NOTICES = 100  # distinct notices kept (unknown-token notes are one per text): the rest are counted
 ENGINES = ("local", "ray")
 
@@ -70,7 +69,8 @@ def corpus_statistics(
     measurer = HeadsMeasurer(loaded, spec)
     accumulator, progress = measurer.accumulator(), CorpusProgress()
     if resume:
-        state, progress = read_checkpoint(checkpoint, spec, corpus)
+        layout = StateLayout(len(accumulator.counts), measurer.layers[0].num_heads, accumulator.causal, accumulator.js)
+        state, progress = read_checkpoint(checkpoint, spec, corpus, layout)
         accumulator = StatisticsAccumulator.from_state(state)
         advance(progress.num_texts)
     shards = _shards(path, loaded, spec, progress.lines_consumed, corpus is None, chunk_lines or corpus_file.CHUNK_LINES)

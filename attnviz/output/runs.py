@@ -50,6 +50,7 @@ REASONS = {
 }
 _open_folders: list[StagedRunFolder] = []  # this process's runs being written: a signal removes their staging
 _written_folders: list[Path] = []  # this process's runs whose files are in place: a signal cannot undo them
+_interruptions: list[Interrupted] = []  # what this process's runs raised (typer hands it on as exit code 130 only)
 
 
 def run_folder_name(text: str) -> str:
@@ -58,9 +59,14 @@ def run_folder_name(text: str) -> str:
     return name or "run"
 
 
+def place_reason(error: OSError) -> str:
+    """What is wrong with the place a file goes, in words: "the disk is full"."""
+    return REASONS.get(error.errno, error.strerror or str(error))
+
+
 def output_error(folder: Path, error: OSError) -> AttnvizError:
     """One line naming the folder and, in words, what is wrong with it."""
-    reason = REASONS.get(error.errno, error.strerror or str(error))
+    reason = place_reason(error)
     if error.errno == errno.ENOENT:  # mkdir in an existing folder that takes no new ones, such as /proc
         reason = "its folder does not take new folders"
     elif error.errno == errno.ENOTDIR:
@@ -87,7 +93,7 @@ def check_target(target: Path) -> Path:
         probe.rmdir()
         _remove_empty(created)
     if caught:
-        raise Interrupted(caught[0])
+        raise interrupted(caught[0])
     return target
 
 
@@ -160,8 +166,26 @@ def _on_signal(number: int, frame) -> None:
 
 
 def forget_written_folders() -> None:
-    """A new command in this process (the tests run many): no run of its own is in place yet."""
+    """A new command in this process (the tests run many): no run of its own is in place yet, nor interrupted."""
     _written_folders.clear()
+    _interruptions.clear()
+
+
+def interrupted(signal_number: int, written: Path | None = None) -> Interrupted:
+    """The Interrupted to raise for a signal held back, remembered for last_interruption."""
+    _interruptions.append(Interrupted(signal_number, written))
+    return _interruptions[-1]
+
+
+def last_interruption() -> Interrupted | None:
+    """The Interrupted this process's command raised, if any: typer turns a KeyboardInterrupt (and so an
+    Interrupted) into exit code 130 and keeps neither its signal nor the folder it wrote."""
+    return _interruptions[-1] if _interruptions else None
+
+
+def written_folder() -> Path | None:
+    """The folder whose files this process's command put in place last, if any."""
+    return _written_folders[-1] if _written_folders else None
 
 
 def interrupted_message(written: Path | None = None) -> str:
@@ -169,7 +193,7 @@ def interrupted_message(written: Path | None = None) -> str:
 
     written: the folder the files went to; by default the last this process put in place, if any.
     """
-    written = written or (_written_folders[-1] if _written_folders else None)
+    written = written or written_folder()
     if written is None:
         return "interrupted: nothing was written"
     return f"interrupted once the files were written in full: {written}"
@@ -290,7 +314,7 @@ class StagedRunFolder:
             _open_folders.append(self)
         if caught:
             self.__exit__(Interrupted, None, None)
-            raise Interrupted(caught[0])
+            raise interrupted(caught[0])
         return self.staging
 
     def discard(self) -> None:
@@ -310,19 +334,19 @@ class StagedRunFolder:
                 self.discard()
                 _open_folders.remove(self)
             if caught and self.final is not None:
-                raise Interrupted(caught[0], written=self.final)
+                raise interrupted(caught[0], written=self.final)
 
     def _publish(self) -> None:
         names = sorted(os.listdir(self.staging))
-        write_manifest(self.staging, names)
         try:
+            write_manifest(self.staging, names)  # the last file written: the disk may fill up here too
             with signals_deferred() as caught:
                 self._publish_new() if self.unique else self._replace_files(names)
         except OSError as error:
             raise output_error(self.target, error) from None
         _written_folders.append(self.final)
         if caught:  # a signal during the move: it takes effect now that the files are whole
-            raise Interrupted(caught[0], written=self.final)
+            raise interrupted(caught[0], written=self.final)
 
     def _publish_new(self) -> None:
         """Claim a free name (mkdir is atomic, even against a concurrent run), then rename the staging onto it."""

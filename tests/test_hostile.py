@@ -1,0 +1,143 @@
+"""What a careless or hostile user does to the command line and the API: bytes that are not UTF-8
+in a text, a standard output on a full disk, Ctrl-C while a result is saved."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from attnviz.cli import run
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+TEXT_COMMANDS = ["heads", "report", "layers", "stats", "compare", "position", "trace"]
+
+
+def attnviz(*args, **streams) -> subprocess.CompletedProcess:
+    """The attnviz command in a process of its own: its arguments may be bytes, as a shell passes them."""
+    streams = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, **streams}
+    return subprocess.run([sys.executable, "-m", "attnviz", *args], env=ENV, timeout=300, **streams)
+
+
+@pytest.mark.parametrize("command", TEXT_COMMANDS)
+def test_a_byte_that_is_not_utf8_in_a_text_is_one_line_naming_it(command, tmp_path, capsys):
+    """Python hands an argument's undecodable byte 0xE9 on as the lone surrogate U+DCE9 (surrogateescape)."""
+    out = tmp_path / "run"
+    assert run([command, "caf\udce9 au lait", "--model", "bundled", "--out", str(out)]) == 2
+    assert capsys.readouterr().err == "error: the text has a byte that is not UTF-8: 0xE9 at character 4 (give it in UTF-8)\n"
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("command", ["heads", "report", "trace"])
+def test_a_byte_that_is_not_utf8_in_the_kv_text_is_one_line_naming_it(command, tmp_path, capsys):
+    assert run([command, "the cat", "--kv", "ma\udcf1ana", "--model", "bundled", "--out", str(tmp_path / "run")]) == 2
+    assert capsys.readouterr().err == "error: the --kv text has a byte that is not UTF-8: 0xF1 at character 3 (give it in UTF-8)\n"
+
+
+def test_the_raw_bytes_from_a_shell_are_refused_the_same_way(tmp_path):
+    done = attnviz(b"heads", b"caf\xe9 au lait", b"--model", b"bundled", b"--out", str(tmp_path / "run").encode())
+    assert done.returncode == 2
+    assert done.stderr.decode() == "error: the text has a byte that is not UTF-8: 0xE9 at character 4 (give it in UTF-8)\n"
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_api_refuses_a_lone_surrogate_too():
+    import attnviz as api
+
+    with pytest.raises(api.AttnvizError, match=r"^the text has a lone surrogate U\+D800 at character 2, which is no character$"):
+        api.heads("a\ud800b", model="bundled")
+
+
+def test_a_file_line_that_is_not_utf8_is_one_line_naming_it(tmp_path, capsys):
+    texts = tmp_path / "texts.txt"
+    texts.write_bytes("fine\ncafé\n".encode() + b"caf\xe9 au lait\n")
+    for command in ("heads", "report", "trace", "stats"):
+        assert run([command, "--file", str(texts), "--model", "bundled", "--out", str(tmp_path / "run")]) == 2
+        assert capsys.readouterr().err == f"error: cannot read {texts}: line 3 is not UTF-8 text (byte 4 of the line)\n"
+    assert not (tmp_path / "run").exists()
+
+
+SAVE_UNDER_SIGINT = r"""
+import json, os, signal, sys, threading, time
+from pathlib import Path
+
+import attnviz
+
+moment, reference, folder = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
+result = attnviz.heads("the cat sat on the mat", model="bundled", heads=2)
+result.save(reference)  # the whole run, to compare with
+if moment == "moving":  # Ctrl-C just after the first file moved into place: attnviz holds it until all are in
+    real_replace = os.replace
+
+    def replace_then_interrupt(source, destination):
+        real_replace(source, destination)
+        os.replace = real_replace
+        os.kill(os.getpid(), signal.SIGINT)
+
+    os.replace = replace_then_interrupt
+else:  # Ctrl-C once the first file is in the staging folder, while the others are written
+    def interrupt_when_staged():
+        while not any(folder.glob(".attnviz-*.partial/*")):
+            time.sleep(0.001)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt_when_staged, daemon=True).start()
+try:
+    result.save(folder)
+    print(json.dumps({"caught": None}))
+except KeyboardInterrupt as caught:
+    print(json.dumps({"caught": type(caught).__name__, "written": str(getattr(caught, "written", None))}))
+"""
+
+
+def contents(folder):
+    return {path.name: path.read_bytes() for path in folder.iterdir()} if folder.exists() else {}
+
+
+@pytest.mark.parametrize("moment", ["moving", "writing"])
+def test_ctrl_c_during_save_is_a_keyboard_interrupt_and_leaves_a_whole_run_or_nothing(moment, tmp_path):
+    reference, folder = tmp_path / "reference", tmp_path / "saved"
+    done = subprocess.run(
+        [sys.executable, "-c", SAVE_UNDER_SIGINT, moment, str(reference), str(folder)],
+        env=ENV, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["caught"] in ("KeyboardInterrupt", "Interrupted"), report
+    if moment == "moving":  # the signal waited for the files: they are all in place
+        assert report == {"caught": "Interrupted", "written": str(folder)}
+    if report["caught"] == "Interrupted":
+        assert contents(folder) == contents(reference)
+    else:
+        assert contents(folder) == {}
+    assert [path for path in tmp_path.rglob(".attnviz-*") if path.is_dir()] == []  # no staging, probe or trash folder left
+
+
+HEADS_FILES = [".attnviz-files.json", "attention.json", "head_00.png", "head_01.png", "heads.png", "report.html"]
+
+
+def test_a_full_disk_under_standard_output_costs_no_file_and_is_exit_2(tmp_path):
+    """`attnviz heads ... > file` on a full disk (/dev/full: every write is ENOSPC): the run writes all its files."""
+    target = tmp_path / "run"
+    with open("/dev/full", "w") as full:
+        done = attnviz("heads", "the cat sat", "--model", "bundled", "--heads", "2", "--out", str(target), stdout=full, text=True)
+    assert done.returncode == 2
+    assert done.stderr == f"error: cannot write the standard output: the disk is full (the files were written in full: {target})\n"
+    assert sorted(path.name for path in target.iterdir()) == HEADS_FILES
+    assert json.loads((target / "attention.json").read_text(encoding="utf-8"))["text"] == "the cat sat"
+
+
+def test_a_command_that_writes_no_file_says_its_output_was_lost(tmp_path):
+    with open("/dev/full", "w") as full:
+        done = attnviz("models", stdout=full, text=True)
+    assert done.returncode == 2 and done.stderr == "error: cannot write the standard output: the disk is full\n"
+
+
+def test_a_full_disk_under_standard_error_costs_nothing(tmp_path):
+    """Nothing can be said there: the run goes on, its files are written, its output printed."""
+    target = tmp_path / "run"
+    with open("/dev/full", "w") as full:
+        done = attnviz("heads", "the cat sat", "--model", "bundled", "--heads", "2", "--out", str(target), stderr=full, stdout=subprocess.PIPE, text=True)
+    assert done.returncode == 0 and done.stdout.startswith("model")
+    assert sorted(path.name for path in target.iterdir()) == HEADS_FILES
