@@ -13,7 +13,7 @@ from dataclasses import replace
 
 from attnviz.analysis.measure_names import measure_names
 from attnviz.api.models import Model, load
-from attnviz.api.arguments import must_be_bool, must_be_callable, must_be_int, must_be_str, must_be_str_or_list
+from attnviz.api.arguments import must_be_bool, must_be_callable, must_be_int, must_be_str, must_be_str_or_list, refuse
 from attnviz.api.options import EVERY_LAYER_OPTIONS, RunOptions, run_options
 from attnviz.errors import AttnvizError
 from attnviz.spec import check_text, check_trace_texts, refuse_cross_over_every_layer
@@ -110,7 +110,7 @@ def stats(texts: str | list[str], *, js: bool = True, progress=None, **options):
     options = run_options("stats", options, EVERY_LAYER_OPTIONS)
     must_be_bool("js", js)
     must_be_callable("progress", progress, none=True)
-    texts = _texts(texts)
+    texts = _texts(texts, name="texts")
     refuse_cross_over_every_layer(options.stack)
     refuse_before_loading(options)
     handle = load(options.model, options.device)
@@ -234,16 +234,21 @@ def require_bert(handle: Model, needs_bert: str) -> None:
         raise AttnvizError(needs_bert.format(model=handle.loaded.name, family=f"{handle.family} {handle.kind}"))
 
 
-def _texts(text, one: bool = False) -> list[str]:
-    """The texts of a call, each checked as the command line checks its TEXT."""
-    texts = list(text) if isinstance(text, (list, tuple)) and not one else [text]
-    if not texts:
+def _texts(text, one: bool = False, name: str = "text") -> list[str]:
+    """The texts of a call (name: its argument), each checked as the command line checks its TEXT."""
+    if one:
+        check_text(must_be_str(name, text))
+        return [text]
+    if isinstance(text, str):
+        check_text(text)
+        return [text]
+    if not isinstance(text, (list, tuple)):
+        refuse(name, "a str or a list of str", text)
+    if not text:
         raise AttnvizError("no texts: give a text, or a list of texts")
-    for each in texts:
-        if not isinstance(each, str):
-            raise AttnvizError(f"a text must be a str, not {type(each).__name__}")
-        check_text(each)
-    return texts
+    for index, each in enumerate(text):
+        check_text(must_be_str(f"{name}[{index}]", each))
+    return list(text)
 
 
 def _check_lengths(loaded, texts: list[str], truncate: bool) -> None:

@@ -35,7 +35,7 @@ def report(text_or_texts: str | list[str], **options) -> ReportResult:
     from attnviz.output.batch import run_in_batches
 
     options = run_options("report", options)
-    texts = _texts(text_or_texts)
+    texts = _texts(text_or_texts, name="text_or_texts")
     check_report_count(len(texts))
     refuse_before_loading(options)
     handle = load(options.model, options.device)
