@@ -37,6 +37,7 @@ _PUBLIC = {
     "CompareResult": "attnviz.api.analysis_results",
     "PositionResult": "attnviz.api.analysis_results",
     "ReportResult": "attnviz.api.report",
+    "RunOptions": "attnviz.api.options",
     "RunSpec": "attnviz.spec",
     "AttnvizError": "attnviz.errors",
 }

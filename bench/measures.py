@@ -71,11 +71,10 @@ def main() -> None:
     import attnviz
     from attnviz.analysis.flow import FLOW_MAX_TOKENS, attention_flow
     from attnviz.analysis.measures import measure_layers
-    from attnviz.api.functions import run_spec_for
 
     model = attnviz.load("bundled", "cpu")
     loaded = model.loaded
-    spec = run_spec_for(model, None, layer=None)
+    spec = attnviz.RunOptions(model=model).run_spec(model, layer=None)
     text = text_of(loaded, args.tokens)
     timings = paired_timings(
         lambda: attnviz.layers(text, model=model), lambda: measure_layers(loaded, [text], spec), args.repeat

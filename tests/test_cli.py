@@ -269,3 +269,39 @@ def test_python_dash_m_and_the_console_script_run(tmp_path):
     script = os.path.join(os.path.dirname(sys.executable), "attnviz")
     usage = subprocess.run([script, "heads"], capture_output=True, text=True, env=env)
     assert usage.returncode == 2 and usage.stderr.lower().startswith("error: missing argument 'text'")
+
+
+EVERY_OPTION = {"model", "layer", "heads", "weights", "seed", "kv", "causal", "stack", "device", "truncate", "words"}
+OFFERED = {  # the run options each command offers: those its API function takes (README.md, "Python")
+    "heads": EVERY_OPTION,
+    "trace": EVERY_OPTION,
+    "report": EVERY_OPTION,
+    "stats": EVERY_OPTION - {"layer", "kv"},
+    "layers": EVERY_OPTION - {"layer", "kv"},
+    "compare": {"model", "layer", "seed", "device", "truncate"},
+    "position": {"model", "device"},
+    "models": set(),
+}
+
+
+def test_each_command_offers_the_run_options_of_its_api_function_under_their_names():
+    """A command's parameters named as RunOptions' fields are the options that reach the API (cli/options.run_options)."""
+    import dataclasses
+    import inspect
+
+    from attnviz.api.options import RunOptions
+    from attnviz.cli.main import app
+
+    assert {field.name for field in dataclasses.fields(RunOptions)} == EVERY_OPTION
+    commands = {command.name or command.callback.__name__: command.callback for command in app.registered_commands}
+    assert set(commands) == set(COMMANDS)
+    for name, callback in commands.items():
+        assert set(inspect.signature(callback).parameters) & EVERY_OPTION == OFFERED[name], name
+
+
+def test_run_options_takes_a_commands_options_and_their_choices_values():
+    from attnviz.api.options import RunOptions
+    from attnviz.cli.options import Device, Stack, Weights, run_options
+
+    parameters = {"text": "hi", "heads": 4, "weights": Weights.random, "stack": Stack.decoder, "device": Device.cpu, "out": None}
+    assert run_options(parameters) == RunOptions(heads=4, weights="random", stack="decoder", device="cpu")

@@ -1,54 +1,38 @@
 """attnviz.heads, trace, stats, layers, compare, position: the commands' computations as functions.
 
-Each checks what it can before loading a model (with the CLI's own checks and messages), builds
-the run's RunSpec once, calls the same stage functions as the command, and returns a result.
+Each takes the run's options as keywords (RunOptions' fields, api/options.py: model, layer,
+heads, weights, seed, kv, causal, stack, device, truncate, words; stats and layers all but layer
+and kv) and its own arguments, checks them all before loading a model (with the CLI's own checks
+and messages), builds the run's RunSpec once (RunOptions.run_spec), calls the same stage
+functions as the command, and returns a result.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import replace
-from pathlib import Path
 
 from attnviz.analysis.measure_names import measure_names
 from attnviz.api.models import Model, load
+from attnviz.api.arguments import must_be_bool, must_be_callable, must_be_int, must_be_str, must_be_str_or_list, refuse
+from attnviz.api.options import EVERY_LAYER_OPTIONS, RunOptions, run_options
 from attnviz.errors import AttnvizError
-from attnviz.spec import (
-    check_text,
-    check_trace_texts,
-    refuse_causal_cross_attention,
-    refuse_cross_over_every_layer,
-    run_spec,
-)
+from attnviz.spec import check_text, check_trace_texts, refuse_cross_over_every_layer
 
-ModelArg = str | Path | Model | None
+COMPARE_OPTIONS = ("model", "layer", "seed", "device", "truncate")  # compare's heads and weights are lists: its own
+POSITION_OPTIONS = ("model", "device")  # position runs layer 0 with the model's own parameters and heads
 
 
-def heads(
-    text: str | list[str],
-    *,
-    model: ModelArg = None,
-    layer: int = 0,
-    heads: int | None = None,
-    weights: str = "pretrained",
-    seed: int = 0,
-    kv: str | None = None,
-    causal: bool = False,
-    stack: str | None = None,
-    device: str = "auto",
-    truncate: bool = False,
-    words: bool = False,
-    measure: str = "weights",
-):
+def heads(text: str | list[str], *, measure: str = "weights", **options):
     """One layer's heads over a text (a HeadsResult), or over a list of texts (a list, run in padded batches).
 
-    heads splits the projections into that many heads (None: the model's own); weights are the
-    layer's parameters, "pretrained" or "random" (from seed); kv takes keys and values from
-    another text; causal masks future keys (a decoder's own attention is causal already).
-    stack picks an encoder-decoder's attention: "encoder" (default), "decoder" or "cross"
-    (the decoder over the encoder's output for kv, or for each text itself without kv).
-    words shows words, not word pieces (Clark et al. 2019: attention to a word is the sum over its
-    pieces, from a word the mean); each run's words holds the tokens and the word of each.
+    options are RunOptions' (attnviz.RunOptions): heads splits the projections into that many
+    heads (None: the model's own); weights are the layer's parameters, "pretrained" or "random"
+    (from seed); kv takes keys and values from another text; causal masks future keys (a
+    decoder's own attention is causal already). stack picks an encoder-decoder's attention:
+    "encoder" (default), "decoder" or "cross" (the decoder over the encoder's output for kv, or for
+    each text itself without kv). words shows words, not word pieces (Clark et al. 2019: attention
+    to a word is the sum over its pieces, from a word the mean); each run's words holds the tokens
+    and the word of each.
     measure adds what the weights leave out (analysis/measure_names.py): "norm" (Kobayashi et al.
     2020), "value-zeroing" (Mohebbi et al. 2023), "flow" (Abnar & Zuidema 2020) or "all", in each
     result's measures (attnviz.analysis.measures.RunMeasures); "weights" (default) adds none.
@@ -56,17 +40,13 @@ def heads(
     from attnviz.api.results import HeadsResult
     from attnviz.output.batch import run_in_batches
 
+    options = run_options("heads", options)
     texts = _texts(text)
-    check_text(kv, "the --kv text")
-    refuse_causal_cross_attention(kv, causal, stack)
-    names = measure_names(measure)
-    refuse_before_loading(model, stack)
-    handle = load(model, device)
-    spec = run_spec_for(
-        handle, heads, layer=layer, weights=weights, seed=seed, causal=causal, kv_text=kv, stack=stack, truncate=truncate,
-        words=words,
-    )
-    _check_lengths(handle.loaded, texts, truncate)
+    names = measure_names(must_be_str("measure", measure))
+    refuse_before_loading(options)
+    handle = load(options.model, options.device)
+    spec = options.run_spec(handle)
+    _check_lengths(handle.loaded, texts, options.truncate)
     num_layers = handle.loaded.num_layers_of(spec.stack)
     if names:
         return _measured_heads(handle, text, texts, spec, names, num_layers)
@@ -86,131 +66,82 @@ def _measured_heads(handle: Model, text, texts: list[str], spec, names: tuple[st
     return results if isinstance(text, (list, tuple)) else results[0]
 
 
-def trace(
-    text: str | list[str],
-    *,
-    layout: str | None = None,
-    mistake: str | None = None,
-    model: ModelArg = None,
-    layer: int = 0,
-    heads: int | None = None,
-    weights: str = "pretrained",
-    seed: int = 0,
-    kv: str | None = None,
-    causal: bool = False,
-    stack: str | None = None,
-    device: str = "auto",
-    truncate: bool = False,
-    words: bool = False,
-):
+def trace(text: str | list[str], *, layout: str | None = None, mistake: str | None = None, **options):
     """Every split and merge of the heads with the real shapes (a TraceResult); a list of texts is one padded batch.
 
     layout is one of attnviz's LAYOUTS or "all" (every layout, checked against each other); None
     is the model's own: fused-qkv for GPT-2 (its c_attn stores W_q, W_k, W_v as one), else view-permute.
-    mistake makes a reshape mistake in view-permute and shows where it goes wrong; stack as in heads.
+    mistake makes a reshape mistake in view-permute and shows where it goes wrong; options as in heads.
     """
     from attnviz.api.results import TraceResult
     from attnviz.pipeline import run_attention
     from attnviz.tracing import LAYOUTS, model_layout, trace_texts
 
+    options = run_options("trace", options)
+    must_be_str("layout", layout, none=True)
+    must_be_str("mistake", mistake, none=True)
     texts = _texts(text)
-    check_text(kv, "the --kv text")
-    refuse_causal_cross_attention(kv, causal, stack)
     check_trace_texts(texts)
-    refuse_before_loading(model, stack)
-    handle = load(model, device)
-    spec = run_spec_for(
-        handle, heads, layer=layer, weights=weights, seed=seed, causal=causal, kv_text=kv, stack=stack, truncate=truncate,
-        words=words,
-    )
-    _check_lengths(handle.loaded, texts, truncate)
+    refuse_before_loading(options)
+    handle = load(options.model, options.device)
+    spec = options.run_spec(handle)
+    _check_lengths(handle.loaded, texts, options.truncate)
     layout = layout or model_layout(handle.loaded)
     layouts = LAYOUTS if layout == "all" else (layout,)
     traced = trace_texts(handle.loaded, texts, spec, layouts=layouts, mistake=mistake)
     return TraceResult(traced, run_attention(handle.loaded, texts, spec), spec, handle.loaded.num_layers_of(spec.stack))
 
 
-def stats(
-    texts: str | list[str],
-    *,
-    model: ModelArg = None,
-    heads: int | None = None,
-    weights: str = "pretrained",
-    seed: int = 0,
-    causal: bool = False,
-    stack: str | None = None,
-    device: str = "auto",
-    truncate: bool = False,
-    words: bool = False,
-    js: bool = True,
-    progress: Callable[[int], None] | None = None,
-):
+def stats(texts: str | list[str], *, js: bool = True, progress=None, **options):
     """Statistics and labels of every head of every layer, averaged over the texts (a StatsResult).
 
-    stack: an encoder-decoder's "encoder" (default) or "decoder" self-attention. words: every
-    statistic over each text's maps merged into words (as in heads), previous and next the words
-    beside. js: also the Jensen-Shannon distances between heads (.js_distance and the figure), most
-    of the statistics' work: a log for every key of every pair of heads. progress(n), when given,
-    is called after each batch with the number of texts it measured.
+    options as in heads, but layer and kv (every layer's self-attention): stack is an
+    encoder-decoder's "encoder" (default) or "decoder"; words: every statistic over each text's
+    maps merged into words, previous and next the words beside. js: also the Jensen-Shannon
+    distances between heads (.js_distance and the figure), most of the statistics' work: a log
+    for every key of every pair of heads. progress(n), when given, is called after each batch with
+    the number of texts it measured.
     """
     from attnviz.api.analysis_results import StatsResult
     from attnviz.analysis.measure import measure_heads
     from attnviz.analysis.statistics import absent_key_kinds_note
     from attnviz.models.tokens import text_truncations
 
-    texts = _texts(texts)
-    refuse_cross_over_every_layer(stack)
-    refuse_before_loading(model, stack)
-    handle = load(model, device)
+    options = run_options("stats", options, EVERY_LAYER_OPTIONS)
+    must_be_bool("js", js)
+    must_be_callable("progress", progress, none=True)
+    texts = _texts(texts, name="texts")
+    refuse_cross_over_every_layer(options.stack)
+    refuse_before_loading(options)
+    handle = load(options.model, options.device)
     loaded = handle.loaded
-    spec = run_spec_for(
-        handle, heads, layer=None, weights=weights, seed=seed, causal=causal, kv_text=None, stack=stack, truncate=truncate,
-        words=words, js=js,
-    )
-    _check_lengths(loaded, texts, truncate)
+    spec = options.run_spec(handle, layer=None, js=js)
+    _check_lengths(loaded, texts, options.truncate)
     measured = measure_heads(loaded, texts, spec, advance=progress or (lambda done: None))
-    truncated = text_truncations(loaded.tokenizer, texts, loaded.max_positions) if truncate else [None] * len(texts)
+    truncated = text_truncations(loaded.tokenizer, texts, loaded.max_positions) if options.truncate else [None] * len(texts)
     first = measured.first_run
     key_kinds_note = absent_key_kinds_note(first.family, first.query_tokens)
     notices = [*measured.notices, *([key_kinds_note] if key_kinds_note else [])]
     return StatsResult(measured.stats, texts, truncated, first, spec, notices)
 
 
-def layers(
-    text: str,
-    *,
-    model: ModelArg = None,
-    heads: int | None = None,
-    weights: str = "pretrained",
-    seed: int = 0,
-    causal: bool = False,
-    stack: str | None = None,
-    device: str = "auto",
-    truncate: bool = False,
-    words: bool = False,
-    measure: str = "weights",
-):
+def layers(text: str, *, measure: str = "weights", **options):
     """Every layer's heads over one text, and attention rollout through the layers (a LayersResult).
 
-    words as in heads; measure adds every layer's measures (analysis.measures.LayersMeasures):
+    options as in stats; measure adds every layer's measures (analysis.measures.LayersMeasures):
     "norm", "value-zeroing", "flow" through every layer beside the rollout, or "all".
-
-    stack: an encoder-decoder's "encoder" (default) or "decoder" self-attention.
     """
     from attnviz.analysis.rollout import runs_rollout
     from attnviz.api.analysis_results import LayersResult
     from attnviz.pipeline import run_layers
 
+    options = run_options("layers", options, EVERY_LAYER_OPTIONS)
     (text,) = _texts(text, one=True)
-    refuse_cross_over_every_layer(stack)
-    measure_names(measure)
-    refuse_before_loading(model, stack)
-    handle = load(model, device)
-    spec = run_spec_for(
-        handle, heads, layer=None, weights=weights, seed=seed, causal=causal, kv_text=None, stack=stack, truncate=truncate,
-        words=words,
-    )
-    names = measure_names(measure)
+    names = measure_names(must_be_str("measure", measure))
+    refuse_cross_over_every_layer(options.stack)
+    refuse_before_loading(options)
+    handle = load(options.model, options.device)
+    spec = options.run_spec(handle, layer=None)
     if names:
         from attnviz.analysis.measures import measure_every_layer
 
@@ -220,75 +151,53 @@ def layers(
     return LayersResult(layer_runs, runs_rollout(layer_runs), spec)
 
 
-def compare(
-    text: str,
-    *,
-    heads: str | list[int] | None = None,
-    weights: str | list[str] = "pretrained",
-    model: ModelArg = None,
-    layer: int = 0,
-    seed: int = 0,
-    device: str = "auto",
-    truncate: bool = False,
-):
+def compare(text: str, *, heads: str | list[int] | None = None, weights: str | list[str] = "pretrained", **options):
     """The same layer's projections split into several head counts (default 1, 4 and the model's own), and
-    pretrained beside random parameters when weights is ["pretrained", "random"] (a CompareResult)."""
+    pretrained beside random parameters when weights is ["pretrained", "random"] (a CompareResult).
+
+    heads and weights are comma lists ("1,4,12") or lists; options: model, layer, seed, device, truncate.
+    """
     from attnviz.api.analysis_results import CompareResult
     from attnviz.analysis.compare import compare_splits, default_head_counts, parse_head_counts, parse_weights
 
+    options = run_options("compare", options, COMPARE_OPTIONS)
+    must_be_str_or_list("heads", heads, int, none=True)
+    must_be_str_or_list("weights", weights, str)
     (text,) = _texts(text, one=True)
     counts = parse_head_counts(_comma_list(heads)) if heads is not None else None
     weights_list = parse_weights(_comma_list(weights))
-    refuse_before_loading(model, needs_bert=COMPARE_NEEDS_BERT)
-    handle = load(model, device)
+    refuse_before_loading(options, needs_bert=COMPARE_NEEDS_BERT)
+    handle = load(options.model, options.device)
     loaded = handle.loaded
     require_bert(handle, COMPARE_NEEDS_BERT)
     counts = counts or default_head_counts(loaded.hidden_size, loaded.num_heads)
-    spec = run_spec(  # what the splits share; each split's head count and weights are its own
-        loaded, handle.name, device=handle.device, layer=layer, num_heads=None, weights=None, seed=seed, causal=False,
-        kv_text=None, truncate=truncate,
-    )  # fmt: skip
-    splits = compare_splits(loaded, text, counts, weights_list, spec)
-    return CompareResult(splits, spec)
+    # What the splits share; each split's head count and weights are its own.
+    shared = replace(options.run_spec(handle, weights=None), num_heads=None)
+    return CompareResult(compare_splits(loaded, text, counts, weights_list, shared), shared)
 
 
-def position(
-    text: str,
-    *,
-    permutation: str | list[int] | None = None,
-    head: int | None = None,
-    model: ModelArg = None,
-    device: str = "auto",
-):
+def position(text: str, *, permutation: str | list[int] | None = None, head: int | None = None, **options):
     """Why attention needs position embeddings: layer 0 over the text and its permutation (a PositionResult).
 
     permutation is the new order of the token positions, [CLS] and [SEP] included (default:
     the tokens between them reversed); head the head the figure shows (default: the one
-    position embeddings change most).
+    position embeddings change most); options: model, device.
     """
     from attnviz.api.analysis_results import PositionResult
     from attnviz.pipeline import device_label
     from attnviz.analysis.position import LAYER, position_experiment
 
+    options = run_options("position", options, POSITION_OPTIONS)
+    must_be_str_or_list("permutation", permutation, int, none=True)
+    head = must_be_int("head", head, none=True)
     (text,) = _texts(text, one=True)
-    refuse_before_loading(model, needs_bert=POSITION_NEEDS_BERT)
-    handle = load(model, device)
+    refuse_before_loading(options, needs_bert=POSITION_NEEDS_BERT)
+    handle = load(options.model, options.device)
     require_bert(handle, POSITION_NEEDS_BERT)
-    spec = run_spec(  # position runs layer 0 with the model's own parameters and heads
-        handle.loaded, handle.name, device=handle.device, layer=LAYER, num_heads=handle.loaded.num_heads,
-        weights="pretrained", seed=0, causal=False, kv_text=None, truncate=False,
-    )  # fmt: skip
+    spec = options.run_spec(handle, layer=LAYER)  # the model's own parameters and heads
     spec_text = _comma_list(permutation) if permutation is not None else None
     result = position_experiment(handle.loaded, text, spec_text, head, handle.device)
     return PositionResult(result, spec, handle.source, device_label(handle.device))
-
-
-def run_spec_for(handle: Model, heads: int | None, **settings):
-    """The call's RunSpec (spec.run_spec) with heads resolved for its stack: the model's own count when None."""
-    from attnviz.pipeline import resolve_num_heads
-
-    spec = run_spec(handle.loaded, handle.name, device=handle.device, num_heads=None, **settings)
-    return replace(spec, num_heads=resolve_num_heads(handle.loaded, heads, spec.stack))
 
 
 # What the BERT-only commands say to any other family (require_bert fills in the model and its family).
@@ -302,11 +211,12 @@ COMPARE_NEEDS_BERT = (
 )
 
 
-def refuse_before_loading(model: ModelArg, stack: str | None = None, needs_bert: str | None = None) -> None:
+def refuse_before_loading(options: RunOptions, needs_bert: str | None = None) -> None:
     """Refuse --stack, or a BERT-only command, for a model whose family is known before loading it (a folder's config.json)."""
     from attnviz.api.models import family_before_loading
     from attnviz.spec import refuse_stack
 
+    model, stack = options.model, options.stack
     if stack is None and needs_bert is None:
         return
     family = family_before_loading(model)
@@ -324,16 +234,21 @@ def require_bert(handle: Model, needs_bert: str) -> None:
         raise AttnvizError(needs_bert.format(model=handle.loaded.name, family=f"{handle.family} {handle.kind}"))
 
 
-def _texts(text, one: bool = False) -> list[str]:
-    """The texts of a call, each checked as the command line checks its TEXT."""
-    texts = list(text) if isinstance(text, (list, tuple)) and not one else [text]
-    if not texts:
+def _texts(text, one: bool = False, name: str = "text") -> list[str]:
+    """The texts of a call (name: its argument), each checked as the command line checks its TEXT."""
+    if one:
+        check_text(must_be_str(name, text))
+        return [text]
+    if isinstance(text, str):
+        check_text(text)
+        return [text]
+    if not isinstance(text, (list, tuple)):
+        refuse(name, "a str or a list of str", text)
+    if not text:
         raise AttnvizError("no texts: give a text, or a list of texts")
-    for each in texts:
-        if not isinstance(each, str):
-            raise AttnvizError(f"a text must be a str, not {type(each).__name__}")
-        check_text(each)
-    return texts
+    for index, each in enumerate(text):
+        check_text(must_be_str(f"{name}[{index}]", each))
+    return list(text)
 
 
 def _check_lengths(loaded, texts: list[str], truncate: bool) -> None:

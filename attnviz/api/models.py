@@ -10,8 +10,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from attnviz.api.arguments import must_be_bool, must_be_device, refuse
 from attnviz.errors import AttnvizError
 
+MODEL_TYPES = "a name, a folder or an attnviz.load() handle"  # what model= takes
 _LOADED: dict[tuple, "Model"] = {}  # (model key, device, allow_pickle) -> its handle
 
 
@@ -94,10 +96,13 @@ def load(
     from attnviz.pipeline import resolve_device
     from attnviz.spec import resolved_model_name
 
+    must_be_device(device)
+    must_be_bool("allow_pickle", allow_pickle)
+    must_be_bool("cache", cache)
     if isinstance(model, Model):
         return _on_device(model, device)
     if model is not None and not isinstance(model, (str, Path)):
-        raise AttnvizError(f"model must be a name, a folder or an attnviz.load() handle, not {type(model).__name__}")
+        refuse("model", MODEL_TYPES, model)
     name = str(model) if model is not None else None
     device_name = resolve_device(device)
     key = (_model_key(name), device_name, allow_pickle)

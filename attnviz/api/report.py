@@ -11,11 +11,12 @@ from __future__ import annotations
 from dataclasses import replace
 
 from attnviz.api.analysis_results import text_statistics
-from attnviz.api.functions import ModelArg, _check_lengths, _texts, refuse_before_loading, run_spec_for
+from attnviz.api.functions import _check_lengths, _texts, refuse_before_loading
 from attnviz.api.models import load
+from attnviz.api.options import run_options
 from attnviz.api.results import ReportResult, report_result
 from attnviz.errors import AttnvizError
-from attnviz.spec import RunSpec, check_text, refuse_causal_cross_attention
+from attnviz.spec import RunSpec
 
 MAX_REPORT_TEXTS = 64  # one page holds every text's layers and traces: a few MB each for short texts
 # The weights of every layer's maps of all its texts (L × H × N² each): about 30 MB of page and 64 MB of
@@ -23,40 +24,23 @@ MAX_REPORT_TEXTS = 64  # one page holds every text's layers and traces: a few MB
 MAX_REPORT_WEIGHTS = 2**24
 
 
-def report(
-    text_or_texts: str | list[str],
-    *,
-    model: ModelArg = None,
-    layer: int = 0,
-    heads: int | None = None,
-    weights: str = "pretrained",
-    seed: int = 0,
-    kv: str | None = None,
-    causal: bool = False,
-    stack: str | None = None,
-    device: str = "auto",
-    truncate: bool = False,
-    words: bool = False,
-) -> ReportResult:
+def report(text_or_texts: str | list[str], **options) -> ReportResult:
     """The interactive report of a text, or of a list of texts (at most MAX_REPORT_TEXTS), as a ReportResult.
 
-    The settings are attnviz.heads'. Self-attention adds every layer, the rollout and each text's
-    statistics; cross-attention (kv, or stack="cross") shows the run's layer and its trace only.
-    words: the maps over words, as attnviz.heads(words=True) shows them (the traces stay over tokens).
+    options are attnviz.heads' (RunOptions' fields). Self-attention adds every layer, the rollout
+    and each text's statistics; cross-attention (kv, or stack="cross") shows the run's layer and its
+    trace only. words: the maps over words, as attnviz.heads(words=True) shows them (the traces stay
+    over tokens).
     """
     from attnviz.output.batch import run_in_batches
 
-    texts = _texts(text_or_texts)
+    options = run_options("report", options)
+    texts = _texts(text_or_texts, name="text_or_texts")
     check_report_count(len(texts))
-    check_text(kv, "the --kv text")
-    refuse_causal_cross_attention(kv, causal, stack)
-    refuse_before_loading(model, stack)
-    handle = load(model, device)
-    spec = run_spec_for(
-        handle, heads, layer=layer, weights=weights, seed=seed, causal=causal, kv_text=kv, stack=stack, truncate=truncate,
-        words=words,
-    )
-    _check_lengths(handle.loaded, texts, truncate)
+    refuse_before_loading(options)
+    handle = load(options.model, options.device)
+    spec = options.run_spec(handle)
+    _check_lengths(handle.loaded, texts, options.truncate)
     check_report_size(handle.loaded, texts, spec)
     runs = [run for batch in run_in_batches(handle.loaded, texts, spec) for run in batch]
     return report_of_runs(handle.loaded, runs, spec)

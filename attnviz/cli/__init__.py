@@ -1,9 +1,9 @@
 """The command line: parse options, call the API (attnviz.api), print. Nothing imports this package.
 
-options (the Typer app, its consoles, choices and shared options), one module per group of
-commands (heads, every_layer: stats and layers, experiments: compare and position,
-trace_command), shared (the output folder, the settings, checked before any work), and main
-(running a command: one-line errors, exit codes, signals). Heavy libraries (torch,
+options (the Typer app, its consoles, choices and shared options, and run_options: a command's
+parameters as the API's RunOptions), one module per command (heads, report, stats, layers,
+compare, position, trace, models), shared (a TEXT or a --file, the output folder checked before
+any work), and main (running a command: one-line errors, exit codes, signals). Heavy libraries (torch,
 transformers, matplotlib) are imported inside the commands, so that `attnviz --help` stays instant.
 """
 

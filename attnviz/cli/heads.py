@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
 import typer
 
 from attnviz.cli.options import (
+    run_options,
     app,
     console,
     errors,
@@ -28,12 +30,13 @@ from attnviz.cli.options import (
     ModelOption,
     LayerOption,
     HeadsOption,
+    KvOption,
     StackOption,
     FileOutOption,
 )
-from attnviz.cli.shared import MAX_NOTICES_SHOWN, layouts_disagree, run_target, write_run
+from attnviz.cli.shared import MAX_NOTICES_SHOWN, layouts_disagree, run_target, text_or_file, write_run
 from attnviz.errors import AttnvizError
-from attnviz.spec import RunSpec, check_text, refuse_causal_cross_attention
+from attnviz.spec import check_text
 
 
 @app.command(short_help="Heatmaps and a table of one layer's heads, for a text or a file of texts.")
@@ -51,12 +54,10 @@ def heads(
     ),
     model: Optional[str] = ModelOption,
     layer: int = LayerOption,
-    num_heads: Optional[int] = HeadsOption,
+    heads: Optional[int] = HeadsOption,
     weights: Weights = WeightsOption,
     seed: int = SeedOption,
-    kv: Optional[str] = typer.Option(
-        None, "--kv", help="Cross-attention: keys and values from this text, queries from TEXT."
-    ),
+    kv: Optional[str] = KvOption,
     causal: bool = CausalOption,
     stack: Optional[Stack] = StackOption,
     show_trace: bool = typer.Option(
@@ -74,63 +75,34 @@ def heads(
     ),
 ) -> None:
     """Per-head attention heatmaps, a summary table, attention.json and report.html for one text, or each line of --file."""
+    options = run_options(locals())
     from attnviz.api import functions
     from attnviz.api.models import load
     from attnviz.api.report import report_of_runs
     from attnviz.output.runs import run_folder_name
-    from attnviz.render import figure_worker, heads_ahead, terminal
-    from attnviz.render.heatmap import heatmaps_drawn_ahead
+    from attnviz.render import terminal
 
-    if text is not None and file is not None:
-        raise AttnvizError("give either a TEXT or --file PATH, not both")
-    if text is None and file is None:
-        raise AttnvizError("missing argument 'TEXT': give a text, or --file PATH with one text per line")
+    text_or_file(text, file)
     check_text(text)
-    check_text(kv, "the --kv text")
     if file is not None and show_trace:
         raise AttnvizError("--trace traces one text: for a batch use attnviz trace --file PATH")
     if file is not None and measure != Measure.weights:
         raise AttnvizError("--measure measures one text: give a TEXT, not --file")
-    refuse_causal_cross_attention(kv, causal, stack.value if stack else None)
-    functions.refuse_before_loading(model, stack.value if stack else None)
+    functions.refuse_before_loading(options)
     if file is not None:
-        return _heads_for_file(
-            file,
-            model=model,
-            allow_pickle=allow_pickle,
-            device=device.value,
-            image_format=image_format.value,
-            out=out,
-            html=not no_html,
-            run_options=dict(
-                kv_text=kv, layer=layer, num_heads=num_heads, weights=weights.value, seed=seed, causal=causal,
-                truncate=truncate, stack=stack.value if stack else None, words=words,
-            ),
-        )
+        return _heads_for_file(file, options, image_format.value, out, html=not no_html, allow_pickle=allow_pickle)
     target = run_target(out, run_folder_name(text))
-    # The worker imports matplotlib, and lays out the run's figures (heads_ahead), while this process imports torch and
-    # runs the model. Its settings before loading: the model as given, not resolved yet.
-    options = RunSpec(
-        model=model, resolved_model=model or "", model_source="", layer=layer, num_heads=num_heads, weights=weights.value,
-        seed=seed, causal=causal, kv_text=kv, stack=stack.value if stack else None, words=words,
-    )
-    figure_worker.start()  # started already by main (start_figure_worker_early); here when run otherwise
-    if image_format.value == "png":
-        figure_worker.ahead(heads_ahead.prepare, text, options)
-    handle = load(model, device.value, allow_pickle=allow_pickle, cache=False)
-    settings = dict(
-        model=handle, layer=layer, heads=num_heads, weights=weights.value, seed=seed, kv=kv, causal=causal, truncate=truncate,
-        stack=stack.value if stack else None, words=words,
-    )
-    traced = functions.trace(text, **settings) if show_trace else None  # its run is the heads' run: computed once
+    handle = load(options.model, options.device, allow_pickle=allow_pickle, cache=False)
+    given = replace(options, model=handle).keywords()
+    traced = functions.trace(text, **given) if show_trace else None  # its run is the heads' run: computed once
     if traced is not None and measure == Measure.weights:
         result = traced.heads_results()[0]
     else:
-        result = functions.heads(text, **settings, measure=measure.value)
+        result = functions.heads(text, measure=measure.value, **given)
 
     run = result.run
     terminal.print_notices(errors, run.notices)
-    terminal.print_setup(console, run, handle.source, handle.device_label, seed=seed)
+    terminal.print_setup(console, run, handle.source, handle.device_label, seed=options.seed)
     terminal.print_tokens(console, run)
     console.print(result)  # its __rich__: the table of the heads
     if result.measures is not None:
@@ -143,11 +115,9 @@ def heads(
         print_trace(console, traced.trace, text_tokens=[run.query_tokens])
 
     def write(staging: Path) -> list[Path]:
-        # The figure worker draws the heatmaps while this process computes the report (its own passes).
-        with heatmaps_drawn_ahead(run, staging, image_format.value, seed=result.spec.seed):
-            report = report_of_runs(handle.loaded, [run], result.spec).write_files(staging) if not no_html else []
-            written = result.write_files(staging, image_format.value)
-            written += traced.write_files(staging, image_format.value) if traced is not None else []
+        written = result.write_files(staging, image_format.value)
+        written += traced.write_files(staging, image_format.value) if traced is not None else []
+        report = report_of_runs(handle.loaded, [run], result.spec).write_files(staging) if not no_html else []
         return written + report
 
     write_run(out, target, "writing heatmaps…", write)
@@ -155,10 +125,7 @@ def heads(
         return layouts_disagree(traced.trace)
 
 
-def _heads_for_file(
-    file: str, *, model, allow_pickle: bool, device: str, image_format: str, out: Optional[Path], html: bool,
-    run_options: dict,
-) -> None:
+def _heads_for_file(file: str, options, image_format: str, out: Optional[Path], *, html: bool, allow_pickle: bool) -> None:
     """`heads --file`: every line through the same layer, batch by batch; a folder per text; report.html of the first texts.
 
     The output layer's write_batch, not attnviz.heads: it writes each batch's folders as it goes,
@@ -167,7 +134,6 @@ def _heads_for_file(
     from attnviz.api.models import load
     from attnviz.output import batch
     from attnviz.output.corpus import read_texts
-    from attnviz.api.functions import run_spec_for
     from attnviz.output.runs import StagedRunFolder
     from attnviz.render import terminal
     from attnviz.render.progress import progress_bar
@@ -176,10 +142,10 @@ def _heads_for_file(
     target = run_target(out, batch.batch_folder_name(file))
     if out is not None:
         batch.check_batch_target(target, [*batch.text_folder_names(texts), *(["report.html"] if html else [])])
-    handle = load(model, device, allow_pickle=allow_pickle, cache=False)
+    handle = load(options.model, options.device, allow_pickle=allow_pickle, cache=False)
     loaded = handle.loaded
-    batch.check_lengths(loaded.tokenizer, texts, loaded.max_positions, run_options["truncate"])
-    spec = run_spec_for(handle, run_options.pop("num_heads"), **run_options)
+    batch.check_lengths(loaded.tokenizer, texts, loaded.max_positions, options.truncate)
+    spec = options.run_spec(handle)
 
     folder = StagedRunFolder(target, unique=out is None)
     progress = progress_bar(console, len(texts), "attention and heatmaps", batch.PROGRESS_MIN_TEXTS)
@@ -191,7 +157,7 @@ def _heads_for_file(
     if len(result.notices) > len(shown):
         shown.append(f"… and {len(result.notices) - len(shown)} more notices like these")
     terminal.print_notices(errors, [*shown, *report_notes])
-    terminal.print_setup(console, result.first_run, handle.source, handle.device_label, seed=run_options["seed"])
+    terminal.print_setup(console, result.first_run, handle.source, handle.device_label, seed=options.seed)
     console.print(terminal.batch_table(result.rows, result.first_run.causal))
     numbers = [row["folder"].split("-", 1)[0] for row in result.rows]
     folders = result.rows[0]["folder"] if len(numbers) == 1 else f"{numbers[0]}-… to {numbers[-1]}-… (a folder per text)"

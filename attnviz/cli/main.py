@@ -18,23 +18,17 @@ from attnviz.errors import AttnvizError, Interrupted
 
 # Each module registers its commands on app when imported: this order is --help's.
 from attnviz.cli import heads  # noqa: E402, F401  isort: skip
-from attnviz.cli import report_command  # noqa: E402, F401  isort: skip
-from attnviz.cli import every_layer  # noqa: E402, F401  isort: skip
-from attnviz.cli import experiments  # noqa: E402, F401  isort: skip
-from attnviz.cli import trace_command  # noqa: E402, F401  isort: skip
+from attnviz.cli import report  # noqa: E402, F401  isort: skip
+from attnviz.cli import stats  # noqa: E402, F401  isort: skip
+from attnviz.cli import layers  # noqa: E402, F401  isort: skip
+from attnviz.cli import compare  # noqa: E402, F401  isort: skip
+from attnviz.cli import position  # noqa: E402, F401  isort: skip
+from attnviz.cli import trace  # noqa: E402, F401  isort: skip
+from attnviz.cli import models  # noqa: E402, F401  isort: skip
 
 INTERRUPTED = 130  # the shell's exit code for Ctrl-C (128 + SIGINT)
 FIGURE_WORKER_COMMANDS = ("heads", "layers", "stats", "compare", "position")  # those that draw in the figure worker on one text
 SHORT_TEXT_CHARS = 256  # a command on texts no longer than this runs torch on one thread (few_threads_for_short_texts)
-
-
-@app.command(short_help='List the models that can be used now.')
-def models() -> None:
-    """List the models that can be used now: the bundled ones and the local hub cache's models of every supported family."""
-    from attnviz.models.listing import list_models
-    from attnviz.render import terminal
-
-    console.print(terminal.models_table(list_models()))
 
 
 def run(args: list[str] | None = None) -> int:

@@ -1,7 +1,9 @@
 """The command line's options: the Typer app, its consoles, the choices and the options several commands share.
 
-Heavy libraries (torch, transformers, matplotlib) are imported inside the commands,
-so that `attnviz --help` stays instant.
+A run's option is declared here once (its flag and help) and once in api/options.py (RunOptions'
+field); a command offers it by naming its parameter as the field (model, layer, heads, ...) and
+builds the run's RunOptions from its parameters with run_options(locals()). Heavy libraries (torch,
+transformers, matplotlib) are imported inside the commands, so that `attnviz --help` stays instant.
 """
 
 from __future__ import annotations
@@ -12,13 +14,10 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from attnviz.cli import coercion
-
+from attnviz.api.options import RUN_OPTIONS, RunOptions
 from attnviz.models.families import supported_names
 from attnviz.spec import MAX_SEED
 from attnviz.version import package_version
-
-coercion.install()  # option values without pydantic: 0.1 s of every command
 
 app = typer.Typer(
     help="See and check what multi-head attention does, with a real model's parameters.",
@@ -112,6 +111,15 @@ def _help_types_as_words() -> None:
 _help_types_as_words()
 
 
+def run_options(parameters: dict) -> RunOptions:
+    """The run's options from a command's parameters (its locals(), taken first thing): those named as RunOptions' fields.
+
+    A choice becomes its value ("random"); the options a command does not offer keep RunOptions' defaults.
+    """
+    given = {name: value for name, value in parameters.items() if name in RUN_OPTIONS}
+    return RunOptions(**{name: value.value if isinstance(value, Enum) else value for name, value in given.items()})
+
+
 # Options that several commands share, declared once.
 DeviceOption = typer.Option(Device.auto, help="Where to run: auto is the GPU when torch sees one.")
 TruncateOption = typer.Option(False, help="Cut texts longer than the model's positions instead of refusing them.")
@@ -150,6 +158,7 @@ EveryLayerStackOption = typer.Option(
     "decoder's (causal); cross is refused here: for cross-attention use attnviz heads --stack cross.",
     show_default=False,
 )
+KvOption = typer.Option(None, "--kv", help="Cross-attention: keys and values from this text, queries from TEXT.")
 HeadsOption = typer.Option(None, "--heads", help="Split the projections into this many heads (default: the model's own).")
 EveryLayerHeadsOption = typer.Option(
     None, "--heads", help="Split each layer's projections into this many heads (default: the model's own)."

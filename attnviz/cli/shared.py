@@ -1,4 +1,4 @@
-"""What the commands share: the output folder and the run's settings, checked before any work; the notices' cap; the trace's verdict."""
+"""What the commands share: a TEXT or a --file, the output folder checked before any work; the notices' cap; the trace's verdict."""
 
 from __future__ import annotations
 
@@ -6,9 +6,18 @@ from pathlib import Path
 from typing import Optional
 
 from attnviz.cli.options import DEFAULT_OUTPUTS, console, errors
+from attnviz.errors import AttnvizError
 
 
 MAX_NOTICES_SHOWN = 3  # over many texts: the first few notices, then a count
+
+
+def text_or_file(text: Optional[str], file: Optional[str]) -> None:
+    """A command that takes a TEXT or --file PATH needs exactly one of them."""
+    if text is not None and file is not None:
+        raise AttnvizError("give either a TEXT or --file PATH, not both")
+    if text is None and file is None:
+        raise AttnvizError("missing argument 'TEXT': give a text, or --file PATH with one text per line")
 
 
 def write_run(out: Optional[Path], target: Path, doing: str, write) -> list[Path]:
@@ -32,7 +41,6 @@ def run_target(out: Optional[Path], default_name: str) -> Path:
     from attnviz.output.runs import check_target
 
     return check_target(out if out is not None else DEFAULT_OUTPUTS / default_name)
-
 
 
 def layouts_disagree(traced) -> int:

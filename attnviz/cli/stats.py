@@ -1,4 +1,4 @@
-"""`attnviz stats` and `attnviz layers`: every head of every layer."""
+"""`attnviz stats`: statistics and labels of every head of every layer, for a text or a corpus read line by line."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Optional
 import typer
 
 from attnviz.cli.options import (
+    run_options,
     app,
     console,
     errors,
@@ -20,8 +21,6 @@ from attnviz.cli.options import (
     DeviceOption,
     TruncateOption,
     WordsOption,
-    Measure,
-    LayersMeasureOption,
     FormatOption,
     WeightsOption,
     SeedOption,
@@ -31,9 +30,8 @@ from attnviz.cli.options import (
     EveryLayerHeadsOption,
     EveryLayerStackOption,
     FileOutOption,
-    OutOption,
 )
-from attnviz.cli.shared import MAX_NOTICES_SHOWN, run_target, write_run
+from attnviz.cli.shared import MAX_NOTICES_SHOWN, run_target, text_or_file, write_run
 from attnviz.errors import AttnvizError
 from attnviz.spec import check_text, refuse_cross_over_every_layer
 
@@ -56,7 +54,7 @@ def stats(
         help="Average over texts: one per line (blank lines skipped; - reads standard input).",
     ),
     model: Optional[str] = ModelOption,
-    num_heads: Optional[int] = EveryLayerHeadsOption,
+    heads: Optional[int] = EveryLayerHeadsOption,
     weights: Weights = WeightsOption,
     seed: int = SeedOption,
     causal: bool = EveryLayerCausalOption,
@@ -103,38 +101,30 @@ def stats(
     line by line, --chunk-lines texts at a time, so a corpus of any length fits in memory; its
     JS distances are measured with --js only (stats.json's js_distance is null without).
     """
+    options = run_options(locals())
     from attnviz.api import functions
     from attnviz.api.models import load
     from attnviz.output.batch import batch_folder_name
     from attnviz.output.runs import run_folder_name
-    from attnviz.render import heads_ahead, terminal
-    from attnviz.render.figure_worker import write_files_here_or_there
+    from attnviz.render import terminal
 
-    if text is not None and file is not None:
-        raise AttnvizError("give either a TEXT or --file PATH, not both")
-    if text is None and file is None:
-        raise AttnvizError("missing argument 'TEXT': give a text, or --file PATH with one text per line")
+    text_or_file(text, file)
     check_text(text)
     js = js if js is not None else file is None  # one TEXT: every number; a corpus: the JS distances when asked
-    refuse_cross_over_every_layer(stack.value if stack else None)
-    functions.refuse_before_loading(model, stack.value if stack else None)
+    refuse_cross_over_every_layer(options.stack)
+    functions.refuse_before_loading(options)
     if file is None:
         for given, name in ((checkpoint, "--checkpoint"), (resume, "--resume"), (engine != Engine.local, "--engine ray")):
             if given:
                 raise AttnvizError(f"{name} goes with --file: one TEXT is measured at once")
         target = run_target(out, run_folder_name(text))
-        heads_ahead.start_warmed_up()  # the figure worker imports matplotlib and warms up while this process loads torch
-        handle = load(model, device.value, allow_pickle=allow_pickle, cache=False)
-        result = functions.stats(
-            [text], model=handle, heads=num_heads, weights=weights.value, seed=seed, causal=causal, truncate=truncate,
-            stack=stack.value if stack else None, words=words, js=js,
-        )  # fmt: skip
+        handle = load(options.model, options.device, allow_pickle=allow_pickle, cache=False)
+        result = functions.stats([text], js=js, **replace(options, model=handle).keywords())
     else:
         target = run_target(out, batch_folder_name(file))
         result, handle = _stats_of_corpus(
-            file, model=model, num_heads=num_heads, weights=weights, seed=seed, causal=causal, stack=stack, device=device,
-            truncate=truncate, words=words, js=js, allow_pickle=allow_pickle, checkpoint=checkpoint, resume=resume,
-            engine=engine, chunk_lines=chunk_lines,
+            file, options, js=js, allow_pickle=allow_pickle, checkpoint=checkpoint, resume=resume, engine=engine,
+            chunk_lines=chunk_lines,
         )  # fmt: skip
     texts_count = result.stats.num_texts
 
@@ -146,22 +136,21 @@ def stats(
     # --engine ray --device cuda: the actors measured on their GPUs, this process loaded the model on its CPU
     device_label = handle.device_label if result.spec.device == handle.device else f"{result.spec.device} (Ray actors)"
     terminal.print_setup(
-        console, result.first_run, handle.source, device_label, handle.num_layers, texts_count, seed=seed
+        console, result.first_run, handle.source, device_label, handle.num_layers, texts_count, seed=options.seed
     )
     for table in terminal.stats_grid(result.stats, console.width, result.first_run.model_causal):
         console.print(table)
     console.print(terminal.labelled_heads_table(result.stats))
     if result.stats.js_distance is None:
         console.print("[dim]Jensen-Shannon distances between heads: not measured over a --file; --js measures them (js_distance.png)[/dim]")
-    write_run(out, target, "writing statistics…", lambda staging: write_files_here_or_there(result, staging, image_format.value))
+    write_run(out, target, "writing statistics…", lambda staging: result.write_files(staging, image_format.value))
     if checkpoint is not None:  # the run's files are written: nothing is left to resume
         checkpoint.unlink(missing_ok=True)
 
 
-def _stats_of_corpus(file, *, model, num_heads, weights, seed, causal, stack, device, truncate, words, js, allow_pickle,
-                     checkpoint, resume, engine, chunk_lines):  # fmt: skip
+def _stats_of_corpus(file: str, options, *, js: bool, allow_pickle: bool, checkpoint: Optional[Path], resume: bool,
+                     engine: Engine, chunk_lines: int):  # fmt: skip
     """stats --file: the corpus checked (UTF-8, lengths, checkpoint, engine) before the heavy work, then streamed; (StatsResult, handle)."""
-    from attnviz.api import functions
     from attnviz.api.analysis_results import StatsResult
     from attnviz.api.models import load
     from attnviz.analysis.statistics import absent_key_kinds_note
@@ -183,19 +172,16 @@ def _stats_of_corpus(file, *, model, num_heads, weights, seed, causal, stack, de
         require_ray()
     corpus = scan_corpus(file)  # None for standard input, read once, as it comes
     # With Ray, the actors run on --device; this process only reads the tokens and the first text's setup.
-    handle = load(model, "cpu" if engine == Engine.ray else device.value, allow_pickle=allow_pickle, cache=False)
+    handle = load(options.model, "cpu" if engine == Engine.ray else options.device, allow_pickle=allow_pickle, cache=False)
     if corpus is not None:  # named by line number, before any work
         for lines in chunks(iter_texts(file), chunk_lines):
-            check_lengths(handle.tokenizer, lines, handle.loaded.max_positions, truncate)
-    spec = functions.run_spec_for(
-        handle, num_heads, layer=None, weights=weights.value, seed=seed, causal=causal, kv_text=None,
-        stack=stack.value if stack else None, truncate=truncate, words=words, js=js,
-    )  # fmt: skip
+            check_lengths(handle.tokenizer, lines, handle.loaded.max_positions, options.truncate)
+    spec = options.run_spec(handle, layer=None, js=js)
     engine_device = spec.device
     if engine == Engine.ray:
         from attnviz.output.ray_engine import actor_device
 
-        engine_device = actor_device(device.value)
+        engine_device = actor_device(options.device)
     total = corpus.num_texts if corpus is not None else None
     with progress_bar(console, total, "measuring heads", PROGRESS_MIN_TEXTS) as advance:
         measured = corpus_statistics(
@@ -212,48 +198,3 @@ def _stats_of_corpus(file, *, model, num_heads, weights, seed, causal, stack, de
     about = {**(corpus.to_dict() if corpus is not None else {"file": STDIN, "bytes": None, "sha256": None}),
              "texts": progress.num_texts, "truncated": progress.num_truncated}  # fmt: skip
     return StatsResult(measured.stats, progress.texts, measured.truncated, first, spec, notices, about), handle
-
-
-@app.command(short_help="Every layer's heads at a glance, and attention rollout.")
-def layers(
-    text: str = typer.Argument(..., metavar="TEXT", help="The text to attend over, e.g. 我想吃酸菜鱼."),
-    model: Optional[str] = ModelOption,
-    num_heads: Optional[int] = EveryLayerHeadsOption,
-    weights: Weights = WeightsOption,
-    seed: int = SeedOption,
-    causal: bool = EveryLayerCausalOption,
-    stack: Optional[Stack] = EveryLayerStackOption,
-    device: Device = DeviceOption,
-    image_format: ImageFormat = FormatOption,
-    out: Optional[Path] = OutOption,
-    truncate: bool = TruncateOption,
-    words: bool = WordsOption,
-    measure: Measure = LayersMeasureOption,
-    allow_pickle: bool = AllowPickleOption,
-) -> None:
-    """Every layer and head at a glance (layers.png) and attention rollout through the layers (rollout.png)."""
-    from attnviz.api import functions
-    from attnviz.api.models import load
-    from attnviz.output.runs import run_folder_name
-    from attnviz.render import heads_ahead, terminal
-    from attnviz.render.figure_worker import write_files_here_or_there
-
-    check_text(text)
-    refuse_cross_over_every_layer(stack.value if stack else None)
-    functions.refuse_before_loading(model, stack.value if stack else None)
-    target = run_target(out, run_folder_name(text))
-    heads_ahead.start_warmed_up()  # the figure worker imports matplotlib and warms up while this process loads torch
-    handle = load(model, device.value, allow_pickle=allow_pickle, cache=False)
-    result = functions.layers(
-        text, model=handle, heads=num_heads, weights=weights.value, seed=seed, causal=causal, truncate=truncate,
-        stack=stack.value if stack else None, words=words, measure=measure.value,
-    )
-
-    first = result.layer_runs[0]
-    terminal.print_notices(errors, first.notices)
-    terminal.print_setup(console, first, handle.source, handle.device_label, len(result.layer_runs), seed=seed)
-    terminal.print_tokens(console, first)
-    terminal.print_rollout(console, first.query_tokens, result.rollout, first.causal and not first.model_causal)
-    if result.measures is not None and result.measures.flow is not None:
-        terminal.print_rollout(console, first.query_tokens, result.measures.flow.normalised, name="flow")
-    write_run(out, target, "writing figures…", lambda staging: write_files_here_or_there(result, staging, image_format.value))

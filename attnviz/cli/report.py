@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
 import typer
 
 from attnviz.cli.options import (
+    run_options,
     app,
     console,
     errors,
@@ -24,12 +26,12 @@ from attnviz.cli.options import (
     ModelOption,
     LayerOption,
     HeadsOption,
+    KvOption,
     StackOption,
     FileOutOption,
 )
-from attnviz.cli.shared import MAX_NOTICES_SHOWN, run_target, write_run
-from attnviz.errors import AttnvizError
-from attnviz.spec import check_text, refuse_causal_cross_attention
+from attnviz.cli.shared import MAX_NOTICES_SHOWN, run_target, text_or_file, write_run
+from attnviz.spec import check_text
 
 
 @app.command(short_help="One HTML file to explore the heads, layers, trace and statistics, offline.")
@@ -47,12 +49,10 @@ def report(
     ),
     model: Optional[str] = ModelOption,
     layer: int = LayerOption,
-    num_heads: Optional[int] = HeadsOption,
+    heads: Optional[int] = HeadsOption,
     weights: Weights = WeightsOption,
     seed: int = SeedOption,
-    kv: Optional[str] = typer.Option(
-        None, "--kv", help="Cross-attention: keys and values from this text, queries from TEXT."
-    ),
+    kv: Optional[str] = KvOption,
     causal: bool = CausalOption,
     stack: Optional[Stack] = StackOption,
     device: Device = DeviceOption,
@@ -66,6 +66,7 @@ def report(
     Self-attention shows every layer, the rollout and each text's statistics; cross-attention
     (--kv, --stack cross) the run's layer and its trace.
     """
+    options = run_options(locals())
     from attnviz.api import functions
     from attnviz.api.models import load
     from attnviz.api.report import check_report_count, report as report_of
@@ -74,28 +75,19 @@ def report(
     from attnviz.output.runs import run_folder_name
     from attnviz.render import terminal
 
-    if text is not None and file is not None:
-        raise AttnvizError("give either a TEXT or --file PATH, not both")
-    if text is None and file is None:
-        raise AttnvizError("missing argument 'TEXT': give a text, or --file PATH with one text per line")
+    text_or_file(text, file)
     check_text(text)
     lines = read_texts(file) if file is not None else None
     texts = [entry.text for entry in lines] if lines is not None else [text]
     check_report_count(len(texts))
-    check_text(kv, "the --kv text")
-    refuse_causal_cross_attention(kv, causal, stack.value if stack else None)
-    functions.refuse_before_loading(model, stack.value if stack else None)
+    functions.refuse_before_loading(options)
     target = run_target(out, batch_folder_name(file) if file else run_folder_name(text))
-    handle = load(model, device.value, allow_pickle=allow_pickle, cache=False)
+    handle = load(options.model, options.device, allow_pickle=allow_pickle, cache=False)
     if lines is not None:  # named by line number, before any work
-        check_lengths(handle.tokenizer, lines, handle.loaded.max_positions, truncate)
+        check_lengths(handle.tokenizer, lines, handle.loaded.max_positions, options.truncate)
 
     with console.status("computing the report…"):
-        result = report_of(
-            texts, model=handle, layer=layer, heads=num_heads, weights=weights.value, seed=seed, kv=kv, causal=causal,
-            stack=stack.value if stack else None, device=device.value, truncate=truncate,
-            words=words,
-        )  # fmt: skip
+        result = report_of(texts, **replace(options, model=handle).keywords())
 
     notes = result.record["notes"]
     shown = notes[:MAX_NOTICES_SHOWN]

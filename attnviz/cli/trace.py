@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
 import typer
 
 from attnviz.cli.options import (
+    run_options,
     app,
     console,
     errors,
@@ -30,9 +32,9 @@ from attnviz.cli.options import (
     StackOption,
     FileOutOption,
 )
-from attnviz.cli.shared import layouts_disagree, run_target, write_run
+from attnviz.cli.shared import layouts_disagree, run_target, text_or_file, write_run
 from attnviz.errors import AttnvizError
-from attnviz.spec import check_text, check_trace_texts, refuse_causal_cross_attention
+from attnviz.spec import check_text, check_trace_texts
 
 
 @app.command(short_help='Every split and merge of the heads, step by step, with real shapes.')
@@ -59,7 +61,7 @@ def trace(
     ),
     model: Optional[str] = ModelOption,
     layer: int = LayerOption,
-    num_heads: Optional[int] = HeadsOption,
+    heads: Optional[int] = HeadsOption,
     weights: Weights = WeightsOption,
     seed: int = SeedOption,
     kv: Optional[str] = typer.Option(
@@ -78,6 +80,7 @@ def trace(
 
     Exits 1 when the layouts disagree by more than 1e-5 (the files are still written).
     """
+    options = run_options(locals())
     from attnviz.api import functions
     from attnviz.api.models import load
     from attnviz.models.tokens import check_lengths
@@ -87,32 +90,26 @@ def trace(
     from attnviz.render import terminal
     from attnviz.render.trace_render import print_trace
 
-    if text is not None and file is not None:
-        raise AttnvizError("give either a TEXT or --file PATH, not both")
-    if text is None and file is None:
-        raise AttnvizError("missing argument 'TEXT': give a text, or --file PATH with one text per line")
+    text_or_file(text, file)
     if file is not None and batch:
         raise AttnvizError("--batch adds texts to TEXT: put them in the --file instead")
     texts = [entry.text for entry in read_texts(file)] if file is not None else [text, *batch]
     for given in texts:
         check_text(given)
-    check_text(kv, "the --kv text")
-    refuse_causal_cross_attention(kv, causal, stack.value if stack else None)
     check_trace_texts(texts)
-    functions.refuse_before_loading(model, stack.value if stack else None)
+    functions.refuse_before_loading(options)
     target = run_target(out, batch_folder_name(file) if file else run_folder_name(text))
-    handle = load(model, device.value, allow_pickle=allow_pickle, cache=False)
-    if len(texts) > 1 and not truncate:  # a long text named as the command names it ("the text has ..."), not texts[i]
+    handle = load(options.model, options.device, allow_pickle=allow_pickle, cache=False)
+    if len(texts) > 1 and not options.truncate:  # a long text named as the command names it ("the text has ..."), not texts[i]
         check_lengths([len(ids) for ids in handle.tokenizer.encode_batch(texts)], handle.loaded.max_positions)
     result = functions.trace(
-        texts, layout=layout.value if layout else None, mistake=mistake.value if mistake else None, model=handle, layer=layer,
-        heads=num_heads, weights=weights.value, seed=seed, kv=kv, causal=causal, truncate=truncate,
-        stack=stack.value if stack else None, words=words,
+        texts, layout=layout.value if layout else None, mistake=mistake.value if mistake else None,
+        **replace(options, model=handle).keywords(),
     )  # fmt: skip
 
     runs = result.runs  # tokens, notices and heatmaps
     terminal.print_notices(errors, [notice for run in runs for notice in run.notices])
-    terminal.print_setup(console, runs[0], handle.source, handle.device_label, seed=seed)
+    terminal.print_setup(console, runs[0], handle.source, handle.device_label, seed=options.seed)
     terminal.print_tokens(console, runs[0])
     print_trace(console, result.trace, text_tokens=[run.tokenizer_tokens[0] for run in runs])
 

@@ -1,0 +1,93 @@
+"""The options a user gives a run, as one frozen value (RunOptions) that the command line and the API both build.
+
+A new option is declared here once (a field: its type, default and check) and once in
+cli/options.py (its flag and help). RunOptions.run_spec turns the options into the run's RunSpec:
+the one place where options become settings. The API's functions take RunOptions' fields as
+keywords (attnviz.heads(text, layer=2, heads=4)); building the value checks every one of them
+with api/arguments.py's checks, which check the functions' other arguments too: a wrong type is
+a one-line AttnvizError naming the argument, before any work.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from attnviz.api.arguments import must_be_bool, must_be_device, must_be_int, must_be_one_of, must_be_str, refuse
+from attnviz.api.models import MODEL_TYPES, Model
+from attnviz.errors import AttnvizError
+from attnviz.spec import MAX_SEED, STACKS, WEIGHTS, RunSpec, check_text, refuse_causal_cross_attention, run_spec
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """What a user gives a run: the command line's options, the API's keywords (README.md, "Python").
+
+    model is a hub id, a local folder, "bundled" or an attnviz.load() handle (None: the default
+    model); layer the model layer whose parameters and input to use; heads how many heads to split
+    the projections into (None: the model's own); weights the layer's parameters, "pretrained" or
+    "random" (drawn from seed); kv another text to take keys and values from; causal masks future
+    keys; stack picks an encoder-decoder's attention ("encoder", "decoder" or "cross"); device is
+    "auto", "cpu" or "cuda"; truncate lets texts longer than the model's positions be cut; words
+    shows words, not word pieces. Wrong types and values are refused as the value is built.
+    """
+
+    model: Any = None  # str | Path | attnviz.Model | None
+    layer: int = 0
+    heads: int | None = None
+    weights: str = "pretrained"
+    seed: int = 0
+    kv: str | None = None
+    causal: bool = False
+    stack: str | None = None
+    device: str = "auto"
+    truncate: bool = False
+    words: bool = False
+
+    def __post_init__(self) -> None:
+        if self.model is not None and not isinstance(self.model, (str, Path, Model)):
+            refuse("model", MODEL_TYPES, self.model)
+        object.__setattr__(self, "layer", must_be_int("layer", self.layer))
+        object.__setattr__(self, "heads", must_be_int("heads", self.heads, none=True))
+        object.__setattr__(self, "seed", must_be_int("seed", self.seed))
+        must_be_one_of("weights", self.weights, WEIGHTS)
+        must_be_str("kv", self.kv, none=True)
+        must_be_one_of("stack", self.stack, STACKS, none=True)
+        must_be_device(self.device)
+        for name in ("causal", "truncate", "words"):
+            must_be_bool(name, getattr(self, name))
+        if not 0 <= self.seed <= MAX_SEED:
+            raise AttnvizError(f"seed {self.seed} is out of range: give 0 to 2**64 - 1")
+        check_text(self.kv, "the --kv text")
+        refuse_causal_cross_attention(self.kv, self.causal, self.stack)
+
+    def keywords(self) -> dict[str, Any]:
+        """The options given (those not at their defaults), as keywords of the API's functions."""
+        return {field.name: getattr(self, field.name) for field in fields(self) if getattr(self, field.name) != field.default}
+
+    def run_spec(self, handle, **fixed) -> RunSpec:
+        """The run's RunSpec on a loaded model (an attnviz.Model), heads resolved for its stack (None: the model's own).
+
+        fixed are RunSpec's settings that a command sets itself (stats and layers: layer=None; stats: js).
+        """
+        from attnviz.pipeline import resolve_num_heads
+
+        settings = dict(
+            layer=self.layer, weights=self.weights, seed=self.seed, causal=self.causal, kv_text=self.kv, stack=self.stack,
+            truncate=self.truncate, words=self.words,
+        )  # fmt: skip
+        spec = run_spec(handle.loaded, handle.name, device=handle.device, num_heads=None, **{**settings, **fixed})
+        return replace(spec, num_heads=resolve_num_heads(handle.loaded, self.heads, spec.stack))
+
+
+RUN_OPTIONS = tuple(field.name for field in fields(RunOptions))
+EVERY_LAYER_OPTIONS = tuple(name for name in RUN_OPTIONS if name not in ("layer", "kv"))  # stats, layers: every layer's self-attention
+
+
+def run_options(function: str, given: dict[str, Any], taken: tuple[str, ...] = RUN_OPTIONS) -> RunOptions:
+    """The RunOptions of an API call's keywords (given); a keyword that the function does not take is refused."""
+    for name in given:
+        if name not in taken:
+            raise AttnvizError(f"attnviz.{function}() takes no argument {name!r}: its options are {', '.join(taken)}")
+    return RunOptions(**given)

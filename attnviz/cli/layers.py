@@ -1,0 +1,77 @@
+"""`attnviz layers`: every layer's heads over one text at a glance, and attention rollout through the layers."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from attnviz.cli.options import (
+    run_options,
+    app,
+    console,
+    errors,
+    Weights,
+    Device,
+    ImageFormat,
+    Stack,
+    DeviceOption,
+    TruncateOption,
+    WordsOption,
+    Measure,
+    LayersMeasureOption,
+    FormatOption,
+    WeightsOption,
+    SeedOption,
+    EveryLayerCausalOption,
+    AllowPickleOption,
+    ModelOption,
+    EveryLayerHeadsOption,
+    EveryLayerStackOption,
+    OutOption,
+)
+from attnviz.cli.shared import run_target, write_run
+from attnviz.spec import check_text, refuse_cross_over_every_layer
+
+
+@app.command(short_help="Every layer's heads at a glance, and attention rollout.")
+def layers(
+    text: str = typer.Argument(..., metavar="TEXT", help="The text to attend over, e.g. 我想吃酸菜鱼."),
+    model: Optional[str] = ModelOption,
+    heads: Optional[int] = EveryLayerHeadsOption,
+    weights: Weights = WeightsOption,
+    seed: int = SeedOption,
+    causal: bool = EveryLayerCausalOption,
+    stack: Optional[Stack] = EveryLayerStackOption,
+    device: Device = DeviceOption,
+    image_format: ImageFormat = FormatOption,
+    out: Optional[Path] = OutOption,
+    truncate: bool = TruncateOption,
+    words: bool = WordsOption,
+    measure: Measure = LayersMeasureOption,
+    allow_pickle: bool = AllowPickleOption,
+) -> None:
+    """Every layer and head at a glance (layers.png) and attention rollout through the layers (rollout.png)."""
+    options = run_options(locals())
+    from attnviz.api import functions
+    from attnviz.api.models import load
+    from attnviz.output.runs import run_folder_name
+    from attnviz.render import terminal
+
+    check_text(text)
+    refuse_cross_over_every_layer(options.stack)
+    functions.refuse_before_loading(options)
+    target = run_target(out, run_folder_name(text))
+    handle = load(options.model, options.device, allow_pickle=allow_pickle, cache=False)
+    result = functions.layers(text, measure=measure.value, **replace(options, model=handle).keywords())
+
+    first = result.layer_runs[0]
+    terminal.print_notices(errors, first.notices)
+    terminal.print_setup(console, first, handle.source, handle.device_label, len(result.layer_runs), seed=options.seed)
+    terminal.print_tokens(console, first)
+    terminal.print_rollout(console, first.query_tokens, result.rollout, first.causal and not first.model_causal)
+    if result.measures is not None and result.measures.flow is not None:
+        terminal.print_rollout(console, first.query_tokens, result.measures.flow.normalised, name="flow")
+    write_run(out, target, "writing figures…", lambda staging: result.write_files(staging, image_format.value))
