@@ -31,6 +31,8 @@ RUN_OPTIONS = {  # RunOptions' fields, each with wrong values of other types
     "truncate": ["yes", 0],
     "words": ["no", 1],
 }
+RUN_OPTIONS_VALID = {"model": "bundled", "layer": 0, "heads": None, "weights": "pretrained", "seed": 0, "kv": "a dog",
+                     "causal": False, "stack": None, "device": "cpu", "truncate": False, "words": False}  # fmt: skip
 EVERY_LAYER = {name: values for name, values in RUN_OPTIONS.items() if name not in ("layer", "kv")}
 TEXT = [5, None, b"the cat"]
 TEXTS = [5, None, [1], ["the cat", 2.0]]
@@ -91,17 +93,26 @@ def test_a_wrong_type_is_refused_before_loading_naming_the_argument_and_what_it_
 
 
 def test_every_argument_of_every_public_function_is_tried():
-    """The table above covers each function's whole signature: a new argument needs its wrong types here."""
+    """The table above is each function's whole signature: a new argument needs its wrong types here."""
     import inspect
 
     for function, arguments in ARGUMENTS.items():
         signature = inspect.signature(getattr(attnviz, function)).parameters
-        named = {name for name, parameter in signature.items() if parameter.kind != parameter.VAR_KEYWORD}
-        takes_options = any(parameter.kind == parameter.VAR_KEYWORD for parameter in signature.values())
-        assert named <= set(arguments), (function, named - set(arguments))
-        if takes_options:  # the run options it takes are the rest of the table's arguments
-            options = set(arguments) - named
-            assert options <= set(RUN_OPTIONS), (function, options)
+        assert set(signature) == set(arguments), (function, set(signature) ^ set(arguments))
+        assert not any(parameter.kind == parameter.VAR_KEYWORD for parameter in signature.values()), function
+
+
+@pytest.mark.parametrize("function", [name for name in ARGUMENTS if name != "load"])
+def test_the_signature_shows_exactly_the_run_options_a_function_takes(function, no_loading):
+    """help(attnviz.heads) lists layer, heads, ...: each run option it shows is taken, each it leaves out is refused."""
+    import inspect
+
+    shown = set(inspect.signature(getattr(attnviz, function)).parameters)
+    for option in RUN_OPTIONS:
+        if option in ARGUMENTS[function] and option in shown:
+            continue
+        with pytest.raises(AttnvizError, match=rf"attnviz\.{function}\(\) takes no argument '{option}'"):
+            call(function, **{option: RUN_OPTIONS_VALID[option]})
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ from dataclasses import replace
 from attnviz.analysis.measure_names import measure_names
 from attnviz.api.models import Model, load
 from attnviz.api.arguments import must_be_bool, must_be_callable, must_be_int, must_be_str, must_be_str_or_list, refuse
-from attnviz.api.options import EVERY_LAYER_OPTIONS, RunOptions, run_options
+from attnviz.api.options import EVERY_LAYER_OPTIONS, RunOptions, run_options, takes_options
 from attnviz.errors import AttnvizError
 from attnviz.spec import check_text, check_trace_texts, refuse_cross_over_every_layer
 
@@ -22,6 +22,7 @@ COMPARE_OPTIONS = ("model", "layer", "seed", "device", "truncate")  # compare's 
 POSITION_OPTIONS = ("model", "device")  # position runs layer 0 with the model's own parameters and heads
 
 
+@takes_options()
 def heads(text: str | list[str], *, measure: str = "weights", **options):
     """One layer's heads over a text (a HeadsResult), or over a list of texts (a list, run in padded batches).
 
@@ -66,6 +67,7 @@ def _measured_heads(handle: Model, text, texts: list[str], spec, names: tuple[st
     return results if isinstance(text, (list, tuple)) else results[0]
 
 
+@takes_options()
 def trace(text: str | list[str], *, layout: str | None = None, mistake: str | None = None, **options):
     """Every split and merge of the heads with the real shapes (a TraceResult); a list of texts is one padded batch.
 
@@ -92,6 +94,7 @@ def trace(text: str | list[str], *, layout: str | None = None, mistake: str | No
     return TraceResult(traced, run_attention(handle.loaded, texts, spec), spec, handle.loaded.num_layers_of(spec.stack))
 
 
+@takes_options(EVERY_LAYER_OPTIONS)
 def stats(texts: str | list[str], *, js: bool = True, progress=None, **options):
     """Statistics and labels of every head of every layer, averaged over the texts (a StatsResult).
 
@@ -125,6 +128,7 @@ def stats(texts: str | list[str], *, js: bool = True, progress=None, **options):
     return StatsResult(measured.stats, texts, truncated, first, spec, notices)
 
 
+@takes_options(EVERY_LAYER_OPTIONS)
 def layers(text: str, *, measure: str = "weights", **options):
     """Every layer's heads over one text, and attention rollout through the layers (a LayersResult).
 
@@ -151,6 +155,7 @@ def layers(text: str, *, measure: str = "weights", **options):
     return LayersResult(layer_runs, runs_rollout(layer_runs), spec)
 
 
+@takes_options(COMPARE_OPTIONS)
 def compare(text: str, *, heads: str | list[int] | None = None, weights: str | list[str] = "pretrained", **options):
     """The same layer's projections split into several head counts (default 1, 4 and the model's own), and
     pretrained beside random parameters when weights is ["pretrained", "random"] (a CompareResult).
@@ -176,6 +181,7 @@ def compare(text: str, *, heads: str | list[int] | None = None, weights: str | l
     return CompareResult(compare_splits(loaded, text, counts, weights_list, shared), shared)
 
 
+@takes_options(POSITION_OPTIONS)
 def position(text: str, *, permutation: str | list[int] | None = None, head: int | None = None, **options):
     """Why attention needs position embeddings: layer 0 over the text and its permutation (a PositionResult).
 

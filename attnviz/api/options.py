@@ -10,7 +10,8 @@ a one-line AttnvizError naming the argument, before any work.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+import inspect
+from dataclasses import MISSING, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -91,3 +92,20 @@ def run_options(function: str, given: dict[str, Any], taken: tuple[str, ...] = R
         if name not in taken:
             raise AttnvizError(f"attnviz.{function}() takes no argument {name!r}: its options are {', '.join(taken)}")
     return RunOptions(**given)
+
+
+def takes_options(taken: tuple[str, ...] = RUN_OPTIONS):
+    """Give an API function that takes **options the signature it really has: its own arguments, then taken's.
+
+    help(attnviz.heads), a notebook's tooltip and an editor's completion then list layer, heads,
+    seed, ... with their defaults, as if the function spelled them out; run_options still checks them.
+    """
+    defaults = {field.name: field.default for field in fields(RunOptions) if field.default is not MISSING}
+
+    def with_signature(function):
+        own = [p for p in inspect.signature(function).parameters.values() if p.kind is not p.VAR_KEYWORD]
+        shown = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=defaults[name]) for name in taken]
+        function.__signature__ = inspect.Signature([*own, *shown])
+        return function
+
+    return with_signature

@@ -13,7 +13,7 @@ from dataclasses import replace
 from attnviz.api.analysis_results import text_statistics
 from attnviz.api.functions import _check_lengths, _texts, refuse_before_loading
 from attnviz.api.models import load
-from attnviz.api.options import run_options
+from attnviz.api.options import run_options, takes_options
 from attnviz.api.results import ReportResult, report_result
 from attnviz.errors import AttnvizError
 from attnviz.spec import RunSpec
@@ -24,6 +24,7 @@ MAX_REPORT_TEXTS = 64  # one page holds every text's layers and traces: a few MB
 MAX_REPORT_WEIGHTS = 2**24
 
 
+@takes_options()
 def report(text_or_texts: str | list[str], **options) -> ReportResult:
     """The interactive report of a text, or of a list of texts (at most MAX_REPORT_TEXTS), as a ReportResult.
 
