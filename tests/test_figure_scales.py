@@ -25,7 +25,7 @@ from attnviz.render.scales import LOG_SCALE_MIN, MASKED_COLOR, block_maximum, ca
 from attnviz.render.stats_figures import layers_figure, rollout_figure
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_heatmap import make_run, read_png  # noqa: E402
+from helpers import make_run, read_png  # noqa: E402
 
 WHITE = (255, 255, 255)
 

@@ -108,7 +108,7 @@ def test_deep_models_with_many_heads_keep_layers_png_within_its_stated_size(tmp_
     from attnviz.render.stats_figures import write_layers_grid
 
     sys.path.insert(0, str(Path(__file__).parent))
-    from test_heatmap import make_run
+    from helpers import make_run
 
     tokens = [f"t{index}" for index in range(8)]
     runs = [make_run(tokens, num_heads=64, seed=layer) for layer in range(96)]
@@ -183,7 +183,7 @@ def test_a_measure_figure_at_512_tokens_says_when_its_panels_show_block_maxima(n
     from attnviz.render.measure_figures import Panel, maps_figure
 
     sys.path.insert(0, str(Path(__file__).parent))
-    from test_heatmap import make_run
+    from helpers import make_run
 
     run = make_run([f"t{index}" for index in range(512)], num_heads=1)
     rng = np.random.default_rng(0)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import subprocess
 import sys
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import make_run, read_png
 
 from attnviz.errors import AttnvizError
 from attnviz.render import heatmap
@@ -23,44 +23,9 @@ from attnviz.render.heatmap import (
     write_heads_grid,
 )
 from attnviz.render.titles import short_model_name
-from attnviz.result import AttentionRun
 
 CHINESE = ["[CLS]", "我", "想", "吃", "酸", "菜", "鱼", "[SEP]"]
 CJK = ["[CLS]", "我", "想", "吃", "こんにちは", "カタカナ", "안녕", "하세요", "[SEP]"]
-
-
-def make_run(query_tokens, key_tokens=None, num_heads=2, causal=False, seed=0) -> AttentionRun:
-    """Softmax of random scores, (H, Nq, Nk); causal runs get exact zeros above the diagonal."""
-    key_tokens = key_tokens or query_tokens
-    rng = np.random.default_rng(seed)
-    scores = rng.normal(scale=2.0, size=(num_heads, len(query_tokens), len(key_tokens)))
-    if causal:
-        scores[:, np.triu(np.ones(scores.shape[1:], dtype=bool), k=1)] = -np.inf
-    weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
-    weights /= weights.sum(axis=-1, keepdims=True)
-    return AttentionRun(
-        text="".join(query_tokens),
-        model="sentence-transformers/all-MiniLM-L6-v2",
-        layer=0,
-        weights="pretrained",
-        num_heads=num_heads,
-        device="cpu",
-        query_tokens=list(query_tokens),
-        key_tokens=list(key_tokens),
-        query_ids=list(range(len(query_tokens))),
-        key_ids=list(range(len(key_tokens))),
-        attention=weights,
-        output=np.zeros((len(query_tokens), 8 * num_heads)),
-        causal=causal,
-    )
-
-
-def read_png(path: Path) -> np.ndarray:
-    from PIL import Image
-
-    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    with Image.open(path) as image:
-        return np.asarray(image.convert("RGB"))
 
 
 def missing_glyph_warnings(caught) -> list[str]:

@@ -8,7 +8,7 @@ import json
 
 import numpy as np
 import pytest
-from test_measures import bert_inputs, distances_by_reruns, flows_by_networkx, per_head_vectors
+from helpers import bert_inputs, distances_by_reruns, flows_by_networkx, per_head_vectors
 
 import attnviz
 from attnviz.cli import run

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import read_png
 
 from attnviz.analysis.rollout import attention_rollout
 from attnviz.analysis.statistics import (
@@ -66,14 +67,6 @@ def csv_values(rows: list[dict], layer: int) -> np.ndarray:
 
 def hex_rgb(color: str) -> np.ndarray:
     return np.array([int(color[i : i + 2], 16) for i in (1, 3, 5)])
-
-
-def read_png(path: Path) -> np.ndarray:
-    from PIL import Image
-
-    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    with Image.open(path) as image:
-        return np.asarray(image.convert("RGB"))
 
 
 # --- every layer from one pass --------------------------------------------------------------------

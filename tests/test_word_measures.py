@@ -9,7 +9,7 @@ import networkx as nx
 import numpy as np
 import pytest
 import torch
-from test_measures import bert_inputs, per_head_vectors, rerun_with_value_zeroed  # its key may be a word's list of tokens
+from helpers import bert_inputs, per_head_vectors, rerun_with_value_zeroed  # its key may be a word's list of tokens
 
 import attnviz
 from attnviz.attention.layer import layer_from_weights
