@@ -1,6 +1,19 @@
-"""Shared fixtures: the bundled model as attnviz loads it, and transformers' own BERT as the reference."""
+"""Shared fixtures: the bundled model as attnviz loads it, and transformers' own BERT as the reference;
+the tiers' marks that follow from a fixture. Shared helpers that are not fixtures are in tests/helpers.py."""
 
 import pytest
+
+# The tiers (pyproject.toml's markers): a test that uses the session's Chromium is a browser test and one that
+# uses the converted SmolLM2 is slow, in whichever file it is; the other tests are marked in their files.
+TIER_OF_FIXTURE = {"browser": "browser", "smollm2_converted": "slow"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by mark
+def pytest_collection_modifyitems(items):
+    for item in items:
+        for fixture, mark in TIER_OF_FIXTURE.items():
+            if fixture in item.fixturenames:  # used directly or through another fixture
+                item.add_marker(mark)
 
 
 @pytest.fixture(scope="session")
