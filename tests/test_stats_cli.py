@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import read_png
+from helpers import layers_grid_panels, read_png
 
 from attnviz.analysis.rollout import attention_rollout
 from attnviz.analysis.statistics import (
@@ -345,19 +345,27 @@ def test_each_panel_of_the_grid_is_that_layers_head(tmp_path):
     import matplotlib
 
     from attnviz.render.heatmap import COLORMAP
-    from attnviz.render.stats_figures import _layers_mosaic
+    from attnviz.render.stats_figures import layers_figure
 
     runs = hand_made_runs(num_layers=3, num_heads=4, num_tokens=7, causal=True)
-    mosaic, size, step = _layers_mosaic(runs)
+    mosaic, panels, cells, step = layers_grid_panels(layers_figure(runs), num_layers=3, num_heads=4)
+    assert cells == 7  # a cell a token
     colormap = matplotlib.colormaps[COLORMAP]
-    for layer in range(3):
-        for head in range(4):
-            panel = mosaic[layer * step : layer * step + size, head * step : head * step + size, :3]
-            weights = runs[layer].attention[head]
-            lower = ~np.triu(np.ones((7, 7), dtype=bool), k=1)
-            np.testing.assert_array_equal(panel[lower], colormap(weights, bytes=True)[..., :3][lower])
-            assert np.all(panel[~lower] == hex_rgb(MASKED_COLOR))
-    assert np.all(mosaic[size:step, :, :3] == 255)  # white between the rows of panels
+    for (layer, head), panel in panels.items():
+        panel = panel[..., :3]
+        weights = runs[layer].attention[head]
+        lower = ~np.triu(np.ones((7, 7), dtype=bool), k=1)
+        np.testing.assert_array_equal(panel[lower], colormap(weights, bytes=True)[..., :3][lower])
+        assert np.all(panel[~lower] == hex_rgb(MASKED_COLOR))
+    assert np.all(mosaic[cells:step, :, :3] == 255)  # white between the rows of panels
+
+
+def near_equal_block_maxima(weights: np.ndarray, cells: int) -> np.ndarray:
+    """(cells, cells): the largest weight of each block of an (N, N) map cut into cells near-equal blocks a side,
+    block b holding rows (and columns) ceil(b N / cells) up to ceil((b + 1) N / cells), written out block by block."""
+    bounds = [-(-block * len(weights) // cells) for block in range(cells + 1)]
+    rows = np.stack([weights[start:end].max(axis=0) for start, end in zip(bounds, bounds[1:])])  # (cells, N)
+    return np.stack([rows[:, start:end].max(axis=1) for start, end in zip(bounds, bounds[1:])], axis=1)
 
 
 def test_a_long_text_is_shown_as_the_maximum_of_each_block_in_the_grid(tmp_path):
@@ -366,18 +374,16 @@ def test_a_long_text_is_shown_as_the_maximum_of_each_block_in_the_grid(tmp_path)
     from matplotlib.colors import LogNorm
 
     from attnviz.render.scales import COLORMAP, LOG_SCALE_MIN
-    from attnviz.render.stats_figures import _layers_mosaic, write_layers_grid
+    from attnviz.render.stats_figures import layers_figure, write_layers_grid
 
     runs = hand_made_runs(num_layers=2, num_heads=3, num_tokens=400)
-    mosaic, size, step = _layers_mosaic(runs, max_cells=100)
-    assert size == 100  # 4 x 4 cells a block
+    _, panels, cells, _ = layers_grid_panels(layers_figure(runs), num_layers=2, num_heads=3)
+    assert cells < 400 / 2  # blocks of 2 x 2 cells or more
     colormap = matplotlib.colormaps[COLORMAP]
-    for layer in range(2):
-        for head in range(3):
-            blocks = runs[layer].attention[head].reshape(100, 4, 100, 4).max(axis=(1, 3))  # (100, 100)
-            expected = colormap(LogNorm(LOG_SCALE_MIN, 1.0)(np.clip(blocks, LOG_SCALE_MIN, None)), bytes=True)
-            panel = mosaic[layer * step : layer * step + size, head * step : head * step + size]
-            np.testing.assert_array_equal(panel, expected)
+    for (layer, head), panel in panels.items():
+        blocks = near_equal_block_maxima(runs[layer].attention[head], cells)
+        expected = colormap(LogNorm(LOG_SCALE_MIN, 1.0)(np.clip(blocks, LOG_SCALE_MIN, None)), bytes=True)
+        np.testing.assert_array_equal(panel, expected)
     read_png(write_layers_grid(runs, tmp_path))
 
 
