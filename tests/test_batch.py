@@ -107,6 +107,7 @@ def test_write_batch_reports_each_text_once(bert, tmp_path, json_only, plain_spe
     assert [row["folder"] for row in result.rows] == sorted(path.name for path in tmp_path.iterdir() if path.is_dir())
 
 
+@pytest.mark.slow
 def test_heads_file_writes_one_folder_per_non_blank_line_with_each_texts_own_weights(bert, tmp_path, capsys):
     source = write_lines(tmp_path / "texts.txt", [TEXTS[0], "", "   ", TEXTS[1], TEXTS[2], ""])
     out = tmp_path / "run"

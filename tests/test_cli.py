@@ -54,6 +54,7 @@ def test_heads_writes_every_head_the_grid_and_berts_own_weights(text, tmp_path, 
         assert expected_text in shown
 
 
+@pytest.mark.slow
 def test_default_run_folders_are_named_after_the_text_and_never_overwritten(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert heads("我爱中国") == 0
@@ -152,6 +153,7 @@ def test_bad_input_is_one_line_and_exit_code_2_and_writes_nothing(case, tmp_path
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_truncate_accepts_a_text_longer_than_the_model(tmp_path):
     assert heads(LONG_TEXT, "--truncate", "--out", str(tmp_path)) == 0
     assert len(json.loads((tmp_path / "attention.json").read_text())["query_tokens"]) == 512

@@ -67,6 +67,7 @@ def figures_of_512_tokens(tmp_path_factory, bundled_bert):
     return {path.name: png_size(path) for path in written if path.suffix == ".png"}
 
 
+@pytest.mark.slow
 def test_every_figure_at_512_tokens_is_within_its_stated_size(figures_of_512_tokens):
     for name, (width, height) in figures_of_512_tokens.items():
         most_width, most_height = figure_max_px(name)
@@ -150,6 +151,7 @@ def test_layers_png_panels_hold_the_same_block_maxima_as_the_masked_path(causal,
         np.testing.assert_array_equal(panels[layer, head], attention_colors(expected, norm))
 
 
+@pytest.mark.slow
 def test_the_wrong_heads_grid_at_512_tokens_says_its_panels_show_block_maxima(tmp_path, monkeypatch, bundled_bert):
     """A panel of about 300 pixels shows 512 cells as blocks: the colour bar of the grid (and of a wrong
     head, whose bar says so exactly when its map was pooled) must say so, not show maxima as cells."""

@@ -24,6 +24,8 @@ from helpers import read_png
 from attnviz.spec import RunSpec, run_spec
 from helpers import linux_with_two_cores, run_script
 
+pytestmark = pytest.mark.slow  # figures drawn twice over, and in fresh processes
+
 TEXT = "the quick brown fox jumps over the lazy dog again"
 CASES = {
     "default": (TEXT, None, None),

@@ -14,6 +14,9 @@ from attnviz.spec import RunSpec
 from helpers import make_run, read_png
 from helpers import linux_with_two_cores, run_script
 
+pytestmark = pytest.mark.slow  # figures drawn twice over, and in fresh processes
+
+
 def options(model: str | None = "bundled", **settings) -> RunSpec:
     """The command line's settings before loading, as attnviz heads gives them to prepare()."""
     return RunSpec(model=model, resolved_model=model or "", model_source="", **settings)

@@ -21,6 +21,8 @@ from attnviz.models.loading import bundled_model_path, load_model
 
 # Texts a user might paste: emoji, combining marks, right-to-left scripts, zero-width
 # characters, control characters, very long words, CJK mixed with Latin.
+pytestmark = pytest.mark.slow  # real runs in subprocesses, signals at random moments, hypothesis
+
 TRICKY = st.sampled_from(
     ["👍🏽", "e\u0301", "مرحبا", "שלום", "\u200b", "\u200d", "\x00", "\x1b[31m", "\n", "\t", "我想吃", "abc",
      "x" * 300, "../", "/", "..", "\\", "~", "%", "$HOME", "[CLS]", "[SEP]", "\ufeff", "\U0010ffff"]

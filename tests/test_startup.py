@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # fresh processes that import torch
 TESTS = Path(__file__).resolve().parent
 linux_with_two_cores = pytest.mark.skipif(
     sys.platform != "linux" or (os.cpu_count() or 1) < 2, reason="the figure worker is forked on Linux with 2 cores or more"

@@ -137,6 +137,7 @@ def test_statistics_of_a_padded_batch_equal_the_average_of_each_text_alone(bert)
 # --- attnviz stats --------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_stats_files_hold_the_analysis_of_run_attentions_weights(tmp_path, capsys, bert):
     assert stats(ENGLISH, "--out", str(tmp_path)) == 0
     assert sorted(path.name for path in tmp_path.iterdir()) == [MANIFEST, "js_distance.png", "stats.csv", "stats.json"]
@@ -171,6 +172,7 @@ def test_stats_files_hold_the_analysis_of_run_attentions_weights(tmp_path, capsy
     assert max(len(line) for line in shown.splitlines()) <= 80
 
 
+@pytest.mark.slow
 def test_stats_of_a_file_average_its_non_blank_lines(tmp_path, bert):
     texts_file = tmp_path / "texts.txt"
     texts_file.write_text(f"{ENGLISH}\n\n   \n{SHORT}\n{THIRD}\n", encoding="utf-8")
@@ -191,6 +193,7 @@ def test_stats_of_a_file_average_its_non_blank_lines(tmp_path, bert):
     assert np.abs(per_token - expected).max() > 100 * TOLERANCE
 
 
+@pytest.mark.slow
 def test_a_file_measures_the_js_distances_only_with_js(tmp_path, capsys):
     """Over a --file the JS distances (most of the work on long texts) wait for --js; the other numbers do not change."""
     texts_file = tmp_path / "texts.txt"
@@ -234,6 +237,7 @@ def test_stats_states_each_definition_that_differs_from_clark_et_al(tmp_path, ca
     assert "every statistic of" not in " ".join(attnviz.analysis.statistics.__doc__.split())
 
 
+@pytest.mark.slow
 def test_causal_stats_and_layers_say_the_mask_is_over_a_bidirectional_models_hidden_states(tmp_path, capsys, bert):
     """In the terminal, the JSON files and every figure title: not a causal model's numbers."""
     from matplotlib.text import Text
@@ -259,6 +263,7 @@ def test_causal_stats_and_layers_say_the_mask_is_over_a_bidirectional_models_hid
         assert any(CAUSAL_NOTE in text.get_text() for text in figure.findobj(Text))
 
 
+@pytest.mark.slow
 def test_causal_stats_of_standard_input_see_no_next_token(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "stdin", io.StringIO(f"{SHORT}\n\n{THIRD}\n"))
     assert stats("--file", "-", "--causal", "--out", str(tmp_path)) == 0
@@ -280,6 +285,7 @@ def test_a_random_layer_split_four_ways_is_broad_everywhere(tmp_path):
 # --- attnviz layers -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_layers_writes_the_grid_and_the_rollout_of_every_layer(tmp_path, capsys, bert):
     assert layers(ENGLISH, "--out", str(tmp_path)) == 0
     assert sorted(path.name for path in tmp_path.iterdir()) == [MANIFEST, "layers.png", "rollout.json", "rollout.png"]
@@ -303,6 +309,7 @@ def test_layers_writes_the_grid_and_the_rollout_of_every_layer(tmp_path, capsys,
     assert max(len(line) for line in shown.splitlines()) <= 80
 
 
+@pytest.mark.slow
 def test_causal_layers_mask_the_future_in_the_figures_and_the_rollout(tmp_path):
     assert layers(SHORT, "--causal", "--out", str(tmp_path)) == 0
     rollout = np.array(json.loads((tmp_path / "rollout.json").read_text(encoding="utf-8"))["rollout"])

@@ -87,6 +87,7 @@ def test_stats_over_words_of_a_padded_batch_average_each_texts_word_statistics(c
     )
 
 
+@pytest.mark.slow
 def test_stats_words_writes_stats_json_over_words(tmp_path, capsys):
     out = tmp_path / "run"
     assert run(["stats", CHINESE, "--words", "--model", "bundled", "--device", "cpu", "--out", str(out)]) == 0
@@ -103,6 +104,7 @@ def test_stats_words_writes_stats_json_over_words(tmp_path, capsys):
     assert plain["settings"]["words"] is False and plain["statistics_over"] == "tokens"
 
 
+@pytest.mark.slow
 def test_the_js_distance_figure_and_the_notebook_say_over_words():
     from attnviz.render.titles import WORDS_NOTE
 

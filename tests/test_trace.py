@@ -547,6 +547,7 @@ def test_trace_merge_mistake_writes_where_the_head_outputs_land(tmp_path, capsys
     assert "the weights are the same" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_heads_with_trace_prints_and_writes_the_trace_too(tmp_path, capsys):
     assert run(["heads", SHORT, "--model", "bundled", "--heads", "2", "--trace", "--out", str(tmp_path)]) == 0
     written = {path.name for path in tmp_path.iterdir()}
