@@ -60,6 +60,7 @@ def test_the_heatmap_labels_rows_with_query_tokens_and_columns_with_key_tokens(c
     assert width > height  # 16 key columns, 9 query rows
 
 
+@pytest.mark.slow
 def test_heads_kv_end_to_end(tmp_path, capsys, bundled_bert):
     assert run(["heads", QUERIES, "--kv", KEYS, "--layer", "3", "--model", "bundled", "--out", str(tmp_path)]) == 0
     record = json.loads((tmp_path / "attention.json").read_text(encoding="utf-8"))

@@ -177,6 +177,7 @@ def test_many_heads_make_a_near_square_grid():
     assert heatmap.grid_shape(12) == (3, 4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["heads", "layers"])
 def test_a_run_past_the_cap_writes_images_within_it_and_says_so(command, tmp_path, monkeypatch, capsys):
     cap = 700  # heads.png and layers.png are about 1,800 px wide at their natural size

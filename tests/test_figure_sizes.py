@@ -75,6 +75,7 @@ def test_every_figure_at_512_tokens_is_within_its_stated_size(figures_of_512_tok
         assert max(width, height) <= MAX_IMAGE_SIDE_PX, name
 
 
+@pytest.mark.slow
 def test_every_stated_size_is_of_a_figure_that_was_drawn(figures_of_512_tokens):
     """No figure escapes the check above, and no stated size is of a figure attnviz no longer draws."""
     drawn = {re.sub(r"head_\d+$", "head_XX", name.removesuffix(".png")) for name in figures_of_512_tokens}
@@ -103,6 +104,7 @@ def test_a_long_text_never_grows_a_single_map_past_its_stated_size():
     assert FIGURE_MAX_PX["rollout"] == FIGURE_MAX_PX["mistake_view-without-permute_head_XX"] == FIGURE_MAX_PX["head_XX"]
 
 
+@pytest.mark.slow
 def test_deep_models_with_many_heads_keep_layers_png_within_its_stated_size(tmp_path):
     from attnviz.render.stats_figures import write_layers_grid
 
@@ -114,6 +116,7 @@ def test_deep_models_with_many_heads_keep_layers_png_within_its_stated_size(tmp_
     assert width <= FIGURE_MAX_PX["layers"][0] and height <= FIGURE_MAX_PX["layers"][1]
 
 
+@pytest.mark.slow
 def test_the_merge_figure_of_thousands_of_tokens_and_many_heads_stays_within_its_stated_size(tmp_path):
     from types import SimpleNamespace
 

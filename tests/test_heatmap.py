@@ -198,6 +198,7 @@ def test_unknown_format_is_refused(tmp_path):
         write_head_heatmaps(make_run(CHINESE), tmp_path, "jpg")
 
 
+@pytest.mark.slow
 def test_long_text_writes_with_thinned_labels(tmp_path):
     tokens = ["[CLS]", *[f"tok{i}" if i % 4 else "字" for i in range(298)], "[SEP]"]
     run = make_run(tokens, num_heads=2)
@@ -255,6 +256,7 @@ def test_cell_values_are_printed_with_contrast():
     assert len(paths[cell(1, 2)].vertices) == 0  # a future key: masked, no number
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "num_tokens, causal",
     [(8, False), (8, True), (12, False), (40, True), (80, True)],  # 80 keys: the log scale

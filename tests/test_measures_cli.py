@@ -181,6 +181,7 @@ def test_a_measure_figures_title_is_wrapped_to_the_figures_width():
     assert max(len(line) for line in lines) <= chars_across(figure.get_figwidth())
 
 
+@pytest.mark.slow
 def test_the_measure_figures_of_a_512_token_text_stay_within_the_size_cap(tmp_path):
     from PIL import Image
 
