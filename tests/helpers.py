@@ -195,8 +195,9 @@ def run_script(script: str, env: dict | None = None) -> list[str]:
 
 def layers_grid_panels(figure, num_layers: int, num_heads: int) -> tuple[np.ndarray, dict, int, int]:
     """layers.png's one image as the figure draws it (RGBA); its panels {(layer, head): (cells, cells, 4)};
-    a panel's size in cells; the step from one panel to the next (cells and the gap). The gap follows from the image's size alone (num_heads != num_layers):
-    width = num_heads * step - gap and height = num_layers * step - gap, step = cells + gap."""
+    a panel's size in cells; the step from one panel to the next (cells and the gap). The gap follows
+    from the image's size alone (num_heads != num_layers): width = num_heads * step - gap and
+    height = num_layers * step - gap."""
     (mosaic,) = [image.get_array() for image in figure.axes[0].images]
     height, width = mosaic.shape[:2]
     step = (width - height) // (num_heads - num_layers)

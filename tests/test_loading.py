@@ -540,7 +540,9 @@ def test_a_hub_model_whose_safetensors_index_names_pickle_shards_is_refused_befo
                    for request in fake_hub.requests)
 
 
-@pytest.mark.parametrize(("environment", "answers"), [("fake hub", True), ("front page 404", True), ("front page 503", False)])
+@pytest.mark.parametrize(
+    ("environment", "answers"), [("fake hub", True), ("front page 404", True), ("front page 503", False)]
+)
 def test_the_hub_check_counts_any_answer_but_a_server_error(hub_runs, environment, answers):
     """A hub whose front page answers 200 or 404 (a proxy that serves models only) is asked for the model,
     which downloads; one that answers 503 (a proxy that cannot reach the hub) is not tried further."""
