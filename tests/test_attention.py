@@ -35,7 +35,7 @@ def torch_reference(layer: MultiHeadAttention, model_size, num_heads, key_size=N
         model_size, num_heads, bias=True, batch_first=True, kdim=key_size, vdim=value_size
     ).eval()
     with torch.no_grad():
-        if reference._qkv_same_embed_dim:
+        if reference.in_proj_weight is not None:  # one packed projection when the key and value sizes are the model size
             reference.in_proj_weight.copy_(torch.cat([layer.w_q.weight, layer.w_k.weight, layer.w_v.weight]))
         else:
             reference.q_proj_weight.copy_(layer.w_q.weight)

@@ -107,6 +107,7 @@ def test_write_batch_reports_each_text_once(bert, tmp_path, json_only, plain_spe
     assert [row["folder"] for row in result.rows] == sorted(path.name for path in tmp_path.iterdir() if path.is_dir())
 
 
+@pytest.mark.slow
 def test_heads_file_writes_one_folder_per_non_blank_line_with_each_texts_own_weights(bert, tmp_path, capsys):
     source = write_lines(tmp_path / "texts.txt", [TEXTS[0], "", "   ", TEXTS[1], TEXTS[2], ""])
     out = tmp_path / "run"
@@ -139,6 +140,7 @@ def test_heads_file_writes_one_folder_per_non_blank_line_with_each_texts_own_wei
     assert max(len(line) for line in shown.splitlines()) <= 80
 
 
+@pytest.mark.slow
 def test_heads_file_dash_reads_standard_input_into_outputs_stdin(tmp_path, monkeypatch, json_only):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr("sys.stdin", io.StringIO("我想吃酸菜鱼\n\n我爱中国\n"))
@@ -153,6 +155,7 @@ def test_heads_file_dash_reads_standard_input_into_outputs_stdin(tmp_path, monke
     ]
 
 
+@pytest.mark.slow
 def test_heads_file_defaults_to_a_folder_named_after_the_file(tmp_path, monkeypatch, json_only):
     source = write_lines(tmp_path / "zh.txt", ["我爱中国"])
     monkeypatch.chdir(tmp_path)
@@ -162,6 +165,7 @@ def test_heads_file_defaults_to_a_folder_named_after_the_file(tmp_path, monkeypa
     assert (tmp_path / "outputs" / "zh" / "001-我爱中国" / "attention.json").exists()
 
 
+@pytest.mark.slow
 def test_heads_file_with_kv_gives_every_text_the_same_keys(tmp_path, json_only):
     source = write_lines(tmp_path / "texts.txt", TEXTS[:2])
     assert heads("--file", str(source), "--kv", "I want to eat fish.", "--out", str(tmp_path / "run")) == 0
@@ -208,6 +212,7 @@ def test_text_and_file_together_or_neither_are_errors(tmp_path, capsys):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_a_rerun_into_the_same_out_replaces_the_earlier_batch_as_a_whole(tmp_path, json_only):
     source = write_lines(tmp_path / "texts.txt", ["hello", "world"])
     assert heads("--file", str(source), "--out", str(tmp_path / "run")) == 0
@@ -227,6 +232,7 @@ def test_an_out_folder_with_the_users_own_folders_of_those_names_is_refused(tmp_
     assert sorted(path.name for path in (tmp_path / "run").iterdir()) == ["001-hello", "summary.csv"]
 
 
+@pytest.mark.slow
 def test_a_failure_midway_leaves_nothing(bert, tmp_path, monkeypatch):
     calls = []
 

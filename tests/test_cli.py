@@ -54,6 +54,7 @@ def test_heads_writes_every_head_the_grid_and_berts_own_weights(text, tmp_path, 
         assert expected_text in shown
 
 
+@pytest.mark.slow
 def test_default_run_folders_are_named_after_the_text_and_never_overwritten(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert heads("我爱中国") == 0
@@ -62,12 +63,14 @@ def test_default_run_folders_are_named_after_the_text_and_never_overwritten(tmp_
     assert (tmp_path / "outputs" / "我爱中国-2" / "head_00.svg").exists()
 
 
+@pytest.mark.slow
 def test_dollar_signs_in_a_text_print_as_themselves_not_as_math(tmp_path):
     # matplotlib reads "$...$" as mathtext: "$$" failed to parse in the head figures' titles
     assert heads("$$ and $x$", "--heads", "2", "--out", str(tmp_path / "dollars")) == 0
     assert run(["compare", "$$", "--heads", "1,2", "--model", "bundled", "--out", str(tmp_path / "compare")]) == 0
 
 
+@pytest.mark.slow
 def test_cross_attention_and_causal_options(tmp_path):
     assert heads("我爱中国", "--kv", "我想吃酸菜鱼", "--heads", "2", "--out", str(tmp_path / "kv")) == 0
     record = json.loads((tmp_path / "kv" / "attention.json").read_text(encoding="utf-8"))
@@ -79,6 +82,7 @@ def test_cross_attention_and_causal_options(tmp_path):
     assert record["causal_note"] is None  # layer 0's input, the embeddings, holds no later token
 
 
+@pytest.mark.slow
 def test_causal_past_layer_0_says_the_mask_is_over_a_bidirectional_models_hidden_states(tmp_path, capsys):
     assert heads("The cat sat.", "--causal", "--layer", "2", "--out", str(tmp_path / "run")) == 0
     record = json.loads((tmp_path / "run" / "attention.json").read_text(encoding="utf-8"))
@@ -109,6 +113,7 @@ def test_zero_heads_is_an_error_that_lists_the_counts_dividing_the_model_size(co
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_the_setup_calls_the_layer_s_parameters_parameters_and_gives_their_seed(tmp_path, capsys):
     assert heads("the cat", "--weights", "random", "--seed", "11", "--heads", "2", "--out", str(tmp_path)) == 0
     shown = capsys.readouterr().out
@@ -117,6 +122,7 @@ def test_the_setup_calls_the_layer_s_parameters_parameters_and_gives_their_seed(
     assert "index token id" in shown  # the token list's legend
 
 
+@pytest.mark.slow
 def test_unknown_token_notes_say_which_text_they_are_about(tmp_path, capsys):
     emoji = "😀😀 😀😀"
     assert heads("the cat sat", "--kv", emoji, "--heads", "2", "--out", str(tmp_path / "kv")) == 0
@@ -152,6 +158,7 @@ def test_bad_input_is_one_line_and_exit_code_2_and_writes_nothing(case, tmp_path
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_truncate_accepts_a_text_longer_than_the_model(tmp_path):
     assert heads(LONG_TEXT, "--truncate", "--out", str(tmp_path)) == 0
     assert len(json.loads((tmp_path / "attention.json").read_text())["query_tokens"]) == 512

@@ -137,6 +137,7 @@ def compare(*args):
     return run(["compare", *args, "--model", "bundled"])
 
 
+@pytest.mark.slow
 def test_compare_end_to_end(tmp_path, capsys, bundled_bert):
     args = [TEXT, "--heads", "1,4", "--weights", "pretrained,random", "--layer", str(LAYER), "--seed", "3"]
     assert compare(*args, "--out", str(tmp_path)) == 0

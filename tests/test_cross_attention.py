@@ -51,14 +51,16 @@ def test_cross_attention_is_each_query_against_the_other_texts_keys(cross, refer
 
 
 def test_the_heatmap_labels_rows_with_query_tokens_and_columns_with_key_tokens(cross):
-    figure = heatmap._HeadFigure(cross)
-    assert [label.get_text() for label in figure.ax.get_yticklabels()] == cross.query_tokens
-    assert [label.get_text() for label in figure.ax.get_xticklabels()] == cross.key_tokens
-    assert figure.image.get_array().shape == (9, 16)  # Nq rows, Nk columns
-    width, height = figure.figure.get_size_inches()
+    figure = heatmap.head_figure(cross, 0)
+    ax = figure.axes[0]
+    assert [label.get_text() for label in ax.get_yticklabels()] == cross.query_tokens
+    assert [label.get_text() for label in ax.get_xticklabels()] == cross.key_tokens
+    assert ax.images[0].get_array().shape == (9, 16)  # Nq rows, Nk columns
+    width, height = figure.get_size_inches()
     assert width > height  # 16 key columns, 9 query rows
 
 
+@pytest.mark.slow
 def test_heads_kv_end_to_end(tmp_path, capsys, bundled_bert):
     assert run(["heads", QUERIES, "--kv", KEYS, "--layer", "3", "--model", "bundled", "--out", str(tmp_path)]) == 0
     record = json.loads((tmp_path / "attention.json").read_text(encoding="utf-8"))

@@ -9,11 +9,10 @@ the scale's colours at 0 and 1, the masked grey, and the white between the layer
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import make_run, read_png
 
 from attnviz.analysis.compare import Split
 from attnviz.analysis.statistics import summarize_heads
@@ -23,9 +22,6 @@ from attnviz.render import scales
 from attnviz.render.heatmap import heads_grid_figure
 from attnviz.render.scales import LOG_SCALE_MIN, MASKED_COLOR, block_maximum, capped_size
 from attnviz.render.stats_figures import layers_figure, rollout_figure
-
-sys.path.insert(0, str(Path(__file__).parent))
-from test_heatmap import make_run, read_png  # noqa: E402
 
 WHITE = (255, 255, 255)
 
@@ -97,9 +93,8 @@ def test_the_heads_grid_shows_only_colours_of_the_scale(num_tokens, causal):
 
 
 def test_a_single_heads_figure_shows_only_colours_of_the_scale():
-    figure = heatmap._HeadFigure(one_hot_run(30))
-    figure.show_head(0)
-    assert off_scale(map_pixels(figure.figure, figure.ax), SCALE_COLOURS) == 0
+    figure = heatmap.head_figure(one_hot_run(30), 0)
+    assert off_scale(map_pixels(figure, figure.axes[0]), SCALE_COLOURS) == 0
 
 
 @pytest.mark.parametrize("num_tokens", [40, 400])
@@ -182,6 +177,7 @@ def test_many_heads_make_a_near_square_grid():
     assert heatmap.grid_shape(12) == (3, 4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["heads", "layers"])
 def test_a_run_past_the_cap_writes_images_within_it_and_says_so(command, tmp_path, monkeypatch, capsys):
     cap = 700  # heads.png and layers.png are about 1,800 px wide at their natural size

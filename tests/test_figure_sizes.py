@@ -10,6 +10,7 @@ import re
 
 import numpy as np
 import pytest
+from helpers import layers_grid_panels, make_run
 from PIL import Image
 
 import attnviz
@@ -66,6 +67,7 @@ def figures_of_512_tokens(tmp_path_factory, bundled_bert):
     return {path.name: png_size(path) for path in written if path.suffix == ".png"}
 
 
+@pytest.mark.slow
 def test_every_figure_at_512_tokens_is_within_its_stated_size(figures_of_512_tokens):
     for name, (width, height) in figures_of_512_tokens.items():
         most_width, most_height = figure_max_px(name)
@@ -73,6 +75,7 @@ def test_every_figure_at_512_tokens_is_within_its_stated_size(figures_of_512_tok
         assert max(width, height) <= MAX_IMAGE_SIDE_PX, name
 
 
+@pytest.mark.slow
 def test_every_stated_size_is_of_a_figure_that_was_drawn(figures_of_512_tokens):
     """No figure escapes the check above, and no stated size is of a figure attnviz no longer draws."""
     drawn = {re.sub(r"head_\d+$", "head_XX", name.removesuffix(".png")) for name in figures_of_512_tokens}
@@ -101,14 +104,9 @@ def test_a_long_text_never_grows_a_single_map_past_its_stated_size():
     assert FIGURE_MAX_PX["rollout"] == FIGURE_MAX_PX["mistake_view-without-permute_head_XX"] == FIGURE_MAX_PX["head_XX"]
 
 
+@pytest.mark.slow
 def test_deep_models_with_many_heads_keep_layers_png_within_its_stated_size(tmp_path):
-    import sys
-    from pathlib import Path
-
     from attnviz.render.stats_figures import write_layers_grid
-
-    sys.path.insert(0, str(Path(__file__).parent))
-    from test_heatmap import make_run
 
     tokens = [f"t{index}" for index in range(8)]
     runs = [make_run(tokens, num_heads=64, seed=layer) for layer in range(96)]
@@ -118,6 +116,7 @@ def test_deep_models_with_many_heads_keep_layers_png_within_its_stated_size(tmp_
     assert width <= FIGURE_MAX_PX["layers"][0] and height <= FIGURE_MAX_PX["layers"][1]
 
 
+@pytest.mark.slow
 def test_the_merge_figure_of_thousands_of_tokens_and_many_heads_stays_within_its_stated_size(tmp_path):
     from types import SimpleNamespace
 
@@ -137,24 +136,25 @@ def test_the_merge_figure_of_thousands_of_tokens_and_many_heads_stays_within_its
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("num_tokens, cells", [(512, 91), (100, 7), (12, 12)])
-def test_layers_png_panels_hold_the_same_block_maxima_as_the_masked_path(causal, num_tokens, cells):
-    """layers.png's plain-array block maxima (the fast path) equal scales.block_maximum of the masked map."""
+@pytest.mark.parametrize("num_tokens, num_heads", [(512, 12), (100, 48), (12, 48)])
+def test_layers_png_panels_hold_the_same_block_maxima_as_the_masked_path(causal, num_tokens, num_heads):
+    """layers.png's panels are coloured as scales.block_maximum of each masked map, pooled where the map
+    has more tokens than the panel cells (48 heads: panels of fewer cells than 100 tokens)."""
     from attnviz.render.heatmap import masked_attention
-    from attnviz.render.scales import block_maximum
-    from attnviz.render.stats_figures import _panel_maximum
+    from attnviz.render.scales import attention_colors, attention_norm, block_maximum
+    from attnviz.render.stats_figures import layers_figure
 
-    weights = np.random.default_rng(num_tokens).random((num_tokens, num_tokens)).astype(np.float32)
-    future = np.triu(np.ones((num_tokens, num_tokens), dtype=bool), k=1) if causal else None
-    fast = _panel_maximum(weights, future, cells)
-    expected = block_maximum(masked_attention(weights, causal), cells, cells)
-    assert fast.shape == expected.shape == (cells, cells)
-    assert np.array_equal(np.ma.getmaskarray(fast), np.ma.getmaskarray(expected))
-    assert np.array_equal(fast.filled(-1.0), expected.filled(-1.0))
-    if causal and cells == num_tokens:  # unpooled: exactly the future cells are masked
-        assert np.array_equal(np.ma.getmaskarray(fast), future)
+    tokens = [f"t{index}" for index in range(num_tokens)]
+    runs = [make_run(tokens, num_heads=num_heads, causal=causal, seed=layer) for layer in range(2)]
+    _, panels, cells, _ = layers_grid_panels(layers_figure(runs), num_layers=2, num_heads=num_heads)
+    assert (cells < num_tokens) == (num_tokens > 12)  # pooled at 512 and 100 tokens, a cell a token at 12
+    norm = attention_norm(num_tokens)
+    for layer, head in [(0, 0), (0, num_heads - 1), (1, num_heads // 2)]:  # corners and the middle
+        expected = block_maximum(masked_attention(runs[layer].attention[head], causal), cells, cells)
+        np.testing.assert_array_equal(panels[layer, head], attention_colors(expected, norm))
 
 
+@pytest.mark.slow
 def test_the_wrong_heads_grid_at_512_tokens_says_its_panels_show_block_maxima(tmp_path, monkeypatch, bundled_bert):
     """A panel of about 300 pixels shows 512 cells as blocks: the colour bar of the grid (and of a wrong
     head, whose bar says so exactly when its map was pooled) must say so, not show maxima as cells."""
@@ -177,13 +177,7 @@ def test_the_wrong_heads_grid_at_512_tokens_says_its_panels_show_block_maxima(tm
 
 @pytest.mark.parametrize("num_panels, shared", [(12, True), (1, False), (4, False)])
 def test_a_measure_figure_at_512_tokens_says_when_its_panels_show_block_maxima(num_panels, shared):
-    import sys
-    from pathlib import Path
-
     from attnviz.render.measure_figures import Panel, maps_figure
-
-    sys.path.insert(0, str(Path(__file__).parent))
-    from test_heatmap import make_run
 
     run = make_run([f"t{index}" for index in range(512)], num_heads=1)
     rng = np.random.default_rng(0)

@@ -20,9 +20,11 @@ from attnviz.analysis.position import position_experiment
 from attnviz.render import compare_figures, laid_out, position_figure
 from attnviz.render.compare_figures import ComparisonLayout
 from attnviz.render.position_figure import PositionFigure, PositionLayout, _Numbers
-from test_heatmap import read_png
+from helpers import read_png
 from attnviz.spec import RunSpec, run_spec
-from test_startup import linux_with_two_cores, run_script
+from helpers import linux_with_two_cores, run_script
+
+pytestmark = pytest.mark.slow  # figures drawn twice over, and in fresh processes
 
 TEXT = "the quick brown fox jumps over the lazy dog again"
 CASES = {

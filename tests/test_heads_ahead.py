@@ -11,8 +11,11 @@ import pytest
 
 from attnviz.render import heads_ahead, heatmap, laid_out
 from attnviz.spec import RunSpec
-from test_heatmap import make_run, read_png
-from test_startup import linux_with_two_cores, run_script
+from helpers import make_run, read_png
+from helpers import linux_with_two_cores, run_script
+
+pytestmark = pytest.mark.slow  # figures drawn twice over, and in fresh processes
+
 
 def options(model: str | None = "bundled", **settings) -> RunSpec:
     """The command line's settings before loading, as attnviz heads gives them to prepare()."""

@@ -5,10 +5,10 @@ from __future__ import annotations
 import subprocess
 import sys
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import make_run, read_png
 
 from attnviz.errors import AttnvizError
 from attnviz.render import heatmap
@@ -23,44 +23,9 @@ from attnviz.render.heatmap import (
     write_heads_grid,
 )
 from attnviz.render.titles import short_model_name
-from attnviz.result import AttentionRun
 
 CHINESE = ["[CLS]", "我", "想", "吃", "酸", "菜", "鱼", "[SEP]"]
 CJK = ["[CLS]", "我", "想", "吃", "こんにちは", "カタカナ", "안녕", "하세요", "[SEP]"]
-
-
-def make_run(query_tokens, key_tokens=None, num_heads=2, causal=False, seed=0) -> AttentionRun:
-    """Softmax of random scores, (H, Nq, Nk); causal runs get exact zeros above the diagonal."""
-    key_tokens = key_tokens or query_tokens
-    rng = np.random.default_rng(seed)
-    scores = rng.normal(scale=2.0, size=(num_heads, len(query_tokens), len(key_tokens)))
-    if causal:
-        scores[:, np.triu(np.ones(scores.shape[1:], dtype=bool), k=1)] = -np.inf
-    weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
-    weights /= weights.sum(axis=-1, keepdims=True)
-    return AttentionRun(
-        text="".join(query_tokens),
-        model="sentence-transformers/all-MiniLM-L6-v2",
-        layer=0,
-        weights="pretrained",
-        num_heads=num_heads,
-        device="cpu",
-        query_tokens=list(query_tokens),
-        key_tokens=list(key_tokens),
-        query_ids=list(range(len(query_tokens))),
-        key_ids=list(range(len(key_tokens))),
-        attention=weights,
-        output=np.zeros((len(query_tokens), 8 * num_heads)),
-        causal=causal,
-    )
-
-
-def read_png(path: Path) -> np.ndarray:
-    from PIL import Image
-
-    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    with Image.open(path) as image:
-        return np.asarray(image.convert("RGB"))
 
 
 def missing_glyph_warnings(caught) -> list[str]:
@@ -187,15 +152,12 @@ def test_one_png_per_head_named_in_order(tmp_path):
 
 
 def test_blitted_png_matches_a_full_redraw(tmp_path):
-    """The PNG fast path (static parts drawn once) gives the same picture as savefig."""
+    """The PNG fast path (the parts common to all heads drawn once, each head over them) gives the same
+    picture as savefig of that head's figure."""
     run = make_run(CHINESE, num_heads=2)
-    figure = heatmap._HeadFigure(run)
-    figure.show_head(0)
-    figure.save(tmp_path / "warm.png")  # renders the shared background
-    figure.show_head(1)
-    figure.save(tmp_path / "blitted.png")
-    figure.figure.savefig(tmp_path / "full.png", dpi=heatmap.DPI)
-    blitted, full = read_png(tmp_path / "blitted.png"), read_png(tmp_path / "full.png")
+    written = write_head_heatmaps(run, tmp_path)  # head 1 is drawn over head 0's background
+    heatmap.head_figure(run, 1).savefig(tmp_path / "full.png", dpi=heatmap.DPI)
+    blitted, full = read_png(written[1]), read_png(tmp_path / "full.png")
     assert blitted.shape == full.shape
     # Identical today; allow a few edge pixels (a missing title alone differs in ~0.5 %).
     differing = np.any(blitted != full, axis=-1).mean()
@@ -236,13 +198,14 @@ def test_unknown_format_is_refused(tmp_path):
         write_head_heatmaps(make_run(CHINESE), tmp_path, "jpg")
 
 
+@pytest.mark.slow
 def test_long_text_writes_with_thinned_labels(tmp_path):
     tokens = ["[CLS]", *[f"tok{i}" if i % 4 else "字" for i in range(298)], "[SEP]"]
     run = make_run(tokens, num_heads=2)
-    figure = heatmap._HeadFigure(run)
-    assert 0 < len(figure.ax.get_xticks()) <= MAX_TICK_LABELS
-    assert 0 < len(figure.ax.get_yticks()) <= MAX_TICK_LABELS
-    assert figure.cell_values is None  # no numbers in 300 x 300 cells
+    ax = heatmap.head_figure(run, 0).axes[0]
+    assert 0 < len(ax.get_xticks()) <= MAX_TICK_LABELS
+    assert 0 < len(ax.get_yticks()) <= MAX_TICK_LABELS
+    assert not ax.collections  # no numbers in 300 x 300 cells
     paths = write_head_heatmaps(run, tmp_path)
     grid = write_heads_grid(run, tmp_path)
     assert all(read_png(path).size > 0 for path in [*paths, grid])
@@ -278,10 +241,9 @@ def test_cell_values_are_printed_with_contrast():
     run = make_run(CHINESE, num_heads=1, causal=True)
     run.attention[0, 1] = 0.0
     run.attention[0, 1, :2] = [0.02, 0.98]  # query 1: a dark cell, then a bright (yellow) one
-    figure = heatmap._HeadFigure(run)
-    figure.show_head(0)
-    paths = figure.cell_values.get_paths()
-    colours = figure.cell_values.get_facecolor()[:, :3]
+    (cell_values,) = heatmap.head_figure(run, 0).axes[0].collections  # the numbers' glyphs, one path a cell
+    paths = cell_values.get_paths()
+    colours = cell_values.get_facecolor()[:, :3]
     num_tokens = len(CHINESE)
     assert len(paths) == num_tokens * num_tokens
 
@@ -294,28 +256,25 @@ def test_cell_values_are_printed_with_contrast():
     assert len(paths[cell(1, 2)].vertices) == 0  # a future key: masked, no number
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "num_tokens, causal",
     [(8, False), (8, True), (12, False), (40, True), (80, True)],  # 80 keys: the log scale
 )
 def test_painted_maps_equal_matplotlibs_full_draw(tmp_path, num_tokens, causal):
-    """Every head's PNG, its map painted by CellPixels, has exactly the pixels of savefig's full draw of that head."""
+    """Every head's PNG, its map's cells painted over the common parts, has exactly the pixels of savefig's
+    full draw of that head's figure."""
     run = make_run([f"t{i}" for i in range(num_tokens)], num_heads=3, causal=causal, seed=num_tokens)
-    figure = heatmap._HeadFigure(run)
-    for head in range(run.num_heads):
-        figure.show_head(head)
-        figure.save(tmp_path / f"painted_{head}.png")
-        assert figure.pixels is not None  # the fast path was taken, not matplotlib's draw
-        figure.figure.savefig(tmp_path / f"full_{head}.png", dpi=heatmap.DPI)
-        np.testing.assert_array_equal(read_png(tmp_path / f"painted_{head}.png"), read_png(tmp_path / f"full_{head}.png"))
+    written = write_head_heatmaps(run, tmp_path)
+    for head, painted in enumerate(written):
+        heatmap.head_figure(run, head).savefig(tmp_path / f"full_{head}.png", dpi=heatmap.DPI)
+        np.testing.assert_array_equal(read_png(painted), read_png(tmp_path / f"full_{head}.png"))
 
 
 def test_maps_finer_than_the_pixels_are_left_to_matplotlib(tmp_path):
-    """300 tokens in a 10-inch figure: under 4 pixels a cell, where matplotlib colours after resampling; no painting."""
+    """300 tokens in a 10-inch figure: under 4 pixels a cell, where matplotlib colours after resampling;
+    the file equals matplotlib's own draw."""
     run = make_run([f"t{i}" for i in range(300)], num_heads=1)
-    figure = heatmap._HeadFigure(run)
-    figure.show_head(0)
-    figure.save(tmp_path / "head.png")
-    assert figure.pixels is None
-    figure.figure.savefig(tmp_path / "full.png", dpi=heatmap.DPI)
-    np.testing.assert_array_equal(read_png(tmp_path / "head.png"), read_png(tmp_path / "full.png"))
+    (written,) = write_head_heatmaps(run, tmp_path)
+    heatmap.head_figure(run, 0).savefig(tmp_path / "full.png", dpi=heatmap.DPI)
+    np.testing.assert_array_equal(read_png(written), read_png(tmp_path / "full.png"))

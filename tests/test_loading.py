@@ -17,7 +17,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -31,7 +30,6 @@ from attnviz.models.listing import SMOLLM2_NAME, list_models
 from attnviz.models.loading import (
     BUNDLED_NAME,
     DEFAULT_MODEL,
-    _hub_answers,
     bundled_model_path,
     load_model,
 )
@@ -258,12 +256,14 @@ class FakeHub(ThreadingHTTPServer):
     """Just enough of the hub's HTTP API for huggingface_hub and transformers to download from it.
 
     Serves repos from folders: HEAD/GET /{repo}/resolve/{revision}/{file}, GET /api/models/{repo}.
-    Unknown repos and files get the hub's 404s (X-Error-Code RepoNotFound / EntryNotFound).
+    Unknown repos and files get the hub's 404s (X-Error-Code RepoNotFound / EntryNotFound); the front page
+    (what the reachability check asks) gets front_page: a proxy may serve models and 404 its front page.
     """
 
-    def __init__(self, repos: dict[str, Path]):
+    def __init__(self, repos: dict[str, Path], front_page: int = 200):
         super().__init__(("127.0.0.1", 0), FakeHubHandler)
         self.repos = repos
+        self.front_page = front_page
         self.requests: list[str] = []
 
     @property
@@ -295,7 +295,7 @@ class FakeHubHandler(BaseHTTPRequestHandler):
             return self.reply(200, json.dumps(info if path.endswith(repo_id) else []).encode(), send_body)
         repo_id, resolve, revision_and_file = path.strip("/").partition("/resolve/")
         if not resolve:
-            return self.reply(200, b"fake hub", send_body)  # the front page: what the reachability check asks
+            return self.reply(self.server.front_page, b"fake hub", send_body)  # what the reachability check asks
         if repo_id not in self.server.repos:
             return self.reply(404, b"", send_body, {"X-Error-Code": "RepoNotFound"})
         file = self.server.repos[repo_id] / revision_and_file.split("/", 1)[1]
@@ -322,22 +322,28 @@ def tiny_llama_folder(folder: Path) -> Path:
     return folder
 
 
+def served(hub: FakeHub) -> FakeHub:
+    threading.Thread(target=hub.serve_forever, daemon=True).start()
+    return hub
+
+
 @pytest.fixture(scope="module")
 def fake_hub(tmp_path_factory):
     repos = tmp_path_factory.mktemp("fake_hub_repos")
     gpt_folder = repos / "tiny-gpt"  # a family attnviz does not load: Whisper
     WhisperConfig(encoder_layers=1, decoder_layers=1, d_model=32).save_pretrained(gpt_folder)
     (gpt_folder / "model.safetensors").write_bytes(b"never downloaded")
-    hub = FakeHub(
-        {
-            "org/tiny-bert": write_tiny_bert_folder(repos / "tiny-bert", tiny_bert(seed=0)),
-            "org/pickled-bert": write_tiny_bert_folder(repos / "pickled-bert", tiny_bert(seed=0), pickle_only=True),
-            "org/pickle-shards": write_pickle_shard_folder(repos / "pickle-shards", tiny_bert(seed=0)),
-            "org/tiny-gpt": gpt_folder,
-            "org/tiny-llama": tiny_llama_folder(repos / "tiny-llama"),
-        }
+    hub = served(
+        FakeHub(
+            {
+                "org/tiny-bert": write_tiny_bert_folder(repos / "tiny-bert", tiny_bert(seed=0)),
+                "org/pickled-bert": write_tiny_bert_folder(repos / "pickled-bert", tiny_bert(seed=0), pickle_only=True),
+                "org/pickle-shards": write_pickle_shard_folder(repos / "pickle-shards", tiny_bert(seed=0)),
+                "org/tiny-gpt": gpt_folder,
+                "org/tiny-llama": tiny_llama_folder(repos / "tiny-llama"),
+            }
+        )
     )
-    threading.Thread(target=hub.serve_forever, daemon=True).start()
     yield hub
     hub.shutdown()
     hub.server_close()
@@ -345,12 +351,17 @@ def fake_hub(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def hub_runs(tmp_path_factory, fake_hub):
-    """Three fresh processes, run side by side: the hub refuses connections / offline mode / a fake hub."""
+    """Fresh processes, run side by side: the hub refuses connections / offline mode / a fake hub / proxies of
+    the fake hub whose front page answers 404 or 503 / a server that accepts connections and never answers."""
     unreachable_home = tmp_path_factory.mktemp("unreachable_home")
     write_fake_hub_cache(unreachable_home / "hub", "org/tiny-bert", tiny_bert(seed=0))
     offline_home = tmp_path_factory.mktemp("offline_home")
     fake_hub_home = tmp_path_factory.mktemp("fake_hub_home")
     write_fake_hub_cache(fake_hub_home / "hub", DEFAULT_MODEL, tiny_bert(seed=0))  # a stand-in, cached
+    proxies = {status: served(FakeHub(fake_hub.repos, front_page=status)) for status in (404, 503)}
+    silent = socket.socket()  # connections are accepted by the OS, and then nothing is said
+    silent.bind(("127.0.0.1", 0))
+    silent.listen()
     processes = {
         "unreachable": start_hub_script(
             ["<default>", "bert-base-foo", "org/tiny-bert"],
@@ -379,8 +390,26 @@ def hub_runs(tmp_path_factory, fake_hub):
             HF_ENDPOINT=fake_hub.endpoint,
             HF_HUB_CACHE=str(fake_hub_home / "hub"),
         ),
+        **{
+            f"front page {status}": start_hub_script(
+                ["org/tiny-bert"], home, HF_ENDPOINT=proxy.endpoint, HF_HUB_CACHE=str(home / "hub")
+            )
+            for status, proxy in proxies.items()
+            for home in [tmp_path_factory.mktemp(f"front_page_{status}_home")]
+        },
+        "silent": start_hub_script(
+            ["org/tiny-bert"],
+            tmp_path_factory.mktemp("silent_home"),
+            HF_ENDPOINT=f"http://127.0.0.1:{silent.getsockname()[1]}",
+        ),
     }
-    return {key: finish_hub_script(process) for key, process in processes.items()}
+    try:
+        return {key: finish_hub_script(process) for key, process in processes.items()}
+    finally:
+        silent.close()
+        for proxy in proxies.values():
+            proxy.shutdown()
+            proxy.server_close()
 
 
 def test_default_falls_back_to_the_bundled_model_when_the_hub_cannot_be_reached(hub_runs):
@@ -511,34 +540,28 @@ def test_a_hub_model_whose_safetensors_index_names_pickle_shards_is_refused_befo
                    for request in fake_hub.requests)
 
 
-@pytest.mark.parametrize(("status", "answers"), [(200, True), (404, True), (503, False)])
-def test_the_hub_check_counts_any_answer_but_a_server_error(status, answers):
-    class Handler(BaseHTTPRequestHandler):
-        def do_HEAD(self):
-            self.send_response_only(status)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-
-        def log_message(self, format, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        assert _hub_answers(f"http://127.0.0.1:{server.server_port}") is answers
-    finally:
-        server.shutdown()
-        server.server_close()
+@pytest.mark.parametrize(
+    ("environment", "answers"), [("fake hub", True), ("front page 404", True), ("front page 503", False)]
+)
+def test_the_hub_check_counts_any_answer_but_a_server_error(hub_runs, environment, answers):
+    """A hub whose front page answers 200 or 404 (a proxy that serves models only) is asked for the model,
+    which downloads; one that answers 503 (a proxy that cannot reach the hub) is not tried further."""
+    results, _ = hub_runs[environment]
+    loaded = results["org/tiny-bert"][0]
+    if answers:
+        assert (loaded["name"], loaded["source"]) == ("org/tiny-bert", "hub download")
+    else:
+        assert loaded["error"].startswith("cannot load model 'org/tiny-bert': not in the local hub cache and the hub (")
+        assert loaded["error"].endswith(") cannot be reached; check the name, or pass a local folder")
+        assert loaded["seconds"] < NO_HANG_S
 
 
-def test_the_hub_check_stops_waiting_for_a_server_that_never_answers():
-    with socket.socket() as listener:  # connections are accepted by the OS, and then nothing is said
-        listener.bind(("127.0.0.1", 0))
-        listener.listen()
-        started = time.perf_counter()
+def test_the_hub_check_stops_waiting_for_a_server_that_never_answers(hub_runs):
+    results, _ = hub_runs["silent"]
+    [silent] = results["org/tiny-bert"]
 
-        assert not _hub_answers(f"http://127.0.0.1:{listener.getsockname()[1]}")
-        assert time.perf_counter() - started < NO_HANG_S
+    assert silent["error"].endswith("cannot be reached; check the name, or pass a local folder")
+    assert silent["seconds"] < NO_HANG_S
 
 
 # ---- listing models ------------------------------------------------------------------------------

@@ -8,12 +8,19 @@ All within 1e-5, on the bundled model's real weights and on layers built by hand
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
+from helpers import (
+    bert_inputs,
+    distances_by_reruns,
+    flows_by_networkx,
+    linear,
+    per_head_vectors,
+    weights_and_values,
+)
 
 from attnviz.analysis.flow import FLOW_MAX_TOKENS, attention_flow, check_flow_length
 from attnviz.analysis.measures import measure_layer, measure_layers
@@ -38,46 +45,6 @@ def every_layer_spec(plain_spec):
 def measured(bundled_bert, every_layer_spec):
     """measured[text][layer] for TEXTS, batched together."""
     return measure_layers(bundled_bert, TEXTS, every_layer_spec)
-
-
-def bert_inputs(loaded, text: str) -> list[torch.Tensor]:
-    """What enters each of BERT's layers for the text alone (no padding), from BERT's own forward pass: (N, D) each."""
-    from attnviz.models.tokens import encode
-
-    encoded = encode(loaded.tokenizer, [text], loaded.max_positions, False)
-    with torch.no_grad():
-        states = loaded.model(encoded.input_ids, encoded.attention_mask, encoded.token_type_ids)
-    return [state[0].double() for state in states]
-
-
-def linear(module: torch.nn.Linear) -> tuple[torch.Tensor, torch.Tensor]:
-    return module.weight.detach().double(), module.bias.detach().double()
-
-
-def weights_and_values(bert_layer, x: torch.Tensor, num_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """α^h (H, N, N) and f^h(x_j) (H, N, D) for every head, written out from the layer's nn.Linear weights.
-
-    α^h = softmax(q^h k^hT / sqrt(d)); f^h(x) = (x W_v^h + b_v^h) W_o^h with W_v^h head h's d output
-    features of the value projection and W_o^h the d input features of the output projection it feeds.
-    """
-    (w_q, b_q), (w_k, b_k), (w_v, b_v) = (linear(getattr(bert_layer.attention.self, name)) for name in ("query", "key", "value"))
-    w_o, _ = linear(bert_layer.attention.output.dense)  # (D, D): out features x in features
-    head_dim = w_q.shape[0] // num_heads
-    alphas, values = [], []
-    for head in range(num_heads):
-        rows = slice(head * head_dim, (head + 1) * head_dim)
-        q = x @ w_q[rows].T + b_q[rows]  # (N, d)
-        k = x @ w_k[rows].T + b_k[rows]
-        v = x @ w_v[rows].T + b_v[rows]
-        alphas.append(torch.softmax(q @ k.T / math.sqrt(head_dim), dim=-1))  # (N, N)
-        values.append(v @ w_o[:, rows].T)  # (N, D): f^h(x_j) for every key j
-    return torch.stack(alphas), torch.stack(values)
-
-
-def per_head_vectors(bert_layer, x: torch.Tensor, num_heads: int) -> torch.Tensor:
-    """α^h_ij f^h(x_j) for every head, query and key: (H, N, N, D)."""
-    alpha, values = weights_and_values(bert_layer, x, num_heads)
-    return alpha[:, :, :, None] * values[:, None, :, :]
 
 
 # --- norm -----------------------------------------------------------------------------------------
@@ -154,36 +121,6 @@ def test_a_head_with_all_its_weight_on_one_key_has_that_keys_norm():
 
 
 # --- value zeroing -----------------------------------------------------------------------------
-
-
-def rerun_with_value_zeroed(layer: MultiHeadAttention, queries, keys, key: int, **options) -> torch.Tensor:
-    """The layer's output (Nq, D) with key token `key`'s value vector (x_j W_v + b_v, every head) set to zero."""
-
-    def zero_the_value(module, inputs, values):  # values (B, Nk, H_kv * d)
-        values = values.clone()
-        values[:, key] = 0
-        return values
-
-    handle = layer.w_v.register_forward_hook(zero_the_value)
-    try:
-        with torch.no_grad():
-            output, _ = layer(queries, keys, keys, **options)
-    finally:
-        handle.remove()
-    return output[0]
-
-
-def distances_by_reruns(layer, queries, keys, **options) -> np.ndarray:
-    """Cosine distance between each query's output and its output with key j's value zeroed, key by key: (Nq, Nk).
-    An output that zeroing leaves all zero (key j carried all of it) is at distance 1 (torch's cosine_similarity)."""
-    with torch.no_grad():
-        original, _ = layer(queries, keys, keys, **options)
-    columns = []
-    for key in range(keys.shape[1]):
-        altered = rerun_with_value_zeroed(layer, queries, keys, key, **options)
-        cosine = torch.nn.functional.cosine_similarity(original[0].double(), altered.double(), dim=-1)  # 0 for a zero vector
-        columns.append(1 - cosine)
-    return torch.stack(columns, dim=-1).numpy()
 
 
 @pytest.mark.parametrize("text_index", [0, 1])
@@ -311,24 +248,6 @@ def test_a_grouped_query_decoder_measured_against_its_weights_and_reruns(tmp_pat
 
 
 # --- flow ---------------------------------------------------------------------------------------
-
-
-def flows_by_networkx(layer_attention: list[np.ndarray]) -> np.ndarray:
-    """networkx's maximum flow from each last-layer token to each input token on the layers' graph built here."""
-    import networkx as nx
-
-    num_tokens = layer_attention[0].shape[-1]
-    graph = nx.DiGraph()
-    for depth, attention in enumerate(layer_attention):
-        mixed = attention.astype(np.float64).mean(axis=0) + np.eye(num_tokens)  # heads averaged, the residual added
-        mixed = mixed / mixed.sum(axis=1, keepdims=True)
-        for i in range(num_tokens):
-            for j in range(num_tokens):
-                graph.add_edge((depth + 1, i), (depth, j), capacity=float(mixed[i, j]))
-    top = len(layer_attention)
-    return np.array(
-        [[nx.maximum_flow_value(graph, (top, i), (0, j)) for j in range(num_tokens)] for i in range(num_tokens)]
-    )
 
 
 @pytest.fixture(scope="module")

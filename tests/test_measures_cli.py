@@ -8,7 +8,7 @@ import json
 
 import numpy as np
 import pytest
-from test_measures import bert_inputs, distances_by_reruns, flows_by_networkx, per_head_vectors
+from helpers import bert_inputs, distances_by_reruns, flows_by_networkx, per_head_vectors
 
 import attnviz
 from attnviz.cli import run
@@ -176,11 +176,12 @@ def test_a_measure_figures_title_is_wrapped_to_the_figures_width():
     result = attnviz.heads(TEXT, model="bundled", device="cpu", measure="value-zeroing")
     panel = measure_panels(result.run, result.measures)["value_zeroing"]
     figure = maps_figure(result.run, [panel._replace(title="")], f"{panel.title}: {panel.about}")
-    lines = figure._suptitle.get_text().split("\n")
+    lines = figure.get_suptitle().split("\n")
     assert len(lines) >= 3 and "Mohebbi et al. 2023" in lines[0]
     assert max(len(line) for line in lines) <= chars_across(figure.get_figwidth())
 
 
+@pytest.mark.slow
 def test_the_measure_figures_of_a_512_token_text_stay_within_the_size_cap(tmp_path):
     from PIL import Image
 

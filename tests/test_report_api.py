@@ -4,16 +4,15 @@ Weights are decoded here on their own (base64, zlib, NumPy), not with attnviz.ht
 compared with what attnviz.heads, layers, stats and trace return for the same text.
 """
 
-import base64
 import html
 import json
 import re
 import subprocess
 import sys
-import zlib
 
 import numpy as np
 import pytest
+from helpers import decoded
 
 import attnviz
 from attnviz.errors import AttnvizError
@@ -30,13 +29,6 @@ def model():
 @pytest.fixture(scope="module")
 def report(model):
     return attnviz.report(TEXT, model=model, layer=2)
-
-
-def decoded(encoded: dict) -> np.ndarray:
-    """An exact ENCODED array: little-endian uint16 codes of 1e-4, zlib-compressed, base64."""
-    assert encoded["dtype"] == "uint16" and encoded["unit"] == 0.0001
-    codes = np.frombuffer(zlib.decompress(base64.b64decode(encoded["data"])), dtype="<u2")
-    return codes.reshape(encoded["shape"]) * 1e-4
 
 
 def page_record(page: str) -> dict:

@@ -9,20 +9,18 @@ One browser for the session (conftest.py's `browser`), each report built once pe
 
 from __future__ import annotations
 
-import base64
 import io
 import json
 import re
-import zlib
 
 import numpy as np
 import pytest
+from helpers import HOSTILE, decoded
 
 import attnviz
 
 ZH = "我想吃酸菜鱼 中国的大学生"  # the bundled vocabulary has 我 中 国 的 大 学 生 (想吃酸菜鱼 are [UNK] there)
 ZH_TOKENS = "我中国的大学生"
-HOSTILE = "</script><script>document.title='x'</script><img src=x onerror=alert(1)>"
 HEAD = 3
 # The record's weights are rounded to 4 decimals (5e-5), attention.json's to 7 (5e-8): a weight near
 # a half unit, 0.10035 say, can be 5e-5 from the record in one and a few float64 ulps more in the other.
@@ -68,13 +66,6 @@ def zh_page(zh_report, offline_page):
 def embedded_record(page: str) -> dict:
     (data,) = DATA.findall(page)
     return json.loads(data)
-
-
-def decoded(encoded: dict) -> np.ndarray:
-    """An exact ENCODED array: little-endian uint16 codes in units of 1e-4, zlib-compressed, base64."""
-    assert encoded["dtype"] == "uint16" and encoded["unit"] == 0.0001
-    codes = np.frombuffer(zlib.decompress(base64.b64decode(encoded["data"])), dtype="<u2")
-    return codes.reshape(encoded["shape"]) * 1e-4
 
 
 def visible_lines(page) -> list[tuple[int, int, int]]:

@@ -28,6 +28,7 @@ def model():
     return attnviz.load("bundled", device="cpu")
 
 
+@pytest.mark.slow
 def test_report_writes_report_html_says_where_and_what_and_is_attnviz_report_s_page(model, tmp_path, capsys):
     assert run(["report", TEXT, "--model", "bundled", "--layer", "1", "--device", "cpu", "--out", str(tmp_path / "run")]) == 0
     assert sorted(path.name for path in (tmp_path / "run").iterdir()) == [MANIFEST, "report.html"]
@@ -42,6 +43,7 @@ def test_report_writes_report_html_says_where_and_what_and_is_attnviz_report_s_p
     assert page == attnviz.report(TEXT, model="bundled", layer=1, device="cpu").html
 
 
+@pytest.mark.slow
 def test_heads_writes_report_html_unless_no_html(tmp_path):
     assert run(["heads", TEXT, "--model", "bundled", "--layer", "2", "--out", str(tmp_path / "with")]) == 0
     record = record_of(tmp_path / "with" / "report.html")
@@ -56,6 +58,7 @@ def test_heads_writes_report_html_unless_no_html(tmp_path):
     assert not (tmp_path / "without" / "report.html").exists() and (tmp_path / "without" / "attention.json").exists()
 
 
+@pytest.mark.slow
 def test_report_file_is_one_report_of_every_line_in_order(tmp_path):
     source = write_lines(tmp_path / "texts.txt", ["the cat", "", "我想吃酸菜鱼", "a dog barked"])
     assert run(["report", "--file", str(source), "--model", "bundled", "--out", str(tmp_path / "run")]) == 0
@@ -63,6 +66,7 @@ def test_report_file_is_one_report_of_every_line_in_order(tmp_path):
     assert [text["text"] for text in record["texts"]] == ["the cat", "我想吃酸菜鱼", "a dog barked"]
 
 
+@pytest.mark.slow
 def test_heads_file_writes_one_report_of_the_first_64_texts_and_says_so(tmp_path, monkeypatch, capsys):
     from attnviz.output import batch
     from attnviz.output.export import write_attention_json
@@ -84,6 +88,7 @@ def test_heads_file_writes_one_report_of_the_first_64_texts_and_says_so(tmp_path
     assert not (tmp_path / "no" / "report.html").exists()
 
 
+@pytest.mark.slow
 def test_heads_file_s_report_holds_the_first_texts_whose_maps_fit_and_says_so(tmp_path, monkeypatch, capsys):
     import attnviz.api.report
 

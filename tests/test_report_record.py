@@ -10,12 +10,10 @@ import re
 import zlib
 
 import numpy as np
-import pytest
+from helpers import HOSTILE
 
 from attnviz.html.page import SCRIPTS, content_security_policy, page_script, record_json, report_page
 from attnviz.html.record import EXACT_UNIT, LOG_MIN, decode_weights, encode_exact, encode_quantised
-
-HOSTILE = "</script><script>document.title='x'</script><img src=x onerror=alert(1)><!--attnviz:script-->"
 
 
 def attention_rows(shape, seed=0):

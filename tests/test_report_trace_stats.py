@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from test_report_views import HOSTILE, decoded
+from helpers import HOSTILE, decoded
 
 ENGLISH = "The cat sat on the mat, because it was tired."
 

@@ -109,6 +109,7 @@ def test_a_rerun_replaces_the_earlier_runs_files_and_keeps_the_users_own(tmp_pat
     assert found == expected
 
 
+@pytest.mark.slow
 def test_heads_with_fewer_heads_into_the_same_out_leaves_no_stale_head_files(tmp_path):
     target = tmp_path / "run"
     assert run(["heads", "the cat sat", "--model", "bundled", "--out", str(target)]) == 0
@@ -120,6 +121,7 @@ def test_heads_with_fewer_heads_into_the_same_out_leaves_no_stale_head_files(tmp
     assert json.loads((target / "attention.json").read_text())["num_heads"] == 4
 
 
+@pytest.mark.slow
 def test_a_folder_where_a_file_goes_is_refused_and_nothing_changes(tmp_path, capsys):
     target = tmp_path / "run"
     assert run(["heads", "the cat sat", "--model", "bundled", "--out", str(target), "--heads", "2"]) == 0
@@ -291,6 +293,7 @@ def mount_tmpfs(tmp_path):
         subprocess.run(["umount", "-l", str(point)], check=False)
 
 
+@pytest.mark.slow
 def test_out_on_another_filesystem_is_written_in_full(mount_tmpfs, tmp_path):
     point = mount_tmpfs()
     assert os.stat(point).st_dev != os.stat(tmp_path).st_dev
@@ -301,6 +304,7 @@ def test_out_on_another_filesystem_is_written_in_full(mount_tmpfs, tmp_path):
     assert names == [MANIFEST, "attention.json", "head_00.png", "head_01.png", "heads.png", "notes.txt", "report.html"]
 
 
+@pytest.mark.slow
 def test_a_full_disk_is_exit_2_naming_the_folder_and_leaves_nothing(mount_tmpfs, capsys):
     point = mount_tmpfs(size="64k")
     target = point / "run"

@@ -19,6 +19,8 @@ from attnviz.cli import run
 from attnviz.models.loading import BUNDLED_NAME, bundled_model_path
 from attnviz.spec import RunSpec
 
+pytestmark = pytest.mark.slow  # every command end to end, on texts of 600 tokens
+
 SHORT = "The cat sat on the mat."
 LONG = "word " * 600  # 602 tokens with [CLS] and [SEP]
 LONG_KV = "cat sat " * 400

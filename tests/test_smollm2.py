@@ -46,7 +46,7 @@ def test_converted_config_is_smollm2s_llama(smollm2_converted):
 
 def test_converted_folder_computes_what_the_gguf_model_does(smollm2_converted):
     """The folder, loaded as any local checkpoint, equals the model transformers built straight from the
-    GGUF (the one the conversion saved): the same hidden states on every layer (LlamaModel); and
+    GGUF by its own loader: the same hidden states on every layer (LlamaModel); and
     LlamaForCausalLM finds every tensor, its lm_head tied to the embeddings as in the GGUF."""
     import torch
     from transformers import AutoTokenizer, LlamaForCausalLM, LlamaModel

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # fresh processes that import torch
 TESTS = Path(__file__).resolve().parent
 linux_with_two_cores = pytest.mark.skipif(
     sys.platform != "linux" or (os.cpu_count() or 1) < 2, reason="the figure worker is forked on Linux with 2 cores or more"
@@ -32,7 +33,7 @@ def test_the_figure_worker_draws_the_files_this_process_would(tmp_path):
     script = f"""
 import sys
 from pathlib import Path
-from test_heatmap import make_run
+from helpers import make_run
 from attnviz.render import figure_worker, heatmap
 
 figure_worker.start()
@@ -52,7 +53,7 @@ print(worker)
     with pytest.raises(ProcessLookupError):  # gone with its parent
         os.kill(int(worker), 0)
 
-    from test_heatmap import make_run, read_png
+    from helpers import make_run, read_png
 
     from attnviz.render import heatmap
 
@@ -71,7 +72,7 @@ def test_an_abandoned_folder_stops_the_worker(tmp_path):
 import ast
 import os
 from pathlib import Path
-from test_heatmap import make_run
+from helpers import make_run
 from attnviz.render import figure_worker, heatmap
 
 figure_worker.start()
@@ -178,7 +179,7 @@ result.write_files(here, "png")
 """
     names, imported = run_script(script)
     assert imported == "False"
-    from test_heatmap import read_png
+    from helpers import read_png
 
     for name in ast.literal_eval(names):
         there, here = tmp_path / "there" / name, tmp_path / "here" / name
@@ -227,7 +228,7 @@ def test_the_figure_worker_writes_relative_paths_where_this_process_is_now(tmp_p
     script = f"""
 import os
 from pathlib import Path
-from test_heatmap import make_run
+from helpers import make_run
 from attnviz.render import figure_worker, heatmap
 
 os.chdir({str(tmp_path / "first")!r})

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import layers_grid_panels, read_png
 
 from attnviz.analysis.rollout import attention_rollout
 from attnviz.analysis.statistics import (
@@ -66,14 +67,6 @@ def csv_values(rows: list[dict], layer: int) -> np.ndarray:
 
 def hex_rgb(color: str) -> np.ndarray:
     return np.array([int(color[i : i + 2], 16) for i in (1, 3, 5)])
-
-
-def read_png(path: Path) -> np.ndarray:
-    from PIL import Image
-
-    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    with Image.open(path) as image:
-        return np.asarray(image.convert("RGB"))
 
 
 # --- every layer from one pass --------------------------------------------------------------------
@@ -144,6 +137,7 @@ def test_statistics_of_a_padded_batch_equal_the_average_of_each_text_alone(bert)
 # --- attnviz stats --------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_stats_files_hold_the_analysis_of_run_attentions_weights(tmp_path, capsys, bert):
     assert stats(ENGLISH, "--out", str(tmp_path)) == 0
     assert sorted(path.name for path in tmp_path.iterdir()) == [MANIFEST, "js_distance.png", "stats.csv", "stats.json"]
@@ -178,6 +172,7 @@ def test_stats_files_hold_the_analysis_of_run_attentions_weights(tmp_path, capsy
     assert max(len(line) for line in shown.splitlines()) <= 80
 
 
+@pytest.mark.slow
 def test_stats_of_a_file_average_its_non_blank_lines(tmp_path, bert):
     texts_file = tmp_path / "texts.txt"
     texts_file.write_text(f"{ENGLISH}\n\n   \n{SHORT}\n{THIRD}\n", encoding="utf-8")
@@ -198,6 +193,7 @@ def test_stats_of_a_file_average_its_non_blank_lines(tmp_path, bert):
     assert np.abs(per_token - expected).max() > 100 * TOLERANCE
 
 
+@pytest.mark.slow
 def test_a_file_measures_the_js_distances_only_with_js(tmp_path, capsys):
     """Over a --file the JS distances (most of the work on long texts) wait for --js; the other numbers do not change."""
     texts_file = tmp_path / "texts.txt"
@@ -241,6 +237,7 @@ def test_stats_states_each_definition_that_differs_from_clark_et_al(tmp_path, ca
     assert "every statistic of" not in " ".join(attnviz.analysis.statistics.__doc__.split())
 
 
+@pytest.mark.slow
 def test_causal_stats_and_layers_say_the_mask_is_over_a_bidirectional_models_hidden_states(tmp_path, capsys, bert):
     """In the terminal, the JSON files and every figure title: not a causal model's numbers."""
     from matplotlib.text import Text
@@ -266,6 +263,7 @@ def test_causal_stats_and_layers_say_the_mask_is_over_a_bidirectional_models_hid
         assert any(CAUSAL_NOTE in text.get_text() for text in figure.findobj(Text))
 
 
+@pytest.mark.slow
 def test_causal_stats_of_standard_input_see_no_next_token(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "stdin", io.StringIO(f"{SHORT}\n\n{THIRD}\n"))
     assert stats("--file", "-", "--causal", "--out", str(tmp_path)) == 0
@@ -287,6 +285,7 @@ def test_a_random_layer_split_four_ways_is_broad_everywhere(tmp_path):
 # --- attnviz layers -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_layers_writes_the_grid_and_the_rollout_of_every_layer(tmp_path, capsys, bert):
     assert layers(ENGLISH, "--out", str(tmp_path)) == 0
     assert sorted(path.name for path in tmp_path.iterdir()) == [MANIFEST, "layers.png", "rollout.json", "rollout.png"]
@@ -310,6 +309,7 @@ def test_layers_writes_the_grid_and_the_rollout_of_every_layer(tmp_path, capsys,
     assert max(len(line) for line in shown.splitlines()) <= 80
 
 
+@pytest.mark.slow
 def test_causal_layers_mask_the_future_in_the_figures_and_the_rollout(tmp_path):
     assert layers(SHORT, "--causal", "--out", str(tmp_path)) == 0
     rollout = np.array(json.loads((tmp_path / "rollout.json").read_text(encoding="utf-8"))["rollout"])
@@ -352,19 +352,27 @@ def test_each_panel_of_the_grid_is_that_layers_head(tmp_path):
     import matplotlib
 
     from attnviz.render.heatmap import COLORMAP
-    from attnviz.render.stats_figures import _layers_mosaic
+    from attnviz.render.stats_figures import layers_figure
 
     runs = hand_made_runs(num_layers=3, num_heads=4, num_tokens=7, causal=True)
-    mosaic, size, step = _layers_mosaic(runs)
+    mosaic, panels, cells, step = layers_grid_panels(layers_figure(runs), num_layers=3, num_heads=4)
+    assert cells == 7  # a cell a token
     colormap = matplotlib.colormaps[COLORMAP]
-    for layer in range(3):
-        for head in range(4):
-            panel = mosaic[layer * step : layer * step + size, head * step : head * step + size, :3]
-            weights = runs[layer].attention[head]
-            lower = ~np.triu(np.ones((7, 7), dtype=bool), k=1)
-            np.testing.assert_array_equal(panel[lower], colormap(weights, bytes=True)[..., :3][lower])
-            assert np.all(panel[~lower] == hex_rgb(MASKED_COLOR))
-    assert np.all(mosaic[size:step, :, :3] == 255)  # white between the rows of panels
+    for (layer, head), panel in panels.items():
+        panel = panel[..., :3]
+        weights = runs[layer].attention[head]
+        lower = ~np.triu(np.ones((7, 7), dtype=bool), k=1)
+        np.testing.assert_array_equal(panel[lower], colormap(weights, bytes=True)[..., :3][lower])
+        assert np.all(panel[~lower] == hex_rgb(MASKED_COLOR))
+    assert np.all(mosaic[cells:step, :, :3] == 255)  # white between the rows of panels
+
+
+def near_equal_block_maxima(weights: np.ndarray, cells: int) -> np.ndarray:
+    """(cells, cells): the largest weight of each block of an (N, N) map cut into cells near-equal blocks a side,
+    block b holding rows (and columns) ceil(b N / cells) up to ceil((b + 1) N / cells), written out block by block."""
+    bounds = [-(-block * len(weights) // cells) for block in range(cells + 1)]
+    rows = np.stack([weights[start:end].max(axis=0) for start, end in zip(bounds, bounds[1:])])  # (cells, N)
+    return np.stack([rows[:, start:end].max(axis=1) for start, end in zip(bounds, bounds[1:])], axis=1)
 
 
 def test_a_long_text_is_shown_as_the_maximum_of_each_block_in_the_grid(tmp_path):
@@ -373,18 +381,16 @@ def test_a_long_text_is_shown_as_the_maximum_of_each_block_in_the_grid(tmp_path)
     from matplotlib.colors import LogNorm
 
     from attnviz.render.scales import COLORMAP, LOG_SCALE_MIN
-    from attnviz.render.stats_figures import _layers_mosaic, write_layers_grid
+    from attnviz.render.stats_figures import layers_figure, write_layers_grid
 
     runs = hand_made_runs(num_layers=2, num_heads=3, num_tokens=400)
-    mosaic, size, step = _layers_mosaic(runs, max_cells=100)
-    assert size == 100  # 4 x 4 cells a block
+    _, panels, cells, _ = layers_grid_panels(layers_figure(runs), num_layers=2, num_heads=3)
+    assert cells < 400 / 2  # blocks of 2 x 2 cells or more
     colormap = matplotlib.colormaps[COLORMAP]
-    for layer in range(2):
-        for head in range(3):
-            blocks = runs[layer].attention[head].reshape(100, 4, 100, 4).max(axis=(1, 3))  # (100, 100)
-            expected = colormap(LogNorm(LOG_SCALE_MIN, 1.0)(np.clip(blocks, LOG_SCALE_MIN, None)), bytes=True)
-            panel = mosaic[layer * step : layer * step + size, head * step : head * step + size]
-            np.testing.assert_array_equal(panel, expected)
+    for (layer, head), panel in panels.items():
+        blocks = near_equal_block_maxima(runs[layer].attention[head], cells)
+        expected = colormap(LogNorm(LOG_SCALE_MIN, 1.0)(np.clip(blocks, LOG_SCALE_MIN, None)), bytes=True)
+        np.testing.assert_array_equal(panel, expected)
     read_png(write_layers_grid(runs, tmp_path))
 
 

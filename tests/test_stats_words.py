@@ -87,6 +87,7 @@ def test_stats_over_words_of_a_padded_batch_average_each_texts_word_statistics(c
     )
 
 
+@pytest.mark.slow
 def test_stats_words_writes_stats_json_over_words(tmp_path, capsys):
     out = tmp_path / "run"
     assert run(["stats", CHINESE, "--words", "--model", "bundled", "--device", "cpu", "--out", str(out)]) == 0
@@ -103,12 +104,13 @@ def test_stats_words_writes_stats_json_over_words(tmp_path, capsys):
     assert plain["settings"]["words"] is False and plain["statistics_over"] == "tokens"
 
 
+@pytest.mark.slow
 def test_the_js_distance_figure_and_the_notebook_say_over_words():
     from attnviz.render.titles import WORDS_NOTE
 
     result, plain = attnviz.stats(CHINESE, **bundled(words=True)), attnviz.stats(CHINESE, **bundled())
-    assert WORDS_NOTE in result.figure()._suptitle.get_text().replace("\n", " ")
-    assert WORDS_NOTE not in plain.figure()._suptitle.get_text().replace("\n", " ")
+    assert WORDS_NOTE in result.figure().get_suptitle().replace("\n", " ")
+    assert WORDS_NOTE not in plain.figure().get_suptitle().replace("\n", " ")
     assert "first text&#x27;s words</b> <code>0:[CLS]</code> <code>1:我</code>" in result._repr_html_()
     assert "first text&#x27;s tokens</b>" in plain._repr_html_()
 

@@ -86,6 +86,7 @@ def peak_rss_kib(args: list[str]) -> int:
     return usage.ru_maxrss
 
 
+@pytest.mark.slow
 def test_memory_stays_flat_from_10k_to_100k_lines(tiny, tmp_path):
     """Reading the corpus whole (as stats did) put 163 MiB more on 100,000 lines than on 10,000; streamed, under 1 MiB."""
     lines = corpus_lines(100_000, seed=3)
@@ -100,6 +101,7 @@ def test_memory_stays_flat_from_10k_to_100k_lines(tiny, tmp_path):
     assert record["corpus"]["sha256"] == hashlib.sha256(large.read_bytes()).hexdigest()
 
 
+@pytest.mark.slow
 def test_a_killed_run_resumes_from_its_checkpoint_to_the_same_numbers(tiny, tmp_path):
     lines = corpus_lines(4000, seed=4, max_words=12)
     corpus = write_corpus(tmp_path / "corpus.txt", lines)
@@ -155,6 +157,7 @@ def refused(args, capsys) -> str:
     return error
 
 
+@pytest.mark.slow
 def test_resume_refuses_other_settings_or_another_file(tiny, tmp_path, checkpointed, capsys):
     corpus, checkpoint = checkpointed
     args = ["stats", "--file", str(corpus), "--model", str(tiny), "--checkpoint", str(checkpoint), "--resume", "--out", str(tmp_path / "o")]

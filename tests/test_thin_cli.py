@@ -64,6 +64,7 @@ def test_stats_notices_are_the_results(tmp_path):
     assert any("[UNK]" in notice for notice in result.notices)
 
 
+@pytest.mark.slow
 def test_heads_with_trace_runs_the_layer_once(tmp_path, monkeypatch):
     calls = counting_run_attention(monkeypatch)
     assert run(["heads", "我想吃酸菜鱼", "--trace", "--model", "bundled", "--device", "cpu", "--out", str(tmp_path / "r")]) == 0

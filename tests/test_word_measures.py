@@ -9,7 +9,7 @@ import networkx as nx
 import numpy as np
 import pytest
 import torch
-from test_measures import bert_inputs, per_head_vectors, rerun_with_value_zeroed  # its key may be a word's list of tokens
+from helpers import bert_inputs, per_head_vectors, rerun_with_value_zeroed  # its key may be a word's list of tokens
 
 import attnviz
 from attnviz.attention.layer import layer_from_weights
@@ -47,6 +47,7 @@ def test_word_norms_are_the_norms_of_the_words_summed_vectors(bundled_bert, text
     np.testing.assert_allclose(result.measures.norm, expected_summed, atol=TOLERANCE, rtol=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("text", [ENGLISH, CHINESE])
 def test_word_value_zeroing_reruns_the_layer_with_all_its_pieces_zeroed(bundled_bert, text):
     result = measured(text, words=True)
@@ -64,6 +65,7 @@ def test_word_value_zeroing_reruns_the_layer_with_all_its_pieces_zeroed(bundled_
     np.testing.assert_allclose(result.measures.value_zeroing_rows, expected / expected.sum(axis=1, keepdims=True), atol=TOLERANCE)
 
 
+@pytest.mark.slow
 def test_word_flow_is_networkx_maximum_flow_into_the_words_pieces():
     text, layer = ENGLISH, 2
     result = measured(text, words=True, layer=layer)
@@ -86,6 +88,7 @@ def test_word_flow_is_networkx_maximum_flow_into_the_words_pieces():
     np.testing.assert_allclose(result.measures.flow.flow, rows_mean(flows, words.query_word), atol=TOLERANCE, rtol=0)
 
 
+@pytest.mark.slow
 def test_with_one_token_per_word_every_measure_is_the_token_measure():
     text = "the cat sat on the mat"  # six words, six tokens
     over_words, over_tokens = measured(text, words=True), measured(text, words=False)

@@ -60,6 +60,7 @@ def test_smollm2_shows_the_four_chinese_words_as_characters_and_stays_causal(smo
     np.testing.assert_allclose(run.attention.sum(axis=-1), 1.0, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_heads_words_writes_the_words_and_keeps_the_tokens_in_attention_json(tmp_path, capsys):
     assert run(["heads", CHINESE, "--words", "--no-html", "--model", "bundled", "--device", "cpu", "--out", str(tmp_path / "w")]) == 0
     assert run(["heads", CHINESE, "--no-html", "--model", "bundled", "--device", "cpu", "--out", str(tmp_path / "t")]) == 0
@@ -76,6 +77,7 @@ def test_heads_words_writes_the_words_and_keeps_the_tokens_in_attention_json(tmp
     assert "4 酸菜鱼 = [UNK] [UNK] [UNK]" in shown  # the terminal lists each word's tokens
 
 
+@pytest.mark.slow
 def test_layers_rollout_over_words_is_the_token_rollout_merged():
     tokens = attnviz.layers(ENGLISH, **bundled())
     words = attnviz.layers(ENGLISH, **bundled(words=True))
@@ -96,6 +98,7 @@ def test_trace_with_words_keeps_the_tensors_shapes_over_tokens(tmp_path):
     assert traced.runs[0].query_tokens[2] == "unaffable"  # its maps are over words
 
 
+@pytest.mark.slow
 def test_the_report_over_words_shows_words_and_keeps_the_tokens():
     record = attnviz.report(CHINESE, **bundled(words=True)).record
     (text,) = record["texts"]
@@ -104,6 +107,7 @@ def test_the_report_over_words_shows_words_and_keeps_the_tokens():
     assert text["settings"]["words"] is True
 
 
+@pytest.mark.slow
 def test_the_report_command_counts_tokens_and_words(tmp_path, capsys):
     args = ["report", CHINESE, "--words", "--model", "bundled", "--device", "cpu", "--out", str(tmp_path / "r")]
     assert run(args) == 0
@@ -118,6 +122,7 @@ def test_the_page_over_words_draws_the_words_and_says_how_many_tokens_they_merge
     assert words_fact.startswith("6 words of 8 tokens (Clark et al. 2019")
 
 
+@pytest.mark.slow
 def test_heads_file_with_words_counts_tokens_and_words_per_text(tmp_path):
     import csv
 

@@ -1,0 +1,212 @@
+"""Helpers shared by several test modules (no test module imports another; conftest.py holds the fixtures).
+
+Hand-made runs and PNG pixels; the measures written out from a layer's nn.Linear weights; the report's
+weights decoded on their own; a Python script run in a fresh process from the tests' folder.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+import os
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+
+# --- hand-made runs and PNG files -----------------------------------------------------------------
+
+
+def make_run(query_tokens, key_tokens=None, num_heads=2, causal=False, seed=0):
+    """An AttentionRun of softmax'd random scores, (H, Nq, Nk); causal runs get exact zeros above the diagonal."""
+    from attnviz.result import AttentionRun
+
+    key_tokens = key_tokens or query_tokens
+    rng = np.random.default_rng(seed)
+    scores = rng.normal(scale=2.0, size=(num_heads, len(query_tokens), len(key_tokens)))
+    if causal:
+        scores[:, np.triu(np.ones(scores.shape[1:], dtype=bool), k=1)] = -np.inf
+    weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    weights /= weights.sum(axis=-1, keepdims=True)
+    return AttentionRun(
+        text="".join(query_tokens),
+        model="sentence-transformers/all-MiniLM-L6-v2",
+        layer=0,
+        weights="pretrained",
+        num_heads=num_heads,
+        device="cpu",
+        query_tokens=list(query_tokens),
+        key_tokens=list(key_tokens),
+        query_ids=list(range(len(query_tokens))),
+        key_ids=list(range(len(key_tokens))),
+        attention=weights,
+        output=np.zeros((len(query_tokens), 8 * num_heads)),
+        causal=causal,
+    )
+
+
+def read_png(path: Path) -> np.ndarray:
+    """A PNG file's pixels as (height, width, 3) RGB, read with Pillow (not attnviz's writer)."""
+    from PIL import Image
+
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with Image.open(path) as image:
+        return np.asarray(image.convert("RGB"))
+
+
+# --- the measures, written out from the weights (test_measures.py and the tests beside it) -------
+
+
+def bert_inputs(loaded, text: str):
+    """What enters each of BERT's layers for the text alone (no padding), from BERT's own forward pass: (N, D) each."""
+    import torch
+
+    from attnviz.models.tokens import encode
+
+    encoded = encode(loaded.tokenizer, [text], loaded.max_positions, False)
+    with torch.no_grad():
+        states = loaded.model(encoded.input_ids, encoded.attention_mask, encoded.token_type_ids)
+    return [state[0].double() for state in states]
+
+
+def linear(module):
+    """An nn.Linear's weight and bias in float64."""
+    return module.weight.detach().double(), module.bias.detach().double()
+
+
+def weights_and_values(bert_layer, x, num_heads: int):
+    """α^h (H, N, N) and f^h(x_j) (H, N, D) for every head, written out from the layer's nn.Linear weights.
+
+    α^h = softmax(q^h k^hT / sqrt(d)); f^h(x) = (x W_v^h + b_v^h) W_o^h with W_v^h head h's d output
+    features of the value projection and W_o^h the d input features of the output projection it feeds.
+    """
+    import torch
+
+    (w_q, b_q), (w_k, b_k), (w_v, b_v) = (linear(getattr(bert_layer.attention.self, name)) for name in ("query", "key", "value"))
+    w_o, _ = linear(bert_layer.attention.output.dense)  # (D, D): out features x in features
+    head_dim = w_q.shape[0] // num_heads
+    alphas, values = [], []
+    for head in range(num_heads):
+        rows = slice(head * head_dim, (head + 1) * head_dim)
+        q = x @ w_q[rows].T + b_q[rows]  # (N, d)
+        k = x @ w_k[rows].T + b_k[rows]
+        v = x @ w_v[rows].T + b_v[rows]
+        alphas.append(torch.softmax(q @ k.T / math.sqrt(head_dim), dim=-1))  # (N, N)
+        values.append(v @ w_o[:, rows].T)  # (N, D): f^h(x_j) for every key j
+    return torch.stack(alphas), torch.stack(values)
+
+
+def per_head_vectors(bert_layer, x, num_heads: int):
+    """α^h_ij f^h(x_j) for every head, query and key: (H, N, N, D)."""
+    alpha, values = weights_and_values(bert_layer, x, num_heads)
+    return alpha[:, :, :, None] * values[:, None, :, :]
+
+
+def rerun_with_value_zeroed(layer, queries, keys, key, **options):
+    """The layer's output (Nq, D) with key token `key`'s value vector (x_j W_v + b_v, every head) set to zero
+    (`key` may be a list of tokens: a word's pieces)."""
+    import torch
+
+    def zero_the_value(module, inputs, values):  # values (B, Nk, H_kv * d)
+        values = values.clone()
+        values[:, key] = 0
+        return values
+
+    handle = layer.w_v.register_forward_hook(zero_the_value)
+    try:
+        with torch.no_grad():
+            output, _ = layer(queries, keys, keys, **options)
+    finally:
+        handle.remove()
+    return output[0]
+
+
+def distances_by_reruns(layer, queries, keys, **options) -> np.ndarray:
+    """Cosine distance between each query's output and its output with key j's value zeroed, key by key: (Nq, Nk).
+    An output that zeroing leaves all zero (key j carried all of it) is at distance 1 (torch's cosine_similarity)."""
+    import torch
+
+    with torch.no_grad():
+        original, _ = layer(queries, keys, keys, **options)
+    columns = []
+    for key in range(keys.shape[1]):
+        altered = rerun_with_value_zeroed(layer, queries, keys, key, **options)
+        cosine = torch.nn.functional.cosine_similarity(original[0].double(), altered.double(), dim=-1)  # 0 for a zero vector
+        columns.append(1 - cosine)
+    return torch.stack(columns, dim=-1).numpy()
+
+
+def flows_by_networkx(layer_attention: list[np.ndarray]) -> np.ndarray:
+    """networkx's maximum flow from each last-layer token to each input token on the layers' graph built here."""
+    import networkx as nx
+
+    num_tokens = layer_attention[0].shape[-1]
+    graph = nx.DiGraph()
+    for depth, attention in enumerate(layer_attention):
+        mixed = attention.astype(np.float64).mean(axis=0) + np.eye(num_tokens)  # heads averaged, the residual added
+        mixed = mixed / mixed.sum(axis=1, keepdims=True)
+        for i in range(num_tokens):
+            for j in range(num_tokens):
+                graph.add_edge((depth + 1, i), (depth, j), capacity=float(mixed[i, j]))
+    top = len(layer_attention)
+    return np.array(
+        [[nx.maximum_flow_value(graph, (top, i), (0, j)) for j in range(num_tokens)] for i in range(num_tokens)]
+    )
+
+
+# --- the report ------------------------------------------------------------------------------------
+
+# A text that tries to close the page's script, run its own and pass for the template's script marker.
+HOSTILE = "</script><script>document.title='x'</script><img src=x onerror=alert(1)><!--attnviz:script-->"
+
+
+def decoded(encoded: dict) -> np.ndarray:
+    """An exact ENCODED array: little-endian uint16 codes in units of 1e-4, zlib-compressed, base64 (decoded
+    here, not with attnviz.html's decoder)."""
+    assert encoded["dtype"] == "uint16" and encoded["unit"] == 0.0001
+    codes = np.frombuffer(zlib.decompress(base64.b64decode(encoded["data"])), dtype="<u2")
+    return codes.reshape(encoded["shape"]) * 1e-4
+
+
+# --- a fresh process --------------------------------------------------------------------------------
+
+linux_with_two_cores = pytest.mark.skipif(
+    sys.platform != "linux" or (os.cpu_count() or 1) < 2, reason="the figure worker is forked on Linux with 2 cores or more"
+)
+
+
+def run_script(script: str, env: dict | None = None) -> list[str]:
+    """The lines a Python script prints, run in a fresh interpreter from the tests' folder (so it can import
+    helpers); fails the test when the script fails."""
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300, cwd=TESTS
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout.splitlines()
+
+
+# --- figures ----------------------------------------------------------------------------------------
+
+
+def layers_grid_panels(figure, num_layers: int, num_heads: int) -> tuple[np.ndarray, dict, int, int]:
+    """layers.png's one image as the figure draws it (RGBA); its panels {(layer, head): (cells, cells, 4)};
+    a panel's size in cells; the step from one panel to the next (cells and the gap). The gap follows
+    from the image's size alone (num_heads != num_layers): width = num_heads * step - gap and
+    height = num_layers * step - gap."""
+    (mosaic,) = [image.get_array() for image in figure.axes[0].images]
+    height, width = mosaic.shape[:2]
+    step = (width - height) // (num_heads - num_layers)
+    gap = num_heads * step - width
+    assert num_layers * step - gap == height and 0 < gap < step
+    cells = step - gap
+    panels = {
+        (layer, head): mosaic[layer * step : layer * step + cells, head * step : head * step + cells]
+        for layer in range(num_layers)
+        for head in range(num_heads)
+    }
+    return mosaic, panels, cells, step
