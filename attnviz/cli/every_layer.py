@@ -107,8 +107,8 @@ def stats(
     from attnviz.api.models import load
     from attnviz.output.batch import batch_folder_name
     from attnviz.output.runs import run_folder_name
-    from attnviz.render import heads_ahead, terminal
-    from attnviz.render.figure_worker import write_files_here_or_there
+    from attnviz import startup
+    from attnviz.render import terminal
 
     if text is not None and file is not None:
         raise AttnvizError("give either a TEXT or --file PATH, not both")
@@ -123,7 +123,6 @@ def stats(
             if given:
                 raise AttnvizError(f"{name} goes with --file: one TEXT is measured at once")
         target = run_target(out, run_folder_name(text))
-        heads_ahead.start_warmed_up()  # the figure worker imports matplotlib and warms up while this process loads torch
         handle = load(model, device.value, allow_pickle=allow_pickle, cache=False)
         result = functions.stats(
             [text], model=handle, heads=num_heads, weights=weights.value, seed=seed, causal=causal, truncate=truncate,
@@ -153,7 +152,7 @@ def stats(
     console.print(terminal.labelled_heads_table(result.stats))
     if result.stats.js_distance is None:
         console.print("[dim]Jensen-Shannon distances between heads: not measured over a --file; --js measures them (js_distance.png)[/dim]")
-    write_run(out, target, "writing statistics…", lambda staging: write_files_here_or_there(result, staging, image_format.value))
+    write_run(out, target, "writing statistics…", lambda staging: startup.draw(result.write_files, staging, image_format.value))
     if checkpoint is not None:  # the run's files are written: nothing is left to resume
         checkpoint.unlink(missing_ok=True)
 
@@ -235,14 +234,13 @@ def layers(
     from attnviz.api import functions
     from attnviz.api.models import load
     from attnviz.output.runs import run_folder_name
-    from attnviz.render import heads_ahead, terminal
-    from attnviz.render.figure_worker import write_files_here_or_there
+    from attnviz import startup
+    from attnviz.render import terminal
 
     check_text(text)
     refuse_cross_over_every_layer(stack.value if stack else None)
     functions.refuse_before_loading(model, stack.value if stack else None)
     target = run_target(out, run_folder_name(text))
-    heads_ahead.start_warmed_up()  # the figure worker imports matplotlib and warms up while this process loads torch
     handle = load(model, device.value, allow_pickle=allow_pickle, cache=False)
     result = functions.layers(
         text, model=handle, heads=num_heads, weights=weights.value, seed=seed, causal=causal, truncate=truncate,
@@ -256,4 +254,4 @@ def layers(
     terminal.print_rollout(console, first.query_tokens, result.rollout, first.causal and not first.model_causal)
     if result.measures is not None and result.measures.flow is not None:
         terminal.print_rollout(console, first.query_tokens, result.measures.flow.normalised, name="flow")
-    write_run(out, target, "writing figures…", lambda staging: write_files_here_or_there(result, staging, image_format.value))
+    write_run(out, target, "writing figures…", lambda staging: startup.draw(result.write_files, staging, image_format.value))

@@ -23,7 +23,7 @@ from attnviz.cli.options import (
     OutOption,
 )
 from attnviz.cli.shared import run_target, write_run
-from attnviz.spec import RunSpec, check_text
+from attnviz.spec import check_text
 
 
 @app.command(short_help="One layer's projections split into different numbers of heads.")
@@ -58,8 +58,8 @@ def compare(
     from attnviz.api import functions
     from attnviz.api.models import load
     from attnviz.output.runs import run_folder_name
-    from attnviz.render import compare_figures, figure_worker, terminal
-    from attnviz.render.figure_worker import write_files_here_or_there
+    from attnviz import startup
+    from attnviz.render import terminal
 
     check_text(text)
     if head_counts is not None:
@@ -67,12 +67,6 @@ def compare(
     weights_list = parse_weights(weights)
     functions.refuse_before_loading(model, needs_bert=functions.COMPARE_NEEDS_BERT)
     target = run_target(out, run_folder_name(text))
-    figure_worker.start()  # started already by main (start_figure_worker_early); here when run otherwise
-    # It imports matplotlib and lays compare.png out while this process imports torch and runs the model.
-    shared = RunSpec(  # what the splits share, before loading: the model as given
-        model=model, resolved_model=model or "", model_source="", layer=layer, num_heads=None, weights=None, seed=seed
-    )
-    figure_worker.ahead(compare_figures.prepare, text, shared, head_counts, weights)
     handle = load(model, device.value, allow_pickle=allow_pickle, cache=False)
     result = functions.compare(
         text, heads=head_counts, weights=weights, model=handle, layer=layer, seed=seed, truncate=truncate
@@ -83,7 +77,7 @@ def compare(
     terminal.print_compare_setup(console, first, handle.source, handle.device_label, weights_list, seed)
     terminal.print_tokens(console, first)
     console.print(result)  # its __rich__: the table of the splits
-    write_run(out, target, "drawing the comparison…", lambda staging: write_files_here_or_there(result, staging, image_format.value))
+    write_run(out, target, "drawing the comparison…", lambda staging: startup.draw(result.write_files, staging, image_format.value))
 
 
 @app.command(short_help='Why attention needs position embeddings.')
@@ -110,18 +104,15 @@ def position(
     from attnviz.api import functions
     from attnviz.api.models import load
     from attnviz.output.runs import run_folder_name
-    from attnviz.render import figure_worker, position_figure, terminal
-    from attnviz.render.figure_worker import write_files_here_or_there
+    from attnviz import startup
+    from attnviz.render import terminal
 
     check_text(text)
     functions.refuse_before_loading(model, needs_bert=functions.POSITION_NEEDS_BERT)
     target = run_target(out, run_folder_name(text))
-    figure_worker.start()  # started already by main (start_figure_worker_early); here when run otherwise
-    # It imports matplotlib and lays position.png out while this process imports torch and runs the model.
-    figure_worker.ahead(position_figure.prepare, text, model, permutation, head)
     handle = load(model, device.value, allow_pickle=allow_pickle, cache=False)
     result = functions.position(text, permutation=permutation, head=head, model=handle)
 
     terminal.print_notices(errors, result.result.notices)
     terminal.print_position(console, result.result, handle.source, handle.device_label)
-    write_run(out, target, "drawing the maps…", lambda staging: write_files_here_or_there(result, staging, image_format.value))
+    write_run(out, target, "drawing the maps…", lambda staging: startup.draw(result.write_files, staging, image_format.value))

@@ -33,7 +33,7 @@ from attnviz.cli.options import (
 )
 from attnviz.cli.shared import MAX_NOTICES_SHOWN, layouts_disagree, run_target, write_run
 from attnviz.errors import AttnvizError
-from attnviz.spec import RunSpec, check_text, refuse_causal_cross_attention
+from attnviz.spec import check_text, refuse_causal_cross_attention
 
 
 @app.command(short_help="Heatmaps and a table of one layer's heads, for a text or a file of texts.")
@@ -78,8 +78,8 @@ def heads(
     from attnviz.api.models import load
     from attnviz.api.report import report_of_runs
     from attnviz.output.runs import run_folder_name
-    from attnviz.render import figure_worker, heads_ahead, terminal
-    from attnviz.render.heatmap import heatmaps_drawn_ahead
+    from attnviz import startup
+    from attnviz.render import terminal
 
     if text is not None and file is not None:
         raise AttnvizError("give either a TEXT or --file PATH, not both")
@@ -108,15 +108,6 @@ def heads(
             ),
         )
     target = run_target(out, run_folder_name(text))
-    # The worker imports matplotlib, and lays out the run's figures (heads_ahead), while this process imports torch and
-    # runs the model. Its settings before loading: the model as given, not resolved yet.
-    options = RunSpec(
-        model=model, resolved_model=model or "", model_source="", layer=layer, num_heads=num_heads, weights=weights.value,
-        seed=seed, causal=causal, kv_text=kv, stack=stack.value if stack else None, words=words,
-    )
-    figure_worker.start()  # started already by main (start_figure_worker_early); here when run otherwise
-    if image_format.value == "png":
-        figure_worker.ahead(heads_ahead.prepare, text, options)
     handle = load(model, device.value, allow_pickle=allow_pickle, cache=False)
     settings = dict(
         model=handle, layer=layer, heads=num_heads, weights=weights.value, seed=seed, kv=kv, causal=causal, truncate=truncate,
@@ -143,11 +134,11 @@ def heads(
         print_trace(console, traced.trace, text_tokens=[run.query_tokens])
 
     def write(staging: Path) -> list[Path]:
-        # The figure worker draws the heatmaps while this process computes the report (its own passes).
-        with heatmaps_drawn_ahead(run, staging, image_format.value, seed=result.spec.seed):
+        # The figure worker (attnviz/startup.py) writes the result's files while this process computes the report.
+        with startup.drawn(result.write_files, staging, image_format.value) as drawing:
             report = report_of_runs(handle.loaded, [run], result.spec).write_files(staging) if not no_html else []
-            written = result.write_files(staging, image_format.value)
-            written += traced.write_files(staging, image_format.value) if traced is not None else []
+            written = drawing.wait()
+        written += traced.write_files(staging, image_format.value) if traced is not None else []
         return written + report
 
     write_run(out, target, "writing heatmaps…", write)

@@ -12,13 +12,9 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from attnviz.cli import coercion
-
 from attnviz.models.families import supported_names
 from attnviz.spec import MAX_SEED
 from attnviz.version import package_version
-
-coercion.install()  # option values without pydantic: 0.1 s of every command
 
 app = typer.Typer(
     help="See and check what multi-head attention does, with a real model's parameters.",
