@@ -107,7 +107,7 @@ STARTUP_COMMANDS = {  # each command on one short text, as a new user runs it (i
 def startup_rows(repeat: int, env: dict, scratch: Path) -> list[tuple]:
     """Start-up: each command against the floor it cannot go below, in interleaved rounds (one drift for all).
 
-    heads on 12 tokens within 1.3x of `python -c "import torch"`, every other command within 1.5x;
+    heads on 12 tokens within 1.5x of `python -c "import torch"` (issue 27), and every other command;
     --help and --version within 3x of `python -c pass`. The table's CPU ratio (user + system time,
     forked drawers included) is the one to read on a loaded machine.
     """
@@ -133,7 +133,7 @@ def startup_rows(repeat: int, env: dict, scratch: Path) -> list[tuple]:
         timing = timings[case]
         return (name, timing, baseline_name, baseline, f"≤ {limit}×", timing.seconds <= limit * baseline.seconds)
 
-    rows = [row("heads, 12 tokens", "heads", "python -c 'import torch'", torch_import, 1.3)]
+    rows = [row("heads, 12 tokens", "heads", "python -c 'import torch'", torch_import, 1.5)]
     rows += [row(f"{name}, 12 tokens", name, "python -c 'import torch'", torch_import, 1.5) for name in STARTUP_COMMANDS]
     rows.append(row("models", "models", "python -c 'import torch'", torch_import, 1.5))
     rows += [row(f"attnviz {flag}", flag, "python -c pass", python_pass, 3) for flag in ("--help", "--version")]
