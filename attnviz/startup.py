@@ -36,12 +36,12 @@ def quit_on_signals() -> None:
     """A signal ends the process at once and says that nothing was written, until the command line sets its own
     handlers (output/runs.py): during the imports (a second or more with torch) nothing is written yet."""
 
-    def quit(number, frame):
+    def quit_quietly(number, frame):
         os.write(2, b"interrupted: nothing was written\n")
         os._exit(128 + number)
 
     for number in QUIT_SIGNALS:
-        signal.signal(number, quit)
+        signal.signal(number, quit_quietly)
 
 
 def print_saved_help() -> bool:
