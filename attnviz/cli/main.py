@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import sys
@@ -107,5 +108,8 @@ def main() -> None:
     # of a whole run. Ignored signals stay ignored (a mask would not do: it is per thread).
     for number in DEFERRED_SIGNALS:
         signal.signal(number, signal.SIG_IGN)
+    # Python's exit still runs (the atexit functions, threads waited for, streams flushed), but its last garbage
+    # collections skip the objects there are now: about 0.25 s of the 0.3 s teardown once torch is imported.
+    gc.freeze()
     sys.exit(code)
 
