@@ -280,8 +280,8 @@ def test_a_signal_once_the_run_is_over_cannot_turn_a_whole_run_into_a_kill(tmp_p
 
 @pytest.mark.parametrize(("args", "code"), [(["models"], 0), (["heads", ""], 2)])
 def test_the_command_line_ends_with_its_code_after_the_atexit_functions_and_any_thread(args, code, tmp_path):
-    """exit_without_teardown skips Python's teardown (0.3 s after torch), never what an exit owes: the exit code,
-    the atexit functions, a flushed stdout, and waiting for a thread that is still working."""
+    """The command line's exit (gc.freeze, then sys.exit) does what an exit owes: the exit code, the atexit
+    functions, a flushed stdout, and waiting for a thread that is still working."""
     script = (
         "import atexit, sys, threading, time\n"
         f"atexit.register(lambda: open({str(tmp_path / 'atexit')!r}, 'w').write('ran'))\n"
@@ -295,7 +295,7 @@ def test_the_command_line_ends_with_its_code_after_the_atexit_functions_and_any_
     assert result.returncode == code, result.stderr
     assert (tmp_path / "atexit").read_text() == "ran" and (tmp_path / "thread").read_text() == "done"
     assert ("models" in result.stdout) if code == 0 else result.stderr.startswith("error: the text is empty")
-    # Without the thread, the process ends at once (os._exit), its atexit functions run and its output flushed.
+    # Without the thread too: its atexit functions run and its output is flushed.
     alone = script.replace("threading.Thread(target=late).start()\n", "")
     (tmp_path / "atexit").unlink()
     result = subprocess.run([sys.executable, "-c", alone], capture_output=True, text=True, timeout=120)

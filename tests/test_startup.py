@@ -1,5 +1,6 @@
-"""Start-up: the figure worker (a copy forked before torch is imported) draws the same files as this process,
-and stops when its folder is abandoned; short texts run torch on one thread; `attnviz --help` answers from its saved text."""
+"""Start-up (attnviz/startup.py): the figure worker (a copy forked before torch is imported) draws the same files as
+this process, and stops when its folder is abandoned; short texts run torch on one thread; `attnviz --help` answers
+from its saved text; the one import from typer's vendored click is where attnviz looks for it."""
 
 from __future__ import annotations
 
@@ -11,45 +12,40 @@ from pathlib import Path
 
 import pytest
 
+from helpers import linux_with_two_cores, run_script
+
 pytestmark = pytest.mark.slow  # fresh processes that import torch
-TESTS = Path(__file__).resolve().parent
-linux_with_two_cores = pytest.mark.skipif(
-    sys.platform != "linux" or (os.cpu_count() or 1) < 2, reason="the figure worker is forked on Linux with 2 cores or more"
-)
 
-
-def run_script(script: str, env: dict | None = None) -> list[str]:
-    result = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300, cwd=TESTS
-    )
-    assert result.returncode == 0, result.stderr
-    return result.stdout.splitlines()
+WORKER_PID = "import os\nfrom attnviz import startup\n"  # startup.draw(os.getpid): the pid of the process that draws
 
 
 @linux_with_two_cores
 def test_the_figure_worker_draws_the_files_this_process_would(tmp_path):
-    """Drawn ahead by the worker, the heatmaps equal those drawn here, pixel for pixel; this process never
-    imported matplotlib.figure (so the worker did draw them), and the worker is reaped at exit."""
+    """Drawn by the worker, the heatmaps equal those drawn here, pixel for pixel; this process never imported
+    matplotlib.figure (so the worker did draw them), and the worker is gone once this process has ended."""
     script = f"""
+import os
 import sys
 from pathlib import Path
 from helpers import make_run
-from attnviz.render import figure_worker, heatmap
+from attnviz import startup
+from attnviz.render import heatmap
 
-figure_worker.start()
-worker = figure_worker._worker.pid
+startup.start_worker(["heads", "a text"])
+worker = startup.draw(os.getpid)
 run = make_run(["[CLS]", "我", "想", "吃", "[SEP]"], num_heads=3)
-out = Path({str(tmp_path)!r}) / "ahead"
+out = Path({str(tmp_path)!r}) / "worker"
 out.mkdir()
-with heatmap.heatmaps_drawn_ahead(run, out, "png", seed=None):
-    paths = heatmap.write_heatmaps(run, out, "png")
+with startup.drawn(heatmap.write_heatmaps, run, out, "png") as drawing:
+    paths = drawing.wait()
 print([path.name for path in paths])
 print("matplotlib.figure" in sys.modules)
+print(worker != os.getpid())
 print(worker)
 """
-    names, imported, worker = run_script(script)
+    names, imported, elsewhere, worker = run_script(script)
     assert names == str(["head_00.png", "head_01.png", "head_02.png", "heads.png"])
-    assert imported == "False"
+    assert imported == "False" and elsewhere == "True"
     with pytest.raises(ProcessLookupError):  # gone with its parent
         os.kill(int(worker), 0)
 
@@ -62,41 +58,52 @@ print(worker)
     run = make_run(["[CLS]", "我", "想", "吃", "[SEP]"], num_heads=3)  # the same seed: the same weights
     drawn = heatmap.write_head_heatmaps(run, here) + [heatmap.write_heads_grid(run, here)]
     for path in drawn:
-        assert (read_png(tmp_path / "ahead" / path.name) == read_png(path)).all(), path.name
+        assert (read_png(tmp_path / "worker" / path.name) == read_png(path)).all(), path.name
 
 
 @linux_with_two_cores
 def test_an_abandoned_folder_stops_the_worker(tmp_path):
-    """An error inside the block kills the worker: nothing can be written into the folder after it."""
+    """An error inside the block kills the worker (nothing can be written into the folder after it); later drawing
+    is done here."""
     script = f"""
-import ast
 import os
 from pathlib import Path
 from helpers import make_run
-from attnviz.render import figure_worker, heatmap
+from attnviz import startup
+from attnviz.render import heatmap
 
-figure_worker.start()
-worker = figure_worker._worker.pid
+startup.start_worker(["heads", "a text"])
+worker = startup.draw(os.getpid)
 run = make_run(["a", "b", "c"], num_heads=2)
 try:
-    with heatmap.heatmaps_drawn_ahead(run, Path({str(tmp_path)!r}), "png"):
+    with startup.drawn(heatmap.write_heatmaps, run, Path({str(tmp_path)!r}), "png"):
         raise KeyboardInterrupt
 except KeyboardInterrupt:
     pass
-print(figure_worker._worker is None)
 try:
     os.kill(worker, 0)
     print("alive")
 except ProcessLookupError:
     print("gone")
+print(startup.draw(os.getpid) == os.getpid())
 """
-    assert run_script(script) == ["True", "gone"]
+    assert run_script(script) == ["gone", "True"]
 
 
 def test_no_worker_once_torch_is_imported():
     """The API and the tests have torch already: nothing to overlap, and no copy of torch's threads is made."""
-    script = "import torch\nfrom attnviz.render import figure_worker\nfigure_worker.start()\nprint(figure_worker._worker)\n"
-    assert run_script(script) == ["None"]
+    script = "import torch\n" + WORKER_PID + "startup.start_worker(['heads', 'a text'])\nprint(startup.draw(os.getpid) == os.getpid())\n"
+    assert run_script(script) == ["True"]
+
+
+def test_a_failing_drawing_raises_its_error_here():
+    """The worker's failure is drawn again here, so that its error is this process's (and reported as such)."""
+    script = WORKER_PID + (
+        "startup.start_worker(['heads', 'a text'])\n"
+        "try:\n    startup.draw(int, 'not a number')\nexcept ValueError as error:\n    print(error)\n"
+        "print(startup.draw(len, 'abc'))\n"
+    )
+    assert run_script(script) == ["invalid literal for int() with base 10: 'not a number'", "3"]
 
 
 @pytest.mark.parametrize(
@@ -110,7 +117,7 @@ def test_no_worker_once_torch_is_imported():
 )
 def test_short_texts_run_torch_on_one_thread(args, threads):
     script = (
-        "import os\nfrom attnviz.cli.main import few_threads_for_short_texts\n"
+        "import os\nfrom attnviz.startup import few_threads_for_short_texts\n"
         f"few_threads_for_short_texts({args!r})\nprint(os.environ.get('OMP_NUM_THREADS'))\n"
         "import torch\nprint(torch.get_num_threads())\n"
     )
@@ -124,7 +131,7 @@ def test_short_texts_run_torch_on_one_thread(args, threads):
 
 
 HELP_BY_TYPER = "from attnviz.cli import run\nrun(['--help'])\n"  # builds the command line: never the saved text
-HELP_BY_THE_SCRIPT = (  # the modules printed at exit: the command line may end the process itself (exit_without_teardown)
+HELP_BY_THE_SCRIPT = (  # the modules imported, printed at exit
     "import atexit, sys\nsys.argv = ['attnviz', '--help']\nfrom attnviz.__main__ import main\n"
     "atexit.register(lambda: print(sorted({'typer', 'rich', 'click', 'torch'} & set(sys.modules))))\n"
     "main()\n"
@@ -135,7 +142,7 @@ HELP_BY_THE_SCRIPT = (  # the modules printed at exit: the command line may end 
 def test_the_saved_help_is_what_typer_writes(columns):
     """attnviz/cli/help.txt equals typer's --help at every width it is printed at. If this fails, the commands'
     help changed: save it again with COLUMNS=100 python -c "from attnviz.cli import run; run(['--help'])" > attnviz/cli/help.txt"""
-    from attnviz.__main__ import SAVED_HELP
+    from attnviz.startup import SAVED_HELP
 
     env = {**os.environ, "COLUMNS": columns}
     by_typer = subprocess.run([sys.executable, "-c", HELP_BY_TYPER], capture_output=True, text=True, env=env, check=True)
@@ -158,20 +165,20 @@ def test_a_narrow_terminal_gets_typers_help():
 
 @linux_with_two_cores
 def test_a_results_files_written_by_the_worker_equal_its_own(tmp_path):
-    """compare's files (what compare and position hand to the worker): the same bytes of JSON and pixels of PNG
-    as the result writes itself, and this process never imported matplotlib.figure."""
+    """compare's files (what the commands hand the worker: a result's write_files): the same bytes of JSON and pixels
+    of PNG as the result writes itself, and this process never imported matplotlib.figure."""
     script = f"""
 import sys
 from pathlib import Path
-from attnviz.render import figure_worker
+from attnviz import startup
 
-figure_worker.start()  # before torch, as the commands do
+startup.start_worker(["compare", "a text"])  # before torch, as the command line does
 import attnviz
 
 result = attnviz.compare("the cat sat on the mat", model="bundled", device="cpu", heads="1,4")
 there = Path({str(tmp_path)!r}) / "there"
 there.mkdir()
-print([path.name for path in figure_worker.write_files_here_or_there(result, there, "png")])
+print([path.name for path in startup.draw(result.write_files, there, "png")])
 print("matplotlib.figure" in sys.modules)
 here = Path({str(tmp_path)!r}) / "here"
 here.mkdir()
@@ -209,13 +216,8 @@ result.write_files(here, "png")
         (["--version"], False),
     ],
 )
-def test_the_figure_worker_starts_before_parsing_for_the_commands_that_use_it(args, started):
-    script = f"""
-from attnviz.cli.main import start_figure_worker_early
-from attnviz.render import figure_worker
-start_figure_worker_early({args!r})
-print(figure_worker._worker is not None)
-"""
+def test_the_figure_worker_starts_for_the_commands_that_use_it(args, started):
+    script = WORKER_PID + f"startup.start_worker({args!r})\nprint(startup.draw(os.getpid) != os.getpid())\n"
     assert run_script(script) == [str(started)]
 
 
@@ -229,15 +231,34 @@ def test_the_figure_worker_writes_relative_paths_where_this_process_is_now(tmp_p
 import os
 from pathlib import Path
 from helpers import make_run
-from attnviz.render import figure_worker, heatmap
+from attnviz import startup
+from attnviz.render import heatmap
 
 os.chdir({str(tmp_path / "first")!r})
-figure_worker.start()
+startup.start_worker(["heads", "a text"])
 os.chdir({str(tmp_path / "second")!r})
 run = make_run(["[CLS]", "a", "[SEP]"], num_heads=2)
-with heatmap.heatmaps_drawn_ahead(run, Path("out"), "png"):
-    paths = heatmap.write_heatmaps(run, Path("out"), "png")
+startup.draw(heatmap.write_heatmaps, run, Path("out"), "png")
 print(sorted(path.name for path in Path("out").iterdir()))
 """
     assert run_script(script) == [str(["head_00.png", "head_01.png", "heads.png"])]
     assert list((tmp_path / "first").iterdir()) == []
+
+
+def test_attnviz_catches_the_usage_error_typer_raises():
+    """attnviz/cli/main.py imports UsageError from typer's vendored click (typer._click, pyproject.toml bounds typer):
+    if a typer release moves it, this fails, as every bad option would then exit 1 as an unexpected error."""
+    from attnviz.cli import app
+    from attnviz.cli.main import UsageError
+
+    with pytest.raises(Exception) as raised:
+        app(args=["heads", "--no-such-option"], prog_name="attnviz", standalone_mode=False)
+    assert isinstance(raised.value, UsageError), type(raised.value).__mro__
+
+
+def test_a_bad_option_is_one_line_and_exit_code_2():
+    result = subprocess.run(
+        [sys.executable, "-m", "attnviz", "heads", "a text", "--no-such-option"], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("error: No such option: --no-such-option") and result.stderr.count("\n") == 1

@@ -61,6 +61,7 @@ def compare(
     from attnviz.api import functions
     from attnviz.api.models import load
     from attnviz.output.runs import run_folder_name
+    from attnviz import startup
     from attnviz.render import terminal
 
     check_text(text)
@@ -78,4 +79,4 @@ def compare(
     terminal.print_compare_setup(console, first, handle.source, handle.device_label, weights_list, options.seed)
     terminal.print_tokens(console, first)
     console.print(result)  # its __rich__: the table of the splits
-    write_run(out, target, "drawing the comparison…", lambda staging: result.write_files(staging, image_format.value))
+    write_run(out, target, "drawing the comparison…", lambda staging: startup.draw(result.write_files, staging, image_format.value))

@@ -80,6 +80,7 @@ def heads(
     from attnviz.api.models import load
     from attnviz.api.report import report_of_runs
     from attnviz.output.runs import run_folder_name
+    from attnviz import startup
     from attnviz.render import terminal
 
     text_or_file(text, file)
@@ -115,9 +116,11 @@ def heads(
         print_trace(console, traced.trace, text_tokens=[run.query_tokens])
 
     def write(staging: Path) -> list[Path]:
-        written = result.write_files(staging, image_format.value)
+        # The figure worker (attnviz/startup.py) writes the result's files while this process computes the report.
+        with startup.drawn(result.write_files, staging, image_format.value) as drawing:
+            report = report_of_runs(handle.loaded, [run], result.spec).write_files(staging) if not no_html else []
+            written = drawing.wait()
         written += traced.write_files(staging, image_format.value) if traced is not None else []
-        report = report_of_runs(handle.loaded, [run], result.spec).write_files(staging) if not no_html else []
         return written + report
 
     write_run(out, target, "writing heatmaps…", write)

@@ -58,6 +58,7 @@ def layers(
     from attnviz.api import functions
     from attnviz.api.models import load
     from attnviz.output.runs import run_folder_name
+    from attnviz import startup
     from attnviz.render import terminal
 
     check_text(text)
@@ -74,4 +75,4 @@ def layers(
     terminal.print_rollout(console, first.query_tokens, result.rollout, first.causal and not first.model_causal)
     if result.measures is not None and result.measures.flow is not None:
         terminal.print_rollout(console, first.query_tokens, result.measures.flow.normalised, name="flow")
-    write_run(out, target, "writing figures…", lambda staging: result.write_files(staging, image_format.value))
+    write_run(out, target, "writing figures…", lambda staging: startup.draw(result.write_files, staging, image_format.value))

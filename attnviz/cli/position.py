@@ -50,6 +50,7 @@ def position(
     from attnviz.api import functions
     from attnviz.api.models import load
     from attnviz.output.runs import run_folder_name
+    from attnviz import startup
     from attnviz.render import terminal
 
     check_text(text)
@@ -61,4 +62,4 @@ def position(
 
     terminal.print_notices(errors, result.result.notices)
     terminal.print_position(console, result.result, handle.source, handle.device_label)
-    write_run(out, target, "drawing the maps…", lambda staging: result.write_files(staging, image_format.value))
+    write_run(out, target, "drawing the maps…", lambda staging: startup.draw(result.write_files, staging, image_format.value))

@@ -106,6 +106,7 @@ def stats(
     from attnviz.api.models import load
     from attnviz.output.batch import batch_folder_name
     from attnviz.output.runs import run_folder_name
+    from attnviz import startup
     from attnviz.render import terminal
 
     text_or_file(text, file)
@@ -143,7 +144,7 @@ def stats(
     console.print(terminal.labelled_heads_table(result.stats))
     if result.stats.js_distance is None:
         console.print("[dim]Jensen-Shannon distances between heads: not measured over a --file; --js measures them (js_distance.png)[/dim]")
-    write_run(out, target, "writing statistics…", lambda staging: result.write_files(staging, image_format.value))
+    write_run(out, target, "writing statistics…", lambda staging: startup.draw(result.write_files, staging, image_format.value))
     if checkpoint is not None:  # the run's files are written: nothing is left to resume
         checkpoint.unlink(missing_ok=True)
 

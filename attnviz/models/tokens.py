@@ -182,7 +182,7 @@ def encode(tokenizer: WordPieceTokenizer, texts: list[str], max_positions: int, 
         ids, truncations = [row for row, _ in cuts], [cut for _, cut in cuts]
     check_lengths([len(row) for row in ids], max_positions)
 
-    import torch  # here: the tokenizer alone (the figure worker's look ahead, heads_ahead.py) needs no torch
+    import torch  # here: the tokenizer alone needs no torch
 
     longest = max(len(row) for row in ids)
     input_ids = torch.full((len(ids), longest), tokenizer.pad_token_id, dtype=torch.long)  # (B, N)

@@ -8,13 +8,11 @@ a block of cells, the size cap; plain matplotlib Figures on an Agg canvas (no py
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 from attnviz.analysis.compare import Split, resplit_note
-from attnviz.render.blit import RenderedAhead
 from attnviz.render.heatmap import (
     check_format,
     freeze_layout,
@@ -25,7 +23,6 @@ from attnviz.render.heatmap import (
 from attnviz.render.scales import (
     attention_colorbar,
     attention_norm,
-    capped_note,
     draw_attention,
     say_capped,
     scale_label,
@@ -58,128 +55,47 @@ def panel_grid(count: int) -> tuple[int, int]:
     return math.ceil(count / columns), columns
 
 
-@dataclass(frozen=True)
-class ComparisonLayout:
-    """What compare.png shows besides the maps, when it shows every head of every split: all its layout depends on."""
-
-    model: str
-    text: str
-    layer: int
-    seed: int | None
-    query_tokens: tuple[str, ...]
-    key_tokens: tuple[str, ...]
-    splits: tuple[tuple[str, int, int, int], ...]  # each split's weights, heads, head size and the model's own heads
-
-    @classmethod
-    def of(cls, splits: list[Split], seed: int | None) -> ComparisonLayout | None:
-        """None when a split has more heads than are shown: which ones are shown depends on the maps."""
-        if any(split.num_heads > MAX_HEADS_SHOWN for split in splits):
-            return None
-        run = splits[0].run
-        shape = tuple((split.weights, split.num_heads, split.run.head_dim, split.model_heads) for split in splits)
-        return cls(run.model, run.text, run.layer, seed, tuple(run.query_tokens), tuple(run.key_tokens), shape)
-
-
-class ComparisonFigure(RenderedAhead):
-    """compare.png of some splits, laid out (its maps those splits' until show)."""
-
-    def __init__(self, splits: list[Split], name: str = "compare.png", seed: int | None = None):
-        weights = list(dict.fromkeys(split.weights for split in splits))
-        head_counts = list(dict.fromkeys(split.num_heads for split in splits))
-        # Many head counts wrap onto further rows, so the figure stays printable.
-        num_columns = min(len(head_counts), MAX_SPLITS_PER_ROW)
-        rows_per_weights = math.ceil(len(head_counts) / num_columns)
-        num_rows = len(weights) * rows_per_weights
-        cell = 3.4  # inches per split: a split's heads share the cell, more heads means smaller maps
-        note = resplit_note(splits)
-        size = (num_columns * cell + 1.0, num_rows * (cell + 0.3) + 0.8 + (0.5 if note else 0.0))
-        self.capped = capped_note(name, size) is not None
-        self.figure = figure = new_figure(say_capped(name, size))
-        maps_part, colorbar_part = figure.subfigures(1, 2, width_ratios=[num_columns * cell, 1.0])
-        cells = maps_part.subfigures(num_rows, num_columns, squeeze=False)
-        norm = attention_norm(len(splits[0].run.key_tokens))  # one scale for every panel
-        self.panels = []  # (split's index, head, image) of every panel
-        for index, split in enumerate(splits):
-            count_index = head_counts.index(split.num_heads)
-            row = weights.index(split.weights) * rows_per_weights + count_index // num_columns
-            self.panels += [(index, head, image) for head, image in _draw_split(cells[row, count_index % num_columns], split, norm)]
-        colorbar_axes = colorbar_part.add_axes((0.15, 0.2, 0.2, 0.6))
-        colorbar = attention_colorbar(colorbar_part, self.panels[0][2], cax=colorbar_axes)
-        run = splits[0].run
-        scope = [f"layer {run.layer}", "the same W_q, W_k, W_v split into different numbers of heads"]
-        line_chars = chars_across(figure.get_figwidth())
-        title = figure_title(run.model, scope, text=run.text, weights=weights, seed=seed, line_chars=line_chars)
-        figure.suptitle(title, parse_math=False)
-        if note:
-            figure.supxlabel(note, fontsize=9)
-        freeze_layout(figure)
-        pool = max(self.show(splits))
-        colorbar.set_label(scale_label("attention weight", norm, pool))
-
-    def show(self, splits: list[Split]) -> list[int]:
-        """Show the splits' maps (splits laid out alike: the same ComparisonLayout); return each panel's block size."""
-        return [
-            show_attention(image, np.ma.masked_array(splits[index].run.attention[head])) for index, head, image in self.panels
-        ]
-
-    def changing(self) -> list:
-        """The maps, and their frames drawn over them."""
-        images = [image for _, _, image in self.panels]
-        return [*images, *(spine for image in images for spine in image.axes.spines.values())]
+def comparison_figure(splits: list[Split], name: str = "compare.png", seed: int | None = None):
+    """The Figure of write_comparison_figure, laid out and ready to save; name is for the size cap's note."""
+    weights = list(dict.fromkeys(split.weights for split in splits))
+    head_counts = list(dict.fromkeys(split.num_heads for split in splits))
+    # Many head counts wrap onto further rows, so the figure stays printable.
+    num_columns = min(len(head_counts), MAX_SPLITS_PER_ROW)
+    rows_per_weights = math.ceil(len(head_counts) / num_columns)
+    num_rows = len(weights) * rows_per_weights
+    cell = 3.4  # inches per split: a split's heads share the cell, more heads means smaller maps
+    note = resplit_note(splits)
+    size = (num_columns * cell + 1.0, num_rows * (cell + 0.3) + 0.8 + (0.5 if note else 0.0))
+    figure = new_figure(say_capped(name, size))
+    maps_part, colorbar_part = figure.subfigures(1, 2, width_ratios=[num_columns * cell, 1.0])
+    cells = maps_part.subfigures(num_rows, num_columns, squeeze=False)
+    norm = attention_norm(len(splits[0].run.key_tokens))  # one scale for every panel
+    panels = []  # (split's index, head, image) of every panel
+    for index, split in enumerate(splits):
+        count_index = head_counts.index(split.num_heads)
+        row = weights.index(split.weights) * rows_per_weights + count_index // num_columns
+        panels += [(index, head, image) for head, image in _draw_split(cells[row, count_index % num_columns], split, norm)]
+    colorbar_axes = colorbar_part.add_axes((0.15, 0.2, 0.2, 0.6))
+    colorbar = attention_colorbar(colorbar_part, panels[0][2], cax=colorbar_axes)
+    run = splits[0].run
+    scope = [f"layer {run.layer}", "the same W_q, W_k, W_v split into different numbers of heads"]
+    line_chars = chars_across(figure.get_figwidth())
+    title = figure_title(run.model, scope, text=run.text, weights=weights, seed=seed, line_chars=line_chars)
+    figure.suptitle(title, parse_math=False)
+    if note:
+        figure.supxlabel(note, fontsize=9)
+    freeze_layout(figure)
+    pools = [show_attention(image, np.ma.masked_array(splits[index].run.attention[head])) for index, head, image in panels]
+    colorbar.set_label(scale_label("attention weight", norm, max(pools)))
+    return figure
 
 
 def write_comparison_figure(splits: list[Split], out_dir: Path, fmt: str = "png", seed: int | None = None) -> Path:
     """compare.<fmt>: a row per weights (wrapped after 6 head counts), a column per head count,
-    each cell that split's heads. On the figure laid out and rendered ahead (prepare) if there is one for splits."""
-    from attnviz.render import laid_out
-
+    each cell that split's heads."""
     check_format(fmt)
     name = f"compare.{fmt}"
-    layout = ComparisonLayout.of(splits, seed)
-    if fmt == "png" and layout is not None and (figure := laid_out.take_figure(("compare", layout))) is not None:
-        figure.show(splits)
-        return figure.write_png(Path(out_dir) / name)
-    figure = ComparisonFigure(splits, name, seed)
-    if fmt == "png":
-        return figure.write_png(Path(out_dir) / name)
-    return save_figure(figure.figure, out_dir, name)
-
-
-def comparison_figure(splits: list[Split], name: str = "compare.png", seed: int | None = None):
-    """The Figure of write_comparison_figure, laid out and ready to save; name is for the size cap's note."""
-    return ComparisonFigure(splits, name, seed).figure
-
-
-def prepare(text: str, shared, head_counts: str | None, weights: str) -> None:
-    """In the figure worker, before the run exists: lay out and render `attnviz compare TEXT`'s figure, for
-    write_comparison_figure to take. shared: the RunSpec the splits share (model as given, layer, seed, weights and
-    head count None); head_counts and weights: the options as given. Only a BERT model in a folder is foreseen, with
-    every head shown, and a figure within the size cap (whose note is said when it is drawn); other runs warm the
-    worker up."""
-    from attnviz.analysis.compare import default_head_counts, parse_head_counts, parse_weights
-    from attnviz.render import heads_ahead, laid_out
-
-    foreseen = heads_ahead.foreseen_tokens(text, shared.model)
-    if foreseen is None:
-        return heads_ahead.warm_up()
-    hidden_size, model_heads = foreseen.config["hidden_size"], foreseen.config["num_attention_heads"]
-    counts = parse_head_counts(head_counts) if head_counts is not None else default_head_counts(hidden_size, model_heads)
-    if any(hidden_size % count for count in counts):
-        return None  # refused by the run
-    splits = []
-    for weight in parse_weights(weights):
-        for count in counts:
-            run = heads_ahead.zero_run(text, replace(shared, num_heads=count, weights=weight), foreseen)
-            splits.append(Split(weight, run, [], model_heads))
-    seed = shared.seed
-    layout = ComparisonLayout.of(splits, seed)
-    if layout is None:
-        return None
-    figure = ComparisonFigure(splits, seed=seed)
-    if figure.capped:
-        return None
-    figure.render_ahead()
-    laid_out.keep_figure(("compare", layout), figure)
+    return save_figure(comparison_figure(splits, name, seed), out_dir, name)
 
 
 def _draw_split(cell_figure, split: Split, norm) -> list:

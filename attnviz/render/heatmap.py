@@ -8,7 +8,6 @@ Figures are plain matplotlib Figures on an Agg canvas: no pyplot state, nothing 
 
 from __future__ import annotations
 
-import contextlib
 import math
 from pathlib import Path
 
@@ -67,69 +66,42 @@ def write_heatmaps(
     seed: the seed of random parameters, for the titles (figures of random parameters name it).
 
     On Linux with more than one core, a forked copy of this process draws the grid while this
-    one draws the heads: matplotlib uses one core, and the two jobs take about as long. Figures
-    laid out ahead (heads_ahead.py) leave the grid little to draw: the copy draws the last heads
-    too. Inside heatmaps_drawn_ahead with the same arguments, the figure worker has drawn them already.
+    one draws the heads (render/forked.py): matplotlib uses one core, and the two take about as long.
     """
-    from attnviz.render import figure_worker, laid_out
+    from attnviz.render import forked
     from attnviz.render.fonts import use_cjk_font
 
     check_format(fmt)
-    ahead = _drawn_ahead.pop((id(run), Path(out_dir), fmt, prefix, note, seed), None)
-    if ahead is not None:  # the figure worker has been drawing these files: its answer, or the same drawn here
-        return ahead[1].wait(lambda: write_heatmaps(run, out_dir, fmt, prefix, note, seed))
     say_capped(f"{prefix}heads.{fmt}", _grid_figure_size(run))  # here: a forked process's stderr may go nowhere
-    grid_path = Path(out_dir) / f"{prefix}heads.{fmt}"
-    prepared = laid_out.take(run, fmt, prefix, note, seed)  # (head figure, grid) laid out before the run, or None
-    head_figure = prepared[0] if prepared else None
-    # Prepared, the grid costs about two heads to draw: the copy takes the heads past the middle.
-    split = min(run.num_heads, (run.num_heads + 3) // 2) if prepared else run.num_heads
-    copy_paths = [Path(out_dir) / f"{prefix}head_{head:02d}.{fmt}" for head in range(split, run.num_heads)] + [grid_path]
-
-    def draw_grid() -> None:
-        if prepared:
-            prepared[1].write(grid_path)
-        else:
-            write_heads_grid(run, out_dir, fmt, prefix, note, seed)
-        _write_heads(run, head_figure, out_dir, fmt, prefix, note, seed, range(split, run.num_heads))
-
-    if figure_worker.can_fork():
+    if forked.can_fork():
         # Before the fork, so that neither process imports them again (0.2 s each).
         import matplotlib.backends.backend_agg  # noqa: F401
         import matplotlib.figure  # noqa: F401
 
         use_cjk_font()
 
-    def draw_here() -> list[Path]:
-        return _write_heads(run, head_figure, out_dir, fmt, prefix, note, seed, range(split))
+    def draw_heads() -> list[Path]:
+        return write_head_heatmaps(run, out_dir, fmt, prefix, note, seed)
 
-    return figure_worker.beside(draw_here, draw_grid, Path(out_dir)) + copy_paths
+    def draw_grid() -> None:
+        write_heads_grid(run, out_dir, fmt, prefix, note, seed)
+
+    return forked.beside(draw_heads, draw_grid, Path(out_dir)) + [Path(out_dir) / f"{prefix}heads.{fmt}"]
 
 
-_drawn_ahead: dict = {}  # write_heatmaps' arguments (the run by id) -> (the run, the figure worker's Job)
+def warm_up() -> None:
+    """Draw a small figure of the kinds every command draws (a map, its colorbar, rotated labels, a title) in memory,
+    so that matplotlib's imports, fonts and caches are loaded: the figure worker's first work, while torch loads."""
+    from attnviz.render.scales import attention_colorbar, draw_attention
 
-
-@contextlib.contextmanager
-def heatmaps_drawn_ahead(run: AttentionRun, out_dir: Path, fmt: str = "png", seed: int | None = None):
-    """Within the block, the figure worker (attnviz.render.figure_worker, if started) writes run's heatmaps into out_dir.
-
-    write_heatmaps(run, out_dir, fmt, seed=seed) inside the block waits for them instead of drawing
-    them; the work before it (the report) runs meanwhile. Leaving the block any other way (an
-    error, a signal's exception) stops the worker, so that nothing is written into out_dir after.
-    """
-    from attnviz.render import figure_worker
-
-    check_format(fmt)
-    key = (id(run), Path(out_dir), fmt, "", "", seed)
-    job = figure_worker.submit(write_heatmaps, run, Path(out_dir), fmt, "", "", seed)
-    if job is not None:
-        _drawn_ahead[key] = (run, job)  # the run held: its id stays its own
-    try:
-        yield
-    finally:
-        unused = _drawn_ahead.pop(key, None)
-        if unused is not None:
-            unused[1].cancel()
+    figure = new_figure((3.0, 3.0))
+    ax = figure.add_subplot()
+    image = draw_attention(ax, np.ma.masked_array(np.full((2, 2), 0.5)))  # (2, 2)
+    label_tokens(ax, ["a", "b"], ["a", "b"], 2, fontsize=7)
+    attention_colorbar(figure, image, ax=ax)
+    figure.suptitle("a title\non two lines", parse_math=False)
+    freeze_layout(figure)
+    figure.canvas.draw()
 
 
 def write_head_heatmaps(
@@ -144,15 +116,9 @@ def write_head_heatmaps(
     and the title change.
     """
     check_format(fmt)
-    return _write_heads(run, None, out_dir, fmt, prefix, note, seed, range(run.num_heads))
-
-
-def _write_heads(run, heatmap, out_dir: Path, fmt: str, prefix: str, note: str, seed: int | None, heads: range) -> list[Path]:
-    """write_head_heatmaps of the given heads, on heatmap (a _HeadFigure of run laid out ahead) or a new figure."""
-    if len(heads) and heatmap is None:
-        heatmap = _HeadFigure(run, note, seed)
+    heatmap = _HeadFigure(run, note, seed)
     paths = []
-    for head in heads:
+    for head in range(run.num_heads):
         heatmap.show_head(head)
         path = Path(out_dir) / f"{prefix}head_{head:02d}.{fmt}"
         heatmap.save(path)
@@ -240,13 +206,11 @@ class _HeadFigure:
         colorbar.set_label(scale_label("attention weight", self.image.norm, self.show_head(run.num_heads - 1)))
         self.background = None  # pixels of the parts common to all heads, after the first PNG
         self.pixels: CellPixels | None = None  # where the map's cells land, learnt with the background
-        self.titles: list | None = None  # each head's title over the background, rendered ahead (heads_ahead), or None
 
     def show_head(self, head: int) -> int:
         """Show this head's map, title and cell values; return the block size of show_attention."""
         weights = masked_attention(self.run.attention[head], self.run.causal)  # (Nq, Nk)
         pool = show_attention(self.image, weights)
-        self.head = head
         self.title.set_text(self.title_of(head))
         if self.cell_values is not None:
             update_cell_values(self.cell_values, weights, self.image)
@@ -264,7 +228,7 @@ class _HeadFigure:
 
     def _per_head_artists(self) -> list:
         # The frame (spines) is redrawn too: the image would otherwise cover its inner half.
-        artists = [self.image, self.cell_values, self.title if self.titles is None else None, *self.ax.spines.values()]
+        artists = [self.image, self.cell_values, self.title, *self.ax.spines.values()]
         return [artist for artist in artists if artist is not None]
 
     def _blit_png(self, path: Path) -> None:
@@ -274,8 +238,6 @@ class _HeadFigure:
         if self.background is None:
             self.prepare_blit()
         canvas.restore_region(self.background)
-        if self.titles is not None:
-            canvas.restore_region(self.titles[self.head])
         buffer = np.asarray(canvas.buffer_rgba())  # (height, width, 4), written as RGB
         for artist in self._per_head_artists():
             if artist is self.image and self.pixels is not None:
@@ -286,9 +248,13 @@ class _HeadFigure:
 
     def prepare_blit(self) -> None:
         """Render the parts common to all heads, and learn where the map's cells land (None: matplotlib draws it)."""
-        from attnviz.render.blit import render_without
-
-        self.background = render_without(self.figure, self._per_head_artists())
+        changing = self._per_head_artists()
+        for artist in changing:
+            artist.set_visible(False)
+        self.figure.canvas.draw()
+        for artist in changing:
+            artist.set_visible(True)
+        self.background = self.figure.canvas.copy_from_bbox(self.figure.bbox)
         self.pixels = CellPixels.learn(self.image)
 
 
