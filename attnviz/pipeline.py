@@ -24,7 +24,7 @@ from attnviz.errors import AttnvizError
 from attnviz.models.loading import LoadedModel
 from attnviz.models.tokens import Encoded, encode, truncation_notice, unknown_token_notice
 from attnviz.models.words import merge_run, run_words
-from attnviz.result import AttentionRun
+from attnviz.run_data import AttentionRun
 from attnviz.spec import RunSpec, model_is_causal
 
 # Texts per forward pass. The weights of a batch are (B, H, N, N) floats: for 32 texts of

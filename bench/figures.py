@@ -36,7 +36,7 @@ def long_text(num_tokens: int) -> str:
 def figure_cases(num_tokens: int) -> dict:
     """Each figure's name and a function out_dir -> paths that draws and saves it, all computed beforehand."""
     import attnviz
-    from attnviz.render import compare_figures, heatmap, measure_figures, position_figure, stats_figures, trace_figures
+    from attnviz.render import compare_figures, heatmap, measure_figures, position_figure, stats_figures, mistake_figures
 
     text = long_text(num_tokens)
     model = attnviz.load("bundled", device="cpu")
@@ -56,11 +56,11 @@ def figure_cases(num_tokens: int) -> dict:
     print(f"tokens={len(run.query_tokens)}", file=sys.stderr)
 
     def merge_figure(out_dir: Path) -> list[Path]:
-        path = out_dir / f"{trace_figures.mistake_prefix('merge-without-permute')}merge.png"
-        return [trace_figures.write_merge_figure(merge.trace, merge.runs[0], path, [], 0)]
+        path = out_dir / f"{mistake_figures.mistake_prefix('merge-without-permute')}merge.png"
+        return [mistake_figures.write_merge_figure(merge.trace, merge.runs[0], path, [], 0)]
 
     def split_figures(out_dir: Path) -> list[Path]:
-        return trace_figures.write_split_heatmaps(split.trace, split.runs[0], out_dir, "png", [], 0)
+        return mistake_figures.write_split_heatmaps(split.trace, split.runs[0], out_dir, "png", [], 0)
 
     def norm_figures(out_dir: Path) -> list[Path]:
         return measure_figures.write_measure_figures(measured.run, measured.measures, out_dir)

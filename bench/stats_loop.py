@@ -10,7 +10,7 @@ file's texts. Prints the seconds spent after loading, so start-up costs on neith
 import sys
 import time
 
-from attnviz.analysis.measure import measure_heads
+from attnviz.analysis.stats_pass import measure_heads
 from attnviz.models.loading import load_model
 from attnviz.spec import run_spec
 

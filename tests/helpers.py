@@ -24,7 +24,7 @@ TESTS = Path(__file__).resolve().parent
 
 def make_run(query_tokens, key_tokens=None, num_heads=2, causal=False, seed=0):
     """An AttentionRun of softmax'd random scores, (H, Nq, Nk); causal runs get exact zeros above the diagonal."""
-    from attnviz.result import AttentionRun
+    from attnviz.run_data import AttentionRun
 
     key_tokens = key_tokens or query_tokens
     rng = np.random.default_rng(seed)

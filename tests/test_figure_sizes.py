@@ -120,7 +120,7 @@ def test_deep_models_with_many_heads_keep_layers_png_within_its_stated_size(tmp_
 def test_the_merge_figure_of_thousands_of_tokens_and_many_heads_stays_within_its_stated_size(tmp_path):
     from types import SimpleNamespace
 
-    from attnviz.render.trace_figures import MAX_MERGE_ROW_LABELS, write_merge_figure
+    from attnviz.render.mistake_figures import MAX_MERGE_ROW_LABELS, write_merge_figure
 
     tokens = ["[CLS]", *(f"w{index}" for index in range(4094)), "[SEP]"]
     run = SimpleNamespace(
@@ -159,7 +159,7 @@ def test_the_wrong_heads_grid_at_512_tokens_says_its_panels_show_block_maxima(tm
     """A panel of about 300 pixels shows 512 cells as blocks: the colour bar of the grid (and of a wrong
     head, whose bar says so exactly when its map was pooled) must say so, not show maxima as cells."""
     from attnviz.render import heatmap
-    from attnviz.render.trace_figures import write_split_heatmaps
+    from attnviz.render.mistake_figures import write_split_heatmaps
 
     figures = []
     new_figure = heatmap.new_figure

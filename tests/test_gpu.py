@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from attnviz.analysis.measure import measure_heads
+from attnviz.analysis.stats_pass import measure_heads
 from attnviz.models.loading import load_model
 from attnviz.pipeline import run_attention
 from attnviz.spec import run_spec

@@ -31,7 +31,7 @@ from attnviz.cli import run
 from attnviz.output.runs import MANIFEST
 from attnviz.pipeline import run_attention, run_layers
 from attnviz.render.heatmap import MASKED_COLOR
-from attnviz.result import AttentionRun
+from attnviz.run_data import AttentionRun
 from attnviz.spec import run_spec
 
 TOLERANCE = 1e-5

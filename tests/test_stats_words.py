@@ -16,7 +16,7 @@ import pytest
 
 import attnviz
 from attnviz.analysis.statistics import STATISTICS, head_statistics, js_distance
-from attnviz.api.analysis_results import text_statistics
+from attnviz.api.experiment_results import text_statistics
 from attnviz.cli import run
 
 TOLERANCE = 1e-5

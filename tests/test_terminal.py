@@ -8,7 +8,7 @@ from rich.console import Console
 
 from attnviz.analysis.statistics import summarize_heads
 from attnviz.render.terminal import batch_table, heads_table, indented_lines
-from attnviz.result import AttentionRun
+from attnviz.run_data import AttentionRun
 
 
 def test_indented_lines_fill_each_line_up_to_the_width_and_indent_every_line():

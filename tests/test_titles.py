@@ -15,7 +15,7 @@ import pytest
 from attnviz.render.heatmap import write_head_heatmaps, write_heads_grid
 from attnviz.render.stats_figures import write_js_distance, write_layers_grid, write_rollout
 from attnviz.render.titles import figure_title
-from attnviz.result import AttentionRun
+from attnviz.run_data import AttentionRun
 from attnviz.spec import run_spec
 
 TOKENS = ["[CLS]", "the", "cat", "sat", "[SEP]"]

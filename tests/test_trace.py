@@ -44,7 +44,7 @@ from attnviz.output.trace_files import (
     trace_markdown,
     trace_record,
 )
-from attnviz.render.trace_render import print_trace
+from attnviz.render.trace_tables import print_trace
 from attnviz.spec import run_spec
 
 import attnviz.tracing as trace_module  # the trace stage; attnviz.trace is the API's function

@@ -19,7 +19,7 @@ from rich.console import Console
 from attnviz.attention.layer import AttentionWeights, MultiHeadAttention, layer_from_weights
 from attnviz.errors import AttnvizError
 from attnviz.output.trace_files import HEAD_SLICE_KEYS, trace_json, trace_markdown
-from attnviz.render.trace_render import print_trace
+from attnviz.render.trace_tables import print_trace
 from attnviz.tracing import LayerInputs, TraceResult, trace_layout, trace_layouts
 from attnviz.tracing.recorder import beyond_tutorials
 

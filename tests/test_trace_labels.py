@@ -18,8 +18,8 @@ from attnviz.attention import layer as attention_module
 from attnviz.models.tokens import encode
 from attnviz.output.trace_files import trace_markdown, trace_record
 from attnviz.pipeline import build_layer, layer_input
-from attnviz.render.trace_figures import MAX_MERGE_ROW_LABELS, MERGE_MAX_PX, slice_labels, write_merge_figure
-from attnviz.render.trace_render import print_trace
+from attnviz.render.mistake_figures import MAX_MERGE_ROW_LABELS, MERGE_MAX_PX, slice_labels, write_merge_figure
+from attnviz.render.trace_tables import print_trace
 from attnviz.spec import run_spec
 from attnviz.tracing import layout_view_permute
 from attnviz.tracing import LAYOUTS, LayerInputs, trace_layouts, trace_texts

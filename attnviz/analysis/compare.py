@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 
 from attnviz.analysis.statistics import HeadSummary, summarize_heads
 from attnviz.errors import AttnvizError
-from attnviz.result import AttentionRun
+from attnviz.run_data import AttentionRun
 from attnviz.spec import RunSpec
 
 @dataclass

@@ -41,7 +41,7 @@ from attnviz.pipeline import (
     run_layers,
     split_runs,
 )
-from attnviz.result import AttentionRun
+from attnviz.run_data import AttentionRun
 from attnviz.spec import RunSpec
 
 

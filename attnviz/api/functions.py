@@ -38,7 +38,7 @@ def heads(text: str | list[str], *, measure: str = "weights", **options):
     2020), "value-zeroing" (Mohebbi et al. 2023), "flow" (Abnar & Zuidema 2020) or "all", in each
     result's measures (attnviz.analysis.measures.RunMeasures); "weights" (default) adds none.
     """
-    from attnviz.api.results import HeadsResult
+    from attnviz.api.run_results import HeadsResult
     from attnviz.output.batch import run_in_batches
 
     options = run_options("heads", options)
@@ -59,7 +59,7 @@ def heads(text: str | list[str], *, measure: str = "weights", **options):
 def _measured_heads(handle: Model, text, texts: list[str], spec, names: tuple[str, ...], num_layers: int):
     """heads with measures: every text checked (flow's length) before any pass, then measured one by one."""
     from attnviz.analysis.measures import check_measures, measure_text
-    from attnviz.api.results import HeadsResult
+    from attnviz.api.run_results import HeadsResult
 
     for each in texts:
         check_measures(handle.loaded, each, spec, names)
@@ -75,7 +75,7 @@ def trace(text: str | list[str], *, layout: str | None = None, mistake: str | No
     is the model's own: fused-qkv for GPT-2 (its c_attn stores W_q, W_k, W_v as one), else view-permute.
     mistake makes a reshape mistake in view-permute and shows where it goes wrong; options as in heads.
     """
-    from attnviz.api.results import TraceResult
+    from attnviz.api.run_results import TraceResult
     from attnviz.pipeline import run_attention
     from attnviz.tracing import LAYOUTS, model_layout, trace_texts
 
@@ -105,8 +105,8 @@ def stats(texts: str | list[str], *, js: bool = True, progress=None, **options):
     for every key of every pair of heads. progress(n), when given, is called after each batch with
     the number of texts it measured.
     """
-    from attnviz.api.analysis_results import StatsResult
-    from attnviz.analysis.measure import measure_heads
+    from attnviz.api.experiment_results import StatsResult
+    from attnviz.analysis.stats_pass import measure_heads
     from attnviz.analysis.statistics import absent_key_kinds_note
     from attnviz.models.tokens import text_truncations
 
@@ -136,7 +136,7 @@ def layers(text: str, *, measure: str = "weights", **options):
     "norm", "value-zeroing", "flow" through every layer beside the rollout, or "all".
     """
     from attnviz.analysis.rollout import runs_rollout
-    from attnviz.api.analysis_results import LayersResult
+    from attnviz.api.experiment_results import LayersResult
     from attnviz.pipeline import run_layers
 
     options = run_options("layers", options, EVERY_LAYER_OPTIONS)
@@ -162,7 +162,7 @@ def compare(text: str, *, heads: str | list[int] | None = None, weights: str | l
 
     heads and weights are comma lists ("1,4,12") or lists; options: model, layer, seed, device, truncate.
     """
-    from attnviz.api.analysis_results import CompareResult
+    from attnviz.api.experiment_results import CompareResult
     from attnviz.analysis.compare import compare_splits, default_head_counts, parse_head_counts, parse_weights
 
     options = run_options("compare", options, COMPARE_OPTIONS)
@@ -189,7 +189,7 @@ def position(text: str, *, permutation: str | list[int] | None = None, head: int
     the tokens between them reversed); head the head the figure shows (default: the one
     position embeddings change most); options: model, device.
     """
-    from attnviz.api.analysis_results import PositionResult
+    from attnviz.api.experiment_results import PositionResult
     from attnviz.pipeline import device_label
     from attnviz.analysis.position import LAYER, position_experiment
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from attnviz.api.analysis_results import text_statistics
+from attnviz.api.experiment_results import text_statistics
 from attnviz.api.functions import _check_lengths, _texts, refuse_before_loading
 from attnviz.api.models import load
 from attnviz.api.options import run_options, takes_options
-from attnviz.api.results import ReportResult, report_result
+from attnviz.api.run_results import ReportResult, report_result
 from attnviz.errors import AttnvizError
 from attnviz.spec import RunSpec
 

@@ -111,7 +111,7 @@ def heads(
 
         print_measures(console, run, result.measures)
     if traced is not None:
-        from attnviz.render.trace_render import print_trace
+        from attnviz.render.trace_tables import print_trace
 
         print_trace(console, traced.trace, text_tokens=[run.query_tokens])
 

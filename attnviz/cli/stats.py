@@ -152,11 +152,11 @@ def stats(
 def _stats_of_corpus(file: str, options, *, js: bool, allow_pickle: bool, checkpoint: Optional[Path], resume: bool,
                      engine: Engine, chunk_lines: int):  # fmt: skip
     """stats --file: the corpus checked (UTF-8, lengths, checkpoint, engine) before the heavy work, then streamed; (StatsResult, handle)."""
-    from attnviz.api.analysis_results import StatsResult
+    from attnviz.api.experiment_results import StatsResult
     from attnviz.api.models import load
     from attnviz.analysis.statistics import absent_key_kinds_note
     from attnviz.output.batch import PROGRESS_MIN_TEXTS, STDIN, check_lengths
-    from attnviz.output.checkpoint import check_checkpoint_path
+    from attnviz.output.stats_checkpoint import check_checkpoint_path
     from attnviz.output.corpus import chunks, iter_texts, scan_corpus
     from attnviz.output.corpus_stats import corpus_statistics
     from attnviz.render.progress import progress_bar

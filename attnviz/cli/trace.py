@@ -88,7 +88,7 @@ def trace(
     from attnviz.output.corpus import read_texts
     from attnviz.output.runs import run_folder_name
     from attnviz.render import terminal
-    from attnviz.render.trace_render import print_trace
+    from attnviz.render.trace_tables import print_trace
 
     text_or_file(text, file)
     if file is not None and batch:

@@ -23,7 +23,7 @@ import numpy as np
 from attnviz.output.export import attention_record
 from attnviz.output.stats_export import stats_record
 from attnviz.output.trace_files import trace_record
-from attnviz.result import AttentionRun
+from attnviz.run_data import AttentionRun
 from attnviz.spec import RunSpec
 from attnviz.version import __version__
 

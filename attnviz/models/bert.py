@@ -3,7 +3,7 @@
 It exists for speed: importing transformers' modeling code takes seconds, longer than
 everything else `attnviz heads` does. The modules carry the names of transformers' BertModel
 (embeddings.word_embeddings, encoder.layer[i].attention.self.query, ...), so a checkpoint's
-tensors load by name (checkpoint.py checks and reads them), and the tests check that its
+tensors load by name (weight_files.py checks and reads them), and the tests check that its
 hidden states equal transformers' own.
 
 Its attention only feeds the next layer; the weights attnviz shows come from attnviz's own
@@ -186,7 +186,7 @@ class BertLayer(nn.Module):
 
 
 class BertEncoder(nn.Module):
-    """BERT's embeddings and encoder layers. Its embedding tables start uninitialised: build it with checkpoint.load_bert."""
+    """BERT's embeddings and encoder layers. Its embedding tables start uninitialised: build it with weight_files.load_bert."""
 
     def __init__(self, config: BertConfig):
         super().__init__()

@@ -11,7 +11,7 @@ Only the default model (name None) falls back to the bundled one when the hub ca
 an explicit name that cannot be loaded is an AttnvizError that says why.
 
 The family is read from config.json's model_type (families/). A BERT checkpoint is read by
-attnviz itself (checkpoint.py: config.json and the safetensors, checked before anything is
+attnviz itself (weight_files.py: config.json and the safetensors, checked before anything is
 built; bert.py: a small BERT encoder; tokens.py: the tokenizer through the `tokenizers`
 library), never through transformers, whose import alone takes seconds. Every other family
 loads through transformers (transformers_model.py), from safetensors only. torch,
@@ -228,7 +228,7 @@ def _download(repo_id: str, device: str, allow_pickle: bool) -> LoadedModel:
     from huggingface_hub import file_exists, hf_hub_download
     from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
 
-    from attnviz.models.checkpoint import shard_names
+    from attnviz.models.weight_files import shard_names
 
     try:
         with warnings.catch_warnings():  # e.g. the hub's long warning about symlinks on Windows
@@ -271,12 +271,12 @@ def _load_weights(
 ) -> LoadedModel:
     """The tokenizer and BERT encoder from a checked folder.
 
-    attnviz reads the checkpoint itself (checkpoint.py, bert.py, tokens.py): safetensors, or
+    attnviz reads the checkpoint itself (weight_files.py, bert.py, tokens.py): safetensors, or
     pickle files through torch.load(weights_only=True); nothing in a model folder is ever run.
     Every size is checked against the tensors' shapes, and the tokenizer against the embedding
     table, before the encoder is built and its tensors read.
     """
-    from attnviz.models.checkpoint import load_bert, open_checkpoint
+    from attnviz.models.weight_files import load_bert, open_checkpoint
     from attnviz.models.tokens import WordPieceTokenizer
 
     checkpoint = open_checkpoint(folder, config, use_safetensors, allow_pickle)
@@ -287,7 +287,7 @@ def _load_weights(
 
 def _load_transformers(name: str, folder: Path, source: str, device: str, family: Family, config: dict) -> LoadedModel:
     """Any family but BERT, through transformers (transformers_model.py): shards checked to lie in the folder first."""
-    from attnviz.models.checkpoint import weight_files
+    from attnviz.models.weight_files import weight_files
     from attnviz.models.transformers_model import embedding_rows, load_transformers_model, load_transformers_tokenizer
 
     family.check_config(config)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from attnviz.errors import AttnvizError, first_line
 from attnviz.models.words import tokenizer_scheme
-from attnviz.result import Truncation
+from attnviz.run_data import Truncation
 
 if TYPE_CHECKING:
     import torch

@@ -78,7 +78,7 @@ def load_transformers_model(folder: Path, family: Family, config: dict, device: 
 
 def _check_headers(folder: Path, family: Family, config: dict, prefix: str) -> None:
     """The adapter's sizes against the safetensors headers (names and shapes: no tensor is read)."""
-    from attnviz.models.checkpoint import safetensors_shapes, weight_files
+    from attnviz.models.weight_files import safetensors_shapes, weight_files
 
     shapes: dict[str, tuple[int, ...]] = {}
     for path in weight_files(folder, safetensors=True, allow_pickle=False):

@@ -34,7 +34,7 @@ import re
 import unicodedata
 from dataclasses import dataclass, replace
 
-from attnviz.result import AttentionRun, TokenWords
+from attnviz.run_data import AttentionRun, TokenWords
 
 
 WORDPIECE = "wordpiece"

@@ -17,7 +17,7 @@ from attnviz.analysis.statistics import summarize_heads
 from attnviz.errors import AttnvizError
 from attnviz.output.corpus import STDIN, LineText
 from attnviz.output.runs import earlier_run_files, run_folder_name
-from attnviz.result import AttentionRun, Truncation, truncation_json
+from attnviz.run_data import AttentionRun, Truncation, truncation_json
 from attnviz.spec import RunSpec
 
 PROGRESS_MIN_TEXTS = 6  # show a progress bar from this many texts on

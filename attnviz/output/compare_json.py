@@ -7,7 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from attnviz.analysis.compare import Split
-from attnviz.result import truncation_json
+from attnviz.run_data import truncation_json
 from attnviz.spec import RunSpec
 
 COMPARE_FORMAT_VERSION = 1

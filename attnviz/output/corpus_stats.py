@@ -13,16 +13,16 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from attnviz.analysis.measure import HeadsMeasurer
+from attnviz.analysis.stats_pass import HeadsMeasurer
 from attnviz.analysis.statistics import ModelStatistics, StatisticsAccumulator
 from attnviz.errors import AttnvizError
 from attnviz.models.loading import LoadedModel
 from attnviz.models.tokens import text_truncations
 from attnviz.output.batch import check_lengths
-from attnviz.output.checkpoint import LISTED_TEXTS, CorpusProgress, StateLayout, read_checkpoint, write_checkpoint
+from attnviz.output.stats_checkpoint import LISTED_TEXTS, CorpusProgress, StateLayout, read_checkpoint, write_checkpoint
 from attnviz.output import corpus as corpus_file
 from attnviz.output.corpus import CorpusIdentity, LineText, chunks, iter_texts, where
-from attnviz.result import AttentionRun, Truncation
+from attnviz.run_data import AttentionRun, Truncation
 from attnviz.spec import RunSpec
 
 KEPT_NOTICES = 100  # distinct notices kept (unknown-token notes are one per text): the rest are counted

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from attnviz.analysis.statistics import run_causal_note
-from attnviz.result import AttentionRun, truncation_json
+from attnviz.run_data import AttentionRun, truncation_json
 from attnviz.spec import RunSpec
 
 FORMAT_VERSION = 1

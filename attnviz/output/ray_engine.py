@@ -45,7 +45,7 @@ class StatsShardWorker:
     def __init__(self, model_name: str | None, spec: RunSpec, allow_pickle: bool, threads: int):
         import torch
 
-        from attnviz.analysis.measure import HeadsMeasurer
+        from attnviz.analysis.stats_pass import HeadsMeasurer
         from attnviz.models.loading import load_model
 
         torch.set_num_threads(threads)  # the CPUs Ray gave this actor, not every core of the node

@@ -20,7 +20,7 @@ from attnviz.analysis.statistics import (
     run_causal_note,
 )
 from attnviz.output.export import DECIMALS, measures_record
-from attnviz.result import AttentionRun, Truncation, truncation_json
+from attnviz.run_data import AttentionRun, Truncation, truncation_json
 from attnviz.spec import RunSpec
 
 FORMAT_VERSION = 1

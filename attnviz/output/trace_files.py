@@ -1,6 +1,6 @@
 """Shape traces for programs and documents: trace.json and trace.md, and the files of a trace.
 
-The formats are documented in README.md ("trace.json"); the terminal's words are trace_render's,
+The formats are documented in README.md ("trace.json"); the terminal's words are trace_tables's,
 and trace.md uses the same ones.
 """
 
@@ -13,10 +13,10 @@ from pathlib import Path
 
 from rich.table import Table
 
-from attnviz.result import truncation_json
+from attnviz.run_data import truncation_json
 from attnviz.spec import RunSpec
 from attnviz.tracing import ADDED_MARK, LAYOUT_DESCRIPTIONS, TOLERANCE, Step, TraceResult
-from attnviz.render.trace_render import (
+from attnviz.render.trace_tables import (
     axis_legend, batch_table, check_name, checks_explanation, difference_text, grouped, head_slices_extras,
     head_slices_title, memory_word, scores_formula, shape_text,
 )  # fmt: skip
@@ -289,7 +289,7 @@ def write_trace_files(
     runs are the AttentionRuns of the texts (their tokens label the batch; the first text's, the
     figures); spec the run's settings; notes receives a line for each figure that was capped or thinned.
     """
-    from attnviz.render.trace_figures import write_mistake_figures
+    from attnviz.render.mistake_figures import write_mistake_figures
 
     text_tokens = [run.tokenizer_tokens[0] for run in runs]
     written = [write_trace_json(result, spec, out_dir / "trace.json")]

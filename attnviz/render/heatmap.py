@@ -17,7 +17,7 @@ from attnviz.render.cell_pixels import CellPixels
 from attnviz.render.cell_values import MAX_ANNOTATED_TOKENS, cell_values, update_cell_values
 from attnviz.render.fonts import displayable
 from attnviz.render.titles import chars_across, counted, run_title
-from attnviz.result import AttentionRun
+from attnviz.run_data import AttentionRun
 from attnviz.render.scales import (  # the colour scale, blocks and size cap of every attention figure
     COLORMAP,  # noqa: F401 (the colours of heatmaps, imported from here by their tests)
     DPI,

@@ -37,7 +37,7 @@ from attnviz.render.heatmap import (
 )
 from attnviz.render.scales import attention_colorbar, capped_size, draw_attention, scale_label, show_attention
 from attnviz.render.titles import chars_across, counted, run_title
-from attnviz.result import AttentionRun
+from attnviz.run_data import AttentionRun
 
 
 class Panel(NamedTuple):

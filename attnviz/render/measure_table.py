@@ -9,7 +9,7 @@ from rich.text import Text
 
 from attnviz.render.measure_figures import measure_panels
 from attnviz.render.terminal import indexed
-from attnviz.result import AttentionRun
+from attnviz.run_data import AttentionRun
 
 MAX_MEASURE_KEYS = 16  # rows of the measures table; attention.json has every key
 

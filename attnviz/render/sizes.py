@@ -27,11 +27,11 @@ FIGURE_MAX_PX = {
     "compare": (CAP, CAP),
     # 4 panels of at most 4.5 inches across, 2 rows (position_figure.PositionFigure)
     "position": (2424, 1404),
-    # trace_figures.MERGE_MAX_PX: 4 pixels a row at 512 tokens
+    # mistake_figures.MERGE_MAX_PX: 4 pixels a row at 512 tokens
     "mistake_merge-without-permute_merge": (CAP, 2400),
     # head_figure_size of the padded length
     "mistake_view-without-permute_head_XX": (1320, 1200),
-    # at most trace_figures.MAX_GRID_HEADS (16) wrong heads, 4 × 4 panels of at most 3.2 inches plus room
+    # at most mistake_figures.MAX_GRID_HEADS (16) wrong heads, 4 × 4 panels of at most 3.2 inches plus room
     "mistake_view-without-permute_heads": (1836, 1776),
     # measure_figures.maps_figure of one map: a panel of at most 5 inches, its colour bar and labels
     "norm": (960, 840),

@@ -30,7 +30,7 @@ from attnviz.render.heatmap import (
     save_figure,
     tick_positions,
 )
-from attnviz.result import AttentionRun
+from attnviz.run_data import AttentionRun
 from attnviz.render.scales import (
     attention_colorbar,
     attention_colormap,

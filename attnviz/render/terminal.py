@@ -23,7 +23,7 @@ from attnviz.analysis.statistics import (
     model_causal_words,
 )
 from attnviz.render.titles import counted, kv_heads_words, quoted, stack_words
-from attnviz.result import AttentionRun
+from attnviz.run_data import AttentionRun
 
 MAX_TOKENS_SHOWN = 64
 TOKEN_LEGEND = "index token id (index 0 is [CLS])"

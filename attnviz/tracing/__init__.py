@@ -62,7 +62,7 @@ import torch
 
 from attnviz.attention.layer import MultiHeadAttention
 from attnviz.errors import AttnvizError
-from attnviz.result import Truncation
+from attnviz.run_data import Truncation
 from attnviz.spec import RunSpec
 from attnviz.tracing.checks import LAYER_NAME, TOLERANCE, Check, HeadSlice, check_layouts, head_slices, torch_reference
 from attnviz.tracing.layout_fused_qkv import fused_projection, fused_qkv

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from attnviz.api import display
-from attnviz.api.results import _Rendered, report_result, save_run_files, tensor
+from attnviz.api.run_results import _Rendered, report_result, save_run_files, tensor
 from attnviz.errors import AttnvizError
 from attnviz.spec import RunSpec
 

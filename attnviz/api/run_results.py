@@ -52,7 +52,7 @@ class HeadsResult:
     attentions[layer][0]); output is the layer's output (Nq, D); spec the settings it ran with.
     """
 
-    run: Any  # attnviz.result.AttentionRun
+    run: Any  # attnviz.run_data.AttentionRun
     spec: RunSpec
     num_layers: int | None = None  # the model's layers (of spec.stack), for the report's header
     measures: Any = None  # attnviz.analysis.measures.RunMeasures, with measure= other than "weights"
@@ -278,7 +278,7 @@ class TraceResult:
         return report_result([first, *others], self.spec, self.num_layers)
 
     def __rich_console__(self, console, options):
-        from attnviz.render.trace_render import print_trace
+        from attnviz.render.trace_tables import print_trace
 
         printed = display.Printed(options.max_width)
         print_trace(printed, self.trace, text_tokens=[run.tokenizer_tokens[0] for run in self.runs])

@@ -31,7 +31,7 @@ from attnviz.pipeline import (
 )
 from attnviz.models.loading import LoadedModel
 from attnviz.models.words import tokenizer_words
-from attnviz.result import AttentionRun
+from attnviz.run_data import AttentionRun
 from attnviz.spec import RunSpec
 
 

@@ -1,5 +1,5 @@
 """Shape traces for people: Rich tables for an 80-column terminal (trace.json and trace.md are
-in attnviz/output/trace_files.py, the mistake's figures in trace_figures.py).
+in attnviz/output/trace_files.py, the mistake's figures in mistake_figures.py).
 """
 
 from __future__ import annotations
