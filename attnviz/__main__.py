@@ -13,7 +13,7 @@ startup.quit_on_signals()
 def main() -> None:
     import sys
 
-    if sys.argv[1:] == ["--version"]:  # the whole answer: no command line to build (typer and rich take 50 ms)
+    if sys.argv[1:] == ["--version"]:  # the whole answer: no command line to build (no typer, no rich)
         from attnviz.version import package_version
 
         print(f"attnviz {package_version()}")

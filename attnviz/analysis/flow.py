@@ -34,9 +34,8 @@ FLOW_SCALE = 2**30
 FLOW_RESOLUTION = 1 / FLOW_SCALE
 
 # The longest text, in tokens with the special ones, whose flow through the bundled model's 6 layers
-# takes under 10 s on the project's 2-core CPU, with room for its drift: 88 tokens took 6.1 to 6.8 s
-# (English, Chinese and mixed sample texts), 96 took 8.5 to 10.0 s; the time grows about as N^4
-# (N^2 flows over L N^2 edges). Measured with bench/measures.py; bench/RESULTS.md.
+# takes under 10 s on the project's 2-core CPU, with room for its drift; the time grows about as N^4
+# (N^2 flows over L N^2 edges). Measured with bench/measures.py: bench/RESULTS.md, "Timings behind the code".
 FLOW_MAX_TOKENS = 88
 
 

@@ -103,7 +103,7 @@ def main() -> None:
     for number in DEFERRED_SIGNALS:
         signal.signal(number, signal.SIG_IGN)
     # Python's exit still runs (the atexit functions, threads waited for, streams flushed), but its last garbage
-    # collections skip the objects there are now: about 0.25 s of the 0.3 s teardown once torch is imported.
+    # collections skip the objects there are now, most of the teardown's time once torch is imported.
     gc.freeze()
     sys.exit(code)
 

@@ -62,7 +62,7 @@ def encode_exact(weights: np.ndarray) -> dict:
 def encode_quantised(weights: np.ndarray) -> dict:
     """Weights in [0, 1] as uint8 codes on the log scale: 0 below LOG_MIN, else 10 ** (3 * (c - 1) / 254 - 3).
 
-    In float32, in place: 19 million weights (a 512-token text's every layer) take 0.03 s.
+    In float32, in place (its cost: bench/RESULTS.md, "Timings behind the code").
     """
     decades = -math.log10(LOG_MIN)  # 3
     position = np.array(weights, dtype=np.float32)

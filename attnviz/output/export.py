@@ -72,7 +72,7 @@ def weights_json(weights: np.ndarray) -> str:
     """JSON nested lists of an array of weights in [0, 1], each with DECIMALS decimals: "[[0.2500000,0.7500000]]".
 
     The same numbers as json.dumps(np.round(weights, DECIMALS).tolist()), written by numpy a
-    digit at a time: for a 512-token text (3 million weights) 0.3 s instead of 2.2 s.
+    digit at a time, several times faster than json.dumps (bench/RESULTS.md, "Timings behind the code").
     """
     weights = np.asarray(weights, dtype=np.float64)
     if weights.size and not (weights.min() >= 0 and weights.max() <= 1):  # also refuses NaN

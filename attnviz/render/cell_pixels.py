@@ -1,11 +1,11 @@
 """An attention map's pixels written straight into its figure's Agg buffer, as matplotlib would draw them.
 
-Drawing a heatmap's AxesImage costs 12 to 15 ms per head (matplotlib resamples the map to the
+Drawing a heatmap's AxesImage is most of a head's drawing time (matplotlib resamples the map to the
 axes' pixels on every draw), although the map's cells land on the same pixels for every head of
 a figure whose layout is frozen. CellPixels asks matplotlib once where each cell lands: it draws
 the map with each cell's (row, column) written in its colour, twice (the code, then its
 complement), and reads the pixels back. Each later head is then one NumPy gather of its cells'
-colours into the buffer, about 2 ms: the same bytes as matplotlib's own drawing, because the
+colours into the buffer (the times: bench/RESULTS.md), and the same bytes as matplotlib's own drawing, because the
 colours are the image's own colormap and norm applied to the same values (see colors()).
 
 Used only where that holds exactly: a map with at least MIN_CELL_PIXELS pixels per cell, which

@@ -13,7 +13,7 @@ def cell_values(ax, num_queries: int, num_keys: int):
     """An empty collection for the weights printed in the cells, or None when the map is too big.
 
     The values are glyph outlines in one PathCollection: one draw call per head instead of
-    Nq * Nk Text artists (about 1 ms each, most of the time of a 20-token figure).
+    Nq * Nk Text artists, which are most of the time of a 20-token figure (bench/RESULTS.md).
     """
     from matplotlib.collections import PathCollection
     from matplotlib.transforms import Affine2D

@@ -74,7 +74,7 @@ def write_heatmaps(
     check_format(fmt)
     say_capped(f"{prefix}heads.{fmt}", _grid_figure_size(run))  # here: a forked process's stderr may go nowhere
     if forked.can_fork():
-        # Before the fork, so that neither process imports them again (0.2 s each).
+        # Before the fork, so that neither process imports them again.
         import matplotlib.backends.backend_agg  # noqa: F401
         import matplotlib.figure  # noqa: F401
 
