@@ -1,4 +1,4 @@
-"""The layout shows the architecture (README.md, "Layout"): imports point one way, and nothing imports in a circle.
+"""The layout shows the architecture (docs/architecture.md): imports point one way, and nothing imports in a circle.
 
 The contracts live in pyproject.toml under [tool.importlinter]; `lint-imports` checks them,
 imports made inside functions included. The cycle check is computed here as well, from the
