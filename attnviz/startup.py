@@ -47,7 +47,8 @@ def quit_on_signals() -> None:
 def print_saved_help() -> bool:
     """Print `attnviz --help` as typer writes it at 80 columns or more, from attnviz/cli/help.txt; False where it
     would differ (a narrower terminal) or cannot be read. Building the command line to print it imports typer, rich
-    and every command's options (bench/RESULTS.md, "Timings behind the code"); tests/test_startup.py checks that the saved text is what typer writes now."""
+    and every command's options (bench/RESULTS.md, "Timings behind the code"); tests/test_startup.py checks that
+    the saved text is what typer writes now."""
     import shutil
 
     if shutil.get_terminal_size().columns < SAVED_HELP_MIN_COLUMNS or sys.stdout is None:
