@@ -65,6 +65,30 @@ def launched_chromium():
             chromium.close()
 
 
+@contextmanager
+def chromium_with_latin_fonts_only(browser, folder: Path):
+    """A second headless Chromium (from the session's Playwright) that sees one font folder: matplotlib's DejaVu.
+
+    Its fontconfig configuration (FONTCONFIG_FILE) names no system folder, so no CJK font is there,
+    as on a machine without one: a page's Chinese shows only through a font it carries itself.
+    """
+    import matplotlib
+
+    config = Path(folder) / "fonts.conf"
+    dejavu = Path(matplotlib.get_data_path()) / "fonts" / "ttf"
+    config.write_text(
+        '<?xml version="1.0"?>\n<!DOCTYPE fontconfig SYSTEM "fonts.dtd">\n'
+        f"<fontconfig><dir>{dejavu}</dir><cachedir>{Path(folder) / 'fontconfig-cache'}</cachedir></fontconfig>\n",
+        encoding="utf-8",
+    )
+    environment = {**os.environ, "FONTCONFIG_FILE": str(config)}
+    chromium = browser.browser_type.launch(executable_path=chromium_executable(), headless=True, args=LAUNCH_ARGS, env=environment)
+    try:
+        yield chromium
+    finally:
+        chromium.close()
+
+
 class OfflinePage:
     """A report opened from its file in a context of its own, with every other request blocked and recorded.
 

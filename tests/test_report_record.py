@@ -75,7 +75,7 @@ def test_hostile_text_stays_data_and_the_policy_allows_only_the_page_script():
     assert "<" not in data  # nothing in the data can end its element or open a comment
     assert json.loads(data) == record
     digest = base64.b64encode(hashlib.sha256(script.encode()).digest()).decode()
-    assert csp == f"default-src 'none'; script-src 'sha256-{digest}'; style-src 'unsafe-inline'; img-src data: blob:"
+    assert csp == f"default-src 'none'; script-src 'sha256-{digest}'; style-src 'unsafe-inline'; img-src data: blob:; font-src data:"
     assert script == page_script()
     assert "onerror" not in page.replace(data, "")  # the hostile text appears nowhere but in the data
     assert "<title>attnviz · &lt;/script&gt;" in page

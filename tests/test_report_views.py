@@ -121,7 +121,7 @@ def test_the_heatmap_draws_each_cell_in_its_colour_and_masked_cells_grey(pages, 
     n = len(text["query_tokens"])
     page.page.mouse.move(box["x"] + box["width"] * 2.5 / n, box["y"] + box["height"] * 5.5 / n)
     q, k = text["query_tokens"], text["key_tokens"]
-    assert page.page.text_content("#heatmap-readout") == f"query 5:{q[5]} · key 2:{k[2]} · {weights[5, 2]:.4f}"
+    assert page.page.text_content("#heatmap-readout") == f"layer 2 · head 4 · query 5:{q[5]} · key 2:{k[2]} · {weights[5, 2]:.4f}"
 
 
 def test_a_long_texts_head_view_draws_head_0s_weights_from_0_01_and_says_what_it_left_out(pages, opened):
@@ -158,7 +158,7 @@ def test_the_views_are_reachable_by_keyboard(pages, opened):
     keyboard.press("ArrowRight")
     weights = decoded(page.record()["texts"][0]["layers"])[3, 7]
     tokens = page.record()["texts"][0]["query_tokens"]
-    assert page.page.text_content("#heatmap-readout") == f"query 1:{tokens[1]} · key 1:{tokens[1]} · {weights[1, 1]:.4f}"
+    assert page.page.text_content("#heatmap-readout") == f"layer 3 · head 7 · query 1:{tokens[1]} · key 1:{tokens[1]} · {weights[1, 1]:.4f}"
     page.page.click("button[data-view=head]")
     page.page.focus(".token[data-side=query][data-index='2']")
     visible = page.page.evaluate("Array.from(document.querySelectorAll('#head-lines line')).filter(l => getComputedStyle(l).display !== 'none').map(l => l.dataset.query)")
@@ -184,3 +184,90 @@ def test_the_text_picker_redraws_the_views_for_another_text_whose_tokens_stay_ch
     assert tokens == texts[1]["query_tokens"] and "</script>" in "".join(tokens)
     assert page.page.evaluate("[document.images.length, document.querySelectorAll('script').length]") == [0, 2]
     assert page.page.title() == title and dialogs == []
+
+
+# ---- read-outs never name a weight of another head or layer than the one shown ----
+
+HEATMAP_HINT = "Hover a cell, or Tab to the map and move with the arrow keys, for its weight."
+HEAD_HINT = "Hover or focus a token to keep only its lines; click a line for its weight."
+
+
+def _head_map(text, layer, head):
+    """One head's weights of one layer, decoded from the record here: the run's layer from "attention", others from "layers"."""
+    return decoded(text["attention"])[head] if layer == text["layer"] else decoded(text["layers"])[layer, head]
+
+
+def test_the_heatmap_read_out_follows_the_head_and_layer_shown(pages, opened):
+    page = opened(pages["short"])
+    text = page.record()["texts"][0]
+    q, k = text["query_tokens"], text["key_tokens"]
+    shown = [(0, 0), (0, 7), (3, 7), (1, 4)]  # (layer, head) in the order the test shows them
+    maps = [_head_map(text, layer, head) for layer, head in shown]
+    # the cell whose weight changes most at every step, so a stale read-out cannot pass
+    steps = np.min([np.abs(after - before) for before, after in zip(maps, maps[1:])], axis=0)
+    i, j = np.unravel_index(np.argmax(steps), steps.shape)
+    assert steps[i, j] >= 5e-4  # differ in the 4th decimal
+
+    def expected(n):
+        layer, head = shown[n]
+        return f"layer {layer} · head {head} · query {i}:{q[i]} · key {j}:{k[j]} · {maps[n][i, j]:.4f}"
+
+    page.page.click("button[data-view=heatmap]")
+    page.wait_until("document.querySelector('#heatmap-note') && document.querySelector('#heatmap-note').textContent.startsWith('Layer 0, head 0')")
+    assert page.page.text_content("#heatmap-readout") == HEATMAP_HINT
+    box = page.page.query_selector("#heatmap-canvas").bounding_box()
+    page.page.mouse.move(box["x"] + box["width"] * (j + 0.5) / len(k), box["y"] + box["height"] * (i + 0.5) / len(q))
+    assert page.page.text_content("#heatmap-readout") == expected(0)
+    page.page.select_option("#heatmap-head", "7")  # the pointer stays on the cell
+    page.wait_until("document.querySelector('#heatmap-note').textContent.startsWith('Layer 0, head 7')")
+    assert page.page.text_content("#heatmap-readout") == expected(1)
+    page.page.mouse.move(0, 0)  # off the map: the read-out keeps the last cell, read from the map shown
+    page.page.select_option("#heatmap-layer", "3")
+    page.wait_until("document.querySelector('#heatmap-note').textContent.startsWith('Layer 3, head 7')")
+    assert page.page.text_content("#heatmap-readout") == expected(2)
+    page.page.click("button[data-view=model]")
+    page.page.click("button.model-cell-button:has(canvas[data-layer='1'][data-head='4'])")
+    page.wait_until("document.querySelector('#heatmap-note').textContent.startsWith('Layer 1, head 4')")
+    assert page.page.text_content("#heatmap-readout") == expected(3)
+
+
+def _token_readout(text, maps, layer, side, index, heads):
+    """head_view.js's read-out of a token: per chosen head (the first 4), its 3 strongest lines, ties in token order."""
+    own, other = (text["query_tokens"], text["key_tokens"]) if side == "query" else (text["key_tokens"], text["query_tokens"])
+    parts = []
+    for head in heads[:4]:
+        row = maps[head][index, :] if side == "query" else maps[head][:, index]
+        ranked = sorted(range(len(row)), key=lambda n: -row[n])[:3]
+        parts.append(f"head {head}: " + ", ".join(f"{n}:{other[n]} {row[n]:.4f}" for n in ranked))
+    more = f" (and {len(heads) - 4} more heads)" if len(heads) > 4 else ""
+    return f"layer {layer} · {index}:{own[index]} {'→' if side == 'query' else '←'} strongest: {' · '.join(parts)}{more}"
+
+
+def test_the_head_view_read_out_follows_the_layer_and_heads_chosen_in_any_view(pages, opened):
+    page = opened(pages["short"])
+    text = page.record()["texts"][0]
+    q, k = text["query_tokens"], text["key_tokens"]
+    heads = list(range(page.record()["num_heads"]))  # a short text shows every head at first
+    layer_maps = {layer: [_head_map(text, layer, head) for head in heads] for layer in (0, 3)}
+    page.page.focus(".token[data-side=query][data-index='2']")
+    assert page.page.text_content("#head-readout") == _token_readout(text, layer_maps[0], 0, "query", 2, heads)
+    assert page.page.text_content("#head-readout") != _token_readout(text, layer_maps[3], 3, "query", 2, heads)
+    page.page.click("button[data-view=heatmap]")  # the layer changes in another view
+    page.page.select_option("#heatmap-layer", "3")
+    page.page.click("button[data-view=head]")
+    page.wait_until("document.querySelector('#head-note').textContent.includes('of layer 3')")
+    assert page.page.text_content("#head-readout") == _token_readout(text, layer_maps[3], 3, "query", 2, heads)
+
+    def line(head, i, j):
+        page.page.dispatch_event(f"#head-lines line[data-head='{head}'][data-query='{i}'][data-key='{j}']", "click")
+
+    line(5, 1, 3)
+    assert page.page.text_content("#head-readout") == f"layer 3 · head 5 · 1:{q[1]} → 3:{k[3]} {layer_maps[3][5][1, 3]:.4f}"
+    page.page.uncheck("#head-toggle-5")  # its line is gone: so is its read-out
+    page.wait_until("!document.querySelector(\"#head-lines line[data-head='5']\")")
+    assert page.page.text_content("#head-readout") == HEAD_HINT
+    line(2, 1, 3)
+    page.page.select_option("#head-layer", "0")
+    page.wait_until("document.querySelector('#head-note').textContent.includes('of layer 0')")
+    assert layer_maps[0][2][1, 3] != layer_maps[3][2][1, 3]
+    assert page.page.text_content("#head-readout") == f"layer 0 · head 2 · 1:{q[1]} → 3:{k[3]} {layer_maps[0][2][1, 3]:.4f}"

@@ -5,7 +5,8 @@ says so to the browser too: no source but the page itself (default-src 'none'), 
 only the one inline script whose sha256 the policy names, so even a text that slipped in as
 markup could run nothing (no inline event handler, no injected script). The record goes in as
 JSON in a <script type="application/json"> element, with every "<" escaped, so no text can end
-that element early.
+that element early. Its CJK glyphs come with it too (font.py: a subset of the bundled Noto Sans
+CJK SC as a data: font), so Chinese shows on a machine without a CJK font.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import json
 import re
 from importlib import resources
 
+from attnviz.html.font import font_face, shown_characters
 from attnviz.text import shorten
 
 # The page's scripts, in the order they run: core.js defines window.AV, the views register
@@ -61,18 +63,20 @@ def record_json(record: dict) -> str:
 
 def content_security_policy(script: str) -> str:
     digest = base64.b64encode(hashlib.sha256(script.encode("utf-8")).digest()).decode("ascii")
-    return f"default-src 'none'; script-src 'sha256-{digest}'; style-src 'unsafe-inline'; img-src data: blob:"
+    return f"default-src 'none'; script-src 'sha256-{digest}'; style-src 'unsafe-inline'; img-src data: blob:; font-src data:"
 
 
 def report_page(record: dict) -> str:
     """The report's HTML file (README.md, "report.html") for a record of html.record.report_record."""
     script = page_script()
     first_text = record["texts"][0]["text"] if record.get("texts") else ""
+    data = record_json(record)
+    styles = [font_face(shown_characters(data, script)), *(static_text(name) for name in STYLES if name in _static_names())]
     slots = {
         "csp": html.escape(content_security_policy(script)),
         "title": html.escape(f"attnviz · {shorten(first_text, TITLE_CHARS)}"),
-        "style": "\n".join(static_text(name) for name in STYLES if name in _static_names()),
-        "data": record_json(record),
+        "style": "\n".join(style for style in styles if style),
+        "data": data,
         "script": script,
     }
     # One pass over the template: nothing inserted is searched again for slots.

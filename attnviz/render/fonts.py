@@ -90,15 +90,17 @@ def _register_bundled_font() -> str | None:
     """Add mplfonts' Noto Sans CJK SC to matplotlib's font manager; return its family name."""
     from matplotlib import font_manager
 
-    font_file = _bundled_font_file()
+    font_file = bundled_font_file()
     if font_file is None:
         return None
     font_manager.fontManager.addfont(font_file)
     return font_manager.FontProperties(fname=font_file).get_name()
 
 
-def _bundled_font_file() -> Path | None:
-    """The font file inside the installed mplfonts package, found without importing it.
+def bundled_font_file() -> Path | None:
+    """The font file inside the installed mplfonts package (None without it), found without importing it.
+
+    report.html embeds a subset of it (attnviz/html/font.py).
 
     Importing mplfonts would pull in its own dependencies; we only need one of its files.
     """

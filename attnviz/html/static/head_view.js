@@ -15,6 +15,7 @@
   const LINES_WIDTH_PX = 240;
   const STRONGEST_SHOWN = 3; // keys (or queries) a focused token's read-out lists per head
   const SVG_NS = "http://www.w3.org/2000/svg";
+  const HINT = "Hover or focus a token to keep only its lines; click a line for its weight.";
 
   let drawn = null; // what the section shows now: {section, textIndex, lines, queries, keys, ...}
 
@@ -84,7 +85,7 @@
     lines.setAttribute("width", LINES_WIDTH_PX);
     lines.setAttribute("height", rows * ROW_PX);
     lines.setAttribute("aria-hidden", "true");
-    const readout = AV.el("p", { id: "head-readout", class: "readout", "aria-live": "polite" }, "Hover or focus a token to keep only its lines; click a line for its weight.");
+    const readout = AV.el("p", { id: "head-readout", class: "readout", "aria-live": "polite" }, HINT);
     const note = AV.el("p", { id: "head-note", class: "note" });
     const columns = AV.el(
       "div",
@@ -101,11 +102,11 @@
     section.appendChild(note);
     section.appendChild(readout);
     section.appendChild(columns);
-    drawn = { section, textIndex, svg: lines, readout, note, columns, pinned: null };
+    drawn = { section, textIndex, svg: lines, readout, note, columns, pinned: null, readFrom: null };
     wireTokens(columns);
     lines.addEventListener("click", (event) => {
       const line = event.target.closest("line");
-      if (line) readout.textContent = lineReadout(Number(line.dataset.head), Number(line.dataset.query), Number(line.dataset.key));
+      if (line) readOut({ head: Number(line.dataset.head), query: Number(line.dataset.query), key: Number(line.dataset.key) });
     });
     await drawLines();
   }
@@ -118,6 +119,8 @@
     const layer = AV.state.layer;
     const request = (current.request || 0) + 1; // a later call (another layer, more heads) wins
     current.request = request;
+    // Until the new lines are drawn the read-out would name the old ones' weights: it says nothing.
+    if (current.elements) current.readout.textContent = HINT;
     const maps = await Promise.all(heads.map((head) => AV.headMap(current.textIndex, layer, head)));
     if (drawn !== current || current.request !== request) return;
     const rows = text.query_tokens.length;
@@ -162,6 +165,10 @@
     Object.assign(current, { elements, queries, keys, heads, layer, maps: byHead, exact: maps.every((map) => map.exact) });
     describe(current, text, heads, leftOut);
     if (current.pinned) isolate(current.pinned.side, current.pinned.index);
+    // What was read out before (a token, or a line of a head still chosen) is read out again from these maps.
+    const from = current.readFrom;
+    if (from && (from.side !== undefined || heads.includes(from.head))) readOut(from);
+    else current.readFrom = null;
   }
 
   function describe(current, text, heads, leftOut) {
@@ -238,7 +245,14 @@
     const side = token.dataset.side;
     const index = Number(token.dataset.index);
     isolate(side, index);
-    current.readout.textContent = tokenReadout(side, index);
+    readOut({ side, index });
+  }
+
+  // The read-out of a token ({side, index}) or of a line ({head, query, key}), remembered so that
+  // drawLines reads it out again for another layer or other heads.
+  function readOut(what) {
+    drawn.readFrom = what;
+    drawn.readout.textContent = what.side !== undefined ? tokenReadout(what.side, what.index) : lineReadout(what.head, what.query, what.key);
   }
 
   // Every line whose data-query (or data-key) is not index gets class "hidden"; the tokens across

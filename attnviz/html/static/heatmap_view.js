@@ -1,12 +1,14 @@
 // heatmap_view.js: one head's map large, on the PNGs' colour scale, with token labels (every k-th
 // when the cells are too small for all), a colour bar with its numbers, and a read-out of the cell
-// under the pointer or the keyboard's cursor: "query 3:吃 · key 5:酸 · 0.1234".
+// under the pointer or the keyboard's cursor: "layer 0 · head 7 · query 3:吃 · key 5:酸 · 0.1234",
+// read out again from the new map when the layer or head changes.
 (() => {
   "use strict";
   const AV = window.AV;
   const MAP_SIDE_PX = 600; // the map's longer side at most (cells are whole pixels: 1 at 512 tokens)
   const MAX_CELL_PX = 36;
   const LABEL_PX = 14; // a label's line: labels closer than this are thinned to every k-th
+  const HINT = "Hover a cell, or Tab to the map and move with the arrow keys, for its weight.";
 
   let shown = null; // {section, textIndex, canvas, ...} of the section drawn now
 
@@ -31,7 +33,7 @@
       ),
     );
     const note = AV.el("p", { id: "heatmap-note", class: "note" });
-    const readout = AV.el("p", { id: "heatmap-readout", class: "readout", "aria-live": "polite" }, "Hover a cell, or Tab to the map and move with the arrow keys, for its weight.");
+    const readout = AV.el("p", { id: "heatmap-readout", class: "readout", "aria-live": "polite" }, HINT);
     const canvas = AV.el("canvas", { id: "heatmap-canvas", tabindex: 0, role: "img" });
     const cursor = AV.el("div", { class: "heatmap-cursor", hidden: true });
     const keyLabels = AV.el("div", { class: "key-labels", "aria-hidden": "true" });
@@ -52,6 +54,8 @@
     const request = (current.request || 0) + 1; // a later call (another layer or head) wins
     current.request = request;
     const { layer, head } = AV.state;
+    // Until the new map is drawn the read-out would name the old one's weight: it says nothing.
+    if (current.data) current.readout.textContent = HINT;
     const data = await AV.headMap(current.textIndex, layer, head);
     if (shown !== current || current.request !== request) return;
     const rows = text.query_tokens.length;
@@ -70,7 +74,9 @@
     if (text.causal) notes.push("Grey cells are masked by the causal mask (keys after the query).");
     if (!data.exact) notes.push("This layer's weights are stored as 256 levels of the log colour scale: its read-outs are approximate (≈).");
     current.note.textContent = notes.join(" ");
+    // The cell read out before (pinned, or last under the pointer) is read out again from this map.
     if (current.pinned) point(current, current.pinned.i, current.pinned.j);
+    else if (current.at) current.readout.textContent = readoutOf(current, current.at.i, current.at.j);
   }
 
   // Query labels down the left, key labels (vertical) along the top, every step-th when the cells are small.
@@ -98,7 +104,7 @@
     const text = AV.data.texts[current.textIndex];
     const masked = current.causal && j > i;
     const weight = masked ? "masked by the causal mask" : AV.formatWeight(weightAt(current, i, j), current.exact);
-    return `query ${AV.tokenLabel(text.query_tokens, i)} · key ${AV.tokenLabel(text.key_tokens, j)} · ${weight}`;
+    return `layer ${current.layer} · head ${current.head} · query ${AV.tokenLabel(text.query_tokens, i)} · key ${AV.tokenLabel(text.key_tokens, j)} · ${weight}`;
   }
 
   // Shows cell (i, j): the cursor's box on the map and the read-out.

@@ -1,4 +1,4 @@
-// main.js: starts the page: reads the record, draws the header, the text picker and the views' tabs,
+// main.js: starts the page: loads its fonts, reads the record, draws the header, the text picker and the views' tabs,
 // shows the head view, then marks the body ready (body[data-ready], AV.readyMs).
 (() => {
   "use strict";
@@ -95,7 +95,18 @@
     }
   });
 
+  // The page's own fonts (html/font.py: the CJK glyphs it carries), loaded before any text is laid
+  // out: Chromium keeps the fallback's empty boxes for text it laid out while the font was loading.
+  async function loadFonts() {
+    try {
+      await Promise.all(Array.from(document.fonts, (face) => face.load()));
+    } catch (error) {
+      console.warn(`attnviz: the page's CJK font did not load (${error.message}); system fonts draw the text`);
+    }
+  }
+
   async function boot() {
+    await loadFonts();
     readRecord();
     renderHeader();
     buildTextPicker();

@@ -1,0 +1,58 @@
+"""A CJK font inside report.html: the bundled Noto Sans CJK SC, cut to the characters the page shows.
+
+The figures draw Chinese with the Noto Sans CJK SC that the mplfonts package ships
+(render/fonts.py); the page would otherwise depend on the reader's system fonts and show empty
+boxes without a CJK one. So the page carries the glyphs it needs: a subset of that font holding
+only the non-ASCII characters of its text (tokens, texts, titles, notes, and the scripts' own
+words), as a WOFF file (zlib; WOFF2 would need brotli) in a data: URL, which the page's
+Content-Security-Policy allows (font-src data:). report.css names the family after the system
+CJK fonts, so a system font still wins where there is one.
+
+The subset keeps the font's copyright and licence names (name IDs 0 and 13-14: the SIL Open Font
+License asks that they travel with the font).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import re
+
+from attnviz.render.fonts import bundled_font_file
+
+FAMILY = "attnviz Noto Sans CJK SC"  # report.css's --font and --mono name it
+NAME_IDS = [0, 1, 2, 3, 4, 5, 6, 13, 14]  # copyright, names, version, licence and its URL
+_COMMENT = re.compile(r"^\s*//.*$|\s// .*$", re.M)  # a script's comments: not shown, so not embedded
+
+
+def shown_characters(record_json: str, script: str) -> str:
+    """The non-ASCII characters the page can show, sorted: those of the record and of the scripts' code."""
+    text = record_json + _COMMENT.sub("", script)
+    return "".join(sorted({char for char in text if ord(char) > 127}))
+
+
+def font_face(characters: str) -> str:
+    """An @font-face rule for FAMILY with the subset of the bundled font that draws characters.
+
+    "" when mplfonts is not installed or the font has none of the characters.
+    """
+    font_file = bundled_font_file()
+    if font_file is None:
+        return ""
+    from fontTools import subset
+    from fontTools.ttLib import TTFont
+
+    # lazy: reads only the tables the subsetter asks for; the original head.modified keeps the page reproducible
+    font = TTFont(font_file, lazy=True, recalcTimestamp=False)
+    covered = font.getBestCmap()
+    drawn = [char for char in characters if ord(char) in covered]
+    if not drawn:
+        return ""
+    options = subset.Options(flavor="woff", layout_features=[], hinting=False, bidi_closure=False, name_IDs=NAME_IDS)
+    subsetter = subset.Subsetter(options)
+    subsetter.populate(text="".join(drawn))
+    subsetter.subset(font)
+    woff = io.BytesIO()
+    subset.save_font(font, woff, options)  # as options.flavor says
+    url = "data:font/woff;base64," + base64.b64encode(woff.getvalue()).decode("ascii")
+    return f'@font-face {{ font-family: "{FAMILY}"; src: url("{url}") format("woff"); font-display: block; }}'

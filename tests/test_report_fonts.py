@@ -1,0 +1,124 @@
+"""report.html carries its CJK glyphs: a subset of the bundled Noto Sans CJK SC as a data: font.
+
+Without it, a machine with no CJK system font shows the Chinese tokens as empty boxes. The subset
+is read back here with fontTools; the browser test runs a Chromium whose fontconfig sees only
+matplotlib's DejaVu (tests/browser.py), where every missing glyph draws the same box: distinct
+characters that draw as distinct pixels are drawn from real glyphs.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import re
+
+import numpy as np
+import pytest
+
+import attnviz
+from attnviz.render.fonts import bundled_font_file
+
+ZH = "我想吃酸菜鱼 中国的大学生"  # the bundled vocabulary has 我 中 国 的 大 学 生 (想吃酸菜鱼 are [UNK] there)
+SHOWN_TOKENS = "我中国的大学生"
+FONT_FACE = re.compile(r'@font-face \{ font-family: "([^"]+)"; src: url\("data:font/woff;base64,([A-Za-z0-9+/=]+)"\) format\("woff"\)')
+DATA = re.compile(r'<script type="application/json" id="attnviz-data">(.*?)</script>', re.S)
+SCRIPT = re.compile(r"<script>(.*?)</script>", re.S)
+
+pytestmark = pytest.mark.skipif(bundled_font_file() is None, reason="the mplfonts package (the bundled CJK font) is not installed")
+
+
+@pytest.fixture(scope="module")
+def zh_report(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("report-fonts")
+    (path,) = attnviz.report(ZH, model=attnviz.load("bundled", device="cpu")).save(folder)
+    return path
+
+
+def embedded_font(page: str):
+    """(family, the font as fontTools reads it, its WOFF bytes) of the page's one @font-face."""
+    from fontTools.ttLib import TTFont
+
+    (match,) = FONT_FACE.finditer(page)
+    woff = base64.b64decode(match.group(2))
+    return match.group(1), TTFont(io.BytesIO(woff)), woff
+
+
+def test_the_page_carries_the_glyphs_of_its_characters_and_no_others(zh_report):
+    page = zh_report.read_text(encoding="utf-8")
+    family, font, woff = embedded_font(page)
+    assert woff[:4] == b"wOFF" and len(woff) < 16_000  # a few glyphs, not the 16 MB font
+    drawn = {chr(code) for code in font.getBestCmap()}
+    assert set(SHOWN_TOKENS) | set(ZH.replace(" ", "")) <= drawn  # the tokens and the text
+    # nothing but what the page holds outside the font: its record and its scripts
+    without_font = FONT_FACE.sub("", page)
+    assert drawn <= {char for char in DATA.search(without_font).group(1) + SCRIPT.search(without_font).group(1) if ord(char) > 127}
+    assert not any(char.isascii() for char in drawn)  # Latin comes from the reader's fonts
+    csp = re.search(r'http-equiv="Content-Security-Policy" content="([^"]+)"', page).group(1)
+    assert "font-src data:" in csp and "default-src &#x27;none&#x27;" in csp
+    assert f'"{family}"' in re.search(r"--font:([^;]+);", page).group(1)  # the page's font stack names it
+
+
+def _glyph_images(page, characters):
+    """Each character drawn alone by the page's own CSS in a token's box, as RGB pixels."""
+    from PIL import Image
+
+    images = []
+    for char in characters:
+        shot = page.locator(".token[data-side=query]", has_text=char).first.screenshot()
+        images.append(np.asarray(Image.open(io.BytesIO(shot)).convert("RGB")))
+    return images
+
+
+def _cjk_elements(page):
+    """(selector, text) of the header's text and of every token that holds a CJK ideograph."""
+    found = page.evaluate(
+        """() => Array.from(document.querySelectorAll('.report-text, .token')).filter(e => /[\\u4e00-\\u9fff]/.test(e.textContent))
+        .map(e => [e.classList.contains('token') ? `.token[data-side=${e.dataset.side}][data-index="${e.dataset.index}"]` : '.report-text', e.textContent])"""
+    )
+    assert len(found) == 1 + 2 * len(SHOWN_TOKENS)
+    return found
+
+
+def _platform_fonts(page, selector):
+    """{is the page's own font: glyphs drawn with it} for the element, from Chromium's DevTools protocol."""
+    session = page.context.new_cdp_session(page.page)
+    session.send("DOM.enable")
+    session.send("CSS.enable")
+    root = session.send("DOM.getDocument")["root"]["nodeId"]
+    node = session.send("DOM.querySelector", {"nodeId": root, "selector": selector})["nodeId"]
+    fonts = {}
+    for font in session.send("CSS.getPlatformFontsForNode", {"nodeId": node})["fonts"]:
+        fonts[font["isCustomFont"]] = fonts.get(font["isCustomFont"], 0) + font["glyphCount"]
+    session.detach()
+    return fonts
+
+
+def test_chinese_shows_as_glyphs_in_a_browser_without_a_cjk_font(zh_report, browser, tmp_path):
+    from browser import OfflinePage, chromium_with_latin_fonts_only
+
+    stripped = tmp_path / "without-font.html"  # the same page without its font: the control
+    stripped.write_text(re.sub(r"@font-face \{[^}]*\}", "", zh_report.read_text(encoding="utf-8")), encoding="utf-8")
+    characters = "我中国"
+    with chromium_with_latin_fonts_only(browser, tmp_path) as latin_only:
+        control = OfflinePage(latin_only, stripped)
+        boxes = _glyph_images(control.page, characters)
+        control.assert_offline_and_clean()
+        control.close()
+        # the browser has no CJK font: every character draws the same empty box
+        assert all(box.shape == boxes[0].shape and (box == boxes[0]).all() for box in boxes)
+        page = OfflinePage(latin_only, zh_report)
+        page.wait_until("document.fonts.status === 'loaded'")
+        family = embedded_font(zh_report.read_text(encoding="utf-8"))[0]
+        assert page.page.evaluate(f"document.fonts.check('16px \"{family}\"', '{characters}')")
+        glyphs = _glyph_images(page.page, characters)
+        # every element of Chinese text draws its CJK characters with the page's font, as Chromium reports
+        for selector, element_text in _cjk_elements(page.page):
+            fonts = _platform_fonts(page, selector)
+            cjk = sum(1 for char in element_text if "\u4e00" <= char <= "\u9fff")
+            assert fonts.get(True, 0) == cjk, f"{selector} ({element_text}) drew with {fonts}"
+        page.page.screenshot(path=str(tmp_path / "report-latin-only.png"))
+        page.assert_offline_and_clean()
+        page.close()
+    for n, glyph in enumerate(glyphs):  # each a glyph of its own, none the box
+        assert not (glyph.shape == boxes[0].shape and (glyph == boxes[0]).all())
+        assert all(not (glyph.shape == other.shape and (glyph == other).all()) for other in glyphs[n + 1 :])
