@@ -156,10 +156,8 @@ def _heads_for_file(file: str, options, image_format: str, out: Optional[Path], 
         result = batch.write_batch(loaded, texts, staging, image_format, spec, on_text=lambda: advance(1))
         report_files, report_notes = _batch_report(loaded, [entry.text for entry in texts], spec, staging) if html else ([], [])
 
-    shown = result.notices[:MAX_NOTICES_SHOWN]
-    if len(result.notices) > len(shown):
-        shown.append(f"… and {len(result.notices) - len(shown)} more notices like these")
-    terminal.print_notices(errors, [*shown, *report_notes])
+    terminal.print_notices(errors, result.notices, MAX_NOTICES_SHOWN)
+    terminal.print_notices(errors, report_notes)
     terminal.print_setup(console, result.first_run, handle.source, handle.device_label, seed=options.seed)
     console.print(terminal.batch_table(result.rows, result.first_run.causal))
     numbers = [row["folder"].split("-", 1)[0] for row in result.rows]

@@ -129,11 +129,7 @@ def stats(
         )  # fmt: skip
     texts_count = result.stats.num_texts
 
-    notices = result.notices
-    shown = list(notices)[:MAX_NOTICES_SHOWN]
-    if len(notices) > len(shown):
-        shown.append(f"… and {len(notices) - len(shown)} more such notes, one per text")
-    terminal.print_notices(errors, shown)
+    terminal.print_notices(errors, list(result.notices), MAX_NOTICES_SHOWN)
     # --engine ray --device cuda: the actors measured on their GPUs, this process loaded the model on its CPU
     device_label = handle.device_label if result.spec.device == handle.device else f"{result.spec.device} (Ray actors)"
     terminal.print_setup(

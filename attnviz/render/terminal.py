@@ -32,9 +32,19 @@ RELATIVE_ENTROPY_LEGEND = "rel.: entropy / log(keys the query may see), mean ove
 CAUSAL_VISIBLE_KEYS = "causal: query i sees keys 0..i, query 0 left out"
 
 
-def print_notices(console: Console, notices: list[str]) -> None:
-    for notice in dict.fromkeys(notices):  # once each, in order
+def print_notices(console: Console, notices: list[str], most: int | None = None, where: str = "") -> None:
+    """Each notice once, in order, as "note: ..."; past the first `most`, one line "… and 3 more notes" (and `where`)."""
+    distinct = list(dict.fromkeys(notices))
+    shown = distinct if most is None else distinct[:most]
+    for notice in shown:
         console.print(Text(f"note: {notice}", style="yellow"))
+    if len(distinct) > len(shown):
+        console.print(Text(f"note: {more_notes(len(distinct) - len(shown))}{where}", style="yellow"))
+
+
+def more_notes(count: int) -> str:
+    """ "… and 1 more note", "… and 3 more notes": the one wording for notes left out."""
+    return f"… and {counted(count, 'more note')}"
 
 
 def print_setup(
@@ -188,8 +198,12 @@ def indented_lines(words: list[str], width: int, indent: str = "  ", gap: str = 
     return lines
 
 
-def models_table(models) -> Table:
-    """One row per model: its family and sizes; an encoder-decoder's layers and heads as encoder / decoder."""
+def models_table(models, default: str, fallback: str) -> Table:
+    """One row per model: where it comes from, whether it loads offline, its family and sizes; the default marked.
+
+    An encoder-decoder's layers and heads read encoder / decoder. fallback: what runs instead of
+    the default offline, before its download.
+    """
     # No column borders, so that eight columns leave the names room on an 80-column terminal.
     table = Table(
         title="models you can use now", title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, collapse_padding=True
@@ -201,8 +215,8 @@ def models_table(models) -> Table:
     for info in models:
         # No encoder-decoder family groups its key/value heads: the decoder's equal its heads.
         table.add_row(
-            Text(info.name),
-            info.source,
+            Text(info.name).append("\n(default)" if info.name == default else "", style="bold"),
+            info.source if info.offline else Text(info.source, style="yellow"),
             info.family,
             _per_stack(info.num_layers, info.decoder_layers),
             _per_stack(info.num_heads, info.decoder_heads),
@@ -211,10 +225,14 @@ def models_table(models) -> Table:
             str(info.vocab_size),
         )
     table.caption = (
-        "use one with --model NAME; any hub id downloads when online, any local folder of a supported family works. "
+        "(default): used without --model. Bundled and hub cache models load offline; "
+        + ("" if any(info.name == default and info.offline for info in models) else
+           f"hub: not downloaded yet, attnviz downloads it on first use when online, offline the bundled {fallback} "
+           "runs instead (English vocabulary). ")
+        + "Use one with --model NAME; any hub id downloads when online, any local folder of a supported family works. "
         "KV heads fewer than heads: query heads share key/value heads (grouped-query attention). "
         "encoder-decoders: encoder / decoder"
-    )
+    )  # fmt: skip
     table.caption_justify = "left"
     return table
 
