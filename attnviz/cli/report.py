@@ -9,6 +9,7 @@ from typing import Optional
 import typer
 
 from attnviz.cli.options import (
+    QuietOption,
     run_options,
     app,
     console,
@@ -60,6 +61,7 @@ def report(
     truncate: bool = TruncateOption,
     words: bool = WordsOption,
     allow_pickle: bool = AllowPickleOption,
+    quiet: bool = QuietOption,
 ) -> None:
     """report.html: one file a browser opens offline, to explore the heads, every layer, the shape trace and the statistics.
 

@@ -10,6 +10,7 @@ from typing import Optional
 import typer
 
 from attnviz.cli.options import (
+    QuietOption,
     run_options,
     app,
     console,
@@ -88,6 +89,7 @@ def stats(
         "off for --file, where they are most of the statistics' work.",
         show_default=False,
     ),
+    quiet: bool = QuietOption,
 ) -> None:
     """What every head of every layer does: entropy, [CLS], [SEP], previous/next token, labels; stats.csv and .json.
 
