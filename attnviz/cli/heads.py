@@ -101,9 +101,9 @@ def heads(
     if head is not None and options.heads is not None:  # the range is known before the model loads
         check_head(head, options.heads, f"--heads {options.heads} splits the layer into")
     functions.refuse_before_loading(options)
-    drawn = dict(figures=(figures.value if figures else "grid" if file is not None else "all"), head=head)
+    images = dict(figures=(figures.value if figures else "grid" if file is not None else "all"), head=head)
     if file is not None:
-        return _heads_for_file(file, options, image_format.value, out, drawn, html=not no_html, allow_pickle=allow_pickle)
+        return _heads_for_file(file, options, image_format.value, out, images, html=not no_html, allow_pickle=allow_pickle)
     target = run_target(out, run_folder_name(text))
     handle = load(options.model, options.device, allow_pickle=allow_pickle, cache=False)
     if head is not None:
@@ -134,7 +134,7 @@ def heads(
 
     def write(staging: Path) -> list[Path]:
         # The figure worker (attnviz/startup.py) writes the result's files while this process computes the report.
-        with startup.drawn(result.write_files, staging, image_format.value, drawn["figures"], head) as drawing:
+        with startup.drawn(result.write_files, staging, image_format.value, images["figures"], head) as drawing:
             report = report_of_runs(handle.loaded, [run], result.spec).write_files(staging) if not no_html else []
             written = drawing.wait()
         written += traced.write_files(staging, image_format.value) if traced is not None else []
@@ -152,12 +152,12 @@ def check_head(head: int, num_heads: int, has: str) -> None:
 
 
 def _heads_for_file(
-    file: str, options, image_format: str, out: Optional[Path], drawn: dict, *, html: bool, allow_pickle: bool
+    file: str, options, image_format: str, out: Optional[Path], images: dict, *, html: bool, allow_pickle: bool
 ) -> None:
     """`heads --file`: every line through the same layer, batch by batch; a folder per text; report.html of the first texts.
 
-    The output layer's write_batch, not attnviz.heads: it writes each batch's folders as it goes,
-    so no more than a batch of runs is ever held, however long the file.
+    images: the heatmaps each folder gets (--figures, --head). The output layer's write_batch, not attnviz.heads:
+    it writes each batch's folders as it goes, so no more than a batch of runs is ever held, however long the file.
     """
     from attnviz.api.models import load
     from attnviz.output import batch
@@ -174,13 +174,13 @@ def _heads_for_file(
     loaded = handle.loaded
     batch.check_lengths(loaded.tokenizer, texts, loaded.max_positions, options.truncate)
     spec = options.run_spec(handle)
-    if drawn["head"] is not None and options.heads is None:
-        check_head(drawn["head"], spec.num_heads, f"{handle.loaded.name}'s layers have")
+    if images["head"] is not None and options.heads is None:
+        check_head(images["head"], spec.num_heads, f"{handle.loaded.name}'s layers have")
 
     folder = StagedRunFolder(target, unique=out is None)
     progress = progress_bar(console, len(texts), "attention and heatmaps", batch.PROGRESS_MIN_TEXTS)
     with progress as advance, folder as staging:
-        result = batch.write_batch(loaded, texts, staging, image_format, spec, on_text=lambda: advance(1), **drawn)
+        result = batch.write_batch(loaded, texts, staging, image_format, spec, on_text=lambda: advance(1), **images)
         report_files, report_notes = _batch_report(loaded, [entry.text for entry in texts], spec, staging) if html else ([], [])
 
     terminal.print_notices(errors, result.notices, MAX_NOTICES_SHOWN)

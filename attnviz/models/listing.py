@@ -108,17 +108,21 @@ def with_default(models: list[ModelInfo]) -> list[ModelInfo]:
 
 
 def refuse_near_miss(name: str) -> None:
-    """Refuse a bare model name (no org/) that is not a listed one but one letter or so off one: "did you mean smollm2?".
+    """Refuse a bare model name (no org/) that is not a listed one (attnviz models) but one letter or so off one (or off a
+    listed org/name's name): "did you mean smollm2?".
 
-    Called before the hub is asked, so that a typo costs no network wait. A name with its org
+    attnviz.load calls it before the model loads, so that a typo costs no network wait. A name with its org
     (org/name) is taken as meant, which is also the way past this for a hub model that is close to a listed name.
     """
-    if "/" in name or name == DEFAULT_MODEL:
+    bundled = ("bundled", BUNDLED_NAME.lower(), *smollm2.SMOLLM2_ALIASES)
+    if "/" in name or name.strip().lower() in (*bundled, DEFAULT_MODEL) or Path(name).expanduser().exists():
+        return  # an org/name, a bundled name, the default, a path: nothing to list
+    listed = [info.name for info in with_default(list_models())]
+    loadable = {listed_name.lower(): listed_name for listed_name in [*bundled, *listed]}
+    if name.strip().lower() in loadable:
         return
-    names = {info.name.lower(): info.name for info in with_default(list_models())}
-    names.update({alias: alias for alias in ("bundled", *smollm2.SMOLLM2_ALIASES)})
-    if name.strip().lower() in names:
-        return
+    by_name = {listed_name.split("/")[-1].lower(): listed_name for listed_name in listed}  # a cached org/name by its name
+    names = {**by_name, **loadable}
     close = difflib.get_close_matches(name.strip().lower(), list(names), n=1, cutoff=NEAR_MISS_CUTOFF)
     if close:
         raise AttnvizError(

@@ -215,9 +215,6 @@ def _load_from_hub(repo_id: str, device: str, allow_pickle: bool) -> LoadedModel
         if _has_weights(snapshot) and _has_tokenizer(snapshot):  # else a partial download: fetch the rest
             return _load_folder(repo_id, snapshot, "hub cache", device, allow_pickle)
 
-    from attnviz.models.listing import refuse_near_miss  # (listing imports this module)
-
-    refuse_near_miss(repo_id)  # a typo of a listed name, before any network wait
     if huggingface_hub.constants.HF_HUB_OFFLINE:
         raise _HubUnavailable("offline mode is on (HF_HUB_OFFLINE)")
     endpoint = huggingface_hub.constants.ENDPOINT
