@@ -94,12 +94,21 @@ def test_figures_none_writes_no_image_and_quiet_prints_the_run_folder_alone(tmp_
     assert "entropy" in capsys.readouterr().out
 
 
-def test_heads_file_writes_the_grid_alone_by_default_and_every_head_when_asked(tmp_path):
+def two_lines(tmp_path):
     source = tmp_path / "texts.txt"
     source.write_text("the cat\nthe dog sat\n", encoding="utf-8")
-    assert heads("--file", str(source), "--no-html", "--quiet", "--out", str(tmp_path / "run")) == 0
+    return source
+
+
+def test_heads_file_writes_the_grid_alone_by_default(tmp_path):
+    assert heads("--file", str(two_lines(tmp_path)), "--no-html", "--quiet", "--out", str(tmp_path / "run")) == 0
     folders = sorted(path for path in (tmp_path / "run").iterdir() if path.is_dir())
     assert [written(folder) for folder in folders] == [{"heads.png", "attention.json"}] * 2
+
+
+@pytest.mark.slow
+def test_heads_file_writes_every_head_when_asked(tmp_path):
+    source = two_lines(tmp_path)
     assert heads("--file", str(source), "--no-html", "--quiet", "--figures", "all", "--out", str(tmp_path / "all")) == 0
     folders = sorted(path for path in (tmp_path / "all").iterdir() if path.is_dir())
     assert [written(folder) for folder in folders] == [HEAD_FILES | {"heads.png", "attention.json"}] * 2
