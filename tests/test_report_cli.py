@@ -71,7 +71,7 @@ def test_heads_file_writes_one_report_of_the_first_64_texts_and_says_so(tmp_path
     from attnviz.output import batch
     from attnviz.output.export import write_attention_json
 
-    def json_only(run, spec, folder, fmt):  # the folders are not what this test is about
+    def json_only(run, spec, folder, fmt, **drawn):  # the folders are not what this test is about
         folder.mkdir()
         return [write_attention_json(run, spec, folder / "attention.json")]
 

@@ -92,6 +92,7 @@ def load(
     device is "auto" (the GPU when torch sees one), "cpu" or "cuda". A handle passes through.
     cache=False loads it afresh and keeps no handle (the command line: one command, one load).
     """
+    from attnviz.models.listing import refuse_near_miss
     from attnviz.models.loading import load_model
     from attnviz.pipeline import resolve_device
     from attnviz.spec import resolved_model_name
@@ -108,6 +109,8 @@ def load(
     key = (_model_key(name), device_name, allow_pickle)
     if key in _LOADED and cache:
         return _LOADED[key]
+    if name is not None:
+        refuse_near_miss(name)  # a typo of a listed model ("smolm2"), before the hub is asked
     loaded = load_model(name, device_name, allow_pickle=allow_pickle)
     handle = Model(name, resolved_model_name(name, loaded), loaded.source, device_name, loaded)
     if cache:

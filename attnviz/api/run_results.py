@@ -117,12 +117,15 @@ class HeadsResult:
         and with measures, their figures (norm_heads, norm, value_zeroing, flow, measures.<format>)."""
         return save_run_files(folder, lambda staging: self.write_files(staging, format), format)
 
-    def write_files(self, folder: Path, format: str = "png") -> list[Path]:
-        """save's files, written straight into an existing folder (the command line stages its own)."""
-        from attnviz.output.export import write_attention_json
-        from attnviz.render.heatmap import write_heatmaps
+    def write_files(self, folder: Path, format: str = "png", figures: str = "all", head: int | None = None) -> list[Path]:
+        """save's files, written straight into an existing folder (the command line stages its own).
 
-        written = write_heatmaps(self.run, folder, format, seed=self.spec.seed)
+        figures and head: the heatmaps that `heads --figures` and `--head` choose (output/batch.py's write_head_figures).
+        """
+        from attnviz.output.batch import write_head_figures
+        from attnviz.output.export import write_attention_json
+
+        written = write_head_figures(self.run, folder, format, self.spec.seed, figures=figures, head=head)
         if self.measures is not None:
             from attnviz.render.measure_figures import write_measure_figures
 

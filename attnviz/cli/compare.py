@@ -9,6 +9,7 @@ from typing import Optional
 import typer
 
 from attnviz.cli.options import (
+    QuietOption,
     run_options,
     app,
     console,
@@ -54,6 +55,7 @@ def compare(
     out: Optional[Path] = OutOption,
     truncate: bool = TruncateOption,
     allow_pickle: bool = AllowPickleOption,
+    quiet: bool = QuietOption,
 ) -> None:
     """The same W_q, W_k, W_v split into 1, 4, 12... heads, and BERT's parameters beside random ones."""
     options = run_options(locals())

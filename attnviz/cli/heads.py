@@ -15,7 +15,11 @@ from attnviz.cli.options import (
     errors,
     Weights,
     Device,
+    Figures,
+    FiguresOption,
+    HeadOption,
     ImageFormat,
+    QuietOption,
     Stack,
     DeviceOption,
     TruncateOption,
@@ -55,6 +59,7 @@ def heads(
     model: Optional[str] = ModelOption,
     layer: int = LayerOption,
     heads: Optional[int] = HeadsOption,
+    head: Optional[int] = HeadOption,
     weights: Weights = WeightsOption,
     seed: int = SeedOption,
     kv: Optional[str] = KvOption,
@@ -65,6 +70,7 @@ def heads(
     ),
     device: Device = DeviceOption,
     image_format: ImageFormat = FormatOption,
+    figures: Optional[Figures] = FiguresOption,
     out: Optional[Path] = FileOutOption,
     truncate: bool = TruncateOption,
     words: bool = WordsOption,
@@ -73,6 +79,7 @@ def heads(
     no_html: bool = typer.Option(
         False, "--no-html", help="Do not write report.html (the interactive report, as attnviz report writes it)."
     ),
+    quiet: bool = QuietOption,
 ) -> None:
     """Per-head attention heatmaps, a summary table, attention.json and report.html for one text, or each line of --file."""
     options = run_options(locals())
@@ -89,11 +96,18 @@ def heads(
         raise AttnvizError("--trace traces one text: for a batch use attnviz trace --file PATH")
     if file is not None and measure != Measure.weights:
         raise AttnvizError("--measure measures one text: give a TEXT, not --file")
+    if head is not None and figures is not None:
+        raise AttnvizError(f"--head {head} draws that head's heatmap alone: leave out --figures")
+    if head is not None and options.heads is not None:  # the range is known before the model loads
+        check_head(head, options.heads, f"--heads {options.heads} splits the layer into")
     functions.refuse_before_loading(options)
+    images = dict(figures=(figures.value if figures else "grid" if file is not None else "all"), head=head)
     if file is not None:
-        return _heads_for_file(file, options, image_format.value, out, html=not no_html, allow_pickle=allow_pickle)
+        return _heads_for_file(file, options, image_format.value, out, images, html=not no_html, allow_pickle=allow_pickle)
     target = run_target(out, run_folder_name(text))
     handle = load(options.model, options.device, allow_pickle=allow_pickle, cache=False)
+    if head is not None:
+        check_head(head, handle.loaded.num_heads_of(options.stack), f"{handle.loaded.name}'s layers have")
     given = replace(options, model=handle).keywords()
     traced = functions.trace(text, **given) if show_trace else None  # its run is the heads' run: computed once
     if traced is not None and measure == Measure.weights:
@@ -105,7 +119,10 @@ def heads(
     terminal.print_notices(errors, run.notices)
     terminal.print_setup(console, run, handle.source, handle.device_label, seed=options.seed)
     terminal.print_tokens(console, run)
-    console.print(result)  # its __rich__: the table of the heads
+    if head is None:
+        console.print(result)  # its __rich__: the table of the heads
+    else:
+        console.print(terminal.heads_table(run, [result.summaries[head]], terminal.MAX_TOP_KEYS_SHOWN))
     if result.measures is not None:
         from attnviz.render.measure_table import print_measures
 
@@ -117,7 +134,7 @@ def heads(
 
     def write(staging: Path) -> list[Path]:
         # The figure worker (attnviz/startup.py) writes the result's files while this process computes the report.
-        with startup.drawn(result.write_files, staging, image_format.value) as drawing:
+        with startup.drawn(result.write_files, staging, image_format.value, images["figures"], head) as drawing:
             report = report_of_runs(handle.loaded, [run], result.spec).write_files(staging) if not no_html else []
             written = drawing.wait()
         written += traced.write_files(staging, image_format.value) if traced is not None else []
@@ -128,11 +145,19 @@ def heads(
         return layouts_disagree(traced.trace)
 
 
-def _heads_for_file(file: str, options, image_format: str, out: Optional[Path], *, html: bool, allow_pickle: bool) -> None:
+def check_head(head: int, num_heads: int, has: str) -> None:
+    """--head N names one of the heads, numbered 0 to num_heads - 1 (has: who has them, for the message)."""
+    if not 0 <= head < num_heads:
+        raise AttnvizError(f"--head {head} is out of range: {has} {num_heads} heads, 0 to {num_heads - 1}")
+
+
+def _heads_for_file(
+    file: str, options, image_format: str, out: Optional[Path], images: dict, *, html: bool, allow_pickle: bool
+) -> None:
     """`heads --file`: every line through the same layer, batch by batch; a folder per text; report.html of the first texts.
 
-    The output layer's write_batch, not attnviz.heads: it writes each batch's folders as it goes,
-    so no more than a batch of runs is ever held, however long the file.
+    images: the heatmaps each folder gets (--figures, --head). The output layer's write_batch, not attnviz.heads:
+    it writes each batch's folders as it goes, so no more than a batch of runs is ever held, however long the file.
     """
     from attnviz.api.models import load
     from attnviz.output import batch
@@ -149,17 +174,17 @@ def _heads_for_file(file: str, options, image_format: str, out: Optional[Path], 
     loaded = handle.loaded
     batch.check_lengths(loaded.tokenizer, texts, loaded.max_positions, options.truncate)
     spec = options.run_spec(handle)
+    if images["head"] is not None and options.heads is None:
+        check_head(images["head"], spec.num_heads, f"{handle.loaded.name}'s layers have")
 
     folder = StagedRunFolder(target, unique=out is None)
     progress = progress_bar(console, len(texts), "attention and heatmaps", batch.PROGRESS_MIN_TEXTS)
     with progress as advance, folder as staging:
-        result = batch.write_batch(loaded, texts, staging, image_format, spec, on_text=lambda: advance(1))
+        result = batch.write_batch(loaded, texts, staging, image_format, spec, on_text=lambda: advance(1), **images)
         report_files, report_notes = _batch_report(loaded, [entry.text for entry in texts], spec, staging) if html else ([], [])
 
-    shown = result.notices[:MAX_NOTICES_SHOWN]
-    if len(result.notices) > len(shown):
-        shown.append(f"… and {len(result.notices) - len(shown)} more notices like these")
-    terminal.print_notices(errors, [*shown, *report_notes])
+    terminal.print_notices(errors, result.notices, MAX_NOTICES_SHOWN)
+    terminal.print_notices(errors, report_notes)
     terminal.print_setup(console, result.first_run, handle.source, handle.device_label, seed=options.seed)
     console.print(terminal.batch_table(result.rows, result.first_run.causal))
     numbers = [row["folder"].split("-", 1)[0] for row in result.rows]

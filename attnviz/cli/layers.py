@@ -9,6 +9,7 @@ from typing import Optional
 import typer
 
 from attnviz.cli.options import (
+    QuietOption,
     run_options,
     app,
     console,
@@ -52,6 +53,7 @@ def layers(
     words: bool = WordsOption,
     measure: Measure = LayersMeasureOption,
     allow_pickle: bool = AllowPickleOption,
+    quiet: bool = QuietOption,
 ) -> None:
     """Every layer and head at a glance (layers.png) and attention rollout through the layers (rollout.png)."""
     options = run_options(locals())

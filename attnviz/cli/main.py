@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import gc
 import os
+import re
 import signal
 import sys
 
 import typer
 
 try:  # typer 0.2x vendors click (pyproject.toml bounds typer; tests/test_startup.py fails if this moves)
-    from typer._click.exceptions import UsageError
+    from typer._click.exceptions import BadParameter, UsageError
 except ImportError:
-    from click.exceptions import UsageError
+    from click.exceptions import BadParameter, UsageError
 
 from attnviz import startup
 from attnviz.cli.options import app, console, errors
@@ -36,12 +37,15 @@ def run(args: list[str] | None = None) -> int:
     from attnviz.output.runs import forget_written_folders, last_interruption
 
     forget_written_folders()
+    console.quiet = False  # --quiet is one command's (cli/options.py): a run in the same process starts loud
+    args = sys.argv[1:] if args is None else list(args)
     try:
-        _refuse_empty_out(sys.argv[1:] if args is None else args)
-        result = app(args=args, prog_name="attnviz", standalone_mode=False)
+        _refuse_empty_out(args)
+        # A bare `attnviz` prints --help, as a usage error would not: nothing was asked that failed.
+        result = app(args=args or ["--help"], prog_name="attnviz", standalone_mode=False)
     except UsageError as error:
         command = error.ctx.command_path if error.ctx else "attnviz"
-        errors.print(f"error: {error.format_message()} (see {command} --help)", soft_wrap=True)
+        errors.print(f"error: {usage_message(error)} (see {command} --help)", soft_wrap=True)
         return 2
     except AttnvizError as error:
         errors.print(f"error: {error}", soft_wrap=True)
@@ -60,6 +64,25 @@ def run(args: list[str] | None = None) -> int:
     if result == INTERRUPTED:  # typer turns a KeyboardInterrupt (an Interrupted too) into this exit code; run folders clean up on it
         return _interrupted(last_interruption() or Interrupted(signal.SIGINT))
     return result if isinstance(result, int) else 0
+
+
+CHOICE_MESSAGE = re.compile(r"(?P<given>.+?) is not one of (?P<choices>.+?)\.?$")
+
+
+def usage_message(error: UsageError) -> str:
+    """click's message in one line; a bad choice as "--layout: 'view_permute' is not one of view-permute, merged-batch, ...".
+
+    typer 0.2x checks choices with pydantic, whose message starts "Value error, " and quotes every choice.
+    """
+    message = error.format_message()
+    if not isinstance(error, BadParameter) or error.param is None:
+        return message
+    choice = CHOICE_MESSAGE.match(error.message.removeprefix("Value error, "))
+    if choice is None:
+        return message.replace("Value error, ", "")
+    flag = max(getattr(error.param, "opts", None) or [error.param.name], key=len)
+    choices = ", ".join(each.strip().strip("'\"") for each in choice["choices"].split(","))
+    return f"{flag}: {choice['given']} is not one of {choices}"
 
 
 def _refuse_empty_out(args: list[str]) -> None:

@@ -7,8 +7,12 @@ from attnviz.cli.options import app, console
 
 @app.command(short_help='List the models that can be used now.')
 def models() -> None:
-    """List the models that can be used now: the bundled ones and the local hub cache's models of every supported family."""
-    from attnviz.models.listing import list_models
+    """List the models that can be used now: the bundled ones and the local hub cache's models of every supported family.
+
+    The default model (used without --model) is marked; before its download it is listed too, as not offline.
+    """
+    from attnviz.models.listing import list_models, with_default
+    from attnviz.models.loading import BUNDLED_NAME, DEFAULT_MODEL
     from attnviz.render import terminal
 
-    console.print(terminal.models_table(list_models()))
+    console.print(terminal.models_table(with_default(list_models()), DEFAULT_MODEL, BUNDLED_NAME))

@@ -64,6 +64,12 @@ class Stack(str, Enum):  # attnviz.spec.STACKS
     cross = "cross"
 
 
+class Figures(str, Enum):  # attnviz.output.batch.FIGURES
+    all = "all"
+    grid = "grid"
+    none = "none"
+
+
 class Mistake(str, Enum):  # attnviz.tracing.MISTAKES
     view_without_permute = "view-without-permute"
     merge_without_permute = "merge-without-permute"
@@ -109,6 +115,11 @@ def _help_types_as_words() -> None:
 
 
 _help_types_as_words()
+
+
+def _quiet(quiet: bool) -> bool:
+    console.quiet = quiet  # Rich prints nothing on a quiet console; print_files still prints the run folder
+    return quiet
 
 
 def run_options(parameters: dict) -> RunOptions:
@@ -162,6 +173,28 @@ KvOption = typer.Option(None, "--kv", help="Cross-attention: keys and values fro
 HeadsOption = typer.Option(None, "--heads", help="Split the projections into this many heads (default: the model's own).")
 EveryLayerHeadsOption = typer.Option(
     None, "--heads", help="Split each layer's projections into this many heads (default: the model's own)."
+)
+HeadOption = typer.Option(
+    None,
+    "--head",
+    metavar="N",
+    help="Draw one head: head N as the model numbers it (from 0, as the figures and tables do): only head_NN.png and "
+    "its row of the table; attention.json and report.html keep every head. Not --heads, which re-splits the layer.",
+    show_default=False,
+)
+FiguresOption = typer.Option(
+    None,
+    "--figures",
+    help="Which heatmaps to write: all (every head's head_NN.png and the grid heads.png), grid (heads.png only) "
+    "or none (attention.json and the report only). Default: all for a TEXT, grid for --file.",
+    show_default=False,
+)
+QuietOption = typer.Option(
+    False,
+    "--quiet",
+    "-q",
+    callback=_quiet,
+    help="Print nothing but the run folder's path (one line); notes and errors still go to stderr.",
 )
 OutOption = typer.Option(
     None, "--out", "-o", help="Run folder to write into (default: a new folder under outputs/ named after the text)."

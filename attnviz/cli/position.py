@@ -9,6 +9,7 @@ from typing import Optional
 import typer
 
 from attnviz.cli.options import (
+    QuietOption,
     run_options,
     app,
     console,
@@ -44,6 +45,7 @@ def position(
     image_format: ImageFormat = FormatOption,
     out: Optional[Path] = OutOption,
     allow_pickle: bool = AllowPickleOption,
+    quiet: bool = QuietOption,
 ) -> None:
     """Why attention needs position embeddings: permute the tokens, with and without them."""
     options = run_options(locals())

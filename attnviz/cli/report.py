@@ -9,6 +9,7 @@ from typing import Optional
 import typer
 
 from attnviz.cli.options import (
+    QuietOption,
     run_options,
     app,
     console,
@@ -60,6 +61,7 @@ def report(
     truncate: bool = TruncateOption,
     words: bool = WordsOption,
     allow_pickle: bool = AllowPickleOption,
+    quiet: bool = QuietOption,
 ) -> None:
     """report.html: one file a browser opens offline, to explore the heads, every layer, the shape trace and the statistics.
 
@@ -89,11 +91,7 @@ def report(
     with console.status("computing the report…"):
         result = report_of(texts, **replace(options, model=handle).keywords())
 
-    notes = result.record["notes"]
-    shown = notes[:MAX_NOTICES_SHOWN]
-    if len(notes) > len(shown):
-        shown.append(f"… and {len(notes) - len(shown)} more notes (the report lists them)")
-    terminal.print_notices(errors, shown)
+    terminal.print_notices(errors, result.record["notes"], MAX_NOTICES_SHOWN, " (report.html lists them)")
     (written,) = write_run(out, target, "writing the report…", result.write_files)
     console.print(report_summary(result.record, written.stat().st_size), soft_wrap=True)
 

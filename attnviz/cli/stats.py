@@ -10,6 +10,7 @@ from typing import Optional
 import typer
 
 from attnviz.cli.options import (
+    QuietOption,
     run_options,
     app,
     console,
@@ -88,6 +89,7 @@ def stats(
         "off for --file, where they are most of the statistics' work.",
         show_default=False,
     ),
+    quiet: bool = QuietOption,
 ) -> None:
     """What every head of every layer does: entropy, [CLS], [SEP], previous/next token, labels; stats.csv and .json.
 
@@ -129,11 +131,7 @@ def stats(
         )  # fmt: skip
     texts_count = result.stats.num_texts
 
-    notices = result.notices
-    shown = list(notices)[:MAX_NOTICES_SHOWN]
-    if len(notices) > len(shown):
-        shown.append(f"… and {len(notices) - len(shown)} more such notes, one per text")
-    terminal.print_notices(errors, shown)
+    terminal.print_notices(errors, list(result.notices), MAX_NOTICES_SHOWN)
     # --engine ray --device cuda: the actors measured on their GPUs, this process loaded the model on its CPU
     device_label = handle.device_label if result.spec.device == handle.device else f"{result.spec.device} (Ray actors)"
     terminal.print_setup(

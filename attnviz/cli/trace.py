@@ -9,6 +9,7 @@ from typing import Optional
 import typer
 
 from attnviz.cli.options import (
+    QuietOption,
     run_options,
     app,
     console,
@@ -75,6 +76,7 @@ def trace(
     truncate: bool = TruncateOption,
     words: bool = WordsOption,
     allow_pickle: bool = AllowPickleOption,
+    quiet: bool = QuietOption,
 ) -> int:
     """Every split and merge of the heads, step by step with the real shapes; trace.json and trace.md.
 

