@@ -122,3 +122,19 @@ def test_chinese_shows_as_glyphs_in_a_browser_without_a_cjk_font(zh_report, brow
     for n, glyph in enumerate(glyphs):  # each a glyph of its own, none the box
         assert not (glyph.shape == boxes[0].shape and (glyph == boxes[0]).all())
         assert all(not (glyph.shape == other.shape and (glyph == other).all()) for other in glyphs[n + 1 :])
+
+
+def test_a_page_without_chinese_japanese_or_korean_embeds_no_font(tmp_path):
+    """The font is for CJK text: an English page's other characters (·, ×, …) come from the reader's fonts."""
+    (path,) = attnviz.report("The cat sat on the mat.", model=attnviz.load("bundled", device="cpu")).save(tmp_path)
+    page = path.read_text(encoding="utf-8")
+    assert "@font-face" not in page
+    assert any(ord(char) > 127 for char in SCRIPT.search(page).group(1))  # the scripts do hold non-ASCII symbols
+
+
+@pytest.mark.parametrize("text", ["我", "ひらがな", "カタカナ", "한국어", "（全角）", "𠀀"])
+def test_chinese_japanese_and_korean_characters_ask_for_the_font(text):
+    from attnviz.html.font import shown_characters
+
+    assert shown_characters('{"text": "%s"}' % text, "") != ""
+    assert shown_characters('{"text": "café – naïve · ≥ →"}', "// 我 in a comment") == ""

@@ -112,7 +112,7 @@ LN2 = float(np.log(2))  # nats per bit
 CLARK_DIFFERENCES = {
     "js_distance": "the Jensen-Shannon distance (the square root of the divergence, base-2 logarithms, "
     "0 to 1) averaged over queries; Clark et al. sum the Jensen-Shannon divergence over tokens",
-    "punctuation": "any token made only of Unicode punctuation (categories P*, e.g. 。 or '); "
+    "punctuation": "any token made only of Unicode punctuation (categories P*, e.g. ' or the ideographic full stop U+3002); "
     "Clark et al. count \".\" and \",\"",
     "average": "over several texts, each statistic is averaged per text (over its queries), then over "
     "the texts (every text weighs the same); Clark et al. average over all tokens of their data",

@@ -25,18 +25,30 @@ NAME_IDS = [0, 1, 2, 3, 4, 5, 6, 13, 14]  # copyright, names, version, licence a
 _COMMENT = re.compile(r"^\s*//.*$|\s// .*$", re.M)  # a script's comments: not shown, so not embedded
 
 
+# Where Chinese, Japanese and Korean live in Unicode: the radicals and CJK punctuation to Hangul syllables
+# (kana, bopomofo and the ideographs between), compatibility ideographs, fullwidth forms, the supplementary
+# ideographs. A page without any of them needs no CJK font: its other characters are in the reader's fonts.
+CJK_RANGES = ((0x2E80, 0xD7AF), (0xF900, 0xFAFF), (0xFE30, 0xFE4F), (0xFF00, 0xFFEF), (0x20000, 0x3FFFF))
+
+
+def is_cjk(char: str) -> bool:
+    return any(low <= ord(char) <= high for low, high in CJK_RANGES)
+
+
 def shown_characters(record_json: str, script: str) -> str:
-    """The non-ASCII characters the page can show, sorted: those of the record and of the scripts' code."""
+    """The non-ASCII characters the page can show, sorted (those of the record and of the scripts' code); "" when
+    none of them is Chinese, Japanese or Korean, so that a page without such text embeds no font."""
     text = record_json + _COMMENT.sub("", script)
-    return "".join(sorted({char for char in text if ord(char) > 127}))
+    shown = {char for char in text if ord(char) > 127}
+    return "".join(sorted(shown)) if any(is_cjk(char) for char in shown) else ""
 
 
 def font_face(characters: str) -> str:
     """An @font-face rule for FAMILY with the subset of the bundled font that draws characters.
 
-    "" when mplfonts is not installed or the font has none of the characters.
+    "" when there are no characters, mplfonts is not installed or the font has none of the characters.
     """
-    font_file = bundled_font_file()
+    font_file = bundled_font_file() if characters else None
     if font_file is None:
         return ""
     from fontTools import subset
