@@ -14,6 +14,7 @@ attention below, and analysis and trace above (the stats loop, measure_heads, is
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
@@ -30,6 +31,8 @@ from attnviz.spec import RunSpec, model_is_causal
 # Texts per forward pass. The weights of a batch are (B, H, N, N) floats: for 32 texts of
 # 512 tokens and 12 heads that is 400 MB, the most we want to hold at once.
 BATCH_SIZE = 32
+# A run over at most this many tokens (its padded batches' queries, keys and source together) uses one torch thread.
+SMALL_RUN_TOKENS = 256
 
 
 def batches(items: list, size: int) -> Iterator[list]:
@@ -58,6 +61,29 @@ def check_layer(loaded: LoadedModel, layer: int, stack: str | None = None) -> No
     if not 0 <= layer < num_layers:
         where = f"'s {'decoder' if stack in ('decoder', 'cross') else 'encoder'}" if stack else ""
         raise AttnvizError(f"layer {layer} is out of range: {loaded.name}{where} has layers 0 to {num_layers - 1}")
+
+
+@contextmanager
+def threads_for(encoded: "EncodedTexts") -> Iterator[None]:
+    """One torch thread for a small run (SMALL_RUN_TOKENS), the caller's count restored after it, even on an error.
+
+    A dozen tokens make tensors so small that a second thread only adds waiting: each of torch's
+    parallel regions waits for every thread, and while another process holds a core that is a
+    time slice of the scheduler's (a warm attnviz.heads call: 0.02 s on a quiet machine, 0.4 s with
+    one core busy). The command line sets OMP_NUM_THREADS before torch is imported
+    (attnviz/startup.py); the API finds torch imported, so it sets torch's count for the run alone.
+    """
+    parts = (encoded.queries, encoded.keys, encoded.source)
+    tokens = sum(part.input_ids.numel() for part in parts if part is not None)
+    before = torch.get_num_threads()
+    if tokens > SMALL_RUN_TOKENS or before == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 @dataclass
@@ -228,18 +254,19 @@ def layer_pass(loaded: LoadedModel, texts: list[str], spec: RunSpec) -> LayerPas
     encoder-decoder's cross-attention, the source the encoder reads).
     """
     check_layer(loaded, spec.layer, spec.stack)
-    attention = build_layer(loaded, spec)
     encoded = encode_texts(loaded, texts, spec)
-    states = layer_states(loaded, encoded, [spec.layer], spec)[spec.layer]
     keys = encoded.keys if encoded.keys is not None else encoded.queries
-    output, patterns = attention(
-        states.queries,
-        states.keys,
-        states.keys,
-        valid_lens=keys.valid_lens.to(spec.device).expand(len(texts)),
-        causal=spec.causal,
-        position_bias=states.position_bias,
-    )  # (B, Nq, D), (B, H, Nq, Nk)
+    with threads_for(encoded):  # the layer's weights copied and checked too: as much work as the run, for a short text
+        attention = build_layer(loaded, spec)
+        states = layer_states(loaded, encoded, [spec.layer], spec)[spec.layer]
+        output, patterns = attention(
+            states.queries,
+            states.keys,
+            states.keys,
+            valid_lens=keys.valid_lens.to(spec.device).expand(len(texts)),
+            causal=spec.causal,
+            position_bias=states.position_bias,
+        )  # (B, Nq, D), (B, H, Nq, Nk)
     return LayerPass(attention, encoded, states, keys, output, patterns)
 
 
@@ -261,8 +288,9 @@ def iter_layer_runs(loaded: LoadedModel, texts: list[str], spec: RunSpec) -> Ite
     """
     spec = replace(spec, kv_text=None)
     in_place = in_berts_place(loaded, spec)
-    layers = build_layers(loaded, spec)
     encoded = encode_texts(loaded, texts, spec)
+    with threads_for(encoded):
+        layers = build_layers(loaded, spec)
     keys = encoded.keys if encoded.keys is not None else encoded.queries
     weights = iter_layer_weights(loaded, encoded, layers, spec, in_place)
     for layer, (output, patterns) in enumerate(weights):
@@ -313,20 +341,25 @@ def iter_layer_passes(
     device = spec.device
     keys = encoded.keys if encoded.keys is not None else encoded.queries
     valid_lens = keys.valid_lens.to(device).expand(len(encoded.queries.ids))  # (B,)
+    # Each step in threads_for, each yield outside it: the caller's code between layers keeps its own threads.
     if not in_place:
-        states = layer_states(loaded, encoded, list(range(len(layers))), spec)
+        with threads_for(encoded):
+            states = layer_states(loaded, encoded, list(range(len(layers))), spec)
         for layer, attention in enumerate(layers):
             state = states.pop(layer)  # let each layer's states go once used
-            output, patterns = attention(
-                state.queries, state.keys, state.keys, valid_lens=valid_lens, causal=spec.causal, position_bias=state.position_bias
-            )
+            with threads_for(encoded):
+                output, patterns = attention(
+                    state.queries, state.keys, state.keys, valid_lens=valid_lens, causal=spec.causal, position_bias=state.position_bias
+                )
             yield state, output, patterns
         return
-    hidden = layer_input(loaded, encoded.queries, 0, device)  # (B, N, D): the embeddings
+    with threads_for(encoded):
+        hidden = layer_input(loaded, encoded.queries, 0, device)  # (B, N, D): the embeddings
     for layer, attention in enumerate(layers):
-        if layer:
-            hidden = loaded.model.encoder.layer[layer - 1].finish(hidden, output)  # enters this layer
-        output, patterns = attention(hidden, valid_lens=valid_lens)
+        with threads_for(encoded):
+            if layer:
+                hidden = loaded.model.encoder.layer[layer - 1].finish(hidden, output)  # enters this layer
+            output, patterns = attention(hidden, valid_lens=valid_lens)
         yield LayerStates(hidden, hidden), output, patterns
 
 

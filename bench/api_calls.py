@@ -7,6 +7,9 @@
 2. In one new process: the first attnviz.heads call (it imports torch, loads the bundled model
    and runs layer 0) against the second (the model is loaded: a cached handle, only the run),
    and the median of --repeat further calls. Target: the second under a tenth of the first.
+   Twice in the same run: quiet, and loaded (another process spinning on a core the whole time,
+   as a busy machine has): torch's parallel regions wait for every thread, so a run on two
+   threads waits for the busy core; a small run takes one (attnviz/pipeline.py, threads_for).
 """
 
 from __future__ import annotations
@@ -47,6 +50,30 @@ def process_seconds(code: str, repeat: int) -> float:
     return statistics.median(times)
 
 
+def warm_calls(calls: int, device: str, loaded: bool) -> dict:
+    """The in-process record of WARM_CALLS; loaded: with a process spinning on a core until it ends."""
+    code = WARM_CALLS.format(calls=calls, device=device)
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if loaded else None
+    try:
+        shown = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=REPOSITORY)
+    finally:
+        if spinner is not None:
+            spinner.kill()
+            spinner.wait()
+    return json.loads(shown.stdout.strip().splitlines()[-1])
+
+
+def print_calls(record: dict, row: str) -> None:
+    first, second, *rest = record["calls"]
+    further = statistics.median(rest)
+    print(f"{row}: first attnviz.heads call  {first:.3f} s (imports torch, loads the model, runs)")
+    print(f"{row}: second call               {second:.3f} s: {second / first:.3f} of the first (target < 0.1)")
+    print(
+        f"{row}: further calls             median {further:.3f} s ({further / first:.3f} of the first), "
+        f"fastest {min(rest):.3f} s, slowest {max(rest):.3f} s"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=7)
@@ -58,18 +85,11 @@ def main() -> None:
     print(f"python -c pass            {bare:.3f} s (median of {options.repeat})")
     print(f"python -c 'import attnviz' {imported:.3f} s: {imported - bare:+.3f} s, ratio {imported / bare:.2f}")
 
-    code = WARM_CALLS.format(calls=options.repeat + 2, device=options.device)
-    shown = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=REPOSITORY)
-    record = json.loads(shown.stdout.strip().splitlines()[-1])
-    first, second, *rest = record["calls"]
-    print(f"import attnviz, in process {record['import'] * 1000:.1f} ms (less noisy than whole processes)")
-    print(f"modules loaded by the import: {record['heavy_after_import'] or 'none of torch, matplotlib, transformers'}")
-    print(f"first attnviz.heads call   {first:.3f} s (imports torch, loads the model, runs)")
-    print(f"second call                {second:.3f} s: {second / first:.3f} of the first (target < 0.1)")
-    print(
-        f"further calls              median {statistics.median(rest):.3f} s ({statistics.median(rest) / first:.3f} of the "
-        f"first), fastest {min(rest):.3f} s, slowest {max(rest):.3f} s"
-    )
+    quiet = warm_calls(options.repeat + 2, options.device, loaded=False)
+    print(f"import attnviz, in process {quiet['import'] * 1000:.1f} ms (less noisy than whole processes)")
+    print(f"modules loaded by the import: {quiet['heavy_after_import'] or 'none of torch, matplotlib, transformers'}")
+    print_calls(quiet, "quiet ")
+    print_calls(warm_calls(options.repeat + 2, options.device, loaded=True), "loaded")
 
 
 if __name__ == "__main__":

@@ -242,3 +242,60 @@ def test_what_only_python_can_get_wrong_is_an_attnviz_error_too(call, message):
     """Options the command line's parser refuses (choices, ranges) are checked by RunSpec or the API."""
     with pytest.raises(attnviz.AttnvizError, match="^" + __import__("re").escape(message)):
         call()
+
+
+@pytest.fixture
+def thread_count_kept():
+    """Restores torch's thread count after a test that sets its own."""
+    before = torch.get_num_threads()
+    yield before
+    torch.set_num_threads(before)
+
+
+def threads_seen(model, call) -> tuple[list[int], object]:
+    """torch's thread count inside each forward pass of the model during call(), and call()'s result."""
+    seen = []
+    hook = model.model.register_forward_hook(lambda module, inputs, output: seen.append(torch.get_num_threads()))
+    try:
+        return seen, call()
+    finally:
+        hook.remove()
+
+
+def test_a_short_run_uses_one_thread_and_the_callers_count_is_the_same_after(model, thread_count_kept):
+    torch.set_num_threads(3)  # the caller's own choice, not torch's default
+    seen, _ = threads_seen(model, lambda: attnviz.heads(ENGLISH, model=model))
+    assert seen == [1] and torch.get_num_threads() == 3
+    seen, _ = threads_seen(model, lambda: attnviz.layers(ENGLISH, model=model))
+    assert seen and set(seen) == {1} and torch.get_num_threads() == 3
+    long_text = " ".join(["cat"] * 300)  # 302 tokens: more than a small run's 256
+    seen, _ = threads_seen(model, lambda: attnviz.heads(long_text, model=model))
+    assert seen == [3] and torch.get_num_threads() == 3
+
+
+def test_an_error_inside_a_call_leaves_the_callers_thread_count(model, thread_count_kept):
+    torch.set_num_threads(3)
+
+    def fail(module, inputs, output):
+        assert torch.get_num_threads() == 1  # inside the run's one-thread scope
+        raise RuntimeError("out of memory, say")
+
+    hook = model.model.register_forward_hook(fail)
+    try:
+        with pytest.raises(RuntimeError, match="out of memory, say"):
+            attnviz.heads(ENGLISH, model=model)
+    finally:
+        hook.remove()
+    assert torch.get_num_threads() == 3
+
+
+def test_one_thread_gives_the_numbers_of_torchs_default_threads(model, thread_count_kept, monkeypatch):
+    import attnviz.pipeline
+
+    seen, small = threads_seen(model, lambda: attnviz.heads(ENGLISH, model=model, layer=2))
+    assert seen == [1]
+    monkeypatch.setattr(attnviz.pipeline, "SMALL_RUN_TOKENS", 0)  # no run is small: torch's own threads
+    seen, default = threads_seen(model, lambda: attnviz.heads(ENGLISH, model=model, layer=2))
+    assert seen == [thread_count_kept]
+    np.testing.assert_allclose(small.attention.numpy(), default.attention.numpy(), atol=1e-6, rtol=0)
+    np.testing.assert_allclose(small.output, default.output, atol=1e-6, rtol=0)
