@@ -162,6 +162,22 @@ def headline_notes(fallback_for: str | None, unknown: Sequence = ()) -> list[str
     return notes + [each.words() for each in unknown if each is not None and each.high]
 
 
+def headline_recap(run) -> str | None:
+    """One short line for the end of a command's output, after the table that scrolls the first notes away:
+    "all-MiniLM-L6-v2: fallback for bert-base-chinese · 5 of 6 tokens [UNK]; offline: ...; online: ..."; None when all is well."""
+    notes = headline_notes(run.fallback_for, (run.unknown, run.kv_unknown))
+    if not notes:
+        return None
+    unread = [text for text, unknown in ((run.text, run.unknown), (run.kv_text, run.kv_unknown)) if unknown is not None and unknown.high]
+    if unread:
+        from attnviz.models.tokens import better_models
+
+        advice = better_models(" ".join(unread))
+    else:
+        advice = "the first note says how to get the real one"
+    return f"{short_model_name(run.model)}: {' · '.join(notes)}; {advice}"
+
+
 def run_setup(run) -> dict:
     """figure_title's settings of an AttentionRun: its text, keys' text, mask, parameters, family, stack, key/value heads,
     and whether its model is a fallback and its texts mostly [UNK]."""
