@@ -123,6 +123,18 @@ def test_the_command_ends_with_the_headline_notes_after_the_table(tmp_path):
     assert "AttnvizWarning" not in printed  # the command prints its notes; Python's warnings stay out
 
 
+def test_a_batch_prints_its_notes_after_its_table(tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hub"), "COLUMNS": "200"}
+    texts = tmp_path / "texts.txt"
+    texts.write_text(f"{HEADLINE}\nThe cat sat.\n", encoding="utf-8")
+    command = [sys.executable, "-m", "attnviz", "heads", "--file", str(texts), "--out", str(tmp_path / "run")]
+    printed = subprocess.run(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=True).stdout
+    lines = printed.splitlines()
+    notes = [i for i, line in enumerate(lines) if line.startswith("note: ")]
+    assert len(notes) == 2 and min(notes) > lines.index("files written")
+    assert "5 of 6 tokens" in lines[notes[-1]] and "offline: --model smollm2 --words" in lines[notes[-1]]
+
+
 @pytest.mark.slow
 def test_the_advice_offline_is_right_smollm2_over_words_reads_the_headline(smollm2_converted):
     with warnings.catch_warnings(record=True) as caught:
