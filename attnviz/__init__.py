@@ -40,6 +40,7 @@ _PUBLIC = {
     "RunOptions": "attnviz.api.options",
     "RunSpec": "attnviz.spec",
     "AttnvizError": "attnviz.errors",
+    "AttnvizWarning": "attnviz.errors",
 }
 __all__ = ["__version__", *_PUBLIC]
 

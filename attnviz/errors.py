@@ -1,5 +1,6 @@
 """The error types a user sees: AttnvizError's message is printed as a single line and the command
-exits 2; Interrupted ends a run on a signal, exit code 128 + the signal's number."""
+exits 2; Interrupted ends a run on a signal, exit code 128 + the signal's number; AttnvizWarning is
+a note of a result (a fallback model, [UNK] tokens, a cut text) raised by the Python API."""
 
 from __future__ import annotations
 
@@ -8,6 +9,11 @@ from pathlib import Path
 
 class AttnvizError(ValueError):
     """Bad input or an unusable environment, explained in one line."""
+
+
+class AttnvizWarning(UserWarning):
+    """A note of a result from the Python API, once per call: what the command line prints as "note: ..."
+    (a fallback model, a text mostly [UNK], a cut text). The command line prints the notes and ignores these."""
 
 
 class Interrupted(KeyboardInterrupt):

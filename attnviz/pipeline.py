@@ -23,7 +23,7 @@ import torch
 from attnviz.attention.layer import MultiHeadAttention, check_num_heads, check_split, layer_from_weights
 from attnviz.errors import AttnvizError
 from attnviz.models.loading import LoadedModel
-from attnviz.models.tokens import Encoded, encode, truncation_notice, unknown_token_notice
+from attnviz.models.tokens import Encoded, encode, truncation_notice, unknown_token_notice, unknown_tokens
 from attnviz.models.words import merge_run, run_words
 from attnviz.run_data import AttentionRun
 from attnviz.spec import RunSpec, model_is_causal
@@ -445,6 +445,9 @@ def split_runs(
                 model_causal=model_is_causal(loaded, spec.stack),
                 num_kv_heads=num_kv_heads,
                 inner_size=inner_size,
+                unknown=unknown_tokens(loaded.tokenizer, query_ids),
+                kv_unknown=unknown_tokens(loaded.tokenizer, key_ids) if kv_text is not None else None,
+                fallback_for=loaded.fallback_for,
             )
         )
     if spec.words:

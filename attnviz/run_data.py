@@ -31,6 +31,31 @@ def truncation_json(truncation: Truncation | None) -> dict | None:
     return truncation.to_dict() if truncation is not None else None
 
 
+UNKNOWN_SHARE_NOTED = 0.2  # a text whose own tokens are this share [UNK] or more is noted in titles, notes and warnings
+
+
+@dataclass(frozen=True)
+class UnknownTokens:
+    """How many of a text's own tokens (the special ones left out) the tokenizer made its unknown token, e.g. [UNK]."""
+
+    count: int
+    of: int
+    token: str = "[UNK]"
+
+    @property
+    def high(self) -> bool:
+        """Enough to say so: the model did not read much of this text."""
+        return self.of > 0 and self.count >= UNKNOWN_SHARE_NOTED * self.of
+
+    def to_dict(self) -> dict:
+        """The "unknown_tokens" value of attention.json: {"count": 5, "of": 6, "token": "[UNK]"}."""
+        return {"count": self.count, "of": self.of, "token": self.token}
+
+    def words(self) -> str:
+        """ "5 of 6 tokens [UNK]"."""
+        return f"{self.count} of {self.of} tokens {self.token}"
+
+
 @dataclass
 class TokenWords:
     """The tokens behind a run shown over words (--words): each side's tokens, their ids, the word of
@@ -80,6 +105,9 @@ class AttentionRun:
     num_kv_heads: int | None = None  # key/value heads, when fewer than num_heads (grouped-query attention)
     inner_size: int | None = None  # H * d, when a model sets it apart from the model size D (Qwen3)
     words: TokenWords | None = None  # set when the run is over words, not tokens
+    unknown: UnknownTokens | None = None  # the text's [UNK] tokens (None: not counted)
+    kv_unknown: UnknownTokens | None = None  # the --kv text's
+    fallback_for: str | None = None  # the model asked for, when another (the bundled one) loaded in its place
 
     @property
     def tokenizer_tokens(self) -> tuple[list[str], list[str]]:

@@ -203,7 +203,8 @@ HUB_SCRIPT = textwrap.dedent(
             else:
                 loaded = load_model(None if name == "<default>" else name)
             result = {"name": loaded.name, "source": loaded.source, "notice": loaded.notice,
-                      "layers": loaded.num_layers, "family": loaded.family.name, "kv_heads": loaded.num_kv_heads}
+                      "layers": loaded.num_layers, "family": loaded.family.name, "kv_heads": loaded.num_kv_heads,
+                      "fallback_for": loaded.fallback_for}
         except AttnvizError as error:
             result = {"error": str(error)}
         result["seconds"] = time.perf_counter() - started
@@ -420,6 +421,10 @@ def test_default_falls_back_to_the_bundled_model_when_the_hub_cannot_be_reached(
     assert default["notice"].startswith(f"{DEFAULT_MODEL} is not in the local hub cache and the hub (http://127.0.0.1:")
     assert f"using the bundled {BUNDLED_NAME} instead" in default["notice"]
     assert "\n" not in default["notice"]
+    # What works offline for the Chinese the default model was for, and what the fallback cannot read.
+    assert "Chinese and most other scripts become [UNK]" in default["notice"]
+    assert "Offline, --model smollm2 --words reads Chinese" in default["notice"]
+    assert default["fallback_for"] == DEFAULT_MODEL
     assert default["seconds"] < NO_HANG_S
     # Nothing else reaches the user: no traceback, load report, warning or "Loading weights" bar.
     assert stderr == ""
@@ -463,8 +468,8 @@ def test_the_default_model_in_the_hub_cache_is_used_without_a_notice(hub_runs, f
     results, _ = hub_runs["fake hub"]
     [default] = results["<default>"]
 
-    assert (default["name"], default["source"], default["notice"], default["layers"]) == (
-        DEFAULT_MODEL, "hub cache", None, 2
+    assert (default["name"], default["source"], default["notice"], default["layers"], default["fallback_for"]) == (
+        DEFAULT_MODEL, "hub cache", None, 2, None
     )
     assert not any(DEFAULT_MODEL in request for request in fake_hub.requests)
 

@@ -15,7 +15,9 @@ import pytest
 from attnviz.render.heatmap import write_head_heatmaps, write_heads_grid
 from attnviz.render.stats_figures import write_js_distance, write_layers_grid, write_rollout
 from attnviz.render.titles import figure_title
-from attnviz.run_data import AttentionRun
+from dataclasses import replace
+
+from attnviz.run_data import AttentionRun, UnknownTokens
 from attnviz.spec import run_spec
 
 TOKENS = ["[CLS]", "the", "cat", "sat", "[SEP]"]
@@ -95,6 +97,32 @@ def test_the_layers_rollout_and_js_distance_figures_use_the_same_title(tmp_path)
     assert "“the cat sat” · random parameters, seed 3" in one
     many = " · ".join(drawn_lines(write_js_distance(distances, layer_runs[0], ["a", "b", "c"], tmp_path, "svg", 3)))
     assert "averaged over 3 texts · random parameters, seed 3" in many
+
+
+def test_a_fallback_model_and_a_text_mostly_unknown_are_in_every_run_figures_title(tmp_path):
+    """The headline offline: the bundled model in place of bert-base-chinese, 5 of the 6 characters [UNK]."""
+    run = replace(make_run(), fallback_for="bert-base-chinese", unknown=UnknownTokens(5, 6))
+    layer_runs = [replace(run, layer=layer) for layer in range(3)]
+    rollout = np.tril(np.ones((5, 5))) / np.arange(1, 6)[:, None]
+    figures = {
+        "head": write_head_heatmaps(run, tmp_path, "svg")[0],
+        "grid": write_heads_grid(run, tmp_path, "svg"),
+        "layers": write_layers_grid(layer_runs, tmp_path, "svg"),
+        "rollout": write_rollout(layer_runs, rollout, tmp_path, "svg"),
+        "js of one text": write_js_distance(np.zeros((3, 2, 2)), run, ["the cat sat"], tmp_path, "svg"),
+    }
+    for name, path in figures.items():
+        assert "fallback for bert-base-chinese · 5 of 6 tokens [UNK]" in " · ".join(drawn_lines(path)), name
+    # Over several texts the first text's count would mislead: the fallback stays, the count goes.
+    many = " · ".join(drawn_lines(write_js_distance(np.zeros((3, 2, 2)), run, ["a", "b"], tmp_path, "svg")))
+    assert "fallback for bert-base-chinese" in many and "[UNK]" not in many
+
+
+@pytest.mark.parametrize("count, of, said", [(0, 6, False), (1, 6, False), (1, 5, True), (6, 6, True)])
+def test_the_unknown_share_is_said_from_a_fifth_of_the_texts_tokens(count, of, said):
+    title = figure_title("m", ["layer 0"], text="t", unknown=[UnknownTokens(count, of)])
+    assert (f"{count} of {of} tokens [UNK]" in title) == said
+    assert "fallback" not in title  # the model asked for loaded
 
 
 def test_the_compare_and_position_figures_name_their_text_and_seed(bundled_bert, tmp_path):

@@ -9,13 +9,14 @@ functions as the command, and returns a result.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import replace
 
 from attnviz.analysis.measure_names import measure_names
 from attnviz.api.models import Model, load
 from attnviz.api.arguments import must_be_bool, must_be_callable, must_be_int, must_be_str, must_be_str_or_list, refuse
 from attnviz.api.options import EVERY_LAYER_OPTIONS, RunOptions, run_options, takes_options
-from attnviz.errors import AttnvizError
+from attnviz.errors import AttnvizError, AttnvizWarning
 from attnviz.spec import check_text, check_trace_texts, refuse_cross_over_every_layer
 
 COMPARE_OPTIONS = ("model", "layer", "seed", "device", "truncate")  # compare's heads and weights are lists: its own
@@ -50,21 +51,22 @@ def heads(text: str | list[str], *, measure: str = "weights", **options):
     _check_lengths(handle.loaded, texts, options.truncate)
     num_layers = handle.loaded.num_layers_of(spec.stack)
     if names:
-        return _measured_heads(handle, text, texts, spec, names, num_layers)
-    runs = [run for batch in run_in_batches(handle.loaded, texts, spec) for run in batch]
-    results = [HeadsResult(run, spec, num_layers) for run in runs]
+        results = _measured_heads(handle, texts, spec, names, num_layers)
+    else:
+        runs = [run for batch in run_in_batches(handle.loaded, texts, spec) for run in batch]
+        results = [HeadsResult(run, spec, num_layers) for run in runs]
+    warn_notices(notice for result in results for notice in result.notices)
     return results if isinstance(text, (list, tuple)) else results[0]
 
 
-def _measured_heads(handle: Model, text, texts: list[str], spec, names: tuple[str, ...], num_layers: int):
+def _measured_heads(handle: Model, texts: list[str], spec, names: tuple[str, ...], num_layers: int) -> list:
     """heads with measures: every text checked (flow's length) before any pass, then measured one by one."""
     from attnviz.analysis.measures import check_measures, measure_text
     from attnviz.api.run_results import HeadsResult
 
     for each in texts:
         check_measures(handle.loaded, each, spec, names)
-    results = [HeadsResult(run, spec, num_layers, measures) for run, measures in (measure_text(handle.loaded, each, spec, names) for each in texts)]
-    return results if isinstance(text, (list, tuple)) else results[0]
+    return [HeadsResult(run, spec, num_layers, measures) for run, measures in (measure_text(handle.loaded, each, spec, names) for each in texts)]
 
 
 @takes_options()
@@ -91,7 +93,9 @@ def trace(text: str | list[str], *, layout: str | None = None, mistake: str | No
     layout = layout or model_layout(handle.loaded)
     layouts = LAYOUTS if layout == "all" else (layout,)
     traced = trace_texts(handle.loaded, texts, spec, layouts=layouts, mistake=mistake)
-    return TraceResult(traced, run_attention(handle.loaded, texts, spec), spec, handle.loaded.num_layers_of(spec.stack))
+    runs = run_attention(handle.loaded, texts, spec)
+    warn_notices(notice for run in runs for notice in run.notices)
+    return TraceResult(traced, runs, spec, handle.loaded.num_layers_of(spec.stack))
 
 
 @takes_options(EVERY_LAYER_OPTIONS)
@@ -125,6 +129,7 @@ def stats(texts: str | list[str], *, js: bool = True, progress=None, **options):
     first = measured.first_run
     key_kinds_note = absent_key_kinds_note(first.family, first.query_tokens)
     notices = [*measured.notices, *([key_kinds_note] if key_kinds_note else [])]
+    warn_notices(notices)
     return StatsResult(measured.stats, texts, truncated, first, spec, notices)
 
 
@@ -150,9 +155,11 @@ def layers(text: str, *, measure: str = "weights", **options):
         from attnviz.analysis.measures import measure_every_layer
 
         layer_runs, measures = measure_every_layer(handle.loaded, text, spec, names)
-        return LayersResult(layer_runs, runs_rollout(layer_runs), spec, measures)
-    (layer_runs,) = run_layers(handle.loaded, [text], spec)
-    return LayersResult(layer_runs, runs_rollout(layer_runs), spec)
+    else:
+        (layer_runs,) = run_layers(handle.loaded, [text], spec)
+        measures = None
+    warn_notices(layer_runs[0].notices)  # every layer's run has the text's notes
+    return LayersResult(layer_runs, runs_rollout(layer_runs), spec, measures)
 
 
 @takes_options(COMPARE_OPTIONS)
@@ -178,7 +185,9 @@ def compare(text: str, *, heads: str | list[int] | None = None, weights: str | l
     counts = counts or default_head_counts(loaded.hidden_size, loaded.num_heads)
     # What the splits share; each split's head count and weights are its own.
     shared = replace(options.run_spec(handle, weights=None), num_heads=None)
-    return CompareResult(compare_splits(loaded, text, counts, weights_list, shared), shared)
+    result = CompareResult(compare_splits(loaded, text, counts, weights_list, shared), shared)
+    warn_notices(result.splits[0].run.notices)  # every split has the text's notes
+    return result
 
 
 @takes_options(POSITION_OPTIONS)
@@ -203,6 +212,7 @@ def position(text: str, *, permutation: str | list[int] | None = None, head: int
     spec = options.run_spec(handle, layer=LAYER)  # the model's own parameters and heads
     spec_text = _comma_list(permutation) if permutation is not None else None
     result = position_experiment(handle.loaded, text, spec_text, head, handle.device)
+    warn_notices(result.notices)
     return PositionResult(result, spec, handle.source, device_label(handle.device))
 
 
@@ -215,6 +225,13 @@ COMPARE_NEEDS_BERT = (
     "attnviz compare needs a BERT model: it re-splits BERT's projections into other head counts, "
     "and {model} is a {family} (attnviz heads --heads N splits its projections another way)"
 )
+
+
+def warn_notices(notices) -> None:
+    """Each distinct note of a call's results as an AttnvizWarning, so that a notebook shows it (the command
+    line prints the notes itself). stacklevel 3: the warning points at the line that called the API function."""
+    for notice in dict.fromkeys(notices):
+        warnings.warn(notice, AttnvizWarning, stacklevel=3)
 
 
 def refuse_before_loading(options: RunOptions, needs_bert: str | None = None) -> None:

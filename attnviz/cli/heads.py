@@ -141,8 +141,18 @@ def heads(
         return written + report
 
     write_run(out, target, "writing heatmaps…", write)
+    print_recap(run)
     if traced is not None and not traced.agree:
         return layouts_disagree(traced.trace)
+
+
+def print_recap(run) -> None:
+    """The run's headline notes again, short, as the last line: a fallback model, a text mostly [UNK] (titles.headline_recap)."""
+    from attnviz.render.terminal import print_notices
+    from attnviz.render.titles import headline_recap
+
+    recap = headline_recap(run)
+    print_notices(errors, [recap] if recap else [])
 
 
 def check_head(head: int, num_heads: int, has: str) -> None:
@@ -183,13 +193,14 @@ def _heads_for_file(
         result = batch.write_batch(loaded, texts, staging, image_format, spec, on_text=lambda: advance(1), **images)
         report_files, report_notes = _batch_report(loaded, [entry.text for entry in texts], spec, staging) if html else ([], [])
 
-    terminal.print_notices(errors, result.notices, MAX_NOTICES_SHOWN)
-    terminal.print_notices(errors, report_notes)
     terminal.print_setup(console, result.first_run, handle.source, handle.device_label, seed=options.seed)
     console.print(terminal.batch_table(result.rows, result.first_run.causal))
     numbers = [row["folder"].split("-", 1)[0] for row in result.rows]
     folders = result.rows[0]["folder"] if len(numbers) == 1 else f"{numbers[0]}-… to {numbers[-1]}-… (a folder per text)"
     terminal.print_files(console, folder.final, [folder.final / folders, *result.files, *report_files])
+    # The notes last, where a long table does not scroll them away.
+    terminal.print_notices(errors, result.notices, MAX_NOTICES_SHOWN)
+    terminal.print_notices(errors, report_notes)
 
 
 def _batch_report(loaded, texts: list[str], spec, staging: Path) -> tuple[list[Path], list[str]]:

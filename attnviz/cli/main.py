@@ -7,6 +7,7 @@ import os
 import re
 import signal
 import sys
+import warnings
 
 import typer
 
@@ -17,7 +18,7 @@ except ImportError:
 
 from attnviz import startup
 from attnviz.cli.options import app, console, errors
-from attnviz.errors import AttnvizError, Interrupted
+from attnviz.errors import AttnvizError, AttnvizWarning, Interrupted
 
 # Each module registers its commands on app when imported: this order is --help's.
 from attnviz.cli import heads  # noqa: E402, F401  isort: skip
@@ -42,7 +43,9 @@ def run(args: list[str] | None = None) -> int:
     try:
         _refuse_empty_out(args)
         # A bare `attnviz` prints --help, as a usage error would not: nothing was asked that failed.
-        result = app(args=args or ["--help"], prog_name="attnviz", standalone_mode=False)
+        with warnings.catch_warnings():  # the commands print the API's notes themselves, as "note: ..."
+            warnings.simplefilter("ignore", AttnvizWarning)
+            result = app(args=args or ["--help"], prog_name="attnviz", standalone_mode=False)
     except UsageError as error:
         command = error.ctx.command_path if error.ctx else "attnviz"
         errors.print(f"error: {usage_message(error)} (see {command} --help)", soft_wrap=True)

@@ -65,6 +65,7 @@ class LoadedModel:
     notice: str | None = None  # one line to show the user, e.g. why we fell back
     family: Family = BERT
     config: dict | None = None  # config.json's values (for the other families)
+    fallback_for: str | None = None  # the model asked for, when this one loaded in its place (the bundled one, offline)
 
     @property
     def is_bert(self) -> bool:
@@ -164,10 +165,12 @@ def _load_default(device: str, allow_pickle: bool) -> LoadedModel:
         return _load_from_hub(DEFAULT_MODEL, device, allow_pickle)
     except _HubUnavailable as unavailable:
         loaded = _load_bundled(device)
+        loaded.fallback_for = DEFAULT_MODEL
         loaded.notice = (
             f"{DEFAULT_MODEL} is not in the local hub cache and {unavailable.reason}: "
-            f"using the bundled {BUNDLED_NAME} instead (English vocabulary). "
-            "For the real one: run once online, set HF_ENDPOINT to a mirror, or pass --model FOLDER."
+            f"using the bundled {BUNDLED_NAME} instead (English vocabulary: Chinese and most other scripts "
+            "become [UNK]). Offline, --model smollm2 --words reads Chinese; for "
+            f"{DEFAULT_MODEL}: run once online, set HF_ENDPOINT to a mirror, or pass --model FOLDER."
         )
         return loaded
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from attnviz.errors import AttnvizError, first_line
 from attnviz.models.words import tokenizer_scheme
-from attnviz.run_data import Truncation
+from attnviz.run_data import Truncation, UnknownTokens
 
 if TYPE_CHECKING:
     import torch
@@ -238,23 +238,40 @@ def truncation_notice(text: str, truncation: Truncation | None, what: str = "the
 
 
 
+def unknown_tokens(tokenizer, ids: list[int]) -> UnknownTokens:
+    """How many of a text's own tokens (its ids less the special ones) are the tokenizer's unknown token."""
+    unk = tokenizer.unk_token_id
+    special = set(tokenizer.all_special_ids)
+    own = [i for i in ids if i not in special or (unk is not None and i == unk)]
+    count = sum(i == unk for i in own) if unk is not None else 0
+    return UnknownTokens(count, len(own), tokenizer.unk_token or "[UNK]")
+
+
+def better_models(text: str) -> str:
+    """What to run instead when a model's vocabulary does not cover the text: offline and online.
+
+    SmolLM2 is bundled and byte-level (no token is unknown to it), and reads Chinese; the online
+    models are BERTs whose vocabularies cover the script.
+    """
+    if _CJK.search(text):
+        return "offline: --model smollm2 --words (SmolLM2 reads Chinese); online: --model bert-base-chinese"
+    return "offline: --model smollm2 --words (byte-level: no [UNK]); online: --model bert-base-multilingual-cased"
+
+
 def unknown_token_notice(
     tokenizer: WordPieceTokenizer, text: str, ids: list[int], model_name: str, what: str = "the text"
 ) -> str | None:
-    """A warning when more than a third of the text's own tokens are [UNK] for this model.
+    """A warning when UNKNOWN_SHARE_NOTED or more of the text's own tokens are [UNK] for this model.
 
     The note names the text by what it is ("the text", "the --kv text") and its start, so that
     among several texts (--file, --kv) it says which one it is about.
     """
     from attnviz.text import shorten
 
-    special = set(tokenizer.all_special_ids)
-    own = [i for i in ids if i not in special or i == tokenizer.unk_token_id]
-    unknown = sum(i == tokenizer.unk_token_id for i in own)
-    if not own or unknown * 3 <= len(own):
+    unknown = unknown_tokens(tokenizer, ids)
+    if not unknown.high:
         return None
-    better = "bert-base-chinese" if _CJK.search(text) else "bert-base-multilingual-cased"
     return (
-        f'{unknown} of {len(own)} tokens of {what} "{shorten(text, NOTICE_QUOTE_CHARS)}" are '
-        f"{tokenizer.unk_token} for {model_name}: its vocabulary does not cover this text; try --model {better}"
+        f'{unknown.count} of {unknown.of} tokens of {what} "{shorten(text, NOTICE_QUOTE_CHARS)}" are '
+        f"{unknown.token} for {model_name}: its vocabulary does not cover this text; {better_models(text)}"
     )

@@ -26,6 +26,10 @@ def attention_record(run: AttentionRun, spec: RunSpec, measures=None) -> dict:
         "truncated": truncation_json(run.truncated),
         "kv_truncated": truncation_json(run.kv_truncated),
         "model": run.model,
+        "fallback": run.fallback_for is not None,  # the model loaded in place of the one asked for (offline: the bundled one)
+        "fallback_for": run.fallback_for,  # the model asked for, when "fallback"
+        "unknown_tokens": run.unknown.to_dict() if run.unknown is not None else None,
+        "kv_unknown_tokens": run.kv_unknown.to_dict() if run.kv_unknown is not None else None,
         "layer": run.layer,
         "weights": run.weights,
         "num_heads": run.num_heads,

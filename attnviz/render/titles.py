@@ -14,6 +14,11 @@ than its heads (grouped-query attention), and an encoder-decoder's attention:
     t5 · T5 · layer 0 · head 3
     “The cat sat.” · decoder cross-attention (keys: the encoder's output for: “Le chat.”)
 
+A fallback model (the bundled one in place of the default, offline) and a text the model read
+mostly as [UNK] (UnknownTokens.high) are said in the second line, so that no figure hides them:
+
+    “我想吃酸菜鱼” · fallback for bert-base-chinese · 5 of 6 tokens [UNK]
+
 No heavy imports: the terminal imports it; notes shorten texts with attnviz.text.shorten, as titles do.
 """
 
@@ -88,6 +93,8 @@ def figure_title(
     stack: str | None = None,
     kv_heads: str | None = None,
     fonts: bool = True,
+    fallback_for: str | None = None,
+    unknown: Sequence = (),
 ) -> str:
     """The two title lines of a figure (more when they would be longer than line_chars).
 
@@ -99,6 +106,7 @@ def figure_title(
     texts are shortened to fit it. family: the model's family, named after the model unless
     it is BERT; stack: an encoder-decoder's attention (stack_words); kv_heads: kv_heads_words;
     fonts=False keeps characters matplotlib's fonts lack (an HTML title, which the browser draws).
+    fallback_for and unknown: the headline's warnings (headline_notes).
     """
     named_family = [family] if family and family != "BERT" else []
     first = [short_model_name(model), *named_family, *scope, *(["causal"] if causal else [])]
@@ -113,6 +121,7 @@ def figure_title(
     second += [kv_heads] if kv_heads else []
     if "random" in ([weights] if isinstance(weights, str) else weights):
         second.append("random parameters" + (f", seed {seed}" if seed is not None else ""))
+    second += headline_notes(fallback_for, unknown if text is not None else ())  # counts of the text named, not of a corpus
     second += notes
     return wrapped(first, line_chars) + "\n" + wrapped(second, line_chars)
 
@@ -146,8 +155,32 @@ def kv_heads_words(num_heads: int, num_kv_heads: int | None) -> str | None:
     return f"{counted(num_kv_heads, 'key/value head')} (grouped-query)"
 
 
+def headline_notes(fallback_for: str | None, unknown: Sequence = ()) -> list[str]:
+    """What a reader must not miss: "fallback for bert-base-chinese" when the model loaded in place of the one
+    asked for, and "5 of 6 tokens [UNK]" for each text (run_data.UnknownTokens, None: not counted) mostly unknown."""
+    notes = [f"fallback for {fallback_for}"] if fallback_for else []
+    return notes + [each.words() for each in unknown if each is not None and each.high]
+
+
+def headline_recap(run) -> str | None:
+    """One short line for the end of a command's output, after the table that scrolls the first notes away:
+    "all-MiniLM-L6-v2: fallback for bert-base-chinese · 5 of 6 tokens [UNK]; offline: ...; online: ..."; None when all is well."""
+    notes = headline_notes(run.fallback_for, (run.unknown, run.kv_unknown))
+    if not notes:
+        return None
+    unread = [text for text, unknown in ((run.text, run.unknown), (run.kv_text, run.kv_unknown)) if unknown is not None and unknown.high]
+    if unread:
+        from attnviz.models.tokens import better_models
+
+        advice = better_models(" ".join(unread))
+    else:
+        advice = "the first note says how to get the real one"
+    return f"{short_model_name(run.model)}: {' · '.join(notes)}; {advice}"
+
+
 def run_setup(run) -> dict:
-    """figure_title's settings of an AttentionRun: its text, keys' text, mask, parameters, family, stack, key/value heads."""
+    """figure_title's settings of an AttentionRun: its text, keys' text, mask, parameters, family, stack, key/value heads,
+    and whether its model is a fallback and its texts mostly [UNK]."""
     return dict(
         text=run.text,
         kv_text=run.kv_text,
@@ -156,6 +189,8 @@ def run_setup(run) -> dict:
         family=run.family,
         stack=run.stack,
         kv_heads=kv_heads_words(run.num_heads, run.num_kv_heads),
+        fallback_for=run.fallback_for,
+        unknown=(run.unknown, run.kv_unknown),
     )
 
 
