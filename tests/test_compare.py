@@ -90,6 +90,25 @@ def test_one_head_is_the_softmax_of_the_twelve_trained_heads_summed_scores_and_t
     assert resplit_note([splits[2], splits[6]]) is None  # the model's own 12 heads and a random layer re-cut nothing
 
 
+@pytest.mark.parametrize("rows", [(0, 4), (0,), (4,)])
+def test_the_title_names_only_the_parameters_every_row_shares_and_each_row_names_its_own(splits, rows):
+    """compare.png of pretrained and random rows: the title is true of every row; each row says which it is."""
+    from matplotlib.text import Text
+
+    from attnviz.render.compare_figures import comparison_figure
+
+    chosen = [splits[index] for index in rows]  # splits[0]: pretrained, 1 head; splits[4]: random, 1 head (seed 3)
+    figure = comparison_figure(chosen, seed=3)
+    title = " ".join(figure.get_suptitle().split())
+    kinds = {split.weights for split in chosen}
+    assert ("random parameters, seed 3" in title) == (kinds == {"random"})
+    assert "pretrained" not in title
+    shown = [text.get_text() for text in figure.findobj(Text)]
+    expected = {"pretrained": "pretrained · 1 head × d=384", "random": "random, seed 3 · 1 head × d=384"}
+    for kind in ("pretrained", "random"):
+        assert (expected[kind] in shown) == (kind in kinds), (kind, shown)
+
+
 def test_the_random_layer_is_the_same_weights_for_every_head_count_and_matches_run_attention(splits, bundled_bert):
     one, many = random_layer(384, 1, seed=3), random_layer(384, 12, seed=3)
     for name in ("w_q", "w_k", "w_v", "w_o"):

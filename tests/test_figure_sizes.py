@@ -192,3 +192,56 @@ def test_a_measure_figure_at_512_tokens_says_when_its_panels_show_block_maxima(n
         assert ("max of ≤" in bar.get_ylabel()) == (cells > 1), bar.get_ylabel()
     if num_panels == 12:
         assert cells > 1  # 12 panels of at most 3.6 inches: fewer pixels than 512 cells
+
+
+TOKENS = ["[CLS]", "the", "cat", "sat", "on", "a", "mat", "[SEP]"]
+
+
+def drawn_token_labels(figure, tokens: list[str]) -> list[tuple[str, float, float, float]]:
+    """Every drawn Text that is one of the tokens: (text, centre x, centre y in pixels, rotation)."""
+    from matplotlib.text import Text
+
+    figure.canvas.draw()
+    labels = []
+    for text in figure.findobj(Text):
+        if text.get_visible() and text.get_text() in tokens:
+            box = text.get_window_extent()
+            labels.append((text.get_text(), (box.x0 + box.x1) / 2, (box.y0 + box.y1) / 2, text.get_rotation()))
+    return labels
+
+
+def test_layers_png_labels_each_panels_tokens_at_their_cells_where_they_fit():
+    """8 tokens, 6 layers × 12 heads: each head's keys under the last layer's panel, each layer's queries
+    beside its last panel, every label centred on its token's cell (read from the image, in pixels)."""
+    from attnviz.render.stats_figures import layers_figure
+
+    num_layers, num_heads = 6, 12
+    runs = [make_run(TOKENS, num_heads=num_heads, seed=layer) for layer in range(num_layers)]
+    figure = layers_figure(runs)
+    labels = drawn_token_labels(figure, TOKENS)
+    _, _, cells, step = layers_grid_panels(figure, num_layers=num_layers, num_heads=num_heads)
+    assert cells == len(TOKENS)  # a cell a token: token k of panel p is the image's column p * step + k
+    to_pixels = figure.axes[0].transData.transform
+    grid = figure.axes[0].get_window_extent()
+    keys = sorted((x, text) for text, x, y, rotation in labels if rotation == 90 and y < grid.y0)
+    expected_keys = sorted((to_pixels((head * step + k, 0))[0], TOKENS[k]) for head in range(num_heads) for k in range(8))
+    assert [text for _, text in keys] == [text for _, text in expected_keys]
+    np.testing.assert_allclose([x for x, _ in keys], [x for x, _ in expected_keys], atol=1.5)
+    queries = sorted((y, text) for text, x, y, rotation in labels if rotation == 0 and x > grid.x1)
+    expected_queries = sorted((to_pixels((0, layer * step + q))[1], TOKENS[q]) for layer in range(num_layers) for q in range(8))
+    assert [text for _, text in queries] == [text for _, text in expected_queries]
+    np.testing.assert_allclose([y for y, _ in queries], [y for y, _ in expected_queries], atol=1.5)
+    assert len(labels) == len(keys) + len(queries)  # no token label anywhere else
+
+
+def test_layers_png_thins_its_token_labels_as_heatmaps_do_and_leaves_them_out_where_they_do_not_fit():
+    from attnviz.render.heatmap import tick_positions
+    from attnviz.render.stats_figures import layers_figure
+
+    tokens = [f"t{index}" for index in range(100)]  # pooled panels: every k-th token, at most 8 a panel
+    figure = layers_figure([make_run(tokens, num_heads=12, seed=layer) for layer in range(2)])
+    keys = [text for text, _, _, rotation in sorted(drawn_token_labels(figure, tokens), key=lambda label: label[1]) if rotation == 90]
+    shown = [tokens[k] for k in tick_positions(100, 8)]
+    assert shown == tokens[::13] and keys == shown * 12
+    many_heads = layers_figure([make_run(TOKENS, num_heads=96, seed=layer) for layer in range(2)])  # panels of 0.16 inch
+    assert drawn_token_labels(many_heads, TOKENS) == []

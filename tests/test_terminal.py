@@ -76,3 +76,19 @@ def test_batch_table_shows_every_text_whole_at_any_width():
     table = rendered(batch_table([row]), width=60)
     assert "…" not in table
     assert "".join(text.split()) in last_column(table)
+
+
+def test_the_heads_table_of_a_run_over_words_names_words_and_a_run_over_tokens_tokens():
+    """--words: the rows and columns are words, and the table's header and caption say so."""
+    import attnviz
+
+    text = "the cat sat on the mat while the dog slept under the old table near the warm kitchen door"
+    for words, noun in ((True, "word"), (False, "token")):
+        result = attnviz.heads(text, model="bundled", words=words)
+        table = rendered(heads_table(result.run, result.summaries, most=4), width=300)
+        assert f"(index:{noun})" in table
+        other = "token" if words else "word"
+        assert f"(index:{other})" not in table
+        count = len(result.run.query_tokens)  # words: fewer than its tokens
+        assert f"queries 0 to 3 of {count}{' words' if words else ''} shown" in table
+    assert count > len(text.split())  # the last run was over tokens: [CLS], [SEP] besides the words

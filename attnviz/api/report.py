@@ -129,5 +129,21 @@ def traces(loaded, text: str, spec: RunSpec, notes: dict) -> tuple:
             return None
 
     every_layout = traced(LAYOUTS)
+    left_out = None if every_layout is None else why_no_mistakes(every_layout)
+    if left_out:  # said in the page's words: the report takes no --mistake, so trace's advice about it would mislead
+        notes[f"no reshape mistake traced in this report: {left_out}"] = None
+        return every_layout, []
     mistakes = [traced((DEFAULT_LAYOUT,), mistake) for mistake in MISTAKES]
     return every_layout, [mistaken for mistaken in mistakes if mistaken is not None]
+
+
+def why_no_mistakes(trace) -> str | None:
+    """Why a layer (its TraceResult) has no reshape mistake to show, as trace --mistake refuses them; None: it has."""
+    if trace.num_heads == 1:
+        return "with 1 head the wrong view gives the right tensor"
+    if trace.num_kv_heads is not None and trace.num_kv_heads < trace.num_heads:
+        return (
+            f"the mistakes split heads that queries and keys share, and this layer's {trace.num_heads} query heads "
+            f"share {trace.num_kv_heads} key/value heads"
+        )
+    return None

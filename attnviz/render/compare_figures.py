@@ -74,13 +74,16 @@ def comparison_figure(splits: list[Split], name: str = "compare.png", seed: int 
     for index, split in enumerate(splits):
         count_index = head_counts.index(split.num_heads)
         row = weights.index(split.weights) * rows_per_weights + count_index // num_columns
-        panels += [(index, head, image) for head, image in _draw_split(cells[row, count_index % num_columns], split, norm)]
+        drawn = _draw_split(cells[row, count_index % num_columns], split, norm, seed)
+        panels += [(index, head, image) for head, image in drawn]
     colorbar_axes = colorbar_part.add_axes((0.15, 0.2, 0.2, 0.6))
     colorbar = attention_colorbar(colorbar_part, panels[0][2], cax=colorbar_axes)
     run = splits[0].run
     scope = [f"layer {run.layer}", "the same W_q, W_k, W_v split into different numbers of heads"]
     line_chars = chars_across(figure.get_figwidth())
-    title = figure_title(run.model, scope, text=run.text, weights=weights, seed=seed, line_chars=line_chars)
+    # The title names the parameters only when every row shares them; else each row's label says.
+    shared_weights = weights[0] if len(weights) == 1 else ()
+    title = figure_title(run.model, scope, text=run.text, weights=shared_weights, seed=seed, line_chars=line_chars)
     figure.suptitle(title, parse_math=False)
     if note:
         figure.supxlabel(note, fontsize=9)
@@ -98,8 +101,13 @@ def write_comparison_figure(splits: list[Split], out_dir: Path, fmt: str = "png"
     return save_figure(comparison_figure(splits, name, seed), out_dir, name)
 
 
-def _draw_split(cell_figure, split: Split, norm) -> list:
-    """Draw the split's shown heads into cell_figure; return (head, image) per panel."""
+def weights_label(weights: str, seed: int | None) -> str:
+    """A row's parameters: "pretrained", or "random, seed 3"."""
+    return f"{weights}, seed {seed}" if weights == "random" and seed is not None else weights
+
+
+def _draw_split(cell_figure, split: Split, norm, seed: int | None) -> list:
+    """Draw the split's shown heads into cell_figure (seed: the random parameters'); return (head, image) per panel."""
     heads = shown_heads(split)
     num_rows, num_columns = panel_grid(len(heads))
     axes = cell_figure.subplots(num_rows, num_columns, squeeze=False)
@@ -121,7 +129,7 @@ def _draw_split(cell_figure, split: Split, norm) -> list:
             max_labels,
             fontsize=7,
         )
-    title = f"{split.weights} · {counted(split.num_heads, 'head')} × d={split.run.head_dim}"
+    title = f"{weights_label(split.weights, seed)} · {counted(split.num_heads, 'head')} × d={split.run.head_dim}"
     if len(heads) < split.num_heads:
         title += f"\n{len(heads)} of {split.num_heads} shown, most focused → broadest"
     cell_figure.suptitle(title, fontsize=10, parse_math=False)

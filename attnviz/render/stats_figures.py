@@ -11,6 +11,7 @@ the panels are coloured in NumPy and pasted side by side, so 72 maps draw as fas
 from __future__ import annotations
 
 import math
+import unicodedata
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,7 @@ import numpy as np
 
 from attnviz.analysis.statistics import CAUSAL_OVER_BIDIRECTIONAL
 from attnviz.render.cell_values import MAX_ANNOTATED_TOKENS, cell_values, update_cell_values
+from attnviz.render.fonts import displayable
 from attnviz.render.heatmap import (
     MAX_TICK_LABELS,
     check_format,
@@ -42,11 +44,13 @@ from attnviz.render.scales import (
     scale_label,
     show_attention,
 )
-from attnviz.render.titles import WORDS_NOTE, chars_across, counted, figure_title, run_setup, run_title
+from attnviz.render.titles import CHAR_WIDTH, WORDS_NOTE, chars_across, counted, figure_title, run_setup, run_title
 
 GRID_PANEL_INCHES = 1.1  # one head's map in layers.png
 MAX_GRID_WIDTH_INCHES = 18.0  # panels shrink so that many heads (--heads 48, ...) stay on a screen
 PANEL_GAP = 0.08  # white space between panels, as a fraction of a panel
+TOKEN_LABEL_POINTS = 6.0  # layers.png's token labels: 6-point text ...
+TOKEN_LABEL_SPACING = 9.0  # ... at least 9 points apart, so a panel of 1.1 inches labels 8 tokens
 
 
 def write_layers_grid(layer_runs: list[AttentionRun], out_dir: Path, fmt: str = "png", seed: int | None = None) -> Path:
@@ -69,12 +73,19 @@ def layers_figure(layer_runs: list[AttentionRun], name: str = "layers.png", seed
     num_tokens = len(first.query_tokens)
     norm = attention_norm(num_tokens)
 
-    panel = min(GRID_PANEL_INCHES, (MAX_GRID_WIDTH_INCHES - 2.0) / num_heads)
-    figure = new_figure(say_capped(name, (num_heads * panel + 2.0, num_layers * panel + 1.4)))
+    room = _token_label_inches(first)  # beside the panels for their token labels, where they fit
+    panel = min(GRID_PANEL_INCHES, (MAX_GRID_WIDTH_INCHES - 2.0 - room) / num_heads)
+    max_labels = int(panel * 72 / TOKEN_LABEL_SPACING)
+    room = room if max_labels >= 2 else 0.0
+    panel = min(GRID_PANEL_INCHES, (MAX_GRID_WIDTH_INCHES - 2.0 - room) / num_heads)
+    figure = new_figure(say_capped(name, (num_heads * panel + 2.0 + room, num_layers * panel + 1.4 + room)))
     ax = figure.add_subplot()
     image = ax.imshow(np.full((1, 1, 4), 255, dtype=np.uint8), aspect="auto", interpolation="nearest")
     ax.xaxis.tick_top()
     _label_layers_grid(ax, num_layers, num_heads, panel_size=1, step=1)  # the labels' room, for the layout
+    token_axes = _token_axes(ax) if room else None
+    if token_axes:
+        _label_panel_tokens(token_axes, first, 1, 1, max_labels, panel_size=1, step=1)  # one panel's: the room
     ax.tick_params(length=0)
     for spine in ax.spines.values():
         spine.set_visible(False)
@@ -91,6 +102,8 @@ def layers_figure(layer_runs: list[AttentionRun], name: str = "layers.png", seed
     image.set_data(mosaic)
     image.set_extent((-0.5, mosaic.shape[1] - 0.5, mosaic.shape[0] - 0.5, -0.5))
     _label_layers_grid(ax, num_layers, num_heads, panel_size, step)
+    if token_axes:
+        _label_panel_tokens(token_axes, first, num_layers, num_heads, max_labels, panel_size, step)
     colorbar.set_label(scale_label("attention weight", norm, math.ceil(num_tokens / panel_size)))
     return figure
 
@@ -113,6 +126,56 @@ def _label_layers_grid(ax, num_layers: int, num_heads: int, panel_size: int, ste
     ax.set_xticks([h * step + centre for h in head_ticks], [f"H{h}" for h in head_ticks], fontsize=8)
     layer_ticks = tick_positions(num_layers, 48)
     ax.set_yticks([layer * step + centre for layer in layer_ticks], [f"L{layer}" for layer in layer_ticks], fontsize=8)
+
+
+def _token_label_inches(run: AttentionRun) -> float:
+    """The room the longest token label takes across (keys are written upright, queries along)."""
+    ems = max(_ems(displayable(token)) for token in [*run.key_tokens, *run.query_tokens])
+    return min(1.2, 0.15 + ems * TOKEN_LABEL_POINTS / 72)
+
+
+def _ems(label: str) -> float:
+    """A label's width in font sizes: a CJK character one, another about 0.6 (titles.CHAR_WIDTH)."""
+    return sum(1.0 if unicodedata.east_asian_width(char) in "WF" else CHAR_WIDTH for char in label)
+
+
+def _token_axes(ax) -> tuple:
+    """The axes for the panels' tokens: keys below the last layer's panels, queries right of each layer's last panel.
+
+    Heads are named on the top and layers on the left (_label_layers_grid); the tokens take the other two sides.
+    """
+    return ax.secondary_xaxis("bottom"), ax.secondary_yaxis("right")
+
+
+def _label_panel_tokens(
+    token_axes, run: AttentionRun, num_layers: int, num_heads: int, max_labels: int, panel_size: int, step: int
+) -> None:
+    """Every k-th token (heatmap.tick_positions: at most max_labels a panel) at its cell in each panel.
+
+    A panel of panel_size cells shows blocks of tokens when the text is longer (block maximum):
+    a token's label goes at its place in the panel.
+    """
+    bottom, right = token_axes
+
+    def cells(positions: list[int], num_tokens: int, num_panels: int) -> list[float]:
+        within = [(token + 0.5) * panel_size / num_tokens - 0.5 for token in positions]  # the token's cell, or its block's
+        return [panel * step + cell for panel in range(num_panels) for cell in within]
+
+    keys = tick_positions(len(run.key_tokens), max_labels)
+    queries = tick_positions(len(run.query_tokens), max_labels)
+    # parse_math=False: a token such as "$" must print as itself, not start mathtext.
+    bottom.set_xticks(
+        cells(keys, len(run.key_tokens), num_heads), [displayable(run.key_tokens[k]) for k in keys] * num_heads,
+        rotation=90, fontsize=TOKEN_LABEL_POINTS, parse_math=False,
+    )  # fmt: skip
+    right.set_yticks(
+        cells(queries, len(run.query_tokens), num_layers), [displayable(run.query_tokens[q]) for q in queries] * num_layers,
+        fontsize=TOKEN_LABEL_POINTS, parse_math=False,
+    )  # fmt: skip
+    for axis in token_axes:
+        axis.tick_params(length=0, pad=1)
+        for spine in axis.spines.values():
+            spine.set_visible(False)
 
 
 def _layers_mosaic(layer_runs: list[AttentionRun], max_cells: int = 10**6, norm=None) -> tuple[np.ndarray, int, int]:

@@ -169,7 +169,8 @@ def heads_table(run: AttentionRun, summaries: list[HeadSummary], most: int = MAX
     table = Table(title=title, title_justify="left")
     for name in ("head", "entropy", "rel.", "mean max"):
         table.add_column(name, justify="right", no_wrap=True, min_width=len(name))
-    table.add_column("query → the key it attends to most (index:token)", overflow="fold")
+    noun = "word" if run.words is not None else "token"  # --words: the rows and columns are words
+    table.add_column(f"query → the key it attends to most (index:{noun})", overflow="fold")
     for summary in summaries:
         table.add_row(
             str(summary.head),
@@ -181,7 +182,7 @@ def heads_table(run: AttentionRun, summaries: list[HeadSummary], most: int = MAX
     relative = RELATIVE_ENTROPY_LEGEND + (f" ({CAUSAL_VISIBLE_KEYS})" if run.causal else "")
     table.caption = f"entropy: of each row in nats, mean over queries; {relative}; mean max: the mean of the row maxima"
     if len(run.query_tokens) > most:
-        shown = f"queries 0 to {most - 1} of {len(run.query_tokens)} shown"
+        shown = f"queries 0 to {most - 1} of {len(run.query_tokens)}{' words' if run.words is not None else ''} shown"
         table.caption += f"\n{shown}; attention.json has every query of every head"
     table.caption_justify = "left"
     return table
