@@ -140,7 +140,7 @@ def _ems(label: str) -> float:
 
 
 def _token_axes(ax) -> tuple:
-    """The axes for the panels' tokens: keys below the last layer's panels, queries right of each layer's last panel.
+    """The axes for the panels' tokens: keys below the last layer's first panel, queries right of its last panel.
 
     Heads are named on the top and layers on the left (_label_layers_grid); the tokens take the other two sides.
     """
@@ -150,26 +150,28 @@ def _token_axes(ax) -> tuple:
 def _label_panel_tokens(
     token_axes, run: AttentionRun, num_layers: int, num_heads: int, max_labels: int, panel_size: int, step: int
 ) -> None:
-    """Every k-th token (heatmap.tick_positions: at most max_labels a panel) at its cell in each panel.
+    """Every k-th token (heatmap.tick_positions: at most max_labels a panel) at its cell of the last layer's corner
+    panels: keys below its first head, queries right of its last. Every panel has the same axes, and one labelled
+    corner keeps the figure quick to draw (a tick label is an artist of its own: 144 of them, one set per panel,
+    doubled the figure's drawing time at 8 tokens).
 
     A panel of panel_size cells shows blocks of tokens when the text is longer (block maximum):
     a token's label goes at its place in the panel.
     """
     bottom, right = token_axes
 
-    def cells(positions: list[int], num_tokens: int, num_panels: int) -> list[float]:
-        within = [(token + 0.5) * panel_size / num_tokens - 0.5 for token in positions]  # the token's cell, or its block's
-        return [panel * step + cell for panel in range(num_panels) for cell in within]
+    def cells(positions: list[int], num_tokens: int, panel: int) -> list[float]:
+        return [panel * step + (token + 0.5) * panel_size / num_tokens - 0.5 for token in positions]  # its cell, or block
 
     keys = tick_positions(len(run.key_tokens), max_labels)
     queries = tick_positions(len(run.query_tokens), max_labels)
     # parse_math=False: a token such as "$" must print as itself, not start mathtext.
     bottom.set_xticks(
-        cells(keys, len(run.key_tokens), num_heads), [displayable(run.key_tokens[k]) for k in keys] * num_heads,
+        cells(keys, len(run.key_tokens), 0), [displayable(run.key_tokens[k]) for k in keys],
         rotation=90, fontsize=TOKEN_LABEL_POINTS, parse_math=False,
     )  # fmt: skip
     right.set_yticks(
-        cells(queries, len(run.query_tokens), num_layers), [displayable(run.query_tokens[q]) for q in queries] * num_layers,
+        cells(queries, len(run.query_tokens), num_layers - 1), [displayable(run.query_tokens[q]) for q in queries],
         fontsize=TOKEN_LABEL_POINTS, parse_math=False,
     )  # fmt: skip
     for axis in token_axes:
