@@ -48,7 +48,13 @@ def test_the_quickstart_notebook_runs_and_every_result_displays_itself():
     }  # each cell's last line: the value it shows
     everything = [output for cell_outputs in outputs.values() for output in cell_outputs]
     assert not [output for output in everything if output.output_type == "error"]
-    assert not [output.text for output in everything if output.get("name") == "stderr"]  # no warning either
+    # No warning but the one the notebook announces: the bundled (English) model reads 我想吃酸菜鱼 as [UNK]s,
+    # which attnviz.heads says as an AttnvizWarning (README.md, "Python").
+    warned = {last_line: [output.text for output in cell_outputs if output.get("name") == "stderr"]
+              for last_line, cell_outputs in outputs.items()}  # fmt: skip
+    (unknown_warning,) = warned.pop("result")
+    assert "AttnvizWarning: 5 of 6 tokens" in unknown_warning and "[UNK]" in unknown_warning
+    assert not [text for texts in warned.values() for text in texts]
 
     def shown(last_line: str, kind: str) -> str:
         (result,) = [output for output in outputs[last_line] if output.output_type == "execute_result"]
