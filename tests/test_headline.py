@@ -108,6 +108,7 @@ def test_the_note_advises_what_works_offline_and_online():
     assert "online: --model bert-base-multilingual-cased" in str(caught[0].message)
 
 
+@pytest.mark.slow  # fresh processes
 def test_the_command_ends_with_the_headline_notes_after_the_table(tmp_path):
     """Offline (a fresh process, no hub, an empty cache), the last lines printed name the fallback, the [UNK] share and the advice."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hub"), "COLUMNS": "200"}
@@ -123,6 +124,7 @@ def test_the_command_ends_with_the_headline_notes_after_the_table(tmp_path):
     assert "AttnvizWarning" not in printed  # the command prints its notes; Python's warnings stay out
 
 
+@pytest.mark.slow  # fresh processes
 def test_a_batch_prints_its_notes_after_its_table(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hub"), "COLUMNS": "200"}
     texts = tmp_path / "texts.txt"

@@ -95,6 +95,7 @@ def contents(folder):
     return {path.name: path.read_bytes() for path in folder.iterdir()} if folder.exists() else {}
 
 
+@pytest.mark.slow  # fresh processes
 @pytest.mark.parametrize("moment", ["moving", "writing"])
 def test_ctrl_c_during_save_is_a_keyboard_interrupt_and_leaves_a_whole_run_or_nothing(moment, tmp_path):
     reference, folder = tmp_path / "reference", tmp_path / "saved"
@@ -117,6 +118,7 @@ def test_ctrl_c_during_save_is_a_keyboard_interrupt_and_leaves_a_whole_run_or_no
 HEADS_FILES = [".attnviz-files.json", "attention.json", "head_00.png", "head_01.png", "heads.png", "report.html"]
 
 
+@pytest.mark.slow  # fresh processes
 def test_a_full_disk_under_standard_output_costs_no_file_and_is_exit_2(tmp_path):
     """`attnviz heads ... > file` on a full disk (/dev/full: every write is ENOSPC): the run writes all its files."""
     target = tmp_path / "run"
@@ -134,6 +136,7 @@ def test_a_command_that_writes_no_file_says_its_output_was_lost(tmp_path):
     assert done.returncode == 2 and done.stderr == "error: cannot write the standard output: the disk is full\n"
 
 
+@pytest.mark.slow  # fresh processes
 def test_a_full_disk_under_standard_error_costs_nothing(tmp_path):
     """Nothing can be said there: the run goes on, its files are written, its output printed."""
     target = tmp_path / "run"

@@ -107,6 +107,7 @@ def test_a_bart_config_over_t5_tensors_is_refused(tmp_path, checkpoints):
     )
 
 
+@pytest.mark.slow  # fresh processes
 def test_a_bert_folder_whose_config_says_gpt2_exits_2_with_one_line(tmp_path, bert_folder):
     """On main: exit 1, "ModuleList has no attribute `6`" (GPT-2's default 12 layers over 6)."""
     folder = with_config(bert_folder, tmp_path / "bert-as-gpt2", model_type="gpt2")
@@ -166,6 +167,7 @@ def test_a_task_head_beside_unprefixed_weights_is_left_unused(tmp_path, checkpoi
 # ---- every size against the safetensors headers, before anything is built -------------------------
 
 
+@pytest.mark.slow  # fresh processes
 def test_a_million_layers_are_refused_from_the_headers_at_once(tmp_path, checkpoints):
     """On main transformers built the million layers until killed: here a fresh process must answer within a minute."""
     folder = with_config(checkpoints["llama"], tmp_path / "million", num_hidden_layers=1_000_000)

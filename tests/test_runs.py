@@ -326,6 +326,7 @@ EVERY_COMMAND = [
 ]
 
 
+@pytest.mark.slow  # fresh processes
 @pytest.mark.parametrize("command", EVERY_COMMAND, ids=[command[0] for command in EVERY_COMMAND])
 def test_every_command_on_a_disk_that_fills_up_at_its_last_file_is_exit_2_and_leaves_nothing(command, mount_tmpfs, tmp_path, capsys):
     """The disk holds the run's files but not the list of them (MANIFEST, written last): the same one line, nothing left."""
