@@ -136,10 +136,15 @@ def test_a_killed_run_resumes_from_its_checkpoint_to_the_same_numbers(tiny, tmp_
 def checkpointed(tiny, tmp_path):
     """A corpus and a checkpoint of it, made by a run killed before it finished: (corpus, checkpoint)."""
     corpus = write_corpus(tmp_path / "corpus.txt", corpus_lines(2000, seed=5))
-    checkpoint = tmp_path / "ckpt.npz"
+    return corpus, killed_after_its_first_checkpoint(tiny, corpus, tmp_path)
+
+
+def killed_after_its_first_checkpoint(tiny, corpus: Path, folder: Path) -> Path:
+    """The checkpoint of `stats --file corpus`, run in a fresh process and killed once it has written one."""
+    checkpoint = folder / "ckpt.npz"
     process = subprocess.Popen(
         [sys.executable, "-m", "attnviz", "stats", "--file", str(corpus), "--model", str(tiny), "--chunk-lines", "100",
-         "--checkpoint", str(checkpoint), "--out", str(tmp_path / "never")],
+         "--checkpoint", str(checkpoint), "--out", str(folder / "never")],
         env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     while not checkpoint.exists() and process.poll() is None:
@@ -147,7 +152,7 @@ def checkpointed(tiny, tmp_path):
     process.kill()
     process.wait()
     assert checkpoint.exists()
-    return corpus, checkpoint
+    return checkpoint
 
 
 def refused(args, capsys) -> str:
@@ -237,17 +242,7 @@ def one_checkpoint(tiny, tmp_path_factory):
     """A corpus of 3000 lines and the checkpoint of a run killed after its first chunks (made once: each test damages a copy)."""
     folder = tmp_path_factory.mktemp("checkpointed")
     corpus = write_corpus(folder / "corpus.txt", corpus_lines(3000, seed=6))
-    checkpoint = folder / "ckpt.npz"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "attnviz", "stats", "--file", str(corpus), "--model", str(tiny), "--chunk-lines", "100",
-         "--checkpoint", str(checkpoint), "--out", str(folder / "never")],
-        env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    while not checkpoint.exists() and process.poll() is None:
-        time.sleep(0.005)
-    process.kill()
-    process.wait()
-    return corpus, checkpoint.read_bytes()
+    return corpus, killed_after_its_first_checkpoint(tiny, corpus, folder).read_bytes()
 
 
 def without(name):
