@@ -23,7 +23,7 @@ import torch
 from attnviz.attention.layer import MultiHeadAttention, check_num_heads, check_split, layer_from_weights
 from attnviz.errors import AttnvizError
 from attnviz.models.loading import LoadedModel
-from attnviz.models.tokens import Encoded, encode, truncation_notice, unknown_token_notice, unknown_tokens
+from attnviz.models.tokens import Encoded, encode, text_notices, truncation_notices, unknown_tokens
 from attnviz.models.words import merge_run, run_words
 from attnviz.run_data import AttentionRun
 from attnviz.spec import RunSpec, model_is_causal
@@ -367,26 +367,6 @@ def run_layers(loaded: LoadedModel, texts: list[str], spec: RunSpec) -> list[lis
     """Every layer's run of every text, runs[text][layer], as iter_layer_runs gives them."""
     by_layer = list(iter_layer_runs(loaded, texts, spec))  # by_layer[layer][text]
     return [list(text_runs) for text_runs in zip(*by_layer)]
-
-
-def text_notices(
-    loaded: LoadedModel, texts: list[str], ids: list[list[int]], whats: list[str] | None = None
-) -> list[str]:
-    """What to tell the user about these texts: the model's notice, and texts mostly [UNK].
-
-    whats name each text in its note ("the text", "the --kv text"); each note quotes its text.
-    """
-    whats = whats or ["the text"] * len(texts)
-    notices = (
-        unknown_token_notice(loaded.tokenizer, text, text_ids, loaded.name, what)
-        for text, text_ids, what in zip(texts, ids, whats)
-    )
-    return ([loaded.notice] if loaded.notice else []) + [notice for notice in notices if notice]
-
-
-def truncation_notices(texts: list[str], truncations: list, what: str = "the text") -> list[str]:
-    notices = (truncation_notice(text, truncation, what) for text, truncation in zip(texts, truncations))
-    return [notice for notice in notices if notice]
 
 
 def split_runs(

@@ -26,9 +26,8 @@ from attnviz.pipeline import (
     iter_layer_weights,
     layer_sizes,
     split_runs,
-    text_notices,
-    truncation_notices,
 )
+from attnviz.models.tokens import text_notices, truncation_notices
 from attnviz.models.loading import LoadedModel
 from attnviz.models.words import tokenizer_words
 from attnviz.run_data import AttentionRun

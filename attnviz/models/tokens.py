@@ -275,3 +275,23 @@ def unknown_token_notice(
         f'{unknown.count} of {unknown.of} tokens of {what} "{shorten(text, NOTICE_QUOTE_CHARS)}" are '
         f"{unknown.token} for {model_name}: its vocabulary does not cover this text; {better_models(text)}"
     )
+
+
+def text_notices(
+    loaded, texts: list[str], ids: list[list[int]], whats: list[str] | None = None
+) -> list[str]:
+    """What to tell the user about these texts on a loaded model (a LoadedModel): its notice, and texts mostly [UNK].
+
+    whats name each text in its note ("the text", "the --kv text"); each note quotes its text.
+    """
+    whats = whats or ["the text"] * len(texts)
+    notices = (
+        unknown_token_notice(loaded.tokenizer, text, text_ids, loaded.name, what)
+        for text, text_ids, what in zip(texts, ids, whats)
+    )
+    return ([loaded.notice] if loaded.notice else []) + [notice for notice in notices if notice]
+
+
+def truncation_notices(texts: list[str], truncations: list, what: str = "the text") -> list[str]:
+    notices = (truncation_notice(text, truncation, what) for text, truncation in zip(texts, truncations))
+    return [notice for notice in notices if notice]
