@@ -56,7 +56,7 @@ class Printed:
     """A console stand-in for the CLI's print_* renderers: it keeps what they print, as a Rich Group.
 
         printed = Printed(width)
-        terminal.print_rollout(printed, tokens, rollout)
+        stats_tables.print_rollout(printed, tokens, rollout)
         printed.group()  # what the CLI would have printed
     """
 

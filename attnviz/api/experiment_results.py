@@ -109,7 +109,7 @@ class StatsResult:
     def __rich__(self):
         from rich.console import Group
 
-        from attnviz.render.terminal import labelled_heads_table, stats_grid
+        from attnviz.render.stats_tables import labelled_heads_table, stats_grid
 
         return Group(*stats_grid(self.stats, model_causal=self.first_run.model_causal), labelled_heads_table(self.stats))
 
@@ -204,7 +204,7 @@ class LayersResult:
         return report_result([text], replace(self.spec, layer=0), len(self.layer_runs))
 
     def __rich_console__(self, console, options):
-        from attnviz.render.terminal import print_rollout
+        from attnviz.render.stats_tables import print_rollout
 
         printed = display.Printed(options.max_width)
         print_rollout(printed, self.tokens, self.rollout)

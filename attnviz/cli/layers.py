@@ -61,7 +61,7 @@ def layers(
     from attnviz.api.models import load
     from attnviz.output.runs import run_folder_name
     from attnviz import startup
-    from attnviz.render import terminal
+    from attnviz.render import stats_tables, terminal
 
     check_text(text)
     refuse_cross_over_every_layer(options.stack)
@@ -74,7 +74,7 @@ def layers(
     terminal.print_notices(errors, first.notices)
     terminal.print_setup(console, first, handle.source, handle.device_label, len(result.layer_runs), seed=options.seed)
     terminal.print_tokens(console, first)
-    terminal.print_rollout(console, first.query_tokens, result.rollout, first.causal and not first.model_causal)
+    stats_tables.print_rollout(console, first.query_tokens, result.rollout, first.causal and not first.model_causal)
     if result.measures is not None and result.measures.flow is not None:
-        terminal.print_rollout(console, first.query_tokens, result.measures.flow.normalised, name="flow")
+        stats_tables.print_rollout(console, first.query_tokens, result.measures.flow.normalised, name="flow")
     write_run(out, target, "writing figures…", lambda staging: startup.draw(result.write_files, staging, image_format.value))

@@ -109,7 +109,7 @@ def stats(
     from attnviz.output.batch import batch_folder_name
     from attnviz.output.runs import run_folder_name
     from attnviz import startup
-    from attnviz.render import terminal
+    from attnviz.render import stats_tables, terminal
 
     text_or_file(text, file)
     check_text(text)
@@ -137,9 +137,9 @@ def stats(
     terminal.print_setup(
         console, result.first_run, handle.source, device_label, handle.num_layers, texts_count, seed=options.seed
     )
-    for table in terminal.stats_grid(result.stats, console.width, result.first_run.model_causal):
+    for table in stats_tables.stats_grid(result.stats, console.width, result.first_run.model_causal):
         console.print(table)
-    console.print(terminal.labelled_heads_table(result.stats))
+    console.print(stats_tables.labelled_heads_table(result.stats))
     if result.stats.js_distance is None:
         console.print("[dim]Jensen-Shannon distances between heads: not measured over a --file; --js measures them (js_distance.png)[/dim]")
     write_run(out, target, "writing statistics…", lambda staging: startup.draw(result.write_files, staging, image_format.value))
