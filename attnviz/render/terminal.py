@@ -199,11 +199,11 @@ def indented_lines(words: list[str], width: int, indent: str = "  ", gap: str = 
     return lines
 
 
-def models_table(models, default: str, fallback: str) -> Table:
+def models_table(models, default: str, fallback: str | None, install_fallback: str = "") -> Table:
     """One row per model: where it comes from, whether it loads offline, its family and sizes; the default marked.
 
     An encoder-decoder's layers and heads read encoder / decoder. fallback: what runs instead of
-    the default offline, before its download.
+    the default offline, before its download (None: not installed, install_fallback says how).
     """
     # No column borders, so that eight columns leave the names room on an 80-column terminal.
     table = Table(
@@ -228,8 +228,9 @@ def models_table(models, default: str, fallback: str) -> Table:
     table.caption = (
         "(default): used without --model. Bundled and hub cache models load offline; "
         + ("" if any(info.name == default and info.offline for info in models) else
-           f"hub: not downloaded yet, attnviz downloads it on first use when online, offline the bundled {fallback} "
-           "runs instead (English vocabulary). ")
+           "hub: not downloaded yet, attnviz downloads it on first use when online, offline "
+           + (f"the bundled {fallback} runs instead (English vocabulary). " if fallback else
+              f"it fails: the offline fallback is not installed ({install_fallback}). "))
         + "Use one with --model NAME; any hub id downloads when online, any local folder of a supported family works. "
         "KV heads fewer than heads: query heads share key/value heads (grouped-query attention). "
         "encoder-decoders: encoder / decoder"
