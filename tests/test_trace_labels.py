@@ -194,8 +194,8 @@ def test_steps_a_tutorial_lacks_are_marked_and_the_tutorials_code_is_quoted(bert
 def test_a_bug_in_attention_py_is_caught_by_the_torch_reference(bert, monkeypatch):
     right = attention_module.allowed_keys
 
-    def one_key_too_many(num_queries, num_keys, valid_lens=None, causal=False, device=None):
-        return right(num_queries, num_keys, None if valid_lens is None else valid_lens + 1, causal, device)
+    def one_key_too_many(num_queries, num_keys, valid_lens=None, causal=False, device=None, **block):
+        return right(num_queries, num_keys, None if valid_lens is None else valid_lens + 1, causal, device, **block)
 
     monkeypatch.setattr(attention_module, "allowed_keys", one_key_too_many)
     monkeypatch.setattr(layout_view_permute, "allowed_keys", one_key_too_many)  # the trace's layout uses it too

@@ -15,7 +15,7 @@ rotary position embeddings applied to q and k (RoPE), RMSNorm over each head's q
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -93,22 +93,30 @@ def allowed_keys(
     valid_lens: torch.Tensor | None = None,
     causal: bool = False,
     device: torch.device | str | None = None,
+    first_query: int = 0,
 ) -> torch.Tensor | None:
     """Which (query, key) pairs may attend: True where allowed, None when all are.
 
     valid_lens (B,) masks the padding keys of each sequence; causal masks keys
-    after the query. The result broadcasts over heads: (B or 1, 1, Nq or 1, Nk).
+    after the query, for queries first_query .. first_query + num_queries - 1 (a block
+    of a longer text's queries). The result broadcasts over heads: (B or 1, 1, Nq or 1, Nk).
     """
     allowed = None
+    key_positions = torch.arange(num_keys, device=device)  # (Nk,)
     if valid_lens is not None:
-        key_positions = torch.arange(num_keys, device=device)  # (Nk,)
         allowed = key_positions[None, :] < valid_lens.to(device)[:, None]  # (B, Nk)
         allowed = allowed[:, None, None, :]  # (B, 1, 1, Nk)
     if causal:
-        lower = torch.ones(num_queries, num_keys, dtype=torch.bool, device=device).tril()
+        query_positions = torch.arange(first_query, first_query + num_queries, device=device)  # (Nq,)
+        lower = key_positions[None, :] <= query_positions[:, None]  # (Nq, Nk)
         lower = lower[None, None]  # (1, 1, Nq, Nk)
         allowed = lower if allowed is None else allowed & lower
     return allowed
+
+
+def rows_per_block(budget_bytes: int, batch: int, num_heads: int, num_keys: int, element_size: int = 4) -> int:
+    """How many queries a block of attention may hold: its scores and weights, (B, H, rows, Nk) each, within the budget."""
+    return max(1, budget_bytes // (2 * batch * num_heads * num_keys * element_size))
 
 
 class HeadNorm(nn.Module):
@@ -183,6 +191,57 @@ class MultiHeadAttention(nn.Module):
             return None
         return rotary_tables(num_tokens, self.rotary_inv_freq, self.rotary_scaling)
 
+    def project(
+        self, queries: torch.Tensor, keys: torch.Tensor | None = None, values: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q (B, H, Nq, d), and k and v (B, H, Nk, d): projected, split into heads, normalised, rotated (RoPE),
+        and each key/value head repeated for the query heads that share it. keys and values default to queries."""
+        keys = queries if keys is None else keys
+        values = keys if values is None else values
+        q = split_heads(self.w_q(queries), self.num_heads)  # (B, H, Nq, d)
+        k = split_heads(self.w_k(keys), self.num_kv_heads)  # (B, H_kv, Nk, d)
+        v = split_heads(self.w_v(values), self.num_kv_heads)  # (B, H_kv, Nk, d)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.rotary_inv_freq is not None:
+            cos, sin = self.rotary(max(q.shape[2], k.shape[2]))  # (N, d) each
+            q = rotate(q, cos[: q.shape[2]], sin[: q.shape[2]])  # (B, H, Nq, d)
+            k = rotate(k, cos[: k.shape[2]], sin[: k.shape[2]])  # (B, H_kv, Nk, d)
+        return q, repeat_kv(k, self.group_size), repeat_kv(v, self.group_size)  # (B, H, Nk, d) each
+
+    def blocks(
+        self,
+        queries: torch.Tensor,
+        keys: torch.Tensor | None = None,
+        values: torch.Tensor | None = None,
+        *,
+        valid_lens: torch.Tensor | None = None,
+        causal: bool = False,
+        position_bias: torch.Tensor | None = None,
+        rows: int | None = None,
+    ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+        """The layer a block of queries at a time: (first query, output (B, b, D), weights (B, H, b, Nk)) per block.
+
+        Each block holds `rows` queries (all of them when None; rows_per_block picks a count for a
+        memory budget) over every key: each row's softmax is over its whole row, so the blocks are
+        the very rows forward returns, and no (H, Nq, Nk) tensor is made whole. position_bias as in forward.
+        """
+        q, k, v = self.project(queries, keys, values)
+        num_queries, num_keys = q.shape[2], k.shape[2]
+        rows = rows or num_queries
+        for start in range(0, num_queries, rows):
+            stop = min(start + rows, num_queries)
+            scores = q[:, :, start:stop] @ k.transpose(-2, -1) * self.scale  # (B, H, b, Nk)
+            if position_bias is not None:
+                scores = scores + position_bias[:, :, start:stop]
+            allowed = allowed_keys(stop - start, num_keys, valid_lens, causal, scores.device, first_query=start)
+            if allowed is not None:
+                # -inf gives masked keys exactly zero weight; every row keeps at least key 0.
+                scores.masked_fill_(~allowed, float("-inf"))  # in place: scores is ours, and may be large
+            pattern = scores.softmax(dim=-1)  # (B, H, b, Nk)
+            z = self.dropout(pattern) @ v  # (B, H, b, d)
+            yield start, self.w_o(merge_heads(z)), pattern  # (B, b, D), (B, H, b, Nk)
+
     def forward(
         self,
         queries: torch.Tensor,
@@ -199,30 +258,8 @@ class MultiHeadAttention(nn.Module):
         counts the real keys of each sequence, the rest is padding. position_bias
         (1 or B, H, Nq, Nk) is added to the scores (T5's relative position bias).
         """
-        keys = queries if keys is None else keys
-        values = keys if values is None else values
-        q = split_heads(self.w_q(queries), self.num_heads)  # (B, H, Nq, d)
-        k = split_heads(self.w_k(keys), self.num_kv_heads)  # (B, H_kv, Nk, d)
-        v = split_heads(self.w_v(values), self.num_kv_heads)  # (B, H_kv, Nk, d)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        if self.rotary_inv_freq is not None:
-            cos, sin = self.rotary(max(q.shape[2], k.shape[2]))  # (N, d) each
-            q = rotate(q, cos[: q.shape[2]], sin[: q.shape[2]])  # (B, H, Nq, d)
-            k = rotate(k, cos[: k.shape[2]], sin[: k.shape[2]])  # (B, H_kv, Nk, d)
-        k, v = repeat_kv(k, self.group_size), repeat_kv(v, self.group_size)  # (B, H, Nk, d)
-
-        scores = q @ k.transpose(-2, -1) * self.scale  # (B, H, Nq, Nk)
-        if position_bias is not None:
-            scores = scores + position_bias
-        allowed = allowed_keys(q.shape[2], k.shape[2], valid_lens, causal, scores.device)
-        if allowed is not None:
-            # -inf gives masked keys exactly zero weight; every row keeps at least key 0.
-            scores.masked_fill_(~allowed, float("-inf"))  # in place: scores is ours, and may be large
-        pattern = scores.softmax(dim=-1)  # (B, H, Nq, Nk)
-
-        z = self.dropout(pattern) @ v  # (B, H, Nq, d)
-        out = self.w_o(merge_heads(z))  # (B, Nq, D)
+        blocks = self.blocks(queries, keys, values, valid_lens=valid_lens, causal=causal, position_bias=position_bias)
+        [(_, out, pattern)] = blocks  # one block: every query
         return out, pattern
 
 
