@@ -1,11 +1,11 @@
 """attnviz: see and check what multi-head attention does.
 
-A subpackage per stage and per face (README.md, "Layout"), imports pointing one way, from the
+A subpackage per stage and per face (docs/architecture.md), imports pointing one way, from the
 top down: cli, api, output, render, analysis and trace, pipeline, models, attention, and the
 base (spec, result, errors, text, version). pyproject.toml's import-linter contract states it.
 Nothing here imports the command line, or torch: heavy libraries load on first use.
 
-As a library (README.md, "Python"):
+As a library (README.md, "Python"; docs/python.md):
 
     import attnviz
     model = attnviz.load("bundled")

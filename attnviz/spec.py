@@ -68,7 +68,7 @@ class RunSpec:
         return self.kv_text is not None or self.stack == "cross"
 
     def to_dict(self) -> dict:
-        """The "settings" object of every JSON attnviz writes (README.md, "Settings")."""
+        """The "settings" object of every JSON attnviz writes (docs/formats.md, "Settings")."""
         settings = asdict(self)
         settings["seed"] = None if self.weights == "pretrained" else self.seed  # pretrained parameters draw nothing
         settings["attnviz_version"] = settings.pop("version")

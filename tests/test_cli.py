@@ -279,7 +279,7 @@ def test_python_dash_m_and_the_console_script_run(tmp_path):
 
 
 EVERY_OPTION = {"model", "layer", "heads", "weights", "seed", "kv", "causal", "stack", "device", "truncate", "words"}
-OFFERED = {  # the run options each command offers: those its API function takes (README.md, "Python")
+OFFERED = {  # the run options each command offers: those its API function takes (docs/python.md)
     "heads": EVERY_OPTION,
     "trace": EVERY_OPTION,
     "report": EVERY_OPTION,

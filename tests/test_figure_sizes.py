@@ -1,4 +1,4 @@
-"""Every figure attnviz draws stays within its stated size (attnviz.render.sizes, the README's
+"""Every figure attnviz draws stays within its stated size (attnviz.render.sizes, docs/formats.md's
 "Figure sizes"): at 512 tokens, the bundled model's longest text, and at sizes far beyond it.
 
 The PNGs' pixels are read back with PIL, so the bound is the file's, not the figure's own idea of it.
@@ -83,11 +83,11 @@ def test_every_stated_size_is_of_a_figure_that_was_drawn(figures_of_512_tokens):
     assert {f"head_{head:02d}.png" for head in range(12)} <= set(figures_of_512_tokens)
 
 
-def test_no_figure_is_bigger_than_the_cap_and_the_readme_says_each_size():
+def test_no_figure_is_bigger_than_the_cap_and_the_docs_say_each_size():
     from pathlib import Path
 
-    readme = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
-    section = readme.split("### Figure sizes", 1)[1].split("\n#", 1)[0]
+    formats_doc = (Path(__file__).parent.parent / "docs" / "formats.md").read_text(encoding="utf-8")
+    section = formats_doc.split("### Figure sizes", 1)[1].split("\n#", 1)[0]
     for name, (width, height) in FIGURE_MAX_PX.items():
         assert max(width, height) <= MAX_IMAGE_SIDE_PX, name
         assert f"`{name}.png` | {width:,} × {height:,}" in section, name

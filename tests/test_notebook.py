@@ -49,7 +49,7 @@ def test_the_quickstart_notebook_runs_and_every_result_displays_itself():
     everything = [output for cell_outputs in outputs.values() for output in cell_outputs]
     assert not [output for output in everything if output.output_type == "error"]
     # No warning but the one the notebook announces: the bundled (English) model reads 我想吃酸菜鱼 as [UNK]s,
-    # which attnviz.heads says as an AttnvizWarning (README.md, "Python").
+    # which attnviz.heads says as an AttnvizWarning (docs/python.md).
     warned = {last_line: [output.text for output in cell_outputs if output.get("name") == "stderr"]
               for last_line, cell_outputs in outputs.items()}  # fmt: skip
     (unknown_warning,) = warned.pop("result")

@@ -1,4 +1,4 @@
-"""report.html in Debian's Chromium, opened from its file with every request blocked (README.md, "report.html").
+"""report.html in Debian's Chromium, opened from its file with every request blocked (docs/formats.md, "report.html").
 
 The reports are built as a user builds them (attnviz.report, .save); what the page must show is
 computed here independently: the record's weights decoded with base64, zlib and NumPy, against
@@ -84,7 +84,7 @@ def visible_lines(page) -> list[tuple[int, int, int]]:
 
 def test_the_embedded_record_holds_attention_json_and_its_weights(zh_heads, zh_report):
     path, record = zh_report
-    attention_json = json.loads(json.dumps(zh_heads.to_dict()))  # attention.json's content (README, "Python")
+    attention_json = json.loads(json.dumps(zh_heads.to_dict()))  # attention.json's content (docs/python.md)
     (text,) = record["texts"]
     assert record["format"] == "attnviz-report" and record["num_layers"] == 6 and record["num_heads"] == 12
     assert {key: text[key] for key in attention_json if key != "attention"} == {

@@ -215,7 +215,7 @@ def test_a_file_measures_the_js_distances_only_with_js(tmp_path, capsys):
 
 
 def test_stats_states_each_definition_that_differs_from_clark_et_al(tmp_path, capsys):
-    """js_distance, punctuation and the average over texts: in --help, stats.json and the README."""
+    """js_distance, punctuation and the average over texts: in --help, stats.json and docs/measures.md."""
     assert run(["stats", "--help"]) == 0
     help_text = " ".join(capsys.readouterr().out.split())
     for words in (
@@ -228,10 +228,10 @@ def test_stats_states_each_definition_that_differs_from_clark_et_al(tmp_path, ca
     assert stats(SHORT, "--out", str(tmp_path)) == 0
     differences = json.loads((tmp_path / "stats.json").read_text(encoding="utf-8"))["differences_from_clark_et_al_2019"]
     assert differences == CLARK_DIFFERENCES and set(differences) == {"js_distance", "punctuation", "average"}
-    readme = " ".join((Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8").split())
-    assert "differences_from_clark_et_al_2019" in readme
+    measures_doc = " ".join((Path(__file__).parent.parent / "docs" / "measures.md").read_text(encoding="utf-8").split())
+    assert "differences_from_clark_et_al_2019" in measures_doc
     for difference in differences.values():
-        assert difference in readme, difference
+        assert difference in measures_doc, difference
     import attnviz.analysis.statistics
 
     assert "every statistic of" not in " ".join(attnviz.analysis.statistics.__doc__.split())

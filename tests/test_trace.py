@@ -54,7 +54,7 @@ CHINESE = "我想吃酸菜鱼"
 SHORT = "The cat sat on the mat."
 LONG = "The animal didn't cross the street because it was too tired."
 OTHER = "A dog barked at the mailman."
-README = Path(__file__).resolve().parents[1] / "README.md"
+FORMATS_DOC = Path(__file__).resolve().parents[1] / "docs" / "formats.md"
 
 
 @pytest.fixture(scope="module")
@@ -383,15 +383,15 @@ def mistake_trace(bert):
     return trace_texts(bert, [CHINESE], run_spec(bert), mistake="view-without-permute")
 
 
-def readme_section(title: str) -> str:
-    text = README.read_text(encoding="utf-8")
+def formats_section(title: str) -> str:
+    text = FORMATS_DOC.read_text(encoding="utf-8")
     start = text.index(f"\n## {title}\n")
     end = text.find("\n## ", start + 1)
     return text[start : end if end != -1 else None]
 
 
 def test_trace_json_has_exactly_the_documented_keys(batch_trace, mistake_trace, plain_spec):
-    documented = readme_section("trace.json")
+    documented = formats_section("trace.json")
     for keys in (TRACE_KEYS, LAYOUT_KEYS, STEP_KEYS, CHECK_KEYS, HEAD_SLICE_KEYS, MISTAKE_KEYS):
         for key in keys:
             assert f"`{key}`" in documented, key

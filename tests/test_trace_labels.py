@@ -27,7 +27,7 @@ from attnviz.tracing import LAYOUTS, LayerInputs, trace_layouts, trace_texts
 SHORT = "The cat sat on the mat."
 LONG = "The animal didn't cross the street because it was too tired."
 DOG = "A dog."
-README = Path(__file__).resolve().parents[1] / "README.md"
+COMMANDS_DOC = Path(__file__).resolve().parents[1] / "docs" / "commands.md"
 
 
 @pytest.fixture(scope="module")
@@ -247,7 +247,7 @@ def test_the_merge_figure_of_a_long_text_is_capped_and_says_so(tmp_path, monkeyp
     assert all(image.get_interpolation() == "nearest" for ax in figure.axes for image in ax.images)
     labels = [label.get_text() for label in figure.axes[0].get_yticklabels()]
     assert len(labels) <= MAX_MERGE_ROW_LABELS and labels[:2] == ["0:[CLS]", "6:w5"]  # every 6th of 340 rows
-    assert "at most 4,096 × 2,400 px" in README.read_text(encoding="utf-8")
+    assert "at most 4,096 × 2,400 px" in COMMANDS_DOC.read_text(encoding="utf-8")
 
 
 def test_the_merge_figure_of_a_short_text_is_not_capped(tmp_path):

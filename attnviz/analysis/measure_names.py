@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from attnviz.errors import AttnvizError
 
-# What each measure is, for --help, the README, the figures' titles and the JSON (README.md, "Measures").
+# What each measure is, for --help, docs/measures.md, the figures' titles and the JSON.
 MEASURES = {
     "weights": ("attention weights", "Vaswani et al. 2017", "α^h_ij = softmax_j(q_i·k_j / √d): the maps of attnviz heads"),
     "norm": (

@@ -47,7 +47,7 @@ from attnviz.spec import RunSpec
 
 @dataclass
 class MeasuredLayer:
-    """One text's pass through one layer, with the measures (README.md, "Measures").
+    """One text's pass through one layer, with the measures (docs/measures.md).
 
     head_norms (H, Nq, Nk): ‖α^h_ij f^h(x_j)‖; summed_norms (Nq, Nk): ‖Σ_h α^h_ij f^h(x_j)‖, both raw
     norms in the hidden state's units. value_zeroing (Nq, Nk): the cosine distance between query

@@ -108,7 +108,7 @@ JS_CELLS_AT_ONCE = 2**22  # js_distance works on this many (pair, query, key) ce
 LN2 = float(np.log(2))  # nats per bit
 
 # Where attnviz's `stats` defines a statistic otherwise than Clark et al. 2019 ("What Does BERT
-# Look At?"), in the words that --help, the README and stats.json use.
+# Look At?"), in the words that --help, docs/measures.md and stats.json use.
 CLARK_DIFFERENCES = {
     "js_distance": "the Jensen-Shannon distance (the square root of the divergence, base-2 logarithms, "
     "0 to 1) averaged over queries; Clark et al. sum the Jensen-Shannon divergence over tokens",

@@ -23,7 +23,7 @@ from attnviz.spec import MAX_SEED, STACKS, WEIGHTS, RunSpec, check_text, refuse_
 
 @dataclass(frozen=True)
 class RunOptions:
-    """What a user gives a run: the command line's options, the API's keywords (README.md, "Python").
+    """What a user gives a run: the command line's options, the API's keywords (docs/python.md).
 
     model is a hub id, a local folder, "bundled" or an attnviz.load() handle (None: the default
     model); layer the model layer whose parameters and input to use; heads how many heads to split

@@ -328,7 +328,7 @@ def report_result(texts: list, spec: RunSpec, num_layers: int | None, notes: lis
 
 @dataclass(frozen=True, repr=False)
 class ReportResult:
-    """The interactive report: .record is its data (README.md, "report.html"), .html the page itself."""
+    """The interactive report: .record is its data (docs/formats.md, "report.html"), .html the page itself."""
 
     record: dict
 

@@ -46,7 +46,7 @@ def report(
         "-f",
         metavar="PATH",
         help="Many texts in one report: one per line (blank lines skipped; - reads standard input; "
-        "at most 64, fewer when long: see the README).",
+        "at most 64, fewer when long: see docs/commands.md).",
     ),
     model: Optional[str] = ModelOption,
     layer: int = LayerOption,

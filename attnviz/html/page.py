@@ -67,7 +67,7 @@ def content_security_policy(script: str) -> str:
 
 
 def report_page(record: dict) -> str:
-    """The report's HTML file (README.md, "report.html") for a record of html.record.report_record."""
+    """The report's HTML file (docs/formats.md, "report.html") for a record of html.record.report_record."""
     script = page_script()
     first_text = record["texts"][0]["text"] if record.get("texts") else ""
     data = record_json(record)

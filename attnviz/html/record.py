@@ -2,7 +2,7 @@
 
 A report of a 512-token text holds every layer's maps, 19 million weights (6 layers × 12 heads
 × 512²): as JSON numbers that would be about 150 MB. So the weights travel as integers,
-zlib-compressed and base64-encoded (ENCODED in README.md, "report.html"):
+zlib-compressed and base64-encoded (ENCODED in docs/formats.md, "report.html"):
 
 - exact: the weight rounded to 4 decimals, the precision the page reads out, as uint16 in units
   of 1e-4. The run's layer ("attention"), the rollout, and every layer of a text short enough;
@@ -118,7 +118,7 @@ def text_record(text: ReportText, spec: RunSpec) -> dict:
 
 
 def report_record(texts: list[ReportText], spec: RunSpec, *, kind: str, num_layers: int, notes: list[str] = ()) -> dict:
-    """The report's data (README.md, "report.html"): the run's settings and one record per text.
+    """The report's data (docs/formats.md, "report.html"): the run's settings and one record per text.
 
     kind: the model's kind ("encoder", "decoder", "encoder-decoder"); num_layers: its layers (of
     the stack shown); notes: what the run printed as notes, in order, without repeats.

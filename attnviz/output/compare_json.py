@@ -1,4 +1,4 @@
-"""compare.json: the record of `attnviz compare` (format documented in README.md)."""
+"""compare.json: the record of `attnviz compare` (format documented in docs/commands.md, "compare")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""attention.json: the machine-readable record of a run (format documented in README.md)."""
+"""attention.json: the machine-readable record of a run (format documented in docs/formats.md)."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def attention_record(run: AttentionRun, spec: RunSpec, measures=None) -> dict:
 
 def words_record(run: AttentionRun) -> dict:
     """A run over words (--words): the tokens stay tokens, the words and each token's word are added, and
-    "attention" (H, Wq, Wk) is over the words (README.md, "attention.json")."""
+    "attention" (H, Wq, Wk) is over the words (docs/formats.md, "attention.json")."""
     words = run.words
     return {
         "query_tokens": words.query_tokens,

@@ -1,4 +1,4 @@
-"""position.json: the record of `attnviz position` (format documented in README.md)."""
+"""position.json: the record of `attnviz position` (format documented in docs/commands.md, "position")."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """stats.csv, stats.json and rollout.json: the machine-readable results of `attnviz stats` and
-`attnviz layers` (formats documented in README.md)."""
+`attnviz layers` (formats documented in docs/formats.md and docs/commands.md)."""
 
 from __future__ import annotations
 
@@ -138,7 +138,7 @@ def rollout_record(layer_runs: list[AttentionRun], rollout: np.ndarray, spec: Ru
 
 
 def write_layers_measures_json(layer_runs: list[AttentionRun], measures, spec: RunSpec, path: Path) -> Path:
-    """measures.json of attnviz layers --measure (README.md, "layers")."""
+    """measures.json of attnviz layers --measure (docs/commands.md, "layers")."""
     record = {**layers_record("attnviz-measures", layer_runs, spec), "measures": measures_record(measures)}
     path.write_text(json.dumps(record, ensure_ascii=False), encoding="utf-8")
     return path

@@ -1,6 +1,6 @@
 """Shape traces for programs and documents: trace.json and trace.md, and the files of a trace.
 
-The formats are documented in README.md ("trace.json"); the terminal's words are trace_tables's,
+The formats are documented in docs/formats.md ("trace.json"); the terminal's words are trace_tables's,
 and trace.md uses the same ones.
 """
 
@@ -24,7 +24,7 @@ from attnviz.render.trace_tables import (
 FORMAT_VERSION = 1
 DECIMALS = 10  # differences are ~1e-7; keep them readable and exact enough to compare with 1e-5
 
-# The documented keys of trace.json (README.md, "trace.json"); the tests hold the file to them.
+# The documented keys of trace.json (docs/formats.md, "trace.json"); the tests hold the file to them.
 TRACE_KEYS = (
     "format", "version", "settings", "texts", "kv_text", "truncated", "kv_truncated", "model", "layer", "weights",
     "causal", "device",

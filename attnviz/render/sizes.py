@@ -1,5 +1,5 @@
 """The largest image each figure can be, in pixels (width, height) at scales.DPI, whatever the text's
-length, the model's layers or its heads: the README's "Figure sizes" table states the same.
+length, the model's layers or its heads: docs/formats.md's "Figure sizes" table states the same.
 
 Each bound follows from how the figure is sized (the comment says where); a figure whose natural
 size grows with the layers or heads shrinks evenly to scales.MAX_IMAGE_SIDE_PX (capped_size), so

@@ -39,7 +39,7 @@ def aligned_shape(shape: list[int], axes: list[str]) -> tuple[str, str]:
     return shape_text(shape), names
 
 
-# The axis names of the traces (README, "Shape traces"); products such as B*H are explained once.
+# The axis names of the traces (docs/commands.md, "Shape traces"); products such as B*H are explained once.
 AXIS_WORDS = {
     "B": "batch", "N": "tokens", "Nq": "query tokens", "Nk": "key tokens", "H": "heads",
     "H_kv": "key/value heads", "G": "query heads per key/value head",
