@@ -64,7 +64,7 @@ def print_setup(
     heads = f"{run.num_heads} × d={run.head_dim}"
     if run.re_split:  # --heads: the trained projections, split another way
         heads += f", re-split from the trained {run.model_heads} × d={run.head_dim * run.num_heads // run.model_heads}"
-    setup.add_row("heads", heads + (f"; {kv_heads}" if kv_heads else ""))
+    setup.add_row("heads", heads + (f", {kv_heads}" if kv_heads else ""))
     parameters = parameters_label(run.weights, seed)
     if run.re_split:
         parameters = parameters.removesuffix(")") + f", split into {run.num_heads} heads in place of its {run.model_heads})"
