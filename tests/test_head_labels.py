@@ -93,7 +93,7 @@ def test_grouped_query_heads_re_split_name_the_trained_key_value_heads(tiny_llam
     (run,) = run_attention(loaded, [TEXT], spec)
     setup = setup_lines(run)
     assert f"re-split from the trained {heads}" in setup
-    assert f"1 key/value head (grouped-query, from the trained {kv_heads})" in setup
+    assert f"1 key/value head (grouped-query; trained: {kv_heads})" in setup
     assert f"{kv_heads} key/value heads (grouped-query)" not in setup
     record = attention_record(run, spec)
     assert (record["num_kv_heads"], record["model_heads"], record["re_split"]) == (1, heads, True)

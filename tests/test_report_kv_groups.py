@@ -82,7 +82,7 @@ def test_the_header_says_the_heads_are_re_split_from_the_trained_ones(llama_repo
     facts = dict(zip(page.texts("#report-facts dt"), page.texts("#report-facts dd")))
     group = heads // kv_heads
     assert f"re-split from the trained {heads} × d" in facts["Heads"]
-    assert f"the trained {kv_heads})" in facts["Heads"]
+    assert f"trained: {kv_heads} key/value heads)" in facts["Heads"]
     assert f"split into {group} heads in place of its {heads}" in facts["Parameters"]
     assert any(f"{group} heads re-split from the trained {heads}" in line for line in page.texts(".report-subtitle"))
 

@@ -163,7 +163,7 @@ def test_smollm2_runs_say_its_weights_are_dequantised_gguf_values_and_heads_re_s
     assert "(Llama, bundled, Q4_1 GGUF, dequantised)" in setup
     assert "4-bit (Q4_1)" in setup and "dequantised to float32 by transformers' GGUF loader" in setup
     assert f"re-split from the trained {heads}" in setup and f"in place of its {heads})" in setup
-    assert f"1 key/value head (grouped-query, from the trained {kv_heads})" in setup
+    assert f"1 key/value head (grouped-query; trained: {kv_heads})" in setup
 
     title = head_figure(run, 0).axes[0].get_title()
     assert "Llama (Q4_1 GGUF, dequantised)" in title and "head 0 of 3" in title

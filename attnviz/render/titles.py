@@ -18,7 +18,7 @@ Weights stored quantised (SmolLM2's GGUF file) are said after the family, and he
 re-split from the model's own projections say so, each head as "head 0 of 3":
 
     SmolLM2-135M-Instruct · Llama (Q4_1 GGUF, dequantised) · layer 0 · head 0 of 3
-    “the cat sat” · 3 heads re-split from the trained 9 · 1 key/value head (grouped-query, from the trained 3)
+    “the cat sat” · 3 heads re-split from the trained 9 · 1 key/value head (grouped-query; trained: 3)
 
 A fallback model (the bundled one in place of the default, offline) and a text the model read
 mostly as [UNK] (UnknownTokens.high) are said in the second line, so that no figure hides them:
@@ -163,12 +163,12 @@ def stack_words(stack: str, quoted_kv_text: str | None = None) -> str:
 def kv_heads_words(num_heads: int, num_kv_heads: int | None, model_kv_heads: int | None = None) -> str | None:
     """ "2 key/value heads (grouped-query)" when the heads share fewer key/value heads; else None.
 
-    model_kv_heads: the model's own count, when --heads re-split them into num_kv_heads: "1 key/value head (grouped-query,
-    from the trained 3)".
+    model_kv_heads: the model's own count, when --heads re-split them into num_kv_heads: "1 key/value head
+    (grouped-query; trained: 3)".
     """
     if num_kv_heads is None or num_kv_heads >= num_heads:
         return None
-    resplit = f", from the trained {model_kv_heads}" if model_kv_heads not in (None, num_kv_heads) else ""
+    resplit = f"; trained: {model_kv_heads}" if model_kv_heads not in (None, num_kv_heads) else ""
     return f"{counted(num_kv_heads, 'key/value head')} (grouped-query{resplit})"
 
 

@@ -27,7 +27,7 @@
     if (kvHeads && kvHeads < text.num_heads) {
       const groups = text.num_heads / kvHeads;
       words += `, sharing ${kvHeads} key/value ${kvHeads === 1 ? "head" : "heads"} (grouped-query: ${groups} heads each`;
-      words += text.re_split ? `; the trained ${text.model_heads / groups})` : ")";
+      words += text.re_split ? `; trained: ${text.model_heads / groups} key/value heads)` : ")";
     }
     return words;
   }
