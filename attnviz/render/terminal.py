@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from attnviz.analysis.statistics import CAUSAL_OVER_BIDIRECTIONAL, HeadSummary, model_causal_words
-from attnviz.render.titles import counted, kv_heads_words, quoted, stack_words
+from attnviz.render.titles import counted, quoted, resplit_words, run_kv_heads_words, stack_words
 from attnviz.run_data import AttentionRun
 
 MAX_TOKENS_SHOWN = 64
@@ -52,16 +52,25 @@ def print_setup(
     seed: the seed of random parameters (--weights random --seed S).
     """
     setup = Table.grid(padding=(0, 2))
-    setup.add_row("model", Text(run.model).append(f" ({run.family}, {source})", style="dim"))
+    quantised = f", {run.quantisation.short}" if run.quantisation is not None else ""
+    setup.add_row("model", Text(run.model).append(f" ({run.family}, {source}{quantised})", style="dim"))
     if run.stack is not None:  # an encoder-decoder's: which of its attentions
         setup.add_row("attention", stack_words(run.stack, quoted(run.kv_text) if run.kv_text else None))
     if num_layers is None:
         setup.add_row("layer", str(run.layer))
     else:
         setup.add_row("layers", f"all {num_layers}, each on its own input from one {run.family} pass")
-    kv_heads = kv_heads_words(run.num_heads, run.num_kv_heads)
-    setup.add_row("heads", f"{run.num_heads} × d={run.head_dim}" + (f", {kv_heads}" if kv_heads else ""))
-    setup.add_row("parameters", parameters_label(run.weights, seed))
+    kv_heads = run_kv_heads_words(run)
+    heads = f"{run.num_heads} × d={run.head_dim}"
+    if run.re_split:  # --heads: the trained projections, split another way
+        heads += f", re-split from the trained {run.model_heads} × d={run.head_dim * run.num_heads // run.model_heads}"
+    setup.add_row("heads", heads + (f", {kv_heads}" if kv_heads else ""))
+    parameters = parameters_label(run.weights, seed)
+    if run.re_split:
+        parameters = parameters.removesuffix(")") + f", split into {run.num_heads} heads in place of its {run.model_heads})"
+    setup.add_row("parameters", parameters)
+    if run.quantisation is not None:
+        setup.add_row("weights", run.quantisation.detail)
     if run.model_causal:
         setup.add_row("mask", f"causal, the model's own: {model_causal_words(run.family, run.stack)}")
     elif run.causal:
@@ -156,6 +165,8 @@ def top_keys_text(summary: HeadSummary, run: AttentionRun, most: int = MAX_TOP_K
 def heads_table(run: AttentionRun, summaries: list[HeadSummary], most: int = MAX_TOP_KEYS_PER_HEAD) -> Table:
     """A row per head of summaries (every head, or --head's one): entropy, rel., mean max, the first `most` queries' top keys."""
     title = "heads" if len(summaries) == run.num_heads else f"{counted(len(summaries), 'head')} of {run.num_heads}"
+    if run.re_split:
+        title += f" ({resplit_words(run)})"
     table = Table(title=title, title_justify="left")
     for name in ("head", "entropy", "rel.", "mean max"):
         table.add_column(name, justify="right", no_wrap=True, min_width=len(name))

@@ -14,6 +14,12 @@ than its heads (grouped-query attention), and an encoder-decoder's attention:
     t5 · T5 · layer 0 · head 3
     “The cat sat.” · decoder cross-attention (keys: the encoder's output for: “Le chat.”)
 
+Weights stored quantised (SmolLM2's GGUF file) are said after the family, and heads that --heads
+re-split from the model's own projections say so, each head as "head 0 of 3":
+
+    SmolLM2-135M-Instruct · Llama (Q4_1 GGUF, dequantised) · layer 0 · head 0 of 3
+    “the cat sat” · 3 heads re-split from the trained 9 · 1 key/value head (grouped-query; trained: 3)
+
 A fallback model (the bundled one in place of the default, offline) and a text the model read
 mostly as [UNK] (UnknownTokens.high) are said in the second line, so that no figure hides them:
 
@@ -95,6 +101,8 @@ def figure_title(
     fonts: bool = True,
     fallback_for: str | None = None,
     unknown: Sequence = (),
+    quantised: str | None = None,
+    heads: str | None = None,
 ) -> str:
     """The two title lines of a figure (more when they would be longer than line_chars).
 
@@ -106,9 +114,12 @@ def figure_title(
     texts are shortened to fit it. family: the model's family, named after the model unless
     it is BERT; stack: an encoder-decoder's attention (stack_words); kv_heads: kv_heads_words;
     fonts=False keeps characters matplotlib's fonts lack (an HTML title, which the browser draws).
-    fallback_for and unknown: the headline's warnings (headline_notes).
+    fallback_for and unknown: the headline's warnings (headline_notes). quantised: how the
+    weights were stored (Quantisation.short), said after the family; heads: resplit_words.
     """
     named_family = [family] if family and family != "BERT" else []
+    if quantised:
+        named_family = [f"{named_family[0]} ({quantised})" if named_family else quantised]
     first = [short_model_name(model), *named_family, *scope, *(["causal"] if causal else [])]
     max_chars = CROSS_TEXT_CHARS if kv_text else TEXT_CHARS
     if line_chars is not None:  # a text fits one line; "cross-attention (keys from: “…”)" too
@@ -118,6 +129,7 @@ def figure_title(
     second += [about] if about else []
     if kv_text or stack:
         second.append(_keys_words(stack, quoted(kv_text, max_chars, fonts) if kv_text else None))
+    second += [heads] if heads else []
     second += [kv_heads] if kv_heads else []
     if "random" in ([weights] if isinstance(weights, str) else weights):
         second.append("random parameters" + (f", seed {seed}" if seed is not None else ""))
@@ -148,11 +160,37 @@ def stack_words(stack: str, quoted_kv_text: str | None = None) -> str:
     return "encoder self-attention"
 
 
-def kv_heads_words(num_heads: int, num_kv_heads: int | None) -> str | None:
-    """ "2 key/value heads (grouped-query)" when the heads share fewer key/value heads; else None."""
+def kv_heads_words(num_heads: int, num_kv_heads: int | None, model_kv_heads: int | None = None) -> str | None:
+    """ "2 key/value heads (grouped-query)" when the heads share fewer key/value heads; else None.
+
+    model_kv_heads: the model's own count, when --heads re-split them into num_kv_heads: "1 key/value head
+    (grouped-query; trained: 3)".
+    """
     if num_kv_heads is None or num_kv_heads >= num_heads:
         return None
-    return f"{counted(num_kv_heads, 'key/value head')} (grouped-query)"
+    resplit = f"; trained: {model_kv_heads}" if model_kv_heads not in (None, num_kv_heads) else ""
+    return f"{counted(num_kv_heads, 'key/value head')} (grouped-query{resplit})"
+
+
+def run_kv_heads_words(run) -> str | None:
+    """kv_heads_words of an AttentionRun (its trained key/value heads when re-split)."""
+    model_kv_heads = run.model_heads // run.group_size if run.re_split else None
+    return kv_heads_words(run.num_heads, run.num_kv_heads, model_kv_heads)
+
+
+def resplit_words(run) -> str | None:
+    """ "3 heads re-split from the trained 12" when --heads split the model's own projections another way; else None."""
+    return f"{counted(run.num_heads, 'head')} re-split from the trained {run.model_heads}" if run.re_split else None
+
+
+def head_scope(run, head: int, short: bool = False) -> list[str]:
+    """A head's part of a title: "head 3", "head 0 of 3" (re-split), and the key/value head it shares
+    with grouped-query attention, "kv head 1" (short: "head 3 · kv 1", as a grid's panel reads)."""
+    name = f"head {head} of {run.num_heads}" if run.re_split and not short else f"head {head}"
+    kv_head = run.kv_head_of(head)
+    if kv_head is None:
+        return [name]
+    return [name, f"kv {kv_head}" if short else f"kv head {kv_head}"]
 
 
 def headline_notes(fallback_for: str | None, unknown: Sequence = ()) -> list[str]:
@@ -180,7 +218,7 @@ def headline_recap(run) -> str | None:
 
 def run_setup(run) -> dict:
     """figure_title's settings of an AttentionRun: its text, keys' text, mask, parameters, family, stack, key/value heads,
-    and whether its model is a fallback and its texts mostly [UNK]."""
+    whether its model is a fallback and its texts mostly [UNK], its weights' quantisation and a re-split of its heads."""
     return dict(
         text=run.text,
         kv_text=run.kv_text,
@@ -188,9 +226,11 @@ def run_setup(run) -> dict:
         weights=run.weights,
         family=run.family,
         stack=run.stack,
-        kv_heads=kv_heads_words(run.num_heads, run.num_kv_heads),
+        kv_heads=run_kv_heads_words(run),
         fallback_for=run.fallback_for,
         unknown=(run.unknown, run.kv_unknown),
+        quantised=run.quantisation.short if run.quantisation is not None else None,
+        heads=resplit_words(run),
     )
 
 

@@ -14,13 +14,21 @@
   function parametersText(text) {
     const seed = text.settings ? text.settings.seed : null;
     if (text.weights === "random") return seed === null || seed === undefined ? "random" : `random (seed ${seed})`;
+    if (text.re_split) return `${text.weights} (the checkpoint's projections, split into ${text.num_heads} heads in place of its ${text.model_heads})`;
     return `${text.weights} (the checkpoint's projections)`;
   }
 
+  // "3 × d = 128, re-split from the trained 12 × d = 32": --heads split the model's own projections another way
+  // (attention.json's re_split, model_heads); with grouped-query attention, the key/value heads they share.
   function headsText(text) {
-    const kvHeads = AV.data.num_kv_heads;
+    const kvHeads = text.num_kv_heads || AV.data.num_kv_heads;
     let words = `${text.num_heads} × d = ${text.head_dim}`;
-    if (kvHeads && kvHeads < text.num_heads) words += `, sharing ${kvHeads} key/value heads`;
+    if (text.re_split) words += `, re-split from the trained ${text.model_heads} × d = ${(text.head_dim * text.num_heads) / text.model_heads}`;
+    if (kvHeads && kvHeads < text.num_heads) {
+      const groups = text.num_heads / kvHeads;
+      words += `, sharing ${kvHeads} key/value ${kvHeads === 1 ? "head" : "heads"} (grouped-query: ${groups} heads each`;
+      words += text.re_split ? `; trained: ${text.model_heads / groups} key/value heads)` : ")";
+    }
     return words;
   }
 
@@ -50,9 +58,11 @@
 
   // [term, value] pairs; a value of null leaves its term out.
   function facts(text) {
-    const model = `${text.model} (${AV.data.family}, ${AV.data.kind})`;
+    const quantised = text.quantisation ? `, ${text.quantisation.short}` : ""; // SmolLM2's GGUF weights
+    const model = `${text.model} (${AV.data.family}, ${AV.data.kind}${quantised})`;
     return [
       ["Model", model],
+      ["Weights", text.quantisation ? text.quantisation.detail : null],
       ["Layer", layerText(text)],
       ["Parameters", parametersText(text)],
       ["Heads", headsText(text)],
