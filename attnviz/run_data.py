@@ -108,6 +108,8 @@ class AttentionRun:
     unknown: UnknownTokens | None = None  # the text's [UNK] tokens (None: not counted)
     kv_unknown: UnknownTokens | None = None  # the --kv text's
     fallback_for: str | None = None  # the model asked for, when another (the bundled one) loaded in its place
+    query_shown: list[str] | None = None  # the tokenizer's query tokens as a reader sees them (models/shown.py); None: as made
+    key_shown: list[str] | None = None  # the key tokens'
 
     @property
     def tokenizer_tokens(self) -> tuple[list[str], list[str]]:
@@ -115,6 +117,20 @@ class AttentionRun:
         if self.words is not None:
             return self.words.query_tokens, self.words.key_tokens
         return self.query_tokens, self.key_tokens
+
+    @property
+    def shown_tokens(self) -> tuple[list[str], list[str]]:
+        """The maps' query and key labels as shown: the words with --words, else the tokens' shown form
+        ("我¹/₂", "␣cat": models/shown.py), where the tokenizer's own spelling is a code ("æĪ", "Ġcat")."""
+        if self.words is not None:
+            return self.query_tokens, self.key_tokens
+        return self.shown_tokenizer_tokens
+
+    @property
+    def shown_tokenizer_tokens(self) -> tuple[list[str], list[str]]:
+        """tokenizer_tokens as shown (models/shown.py), also for a run over words."""
+        queries, keys = self.tokenizer_tokens
+        return self.query_shown or queries, self.key_shown or keys
 
     @property
     def head_dim(self) -> int:
