@@ -284,7 +284,7 @@ class TraceResult:
         from attnviz.render.trace_tables import print_trace
 
         printed = display.Printed(options.max_width)
-        print_trace(printed, self.trace, text_tokens=[run.tokenizer_tokens[0] for run in self.runs])
+        print_trace(printed, self.trace, text_tokens=[run.shown_tokenizer_tokens[0] for run in self.runs])
         yield printed.group()
 
     def __rich__(self):
