@@ -157,6 +157,7 @@ def test_a_tiny_byte_level_models_table_figure_and_json_show_readable_tokens(tin
     for token in shown[1:]:
         assert token in printed
     assert not MOJIBAKE.search(printed)
+    assert "␣ a space; ↵ a newline" in printed  # the legend says what the marks are
     result = attnviz.heads(text, model=str(tiny_llama))
     labels = tick_labels(result.figure(head=0))
     assert labels and set(labels) <= set(shown) and "␣cat" in labels

@@ -129,6 +129,23 @@ def _is_special(token: str, special_tokens) -> bool:
     return token in special_tokens or token in UNKNOWN_TOKENS or bool(_SPECIAL_PATTERN.fullmatch(token))
 
 
+_MARK_NAMES = {"␣": "a space", "↵": "a newline", "⇥": "a tab"}
+
+
+def marks_legend(shown: list[str]) -> str:
+    """What the marks in these shown tokens stand for, e.g. "␣ a space; 我¹/₂ part 1 of 2 of a character's bytes"; "" when none shows."""
+    text = "".join(shown)
+    parts = [f"{mark} {name}" for mark, name in _MARK_NAMES.items() if mark in text]
+    split = _PART.search(text)
+    if split:
+        index, count = (int(digits.translate(_DIGITS)) for digits in split.group(0)[1:].split("/"))
+        parts.append(f"{split.group(0)} part {index} of a character split over {count} tokens")
+    return "; ".join(parts)
+
+
+_DIGITS = str.maketrans("⁰¹²³⁴⁵⁶⁷⁸⁹₀₁₂₃₄₅₆₇₈₉", "01234567890123456789")
+
+
 def unshown(shown: list[str]) -> str:
     """The text shown tokens spell: marks back to whitespace, each split character once (its first part
     kept, the others dropped). The inverse of shown_tokens, for tests and checks."""

@@ -191,10 +191,9 @@ def encode(tokenizer: WordPieceTokenizer, texts: list[str], max_positions: int, 
         ids, truncations = [row for row, _ in cuts], [cut for _, cut in cuts]
     check_lengths([len(row) for row in ids], max_positions)
 
-    import torch  # here: the tokenizer alone needs no torch
-
     tokens = [tokenizer.convert_ids_to_tokens(row) for row in ids]
-    special = SPECIAL_TOKENS | set(tokenizer.convert_ids_to_tokens(tokenizer.all_special_ids))
+
+    import torch  # here: the tokenizer alone needs no torch
 
     longest = max(len(row) for row in ids)
     input_ids = torch.full((len(ids), longest), tokenizer.pad_token_id, dtype=torch.long)  # (B, N)
@@ -209,8 +208,17 @@ def encode(tokenizer: WordPieceTokenizer, texts: list[str], max_positions: int, 
         tokens=tokens,
         ids=ids,
         truncations=truncations,
-        shown=[shown_tokens(row, tokenizer.word_scheme or guess_scheme(row), row_spaces, special) for row, row_spaces in zip(tokens, spaces or [None] * len(tokens))],
+        shown=shown_rows(tokenizer, tokens, spaces),
     )
+
+
+def shown_rows(tokenizer, tokens: list[list[str]], spaces: list[list[bool]] | None) -> list[list[str]]:
+    """Each text's tokens as a reader sees them (models/shown.py), by the tokenizer's scheme and special tokens."""
+    special = SPECIAL_TOKENS | set(tokenizer.convert_ids_to_tokens(tokenizer.all_special_ids))
+    return [
+        shown_tokens(row, tokenizer.word_scheme or guess_scheme(row), row_spaces, special)
+        for row, row_spaces in zip(tokens, spaces or [None] * len(tokens))
+    ]
 
 
 def final_token(tokenizer, ids: list[int]) -> str | None:

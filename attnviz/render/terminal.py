@@ -12,6 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from attnviz.analysis.statistics import CAUSAL_OVER_BIDIRECTIONAL, HeadSummary, model_causal_words
+from attnviz.models.shown import marks_legend
 from attnviz.render.titles import counted, kv_heads_words, quoted, stack_words
 from attnviz.run_data import AttentionRun
 
@@ -115,8 +116,10 @@ def print_tokens(console: Console, run: AttentionRun) -> None:
     cross = run.kv_text or run.stack == "cross"  # cross-attention: the keys are another text's or the encoder's tokens
     words = run.words
     noun, legend = ("words", f"index word = its tokens; {WORDS_LEGEND}") if words else ("tokens", token_legend(run))
-    console.print(Text.assemble((f"query {noun}" if cross else noun, "bold underline"), (f"  {legend}", "dim")))
     (query_tokens, key_tokens), (query_pieces, key_pieces) = run.shown_tokens, run.shown_tokenizer_tokens
+    marks = marks_legend([*query_pieces, *key_pieces])  # "␣ a space; 我¹/₂ part 1 of a character split over 2 tokens"
+    legend += f"; {marks}" if marks else ""
+    console.print(Text.assemble((f"query {noun}" if cross else noun, "bold underline"), (f"  {legend}", "dim")))
     if words:
         console.print(word_cells(query_tokens, query_pieces, words.query_word))
     else:
