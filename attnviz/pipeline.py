@@ -408,6 +408,8 @@ def split_runs(
                 model=loaded.name,
                 query_tokens=queries.tokens[i],
                 key_tokens=keys.tokens[key_index],
+                query_shown=queries.shown[i],
+                key_shown=keys.shown[key_index],
                 query_ids=query_ids,
                 key_ids=key_ids,
                 attention=patterns[i, :, : len(query_ids), : len(key_ids)].copy(),  # (H, Nq_i, Nk_i)

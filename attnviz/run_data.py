@@ -125,6 +125,8 @@ class AttentionRun:
     fallback_for: str | None = None  # the model asked for, when another (the bundled one) loaded in its place
     model_heads: int | None = None  # the model's own head count (of the layer's stack); None: not known
     quantisation: Quantisation | None = None  # the stored weights' quantisation (SmolLM2's GGUF); None: as trained
+    query_shown: list[str] | None = None  # the tokenizer's query tokens as a reader sees them (models/shown.py); None: as made
+    key_shown: list[str] | None = None  # the key tokens'
 
     @property
     def tokenizer_tokens(self) -> tuple[list[str], list[str]]:
@@ -146,6 +148,20 @@ class AttentionRun:
     def kv_head_of(self, head: int) -> int | None:
         """The key/value head that query head `head` reads (head // G) with grouped-query attention; else None."""
         return head // self.group_size if self.group_size > 1 else None
+
+    @property
+    def shown_tokens(self) -> tuple[list[str], list[str]]:
+        """The maps' query and key labels as shown: the words with --words, else the tokens' shown form
+        ("我¹/₂", "␣cat": models/shown.py), where the tokenizer's own spelling is a code ("æĪ", "Ġcat")."""
+        if self.words is not None:
+            return self.query_tokens, self.key_tokens
+        return self.shown_tokenizer_tokens
+
+    @property
+    def shown_tokenizer_tokens(self) -> tuple[list[str], list[str]]:
+        """tokenizer_tokens as shown (models/shown.py), also for a run over words."""
+        queries, keys = self.tokenizer_tokens
+        return self.query_shown or queries, self.key_shown or keys
 
     @property
     def head_dim(self) -> int:

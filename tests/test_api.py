@@ -133,7 +133,7 @@ def test_results_display_themselves_as_html_and_rich(model):
 
     result = attnviz.heads("the cat sat", model=model)
     page = result._repr_html_()
-    assert '<img src="data:image/png;base64,' in page and "0:[CLS]" in page and "3:sat" in page
+    assert '<img src="data:image/png;base64,' in page and "0:[CLS]" in page and "3:␣sat" in page  # ␣: a space before "sat" (models/shown.py)
     assert "<script" not in page and "http" not in page
     console = Console(width=100, record=True, file=open("/dev/null", "w"))
     console.print(result)

@@ -53,8 +53,9 @@ def test_cross_attention_is_each_query_against_the_other_texts_keys(cross, refer
 def test_the_heatmap_labels_rows_with_query_tokens_and_columns_with_key_tokens(cross):
     figure = heatmap.head_figure(cross, 0)
     ax = figure.axes[0]
-    assert [label.get_text() for label in ax.get_yticklabels()] == cross.query_tokens
-    assert [label.get_text() for label in ax.get_xticklabels()] == cross.key_tokens
+    assert [label.get_text() for label in ax.get_yticklabels()] == cross.shown_tokens[0]  # as shown: "␣cat" (models/shown.py)
+    assert [label.get_text() for label in ax.get_xticklabels()] == cross.shown_tokens[1]
+    assert cross.shown_tokens[0] != cross.shown_tokens[1]
     assert ax.images[0].get_array().shape == (9, 16)  # Nq rows, Nk columns
     width, height = figure.get_size_inches()
     assert width > height  # 16 key columns, 9 query rows

@@ -165,7 +165,8 @@ def test_a_long_texts_position_figure_labels_every_kth_token_with_its_index(bund
     assert len(maps) == 8
     expected_ticks = list(range(0, 100, 7))  # every 7th: ceil(100 / 16)
     for column, ax in enumerate(maps):
-        tokens = result.permuted_tokens if column % 4 == 1 else result.tokens
+        shown = result.shown_tokens  # the labels show the tokens as models/shown.py writes them: "␣animal"
+        tokens = [shown[i] for i in result.permutation] if column % 4 == 1 else shown
         keys = [label.get_text() for label in ax.get_xticklabels()]
         assert len(keys) <= MAX_POSITION_LONG_TICK_LABELS
         assert keys == [f"{k}:{tokens[k]}" for k in expected_ticks]

@@ -167,7 +167,7 @@ def test_hovering_a_token_keeps_only_its_lines(zh_page):
 def test_the_chinese_text_and_tokens_are_characters_in_the_page(zh_page):
     page, text = zh_page.page, zh_page.text
     assert ZH in page.text_content("header#report-header")
-    for side, tokens in (("query", text["query_tokens"]), ("key", text["key_tokens"])):
+    for side, tokens in (("query", text["shown_query_tokens"]), ("key", text["shown_key_tokens"])):
         assert zh_page.texts(f".token[data-side='{side}']") == tokens
     shown = "".join(zh_page.texts(".token[data-side='query']"))
     assert all(character in shown for character in ZH_TOKENS)
@@ -276,7 +276,7 @@ def test_hostile_text_shows_as_characters_and_runs_nothing(hostile_report, offli
     page = opened.page
     record = embedded_record(hostile_report.read_text(encoding="utf-8"))
     assert HOSTILE in page.text_content("header#report-header")
-    assert opened.texts(".token[data-side='query']") == record["texts"][0]["query_tokens"]
+    assert opened.texts(".token[data-side='query']") == record["texts"][0]["shown_query_tokens"]
     assert "</script>" in "".join(record["texts"][0]["query_tokens"])
     assert page.title() != "x" and page.title().startswith("attnviz")
     assert page.evaluate("[document.images.length, document.scripts.length]") == [0, 2]

@@ -499,7 +499,7 @@ def test_trace_layout_all_with_a_batch_agrees_and_shows_the_padding(tmp_path, ca
     shown = capsys.readouterr().out
     assert "batch of 2 texts padded to 16 tokens" in shown and "single-head" in shown
     assert re.search(r"^ +0 +9 +7: 9–15 +0:\[CLS\] 1:the", shown, re.M)  # text 0: 9 tokens, keys 9..15 padding
-    assert re.search(r"^ +1 +16 +none +0:\[CLS\] 1:the 2:animal", shown, re.M)
+    assert re.search(r"^ +1 +16 +none +0:\[CLS\] 1:the 2:␣animal", shown, re.M)  # ␣: a space before the token (models/shown.py)
 
 
 def test_trace_from_a_file_of_texts(tmp_path):

@@ -222,8 +222,8 @@ def text_run(tokens: list[str]) -> SimpleNamespace:
     return SimpleNamespace(
         query_tokens=tokens, text=" ".join(tokens[1:-1]), kv_text=None, model="bundled", layer=0, causal=False,
         weights="pretrained", family="BERT", stack=None, num_heads=48, num_kv_heads=None, model_causal=False,
-        words=None, tokenizer_tokens=(tokens, tokens), fallback_for=None, unknown=None, kv_unknown=None, re_split=False,
-        quantisation=None,
+        words=None, tokenizer_tokens=(tokens, tokens), shown_tokenizer_tokens=(tokens, tokens), fallback_for=None, unknown=None,
+        kv_unknown=None, re_split=False, quantisation=None,
     )
 
 

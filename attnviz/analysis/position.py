@@ -68,6 +68,7 @@ class PositionResult:
     without_positions: PositionSide
     with_positions: PositionSide
     notices: list[str]
+    shown_tokens: list[str] | None = None  # the tokens as a reader sees them (models/shown.py); None: as made
 
     @property
     def permuted_tokens(self) -> list[str]:
@@ -172,6 +173,7 @@ def position_experiment(
         model=loaded.name,
         device=device,
         tokens=tokens,
+        shown_tokens=encoded.shown[0],
         ids=encoded.ids[0],
         permutation=permutation,
         head=shown,

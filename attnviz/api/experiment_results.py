@@ -118,7 +118,7 @@ class StatsResult:
         headers = ["", *[f"H{head}" for head in range(self.stats.num_heads)]]
         return display.result_html(
             f"stats · {self.first_run.model} · {self.stats.num_texts} text{'s' if self.stats.num_texts != 1 else ''}",
-            display.tokens_html(self.first_run.query_tokens, f"first text's {'words' if self.first_run.words else 'tokens'}"),
+            display.tokens_html(self.first_run.shown_tokens[0], f"first text's {'words' if self.first_run.words else 'tokens'}"),
             display.figure_html(self.figure(), "Jensen-Shannon distances between heads") if self.js_distance is not None else "",
             display.table_html(headers, rows, "head labels by layer (stats.csv has every statistic)"),
         )
@@ -207,21 +207,22 @@ class LayersResult:
         from attnviz.render.stats_tables import print_rollout
 
         printed = display.Printed(options.max_width)
-        print_rollout(printed, self.tokens, self.rollout)
+        print_rollout(printed, self.layer_runs[0].shown_tokens[0], self.rollout)
         yield printed.group()
 
     def __rich__(self):
         return _Rendered(self)
 
     def _repr_html_(self) -> str:
+        tokens = self.layer_runs[0].shown_tokens[0]
         rows = [
-            [f"{query}:{token}", f"{int(self.rollout[query].argmax())}:{self.tokens[int(self.rollout[query].argmax())]}",
+            [f"{query}:{token}", f"{int(self.rollout[query].argmax())}:{tokens[int(self.rollout[query].argmax())]}",
              display.number(float(self.rollout[query].max()))]
-            for query, token in enumerate(self.tokens)
+            for query, token in enumerate(tokens)
         ]  # fmt: skip
         return display.result_html(
             f"layers · {self.layer_runs[0].model} · {len(self.layer_runs)} layers · {self.layer_runs[0].text}",
-            display.tokens_html(self.tokens),
+            display.tokens_html(tokens),
             display.figure_html(self.figure(), "every layer's heads"),
             display.table_html(["token", "input token it draws on most", "share"], rows, "attention rollout through every layer"),
         )
@@ -285,7 +286,7 @@ class CompareResult:
         ]  # fmt: skip
         return display.result_html(
             f"compare · {self.splits[0].run.model} · layer {self.splits[0].run.layer} · {self.splits[0].run.text}",
-            display.tokens_html(self.tokens),
+            display.tokens_html(self.splits[0].run.shown_tokens[0]),
             display.figure_html(self.figure(), "the same projections split into different numbers of heads"),
             display.table_html(["parameters", "heads", "d", "rel.", "mean max"], rows, "rel.: row entropy / log(keys), mean over heads"),
         )

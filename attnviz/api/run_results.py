@@ -157,9 +157,9 @@ class HeadsResult:
             [s.head, display.number(s.entropy), display.number(s.relative_entropy), display.number(s.mean_max)]
             for s in self.summaries
         ]
-        parts = [display.notes_html(self.notices), display.tokens_html(self.tokens, "query tokens" if self.run.kv_text else "tokens")]
+        parts = [display.notes_html(self.notices), display.tokens_html(self.run.shown_tokens[0], "query tokens" if self.run.kv_text else "tokens")]
         if self.run.kv_text:
-            parts.append(display.tokens_html(self.key_tokens, "key/value tokens"))
+            parts.append(display.tokens_html(self.run.shown_tokens[1], "key/value tokens"))
         parts += [
             display.figure_html(self.figure(), "every head's attention"),
             *([display.figure_html(self.measures_figure(), "what the weights leave out")] if self.measures is not None else []),
@@ -284,7 +284,7 @@ class TraceResult:
         from attnviz.render.trace_tables import print_trace
 
         printed = display.Printed(options.max_width)
-        print_trace(printed, self.trace, text_tokens=[run.tokenizer_tokens[0] for run in self.runs])
+        print_trace(printed, self.trace, text_tokens=[run.shown_tokenizer_tokens[0] for run in self.runs])
         yield printed.group()
 
     def __rich__(self):
@@ -304,7 +304,7 @@ class TraceResult:
         ]
         return display.result_html(
             f"trace · {self.trace.model} · layer {self.trace.layer} · {self.trace.num_heads} heads",
-            display.tokens_html(self.tokens),
+            display.tokens_html(self.runs[0].shown_tokenizer_tokens[0]),
             display.table_html(["layout", "role", "code", "shapes in", "shape out", "stride", "contiguous", "memory"], step_rows),
             display.table_html(["layout", "reference", "attention", "output", "agree"], check_rows, "max |difference|; agree within 1e-5"),
         )  # fmt: skip

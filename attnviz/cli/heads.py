@@ -130,7 +130,7 @@ def heads(
     if traced is not None:
         from attnviz.render.trace_tables import print_trace
 
-        print_trace(console, traced.trace, text_tokens=[run.query_tokens])
+        print_trace(console, traced.trace, text_tokens=[run.shown_tokens[0]])
 
     def write(staging: Path) -> list[Path]:
         # The figure worker (attnviz/startup.py) writes the result's files while this process computes the report.

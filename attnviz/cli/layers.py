@@ -74,7 +74,7 @@ def layers(
     terminal.print_notices(errors, first.notices)
     terminal.print_setup(console, first, handle.source, handle.device_label, len(result.layer_runs), seed=options.seed)
     terminal.print_tokens(console, first)
-    stats_tables.print_rollout(console, first.query_tokens, result.rollout, first.causal and not first.model_causal)
+    stats_tables.print_rollout(console, first.shown_tokens[0], result.rollout, first.causal and not first.model_causal)
     if result.measures is not None and result.measures.flow is not None:
-        stats_tables.print_rollout(console, first.query_tokens, result.measures.flow.normalised, name="flow")
+        stats_tables.print_rollout(console, first.shown_tokens[0], result.measures.flow.normalised, name="flow")
     write_run(out, target, "writing figures…", lambda staging: startup.draw(result.write_files, staging, image_format.value))

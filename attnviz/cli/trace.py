@@ -113,7 +113,7 @@ def trace(
     terminal.print_notices(errors, [notice for run in runs for notice in run.notices])
     terminal.print_setup(console, runs[0], handle.source, handle.device_label, seed=options.seed)
     terminal.print_tokens(console, runs[0])
-    print_trace(console, result.trace, text_tokens=[run.tokenizer_tokens[0] for run in runs])
+    print_trace(console, result.trace, text_tokens=[run.shown_tokenizer_tokens[0] for run in runs])
 
     figure_notes: list[str] = []  # figures capped in size or thinned
     write_run(

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from attnviz.errors import AttnvizError, first_line
-from attnviz.models.words import tokenizer_scheme
+from attnviz.models.shown import shown_tokens, space_before
+from attnviz.models.words import SPECIAL_TOKENS, WORDPIECE, guess_scheme, tokenizer_scheme
 from attnviz.run_data import Truncation, UnknownTokens
 
 if TYPE_CHECKING:
@@ -68,6 +69,10 @@ class WordPieceTokenizer:
         for row in ids:
             self._check_ids(row)
         return ids
+
+    def spaces_before(self, texts: list[str]) -> list[list[bool]]:
+        """Whether whitespace precedes each token of each text (encode_batch's tokens), from the offsets."""
+        return [space_before(text, encoding.offsets) for text, encoding in zip(texts, self._tokenizer.encode_batch(texts))]
 
     def _check_ids(self, ids: list[int]) -> None:
         if self.embedding_rows is not None and ids and max(ids) >= self.embedding_rows:
@@ -140,6 +145,7 @@ class Encoded:
     tokens: list[list[str]]  # each text's tokens, padding left out
     ids: list[list[int]]
     truncations: list[Truncation | None]  # each text's cut by --truncate, None when it fit
+    shown: list[list[str]] = field(default_factory=list)  # each text's tokens as a reader sees them (models/shown.py)
 
     @property
     def valid_lens(self) -> torch.Tensor:
@@ -176,11 +182,16 @@ def encode(tokenizer: WordPieceTokenizer, texts: list[str], max_positions: int, 
         if not text.strip():
             raise AttnvizError("the text is empty: give some words to attend over")
     ids = tokenizer.encode_batch(texts)
+    spaces = tokenizer.spaces_before(texts) if tokenizer.word_scheme == WORDPIECE else None  # shown_tokens' space marks
     truncations = [None] * len(ids)
     if truncate:
-        cuts = [truncate_ids(row, max_positions, final_token(tokenizer, row)) for row in ids]
+        finals = [final_token(tokenizer, row) for row in ids]
+        spaces = spaces and [truncate_ids(row, max_positions, final)[0] for row, final in zip(spaces, finals)]
+        cuts = [truncate_ids(row, max_positions, final) for row, final in zip(ids, finals)]
         ids, truncations = [row for row, _ in cuts], [cut for _, cut in cuts]
     check_lengths([len(row) for row in ids], max_positions)
+
+    tokens = [tokenizer.convert_ids_to_tokens(row) for row in ids]
 
     import torch  # here: the tokenizer alone needs no torch
 
@@ -194,10 +205,20 @@ def encode(tokenizer: WordPieceTokenizer, texts: list[str], max_positions: int, 
         input_ids=input_ids,
         attention_mask=attention_mask,
         token_type_ids=torch.zeros_like(input_ids),  # one segment: every token is sentence A
-        tokens=[tokenizer.convert_ids_to_tokens(row) for row in ids],
+        tokens=tokens,
         ids=ids,
         truncations=truncations,
+        shown=shown_rows(tokenizer, tokens, spaces),
     )
+
+
+def shown_rows(tokenizer, tokens: list[list[str]], spaces: list[list[bool]] | None) -> list[list[str]]:
+    """Each text's tokens as a reader sees them (models/shown.py), by the tokenizer's scheme and special tokens."""
+    special = SPECIAL_TOKENS | set(tokenizer.convert_ids_to_tokens(tokenizer.all_special_ids))
+    return [
+        shown_tokens(row, tokenizer.word_scheme or guess_scheme(row), row_spaces, special)
+        for row, row_spaces in zip(tokens, spaces or [None] * len(tokens))
+    ]
 
 
 def final_token(tokenizer, ids: list[int]) -> str | None:

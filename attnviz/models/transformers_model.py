@@ -28,6 +28,7 @@ from torch import nn
 from attnviz.attention.layer import AttentionWeights
 from attnviz.errors import AttnvizError
 from attnviz.models.families import DECODER, ENCODER_DECODER, Family
+from attnviz.models.shown import space_before
 from attnviz.models.words import tokenizer_scheme
 
 
@@ -272,6 +273,14 @@ class TransformersTokenizer:
 
     def convert_ids_to_tokens(self, ids: list[int]) -> list[str]:
         return self._tokenizer.convert_ids_to_tokens(ids)
+
+    def spaces_before(self, texts: list[str]) -> list[list[bool]] | None:
+        """Whether whitespace precedes each token of each text (encode_batch's tokens), from a fast tokenizer's offsets; None for a slow one."""
+        if not self._tokenizer.is_fast:
+            return None
+        offsets = self._tokenizer(texts, add_special_tokens=True, return_offsets_mapping=True)["offset_mapping"]
+        spaces = [space_before(text, row) for text, row in zip(texts, offsets)]
+        return spaces if self.start_token_id is None else [[False, *row[:-1]] for row in spaces]
 
 def load_transformers_tokenizer(folder: Path, embedding_rows: int) -> TransformersTokenizer:
     from transformers import AutoTokenizer

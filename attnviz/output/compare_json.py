@@ -26,6 +26,7 @@ def comparison_record(splits: list[Split], spec: RunSpec) -> dict:
         "layer": first.layer,
         "device": first.device,
         "tokens": first.query_tokens,
+        "shown_tokens": first.shown_tokens[0],  # as figures and tables show them (models/shown.py)
         "splits": [
             {
                 "settings": replace(spec, num_heads=split.num_heads, weights=split.weights).to_dict(),

@@ -44,6 +44,8 @@ def attention_record(run: AttentionRun, spec: RunSpec, measures=None) -> dict:
         "causal_note": run_causal_note(run),
         "query_tokens": run.query_tokens,
         "key_tokens": run.key_tokens,
+        "shown_query_tokens": run.shown_tokenizer_tokens[0],  # as figures and tables show them (models/shown.py): 我¹/₂, ␣cat
+        "shown_key_tokens": run.shown_tokenizer_tokens[1],
         "query_ids": run.query_ids,
         "key_ids": run.key_ids,
         **(words_record(run) if run.words is not None else {}),

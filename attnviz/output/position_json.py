@@ -31,6 +31,7 @@ def position_record(result: PositionResult, spec: RunSpec) -> dict:
         "weights": "pretrained",
         "device": result.device,
         "tokens": result.tokens,
+        "shown_tokens": result.shown_tokens,  # as the figure shows them (models/shown.py)
         "permutation": result.permutation,
         "permuted_tokens": result.permuted_tokens,
         "head_shown": result.head,

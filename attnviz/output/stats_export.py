@@ -123,6 +123,7 @@ def layers_record(format_name: str, layer_runs: list[AttentionRun], spec: RunSpe
         "causal": run.causal,
         "causal_note": run_causal_note(run, every_layer=True),
         "tokens": run.tokenizer_tokens[0],
+        "shown_tokens": run.shown_tokenizer_tokens[0],  # as figures and tables show them (models/shown.py)
         "ids": run.words.query_ids if run.words is not None else run.query_ids,
         **words,
     }

@@ -291,7 +291,7 @@ def write_trace_files(
     """
     from attnviz.render.mistake_figures import write_mistake_figures
 
-    text_tokens = [run.tokenizer_tokens[0] for run in runs]
+    text_tokens = [run.shown_tokenizer_tokens[0] for run in runs]
     written = [write_trace_json(result, spec, out_dir / "trace.json")]
     written.append(write_trace_markdown(result, out_dir / "trace.md", text_tokens))
     if result.mistake is not None:

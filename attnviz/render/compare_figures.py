@@ -124,8 +124,8 @@ def _draw_split(cell_figure, split: Split, norm, seed: int | None) -> list:
         first_column = index % num_columns == 0
         label_tokens(
             ax,
-            split.run.key_tokens if labelled and last_row else [],
-            split.run.query_tokens if labelled and first_column else [],
+            split.run.shown_tokens[1] if labelled and last_row else [],
+            split.run.shown_tokens[0] if labelled and first_column else [],
             max_labels,
             fontsize=7,
         )

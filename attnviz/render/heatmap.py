@@ -313,8 +313,9 @@ def freeze_layout(figure) -> None:
 def _label_token_axes(
     ax, run: AttentionRun, max_labels: int, fontsize: float, keys: bool = True, queries: bool = True
 ) -> None:
-    """The run's tokens on the x (keys) and y (queries) axes; no ticks where turned off."""
-    label_tokens(ax, run.key_tokens if keys else [], run.query_tokens if queries else [], max_labels, fontsize)
+    """The run's tokens (as shown: run.shown_tokens) on the x (keys) and y (queries) axes; no ticks where turned off."""
+    query_tokens, key_tokens = run.shown_tokens
+    label_tokens(ax, key_tokens if keys else [], query_tokens if queries else [], max_labels, fontsize)
 
 
 def label_tokens(ax, key_tokens: list[str], query_tokens: list[str], max_labels: int, fontsize: float) -> None:

@@ -136,7 +136,7 @@ def maps_figure(
         ax.set_title(panel.title, fontsize=9 if len(panels) == 1 else 8, wrap=True, parse_math=False)
         outer_keys, outer_queries = index + num_columns >= len(panels), index % num_columns == 0
         label_tokens(
-            ax, run.key_tokens if outer_keys else [], run.query_tokens if outer_queries else [], max_labels, 7 if len(panels) > 1 else 9
+            ax, run.shown_tokens[1] if outer_keys else [], run.shown_tokens[0] if outer_queries else [], max_labels, 7 if len(panels) > 1 else 9
         )
     if shared_colour:
         shared_bar = attention_colorbar(figure, drawn[0][0], shared_colour, ax=axes, shrink=0.6)

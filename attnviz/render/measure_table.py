@@ -27,7 +27,7 @@ def print_measures(console: Console, run: AttentionRun, measures) -> None:
     for panel in panels.values():
         table.add_column(panel.title, justify="right")
     for key in keys:
-        table.add_row(indexed(key, run.key_tokens[key]), *(f"{100 * share[key]:.1f}" for share in shares.values()))
+        table.add_row(indexed(key, run.shown_tokens[1][key]), *(f"{100 * share[key]:.1f}" for share in shares.values()))
     console.print(table)
     more = len(run.key_tokens) - len(keys)
     legend = "weights averaged over heads; norm summed over heads; value zeroing and flow with rows normalised"

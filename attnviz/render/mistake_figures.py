@@ -90,8 +90,8 @@ def write_split_heatmaps(
     wrong = next(trace for trace in result.layouts if trace.mistake == "view-without-permute")
     weights = wrong.weights[0].numpy()  # (H, Nq, Nk) of the first text, padding included
     num_heads, num_queries, num_keys = weights.shape
-    query_labels = slice_labels(num_heads, num_queries, result.head_dim, run.tokenizer_tokens[0])
-    key_labels = slice_labels(num_heads, num_keys, result.head_dim, run.tokenizer_tokens[1])
+    query_labels = slice_labels(num_heads, num_queries, result.head_dim, run.shown_tokenizer_tokens[0])
+    key_labels = slice_labels(num_heads, num_keys, result.head_dim, run.shown_tokenizer_tokens[1])
     prefix = mistake_prefix("view-without-permute")
     # One figure for every head: per head only the data, the tick labels and the title change.
     # Its layout is solved once, for the head with the longest labels, so that every head fits.
@@ -175,7 +175,7 @@ def write_merge_figure(
     from attnviz.tracing import merge_provenance
 
     notes = [] if notes is None else notes
-    tokens = run.tokenizer_tokens[0]  # the merged rows are tokens' rows, also with --words
+    tokens = run.shown_tokenizer_tokens[0]  # the merged rows are tokens' rows, also with --words
     num_heads, num_tokens = result.num_heads, len(tokens)
     panels = {
         "right\nz.permute(0, 2, 1, 3).contiguous().view(B, N, D)": merge_provenance(num_heads, num_tokens, result.head_dim),

@@ -84,7 +84,7 @@ class _Row:
         num_tokens = len(result.tokens)
         zeros = np.ma.masked_array(np.zeros((num_tokens, num_tokens), dtype=np.float32))  # (N, N) until show()
         axes = row_figure.subplots(1, 4)
-        tokens = list(result.tokens)
+        tokens = list(result.shown_tokens or result.tokens)
         panels = [
             (tokens, "A(x): the text"),
             ([tokens[i] for i in result.permutation], "A(Px): permuted text"),

@@ -130,7 +130,7 @@ def _label_layers_grid(ax, num_layers: int, num_heads: int, panel_size: int, ste
 
 def _token_label_inches(run: AttentionRun) -> float:
     """The room the longest token label takes across (keys are written upright, queries along)."""
-    ems = max(_ems(displayable(token)) for token in [*run.key_tokens, *run.query_tokens])
+    ems = max(_ems(displayable(token)) for token in [*run.shown_tokens[1], *run.shown_tokens[0]])
     return min(1.2, 0.15 + ems * TOKEN_LABEL_POINTS / 72)
 
 
@@ -163,15 +163,16 @@ def _label_panel_tokens(
     def cells(positions: list[int], num_tokens: int, panel: int) -> list[float]:
         return [panel * step + (token + 0.5) * panel_size / num_tokens - 0.5 for token in positions]  # its cell, or block
 
-    keys = tick_positions(len(run.key_tokens), max_labels)
-    queries = tick_positions(len(run.query_tokens), max_labels)
+    query_tokens, key_tokens = run.shown_tokens
+    keys = tick_positions(len(key_tokens), max_labels)
+    queries = tick_positions(len(query_tokens), max_labels)
     # parse_math=False: a token such as "$" must print as itself, not start mathtext.
     bottom.set_xticks(
-        cells(keys, len(run.key_tokens), 0), [displayable(run.key_tokens[k]) for k in keys],
+        cells(keys, len(key_tokens), 0), [displayable(key_tokens[k]) for k in keys],
         rotation=90, fontsize=TOKEN_LABEL_POINTS, parse_math=False,
     )  # fmt: skip
     right.set_yticks(
-        cells(queries, len(run.query_tokens), num_layers - 1), [displayable(run.query_tokens[q]) for q in queries],
+        cells(queries, len(query_tokens), num_layers - 1), [displayable(query_tokens[q]) for q in queries],
         fontsize=TOKEN_LABEL_POINTS, parse_math=False,
     )  # fmt: skip
     for axis in token_axes:
@@ -241,7 +242,7 @@ def rollout_figure(layer_runs: list[AttentionRun], rollout: np.ndarray, seed: in
     if values_in_cells is not None:
         update_cell_values(values_in_cells, shown, image)
     short = num_tokens <= MAX_ANNOTATED_TOKENS
-    label_tokens(ax, run.query_tokens, run.query_tokens, MAX_TICK_LABELS, fontsize=10 if short else 7)
+    label_tokens(ax, run.shown_tokens[0], run.shown_tokens[0], MAX_TICK_LABELS, fontsize=10 if short else 7)
     ax.set_xlabel("input token (key)")
     ax.set_ylabel("token after the last layer (query)")
     scope = [f"attention rollout through {counted(len(layer_runs), 'layer')}", "heads averaged"]

@@ -12,6 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from attnviz.analysis.statistics import CAUSAL_OVER_BIDIRECTIONAL, HeadSummary, model_causal_words
+from attnviz.models.shown import marks_legend
 from attnviz.render.titles import counted, quoted, resplit_words, run_kv_heads_words, stack_words
 from attnviz.run_data import AttentionRun
 
@@ -115,7 +116,7 @@ def token_legend(run: AttentionRun) -> str:
     if run.family == "BERT":
         return TOKEN_LEGEND
     if run.stack in ("decoder", "cross"):  # the decoder reads the text shifted right, after its start token
-        return f"index token id (index 0, {run.query_tokens[0]}, is the decoder's start token)"
+        return f"index token id (index 0, {run.shown_tokens[0][0]}, is the decoder's start token)"
     return "index token id"
 
 
@@ -124,14 +125,17 @@ def print_tokens(console: Console, run: AttentionRun) -> None:
     cross = run.kv_text or run.stack == "cross"  # cross-attention: the keys are another text's or the encoder's tokens
     words = run.words
     noun, legend = ("words", f"index word = its tokens; {WORDS_LEGEND}") if words else ("tokens", token_legend(run))
+    (query_tokens, key_tokens), (query_pieces, key_pieces) = run.shown_tokens, run.shown_tokenizer_tokens
+    marks = marks_legend([*query_pieces, *key_pieces])  # "␣ a space; 我¹/₂ part 1 of a character split over 2 tokens"
+    legend += f"; {marks}" if marks else ""
     console.print(Text.assemble((f"query {noun}" if cross else noun, "bold underline"), (f"  {legend}", "dim")))
     if words:
-        console.print(word_cells(run.query_tokens, words.query_tokens, words.query_word))
+        console.print(word_cells(query_tokens, query_pieces, words.query_word))
     else:
-        console.print(token_cells(run.query_tokens, run.query_ids))
+        console.print(token_cells(query_tokens, run.query_ids))
     if cross:
         console.print(Text(f"key/value {noun}", style="bold underline"))
-        console.print(word_cells(run.key_tokens, words.key_tokens, words.key_word) if words else token_cells(run.key_tokens, run.key_ids))
+        console.print(word_cells(key_tokens, key_pieces, words.key_word) if words else token_cells(key_tokens, run.key_ids))
 
 
 def word_cells(labels: list[str], tokens: list[str], token_words: list[int]) -> Columns:
@@ -153,7 +157,7 @@ def indexed(index: int, token: str) -> str:
 def top_keys_text(summary: HeadSummary, run: AttentionRun, most: int = MAX_TOP_KEYS_PER_HEAD) -> Text:
     """ "0:[CLS]→0:[CLS] 1:the→3:cat …": each query (the first `most`) and the key it attends to most, by index."""
     pairs = [
-        f"{indexed(query, run.query_tokens[query])}→{indexed(key, run.key_tokens[key])}"
+        f"{indexed(query, run.shown_tokens[0][query])}→{indexed(key, run.shown_tokens[1][key])}"
         for query, key in enumerate(summary.top_keys[:most])
     ]
     more = len(summary.top_keys) - most

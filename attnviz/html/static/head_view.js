@@ -93,9 +93,9 @@
       AV.el("div", { class: "column-title" }, "queries"),
       AV.el("div", {}),
       AV.el("div", { class: "column-title" }, text.kv_text === null ? "keys" : "keys (--kv text)"),
-      tokenColumn(text.query_tokens, "query"),
+      tokenColumn(text.shown_query_tokens, "query"),
       lines,
-      tokenColumn(text.key_tokens, "key"),
+      tokenColumn(text.shown_key_tokens, "key"),
     );
     section.appendChild(AV.el("h2", {}, "Head view"));
     section.appendChild(AV.el("div", { class: "controls" }, layerSelect(textIndex), headToggles()));
@@ -288,15 +288,15 @@
   function lineReadout(head, i, j) {
     const text = AV.data.texts[drawn.textIndex];
     const w = weightOf(head, i, j);
-    return `layer ${drawn.layer} · head ${head} · ${AV.tokenLabel(text.query_tokens, i)} → ${AV.tokenLabel(text.key_tokens, j)} ${AV.formatWeight(w, drawn.exact)}`;
+    return `layer ${drawn.layer} · head ${head} · ${AV.tokenLabel(text.shown_query_tokens, i)} → ${AV.tokenLabel(text.shown_key_tokens, j)} ${AV.formatWeight(w, drawn.exact)}`;
   }
 
   // A token's strongest lines, per chosen head (the keyboard's way to the weights of its lines).
   function tokenReadout(side, index) {
     const current = drawn;
     const text = AV.data.texts[current.textIndex];
-    const own = side === "query" ? text.query_tokens : text.key_tokens;
-    const other = side === "query" ? text.key_tokens : text.query_tokens;
+    const own = side === "query" ? text.shown_query_tokens : text.shown_key_tokens;
+    const other = side === "query" ? text.shown_key_tokens : text.shown_query_tokens;
     const arrow = side === "query" ? "→" : "←";
     const parts = [];
     for (const head of current.heads.slice(0, 4)) {

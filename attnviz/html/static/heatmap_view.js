@@ -91,8 +91,8 @@
         container.appendChild(AV.el("span", { style: `${along}:${centre}px`, title: AV.tokenLabel(tokens, index) }, tokens[index]));
       }
     };
-    place(current.queryLabels, text.query_tokens, "top", current.rows * cellSize);
-    place(current.keyLabels, text.key_tokens, "left", current.cols * cellSize);
+    place(current.queryLabels, text.shown_query_tokens, "top", current.rows * cellSize);
+    place(current.keyLabels, text.shown_key_tokens, "left", current.cols * cellSize);
     return step;
   }
 
@@ -104,7 +104,7 @@
     const text = AV.data.texts[current.textIndex];
     const masked = current.causal && j > i;
     const weight = masked ? "masked by the causal mask" : AV.formatWeight(weightAt(current, i, j), current.exact);
-    return `layer ${current.layer} · head ${current.head} · query ${AV.tokenLabel(text.query_tokens, i)} · key ${AV.tokenLabel(text.key_tokens, j)} · ${weight}`;
+    return `layer ${current.layer} · head ${current.head} · query ${AV.tokenLabel(text.shown_query_tokens, i)} · key ${AV.tokenLabel(text.shown_key_tokens, j)} · ${weight}`;
   }
 
   // Shows cell (i, j): the cursor's box on the map and the read-out.

@@ -141,7 +141,7 @@
     ); // prettier-ignore
     const weights = await AV.weights(textIndex, "rollout");
     if (!weights) return;
-    const tokens = text.query_tokens;
+    const tokens = text.shown_query_tokens;
     const n = tokens.length;
     const logScale = AV.logScale(n);
     const cellSize = Math.min(MAX_CELL_PX, Math.max(1, Math.floor(MAP_SIDE_PX / n)));
