@@ -99,7 +99,7 @@ def text_record(text: ReportText, spec: RunSpec) -> dict:
     record = attention_record(run, spec)
     if run.words is not None:  # the page shows what the maps are over: its query_tokens are the words, the tokens are kept
         record["query_pieces"], record["key_pieces"] = record["query_tokens"], record["key_tokens"]
-        record["query_tokens"], record["key_tokens"] = record["query_words"], record["key_words"]
+        record["query_tokens"], record["key_tokens"] = record["query_words_shown"], record["key_words_shown"]
     record["attention"] = encode_exact(run.attention)
     record["title"] = run_title(run, [f"layer {run.layer}"], seed=spec.seed if run.weights == "random" else None, fonts=False).split("\n")
     every_layer = replace(spec, layer=None, js=True)  # stats.json's settings: one text's statistics, its JS distances measured

@@ -117,12 +117,12 @@ def print_tokens(console: Console, run: AttentionRun) -> None:
     noun, legend = ("words", f"index word = its tokens; {WORDS_LEGEND}") if words else ("tokens", token_legend(run))
     console.print(Text.assemble((f"query {noun}" if cross else noun, "bold underline"), (f"  {legend}", "dim")))
     if words:
-        console.print(word_cells(run.query_tokens, words.query_tokens, words.query_word))
+        console.print(word_cells(words.query_plain_words, words.query_tokens, words.query_word))  # the pieces say what the model saw
     else:
         console.print(token_cells(run.query_tokens, run.query_ids))
     if cross:
         console.print(Text(f"key/value {noun}", style="bold underline"))
-        console.print(word_cells(run.key_tokens, words.key_tokens, words.key_word) if words else token_cells(run.key_tokens, run.key_ids))
+        console.print(word_cells(words.key_plain_words, words.key_tokens, words.key_word) if words else token_cells(run.key_tokens, run.key_ids))
 
 
 def word_cells(labels: list[str], tokens: list[str], token_words: list[int]) -> Columns:
