@@ -145,3 +145,27 @@ def test_the_advice_offline_is_right_smollm2_over_words_reads_the_headline(smoll
     assert [w for w in caught if issubclass(w.category, AttnvizWarning)] == []
     assert result.run.unknown.count == 0
     assert "我" in result.tokens and "酸菜鱼" in result.tokens
+
+
+def test_compare_and_position_figures_name_the_fallback_and_the_unknown_share(offline):
+    """compare.png and position.png show a run of the fallback model too: their titles say so, as the run figures' do."""
+    count, of = unknown_count(HEADLINE)
+    handle = attnviz.load(None, cache=False)
+    clause = f"fallback for {DEFAULT_MODEL} · {count} of {of} tokens [UNK]"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", AttnvizWarning)  # counted by the warnings' tests
+        compared = attnviz.compare(HEADLINE, model=handle, heads="1,12", weights=["pretrained", "random"])
+        moved = attnviz.position(HEADLINE, model=handle)
+    assert clause in title_of(compared.figure())
+    assert clause in title_of(moved.figure())
+
+
+def test_compare_and_position_of_the_bundled_model_asked_for_say_only_the_unknown_share():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", AttnvizWarning)
+        titles = [title_of(attnviz.compare(HEADLINE, model="bundled", heads="1,12").figure()),
+                  title_of(attnviz.position(HEADLINE, model="bundled").figure())]  # fmt: skip
+    for title in titles:
+        assert "fallback" not in title and "5 of 6 tokens [UNK]" in title
+    for read in (attnviz.compare("The cat sat on the mat.", model="bundled", heads="1,12"), attnviz.position("The cat sat on the mat.", model="bundled")):
+        assert "[UNK]" not in title_of(read.figure()) and "fallback" not in title_of(read.figure())
