@@ -111,3 +111,13 @@ def test_the_report_draws_the_shown_labels(result):
 def test_smollm2_reads_every_character_so_its_words_are_plain(smollm2_converted):
     result = attnviz.heads(CHINESE, model=str(smollm2_converted.folder), device="cpu", words=True)
     assert result.run.query_tokens == result.run.words.query_plain_words == ["我", "想", "吃", "酸菜鱼"]
+
+
+def test_keys_from_another_text_say_what_the_model_saw_too():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", attnviz.AttnvizWarning)
+        result = attnviz.heads("The cat sat.", kv=CHINESE, model="bundled", device="cpu", words=True)
+    assert result.run.key_tokens == CHINESE_SHOWN and result.run.words.key_plain_words == CHINESE_WORDS
+    assert result.run.query_tokens == ["[CLS]", "The", "cat", "sat", ".", "[SEP]"]
+    record = result.to_dict()
+    assert record["key_words_shown"] == CHINESE_SHOWN and record["query_words_shown"] == record["query_words"]
