@@ -74,7 +74,8 @@ class Quantisation:
 @dataclass
 class TokenWords:
     """The tokens behind a run shown over words (--words): each side's tokens, their ids, the word of
-    each token (0, 1, ... in order), and the weights over tokens, (H, Nq, Nk), that the words merge."""
+    each token (0, 1, ... in order), and the weights over tokens, (H, Nq, Nk), that the words merge;
+    the plain words, as in the text (the run's query_tokens add what the model saw: "想 [UNK]")."""
 
     query_tokens: list[str]
     query_ids: list[int]
@@ -83,6 +84,8 @@ class TokenWords:
     key_ids: list[int]
     key_word: list[int]
     token_attention: np.ndarray
+    query_plain_words: list[str] = field(default_factory=list)
+    key_plain_words: list[str] = field(default_factory=list)
 
 
 @dataclass

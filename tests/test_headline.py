@@ -2,6 +2,7 @@
 its 6 characters as [UNK]; every figure's title, attention.json, the command's last lines and a Python
 warning say so, and the advice names what works offline and online."""
 
+import json
 import os
 import subprocess
 import sys
@@ -80,22 +81,85 @@ def test_the_words_of_a_run_over_words_keep_the_tokens_count():
     assert "5 of 6 tokens [UNK]" in title_of(result.figure())
 
 
-def test_each_note_is_one_warning_per_call_pointing_at_the_caller(offline):
-    handle = attnviz.load(None, cache=False)
-    with pytest.warns(AttnvizWarning) as caught:
-        results = attnviz.heads([HEADLINE, HEADLINE], model=handle)  # two texts, the same notes
-    messages = [str(w.message) for w in caught if issubclass(w.category, AttnvizWarning)]
-    assert messages == list(dict.fromkeys(results[0].notices))  # each distinct note once
-    assert len(messages) == 2 and messages[0].startswith(f"{DEFAULT_MODEL} is not in the local hub cache")
-    assert "5 of 6 tokens" in messages[1]
+def attnviz_warnings(caught) -> list[str]:
+    return [str(w.message) for w in caught if issubclass(w.category, AttnvizWarning)]
+
+
+def test_load_warns_the_fallback_once_and_a_call_on_its_handle_warns_only_the_texts_notes(offline):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        handle = attnviz.load(None, cache=False)
+    (fallback,) = attnviz_warnings(caught)
+    assert fallback.startswith(f"{DEFAULT_MODEL} is not in the local hub cache") and fallback == handle.loaded.notice
     assert {w.filename for w in caught} == {__file__}  # a notebook shows the cell's line, not attnviz's
 
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        results = attnviz.heads([HEADLINE, HEADLINE], model=handle)  # two texts, the same notes
+    (unknown,) = attnviz_warnings(caught)  # each distinct note once; the fallback is load's, said already
+    assert unknown.startswith(f'5 of 6 tokens of the text "{HEADLINE}" are [UNK]')
+    assert {w.filename for w in caught} == {__file__}
+    assert results[0].notices == [fallback, unknown]  # the result still holds both, as the command prints them
 
-@pytest.mark.parametrize("call", ["layers", "stats", "trace"])
-def test_every_api_function_warns_its_notes(call):
-    with pytest.warns(AttnvizWarning, match="5 of 6 tokens") as caught:
-        getattr(attnviz, call)(HEADLINE, model="bundled")
-    assert len([w for w in caught if issubclass(w.category, AttnvizWarning)]) == 1
+
+def test_loading_the_model_asked_for_warns_nothing():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        attnviz.load("bundled", cache=False)
+    assert attnviz_warnings(caught) == []
+
+
+CALLS = {
+    "heads": lambda model: attnviz.heads(HEADLINE, model=model),
+    "layers": lambda model: attnviz.layers(HEADLINE, model=model),
+    "stats": lambda model: attnviz.stats(HEADLINE, model=model),
+    "trace": lambda model: attnviz.trace(HEADLINE, model=model),
+    "compare": lambda model: attnviz.compare(HEADLINE, model=model, heads="1,12"),
+    "position": lambda model: attnviz.position(HEADLINE, model=model),
+    "report": lambda model: attnviz.report(HEADLINE, model=model),
+}
+
+
+@pytest.mark.parametrize("call", CALLS)
+def test_every_api_function_warns_its_notes_once_at_the_callers_line(call, offline):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", AttnvizWarning)  # load's fallback: counted above
+        handle = attnviz.load(None, cache=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        CALLS[call](handle)
+    (unknown,) = attnviz_warnings(caught)  # the text's [UNK] share; the fallback not again
+    assert unknown.startswith(f'5 of 6 tokens of the text "{HEADLINE}" are [UNK]')
+    assert {w.filename for w in caught if issubclass(w.category, AttnvizWarning)} == {__file__}
+
+
+def test_the_report_warns_what_its_page_leaves_out_too():
+    """A 1-head layer has no reshape mistake to show: the page says so, and so does a warning."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = attnviz.report("The cat sat.", model="bundled", heads=1)
+    assert attnviz_warnings(caught) == result.record["notes"] != []
+    assert any("no reshape mistake traced in this report" in note for note in result.record["notes"])
+
+
+@pytest.mark.slow  # a fresh process: a notebook's first calls, offline
+def test_a_fresh_process_hears_of_the_fallback_once_and_of_the_unknown_tokens_at_each_call(tmp_path):
+    script = (
+        "import json, warnings\n"
+        "import attnviz\n"
+        "heard = []\n"
+        "for _ in range(2):\n"
+        "    with warnings.catch_warnings(record=True) as caught:\n"
+        "        warnings.simplefilter('always')\n"
+        f"        attnviz.heads({HEADLINE!r})\n"
+        "    heard.append([str(w.message) for w in caught if issubclass(w.category, attnviz.AttnvizWarning)])\n"
+        "print(json.dumps(heard, ensure_ascii=False))\n"
+    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hub")}
+    printed = subprocess.run([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, text=True, check=True).stdout
+    first, second = json.loads(printed.splitlines()[-1])
+    assert len(first) == 2 and first[0].startswith(f"{DEFAULT_MODEL} is not in the local hub cache")
+    assert first[1].startswith("5 of 6 tokens") and second == [first[1]]  # the cached handle's fallback is not said again
 
 
 def test_the_note_advises_what_works_offline_and_online():
@@ -145,3 +209,26 @@ def test_the_advice_offline_is_right_smollm2_over_words_reads_the_headline(smoll
     assert [w for w in caught if issubclass(w.category, AttnvizWarning)] == []
     assert result.run.unknown.count == 0
     assert "我" in result.tokens and "酸菜鱼" in result.tokens
+
+
+def test_compare_and_position_figures_name_the_fallback_and_the_unknown_share(offline):
+    """compare.png and position.png show a run of the fallback model too: their titles say so, as the run figures' do."""
+    count, of = unknown_count(HEADLINE)
+    clause = f"fallback for {DEFAULT_MODEL} · {count} of {of} tokens [UNK]"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", AttnvizWarning)  # counted by the warnings' tests
+        handle = attnviz.load(None, cache=False)
+        compared = attnviz.compare(HEADLINE, model=handle, heads="1,12", weights=["pretrained", "random"])  # rows of both
+        moved = attnviz.position(HEADLINE, model=handle)
+    assert clause in title_of(compared.figure())
+    assert clause in title_of(moved.figure())
+
+
+def test_compare_and_position_of_the_bundled_model_asked_for_say_only_the_unknown_share():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", AttnvizWarning)
+        titles = [title_of(attnviz.compare(HEADLINE, model="bundled", heads="12").figure()),
+                  title_of(attnviz.position(HEADLINE, model="bundled").figure())]  # fmt: skip
+    for title in titles:
+        assert "fallback" not in title and "5 of 6 tokens [UNK]" in title
+    assert "[UNK]" not in title_of(attnviz.position("The cat sat on the mat.", model="bundled").figure())

@@ -161,7 +161,7 @@ def test_help_names_each_measures_paper_and_flows_limit(command, capsys):
 
 def test_measure_all_over_words_keeps_the_papers_and_the_words(tmp_path):
     result = attnviz.heads("我想吃酸菜鱼", model="bundled", device="cpu", measure="all", words=True)
-    assert result.run.query_tokens == ["[CLS]", "我", "想", "吃", "酸菜鱼", "[SEP]"]
+    assert result.run.words.query_plain_words == ["[CLS]", "我", "想", "吃", "酸菜鱼", "[SEP]"]
     assert result.measures.norm_heads.shape == (12, 6, 6)
     for square in (result.measures.norm, result.measures.value_zeroing_rows, result.measures.flow.normalised):
         assert square.shape == (6, 6)

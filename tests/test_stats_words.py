@@ -53,7 +53,7 @@ def test_stats_over_words_are_not_the_statistics_over_tokens():
     """Word maps change the numbers: 酸菜鱼's three pieces are one key and one query."""
     tokens = attnviz.stats(CHINESE, **bundled())
     words = attnviz.stats(CHINESE, **bundled(words=True))
-    assert len(tokens.first_run.query_tokens) == 8 and words.first_run.query_tokens == CHINESE_WORDS
+    assert len(tokens.first_run.query_tokens) == 8 and words.first_run.words.query_plain_words == CHINESE_WORDS
     assert np.abs(tokens.values - words.values).max() > 100 * TOLERANCE
 
 

@@ -15,6 +15,8 @@ from attnviz.cli import run
 
 CHINESE = "我想吃酸菜鱼"
 CHINESE_WORDS = ["[CLS]", "我", "想", "吃", "酸菜鱼", "[SEP]"]
+# The bundled all-MiniLM reads only 我: each word the model saw as [UNK] is labelled with what it saw.
+CHINESE_SHOWN = ["[CLS]", "我", "想 [UNK]", "吃 [UNK]", "酸菜鱼 [UNK]×3", "[SEP]"]
 ENGLISH = "The unaffable cat sat."  # unaffable: three WordPiece pieces, una ##ffa ##ble
 
 
@@ -35,15 +37,19 @@ def bundled(**options):
     return dict(model="bundled", device="cpu", **options)
 
 
+ENGLISH_WORDS = ["[CLS]", "The", "unaffable", "cat", "sat", ".", "[SEP]"]
+
+
 @pytest.mark.parametrize(
-    ("text", "words"),
-    [(CHINESE, CHINESE_WORDS), (ENGLISH, ["[CLS]", "The", "unaffable", "cat", "sat", ".", "[SEP]"])],
+    ("text", "words", "shown"),
+    [(CHINESE, CHINESE_WORDS, CHINESE_SHOWN), (ENGLISH, ENGLISH_WORDS, ENGLISH_WORDS)],
 )
-def test_heads_over_words_merge_the_token_maps_by_clarks_rule(text, words):
+def test_heads_over_words_merge_the_token_maps_by_clarks_rule(text, words, shown):
     tokens = attnviz.heads(text, **bundled(layer=2))
     merged = attnviz.heads(text, **bundled(layer=2, words=True))
     run = merged.run
-    assert run.query_tokens == run.key_tokens == words
+    assert run.query_tokens == run.key_tokens == shown
+    assert run.words.query_plain_words == run.words.key_plain_words == words
     assert run.words.query_tokens == tokens.run.query_tokens and run.words.query_ids == tokens.run.query_ids
     expected = merged_by_hand(tokens.run.attention, run.words.query_word, run.words.key_word)
     np.testing.assert_allclose(run.attention, expected, atol=1e-6)
@@ -70,6 +76,7 @@ def test_heads_words_writes_the_words_and_keeps_the_tokens_in_attention_json(tmp
     assert words["settings"]["words"] is True and tokens["settings"]["words"] is False
     assert words["attention_over"] == "words" and "attention_over" not in tokens
     assert words["query_words"] == words["key_words"] == CHINESE_WORDS
+    assert words["query_words_shown"] == words["key_words_shown"] == CHINESE_SHOWN
     assert words["query_tokens"] == tokens["query_tokens"] and words["query_ids"] == tokens["query_ids"]
     assert words["query_token_words"] == [0, 1, 2, 3, 4, 4, 4, 5]
     expected = merged_by_hand(tokens["attention"], words["query_token_words"], words["key_token_words"])
@@ -102,7 +109,7 @@ def test_trace_with_words_keeps_the_tensors_shapes_over_tokens(tmp_path):
 def test_the_report_over_words_shows_words_and_keeps_the_tokens():
     record = attnviz.report(CHINESE, **bundled(words=True)).record
     (text,) = record["texts"]
-    assert text["query_tokens"] == CHINESE_WORDS  # what the page draws
+    assert text["query_tokens"] == CHINESE_SHOWN  # what the page draws
     assert text["query_pieces"][4:7] == ["[UNK]", "[UNK]", "[UNK]"]
     assert text["settings"]["words"] is True
 
@@ -117,7 +124,7 @@ def test_the_report_command_counts_tokens_and_words(tmp_path, capsys):
 def test_the_page_over_words_draws_the_words_and_says_how_many_tokens_they_merge(tmp_path, opened):
     attnviz.report(CHINESE, **bundled(words=True)).save(tmp_path)
     page = opened(tmp_path / "report.html")
-    assert page.texts(".token[data-side='query']") == CHINESE_WORDS
+    assert page.texts(".token[data-side='query']") == CHINESE_SHOWN
     (words_fact,) = page.texts("[data-fact='words'] dd")
     assert words_fact.startswith("6 words of 8 tokens (Clark et al. 2019")
 

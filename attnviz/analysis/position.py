@@ -22,6 +22,7 @@ from functools import cached_property
 import numpy as np
 
 from attnviz.errors import AttnvizError
+from attnviz.run_data import UnknownTokens
 
 TOLERANCE = 1e-5  # equivariant means equal within this; float32 rounding is about 1e-7
 LAYER = 0  # the layer whose input is the embedding output, where position enters
@@ -69,6 +70,8 @@ class PositionResult:
     with_positions: PositionSide
     notices: list[str]
     shown_tokens: list[str] | None = None  # the tokens as a reader sees them (models/shown.py); None: as made
+    fallback_for: str | None = None  # the model asked for, when the bundled one loaded in its place
+    unknown: UnknownTokens | None = None  # the text's [UNK] tokens
 
     @property
     def permuted_tokens(self) -> list[str]:
@@ -133,7 +136,7 @@ def position_experiment(
     """Run layer 0 (BERT's weights) over the text and its permutation, without and with positions."""
     import torch
 
-    from attnviz.models.tokens import encode, unknown_token_notice
+    from attnviz.models.tokens import encode, unknown_token_notice, unknown_tokens
     from attnviz.pipeline import build_layer, embedding_output
     from attnviz.spec import run_spec
 
@@ -181,4 +184,6 @@ def position_experiment(
         without_positions=without_positions,
         with_positions=with_positions,
         notices=[notice for notice in notices if notice],
+        fallback_for=loaded.fallback_for,
+        unknown=unknown_tokens(loaded.tokenizer, encoded.ids[0]),
     )

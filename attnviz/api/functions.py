@@ -9,14 +9,14 @@ functions as the command, and returns a result.
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import replace
 
 from attnviz.analysis.measure_names import measure_names
 from attnviz.api.models import Model, load
+from attnviz.api.notes import warn_notes
 from attnviz.api.arguments import must_be_bool, must_be_callable, must_be_int, must_be_str, must_be_str_or_list, refuse
 from attnviz.api.options import EVERY_LAYER_OPTIONS, RunOptions, run_options, takes_options
-from attnviz.errors import AttnvizError, AttnvizWarning
+from attnviz.errors import AttnvizError
 from attnviz.spec import check_text, check_trace_texts, refuse_cross_over_every_layer
 
 COMPARE_OPTIONS = ("model", "layer", "seed", "device", "truncate")  # compare's heads and weights are lists: its own
@@ -55,7 +55,7 @@ def heads(text: str | list[str], *, measure: str = "weights", **options):
     else:
         runs = [run for batch in run_in_batches(handle.loaded, texts, spec) for run in batch]
         results = [HeadsResult(run, spec, num_layers) for run in runs]
-    warn_notices(notice for result in results for notice in result.notices)
+    warn_notices((notice for result in results for notice in result.notices), handle)
     return results if isinstance(text, (list, tuple)) else results[0]
 
 
@@ -94,7 +94,7 @@ def trace(text: str | list[str], *, layout: str | None = None, mistake: str | No
     layouts = LAYOUTS if layout == "all" else (layout,)
     traced = trace_texts(handle.loaded, texts, spec, layouts=layouts, mistake=mistake)
     runs = run_attention(handle.loaded, texts, spec)
-    warn_notices(notice for run in runs for notice in run.notices)
+    warn_notices((notice for run in runs for notice in run.notices), handle)
     return TraceResult(traced, runs, spec, handle.loaded.num_layers_of(spec.stack))
 
 
@@ -129,7 +129,7 @@ def stats(texts: str | list[str], *, js: bool = True, progress=None, **options):
     first = measured.first_run
     key_kinds_note = absent_key_kinds_note(first.family, first.query_tokens)
     notices = [*measured.notices, *([key_kinds_note] if key_kinds_note else [])]
-    warn_notices(notices)
+    warn_notices(notices, handle)
     return StatsResult(measured.stats, texts, truncated, first, spec, notices)
 
 
@@ -158,7 +158,7 @@ def layers(text: str, *, measure: str = "weights", **options):
     else:
         (layer_runs,) = run_layers(handle.loaded, [text], spec)
         measures = None
-    warn_notices(layer_runs[0].notices)  # every layer's run has the text's notes
+    warn_notices(layer_runs[0].notices, handle)  # every layer's run has the text's notes
     return LayersResult(layer_runs, runs_rollout(layer_runs), spec, measures)
 
 
@@ -186,7 +186,7 @@ def compare(text: str, *, heads: str | list[int] | None = None, weights: str | l
     # What the splits share; each split's head count and weights are its own.
     shared = replace(options.run_spec(handle, weights=None), num_heads=None)
     result = CompareResult(compare_splits(loaded, text, counts, weights_list, shared), shared)
-    warn_notices(result.splits[0].run.notices)  # every split has the text's notes
+    warn_notices(result.splits[0].run.notices, handle)  # every split has the text's notes
     return result
 
 
@@ -212,7 +212,7 @@ def position(text: str, *, permutation: str | list[int] | None = None, head: int
     spec = options.run_spec(handle, layer=LAYER)  # the model's own parameters and heads
     spec_text = _comma_list(permutation) if permutation is not None else None
     result = position_experiment(handle.loaded, text, spec_text, head, handle.device)
-    warn_notices(result.notices)
+    warn_notices(result.notices, handle)
     return PositionResult(result, spec, handle.source, device_label(handle.device))
 
 
@@ -227,11 +227,10 @@ COMPARE_NEEDS_BERT = (
 )
 
 
-def warn_notices(notices) -> None:
-    """Each distinct note of a call's results as an AttnvizWarning, so that a notebook shows it (the command
-    line prints the notes itself). stacklevel 3: the warning points at the line that called the API function."""
-    for notice in dict.fromkeys(notices):
-        warnings.warn(notice, AttnvizWarning, stacklevel=3)
+def warn_notices(notices, handle: Model) -> None:
+    """Each distinct note of a call's results as an AttnvizWarning at the caller's line (api/notes.py), so that a
+    notebook shows it; the handle's own note (the fallback) is attnviz.load's to warn, once (the command line prints the notes itself)."""
+    warn_notes(notices, model_note=handle.loaded.notice)
 
 
 def refuse_before_loading(options: RunOptions, needs_bert: str | None = None) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from attnviz.api.arguments import must_be_bool, must_be_device, refuse
+from attnviz.api.notes import warn_notes
 from attnviz.errors import AttnvizError
 
 MODEL_TYPES = "a name, a folder or an attnviz.load() handle"  # what model= takes
@@ -90,6 +91,7 @@ def load(
     """Load a model of any supported family by hub id, local folder or "bundled" (None: the default model); once per process.
 
     device is "auto" (the GPU when torch sees one), "cpu" or "cuda". A handle passes through.
+    A fallback (the bundled model in place of the default, offline) is an AttnvizWarning when the model loads.
     cache=False loads it afresh and keeps no handle (the command line: one command, one load).
     """
     from attnviz.models.listing import refuse_near_miss
@@ -115,6 +117,7 @@ def load(
     handle = Model(name, resolved_model_name(name, loaded), loaded.source, device_name, loaded)
     if cache:
         _LOADED[key] = handle
+    warn_notes([loaded.notice])  # the fallback, once: when the model loads (api/notes.py's rule)
     return handle
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from attnviz.api.experiment_results import text_statistics
-from attnviz.api.functions import _check_lengths, _texts, refuse_before_loading
+from attnviz.api.functions import _check_lengths, _texts, refuse_before_loading, warn_notices
 from attnviz.api.models import load
 from attnviz.api.options import run_options, takes_options
 from attnviz.api.run_results import ReportResult, report_result
@@ -44,7 +44,9 @@ def report(text_or_texts: str | list[str], **options) -> ReportResult:
     _check_lengths(handle.loaded, texts, options.truncate)
     check_report_size(handle.loaded, texts, spec)
     runs = [run for batch in run_in_batches(handle.loaded, texts, spec) for run in batch]
-    return report_of_runs(handle.loaded, runs, spec)
+    result = report_of_runs(handle.loaded, runs, spec)
+    warn_notices(result.record["notes"], handle)  # the runs' notes and what the page leaves out
+    return result
 
 
 def check_report_count(count: int) -> None:

@@ -101,7 +101,7 @@ def text_record(text: ReportText, spec: RunSpec) -> dict:
     if run.words is not None:  # the page shows what the maps are over: its query_tokens are the words, the tokens are kept
         record["query_pieces"], record["key_pieces"] = record["query_tokens"], record["key_tokens"]
         record["shown_query_pieces"], record["shown_key_pieces"] = record["shown_query_tokens"], record["shown_key_tokens"]
-        record["query_tokens"], record["key_tokens"] = record["query_words"], record["key_words"]
+        record["query_tokens"], record["key_tokens"] = record["query_words_shown"], record["key_words_shown"]
     record["shown_query_tokens"], record["shown_key_tokens"] = run.shown_tokens  # the page's labels (models/shown.py)
     record["attention"] = encode_exact(run.attention)
     record["title"] = run_title(run, [f"layer {run.layer}"], seed=spec.seed if run.weights == "random" else None, fonts=False).split("\n")

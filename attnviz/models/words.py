@@ -22,6 +22,10 @@ strings and the text alone (no tokenizer object: the marks and the text are enou
   punctuation mark). It is a word of its own, unless the Chinese segmenter's word spans it (酸 [UNK] 鱼
   with 菜 unknown is still one word 酸菜鱼).
 
+shown_labels(words, tokens) puts beside a word what the model saw where its pieces include the unknown token:
+"想 [UNK]", "酸菜鱼 [UNK]×3", "酸菜鱼 酸[UNK]鱼", so that a run over words never labels a word the model did not read
+as if it had (merge_run's labels; the plain words stay in the run's TokenWords).
+
 merge_attention(attention, query_words, key_words) merges a map by Clark et al. (2019): attention TO
 a word is the sum over its pieces (columns), FROM a word the mean over its pieces (rows), so rows
 still sum to 1.
@@ -30,6 +34,7 @@ still sum to 1.
 from __future__ import annotations
 
 import codecs
+import itertools
 import re
 import unicodedata
 from dataclasses import dataclass, replace
@@ -273,6 +278,32 @@ def _label(group: list[_Unit], tokens: list[str], text: str) -> str:
     return label or "".join(tokens[token] for unit in group for token in unit.tokens)
 
 
+def shown_labels(words: Words, tokens: list[str], unknown: frozenset[str] | set[str] = UNKNOWN_TOKENS) -> list[str]:
+    """Each word's label, with what the model saw beside it where a piece of the word is an unknown token:
+    "想 [UNK]", "酸菜鱼 [UNK]×3" (a run of unknown pieces counted), "酸菜鱼 酸[UNK]鱼" (the known pieces' text, ## and ▁
+    dropped); a word with no unknown piece, or that shows nothing more ("[UNK]" alone), is its label alone."""
+    pieces: list[list[str]] = [[] for _ in words.labels]
+    for token, word in zip(tokens, words.index):
+        pieces[word].append(token)
+    shown = []
+    for label, parts in zip(words.labels, pieces):
+        seen = _seen(parts, unknown) if any(part in unknown for part in parts) else label
+        shown.append(label if seen == label else f"{label} {seen}")
+    return shown
+
+
+def _seen(pieces: list[str], unknown) -> str:
+    """What a word's pieces gave the model: the known pieces' text, each run of unknown ones as "[UNK]" or "[UNK]×3"."""
+    parts = []
+    for piece, same in itertools.groupby(pieces):
+        count = len(list(same))
+        if piece in unknown:
+            parts.append(piece if count == 1 else f"{piece}×{count}")
+        else:
+            parts += [piece.removeprefix("##").replace("▁", "")] * count
+    return "".join(parts)
+
+
 def merge_attention(attention, query_words: list[int], key_words: list[int]):
     """Attention (..., Nq, Nk) over tokens -> (..., Wq, Wk) over words, by Clark et al. (2019).
 
@@ -304,17 +335,20 @@ def tokenizer_words(tokenizer, tokens: list[str], text: str) -> Words:
 
 
 def merge_run(run: AttentionRun, query: Words, key: Words) -> AttentionRun:
-    """The run over words: labels for tokens, attention merged (merge_attention), each word's output
-    the mean of its pieces' outputs (the rows' rule); the tokens kept in run.words."""
+    """The run over words: labels for tokens (shown_labels: "想 [UNK]" where the model read an unknown token), attention
+    merged (merge_attention), each word's output the mean of its pieces' outputs (the rows' rule); the tokens and the
+    plain words kept in run.words."""
     if run.words is not None:
         raise ValueError("the run is over words already")
+    unknown = UNKNOWN_TOKENS | ({run.unknown.token} if run.unknown is not None else set())
     tokens = TokenWords(
-        run.query_tokens, run.query_ids, list(query.index), run.key_tokens, run.key_ids, list(key.index), run.attention
+        run.query_tokens, run.query_ids, list(query.index), run.key_tokens, run.key_ids, list(key.index), run.attention,
+        query_plain_words=list(query.labels), key_plain_words=list(key.labels),
     )  # fmt: skip
     return replace(
         run,
-        query_tokens=list(query.labels),
-        key_tokens=list(key.labels),
+        query_tokens=shown_labels(query, run.query_tokens, unknown),
+        key_tokens=shown_labels(key, run.key_tokens, unknown),
         query_ids=[],
         key_ids=[],
         attention=merge_attention(run.attention, query.index, key.index),

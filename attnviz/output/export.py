@@ -63,8 +63,10 @@ def words_record(run: AttentionRun) -> dict:
         "key_tokens": words.key_tokens,
         "query_ids": words.query_ids,
         "key_ids": words.key_ids,
-        "query_words": run.query_tokens,
-        "key_words": run.key_tokens,
+        "query_words": words.query_plain_words,  # as in the text
+        "key_words": words.key_plain_words,
+        "query_words_shown": run.query_tokens,  # as labelled: what the model saw beside a word it did not read ("想 [UNK]")
+        "key_words_shown": run.key_tokens,
         "query_token_words": words.query_word,  # the index in query_words of each query token's word
         "key_token_words": words.key_word,
         "attention_over": "words",

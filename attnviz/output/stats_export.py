@@ -107,7 +107,9 @@ def layers_record(format_name: str, layer_runs: list[AttentionRun], spec: RunSpe
     """What rollout.json and measures.json (attnviz layers) both begin with: the settings, the text, the
     model and the mask, the tokens and ids, and with --words the words and each token's word."""
     run = layer_runs[0]
-    words = {"words": run.query_tokens, "token_words": run.words.query_word} if run.words is not None else {}
+    words = {}
+    if run.words is not None:  # the plain words, and as labelled: what the model saw beside a word it did not read ("想 [UNK]")
+        words = {"words": run.words.query_plain_words, "words_shown": run.query_tokens, "token_words": run.words.query_word}
     return {
         "format": format_name,
         "version": FORMAT_VERSION,

@@ -83,7 +83,10 @@ def comparison_figure(splits: list[Split], name: str = "compare.png", seed: int 
     line_chars = chars_across(figure.get_figwidth())
     # The title names the parameters only when every row shares them; else each row's label says.
     shared_weights = weights[0] if len(weights) == 1 else ()
-    title = figure_title(run.model, scope, text=run.text, weights=shared_weights, seed=seed, line_chars=line_chars)
+    title = figure_title(
+        run.model, scope, text=run.text, weights=shared_weights, seed=seed, line_chars=line_chars,
+        fallback_for=run.fallback_for, unknown=(run.unknown, run.kv_unknown),  # the headline's notes: a fallback model, a text mostly [UNK]
+    )  # fmt: skip
     figure.suptitle(title, parse_math=False)
     if note:
         figure.supxlabel(note, fontsize=9)

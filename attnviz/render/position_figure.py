@@ -66,7 +66,8 @@ class PositionFigure:
         head = f"head {numbers.head}" if result.head_chosen else f"head {numbers.head} (the head position changes most)"
         scope = ["layer 0", head, f"x permuted by P = {_permutation_text(result.permutation)}"]
         line_chars = chars_across(self.figure.get_figwidth())
-        self.title.set_text(figure_title(result.model, scope, text=result.text, line_chars=line_chars))
+        headline = dict(fallback_for=result.fallback_for, unknown=(result.unknown,))  # a fallback model, a text mostly [UNK]
+        self.title.set_text(figure_title(result.model, scope, text=result.text, line_chars=line_chars, **headline))
         for row, row_numbers in zip(self.rows, numbers.rows):
             row.write(*row_numbers, difference_scale=numbers.difference_scale)
 

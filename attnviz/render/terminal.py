@@ -130,12 +130,12 @@ def print_tokens(console: Console, run: AttentionRun) -> None:
     legend += f"; {marks}" if marks else ""
     console.print(Text.assemble((f"query {noun}" if cross else noun, "bold underline"), (f"  {legend}", "dim")))
     if words:
-        console.print(word_cells(query_tokens, query_pieces, words.query_word))
+        console.print(word_cells(words.query_plain_words, query_pieces, words.query_word))  # the pieces say what the model saw
     else:
         console.print(token_cells(query_tokens, run.query_ids))
     if cross:
         console.print(Text(f"key/value {noun}", style="bold underline"))
-        console.print(word_cells(key_tokens, key_pieces, words.key_word) if words else token_cells(key_tokens, run.key_ids))
+        console.print(word_cells(words.key_plain_words, key_pieces, words.key_word) if words else token_cells(key_tokens, run.key_ids))
 
 
 def word_cells(labels: list[str], tokens: list[str], token_words: list[int]) -> Columns:
