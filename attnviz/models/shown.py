@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 
-from attnviz.models.words import BYTE_LEVEL, SENTENCEPIECE, SPECIAL_TOKENS, UNKNOWN_TOKENS, WORDPIECE, byte_level_alphabet
+from attnviz.models.words import BYTE_LEVEL, SENTENCEPIECE, SPECIAL_TOKENS, UNKNOWN_TOKENS, WORDPIECE, token_bytes
 
 # Whitespace and control characters as visible marks: U+2423 for a space, U+21B5 a newline, U+21E5 a
 # tab, and the other C0 controls (and DEL) as Unicode's control pictures (U+2400 + code, U+2421).
@@ -38,8 +38,6 @@ SPACE_MARK = MARKS[" "]
 _SUPERSCRIPT = str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹")
 _SUBSCRIPT = str.maketrans("0123456789", "₀₁₂₃₄₅₆₇₈₉")
 
-_BYTE_OF_CHAR = {char: byte for byte, char in byte_level_alphabet().items()}  # GPT-2's bytes_to_unicode, inverted
-_BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece's byte-fallback pieces
 _SPECIAL_PATTERN = re.compile(r"<\|[^|]*\|>|\[[A-Z_]+\]")  # <|endoftext|>, <|im_start|>, [CLS]-like
 
 
@@ -76,16 +74,6 @@ def shown_tokens(
 def space_before(text: str, offsets: list[tuple[int, int]]) -> list[bool]:
     """Whether whitespace comes right before each token in text, from the tokenizer's (start, end) offsets."""
     return [0 < start <= len(text) and text[start - 1].isspace() for start, _ in offsets]
-
-
-def token_bytes(token: str, scheme: str) -> bytes:
-    """The bytes of the text a byte-level or SentencePiece token stands for."""
-    if scheme == SENTENCEPIECE:
-        fallback = _BYTE_FALLBACK.fullmatch(token)
-        return bytes([int(fallback.group(1), 16)]) if fallback else token.replace("▁", " ").encode()
-    if all(char in _BYTE_OF_CHAR for char in token):
-        return bytes(_BYTE_OF_CHAR[char] for char in token)
-    return token.encode()  # an added token written as plain text
 
 
 def part(char: str, index: int, count: int) -> str:

@@ -165,7 +165,7 @@ def _units(tokens: list[str], scheme: str, special_tokens) -> list[_Unit]:
         elif scheme == WORDPIECE:
             units.append(_Unit([position], "text", token.removeprefix("##"), not token.startswith("##")))
         else:
-            raw = _token_bytes(token, scheme)
+            raw = token_bytes(token, scheme)
             if pending is None:
                 pending = _Unit([], "text", "", raw[:1].isspace() or token.startswith("▁"))
                 units.append(pending)
@@ -178,7 +178,8 @@ def _units(tokens: list[str], scheme: str, special_tokens) -> list[_Unit]:
     return units
 
 
-def _token_bytes(token: str, scheme: str) -> bytes:
+def token_bytes(token: str, scheme: str) -> bytes:
+    """The bytes of the text a byte-level or SentencePiece token stands for."""
     if scheme == SENTENCEPIECE:
         fallback = _BYTE_FALLBACK.fullmatch(token)
         return bytes([int(fallback.group(1), 16)]) if fallback else token.replace("▁", " ").encode()
