@@ -193,6 +193,19 @@ def run_script(script: str, env: dict | None = None) -> list[str]:
 # --- figures ----------------------------------------------------------------------------------------
 
 
+def merge_figure_run(tokens: list[str], num_heads: int):
+    """What the --mistake merge figure reads of an AttentionRun (a BERT run over these tokens): its tokens and
+    what its title names, without running a layer over thousands of tokens."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        query_tokens=tokens, text=" ".join(tokens[1:-1]), kv_text=None, model="bundled", layer=0, causal=False,
+        weights="pretrained", family="BERT", stack=None, num_heads=num_heads, num_kv_heads=None, model_causal=False,
+        words=None, tokenizer_tokens=(tokens, tokens), shown_tokenizer_tokens=(tokens, tokens), fallback_for=None,
+        unknown=None, kv_unknown=None, re_split=False, quantisation=None,
+    )  # fmt: skip
+
+
 def layers_grid_panels(figure, num_layers: int, num_heads: int) -> tuple[np.ndarray, dict, int, int]:
     """layers.png's one image as the figure draws it (RGBA); its panels {(layer, head): (cells, cells, 4)};
     a panel's size in cells; the step from one panel to the next (cells and the gap). The gap follows

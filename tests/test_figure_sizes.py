@@ -10,7 +10,7 @@ import re
 
 import numpy as np
 import pytest
-from helpers import layers_grid_panels, make_run
+from helpers import layers_grid_panels, make_run, merge_figure_run
 from PIL import Image
 
 import attnviz
@@ -123,11 +123,7 @@ def test_the_merge_figure_of_thousands_of_tokens_and_many_heads_stays_within_its
     from attnviz.render.mistake_figures import MAX_MERGE_ROW_LABELS, write_merge_figure
 
     tokens = ["[CLS]", *(f"w{index}" for index in range(4094)), "[SEP]"]
-    run = SimpleNamespace(
-        query_tokens=tokens, text=" ".join(tokens[1:-1]), kv_text=None, model="bundled", layer=0, causal=False,
-        weights="pretrained", family="BERT", stack=None, num_heads=256, num_kv_heads=None, model_causal=False,
-        words=None, tokenizer_tokens=(tokens, tokens), fallback_for=None, unknown=None, kv_unknown=None,
-    )  # fmt: skip
+    run = merge_figure_run(tokens, num_heads=256)
     notes = []
     path = write_merge_figure(SimpleNamespace(num_heads=256, head_dim=4), run, tmp_path / "merge.png", notes)
     width, height = png_size(path)

@@ -161,9 +161,9 @@ def test_every_result_displays_itself_and_only_the_announced_warning_shows(rerun
     assert png_size(result("headline-numbers", "image/png"))[0] > 0
     assert "想 [UNK]" in result("unknown", "text/plain")  # the words the model did not read say so
     trace = result("trace", "text/html")
-    assert "2:animal" in trace and "q_view" in trace and "[1, 10, 12, 32]" in trace
+    assert "2:␣animal" in trace and "q_view" in trace and "[1, 10, 12, 32]" in trace
     stats = result("stats", "text/html")
-    assert "3 texts" in stats and "2:animal" in stats and '<img src="data:image/png;base64,' in stats
+    assert "3 texts" in stats and "2:␣animal" in stats and '<img src="data:image/png;base64,' in stats
     report = result("report", "text/html")
     assert report.startswith('<iframe srcdoc="') and 'sandbox="allow-scripts"' in report
     assert "attnviz-data" in report and "<script" not in report  # the page is the attribute's text, escaped

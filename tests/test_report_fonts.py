@@ -98,7 +98,7 @@ def test_chinese_shows_as_glyphs_in_a_browser_without_a_cjk_font(zh_report, brow
 
     stripped = tmp_path / "without-font.html"  # the same page without its font: the control
     stripped.write_text(re.sub(r"@font-face \{[^}]*\}", "", zh_report.read_text(encoding="utf-8")), encoding="utf-8")
-    characters = "我中国"
+    characters = "我国的"  # tokens with no space before them: boxes of one width (中 reads "␣中")
     with chromium_with_latin_fonts_only(browser, tmp_path) as latin_only:
         control = OfflinePage(latin_only, stripped)
         boxes = _glyph_images(control.page, characters)

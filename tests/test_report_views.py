@@ -120,7 +120,7 @@ def test_the_heatmap_draws_each_cell_in_its_colour_and_masked_cells_grey(pages, 
     box = page.page.query_selector("#heatmap-canvas").bounding_box()
     n = len(text["query_tokens"])
     page.page.mouse.move(box["x"] + box["width"] * 2.5 / n, box["y"] + box["height"] * 5.5 / n)
-    q, k = text["query_tokens"], text["key_tokens"]
+    q, k = text["shown_query_tokens"], text["shown_key_tokens"]
     assert page.page.text_content("#heatmap-readout") == f"layer 2 · head 4 · query 5:{q[5]} · key 2:{k[2]} · {weights[5, 2]:.4f}"
 
 
@@ -157,7 +157,7 @@ def test_the_views_are_reachable_by_keyboard(pages, opened):
     keyboard.press("ArrowDown")
     keyboard.press("ArrowRight")
     weights = decoded(page.record()["texts"][0]["layers"])[3, 7]
-    tokens = page.record()["texts"][0]["query_tokens"]
+    tokens = page.record()["texts"][0]["shown_query_tokens"]
     assert page.page.text_content("#heatmap-readout") == f"layer 3 · head 7 · query 1:{tokens[1]} · key 1:{tokens[1]} · {weights[1, 1]:.4f}"
     page.page.click("button[data-view=head]")
     page.page.focus(".token[data-side=query][data-index='2']")
@@ -176,12 +176,12 @@ def test_the_text_picker_redraws_the_views_for_another_text_whose_tokens_stay_ch
     page.page.select_option("#text-select", "1")
     page.wait_until("document.querySelectorAll('.key-labels span').length > 0 && AV.state.text === 1")
     shown = page.page.evaluate("Array.from(document.querySelectorAll('.key-labels span')).map(s => s.textContent)")
-    keys = texts[1]["key_tokens"]
+    keys = texts[1]["shown_key_tokens"]
     assert any(shown == keys[::step] for step in range(1, len(keys) + 1))  # every step-th key where cells are small
     page.page.click("button[data-view=head]")
     page.wait_until("document.querySelectorAll('.token[data-side=query]').length > 0")
     tokens = page.page.evaluate("Array.from(document.querySelectorAll('.token[data-side=query]')).map(t => t.textContent)")
-    assert tokens == texts[1]["query_tokens"] and "</script>" in "".join(tokens)
+    assert tokens == texts[1]["shown_query_tokens"] and "</script>" in "".join(tokens)
     assert page.page.evaluate("[document.images.length, document.querySelectorAll('script').length]") == [0, 2]
     assert page.page.title() == title and dialogs == []
 
@@ -200,7 +200,7 @@ def _head_map(text, layer, head):
 def test_the_heatmap_read_out_follows_the_head_and_layer_shown(pages, opened):
     page = opened(pages["short"])
     text = page.record()["texts"][0]
-    q, k = text["query_tokens"], text["key_tokens"]
+    q, k = text["shown_query_tokens"], text["shown_key_tokens"]
     shown = [(0, 0), (0, 7), (3, 7), (1, 4)]  # (layer, head) in the order the test shows them
     maps = [_head_map(text, layer, head) for layer, head in shown]
     # the cell whose weight changes most at every step, so a stale read-out cannot pass
@@ -233,7 +233,7 @@ def test_the_heatmap_read_out_follows_the_head_and_layer_shown(pages, opened):
 
 def _token_readout(text, maps, layer, side, index, heads):
     """head_view.js's read-out of a token: per chosen head (the first 4), its 3 strongest lines, ties in token order."""
-    own, other = (text["query_tokens"], text["key_tokens"]) if side == "query" else (text["key_tokens"], text["query_tokens"])
+    own, other = (text["shown_query_tokens"], text["shown_key_tokens"]) if side == "query" else (text["shown_key_tokens"], text["shown_query_tokens"])
     parts = []
     for head in heads[:4]:
         row = maps[head][index, :] if side == "query" else maps[head][:, index]
@@ -246,7 +246,7 @@ def _token_readout(text, maps, layer, side, index, heads):
 def test_the_head_view_read_out_follows_the_layer_and_heads_chosen_in_any_view(pages, opened):
     page = opened(pages["short"])
     text = page.record()["texts"][0]
-    q, k = text["query_tokens"], text["key_tokens"]
+    q, k = text["shown_query_tokens"], text["shown_key_tokens"]
     heads = list(range(page.record()["num_heads"]))  # a short text shows every head at first
     layer_maps = {layer: [_head_map(text, layer, head) for head in heads] for layer in (0, 3)}
     page.page.focus(".token[data-side=query][data-index='2']")

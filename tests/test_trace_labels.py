@@ -23,6 +23,7 @@ from attnviz.render.trace_tables import print_trace
 from attnviz.spec import run_spec
 from attnviz.tracing import layout_view_permute
 from attnviz.tracing import LAYOUTS, LayerInputs, trace_layouts, trace_texts
+from helpers import merge_figure_run
 
 SHORT = "The cat sat on the mat."
 LONG = "The animal didn't cross the street because it was too tired."
@@ -217,16 +218,6 @@ def test_the_torch_reference_agrees_with_an_unmodified_run(bert):
 # ---- 23: the merge figure is capped, drawn cell by cell ----
 
 
-def text_run(tokens: list[str]) -> SimpleNamespace:
-    """What the merge figure reads of an AttentionRun: its tokens and what its title names."""
-    return SimpleNamespace(
-        query_tokens=tokens, text=" ".join(tokens[1:-1]), kv_text=None, model="bundled", layer=0, causal=False,
-        weights="pretrained", family="BERT", stack=None, num_heads=48, num_kv_heads=None, model_causal=False,
-        words=None, tokenizer_tokens=(tokens, tokens), shown_tokenizer_tokens=(tokens, tokens), fallback_for=None, unknown=None,
-        kv_unknown=None, re_split=False, quantisation=None,
-    )
-
-
 def test_the_merge_figure_of_a_long_text_is_capped_and_says_so(tmp_path, monkeypatch):
     from PIL import Image
 
@@ -238,7 +229,7 @@ def test_the_merge_figure_of_a_long_text_is_capped_and_says_so(tmp_path, monkeyp
     tokens = ["[CLS]", *(f"w{index}" for index in range(338)), "[SEP]"]
     result = SimpleNamespace(num_heads=48, head_dim=8)  # many heads and tokens: 2 * 48 * 0.25 + 3.5 inches wide
     notes = []
-    path = write_merge_figure(result, text_run(tokens), tmp_path / "merge.png", notes)
+    path = write_merge_figure(result, merge_figure_run(tokens, num_heads=48), tmp_path / "merge.png", notes)
 
     width, height = Image.open(path).size
     assert (width, height) == (48 * 0.25 * 2 * 120 + 3.5 * 120, 2400)  # 340 rows at 0.38 inch would be 15,792 pixels
@@ -254,5 +245,5 @@ def test_the_merge_figure_of_a_long_text_is_capped_and_says_so(tmp_path, monkeyp
 def test_the_merge_figure_of_a_short_text_is_not_capped(tmp_path):
     notes = []
     result = SimpleNamespace(num_heads=12, head_dim=32)
-    write_merge_figure(result, text_run(["[CLS]", "a", "[SEP]"]), tmp_path / "m.png", notes)
+    write_merge_figure(result, merge_figure_run(["[CLS]", "a", "[SEP]"], num_heads=48), tmp_path / "m.png", notes)
     assert notes == []
