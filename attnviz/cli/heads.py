@@ -9,6 +9,7 @@ from typing import Optional
 import typer
 
 from attnviz.cli.options import (
+    MemoryOption,
     run_options,
     app,
     console,
@@ -73,6 +74,7 @@ def heads(
     figures: Optional[Figures] = FiguresOption,
     out: Optional[Path] = FileOutOption,
     truncate: bool = TruncateOption,
+    memory: Optional[int] = MemoryOption,
     words: bool = WordsOption,
     measure: Measure = MeasureOption,
     allow_pickle: bool = AllowPickleOption,
