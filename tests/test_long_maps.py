@@ -146,3 +146,16 @@ def test_a_long_text_on_a_tiny_llama_is_exact_on_sampled_rows_and_never_whole_in
     assert map_bytes == 6 * 4096 * 4096 * 4  # (H, N, N) float32: 384 MB
     assert grown < map_bytes / 2, (grown, map_bytes)
     assert float(lines["worst"]) < 1e-5
+
+
+def test_heads_command_writes_attention_npy_and_leaves_report_html_out_with_a_note(tmp_path, capsys):
+    from attnviz.cli import run
+
+    out = tmp_path / "run"
+    assert run(["heads", LONG_TEXT, "--model", "bundled", "--memory", "1", "--figures", "grid", "--out", str(out)]) == 0
+    assert (out / "attention.npy").exists() and not (out / "report.html").exists()
+    assert "report.html is not written" in capsys.readouterr().err
+    stored = np.load(out / "attention.npy", mmap_mode="r")
+    assert stored.shape[0] == 12 and np.allclose(stored.sum(axis=-1), 1, atol=1e-5)
+    manifest = json.loads((out / ".attnviz-files.json").read_text(encoding="utf-8"))
+    assert "attention.npy" in manifest["files"]
