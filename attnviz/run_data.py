@@ -242,11 +242,6 @@ class MapFile:
         return array
 
 
-def map_path(attention: np.ndarray) -> Path | None:
-    """The .npy file behind a run's attention when it is one (a memmap of attention.npy); None for an array in memory."""
-    return Path(attention.filename) if isinstance(attention, np.memmap) and attention.filename else None
-
-
-def copy_map(attention: np.ndarray, folder: Path) -> Path:
-    """attention.npy in folder: a copy of the file behind attention (the kernel copies it; nothing is read into memory)."""
-    return Path(shutil.copyfile(map_path(attention), folder / MAP_FILE))
+def copy_map(attention: np.memmap, folder: Path) -> Path:
+    """attention.npy in folder: a copy of the file behind a map on disk (the kernel copies it; nothing is read into memory)."""
+    return Path(shutil.copyfile(attention.filename, folder / MAP_FILE))

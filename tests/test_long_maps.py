@@ -159,3 +159,15 @@ def test_heads_command_writes_attention_npy_and_leaves_report_html_out_with_a_no
     assert stored.shape[0] == 12 and np.allclose(stored.sum(axis=-1), 1, atol=1e-5)
     manifest = json.loads((out / ".attnviz-files.json").read_text(encoding="utf-8"))
     assert "attention.npy" in manifest["files"]
+
+
+def test_heads_file_writes_each_long_texts_attention_npy_in_its_folder(tmp_path):
+    from attnviz.cli import run
+
+    (tmp_path / "texts.txt").write_text(f"The cat sat.\n{LONG_TEXT}\n", encoding="utf-8")
+    out = tmp_path / "batch"
+    assert run(["heads", "--file", str(tmp_path / "texts.txt"), "--model", "bundled", "--memory", "1", "--no-html", "--out", str(out)]) == 0
+    short, long = sorted(path for path in out.iterdir() if path.is_dir())
+    assert not (short / "attention.npy").exists() and json.loads((short / "attention.json").read_text(encoding="utf-8"))["attention"]
+    stored = np.load(long / "attention.npy", mmap_mode="r")
+    assert json.loads((long / "attention.json").read_text(encoding="utf-8"))["attention_shape"] == list(stored.shape)

@@ -75,10 +75,10 @@ def words_record(run: AttentionRun) -> dict:
 
 def write_attention_files(run: AttentionRun, spec: RunSpec, folder: Path, measures=None) -> list[Path]:
     """attention.json in folder, and beside it attention.npy when the run's map is one (a long text: run_data.MapFile)."""
-    from attnviz.run_data import copy_map, map_path
+    from attnviz.run_data import MAP_FILE
 
-    array = [copy_map(run.attention, folder)] if map_path(run.attention) is not None else []
-    return [write_attention_json(run, spec, folder / "attention.json", measures), *array]
+    written = write_attention_json(run, spec, folder / "attention.json", measures)
+    return [written, *([folder / MAP_FILE] if run.map_on_disk else [])]
 
 
 def map_file_record(run: AttentionRun) -> dict:
@@ -91,12 +91,13 @@ def map_file_record(run: AttentionRun) -> dict:
 def write_attention_json(run: AttentionRun, spec: RunSpec, path: Path, measures=None) -> Path:
     """attention.json; measures (analysis.measures.RunMeasures, --measure) adds "measures" before "attention".
 
-    A map stored in attention.npy (a long text) is named, not written: its shape and dtype, "attention" null;
-    write_attention_files copies the .npy beside.
+    A map stored in attention.npy (a long text) is named, not written: its shape and dtype, "attention" null,
+    and the .npy copied beside.
     """
-    from attnviz.run_data import map_path
+    from attnviz.run_data import copy_map
 
-    if map_path(run.attention) is not None:
+    if run.map_on_disk:
+        copy_map(run.attention, path.parent)
         record = {**attention_record(run, spec, measures), **map_file_record(run)}
         path.write_text(json.dumps(record, ensure_ascii=False), encoding="utf-8")
         return path
