@@ -18,9 +18,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
-from attnviz.attention.layer import MultiHeadAttention, check_num_heads, check_split, layer_from_weights
+from attnviz.attention.layer import MultiHeadAttention, check_num_heads, check_split, layer_from_weights, rows_per_block
 from attnviz.errors import AttnvizError
 from attnviz.models.loading import LoadedModel
 from attnviz.models.tokens import Encoded, encode, text_notices, truncation_notices, unknown_tokens
@@ -31,6 +32,10 @@ from attnviz.spec import RunSpec, model_is_causal
 # Texts per forward pass. The weights of a batch are (B, H, N, N) floats: for 32 texts of
 # 512 tokens and 12 heads that is 400 MB, the most we want to hold at once.
 BATCH_SIZE = 32
+# A block of attention's memory when --memory is not given, on the CPU (on a GPU: half its free memory).
+DEFAULT_MEMORY_MB = 512
+# A text's map (H, Nq, Nk) float32 past this many bytes (or past --memory) goes to attention.npy, read lazily.
+LARGE_MAP_BYTES = 64 * 2**20
 # A run over at most this many tokens (its padded batches' queries, keys and source together) uses one torch thread.
 SMALL_RUN_TOKENS = 256
 
@@ -235,23 +240,41 @@ def build_layers(loaded: LoadedModel, spec: RunSpec) -> list[MultiHeadAttention]
     return [build_layer(loaded, replace(spec, layer=layer)) for layer in range(loaded.num_layers_of(spec.stack))]
 
 
+def memory_budget(spec: RunSpec) -> int:
+    """Bytes a block of attention may take: --memory, else DEFAULT_MEMORY_MB on the CPU and half the GPU's free memory."""
+    if spec.memory is not None:
+        return spec.memory * 2**20
+    if spec.device == "cuda":
+        free, _ = torch.cuda.mem_get_info()
+        return free // 2
+    return DEFAULT_MEMORY_MB * 2**20
+
+
 class LayerPass(NamedTuple):
-    """One layer's pass over a padded batch: the layer, the texts, its input and what it returned."""
+    """One layer's pass over a padded batch: the layer, the texts, its input and what it returned.
+
+    output and patterns are the padded batch's tensors, (B, Nq, D) and (B, H, Nq, Nk); from
+    layer_pass(..., in_blocks=True) past the memory budget, each text's own arrays instead,
+    (Nq_i, D) and (H, Nq_i, Nk_i), a map past the large-map size a read-only memmap of attention.npy.
+    """
 
     attention: MultiHeadAttention
     encoded: EncodedTexts
     states: LayerStates
     keys: Encoded  # the keys' texts: encoded.keys with --kv, else encoded.queries
-    output: torch.Tensor  # (B, Nq, D)
-    patterns: torch.Tensor  # (B, H, Nq, Nk)
+    output: torch.Tensor | list[np.ndarray]
+    patterns: torch.Tensor | list[np.ndarray]
 
 
 @torch.inference_mode()
-def layer_pass(loaded: LoadedModel, texts: list[str], spec: RunSpec) -> LayerPass:
+def layer_pass(loaded: LoadedModel, texts: list[str], spec: RunSpec, in_blocks: bool = False) -> LayerPass:
     """attnviz's layer spec.layer over a padded batch of texts, on that layer's real input.
 
     With spec.kv_text, queries come from each text and keys and values from kv_text (for an
-    encoder-decoder's cross-attention, the source the encoder reads).
+    encoder-decoder's cross-attention, the source the encoder reads). in_blocks: when the
+    batch's weights pass the memory budget (memory_budget) or a text's map passes the large-map
+    size, the layer runs a block of queries at a time and each block goes straight into its
+    text's array (block_maps); within both, the one block is today's whole tensor.
     """
     check_layer(loaded, spec.layer, spec.stack)
     encoded = encode_texts(loaded, texts, spec)
@@ -259,20 +282,57 @@ def layer_pass(loaded: LoadedModel, texts: list[str], spec: RunSpec) -> LayerPas
     with threads_for(encoded):  # the layer's weights copied and checked too: as much work as the run, for a short text
         attention = build_layer(loaded, spec)
         states = layer_states(loaded, encoded, [spec.layer], spec)[spec.layer]
+        valid_lens = keys.valid_lens.to(spec.device).expand(len(texts))  # (B,)
+        budget = memory_budget(spec)
+        batch, num_queries, num_keys = len(texts), states.queries.shape[1], states.keys.shape[1]
+        rows = rows_per_block(budget, batch, attention.num_heads, num_keys)
+        large = min(LARGE_MAP_BYTES, budget)
+        sizes = [(len(encoded.queries.ids[i]), len(keys.ids[0 if spec.kv_text is not None else i])) for i in range(batch)]
+        if in_blocks and (rows < num_queries or any(4 * attention.num_heads * q * k > large for q, k in sizes)):
+            blocks = attention.blocks(
+                states.queries, states.keys, states.keys,
+                valid_lens=valid_lens, causal=spec.causal, position_bias=states.position_bias, rows=rows,
+            )  # fmt: skip
+            output, patterns = block_maps(blocks, sizes, attention.num_heads, large)
+            return LayerPass(attention, encoded, states, keys, output, patterns)
         output, patterns = attention(
             states.queries,
             states.keys,
             states.keys,
-            valid_lens=keys.valid_lens.to(spec.device).expand(len(texts)),
+            valid_lens=valid_lens,
             causal=spec.causal,
             position_bias=states.position_bias,
         )  # (B, Nq, D), (B, H, Nq, Nk)
     return LayerPass(attention, encoded, states, keys, output, patterns)
 
 
+def block_maps(blocks, sizes: list[tuple[int, int]], num_heads: int, large: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Each text's output (Nq_i, D) and weights (H, Nq_i, Nk_i) from the layer's blocks (first query, (B, b, D), (B, H, b, Nk)).
+
+    sizes: each text's (Nq_i, Nk_i). A map of more than `large` bytes is written block by block
+    into attention.npy in a folder of its own (run_data.MapFile) and comes back as a read-only
+    memmap of it; the others are arrays in memory. No (B, H, Nq, Nk) tensor is ever whole.
+    """
+    from attnviz.run_data import MapFile
+
+    outputs: list[np.ndarray | None] = [None] * len(sizes)
+    maps = [MapFile((num_heads, q, k)) if 4 * num_heads * q * k > large else np.empty((num_heads, q, k), np.float32) for q, k in sizes]
+    for start, output, weights in blocks:
+        output, weights = output.float().cpu().numpy(), weights.float().cpu().numpy()  # (B, b, D), (B, H, b, Nk)
+        for i, (num_queries, num_keys) in enumerate(sizes):
+            stop = min(start + weights.shape[2], num_queries)
+            if stop <= start:  # padding queries of a shorter text
+                continue
+            if outputs[i] is None:
+                outputs[i] = np.empty((num_queries, output.shape[-1]), np.float32)
+            outputs[i][start:stop] = output[i, : stop - start]
+            maps[i][:, start:stop] = weights[i, :, : stop - start, :num_keys]
+    return outputs, [each.finish() if isinstance(each, MapFile) else each for each in maps]
+
+
 def run_attention(loaded: LoadedModel, texts: list[str], spec: RunSpec) -> list[AttentionRun]:
     """Run attnviz's layer over a padded batch of texts with spec's settings (layer_pass); one AttentionRun per text."""
-    done = layer_pass(loaded, texts, spec)
+    done = layer_pass(loaded, texts, spec, in_blocks=True)
     sizes = layer_sizes(done.attention)
     return split_runs(loaded, texts, done.encoded.queries, done.keys, done.output, done.patterns, spec, spec.layer, *sizes)
 
@@ -382,14 +442,17 @@ def split_runs(
     num_kv_heads: int | None = None,
     inner_size: int | None = None,
 ) -> list[AttentionRun]:
-    """One AttentionRun per text from a padded batch's output (B, Nq, D) and weights (B, H, Nq, Nk).
+    """One AttentionRun per text from a padded batch's output (B, Nq, D) and weights (B, H, Nq, Nk),
+    or from each text's own output (Nq_i, D) and weights (H, Nq_i, Nk_i) (layer_pass in blocks), taken as they are.
 
     Each run holds a copy of its own unpadded block, so a caller may drop the batch. keys holds
     one text (spec.kv_text) for cross-attention, else the same texts as queries. layer and
     num_heads are the run's (spec may leave them to the model: None).
     """
     kv_text = spec.kv_text
-    output, patterns = output.float().cpu().numpy(), patterns.float().cpu().numpy()
+    padded = isinstance(patterns, torch.Tensor)  # else each text's own arrays already
+    if padded:
+        output, patterns = output.float().cpu().numpy(), patterns.float().cpu().numpy()
     runs = []
     for i, text in enumerate(texts):
         query_ids = queries.ids[i]
@@ -412,8 +475,8 @@ def split_runs(
                 key_shown=keys.shown[key_index],
                 query_ids=query_ids,
                 key_ids=key_ids,
-                attention=patterns[i, :, : len(query_ids), : len(key_ids)].copy(),  # (H, Nq_i, Nk_i)
-                output=output[i, : len(query_ids)].copy(),  # (Nq_i, D)
+                attention=patterns[i, :, : len(query_ids), : len(key_ids)].copy() if padded else patterns[i],  # (H, Nq_i, Nk_i)
+                output=output[i, : len(query_ids)].copy() if padded else output[i],  # (Nq_i, D)
                 notices=notices,
                 truncated=truncated,
                 kv_truncated=kv_truncated,

@@ -5,7 +5,11 @@ Arrays are NumPy, not torch, so that renderers never need to import torch.
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+import weakref
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -110,7 +114,7 @@ class AttentionRun:
     key_tokens: list[str]
     query_ids: list[int]
     key_ids: list[int]
-    attention: np.ndarray  # (H, Nq, Nk)
+    attention: np.ndarray  # (H, Nq, Nk); past a size a read-only np.memmap of attention.npy (map_on_disk)
     output: np.ndarray  # (Nq, D)
     kv_text: str | None = None
     causal: bool = False
@@ -167,5 +171,77 @@ class AttentionRun:
         return self.query_shown or queries, self.key_shown or keys
 
     @property
+    def map_on_disk(self) -> bool:
+        """The map is a read-only memory map of attention.npy (a long text: MapFile), not an array in memory."""
+        return isinstance(self.attention, np.memmap)
+
+    def __getstate__(self) -> dict:
+        """Pickled (to the figure worker, attnviz/startup.py), a map on disk travels as its file's path, not its weights."""
+        state = dict(self.__dict__)
+        if self.map_on_disk:
+            state["attention"] = MappedFile(self.attention.filename)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        if isinstance(state["attention"], MappedFile):  # the sender's file: mapped again, read-only; the sender removes it
+            state = {**state, "attention": np.load(state["attention"].path, mmap_mode="r")}
+        self.__dict__.update(state)
+
+    @property
     def head_dim(self) -> int:
         return (self.inner_size or self.output.shape[-1]) // self.num_heads
+
+
+# ---- attention.npy: a long text's map ------------------------------------------------------------
+# Past a size (pipeline.LARGE_MAP_BYTES) the chosen layer's weights are not text in attention.json
+# but one float32 array (H, Nq, Nk) in attention.npy beside it: NumPy's standard format, which
+# numpy.load reads with mmap_mode="r", so a notebook slices r.attention[3, 7000] without reading the
+# rest. Not safetensors: its header (every tensor's offsets) comes first and a safetensors file is
+# not meant to be filled in place, block by block, nor mapped writable while it grows.
+# Until a run is saved the file lives in a folder of its own in the temporary directory, removed
+# when the last view of the map goes (weakref.finalize; at exit at the latest); saving copies it
+# into the run's staging folder (output/runs.py moves it into place with the rest, all or nothing).
+# Blocks are written with plain file writes, not through a writable mapping, so that the pages
+# written never count in the process's resident memory.
+
+MAP_FILE = "attention.npy"
+
+
+@dataclass(frozen=True)
+class MappedFile:
+    """A pickled run's map on disk: the path of its attention.npy (AttentionRun.__getstate__)."""
+
+    path: str
+
+
+class MapFile:
+    """A (H, Nq, Nk) float32 .npy being written: map_file[:, start:stop] = block (H, b, Nk); finish() maps it for reading."""
+
+    def __init__(self, shape: tuple[int, int, int]):
+        self.shape = shape
+        self.folder = Path(tempfile.mkdtemp(prefix="attnviz-map-"))
+        self.path = self.folder / MAP_FILE
+        header = np.lib.format.open_memmap(self.path, mode="w+", dtype=np.float32, shape=shape)  # the header, the file sized
+        self.offset = header.offset
+        del header
+        self.file = open(self.path, "r+b")
+
+    def __setitem__(self, index: tuple[slice, slice], block: np.ndarray) -> None:
+        _, rows = index
+        block = np.ascontiguousarray(block, dtype=np.float32)  # (H, b, Nk)
+        _, num_queries, num_keys = self.shape
+        for head in range(self.shape[0]):  # each head's rows lie together in the file
+            self.file.seek(self.offset + 4 * num_keys * (head * num_queries + rows.start))
+            self.file.write(block[head].tobytes())
+
+    def finish(self) -> np.memmap:
+        """The written map as a read-only memmap; its folder goes when the memmap does."""
+        self.file.close()
+        array = np.load(self.path, mmap_mode="r")
+        weakref.finalize(array, shutil.rmtree, self.folder, True)
+        return array
+
+
+def copy_map(attention: np.memmap, folder: Path) -> Path:
+    """attention.npy in folder: a copy of the file behind a map on disk (the kernel copies it; nothing is read into memory)."""
+    return Path(shutil.copyfile(attention.filename, folder / MAP_FILE))

@@ -51,6 +51,7 @@ class RunSpec:
     device: str = "cpu"  # "cpu" or "cuda": where it runs, after "auto" was resolved
     truncate: bool = False  # --truncate: texts longer than the model's positions may be cut
     words: bool = False  # --words: maps over words (pieces merged by Clark et al.'s rule), not tokens
+    memory: int | None = None  # --memory, MB for a block of attention (None: pipeline.memory_budget's default); not in to_dict
     js: bool | None = None  # stats: whether the Jensen-Shannon distances are measured (--js); None elsewhere (measured where asked)
     version: str = __version__  # attnviz's
 
@@ -72,6 +73,7 @@ class RunSpec:
         settings = asdict(self)
         settings["seed"] = None if self.weights == "pretrained" else self.seed  # pretrained parameters draw nothing
         settings["attnviz_version"] = settings.pop("version")
+        del settings["memory"]  # how the weights were computed, not which: the same numbers within any budget
         return settings
 
 

@@ -30,10 +30,11 @@ RUN_OPTIONS = {  # RunOptions' fields, each with wrong values of other types
     "device": [5, None],
     "truncate": ["yes", 0],
     "words": ["no", 1],
+    "memory": ["512", 1.5, True],
 }
 RUN_OPTIONS_VALID = {"model": "bundled", "layer": 0, "heads": None, "weights": "pretrained", "seed": 0, "kv": "a dog",
-                     "causal": False, "stack": None, "device": "cpu", "truncate": False, "words": False}  # fmt: skip
-EVERY_LAYER = {name: values for name, values in RUN_OPTIONS.items() if name not in ("layer", "kv")}
+                     "causal": False, "stack": None, "device": "cpu", "truncate": False, "words": False, "memory": None}  # fmt: skip
+EVERY_LAYER = {name: values for name, values in RUN_OPTIONS.items() if name not in ("layer", "kv", "memory")}
 TEXT = [5, None, b"the cat"]
 TEXTS = [5, None, [1], ["the cat", 2.0]]
 

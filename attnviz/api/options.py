@@ -31,7 +31,10 @@ class RunOptions:
     "random" (drawn from seed); kv another text to take keys and values from; causal masks future
     keys; stack picks an encoder-decoder's attention ("encoder", "decoder" or "cross"); device is
     "auto", "cpu" or "cuda"; truncate lets texts longer than the model's positions be cut; words
-    shows words, not word pieces. Wrong types and values are refused as the value is built.
+    shows words, not word pieces; memory is the most megabytes a block of attention may take
+    (None: 512 on the CPU, half the GPU's free memory on CUDA; pipeline.memory_budget): past it the
+    weights are computed a block of queries at a time, and a map past 64 MB (or past memory) goes to
+    attention.npy, read lazily. Wrong types and values are refused as the value is built.
     """
 
     model: Any = None  # str | Path | attnviz.Model | None
@@ -45,6 +48,7 @@ class RunOptions:
     device: str = "auto"
     truncate: bool = False
     words: bool = False
+    memory: int | None = None  # MB
 
     def __post_init__(self) -> None:
         if self.model is not None and not isinstance(self.model, (str, Path, Model)):
@@ -52,6 +56,9 @@ class RunOptions:
         object.__setattr__(self, "layer", must_be_int("layer", self.layer))
         object.__setattr__(self, "heads", must_be_int("heads", self.heads, none=True))
         object.__setattr__(self, "seed", must_be_int("seed", self.seed))
+        object.__setattr__(self, "memory", must_be_int("memory", self.memory, none=True))
+        if self.memory is not None and self.memory < 1:
+            raise AttnvizError(f"memory {self.memory}: give at least 1 (MB) for a block of attention")
         must_be_one_of("weights", self.weights, WEIGHTS)
         must_be_str("kv", self.kv, none=True)
         must_be_one_of("stack", self.stack, STACKS, none=True)
@@ -76,14 +83,15 @@ class RunOptions:
 
         settings = dict(
             layer=self.layer, weights=self.weights, seed=self.seed, causal=self.causal, kv_text=self.kv, stack=self.stack,
-            truncate=self.truncate, words=self.words,
+            truncate=self.truncate, words=self.words, memory=self.memory,
         )  # fmt: skip
         spec = run_spec(handle.loaded, handle.name, device=handle.device, num_heads=None, **{**settings, **fixed})
         return replace(spec, num_heads=resolve_num_heads(handle.loaded, self.heads, spec.stack))
 
 
 RUN_OPTIONS = tuple(field.name for field in fields(RunOptions))
-EVERY_LAYER_OPTIONS = tuple(name for name in RUN_OPTIONS if name not in ("layer", "kv"))  # stats, layers: every layer's self-attention
+# stats, layers: every layer's self-attention (memory: heads, trace and report's one layer, for now)
+EVERY_LAYER_OPTIONS = tuple(name for name in RUN_OPTIONS if name not in ("layer", "kv", "memory"))
 
 
 def run_options(function: str, given: dict[str, Any], taken: tuple[str, ...] = RUN_OPTIONS) -> RunOptions:

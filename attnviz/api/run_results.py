@@ -33,6 +33,38 @@ def save_run_files(folder: str | Path, write, format: str | None = None) -> list
     return [run_folder.final / path.name for path in written]
 
 
+SUMMARY_ROWS = 256  # queries per block when a long text's head summaries are read from attention.npy
+
+
+def summarize_in_blocks(attention, causal: bool, rows: int = SUMMARY_ROWS) -> list:
+    """summarize_heads of a map (H, Nq, Nk) read SUMMARY_ROWS queries at a time: each summary is a mean over
+    queries (or a key per query), so the blocks' sums give it; no map is made whole in memory."""
+    import numpy as np
+
+    from attnviz.analysis.statistics import HeadSummary, row_entropy, visible_keys
+
+    num_heads, num_queries, num_keys = attention.shape
+    visible = visible_keys(num_queries, num_keys, causal)  # (Nq,)
+    choice = visible > 1
+    entropy, relative, maxima = np.zeros(num_heads), np.zeros(num_heads), np.zeros(num_heads)
+    top_keys = np.empty((num_heads, num_queries), dtype=np.int64)
+    for start in range(0, num_queries, rows):
+        block = np.asarray(attention[:, start : start + rows], dtype=np.float64)  # (H, b, Nk)
+        stop = start + block.shape[1]
+        entropies = row_entropy(block)  # (H, b)
+        entropy += entropies.sum(axis=-1)
+        picked = choice[start:stop]
+        relative += (entropies[:, picked] / np.log(visible[start:stop][picked])).sum(axis=-1)
+        maxima += block.max(axis=-1).sum(axis=-1)
+        top_keys[:, start:stop] = block.argmax(axis=-1)
+    choices = max(int(choice.sum()), 1)
+    return [
+        HeadSummary(head=h, entropy=float(entropy[h] / num_queries), relative_entropy=float(relative[h] / choices),
+                    mean_max=float(maxima[h] / num_queries), top_keys=top_keys[h].tolist())
+        for h in range(num_heads)
+    ]  # fmt: skip
+
+
 REPORT_FILE = "report.html"
 IFRAME_HEIGHT = 720  # px: the notebook's view of the report
 
@@ -81,6 +113,9 @@ class HeadsResult:
 
     @cached_property
     def attention(self):
+        """(H, Nq, Nk): a torch.Tensor; for a long text (run.map_on_disk) a read-only numpy memmap of attention.npy, read as sliced."""
+        if self.run.map_on_disk:
+            return self.run.attention
         return tensor(self.run.attention)  # (H, Nq, Nk)
 
     @cached_property
@@ -92,6 +127,8 @@ class HeadsResult:
         """Per head: entropy, relative entropy, mean max and each query's top key (attnviz.analysis.statistics.HeadSummary)."""
         from attnviz.analysis.statistics import summarize_heads
 
+        if self.run.map_on_disk:
+            return summarize_in_blocks(self.run.attention, self.run.causal)
         return summarize_heads(self.run.attention, self.run.causal)
 
     def figure(self, head: int | None = None):
@@ -123,14 +160,14 @@ class HeadsResult:
         figures and head: the heatmaps that `heads --figures` and `--head` choose (output/batch.py's write_head_figures).
         """
         from attnviz.output.batch import write_head_figures
-        from attnviz.output.export import write_attention_json
+        from attnviz.output.export import write_attention_files
 
         written = write_head_figures(self.run, folder, format, self.spec.seed, figures=figures, head=head)
         if self.measures is not None:
             from attnviz.render.measure_figures import write_measure_figures
 
             written += write_measure_figures(self.run, self.measures, folder, format, seed=self.spec.seed)
-        return written + [write_attention_json(self.run, self.spec, folder / "attention.json", self.measures)]
+        return written + write_attention_files(self.run, self.spec, folder, self.measures)
 
     def to_dict(self) -> dict:
         """attention.json's content: the attention as nested lists, rounded as the file rounds it."""
@@ -138,6 +175,10 @@ class HeadsResult:
 
         from attnviz.output.export import DECIMALS, attention_record
 
+        from attnviz.output.export import map_file_record
+
+        if self.run.map_on_disk:  # as attention.json names it; the weights are .attention, read lazily
+            return {**attention_record(self.run, self.spec, self.measures), **map_file_record(self.run)}
         attention = np.round(self.run.attention.astype(np.float64), DECIMALS).tolist()  # as weights_json writes it
         return {**attention_record(self.run, self.spec, self.measures), "attention": attention}
 

@@ -9,6 +9,7 @@ from typing import Optional
 import typer
 
 from attnviz.cli.options import (
+    MemoryOption,
     run_options,
     app,
     console,
@@ -73,6 +74,7 @@ def heads(
     figures: Optional[Figures] = FiguresOption,
     out: Optional[Path] = FileOutOption,
     truncate: bool = TruncateOption,
+    memory: Optional[int] = MemoryOption,
     words: bool = WordsOption,
     measure: Measure = MeasureOption,
     allow_pickle: bool = AllowPickleOption,
@@ -116,7 +118,10 @@ def heads(
         result = functions.heads(text, measure=measure.value, **given)
 
     run = result.run
-    terminal.print_notices(errors, run.notices)
+    notices = run.notices
+    if run.map_on_disk and not no_html:
+        notices = [*notices, "report.html is not written for a map this long (attention.npy holds it); its zoomable map is to come"]
+    terminal.print_notices(errors, notices)
     terminal.print_setup(console, run, handle.source, handle.device_label, seed=options.seed)
     terminal.print_tokens(console, run)
     if head is None:
@@ -135,7 +140,7 @@ def heads(
     def write(staging: Path) -> list[Path]:
         # The figure worker (attnviz/startup.py) writes the result's files while this process computes the report.
         with startup.drawn(result.write_files, staging, image_format.value, images["figures"], head) as drawing:
-            report = report_of_runs(handle.loaded, [run], result.spec).write_files(staging) if not no_html else []
+            report = report_of_runs(handle.loaded, [run], result.spec).write_files(staging) if not (no_html or run.map_on_disk) else []
             written = drawing.wait()
         written += traced.write_files(staging, image_format.value) if traced is not None else []
         return written + report

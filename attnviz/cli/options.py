@@ -134,6 +134,12 @@ def run_options(parameters: dict) -> RunOptions:
 # Options that several commands share, declared once.
 DeviceOption = typer.Option(Device.auto, help="Where to run: auto is the GPU when torch sees one.")
 TruncateOption = typer.Option(False, help="Cut texts longer than the model's positions instead of refusing them.")
+MemoryOption = typer.Option(
+    None, "--memory", min=1, metavar="MB",
+    help="The most memory a block of attention may take (default: 512 on the CPU, half the GPU's free memory). "
+    "Past it the weights are computed a block of queries at a time; a map past 64 MB (or past --memory) "
+    "goes to attention.npy.",
+)  # fmt: skip
 FormatOption = typer.Option(ImageFormat.png, "--format", help="Image file format.")
 WeightsOption = typer.Option(
     Weights.pretrained,

@@ -9,6 +9,7 @@ from typing import Optional
 import typer
 
 from attnviz.cli.options import (
+    MemoryOption,
     QuietOption,
     run_options,
     app,
@@ -59,6 +60,7 @@ def report(
     device: Device = DeviceOption,
     out: Optional[Path] = FileOutOption,
     truncate: bool = TruncateOption,
+    memory: Optional[int] = MemoryOption,
     words: bool = WordsOption,
     allow_pickle: bool = AllowPickleOption,
     quiet: bool = QuietOption,

@@ -9,6 +9,7 @@ from typing import Optional
 import typer
 
 from attnviz.cli.options import (
+    MemoryOption,
     QuietOption,
     run_options,
     app,
@@ -74,6 +75,7 @@ def trace(
     image_format: ImageFormat = typer.Option(ImageFormat.png, "--format", help="Image format of --mistake's heatmaps."),
     out: Optional[Path] = FileOutOption,
     truncate: bool = TruncateOption,
+    memory: Optional[int] = MemoryOption,
     words: bool = WordsOption,
     allow_pickle: bool = AllowPickleOption,
     quiet: bool = QuietOption,

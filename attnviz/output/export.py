@@ -73,8 +73,34 @@ def words_record(run: AttentionRun) -> dict:
     }
 
 
+def write_attention_files(run: AttentionRun, spec: RunSpec, folder: Path, measures=None) -> list[Path]:
+    """attention.json in folder, and beside it attention.npy when the run's map is one (a long text: run_data.MapFile)."""
+    from attnviz.run_data import MAP_FILE
+
+    written = write_attention_json(run, spec, folder / "attention.json", measures)
+    return [written, *([folder / MAP_FILE] if run.map_on_disk else [])]
+
+
+def map_file_record(run: AttentionRun) -> dict:
+    """attention.json's fields that name attention.npy, for a map stored there: "attention" itself is null."""
+    from attnviz.run_data import MAP_FILE
+
+    return {"attention_file": MAP_FILE, "attention_shape": list(run.attention.shape), "attention_dtype": "float32", "attention": None}
+
+
 def write_attention_json(run: AttentionRun, spec: RunSpec, path: Path, measures=None) -> Path:
-    """attention.json; measures (analysis.measures.RunMeasures, --measure) adds "measures" before "attention"."""
+    """attention.json; measures (analysis.measures.RunMeasures, --measure) adds "measures" before "attention".
+
+    A map stored in attention.npy (a long text) is named, not written: its shape and dtype, "attention" null,
+    and the .npy copied beside.
+    """
+    from attnviz.run_data import copy_map
+
+    if run.map_on_disk:
+        copy_map(run.attention, path.parent)
+        record = {**attention_record(run, spec, measures), **map_file_record(run)}
+        path.write_text(json.dumps(record, ensure_ascii=False), encoding="utf-8")
+        return path
     record = json.dumps(attention_record(run, spec, measures), ensure_ascii=False)
     attention = weights_json(run.attention)
     path.write_text(record.removesuffix("null}") + attention + "}", encoding="utf-8")
