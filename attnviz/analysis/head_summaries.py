@@ -50,7 +50,8 @@ SINK_FRACTION = (
 )
 TOP_KEYS_DEFINITION = (
     "most-attended keys",
-    f"each head's {TOP_KEYS} keys with the most attention received, Σ_i A_ij, as a share of all its attention (/ Nq)",
+    f"each head's {TOP_KEYS} keys with the most attention received, Σ_i A_ij, as a share of all its attention "
+    "(/ Nq); a tie goes to the earlier key",
 )
 
 
@@ -150,8 +151,9 @@ class HeadSummaries:
         counts["relative_entropy"], counts["previous"] = self.entropy_rows, self.previous_rows
         values = {name: (total / counts[name]).cpu().numpy() if counts[name] else np.zeros(self.num_heads) for name, total in self.sums.items()}
         count = min(TOP_KEYS, self.num_keys)
-        shares, keys = (self.received / self.num_queries).topk(count, dim=-1)  # (H, count) each, largest first
-        return values, keys.cpu().numpy(), shares.cpu().numpy()
+        # Largest first, a tie to the earlier key (a stable sort), so that a rerun names the same keys.
+        shares, keys = (self.received / self.num_queries).sort(dim=-1, descending=True, stable=True)  # (H, Nk) each
+        return values, keys[:, :count].cpu().numpy(), shares[:, :count].cpu().numpy()
 
 
 # What a block of one layer's weights may take while the summaries are made: its scores and weights,
