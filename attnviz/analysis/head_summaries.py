@@ -9,16 +9,13 @@ SUMMARIES names and defines them (for --help, summaries.json and the docs). Plai
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 # The attention sink's threshold, the metric and its paper.
 SINK_THRESHOLD = 0.3
-SINK_PAPER = (
-    "Gu et al., ICLR 2025, \"When Attention Sink Emerges in Language Models: An Empirical View\" (arXiv 2410.10781): "
-    "Sink^ε = the fraction of heads whose mean attention on the first token exceeds ε = 0.3"
-)
+SINK_PAPER = "Gu et al., ICLR 2025, \"When Attention Sink Emerges in Language Models: An Empirical View\" (arXiv 2410.10781)"
 LOCAL_WINDOW = 8  # the local band's default half-width w: keys with |i - j| <= w
 TOP_KEYS = 5  # each head's most-attended keys
 
@@ -46,7 +43,8 @@ SUMMARIES = {
 }
 SINK_FRACTION = (
     "sink fraction",
-    f"per layer, the fraction of its heads whose sink share exceeds ε = {SINK_THRESHOLD}; over the model, of all heads",
+    f"per layer, the fraction of its heads whose sink share exceeds ε = {SINK_THRESHOLD}; over the model, of all "
+    "its heads (Sink^ε of Gu et al. for the first token)",
 )
 TOP_KEYS_DEFINITION = (
     "most-attended keys",
@@ -67,11 +65,13 @@ class LayerSummaries:
     values: dict[str, np.ndarray]  # name -> (L, H)
     top_keys: np.ndarray  # (L, H, TOP_KEYS) key indices, most attended first
     top_shares: np.ndarray  # (L, H, TOP_KEYS): Σ_i A_ij / Nq of those keys
-    tokens: list[str]  # the keys' tokens as shown
+    tokens: list[str]  # the text's tokens, as the tokenizer gives them
+    shown_tokens: list[str]  # as figures and tables show them (models/shown.py)
+    text: str = ""
+    model: str = ""
     window: int = LOCAL_WINDOW
     causal: bool = False
     rows_per_block: int = 0  # queries per block of the pass that computed them
-    settings: dict = field(default_factory=dict)
 
     @property
     def sink_fraction(self) -> np.ndarray:
@@ -190,7 +190,10 @@ def summarise_layers(loaded, text: str, spec, budget_bytes: int = SUMMARY_BLOCK_
         values=values,
         top_keys=np.stack([keys for _, keys, _ in per_layer]),
         top_shares=np.stack([shares for _, _, shares in per_layer]),
-        tokens=list(encoded.queries.shown[0] or encoded.queries.tokens[0]),
+        tokens=list(encoded.queries.tokens[0]),
+        shown_tokens=list(encoded.queries.shown[0] or encoded.queries.tokens[0]),
+        text=text,
+        model=loaded.name,
         window=window,
         causal=spec.causal,
         rows_per_block=rows_per_block(budget_bytes, 1, max(attention.num_heads for attention in layers), num_tokens),
