@@ -233,3 +233,62 @@ def test_a_long_text_is_summarised_in_blocks_and_equals_a_float64_computation(lo
             for name in SUMMARIES:  # shares within 1e-5; the distance, hundreds of tokens, within 1e-5 of itself
                 tolerance = 1e-5 * max(1.0, expected[name][0, 0])
                 assert abs(result.values[name][layer, head] - expected[name][0, 0]) < tolerance, (name, layer, head)
+
+
+# ---- the faces: attnviz layers' summaries.json, summaries.png and its tables ----------------------------
+
+
+def test_layers_summaries_json_and_png_hold_its_summaries(tmp_path, reference_bert):
+    import json
+
+    import attnviz
+    from attnviz.analysis.head_summaries import SINK_FRACTION
+    from attnviz.render.sizes import figure_max_px
+    from PIL import Image
+
+    from attnviz.output.summaries_json import write_summaries_json
+    from attnviz.render.summary_figures import write_summaries_figure
+
+    result = attnviz.layers(TEXT, model="bundled", band=2)  # save's listing: test_api.py
+    write_summaries_json(result.summaries, result.spec, tmp_path / "summaries.json")
+    write_summaries_figure(result.summaries, tmp_path, run=result.layer_runs[0])
+    record = json.loads((tmp_path / "summaries.json").read_text(encoding="utf-8"))
+    assert (record["format"], record["version"], record["window"]) == ("attnviz-summaries", 1, 2)
+    assert set(record["definitions"]) == {*SUMMARIES, "sink_fraction", "top_keys"}
+    assert record["definitions"]["sink_fraction"]["name"] == SINK_FRACTION[0]
+    # every summary an L × H list, equal to NumPy's over transformers' maps
+    tokenizer, model = reference_bert
+    with torch.no_grad():
+        maps = np.stack([a[0].numpy() for a in model(**tokenizer(TEXT, return_tensors="pt"), output_attentions=True).attentions])
+    expected = reference_summaries(maps, causal=False, window=2)
+    for name in SUMMARIES:
+        np.testing.assert_allclose(np.array(record["summaries"][name]), expected[name], atol=2e-6, rtol=0, err_msg=name)
+    sink = expected["sink"]
+    np.testing.assert_allclose(record["sink_fraction"], (sink > SINK_THRESHOLD).mean(axis=1), atol=1e-6)
+    first = record["top_keys"][3][4]  # layer 3, head 4: the key that receives the most first
+    received = maps[3, 4].astype(np.float64).sum(0) / maps.shape[-1]
+    assert first[0]["key"] == int(received.argmax()) and first[0]["token"] == record["shown_tokens"][first[0]["key"]]
+    assert len(first) == TOP_KEYS and first[0]["share"] == pytest.approx(received.max(), abs=1e-6)
+    with Image.open(tmp_path / "summaries.png") as image:
+        width, height = image.size
+    assert (width, height) <= figure_max_px("summaries.png") and width > height  # 3 panels across, 2 down
+
+
+def test_the_sink_grid_in_the_terminal_marks_each_layers_fraction_and_bounds_its_rows():
+    from rich.console import Console
+
+    from attnviz.render.summary_tables import MAX_LAYERS_SHOWN, print_summaries
+    from attnviz.analysis.head_summaries import LayerSummaries
+
+    num_layers, num_heads = MAX_LAYERS_SHOWN + 5, 3
+    sink = np.tile([0.1, 0.5, 0.9], (num_layers, 1))
+    values = {name: sink if name == "sink" else np.zeros((num_layers, num_heads)) for name in SUMMARIES}
+    summaries = LayerSummaries(
+        values, np.zeros((num_layers, num_heads, 1), int), np.ones((num_layers, num_heads, 1)), ["<s>"], ["<s>"]
+    )
+    console = Console(record=True, width=100)
+    print_summaries(console, summaries)
+    text = console.export_text()
+    assert "L0 │ 0.10 │ 0.50 │ 0.90 │  67%" in text and f"L{MAX_LAYERS_SHOWN - 1} " in text
+    assert f"L{MAX_LAYERS_SHOWN} " not in text and "… 5 more layers in summaries.json" in text
+    assert "67% of all heads exceed ε = 0.3" in text
