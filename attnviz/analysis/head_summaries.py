@@ -88,16 +88,14 @@ class HeadSummaries:
     """Sums over queries for one layer's heads over one text, fed block by block (all keys of each block's rows).
 
     num_queries and num_keys are the text's (no padding: the caller cuts it off); causal: query i
-    may see keys 0..i. Sums are float64 on the weights' device.
+    may see keys 0..i. Sums are float64 on the weights' device, made with the first block.
     """
 
-    def __init__(self, num_heads: int, num_queries: int, num_keys: int, *, causal: bool, window: int = LOCAL_WINDOW, device=None):
-        import torch
-
+    def __init__(self, num_heads: int, num_queries: int, num_keys: int, *, causal: bool, window: int = LOCAL_WINDOW):
         self.num_heads, self.num_queries, self.num_keys = num_heads, num_queries, num_keys
         self.causal, self.window = causal, window
-        self.sums = {name: torch.zeros(num_heads, dtype=torch.float64, device=device) for name in SUMMARIES}
-        self.received = torch.zeros(num_heads, num_keys, dtype=torch.float64, device=device)  # (H, Nk): Σ_i A_ij
+        self.sums = None  # name -> (H,)
+        self.received = None  # (H, Nk): Σ_i A_ij
         self.entropy_rows = 0  # queries with more than one key to choose from
         self.previous_rows = 0  # queries that have a previous token
         self.seen = 0
@@ -109,37 +107,45 @@ class HeadSummaries:
         num_heads, rows, num_keys = weights.shape
         if (num_heads, num_keys) != (self.num_heads, self.num_keys):
             raise ValueError(f"weights of {num_heads} heads over {num_keys} keys, not {self.num_heads} over {self.num_keys}")
+        if weights.dtype in (torch.float16, torch.bfloat16):
+            weights = weights.float()  # sums of a few hundred rows need float32's precision at least
         device = weights.device
+        if self.sums is None:
+            self.sums = {name: torch.zeros(num_heads, dtype=torch.float64, device=device) for name in SUMMARIES}
+            self.received = torch.zeros(num_heads, num_keys, dtype=torch.float64, device=device)
         queries = torch.arange(first_query, first_query + rows, device=device)  # (b,)
         keys = torch.arange(num_keys, device=device)  # (Nk,)
         sums = self.sums
 
-        sums["sink"] += weights[:, :, 0].sum(dim=1, dtype=torch.float64)
-        sums["last"] += weights[:, :, num_keys - 1].sum(dim=1, dtype=torch.float64)
-        self.received += weights.sum(dim=1, dtype=torch.float64)
+        # Under a causal mask the keys after the block's last query have weight 0: leave them out.
+        seen = min(num_keys, first_query + rows) if self.causal else num_keys
+        visible_weights = weights[:, :, :seen]  # (H, b, Nk')
+        # Sums over the block's rows in the weights' float32 (a few hundred rows), across blocks in float64.
+        sums["sink"] += weights[:, :, 0].sum(dim=1).double()
+        sums["last"] += weights[:, :, num_keys - 1].sum(dim=1).double()
+        self.received[:, :seen] += visible_weights.sum(dim=1).double()
 
         # The band |i - j| <= w and the previous key, gathered: 2w + 1 keys per row, not Nk.
         offsets = torch.arange(-self.window, self.window + 1, device=device)  # (2w+1,)
         band = queries[:, None] + offsets[None, :]  # (b, 2w+1)
         inside = (band >= 0) & (band < num_keys)
         gathered = weights.gather(2, band.clamp(0, num_keys - 1).expand(num_heads, -1, -1))  # (H, b, 2w+1)
-        sums["local"] += (gathered * inside).sum(dim=(1, 2), dtype=torch.float64)
+        sums["local"] += (gathered * inside).sum(dim=(1, 2)).double()
         has_previous = (queries >= 1) & (queries - 1 < num_keys)  # (b,)
         if has_previous.any():
             previous = weights[:, has_previous].gather(2, (queries[has_previous] - 1)[None, :, None].expand(num_heads, -1, 1))
-            sums["previous"] += previous.sum(dim=(1, 2), dtype=torch.float64)
+            sums["previous"] += previous.sum(dim=(1, 2)).double()
             self.previous_rows += int(has_previous.sum())
 
-        # Entropy and distance head by head: a temporary of (b, Nk), not (H, b, Nk).
+        distance = (queries[:, None] - keys[None, :seen]).abs().to(weights.dtype)  # (b, Nk')
+        sums["distance"] += torch.einsum("hbk,bk->hb", visible_weights, distance).sum(dim=1).double()
         visible = (queries + 1).clamp(max=num_keys) if self.causal else torch.full_like(queries, num_keys)  # (b,)
         choice = visible > 1
         log_visible = torch.log(visible[choice].double())  # (b',)
-        distance = (queries[:, None] - keys[None, :]).abs().to(weights.dtype)  # (b, Nk)
-        for head in range(num_heads):
-            rows_of_head = weights[head]  # (b, Nk)
-            entropy = -torch.special.xlogy(rows_of_head, rows_of_head).sum(dim=-1, dtype=torch.float64)  # (b,), 0 log 0 = 0
-            sums["relative_entropy"][head] += (entropy[choice] / log_visible).sum()
-            sums["distance"][head] += (rows_of_head * distance).sum(dtype=torch.float64)
+        for head in range(num_heads):  # head by head: a temporary of (b, Nk), not (H, b, Nk)
+            rows_of_head = visible_weights[head]  # (b, Nk')
+            entropy = -torch.special.xlogy(rows_of_head, rows_of_head).sum(dim=-1)  # (b,), 0 log 0 = 0
+            sums["relative_entropy"][head] += (entropy[choice].double() / log_visible).sum()
         self.entropy_rows += int(choice.sum())
         self.seen += rows
 
@@ -178,7 +184,7 @@ def summarise_layers(loaded, text: str, spec, budget_bytes: int = SUMMARY_BLOCK_
         layers = build_layers(loaded, spec)
     num_tokens = len(encoded.queries.ids[0])
     accumulators = [
-        HeadSummaries(attention.num_heads, num_tokens, num_tokens, causal=spec.causal, window=window, device=spec.device)
+        HeadSummaries(attention.num_heads, num_tokens, num_tokens, causal=spec.causal, window=window)
         for attention in layers
     ]
     blocks = iter_layer_blocks(loaded, encoded, layers, spec, budget_bytes, in_berts_place(loaded, spec))
