@@ -324,7 +324,9 @@ def test_causal_layers_mask_the_future_in_the_figures_and_the_rollout(tmp_path):
 
 def test_layers_in_svg(tmp_path):
     assert layers(SHORT, "--format", "svg", "--heads", "3", "--out", str(tmp_path)) == 0
-    assert sorted(path.name for path in tmp_path.iterdir()) == [MANIFEST, "layers.svg", "rollout.json", "rollout.svg"]
+    assert sorted(path.name for path in tmp_path.iterdir()) == [
+        MANIFEST, "layers.svg", "rollout.json", "rollout.svg", "summaries.json", "summaries.svg"
+    ]  # fmt: skip
 
 
 # --- the layers grid: each panel is that layer's head ---------------------------------------------

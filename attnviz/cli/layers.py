@@ -23,6 +23,7 @@ from attnviz.cli.options import (
     WordsOption,
     Measure,
     LayersMeasureOption,
+    BandOption,
     FormatOption,
     WeightsOption,
     SeedOption,
@@ -52,6 +53,7 @@ def layers(
     truncate: bool = TruncateOption,
     words: bool = WordsOption,
     measure: Measure = LayersMeasureOption,
+    band: int = BandOption,
     allow_pickle: bool = AllowPickleOption,
     quiet: bool = QuietOption,
 ) -> None:
@@ -69,7 +71,7 @@ def layers(
     functions.refuse_before_loading(options)
     target = run_target(out, run_folder_name(text))
     handle = load(options.model, options.device, allow_pickle=allow_pickle, cache=False)
-    result = functions.layers(text, measure=measure.value, **replace(options, model=handle).keywords())
+    result = functions.layers(text, measure=measure.value, band=band, **replace(options, model=handle).keywords())
 
     first = result.layer_runs[0]
     terminal.print_notices(errors, first.notices)
