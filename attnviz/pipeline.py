@@ -423,6 +423,57 @@ def iter_layer_passes(
         yield LayerStates(hidden, hidden), output, patterns
 
 
+@torch.inference_mode()
+def iter_layer_blocks(
+    loaded: LoadedModel,
+    encoded: EncodedTexts,
+    layers: list[MultiHeadAttention],
+    spec: RunSpec,
+    budget_bytes: int,
+    in_place: bool = False,
+) -> Iterator[tuple[int, int, torch.Tensor]]:
+    """iter_layer_weights a block of queries at a time: (layer, first query, weights (B, H, b, Nk)), layer by layer.
+
+    Each block holds as many queries as rows_per_block allows for budget_bytes, so no layer's
+    (B, H, N, Nk) weights are ever whole. One forward pass gives every layer's input, as in
+    iter_layer_passes; with in_place each layer's output, gathered from its blocks ((B, N, D), not
+    the weights), goes on through the rest of BERT's layer to the next.
+    """
+    device = spec.device
+    keys = encoded.keys if encoded.keys is not None else encoded.queries
+    batch = len(encoded.queries.ids)
+    valid_lens = keys.valid_lens.to(device).expand(batch)  # (B,)
+    if in_place:
+        with threads_for(encoded):
+            hidden = layer_input(loaded, encoded.queries, 0, device)  # (B, N, D): the embeddings
+        states = None
+    else:
+        with threads_for(encoded):
+            states = layer_states(loaded, encoded, list(range(len(layers))), spec)
+    for layer, attention in enumerate(layers):
+        if in_place:
+            state = LayerStates(hidden, hidden)
+        else:
+            state = states.pop(layer)  # let each layer's states go once used
+        rows = rows_per_block(budget_bytes, batch, attention.num_heads, state.keys.shape[1])
+        blocks = attention.blocks(
+            state.queries, state.keys, state.keys, valid_lens=valid_lens, causal=spec.causal, position_bias=state.position_bias, rows=rows
+        )
+        outputs = []
+        while True:
+            with threads_for(encoded):
+                block = next(blocks, None)
+            if block is None:
+                break
+            first_query, output, weights = block
+            if in_place:
+                outputs.append(output)  # (B, b, D)
+            yield layer, first_query, weights
+        if in_place and layer + 1 < len(layers):
+            with threads_for(encoded):
+                hidden = loaded.model.encoder.layer[layer].finish(hidden, torch.cat(outputs, dim=1))  # enters the next layer
+
+
 def run_layers(loaded: LoadedModel, texts: list[str], spec: RunSpec) -> list[list[AttentionRun]]:
     """Every layer's run of every text, runs[text][layer], as iter_layer_runs gives them."""
     by_layer = list(iter_layer_runs(loaded, texts, spec))  # by_layer[layer][text]

@@ -186,7 +186,7 @@ def test_stats_layers_compare_and_position_compute_what_heads_computes(model, tm
         alone = attnviz.heads("the cat sat", model=model, layer=layer)
         torch.testing.assert_close(layers.attention[layer], alone.attention, atol=1e-5, rtol=0)
     assert np.allclose(layers.rollout.sum(-1), 1, atol=1e-5)
-    assert sorted(p.name for p in layers.save(tmp_path / "l")) == ["layers.png", "rollout.json", "rollout.png"]
+    assert sorted(p.name for p in layers.save(tmp_path / "l")) == ["layers.png", "rollout.json", "rollout.png", "summaries.json", "summaries.png"]
 
     stats = attnviz.stats(["the cat sat", "a dog ran home"], model=model)
     assert stats.values.shape == (6, 12, len(stats.statistics)) and stats.js_distance.shape == (6, 12, 12)

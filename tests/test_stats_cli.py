@@ -288,7 +288,9 @@ def test_a_random_layer_split_four_ways_is_broad_everywhere(tmp_path):
 @pytest.mark.slow
 def test_layers_writes_the_grid_and_the_rollout_of_every_layer(tmp_path, capsys, bert):
     assert layers(ENGLISH, "--out", str(tmp_path)) == 0
-    assert sorted(path.name for path in tmp_path.iterdir()) == [MANIFEST, "layers.png", "rollout.json", "rollout.png"]
+    assert sorted(path.name for path in tmp_path.iterdir()) == [
+        MANIFEST, "layers.png", "rollout.json", "rollout.png", "summaries.json", "summaries.png"
+    ]  # fmt: skip
     grid = read_png(tmp_path / "layers.png")
     assert grid.shape[1] > 1.5 * grid.shape[0]  # 12 heads across, 6 layers down
     read_png(tmp_path / "rollout.png")
@@ -322,7 +324,9 @@ def test_causal_layers_mask_the_future_in_the_figures_and_the_rollout(tmp_path):
 
 def test_layers_in_svg(tmp_path):
     assert layers(SHORT, "--format", "svg", "--heads", "3", "--out", str(tmp_path)) == 0
-    assert sorted(path.name for path in tmp_path.iterdir()) == [MANIFEST, "layers.svg", "rollout.json", "rollout.svg"]
+    assert sorted(path.name for path in tmp_path.iterdir()) == [
+        MANIFEST, "layers.svg", "rollout.json", "rollout.svg", "summaries.json", "summaries.svg"
+    ]  # fmt: skip
 
 
 # --- the layers grid: each panel is that layer's head ---------------------------------------------

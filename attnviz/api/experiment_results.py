@@ -145,6 +145,7 @@ class LayersResult:
     rollout: np.ndarray  # (N, N)
     spec: RunSpec
     measures: Any = None  # attnviz.analysis.measures.LayersMeasures, with measure= other than "weights"
+    summaries: Any = None  # attnviz.analysis.head_summaries.LayerSummaries: every head of every layer summarised
 
     @property
     def tokens(self) -> list[str]:
@@ -156,18 +157,24 @@ class LayersResult:
         return tensor(np.stack([run.attention for run in self.layer_runs]))
 
     def figure(self, which: str = "layers"):
-        """layers.png (every layer's heads at a glance), or with which="rollout" rollout.png."""
+        """layers.png (every layer's heads at a glance), with which="rollout" rollout.png, with which="summaries"
+        summaries.png (every head of every layer summarised, a layers × heads grid per summary)."""
         from attnviz.render.stats_figures import layers_figure, rollout_figure
 
         if which == "rollout":
             return rollout_figure(self.layer_runs, self.rollout, seed=self.spec.seed)
+        if which == "summaries" and self.summaries is not None:
+            from attnviz.render.summary_figures import summaries_figure
+
+            return summaries_figure(self.summaries, self.layer_runs[0], seed=self.spec.seed)
         if which != "layers":
-            raise AttnvizError(f"unknown figure {which!r}: choose layers or rollout")
+            raise AttnvizError(f"unknown figure {which!r}: choose layers, rollout or summaries")
         return layers_figure(self.layer_runs, seed=self.spec.seed)
 
     def save(self, folder: str | Path, format: str = "png") -> list[Path]:
-        """Write what `attnviz layers --out folder` writes: layers.<format>, rollout.<format>, rollout.json, and
-        with measures their figures (norm_layers, value_zeroing_layers, flow.<format>) and measures.json."""
+        """Write what `attnviz layers --out folder` writes: layers.<format>, rollout.<format>, rollout.json,
+        summaries.<format> and summaries.json (every head summarised), and with measures their figures
+        (norm_layers, value_zeroing_layers, flow.<format>) and measures.json."""
         return save_run_files(folder, lambda staging: self.write_files(staging, format), format)
 
     def write_files(self, folder: Path, format: str = "png") -> list[Path]:
@@ -186,6 +193,12 @@ class LayersResult:
 
             written += write_layers_measure_figures(self.layer_runs, self.rollout, self.measures, folder, format, self.spec.seed)
             written.append(write_layers_measures_json(self.layer_runs, self.measures, self.spec, folder / "measures.json"))
+        if self.summaries is not None:
+            from attnviz.output.summaries_json import write_summaries_json
+            from attnviz.render.summary_figures import write_summaries_figure
+
+            written.append(write_summaries_figure(self.summaries, folder, format, self.layer_runs[0], self.spec.seed))
+            written.append(write_summaries_json(self.summaries, self.spec, folder / "summaries.json"))
         return written
 
     def to_dict(self) -> dict:

@@ -134,12 +134,16 @@ def stats(texts: str | list[str], *, js: bool = True, progress=None, **options):
 
 
 @takes_options(EVERY_LAYER_OPTIONS)
-def layers(text: str, *, measure: str = "weights", **options):
-    """Every layer's heads over one text, and attention rollout through the layers (a LayersResult).
+def layers(text: str, *, measure: str = "weights", band: int = 8, **options):
+    """Every layer's heads over one text, attention rollout through the layers, and every head summarised (a LayersResult).
 
     options as in stats; measure adds every layer's measures (analysis.measures.LayersMeasures):
-    "norm", "value-zeroing", "flow" through every layer beside the rollout, or "all".
+    "norm", "value-zeroing", "flow" through every layer beside the rollout, or "all". The summaries
+    (.summaries, analysis.head_summaries: attention sink, relative entropy, distance, the share within
+    the local band |i - j| <= band, the previous token, the most-attended keys) are computed a block of
+    queries at a time, over tokens (also with words=True).
     """
+    from attnviz.analysis.head_summaries import summarise_layers
     from attnviz.analysis.rollout import runs_rollout
     from attnviz.api.experiment_results import LayersResult
     from attnviz.pipeline import run_layers
@@ -147,6 +151,8 @@ def layers(text: str, *, measure: str = "weights", **options):
     options = run_options("layers", options, EVERY_LAYER_OPTIONS)
     (text,) = _texts(text, one=True)
     names = measure_names(must_be_str("measure", measure))
+    if must_be_int("band", band) < 0:
+        raise AttnvizError(f"band {band}: the local band's half-width is 0 or more tokens")
     refuse_cross_over_every_layer(options.stack)
     refuse_before_loading(options)
     handle = load(options.model, options.device)
@@ -159,7 +165,8 @@ def layers(text: str, *, measure: str = "weights", **options):
         (layer_runs,) = run_layers(handle.loaded, [text], spec)
         measures = None
     warn_notices(layer_runs[0].notices, handle)  # every layer's run has the text's notes
-    return LayersResult(layer_runs, runs_rollout(layer_runs), spec, measures)
+    summaries = summarise_layers(handle.loaded, text, spec, window=band)
+    return LayersResult(layer_runs, runs_rollout(layer_runs), spec, measures, summaries)
 
 
 @takes_options(COMPARE_OPTIONS)

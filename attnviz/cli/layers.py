@@ -23,6 +23,7 @@ from attnviz.cli.options import (
     WordsOption,
     Measure,
     LayersMeasureOption,
+    BandOption,
     FormatOption,
     WeightsOption,
     SeedOption,
@@ -52,23 +53,25 @@ def layers(
     truncate: bool = TruncateOption,
     words: bool = WordsOption,
     measure: Measure = LayersMeasureOption,
+    band: int = BandOption,
     allow_pickle: bool = AllowPickleOption,
     quiet: bool = QuietOption,
 ) -> None:
-    """Every layer and head at a glance (layers.png) and attention rollout through the layers (rollout.png)."""
+    """Every layer and head at a glance (layers.png), attention rollout through the layers (rollout.png), and every
+    head summarised (summaries.png, summaries.json: attention sink, relative entropy, distance, local band, previous token)."""
     options = run_options(locals())
     from attnviz.api import functions
     from attnviz.api.models import load
     from attnviz.output.runs import run_folder_name
     from attnviz import startup
-    from attnviz.render import stats_tables, terminal
+    from attnviz.render import stats_tables, summary_tables, terminal
 
     check_text(text)
     refuse_cross_over_every_layer(options.stack)
     functions.refuse_before_loading(options)
     target = run_target(out, run_folder_name(text))
     handle = load(options.model, options.device, allow_pickle=allow_pickle, cache=False)
-    result = functions.layers(text, measure=measure.value, **replace(options, model=handle).keywords())
+    result = functions.layers(text, measure=measure.value, band=band, **replace(options, model=handle).keywords())
 
     first = result.layer_runs[0]
     terminal.print_notices(errors, first.notices)
@@ -77,4 +80,5 @@ def layers(
     stats_tables.print_rollout(console, first.shown_tokens[0], result.rollout, first.causal and not first.model_causal)
     if result.measures is not None and result.measures.flow is not None:
         stats_tables.print_rollout(console, first.shown_tokens[0], result.measures.flow.normalised, name="flow")
+    summary_tables.print_summaries(console, result.summaries)
     write_run(out, target, "writing figures…", lambda staging: startup.draw(result.write_files, staging, image_format.value))

@@ -248,6 +248,13 @@ MeasureOption = typer.Option(
     "(Mohebbi et al. 2023); flow: maximum flow through the layers up to this one (Abnar & Zuidema 2020; "
     "texts of up to 88 tokens); all: every one, and measures.png side by side.",
 )
+BandOption = typer.Option(
+    8,
+    "--band",
+    min=0,
+    help="The local band's half-width w in tokens: summaries.json's local share is each query's weight on keys with "
+    "|i - j| <= w.",
+)
 LayersMeasureOption = typer.Option(
     Measure.weights,
     "--measure",

@@ -45,6 +45,8 @@ FIGURE_MAX_PX = {
     "norm_heads": (CAP, CAP),
     "norm_layers": (CAP, CAP),
     "value_zeroing_layers": (CAP, CAP),
+    # summary_figures: 3 × 2 panels of 4.4 × 3.6 inches and a title inch, whatever the layers, heads or tokens
+    "summaries": (1584, 984),
 }
 
 

@@ -1,0 +1,206 @@
+"""Every head of every layer summarised from its attention a block of queries at a time, never a whole map.
+
+HeadSummaries is fed the weights (H, b, Nk) of one text's block of queries (MultiHeadAttention.blocks
+gives them); it keeps per head only sums over queries (H,) and the attention each key receives (H, Nk),
+so memory grows with the text's length, not its square. `summary` gives each head's numbers.
+SUMMARIES names and defines them (for --help, summaries.json and the docs). Plain NumPy at import
+(torch only inside the accumulator), so the renderers can import the names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+# The attention sink's threshold, the metric and its paper.
+SINK_THRESHOLD = 0.3
+SINK_PAPER = "Gu et al., ICLR 2025, \"When Attention Sink Emerges in Language Models: An Empirical View\" (arXiv 2410.10781)"
+LOCAL_WINDOW = 8  # the local band's default half-width w: keys with |i - j| <= w
+TOP_KEYS = 5  # each head's most-attended keys
+
+# name -> (what, definition), in the order of the arrays, the tables, the figure's panels and summaries.json.
+# A "share" is the mean over queries of the total weight a query puts on keys of a kind.
+SUMMARIES = {
+    "sink": (
+        "attention sink",
+        "share on the first token (key 0): a decoder's <s>/BOS where its tokenizer adds one, else its first "
+        "word; an encoder's [CLS] (BERT) or <s> (RoBERTa)",
+    ),
+    "last": (
+        "last token",
+        "share on the text's last token: an encoder's [SEP] (BERT) or </s>; in a causal model only the last "
+        "query sees it, so it is near 0 there",
+    ),
+    "relative_entropy": (
+        "relative entropy",
+        "mean over queries of the row's entropy / log(keys the query may see): 1 uniform, 0 one-hot; a "
+        "query that sees one key (the first, under a causal mask) has no choice and is left out",
+    ),
+    "distance": ("mean attention distance", "mean over queries of Σ_j A_ij |i - j|, in tokens"),
+    "local": ("local share", "share on the keys within the local band |i - j| <= w (w: the window, default 8)"),
+    "previous": ("previous token", "share on key i - 1, over the queries that have one"),
+}
+SINK_FRACTION = (
+    "sink fraction",
+    f"per layer, the fraction of its heads whose sink share exceeds ε = {SINK_THRESHOLD}; over the model, of all "
+    "its heads (Sink^ε of Gu et al. for the first token)",
+)
+TOP_KEYS_DEFINITION = (
+    "most-attended keys",
+    f"each head's {TOP_KEYS} keys with the most attention received, Σ_i A_ij, as a share of all its attention "
+    "(/ Nq); a tie goes to the earlier key",
+)
+
+
+def sink_fraction(sink: np.ndarray, threshold: float = SINK_THRESHOLD) -> np.ndarray:
+    """(L,): for sink shares (L, H), the fraction of each layer's heads whose share exceeds threshold."""
+    return (np.asarray(sink) > threshold).mean(axis=-1)
+
+
+@dataclass
+class LayerSummaries:
+    """Every layer's heads summarised over one text: per name of SUMMARIES an (L, H) array; top keys (L, H, TOP_KEYS)."""
+
+    values: dict[str, np.ndarray]  # name -> (L, H)
+    top_keys: np.ndarray  # (L, H, TOP_KEYS) key indices, most attended first
+    top_shares: np.ndarray  # (L, H, TOP_KEYS): Σ_i A_ij / Nq of those keys
+    tokens: list[str]  # the text's tokens, as the tokenizer gives them
+    shown_tokens: list[str]  # as figures and tables show them (models/shown.py)
+    text: str = ""
+    model: str = ""
+    window: int = LOCAL_WINDOW
+    causal: bool = False
+    rows_per_block: int = 0  # queries per block of the pass that computed them
+
+    @property
+    def sink_fraction(self) -> np.ndarray:
+        """(L,): per layer, the fraction of heads whose sink share exceeds SINK_THRESHOLD."""
+        return sink_fraction(self.values["sink"])
+
+    @property
+    def model_sink_fraction(self) -> float:
+        """Gu et al.'s Sink^ε over the whole model: the fraction of all its heads."""
+        return float((self.values["sink"] > SINK_THRESHOLD).mean())
+
+
+class HeadSummaries:
+    """Sums over queries for one layer's heads over one text, fed block by block (all keys of each block's rows).
+
+    num_queries and num_keys are the text's (no padding: the caller cuts it off); causal: query i
+    may see keys 0..i. Sums are float64 on the weights' device, made with the first block.
+    """
+
+    def __init__(self, num_heads: int, num_queries: int, num_keys: int, *, causal: bool, window: int = LOCAL_WINDOW):
+        self.num_heads, self.num_queries, self.num_keys = num_heads, num_queries, num_keys
+        self.causal, self.window = causal, window
+        self.sums = None  # name -> (H,)
+        self.received = None  # (H, Nk): Σ_i A_ij
+        self.entropy_rows = 0  # queries with more than one key to choose from
+        self.previous_rows = 0  # queries that have a previous token
+        self.seen = 0
+
+    def add(self, first_query: int, weights) -> None:
+        """Add the rows first_query .. first_query + b - 1: weights (H, b, Nk), each row summing to 1 over its keys."""
+        import torch
+
+        num_heads, rows, num_keys = weights.shape
+        if (num_heads, num_keys) != (self.num_heads, self.num_keys):
+            raise ValueError(f"weights of {num_heads} heads over {num_keys} keys, not {self.num_heads} over {self.num_keys}")
+        if weights.dtype in (torch.float16, torch.bfloat16):
+            weights = weights.float()  # sums of a few hundred rows need float32's precision at least
+        device = weights.device
+        if self.sums is None:
+            self.sums = {name: torch.zeros(num_heads, dtype=torch.float64, device=device) for name in SUMMARIES}
+            self.received = torch.zeros(num_heads, num_keys, dtype=torch.float64, device=device)
+        queries = torch.arange(first_query, first_query + rows, device=device)  # (b,)
+        keys = torch.arange(num_keys, device=device)  # (Nk,)
+        sums = self.sums
+
+        # Under a causal mask the keys after the block's last query have weight 0: leave them out.
+        seen = min(num_keys, first_query + rows) if self.causal else num_keys
+        visible_weights = weights[:, :, :seen]  # (H, b, Nk')
+        # Sums over the block's rows in the weights' float32 (a few hundred rows), across blocks in float64.
+        sums["sink"] += weights[:, :, 0].sum(dim=1).double()
+        sums["last"] += weights[:, :, num_keys - 1].sum(dim=1).double()
+        self.received[:, :seen] += visible_weights.sum(dim=1).double()
+
+        # The band |i - j| <= w and the previous key, gathered: 2w + 1 keys per row, not Nk.
+        offsets = torch.arange(-self.window, self.window + 1, device=device)  # (2w+1,)
+        band = queries[:, None] + offsets[None, :]  # (b, 2w+1)
+        inside = (band >= 0) & (band < num_keys)
+        gathered = weights.gather(2, band.clamp(0, num_keys - 1).expand(num_heads, -1, -1))  # (H, b, 2w+1)
+        sums["local"] += (gathered * inside).sum(dim=(1, 2)).double()
+        has_previous = (queries >= 1) & (queries - 1 < num_keys)  # (b,)
+        if has_previous.any():
+            previous = weights[:, has_previous].gather(2, (queries[has_previous] - 1)[None, :, None].expand(num_heads, -1, 1))
+            sums["previous"] += previous.sum(dim=(1, 2)).double()
+            self.previous_rows += int(has_previous.sum())
+
+        distance = (queries[:, None] - keys[None, :seen]).abs().to(weights.dtype)  # (b, Nk')
+        sums["distance"] += torch.einsum("hbk,bk->hb", visible_weights, distance).sum(dim=1).double()
+        visible = (queries + 1).clamp(max=num_keys) if self.causal else torch.full_like(queries, num_keys)  # (b,)
+        choice = visible > 1
+        log_visible = torch.log(visible[choice].double())  # (b',)
+        for head in range(num_heads):  # head by head: a temporary of (b, Nk), not (H, b, Nk)
+            rows_of_head = visible_weights[head]  # (b, Nk')
+            entropy = -torch.special.xlogy(rows_of_head, rows_of_head).sum(dim=-1)  # (b,), 0 log 0 = 0
+            sums["relative_entropy"][head] += (entropy[choice].double() / log_visible).sum()
+        self.entropy_rows += int(choice.sum())
+        self.seen += rows
+
+    def summary(self) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
+        """Per name of SUMMARIES the heads' values (H,); top keys (H, TOP_KEYS) and their shares (H, TOP_KEYS)."""
+        if self.seen != self.num_queries:
+            raise ValueError(f"{self.seen} of {self.num_queries} queries were added")
+        counts = {name: self.num_queries for name in SUMMARIES}
+        counts["relative_entropy"], counts["previous"] = self.entropy_rows, self.previous_rows
+        values = {name: (total / counts[name]).cpu().numpy() if counts[name] else np.zeros(self.num_heads) for name, total in self.sums.items()}
+        count = min(TOP_KEYS, self.num_keys)
+        # Largest first, a tie to the earlier key (a stable sort), so that a rerun names the same keys.
+        shares, keys = (self.received / self.num_queries).sort(dim=-1, descending=True, stable=True)  # (H, Nk) each
+        return values, keys[:, :count].cpu().numpy(), shares[:, :count].cpu().numpy()
+
+
+# What a block of one layer's weights may take while the summaries are made: its scores and weights,
+# (H, b, Nk) each (MultiHeadAttention.blocks); the summaries' own temporaries are (b, Nk).
+SUMMARY_BLOCK_BYTES = 64 * 2**20
+
+
+def summarise_layers(loaded, text: str, spec, budget_bytes: int = SUMMARY_BLOCK_BYTES, window: int = LOCAL_WINDOW) -> LayerSummaries:
+    """Every head of every layer of spec.stack over one text, from one forward pass, a block of queries at a time.
+
+    spec as for iter_layer_runs (spec.layer and spec.kv_text are not used; spec.words is not: the
+    summaries are over tokens). No (H, N, N) map is held: each layer's blocks feed a HeadSummaries.
+    """
+    from dataclasses import replace
+
+    from attnviz.attention.layer import rows_per_block
+    from attnviz.pipeline import build_layers, encode_texts, in_berts_place, iter_layer_blocks, threads_for
+
+    spec = replace(spec, kv_text=None)
+    encoded = encode_texts(loaded, [text], spec)
+    with threads_for(encoded):
+        layers = build_layers(loaded, spec)
+    num_tokens = len(encoded.queries.ids[0])
+    accumulators = [
+        HeadSummaries(attention.num_heads, num_tokens, num_tokens, causal=spec.causal, window=window)
+        for attention in layers
+    ]
+    blocks = iter_layer_blocks(loaded, encoded, layers, spec, budget_bytes, in_berts_place(loaded, spec))
+    for layer, first_query, weights in blocks:  # weights (1, H, b, N)
+        accumulators[layer].add(first_query, weights[0])
+    per_layer = [accumulator.summary() for accumulator in accumulators]
+    values = {name: np.stack([layer_values[name] for layer_values, _, _ in per_layer]) for name in SUMMARIES}  # (L, H) each
+    return LayerSummaries(
+        values=values,
+        top_keys=np.stack([keys for _, keys, _ in per_layer]),
+        top_shares=np.stack([shares for _, _, shares in per_layer]),
+        tokens=list(encoded.queries.tokens[0]),
+        shown_tokens=list(encoded.queries.shown[0] or encoded.queries.tokens[0]),
+        text=text,
+        model=loaded.name,
+        window=window,
+        causal=spec.causal,
+        rows_per_block=rows_per_block(budget_bytes, 1, max(attention.num_heads for attention in layers), num_tokens),
+    )

@@ -1,0 +1,67 @@
+"""summaries.json: every head of every layer summarised (attnviz layers; analysis/head_summaries.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from attnviz.analysis.head_summaries import (
+    SINK_FRACTION,
+    SINK_PAPER,
+    SINK_THRESHOLD,
+    SUMMARIES,
+    TOP_KEYS_DEFINITION,
+    LayerSummaries,
+)
+from attnviz.spec import RunSpec
+
+SUMMARIES_FORMAT_VERSION = 1
+DECIMALS = 6  # sums of float32 weights: good to about 1e-6
+
+
+def rounded(values: np.ndarray) -> list:
+    return np.round(np.asarray(values, dtype=np.float64), DECIMALS).tolist()
+
+
+def summaries_record(summaries: LayerSummaries, spec: RunSpec) -> dict:
+    """The record: settings, definitions, per summary an L × H list (summaries[name][layer][head]), top keys."""
+    definitions = {name: {"name": what, "definition": definition} for name, (what, definition) in SUMMARIES.items()}
+    definitions["sink_fraction"] = {"name": SINK_FRACTION[0], "definition": SINK_FRACTION[1], "paper": SINK_PAPER}
+    definitions["top_keys"] = {"name": TOP_KEYS_DEFINITION[0], "definition": TOP_KEYS_DEFINITION[1]}
+    shown = summaries.shown_tokens
+    top_keys = [
+        [
+            [{"key": int(key), "token": shown[key], "share": round(float(share), DECIMALS)} for key, share in zip(keys, shares)]
+            for keys, shares in zip(layer_keys, layer_shares)
+        ]
+        for layer_keys, layer_shares in zip(summaries.top_keys, summaries.top_shares)
+    ]
+    num_layers, num_heads = summaries.values["sink"].shape
+    return {
+        "format": "attnviz-summaries",
+        "version": SUMMARIES_FORMAT_VERSION,
+        "settings": spec.to_dict(),
+        "text": summaries.text,
+        "model": summaries.model,
+        "num_layers": num_layers,
+        "num_heads": num_heads,
+        "num_tokens": len(summaries.tokens),
+        "causal": summaries.causal,
+        "window": summaries.window,
+        "sink_threshold": SINK_THRESHOLD,
+        "rows_per_block": summaries.rows_per_block,
+        "tokens": summaries.tokens,
+        "shown_tokens": shown,
+        "definitions": definitions,
+        "summaries": {name: rounded(values) for name, values in summaries.values.items()},
+        "sink_fraction": rounded(summaries.sink_fraction),
+        "model_sink_fraction": round(summaries.model_sink_fraction, DECIMALS),
+        "top_keys": top_keys,  # top_keys[layer][head]: most attended first
+    }
+
+
+def write_summaries_json(summaries: LayerSummaries, spec: RunSpec, path: Path) -> Path:
+    path.write_text(json.dumps(summaries_record(summaries, spec), ensure_ascii=False), encoding="utf-8")
+    return path

@@ -1,0 +1,83 @@
+"""summaries.png: every head of every layer summarised (analysis/head_summaries.py), one panel per summary.
+
+Each panel is a layers × heads grid, a row per layer and a column per head, coloured by that head's
+value: the shares and the relative entropy on a fixed 0..1 scale, the mean distance from 0 to its
+largest value (in tokens). The figure's size does not grow with the text, the layers or the heads.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from attnviz.analysis.head_summaries import SINK_THRESHOLD, SUMMARIES, LayerSummaries
+from attnviz.render.heatmap import check_format, new_figure, save_figure
+from attnviz.render.scales import COLORMAP
+from attnviz.render.titles import chars_across, counted, figure_title, run_title
+
+COLUMNS = 3  # panels per row
+PANEL_INCHES = (4.4, 3.6)  # each panel with its colour bar
+MAX_NUMBERED_CELLS = (12, 16)  # a grid of at most 12 layers × 16 heads shows each value in its cell
+MAX_AXIS_LABELS = 16  # layer and head labels per axis; more are thinned to every k-th
+
+
+def summary_panel_title(name: str, summaries: LayerSummaries) -> str:
+    what = SUMMARIES[name][0]
+    if name == "sink":
+        return f"{what}: share on {summaries.shown_tokens[0]}, > {SINK_THRESHOLD:g} in {summaries.model_sink_fraction:.0%} of heads"
+    if name == "last":
+        return f"{what}: share on {summaries.shown_tokens[-1]}"
+    if name == "local":
+        return f"{what}: |i − j| ≤ {summaries.window}"
+    if name == "distance":
+        return f"{what} (tokens)"
+    return what
+
+
+def summaries_figure(summaries: LayerSummaries, run=None, seed: int | None = None, name: str = "summaries.png"):
+    """The Figure of write_summaries_figure; run (an AttentionRun of the text, when there is one) gives the title's setup."""
+    names = list(SUMMARIES)
+    rows = -(-len(names) // COLUMNS)
+    figure = new_figure((COLUMNS * PANEL_INCHES[0], rows * PANEL_INCHES[1] + 1.0))
+    num_layers, num_heads = summaries.values["sink"].shape
+    numbered = num_layers <= MAX_NUMBERED_CELLS[0] and num_heads <= MAX_NUMBERED_CELLS[1]
+    for index, summary in enumerate(names):
+        ax = figure.add_subplot(rows, COLUMNS, index + 1)
+        values = summaries.values[summary]
+        top = 1.0 if summary != "distance" else max(float(values.max()), 1e-9)
+        image = ax.imshow(values, cmap=COLORMAP, vmin=0.0, vmax=top, aspect="auto", interpolation="nearest")
+        figure.colorbar(image, ax=ax, shrink=0.85)
+        ax.set_title(summary_panel_title(summary, summaries), fontsize=9, parse_math=False)
+        _label_axes(ax, num_layers, num_heads)
+        if numbered:
+            for (layer, head), value in np.ndenumerate(values):
+                colour = "black" if value > 0.6 * top else "white"
+                ax.text(head, layer, f"{value:.2f}" if summary != "distance" else f"{value:.1f}", ha="center", va="center", fontsize=6, color=colour)
+        if summary == "sink" and not numbered:  # the heads past the threshold, marked
+            layers, heads = np.nonzero(values > SINK_THRESHOLD)
+            ax.scatter(heads, layers, s=4, c="white", marker=".", linewidths=0)
+    scope = [f"{counted(num_layers, 'layer')} × {counted(num_heads, 'head')}", counted(len(summaries.tokens), "token")]
+    notes = ["every head summarised: rows layers, columns heads"]
+    line_chars = chars_across(figure.get_figwidth())
+    if run is not None:
+        title = run_title(run, scope, seed=seed, notes=notes, line_chars=line_chars, over_words=False)
+    else:
+        title = figure_title(summaries.model, scope, text=summaries.text, causal=summaries.causal, seed=seed, notes=notes, line_chars=line_chars)
+    figure.suptitle(title, parse_math=False)
+    return figure
+
+
+def _label_axes(ax, num_layers: int, num_heads: int) -> None:
+    layer_step = -(-num_layers // MAX_AXIS_LABELS)
+    head_step = -(-num_heads // MAX_AXIS_LABELS)
+    ax.set_yticks(range(0, num_layers, layer_step), [f"L{layer}" for layer in range(0, num_layers, layer_step)], fontsize=7)
+    ax.set_xticks(range(0, num_heads, head_step), [f"H{head}" for head in range(0, num_heads, head_step)], fontsize=7)
+    ax.tick_params(length=0)
+
+
+def write_summaries_figure(summaries: LayerSummaries, out_dir: Path, fmt: str = "png", run=None, seed: int | None = None) -> Path:
+    """Write summaries.<fmt>: a layers × heads grid per summary."""
+    check_format(fmt)
+    name = f"summaries.{fmt}"
+    return save_figure(summaries_figure(summaries, run, seed, name), out_dir, name)

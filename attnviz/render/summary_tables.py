@@ -1,0 +1,63 @@
+"""Terminal tables of every head summarised (`attnviz layers`): the sink share and the relative entropy as
+layers × heads grids, with each layer's sink fraction; the other summaries are in summaries.json."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from attnviz.analysis.head_summaries import SINK_PAPER, SINK_THRESHOLD, SUMMARIES, LayerSummaries
+
+TABLE_SUMMARIES = ("sink", "relative_entropy")
+MAX_LAYERS_SHOWN = 40  # rows of a grid; every layer is in summaries.json
+
+
+def summary_grid(summaries: LayerSummaries, name: str, width: int = 80) -> list[Table]:
+    """Layers × heads of one summary, two decimals a cell; heads in blocks that fit width. The sink's grid
+    ends each row with the layer's fraction of heads over the threshold, and shows those heads bold."""
+    values = summaries.values[name]
+    num_layers, num_heads = values.shape
+    sink = name == "sink"
+    layer_width = len(f"L{num_layers - 1}")
+    per_block = max(1, (width - (layer_width + 4) - (8 if sink else 0)) // 6)
+    tables = []
+    for first in range(0, num_heads, per_block):
+        heads = range(first, min(first + per_block, num_heads))
+        title = f"{SUMMARIES[name][0]} by layer and head" if first == 0 else None
+        table = Table(title=title, title_justify="left")
+        table.add_column("", justify="right", no_wrap=True)
+        for head in heads:
+            table.add_column(f"H{head}", justify="right", no_wrap=True)
+        last_block = first + per_block >= num_heads
+        if sink and last_block:
+            table.add_column(f">{SINK_THRESHOLD:g}", justify="right", no_wrap=True)
+        for layer in range(min(num_layers, MAX_LAYERS_SHOWN)):
+            cells = [
+                Text(f"{values[layer, head]:.2f}", style="bold yellow" if sink and values[layer, head] > SINK_THRESHOLD else "")
+                for head in heads
+            ]
+            if sink and last_block:
+                cells.append(Text(f"{summaries.sink_fraction[layer]:.0%}", style="bold"))
+            table.add_row(f"L{layer}", *cells)
+        tables.append(table)
+    if num_layers > MAX_LAYERS_SHOWN:
+        tables[-1].caption = f"… {num_layers - MAX_LAYERS_SHOWN} more layers in summaries.json"
+        tables[-1].caption_justify = "left"
+    return tables
+
+
+def print_summaries(console: Console, summaries: LayerSummaries) -> None:
+    """The sink and relative-entropy grids, and the model's sink fraction with its source."""
+    for name in TABLE_SUMMARIES:
+        for table in summary_grid(summaries, name, console.width):
+            console.print(table)
+    first = summaries.shown_tokens[0]
+    console.print(
+        Text(
+            f"sink: share on the first token ({first}); {summaries.model_sink_fraction:.0%} of all heads exceed "
+            f"ε = {SINK_THRESHOLD:g} ({SINK_PAPER}); distance, local band, previous token and "
+            "each head's most-attended keys: summaries.json",
+            style="dim",
+        )
+    )
