@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from attnviz.html.pyramid import needs_zoom, zoom_record
 from attnviz.output.export import attention_record
 from attnviz.output.stats_export import stats_record
 from attnviz.output.trace_files import trace_record
@@ -104,6 +105,9 @@ def text_record(text: ReportText, spec: RunSpec) -> dict:
         record["query_tokens"], record["key_tokens"] = record["query_words_shown"], record["key_words_shown"]
     record["shown_query_tokens"], record["shown_key_tokens"] = run.shown_tokens  # the page's labels (models/shown.py)
     record["attention"] = encode_exact(run.attention)
+    num_queries, num_keys = run.attention.shape[1:]
+    if needs_zoom(num_queries, num_keys):  # a long map: its pyramid for the zoom view (html/pyramid.py); short records unchanged
+        record["zoom"] = zoom_record(run.attention, run.causal)
     record["title"] = run_title(run, [f"layer {run.layer}"], seed=spec.seed if run.weights == "random" else None, fonts=False).split("\n")
     every_layer = replace(spec, layer=None, js=True)  # stats.json's settings: one text's statistics, its JS distances measured
     layers = None

@@ -1,0 +1,155 @@
+"""The zoomable map of a long text (the report's zoom view): each head's map as a pyramid of block maxima and means.
+
+A map of N tokens has N² weights a head (604 million for SmolLM2's 9 heads at 8,192 tokens): far more
+than a page can carry. So the page gets, per head:
+
+- levels: the map cut into blocks of 2**level × 2**level cells, each block's maximum and mean (over
+  the cells the query may see: a causal map's future keys are left out) as uint8 codes of the report's
+  log colour scale (record.encode_quantised: 0 below 0.001 or masked, else 255 levels from 0.001 to 1). The
+  finest level is the finest whose levels fit LEVELS_BUDGET_BYTES (level 0, a block a cell, for maps
+  short enough); each coarser level halves each side, up to one of at most TOP_SIDE blocks a side.
+  The page colours a block by its maximum, so a sharp line never vanishes when zoomed out, and reads
+  out both with the block's extent.
+- exact rows: the first and last queries' rows at full precision (record.encode_exact: 4 decimals),
+  as many as EXACT_ROWS_BUDGET_BYTES hold (at most MAX_EXACT_ROWS): the only cells whose weight the
+  page reads out as exact.
+
+Computed block by block: a band of rows of one head at a time (run.attention[head, r0:r1]), so a map
+held as a memory map (H, Nq, Nk) is never read whole, and no copy of it is made.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+ZOOM_MIN_TOKENS = 512  # a map with more queries or keys gets the zoom view; shorter reports are unchanged
+LEVELS_BUDGET_BYTES = 16 * 2**20  # the levels' uint8 codes, maxima and means, all heads (before compression)
+EXACT_ROWS_BUDGET_BYTES = 4 * 2**20  # the exact rows' uint16 codes, all heads
+MAX_EXACT_ROWS = 32  # half from the first queries, half from the last
+TOP_SIDE = 128  # the coarsest level has at most this many blocks a side
+BAND_VALUES = 2**22  # weights read at once: a band of rows of one head (16 MB of float32)
+
+
+def needs_zoom(num_queries: int, num_keys: int) -> bool:
+    return max(num_queries, num_keys) > ZOOM_MIN_TOKENS
+
+
+def level_shape(level: int, num_queries: int, num_keys: int) -> tuple[int, int]:
+    """(rows, columns) of blocks of 2**level cells a side (the last ones cut short)."""
+    block = 2**level
+    return math.ceil(num_queries / block), math.ceil(num_keys / block)
+
+
+def zoom_levels(num_heads: int, num_queries: int, num_keys: int, budget: int = LEVELS_BUDGET_BYTES) -> list[int]:
+    """The levels the page gets, finest first: from the finest whose codes (2 bytes a block: max and mean,
+    every head, every level above it) fit budget, up to the first with at most TOP_SIDE blocks a side."""
+    top = 0
+    while max(level_shape(top, num_queries, num_keys)) > TOP_SIDE:
+        top += 1
+    finest = top
+    while finest > 0 and levels_bytes(num_heads, num_queries, num_keys, range(finest - 1, top + 1)) <= budget:
+        finest -= 1
+    return list(range(finest, top + 1))
+
+
+def levels_bytes(num_heads: int, num_queries: int, num_keys: int, levels) -> int:
+    """The levels' codes before compression: a max and a mean byte per block per head."""
+    return sum(2 * num_heads * math.prod(level_shape(level, num_queries, num_keys)) for level in levels)
+
+
+def exact_rows(num_heads: int, num_queries: int, num_keys: int, budget: int = EXACT_ROWS_BUDGET_BYTES) -> list[int]:
+    """The query rows embedded at full precision: the first and last ones, as many as budget holds (2 bytes a weight)."""
+    count = min(MAX_EXACT_ROWS, num_queries, budget // (2 * num_heads * num_keys))
+    first = list(range(count - count // 2))
+    return first + list(range(num_queries - count // 2, num_queries))
+
+
+def finest_blocks(head_map, causal: bool, block: int, band_values: int = BAND_VALUES) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One head's map (Nq, Nk, any array read by slicing) as blocks of block × block cells:
+    (max, sum, count) of the cells each block holds that the query may see (count 0: every cell masked).
+
+    A band of rows at a time: never more than band_values weights (rounded up to whole blocks) read at once.
+    """
+    num_queries, num_keys = head_map.shape
+    rows, columns = level_shape(int(math.log2(block)), num_queries, num_keys)
+    maxima = np.full((rows, columns), -np.inf)
+    sums = np.zeros((rows, columns))
+    counts = np.zeros((rows, columns), dtype=np.int64)
+    band = max(1, band_values // max(1, num_keys) // block) * block  # rows a band, a multiple of block
+    padded_keys = columns * block
+    for start in range(0, num_queries, band):
+        stop = min(num_queries, start + band)
+        weights = np.asarray(head_map[start:stop], dtype=np.float64)  # (b, Nk): this band only
+        query_index = np.arange(start, stop)[:, None]
+        key_index = np.arange(num_keys)[None, :]
+        seen = ~(key_index > query_index) if causal else np.ones(weights.shape, dtype=bool)
+        band_rows = math.ceil((stop - start) / block)
+        shape = (band_rows * block, padded_keys)
+        padded = np.full(shape, -np.inf)
+        padded[: stop - start, :num_keys] = np.where(seen, weights, -np.inf)
+        counted = np.zeros(shape, dtype=bool)
+        counted[: stop - start, :num_keys] = seen
+        blocks = (band_rows, block, columns, block)  # (rows, block, columns, block)
+        first = start // block
+        maxima[first : first + band_rows] = padded.reshape(blocks).max(axis=(1, 3))
+        sums[first : first + band_rows] = np.where(counted, padded, 0.0).reshape(blocks).sum(axis=(1, 3))
+        counts[first : first + band_rows] = counted.reshape(blocks).sum(axis=(1, 3))
+    return maxima, sums, counts
+
+
+def coarser(maxima: np.ndarray, sums: np.ndarray, counts: np.ndarray):
+    """The next level: each 2 × 2 of blocks one block (the last row or column of blocks alone where odd)."""
+    rows, columns = maxima.shape
+    shape = (math.ceil(rows / 2) * 2, math.ceil(columns / 2) * 2)
+
+    def pooled(values, fill, reduce):
+        padded = np.full(shape, fill, dtype=values.dtype)
+        padded[:rows, :columns] = values
+        return reduce(padded.reshape(shape[0] // 2, 2, shape[1] // 2, 2), axis=(1, 3))
+
+    return pooled(maxima, -np.inf, np.max), pooled(sums, 0.0, np.sum), pooled(counts, 0, np.sum)
+
+
+def zoom_record(attention, causal: bool, levels_budget: int = LEVELS_BUDGET_BYTES, band_values: int = BAND_VALUES) -> dict:
+    """The zoom view's data of a map (H, Nq, Nk) read by slicing (a NumPy array, a memory map, a torch tensor).
+
+    levels_budget: zoom_levels' budget; band_values: finest_blocks' (the weights read at once).
+
+    {"levels": [{"level", "block", "rows", "columns", "max": [ENCODED per head], "mean": [...]}, ...] finest first,
+     "exact_rows": [row indices], "exact": ENCODED (H, rows, Nk) uint16, "bytes": {what: bytes in the page}}
+    """
+    from attnviz.html.record import encode_exact, encode_quantised
+
+    num_heads, num_queries, num_keys = attention.shape
+    levels = zoom_levels(num_heads, num_queries, num_keys, levels_budget)
+    per_level = [{"level": level, "block": 2**level, "max": [], "mean": []} for level in levels]
+    for head in range(num_heads):
+        maxima, sums, counts = finest_blocks(attention[head], causal, 2 ** levels[0], band_values)
+        for entry in per_level:
+            if entry is not per_level[0]:
+                maxima, sums, counts = coarser(maxima, sums, counts)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                means = np.where(counts > 0, sums / np.maximum(counts, 1), -np.inf)
+            entry["rows"], entry["columns"] = maxima.shape
+            for name, values in (("max", maxima), ("mean", means)):
+                entry[name].append(encode_quantised(np.where(np.isneginf(values), 0.0, values)))  # masked: code 0
+    rows = exact_rows(num_heads, num_queries, num_keys)
+    exact = np.stack([_rows_of(attention[head], rows) for head in range(num_heads)])  # (H, rows, Nk)
+    record = {"levels": per_level, "exact_rows": rows, "exact": encode_exact(exact)}
+    record["bytes"] = {
+        **{f"level {entry['level']}": sum(len(each["data"]) for each in entry["max"] + entry["mean"]) for entry in per_level},
+        "exact rows": len(record["exact"]["data"]),
+    }
+    return record
+
+
+def _rows_of(head_map, rows: list[int]) -> np.ndarray:
+    """(len(rows), Nk): the rows asked for, read as the few contiguous slices they make (the first and the last)."""
+    spans, start = [], 0
+    for at, row in enumerate(rows):
+        if at + 1 == len(rows) or rows[at + 1] != row + 1:
+            spans.append((rows[start], row + 1))
+            start = at + 1
+    return np.concatenate([np.asarray(head_map[first:last], dtype=np.float64) for first, last in spans])
