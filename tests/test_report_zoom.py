@@ -19,7 +19,7 @@ from attnviz.html.pyramid import (
     zoom_levels,
     zoom_record,
 )
-from attnviz.html.record import decode_weights, encode_quantised, text_record
+from attnviz.html.record import decode_weights, encode_quantised, encode_zoom, text_record
 
 
 def expected_blocks(weights: np.ndarray, causal: bool, block: int) -> tuple[np.ndarray, np.ndarray]:
@@ -37,11 +37,6 @@ def expected_blocks(weights: np.ndarray, causal: bool, block: int) -> tuple[np.n
     return maxima, means
 
 
-def codes(encoded: dict) -> np.ndarray:
-    """An ENCODED uint8 array's codes, read back through decode_weights (what the page decodes)."""
-    return decode_weights(encoded)
-
-
 @pytest.mark.parametrize("causal", [False, True])
 def test_every_levels_block_maxima_and_means_are_the_maps_own(causal):
     tokens = [f"t{index}" for index in range(600)] + ["x"] * 7  # 607: blocks cut short at the edges
@@ -50,14 +45,15 @@ def test_every_levels_block_maxima_and_means_are_the_maps_own(causal):
     levels = [entry["level"] for entry in record["levels"]]
     assert levels == [2, 3]  # the budget left out levels 0 and 1; level 3 has 76 blocks a side
     assert max(record["levels"][-1]["rows"], record["levels"][-1]["columns"]) <= 128
-    for entry in record["levels"]:
+    encoded = encode_zoom(record)
+    for entry, page_entry in zip(record["levels"], encoded["levels"]):
         for head in range(2):
             maxima, means = expected_blocks(run.attention[head], causal, entry["block"])
             assert (entry["rows"], entry["columns"]) == maxima.shape
-            np.testing.assert_array_equal(codes(entry["max"][head]), codes(encode_quantised(maxima)))
-            mean_codes = np.rint(np.log10(np.maximum(codes(entry["mean"][head]), 1e-3)) * 254 / 3)
-            expected_codes = np.rint(np.log10(np.maximum(codes(encode_quantised(means)), 1e-3)) * 254 / 3)
-            assert np.abs(mean_codes - expected_codes).max() <= 1  # a sum in another order: at most a level apart
+            np.testing.assert_array_equal(entry["max"][head], maxima.astype(np.float32))
+            np.testing.assert_allclose(entry["mean"][head], means, rtol=1e-6, atol=0)
+            # The page's codes: the log scale's, as every quantised map of the report.
+            np.testing.assert_array_equal(decode_weights(page_entry["max"][head]), decode_weights(encode_quantised(maxima)))
 
 
 def test_a_memory_map_is_read_a_band_of_rows_at_a_time_and_gives_the_same_record(tmp_path):
@@ -83,8 +79,12 @@ def test_a_memory_map_is_read_a_band_of_rows_at_a_time_and_gives_the_same_record
         def __getitem__(self, head: int):
             return HeadRows(mapped[head])
 
-    from_map = zoom_record(Heads(), True, band_values=2_000)
-    assert from_map == zoom_record(run.attention.astype(np.float32), True, band_values=2_000)
+    import torch
+
+    from_map = encode_zoom(zoom_record(Heads(), True, band_values=2_000))
+    in_memory = encode_zoom(zoom_record(run.attention.astype(np.float32), True, band_values=2_000))
+    assert from_map == in_memory
+    assert encode_zoom(zoom_record(torch.from_numpy(run.attention.astype(np.float32)), True, band_values=2_000)) == in_memory
     assert max(rows_read) <= 16  # bands of about 2,000 weights: 10 rows of 200 keys, or the exact rows' 16
     assert sum(rows_read) == 3 * (200 + 32)  # each row once for the blocks, the exact rows once more
 
@@ -93,7 +93,7 @@ def test_the_exact_rows_are_the_first_and_last_queries_to_4_decimals():
     run = make_run([f"t{index}" for index in range(100)], num_heads=2, seed=7)
     record = zoom_record(run.attention, False)
     assert record["exact_rows"] == [*range(16), *range(84, 100)]
-    exact = decode_weights(record["exact"])  # (H, rows, Nk)
+    exact = decode_weights(encode_zoom(record)["exact"])  # (H, rows, Nk), as the page reads it
     np.testing.assert_allclose(exact, run.attention[:, record["exact_rows"]], atol=0.5e-4 + 1e-12, rtol=0)
     assert exact_rows(9, 8192, 8192) == [*range(14), *range(8192 - 14, 8192)]  # 4 MB of uint16: 28 rows
 
@@ -199,6 +199,12 @@ def test_the_zoom_view_zooms_to_single_cells_reads_out_exact_weights_and_block_m
     page.page.mouse.move(box["x"] + 300, box["y"] + 100, steps=4)
     page.page.mouse.up()
     assert float(page.page.get_attribute("#zoom-canvas", "data-x0")) < moved
+
+    # The wheel zooms out about the pointer, down to the whole map and no further.
+    for _ in range(40):
+        page.page.mouse.wheel(0, 200)
+    page.wait_until(f"Number(document.querySelector('#zoom-canvas').dataset.scale) === {640 / LONG_TOKENS}")
+    assert page.page.get_attribute("#zoom-canvas", "data-level") == str(level)
 
 
 def test_a_short_report_has_no_zoom_tab(opened, tmp_path):

@@ -15,7 +15,8 @@ than a page can carry. So the page gets, per head:
   page reads out as exact.
 
 Computed block by block: a band of rows of one head at a time (run.attention[head, r0:r1]), so a map
-held as a memory map (H, Nq, Nk) is never read whole, and no copy of it is made.
+held as a memory map (H, Nq, Nk) is never read whole, and no copy of it is made. This module computes;
+record.encode_zoom encodes (the levels as uint8 codes, the exact rows as uint16).
 """
 
 from __future__ import annotations
@@ -113,15 +114,13 @@ def coarser(maxima: np.ndarray, sums: np.ndarray, counts: np.ndarray):
 
 
 def zoom_record(attention, causal: bool, levels_budget: int = LEVELS_BUDGET_BYTES, band_values: int = BAND_VALUES) -> dict:
-    """The zoom view's data of a map (H, Nq, Nk) read by slicing (a NumPy array, a memory map, a torch tensor).
+    """The zoom view's numbers of a map (H, Nq, Nk) read by slicing (a NumPy array, a memory map, a torch tensor);
+    record.encode_zoom encodes them for the page.
 
+    {"levels": [{"level", "block", "rows", "columns", "max": [(rows, columns) per head], "mean": [...]}, ...] finest
+    first, a block whose every cell is masked 0; "exact_rows": [query rows]; "exact": (H, exact rows, Nk)}.
     levels_budget: zoom_levels' budget; band_values: finest_blocks' (the weights read at once).
-
-    {"levels": [{"level", "block", "rows", "columns", "max": [ENCODED per head], "mean": [...]}, ...] finest first,
-     "exact_rows": [row indices], "exact": ENCODED (H, rows, Nk) uint16, "bytes": {what: bytes in the page}}
     """
-    from attnviz.html.record import encode_exact, encode_quantised
-
     num_heads, num_queries, num_keys = attention.shape
     levels = zoom_levels(num_heads, num_queries, num_keys, levels_budget)
     per_level = [{"level": level, "block": 2**level, "max": [], "mean": []} for level in levels]
@@ -130,19 +129,12 @@ def zoom_record(attention, causal: bool, levels_budget: int = LEVELS_BUDGET_BYTE
         for entry in per_level:
             if entry is not per_level[0]:
                 maxima, sums, counts = coarser(maxima, sums, counts)
-            with np.errstate(invalid="ignore", divide="ignore"):
-                means = np.where(counts > 0, sums / np.maximum(counts, 1), -np.inf)
             entry["rows"], entry["columns"] = maxima.shape
-            for name, values in (("max", maxima), ("mean", means)):
-                entry[name].append(encode_quantised(np.where(np.isneginf(values), 0.0, values)))  # masked: code 0
+            entry["max"].append(np.where(counts > 0, maxima, 0.0).astype(np.float32))
+            entry["mean"].append((sums / np.maximum(counts, 1)).astype(np.float32))  # 0 where every cell is masked
     rows = exact_rows(num_heads, num_queries, num_keys)
     exact = np.stack([_rows_of(attention[head], rows) for head in range(num_heads)])  # (H, rows, Nk)
-    record = {"levels": per_level, "exact_rows": rows, "exact": encode_exact(exact)}
-    record["bytes"] = {
-        **{f"level {entry['level']}": sum(len(each["data"]) for each in entry["max"] + entry["mean"]) for entry in per_level},
-        "exact rows": len(record["exact"]["data"]),
-    }
-    return record
+    return {"levels": per_level, "exact_rows": rows, "exact": exact}
 
 
 def _rows_of(head_map, rows: list[int]) -> np.ndarray:

@@ -89,6 +89,18 @@ def decode_weights(encoded: dict) -> np.ndarray:
     return np.where(codes == 0, 0.0, 10.0 ** (decades * (codes.astype(np.float64) - 1) / (LOG_LEVELS - 1) - decades))
 
 
+def encode_zoom(zoom: dict) -> dict:
+    """html/pyramid.py's zoom record as the page reads it: the levels' maxima and means on the log scale's uint8 codes
+    (encode_quantised), the exact rows to 4 decimals (encode_exact); "bytes": each part's size in the page."""
+    levels = [
+        {**entry, "max": [encode_quantised(values) for values in entry["max"]], "mean": [encode_quantised(values) for values in entry["mean"]]}
+        for entry in zoom["levels"]
+    ]
+    encoded = {"levels": levels, "exact_rows": zoom["exact_rows"], "exact": encode_exact(zoom["exact"])}
+    sizes = {f"level {entry['level']}": sum(len(each["data"]) for each in entry["max"] + entry["mean"]) for entry in levels}
+    return {**encoded, "bytes": {**sizes, "exact rows": len(encoded["exact"]["data"])}}
+
+
 def _packed(codes: np.ndarray) -> str:
     return base64.b64encode(zlib.compress(codes.tobytes(), COMPRESSION_LEVEL)).decode("ascii")
 
@@ -107,7 +119,7 @@ def text_record(text: ReportText, spec: RunSpec) -> dict:
     record["attention"] = encode_exact(run.attention)
     num_queries, num_keys = run.attention.shape[1:]
     if needs_zoom(num_queries, num_keys):  # a long map: its pyramid for the zoom view (html/pyramid.py); short records unchanged
-        record["zoom"] = zoom_record(run.attention, run.causal)
+        record["zoom"] = encode_zoom(zoom_record(run.attention, run.causal))
     record["title"] = run_title(run, [f"layer {run.layer}"], seed=spec.seed if run.weights == "random" else None, fonts=False).split("\n")
     every_layer = replace(spec, layer=None, js=True)  # stats.json's settings: one text's statistics, its JS distances measured
     layers = None
