@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from helpers import make_run
 
+from attnviz.errors import AttnvizError
 from attnviz.html import ReportText, report_page, report_record
 from attnviz.html.pyramid import (
     BAND_VALUES,
@@ -96,6 +97,11 @@ def test_the_exact_rows_are_the_first_and_last_queries_to_4_decimals():
     exact = decode_weights(encode_zoom(record)["exact"])  # (H, rows, Nk), as the page reads it
     np.testing.assert_allclose(exact, run.attention[:, record["exact_rows"]], atol=0.5e-4 + 1e-12, rtol=0)
     assert exact_rows(9, 8192, 8192) == [*range(14), *range(8192 - 14, 8192)]  # 4 MB of uint16: 28 rows
+    chosen = zoom_record(run.attention, False, chosen_rows=[50, 40])
+    assert chosen["exact_rows"] == [*range(15), 40, 50, *range(85, 100)]  # the chosen, then 15 from each end
+    np.testing.assert_allclose(decode_weights(encode_zoom(chosen)["exact"])[:, 15:17], run.attention[:, [40, 50]], atol=0.5e-4 + 1e-12)
+    with pytest.raises(AttnvizError, match="query 100 is out of range: the map has queries 0 to 99"):
+        exact_rows(2, 100, 100, chosen=[100])
 
 
 def test_8192_tokens_of_9_heads_fit_the_budget_with_room_for_the_summaries():

@@ -169,3 +169,15 @@ def test_the_command_writes_window_figures_beside_the_heatmaps_and_refuses_bad_w
     lines.write_text("a\nb\n", encoding="utf-8")
     assert cli(["heads", "--file", str(lines), "--model", "bundled", "--window", "0:2,0:2", "--out", str(tmp_path / "b")]) == 2
     assert "--window draws a region of one text's map: give a TEXT, not --file" in capsys.readouterr().err
+
+
+def test_the_largest_window_is_within_1920_by_1800_pixels(tmp_path):
+    """A 512 × 512 window (the most a side): 16 × 15 inches at 120 dpi, within the figures' 4,096 px cap."""
+    from PIL import Image
+
+    from attnviz.render.scales import DPI
+
+    run = make_run([f"w{index}" for index in range(600)], num_heads=1)
+    (path,) = write_window_figures(run, window_of("88:,0:512", 600, 600), tmp_path)
+    with Image.open(path) as image:
+        assert image.size == (round(16 * DPI), round(15 * DPI)) == (1920, 1800)

@@ -10,7 +10,8 @@ than a page can carry. So the page gets, per head:
   short enough); each coarser level halves each side, up to one of at most TOP_SIDE blocks a side.
   The page colours a block by its maximum, so a sharp line never vanishes when zoomed out, and reads
   out both with the block's extent.
-- exact rows: the first and last queries' rows at full precision (record.encode_exact: 4 decimals),
+- exact rows: chosen queries' rows (none yet from the command line), then the first and last queries' rows at
+  full precision (record.encode_exact: 4 decimals),
   as many as EXACT_ROWS_BUDGET_BYTES hold (at most MAX_EXACT_ROWS): the only cells whose weight the
   page reads out as exact.
 
@@ -60,11 +61,23 @@ def levels_bytes(num_heads: int, num_queries: int, num_keys: int, levels) -> int
     return sum(2 * num_heads * math.prod(level_shape(level, num_queries, num_keys)) for level in levels)
 
 
-def exact_rows(num_heads: int, num_queries: int, num_keys: int, budget: int = EXACT_ROWS_BUDGET_BYTES) -> list[int]:
-    """The query rows embedded at full precision: the first and last ones, as many as budget holds (2 bytes a weight)."""
+def exact_rows(num_heads: int, num_queries: int, num_keys: int, chosen=(), budget: int = EXACT_ROWS_BUDGET_BYTES) -> list[int]:
+    """The query rows embedded at full precision, as many as budget holds (2 bytes a weight), in order: the chosen
+    ones first (a query a reader asked about), then the first and last queries, in turn from both ends."""
+    from attnviz.errors import AttnvizError
+
+    for row in chosen:
+        if not 0 <= row < num_queries:
+            raise AttnvizError(f"query {row} is out of range: the map has queries 0 to {num_queries - 1}")
     count = min(MAX_EXACT_ROWS, num_queries, budget // (2 * num_heads * num_keys))
-    first = list(range(count - count // 2))
-    return first + list(range(num_queries - count // 2, num_queries))
+    rows = list(dict.fromkeys(chosen))[:count]
+    ends = (row for pair in zip(range(num_queries), range(num_queries - 1, -1, -1)) for row in pair)  # 0, N-1, 1, N-2, ...
+    for row in ends:
+        if len(rows) >= count:
+            break
+        if row not in rows:
+            rows.append(row)
+    return sorted(rows)
 
 
 def finest_blocks(head_map, causal: bool, block: int, band_values: int = BAND_VALUES) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -113,12 +126,15 @@ def coarser(maxima: np.ndarray, sums: np.ndarray, counts: np.ndarray):
     return pooled(maxima, -np.inf, np.max), pooled(sums, 0.0, np.sum), pooled(counts, 0, np.sum)
 
 
-def zoom_record(attention, causal: bool, levels_budget: int = LEVELS_BUDGET_BYTES, band_values: int = BAND_VALUES) -> dict:
+def zoom_record(
+    attention, causal: bool, chosen_rows=(), levels_budget: int = LEVELS_BUDGET_BYTES, band_values: int = BAND_VALUES
+) -> dict:
     """The zoom view's numbers of a map (H, Nq, Nk) read by slicing (a NumPy array, a memory map, a torch tensor);
     record.encode_zoom encodes them for the page.
 
     {"levels": [{"level", "block", "rows", "columns", "max": [(rows, columns) per head], "mean": [...]}, ...] finest
     first, a block whose every cell is masked 0; "exact_rows": [query rows]; "exact": (H, exact rows, Nk)}.
+    chosen_rows: queries whose rows are embedded exactly before the first and last (exact_rows);
     levels_budget: zoom_levels' budget; band_values: finest_blocks' (the weights read at once).
     """
     num_heads, num_queries, num_keys = attention.shape
@@ -132,7 +148,7 @@ def zoom_record(attention, causal: bool, levels_budget: int = LEVELS_BUDGET_BYTE
             entry["rows"], entry["columns"] = maxima.shape
             entry["max"].append(np.where(counts > 0, maxima, 0.0).astype(np.float32))
             entry["mean"].append((sums / np.maximum(counts, 1)).astype(np.float32))  # 0 where every cell is masked
-    rows = exact_rows(num_heads, num_queries, num_keys)
+    rows = exact_rows(num_heads, num_queries, num_keys, chosen_rows)
     exact = np.stack([_rows_of(attention[head], rows) for head in range(num_heads)])  # (H, rows, Nk)
     return {"levels": per_level, "exact_rows": rows, "exact": exact}
 
