@@ -80,37 +80,42 @@ def exact_rows(num_heads: int, num_queries: int, num_keys: int, chosen=(), budge
     return sorted(rows)
 
 
-def finest_blocks(head_map, causal: bool, block: int, band_values: int = BAND_VALUES) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """One head's map (Nq, Nk, any array read by slicing) as blocks of block × block cells:
-    (max, sum, count) of the cells each block holds that the query may see (count 0: every cell masked).
+def block_counts(num_queries: int, num_keys: int, block: int, causal: bool) -> np.ndarray:
+    """(rows, columns) of blocks: how many cells of each its queries may see (a causal map's: the keys up to each query)."""
+    rows, columns = level_shape(int(math.log2(block)), num_queries, num_keys)
+    key_starts = np.arange(columns) * block  # (C,)
+    widths = np.minimum(block, num_keys - key_starts)  # (C,): the last block may be narrower
+    seen = np.zeros((rows * block, columns), dtype=np.int64)  # (rows padded to whole blocks, C): per query
+    query_index = np.arange(num_queries)[:, None]
+    seen[:num_queries] = np.clip(query_index + 1 - key_starts, 0, widths) if causal else widths
+    return seen.reshape(rows, block, columns).sum(axis=1)
+
+
+def finest_blocks(head_map, causal: bool, block: int, band_values: int = BAND_VALUES) -> tuple[np.ndarray, np.ndarray]:
+    """One head's map (Nq, Nk, any array read by slicing) as blocks of block × block cells: (max, sum) of the cells
+    each block holds that the query may see (a causal map's future keys count as 0: weights are never below it).
 
     A band of rows at a time: never more than band_values weights (rounded up to whole blocks) read at once.
     """
     num_queries, num_keys = head_map.shape
     rows, columns = level_shape(int(math.log2(block)), num_queries, num_keys)
-    maxima = np.full((rows, columns), -np.inf)
+    maxima = np.zeros((rows, columns), dtype=np.float32)
     sums = np.zeros((rows, columns))
-    counts = np.zeros((rows, columns), dtype=np.int64)
     band = max(1, band_values // max(1, num_keys) // block) * block  # rows a band, a multiple of block
-    padded_keys = columns * block
     for start in range(0, num_queries, band):
         stop = min(num_queries, start + band)
-        weights = np.asarray(head_map[start:stop], dtype=np.float64)  # (b, Nk): this band only
-        query_index = np.arange(start, stop)[:, None]
-        key_index = np.arange(num_keys)[None, :]
-        seen = ~(key_index > query_index) if causal else np.ones(weights.shape, dtype=bool)
+        weights = np.asarray(head_map[start:stop]).astype(np.float32)  # (b, Nk): this band only, a copy of it
+        if causal:
+            for row in range(min(stop, num_keys - 1) - start):
+                weights[row, start + row + 1 :] = 0.0  # the keys after the query
         band_rows = math.ceil((stop - start) / block)
-        shape = (band_rows * block, padded_keys)
-        padded = np.full(shape, -np.inf)
-        padded[: stop - start, :num_keys] = np.where(seen, weights, -np.inf)
-        counted = np.zeros(shape, dtype=bool)
-        counted[: stop - start, :num_keys] = seen
-        blocks = (band_rows, block, columns, block)  # (rows, block, columns, block)
+        if weights.shape != (band_rows * block, columns * block):  # the map's last rows or keys: whole blocks of zeros
+            weights = np.pad(weights, ((0, band_rows * block - weights.shape[0]), (0, columns * block - num_keys)))
         first = start // block
-        maxima[first : first + band_rows] = padded.reshape(blocks).max(axis=(1, 3))
-        sums[first : first + band_rows] = np.where(counted, padded, 0.0).reshape(blocks).sum(axis=(1, 3))
-        counts[first : first + band_rows] = counted.reshape(blocks).sum(axis=(1, 3))
-    return maxima, sums, counts
+        by_rows = weights.reshape(band_rows, block, columns * block)  # (block rows, block, Nk padded)
+        maxima[first : first + band_rows] = by_rows.max(axis=1).reshape(band_rows, columns, block).max(axis=2)
+        sums[first : first + band_rows] = by_rows.sum(axis=1, dtype=np.float64).reshape(band_rows, columns, block).sum(axis=2)
+    return maxima, sums
 
 
 def coarser(maxima: np.ndarray, sums: np.ndarray, counts: np.ndarray):
@@ -118,12 +123,12 @@ def coarser(maxima: np.ndarray, sums: np.ndarray, counts: np.ndarray):
     rows, columns = maxima.shape
     shape = (math.ceil(rows / 2) * 2, math.ceil(columns / 2) * 2)
 
-    def pooled(values, fill, reduce):
-        padded = np.full(shape, fill, dtype=values.dtype)
+    def pooled(values, reduce):
+        padded = np.zeros(shape, dtype=values.dtype)  # no block is below 0
         padded[:rows, :columns] = values
         return reduce(padded.reshape(shape[0] // 2, 2, shape[1] // 2, 2), axis=(1, 3))
 
-    return pooled(maxima, -np.inf, np.max), pooled(sums, 0.0, np.sum), pooled(counts, 0, np.sum)
+    return pooled(maxima, np.max), pooled(sums, np.sum), pooled(counts, np.sum)
 
 
 def zoom_record(
@@ -140,13 +145,15 @@ def zoom_record(
     num_heads, num_queries, num_keys = attention.shape
     levels = zoom_levels(num_heads, num_queries, num_keys, levels_budget)
     per_level = [{"level": level, "block": 2**level, "max": [], "mean": []} for level in levels]
+    finest_counts = block_counts(num_queries, num_keys, 2 ** levels[0], causal)  # the same for every head
     for head in range(num_heads):
-        maxima, sums, counts = finest_blocks(attention[head], causal, 2 ** levels[0], band_values)
+        maxima, sums = finest_blocks(attention[head], causal, 2 ** levels[0], band_values)
+        counts = finest_counts
         for entry in per_level:
             if entry is not per_level[0]:
                 maxima, sums, counts = coarser(maxima, sums, counts)
             entry["rows"], entry["columns"] = maxima.shape
-            entry["max"].append(np.where(counts > 0, maxima, 0.0).astype(np.float32))
+            entry["max"].append(maxima)  # 0 where every cell is masked
             entry["mean"].append((sums / np.maximum(counts, 1)).astype(np.float32))  # 0 where every cell is masked
     rows = exact_rows(num_heads, num_queries, num_keys, chosen_rows)
     exact = np.stack([_rows_of(attention[head], rows) for head in range(num_heads)])  # (H, rows, Nk)
