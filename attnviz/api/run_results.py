@@ -131,15 +131,32 @@ class HeadsResult:
             return summarize_in_blocks(self.run.attention, self.run.causal)
         return summarize_heads(self.run.attention, self.run.causal)
 
-    def figure(self, head: int | None = None):
-        """One head's heatmap (head_XX.png), or the grid of all heads (heads.png): a matplotlib Figure, not saved."""
+    def figure(self, head: int | None = None, window=None):
+        """One head's heatmap (head_XX.png), or the grid of all heads (heads.png): a matplotlib Figure, not saved.
+
+        window: one region of head's map at full resolution (window_head_XX.png), as "Q0:Q1,K0:K1" or
+        (slice(q0, q1), slice(k0, k1)), token indices, ends excluded.
+        """
         from attnviz.render.heatmap import head_figure, heads_grid_figure
 
+        if head is None and window is not None:
+            raise AttnvizError("a window is of one head's map: give head= too")
         if head is None:
             return heads_grid_figure(self.run, seed=self.spec.seed)
         if not 0 <= head < self.num_heads:
             raise AttnvizError(f"head {head} is out of range: this run has heads 0 to {self.num_heads - 1}")
+        if window is not None:
+            from attnviz.render.window_figures import window_figure
+
+            return window_figure(self.run, head, self.window(window), seed=self.spec.seed)
         return head_figure(self.run, head, seed=self.spec.seed)
+
+    def window(self, given, name: str = "window"):
+        """The checked Window of given ("Q0:Q1,K0:K1" or two slices) on this run's map; out of range: refused."""
+        from attnviz.render.window_figures import window_of
+
+        num_queries, num_keys = self.run.attention.shape[1:]
+        return window_of(given, num_queries, num_keys, name)
 
     def measures_figure(self):
         """The weights averaged over heads beside each measure asked for (measures.png of measure="all"): a Figure."""
@@ -149,20 +166,30 @@ class HeadsResult:
             raise AttnvizError('no measures in this result: run attnviz.heads(..., measure="all") or another measure')
         return side_by_side_figure(self.run, self.measures, seed=self.spec.seed)
 
-    def save(self, folder: str | Path, format: str = "png") -> list[Path]:
+    def save(self, folder: str | Path, format: str = "png", window=None) -> list[Path]:
         """Write what `attnviz heads TEXT --out folder` writes: head_XX.<format>, heads.<format>, attention.json,
-        and with measures, their figures (norm_heads, norm, value_zeroing, flow, measures.<format>)."""
-        return save_run_files(folder, lambda staging: self.write_files(staging, format), format)
+        and with measures, their figures (norm_heads, norm, value_zeroing, flow, measures.<format>);
+        with window (as figure's, `--window`), every head's window_head_XX.<format> too."""
+        checked = self.window(window) if window is not None else None  # before anything is written
+        return save_run_files(folder, lambda staging: self.write_files(staging, format, window=checked), format)
 
-    def write_files(self, folder: Path, format: str = "png", figures: str = "all", head: int | None = None) -> list[Path]:
+    def write_files(
+        self, folder: Path, format: str = "png", figures: str = "all", head: int | None = None, window=None
+    ) -> list[Path]:
         """save's files, written straight into an existing folder (the command line stages its own).
 
-        figures and head: the heatmaps that `heads --figures` and `--head` choose (output/batch.py's write_head_figures).
+        figures and head: the heatmaps that `heads --figures` and `--head` choose (output/batch.py's write_head_figures);
+        window (`--window`, as figure's): window_head_XX of each head, or of head alone.
         """
         from attnviz.output.batch import write_head_figures
         from attnviz.output.export import write_attention_files
 
         written = write_head_figures(self.run, folder, format, self.spec.seed, figures=figures, head=head)
+        if window is not None:
+            from attnviz.render.window_figures import write_window_figures
+
+            heads = None if head is None else [head]
+            written += write_window_figures(self.run, self.window(window), folder, format, heads, seed=self.spec.seed)
         if self.measures is not None:
             from attnviz.render.measure_figures import write_measure_figures
 

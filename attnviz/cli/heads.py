@@ -19,6 +19,7 @@ from attnviz.cli.options import (
     Figures,
     FiguresOption,
     HeadOption,
+    WindowOption,
     ImageFormat,
     QuietOption,
     Stack,
@@ -61,6 +62,7 @@ def heads(
     layer: int = LayerOption,
     heads: Optional[int] = HeadsOption,
     head: Optional[int] = HeadOption,
+    window: Optional[str] = WindowOption,
     weights: Weights = WeightsOption,
     seed: int = SeedOption,
     kv: Optional[str] = KvOption,
@@ -100,6 +102,12 @@ def heads(
         raise AttnvizError("--measure measures one text: give a TEXT, not --file")
     if head is not None and figures is not None:
         raise AttnvizError(f"--head {head} draws that head's heatmap alone: leave out --figures")
+    if window is not None:  # malformed or empty: refused before the model loads; the map's range once it is known
+        from attnviz.render.window_figures import parse_window
+
+        if file is not None:
+            raise AttnvizError("--window draws a region of one text's map: give a TEXT, not --file")
+        parse_window(window, "--window")
     if head is not None and options.heads is not None:  # the range is known before the model loads
         check_head(head, options.heads, f"--heads {options.heads} splits the layer into")
     functions.refuse_before_loading(options)
@@ -118,6 +126,7 @@ def heads(
         result = functions.heads(text, measure=measure.value, **given)
 
     run = result.run
+    checked_window = result.window(window, "--window") if window is not None else None  # before anything is written
     notices = run.notices
     if run.map_on_disk and not no_html:
         notices = [*notices, "report.html is not written for a map this long (attention.npy holds it); its zoomable map is to come"]
@@ -139,7 +148,8 @@ def heads(
 
     def write(staging: Path) -> list[Path]:
         # The figure worker (attnviz/startup.py) writes the result's files while this process computes the report.
-        with startup.drawn(result.write_files, staging, image_format.value, images["figures"], head) as drawing:
+        figure_options = (image_format.value, images["figures"], head, checked_window)
+        with startup.drawn(result.write_files, staging, *figure_options) as drawing:
             report = report_of_runs(handle.loaded, [run], result.spec).write_files(staging) if not (no_html or run.map_on_disk) else []
             written = drawing.wait()
         written += traced.write_files(staging, image_format.value) if traced is not None else []

@@ -188,6 +188,15 @@ HeadOption = typer.Option(
     "its row of the table; attention.json and report.html keep every head. Not --heads, which re-splits the layer.",
     show_default=False,
 )
+WindowOption = typer.Option(
+    None,
+    "--window",
+    metavar="Q0:Q1,K0:K1",
+    help="Also draw one region of each head's map (or --head N's) at full resolution with its tokens: queries Q0 to "
+    "Q1 - 1, keys K0 to K1 - 1 (window_head_NN.png; an end left out is the map's; at most 512 a side). "
+    "The whole-map heatmaps are still written.",
+    show_default=False,
+)
 FiguresOption = typer.Option(
     None,
     "--figures",

@@ -31,6 +31,7 @@ SCRIPTS = (
     "heatmap_view.js",
     "trace_view.js",
     "stats_view.js",
+    "zoom_view.js",
     "main.js",
 )
 STYLES = ("report.css",)

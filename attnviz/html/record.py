@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from attnviz.html.pyramid import needs_zoom, zoom_record
 from attnviz.output.export import attention_record
 from attnviz.output.stats_export import stats_record
 from attnviz.output.trace_files import trace_record
@@ -88,6 +89,18 @@ def decode_weights(encoded: dict) -> np.ndarray:
     return np.where(codes == 0, 0.0, 10.0 ** (decades * (codes.astype(np.float64) - 1) / (LOG_LEVELS - 1) - decades))
 
 
+def encode_zoom(zoom: dict) -> dict:
+    """html/pyramid.py's zoom record as the page reads it: the levels' maxima and means on the log scale's uint8 codes
+    (encode_quantised), the exact rows to 4 decimals (encode_exact); "bytes": each part's size in the page."""
+    levels = [
+        {**entry, "max": [encode_quantised(values) for values in entry["max"]], "mean": [encode_quantised(values) for values in entry["mean"]]}
+        for entry in zoom["levels"]
+    ]
+    encoded = {"levels": levels, "exact_rows": zoom["exact_rows"], "exact": encode_exact(zoom["exact"])}
+    sizes = {f"level {entry['level']}": sum(len(each["data"]) for each in entry["max"] + entry["mean"]) for entry in levels}
+    return {**encoded, "bytes": {**sizes, "exact rows": len(encoded["exact"]["data"])}}
+
+
 def _packed(codes: np.ndarray) -> str:
     return base64.b64encode(zlib.compress(codes.tobytes(), COMPRESSION_LEVEL)).decode("ascii")
 
@@ -104,6 +117,9 @@ def text_record(text: ReportText, spec: RunSpec) -> dict:
         record["query_tokens"], record["key_tokens"] = record["query_words_shown"], record["key_words_shown"]
     record["shown_query_tokens"], record["shown_key_tokens"] = run.shown_tokens  # the page's labels (models/shown.py)
     record["attention"] = encode_exact(run.attention)
+    num_queries, num_keys = run.attention.shape[1:]
+    if needs_zoom(num_queries, num_keys):  # a long map: its pyramid for the zoom view (html/pyramid.py); short records unchanged
+        record["zoom"] = encode_zoom(zoom_record(run.attention, run.causal))
     record["title"] = run_title(run, [f"layer {run.layer}"], seed=spec.seed if run.weights == "random" else None, fonts=False).split("\n")
     every_layer = replace(spec, layer=None, js=True)  # stats.json's settings: one text's statistics, its JS distances measured
     layers = None

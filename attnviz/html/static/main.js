@@ -45,7 +45,7 @@
   function buildNav() {
     const nav = document.getElementById("views");
     const main = document.getElementById("report-views");
-    for (const view of AV.views) {
+    for (const view of AV.views.filter((candidate) => !candidate.available || candidate.available())) {
       const button = AV.el(
         "button",
         { type: "button", role: "tab", id: `tab-${view.id}`, "data-view": view.id, "aria-controls": `view-${view.id}`, "aria-selected": "false" },
