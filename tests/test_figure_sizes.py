@@ -39,6 +39,7 @@ def figures_of_512_tokens(tmp_path_factory, bundled_bert):
     heads = attnviz.heads(LONG_TEXT, **common)
     assert len(heads.tokens) == 512
     written = write_heatmaps(heads.run, folder)
+    written += heads.write_files(folder, figures="none", head=0, window=heads.window(":,:"))  # the largest window: 512 a side
     layers = attnviz.layers(LONG_TEXT, **common)
     written += layers.write_files(folder)
     written += attnviz.stats([LONG_TEXT], **common).write_files(folder)
