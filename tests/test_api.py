@@ -128,6 +128,7 @@ def test_bad_input_raises_attnviz_error_with_the_commands_message(command, call,
     assert printed == f"error: {raised.value}\n"
 
 
+@pytest.mark.slow
 def test_results_display_themselves_as_html_and_rich(model):
     from rich.console import Console
 
@@ -180,6 +181,7 @@ def test_trace_steps_and_checks(model, tmp_path):
     assert traced.to_dict() == json.loads((tmp_path / "t" / "trace.json").read_text(encoding="utf-8"))
 
 
+@pytest.mark.slow
 def test_stats_layers_compare_and_position_compute_what_heads_computes(model, tmp_path):
     layers = attnviz.layers("the cat sat", model=model)
     for layer in (0, 5):

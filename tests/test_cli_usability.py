@@ -100,6 +100,7 @@ def two_lines(tmp_path):
     return source
 
 
+@pytest.mark.slow
 def test_heads_file_writes_the_grid_alone_by_default(tmp_path):
     assert heads("--file", str(two_lines(tmp_path)), "--no-html", "--quiet", "--out", str(tmp_path / "run")) == 0
     folders = sorted(path for path in (tmp_path / "run").iterdir() if path.is_dir())

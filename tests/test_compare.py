@@ -174,6 +174,7 @@ def test_compare_end_to_end(tmp_path, capsys, bundled_bert):
     assert max(len(line) for line in shown.splitlines()) <= 80
 
 
+@pytest.mark.slow
 def test_default_head_counts_are_one_four_and_the_models_own(tmp_path):
     assert compare("The cat sat.", "--out", str(tmp_path)) == 0
     record = json.loads((tmp_path / "compare.json").read_text(encoding="utf-8"))

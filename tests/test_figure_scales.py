@@ -92,6 +92,7 @@ def test_the_heads_grid_shows_only_colours_of_the_scale(num_tokens, causal):
         assert np.all(np.any(np.all(pixels == ONE, axis=-1), axis=1))
 
 
+@pytest.mark.slow
 def test_a_single_heads_figure_shows_only_colours_of_the_scale():
     figure = heatmap.head_figure(one_hot_run(30), 0)
     assert off_scale(map_pixels(figure, figure.axes[0]), SCALE_COLOURS) == 0
@@ -114,6 +115,7 @@ def test_the_layers_grid_shows_a_one_hot_head_at_1_at_any_length(num_tokens):
         assert label == "attention weight"
 
 
+@pytest.mark.slow
 def test_the_rollout_shows_only_colours_of_the_scale():
     run = one_hot_run(100)
     figure = rollout_figure([run], run.attention[0])

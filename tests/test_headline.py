@@ -224,6 +224,7 @@ def test_compare_and_position_figures_name_the_fallback_and_the_unknown_share(of
     assert clause in title_of(moved.figure())
 
 
+@pytest.mark.slow
 def test_compare_and_position_of_the_bundled_model_asked_for_say_only_the_unknown_share():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", AttnvizWarning)

@@ -148,6 +148,7 @@ def test_a_long_text_on_a_tiny_llama_is_exact_on_sampled_rows_and_never_whole_in
     assert float(lines["worst"]) < 1e-5
 
 
+@pytest.mark.slow
 def test_heads_command_writes_attention_npy_and_leaves_report_html_out_with_a_note(tmp_path, capsys):
     from attnviz.cli import run
 
@@ -161,6 +162,7 @@ def test_heads_command_writes_attention_npy_and_leaves_report_html_out_with_a_no
     assert "attention.npy" in manifest["files"]
 
 
+@pytest.mark.slow
 def test_heads_file_writes_each_long_texts_attention_npy_in_its_folder(tmp_path):
     from attnviz.cli import run
 

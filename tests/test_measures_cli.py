@@ -26,6 +26,7 @@ def measured_run(tmp_path_factory):
     return folder, json.loads((folder / "attention.json").read_text(encoding="utf-8"))
 
 
+@pytest.mark.slow
 def test_the_json_names_each_measure_with_its_paper_and_definition(measured_run):
     _, record = measured_run
     measures = record["measures"]
@@ -113,6 +114,7 @@ def layers_measured(tmp_path_factory):
     return folder, json.loads((folder / "measures.json").read_text(encoding="utf-8"))
 
 
+@pytest.mark.slow
 def test_layers_measures_json_holds_every_layers_norm_and_value_zeroing(bundled_bert, layers_measured):
     from attnviz.attention.layer import layer_from_weights
 

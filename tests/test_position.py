@@ -115,6 +115,7 @@ def position(*args):
     return run(["position", *args, "--model", "bundled"])
 
 
+@pytest.mark.slow
 def test_position_end_to_end(tmp_path, capsys):
     assert position(TEXT, "--out", str(tmp_path)) == 0
     assert sorted(path.name for path in tmp_path.iterdir()) == [MANIFEST, "position.json", "position.png"]

@@ -322,6 +322,7 @@ def test_causal_layers_mask_the_future_in_the_figures_and_the_rollout(tmp_path):
         assert np.all(read_png(tmp_path / name) == grey, axis=-1).mean() > 0.1, name  # the masked triangles
 
 
+@pytest.mark.slow
 def test_layers_in_svg(tmp_path):
     assert layers(SHORT, "--format", "svg", "--heads", "3", "--out", str(tmp_path)) == 0
     assert sorted(path.name for path in tmp_path.iterdir()) == [

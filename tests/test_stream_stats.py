@@ -341,6 +341,7 @@ def test_resume_refuses_what_is_no_checkpoint_at_all_in_one_line(content, tiny, 
     assert re.fullmatch(f"error: --resume: {checkpoint} is not an attnviz stats checkpoint( \\(version 2\\))?\n", refused(args, capsys))
 
 
+@pytest.mark.slow
 def test_an_untouched_copy_of_that_checkpoint_resumes(tiny, one_checkpoint, tmp_path):
     """The checks refuse damage, not a checkpoint as attnviz writes it."""
     corpus, stored = one_checkpoint

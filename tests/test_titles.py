@@ -83,6 +83,7 @@ def test_a_long_text_is_shortened_on_one_line_with_an_ellipsis(tmp_path):
     assert LONG_TEXT.startswith(quoted.strip("“”…"))
 
 
+@pytest.mark.slow
 def test_the_layers_rollout_and_js_distance_figures_use_the_same_title(tmp_path):
     layer_runs = [make_run(weights="random", causal=True, layer=layer) for layer in range(3)]
     rollout = np.tril(np.ones((5, 5))) / np.arange(1, 6)[:, None]

@@ -218,6 +218,7 @@ def test_the_torch_reference_agrees_with_an_unmodified_run(bert):
 # ---- 23: the merge figure is capped, drawn cell by cell ----
 
 
+@pytest.mark.slow
 def test_the_merge_figure_of_a_long_text_is_capped_and_says_so(tmp_path, monkeypatch):
     from PIL import Image
 

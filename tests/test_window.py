@@ -149,6 +149,7 @@ def test_the_api_draws_a_heads_window_and_refuses_a_window_without_a_head(bundle
         result.figure(head=0, window="0:2,0:99")
 
 
+@pytest.mark.slow
 def test_the_command_writes_window_figures_beside_the_heatmaps_and_refuses_bad_windows(tmp_path, capsys, bundled_bert):
     text = "the cat sat on the mat because it was tired"
     assert cli(["heads", text, "--model", "bundled", "--window", "2:8,:5", "--head", "3", "--out", str(tmp_path / "one")]) == 0
@@ -171,6 +172,7 @@ def test_the_command_writes_window_figures_beside_the_heatmaps_and_refuses_bad_w
     assert "--window draws a region of one text's map: give a TEXT, not --file" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_the_largest_window_is_within_1920_by_1800_pixels(tmp_path):
     """A 512 × 512 window (the most a side): 16 × 15 inches at 120 dpi, within the figures' 4,096 px cap."""
     from PIL import Image

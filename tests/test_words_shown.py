@@ -85,6 +85,7 @@ def test_the_heads_table_shows_what_the_model_saw(result):
     assert "2:想→" not in table and "4:酸菜鱼→" not in table
 
 
+@pytest.mark.slow
 def test_the_figures_axes_show_what_the_model_saw(result):
     head = head_figure(result.run, 0)
     (axes, *_) = head.axes
