@@ -1,4 +1,8 @@
-"""The GPU path gives the CPU's numbers. Skipped on a machine where torch sees no GPU (CI has none)."""
+"""The GPU path gives the CPU's numbers. Skipped on a machine where torch sees no GPU (CI has none).
+
+BERT is a tiny checkpoint built here with transformers' BertModel (attnviz's own encoder runs it), so
+that the tests need no weights beyond what they build.
+"""
 
 import numpy as np
 import pytest
@@ -17,10 +21,17 @@ pytestmark = [
 TEXTS = ["The cat sat on the mat.", "The animal didn't cross the street because it was too tired."]
 
 
+@pytest.fixture(scope="module")
+def bert(tmp_path_factory) -> str:
+    from stream_corpus import build_tiny_bert
+
+    return str(build_tiny_bert(tmp_path_factory.mktemp("tiny-bert")))
+
+
 @pytest.mark.parametrize("weights", ["pretrained", "random"])
-@pytest.mark.parametrize("layer", [0, 5])
-def test_weights_on_cuda_equal_weights_on_cpu(weights, layer):
-    models = {device: load_model("bundled", device) for device in ("cpu", "cuda")}
+@pytest.mark.parametrize("layer", [0, 1])
+def test_weights_on_cuda_equal_weights_on_cpu(bert, weights, layer):
+    models = {device: load_model(bert, device) for device in ("cpu", "cuda")}
     runs = {
         device: run_attention(loaded, TEXTS, run_spec(loaded, layer=layer, weights=weights, device=device))
         for device, loaded in models.items()
@@ -32,8 +43,8 @@ def test_weights_on_cuda_equal_weights_on_cpu(weights, layer):
 
 
 @pytest.mark.parametrize("options", [{}, {"causal": True}, {"words": True}, {"words": True, "causal": True}])  # attnviz's layers in BERT's place, and beside it; --words
-def test_statistics_on_cuda_equal_statistics_on_cpu(options):
-    models = {device: load_model("bundled", device) for device in ("cpu", "cuda")}
+def test_statistics_on_cuda_equal_statistics_on_cpu(bert, options):
+    models = {device: load_model(bert, device) for device in ("cpu", "cuda")}
     results = {
         device: measure_heads(loaded, TEXTS, run_spec(loaded, device=device, **options))[0]
         for device, loaded in models.items()
@@ -43,7 +54,7 @@ def test_statistics_on_cuda_equal_statistics_on_cpu(options):
 
 
 @pytest.mark.parametrize("command", ["heads", "stats"])
-def test_the_command_line_on_cuda_writes_the_cpu_numbers(tmp_path, capsys, command):
+def test_the_command_line_on_cuda_writes_the_cpu_numbers(bert, tmp_path, capsys, command):
     """End to end: `heads` forks a process for the grid after CUDA is up; `stats` keeps its sums on the GPU."""
     import json
 
@@ -52,7 +63,7 @@ def test_the_command_line_on_cuda_writes_the_cpu_numbers(tmp_path, capsys, comma
     files = {"heads": "attention.json", "stats": "stats.json"}[command]
     records = {}
     for device in ("cpu", "cuda"):
-        assert run([command, TEXTS[1], "--model", "bundled", "--device", device, "--out", str(tmp_path / device)]) == 0
+        assert run([command, TEXTS[1], "--model", bert, "--device", device, "--out", str(tmp_path / device)]) == 0
         records[device] = json.loads((tmp_path / device / files).read_text(encoding="utf-8"))
     assert "cuda (" in capsys.readouterr().out  # the setup names the GPU
     key = {"heads": "attention", "stats": "js_distance"}[command]
@@ -74,3 +85,27 @@ def test_every_family_on_cuda_equals_the_cpu(model_type, tmp_path):
         runs[device] = run_attention(loaded, TEXTS, run_spec(loaded, layer=1, stack=stack, device=device))
     for on_cpu, on_cuda in zip(runs["cpu"], runs["cuda"]):
         np.testing.assert_allclose(on_cuda.attention, on_cpu.attention, atol=1e-4, rtol=0)
+
+
+def test_a_long_map_in_blocks_on_cuda_equals_the_cpu(tmp_path):
+    """The block path (a map past --memory, written block by block into attention.npy) and every layer's summaries,
+    on a tiny Llama (grouped-query heads, RoPE) over 1,500 tokens."""
+    from tiny_families import FAMILY_CHECKPOINTS, save_checkpoint
+
+    from attnviz.analysis.head_summaries import summarise_layers
+
+    config, model_class, tokenizer = FAMILY_CHECKPOINTS["llama"]()
+    config.max_position_embeddings = 2048
+    save_checkpoint(config, model_class, tokenizer(), tmp_path / "llama")
+    text = " ".join(["the cat sat on the mat because it was tired"] * 160)
+    maps, summaries = {}, {}
+    for device in ("cpu", "cuda"):
+        loaded = load_model(str(tmp_path / "llama"), device)
+        spec = run_spec(loaded, layer=1, device=device, memory=1, truncate=True)
+        (run,) = run_attention(loaded, [text], spec)
+        assert run.map_on_disk and run.attention.shape[1] >= 1500
+        maps[device] = np.asarray(run.attention)
+        summaries[device] = summarise_layers(loaded, text, spec, budget_bytes=2**20)
+    np.testing.assert_allclose(maps["cuda"], maps["cpu"], atol=1e-4, rtol=0)
+    for name, values in summaries["cpu"].values.items():
+        np.testing.assert_allclose(summaries["cuda"].values[name], values, atol=1e-4, rtol=1e-4, err_msg=name)
