@@ -7,9 +7,9 @@ attnviz's own layer (attention/layer.py) then computes the weights from the modu
 projections, which the family's adapter (families/) names and splits into AttentionWeights,
 with its position scheme (RoPE's frequencies, T5's relative position bias). This module is the
 same for every family: the model's class, module names and weights come from the adapter.
-Past EAGER_MAP_BYTES the forward pass up to the chosen layer runs with SDPA, so that the layers
-before it never make their (H, N, N) maps (eager attention would, for every layer); their output
-differs from eager's by float rounding only (capture_attention). Short texts keep eager's very numbers.
+The forward pass up to the chosen layer runs attnviz's blocks of queries as transformers' attention
+(blocked_attention.py): eager's very operations, a block of queries at a time, so that the layers
+before it never make their (H, N, N) maps whole, at any length and on any device.
 
 transformers is imported only here, on this path: `attnviz --help` and BERT runs never pay for it.
 Only safetensors are loaded (use_safetensors=True), and nothing from the folder is run
@@ -30,6 +30,7 @@ from torch import nn
 
 from attnviz.attention.layer import AttentionWeights
 from attnviz.errors import AttnvizError
+from attnviz.models import blocked_attention
 from attnviz.models.families import DECODER, ENCODER_DECODER, Family
 from attnviz.models.shown import space_before
 from attnviz.models.words import tokenizer_scheme
@@ -78,21 +79,6 @@ def load_transformers_model(folder: Path, family: Family, config: dict, device: 
         hf_logging.set_verbosity(verbosity)
     _check_loading_info(family, info, model)
     return TransformersModel(family, config, model.to(device).eval())
-
-
-# A capture pass whose layers' maps, (B, H, N, N) float32 each, would pass this runs SDPA instead of eager.
-EAGER_MAP_BYTES = 64 * 2**20
-
-
-def capture_attention(batch: int, num_heads: int, num_tokens: int) -> str:
-    """transformers' attention for a capture pass: "eager" while each layer's maps are small (the numbers
-    attnviz has always captured, byte for byte), "sdpa" past EAGER_MAP_BYTES (no maps made at all).
-
-    Not SDPA always: its rounding differs from eager's, and over the tests' wide random weights
-    (T5's unscaled scores most) the next layer's weights move by more than the 1e-5 the family
-    tests hold short texts to against eager transformers.
-    """
-    return "sdpa" if 4 * batch * num_heads * num_tokens**2 > EAGER_MAP_BYTES else "eager"
 
 
 def _check_headers(folder: Path, family: Family, config: dict, prefix: str) -> None:
@@ -218,9 +204,7 @@ class TransformersModel:
 
         modules = {id(module): module for module in (self.attention_module(layer, stack)[1] for layer in wanted)}
         handles = [module.register_forward_pre_hook(hook, with_kwargs=True) for module in modules.values()]
-        batch, num_tokens = inputs["input_ids"].shape
-        num_tokens = max(num_tokens, source["input_ids"].shape[1] if source is not None else 0)
-        self.model.set_attn_implementation(capture_attention(batch, max(self.num_heads(name) for name in self.family.stacks), num_tokens))
+        self.model.set_attn_implementation(blocked_attention.register())
         try:
             self._forward(inputs, stack, source)
         except _Stop:
