@@ -32,6 +32,7 @@ from attnviz.cli.options import (
     ModelOption,
     EveryLayerHeadsOption,
     EveryLayerStackOption,
+    EveryLayerMemoryOption,
     OutOption,
 )
 from attnviz.cli.shared import run_target, write_run
@@ -54,6 +55,7 @@ def layers(
     words: bool = WordsOption,
     measure: Measure = LayersMeasureOption,
     band: int = BandOption,
+    memory: Optional[int] = EveryLayerMemoryOption,
     allow_pickle: bool = AllowPickleOption,
     quiet: bool = QuietOption,
 ) -> None:
