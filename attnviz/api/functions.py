@@ -107,7 +107,9 @@ def stats(texts: str | list[str], *, js: bool = True, progress=None, **options):
     maps merged into words, previous and next the words beside. js: also the Jensen-Shannon
     distances between heads (.js_distance and the figure), most of the statistics' work: a log
     for every key of every pair of heads. progress(n), when given, is called after each batch with
-    the number of texts it measured.
+    the number of texts it measured. memory (MB, as in heads): a batch whose maps pass it (one layer's
+    (B, H, N, N) at once), or a text's map past 64 MB, is measured a block of queries at a time, no map
+    whole (analysis.blockwise.block_statistics; the same numbers within 1e-5); over words the maps stay whole.
     """
     from attnviz.api.experiment_results import StatsResult
     from attnviz.analysis.stats_pass import measure_heads
