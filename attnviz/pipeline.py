@@ -250,6 +250,18 @@ def memory_budget(spec: RunSpec) -> int:
     return DEFAULT_MEMORY_MB * 2**20
 
 
+def every_layer_in_blocks(spec: RunSpec, batch: int, num_heads: int, num_tokens: int, num_layers: int = 1) -> bool:
+    """Whether a pass over every layer (stats, layers) takes each layer's weights a block of queries at a time.
+
+    So it does when the maps it would hold at once, num_layers layers' (B, H, N, N) float32 (stats holds one
+    layer's batch, layers every layer's map of its text), pass the memory budget (memory_budget), or
+    when one text's map passes the large-map size (LARGE_MAP_BYTES, or the budget when smaller).
+    """
+    budget = memory_budget(spec)
+    one_map = 4 * num_heads * num_tokens * num_tokens
+    return num_layers * batch * one_map > budget or one_map > min(LARGE_MAP_BYTES, budget)
+
+
 class LayerPass(NamedTuple):
     """One layer's pass over a padded batch: the layer, the texts, its input and what it returned.
 

@@ -34,7 +34,7 @@ RUN_OPTIONS = {  # RunOptions' fields, each with wrong values of other types
 }
 RUN_OPTIONS_VALID = {"model": "bundled", "layer": 0, "heads": None, "weights": "pretrained", "seed": 0, "kv": "a dog",
                      "causal": False, "stack": None, "device": "cpu", "truncate": False, "words": False, "memory": None}  # fmt: skip
-EVERY_LAYER = {name: values for name, values in RUN_OPTIONS.items() if name not in ("layer", "kv", "memory")}
+EVERY_LAYER = {name: values for name, values in RUN_OPTIONS.items() if name not in ("layer", "kv")}
 TEXT = [5, None, b"the cat"]
 TEXTS = [5, None, [1], ["the cat", 2.0]]
 

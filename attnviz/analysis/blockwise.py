@@ -1,6 +1,6 @@
 """The per-query sums under `attnviz stats`' statistics, computed block by block of queries (torch).
 
-statistics.batch_statistics turns them into the statistics and Jensen-Shannon distances of a padded
+statistics.batch_statistics (block_statistics here) turns them into the statistics and Jensen-Shannon distances of a padded
 batch. The distances are most of the work: for every pair of heads a < b and every query, the sum
 of s log s over the keys, s = p_a + p_b (P = H(H-1)/2 pairs: at 12 heads and 512 tokens, 17 million
 cells per text and layer, each a log). Over the whole batch at once each of those passes would read
@@ -19,7 +19,7 @@ CPU_CELLS_AT_ONCE = 2**19
 DEVICE_CELLS_AT_ONCE = 2**25
 
 
-def query_sums(weights, valid_lens: list[int], columns, pairs: bool = True):
+def query_sums(weights, valid_lens: list[int], columns, pairs: bool = True, first_query: int = 0):
     """Every query's sums of a padded batch of maps (B, H, N, N), zero on padding queries.
 
     valid_lens holds each text's tokens (B ints); columns (B, N, C) holds C values per key (the key
@@ -33,55 +33,61 @@ def query_sums(weights, valid_lens: list[int], columns, pairs: bool = True):
     Texts go in groups of consecutive ones (_groups): several short texts a block, or a long text's
     queries in several blocks; keys past a group's longest text are left out (the maps are zero there,
     so no sum changes).
+    weights may also be a block of queries (B, H, b, N), the rows first_query .. first_query + b - 1
+    (pipeline.iter_layer_blocks): every sum is then the block's queries', N read as b, with |q - k| and
+    the padding queries counted from first_query.
     """
     import torch
 
-    batch, num_heads, num_tokens, _ = weights.shape
+    batch, num_heads, num_queries, num_keys = weights.shape
     num_rows = num_heads * (num_heads + 1) // 2 if pairs else num_heads  # the heads, then their pairs
-    maxima = weights.new_zeros(batch, num_heads, num_tokens)
-    products = (weights.reshape(batch, -1, num_tokens) @ columns).view(batch, num_heads, num_tokens, -1)  # (B, H N, N) @ (B, N, C)
-    slogs = weights.new_zeros(batch, num_rows, num_tokens)  # (B, R, N): sum s log s of every row
-    distance = weights.new_zeros(batch, num_heads, num_tokens)
-    positions = torch.arange(num_tokens, device=weights.device, dtype=weights.dtype)
-    offsets = (positions[:, None] - positions).abs()  # (N, N): |q - k|
+    maxima = weights.new_zeros(batch, num_heads, num_queries)
+    products = (weights.reshape(batch, -1, num_keys) @ columns).view(batch, num_heads, num_queries, -1)  # (B, H b, N) @ (B, N, C)
+    slogs = weights.new_zeros(batch, num_rows, num_queries)  # (B, R, b): sum s log s of every row
+    distance = weights.new_zeros(batch, num_heads, num_queries)
+    keys = torch.arange(num_keys, device=weights.device, dtype=weights.dtype)
+    queries = torch.arange(first_query, first_query + num_queries, device=weights.device, dtype=weights.dtype)
+    offsets = (queries[:, None] - keys).abs()  # (b, N): |q - k|
     lengths = [max(length, 0) for length in valid_lens]
     cells = CPU_CELLS_AT_ONCE if weights.device.type == "cpu" else DEVICE_CELLS_AT_ONCE
-    for group in _groups(cells, num_rows, num_tokens, batch):
+    for group in _groups(cells, num_rows, num_queries * num_keys, batch):
         length = max(lengths[b] for b in group)
-        if length > 0:
+        rows = min(max(length - first_query, 0), num_queries)  # the block's real queries in the group's longest text
+        if rows > 0:
             texts = slice(group.start, group.stop)
-            _group_sums(weights[texts, :, :length, :length], offsets[:length, :length], cells, slogs[texts], maxima[texts], distance[texts])
+            _group_sums(weights[texts, :, :rows, :length], offsets[:rows, :length], cells, slogs[texts], maxima[texts], distance[texts])
     # A group's shorter texts have padding queries inside it, and a batch's maps hold on padding
     # queries what the layer gave them: zero them all.
-    real = (positions < torch.tensor(lengths, device=weights.device)[:, None]).to(weights.dtype)[:, None]  # (B, 1, N)
+    real = (queries < torch.tensor(lengths, device=weights.device)[:, None]).to(weights.dtype)[:, None]  # (B, 1, b)
     for sums in (maxima, slogs, distance):
         sums.mul_(real)
     products.mul_(real[..., None])
     return slogs[:, :num_heads], maxima, products, distance, slogs[:, num_heads:] if pairs else None
 
 
-def _groups(cells: int, num_rows: int, num_tokens: int, batch: int) -> list[range]:
+def _groups(cells: int, num_rows: int, map_cells: int, batch: int) -> list[range]:
     """The texts of a batch in groups of consecutive ones, each group a block of whole texts where a
     text's (row, query, key) cells are fewer than a block holds (short texts: per text, the ops'
-    own cost would be most of the work), else one text a group, cut into blocks of queries."""
-    size = max(1, cells // (num_rows * num_tokens * num_tokens))
+    own cost would be most of the work), else one text a group, cut into blocks of queries.
+    map_cells: a text's (query, key) cells."""
+    size = max(1, cells // (num_rows * map_cells))
     return [range(first, min(first + size, batch)) for first in range(0, batch, size)]
 
 
 def _group_sums(maps, offsets, cells: int, slogs, maxima, distance) -> None:
-    """query_sums of a group of texts' maps (G, H, n, n), n the longest of them, with offsets (n, n):
-    into their rows of query_sums' slogs (G, R, N), maxima (G, H, N) and distance (G, H, N)."""
+    """query_sums of a group of texts' maps (G, H, q, n), n the longest of them, with offsets (q, n):
+    into their rows of query_sums' slogs (G, R, b), maxima (G, H, b) and distance (G, H, b)."""
     import torch
 
-    group, num_heads, length, _ = maps.shape
+    group, num_heads, num_queries, length = maps.shape
     num_rows = slogs.shape[1]
     # The smallest normal number, added to every weight of a block: log is then finite where a weight
     # is 0 (so 0 log 0 = 0), and no sum moves by more than N times it (1e-35 in float32).
     tiny = torch.finfo(maps.dtype).tiny
-    queries = min(length, max(1, cells // (num_rows * group * length)))  # a block's queries
+    queries = min(num_queries, max(1, cells // (num_rows * group * length)))  # a block's queries
     buffers = maps.new_empty(2, num_rows * group * queries * length)  # a block's s, then its log s
-    for start in range(0, length, queries):
-        stop = min(start + queries, length)
+    for start in range(0, num_queries, queries):
+        stop = min(start + queries, num_queries)
         shape = (num_rows, group, stop - start, length)
         rows, logs = (buffer[: shape[0] * shape[1] * shape[2] * shape[3]].view(shape) for buffer in buffers)  # (R, G, Q, n)
         heads = torch.add(maps[:, :, start:stop].transpose(0, 1), tiny, out=rows[:num_heads])  # (H, G, Q, n): every head's p
@@ -95,3 +101,86 @@ def _group_sums(maps, offsets, cells: int, slogs, maxima, distance) -> None:
         distance[:, :, start:stop] = weighted.sum(dim=-1).transpose(0, 1)  # (G, H, Q)
         torch.log(rows, out=logs)
         slogs[:, :, start:stop] = logs.mul_(rows).sum(dim=-1).transpose(0, 1)  # (G, R, Q)
+
+
+def block_statistics(attention, first_query: int, valid_lens, kinds, causal: bool = False, js: bool = True):
+    """statistics.batch_statistics of the queries first_query .. first_query + b - 1 of a padded batch.
+
+    attention (B, H, b, N) holds those queries' rows over all N keys (pipeline.iter_layer_blocks gives
+    them; the whole map is the block of first_query 0); valid_lens (B,) and kinds (B, N, K) are the
+    batch's, as for batch_statistics. Each query's statistics are weighted by 1 / the queries its
+    text's mean is over, so that the blocks' sums add up to batch_statistics' (H, S) and (H, H).
+    """
+    import torch
+
+    from attnviz.analysis.statistics import KEY_KINDS, STATISTICS
+
+    # (B, H, b, N): float32 keeps the sums within 1e-6 of float64, at half the cost; float64 stays float64
+    # (stats --words): the JS distance of two near-identical rows, the root of a divergence near 0, can be 1e-4 off in float32.
+    weights = attention if attention.dtype == torch.float64 else attention.float()
+    batch, num_heads, num_queries, num_tokens = weights.shape
+    device = weights.device
+    positions = torch.arange(num_tokens, device=device)  # (N,)
+    lens = valid_lens.to(device)[:, None]  # (B, 1)
+    real = positions < lens  # (B, N): real queries (and keys)
+    visible = positions + 1 if causal else lens  # (N,) or (B, 1): keys each query may see
+    kinds = kinds.to(device, weights.dtype)  # (B, N, K): 1 on the keys of each kind
+    key_columns = torch.cat([kinds, torch.ones_like(kinds[..., :1])], dim=-1)  # (B, N, K + 1): the kinds, then 1 (row sums)
+    block = slice(first_query, first_query + num_queries)
+    queries = positions[block]  # (b,): the block's queries
+
+    # (B, H, b) each, products (B, H, b, K + 1), pair_slogs (B, P, b) or None
+    plogp, maxima, products, distance, pair_slogs = query_sums(weights, valid_lens.tolist(), key_columns, js, first_query)
+    per_query = {  # (B, H, b) each: the statistic of every query
+        "entropy": -plogp,
+        "relative_entropy": -plogp / torch.log(visible.clamp(min=2)).expand(batch, num_tokens)[:, None, block],
+        "mean_max": maxima,
+        **{kind: products[..., k] for k, kind in enumerate(KEY_KINDS)},  # each query's weight on each kind of key
+        "same": _on_key(weights, queries),
+        "previous": _on_key(weights, queries - 1),  # query i on key i-1; 0 for i = 0
+        "next": _on_key(weights, queries + 1),  # query i on key i+1; 0 for i = N-1
+        "distance": distance,  # sum_k w_qk |q - k|
+    }
+    counted = {  # (B, N) each: the queries each statistic averages over
+        "relative_entropy": real & (visible > 1),  # a query that sees one key has no choice to make
+        "previous": real & (positions >= 1),
+        "next": positions + 1 < lens,
+    }
+    counts = torch.stack([counted.get(name, real) for name in STATISTICS], dim=-1).to(weights.dtype)  # (B, N, S)
+    query_weights = (counts / counts.sum(1, keepdim=True).clamp(min=1))[:, block]  # (B, b, S): a mean over each text's queries
+    columns = torch.stack([per_query[name] for name in STATISTICS], dim=-1)  # (B, H, b, S)
+    statistics = (columns * query_weights[:, None]).sum((0, 2))  # (H, S), summed over the texts
+    if pair_slogs is None:
+        return statistics.double(), None
+    real_weights = query_weights[..., STATISTICS.index("entropy")]  # (B, b): a mean over each text's real queries
+    row_sums = products[..., len(KEY_KINDS)]  # (B, H, b): 1 for real queries, 0 for padding
+    return statistics.double(), _batch_js_distance(pair_slogs, plogp, row_sums, real_weights)
+
+
+def _on_key(weights, keys):
+    """(B, H, b): each query's weight on its key of keys (b,), 0 where that key is outside 0 .. N - 1."""
+    inside = ((keys >= 0) & (keys < weights.shape[-1])).to(weights.dtype)  # (b,)
+    index = keys.clamp(0, weights.shape[-1] - 1).view(1, 1, -1, 1).expand(*weights.shape[:3], 1)
+    return weights.gather(-1, index).squeeze(-1) * inside
+
+
+def _batch_js_distance(pair_slogs, plogp, row_sums, query_weights):
+    """(H, H): js_distance of every text of a padded batch, summed over the texts.
+
+    pair_slogs (B, P, N) holds sum_k s log s for s = p_a + p_b = 2m, the pairs a < b in triu_indices'
+    order; plogp (B, H, N) sum_k p log p and row_sums (B, H, N) sum_k p of every row; query_weights
+    (B, N) averages over each text's real queries. JSD = H(m) - (H(p) + H(q)) / 2, and
+    sum m log m = (sum s log s - log 2 * sum s) / 2.
+    """
+    import torch
+
+    from attnviz.analysis.statistics import LN2
+
+    num_heads = plogp.shape[1]
+    first, second = torch.triu_indices(num_heads, num_heads, 1, device=plogp.device)  # (P,) each
+    mlogm = (pair_slogs - LN2 * (row_sums[:, first] + row_sums[:, second])) / 2  # (B, P, N)
+    divergence = ((plogp[:, first] + plogp[:, second]) / 2 - mlogm) / LN2  # (B, P, N): JSD in bits
+    pairs = (divergence.clamp(0.0, 1.0).sqrt() * query_weights[:, None]).sum((0, 2))  # (P,)
+    distances = torch.zeros(num_heads, num_heads, device=plogp.device, dtype=torch.float64)
+    distances[first, second] = pairs.double()
+    return distances + distances.T

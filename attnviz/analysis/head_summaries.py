@@ -175,13 +175,21 @@ def summarise_layers(loaded, text: str, spec, budget_bytes: int = SUMMARY_BLOCK_
     """
     from dataclasses import replace
 
-    from attnviz.attention.layer import rows_per_block
-    from attnviz.pipeline import build_layers, encode_texts, in_berts_place, iter_layer_blocks, threads_for
+    from attnviz.pipeline import build_layers, encode_texts, threads_for
 
     spec = replace(spec, kv_text=None)
     encoded = encode_texts(loaded, [text], spec)
     with threads_for(encoded):
         layers = build_layers(loaded, spec)
+    return summarise_blocks(loaded, text, encoded, layers, spec, budget_bytes, window)
+
+
+def summarise_blocks(loaded, text: str, encoded, layers, spec, budget_bytes: int, window: int = LOCAL_WINDOW, also=None) -> LayerSummaries:
+    """summarise_layers over one text's encoded batch and its built layers (spec without kv_text);
+    also(layer, first_query, weights (H, b, N)), when given, gets each block too (analysis.long_layers' block maxima)."""
+    from attnviz.attention.layer import rows_per_block
+    from attnviz.pipeline import in_berts_place, iter_layer_blocks
+
     num_tokens = len(encoded.queries.ids[0])
     accumulators = [
         HeadSummaries(attention.num_heads, num_tokens, num_tokens, causal=spec.causal, window=window)
@@ -190,6 +198,8 @@ def summarise_layers(loaded, text: str, spec, budget_bytes: int = SUMMARY_BLOCK_
     blocks = iter_layer_blocks(loaded, encoded, layers, spec, budget_bytes, in_berts_place(loaded, spec))
     for layer, first_query, weights in blocks:  # weights (1, H, b, N)
         accumulators[layer].add(first_query, weights[0])
+        if also is not None:
+            also(layer, first_query, weights[0])
     per_layer = [accumulator.summary() for accumulator in accumulators]
     values = {name: np.stack([layer_values[name] for layer_values, _, _ in per_layer]) for name in SUMMARIES}  # (L, H) each
     return LayerSummaries(

@@ -277,70 +277,11 @@ def batch_statistics(attention, valid_lens, kinds, causal: bool = False, js: boo
     that), computed block by block of queries (blockwise.query_sums: at 512 tokens the JS
     distances' passes over the whole batch waited on memory) and then for the whole batch at once.
     Returns float64 tensors ((H, S), (H, H)) on attention's device; the distances None when not js.
+    blockwise.block_statistics does it for a block of queries; the blocks' numbers add up to these.
     """
-    import torch
-    import torch.nn.functional as F
+    from attnviz.analysis.blockwise import block_statistics
 
-    from attnviz.analysis.blockwise import query_sums
-
-    # (B, H, N, N): float32 keeps the sums within 1e-6 of float64, at half the cost; float64 stays float64
-    # (stats --words): the JS distance of two near-identical rows, the root of a divergence near 0, can be 1e-4 off in float32.
-    weights = attention if attention.dtype == torch.float64 else attention.float()
-    batch, num_heads, num_tokens, _ = weights.shape
-    device = weights.device
-    positions = torch.arange(num_tokens, device=device)  # (N,)
-    lens = valid_lens.to(device)[:, None]  # (B, 1)
-    real = positions < lens  # (B, N): real queries (and keys)
-    visible = positions + 1 if causal else lens  # (N,) or (B, 1): keys each query may see
-    kinds = kinds.to(device, weights.dtype)  # (B, N, K): 1 on the keys of each kind
-    key_columns = torch.cat([kinds, torch.ones_like(kinds[..., :1])], dim=-1)  # (B, N, K + 1): the kinds, then 1 (row sums)
-
-    # (B, H, N) each, products (B, H, N, K + 1), pair_slogs (B, P, N) or None
-    plogp, maxima, products, distance, pair_slogs = query_sums(weights, valid_lens.tolist(), key_columns, pairs=js)
-    per_query = {  # (B, H, N) each: the statistic of every query
-        "entropy": -plogp,
-        "relative_entropy": -plogp / torch.log(visible.clamp(min=2)).expand(batch, num_tokens)[:, None],
-        "mean_max": maxima,
-        **{kind: products[..., k] for k, kind in enumerate(KEY_KINDS)},  # each query's weight on each kind of key
-        "same": weights.diagonal(dim1=-2, dim2=-1),
-        "previous": F.pad(weights.diagonal(offset=-1, dim1=-2, dim2=-1), (1, 0)),  # query i on key i-1; 0 for i = 0
-        "next": F.pad(weights.diagonal(offset=1, dim1=-2, dim2=-1), (0, 1)),  # query i on key i+1; 0 for i = N-1
-        "distance": distance,  # sum_k w_qk |q - k|
-    }
-    counted = {  # (B, N) each: the queries each statistic averages over
-        "relative_entropy": real & (visible > 1),  # a query that sees one key has no choice to make
-        "previous": real & (positions >= 1),
-        "next": positions + 1 < lens,
-    }
-    queries = torch.stack([counted.get(name, real) for name in STATISTICS], dim=-1).to(weights.dtype)  # (B, N, S)
-    query_weights = queries / queries.sum(1, keepdim=True).clamp(min=1)  # (B, N, S): a mean over each text's queries
-    columns = torch.stack([per_query[name] for name in STATISTICS], dim=-1)  # (B, H, N, S)
-    statistics = (columns * query_weights[:, None]).sum((0, 2))  # (H, S), summed over the texts
-    if pair_slogs is None:
-        return statistics.double(), None
-    real_weights = query_weights[..., STATISTICS.index("entropy")]  # (B, N): a mean over each text's real queries
-    row_sums = products[..., len(KEY_KINDS)]  # (B, H, N): 1 for real queries, 0 for padding
-    return statistics.double(), _batch_js_distance(pair_slogs, plogp, row_sums, real_weights)
-
-
-def _batch_js_distance(pair_slogs, plogp, row_sums, query_weights):
-    """(H, H): js_distance of every text of a padded batch, summed over the texts.
-
-    pair_slogs (B, P, N) holds sum_k s log s for s = p_a + p_b = 2m, the pairs a < b in triu_indices'
-    order; plogp (B, H, N) sum_k p log p and row_sums (B, H, N) sum_k p of every row; query_weights
-    (B, N) averages over each text's real queries. JSD = H(m) - (H(p) + H(q)) / 2, and
-    sum m log m = (sum s log s - log 2 * sum s) / 2.
-    """
-    import torch
-
-    num_heads = plogp.shape[1]
-    first, second = torch.triu_indices(num_heads, num_heads, 1, device=plogp.device)  # (P,) each
-    mlogm = (pair_slogs - LN2 * (row_sums[:, first] + row_sums[:, second])) / 2  # (B, P, N)
-    divergence = ((plogp[:, first] + plogp[:, second]) / 2 - mlogm) / LN2  # (B, P, N): JSD in bits
-    pairs = (divergence.clamp(0.0, 1.0).sqrt() * query_weights[:, None]).sum((0, 2))  # (P,)
-    distances = torch.zeros(num_heads, num_heads, device=plogp.device, dtype=torch.float64)
-    distances[first, second] = pairs.double()
-    return distances + distances.T
+    return block_statistics(attention, 0, valid_lens, kinds, causal, js)
 
 
 def key_kind_columns(tokens: list[list[str]], num_tokens: int):
@@ -395,6 +336,7 @@ class StatisticsAccumulator(MergeableSums):
         accumulator = StatisticsAccumulator(num_layers, causal=False, js=True)
         accumulator.add(layer, weights, tokens)  # for every text and layer, in any order
         accumulator.add_batch(layer, padded_weights, valid_lens, kinds)  # or a padded batch at once
+        accumulator.add_block(layer, block, first_query, valid_lens, kinds)  # or a block of its queries at a time
         accumulator.result()  # ModelStatistics
         accumulator.merge(other)  # another's sums and counts added (a shard's); state() / from_state(): accumulate.py
 
@@ -418,6 +360,14 @@ class StatisticsAccumulator(MergeableSums):
         """A padded batch's self-attention (B, H, N, N), valid lengths (B,) and key_kind_columns (B, N, K): torch tensors."""
         values, distances = batch_statistics(attention, valid_lens, kinds, self.causal, self.js)
         self.add_sums(layer, values, distances, len(valid_lens))
+
+    def add_block(self, layer: int, attention, first_query: int, valid_lens, kinds) -> None:
+        """A block of a padded batch's queries (B, H, b, N) from first_query (blockwise.block_statistics); the
+        batch's texts are counted with its block of first_query 0, so a batch's blocks add up to add_batch."""
+        from attnviz.analysis.blockwise import block_statistics
+
+        values, distances = block_statistics(attention, first_query, valid_lens, kinds, self.causal, self.js)
+        self.add_sums(layer, values, distances, len(valid_lens) if first_query == 0 else 0)
 
     def add_sums(self, layer: int, values, distances, count: int) -> None:
         """Statistics (H, S) and JS distances (H, H, or None without js) summed over `count` texts."""

@@ -23,7 +23,11 @@ from attnviz.pipeline import (
     build_layers,
     in_berts_place,
     encode_texts,
+    every_layer_in_blocks,
+    iter_layer_blocks,
     iter_layer_weights,
+    memory_budget,
+    run_attention,
     layer_sizes,
     split_runs,
 )
@@ -72,6 +76,7 @@ class HeadsMeasurer:
         self.layers = build_layers(loaded, self.spec)
         self.in_place = in_berts_place(loaded, self.spec)
         self.tokenizer = loaded.tokenizer_for(self.spec.stack)
+        self.num_heads = max(layer.num_heads for layer in self.layers)
 
     def accumulator(self) -> StatisticsAccumulator:
         """An empty accumulator for this model's layers and mask."""
@@ -98,14 +103,29 @@ class HeadsMeasurer:
             else:
                 labels, valid_lens, width = words.labels, words.word_counts, words.rows.shape[1]  # W words
             kinds = key_kind_columns(labels, width).to(device)  # (B, N, K), or (B, W, K) over words
-            for layer, (output, patterns) in enumerate(iter_layer_weights(loaded, encoded, self.layers, spec, self.in_place)):
-                accumulator.add_batch(layer, words.merge(patterns) if words else patterns, valid_lens, kinds)
-                if layer == 0 and first_run is None and first_text is not None and first_text in batch:
-                    first_run = _first_text_run(loaded, batch, first_text, encoded, output, patterns, spec, self.layers[0])
+            if words is None and every_layer_in_blocks(spec, len(batch), self.num_heads, width):
+                first_run = self._measure_in_blocks(batch, encoded, accumulator, valid_lens, kinds, first_run, first_text)
+            else:
+                for layer, (output, patterns) in enumerate(iter_layer_weights(loaded, encoded, self.layers, spec, self.in_place)):
+                    accumulator.add_batch(layer, words.merge(patterns) if words else patterns, valid_lens, kinds)
+                    if layer == 0 and first_run is None and first_text is not None and first_text in batch:
+                        first_run = _first_text_run(loaded, batch, first_text, encoded, output, patterns, spec, self.layers[0])
             notices.update(dict.fromkeys(text_notices(loaded, batch, encoded.queries.ids)))
             notices.update(dict.fromkeys(truncation_notices(batch, encoded.queries.truncations)))
             advance(len(batch))
         return list(notices), first_run
+
+    def _measure_in_blocks(self, batch, encoded, accumulator, valid_lens, kinds, first_run, first_text):
+        """A batch whose maps pass the budget (pipeline.every_layer_in_blocks): every layer a block of queries at a
+        time into accumulator, no (B, H, N, N) map whole. first_text's layer-0 run, when in the batch and not made
+        yet, from a pass of its own up to layer 0 (run_attention: past the large-map size its map is attention.npy's memmap)."""
+        loaded, spec = self.loaded, self.spec
+        blocks = iter_layer_blocks(loaded, encoded, self.layers, spec, memory_budget(spec), self.in_place)
+        for layer, first_query, weights in blocks:  # weights (B, H, b, N)
+            accumulator.add_block(layer, weights, first_query, valid_lens, kinds)
+        if first_run is None and first_text is not None and first_text in batch:
+            first_run = run_attention(loaded, [first_text], replace(spec, layer=0))[0]
+        return first_run
 
 
 def _first_text_run(loaded, batch, text, encoded, output, patterns, spec, layer) -> AttentionRun:

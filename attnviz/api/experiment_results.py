@@ -139,21 +139,34 @@ class _Unlisted:
 
 @dataclass(frozen=True, repr=False)
 class LayersResult:
-    """Every layer's heads for one text, and attention rollout, as `attnviz layers` computes them."""
+    """Every layer's heads for one text, and attention rollout, as `attnviz layers` computes them.
+
+    A text too long for every layer's maps at once (analysis.long_layers): the runs hold no weights,
+    .attention and .rollout are None, maxima holds layers.png's block maxima, notes says why.
+    """
 
     layer_runs: list  # one AttentionRun per layer
-    rollout: np.ndarray  # (N, N)
+    rollout: np.ndarray | None  # (N, N); None for a long text
     spec: RunSpec
     measures: Any = None  # attnviz.analysis.measures.LayersMeasures, with measure= other than "weights"
     summaries: Any = None  # attnviz.analysis.head_summaries.LayerSummaries: every head of every layer summarised
+    maxima: np.ndarray | None = None  # (L, H, P, P): layers.png's block maxima, for a long text
+    notes: list[str] = field(default_factory=list)  # what the command prints as "note: ...": a long text's
 
     @property
     def tokens(self) -> list[str]:
         return self.layer_runs[0].query_tokens
 
+    @property
+    def in_blocks(self) -> bool:
+        """True for a long text, computed a block of queries at a time: no whole map."""
+        return self.layer_runs[0].attention is None
+
     @cached_property
     def attention(self):
-        """(L, H, N, N): each layer's heads, rows summing to 1."""
+        """(L, H, N, N): each layer's heads, rows summing to 1; None for a long text (in_blocks, notes)."""
+        if self.in_blocks:
+            return None
         return tensor(np.stack([run.attention for run in self.layer_runs]))
 
     def figure(self, which: str = "layers"):
@@ -162,6 +175,7 @@ class LayersResult:
         from attnviz.render.stats_figures import layers_figure, rollout_figure
 
         if which == "rollout":
+            self._refuse_long("rollout.png")
             return rollout_figure(self.layer_runs, self.rollout, seed=self.spec.seed)
         if which == "summaries" and self.summaries is not None:
             from attnviz.render.summary_figures import summaries_figure
@@ -169,12 +183,16 @@ class LayersResult:
             return summaries_figure(self.summaries, self.layer_runs[0], seed=self.spec.seed)
         if which != "layers":
             raise AttnvizError(f"unknown figure {which!r}: choose layers, rollout or summaries")
-        return layers_figure(self.layer_runs, seed=self.spec.seed)
+        return layers_figure(self.layer_runs, seed=self.spec.seed, maxima=self.maxima)
+
+    def _refuse_long(self, what: str) -> None:
+        if self.in_blocks:
+            raise AttnvizError(f"no {what} for this text: {self.notes[0] if self.notes else 'its maps were never whole'}")
 
     def save(self, folder: str | Path, format: str = "png") -> list[Path]:
         """Write what `attnviz layers --out folder` writes: layers.<format>, rollout.<format>, rollout.json,
         summaries.<format> and summaries.json (every head summarised), and with measures their figures
-        (norm_layers, value_zeroing_layers, flow.<format>) and measures.json."""
+        (norm_layers, value_zeroing_layers, flow.<format>) and measures.json; for a long text no rollout."""
         return save_run_files(folder, lambda staging: self.write_files(staging, format), format)
 
     def write_files(self, folder: Path, format: str = "png") -> list[Path]:
@@ -182,11 +200,12 @@ class LayersResult:
         from attnviz.output.stats_export import write_rollout_json
         from attnviz.render.stats_figures import write_layers_grid, write_rollout
 
-        written = [
-            write_layers_grid(self.layer_runs, folder, format, seed=self.spec.seed),
-            write_rollout(self.layer_runs, self.rollout, folder, format, seed=self.spec.seed),
-            write_rollout_json(self.layer_runs, self.rollout, self.spec, folder / "rollout.json"),
-        ]
+        written = [write_layers_grid(self.layer_runs, folder, format, seed=self.spec.seed, maxima=self.maxima)]
+        if self.rollout is not None:
+            written += [
+                write_rollout(self.layer_runs, self.rollout, folder, format, seed=self.spec.seed),
+                write_rollout_json(self.layer_runs, self.rollout, self.spec, folder / "rollout.json"),
+            ]
         if self.measures is not None:
             from attnviz.output.stats_export import write_layers_measures_json
             from attnviz.render.measure_figures import write_layers_measure_figures
@@ -205,12 +224,14 @@ class LayersResult:
         """rollout.json's content."""
         from attnviz.output.stats_export import rollout_record
 
+        self._refuse_long("rollout.json")
         return rollout_record(self.layer_runs, self.rollout, self.spec)
 
     def report(self):
         """The interactive report of these layers (layer 0 first), the rollout and the text's statistics (a ReportResult)."""
         from attnviz.html import ReportText
 
+        self._refuse_long("report of every layer (attnviz report --layer L shows one layer of a long text)")
         text = ReportText(
             self.layer_runs[0], self.layer_runs, self.rollout, text_statistics(self.layer_runs, self.spec.causal)
         )
@@ -220,7 +241,12 @@ class LayersResult:
         from attnviz.render.stats_tables import print_rollout
 
         printed = display.Printed(options.max_width)
-        print_rollout(printed, self.layer_runs[0].shown_tokens[0], self.rollout)
+        if self.rollout is not None:
+            print_rollout(printed, self.layer_runs[0].shown_tokens[0], self.rollout)
+        else:
+            from attnviz.render.summary_tables import print_summaries
+
+            print_summaries(printed, self.summaries)
         yield printed.group()
 
     def __rich__(self):
@@ -228,6 +254,12 @@ class LayersResult:
 
     def _repr_html_(self) -> str:
         tokens = self.layer_runs[0].shown_tokens[0]
+        if self.rollout is None:
+            return display.result_html(
+                f"layers · {self.layer_runs[0].model} · {len(self.layer_runs)} layers · {len(tokens)} tokens",
+                display.figure_html(self.figure(), "every layer's heads (block maxima)"),
+                display.figure_html(self.figure("summaries"), "every head summarised"),
+            )
         rows = [
             [f"{query}:{token}", f"{int(self.rollout[query].argmax())}:{tokens[int(self.rollout[query].argmax())]}",
              display.number(float(self.rollout[query].max()))]

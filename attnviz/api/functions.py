@@ -107,7 +107,9 @@ def stats(texts: str | list[str], *, js: bool = True, progress=None, **options):
     maps merged into words, previous and next the words beside. js: also the Jensen-Shannon
     distances between heads (.js_distance and the figure), most of the statistics' work: a log
     for every key of every pair of heads. progress(n), when given, is called after each batch with
-    the number of texts it measured.
+    the number of texts it measured. memory (MB, as in heads): a batch whose maps pass it (one layer's
+    (B, H, N, N) at once), or a text's map past 64 MB, is measured a block of queries at a time, no map
+    whole (analysis.blockwise.block_statistics; the same numbers within 1e-5); over words the maps stay whole.
     """
     from attnviz.api.experiment_results import StatsResult
     from attnviz.analysis.stats_pass import measure_heads
@@ -141,12 +143,15 @@ def layers(text: str, *, measure: str = "weights", band: int = 8, **options):
     "norm", "value-zeroing", "flow" through every layer beside the rollout, or "all". The summaries
     (.summaries, analysis.head_summaries: attention sink, relative entropy, distance, the share within
     the local band |i - j| <= band, the previous token, the most-attended keys) are computed a block of
-    queries at a time, over tokens (also with words=True).
+    queries at a time, over tokens (also with words=True). Past the memory budget (memory, MB: every
+    layer's maps at once, or 64 MB a layer's), every layer runs a block of queries at a time and no map
+    is whole (analysis.long_layers): .attention and .rollout are None, layers.png shows block maxima
+    computed from the blocks, .notes says so; measure and words need the whole maps and are refused there.
     """
-    from attnviz.analysis.head_summaries import summarise_layers
+    from attnviz.analysis.head_summaries import SUMMARY_BLOCK_BYTES, summarise_layers
     from attnviz.analysis.rollout import runs_rollout
     from attnviz.api.experiment_results import LayersResult
-    from attnviz.pipeline import run_layers
+    from attnviz.pipeline import memory_budget, run_layers
 
     options = run_options("layers", options, EVERY_LAYER_OPTIONS)
     (text,) = _texts(text, one=True)
@@ -157,6 +162,9 @@ def layers(text: str, *, measure: str = "weights", band: int = 8, **options):
     refuse_before_loading(options)
     handle = load(options.model, options.device)
     spec = options.run_spec(handle, layer=None)
+    budget = min(SUMMARY_BLOCK_BYTES, memory_budget(spec))  # a block of the summaries' pass
+    if _every_layer_too_long(handle.loaded, text, spec):
+        return _long_layers(handle, text, spec, names, band, budget)
     if names:
         from attnviz.analysis.measures import measure_every_layer
 
@@ -165,8 +173,36 @@ def layers(text: str, *, measure: str = "weights", band: int = 8, **options):
         (layer_runs,) = run_layers(handle.loaded, [text], spec)
         measures = None
     warn_notices(layer_runs[0].notices, handle)  # every layer's run has the text's notes
-    summaries = summarise_layers(handle.loaded, text, spec, window=band)
+    summaries = summarise_layers(handle.loaded, text, spec, budget, window=band)
     return LayersResult(layer_runs, runs_rollout(layer_runs), spec, measures, summaries)
+
+
+def _every_layer_too_long(loaded, text: str, spec) -> bool:
+    """Whether layers' text is too long for every layer's maps at once (pipeline.every_layer_in_blocks)."""
+    from attnviz.pipeline import encode_texts, every_layer_in_blocks, resolve_num_heads
+
+    num_tokens = len(encode_texts(loaded, [text], replace(spec, kv_text=None)).queries.ids[0])
+    num_heads = resolve_num_heads(loaded, spec.num_heads, spec.stack)
+    return every_layer_in_blocks(spec, 1, num_heads, num_tokens, loaded.num_layers_of(spec.stack))
+
+
+def _long_layers(handle: Model, text: str, spec, names: tuple[str, ...], band: int, budget: int):
+    """layers past the budget: one pass of blocks (analysis.long_layers), no whole map, no rollout (a LayersResult that says so)."""
+    from attnviz.analysis.long_layers import layers_in_blocks
+    from attnviz.api.experiment_results import LayersResult
+    from attnviz.render.stats_figures import layers_panel_cells
+
+    if names:
+        raise AttnvizError(
+            f"measure {', '.join(names)} over a text this long: its measures need every layer's whole maps, past the "
+            "memory budget here; leave measure out (weights: summaries and layers.png in blocks) or give a larger --memory"
+        )
+    def panel_cells(run, num_layers: int) -> int:
+        return layers_panel_cells(run, num_layers, spec.seed)
+
+    done = layers_in_blocks(handle.loaded, text, spec, panel_cells, budget, band)
+    warn_notices([*done.layer_runs[0].notices, done.note], handle)
+    return LayersResult(done.layer_runs, None, spec, None, done.summaries, maxima=done.maxima, notes=[done.note])
 
 
 @takes_options(COMPARE_OPTIONS)

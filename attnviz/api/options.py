@@ -90,8 +90,8 @@ class RunOptions:
 
 
 RUN_OPTIONS = tuple(field.name for field in fields(RunOptions))
-# stats, layers: every layer's self-attention (memory: heads, trace and report's one layer, for now)
-EVERY_LAYER_OPTIONS = tuple(name for name in RUN_OPTIONS if name not in ("layer", "kv", "memory"))
+# stats, layers: every layer's self-attention
+EVERY_LAYER_OPTIONS = tuple(name for name in RUN_OPTIONS if name not in ("layer", "kv"))
 
 
 def run_options(function: str, given: dict[str, Any], taken: tuple[str, ...] = RUN_OPTIONS) -> RunOptions:

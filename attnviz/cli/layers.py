@@ -32,6 +32,7 @@ from attnviz.cli.options import (
     ModelOption,
     EveryLayerHeadsOption,
     EveryLayerStackOption,
+    EveryLayerMemoryOption,
     OutOption,
 )
 from attnviz.cli.shared import run_target, write_run
@@ -54,6 +55,7 @@ def layers(
     words: bool = WordsOption,
     measure: Measure = LayersMeasureOption,
     band: int = BandOption,
+    memory: Optional[int] = EveryLayerMemoryOption,
     allow_pickle: bool = AllowPickleOption,
     quiet: bool = QuietOption,
 ) -> None:
@@ -74,10 +76,11 @@ def layers(
     result = functions.layers(text, measure=measure.value, band=band, **replace(options, model=handle).keywords())
 
     first = result.layer_runs[0]
-    terminal.print_notices(errors, first.notices)
+    terminal.print_notices(errors, [*first.notices, *result.notes])
     terminal.print_setup(console, first, handle.source, handle.device_label, len(result.layer_runs), seed=options.seed)
     terminal.print_tokens(console, first)
-    stats_tables.print_rollout(console, first.shown_tokens[0], result.rollout, first.causal and not first.model_causal)
+    if result.rollout is not None:  # None for a long text (result.notes)
+        stats_tables.print_rollout(console, first.shown_tokens[0], result.rollout, first.causal and not first.model_causal)
     if result.measures is not None and result.measures.flow is not None:
         stats_tables.print_rollout(console, first.shown_tokens[0], result.measures.flow.normalised, name="flow")
     summary_tables.print_summaries(console, result.summaries)

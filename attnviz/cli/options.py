@@ -140,6 +140,12 @@ MemoryOption = typer.Option(
     "Past it the weights are computed a block of queries at a time; a map past 64 MB (or past --memory) "
     "goes to attention.npy.",
 )  # fmt: skip
+EveryLayerMemoryOption = typer.Option(
+    None, "--memory", min=1, metavar="MB",
+    help="The most memory a block of attention may take (default: 512 on the CPU, half the GPU's free memory). "
+    "Past it, or when a layer's map passes 64 MB (or --memory), every layer's weights are computed a block of "
+    "queries at a time and no map is held whole.",
+)  # fmt: skip
 FormatOption = typer.Option(ImageFormat.png, "--format", help="Image file format.")
 WeightsOption = typer.Option(
     Weights.pretrained,

@@ -30,6 +30,7 @@ from attnviz.cli.options import (
     ModelOption,
     EveryLayerHeadsOption,
     EveryLayerStackOption,
+    EveryLayerMemoryOption,
     FileOutOption,
 )
 from attnviz.cli.shared import MAX_NOTICES_SHOWN, run_target, text_or_file, write_run
@@ -65,6 +66,7 @@ def stats(
     out: Optional[Path] = FileOutOption,
     truncate: bool = TruncateOption,
     words: bool = WordsOption,
+    memory: Optional[int] = EveryLayerMemoryOption,
     allow_pickle: bool = AllowPickleOption,
     checkpoint: Optional[Path] = typer.Option(
         None,

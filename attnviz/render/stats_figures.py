@@ -53,23 +53,57 @@ TOKEN_LABEL_POINTS = 6.0  # layers.png's token labels: 6-point text ...
 TOKEN_LABEL_SPACING = 9.0  # ... at least 9 points apart, so a panel of 1.1 inches labels 8 tokens
 
 
-def write_layers_grid(layer_runs: list[AttentionRun], out_dir: Path, fmt: str = "png", seed: int | None = None) -> Path:
+def write_layers_grid(
+    layer_runs: list[AttentionRun], out_dir: Path, fmt: str = "png", seed: int | None = None, maxima: np.ndarray | None = None
+) -> Path:
     """Write layers.<fmt>: a row per layer, a column per head, each cell that head's map.
 
     Each panel gets as many cells as it has pixels: a longer text is shown as the maximum of
-    blocks of cells (so a one-hot head stays at 1), and the colour bar says so.
+    blocks of cells (so a one-hot head stays at 1), and the colour bar says so. maxima: those
+    block maxima computed beforehand (layers_figure), for runs whose maps were never whole.
     """
     check_format(fmt)
     name = f"layers.{fmt}"
-    return save_figure(layers_figure(layer_runs, name, seed), out_dir, name)
+    return save_figure(layers_figure(layer_runs, name, seed, maxima), out_dir, name)
 
 
-def layers_figure(layer_runs: list[AttentionRun], name: str = "layers.png", seed: int | None = None):
-    """The Figure of write_layers_grid, laid out and ready to save; name is for the size cap's note."""
-    from matplotlib.cm import ScalarMappable
+def layers_figure(layer_runs: list[AttentionRun], name: str = "layers.png", seed: int | None = None, maxima: np.ndarray | None = None):
+    """The Figure of write_layers_grid, laid out and ready to save; name is for the size cap's note.
 
+    maxima: the panels' block maxima (L, H, P, P), computed block by block of queries where the maps are
+    never whole (analysis.block_maxima, P from layers_panel_cells), in place of the runs' maps.
+    """
     first = layer_runs[0]
     num_layers, num_heads = len(layer_runs), first.num_heads
+    num_tokens = len(first.query_tokens)
+    figure, ax, image, token_axes, colorbar, max_labels, norm = _layers_layout(first, num_layers, name, seed)
+    max_cells = _grid_cells(ax, num_layers, num_heads)
+    if maxima is None:
+        mosaic, panel_size, step = _layers_mosaic(layer_runs, max_cells, norm)
+    else:
+        mosaic, panel_size, step = _maxima_mosaic(maxima, max_cells, norm)
+    image.set_data(mosaic)
+    image.set_extent((-0.5, mosaic.shape[1] - 0.5, mosaic.shape[0] - 0.5, -0.5))
+    _label_layers_grid(ax, num_layers, num_heads, panel_size, step)
+    if token_axes:
+        _label_panel_tokens(token_axes, first, num_layers, num_heads, max_labels, panel_size, step)
+    colorbar.set_label(scale_label("attention weight", norm, math.ceil(num_tokens / panel_size)))
+    return figure
+
+
+def layers_panel_cells(run: AttentionRun, num_layers: int, seed: int | None = None) -> int:
+    """The cells a side of each panel of layers_figure for num_layers layers of run's text (its tokens, heads and
+    setup; no weights needed): the size of block maxima that draw the same picture as the whole maps."""
+    _, ax, *_ = _layers_layout(run, num_layers, None, seed)
+    return min(len(run.query_tokens), _grid_cells(ax, num_layers, run.num_heads))
+
+
+def _layers_layout(first: AttentionRun, num_layers: int, name: str | None, seed: int | None):
+    """layers_figure's figure laid out with an empty image: (figure, ax, image, token axes or None, colorbar,
+    the token labels a panel takes, norm). name None: no size cap's note (layers_panel_cells)."""
+    from matplotlib.cm import ScalarMappable
+
+    num_heads = first.num_heads
     num_tokens = len(first.query_tokens)
     norm = attention_norm(num_tokens)
 
@@ -78,7 +112,8 @@ def layers_figure(layer_runs: list[AttentionRun], name: str = "layers.png", seed
     max_labels = int(panel * 72 / TOKEN_LABEL_SPACING)
     room = room if max_labels >= 2 else 0.0
     panel = min(GRID_PANEL_INCHES, (MAX_GRID_WIDTH_INCHES - 2.0 - room) / num_heads)
-    figure = new_figure(say_capped(name, (num_heads * panel + 2.0 + room, num_layers * panel + 1.4 + room)))
+    size = (num_heads * panel + 2.0 + room, num_layers * panel + 1.4 + room)
+    figure = new_figure(say_capped(name, size) if name is not None else size)
     ax = figure.add_subplot()
     image = ax.imshow(np.full((1, 1, 4), 255, dtype=np.uint8), aspect="auto", interpolation="nearest")
     ax.xaxis.tick_top()
@@ -95,17 +130,13 @@ def layers_figure(layer_runs: list[AttentionRun], name: str = "layers.png", seed
     title = run_title(first, scope, seed=seed, notes=notes, line_chars=chars_across(figure.get_figwidth()))
     figure.suptitle(title, parse_math=False)
     freeze_layout(figure)
+    return figure, ax, image, token_axes, colorbar, max_labels, norm
 
+
+def _grid_cells(ax, num_layers: int, num_heads: int) -> int:
+    """The most cells a panel may have in the laid-out axes."""
     box = ax.get_window_extent()  # pixels
-    max_cells = min(_panel_cells(int(box.width), num_heads), _panel_cells(int(box.height), num_layers))
-    mosaic, panel_size, step = _layers_mosaic(layer_runs, max_cells, norm)
-    image.set_data(mosaic)
-    image.set_extent((-0.5, mosaic.shape[1] - 0.5, mosaic.shape[0] - 0.5, -0.5))
-    _label_layers_grid(ax, num_layers, num_heads, panel_size, step)
-    if token_axes:
-        _label_panel_tokens(token_axes, first, num_layers, num_heads, max_labels, panel_size, step)
-    colorbar.set_label(scale_label("attention weight", norm, math.ceil(num_tokens / panel_size)))
-    return figure
+    return min(_panel_cells(int(box.width), num_heads), _panel_cells(int(box.height), num_layers))
 
 
 def _panel_gap(panel_size: int) -> int:
@@ -220,6 +251,25 @@ def _panel_maximum(weights: np.ndarray, future: np.ndarray | None, cells: int) -
             values = np.maximum.reduceat(values, starts, axis=axis)
     values = values.astype(np.float64)  # (cells, cells), as block_maximum: coloured exactly alike
     return np.ma.masked_invalid(np.where(np.isneginf(values), np.nan, values))
+
+
+def _maxima_mosaic(maxima: np.ndarray, max_cells: int, norm) -> tuple[np.ndarray, int, int]:
+    """_layers_mosaic from block maxima (L, H, P, P), -inf where a block is all future keys.
+
+    P is layers_panel_cells', the panels' own size: then every pixel is the block maximum the whole map
+    gives. Were the panels smaller (another layout), the maxima are pooled again (a block of blocks).
+    """
+    num_layers, num_heads, cells = maxima.shape[:3]
+    panel_size = min(cells, max_cells)
+    gap = _panel_gap(panel_size)
+    step = panel_size + gap
+    mosaic = np.full((num_layers * step - gap, num_heads * step - gap, 4), 255, dtype=np.uint8)
+    for layer in range(num_layers):
+        for head in range(num_heads):
+            weights = _panel_maximum(maxima[layer, head], None, panel_size)
+            top, left = layer * step, head * step
+            mosaic[top : top + panel_size, left : left + panel_size] = attention_colors(weights, norm)
+    return mosaic, panel_size, step
 
 
 def write_rollout(
