@@ -10,6 +10,7 @@ request blocked, it opens on the Zoom view within 1 s and the Summaries view rea
 from __future__ import annotations
 
 import json
+import math
 import re
 
 import numpy as np
@@ -19,7 +20,7 @@ from helpers import make_run
 from attnviz.analysis.head_summaries import SUMMARIES, TOP_KEYS, LayerSummaries
 from attnviz.html import ReportText, report_page, report_record
 from attnviz.html.page import LONG_SCRIPTS, SCRIPTS, page_script, static_text
-from attnviz.html.pyramid import ZOOM_MIN_TOKENS
+from attnviz.html.pyramid import ZOOM_MIN_TOKENS, levels_bytes
 from attnviz.html.record import LONG_TEXT_NOTE, SUMMARIES_LEFT_OUT, decode_weights
 from attnviz.output.summaries_json import summaries_record
 from attnviz.run_data import AttentionRun
@@ -166,6 +167,14 @@ def test_8192_tokens_of_9_heads_and_30_layers_of_summaries_are_a_page_within_25_
     attention, record, path = budget_report
     size = path.stat().st_size
     assert size <= PAGE_BUDGET_BYTES, size
+    # Within the budget however the map compresses: the zoom's codes stored raw (zlib's worst case, a few bytes more),
+    # in base64's 4 characters per 3 bytes, in place of what they take here.
+    zoom = record["texts"][0]["zoom"]
+    compressed = sum(zoom["bytes"].values())
+    raw_codes = levels_bytes(BUDGET_HEADS, BUDGET_TOKENS, BUDGET_TOKENS, [entry["level"] for entry in zoom["levels"]])
+    raw_codes += 2 * BUDGET_HEADS * len(zoom["exact_rows"]) * BUDGET_TOKENS
+    worst = size - compressed + math.ceil(raw_codes * 1.001 / 3) * 4
+    assert worst <= PAGE_BUDGET_BYTES, worst
     (text,) = page_record(path.read_text(encoding="utf-8"))["texts"]
     assert text["attention"] is None and text["layers"] is None
     assert np.array(text["summaries"]["summaries"]["relative_entropy"]).shape == (BUDGET_LAYERS, BUDGET_HEADS)
@@ -233,21 +242,28 @@ def test_a_long_report_opens_on_the_zoom_view_and_its_summaries_read_out_the_rec
 # --- end to end: attnviz heads on a tiny Llama, its map on disk ------------------------------------------------------
 
 
-@pytest.mark.slow
-def test_heads_writes_report_html_of_a_long_text_whose_zoom_is_the_maps_block_maxima(tmp_path):
+LLAMA_TEXT = " ".join(["The cat sat on the mat because it was tired."] * 60)  # about 600 tokens of the tiny BPE
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory):
     import transformers
     from tiny_families import _DECODER, bpe_tokenizer, save_checkpoint
 
+    folder = tmp_path_factory.mktemp("llama") / "llama"
+    config = transformers.LlamaConfig(num_key_value_heads=2, **{**_DECODER, "max_position_embeddings": 1024})
+    save_checkpoint(config, transformers.LlamaModel, bpe_tokenizer(bos=True), folder)
+    return folder
+
+
+@pytest.mark.slow
+def test_heads_writes_report_html_of_a_long_text_whose_zoom_is_the_maps_block_maxima(tiny_llama, tmp_path):
     from attnviz.cli import run as run_cli
     from attnviz.html.pyramid import zoom_record
     from attnviz.html.record import encode_zoom
 
-    folder = tmp_path / "llama"
-    config = transformers.LlamaConfig(num_key_value_heads=2, **{**_DECODER, "max_position_embeddings": 1024})
-    save_checkpoint(config, transformers.LlamaModel, bpe_tokenizer(bos=True), folder)
-    text = " ".join(["The cat sat on the mat because it was tired."] * 60)
     out = tmp_path / "run"
-    argv = ["heads", text, "--model", str(folder), "--layer", "1", "--memory", "1", "--figures", "none", "--truncate", "--out", str(out)]
+    argv = ["heads", LLAMA_TEXT, "--model", str(tiny_llama), "--layer", "1", "--memory", "1", "--figures", "none", "--out", str(out)]
     assert run_cli(argv) == 0
     stored = np.load(out / "attention.npy", mmap_mode="r")  # the map went to disk: --memory 1
     assert stored.shape[1] > ZOOM_MIN_TOKENS
@@ -266,3 +282,24 @@ def test_heads_writes_report_html_of_a_long_text_whose_zoom_is_the_maps_block_ma
     assert (summaries["num_layers"], summaries["num_heads"], summaries["num_tokens"]) == (2, 6, stored.shape[1])
     rows = np.asarray(stored[:, :, 0], dtype=np.float64).mean(axis=1)  # layer 1's sink share of each head, from the map
     np.testing.assert_allclose(summaries["summaries"]["sink"][1], rows, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_report_of_a_long_text_on_the_command_line_and_in_python_holds_no_whole_map(tiny_llama, tmp_path, capsys):
+    import attnviz
+    from attnviz.cli import run as run_cli
+    from attnviz.errors import AttnvizError
+
+    out = tmp_path / "report"
+    assert run_cli(["report", LLAMA_TEXT, "--model", str(tiny_llama), "--out", str(out)]) == 0
+    assert "every layer's heads summarised (2 × 6 heads)" in capsys.readouterr().out
+    (from_cli,) = page_record((out / "report.html").read_text(encoding="utf-8"))["texts"]
+    result = attnviz.report(LLAMA_TEXT, model=str(tiny_llama))
+    (text,) = result.record["texts"]
+    assert text["attention"] is None and text["layers"] is None and text["statistics"] is None and text["trace"] is None
+    assert text["summaries"] == from_cli["summaries"] and text["zoom"] == json.loads(json.dumps(from_cli["zoom"]))
+    # The summaries are attnviz.layers' own (summaries.json), as the other layer of attnviz computes them.
+    layers = attnviz.layers(LLAMA_TEXT, model=str(tiny_llama))
+    np.testing.assert_allclose(text["summaries"]["summaries"]["relative_entropy"], layers.summaries.values["relative_entropy"], atol=1e-6)
+    with pytest.raises(AttnvizError, match="has a report of its own"):
+        attnviz.report(["The cat sat.", LLAMA_TEXT], model=str(tiny_llama))

@@ -10,7 +10,7 @@ zlib-compressed and base64-encoded (ENCODED in docs/formats.md, "report.html"):
   the 256 levels of the log colour scale from LOG_MIN to 1 that long maps use; the page marks
   their read-outs as approximate (≈).
 
-A long text (past pyramid.ZOOM_MIN_TOKENS queries or keys: is_long) holds no whole map: its "attention"
+A long text (past pyramid.ZOOM_MIN_TOKENS queries or keys, or whose map is on disk: is_long) holds no whole map: its "attention"
 and "layers" are null, the zoom view's pyramid ("zoom") shows the run's layer, and "summaries" (the
 summaries.json object of every layer's heads, without what the record already holds) replaces the
 maps of every layer; it has no rollout, statistics or trace (report_record's LONG_TEXT_NOTE says why).
@@ -47,7 +47,7 @@ WEIGHTS_ROUNDING = (
     "(0.001 to 1), and their read-outs are marked ≈."
 )
 LONG_TEXT_NOTE = (
-    f"Past {ZOOM_MIN_TOKENS} tokens the report holds no whole map: the Zoom view shows the layer's map, the Summaries "
+    f"Past {ZOOM_MIN_TOKENS} tokens (or a map held on disk) the report holds no whole map: the Zoom view shows the layer's map, the Summaries "
     "view every head of every layer; the head, heatmap and model views, the statistics, the rollout and the trace, "
     "which need whole maps, are left out."
 )
@@ -69,8 +69,9 @@ class ReportText:
 
 
 def is_long(run: AttentionRun) -> bool:
-    """A text whose report holds no whole map, only the zoom view's pyramid and every layer's summaries."""
-    return needs_zoom(*run.attention.shape[1:])
+    """A text whose report holds no whole map, only the zoom view's pyramid and every layer's summaries: past
+    ZOOM_MIN_TOKENS, or its map on disk (past 64 MB, or --memory: the run was asked not to hold whole maps)."""
+    return needs_zoom(*run.attention.shape[1:]) or run.map_on_disk
 
 
 def encode_exact(weights: np.ndarray) -> dict:
