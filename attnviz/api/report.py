@@ -138,6 +138,18 @@ def long_summaries(loaded, text: str, spec: RunSpec, notes: dict):
     return summarise_layers(loaded, text, replace(spec, layer=None), budget)
 
 
+def every_layer(loaded, text: str, spec: RunSpec) -> tuple:
+    """Every layer's run of the text (attnviz.layers'), the rollout and the text's statistics; Nones for cross-attention."""
+    from attnviz.analysis.rollout import runs_rollout
+    from attnviz.pipeline import run_layers
+
+    if spec.cross_attention:  # every layer is self-attention: attnviz.layers refuses cross
+        return None, None, None
+    (layer_runs,) = run_layers(loaded, [text], replace(spec, layer=None))
+    rollout = runs_rollout(layer_runs)
+    return layer_runs, rollout, text_statistics(layer_runs, spec.causal)
+
+
 def traces(loaded, text: str, spec: RunSpec, notes: dict) -> tuple:
     """The trace of every layout the layer can do (as trace --layout all), and a trace per reshape mistake.
 

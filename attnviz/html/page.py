@@ -74,7 +74,8 @@ def content_security_policy(script: str) -> str:
 
 def report_page(record: dict) -> str:
     """The report's HTML file (docs/formats.md, "report.html") for a record of html.record.report_record."""
-    script = page_script(long=any(text.get("zoom") is not None for text in record.get("texts", ())))
+    texts = record.get("texts", ())
+    script = page_script(long=any(isinstance(text, dict) and text.get("zoom") is not None for text in texts))
     first_text = record["texts"][0]["text"] if record.get("texts") else ""
     data = record_json(record)
     styles = [font_face(shown_characters(data, script)), *(static_text(name) for name in STYLES if name in _static_names())]
