@@ -303,3 +303,15 @@ def test_report_of_a_long_text_on_the_command_line_and_in_python_holds_no_whole_
     np.testing.assert_allclose(text["summaries"]["summaries"]["relative_entropy"], layers.summaries.values["relative_entropy"], atol=1e-6)
     with pytest.raises(AttnvizError, match="has a report of its own"):
         attnviz.report(["The cat sat.", LLAMA_TEXT], model=str(tiny_llama))
+
+
+def test_a_map_on_disk_is_read_by_file_reads_into_the_same_zoom(tmp_path):
+    from attnviz.html.pyramid import zoom_record
+    from attnviz.html.record import FileRows, encode_zoom
+
+    mapped = causal_softmax_npy(tmp_path / "attention.npy", 3, 700, rows=128, seed=2)
+    reader = FileRows.of(mapped)
+    assert isinstance(reader, FileRows) and not isinstance(FileRows.of(np.asarray(mapped)), FileRows)
+    np.testing.assert_array_equal(reader[2][650:700], mapped[2, 650:700])
+    np.testing.assert_array_equal(reader[1][5:5], np.zeros((0, 700), dtype=np.float32))
+    assert encode_zoom(zoom_record(reader, True, band_values=20_000)) == encode_zoom(zoom_record(np.array(mapped), True, band_values=20_000))

@@ -137,7 +137,7 @@ def text_record(text: ReportText, spec: RunSpec) -> dict:
     record["shown_query_tokens"], record["shown_key_tokens"] = run.shown_tokens  # the page's labels (models/shown.py)
     if is_long(run):  # a long map: its pyramid for the zoom view (html/pyramid.py), never the map itself
         record["attention"] = None
-        record["zoom"] = encode_zoom(zoom_record(run.attention, run.causal))
+        record["zoom"] = encode_zoom(zoom_record(FileRows.of(run.attention), run.causal))
     else:
         record["attention"] = encode_exact(run.attention)
     record["title"] = run_title(run, [f"layer {run.layer}"], seed=spec.seed if run.weights == "random" else None, fonts=False).split("\n")
@@ -156,6 +156,38 @@ def text_record(text: ReportText, spec: RunSpec) -> dict:
     if is_long(run):
         record["summaries"] = summaries_of(text.summaries, spec)
     return record
+
+
+class FileRows:
+    """A map on disk (a C-ordered np.memmap (H, Nq, Nk) of a .npy) read by plain file reads: fileRows[head][r0:r1] is
+    (r1 - r0, Nk), read anew. Through the memmap the pages read would count in the process's resident memory (2.4 GB
+    for SmolLM2's 9 heads at 8,192 tokens) until the kernel reclaims them; read this way they are the page cache's."""
+
+    def __init__(self, mapped: np.memmap):
+        self.mapped, self.shape = mapped, mapped.shape  # the memmap kept: its file goes when it does (run_data.MapFile)
+
+    @staticmethod
+    def of(attention):
+        """attention itself unless it is a memmap of a file (a run's map on disk)."""
+        return FileRows(attention) if isinstance(attention, np.memmap) and attention.filename else attention
+
+    def __getitem__(self, head: int) -> "_HeadRows":
+        return _HeadRows(self.mapped, head)
+
+
+class _HeadRows:
+    def __init__(self, mapped: np.memmap, head: int):
+        self.mapped, self.head, self.shape = mapped, head, mapped.shape[1:]
+
+    def __getitem__(self, rows: slice) -> np.ndarray:
+        start, stop, step = rows.indices(self.shape[0])
+        if step != 1:
+            raise ValueError("rows are read as one contiguous slice")
+        num_queries, num_keys = self.shape
+        itemsize = self.mapped.dtype.itemsize
+        offset = self.mapped.offset + itemsize * num_keys * (self.head * num_queries + start)
+        count = max(0, stop - start) * num_keys
+        return np.fromfile(self.mapped.filename, dtype=self.mapped.dtype, count=count, offset=offset).reshape(-1, num_keys)
 
 
 def summaries_of(summaries, spec: RunSpec) -> dict | None:
