@@ -36,7 +36,8 @@ def report(text_or_texts: str | list[str], **options) -> ReportResult:
     options are attnviz.heads' (RunOptions' fields). Self-attention adds every layer, the rollout
     and each text's statistics; cross-attention (kv, or stack="cross") shows the run's layer and its
     trace only. words: the maps over words, as attnviz.heads(words=True) shows them (the traces stay
-    over tokens).
+    over tokens). A long text (past 512 tokens, or its map on disk) has a report of its own: its layer's
+    map zoomable and every head of every layer summarised, no whole map (the module's docstring).
     """
     from attnviz.output.batch import run_in_batches
 
@@ -73,7 +74,8 @@ def texts_that_fit(loaded, texts: list[str], spec: RunSpec) -> tuple[int, int]:
 
     counts = [min(len(ids), loaded.max_positions) for ids in loaded.tokenizer.encode_batch(texts)]  # --truncate's cut
     long = [count > ZOOM_MIN_TOKENS for count in counts]
-    sizes = [0 if spec.cross_attention or is_long else loaded.num_layers_of(spec.stack) * spec.num_heads * count**2 for count, is_long in zip(counts, long)]
+    per_weight = 0 if spec.cross_attention else loaded.num_layers_of(spec.stack) * spec.num_heads
+    sizes = [0 if is_long else per_weight * count**2 for count, is_long in zip(counts, long)]
     fit = 1
     while fit < min(len(texts), MAX_REPORT_TEXTS) and not (long[0] or long[fit]) and sum(sizes[: fit + 1]) <= MAX_REPORT_WEIGHTS:
         fit += 1

@@ -112,7 +112,9 @@
     section.appendChild(AV.el("h2", {}, "Summaries"));
     const summaries = text.summaries;
     if (!summaries) {
-      const why = text.zoom ? "This report holds no summaries of every layer for this text (cross-attention has one layer only)." : "This text is short: the model view and the statistics show every layer's maps.";
+      const why = text.zoom
+        ? "This report holds no summaries of every layer for this text (cross-attention has one layer only)."
+        : "This text is short: the model view and the statistics show every layer's maps.";
       section.appendChild(AV.el("p", { class: "note", id: "summaries-missing" }, why));
       return;
     }
