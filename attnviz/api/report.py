@@ -4,6 +4,11 @@ The report is a face over the stages' own numbers: per text the run's layer (as 
 runs it), for self-attention every layer (attnviz.layers) with the rollout and the text's own
 statistics (attnviz.stats on that text alone), and the shape trace of every layout with each
 reshape mistake (attnviz.trace). attnviz.html turns them into the record and the page.
+
+A long text (past html/pyramid.py's ZOOM_MIN_TOKENS) gets no whole map of any layer: the run's layer
+(a memory map of attention.npy past its size) goes to the zoom view's pyramid, and every layer's heads
+are summarised block by block (analysis/head_summaries.py); no rollout, statistics or trace, which need
+whole maps (html/record.py's LONG_TEXT_NOTE). Such a text has a report of its own.
 """
 
 from __future__ import annotations
@@ -31,7 +36,8 @@ def report(text_or_texts: str | list[str], **options) -> ReportResult:
     options are attnviz.heads' (RunOptions' fields). Self-attention adds every layer, the rollout
     and each text's statistics; cross-attention (kv, or stack="cross") shows the run's layer and its
     trace only. words: the maps over words, as attnviz.heads(words=True) shows them (the traces stay
-    over tokens).
+    over tokens). A long text (past 512 tokens, or its map on disk) has a report of its own: its layer's
+    map zoomable and every head of every layer summarised, no whole map (the module's docstring).
     """
     from attnviz.output.batch import run_in_batches
 
@@ -61,19 +67,33 @@ def texts_that_fit(loaded, texts: list[str], spec: RunSpec) -> tuple[int, int]:
     """How many of the texts, from the first, one report holds, and the weights of all their every-layer maps.
 
     At most MAX_REPORT_TEXTS texts, whose maps of every layer (self-attention only: cross-attention
-    has none) hold at most MAX_REPORT_WEIGHTS weights in all; the first text always fits.
+    has none) hold at most MAX_REPORT_WEIGHTS weights in all; the first text always fits. A long text
+    (past ZOOM_MIN_TOKENS tokens: its zoomable map and summaries, up to 25 MB of page) has a report of its own.
     """
+    from attnviz.html.pyramid import ZOOM_MIN_TOKENS
+
     counts = [min(len(ids), loaded.max_positions) for ids in loaded.tokenizer.encode_batch(texts)]  # --truncate's cut
-    sizes = [0 if spec.cross_attention else loaded.num_layers_of(spec.stack) * spec.num_heads * count**2 for count in counts]
+    long = [count > ZOOM_MIN_TOKENS for count in counts]
+    per_weight = 0 if spec.cross_attention else loaded.num_layers_of(spec.stack) * spec.num_heads
+    sizes = [0 if is_long else per_weight * count**2 for count, is_long in zip(counts, long)]
     fit = 1
-    while fit < min(len(texts), MAX_REPORT_TEXTS) and sum(sizes[: fit + 1]) <= MAX_REPORT_WEIGHTS:
+    while fit < min(len(texts), MAX_REPORT_TEXTS) and not (long[0] or long[fit]) and sum(sizes[: fit + 1]) <= MAX_REPORT_WEIGHTS:
         fit += 1
     return fit, sum(sizes)
 
 
 def check_report_size(loaded, texts: list[str], spec: RunSpec) -> None:
     """Refuse texts whose every-layer maps are more than one report holds, before any work."""
+    from attnviz.html.pyramid import ZOOM_MIN_TOKENS
+
     fit, weights = texts_that_fit(loaded, texts, spec)
+    counts = [min(len(ids), loaded.max_positions) for ids in loaded.tokenizer.encode_batch(texts)]
+    if fit < len(texts) and any(count > ZOOM_MIN_TOKENS for count in counts):
+        raise AttnvizError(
+            f"a text of more than {ZOOM_MIN_TOKENS} tokens has a report of its own (its zoomable map and the summaries "
+            f"of every layer), and of these {len(texts)} texts {sum(count > ZOOM_MIN_TOKENS for count in counts)} are: "
+            "give it alone"
+        )
     if fit < len(texts):
         raise AttnvizError(
             f"these {len(texts)} texts are more than one report holds: their maps of every layer have "
@@ -94,14 +114,30 @@ def report_of_runs(loaded, runs: list, spec: RunSpec, notes: list[str] = ()) -> 
 def report_texts(loaded, runs: list, spec: RunSpec) -> tuple[list, list[str]]:
     """Each run's ReportText (attnviz.html.record), and the notes of what was left out, once each."""
     from attnviz.html import ReportText
+    from attnviz.html.record import is_long
 
     notes: dict[str, None] = {}
     texts = []
     for run in runs:
+        if is_long(run):  # no whole map of any layer: the summaries of every layer instead
+            texts.append(ReportText(run, summaries=long_summaries(loaded, run.text, spec, notes)))
+            continue
         layer_runs, rollout, statistics = every_layer(loaded, run.text, spec)
         trace, mistakes = traces(loaded, run.text, spec, notes)
         texts.append(ReportText(run, layer_runs, rollout, statistics, trace, mistakes))
     return texts, list(notes)
+
+
+def long_summaries(loaded, text: str, spec: RunSpec, notes: dict):
+    """A long text's every head of every layer summarised (as attnviz layers' summaries.json), block by block within
+    --memory (else head_summaries' own budget); None for cross-attention, with its reason added to notes."""
+    from attnviz.analysis.head_summaries import SUMMARY_BLOCK_BYTES, summarise_layers
+
+    if spec.cross_attention:
+        notes["no summaries of every layer for cross-attention: they run every layer as self-attention on the text's own tokens"] = None
+        return None
+    budget = spec.memory * 2**20 if spec.memory is not None else SUMMARY_BLOCK_BYTES
+    return summarise_layers(loaded, text, replace(spec, layer=None), budget)
 
 
 def every_layer(loaded, text: str, spec: RunSpec) -> tuple:

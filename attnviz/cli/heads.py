@@ -127,10 +127,7 @@ def heads(
 
     run = result.run
     checked_window = result.window(window, "--window") if window is not None else None  # before anything is written
-    notices = run.notices
-    if run.map_on_disk and not no_html:
-        notices = [*notices, "report.html is not written for a map this long (attention.npy holds it); its zoomable map is to come"]
-    terminal.print_notices(errors, notices)
+    terminal.print_notices(errors, run.notices)
     terminal.print_setup(console, run, handle.source, handle.device_label, seed=options.seed)
     terminal.print_tokens(console, run)
     if head is None:
@@ -150,7 +147,7 @@ def heads(
         # The figure worker (attnviz/startup.py) writes the result's files while this process computes the report.
         figure_options = (image_format.value, images["figures"], head, checked_window)
         with startup.drawn(result.write_files, staging, *figure_options) as drawing:
-            report = report_of_runs(handle.loaded, [run], result.spec).write_files(staging) if not (no_html or run.map_on_disk) else []
+            report = report_of_runs(handle.loaded, [run], result.spec).write_files(staging) if not no_html else []
             written = drawing.wait()
         written += traced.write_files(staging, image_format.value) if traced is not None else []
         return written + report

@@ -111,6 +111,10 @@ def report_summary(record: dict, size: int) -> str:
         what += f" in {sum(len(text['query_tokens']) for text in texts)} words"
     if first["layers"] is not None:
         layers = f"layer {first['layer']} and every layer ({record['num_layers']} × {record['num_heads']} heads)"
+    elif first.get("summaries") is not None:  # a long text (html/record.py): no whole map, every head summarised
+        layers = f"layer {first['layer']} zoomable, every layer's heads summarised ({record['num_layers']} × {record['num_heads']} heads)"
+    elif first.get("zoom") is not None:
+        layers = f"layer {first['layer']} zoomable, {record['num_heads']} heads"
     else:
         layers = f"layer {first['layer']}, {record['num_heads']} heads (cross-attention: this layer only)"
     return f"report.html: {what}; {first['model']} {layers}; {file_size(size)}; open it in a browser, no network needed"

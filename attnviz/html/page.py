@@ -34,6 +34,10 @@ SCRIPTS = (
     "zoom_view.js",
     "main.js",
 )
+# A report of a long text (html/record.py is_long: a "zoom", no whole map) adds these before main.js: the
+# Summaries view, and long_text.js, which shows the Zoom view first and leaves out the views that need whole maps.
+# A short report's page is what it was, byte for byte.
+LONG_SCRIPTS = ("summaries_view.js", "long_text.js")
 STYLES = ("report.css",)
 TEMPLATE = "report.html"
 TITLE_CHARS = 60
@@ -48,10 +52,11 @@ def _static_names() -> set[str]:
     return {entry.name for entry in resources.files("attnviz.html").joinpath("static").iterdir()}
 
 
-def page_script() -> str:
-    """The scripts, joined in SCRIPTS' order (each file keeps its names to itself)."""
+def page_script(long: bool = False) -> str:
+    """The scripts, joined in SCRIPTS' order (each file keeps its names to itself); long: LONG_SCRIPTS before main.js."""
     present = _static_names()
-    script = "\n".join(f"// ---- {name} ----\n{static_text(name)}" for name in SCRIPTS if name in present)
+    names = [*SCRIPTS[:-1], *LONG_SCRIPTS, SCRIPTS[-1]] if long else SCRIPTS
+    script = "\n".join(f"// ---- {name} ----\n{static_text(name)}" for name in names if name in present)
     if "</script" in script.lower() or "<!--" in script:
         raise ValueError("a report script holds '</script' or '<!--', which the HTML parser reads inside a script")
     return script
@@ -69,7 +74,8 @@ def content_security_policy(script: str) -> str:
 
 def report_page(record: dict) -> str:
     """The report's HTML file (docs/formats.md, "report.html") for a record of html.record.report_record."""
-    script = page_script()
+    texts = record.get("texts", ())
+    script = page_script(long=any(isinstance(text, dict) and text.get("zoom") is not None for text in texts))
     first_text = record["texts"][0]["text"] if record.get("texts") else ""
     data = record_json(record)
     styles = [font_face(shown_characters(data, script)), *(static_text(name) for name in STYLES if name in _static_names())]

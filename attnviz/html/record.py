@@ -9,6 +9,11 @@ zlib-compressed and base64-encoded (ENCODED in docs/formats.md, "report.html"):
 - quantised: past MAX_EXACT_VALUES weights, the other layers' maps are drawn from uint8 codes,
   the 256 levels of the log colour scale from LOG_MIN to 1 that long maps use; the page marks
   their read-outs as approximate (≈).
+
+A long text (past pyramid.ZOOM_MIN_TOKENS queries or keys, or whose map is on disk: is_long) holds no whole map: its "attention"
+and "layers" are null, the zoom view's pyramid ("zoom") shows the run's layer, and "summaries" (the
+summaries.json object of every layer's heads, without what the record already holds) replaces the
+maps of every layer; it has no rollout, statistics or trace (report_record's LONG_TEXT_NOTE says why).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from attnviz.html.pyramid import needs_zoom, zoom_record
+from attnviz.html.pyramid import ZOOM_MIN_TOKENS, needs_zoom, zoom_record
 from attnviz.output.export import attention_record
 from attnviz.output.stats_export import stats_record
 from attnviz.output.trace_files import trace_record
@@ -41,6 +46,13 @@ WEIGHTS_ROUNDING = (
     "for long texts the maps of every layer are drawn from 256 levels of the log colour scale "
     "(0.001 to 1), and their read-outs are marked ≈."
 )
+LONG_TEXT_NOTE = (
+    f"Past {ZOOM_MIN_TOKENS} tokens (or a map held on disk) the report holds no whole map: the Zoom view shows the layer's map, the Summaries "
+    "view every head of every layer; the head, heatmap and model views, the statistics, the rollout and the trace, "
+    "which need whole maps, are left out."
+)
+# summaries.json's fields that a text's record already holds, or that it does not need (8,192 tokens twice).
+SUMMARIES_LEFT_OUT = ("format", "version", "settings", "text", "model", "tokens", "shown_tokens")
 
 
 @dataclass(frozen=True)
@@ -53,6 +65,13 @@ class ReportText:
     statistics: object | None = None  # analysis.statistics.ModelStatistics of this text alone
     trace: object | None = None  # tracing.TraceResult of every layout the layer allows
     mistakes: list = field(default_factory=list)  # tracing.TraceResult of each --mistake run
+    summaries: object | None = None  # analysis.head_summaries.LayerSummaries of every layer: a long text's (is_long)
+
+
+def is_long(run: AttentionRun) -> bool:
+    """A text whose report holds no whole map, only the zoom view's pyramid and every layer's summaries: past
+    ZOOM_MIN_TOKENS, or its map on disk (past 64 MB, or --memory: the run was asked not to hold whole maps)."""
+    return needs_zoom(*run.attention.shape[1:]) or run.map_on_disk
 
 
 def encode_exact(weights: np.ndarray) -> dict:
@@ -116,10 +135,11 @@ def text_record(text: ReportText, spec: RunSpec) -> dict:
         record["shown_query_pieces"], record["shown_key_pieces"] = record["shown_query_tokens"], record["shown_key_tokens"]
         record["query_tokens"], record["key_tokens"] = record["query_words_shown"], record["key_words_shown"]
     record["shown_query_tokens"], record["shown_key_tokens"] = run.shown_tokens  # the page's labels (models/shown.py)
-    record["attention"] = encode_exact(run.attention)
-    num_queries, num_keys = run.attention.shape[1:]
-    if needs_zoom(num_queries, num_keys):  # a long map: its pyramid for the zoom view (html/pyramid.py); short records unchanged
-        record["zoom"] = encode_zoom(zoom_record(run.attention, run.causal))
+    if is_long(run):  # a long map: its pyramid for the zoom view (html/pyramid.py), never the map itself
+        record["attention"] = None
+        record["zoom"] = encode_zoom(zoom_record(FileRows.of(run.attention), run.causal))
+    else:
+        record["attention"] = encode_exact(run.attention)
     record["title"] = run_title(run, [f"layer {run.layer}"], seed=spec.seed if run.weights == "random" else None, fonts=False).split("\n")
     every_layer = replace(spec, layer=None, js=True)  # stats.json's settings: one text's statistics, its JS distances measured
     layers = None
@@ -133,7 +153,51 @@ def text_record(text: ReportText, spec: RunSpec) -> dict:
     )
     record["trace"] = trace_record(text.trace, spec) if text.trace is not None else None
     record["mistakes"] = [trace_record(mistaken, spec) for mistaken in text.mistakes]
+    if is_long(run):
+        record["summaries"] = summaries_of(text.summaries, spec)
     return record
+
+
+class FileRows:
+    """A map on disk (a C-ordered np.memmap (H, Nq, Nk) of a .npy) read by plain file reads: fileRows[head][r0:r1] is
+    (r1 - r0, Nk), read anew. Through the memmap the pages read would count in the process's resident memory (2.4 GB
+    for SmolLM2's 9 heads at 8,192 tokens) until the kernel reclaims them; read this way they are the page cache's."""
+
+    def __init__(self, mapped: np.memmap):
+        self.mapped, self.shape = mapped, mapped.shape  # the memmap kept: its file goes when it does (run_data.MapFile)
+
+    @staticmethod
+    def of(attention):
+        """attention itself unless it is a memmap of a file (a run's map on disk)."""
+        return FileRows(attention) if isinstance(attention, np.memmap) and attention.filename else attention
+
+    def __getitem__(self, head: int) -> "_HeadRows":
+        return _HeadRows(self.mapped, head)
+
+
+class _HeadRows:
+    def __init__(self, mapped: np.memmap, head: int):
+        self.mapped, self.head, self.shape = mapped, head, mapped.shape[1:]
+
+    def __getitem__(self, rows: slice) -> np.ndarray:
+        start, stop, step = rows.indices(self.shape[0])
+        if step != 1:
+            raise ValueError("rows are read as one contiguous slice")
+        num_queries, num_keys = self.shape
+        itemsize = self.mapped.dtype.itemsize
+        offset = self.mapped.offset + itemsize * num_keys * (self.head * num_queries + start)
+        count = max(0, stop - start) * num_keys
+        return np.fromfile(self.mapped.filename, dtype=self.mapped.dtype, count=count, offset=offset).reshape(-1, num_keys)
+
+
+def summaries_of(summaries, spec: RunSpec) -> dict | None:
+    """A long text's summaries of every layer: summaries.json's object but what the record holds already (SUMMARIES_LEFT_OUT)."""
+    if summaries is None:
+        return None
+    from attnviz.output.summaries_json import summaries_record
+
+    full = summaries_record(summaries, replace(spec, layer=None))
+    return {name: value for name, value in full.items() if name not in SUMMARIES_LEFT_OUT}
 
 
 def report_record(texts: list[ReportText], spec: RunSpec, *, kind: str, num_layers: int, notes: list[str] = ()) -> dict:
@@ -143,6 +207,8 @@ def report_record(texts: list[ReportText], spec: RunSpec, *, kind: str, num_laye
     the stack shown); notes: what the run printed as notes, in order, without repeats.
     """
     first = texts[0].run
+    if any(is_long(text.run) for text in texts):
+        notes = [*notes, LONG_TEXT_NOTE]
     return {
         "format": "attnviz-report",
         "version": FORMAT_VERSION,
