@@ -113,7 +113,7 @@ def block_statistics(attention, first_query: int, valid_lens, kinds, causal: boo
     """
     import torch
 
-    from attnviz.analysis.statistics import KEY_KINDS, STATISTICS
+    from attnviz.analysis.statistic_names import KEY_KINDS, STATISTICS
 
     # (B, H, b, N): float32 keeps the sums within 1e-6 of float64, at half the cost; float64 stays float64
     # (stats --words): the JS distance of two near-identical rows, the root of a divergence near 0, can be 1e-4 off in float32.
@@ -174,7 +174,7 @@ def _batch_js_distance(pair_slogs, plogp, row_sums, query_weights):
     """
     import torch
 
-    from attnviz.analysis.statistics import LN2
+    from attnviz.analysis.statistic_names import LN2
 
     num_heads = plogp.shape[1]
     first, second = torch.triu_indices(num_heads, num_heads, 1, device=plogp.device)  # (P,) each

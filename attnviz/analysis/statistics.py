@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from attnviz.analysis.accumulate import MergeableSums, as_float64
+from attnviz.analysis.statistic_names import KEY_KINDS, LN2, STATISTICS
 
 
 @dataclass
@@ -71,20 +72,6 @@ def summarize_heads(attention: np.ndarray, causal: bool = False) -> list[HeadSum
 
 # ---- statistics of every head of a model, across layers and texts (`attnviz stats`) ------------
 
-# The statistics of one head over one text, in this order in arrays, stats.csv and stats.json.
-# A "share" is the mean over queries of the total weight on keys of a kind.
-STATISTICS = (
-    "entropy",  # mean row entropy, nats
-    "relative_entropy",  # mean over queries of entropy / log(keys the query may see): 1 is uniform
-    "mean_max",  # mean of the row maxima
-    "cls",  # share on [CLS]
-    "sep",  # share on [SEP]
-    "punctuation",  # share on tokens made only of punctuation characters
-    "same",  # share on the query's own token (the diagonal)
-    "previous",  # share on key i-1 for query i, over the queries that have one
-    "next",  # share on key i+1 for query i, over the queries that have one
-    "distance",  # mean over queries of sum_j A_ij |i - j|, in tokens
-)
 # Over words (stats --words: maps merged by Clark et al.'s rule, measure.WordBatch), the same definitions
 # with words for tokens: previous and next are the words beside, distance counts words.
 
@@ -105,7 +92,6 @@ BROAD_THRESHOLD = 0.9
 LABELS = (*SHARE_LABELS.values(), BROAD_LABEL)
 
 JS_CELLS_AT_ONCE = 2**22  # js_distance works on this many (pair, query, key) cells at a time
-LN2 = float(np.log(2))  # nats per bit
 
 # Where attnviz's `stats` defines a statistic otherwise than Clark et al. 2019 ("What Does BERT
 # Look At?"), in the words that --help, docs/measures.md and stats.json use.
@@ -153,7 +139,6 @@ def run_causal_note(run, every_layer: bool = False) -> str | None:
 
 CLS_TOKEN = "[CLS]"
 SEP_TOKEN = "[SEP]"
-KEY_KINDS = ("cls", "sep", "punctuation")  # the statistics that are shares on a kind of key
 
 
 # The marks of a space before a word: byte-level BPE's (GPT-2, Llama 3, Qwen) and SentencePiece's (T5, Llama 2).
