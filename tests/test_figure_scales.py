@@ -98,6 +98,7 @@ def test_a_single_heads_figure_shows_only_colours_of_the_scale():
     assert off_scale(map_pixels(figure, figure.axes[0]), SCALE_COLOURS) == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("num_tokens", [40, 400])
 def test_the_layers_grid_shows_a_one_hot_head_at_1_at_any_length(num_tokens):
     """A previous-token head is 1 on its diagonal: pooled down, each block is its largest weight, never a mean."""

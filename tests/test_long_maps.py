@@ -45,6 +45,7 @@ def test_a_short_text_keeps_its_weights_as_text_and_a_tensor(model, tmp_path):
     assert not (tmp_path / "run" / "attention.npy").exists()
 
 
+@pytest.mark.slow
 def test_a_short_texts_attention_json_is_the_same_bytes_within_any_budget_that_holds_it(model, tmp_path):
     """--memory does not change a run's numbers nor its files: 2048 MB holds the map whole, the default too."""
     attnviz.heads("The cat sat on the mat.", model=model).save(tmp_path / "default")

@@ -37,6 +37,7 @@ def test_the_json_names_each_measure_with_its_paper_and_definition(measured_run)
     assert all(measure["name"] == name and measure["definition"] for name, measure in measures.items())
 
 
+@pytest.mark.slow
 def test_the_norms_equal_the_per_head_vectors_written_out_from_the_weights(bundled_bert, measured_run):
     _, record = measured_run
     x = bert_inputs(bundled_bert, TEXT)[LAYER]
@@ -131,6 +132,7 @@ def test_layers_measures_json_holds_every_layers_norm_and_value_zeroing(bundled_
         np.testing.assert_allclose(zeroing[layer], distances_by_reruns(attention, x.float()[None], x.float()[None]), atol=TOLERANCE)
 
 
+@pytest.mark.slow
 def test_layers_flow_goes_through_every_layer_beside_the_rollout(layers_measured):
     folder, record = layers_measured
     layer_runs = attnviz.layers(TEXT, model="bundled", device="cpu").layer_runs

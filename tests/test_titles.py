@@ -126,6 +126,7 @@ def test_the_unknown_share_is_said_from_a_fifth_of_the_texts_tokens(count, of, s
     assert "fallback" not in title  # the model asked for loaded
 
 
+@pytest.mark.slow
 def test_the_compare_and_position_figures_name_their_text_and_seed(bundled_bert, tmp_path):
     from attnviz.analysis.compare import compare_splits
     from attnviz.analysis.position import position_experiment

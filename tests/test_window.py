@@ -92,6 +92,7 @@ def test_the_png_shows_each_cell_in_its_own_colour_at_full_resolution(long_run, 
         np.testing.assert_array_equal(colour, expected, err_msg=f"cell ({query}, {key})")
 
 
+@pytest.mark.slow
 def test_maps_held_as_a_memory_map_or_a_torch_tensor_draw_the_same_window(long_run, tmp_path):
     import dataclasses
 
