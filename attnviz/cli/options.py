@@ -134,18 +134,21 @@ def run_options(parameters: dict) -> RunOptions:
 # Options that several commands share, declared once.
 DeviceOption = typer.Option(Device.auto, help="Where to run: auto is the GPU when torch sees one.")
 TruncateOption = typer.Option(False, help="Cut texts longer than the model's positions instead of refusing them.")
-MemoryOption = typer.Option(
-    None, "--memory", min=1, metavar="MB",
-    help="The most memory a block of attention may take (default: 512 on the CPU, half the GPU's free memory). "
-    "Past it the weights are computed a block of queries at a time; a map past 64 MB (or past --memory) "
-    "goes to attention.npy.",
-)  # fmt: skip
-EveryLayerMemoryOption = typer.Option(
-    None, "--memory", min=1, metavar="MB",
-    help="The most memory a block of attention may take (default: 512 on the CPU, half the GPU's free memory). "
+
+
+def _memory_option(past_it: str):
+    """--memory (RunOptions.memory), with what happens past the budget for the commands that take it."""
+    budget = "The most memory a block of attention may take (default: 512 on the CPU, half the GPU's free memory). "
+    return typer.Option(None, "--memory", min=1, metavar="MB", help=budget + past_it)
+
+
+MemoryOption = _memory_option(
+    "Past it the weights are computed a block of queries at a time; a map past 64 MB (or past --memory) goes to attention.npy."
+)
+EveryLayerMemoryOption = _memory_option(
     "Past it, or when a layer's map passes 64 MB (or --memory), every layer's weights are computed a block of "
-    "queries at a time and no map is held whole.",
-)  # fmt: skip
+    "queries at a time and no map is held whole."
+)
 FormatOption = typer.Option(ImageFormat.png, "--format", help="Image file format.")
 WeightsOption = typer.Option(
     Weights.pretrained,
