@@ -79,7 +79,8 @@ def main() -> None:
 
     from attnviz.analysis.head_summaries import summarise_layers
     from attnviz.models.loading import load_model
-    from attnviz.pipeline import build_layer, layer_states
+    from attnviz.layer_inputs import layer_states
+    from attnviz.pipeline import build_layer
     from attnviz.spec import run_spec
 
     found: dict = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "torch": torch.__version__}
@@ -125,7 +126,7 @@ def main() -> None:
     # against SDPA on the same q, k, v.
     layer = build_layer(loaded, spec)
     with torch.inference_mode():
-        from attnviz.pipeline import encode_texts
+        from attnviz.layer_inputs import encode_texts
 
         encoded = encode_texts(loaded, [text], spec)
         hidden = layer_states(loaded, encoded, [0], spec)[0].queries

@@ -292,11 +292,11 @@ def test_an_error_inside_a_call_leaves_the_callers_thread_count(model, thread_co
 
 
 def test_one_thread_gives_the_numbers_of_torchs_default_threads(model, thread_count_kept, monkeypatch):
-    import attnviz.pipeline
+    import attnviz.layer_inputs
 
     seen, small = threads_seen(model, lambda: attnviz.heads(ENGLISH, model=model, layer=2))
     assert seen == [1]
-    monkeypatch.setattr(attnviz.pipeline, "SMALL_RUN_TOKENS", 0)  # no run is small: torch's own threads
+    monkeypatch.setattr(attnviz.layer_inputs, "SMALL_RUN_TOKENS", 0)  # no run is small: torch's own threads
     seen, default = threads_seen(model, lambda: attnviz.heads(ENGLISH, model=model, layer=2))
     assert seen == [thread_count_kept]
     np.testing.assert_allclose(small.attention.numpy(), default.attention.numpy(), atol=1e-6, rtol=0)

@@ -17,7 +17,8 @@ from safetensors.torch import load_file, save_file
 
 from attnviz.errors import AttnvizError
 from attnviz.models.loading import load_model
-from attnviz.pipeline import layer_states, encode_texts, run_attention
+from attnviz.layer_inputs import layer_states, encode_texts
+from attnviz.pipeline import run_attention
 from attnviz.spec import run_spec
 from tiny_families import build_checkpoint
 

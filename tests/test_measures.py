@@ -220,7 +220,8 @@ def test_a_grouped_query_decoder_measured_against_its_weights_and_reruns(tmp_pat
     from tiny_families import build_checkpoint
 
     from attnviz.models.loading import load_model
-    from attnviz.pipeline import build_layer, encode_texts, layer_states
+    from attnviz.layer_inputs import encode_texts, layer_states
+    from attnviz.pipeline import build_layer
     from attnviz.spec import run_spec
 
     model = build_checkpoint("llama", tmp_path / "llama")

@@ -25,7 +25,8 @@ from safetensors.torch import load_file, save_file
 import attnviz
 from attnviz.errors import AttnvizError
 from attnviz.models.loading import load_model
-from attnviz.pipeline import encode_texts, layer_states, run_attention
+from attnviz.layer_inputs import encode_texts, layer_states
+from attnviz.pipeline import run_attention
 from attnviz.spec import run_spec
 from tiny_families import bpe_tokenizer, build_checkpoint, save_checkpoint, wordpiece_tokenizer
 

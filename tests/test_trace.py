@@ -24,7 +24,8 @@ from attnviz.cli import Layout, Mistake, run
 from attnviz.errors import AttnvizError
 from attnviz.models.tokens import encode
 from attnviz.output.runs import MANIFEST
-from attnviz.pipeline import build_layer, layer_input
+from attnviz.layer_inputs import layer_input
+from attnviz.pipeline import build_layer
 from attnviz.tracing import (
     LAYOUTS,
     MISTAKES,

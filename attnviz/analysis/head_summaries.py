@@ -175,7 +175,8 @@ def summarise_layers(loaded, text: str, spec, budget_bytes: int = SUMMARY_BLOCK_
     """
     from dataclasses import replace
 
-    from attnviz.pipeline import build_layers, encode_texts, threads_for
+    from attnviz.layer_inputs import encode_texts, threads_for
+    from attnviz.pipeline import build_layers
 
     spec = replace(spec, kv_text=None)
     encoded = encode_texts(loaded, [text], spec)

@@ -68,7 +68,8 @@ def layers_in_blocks(
 
     panel_cells(run, num_layers) gives the cells a side of layers.png's panels (render.stats_figures.layers_panel_cells).
     """
-    from attnviz.pipeline import build_layers, encode_texts, layer_sizes, split_runs, threads_for
+    from attnviz.layer_inputs import encode_texts, threads_for
+    from attnviz.pipeline import build_layers, layer_sizes, split_runs
 
     if spec.words:
         raise AttnvizError(

@@ -137,7 +137,8 @@ def position_experiment(
     import torch
 
     from attnviz.models.tokens import encode, unknown_token_notice, unknown_tokens
-    from attnviz.pipeline import build_layer, embedding_output
+    from attnviz.layer_inputs import embedding_output
+    from attnviz.pipeline import build_layer
     from attnviz.spec import run_spec
 
     encoded = encode(loaded.tokenizer, [text], loaded.max_positions)

@@ -179,7 +179,8 @@ def layers(text: str, *, measure: str = "weights", band: int = 8, **options):
 
 def _every_layer_too_long(loaded, text: str, spec) -> bool:
     """Whether layers' text is too long for every layer's maps at once (pipeline.every_layer_in_blocks)."""
-    from attnviz.pipeline import encode_texts, every_layer_in_blocks, resolve_num_heads
+    from attnviz.layer_inputs import encode_texts
+    from attnviz.pipeline import every_layer_in_blocks, resolve_num_heads
 
     num_tokens = len(encode_texts(loaded, [text], replace(spec, kv_text=None)).queries.ids[0])
     num_heads = resolve_num_heads(loaded, spec.num_heads, spec.stack)
@@ -242,7 +243,7 @@ def position(text: str, *, permutation: str | list[int] | None = None, head: int
     position embeddings change most); options: model, device.
     """
     from attnviz.api.experiment_results import PositionResult
-    from attnviz.pipeline import device_label
+    from attnviz.layer_inputs import device_label
     from attnviz.analysis.position import LAYER, position_experiment
 
     options = run_options("position", options, POSITION_OPTIONS)

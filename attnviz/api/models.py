@@ -56,7 +56,7 @@ class Model:
     @property
     def device_label(self) -> str:
         """The device as the command line's setup names it (with the GPU's name)."""
-        from attnviz.pipeline import device_label
+        from attnviz.layer_inputs import device_label
 
         return device_label(self.device)
 
@@ -96,7 +96,7 @@ def load(
     """
     from attnviz.models.listing import refuse_near_miss
     from attnviz.models.loading import load_model
-    from attnviz.pipeline import resolve_device
+    from attnviz.layer_inputs import resolve_device
     from attnviz.spec import resolved_model_name
 
     must_be_device(device)
@@ -127,7 +127,7 @@ def loaded_models() -> list[Model]:
 
 
 def _on_device(model: Model, device: str) -> Model:
-    from attnviz.pipeline import resolve_device
+    from attnviz.layer_inputs import resolve_device
 
     if device != "auto" and resolve_device(device) != model.device:
         raise AttnvizError(

@@ -34,7 +34,7 @@ def require_ray() -> None:
 
 def actor_device(requested: str) -> str:
     """The actors' device: cuda (a GPU each) as asked, even where this process has none; auto as this process sees it."""
-    from attnviz.pipeline import resolve_device
+    from attnviz.layer_inputs import resolve_device
 
     return "cuda" if requested == "cuda" else resolve_device(requested)
 

@@ -219,10 +219,11 @@ def trace_texts(
     """Trace the layouts over layer spec.layer's input for a padded batch of texts.
 
     The weights are build_layer's (the model's own, or random with spec.seed); the input is what
-    enters that layer's attention in the model (pipeline.layer_states), with T5's position bias;
+    enters that layer's attention in the model (layer_inputs.layer_states), with T5's position bias;
     a batch of more than one text passes its valid lengths, so the trace shows the padding path.
     """
-    from attnviz.pipeline import build_layer, check_layer, encode_texts, layer_states
+    from attnviz.layer_inputs import check_layer, encode_texts, layer_states
+    from attnviz.pipeline import build_layer
 
     layer, kv_text, causal, device = spec.layer, spec.kv_text, spec.causal, spec.device
     check_layer(loaded, layer, spec.stack)
