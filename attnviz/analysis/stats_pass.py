@@ -18,7 +18,19 @@ import torch
 
 from attnviz.analysis.statistics import ModelStatistics, StatisticsAccumulator, key_kind_columns
 from attnviz.layer_inputs import encode_texts
-from attnviz.pipeline import BATCH_SIZE, batches, build_layers, in_berts_place, every_layer_in_blocks, iter_layer_blocks, iter_layer_weights, memory_budget, run_attention, layer_sizes, split_runs
+from attnviz.pipeline import (
+    BATCH_SIZE,
+    batches,
+    build_layers,
+    every_layer_in_blocks,
+    in_berts_place,
+    iter_layer_blocks,
+    iter_layer_weights,
+    layer_sizes,
+    memory_budget,
+    run_attention,
+    split_runs,
+)
 from attnviz.models.tokens import text_notices, truncation_notices
 from attnviz.models.loading import LoadedModel
 from attnviz.models.words import tokenizer_words
