@@ -1,5 +1,6 @@
-"""The capture pass's attention (attnviz/models/blocked_attention.py): transformers' model run with attnviz's blocks
-of queries as its attention function gives eager attention's hidden states, for every family, at any block size."""
+"""The capture pass's attention (attnviz/models/blocked_attention.py): transformers' model run with it gives eager
+attention's hidden states, for every family: one text without padding through SDPA's fused kernels, a padded batch
+through attnviz's blocks of queries, at any block size."""
 
 from __future__ import annotations
 
@@ -14,22 +15,29 @@ from tiny_families import FAMILY_CHECKPOINTS, build_checkpoint
 TEXTS = ["The cat sat on the mat because it was tired.", "A dog."]
 
 
+@pytest.mark.parametrize("texts", [TEXTS, TEXTS[:1]], ids=["padded batch", "one text"])
 @pytest.mark.parametrize("model_type", sorted(FAMILY_CHECKPOINTS))
-def test_every_family_runs_with_the_blocks_as_its_attention_and_gives_eagers_hidden_states(model_type, tmp_path):
+def test_every_family_runs_with_the_capture_attention_and_gives_eagers_hidden_states(model_type, texts, tmp_path):
     model = build_checkpoint(model_type, tmp_path)
-    encoded = transformers.AutoTokenizer.from_pretrained(tmp_path)(TEXTS, return_tensors="pt", padding=True)
+    encoded = transformers.AutoTokenizer.from_pretrained(tmp_path)(texts, return_tensors="pt", padding=True)
     inputs = {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]}
     if model.config.is_encoder_decoder:
         inputs |= {"decoder_input_ids": encoded["input_ids"][:, :6], "decoder_attention_mask": encoded["attention_mask"][:, :6]}
     states = {}
-    for implementation in ("eager", blocked_attention.register()):
+    for implementation in ("eager", "sdpa", blocked_attention.register()):
         model.set_attn_implementation(implementation)
         with torch.inference_mode():
             states[implementation] = model(**inputs, output_hidden_states=True)
     hidden = "decoder_hidden_states" if model.config.is_encoder_decoder else "hidden_states"
     real = encoded["attention_mask"][:, :6 if model.config.is_encoder_decoder else None].bool()  # padding rows aside
-    for eager, blocked in zip(states["eager"][hidden], states[blocked_attention.NAME][hidden], strict=True):
-        torch.testing.assert_close(blocked[real], eager[real], atol=1e-6, rtol=0)
+    layers = zip(states["eager"][hidden], states["sdpa"][hidden], states[blocked_attention.NAME][hidden], strict=True)
+    fused = len(texts) == 1 and model_type != "t5"  # T5 adds its position bias to the scores: the blocks
+    for eager, sdpa, found in layers:
+        if not fused:  # the blocks: eager's very operations
+            torch.testing.assert_close(found[real], eager[real], atol=1e-6, rtol=0)
+        else:  # SDPA's fused kernels: transformers' own SDPA attention, and eager's within float32 rounding over the layers
+            torch.testing.assert_close(found[real], sdpa[real], atol=1e-6, rtol=0)
+            torch.testing.assert_close(found[real], eager[real], atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("with_mask", [False, True])

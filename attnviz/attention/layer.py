@@ -231,15 +231,20 @@ class MultiHeadAttention(nn.Module):
         rows = rows or num_queries
         for start in range(0, num_queries, rows):
             stop = min(start + rows, num_queries)
-            scores = q[:, :, start:stop] @ k.transpose(-2, -1) * self.scale  # (B, H, b, Nk)
+            # Under a causal mask a block's queries see no key past its last query: those are left out
+            # of the products and the softmax (their weight is exactly 0 either way).
+            seen = min(stop, num_keys) if causal and stop < num_keys else num_keys
+            scores = q[:, :, start:stop] @ k[:, :, :seen].transpose(-2, -1) * self.scale  # (B, H, b, Nk')
             if position_bias is not None:
-                scores = scores + position_bias[:, :, start:stop]
-            allowed = allowed_keys(stop - start, num_keys, valid_lens, causal, scores.device, first_query=start)
+                scores = scores + position_bias[:, :, start:stop, :seen]
+            allowed = allowed_keys(stop - start, seen, valid_lens, causal, scores.device, first_query=start)
             if allowed is not None:
                 # -inf gives masked keys exactly zero weight; every row keeps at least key 0.
                 scores.masked_fill_(~allowed, float("-inf"))  # in place: scores is ours, and may be large
-            pattern = scores.softmax(dim=-1)  # (B, H, b, Nk)
-            z = self.dropout(pattern) @ v  # (B, H, b, d)
+            pattern = scores.softmax(dim=-1)  # (B, H, b, Nk')
+            z = self.dropout(pattern) @ v[:, :, :seen]  # (B, H, b, d)
+            if seen < num_keys:
+                pattern = torch.nn.functional.pad(pattern, (0, num_keys - seen))  # (B, H, b, Nk): the future's zeros
             yield start, self.w_o(merge_heads(z)), pattern  # (B, b, D), (B, H, b, Nk)
 
     def forward(

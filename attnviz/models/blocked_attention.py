@@ -1,11 +1,15 @@
-"""attnviz's blocks of queries as transformers' attention, for a long capture pass on a GPU.
+"""The capture pass's attention: transformers' model run up to the chosen layer without ever making a whole map.
 
 A capture pass runs transformers' model up to the chosen layer. Past a size it cannot run eager
 attention (every layer would make its (H, N, N) maps), and on CUDA, SDPA in float32 over grouped-query
 heads has no fused kernel and falls back to one that makes the maps too (32 heads at 32,768 tokens
-asked for 128 GiB). This function, registered with transformers' public AttentionInterface, computes
-each block of queries' softmax over its whole row (as attnviz's layer does, attention/layer.py), so
-the maps are never whole and the output is eager's within float rounding.
+asked for 128 GiB). This function, registered with transformers' public AttentionInterface, gives
+each layer's attention output as eager's within float rounding, in bounded memory:
+- with no mask to apply but a causal one (one text, no padding: transformers leaves the mask out),
+  torch's scaled_dot_product_attention over the key/value heads repeated for their query heads, whose
+  fused kernels (flash on the CPU, memory-efficient on CUDA) never make the maps and skip the future;
+- otherwise (padding, T5's position bias) a block of queries at a time, each row's softmax over its
+  whole row, as attnviz's own layer does (attention/layer.py).
 """
 
 from __future__ import annotations
@@ -34,7 +38,11 @@ def blocked_attention(
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
     batch, heads, num_queries, _ = query.shape
     num_keys = key.shape[2]
-    causal = attention_mask is None and num_queries > 1 and getattr(module, "is_causal", False)
+    # As transformers' own SDPA attention: no mask, several queries and a module not said to be bidirectional is causal.
+    causal = attention_mask is None and num_queries > 1 and getattr(module, "is_causal", True)
+    if attention_mask is None and position_bias is None:
+        output = torch.nn.functional.scaled_dot_product_attention(query, key, value, is_causal=causal, scale=scaling)
+        return output.transpose(1, 2).contiguous(), None  # (B, Nq, H, d)
     lowest = torch.finfo(query.dtype).min  # as eager's masks: a row with no key left is uniform, not NaN
     output = torch.empty_like(query)  # (B, H, Nq, d)
     budget = block_bytes or BLOCK_BYTES.get(query.device.type, DEVICE_BLOCK_BYTES)
@@ -54,17 +62,11 @@ def blocked_attention(
     return output.transpose(1, 2).contiguous(), None
 
 
-def blocked_mask(*args, **kwargs):
-    """transformers' SDPA mask, always made: a causal model's mask is not left to SDPA's is_causal flag."""
-    from transformers.masking_utils import sdpa_mask
-
-    return sdpa_mask(*args, **{**kwargs, "allow_is_causal_skip": False})
-
-
 def register() -> str:
     """Register the function and its mask with transformers (once is enough; again changes nothing); returns its name."""
     from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import sdpa_mask
 
     AttentionInterface.register(NAME, blocked_attention)
-    AttentionMaskInterface.register(NAME, blocked_mask)
+    AttentionMaskInterface.register(NAME, sdpa_mask)  # None where SDPA's is_causal (or no mask) says it all
     return NAME

@@ -1,15 +1,15 @@
 """Every family but BERT, through transformers: its model gives each layer's input, attnviz's layer computes.
 
-transformers' model (float32, eval mode; eager attention, SDPA for long texts) runs the text; a hook on each
+transformers' model (float32, eval mode, blocked_attention.py's attention) runs the text; a hook on each
 attention module takes what enters it: the hidden state after the family's own norms (pre-norm
 decoders normalise first: RMSNorm, LayerNorm), and for cross-attention the encoder's output.
 attnviz's own layer (attention/layer.py) then computes the weights from the module's
 projections, which the family's adapter (families/) names and splits into AttentionWeights,
 with its position scheme (RoPE's frequencies, T5's relative position bias). This module is the
 same for every family: the model's class, module names and weights come from the adapter.
-The forward pass up to the chosen layer runs attnviz's blocks of queries as transformers' attention
-(blocked_attention.py): eager's very operations, a block of queries at a time, so that the layers
-before it never make their (H, N, N) maps whole, at any length and on any device.
+The forward pass up to the chosen layer runs an attention that never makes the (H, N, N) maps whole, at any
+length and on any device (blocked_attention.py): SDPA's fused kernels for one text, attnviz's blocks of
+queries under a padding mask or a position bias.
 
 transformers is imported only here, on this path: `attnviz --help` and BERT runs never pay for it.
 Only safetensors are loaded (use_safetensors=True), and nothing from the folder is run
