@@ -79,7 +79,7 @@ def print_setup(
         if num_layers is not None or run.layer > 0:  # the layer's input comes from a bidirectional pass
             mask += f"; a {CAUSAL_OVER_BIDIRECTIONAL}"
         setup.add_row("mask", mask)
-    setup.add_row("device", device_label)
+    setup.add_row("device", device_label + (f", {run.dtype}" if run.dtype != "float32" else ""))
     if num_texts is not None:
         setup.add_row("texts", f"{num_texts}, statistics averaged over them" if num_texts > 1 else "1")
         if run.words is not None:  # stats --words
