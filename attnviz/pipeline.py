@@ -56,7 +56,11 @@ def random_layer(model_size: int, num_heads: int, seed: int) -> MultiHeadAttenti
 
 
 def build_layer(loaded: LoadedModel, spec: RunSpec) -> MultiHeadAttention:
-    """attnviz's layer for spec.layer: BERT's projections or random ones from spec.seed, split into spec.num_heads."""
+    """attnviz's layer for spec.layer: BERT's projections or random ones from spec.seed, split into spec.num_heads.
+
+    Its parameters are one layer's projections copied (layer_from_weights), never the whole model,
+    cast to the model's dtype (random ones are drawn in float32 first, the same for every dtype).
+    """
     num_heads = resolve_num_heads(loaded, spec.num_heads, spec.stack)
     if spec.weights == "random":  # a fresh layer of the tutorials' kind: RunSpec admits no other
         attention = random_layer(loaded.hidden_size, num_heads, spec.seed)
@@ -64,7 +68,7 @@ def build_layer(loaded: LoadedModel, spec: RunSpec) -> MultiHeadAttention:
         attention = layer_from_bert(loaded.model.encoder.layer[spec.layer], num_heads)
     else:
         attention = layer_from_weights(loaded.model.attention_weights(spec.layer, spec.stack), num_heads)
-    return attention.to(spec.device).eval()
+    return attention.to(spec.device, getattr(torch, loaded.dtype)).eval()  # in the model's dtype, as its own layer is
 
 
 def resolve_num_heads(loaded: LoadedModel, num_heads: int | None, stack: str | None = None) -> int:
@@ -394,6 +398,7 @@ def split_runs(
                 weights=spec.weights,
                 num_heads=num_heads,
                 device=spec.device,
+                dtype=spec.dtype,
                 causal=spec.causal,
                 family=loaded.family.name,
                 stack=spec.stack,

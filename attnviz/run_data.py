@@ -134,6 +134,7 @@ class AttentionRun:
     quantisation: Quantisation | None = None  # the stored weights' quantisation (SmolLM2's GGUF); None: as trained
     query_shown: list[str] | None = None  # the tokenizer's query tokens as a reader sees them (models/shown.py); None: as made
     key_shown: list[str] | None = None  # the key tokens'
+    dtype: str = "float32"  # what the model and the layer computed in (--dtype); the arrays are float32 whatever it is
 
     @property
     def tokenizer_tokens(self) -> tuple[list[str], list[str]]:

@@ -49,6 +49,7 @@ class RunSpec:
     kv_text: str | None = None
     stack: str | None = None
     device: str = "cpu"  # "cpu" or "cuda": where it runs, after "auto" was resolved
+    dtype: str = "float32"  # what the model and attnviz's layer compute in (--dtype, "auto" resolved); in to_dict unless float32
     truncate: bool = False  # --truncate: texts longer than the model's positions may be cut
     words: bool = False  # --words: maps over words (pieces merged by Clark et al.'s rule), not tokens
     memory: int | None = None  # --memory, MB for a block of attention (None: pipeline.memory_budget's default); not in to_dict
@@ -74,6 +75,8 @@ class RunSpec:
         settings["seed"] = None if self.weights == "pretrained" else self.seed  # pretrained parameters draw nothing
         settings["attnviz_version"] = settings.pop("version")
         del settings["memory"]  # how the weights were computed, not which: the same numbers within any budget
+        if self.dtype == "float32":  # the files of a float32 run stay as they were before --dtype
+            del settings["dtype"]
         return settings
 
 
@@ -94,6 +97,7 @@ def run_spec(loaded, model: str | None = None, **settings) -> RunSpec:
         raise AttnvizError(f"--kv: {where} attends over one text's own tokens; --kv needs an encoder, or an encoder-decoder's cross-attention")
     if model_is_causal(loaded, settings.get("stack")):
         settings["causal"] = True
+    settings.setdefault("dtype", getattr(loaded, "dtype", "float32"))  # what the model loaded in
     return RunSpec(model=model, resolved_model=resolved_model_name(model, loaded), model_source=loaded.source, **settings)
 
 

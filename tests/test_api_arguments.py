@@ -28,12 +28,13 @@ RUN_OPTIONS = {  # RunOptions' fields, each with wrong values of other types
     "causal": ["no", 1, None],
     "stack": [5, True],
     "device": [5, None],
+    "dtype": [5, None],
     "truncate": ["yes", 0],
     "words": ["no", 1],
     "memory": ["512", 1.5, True],
 }
 RUN_OPTIONS_VALID = {"model": "bundled", "layer": 0, "heads": None, "weights": "pretrained", "seed": 0, "kv": "a dog",
-                     "causal": False, "stack": None, "device": "cpu", "truncate": False, "words": False, "memory": None}  # fmt: skip
+                     "causal": False, "stack": None, "device": "cpu", "dtype": "auto", "truncate": False, "words": False, "memory": None}  # fmt: skip
 EVERY_LAYER = {name: values for name, values in RUN_OPTIONS.items() if name not in ("layer", "kv")}
 TEXT = [5, None, b"the cat"]
 TEXTS = [5, None, [1], ["the cat", 2.0]]
@@ -47,16 +48,16 @@ ARGUMENTS = {  # function -> its arguments -> wrong values
         "text": [*TEXT, ["the cat"]],
         "heads": [12, 1.5, [1.5], [True, 4], {1: 4}],
         "weights": [5, None, ["pretrained", 5]],
-        **{name: RUN_OPTIONS[name] for name in ("model", "layer", "seed", "device", "truncate")},
+        **{name: RUN_OPTIONS[name] for name in ("model", "layer", "seed", "device", "dtype", "truncate")},
     },
     "position": {
         "text": [*TEXT, ["the cat"]],
         "permutation": [5, 1.5, [0, 1.5]],
         "head": [1.5, "0", True],
-        **{name: RUN_OPTIONS[name] for name in ("model", "device")},
+        **{name: RUN_OPTIONS[name] for name in ("model", "device", "dtype")},
     },
     "report": {"text_or_texts": TEXTS, **RUN_OPTIONS},
-    "load": {"model": RUN_OPTIONS["model"], "device": [5, None], "allow_pickle": ["yes", 1], "cache": ["no", 0]},
+    "load": {"model": RUN_OPTIONS["model"], "device": [5, None], "dtype": [5, None], "allow_pickle": ["yes", 1], "cache": ["no", 0]},
 }
 FIRST_ARGUMENT = {"heads": "text", "trace": "text", "stats": "texts", "layers": "text", "compare": "text",
                   "position": "text", "report": "text_or_texts", "load": "model"}  # fmt: skip

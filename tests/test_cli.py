@@ -278,15 +278,15 @@ def test_python_dash_m_and_the_console_script_run(tmp_path):
     assert usage.returncode == 2 and usage.stderr.lower().startswith("error: missing argument 'text'")
 
 
-EVERY_OPTION = {"model", "layer", "heads", "weights", "seed", "kv", "causal", "stack", "device", "truncate", "words", "memory"}
+EVERY_OPTION = {"model", "layer", "heads", "weights", "seed", "kv", "causal", "stack", "device", "dtype", "truncate", "words", "memory"}
 OFFERED = {  # the run options each command offers: those its API function takes (docs/python.md)
     "heads": EVERY_OPTION,
     "trace": EVERY_OPTION,
     "report": EVERY_OPTION,
     "stats": EVERY_OPTION - {"layer", "kv"},
     "layers": EVERY_OPTION - {"layer", "kv"},
-    "compare": {"model", "layer", "seed", "device", "truncate"},
-    "position": {"model", "device"},
+    "compare": {"model", "layer", "seed", "device", "dtype", "truncate"},
+    "position": {"model", "device", "dtype"},
     "models": set(),
 }
 

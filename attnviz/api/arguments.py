@@ -15,6 +15,7 @@ from attnviz.errors import AttnvizError
 from attnviz.text import shorten
 
 DEVICES = ("auto", "cpu", "cuda")
+DTYPES = ("auto", "float32", "bfloat16", "float16")  # --dtype: auto is the checkpoint's own on a GPU, float32 on the CPU
 
 
 def refuse(name: str, expected: str, value: Any) -> None:
@@ -54,6 +55,10 @@ def must_be_one_of(name: str, value: Any, choices: tuple[str, ...], none: bool =
 
 def must_be_device(value: Any) -> str:
     return must_be_one_of("device", value, DEVICES)
+
+
+def must_be_dtype(value: Any) -> str:
+    return must_be_one_of("dtype", value, DTYPES)
 
 
 def must_be_callable(name: str, value: Any, none: bool = False) -> Callable | None:

@@ -1,7 +1,7 @@
 """attnviz.heads, trace, stats, layers, compare, position: the commands' computations as functions.
 
 Each takes the run's options as keywords (RunOptions' fields, api/options.py: model, layer,
-heads, weights, seed, kv, causal, stack, device, truncate, words; stats and layers all but layer
+heads, weights, seed, kv, causal, stack, device, dtype, truncate, words; stats and layers all but layer
 and kv) and its own arguments, checks them all before loading a model (with the CLI's own checks
 and messages), builds the run's RunSpec once (RunOptions.run_spec), calls the same stage
 functions as the command, and returns a result.
@@ -19,8 +19,8 @@ from attnviz.api.options import EVERY_LAYER_OPTIONS, RunOptions, run_options, ta
 from attnviz.errors import AttnvizError
 from attnviz.spec import check_text, check_trace_texts, refuse_cross_over_every_layer
 
-COMPARE_OPTIONS = ("model", "layer", "seed", "device", "truncate")  # compare's heads and weights are lists: its own
-POSITION_OPTIONS = ("model", "device")  # position runs layer 0 with the model's own parameters and heads
+COMPARE_OPTIONS = ("model", "layer", "seed", "device", "dtype", "truncate")  # compare's heads and weights are lists: its own
+POSITION_OPTIONS = ("model", "device", "dtype")  # position runs layer 0 with the model's own parameters and heads
 
 
 @takes_options()
@@ -46,7 +46,7 @@ def heads(text: str | list[str], *, measure: str = "weights", **options):
     texts = _texts(text)
     names = measure_names(must_be_str("measure", measure))
     refuse_before_loading(options)
-    handle = load(options.model, options.device)
+    handle = load(options.model, options.device, dtype=options.dtype)
     spec = options.run_spec(handle)
     _check_lengths(handle.loaded, texts, options.truncate)
     num_layers = handle.loaded.num_layers_of(spec.stack)
@@ -87,7 +87,7 @@ def trace(text: str | list[str], *, layout: str | None = None, mistake: str | No
     texts = _texts(text)
     check_trace_texts(texts)
     refuse_before_loading(options)
-    handle = load(options.model, options.device)
+    handle = load(options.model, options.device, dtype=options.dtype)
     spec = options.run_spec(handle)
     _check_lengths(handle.loaded, texts, options.truncate)
     layout = layout or model_layout(handle.loaded)
@@ -122,7 +122,7 @@ def stats(texts: str | list[str], *, js: bool = True, progress=None, **options):
     texts = _texts(texts, name="texts")
     refuse_cross_over_every_layer(options.stack)
     refuse_before_loading(options)
-    handle = load(options.model, options.device)
+    handle = load(options.model, options.device, dtype=options.dtype)
     loaded = handle.loaded
     spec = options.run_spec(handle, layer=None, js=js)
     _check_lengths(loaded, texts, options.truncate)
@@ -160,7 +160,7 @@ def layers(text: str, *, measure: str = "weights", band: int = 8, **options):
         raise AttnvizError(f"band {band}: the local band's half-width is 0 or more tokens")
     refuse_cross_over_every_layer(options.stack)
     refuse_before_loading(options)
-    handle = load(options.model, options.device)
+    handle = load(options.model, options.device, dtype=options.dtype)
     spec = options.run_spec(handle, layer=None)
     budget = min(SUMMARY_BLOCK_BYTES, memory_budget(spec))  # a block of the summaries' pass
     if _every_layer_too_long(handle.loaded, text, spec):
@@ -211,7 +211,7 @@ def compare(text: str, *, heads: str | list[int] | None = None, weights: str | l
     """The same layer's projections split into several head counts (default 1, 4 and the model's own), and
     pretrained beside random parameters when weights is ["pretrained", "random"] (a CompareResult).
 
-    heads and weights are comma lists ("1,4,12") or lists; options: model, layer, seed, device, truncate.
+    heads and weights are comma lists ("1,4,12") or lists; options: model, layer, seed, device, dtype, truncate.
     """
     from attnviz.api.experiment_results import CompareResult
     from attnviz.analysis.compare import compare_splits, default_head_counts, parse_head_counts, parse_weights
@@ -223,7 +223,7 @@ def compare(text: str, *, heads: str | list[int] | None = None, weights: str | l
     counts = parse_head_counts(_comma_list(heads)) if heads is not None else None
     weights_list = parse_weights(_comma_list(weights))
     refuse_before_loading(options, needs_bert=COMPARE_NEEDS_BERT)
-    handle = load(options.model, options.device)
+    handle = load(options.model, options.device, dtype=options.dtype)
     loaded = handle.loaded
     require_bert(handle, COMPARE_NEEDS_BERT)
     counts = counts or default_head_counts(loaded.hidden_size, loaded.num_heads)
@@ -240,7 +240,7 @@ def position(text: str, *, permutation: str | list[int] | None = None, head: int
 
     permutation is the new order of the token positions, [CLS] and [SEP] included (default:
     the tokens between them reversed); head the head the figure shows (default: the one
-    position embeddings change most); options: model, device.
+    position embeddings change most); options: model, device, dtype.
     """
     from attnviz.api.experiment_results import PositionResult
     from attnviz.layer_inputs import device_label
@@ -251,7 +251,7 @@ def position(text: str, *, permutation: str | list[int] | None = None, head: int
     head = must_be_int("head", head, none=True)
     (text,) = _texts(text, one=True)
     refuse_before_loading(options, needs_bert=POSITION_NEEDS_BERT)
-    handle = load(options.model, options.device)
+    handle = load(options.model, options.device, dtype=options.dtype)
     require_bert(handle, POSITION_NEEDS_BERT)
     spec = options.run_spec(handle, layer=LAYER)  # the model's own parameters and heads
     spec_text = _comma_list(permutation) if permutation is not None else None

@@ -1,7 +1,7 @@
-"""attnviz.load: a model handle, loaded once per process and device.
+"""attnviz.load: a model handle, loaded once per process, device and dtype.
 
 Every API function takes model= as a name ("bundled", a hub id), a local folder, or a handle
-that load returned; a name already loaded on the same device is not loaded again.
+that load returned; a name already loaded on the same device in the same dtype is not loaded again.
 """
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from attnviz.api.arguments import must_be_bool, must_be_device, refuse
+from attnviz.api.arguments import must_be_bool, must_be_device, must_be_dtype, refuse
 from attnviz.api.notes import warn_notes
 from attnviz.errors import AttnvizError
 
 MODEL_TYPES = "a name, a folder or an attnviz.load() handle"  # what model= takes
-_LOADED: dict[tuple, "Model"] = {}  # (model key, device, allow_pickle) -> its handle
+_LOADED: dict[tuple, "Model"] = {}  # (model key, device, dtype asked for, allow_pickle) -> its handle
 
 
 @dataclass(frozen=True, repr=False)
@@ -54,6 +54,11 @@ class Model:
         return self.loaded.family.kind
 
     @property
+    def dtype(self) -> str:
+        """What the model computes in: "float32", "bfloat16" or "float16" (load's dtype, "auto" resolved)."""
+        return self.loaded.dtype
+
+    @property
     def device_label(self) -> str:
         """The device as the command line's setup names it (with the GPU's name)."""
         from attnviz.layer_inputs import device_label
@@ -80,17 +85,24 @@ class Model:
     def __repr__(self) -> str:
         kv_heads = f", {self.num_kv_heads} key/value heads" if self.num_kv_heads != self.num_heads else ""
         return (
-            f"attnviz.Model({self.resolved!r}, {self.family} {self.kind}, source={self.source!r}, device={self.device!r}, "
+            f"attnviz.Model({self.resolved!r}, {self.family} {self.kind}, source={self.source!r}, device={self.device!r}, dtype={self.dtype!r}, "
             f"{self.num_layers} layers × {self.num_heads} heads{kv_heads})"
         )
 
 
 def load(
-    model: str | Path | Model | None = None, device: str = "auto", *, allow_pickle: bool = False, cache: bool = True
+    model: str | Path | Model | None = None,
+    device: str = "auto",
+    *,
+    dtype: str = "auto",
+    allow_pickle: bool = False,
+    cache: bool = True,
 ) -> Model:
     """Load a model of any supported family by hub id, local folder or "bundled" (None: the default model); once per process.
 
-    device is "auto" (the GPU when torch sees one), "cpu" or "cuda". A handle passes through.
+    device is "auto" (the GPU when torch sees one), "cpu" or "cuda". dtype is what the model loads
+    and computes in: "float32", "bfloat16", "float16", or "auto" (the checkpoint's own on a GPU,
+    float32 on the CPU). A handle passes through.
     A fallback (the bundled model in place of the default, offline) is an AttnvizWarning when the model loads.
     cache=False loads it afresh and keeps no handle (the command line: one command, one load).
     """
@@ -100,20 +112,22 @@ def load(
     from attnviz.spec import resolved_model_name
 
     must_be_device(device)
+    must_be_dtype(dtype)
     must_be_bool("allow_pickle", allow_pickle)
     must_be_bool("cache", cache)
     if isinstance(model, Model):
-        return _on_device(model, device)
+        return _on_device(model, device, dtype)
     if model is not None and not isinstance(model, (str, Path)):
         refuse("model", MODEL_TYPES, model)
     name = str(model) if model is not None else None
     device_name = resolve_device(device)
-    key = (_model_key(name), device_name, allow_pickle)
+    asked = "float32" if dtype == "auto" and device_name == "cpu" else dtype  # auto on the CPU is float32 (resolve_dtype)
+    key = (_model_key(name), device_name, asked, allow_pickle)
     if key in _LOADED and cache:
         return _LOADED[key]
     if name is not None:
         refuse_near_miss(name)  # a typo of a listed model ("smolm2"), before the hub is asked
-    loaded = load_model(name, device_name, allow_pickle=allow_pickle)
+    loaded = load_model(name, device_name, dtype=dtype, allow_pickle=allow_pickle)
     handle = Model(name, resolved_model_name(name, loaded), loaded.source, device_name, loaded)
     if cache:
         _LOADED[key] = handle
@@ -126,12 +140,16 @@ def loaded_models() -> list[Model]:
     return list(_LOADED.values())
 
 
-def _on_device(model: Model, device: str) -> Model:
+def _on_device(model: Model, device: str, dtype: str = "auto") -> Model:
     from attnviz.layer_inputs import resolve_device
 
     if device != "auto" and resolve_device(device) != model.device:
         raise AttnvizError(
             f"the model is loaded on {model.device}, not {device}: load it with attnviz.load(..., device={device!r})"
+        )
+    if dtype != "auto" and dtype != model.dtype:
+        raise AttnvizError(
+            f"the model is loaded in {model.dtype}, not {dtype}: load it with attnviz.load(..., dtype={dtype!r})"
         )
     return model
 

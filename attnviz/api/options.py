@@ -15,7 +15,7 @@ from dataclasses import MISSING, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from attnviz.api.arguments import must_be_bool, must_be_device, must_be_int, must_be_one_of, must_be_str, refuse
+from attnviz.api.arguments import must_be_bool, must_be_device, must_be_dtype, must_be_int, must_be_one_of, must_be_str, refuse
 from attnviz.api.models import MODEL_TYPES, Model
 from attnviz.errors import AttnvizError
 from attnviz.spec import MAX_SEED, STACKS, WEIGHTS, RunSpec, check_text, refuse_causal_cross_attention, run_spec
@@ -30,7 +30,8 @@ class RunOptions:
     the projections into (None: the model's own); weights the layer's parameters, "pretrained" or
     "random" (drawn from seed); kv another text to take keys and values from; causal masks future
     keys; stack picks an encoder-decoder's attention ("encoder", "decoder" or "cross"); device is
-    "auto", "cpu" or "cuda"; truncate lets texts longer than the model's positions be cut; words
+    "auto", "cpu" or "cuda"; dtype what the model computes in: "float32", "bfloat16", "float16" or
+    "auto" (the checkpoint's own on a GPU, float32 on the CPU; models/loading.resolve_dtype); truncate lets texts longer than the model's positions be cut; words
     shows words, not word pieces; memory is the most megabytes a block of attention may take
     (None: 512 on the CPU, half the GPU's free memory on CUDA; pipeline.memory_budget): past it the
     weights are computed a block of queries at a time, and a map past 64 MB (or past memory) goes to
@@ -46,6 +47,7 @@ class RunOptions:
     causal: bool = False
     stack: str | None = None
     device: str = "auto"
+    dtype: str = "auto"
     truncate: bool = False
     words: bool = False
     memory: int | None = None  # MB
@@ -63,6 +65,7 @@ class RunOptions:
         must_be_str("kv", self.kv, none=True)
         must_be_one_of("stack", self.stack, STACKS, none=True)
         must_be_device(self.device)
+        must_be_dtype(self.dtype)
         for name in ("causal", "truncate", "words"):
             must_be_bool(name, getattr(self, name))
         if not 0 <= self.seed <= MAX_SEED:

@@ -45,7 +45,7 @@ def report(text_or_texts: str | list[str], **options) -> ReportResult:
     texts = _texts(text_or_texts, name="text_or_texts")
     check_report_count(len(texts))
     refuse_before_loading(options)
-    handle = load(options.model, options.device)
+    handle = load(options.model, options.device, dtype=options.dtype)
     spec = options.run_spec(handle)
     _check_lengths(handle.loaded, texts, options.truncate)
     check_report_size(handle.loaded, texts, spec)

@@ -204,7 +204,7 @@ class MultiHeadAttention(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         if self.rotary_inv_freq is not None:
-            cos, sin = self.rotary(max(q.shape[2], k.shape[2]))  # (N, d) each
+            cos, sin = (table.to(q.dtype) for table in self.rotary(max(q.shape[2], k.shape[2])))  # (N, d) each, as transformers casts them
             q = rotate(q, cos[: q.shape[2]], sin[: q.shape[2]])  # (B, H, Nq, d)
             k = rotate(k, cos[: k.shape[2]], sin[: k.shape[2]])  # (B, H_kv, Nk, d)
         return q, repeat_kv(k, self.group_size), repeat_kv(v, self.group_size)  # (B, H, Nk, d) each

@@ -17,6 +17,8 @@ from attnviz.cli.options import (
     Device,
     ImageFormat,
     DeviceOption,
+    Dtype,
+    DtypeOption,
     TruncateOption,
     FormatOption,
     MAX_SEED,
@@ -51,6 +53,7 @@ def compare(
     layer: int = LayerOption,
     seed: int = typer.Option(0, min=0, max=MAX_SEED, help="Seed of the random parameters."),
     device: Device = DeviceOption,
+    dtype: Dtype = DtypeOption,
     image_format: ImageFormat = FormatOption,
     out: Optional[Path] = OutOption,
     truncate: bool = TruncateOption,
@@ -72,7 +75,7 @@ def compare(
     weights_list = parse_weights(compared_weights)
     functions.refuse_before_loading(options, needs_bert=functions.COMPARE_NEEDS_BERT)
     target = run_target(out, run_folder_name(text))
-    handle = load(options.model, options.device, allow_pickle=allow_pickle, cache=False)
+    handle = load(options.model, options.device, dtype=options.dtype, allow_pickle=allow_pickle, cache=False)
     given = replace(options, model=handle).keywords()
     result = functions.compare(text, heads=head_counts, weights=compared_weights, **given)
 

@@ -24,6 +24,8 @@ from attnviz.cli.options import (
     QuietOption,
     Stack,
     DeviceOption,
+    Dtype,
+    DtypeOption,
     TruncateOption,
     WordsOption,
     Measure,
@@ -72,6 +74,7 @@ def heads(
         False, "--trace", help="Also print the shape trace of the heads (as attnviz trace) and write trace.json, trace.md."
     ),
     device: Device = DeviceOption,
+    dtype: Dtype = DtypeOption,
     image_format: ImageFormat = FormatOption,
     figures: Optional[Figures] = FiguresOption,
     out: Optional[Path] = FileOutOption,
@@ -115,7 +118,7 @@ def heads(
     if file is not None:
         return _heads_for_file(file, options, image_format.value, out, images, html=not no_html, allow_pickle=allow_pickle)
     target = run_target(out, run_folder_name(text))
-    handle = load(options.model, options.device, allow_pickle=allow_pickle, cache=False)
+    handle = load(options.model, options.device, dtype=options.dtype, allow_pickle=allow_pickle, cache=False)
     if head is not None:
         check_head(head, handle.loaded.num_heads_of(options.stack), f"{handle.loaded.name}'s layers have")
     given = replace(options, model=handle).keywords()
@@ -192,7 +195,7 @@ def _heads_for_file(
     target = run_target(out, batch.batch_folder_name(file))
     if out is not None:
         batch.check_batch_target(target, [*batch.text_folder_names(texts), *(["report.html"] if html else [])])
-    handle = load(options.model, options.device, allow_pickle=allow_pickle, cache=False)
+    handle = load(options.model, options.device, dtype=options.dtype, allow_pickle=allow_pickle, cache=False)
     loaded = handle.loaded
     batch.check_lengths(loaded.tokenizer, texts, loaded.max_positions, options.truncate)
     spec = options.run_spec(handle)

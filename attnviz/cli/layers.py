@@ -19,6 +19,8 @@ from attnviz.cli.options import (
     ImageFormat,
     Stack,
     DeviceOption,
+    Dtype,
+    DtypeOption,
     TruncateOption,
     WordsOption,
     Measure,
@@ -49,6 +51,7 @@ def layers(
     causal: bool = EveryLayerCausalOption,
     stack: Optional[Stack] = EveryLayerStackOption,
     device: Device = DeviceOption,
+    dtype: Dtype = DtypeOption,
     image_format: ImageFormat = FormatOption,
     out: Optional[Path] = OutOption,
     truncate: bool = TruncateOption,
@@ -72,7 +75,7 @@ def layers(
     refuse_cross_over_every_layer(options.stack)
     functions.refuse_before_loading(options)
     target = run_target(out, run_folder_name(text))
-    handle = load(options.model, options.device, allow_pickle=allow_pickle, cache=False)
+    handle = load(options.model, options.device, dtype=options.dtype, allow_pickle=allow_pickle, cache=False)
     result = functions.layers(text, measure=measure.value, band=band, **replace(options, model=handle).keywords())
 
     first = result.layer_runs[0]

@@ -44,6 +44,13 @@ class Device(str, Enum):
     cuda = "cuda"
 
 
+class Dtype(str, Enum):  # attnviz.api.arguments.DTYPES
+    auto = "auto"
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+
+
 class ImageFormat(str, Enum):
     png = "png"
     svg = "svg"
@@ -133,6 +140,11 @@ def run_options(parameters: dict) -> RunOptions:
 
 # Options that several commands share, declared once.
 DeviceOption = typer.Option(Device.auto, help="Where to run: auto is the GPU when torch sees one.")
+DtypeOption = typer.Option(
+    Dtype.auto,
+    help="What the model loads and computes in: auto is the checkpoint's own on a GPU (config.json's torch_dtype), "
+    "float32 on the CPU. attnviz's layer computes in it too; the weights written are float32 numbers.",
+)
 TruncateOption = typer.Option(False, help="Cut texts longer than the model's positions instead of refusing them.")
 
 

@@ -17,6 +17,8 @@ from attnviz.cli.options import (
     Device,
     ImageFormat,
     DeviceOption,
+    Dtype,
+    DtypeOption,
     FormatOption,
     AllowPickleOption,
     ModelOption,
@@ -42,6 +44,7 @@ def position(
     ),
     model: Optional[str] = ModelOption,
     device: Device = DeviceOption,
+    dtype: Dtype = DtypeOption,
     image_format: ImageFormat = FormatOption,
     out: Optional[Path] = OutOption,
     allow_pickle: bool = AllowPickleOption,
@@ -58,7 +61,7 @@ def position(
     check_text(text)
     functions.refuse_before_loading(options, needs_bert=functions.POSITION_NEEDS_BERT)
     target = run_target(out, run_folder_name(text))
-    handle = load(options.model, options.device, allow_pickle=allow_pickle, cache=False)
+    handle = load(options.model, options.device, dtype=options.dtype, allow_pickle=allow_pickle, cache=False)
     given = replace(options, model=handle).keywords()
     result = functions.position(text, permutation=permutation, head=head, **given)
 

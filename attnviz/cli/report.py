@@ -19,6 +19,8 @@ from attnviz.cli.options import (
     Device,
     Stack,
     DeviceOption,
+    Dtype,
+    DtypeOption,
     TruncateOption,
     WordsOption,
     WeightsOption,
@@ -58,6 +60,7 @@ def report(
     causal: bool = CausalOption,
     stack: Optional[Stack] = StackOption,
     device: Device = DeviceOption,
+    dtype: Dtype = DtypeOption,
     out: Optional[Path] = FileOutOption,
     truncate: bool = TruncateOption,
     memory: Optional[int] = MemoryOption,
@@ -86,7 +89,7 @@ def report(
     check_report_count(len(texts))
     functions.refuse_before_loading(options)
     target = run_target(out, batch_folder_name(file) if file else run_folder_name(text))
-    handle = load(options.model, options.device, allow_pickle=allow_pickle, cache=False)
+    handle = load(options.model, options.device, dtype=options.dtype, allow_pickle=allow_pickle, cache=False)
     if lines is not None:  # named by line number, before any work
         check_lengths(handle.tokenizer, lines, handle.loaded.max_positions, options.truncate)
 

@@ -20,6 +20,8 @@ from attnviz.cli.options import (
     ImageFormat,
     Stack,
     DeviceOption,
+    Dtype,
+    DtypeOption,
     TruncateOption,
     WordsOption,
     FormatOption,
@@ -62,6 +64,7 @@ def stats(
     causal: bool = EveryLayerCausalOption,
     stack: Optional[Stack] = EveryLayerStackOption,
     device: Device = DeviceOption,
+    dtype: Dtype = DtypeOption,
     image_format: ImageFormat = FormatOption,
     out: Optional[Path] = FileOutOption,
     truncate: bool = TruncateOption,
@@ -123,7 +126,7 @@ def stats(
             if given:
                 raise AttnvizError(f"{name} goes with --file: one TEXT is measured at once")
         target = run_target(out, run_folder_name(text))
-        handle = load(options.model, options.device, allow_pickle=allow_pickle, cache=False)
+        handle = load(options.model, options.device, dtype=options.dtype, allow_pickle=allow_pickle, cache=False)
         result = functions.stats([text], js=js, **replace(options, model=handle).keywords())
     else:
         target = run_target(out, batch_folder_name(file))
@@ -173,7 +176,9 @@ def _stats_of_corpus(file: str, options, *, js: bool, allow_pickle: bool, checkp
         require_ray()
     corpus = scan_corpus(file)  # None for standard input, read once, as it comes
     # With Ray, the actors run on --device; this process only reads the tokens and the first text's setup.
-    handle = load(options.model, "cpu" if engine == Engine.ray else options.device, allow_pickle=allow_pickle, cache=False)
+    handle = load(
+        options.model, "cpu" if engine == Engine.ray else options.device, dtype=options.dtype, allow_pickle=allow_pickle, cache=False
+    )
     if corpus is not None:  # named by line number, before any work
         for lines in chunks(iter_texts(file), chunk_lines):
             check_lengths(handle.tokenizer, lines, handle.loaded.max_positions, options.truncate)

@@ -22,6 +22,8 @@ from attnviz.cli.options import (
     Mistake,
     Stack,
     DeviceOption,
+    Dtype,
+    DtypeOption,
     TruncateOption,
     WordsOption,
     WeightsOption,
@@ -72,6 +74,7 @@ def trace(
     causal: bool = CausalOption,
     stack: Optional[Stack] = StackOption,
     device: Device = DeviceOption,
+    dtype: Dtype = DtypeOption,
     image_format: ImageFormat = typer.Option(ImageFormat.png, "--format", help="Image format of --mistake's heatmaps."),
     out: Optional[Path] = FileOutOption,
     truncate: bool = TruncateOption,
@@ -103,7 +106,7 @@ def trace(
     check_trace_texts(texts)
     functions.refuse_before_loading(options)
     target = run_target(out, batch_folder_name(file) if file else run_folder_name(text))
-    handle = load(options.model, options.device, allow_pickle=allow_pickle, cache=False)
+    handle = load(options.model, options.device, dtype=options.dtype, allow_pickle=allow_pickle, cache=False)
     if len(texts) > 1 and not options.truncate:  # a long text named as the command names it ("the text has ..."), not texts[i]
         check_lengths([len(ids) for ids in handle.tokenizer.encode_batch(texts)], handle.loaded.max_positions)
     result = functions.trace(

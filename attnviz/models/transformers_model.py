@@ -1,8 +1,9 @@
 """Every family but BERT, through transformers: its model gives each layer's input, attnviz's layer computes.
 
-transformers' model (float32, eval mode, blocked_attention.py's attention) runs the text; a hook on each
-attention module takes what enters it: the hidden state after the family's own norms (pre-norm
-decoders normalise first: RMSNorm, LayerNorm), and for cross-attention the encoder's output.
+transformers' model (in --dtype's dtype, float32 by default on the CPU; eval mode; blocked_attention.py's
+attention) runs the text; a hook on each attention module takes what enters it: the hidden state after the
+family's own norms (pre-norm decoders normalise first: RMSNorm, LayerNorm), and for cross-attention the
+encoder's output.
 attnviz's own layer (attention/layer.py) then computes the weights from the module's
 projections, which the family's adapter (families/) names and splits into AttentionWeights,
 with its position scheme (RoPE's frequencies, T5's relative position bias). This module is the
@@ -49,8 +50,12 @@ class _Stop(Exception):
     """Raised by a hook once every layer asked for is captured: the rest of the forward pass is not needed."""
 
 
-def load_transformers_model(folder: Path, family: Family, config: dict, device: str) -> "TransformersModel":
-    """transformers' base model of the family from a checked folder (safetensors only), in eval mode on device.
+def load_transformers_model(
+    folder: Path, family: Family, config: dict, device: str, dtype: torch.dtype = torch.float32
+) -> "TransformersModel":
+    """transformers' base model of the family from a checked folder (safetensors only), in eval mode on device, in dtype.
+
+    The weights are read once, in dtype: a model in bfloat16 never holds a float32 copy.
 
     Before anything is built, the family's adapter checks config.json's sizes against the
     safetensors headers; after, every weight the model has must have come from the files, and
@@ -70,7 +75,7 @@ def load_transformers_model(folder: Path, family: Family, config: dict, device: 
             folder,
             use_safetensors=True,
             attn_implementation="eager",
-            dtype=torch.float32,
+            dtype=dtype,
             local_files_only=True,
             ignore_mismatched_sizes=True,  # reported in info, refused below with attnviz's message
             output_loading_info=True,

@@ -40,6 +40,7 @@ def attention_record(run: AttentionRun, spec: RunSpec, measures=None) -> dict:
         "re_split": run.re_split,  # the model's projections split into num_heads heads by --heads, not its own
         "quantisation": run.quantisation.to_dict() if run.quantisation is not None else None,  # weights stored quantised
         "device": run.device,
+        **({"dtype": run.dtype} if run.dtype != "float32" else {}),  # computed in half precision (--dtype); absent: float32
         "causal": run.causal,
         "causal_note": run_causal_note(run),
         "query_tokens": run.query_tokens,

@@ -49,7 +49,7 @@ class StatsShardWorker:
         from attnviz.models.loading import load_model
 
         torch.set_num_threads(threads)  # the CPUs Ray gave this actor, not every core of the node
-        self.measurer = HeadsMeasurer(load_model(model_name, spec.device, allow_pickle=allow_pickle), spec)
+        self.measurer = HeadsMeasurer(load_model(model_name, spec.device, dtype=spec.dtype, allow_pickle=allow_pickle), spec)
 
     def measure(self, texts: list[str]) -> tuple[dict, list[str]]:
         """The shard's accumulator state and notices."""

@@ -79,12 +79,17 @@ def print_setup(
         if num_layers is not None or run.layer > 0:  # the layer's input comes from a bidirectional pass
             mask += f"; a {CAUSAL_OVER_BIDIRECTIONAL}"
         setup.add_row("mask", mask)
-    setup.add_row("device", device_label)
+    setup.add_row("device", device_label + dtype_words(run))
     if num_texts is not None:
         setup.add_row("texts", f"{num_texts}, statistics averaged over them" if num_texts > 1 else "1")
         if run.words is not None:  # stats --words
             setup.add_row("over", "words: " + WORDS_LEGEND.removeprefix("maps over words: "))
     console.print(setup)
+
+
+def dtype_words(run: AttentionRun) -> str:
+    """", bfloat16" after the device when the run computed in half precision (--dtype); nothing for float32."""
+    return f", {run.dtype}" if run.dtype != "float32" else ""
 
 
 def parameters_label(weights: str, seed: int | None = None) -> str:
@@ -269,7 +274,7 @@ def print_compare_setup(
     setup.add_row("model", Text(run.model).append(f" ({source})", style="dim"))
     setup.add_row("layer", f"{run.layer}: the same W_q, W_k, W_v for every head count")
     setup.add_row("parameters", "; ".join(parameters_label(each, seed) for each in weights))
-    setup.add_row("device", device_label)
+    setup.add_row("device", device_label + dtype_words(run))
     console.print(setup)
 
 

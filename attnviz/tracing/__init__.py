@@ -221,8 +221,10 @@ def trace_texts(
     The weights are build_layer's (the model's own, or random with spec.seed); the input is what
     enters that layer's attention in the model (layer_inputs.layer_states), with T5's position bias;
     a batch of more than one text passes its valid lengths, so the trace shows the padding path.
+    A model loaded in half precision (--dtype) gives the layer's input; the layouts then compute in
+    float32, so that they can be checked against each other within TOLERANCE.
     """
-    from attnviz.layer_inputs import check_layer, encode_texts, layer_states
+    from attnviz.layer_inputs import LayerStates, check_layer, encode_texts, layer_states
     from attnviz.pipeline import build_layer
 
     layer, kv_text, causal, device = spec.layer, spec.kv_text, spec.causal, spec.device
@@ -232,6 +234,12 @@ def trace_texts(
     encoded = encode_texts(loaded, texts, spec)
     queries, keys = encoded.queries, encoded.keys
     states = layer_states(loaded, encoded, [layer], spec)[layer]
+    if loaded.dtype != "float32":  # the layouts are checked against each other within 1e-5: float32 over the model's half-precision input
+        attention = attention.float()
+        query_states = states.queries.float()
+        key_states = query_states if states.keys is states.queries else states.keys.float()  # self-attention: still one tensor
+        bias = None if states.position_bias is None else states.position_bias.float()
+        states = LayerStates(query_states, key_states, bias)
     key_valid_lens = (keys if keys is not None else queries).valid_lens.expand(len(texts))  # (B,)
     if loaded.is_bert:
         source = f"layer_input(bert, encode(texts), layer={layer})"

@@ -70,7 +70,7 @@
       [text.query_pieces ? "Words" : "Tokens", tokensText(text)],
       ["Truncation", truncationText(text.truncated) || "none"],
       ["Keys' text truncation", truncationText(text.kv_truncated)],
-      ["Device", text.device],
+      ["Device", text.dtype ? `${text.device}, ${text.dtype}` : text.device], // dtype: only when not float32
     ].filter(([, value]) => value !== null && value !== undefined);
   }
 
