@@ -233,15 +233,16 @@ class MultiHeadAttention(nn.Module):
         q, k, v = self.project(queries, keys, values)
         num_queries, num_keys = q.shape[2], k.shape[2]
         rows = rows or num_queries
-        room = None  # the scores of every block, in one buffer: a new tensor of this size costs its page faults again
+        # Every block's scores in one buffer (a new tensor of that size costs its page faults again), unless
+        # autograd needs them kept.
+        room = None if torch.is_grad_enabled() else q.new_empty(q.shape[0] * q.shape[1] * min(rows, num_queries) * num_keys)
         for start in range(0, num_queries, rows):
             stop = min(start + rows, num_queries)
             seen = min(stop, num_keys) if causal else num_keys  # the keys the block's queries may see
             shape = (q.shape[0], q.shape[1], stop - start, seen)
-            if room is None:
-                room = q.new_empty(shape[0] * shape[1] * rows * num_keys)
-            scores = torch.matmul(q[:, :, start:stop], k[:, :, :seen].transpose(-2, -1), out=room[: math.prod(shape)].view(shape))
-            scores.mul_(self.scale)  # (B, H, b, K)
+            into = None if room is None else room[: math.prod(shape)].view(shape)
+            scores = torch.matmul(q[:, :, start:stop], k[:, :, :seen].transpose(-2, -1), out=into)  # (B, H, b, K)
+            scores.mul_(self.scale)
             if position_bias is not None:
                 scores.add_(position_bias[:, :, start:stop, :seen])
             # Without padding a causal block's keys before its first query are all allowed: only the rest is masked.
@@ -250,131 +251,11 @@ class MultiHeadAttention(nn.Module):
             if allowed is not None:
                 # -inf gives masked keys exactly zero weight; every row keeps at least key 0.
                 scores[..., first:].masked_fill_(~allowed, float("-inf"))
-            pattern = scores.softmax(dim=-1)  # (B, H, b, K)
-            z = self.dropout(pattern) @ v[:, :, :seen]  # (B, H, b, d)
+            pattern = scores.softmax(dim=-1, dtype=torch.float32)  # (B, H, b, K): float32 in any dtype, as eager's
+            z = self.dropout(pattern).to(v.dtype) @ v[:, :, :seen]  # (B, H, b, d)
             if seen < num_keys and not narrow:
                 pattern = torch.nn.functional.pad(pattern, (0, num_keys - seen))  # (B, H, b, Nk): the future's zeros
             yield start, self.w_o(merge_heads(z)), pattern  # (B, b, D), (B, H, b, Nk or K)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight  # (B, H, N, d)
-
-
-class MultiHeadAttention(nn.Module):
-    """Multi-head attention: project, split into heads, attend, merge, project.
-
-    query_size, key_size and value_size default to model_size; they may differ
-    (cross-attention between sequences of other widths, as in d2l.ai). The rest is for
-    current models: num_kv_heads (grouped-query attention: H_kv key/value heads, each shared
-    by H / H_kv query heads), head_dim (d, when a model sets it apart from D / H), scale
-    (default 1/sqrt(d)), out_bias (default: bias), rotary_inv_freq (RoPE's frequencies, d/2:
-    q and k are rotated by position) and q_norm / k_norm (HeadNorm, set after building).
-    """
-
-    def __init__(
-        self,
-        model_size: int,
-        num_heads: int,
-        *,
-        query_size: int | None = None,
-        key_size: int | None = None,
-        value_size: int | None = None,
-        bias: bool = True,
-        dropout: float = 0.0,
-        num_kv_heads: int | None = None,
-        head_dim: int | None = None,
-        scale: float | None = None,
-        out_bias: bool | None = None,
-        rotary_inv_freq: torch.Tensor | None = None,
-        rotary_scaling: float = 1.0,
-    ):
-        super().__init__()
-        if head_dim is None:
-            check_num_heads(model_size, num_heads)
-        self.num_heads = num_heads
-        self.num_kv_heads = num_kv_heads or num_heads
-        if num_heads % self.num_kv_heads:
-            raise AttnvizError(f"{self.num_kv_heads} key/value heads cannot be shared evenly by {num_heads} query heads")
-        self.head_dim = head_dim or model_size // num_heads
-        self.scale = 1 / math.sqrt(self.head_dim) if scale is None else scale
-        inner, kv_inner = num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.w_q = nn.Linear(query_size or model_size, inner, bias=bias)
-        self.w_k = nn.Linear(key_size or model_size, kv_inner, bias=bias)
-        self.w_v = nn.Linear(value_size or model_size, kv_inner, bias=bias)
-        self.w_o = nn.Linear(inner, model_size, bias=bias if out_bias is None else out_bias)
-        self.q_norm: HeadNorm | None = None
-        self.k_norm: HeadNorm | None = None
-        self.register_buffer("rotary_inv_freq", rotary_inv_freq, persistent=False)
-        self.rotary_scaling = rotary_scaling
-        self.fused_qkv_name: str | None = None  # the model's one fused W_q, W_k, W_v (GPT-2's c_attn), for traces
-        self.dropout = nn.Dropout(dropout)
-
-    @property
-    def group_size(self) -> int:
-        """G: the query heads that share one key/value head (1 without grouped-query attention)."""
-        return self.num_heads // self.num_kv_heads
-
-    def rotary(self, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """RoPE's cos and sin tables (N, d) for positions 0 .. N - 1; None for a layer without RoPE."""
-        if self.rotary_inv_freq is None:
-            return None
-        return rotary_tables(num_tokens, self.rotary_inv_freq, self.rotary_scaling)
-
-    def project(
-        self, queries: torch.Tensor, keys: torch.Tensor | None = None, values: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q (B, H, Nq, d), and k and v (B, H, Nk, d): projected, split into heads, normalised, rotated (RoPE),
-        and each key/value head repeated for the query heads that share it. keys and values default to queries."""
-        keys = queries if keys is None else keys
-        values = keys if values is None else values
-        q = split_heads(self.w_q(queries), self.num_heads)  # (B, H, Nq, d)
-        k = split_heads(self.w_k(keys), self.num_kv_heads)  # (B, H_kv, Nk, d)
-        v = split_heads(self.w_v(values), self.num_kv_heads)  # (B, H_kv, Nk, d)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        if self.rotary_inv_freq is not None:
-            cos, sin = self.rotary(max(q.shape[2], k.shape[2]))  # (N, d) each
-            q = rotate(q, cos[: q.shape[2]], sin[: q.shape[2]])  # (B, H, Nq, d)
-            k = rotate(k, cos[: k.shape[2]], sin[: k.shape[2]])  # (B, H_kv, Nk, d)
-        return q, repeat_kv(k, self.group_size), repeat_kv(v, self.group_size)  # (B, H, Nk, d) each
-
-    def blocks(
-        self,
-        queries: torch.Tensor,
-        keys: torch.Tensor | None = None,
-        values: torch.Tensor | None = None,
-        *,
-        valid_lens: torch.Tensor | None = None,
-        causal: bool = False,
-        position_bias: torch.Tensor | None = None,
-        rows: int | None = None,
-    ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
-        """The layer a block of queries at a time: (first query, output (B, b, D), weights (B, H, b, Nk)) per block.
-
-        Each block holds `rows` queries (all of them when None; rows_per_block picks a count for a
-        memory budget) over every key: each row's softmax is over its whole row, so the blocks are
-        the very rows forward returns, and no (H, Nq, Nk) tensor is made whole. position_bias as in forward.
-        """
-        q, k, v = self.project(queries, keys, values)
-        num_queries, num_keys = q.shape[2], k.shape[2]
-        rows = rows or num_queries
-        for start in range(0, num_queries, rows):
-            stop = min(start + rows, num_queries)
-            # Under a causal mask a block's queries see no key past its last query: those are left out
-            # of the products and the softmax (their weight is exactly 0 either way).
-            seen = min(stop, num_keys) if causal and stop < num_keys else num_keys
-            scores = q[:, :, start:stop] @ k[:, :, :seen].transpose(-2, -1) * self.scale  # (B, H, b, Nk')
-            if position_bias is not None:
-                scores = scores + position_bias[:, :, start:stop, :seen]
-            allowed = allowed_keys(stop - start, seen, valid_lens, causal, scores.device, first_query=start)
-            if allowed is not None:
-                # -inf gives masked keys exactly zero weight; every row keeps at least key 0.
-                scores.masked_fill_(~allowed, float("-inf"))  # in place: scores is ours, and may be large
-            pattern = scores.softmax(dim=-1)  # (B, H, b, Nk')
-            z = self.dropout(pattern) @ v[:, :, :seen]  # (B, H, b, d)
-            if seen < num_keys:
-                pattern = torch.nn.functional.pad(pattern, (0, num_keys - seen))  # (B, H, b, Nk): the future's zeros
-            yield start, self.w_o(merge_heads(z)), pattern  # (B, b, D), (B, H, b, Nk)
 
     def forward(
         self,

@@ -58,7 +58,7 @@ def blocked_attention(
         elif causal:
             allowed = allowed_keys(stop - start, num_keys, causal=True, device=scores.device, first_query=start + num_keys - num_queries)
             scores.masked_fill_(~allowed, lowest)
-        output[:, :, start:stop] = scores.softmax(dim=-1) @ value
+        output[:, :, start:stop] = scores.softmax(dim=-1, dtype=torch.float32).to(value.dtype) @ value  # as eager
     return output.transpose(1, 2).contiguous(), None
 
 
