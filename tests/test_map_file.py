@@ -69,6 +69,7 @@ def test_a_long_results_attention_reads_its_rows_as_long_as_the_result_or_a_slic
     written = result.save(tmp_path / "saved")
     assert tmp_path / "saved" / "attention.npy" in written
     assert np.array_equal(np.load(tmp_path / "saved" / "attention.npy")[1, 7], first)
+    assert os.stat(tmp_path / "saved" / "attention.npy").st_nlink == 2  # one file system: a hard link, no byte copied
     for path in (tmp_path / "saved").iterdir():
         path.unlink()
     gc.collect()
