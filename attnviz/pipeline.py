@@ -34,7 +34,7 @@ from attnviz.spec import RunSpec, model_is_causal
 BATCH_SIZE = 32
 # A block of attention's memory when --memory is not given, on the CPU (on a GPU: half its free memory).
 DEFAULT_MEMORY_MB = 512
-# A text's map (H, Nq, Nk) float32 past this many bytes (or past --memory) goes to attention.npy, read lazily.
+# A text's map (H, Nq, Nk) float32 past this many bytes (or past --memory) goes to a temporary .npy, read lazily.
 LARGE_MAP_BYTES = 64 * 2**20
 
 
@@ -118,7 +118,7 @@ class LayerPass(NamedTuple):
 
     output and patterns are the padded batch's tensors, (B, Nq, D) and (B, H, Nq, Nk); from
     layer_pass(..., in_blocks=True) past the memory budget, each text's own arrays instead,
-    (Nq_i, D) and (H, Nq_i, Nk_i), a map past the large-map size a read-only memmap of attention.npy.
+    (Nq_i, D) and (H, Nq_i, Nk_i), a map past the large-map size a read-only memmap of a temporary .npy.
     """
 
     attention: MultiHeadAttention
@@ -173,7 +173,7 @@ def block_maps(blocks, sizes: list[tuple[int, int]], num_heads: int, large: int)
     """Each text's output (Nq_i, D) and weights (H, Nq_i, Nk_i) from the layer's blocks (first query, (B, b, D), (B, H, b, Nk)).
 
     sizes: each text's (Nq_i, Nk_i). A map of more than `large` bytes is written block by block
-    into attention.npy in a folder of its own (run_data.MapFile) and comes back as a read-only
+    into a .npy in a temporary folder of its own (run_data.MapFile) and comes back as a read-only
     memmap of it; the others are arrays in memory. No (B, H, Nq, Nk) tensor is ever whole.
     """
     from attnviz.run_data import MapFile

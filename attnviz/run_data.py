@@ -5,6 +5,8 @@ Arrays are NumPy, not torch, so that renderers never need to import torch.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
 import tempfile
 import weakref
@@ -195,17 +197,22 @@ class AttentionRun:
 
 # ---- attention.npy: a long text's map ------------------------------------------------------------
 # Past a size (pipeline.LARGE_MAP_BYTES) the chosen layer's weights are not text in attention.json
-# but one float32 array (H, Nq, Nk) in attention.npy beside it: NumPy's standard format, which
-# numpy.load reads with mmap_mode="r", so a notebook slices r.attention[3, 7000] without reading the
-# rest. Not safetensors: its header (every tensor's offsets) comes first and a safetensors file is
-# not meant to be filled in place, block by block, nor mapped writable while it grows.
-# Until a run is saved the file lives in a folder of its own in the temporary directory, removed
-# when the last view of the map goes (weakref.finalize; at exit at the latest); saving copies it
-# into the run's staging folder (output/runs.py moves it into place with the rest, all or nothing).
-# Blocks are written with plain file writes, not through a writable mapping, so that the pages
-# written never count in the process's resident memory.
+# but one float32 array (H, Nq, Nk) in a .npy: NumPy's standard format, which numpy.load reads with
+# mmap_mode="r", so a notebook slices r.attention[3, 7000] without reading the rest. Not
+# safetensors: its header (every tensor's offsets) comes first and a safetensors file is not meant
+# to be filled in place, block by block, nor mapped writable while it grows.
+# The file is a working file of the run, in a folder of its own in the temporary directory (never
+# the user's folder): figures, the report's zoom and the Python result's .attention read it there.
+# The folder goes when the last view of the map goes (weakref.finalize: a Python result keeps it as
+# long as it lives), when the command that made it ends (temporary_maps), on an error (the unfinished
+# MapFile's own finalize), on a signal (output/runs.py: remove_map_folders) and at exit at the
+# latest. Saving it (`heads --save-map`, a result's .save) puts attention.npy into the run's staging
+# folder as a hard link, a copy only across file systems (save_map); output/runs.py moves it into
+# place with the rest, all or nothing. Blocks are written with plain file writes, not through a
+# writable mapping, so that the pages written never count in the process's resident memory.
 
 MAP_FILE = "attention.npy"
+_map_folders: set[Path] = set()  # this process's map folders still on disk
 
 
 @dataclass(frozen=True)
@@ -215,12 +222,35 @@ class MappedFile:
     path: str
 
 
+def _remove_map_folder(folder: Path) -> None:
+    _map_folders.discard(folder)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def remove_map_folders(folders: set[Path] | None = None) -> None:
+    """Remove the map folders (by default every one of this process): a map already mapped is still read (POSIX)."""
+    for folder in list(_map_folders if folders is None else folders & _map_folders):
+        _remove_map_folder(folder)
+
+
+@contextlib.contextmanager
+def temporary_maps():
+    """The map folders made in the block are removed when it ends, however it ends: a command's maps are working files."""
+    before = set(_map_folders)
+    try:
+        yield
+    finally:
+        remove_map_folders(_map_folders - before)
+
+
 class MapFile:
     """A (H, Nq, Nk) float32 .npy being written: map_file[:, start:stop] = block (H, b, Nk); finish() maps it for reading."""
 
     def __init__(self, shape: tuple[int, int, int]):
         self.shape = shape
         self.folder = Path(tempfile.mkdtemp(prefix="attnviz-map-"))
+        _map_folders.add(self.folder)
+        self.removal = weakref.finalize(self, _remove_map_folder, self.folder)  # an error before finish(): removed
         self.path = self.folder / MAP_FILE
         header = np.lib.format.open_memmap(self.path, mode="w+", dtype=np.float32, shape=shape)  # the header, the file sized
         self.offset = header.offset
@@ -239,10 +269,22 @@ class MapFile:
         """The written map as a read-only memmap; its folder goes when the memmap does."""
         self.file.close()
         array = np.load(self.path, mmap_mode="r")
-        weakref.finalize(array, shutil.rmtree, self.folder, True)
+        self.removal.detach()
+        weakref.finalize(array, _remove_map_folder, self.folder)
         return array
 
 
-def copy_map(attention: np.memmap, folder: Path) -> Path:
-    """attention.npy in folder: a copy of the file behind a map on disk (the kernel copies it; nothing is read into memory)."""
-    return Path(shutil.copyfile(attention.filename, folder / MAP_FILE))
+def map_bytes(attention: np.ndarray) -> int:
+    """The bytes of a map as attention.npy holds it: float32."""
+    return 4 * int(np.prod(attention.shape))
+
+
+def place_map(attention: np.memmap, folder: Path) -> Path:
+    """attention.npy in folder, the file behind a map on disk: a hard link to it (no byte copied), a copy where
+    the folder is on another file system. Either way the map's own file stays until its map goes."""
+    path = folder / MAP_FILE
+    try:
+        os.link(attention.filename, path)
+    except OSError:  # another file system (EXDEV), or one without hard links
+        shutil.copyfile(attention.filename, path)
+    return path

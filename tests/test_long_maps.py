@@ -3,9 +3,9 @@
 Short texts keep today's attention.json (the weights as text, no attention_file) and a torch
 tensor; a map past the size (64 MB, or --memory's MB: here 1, to make the bundled BERT's 400-odd
 tokens "long") is a read-only memmap of attention.npy whose rows equal transformers' eager
-attentions, and the run folder holds the .npy beside a small attention.json that names it. On a
-tiny random Llama at 4,096 tokens (its positions: the text cut there), sampled rows equal a float64 computation written here, and
-the process's peak memory stays below the map's size.
+attentions, and the run folder holds the .npy (a Python result's save, heads --save-map) beside a small
+attention.json that names it. On a tiny random Llama at 4,096 tokens (its positions: the text cut there),
+sampled rows equal a float64 computation written here, and the process's peak memory stays below the map's size.
 """
 
 from __future__ import annotations
@@ -154,7 +154,8 @@ def test_heads_command_writes_attention_npy_and_a_report_html_without_whole_maps
     from attnviz.cli import run
 
     out = tmp_path / "run"
-    assert run(["heads", LONG_TEXT, "--model", "bundled", "--memory", "1", "--figures", "grid", "--out", str(out)]) == 0
+    argv = ["heads", LONG_TEXT, "--model", "bundled", "--memory", "1", "--figures", "grid", "--save-map", "--out", str(out)]
+    assert run(argv) == 0
     assert (out / "attention.npy").exists() and (out / "report.html").exists()
     report = (out / "report.html").read_text(encoding="utf-8")
     assert '"attention":null' in report and '"layers":null' in report and '"zoom":' in report  # tests/test_report_long.py
@@ -170,7 +171,8 @@ def test_heads_file_writes_each_long_texts_attention_npy_in_its_folder(tmp_path)
 
     (tmp_path / "texts.txt").write_text(f"The cat sat.\n{LONG_TEXT}\n", encoding="utf-8")
     out = tmp_path / "batch"
-    assert run(["heads", "--file", str(tmp_path / "texts.txt"), "--model", "bundled", "--memory", "1", "--no-html", "--out", str(out)]) == 0
+    argv = ["heads", "--file", str(tmp_path / "texts.txt"), "--model", "bundled", "--memory", "1", "--no-html", "--save-map", "--out", str(out)]
+    assert run(argv) == 0
     short, long = sorted(path for path in out.iterdir() if path.is_dir())
     assert not (short / "attention.npy").exists() and json.loads((short / "attention.json").read_text(encoding="utf-8"))["attention"]
     stored = np.load(long / "attention.npy", mmap_mode="r")

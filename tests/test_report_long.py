@@ -263,9 +263,9 @@ def test_heads_writes_report_html_of_a_long_text_whose_zoom_is_the_maps_block_ma
     from attnviz.html.record import encode_zoom
 
     out = tmp_path / "run"
-    argv = ["heads", LLAMA_TEXT, "--model", str(tiny_llama), "--layer", "1", "--memory", "1", "--figures", "none", "--out", str(out)]
+    argv = ["heads", LLAMA_TEXT, "--model", str(tiny_llama), "--layer", "1", "--memory", "1", "--figures", "none", "--save-map", "--out", str(out)]
     assert run_cli(argv) == 0
-    stored = np.load(out / "attention.npy", mmap_mode="r")  # the map went to disk: --memory 1
+    stored = np.load(out / "attention.npy", mmap_mode="r")  # the map went to disk: --memory 1; saved: --save-map
     assert stored.shape[1] > ZOOM_MIN_TOKENS
     (record_text,) = page_record((out / "report.html").read_text(encoding="utf-8"))["texts"]
     assert record_text["attention"] is None and record_text["layers"] is None and record_text["rollout"] is None

@@ -35,7 +35,8 @@ class RunOptions:
     shows words, not word pieces; memory is the most megabytes a block of attention may take
     (None: 512 on the CPU, half the GPU's free memory on CUDA; pipeline.memory_budget): past it the
     weights are computed a block of queries at a time, and a map past 64 MB (or past memory) goes to
-    attention.npy, read lazily. Wrong types and values are refused as the value is built.
+    a temporary .npy, read lazily (a result's save writes it as attention.npy). Wrong types and values
+    are refused as the value is built.
     """
 
     model: Any = None  # str | Path | attnviz.Model | None

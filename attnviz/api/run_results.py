@@ -113,7 +113,8 @@ class HeadsResult:
 
     @cached_property
     def attention(self):
-        """(H, Nq, Nk): a torch.Tensor; for a long text (run.map_on_disk) a read-only numpy memmap of attention.npy, read as sliced."""
+        """(H, Nq, Nk): a torch.Tensor; for a long text (run.map_on_disk) a read-only numpy memmap, read as sliced,
+        of a temporary attention.npy that lives as long as the memmap does (this result, or a slice of it)."""
         if self.run.map_on_disk:
             return self.run.attention
         return tensor(self.run.attention)  # (H, Nq, Nk)
@@ -167,19 +168,23 @@ class HeadsResult:
         return side_by_side_figure(self.run, self.measures, seed=self.spec.seed)
 
     def save(self, folder: str | Path, format: str = "png", window=None) -> list[Path]:
-        """Write what `attnviz heads TEXT --out folder` writes: head_XX.<format>, heads.<format>, attention.json,
-        and with measures, their figures (norm_heads, norm, value_zeroing, flow, measures.<format>);
-        with window (as figure's, `--window`), every head's window_head_XX.<format> too."""
+        """Write what `attnviz heads TEXT --save-map --out folder` writes: head_XX.<format>, heads.<format>,
+        attention.json, a long text's attention.npy (a hard link to .attention's file where the folder's file
+        system allows, else a copy; .attention still reads it), and with measures, their figures (norm_heads,
+        norm, value_zeroing, flow, measures.<format>); with window (as figure's, `--window`), every head's
+        window_head_XX.<format> too."""
         checked = self.window(window) if window is not None else None  # before anything is written
         return save_run_files(folder, lambda staging: self.write_files(staging, format, window=checked), format)
 
     def write_files(
-        self, folder: Path, format: str = "png", figures: str = "all", head: int | None = None, window=None
+        self, folder: Path, format: str = "png", figures: str = "all", head: int | None = None, window=None,
+        save_map: bool = True,
     ) -> list[Path]:
         """save's files, written straight into an existing folder (the command line stages its own).
 
         figures and head: the heatmaps that `heads --figures` and `--head` choose (output/batch.py's write_head_figures);
-        window (`--window`, as figure's): window_head_XX of each head, or of head alone.
+        window (`--window`, as figure's): window_head_XX of each head, or of head alone; save_map False (`heads`
+        without --save-map): a long text's map is not written, attention.json says so.
         """
         from attnviz.output.batch import write_head_figures
         from attnviz.output.export import write_attention_files
@@ -194,7 +199,7 @@ class HeadsResult:
             from attnviz.render.measure_figures import write_measure_figures
 
             written += write_measure_figures(self.run, self.measures, folder, format, seed=self.spec.seed)
-        return written + write_attention_files(self.run, self.spec, folder, self.measures)
+        return written + write_attention_files(self.run, self.spec, folder, self.measures, save_map)
 
     def to_dict(self) -> dict:
         """attention.json's content: the attention as nested lists, rounded as the file rounds it."""

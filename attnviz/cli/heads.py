@@ -83,6 +83,10 @@ def heads(
     words: bool = WordsOption,
     measure: Measure = MeasureOption,
     allow_pickle: bool = AllowPickleOption,
+    save_map: bool = typer.Option(
+        False, "--save-map", help="Also write a long text's whole map (past 64 MB, or past --memory) as attention.npy; "
+        "without it the map is a temporary file, read for the figures and the report, and attention.json says so.",
+    ),
     no_html: bool = typer.Option(
         False, "--no-html", help="Do not write report.html (the interactive report, as attnviz report writes it)."
     ),
@@ -116,7 +120,9 @@ def heads(
     functions.refuse_before_loading(options)
     images = dict(figures=(figures.value if figures else "grid" if file is not None else "all"), head=head)
     if file is not None:
-        return _heads_for_file(file, options, image_format.value, out, images, html=not no_html, allow_pickle=allow_pickle)
+        return _heads_for_file(
+            file, options, image_format.value, out, {**images, "save_map": save_map}, html=not no_html, allow_pickle=allow_pickle
+        )
     target = run_target(out, run_folder_name(text))
     handle = load(options.model, options.device, dtype=options.dtype, allow_pickle=allow_pickle, cache=False)
     if head is not None:
@@ -148,7 +154,7 @@ def heads(
 
     def write(staging: Path) -> list[Path]:
         # The figure worker (attnviz/startup.py) writes the result's files while this process computes the report.
-        figure_options = (image_format.value, images["figures"], head, checked_window)
+        figure_options = (image_format.value, images["figures"], head, checked_window, save_map)
         with startup.drawn(result.write_files, staging, *figure_options) as drawing:
             report = report_of_runs(handle.loaded, [run], result.spec).write_files(staging) if not no_html else []
             written = drawing.wait()
@@ -156,6 +162,11 @@ def heads(
         return written + report
 
     write_run(out, target, "writing heatmaps…", write)
+    if run.map_on_disk and not save_map:
+        from attnviz.output.export import map_not_saved
+        from attnviz.run_data import map_bytes
+
+        terminal.print_notices(errors, [map_not_saved(map_bytes(run.attention))])
     print_recap(run)
     if traced is not None and not traced.agree:
         return layouts_disagree(traced.trace)
@@ -181,8 +192,8 @@ def _heads_for_file(
 ) -> None:
     """`heads --file`: every line through the same layer, batch by batch; a folder per text; report.html of the first texts.
 
-    images: the heatmaps each folder gets (--figures, --head). The output layer's write_batch, not attnviz.heads:
-    it writes each batch's folders as it goes, so no more than a batch of runs is ever held, however long the file.
+    images: the heatmaps each folder gets (--figures, --head), and save_map (--save-map). The output layer's
+    write_batch, not attnviz.heads: it writes each batch's folders as it goes, so no more than a batch of runs is ever held, however long the file.
     """
     from attnviz.api.models import load
     from attnviz.output import batch

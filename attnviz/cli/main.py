@@ -36,6 +36,7 @@ INTERRUPTED = 130  # the shell's exit code for Ctrl-C (128 + SIGINT)
 def run(args: list[str] | None = None) -> int:
     """Run the command line and return its exit code; errors become one line on stderr."""
     from attnviz.output.runs import forget_written_folders, last_interruption
+    from attnviz.run_data import temporary_maps
 
     forget_written_folders()
     console.quiet = False  # --quiet is one command's (cli/options.py): a run in the same process starts loud
@@ -43,7 +44,8 @@ def run(args: list[str] | None = None) -> int:
     try:
         _refuse_empty_out(args)
         # A bare `attnviz` prints --help, as a usage error would not: nothing was asked that failed.
-        with warnings.catch_warnings():  # the commands print the API's notes themselves, as "note: ..."
+        # the commands print the API's notes themselves, as "note: ..."; a long text's map is a working file
+        with warnings.catch_warnings(), temporary_maps():
             warnings.simplefilter("ignore", AttnvizWarning)
             result = app(args=args or ["--help"], prog_name="attnviz", standalone_mode=False)
     except UsageError as error:

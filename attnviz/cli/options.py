@@ -155,7 +155,8 @@ def _memory_option(past_it: str):
 
 
 MemoryOption = _memory_option(
-    "Past it the weights are computed a block of queries at a time; a map past 64 MB (or past --memory) goes to attention.npy."
+    "Past it the weights are computed a block of queries at a time; a map past 64 MB (or past --memory) is a temporary "
+    "file (heads --save-map writes it as attention.npy)."
 )
 EveryLayerMemoryOption = _memory_option(
     "Past it, or when a layer's map passes 64 MB (or --memory), every layer's weights are computed a block of "

@@ -83,15 +83,16 @@ def run_in_batches(
 
 
 def write_run_files(
-    run: AttentionRun, spec: RunSpec, folder: Path, fmt: str, *, figures: str = "all", head: int | None = None
+    run: AttentionRun, spec: RunSpec, folder: Path, fmt: str, *, figures: str = "all", head: int | None = None,
+    save_map: bool = False,
 ) -> list[Path]:
-    """What `attnviz heads` writes for one text: the heatmaps that figures and head choose, attention.json."""
-    from attnviz.output.export import write_attention_json
+    """What `attnviz heads` writes for one text: the heatmaps that figures and head choose, attention.json,
+    and with save_map (--save-map) a long text's attention.npy."""
+    from attnviz.output.export import write_attention_files
 
     folder.mkdir()
     written = write_head_figures(run, folder, fmt, spec.seed, figures=figures, head=head)
-    written.append(write_attention_json(run, spec, folder / "attention.json"))
-    return written
+    return written + write_attention_files(run, spec, folder, save_map=save_map)
 
 
 def write_head_figures(
@@ -149,25 +150,33 @@ def write_batch(
     on_text: Callable[[], None] | None = None,
     figures: str = "all",
     head: int | None = None,
+    save_map: bool = False,
 ) -> BatchResult:
     """Run every text with spec's settings, write its folder into out_dir, then summary.csv and summary.json.
 
-    figures and head choose each folder's heatmaps (write_head_figures).
+    figures and head choose each folder's heatmaps (write_head_figures); save_map (--save-map) writes a long
+    text's whole map, attention.npy, into its folder; without it a note says how many were not saved.
     """
+    from attnviz.output.export import map_not_saved
+    from attnviz.run_data import map_bytes
+
     names = text_folder_names(texts)
     rows, truncated, notices, first_run = [], [], {}, None
+    unsaved = []  # the bytes of each long text's map not saved
     batched_runs = run_in_batches(loaded, [entry.text for entry in texts], spec, batch_size)
     runs = (run for batch_runs in batched_runs for run in batch_runs)  # one batch in memory at a time
     for index, (entry, name, run) in enumerate(zip(texts, names, runs), 1):
-        write_run_files(run, spec, out_dir / name, fmt, figures=figures, head=head)
+        write_run_files(run, spec, out_dir / name, fmt, figures=figures, head=head, save_map=save_map)
+        unsaved += [map_bytes(run.attention)] if run.map_on_disk and not save_map else []
         rows.append(summary_row(index, entry, name, run))
         truncated.append(run.truncated)
         notices.update(dict.fromkeys(run.notices))
-        if first_run is None:  # a copy of its own slice: a view would keep the whole batch's arrays alive
-            first_run = replace(run, attention=run.attention.copy(), output=run.output.copy())
+        if first_run is None:  # a copy of its own slice: a view would keep the whole batch's arrays alive (a map on disk: none)
+            first_run = replace(run, attention=run.attention if run.map_on_disk else run.attention.copy(), output=run.output.copy())
         if on_text is not None:
             on_text()
     files = write_summary(rows, truncated, out_dir, first_run, spec)
+    notices.update(dict.fromkeys([map_not_saved(sum(unsaved), len(unsaved))] if unsaved else []))
     return BatchResult(rows, first_run, list(notices), files)
 
 

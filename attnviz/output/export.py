@@ -12,6 +12,7 @@ from attnviz.run_data import AttentionRun, truncation_json
 from attnviz.spec import RunSpec
 
 FORMAT_VERSION = 1
+PYTHON_SAVE = " (in Python: result.save(folder))"  # how a map not saved is saved from the API, in attention.json's note
 DECIMALS = 7  # float32 weights rounded to 1e-7: far below the 1e-5 the tests hold them to
 
 
@@ -74,32 +75,46 @@ def words_record(run: AttentionRun) -> dict:
     }
 
 
-def write_attention_files(run: AttentionRun, spec: RunSpec, folder: Path, measures=None) -> list[Path]:
-    """attention.json in folder, and beside it attention.npy when the run's map is one (a long text: run_data.MapFile)."""
+def write_attention_files(run: AttentionRun, spec: RunSpec, folder: Path, measures=None, save_map: bool = True) -> list[Path]:
+    """attention.json in folder, and beside it attention.npy when the run's map is one (a long text: run_data.MapFile)
+    and save_map (`heads --save-map`; a Python result's save)."""
     from attnviz.run_data import MAP_FILE
 
-    written = write_attention_json(run, spec, folder / "attention.json", measures)
-    return [written, *([folder / MAP_FILE] if run.map_on_disk else [])]
+    written = write_attention_json(run, spec, folder / "attention.json", measures, save_map)
+    return [written, *([folder / MAP_FILE] if run.map_on_disk and save_map else [])]
 
 
-def map_file_record(run: AttentionRun) -> dict:
-    """attention.json's fields that name attention.npy, for a map stored there: "attention" itself is null."""
-    from attnviz.run_data import MAP_FILE
+def map_file_record(run: AttentionRun, saved: bool = True) -> dict:
+    """attention.json's fields for a map on disk (a long text): "attention" itself is null, and "attention_file"
+    names attention.npy; a map not saved (`heads` without --save-map) has "attention_file" null and a note instead."""
+    from attnviz.run_data import MAP_FILE, map_bytes
 
-    return {"attention_file": MAP_FILE, "attention_shape": list(run.attention.shape), "attention_dtype": "float32", "attention": None}
+    shape = {"attention_shape": list(run.attention.shape), "attention_dtype": "float32"}
+    if saved:
+        return {"attention_file": MAP_FILE, **shape, "attention": None}
+    return {"attention_file": None, **shape, "attention_note": map_not_saved(map_bytes(run.attention)) + PYTHON_SAVE, "attention": None}
 
 
-def write_attention_json(run: AttentionRun, spec: RunSpec, path: Path, measures=None) -> Path:
+def map_not_saved(num_bytes: int, count: int = 1) -> str:
+    """The line that says long texts' maps (count of them, num_bytes in all) were not saved, and how to get them."""
+    size = f"{num_bytes / 1e6:,.0f} MB"
+    if count == 1:
+        return f"the whole map ({size}) was not saved; --save-map writes attention.npy"
+    return f"the whole maps of {count} long texts ({size}) were not saved; --save-map writes each one's attention.npy"
+
+
+def write_attention_json(run: AttentionRun, spec: RunSpec, path: Path, measures=None, save_map: bool = True) -> Path:
     """attention.json; measures (analysis.measures.RunMeasures, --measure) adds "measures" before "attention".
 
-    A map stored in attention.npy (a long text) is named, not written: its shape and dtype, "attention" null,
-    and the .npy copied beside.
+    A map on disk (a long text) is named, not written: its shape and dtype, "attention" null, and with
+    save_map, attention.npy put beside (run_data.place_map); without, "attention_file" null and a note.
     """
-    from attnviz.run_data import copy_map
+    from attnviz.run_data import place_map
 
     if run.map_on_disk:
-        copy_map(run.attention, path.parent)
-        record = {**attention_record(run, spec, measures), **map_file_record(run)}
+        if save_map:
+            place_map(run.attention, path.parent)
+        record = {**attention_record(run, spec, measures), **map_file_record(run, saved=save_map)}
         path.write_text(json.dumps(record, ensure_ascii=False), encoding="utf-8")
         return path
     record = json.dumps(attention_record(run, spec, measures), ensure_ascii=False)

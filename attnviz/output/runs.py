@@ -153,14 +153,17 @@ def handle_signals() -> None:
 
 
 def _on_signal(number: int, frame) -> None:
-    """End the run at once, whatever it was doing: remove what it staged, say so, exit 128 + number.
+    """End the run at once, whatever it was doing: remove what it staged and its temporary maps, say so, exit 128 + number.
 
     An exception raised here would have to pass through the C and C++ code the run is in (torch,
     matplotlib), which may turn it into another error or abort the process. Where the files are
     moved into place, signals_deferred holds the signal back instead, so no move is cut short.
     """
+    from attnviz.run_data import remove_map_folders
+
     for folder in _open_folders:
         folder.discard()
+    remove_map_folders()  # the run's temporary maps: os._exit runs no finalizer
     os.write(2, interrupted_message().encode() + b"\n")
     os._exit(128 + number)  # as attnviz/__main__.py does during the imports
 

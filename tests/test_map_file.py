@@ -1,0 +1,161 @@
+"""A long text's whole map is a working file: a temporary .npy, in the run's folder only when asked.
+
+Past the large-map size (here --memory 1 makes the bundled BERT's 442 tokens "long": a (12, 442, 442) float32
+map of 9.4 MB) the map is written block by block into a .npy in a folder of its own in the temporary directory
+(tempfile.tempdir, pointed here at a test folder). `heads` writes it into the output folder as attention.npy only
+with --save-map, and a Python result's save always; without, attention.json says it was not saved, and how to
+get it, and the command says so in one line. The temporary folder goes when the command ends (also on an error or
+a signal), and for the Python API when the last view of the map goes.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import attnviz
+
+LONG_TEXT = "The cat sat on the mat because it was tired. " * 40  # 442 BERT tokens
+MAP_SHAPE = (12, 442, 442)
+MAP_BYTES = 4 * 12 * 442 * 442  # float32: 9.4 MB
+FILES_BUDGET = 30 * 10**6  # bytes: the issue's budget for the files of a long run
+
+
+@pytest.fixture(scope="module")
+def model():
+    return attnviz.load("bundled", device="cpu")
+
+
+@pytest.fixture
+def temporary(tmp_path, monkeypatch):
+    """The temporary directory of this process's runs (tempfile.tempdir: the default of every tempfile function)."""
+    folder = tmp_path / "tmp"
+    folder.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    return folder
+
+
+def reference_attention(reference_bert, text: str, layer: int) -> np.ndarray:
+    tokenizer, bert = reference_bert
+    with torch.no_grad():
+        return bert(**tokenizer([text], return_tensors="pt"), output_attentions=True).attentions[layer][0].numpy()
+
+
+def folder_files(folder) -> dict[str, int]:
+    """Every file under folder, hidden ones too, and its size in bytes."""
+    return {os.path.relpath(os.path.join(root, name), folder): os.path.getsize(os.path.join(root, name))
+            for root, _, names in os.walk(folder) for name in names}  # fmt: skip
+
+
+def test_a_long_results_attention_reads_its_rows_as_long_as_the_result_or_a_slice_of_it_lives(model, reference_bert, temporary, tmp_path):
+    result = attnviz.heads(LONG_TEXT, model=model, layer=2, memory=1)
+    expected = reference_attention(reference_bert, LONG_TEXT, 2)[1, 7]  # head 1, row 7
+    assert result.attention.shape == MAP_SHAPE and len(os.listdir(temporary)) == 1  # the map's folder
+    first = np.array(result.attention[1, 7])
+    gc.collect()
+    assert np.array_equal(result.attention[1, 7], first) and np.allclose(first, expected, atol=1e-5, rtol=0)
+
+    # save() puts attention.npy in the folder; removing that folder leaves the result's own file in place.
+    written = result.save(tmp_path / "saved")
+    assert tmp_path / "saved" / "attention.npy" in written
+    assert np.array_equal(np.load(tmp_path / "saved" / "attention.npy")[1, 7], first)
+    assert os.stat(tmp_path / "saved" / "attention.npy").st_nlink == 2  # one file system: a hard link, no byte copied
+    for path in (tmp_path / "saved").iterdir():
+        path.unlink()
+    gc.collect()
+    assert np.array_equal(result.attention[1, 7], first)
+
+    head = result.attention[1]  # (Nq, Nk): a view of the memmap keeps its file
+    del result
+    gc.collect()
+    assert np.array_equal(head[7], first) and len(os.listdir(temporary)) == 1
+    del head
+    gc.collect()
+    assert os.listdir(temporary) == []
+
+
+@pytest.mark.slow
+def test_a_long_heads_run_writes_its_map_only_with_save_map_and_says_so(reference_bert, temporary, tmp_path, capsys):
+    from attnviz.cli import run
+
+    argv = ["heads", LONG_TEXT, "--model", "bundled", "--layer", "2", "--memory", "1", "--figures", "grid"]
+    assert run([*argv, "--out", str(tmp_path / "plain")]) == 0
+    printed = capsys.readouterr()
+    assert os.listdir(temporary) == []  # the command's map is gone with the command: no garbage collection needed
+    assert run([*argv, "--save-map", "--out", str(tmp_path / "saved")]) == 0
+    assert os.listdir(temporary) == []
+
+    plain, saved = folder_files(tmp_path / "plain"), folder_files(tmp_path / "saved")
+    assert "attention.npy" not in plain and set(saved) - set(plain) == {"attention.npy"}
+    assert sum(plain.values()) <= FILES_BUDGET and max(plain.values()) < MAP_BYTES  # no file holds the map
+    assert saved["attention.npy"] >= MAP_BYTES
+    stored = np.load(tmp_path / "saved" / "attention.npy", mmap_mode="r")
+    assert stored.shape == MAP_SHAPE and np.allclose(stored, reference_attention(reference_bert, LONG_TEXT, 2), atol=1e-5, rtol=0)
+
+    line = "the whole map (9 MB) was not saved; --save-map writes attention.npy"
+    assert line in " ".join((printed.out + printed.err).split())
+    record = json.loads((tmp_path / "plain" / "attention.json").read_text(encoding="utf-8"))
+    assert record["attention"] is None and record["attention_file"] is None
+    assert record["attention_shape"] == list(MAP_SHAPE) and record["attention_dtype"] == "float32"
+    assert record["attention_note"].startswith(line) and "result.save(folder)" in record["attention_note"]
+    named = json.loads((tmp_path / "saved" / "attention.json").read_text(encoding="utf-8"))
+    assert named["attention_file"] == "attention.npy" and "attention_note" not in named
+    assert {key: value for key, value in record.items() if not key.startswith("attention")} == {
+        key: value for key, value in named.items() if not key.startswith("attention")
+    }  # every other field the same
+
+
+@pytest.mark.slow
+def test_a_long_heads_file_run_saves_each_long_texts_map_only_with_save_map(temporary, tmp_path, capsys):
+    from attnviz.cli import run
+
+    (tmp_path / "texts.txt").write_text(f"The cat sat.\n{LONG_TEXT}\n{LONG_TEXT}\n", encoding="utf-8")
+    argv = ["heads", "--file", str(tmp_path / "texts.txt"), "--model", "bundled", "--memory", "1", "--no-html", "--figures", "none"]
+    assert run([*argv, "--out", str(tmp_path / "batch")]) == 0
+    printed = capsys.readouterr()
+    assert not any(name.endswith("attention.npy") for name in folder_files(tmp_path / "batch"))
+    assert "the whole maps of 2 long texts (19 MB) were not saved" in " ".join((printed.out + printed.err).split())
+    assert run([*argv, "--save-map", "--out", str(tmp_path / "saved")]) == 0
+    maps = sorted(name for name in folder_files(tmp_path / "saved") if name.endswith("attention.npy"))
+    assert [name.split("-", 1)[0] for name in maps] == ["002", "003"]  # the long texts' folders, not the short one's
+    assert os.listdir(temporary) == []
+
+
+@pytest.mark.slow
+def test_a_long_run_that_fails_leaves_no_file_in_its_folder_and_no_temporary_map(temporary, tmp_path):
+    from attnviz.cli import run
+
+    out = tmp_path / "run"
+    (out / "attention.json").mkdir(parents=True)  # a folder of the user's where the run's file goes: refused when publishing
+    argv = ["heads", LONG_TEXT, "--model", "bundled", "--memory", "1", "--figures", "none", "--no-html", "--save-map"]
+    assert run([*argv, "--out", str(out)]) == 2
+    assert folder_files(out) == {} and os.listdir(out) == ["attention.json"]
+    assert os.listdir(temporary) == []
+
+
+@pytest.mark.slow
+def test_a_long_run_interrupted_by_ctrl_c_leaves_no_file_and_no_temporary_map(tmp_path):
+    """SIGINT once the map's temporary folder exists (the figures and the report still to draw): nothing is left."""
+    temporary, out = tmp_path / "tmp", tmp_path / "run"
+    temporary.mkdir()
+    command = [sys.executable, "-m", "attnviz", "heads", LONG_TEXT, "--model", "bundled", "--memory", "1", "--out", str(out)]
+    process = subprocess.Popen(command, env={**os.environ, "TMPDIR": str(temporary)}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 300
+    while not any(name.startswith("attnviz-map-") for name in os.listdir(temporary)):
+        assert process.poll() is None and time.monotonic() < deadline, "the run ended before its map was made"
+        time.sleep(0.02)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stderr
+    assert b"interrupted: nothing was written" in stderr
+    assert os.listdir(temporary) == [] and not out.exists()
