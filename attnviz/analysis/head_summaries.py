@@ -116,7 +116,6 @@ class HeadSummaries:
             self.sums = {name: torch.zeros(num_heads, dtype=torch.float64, device=device) for name in SUMMARIES}
             self.received = torch.zeros(num_heads, num_keys, dtype=torch.float64, device=device)
         queries = torch.arange(first_query, first_query + rows, device=device)  # (b,)
-        keys = torch.arange(num_keys, device=device)  # (Nk,)
         sums = self.sums
 
         # Under a causal mask the keys after the block's last query have weight 0: leave them out.
