@@ -234,3 +234,26 @@ def test_stats_and_layers_of_4096_tokens_never_hold_a_whole_map(command, check, 
     assert lines.get(command) == "True", done.stdout[-3000:]
     grown, map_bytes = (int(field) for field in lines["grown"].split())
     assert grown < map_bytes / 2, (grown, map_bytes)  # one layer's (H, N, N) float32 map: 384 MB
+
+
+@pytest.mark.parametrize("rows", [1, 5, 13, 37])
+def test_block_maxima_of_a_causal_map_fed_in_blocks_are_its_masked_block_maxima(rows):
+    """BlockMaxima over a causal map's blocks of queries: each block's largest weight over its cells j <= i, -inf
+    where it has none, computed here cell by cell in NumPy (blocks of keys past the block's rows are not read)."""
+    from attnviz.analysis.long_layers import BlockMaxima
+
+    num_heads, num_tokens, cells = 3, 37, 8
+    generator = torch.Generator().manual_seed(7)
+    scores = torch.randn(num_heads, num_tokens, num_tokens, generator=generator) * 3
+    future = torch.arange(num_tokens)[None, :] > torch.arange(num_tokens)[:, None]  # (N, N): key j after query i
+    weights = scores.masked_fill(future, float("-inf")).softmax(dim=-1)  # exactly 0 past each query
+    maxima = BlockMaxima(1, num_heads, num_tokens, cells, causal=True)
+    for start in range(0, num_tokens, rows):
+        maxima.add(0, start, weights[:, start : start + rows])
+    edges = [(c * num_tokens + cells - 1) // cells for c in range(cells)] + [num_tokens]
+    dense = weights.numpy()
+    for head in range(num_heads):
+        for r in range(cells):
+            for c in range(cells):
+                seen = [dense[head, i, j] for i in range(edges[r], edges[r + 1]) for j in range(edges[c], edges[c + 1]) if j <= i]
+                assert maxima.values[0, head, r, c] == (max(seen) if seen else -np.inf), (head, r, c)

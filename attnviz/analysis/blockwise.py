@@ -19,7 +19,7 @@ CPU_CELLS_AT_ONCE = 2**19
 DEVICE_CELLS_AT_ONCE = 2**25
 
 
-def query_sums(weights, valid_lens: list[int], columns, pairs: bool = True, first_query: int = 0):
+def query_sums(weights, valid_lens: list[int], columns, pairs: bool = True, first_query: int = 0, causal: bool = False):
     """Every query's sums of a padded batch of maps (B, H, N, N), zero on padding queries.
 
     valid_lens holds each text's tokens (B ints); columns (B, N, C) holds C values per key (the key
@@ -35,7 +35,8 @@ def query_sums(weights, valid_lens: list[int], columns, pairs: bool = True, firs
     so no sum changes).
     weights may also be a block of queries (B, H, b, N), the rows first_query .. first_query + b - 1
     (pipeline.iter_layer_blocks): every sum is then the block's queries', N read as b, with |q - k| and
-    the padding queries counted from first_query.
+    the padding queries counted from first_query. causal: query q sees keys 0 .. q alone (the weights
+    past it are 0), so each block of queries leaves out the keys past its last query, half the work.
     """
     import torch
 
@@ -55,7 +56,8 @@ def query_sums(weights, valid_lens: list[int], columns, pairs: bool = True, firs
         rows = min(max(length - first_query, 0), num_queries)  # the block's real queries in the group's longest text
         if rows > 0:
             texts = slice(group.start, group.stop)
-            _group_sums(weights[texts, :, :rows, :length], offsets[:rows, :length], cells, slogs[texts], maxima[texts], distance[texts])
+            seen = first_query if causal else None  # keys past first_query + q are 0 for the block's query q
+            _group_sums(weights[texts, :, :rows, :length], offsets[:rows, :length], cells, slogs[texts], maxima[texts], distance[texts], seen)
     # A group's shorter texts have padding queries inside it, and a batch's maps hold on padding
     # queries what the layer gave them: zero them all.
     real = (queries < torch.tensor(lengths, device=weights.device)[:, None]).to(weights.dtype)[:, None]  # (B, 1, b)
@@ -74,9 +76,11 @@ def _groups(cells: int, num_rows: int, map_cells: int, batch: int) -> list[range
     return [range(first, min(first + size, batch)) for first in range(0, batch, size)]
 
 
-def _group_sums(maps, offsets, cells: int, slogs, maxima, distance) -> None:
+def _group_sums(maps, offsets, cells: int, slogs, maxima, distance, first_query: int | None = None) -> None:
     """query_sums of a group of texts' maps (G, H, q, n), n the longest of them, with offsets (q, n):
-    into their rows of query_sums' slogs (G, R, b), maxima (G, H, b) and distance (G, H, b)."""
+    into their rows of query_sums' slogs (G, R, b), maxima (G, H, b) and distance (G, H, b).
+    first_query, when given (a causal map's block from that query), cuts each block of queries' keys
+    at its last query's: the weights past them are 0, their s log s 0 (tiny log tiny sums to under 1e-35 a row)."""
     import torch
 
     group, num_heads, num_queries, length = maps.shape
@@ -84,23 +88,42 @@ def _group_sums(maps, offsets, cells: int, slogs, maxima, distance) -> None:
     # The smallest normal number, added to every weight of a block: log is then finite where a weight
     # is 0 (so 0 log 0 = 0), and no sum moves by more than N times it (1e-35 in float32).
     tiny = torch.finfo(maps.dtype).tiny
-    queries = min(num_queries, max(1, cells // (num_rows * group * length)))  # a block's queries
-    buffers = maps.new_empty(2, num_rows * group * queries * length)  # a block's s, then its log s
-    for start in range(0, num_queries, queries):
-        stop = min(start + queries, num_queries)
-        shape = (num_rows, group, stop - start, length)
+    buffers = maps.new_empty(2, max(cells, num_rows * group * length))  # a block's s, then its log s
+    start = 0
+    while start < num_queries:
+        stop, width = _next_block(start, num_queries, length, first_query, cells // (num_rows * group))
+        shape = (num_rows, group, stop - start, width)
         rows, logs = (buffer[: shape[0] * shape[1] * shape[2] * shape[3]].view(shape) for buffer in buffers)  # (R, G, Q, n)
-        heads = torch.add(maps[:, :, start:stop].transpose(0, 1), tiny, out=rows[:num_heads])  # (H, G, Q, n): every head's p
+        heads = torch.add(maps[:, :, start:stop, :width].transpose(0, 1), tiny, out=rows[:num_heads])  # (H, G, Q, n): every head's p
         first = num_heads
         for a in range(num_heads - 1 if num_rows > num_heads else 0):  # head a with each later head: s = p_a + p_b
             later = num_heads - 1 - a
             torch.add(heads[a : a + 1], heads[a + 1 :], out=rows[first : first + later])
             first += later
         maxima[:, :, start:stop] = heads.amax(dim=-1).transpose(0, 1)  # (G, H, Q): in the cache, where the batch's are not
-        weighted = torch.mul(heads, offsets[start:stop], out=logs[:num_heads])  # in a block's buffer: a new one costs more
+        weighted = torch.mul(heads, offsets[start:stop, :width], out=logs[:num_heads])  # in a block's buffer: a new one costs more
         distance[:, :, start:stop] = weighted.sum(dim=-1).transpose(0, 1)  # (G, H, Q)
         torch.log(rows, out=logs)
         slogs[:, :, start:stop] = logs.mul_(rows).sum(dim=-1).transpose(0, 1)  # (G, R, Q)
+        start = stop
+
+
+def _next_block(start: int, num_queries: int, length: int, first_query: int | None, cells: int) -> tuple[int, int]:
+    """The end of _group_sums' block of queries from start, and its keys: as many queries as keep (queries,
+    keys) within cells, one at least. A causal block's queries see the keys up to its last query's (first_query
+    + stop), so its first blocks, over a few keys, take more queries."""
+    stop = start + 1
+    while stop < num_queries:
+        wider = min(num_queries, stop + max(1, (stop - start) // 4))  # a quarter more queries
+        if (wider - start) * _keys(wider, length, first_query) > cells:
+            break
+        stop = wider
+    return stop, _keys(stop, length, first_query)
+
+
+def _keys(stop: int, length: int, first_query: int | None) -> int:
+    """The keys that may be nonzero for a block's queries up to stop (excluded): all of them, or a causal block's."""
+    return length if first_query is None else min(length, first_query + stop)
 
 
 def block_statistics(attention, first_query: int, valid_lens, kinds, causal: bool = False, js: bool = True):
@@ -130,7 +153,7 @@ def block_statistics(attention, first_query: int, valid_lens, kinds, causal: boo
     queries = positions[block]  # (b,): the block's queries
 
     # (B, H, b) each, products (B, H, b, K + 1), pair_slogs (B, P, b) or None
-    plogp, maxima, products, distance, pair_slogs = query_sums(weights, valid_lens.tolist(), key_columns, js, first_query)
+    plogp, maxima, products, distance, pair_slogs = query_sums(weights, valid_lens.tolist(), key_columns, js, first_query, causal)
     per_query = {  # (B, H, b) each: the statistic of every query
         "entropy": -plogp,
         "relative_entropy": -plogp / torch.log(visible.clamp(min=2)).expand(batch, num_tokens)[:, None, block],

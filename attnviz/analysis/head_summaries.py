@@ -104,6 +104,8 @@ class HeadSummaries:
         """Add the rows first_query .. first_query + b - 1: weights (H, b, Nk), each row summing to 1 over its keys."""
         import torch
 
+        from attnviz.analysis.blockwise import query_sums
+
         num_heads, rows, num_keys = weights.shape
         if (num_heads, num_keys) != (self.num_heads, self.num_keys):
             raise ValueError(f"weights of {num_heads} heads over {num_keys} keys, not {self.num_heads} over {self.num_keys}")
@@ -114,7 +116,6 @@ class HeadSummaries:
             self.sums = {name: torch.zeros(num_heads, dtype=torch.float64, device=device) for name in SUMMARIES}
             self.received = torch.zeros(num_heads, num_keys, dtype=torch.float64, device=device)
         queries = torch.arange(first_query, first_query + rows, device=device)  # (b,)
-        keys = torch.arange(num_keys, device=device)  # (Nk,)
         sums = self.sums
 
         # Under a causal mask the keys after the block's last query have weight 0: leave them out.
@@ -132,20 +133,19 @@ class HeadSummaries:
         gathered = weights.gather(2, band.clamp(0, num_keys - 1).expand(num_heads, -1, -1))  # (H, b, 2w+1)
         sums["local"] += (gathered * inside).sum(dim=(1, 2)).double()
         has_previous = (queries >= 1) & (queries - 1 < num_keys)  # (b,)
-        if has_previous.any():
-            previous = weights[:, has_previous].gather(2, (queries[has_previous] - 1)[None, :, None].expand(num_heads, -1, 1))
-            sums["previous"] += previous.sum(dim=(1, 2)).double()
-            self.previous_rows += int(has_previous.sum())
+        previous = weights.gather(2, (queries - 1).clamp(0, num_keys - 1)[None, :, None].expand(num_heads, -1, 1))  # (H, b, 1)
+        sums["previous"] += (previous[..., 0] * has_previous).sum(dim=1).double()
+        self.previous_rows += int(has_previous.sum())
 
-        distance = (queries[:, None] - keys[None, :seen]).abs().to(weights.dtype)  # (b, Nk')
-        sums["distance"] += torch.einsum("hbk,bk->hb", visible_weights, distance).sum(dim=1).double()
+        # Each row's Σ p log p and Σ p |i - j| in one cache-blocked pass (blockwise.query_sums: a causal block's keys
+        # cut at each few queries' last), every key real: the block's rows and keys are the text's.
+        real = [max(num_keys, first_query + rows)]
+        plogp, _, _, distance, _ = query_sums(weights[None], real, weights.new_zeros(1, num_keys, 0), False, first_query, self.causal)
+        sums["distance"] += distance[0].double().sum(dim=1)
         visible = (queries + 1).clamp(max=num_keys) if self.causal else torch.full_like(queries, num_keys)  # (b,)
         choice = visible > 1
         log_visible = torch.log(visible[choice].double())  # (b',)
-        for head in range(num_heads):  # head by head: a temporary of (b, Nk), not (H, b, Nk)
-            rows_of_head = visible_weights[head]  # (b, Nk')
-            entropy = -torch.special.xlogy(rows_of_head, rows_of_head).sum(dim=-1)  # (b,), 0 log 0 = 0
-            sums["relative_entropy"][head] += (entropy[choice].double() / log_visible).sum()
+        sums["relative_entropy"] += (-plogp[0][:, choice].double() / log_visible).sum(dim=1)
         self.entropy_rows += int(choice.sum())
         self.seen += rows
 

@@ -50,15 +50,27 @@ class BlockMaxima:
         self.causal = causal
 
     def add(self, layer: int, first_query: int, weights) -> None:
-        """The rows first_query .. first_query + b - 1 of a layer's map: weights (H, b, N), a torch tensor."""
+        """The rows first_query .. first_query + b - 1 of a layer's map: weights (H, b, N), a torch tensor.
+
+        A causal run's weights are 0 past each query, so the blocks of keys past the block's last query are
+        not read (nor copied, as a mask of every weight would), and a block of keys that holds a query's last
+        keys takes their maximum as it is (the zeros past them never exceed it); one all past the query is
+        -inf for it (masked)."""
         rows = np.asarray(weights.float().cpu().numpy())  # (H, b, N)
         queries = np.arange(first_query, first_query + rows.shape[1])
+        columns = int((self.starts <= queries[-1]).sum()) if self.causal else len(self.starts)  # the blocks of keys read
+        read = rows[:, :, : self.starts[columns - 1] + self._width(columns - 1)]  # (H, b, N')
+        maxima = np.maximum.reduceat(read, self.starts[:columns], axis=2)  # (H, b, C')
         if self.causal:  # future keys never win a maximum
-            rows = np.where(np.arange(rows.shape[2])[None, None, :] > queries[None, :, None], -np.inf, rows)
-        columns = np.maximum.reduceat(rows, self.starts, axis=2)  # (H, b, cells)
+            maxima[:, self.starts[None, :columns] > queries[:, None]] = -np.inf
         blocks, firsts = np.unique(self.block_of[queries], return_index=True)  # the blocks these rows are in
-        maxima = np.maximum.reduceat(columns, firsts, axis=1)  # (H, blocks, cells)
-        self.values[layer][:, blocks] = np.maximum(self.values[layer][:, blocks], maxima)
+        maxima = np.maximum.reduceat(maxima, firsts, axis=1)  # (H, blocks, C')
+        self.values[layer][:, blocks, :columns] = np.maximum(self.values[layer][:, blocks, :columns], maxima)
+
+    def _width(self, block: int) -> int:
+        """The keys of a block of keys."""
+        end = self.starts[block + 1] if block + 1 < len(self.starts) else len(self.block_of)
+        return int(end - self.starts[block])
 
 
 def layers_in_blocks(
