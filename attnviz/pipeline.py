@@ -295,10 +295,11 @@ def iter_layer_blocks(
     budget_bytes: int,
     in_place: bool = False,
 ) -> Iterator[tuple[int, int, torch.Tensor]]:
-    """iter_layer_weights a block of queries at a time: (layer, first query, weights (B, H, b, Nk)), layer by layer.
+    """iter_layer_weights a block of queries at a time: (layer, first query, weights (B, H, b, K)), layer by layer.
 
     Each block holds as many queries as rows_per_block allows for budget_bytes, so no layer's
-    (B, H, N, Nk) weights are ever whole. One forward pass gives every layer's input, as in
+    (B, H, N, Nk) weights are ever whole; K is Nk, or under a causal mask the block's last query + 1 (the
+    keys past it have weight 0: MultiHeadAttention.blocks' narrow). One forward pass gives every layer's input, as in
     iter_layer_passes; with in_place each layer's output, gathered from its blocks ((B, N, D), not
     the weights), goes on through the rest of BERT's layer to the next.
     """
@@ -320,8 +321,9 @@ def iter_layer_blocks(
             state = states.pop(layer)  # let each layer's states go once used
         rows = rows_per_block(budget_bytes, batch, attention.num_heads, state.keys.shape[1])
         blocks = attention.blocks(
-            state.queries, state.keys, state.keys, valid_lens=valid_lens, causal=spec.causal, position_bias=state.position_bias, rows=rows
-        )
+            state.queries, state.keys, state.keys,
+            valid_lens=valid_lens, causal=spec.causal, position_bias=state.position_bias, rows=rows, narrow=True,
+        )  # fmt: skip
         outputs = []
         while True:
             with threads_for(encoded):

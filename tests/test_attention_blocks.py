@@ -40,6 +40,21 @@ def test_blocks_are_the_rows_of_the_whole_pass(rows, causal):
     torch.testing.assert_close(torch.cat(outs, dim=1), whole_out, atol=1e-6, rtol=0)
 
 
+@pytest.mark.parametrize("rows", [1, 4, 64])
+def test_narrow_causal_blocks_stop_at_their_last_query_and_hold_the_rows_nonzero_part(rows):
+    layer = gqa_rope_layer()
+    x = torch.randn(2, 11, 32)
+    valid_lens = torch.tensor([11, 6])
+    with torch.inference_mode():
+        _, whole = layer(x, valid_lens=valid_lens, causal=True)  # (B, H, N, N)
+        blocks = list(layer.blocks(x, valid_lens=valid_lens, causal=True, rows=rows, narrow=True))
+    for start, _, pattern in blocks:
+        stop = start + pattern.shape[2]
+        assert pattern.shape[-1] == stop  # the keys up to the block's last query
+        torch.testing.assert_close(pattern, whole[:, :, start:stop, :stop], atol=1e-6, rtol=0)
+        assert torch.all(whole[:, :, start:stop, stop:] == 0)  # what narrow leaves out is exactly 0
+
+
 def test_rows_per_block_keeps_a_blocks_scores_and_weights_within_the_budget():
     for budget, batch, heads, keys in [(2**20, 1, 9, 8192), (2**28, 2, 32, 32768), (10, 1, 1, 1000)]:
         rows = rows_per_block(budget, batch, heads, keys)

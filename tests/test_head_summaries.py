@@ -222,8 +222,10 @@ def test_a_long_text_is_summarised_in_blocks_and_equals_a_float64_computation(lo
     # The pass itself yields blocks of at most `rows` queries, never a whole layer's map.
     encoded = encode_texts(loaded, [text], spec)
     assert encoded.queries.ids[0] == ids[0].tolist()
-    shapes = {tuple(weights.shape) for _, _, weights in iter_layer_blocks(loaded, encoded, build_layers(loaded, spec), spec, budget)}
-    assert max(shape[2] for shape in shapes) == rows and {shape[-1] for shape in shapes} == {n}
+    blocks = [(first, tuple(weights.shape)) for _, first, weights in iter_layer_blocks(loaded, encoded, build_layers(loaded, spec), spec, budget)]
+    assert max(shape[2] for _, shape in blocks) == rows
+    # Causal: each block's weights stop at its last query's key (the rest are 0), the last block's at the text's end.
+    assert all(shape[-1] == first + shape[2] for first, shape in blocks) and blocks[-1][1][-1] == n
 
     result = summarise_layers(loaded, text, spec, budget)
     assert result.rows_per_block == rows

@@ -130,8 +130,8 @@ def block_statistics(attention, first_query: int, valid_lens, kinds, causal: boo
     """statistics.batch_statistics of the queries first_query .. first_query + b - 1 of a padded batch.
 
     attention (B, H, b, N) holds those queries' rows over all N keys (pipeline.iter_layer_blocks gives
-    them; the whole map is the block of first_query 0); valid_lens (B,) and kinds (B, N, K) are the
-    batch's, as for batch_statistics. Each query's statistics are weighted by 1 / the queries its
+    them; the whole map is the block of first_query 0), or under a causal mask over the first N' >=
+    first_query + b (the rest are 0); valid_lens (B,) and kinds (B, N, K) are the batch's, as for batch_statistics. Each query's statistics are weighted by 1 / the queries its
     text's mean is over, so that the blocks' sums add up to batch_statistics' (H, S) and (H, H).
     """
     import torch
@@ -141,7 +141,8 @@ def block_statistics(attention, first_query: int, valid_lens, kinds, causal: boo
     # (B, H, b, N): float32 keeps the sums within 1e-6 of float64, at half the cost; float64 stays float64
     # (stats --words): the JS distance of two near-identical rows, the root of a divergence near 0, can be 1e-4 off in float32.
     weights = attention if attention.dtype == torch.float64 else attention.float()
-    batch, num_heads, num_queries, num_tokens = weights.shape
+    batch, num_heads, num_queries, width = weights.shape
+    num_tokens = kinds.shape[1]
     device = weights.device
     positions = torch.arange(num_tokens, device=device)  # (N,)
     lens = valid_lens.to(device)[:, None]  # (B, 1)
@@ -153,7 +154,7 @@ def block_statistics(attention, first_query: int, valid_lens, kinds, causal: boo
     queries = positions[block]  # (b,): the block's queries
 
     # (B, H, b) each, products (B, H, b, K + 1), pair_slogs (B, P, b) or None
-    plogp, maxima, products, distance, pair_slogs = query_sums(weights, valid_lens.tolist(), key_columns, js, first_query, causal)
+    plogp, maxima, products, distance, pair_slogs = query_sums(weights, valid_lens.tolist(), key_columns[:, :width], js, first_query, causal)
     per_query = {  # (B, H, b) each: the statistic of every query
         "entropy": -plogp,
         "relative_entropy": -plogp / torch.log(visible.clamp(min=2)).expand(batch, num_tokens)[:, None, block],

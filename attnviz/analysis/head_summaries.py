@@ -101,30 +101,36 @@ class HeadSummaries:
         self.seen = 0
 
     def add(self, first_query: int, weights) -> None:
-        """Add the rows first_query .. first_query + b - 1: weights (H, b, Nk), each row summing to 1 over its keys."""
+        """Add the rows first_query .. first_query + b - 1: weights (H, b, K), each row summing to 1 over its keys.
+
+        K is Nk, or under a causal mask as few as first_query + b (MultiHeadAttention.blocks' narrow weights):
+        the keys past K have weight 0.
+        """
         import torch
 
         from attnviz.analysis.blockwise import query_sums
 
-        num_heads, rows, num_keys = weights.shape
-        if (num_heads, num_keys) != (self.num_heads, self.num_keys):
-            raise ValueError(f"weights of {num_heads} heads over {num_keys} keys, not {self.num_heads} over {self.num_keys}")
+        num_heads, rows, width = weights.shape
+        least = min(self.num_keys, first_query + rows) if self.causal else self.num_keys
+        if num_heads != self.num_heads or not least <= width <= self.num_keys:
+            raise ValueError(f"weights of {num_heads} heads over {width} keys, not {self.num_heads} over {self.num_keys}")
         if weights.dtype in (torch.float16, torch.bfloat16):
             weights = weights.float()  # sums of a few hundred rows need float32's precision at least
         device = weights.device
         if self.sums is None:
             self.sums = {name: torch.zeros(num_heads, dtype=torch.float64, device=device) for name in SUMMARIES}
-            self.received = torch.zeros(num_heads, num_keys, dtype=torch.float64, device=device)
+            self.received = torch.zeros(num_heads, self.num_keys, dtype=torch.float64, device=device)
         queries = torch.arange(first_query, first_query + rows, device=device)  # (b,)
         sums = self.sums
 
         # Under a causal mask the keys after the block's last query have weight 0: leave them out.
-        seen = min(num_keys, first_query + rows) if self.causal else num_keys
-        visible_weights = weights[:, :, :seen]  # (H, b, Nk')
+        weights = weights[:, :, :least]  # (H, b, K')
+        num_keys = weights.shape[2]
         # Sums over the block's rows in the weights' float32 (a few hundred rows), across blocks in float64.
         sums["sink"] += weights[:, :, 0].sum(dim=1).double()
-        sums["last"] += weights[:, :, num_keys - 1].sum(dim=1).double()
-        self.received[:, :seen] += visible_weights.sum(dim=1).double()
+        if num_keys == self.num_keys:  # else no query of the block sees the last key
+            sums["last"] += weights[:, :, num_keys - 1].sum(dim=1).double()
+        self.received[:, :num_keys] += weights.sum(dim=1).double()
 
         # The band |i - j| <= w and the previous key, gathered: 2w + 1 keys per row, not Nk.
         offsets = torch.arange(-self.window, self.window + 1, device=device)  # (2w+1,)
@@ -142,7 +148,7 @@ class HeadSummaries:
         real = [max(num_keys, first_query + rows)]
         plogp, _, _, distance, _ = query_sums(weights[None], real, weights.new_zeros(1, num_keys, 0), False, first_query, self.causal)
         sums["distance"] += distance[0].double().sum(dim=1)
-        visible = (queries + 1).clamp(max=num_keys) if self.causal else torch.full_like(queries, num_keys)  # (b,)
+        visible = (queries + 1).clamp(max=self.num_keys) if self.causal else torch.full_like(queries, self.num_keys)  # (b,)
         choice = visible > 1
         log_visible = torch.log(visible[choice].double())  # (b',)
         sums["relative_entropy"] += (-plogp[0][:, choice].double() / log_visible).sum(dim=1)

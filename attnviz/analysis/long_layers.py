@@ -50,7 +50,8 @@ class BlockMaxima:
         self.causal = causal
 
     def add(self, layer: int, first_query: int, weights) -> None:
-        """The rows first_query .. first_query + b - 1 of a layer's map: weights (H, b, N), a torch tensor.
+        """The rows first_query .. first_query + b - 1 of a layer's map: weights (H, b, N), a torch tensor (causal: the
+        first N' >= first_query + b keys may be all, MultiHeadAttention.blocks' narrow weights).
 
         A causal run's weights are 0 past each query, so the blocks of keys past the block's last query are
         not read (nor copied, as a mask of every weight would), and a block of keys that holds a query's last
