@@ -322,7 +322,7 @@ def iter_layer_blocks(
         rows = rows_per_block(budget_bytes, batch, attention.num_heads, state.keys.shape[1])
         blocks = attention.blocks(
             state.queries, state.keys, state.keys,
-            valid_lens=valid_lens, causal=spec.causal, position_bias=state.position_bias, rows=rows, narrow=True,
+            valid_lens=valid_lens, causal=spec.causal, position_bias=state.position_bias, rows=rows, narrow=True, outputs=in_place,
         )  # fmt: skip
         outputs = []
         while True:

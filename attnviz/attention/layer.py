@@ -220,7 +220,8 @@ class MultiHeadAttention(nn.Module):
         position_bias: torch.Tensor | None = None,
         rows: int | None = None,
         narrow: bool = False,
-    ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+        outputs: bool = True,
+    ) -> Iterator[tuple[int, torch.Tensor | None, torch.Tensor]]:
         """The layer a block of queries at a time: (first query, output (B, b, D), weights (B, H, b, Nk)) per block.
 
         Each block holds `rows` queries (all of them when None; rows_per_block picks a count for a
@@ -228,7 +229,8 @@ class MultiHeadAttention(nn.Module):
         the very rows forward returns, and no (H, Nq, Nk) tensor is made whole. position_bias as in forward.
         Under a causal mask a block's queries see no key past its last one: those keys are left out of
         the products and the softmax, and their weights, exactly 0, are added back as zeros; narrow leaves
-        them out: weights (B, H, b, K), K = the block's last query + 1 (or Nk, when smaller).
+        them out: weights (B, H, b, K), K = the block's last query + 1 (or Nk, when smaller). outputs=False
+        leaves out the weighted sum of the values and the output projection: None in the output's place.
         """
         q, k, v = self.project(queries, keys, values)
         num_queries, num_keys = q.shape[2], k.shape[2]
@@ -252,10 +254,13 @@ class MultiHeadAttention(nn.Module):
                 # -inf gives masked keys exactly zero weight; every row keeps at least key 0.
                 scores[..., first:].masked_fill_(~allowed, float("-inf"))
             pattern = scores.softmax(dim=-1, dtype=torch.float32)  # (B, H, b, K): float32 in any dtype, as eager's
-            z = self.dropout(pattern).to(v.dtype) @ v[:, :, :seen]  # (B, H, b, d)
+            output = None
+            if outputs:
+                z = self.dropout(pattern).to(v.dtype) @ v[:, :, :seen]  # (B, H, b, d)
+                output = self.w_o(merge_heads(z))  # (B, b, D)
             if seen < num_keys and not narrow:
                 pattern = torch.nn.functional.pad(pattern, (0, num_keys - seen))  # (B, H, b, Nk): the future's zeros
-            yield start, self.w_o(merge_heads(z)), pattern  # (B, b, D), (B, H, b, Nk or K)
+            yield start, output, pattern  # (B, b, D), (B, H, b, Nk or K)
 
     def forward(
         self,
