@@ -274,6 +274,19 @@ class MapFile:
         return array
 
 
+def map_rows(attention: np.ndarray, head: int, start: int = 0, stop: int | None = None) -> np.ndarray:
+    """attention[head, start:stop] (b, Nk). A map on disk (a run's (H, Nq, Nk) memmap, as MapFile.finish gives it)
+    is read by plain file reads into an array of its own: through the memmap the pages read would count in the
+    process's resident memory (2.4 GB for SmolLM2's 9 heads at 8,192 tokens) until the memmap goes."""
+    if not (isinstance(attention, np.memmap) and attention.filename and attention.ndim == 3):
+        return np.asarray(attention[head, start:stop])
+    _, num_queries, num_keys = attention.shape
+    start, stop, _ = slice(start, stop).indices(num_queries)
+    offset = attention.offset + attention.itemsize * num_keys * (head * num_queries + start)
+    count = max(0, stop - start) * num_keys
+    return np.fromfile(attention.filename, dtype=attention.dtype, count=count, offset=offset).reshape(-1, num_keys)
+
+
 def map_bytes(attention: np.ndarray) -> int:
     """The bytes of a map as attention.npy holds it: float32."""
     return 4 * int(np.prod(attention.shape))

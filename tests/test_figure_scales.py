@@ -160,6 +160,22 @@ def test_block_maximum_keeps_the_largest_weight_of_each_block_and_masks_only_all
     np.testing.assert_array_equal(pooled.filled(-1), expected)
 
 
+@pytest.mark.parametrize("cells", [1, 50, 2**22])
+def test_block_maximum_a_few_rows_at_a_time_is_each_blocks_maximum(cells, monkeypatch):
+    monkeypatch.setattr(scales, "BLOCK_MAXIMUM_CELLS", cells)  # every row alone, a few blocks of rows, all at once
+    rng = np.random.default_rng(0)
+    weights = np.ma.masked_array(rng.random((203, 157)), mask=np.triu(np.ones((203, 157), dtype=bool), 1))
+    pooled = block_maximum(weights, 41, 30)
+    row_starts, column_starts = ((np.arange(n) * size + n - 1) // n for n, size in ((41, 203), (30, 157)))
+    row_ends, column_ends = np.append(row_starts[1:], 203), np.append(column_starts[1:], 157)
+    for i, (r0, r1) in enumerate(zip(row_starts, row_ends)):
+        for j, (c0, c1) in enumerate(zip(column_starts, column_ends)):
+            block = weights[r0:r1, c0:c1]
+            assert pooled.mask[i, j] == block.mask.all()
+            if not block.mask.all():
+                assert pooled[i, j] == block.max()
+
+
 def test_long_maps_are_on_a_log_scale_and_short_ones_on_a_linear_one():
     short, long = scales.attention_norm(scales.MAX_LINEAR_SCALE_KEYS), scales.attention_norm(300)
     assert not scales.is_log_scale(short) and (short.vmin, short.vmax) == (0.0, 1.0)

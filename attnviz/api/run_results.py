@@ -42,6 +42,7 @@ def summarize_in_blocks(attention, causal: bool, rows: int = SUMMARY_ROWS) -> li
     import numpy as np
 
     from attnviz.analysis.statistics import HeadSummary, row_entropy, visible_keys
+    from attnviz.run_data import map_rows
 
     num_heads, num_queries, num_keys = attention.shape
     visible = visible_keys(num_queries, num_keys, causal)  # (Nq,)
@@ -49,7 +50,7 @@ def summarize_in_blocks(attention, causal: bool, rows: int = SUMMARY_ROWS) -> li
     entropy, relative, maxima = np.zeros(num_heads), np.zeros(num_heads), np.zeros(num_heads)
     top_keys = np.empty((num_heads, num_queries), dtype=np.int64)
     for start in range(0, num_queries, rows):
-        block = np.asarray(attention[:, start : start + rows], dtype=np.float64)  # (H, b, Nk)
+        block = np.stack([map_rows(attention, head, start, start + rows) for head in range(num_heads)]).astype(np.float64)  # (H, b, Nk)
         stop = start + block.shape[1]
         entropies = row_entropy(block)  # (H, b)
         entropy += entropies.sum(axis=-1)

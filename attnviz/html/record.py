@@ -30,7 +30,7 @@ from attnviz.output.export import attention_record
 from attnviz.output.stats_export import stats_record
 from attnviz.output.trace_files import trace_record
 from attnviz.render.heatmap import KV_GROUP_COLORS
-from attnviz.run_data import AttentionRun
+from attnviz.run_data import AttentionRun, map_rows
 from attnviz.spec import RunSpec
 from attnviz.version import __version__
 
@@ -159,9 +159,8 @@ def text_record(text: ReportText, spec: RunSpec) -> dict:
 
 
 class FileRows:
-    """A map on disk (a C-ordered np.memmap (H, Nq, Nk) of a .npy) read by plain file reads: fileRows[head][r0:r1] is
-    (r1 - r0, Nk), read anew. Through the memmap the pages read would count in the process's resident memory (2.4 GB
-    for SmolLM2's 9 heads at 8,192 tokens) until the kernel reclaims them; read this way they are the page cache's."""
+    """A map on disk (a run's np.memmap (H, Nq, Nk)) read by plain file reads (run_data.map_rows): fileRows[head][r0:r1]
+    is (r1 - r0, Nk), read anew, so that the pages read are the page cache's, not the process's resident memory."""
 
     def __init__(self, mapped: np.memmap):
         self.mapped, self.shape = mapped, mapped.shape  # the memmap kept: its file goes when it does (run_data.MapFile)
@@ -183,11 +182,7 @@ class _HeadRows:
         start, stop, step = rows.indices(self.shape[0])
         if step != 1:
             raise ValueError("rows are read as one contiguous slice")
-        num_queries, num_keys = self.shape
-        itemsize = self.mapped.dtype.itemsize
-        offset = self.mapped.offset + itemsize * num_keys * (self.head * num_queries + start)
-        count = max(0, stop - start) * num_keys
-        return np.fromfile(self.mapped.filename, dtype=self.mapped.dtype, count=count, offset=offset).reshape(-1, num_keys)
+        return map_rows(self.mapped, self.head, start, stop)
 
 
 def summaries_of(summaries, spec: RunSpec) -> dict | None:

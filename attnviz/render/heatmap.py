@@ -17,7 +17,7 @@ from attnviz.render.cell_pixels import CellPixels
 from attnviz.render.cell_values import MAX_ANNOTATED_TOKENS, cell_values, update_cell_values
 from attnviz.render.fonts import displayable
 from attnviz.render.titles import chars_across, counted, head_scope, run_title
-from attnviz.run_data import AttentionRun
+from attnviz.run_data import AttentionRun, map_rows
 from attnviz.render.scales import (  # the colour scale, blocks and size cap of every attention figure
     COLORMAP,  # noqa: F401 (the colours of heatmaps, imported from here by their tests)
     DPI,
@@ -160,7 +160,7 @@ def heads_grid_figure(run: AttentionRun, note: str = "", seed: int | None = None
         if head >= run.num_heads:
             ax.set_visible(False)
             continue
-        images.append(draw_attention(ax, masked_attention(run.attention[head], run.causal)))
+        images.append(draw_attention(ax, masked_attention(map_rows(run.attention, head), run.causal)))
         ax.set_title(" · ".join(head_scope(run, head, short=True)), fontsize=9)
         if run.kv_head_of(head) is not None:
             _mark_kv_group(ax, kv_group_color(run.kv_head_of(head)))
@@ -181,7 +181,7 @@ def heads_grid_figure(run: AttentionRun, note: str = "", seed: int | None = None
     figure.supxlabel("key")
     figure.supylabel("query")
     freeze_layout(figure)
-    pools = [show_attention(image, masked_attention(run.attention[head], run.causal)) for head, image in enumerate(images)]
+    pools = [show_attention(image, masked_attention(map_rows(run.attention, head), run.causal)) for head, image in enumerate(images)]
     colorbar.set_label(scale_label("attention weight", images[0].norm, max(pools)))
     return figure
 
@@ -215,7 +215,7 @@ class _HeadFigure:
         num_queries, num_keys = run.attention.shape[1:]
         self.figure = new_figure(head_figure_size(num_queries, num_keys))
         self.ax = self.figure.add_subplot()
-        first_head = masked_attention(run.attention[0], run.causal)
+        first_head = masked_attention(map_rows(run.attention, 0), run.causal)
         self.image = draw_attention(self.ax, first_head)
         self.cell_values = cell_values(self.ax, num_queries, num_keys)
         # A fixed y: automatic placement would move the title while it is hidden for the background.
@@ -233,7 +233,7 @@ class _HeadFigure:
 
     def show_head(self, head: int) -> int:
         """Show this head's map, title and cell values; return the block size of show_attention."""
-        weights = masked_attention(self.run.attention[head], self.run.causal)  # (Nq, Nk)
+        weights = masked_attention(map_rows(self.run.attention, head), self.run.causal)  # (Nq, Nk)
         pool = show_attention(self.image, weights)
         self.title.set_text(self.title_of(head))
         if self.cell_values is not None:
