@@ -12,7 +12,7 @@ are what cost, not what the weights learned. On one run, one GPU, in one process
    layer's input, SDPA past 64 MB of maps; then each layer's attention a block of queries at a time),
    wall time and peak GPU memory (torch.cuda.max_memory_allocated);
 2. sdpa_forward: the same model's forward pass in transformers with SDPA attention over the same ids;
-3. one layer's attention alone: attnviz's blocks (weights made and summed, not kept) against
+3. one layer's attention alone (bench/blocks.py, Llama 1B's shapes): attnviz's blocks and summaries against
    F.scaled_dot_product_attention on the same q, k, v.
 
 Prints one JSON object (and writes it to DIR/gpu_long.json): the ratios are the rows of bench/RESULTS.md.
@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 REPOSITORY = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPOSITORY), str(REPOSITORY / "tests")]
+sys.path[:0] = [str(REPOSITORY), str(REPOSITORY / "tests"), str(REPOSITORY / "bench")]
 
 WORDS = "the cat sat on the mat because it was tired and attention is all you need they said".split()
 
@@ -74,13 +74,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
 
-    import torch.nn.functional as F
     import transformers
 
     from attnviz.analysis.head_summaries import summarise_layers
     from attnviz.models.loading import load_model
-    from attnviz.layer_inputs import layer_states
-    from attnviz.pipeline import build_layer
     from attnviz.spec import run_spec
 
     found: dict = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "torch": torch.__version__}
@@ -122,29 +119,12 @@ def main() -> None:
     if args.device == "cuda":
         torch.cuda.empty_cache()
 
-    # One layer's attention alone: attnviz's blocks (each block's weights made, then summed as the summaries do)
-    # against SDPA on the same q, k, v.
-    layer = build_layer(loaded, spec)
-    with torch.inference_mode():
-        from attnviz.layer_inputs import encode_texts
+    # One layer's attention alone (bench/blocks.py): attnviz's blocks and summaries against SDPA on the same q, k, v.
+    from blocks import layer_alone
 
-        encoded = encode_texts(loaded, [text], spec)
-        hidden = layer_states(loaded, encoded, [0], spec)[0].queries
-        q, k, v = layer.project(hidden)
-        rows = summaries.rows_per_block
-        times = {}
-        for name in ("sdpa", "blocks", "sdpa", "blocks"):  # each twice: the second timed
-            synchronize(args.device)
-            start = time.perf_counter()
-            if name == "sdpa":
-                F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            else:
-                for _, _, weights in layer.blocks(hidden, causal=True, rows=rows):
-                    weights.sum()
-            synchronize(args.device)
-            times[name] = time.perf_counter() - start
-    found["layer_sdpa_s"], found["layer_blocks_s"] = times["sdpa"], times["blocks"]
-    found["blocks_over_sdpa"] = times["blocks"] / times["sdpa"]
+    alone = layer_alone(found["tokens"], "llama1b", args.device, args.budget_mb)
+    found["layer_sdpa_s"], found["layer_blocks_s"] = alone["sdpa_s"], alone["blocks_and_summaries_s"]
+    found["blocks_over_sdpa"] = alone["blocks_over_sdpa"]
     print(json.dumps(found, indent=1))
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
