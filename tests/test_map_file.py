@@ -159,3 +159,18 @@ def test_a_long_run_interrupted_by_ctrl_c_leaves_no_file_and_no_temporary_map(tm
     assert process.returncode == 130, stderr
     assert b"interrupted: nothing was written" in stderr
     assert os.listdir(temporary) == [] and not out.exists()
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_long_results_head_summaries_read_in_blocks_equal_the_whole_maps(model, temporary, causal):
+    from attnviz.analysis.statistics import summarize_heads
+
+    result = attnviz.heads(LONG_TEXT, model=model, layer=2, memory=1, causal=causal)
+    assert isinstance(result.attention, np.memmap)
+    expected = summarize_heads(np.array(result.attention, dtype=np.float64), causal)
+    for found, whole in zip(result.summaries, expected, strict=True):
+        assert found.entropy == pytest.approx(whole.entropy, abs=1e-6)
+        assert found.relative_entropy == pytest.approx(whole.relative_entropy, abs=1e-6)
+        assert found.mean_max == pytest.approx(whole.mean_max, abs=1e-6)
+        assert found.top_keys == whole.top_keys
+
