@@ -21,13 +21,13 @@ from attnviz.layer_inputs import encode_texts
 from attnviz.pipeline import (
     BATCH_SIZE,
     batches,
+    block_budget,
     build_layers,
     every_layer_in_blocks,
     in_berts_place,
     iter_layer_blocks,
     iter_layer_weights,
     layer_sizes,
-    memory_budget,
     run_attention,
     split_runs,
 )
@@ -120,7 +120,7 @@ class HeadsMeasurer:
         time into accumulator, no (B, H, N, N) map whole. first_text's layer-0 run, when in the batch and not made
         yet, from a pass of its own up to layer 0 (run_attention: past the large-map size its map is attention.npy's memmap)."""
         loaded, spec = self.loaded, self.spec
-        blocks = iter_layer_blocks(loaded, encoded, self.layers, spec, memory_budget(spec), self.in_place)
+        blocks = iter_layer_blocks(loaded, encoded, self.layers, spec, block_budget(spec), self.in_place)
         for layer, first_query, weights in blocks:  # weights (B, H, b, N)
             accumulator.add_block(layer, weights, first_query, valid_lens, kinds)
         if first_run is None and first_text is not None and first_text in batch:

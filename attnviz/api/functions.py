@@ -148,10 +148,10 @@ def layers(text: str, *, measure: str = "weights", band: int = 8, **options):
     is whole (analysis.long_layers): .attention and .rollout are None, layers.png shows block maxima
     computed from the blocks, .notes says so; measure and words need the whole maps and are refused there.
     """
-    from attnviz.analysis.head_summaries import SUMMARY_BLOCK_BYTES, summarise_layers
+    from attnviz.analysis.head_summaries import summarise_layers
     from attnviz.analysis.rollout import runs_rollout
     from attnviz.api.experiment_results import LayersResult
-    from attnviz.pipeline import memory_budget, run_layers
+    from attnviz.pipeline import block_budget, run_layers
 
     options = run_options("layers", options, EVERY_LAYER_OPTIONS)
     (text,) = _texts(text, one=True)
@@ -162,7 +162,7 @@ def layers(text: str, *, measure: str = "weights", band: int = 8, **options):
     refuse_before_loading(options)
     handle = load(options.model, options.device, dtype=options.dtype)
     spec = options.run_spec(handle, layer=None)
-    budget = min(SUMMARY_BLOCK_BYTES, memory_budget(spec))  # a block of the summaries' pass
+    budget = block_budget(spec)  # a block of the summaries' pass
     if _every_layer_too_long(handle.loaded, text, spec):
         return _long_layers(handle, text, spec, names, band, budget)
     if names:

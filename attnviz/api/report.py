@@ -130,14 +130,14 @@ def report_texts(loaded, runs: list, spec: RunSpec) -> tuple[list, list[str]]:
 
 def long_summaries(loaded, text: str, spec: RunSpec, notes: dict):
     """A long text's every head of every layer summarised (as attnviz layers' summaries.json), block by block within
-    --memory (else head_summaries' own budget); None for cross-attention, with its reason added to notes."""
-    from attnviz.analysis.head_summaries import SUMMARY_BLOCK_BYTES, summarise_layers
+    of pipeline.block_budget; None for cross-attention, with its reason added to notes."""
+    from attnviz.analysis.head_summaries import summarise_layers
+    from attnviz.pipeline import block_budget
 
     if spec.cross_attention:
         notes["no summaries of every layer for cross-attention: they run every layer as self-attention on the text's own tokens"] = None
         return None
-    budget = spec.memory * 2**20 if spec.memory is not None else SUMMARY_BLOCK_BYTES
-    return summarise_layers(loaded, text, replace(spec, layer=None), budget)
+    return summarise_layers(loaded, text, replace(spec, layer=None), block_budget(spec))
 
 
 def every_layer(loaded, text: str, spec: RunSpec) -> tuple:
