@@ -42,7 +42,7 @@ TEXTS = [5, None, [1], ["the cat", 2.0]]
 ARGUMENTS = {  # function -> its arguments -> wrong values
     "heads": {"text": TEXTS, **RUN_OPTIONS, "measure": [5, None]},
     "trace": {"text": TEXTS, **RUN_OPTIONS, "layout": [5, ["all"]], "mistake": [5, True]},
-    "stats": {"texts": TEXTS, **EVERY_LAYER, "js": ["yes", 1, None], "progress": [5, "print"]},
+    "stats": {"texts": TEXTS, **EVERY_LAYER, "js": ["yes", 1, 0.0], "progress": [5, "print"]},
     "layers": {"text": [*TEXT, ["the cat"]], **EVERY_LAYER, "measure": [5, None], "band": ["8", 1.5, True, None]},
     "compare": {
         "text": [*TEXT, ["the cat"]],

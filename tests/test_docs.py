@@ -34,6 +34,8 @@ NOT_RUN = {  # a code line that is not run here, and why
     'pytest -m "not slow and not browser and not ray"': "the fast tier: a subset of what .ci/run runs",
     'pip install -e ".[bench]"': "the benchmarks' tools: not needed by attnviz or its tests",
     "python bench/run.py": "the benchmarks take minutes: bench/RESULTS.md records them",
+    "python bench/blocks.py --tokens 8192": "a benchmark: bench/RESULTS.md records it",
+    "python bench/gpu_long.py": "a benchmark on a GPU: bench/RESULTS.md records it",
     "python docs/images/make_images.py": "draws the README's pictures (SmolLM2 and Chromium); run by hand",
     "ray start --head --port=6379": "a Ray cluster of several machines: tests/test_ray.py runs a local one",
     "ray start --address=HEAD_IP:6379 --num-gpus=1": "a Ray cluster with GPUs",

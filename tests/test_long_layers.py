@@ -76,7 +76,7 @@ def test_blocks_of_any_size_add_up_to_the_whole_batchs_statistics():
 @pytest.mark.slow
 def test_stats_in_blocks_equal_numpys_definitions_on_transformers_maps(model, reference_bert):
     texts = [LONG_TEXT, SHORT_TEXT]
-    result = attnviz.stats(texts, model=model, memory=1)
+    result = attnviz.stats(texts, model=model, memory=1, js=True)
     assert isinstance(result.first_run.attention, np.memmap)  # the block path: the first text's layer 0 past 1 MB on disk
     tokenizer, _ = reference_bert
     expected_values, expected_js = 0, 0
@@ -92,7 +92,7 @@ def test_stats_in_blocks_equal_numpys_definitions_on_transformers_maps(model, re
 @pytest.mark.parametrize("causal", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_stats_in_blocks_equal_stats_of_whole_maps(model, causal):
     whole = attnviz.stats([LONG_TEXT, SHORT_TEXT], model=model, causal=causal)
-    blocks = attnviz.stats([LONG_TEXT, SHORT_TEXT], model=model, causal=causal, memory=1)
+    blocks = attnviz.stats([LONG_TEXT, SHORT_TEXT], model=model, causal=causal, memory=1, js=True)
     assert not isinstance(whole.first_run.attention, np.memmap) and isinstance(blocks.first_run.attention, np.memmap)
     assert_statistics_close(blocks.values, whole.values)
     assert np.abs(blocks.js_distance - whole.js_distance).max() < 1e-5
@@ -191,10 +191,16 @@ def test_layers_and_stats_commands_on_a_long_text(tmp_path, capsys):
     assert not (out / "rollout.json").exists() and (out / "layers.png").exists() and (out / "summaries.json").exists()
     assert "the attention rollout (N × N products" in " ".join(capsys.readouterr().err.split())
     out = tmp_path / "stats"
-    assert run(["stats", LONG_TEXT, "--model", "bundled", "--memory", "1", "--out", str(out)]) == 0
+    assert run(["stats", LONG_TEXT, "--model", "bundled", "--memory", "1", "--js", "--out", str(out)]) == 0
     record = json.loads((out / "stats.json").read_text(encoding="utf-8"))
     assert record["num_layers"] == 6 and len(record["heads"]) == 72 and len(record["js_distance"]) == 6
     assert "memory" not in record["settings"]  # how the numbers were computed, not which
+    # Past the large-map size the JS distances (H² × N² logs a layer) are measured on request only, and it says so.
+    capsys.readouterr()
+    assert run(["stats", LONG_TEXT, "--model", "bundled", "--memory", "1", "--out", str(tmp_path / "no-js")]) == 0
+    without = json.loads((tmp_path / "no-js" / "stats.json").read_text(encoding="utf-8"))
+    assert without["js_distance"] is None and without["heads"] == record["heads"]
+    assert "not measured for a text past 64 MB of maps" in " ".join(capsys.readouterr().out.split())
 
 
 MEMORY_SCRIPT = """
@@ -211,7 +217,7 @@ model = attnviz.load(folder, device="cpu")
 attnviz.{command}("The cat sat.", model=model)  # everything loaded and warm: the peak so far is the baseline
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 text = " ".join(["The cat sat on the mat because it was tired."] * 400)
-result = attnviz.{command}(text, model=model, truncate=True, memory=16)
+result = attnviz.{command}(text, model=model, truncate=True, memory=16{js})
 after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 print("grown", after - before, 6 * 4096 * 4096 * 4)
 print("{command}", {check})
@@ -227,7 +233,8 @@ print("{command}", {check})
     ],
 )  # fmt: skip
 def test_stats_and_layers_of_4096_tokens_never_hold_a_whole_map(command, check, tmp_path):
-    script = MEMORY_SCRIPT.format(tests=str(Path(__file__).parent), folder=str(tmp_path / "llama"), command=command, check=check)
+    js = ", js=True" if command == "stats" else ""
+    script = MEMORY_SCRIPT.format(tests=str(Path(__file__).parent), folder=str(tmp_path / "llama"), command=command, check=check, js=js)
     done = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = dict(line.split(" ", 1) for line in done.stdout.splitlines() if line.startswith(("grown ", f"{command} ")))

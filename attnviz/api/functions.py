@@ -99,14 +99,15 @@ def trace(text: str | list[str], *, layout: str | None = None, mistake: str | No
 
 
 @takes_options(EVERY_LAYER_OPTIONS)
-def stats(texts: str | list[str], *, js: bool = True, progress=None, **options):
+def stats(texts: str | list[str], *, js: bool | None = None, progress=None, **options):
     """Statistics and labels of every head of every layer, averaged over the texts (a StatsResult).
 
     options as in heads, but layer and kv (every layer's self-attention): stack is an
     encoder-decoder's "encoder" (default) or "decoder"; words: every statistic over each text's
     maps merged into words, previous and next the words beside. js: also the Jensen-Shannon
     distances between heads (.js_distance and the figure), most of the statistics' work: a log
-    for every key of every pair of heads. progress(n), when given, is called after each batch with
+    for every key of every pair of heads; None measures them unless a text's map passes the large-map
+    size (64 MB, or memory), where they are H² × N² logs a layer (then js=True). progress(n), when given, is called after each batch with
     the number of texts it measured. memory (MB, as in heads): a batch whose maps pass it (one layer's
     (B, H, N, N) at once), or a text's map past 64 MB, is measured a block of queries at a time, no map
     whole (analysis.blockwise.block_statistics; the same numbers within 1e-5); over words the maps stay whole.
@@ -117,15 +118,18 @@ def stats(texts: str | list[str], *, js: bool = True, progress=None, **options):
     from attnviz.models.tokens import text_truncations
 
     options = run_options("stats", options, EVERY_LAYER_OPTIONS)
-    must_be_bool("js", js)
+    if js is not None:
+        must_be_bool("js", js)
     must_be_callable("progress", progress, none=True)
     texts = _texts(texts, name="texts")
     refuse_cross_over_every_layer(options.stack)
     refuse_before_loading(options)
     handle = load(options.model, options.device, dtype=options.dtype)
     loaded = handle.loaded
-    spec = options.run_spec(handle, layer=None, js=js)
     _check_lengths(loaded, texts, options.truncate)
+    if js is None:
+        js = not any(_map_too_large(loaded, text, options.run_spec(handle, layer=None)) for text in texts)
+    spec = options.run_spec(handle, layer=None, js=js)
     measured = measure_heads(loaded, texts, spec, advance=progress or (lambda done: None))
     truncated = text_truncations(loaded.tokenizer, texts, loaded.max_positions) if options.truncate else [None] * len(texts)
     first = measured.first_run
@@ -175,6 +179,15 @@ def layers(text: str, *, measure: str = "weights", band: int = 8, **options):
     warn_notices(layer_runs[0].notices, handle)  # every layer's run has the text's notes
     summaries = summarise_layers(handle.loaded, text, spec, budget, window=band)
     return LayersResult(layer_runs, runs_rollout(layer_runs), spec, measures, summaries)
+
+
+def _map_too_large(loaded, text: str, spec) -> bool:
+    """Whether one layer's map of the text passes the large-map size (pipeline.every_layer_in_blocks with one layer)."""
+    from attnviz.layer_inputs import encode_texts
+    from attnviz.pipeline import every_layer_in_blocks, resolve_num_heads
+
+    num_tokens = len(encode_texts(loaded, [text], replace(spec, kv_text=None)).queries.ids[0])
+    return every_layer_in_blocks(spec, 1, resolve_num_heads(loaded, spec.num_heads, spec.stack), num_tokens)
 
 
 def _every_layer_too_long(loaded, text: str, spec) -> bool:

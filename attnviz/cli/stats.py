@@ -90,8 +90,8 @@ def stats(
     js: Optional[bool] = typer.Option(
         None,
         "--js/--no-js",
-        help="Measure the Jensen-Shannon distances between heads (js_distance.png): on for one TEXT; "
-        "off for --file, where they are most of the statistics' work.",
+        help="Measure the Jensen-Shannon distances between heads (js_distance.png): on for one TEXT, but a text past "
+        "64 MB of maps (or --memory); off for --file. They are most of the statistics' work.",
         show_default=False,
     ),
     quiet: bool = QuietOption,
@@ -106,7 +106,8 @@ def stats(
     the same); Clark et al. average over all tokens of their data. With --words, every statistic
     is over words: previous and next are the words beside, distance counts words. --file is read
     line by line, --chunk-lines texts at a time, so a corpus of any length fits in memory; its
-    JS distances are measured with --js only (stats.json's js_distance is null without).
+    JS distances, and a text's past 64 MB of maps, are measured with --js only (stats.json's
+    js_distance is null without).
     """
     options = run_options(locals())
     from attnviz.api import functions
@@ -118,7 +119,7 @@ def stats(
 
     text_or_file(text, file)
     check_text(text)
-    js = js if js is not None else file is None  # one TEXT: every number; a corpus: the JS distances when asked
+    js = js if js is not None or file is None else False  # a corpus: the JS distances when asked; one TEXT: functions.stats
     refuse_cross_over_every_layer(options.stack)
     functions.refuse_before_loading(options)
     if file is None:
@@ -146,7 +147,8 @@ def stats(
         console.print(table)
     console.print(stats_tables.labelled_heads_table(result.stats))
     if result.stats.js_distance is None:
-        console.print("[dim]Jensen-Shannon distances between heads: not measured over a --file; --js measures them (js_distance.png)[/dim]")
+        where = "over a --file" if file is not None else "for a text past 64 MB of maps (H² × N² logs a layer)"
+        console.print(f"[dim]Jensen-Shannon distances between heads: not measured {where}; --js measures them (js_distance.png)[/dim]")
     write_run(out, target, "writing statistics…", lambda staging: startup.draw(result.write_files, staging, image_format.value))
     if checkpoint is not None:  # the run's files are written: nothing is left to resume
         checkpoint.unlink(missing_ok=True)
