@@ -29,6 +29,7 @@ def reference_attention(reference_bert, text: str, layer: int) -> np.ndarray:
         return bert(**batch, output_attentions=True).attentions[layer][0].numpy()
 
 
+@pytest.mark.slow  # a fresh process
 def test_importing_attnviz_loads_neither_torch_matplotlib_nor_transformers_and_figures_leave_no_pyplot():
     code = (
         "import sys, attnviz\n"

@@ -15,7 +15,7 @@ from tiny_families import FAMILY_CHECKPOINTS, build_checkpoint
 TEXTS = ["The cat sat on the mat because it was tired.", "A dog."]
 
 
-@pytest.mark.parametrize("texts", [TEXTS, TEXTS[:1]], ids=["padded batch", "one text"])
+@pytest.mark.parametrize("texts", [TEXTS, pytest.param(TEXTS[:1], marks=pytest.mark.slow)], ids=["padded batch", "one text"])
 @pytest.mark.parametrize("model_type", sorted(FAMILY_CHECKPOINTS))
 def test_every_family_runs_with_the_capture_attention_and_gives_eagers_hidden_states(model_type, texts, tmp_path):
     model = build_checkpoint(model_type, tmp_path)

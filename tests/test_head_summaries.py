@@ -241,6 +241,7 @@ def test_a_long_text_is_summarised_in_blocks_and_equals_a_float64_computation(lo
 # ---- the faces: attnviz layers' summaries.json, summaries.png and its tables ----------------------------
 
 
+@pytest.mark.slow
 def test_layers_summaries_json_and_png_hold_its_summaries(tmp_path, reference_bert):
     import json
 

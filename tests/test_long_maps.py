@@ -53,6 +53,7 @@ def test_a_short_texts_attention_json_is_the_same_bytes_within_any_budget_that_h
     assert (tmp_path / "default" / "attention.json").read_bytes() == (tmp_path / "large" / "attention.json").read_bytes()
 
 
+@pytest.mark.slow
 def test_a_map_past_the_budget_is_a_memmap_of_attention_npy_equal_to_transformers(model, reference_bert, tmp_path):
     result = attnviz.heads(LONG_TEXT, model=model, layer=2, memory=1)
     attention = result.attention

@@ -57,6 +57,7 @@ def folder_files(folder) -> dict[str, int]:
             for root, _, names in os.walk(folder) for name in names}  # fmt: skip
 
 
+@pytest.mark.slow
 def test_a_long_results_attention_reads_its_rows_as_long_as_the_result_or_a_slice_of_it_lives(model, reference_bert, temporary, tmp_path):
     result = attnviz.heads(LONG_TEXT, model=model, layer=2, memory=1)
     expected = reference_attention(reference_bert, LONG_TEXT, 2)[1, 7]  # head 1, row 7
