@@ -211,6 +211,7 @@ def test_the_advice_offline_is_right_smollm2_over_words_reads_the_headline(smoll
     assert "我" in result.tokens and "酸菜鱼" in result.tokens
 
 
+@pytest.mark.slow  # every figure of a run drawn
 def test_compare_and_position_figures_name_the_fallback_and_the_unknown_share(offline):
     """compare.png and position.png show a run of the fallback model too: their titles say so, as the run figures' do."""
     count, of = unknown_count(HEADLINE)

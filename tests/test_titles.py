@@ -100,6 +100,7 @@ def test_the_layers_rollout_and_js_distance_figures_use_the_same_title(tmp_path)
     assert "averaged over 3 texts · random parameters, seed 3" in many
 
 
+@pytest.mark.slow  # every figure of a run drawn
 def test_a_fallback_model_and_a_text_mostly_unknown_are_in_every_run_figures_title(tmp_path):
     """The headline offline: the bundled model in place of bert-base-chinese, 5 of the 6 characters [UNK]."""
     run = replace(make_run(), fallback_for="bert-base-chinese", unknown=UnknownTokens(5, 6))

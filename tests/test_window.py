@@ -108,6 +108,7 @@ def test_maps_held_as_a_memory_map_or_a_torch_tensor_draw_the_same_window(long_r
         np.testing.assert_array_equal(drawn.data[~drawn.mask], expected[~drawn.mask])
 
 
+@pytest.mark.slow  # every figure of a run drawn
 def test_write_window_figures_writes_the_heads_asked_for(long_run, tmp_path):
     window = window_of("0:16,0:16", NUM_TOKENS, NUM_TOKENS)
     assert [path.name for path in write_window_figures(long_run, window, tmp_path)] == [f"window_head_0{h}.png" for h in range(3)]
