@@ -127,9 +127,8 @@ def stats(texts: str | list[str], *, js: bool | None = None, progress=None, **op
     handle = load(options.model, options.device, dtype=options.dtype)
     loaded = handle.loaded
     _check_lengths(loaded, texts, options.truncate)
-    if js is None:
-        js = not any(_map_too_large(loaded, text, options.run_spec(handle, layer=None)) for text in texts)
-    spec = options.run_spec(handle, layer=None, js=js)
+    spec = options.run_spec(handle, layer=None)
+    spec = replace(spec, js=js if js is not None else not any(_in_blocks(loaded, text, spec) for text in texts))
     measured = measure_heads(loaded, texts, spec, advance=progress or (lambda done: None))
     truncated = text_truncations(loaded.tokenizer, texts, loaded.max_positions) if options.truncate else [None] * len(texts)
     first = measured.first_run
@@ -167,7 +166,7 @@ def layers(text: str, *, measure: str = "weights", band: int = 8, **options):
     handle = load(options.model, options.device, dtype=options.dtype)
     spec = options.run_spec(handle, layer=None)
     budget = block_budget(spec)  # a block of the summaries' pass
-    if _every_layer_too_long(handle.loaded, text, spec):
+    if _in_blocks(handle.loaded, text, spec, handle.loaded.num_layers_of(spec.stack)):
         return _long_layers(handle, text, spec, names, band, budget)
     if names:
         from attnviz.analysis.measures import measure_every_layer
@@ -181,23 +180,15 @@ def layers(text: str, *, measure: str = "weights", band: int = 8, **options):
     return LayersResult(layer_runs, runs_rollout(layer_runs), spec, measures, summaries)
 
 
-def _map_too_large(loaded, text: str, spec) -> bool:
-    """Whether one layer's map of the text passes the large-map size (pipeline.every_layer_in_blocks with one layer)."""
-    from attnviz.layer_inputs import encode_texts
-    from attnviz.pipeline import every_layer_in_blocks, resolve_num_heads
-
-    num_tokens = len(encode_texts(loaded, [text], replace(spec, kv_text=None)).queries.ids[0])
-    return every_layer_in_blocks(spec, 1, resolve_num_heads(loaded, spec.num_heads, spec.stack), num_tokens)
-
-
-def _every_layer_too_long(loaded, text: str, spec) -> bool:
-    """Whether layers' text is too long for every layer's maps at once (pipeline.every_layer_in_blocks)."""
+def _in_blocks(loaded, text: str, spec, num_layers: int = 1) -> bool:
+    """Whether the text's maps, num_layers layers' at once, are computed in blocks (pipeline.every_layer_in_blocks):
+    with one layer, whether its map passes the large-map size (stats' JS distances); with every layer, layers' long path."""
     from attnviz.layer_inputs import encode_texts
     from attnviz.pipeline import every_layer_in_blocks, resolve_num_heads
 
     num_tokens = len(encode_texts(loaded, [text], replace(spec, kv_text=None)).queries.ids[0])
     num_heads = resolve_num_heads(loaded, spec.num_heads, spec.stack)
-    return every_layer_in_blocks(spec, 1, num_heads, num_tokens, loaded.num_layers_of(spec.stack))
+    return every_layer_in_blocks(spec, 1, num_heads, num_tokens, num_layers)
 
 
 def _long_layers(handle: Model, text: str, spec, names: tuple[str, ...], band: int, budget: int):
