@@ -22,17 +22,20 @@ TESTS = Path(__file__).resolve().parent
 # --- hand-made runs and PNG files -----------------------------------------------------------------
 
 
-def make_run(query_tokens, key_tokens=None, num_heads=2, causal=False, seed=0):
-    """An AttentionRun of softmax'd random scores, (H, Nq, Nk); causal runs get exact zeros above the diagonal."""
+def make_run(query_tokens, key_tokens=None, num_heads=2, causal=False, seed=0, attention=None):
+    """An AttentionRun of softmax'd random scores, (H, Nq, Nk); causal runs get exact zeros above the diagonal.
+    attention: the weights it holds instead (e.g. a memmap of a map on disk)."""
     from attnviz.run_data import AttentionRun
 
     key_tokens = key_tokens or query_tokens
-    rng = np.random.default_rng(seed)
-    scores = rng.normal(scale=2.0, size=(num_heads, len(query_tokens), len(key_tokens)))
-    if causal:
-        scores[:, np.triu(np.ones(scores.shape[1:], dtype=bool), k=1)] = -np.inf
-    weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
-    weights /= weights.sum(axis=-1, keepdims=True)
+    weights = attention
+    if weights is None:
+        rng = np.random.default_rng(seed)
+        scores = rng.normal(scale=2.0, size=(num_heads, len(query_tokens), len(key_tokens)))
+        if causal:
+            scores[:, np.triu(np.ones(scores.shape[1:], dtype=bool), k=1)] = -np.inf
+        weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
+        weights /= weights.sum(axis=-1, keepdims=True)
     return AttentionRun(
         text="".join(query_tokens),
         model="sentence-transformers/all-MiniLM-L6-v2",

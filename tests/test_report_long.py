@@ -10,6 +10,7 @@ request blocked, it opens on the Zoom view within 1 s and the Summaries view rea
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 import math
 import re
 
@@ -23,7 +24,6 @@ from attnviz.html.page import LONG_SCRIPTS, SCRIPTS, page_script, static_text
 from attnviz.html.pyramid import ZOOM_MIN_TOKENS, levels_bytes
 from attnviz.html.record import LONG_TEXT_NOTE, SUMMARIES_LEFT_OUT, decode_weights
 from attnviz.output.summaries_json import summaries_record
-from attnviz.run_data import AttentionRun
 from attnviz.spec import RunSpec
 
 PAGE_BUDGET_BYTES = 25 * 10**6
@@ -59,8 +59,11 @@ def page_record(page: str) -> dict:
     return json.loads(data)
 
 
-def long_report_record(num_tokens: int = 600, num_heads: int = 2, num_layers: int = 4):
-    run = make_run([f"w{index}" for index in range(num_tokens)], num_heads=num_heads, causal=True, seed=4)
+def long_report_record(num_tokens: int = 600, num_heads: int = 2, num_layers: int = 4, attention=None, **fields):
+    """A long causal text's run (random weights, or attention), synthetic summaries and its report's record;
+    fields replace the run's own (model, layer ...)."""
+    tokens = [f"w{index}" for index in range(num_tokens)]
+    run = replace(make_run(tokens, num_heads=num_heads, causal=True, seed=4, attention=attention), **fields)
     run.model_causal = True
     summaries = synthetic_summaries(num_layers, num_heads, run.query_tokens)
     spec = spec_of(num_heads)
@@ -137,26 +140,9 @@ def causal_softmax_npy(path, num_heads: int, num_tokens: int, rows: int = 512, s
 def budget_report(tmp_path_factory):
     folder = tmp_path_factory.mktemp("budget")
     attention = causal_softmax_npy(folder / "attention.npy", BUDGET_HEADS, BUDGET_TOKENS)
-    tokens = [f"w{index}" for index in range(BUDGET_TOKENS)]
-    run = AttentionRun(
-        text=" ".join(tokens),
-        model="HuggingFaceTB/SmolLM2-135M",
-        layer=10,
-        weights="pretrained",
-        num_heads=BUDGET_HEADS,
-        device="cpu",
-        query_tokens=tokens,
-        key_tokens=tokens,
-        query_ids=list(range(BUDGET_TOKENS)),
-        key_ids=list(range(BUDGET_TOKENS)),
-        attention=attention,
-        output=np.zeros((BUDGET_TOKENS, 8)),
-        causal=True,
+    _, _, _, record = long_report_record(
+        BUDGET_TOKENS, BUDGET_HEADS, BUDGET_LAYERS, attention, model="HuggingFaceTB/SmolLM2-135M", layer=10
     )
-    run.model_causal = True
-    summaries = synthetic_summaries(BUDGET_LAYERS, BUDGET_HEADS, tokens)
-    spec = spec_of(BUDGET_HEADS)
-    record = report_record([ReportText(run, summaries=summaries)], spec, kind="decoder", num_layers=BUDGET_LAYERS)
     path = folder / "report.html"
     path.write_text(report_page(record), encoding="utf-8")
     return attention, record, path
