@@ -168,16 +168,12 @@ class HeadSummaries:
         return values, keys[:, :count].cpu().numpy(), shares[:, :count].cpu().numpy()
 
 
-# What a block of one layer's weights may take while the summaries are made: its scores and weights,
-# (H, b, Nk) each (MultiHeadAttention.blocks); the summaries' own temporaries are (b, Nk).
-SUMMARY_BLOCK_BYTES = 64 * 2**20
-
-
-def summarise_layers(loaded, text: str, spec, budget_bytes: int = SUMMARY_BLOCK_BYTES, window: int = LOCAL_WINDOW) -> LayerSummaries:
+def summarise_layers(loaded, text: str, spec, budget_bytes: int, window: int = LOCAL_WINDOW) -> LayerSummaries:
     """Every head of every layer of spec.stack over one text, from one forward pass, a block of queries at a time.
 
     spec as for iter_layer_runs (spec.layer and spec.kv_text are not used; spec.words is not: the
-    summaries are over tokens). No (H, N, N) map is held: each layer's blocks feed a HeadSummaries.
+    summaries are over tokens). No (H, N, N) map is held: each layer's blocks feed a HeadSummaries;
+    budget_bytes: what a block's scores and weights may take (pipeline.block_budget).
     """
     from dataclasses import replace
 

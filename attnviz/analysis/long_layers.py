@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from attnviz.analysis.head_summaries import SUMMARY_BLOCK_BYTES, LOCAL_WINDOW, LayerSummaries, summarise_blocks
+from attnviz.analysis.head_summaries import LOCAL_WINDOW, LayerSummaries, summarise_blocks
 from attnviz.errors import AttnvizError
 
 
@@ -75,7 +75,7 @@ class BlockMaxima:
 
 
 def layers_in_blocks(
-    loaded, text: str, spec, panel_cells: Callable, budget_bytes: int = SUMMARY_BLOCK_BYTES, window: int = LOCAL_WINDOW
+    loaded, text: str, spec, panel_cells: Callable, budget_bytes: int, window: int = LOCAL_WINDOW
 ) -> LongLayers:
     """Every layer of one long text in one pass of blocks: the layers' runs without weights, the summaries, the block maxima.
 
