@@ -15,6 +15,7 @@ import numpy as np
 
 from attnviz.analysis.accumulate import MergeableSums, as_float64
 from attnviz.analysis.statistic_names import KEY_KINDS, LN2, STATISTICS
+from attnviz.run_data import map_rows
 
 
 @dataclass
@@ -68,6 +69,37 @@ def summarize_heads(attention: np.ndarray, causal: bool = False) -> list[HeadSum
         )
         for h in range(attention.shape[0])
     ]
+
+
+SUMMARY_ROWS = 256  # queries per block when a long text's head summaries are read from its map on disk
+
+
+def summarize_in_blocks(attention, causal: bool, rows: int = SUMMARY_ROWS) -> list[HeadSummary]:
+    """summarize_heads of a map (H, Nq, Nk) read SUMMARY_ROWS queries at a time: each summary is a mean over
+    queries (or a key per query), so the blocks' sums give it; no map is made whole in memory. The logs are
+    float32's, every sum float64's; under a causal mask a block's keys stop at its last query's (the rest are 0)."""
+    num_heads, num_queries, num_keys = attention.shape
+    visible = visible_keys(num_queries, num_keys, causal)  # (Nq,)
+    choice = visible > 1
+    entropy, relative, maxima = np.zeros(num_heads), np.zeros(num_heads), np.zeros(num_heads)
+    top_keys = np.empty((num_heads, num_queries), dtype=np.int64)
+    for start in range(0, num_queries, rows):
+        stop = min(start + rows, num_queries)
+        width = min(stop, num_keys) if causal else num_keys
+        block = np.stack([map_rows(attention, head, start, stop)[:, :width] for head in range(num_heads)])  # (H, b, K)
+        logs = np.log(block, where=block > 0, out=np.zeros_like(block))
+        entropies = -np.einsum("hbk,hbk->hb", block, logs, dtype=np.float64)  # (H, b), 0 log 0 = 0
+        entropy += entropies.sum(axis=-1)
+        picked = choice[start:stop]
+        relative += (entropies[:, picked] / np.log(visible[start:stop][picked])).sum(axis=-1)
+        maxima += block.max(axis=-1).sum(axis=-1, dtype=np.float64)
+        top_keys[:, start:stop] = block.argmax(axis=-1)
+    choices = max(int(choice.sum()), 1)
+    return [
+        HeadSummary(head=h, entropy=float(entropy[h] / num_queries), relative_entropy=float(relative[h] / choices),
+                    mean_max=float(maxima[h] / num_queries), top_keys=top_keys[h].tolist())
+        for h in range(num_heads)
+    ]  # fmt: skip
 
 
 # ---- statistics of every head of a model, across layers and texts (`attnviz stats`) ------------
