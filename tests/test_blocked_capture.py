@@ -1,6 +1,6 @@
 """The capture pass's attention (attnviz/models/blocked_attention.py): transformers' model run with it gives eager
-attention's hidden states, for every family: one text without padding through SDPA's fused kernels, a padded batch
-through attnviz's blocks of queries, at any block size."""
+attention's hidden states, for every family: a padded batch, or one text whose scores fit one block, through attnviz's
+blocks of queries (eager's very operations); one text past a block through SDPA's fused kernels."""
 
 from __future__ import annotations
 
@@ -13,11 +13,17 @@ from attnviz.models import blocked_attention
 from tiny_families import FAMILY_CHECKPOINTS, build_checkpoint
 
 TEXTS = ["The cat sat on the mat because it was tired.", "A dog."]
+CASES = {"padded batch": (TEXTS, False), "one text": (TEXTS[:1], False), "one text past a block": (TEXTS[:1], True)}
 
 
-@pytest.mark.parametrize("texts", [TEXTS, pytest.param(TEXTS[:1], marks=pytest.mark.slow)], ids=["padded batch", "one text"])
+@pytest.mark.parametrize(
+    "case", ["padded batch", pytest.param("one text", marks=pytest.mark.slow), pytest.param("one text past a block", marks=pytest.mark.slow)]
+)
 @pytest.mark.parametrize("model_type", sorted(FAMILY_CHECKPOINTS))
-def test_every_family_runs_with_the_capture_attention_and_gives_eagers_hidden_states(model_type, texts, tmp_path):
+def test_every_family_runs_with_the_capture_attention_and_gives_eagers_hidden_states(model_type, case, tmp_path, monkeypatch):
+    texts, past_a_block = CASES[case]
+    if past_a_block:  # blocks of one query: a text past one block
+        monkeypatch.setattr(blocked_attention, "BLOCK_BYTES", {"cpu": 1})
     model = build_checkpoint(model_type, tmp_path)
     encoded = transformers.AutoTokenizer.from_pretrained(tmp_path)(texts, return_tensors="pt", padding=True)
     inputs = {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]}
@@ -31,13 +37,13 @@ def test_every_family_runs_with_the_capture_attention_and_gives_eagers_hidden_st
     hidden = "decoder_hidden_states" if model.config.is_encoder_decoder else "hidden_states"
     real = encoded["attention_mask"][:, :6 if model.config.is_encoder_decoder else None].bool()  # padding rows aside
     layers = zip(states["eager"][hidden], states["sdpa"][hidden], states[blocked_attention.NAME][hidden], strict=True)
-    fused = len(texts) == 1 and model_type != "t5"  # T5 adds its position bias to the scores: the blocks
     for eager, sdpa, found in layers:
-        if not fused:  # the blocks: eager's very operations
+        if not past_a_block:  # one block: eager's very operations
             torch.testing.assert_close(found[real], eager[real], atol=1e-6, rtol=0)
-        else:  # SDPA's fused kernels: transformers' own SDPA attention, and eager's within float32 rounding over the layers
+            continue
+        if model_type != "t5":  # SDPA's fused kernels (T5 adds its position bias to the scores: blocks of one query)
             torch.testing.assert_close(found[real], sdpa[real], atol=1e-6, rtol=0)
-            torch.testing.assert_close(found[real], eager[real], atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(found[real], eager[real], atol=1e-4, rtol=1e-4)  # float32 rounding over the layers
 
 
 @pytest.mark.parametrize("with_mask", [False, True])

@@ -5,11 +5,13 @@ attention (every layer would make its (H, N, N) maps), and on CUDA, SDPA in floa
 heads has no fused kernel and falls back to one that makes the maps too (32 heads at 32,768 tokens
 asked for 128 GiB). This function, registered with transformers' public AttentionInterface, gives
 each layer's attention output as eager's within float rounding, in bounded memory:
-- with no mask to apply but a causal one (one text, no padding: transformers leaves the mask out),
-  torch's scaled_dot_product_attention over the key/value heads repeated for their query heads, whose
-  fused kernels (flash on the CPU, memory-efficient on CUDA) never make the maps and skip the future;
-- otherwise (padding, T5's position bias) a block of queries at a time, each row's softmax over its
-  whole row, as attnviz's own layer does (attention/layer.py).
+- a text whose scores fit one block (BLOCK_BYTES), or one with padding or T5's position bias: a block of
+  queries at a time, each row's softmax over its whole row, eager's very operations (as attnviz's own
+  layer, attention/layer.py), so that a short text's numbers are eager's;
+- a longer text with no mask to apply but a causal one (one text, no padding: transformers leaves the
+  mask out): torch's scaled_dot_product_attention over the key/value heads repeated for their query heads,
+  whose fused kernels (flash on the CPU, memory-efficient on CUDA) never make the maps and skip the future
+  (a third of the blocks' time; eager's output within float rounding).
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ def blocked_attention(
 
     attention_mask: transformers' boolean mask (True: may attend) or additive float mask, (B, 1, Nq, Nk); None
     for a module that attends to every key, or causally (module.is_causal). position_bias: T5's, added to the scores.
-    block_bytes: a block's scores and weights (default: BLOCK_BYTES of the device). No dropout: eval mode only.
+    block_bytes: a block's scores and weights (default: BLOCK_BYTES of the device); past one block, a text without
+    a mask or a position bias goes to SDPA. No dropout: eval mode only.
     """
     key, value = repeat_kv(key, query.shape[1] // key.shape[1]), repeat_kv(value, query.shape[1] // value.shape[1])
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
@@ -40,13 +43,13 @@ def blocked_attention(
     num_keys = key.shape[2]
     # As transformers' own SDPA attention: no mask, several queries and a module not said to be bidirectional is causal.
     causal = attention_mask is None and num_queries > 1 and getattr(module, "is_causal", True)
-    if attention_mask is None and position_bias is None:
+    budget = block_bytes or BLOCK_BYTES.get(query.device.type, DEVICE_BLOCK_BYTES)
+    rows = rows_per_block(budget, batch, heads, num_keys, query.element_size())
+    if rows < num_queries and attention_mask is None and position_bias is None:
         output = torch.nn.functional.scaled_dot_product_attention(query, key, value, is_causal=causal, scale=scaling)
         return output.transpose(1, 2).contiguous(), None  # (B, Nq, H, d)
     lowest = torch.finfo(query.dtype).min  # as eager's masks: a row with no key left is uniform, not NaN
     output = torch.empty_like(query)  # (B, H, Nq, d)
-    budget = block_bytes or BLOCK_BYTES.get(query.device.type, DEVICE_BLOCK_BYTES)
-    rows = rows_per_block(budget, batch, heads, num_keys, query.element_size())
     for start in range(0, num_queries, rows):
         stop = min(start + rows, num_queries)
         scores = query[:, :, start:stop] @ key.transpose(-2, -1) * scaling  # (B, H, b, Nk)

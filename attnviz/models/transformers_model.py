@@ -9,8 +9,8 @@ projections, which the family's adapter (families/) names and splits into Attent
 with its position scheme (RoPE's frequencies, T5's relative position bias). This module is the
 same for every family: the model's class, module names and weights come from the adapter.
 The forward pass up to the chosen layer runs an attention that never makes the (H, N, N) maps whole, at any
-length and on any device (blocked_attention.py): SDPA's fused kernels for one text, attnviz's blocks of
-queries under a padding mask or a position bias.
+length and on any device (blocked_attention.py): attnviz's blocks of queries (eager's very operations) for a
+text whose scores fit one block, under a padding mask or a position bias; SDPA's fused kernels for a longer text.
 
 transformers is imported only here, on this path: `attnviz --help` and BERT runs never pay for it.
 Only safetensors are loaded (use_safetensors=True), and nothing from the folder is run
