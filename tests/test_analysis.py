@@ -425,3 +425,21 @@ def test_the_accumulator_refuses_layers_with_different_texts():
     accumulator.add(0, np.eye(3)[None], ["[CLS]", "a", "[SEP]"])
     with pytest.raises(ValueError):
         accumulator.result()
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_heads_table_in_blocks_is_the_whole_maps_table(causal):
+    """summarize_in_blocks (a long map read a few queries at a time) gives summarize_heads' numbers and top keys."""
+    from attnviz.analysis.statistics import summarize_in_blocks
+
+    rng = np.random.default_rng(3)
+    raw = rng.random((3, N, N)) + 0.05
+    raw[:, 4, :] = 1.0  # a row of ties: the first key is the top key, as numpy's argmax
+    raw = np.tril(raw) if causal else raw
+    attention = (raw / raw.sum(axis=-1, keepdims=True)).astype(np.float32)  # (H, N, N)
+    whole = summarize_heads(attention.astype(np.float64), causal=causal)
+    for blocked, expected in zip(summarize_in_blocks(attention, causal, rows=3), whole, strict=True):
+        assert blocked.entropy == pytest.approx(expected.entropy, abs=1e-6)
+        assert blocked.relative_entropy == pytest.approx(expected.relative_entropy, abs=1e-6)
+        assert blocked.mean_max == pytest.approx(expected.mean_max, abs=1e-6)
+        assert blocked.top_keys == expected.top_keys and blocked.top_keys[4] == 0

@@ -41,30 +41,73 @@ def query_sums(weights, valid_lens: list[int], columns, pairs: bool = True, firs
     import torch
 
     batch, num_heads, num_queries, num_keys = weights.shape
-    num_rows = num_heads * (num_heads + 1) // 2 if pairs else num_heads  # the heads, then their pairs
-    maxima = weights.new_zeros(batch, num_heads, num_queries)
-    products = (weights.reshape(batch, -1, num_keys) @ columns).view(batch, num_heads, num_queries, -1)  # (B, H b, N) @ (B, N, C)
-    slogs = weights.new_zeros(batch, num_rows, num_queries)  # (B, R, b): sum s log s of every row
-    distance = weights.new_zeros(batch, num_heads, num_queries)
-    keys = torch.arange(num_keys, device=weights.device, dtype=weights.dtype)
-    queries = torch.arange(first_query, first_query + num_queries, device=weights.device, dtype=weights.dtype)
-    offsets = (queries[:, None] - keys).abs()  # (b, N): |q - k|
+    plogp, maxima, products, distance = _row_sums(weights, valid_lens, columns, first_query)
+    if not pairs:
+        return plogp, maxima, products, distance, None
+    num_pairs = num_heads * (num_heads - 1) // 2
+    slogs = weights.new_zeros(batch, num_pairs, num_queries)  # (B, P, b): sum s log s of every pair's row
     lengths = [max(length, 0) for length in valid_lens]
     cells = CPU_CELLS_AT_ONCE if weights.device.type == "cpu" else DEVICE_CELLS_AT_ONCE
-    for group in _groups(cells, num_rows, num_queries * num_keys, batch):
+    for group in _groups(cells, num_heads + num_pairs, num_queries * num_keys, batch):
         length = max(lengths[b] for b in group)
         rows = min(max(length - first_query, 0), num_queries)  # the block's real queries in the group's longest text
         if rows > 0:
             texts = slice(group.start, group.stop)
             seen = first_query if causal else None  # keys past first_query + q are 0 for the block's query q
-            _group_sums(weights[texts, :, :rows, :length], offsets[:rows, :length], cells, slogs[texts], maxima[texts], distance[texts], seen)
+            _pair_sums(weights[texts, :, :rows, :length], cells, slogs[texts], seen)
     # A group's shorter texts have padding queries inside it, and a batch's maps hold on padding
     # queries what the layer gave them: zero them all.
-    real = (queries < torch.tensor(lengths, device=weights.device)[:, None]).to(weights.dtype)[:, None]  # (B, 1, b)
-    for sums in (maxima, slogs, distance):
-        sums.mul_(real)
-    products.mul_(real[..., None])
-    return slogs[:, :num_heads], maxima, products, distance, slogs[:, num_heads:] if pairs else None
+    return plogp, maxima, products, distance, slogs.mul_(_real_queries(weights, valid_lens, first_query))
+
+
+def _row_sums(weights, valid_lens: list[int], columns, first_query: int):
+    """query_sums' plogp, maxima, products and distance: each one pass of torch's own ops over the whole block
+    (B, H, b, K). Keys past a text, or past a causal row's query, have weight 0 and add 0 to every sum."""
+    import torch
+
+    batch, num_heads, num_queries, num_keys = weights.shape
+    tiny = torch.finfo(weights.dtype).tiny  # log(p + tiny) is finite where p is 0: 0 log 0 = 0
+    plogp = torch.linalg.vecdot(weights, torch.add(weights, tiny).log_())  # (B, H, b)
+    maxima = weights.amax(dim=-1)  # (B, H, b)
+    products = (weights.reshape(batch, -1, num_keys) @ columns).view(batch, num_heads, num_queries, -1)  # (B, H b, K) @ (B, K, C)
+    distance = key_distance(weights, first_query)  # (B, H, b)
+    real = _real_queries(weights, valid_lens, first_query)  # (B, 1, b)
+    return plogp.mul_(real), maxima.mul_(real), products.mul_(real[..., None]), distance.mul_(real)
+
+
+def _real_queries(weights, valid_lens: list[int], first_query: int):
+    """(B, 1, b): 1 on the block's real queries, 0 on padding (a batch's maps hold there what the layer gave them)."""
+    import torch
+
+    queries = torch.arange(first_query, first_query + weights.shape[2], device=weights.device)
+    return (queries < torch.tensor(valid_lens, device=weights.device)[:, None]).to(weights.dtype)[:, None]
+
+
+def key_distance(weights, first_query: int = 0):
+    """(B, H, b): each row's sum_k p_k |q - k| of the block of queries first_query .. first_query + b - 1 (B, H, b, K).
+
+    The keys before the block's first query lie left of every row and those after its last query right of it:
+    over each the sum is two matrix products, sum_k p_k and sum_k p_k times the key's distance from the block's
+    edge, every term positive (no cancellation); only the keys of the block's own queries take |q - k| cell by cell.
+    """
+    import torch
+
+    num_queries, num_keys = weights.shape[-2:]
+    left, right = min(first_query, num_keys), min(first_query + num_queries, num_keys)
+    device, dtype = weights.device, weights.dtype
+    queries = torch.arange(first_query, first_query + num_queries, device=device, dtype=dtype)  # (b,)
+    keys = torch.arange(num_keys, device=device, dtype=dtype)  # (K,)
+    # The block's own keys, left to right: |q - k| a cell at a time.
+    distance = (weights[..., left:right] * (queries[:, None] - keys[left:right]).abs()).sum(dim=-1)  # (B, H, b)
+    if left:  # keys 0 .. left - 1: |q - k| = (q - left) + (left - k)
+        edge = torch.stack([torch.ones_like(keys[:left]), left - keys[:left]], dim=-1)  # (left, 2)
+        total, farther = (weights[..., :left] @ edge).unbind(-1)  # (B, H, b) each
+        distance += (queries - left) * total + farther
+    if right < num_keys:  # keys right .. K - 1: |q - k| = (right - 1 - q) + (k - right + 1)
+        edge = torch.stack([torch.ones_like(keys[right:]), keys[right:] - (right - 1)], dim=-1)  # (K - right, 2)
+        total, farther = (weights[..., right:] @ edge).unbind(-1)
+        distance += (right - 1 - queries) * total + farther
+    return distance
 
 
 def _groups(cells: int, num_rows: int, map_cells: int, batch: int) -> list[range]:
@@ -76,19 +119,19 @@ def _groups(cells: int, num_rows: int, map_cells: int, batch: int) -> list[range
     return [range(first, min(first + size, batch)) for first in range(0, batch, size)]
 
 
-def _group_sums(maps, offsets, cells: int, slogs, maxima, distance, first_query: int | None = None) -> None:
-    """query_sums of a group of texts' maps (G, H, q, n), n the longest of them, with offsets (q, n):
-    into their rows of query_sums' slogs (G, R, b), maxima (G, H, b) and distance (G, H, b).
-    first_query, when given (a causal map's block from that query), cuts each block of queries' keys
+def _pair_sums(maps, cells: int, slogs, first_query: int | None = None) -> None:
+    """query_sums' pair_slogs of a group of texts' maps (G, H, q, n), n the longest of them: into their rows of slogs
+    (G, P, b). first_query, when given (a causal map's block from that query), cuts each block of queries' keys
     at its last query's: the weights past them are 0, their s log s 0 (tiny log tiny sums to under 1e-35 a row)."""
     import torch
 
     group, num_heads, num_queries, length = maps.shape
-    num_rows = slogs.shape[1]
+    num_pairs = slogs.shape[1]
     # The smallest normal number, added to every weight of a block: log is then finite where a weight
     # is 0 (so 0 log 0 = 0), and no sum moves by more than N times it (1e-35 in float32).
     tiny = torch.finfo(maps.dtype).tiny
-    buffers = maps.new_empty(2, max(cells, num_rows * group * length))  # a block's s, then its log s
+    num_rows = num_heads + num_pairs
+    buffers = maps.new_empty(2, max(cells, num_rows * group * length))  # a block's p and s, then log s
     start = 0
     while start < num_queries:
         stop, width = _next_block(start, num_queries, length, first_query, cells // (num_rows * group))
@@ -96,20 +139,17 @@ def _group_sums(maps, offsets, cells: int, slogs, maxima, distance, first_query:
         rows, logs = (buffer[: shape[0] * shape[1] * shape[2] * shape[3]].view(shape) for buffer in buffers)  # (R, G, Q, n)
         heads = torch.add(maps[:, :, start:stop, :width].transpose(0, 1), tiny, out=rows[:num_heads])  # (H, G, Q, n): every head's p
         first = num_heads
-        for a in range(num_heads - 1 if num_rows > num_heads else 0):  # head a with each later head: s = p_a + p_b
+        for a in range(num_heads - 1):  # head a with each later head: s = p_a + p_b
             later = num_heads - 1 - a
             torch.add(heads[a : a + 1], heads[a + 1 :], out=rows[first : first + later])
             first += later
-        maxima[:, :, start:stop] = heads.amax(dim=-1).transpose(0, 1)  # (G, H, Q): in the cache, where the batch's are not
-        weighted = torch.mul(heads, offsets[start:stop, :width], out=logs[:num_heads])  # in a block's buffer: a new one costs more
-        distance[:, :, start:stop] = weighted.sum(dim=-1).transpose(0, 1)  # (G, H, Q)
-        torch.log(rows, out=logs)
-        slogs[:, :, start:stop] = logs.mul_(rows).sum(dim=-1).transpose(0, 1)  # (G, R, Q)
+        pairs, pair_logs = rows[num_heads:], torch.log(rows[num_heads:], out=logs[num_heads:])  # (P, G, Q, n) each
+        slogs[:, :, start:stop] = pair_logs.mul_(pairs).sum(dim=-1).transpose(0, 1)  # (G, P, Q)
         start = stop
 
 
 def _next_block(start: int, num_queries: int, length: int, first_query: int | None, cells: int) -> tuple[int, int]:
-    """The end of _group_sums' block of queries from start, and its keys: as many queries as keep (queries,
+    """The end of _pair_sums' block of queries from start, and its keys: as many queries as keep (queries,
     keys) within cells, one at least. A causal block's queries see the keys up to its last query's (first_query
     + stop), so its first blocks, over a few keys, take more queries."""
     stop = start + 1

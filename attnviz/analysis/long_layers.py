@@ -53,19 +53,23 @@ class BlockMaxima:
         """The rows first_query .. first_query + b - 1 of a layer's map: weights (H, b, N), a torch tensor (causal: the
         first N' >= first_query + b keys may be all, MultiHeadAttention.blocks' narrow weights).
 
-        A causal run's weights are 0 past each query, so the blocks of keys past the block's last query are
-        not read (nor copied, as a mask of every weight would), and a block of keys that holds a query's last
-        keys takes their maximum as it is (the zeros past them never exceed it); one all past the query is
-        -inf for it (masked)."""
-        rows = np.asarray(weights.float().cpu().numpy())  # (H, b, N)
-        queries = np.arange(first_query, first_query + rows.shape[1])
+        Each block of queries' rows are reduced first, in torch (the rows' every weight, on every core), to their
+        largest weight on each key; then the blocks of keys, over those few rows. A causal run's weights are 0 past
+        each query: the blocks of keys past the block's last query are not read, and one all past the last query
+        of a block of queries is -inf for it (masked); any other holds a seen weight >= the zeros."""
+        import torch
+
+        num_rows = weights.shape[1]
+        queries = np.arange(first_query, first_query + num_rows)
+        blocks, firsts = np.unique(self.block_of[queries], return_index=True)  # the blocks of queries these rows are in
+        ends = [*firsts[1:], num_rows]
         columns = int((self.starts <= queries[-1]).sum()) if self.causal else len(self.starts)  # the blocks of keys read
-        read = rows[:, :, : self.starts[columns - 1] + self._width(columns - 1)]  # (H, b, N')
-        maxima = np.maximum.reduceat(read, self.starts[:columns], axis=2)  # (H, b, C')
+        width = self.starts[columns - 1] + self._width(columns - 1)
+        rows = torch.stack([weights[:, a:b, :width].amax(dim=1) for a, b in zip(firsts, ends)], dim=1)  # (H, blocks, N')
+        maxima = np.maximum.reduceat(rows.float().cpu().numpy(), self.starts[:columns], axis=2)  # (H, blocks, C')
         if self.causal:  # future keys never win a maximum
-            maxima[:, self.starts[None, :columns] > queries[:, None]] = -np.inf
-        blocks, firsts = np.unique(self.block_of[queries], return_index=True)  # the blocks these rows are in
-        maxima = np.maximum.reduceat(maxima, firsts, axis=1)  # (H, blocks, C')
+            last = first_query + np.array(ends) - 1  # (blocks,): each block of queries' last row here
+            maxima[:, self.starts[None, :columns] > last[:, None]] = -np.inf
         self.values[layer][:, blocks, :columns] = np.maximum(self.values[layer][:, blocks, :columns], maxima)
 
     def _width(self, block: int) -> int:

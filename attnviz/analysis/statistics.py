@@ -76,24 +76,27 @@ SUMMARY_ROWS = 256  # queries per block when a long text's head summaries are re
 
 def summarize_in_blocks(attention, causal: bool, rows: int = SUMMARY_ROWS) -> list[HeadSummary]:
     """summarize_heads of a map (H, Nq, Nk) read SUMMARY_ROWS queries at a time: each summary is a mean over
-    queries (or a key per query), so the blocks' sums give it; no map is made whole in memory. The logs are
-    float32's, every sum float64's; under a causal mask a block's keys stop at its last query's (the rest are 0)."""
+    queries (or a key per query), so the blocks' sums give it; no map is made whole in memory. torch's ops
+    (every core, vectorised logs) over each block in float32, every sum across blocks float64's; under a causal
+    mask a block's keys stop at its last query's (the rest are 0)."""
+    import torch
+
     num_heads, num_queries, num_keys = attention.shape
-    visible = visible_keys(num_queries, num_keys, causal)  # (Nq,)
+    visible = torch.from_numpy(visible_keys(num_queries, num_keys, causal))  # (Nq,)
     choice = visible > 1
-    entropy, relative, maxima = np.zeros(num_heads), np.zeros(num_heads), np.zeros(num_heads)
-    top_keys = np.empty((num_heads, num_queries), dtype=np.int64)
+    entropy, relative, maxima = (torch.zeros(num_heads, dtype=torch.float64) for _ in range(3))
+    top_keys = torch.empty((num_heads, num_queries), dtype=torch.int64)
+    tiny = np.finfo(np.float32).tiny  # log(p + tiny) is finite where p is 0: 0 log 0 = 0
     for start in range(0, num_queries, rows):
         stop = min(start + rows, num_queries)
         width = min(stop, num_keys) if causal else num_keys
-        block = np.stack([map_rows(attention, head, start, stop)[:, :width] for head in range(num_heads)])  # (H, b, K)
-        logs = np.log(block, where=block > 0, out=np.zeros_like(block))
-        entropies = -np.einsum("hbk,hbk->hb", block, logs, dtype=np.float64)  # (H, b), 0 log 0 = 0
-        entropy += entropies.sum(axis=-1)
+        block = torch.from_numpy(np.stack([map_rows(attention, head, start, stop)[:, :width] for head in range(num_heads)]))  # (H, b, K)
+        entropies = -torch.linalg.vecdot(block, torch.add(block, tiny).log_()).double()  # (H, b)
+        entropy += entropies.sum(dim=-1)
         picked = choice[start:stop]
-        relative += (entropies[:, picked] / np.log(visible[start:stop][picked])).sum(axis=-1)
-        maxima += block.max(axis=-1).sum(axis=-1, dtype=np.float64)
-        top_keys[:, start:stop] = block.argmax(axis=-1)
+        relative += (entropies[:, picked] / visible[start:stop][picked].double().log()).sum(dim=-1)
+        largest, top_keys[:, start:stop] = block.max(dim=-1)  # (H, b) each: the first key of a tie, as argmax
+        maxima += largest.double().sum(dim=-1)
     choices = max(int(choice.sum()), 1)
     return [
         HeadSummary(head=h, entropy=float(entropy[h] / num_queries), relative_entropy=float(relative[h] / choices),
