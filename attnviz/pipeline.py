@@ -139,21 +139,24 @@ class LayerPass(NamedTuple):
 
 
 @torch.inference_mode()
-def layer_pass(loaded: LoadedModel, texts: list[str], spec: RunSpec, in_blocks: bool = False) -> LayerPass:
+def layer_pass(
+    loaded: LoadedModel, texts: list[str], spec: RunSpec, in_blocks: bool = False, captured: tuple[EncodedTexts, LayerStates] | None = None
+) -> LayerPass:
     """attnviz's layer spec.layer over a padded batch of texts, on that layer's real input.
 
     With spec.kv_text, queries come from each text and keys and values from kv_text (for an
     encoder-decoder's cross-attention, the source the encoder reads). in_blocks: when the
     batch's weights pass the memory budget (memory_budget) or a text's map passes the large-map
     size, the layer runs a block of queries at a time and each block goes straight into its
-    text's array (block_maps); within both, the one block is today's whole tensor.
+    text's array (block_maps); within both, the one block is today's whole tensor. captured: the texts'
+    encoding and the layer's input, already captured by a pass that goes on through other layers (no capture here).
     """
     check_layer(loaded, spec.layer, spec.stack)
-    encoded = encode_texts(loaded, texts, spec)
+    encoded = encode_texts(loaded, texts, spec) if captured is None else captured[0]
     keys = encoded.keys if encoded.keys is not None else encoded.queries
     with threads_for(encoded):  # the layer's weights copied and checked too: as much work as the run, for a short text
         attention = build_layer(loaded, spec)
-        states = layer_states(loaded, encoded, [spec.layer], spec)[spec.layer]
+        states = layer_states(loaded, encoded, [spec.layer], spec)[spec.layer] if captured is None else captured[1]
         valid_lens = keys.valid_lens.to(spec.device).expand(len(texts))  # (B,)
         budget = memory_budget(spec)
         batch, num_queries, num_keys = len(texts), states.queries.shape[1], states.keys.shape[1]
@@ -161,6 +164,7 @@ def layer_pass(loaded: LoadedModel, texts: list[str], spec: RunSpec, in_blocks: 
         large = min(LARGE_MAP_BYTES, budget)
         sizes = [(len(encoded.queries.ids[i]), len(keys.ids[0 if spec.kv_text is not None else i])) for i in range(batch)]
         if in_blocks and (rows < num_queries or any(4 * attention.num_heads * q * k > large for q, k in sizes)):
+            rows = rows_per_block(block_budget(spec), batch, attention.num_heads, num_keys)  # cache-sized blocks on the CPU
             blocks = attention.blocks(
                 states.queries, states.keys, states.keys,
                 valid_lens=valid_lens, causal=spec.causal, position_bias=states.position_bias, rows=rows,
@@ -202,9 +206,11 @@ def block_maps(blocks, sizes: list[tuple[int, int]], num_heads: int, large: int)
     return outputs, [each.finish() if isinstance(each, MapFile) else each for each in maps]
 
 
-def run_attention(loaded: LoadedModel, texts: list[str], spec: RunSpec) -> list[AttentionRun]:
-    """Run attnviz's layer over a padded batch of texts with spec's settings (layer_pass); one AttentionRun per text."""
-    done = layer_pass(loaded, texts, spec, in_blocks=True)
+def run_attention(
+    loaded: LoadedModel, texts: list[str], spec: RunSpec, captured: tuple[EncodedTexts, LayerStates] | None = None
+) -> list[AttentionRun]:
+    """Run attnviz's layer over a padded batch of texts with spec's settings (layer_pass, captured as there); one AttentionRun per text."""
+    done = layer_pass(loaded, texts, spec, in_blocks=True, captured=captured)
     sizes = layer_sizes(done.attention)
     return split_runs(loaded, texts, done.encoded.queries, done.keys, done.output, done.patterns, spec, spec.layer, *sizes)
 
@@ -303,6 +309,7 @@ def iter_layer_blocks(
     spec: RunSpec,
     budget_bytes: int,
     in_place: bool = False,
+    states: dict[int, LayerStates] | None = None,
 ) -> Iterator[tuple[int, int, torch.Tensor]]:
     """iter_layer_weights a block of queries at a time: (layer, first query, weights (B, H, b, K)), layer by layer.
 
@@ -310,7 +317,8 @@ def iter_layer_blocks(
     (B, H, N, Nk) weights are ever whole; K is Nk, or under a causal mask the block's last query + 1 (the
     keys past it have weight 0: MultiHeadAttention.blocks' narrow). One forward pass gives every layer's input, as in
     iter_layer_passes; with in_place each layer's output, gathered from its blocks ((B, N, D), not
-    the weights), goes on through the rest of BERT's layer to the next.
+    the weights), goes on through the rest of BERT's layer to the next. states: every layer's input, already
+    captured (layer_states; each is let go once used), else captured here.
     """
     device = spec.device
     keys = encoded.keys if encoded.keys is not None else encoded.queries
@@ -319,8 +327,7 @@ def iter_layer_blocks(
     if in_place:
         with threads_for(encoded):
             hidden = layer_input(loaded, encoded.queries, 0, device)  # (B, N, D): the embeddings
-        states = None
-    else:
+    elif states is None:
         with threads_for(encoded):
             states = layer_states(loaded, encoded, list(range(len(layers))), spec)
     for layer, attention in enumerate(layers):

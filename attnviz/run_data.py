@@ -12,6 +12,7 @@ import tempfile
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -137,6 +138,7 @@ class AttentionRun:
     query_shown: list[str] | None = None  # the tokenizer's query tokens as a reader sees them (models/shown.py); None: as made
     key_shown: list[str] | None = None  # the key tokens'
     dtype: str = "float32"  # what the model and the layer computed in (--dtype); the arrays are float32 whatever it is
+    layer_summaries: Any = None  # every layer's heads summarised in the same pass (head_summaries.LayerSummaries), when asked
 
     @property
     def tokenizer_tokens(self) -> tuple[list[str], list[str]]:
@@ -263,7 +265,7 @@ class MapFile:
         _, num_queries, num_keys = self.shape
         for head in range(self.shape[0]):  # each head's rows lie together in the file
             self.file.seek(self.offset + 4 * num_keys * (head * num_queries + rows.start))
-            self.file.write(block[head].tobytes())
+            self.file.write(memoryview(block[head]))  # no copy
 
     def finish(self) -> np.memmap:
         """The written map as a read-only memmap; its folder goes when the memmap does."""

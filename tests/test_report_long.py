@@ -301,3 +301,27 @@ def test_a_map_on_disk_is_read_by_file_reads_into_the_same_zoom(tmp_path):
     np.testing.assert_array_equal(reader[2][650:700], mapped[2, 650:700])
     np.testing.assert_array_equal(reader[1][5:5], np.zeros((0, 700), dtype=np.float32))
     assert encode_zoom(zoom_record(reader, True, band_values=20_000)) == encode_zoom(zoom_record(np.array(mapped), True, band_values=20_000))
+
+
+@pytest.mark.slow
+def test_one_forward_pass_gives_the_run_and_every_layers_summaries_as_two_passes_do(tiny_llama):
+    """heads(layer_summaries=True), what heads' and report's long texts run: the map and the summaries from one capture
+    of every layer's input are the very numbers of the run alone and of summarise_layers' own pass."""
+    import attnviz
+    from attnviz.analysis.head_summaries import summarise_layers
+    from attnviz.errors import AttnvizError
+    from attnviz.pipeline import block_budget
+
+    model = attnviz.load(str(tiny_llama), device="cpu")
+    together = attnviz.heads(LLAMA_TEXT, model=model, layer=1, layer_summaries=True)
+    alone = attnviz.heads(LLAMA_TEXT, model=model, layer=1)
+    assert alone.layer_summaries is None
+    assert np.array_equal(np.asarray(together.run.attention), np.asarray(alone.run.attention))
+    assert np.array_equal(together.run.output, alone.run.output)
+    spec = together.spec
+    separate = summarise_layers(model.loaded, LLAMA_TEXT, replace(spec, layer=None), block_budget(spec))
+    for name, values in separate.values.items():
+        assert np.array_equal(together.layer_summaries.values[name], values), name
+    assert np.array_equal(together.layer_summaries.top_keys, separate.top_keys)
+    with pytest.raises(AttnvizError, match="summarises one text's self-attention"):
+        attnviz.heads([LLAMA_TEXT], model=model, layer_summaries=True)

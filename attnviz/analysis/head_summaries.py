@@ -187,9 +187,29 @@ def summarise_layers(loaded, text: str, spec, budget_bytes: int, window: int = L
     return summarise_blocks(loaded, text, encoded, layers, spec, budget_bytes, window)
 
 
-def summarise_blocks(loaded, text: str, encoded, layers, spec, budget_bytes: int, window: int = LOCAL_WINDOW, also=None) -> LayerSummaries:
+def run_and_summarise(loaded, text: str, spec, budget_bytes: int, window: int = LOCAL_WINDOW):
+    """pipeline.run_attention of one text at spec.layer, with every layer summarised (summarise_layers) from the same
+    forward pass: its AttentionRun, layer_summaries set. Self-attention only (spec without kv_text)."""
+    from dataclasses import replace
+
+    from attnviz.layer_inputs import encode_texts, layer_states, threads_for
+    from attnviz.pipeline import build_layers, run_attention
+
+    encoded = encode_texts(loaded, [text], spec)
+    with threads_for(encoded):
+        layers = build_layers(loaded, spec)
+        states = layer_states(loaded, encoded, list(range(len(layers))), spec)  # every layer's input, one forward pass
+    (run,) = run_attention(loaded, [text], spec, captured=(encoded, states[spec.layer]))
+    summaries = summarise_blocks(loaded, text, encoded, layers, spec, budget_bytes, window, states=states)
+    return replace(run, layer_summaries=summaries)
+
+
+def summarise_blocks(
+    loaded, text: str, encoded, layers, spec, budget_bytes: int, window: int = LOCAL_WINDOW, also=None, states=None
+) -> LayerSummaries:
     """summarise_layers over one text's encoded batch and its built layers (spec without kv_text);
-    also(layer, first_query, weights (H, b, N)), when given, gets each block too (analysis.long_layers' block maxima)."""
+    also(layer, first_query, weights (H, b, N)), when given, gets each block too (analysis.long_layers' block maxima);
+    states: every layer's input, already captured (pipeline.iter_layer_blocks)."""
     from attnviz.attention.layer import rows_per_block
     from attnviz.pipeline import in_berts_place, iter_layer_blocks
 
@@ -198,7 +218,7 @@ def summarise_blocks(loaded, text: str, encoded, layers, spec, budget_bytes: int
         HeadSummaries(attention.num_heads, num_tokens, num_tokens, causal=spec.causal, window=window)
         for attention in layers
     ]
-    blocks = iter_layer_blocks(loaded, encoded, layers, spec, budget_bytes, in_berts_place(loaded, spec))
+    blocks = iter_layer_blocks(loaded, encoded, layers, spec, budget_bytes, in_berts_place(loaded, spec), states)
     for layer, first_query, weights in blocks:  # weights (1, H, b, N)
         accumulators[layer].add(first_query, weights[0])
         if also is not None:

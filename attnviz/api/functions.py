@@ -24,7 +24,7 @@ POSITION_OPTIONS = ("model", "device", "dtype")  # position runs layer 0 with th
 
 
 @takes_options()
-def heads(text: str | list[str], *, measure: str = "weights", **options):
+def heads(text: str | list[str], *, measure: str = "weights", layer_summaries: bool = False, **options):
     """One layer's heads over a text (a HeadsResult), or over a list of texts (a list, run in padded batches).
 
     options are RunOptions' (attnviz.RunOptions): heads splits the projections into that many
@@ -38,6 +38,9 @@ def heads(text: str | list[str], *, measure: str = "weights", **options):
     measure adds what the weights leave out (analysis/measure_names.py): "norm" (Kobayashi et al.
     2020), "value-zeroing" (Mohebbi et al. 2023), "flow" (Abnar & Zuidema 2020) or "all", in each
     result's measures (attnviz.analysis.measures.RunMeasures); "weights" (default) adds none.
+    layer_summaries: also every head of every layer summarised (attnviz.layers' summaries: the sink, entropy,
+    distance, ...) from the same forward pass, as a long text's report shows them: result.layer_summaries.
+    One text, self-attention, weights alone (no measure).
     """
     from attnviz.api.run_results import HeadsResult
     from attnviz.output.batch import run_in_batches
@@ -45,6 +48,8 @@ def heads(text: str | list[str], *, measure: str = "weights", **options):
     options = run_options("heads", options)
     texts = _texts(text)
     names = measure_names(must_be_str("measure", measure))
+    if must_be_bool("layer_summaries", layer_summaries) and (not isinstance(text, str) or names or options.kv or options.stack == "cross"):
+        raise AttnvizError('layer_summaries=True summarises one text\'s self-attention: give one str, no kv, no stack="cross", no measure')
     refuse_before_loading(options)
     handle = load(options.model, options.device, dtype=options.dtype)
     spec = options.run_spec(handle)
@@ -52,6 +57,11 @@ def heads(text: str | list[str], *, measure: str = "weights", **options):
     num_layers = handle.loaded.num_layers_of(spec.stack)
     if names:
         results = _measured_heads(handle, texts, spec, names, num_layers)
+    elif layer_summaries:
+        from attnviz.analysis.head_summaries import run_and_summarise
+        from attnviz.pipeline import block_budget
+
+        results = [HeadsResult(run_and_summarise(handle.loaded, texts[0], spec, block_budget(spec)), spec, num_layers)]
     else:
         runs = [run for batch in run_in_batches(handle.loaded, texts, spec) for run in batch]
         results = [HeadsResult(run, spec, num_layers) for run in runs]

@@ -49,10 +49,28 @@ def report(text_or_texts: str | list[str], **options) -> ReportResult:
     spec = options.run_spec(handle)
     _check_lengths(handle.loaded, texts, options.truncate)
     check_report_size(handle.loaded, texts, spec)
-    runs = [run for batch in run_in_batches(handle.loaded, texts, spec) for run in batch]
+    if summarised_in_its_run(handle.loaded, texts, spec.cross_attention):
+        from attnviz.analysis.head_summaries import run_and_summarise
+        from attnviz.pipeline import block_budget
+
+        runs = [run_and_summarise(handle.loaded, texts[0], spec, block_budget(spec))]
+    else:
+        runs = [run for batch in run_in_batches(handle.loaded, texts, spec) for run in batch]
     result = report_of_runs(handle.loaded, runs, spec)
     warn_notices(result.record["notes"], handle)  # the runs' notes and what the page leaves out
     return result
+
+
+def summarised_in_its_run(loaded, texts: list[str], cross_attention: bool) -> bool:
+    """Whether a report's run of texts is to summarise every layer in its own forward pass (heads' layer_summaries,
+    head_summaries.run_and_summarise): one long text alone (past ZOOM_MIN_TOKENS tokens, as --truncate cuts it),
+    self-attention, whose report shows those summaries, not whole maps; the forward pass then runs once, not twice."""
+    from attnviz.html.pyramid import ZOOM_MIN_TOKENS
+
+    if len(texts) != 1 or cross_attention:
+        return False
+    (ids,) = loaded.tokenizer.encode_batch(texts)
+    return min(len(ids), loaded.max_positions) > ZOOM_MIN_TOKENS
 
 
 def check_report_count(count: int) -> None:
@@ -120,7 +138,8 @@ def report_texts(loaded, runs: list, spec: RunSpec) -> tuple[list, list[str]]:
     texts = []
     for run in runs:
         if is_long(run):  # no whole map of any layer: the summaries of every layer instead
-            texts.append(ReportText(run, summaries=long_summaries(loaded, run.text, spec, notes)))
+            summaries = run.layer_summaries if run.layer_summaries is not None else long_summaries(loaded, run.text, spec, notes)
+            texts.append(ReportText(run, summaries=summaries))
             continue
         layer_runs, rollout, statistics = every_layer(loaded, run.text, spec)
         trace, mistakes = traces(loaded, run.text, spec, notes)

@@ -62,6 +62,11 @@ class HeadsResult:
         return self.run.text
 
     @property
+    def layer_summaries(self):
+        """Every head of every layer summarised (head_summaries.LayerSummaries), with heads(layer_summaries=True); else None."""
+        return self.run.layer_summaries
+
+    @property
     def tokens(self) -> list[str]:
         """The query tokens, [CLS] and [SEP] included."""
         return self.run.query_tokens

@@ -96,7 +96,7 @@ def heads(
     options = run_options(locals())
     from attnviz.api import functions
     from attnviz.api.models import load
-    from attnviz.api.report import report_of_runs
+    from attnviz.api.report import report_of_runs, summarised_in_its_run
     from attnviz.output.runs import run_folder_name
     from attnviz import startup
     from attnviz.render import terminal
@@ -131,8 +131,10 @@ def heads(
     traced = functions.trace(text, **given) if show_trace else None  # its run is the heads' run: computed once
     if traced is not None and measure == Measure.weights:
         result = traced.heads_results()[0]
-    else:
-        result = functions.heads(text, measure=measure.value, **given)
+    else:  # a long text's report summarises every layer: from the run's own forward pass
+        cross = options.run_spec(handle).cross_attention
+        summarise = not no_html and measure == Measure.weights and summarised_in_its_run(handle.loaded, [text], cross)
+        result = functions.heads(text, measure=measure.value, layer_summaries=summarise, **given)
 
     run = result.run
     checked_window = result.window(window, "--window") if window is not None else None  # before anything is written
