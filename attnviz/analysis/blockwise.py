@@ -66,13 +66,31 @@ def _row_sums(weights, valid_lens: list[int], columns, first_query: int):
     import torch
 
     batch, num_heads, num_queries, num_keys = weights.shape
-    tiny = torch.finfo(weights.dtype).tiny  # log(p + tiny) is finite where p is 0: 0 log 0 = 0
-    plogp = torch.linalg.vecdot(weights, torch.add(weights, tiny).log_())  # (B, H, b)
+    plogp = _plogp(weights)  # (B, H, b)
     maxima = weights.amax(dim=-1)  # (B, H, b)
     products = (weights.reshape(batch, -1, num_keys) @ columns).view(batch, num_heads, num_queries, -1)  # (B, H b, K) @ (B, K, C)
     distance = key_distance(weights, first_query)  # (B, H, b)
     real = _real_queries(weights, valid_lens, first_query)  # (B, 1, b)
     return plogp.mul_(real), maxima.mul_(real), products.mul_(real[..., None]), distance.mul_(real)
+
+
+def _plogp(weights):
+    """(...): sum_k p log p of every row of weights (..., K), a few rows at a time through one cache-sized buffer:
+    a new tensor of the block's size would cost its page faults again, every block."""
+    import torch
+
+    num_keys = weights.shape[-1]
+    rows = weights.reshape(-1, num_keys)  # a view of a block's weights
+    cells = CPU_CELLS_AT_ONCE if weights.device.type == "cpu" else DEVICE_CELLS_AT_ONCE
+    step = max(1, cells // num_keys)
+    buffer = weights.new_empty(min(step, rows.shape[0]) * num_keys)
+    tiny = torch.finfo(weights.dtype).tiny  # log(p + tiny) is finite where p is 0: 0 log 0 = 0
+    sums = weights.new_empty(rows.shape[0])
+    for start in range(0, rows.shape[0], step):
+        chunk = rows[start : start + step]
+        logs = torch.add(chunk, tiny, out=buffer[: chunk.numel()].view(chunk.shape)).log_()
+        sums[start : start + step] = logs.mul_(chunk).sum(dim=-1)
+    return sums.view(weights.shape[:-1])
 
 
 def _real_queries(weights, valid_lens: list[int], first_query: int):
