@@ -52,7 +52,8 @@ def tick_positions(num_tokens: int, max_labels: int) -> list[int]:
 
 def masked_attention(weights: np.ndarray, causal: bool) -> np.ma.MaskedArray:
     """(Nq, Nk) weights with the future keys (above the diagonal) masked when causal."""
-    future = np.triu(np.ones(weights.shape, dtype=bool), k=1)  # key index > query index
+    num_queries, num_keys = weights.shape
+    future = np.arange(num_keys)[None, :] > np.arange(num_queries)[:, None]  # key index > query index
     return np.ma.masked_array(weights, mask=future if causal else np.zeros_like(future))
 
 

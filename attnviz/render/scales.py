@@ -22,7 +22,7 @@ DPI = 120
 MAX_IMAGE_SIDE_PX = 4096  # every figure's width and height at DPI; a bigger one shrinks to fit
 MAX_LINEAR_SCALE_KEYS = 64  # maps with more keys are coloured on a log scale, which shows weights near 1/N
 LOG_SCALE_MIN = 1e-3  # the bottom of that log scale: smaller weights take its darkest colour
-BLOCK_MAXIMUM_CELLS = 2**22  # cells block_maximum copies at once (32 MB in float64), not a long map's every cell
+BLOCK_MAXIMUM_CELLS = 2**22  # cells block_maximum copies at once (16 MB in float32), not a long map's every cell
 
 
 def attention_norm(num_keys: int):
@@ -95,11 +95,14 @@ def block_maximum(weights: np.ma.MaskedArray, num_rows: int, num_columns: int) -
     row_ends = np.append(row_starts[1:], size_rows)
     shown = np.empty((num_rows, num_columns))
     per_chunk = max(1, BLOCK_MAXIMUM_CELLS // max(1, size_columns * math.ceil(size_rows / num_rows)))  # blocks of rows at once
-    for first in range(0, num_rows, per_chunk):  # a few rows at a time: a float64 copy of a long map would be 8 bytes a cell
+    for first in range(0, num_rows, per_chunk):  # a few rows at a time: a copy of a long map's every cell is not made
         last = min(first + per_chunk, num_rows)
-        rows = weights[row_starts[first] : row_ends[last - 1]].filled(-np.inf).astype(np.float64)  # masked cells never win
-        columns = np.maximum.reduceat(rows, column_starts, axis=1)
-        shown[first:last] = np.maximum.reduceat(columns, row_starts[first:last] - row_starts[first], axis=0)
+        rows = weights[row_starts[first] : row_ends[last - 1]].filled(-np.inf)  # masked cells never win; a maximum is exact in any float
+        # The blocks of rows first, each a few whole rows compared element by element, then the blocks of columns of
+        # what is left: a block's cells in rows of their own, not the reduction along each row that costs most.
+        offsets = [*(row_starts[first:last] - row_starts[first]), len(rows)]
+        blocks = np.stack([rows[a:b].max(axis=0) for a, b in zip(offsets, offsets[1:])])  # (blocks, Nk)
+        shown[first:last] = np.maximum.reduceat(blocks, column_starts, axis=1)
     return np.ma.masked_invalid(np.where(np.isneginf(shown), np.nan, shown))
 
 
