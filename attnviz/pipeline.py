@@ -167,7 +167,7 @@ def layer_pass(
             rows = rows_per_block(block_budget(spec), batch, attention.num_heads, num_keys)  # cache-sized blocks on the CPU
             blocks = attention.blocks(
                 states.queries, states.keys, states.keys,
-                valid_lens=valid_lens, causal=spec.causal, position_bias=states.position_bias, rows=rows,
+                valid_lens=valid_lens, causal=spec.causal, position_bias=states.position_bias, rows=rows, narrow=True,
             )  # fmt: skip
             output, patterns = block_maps(blocks, sizes, attention.num_heads, large)
             return LayerPass(attention, encoded, states, keys, output, patterns)
@@ -183,18 +183,19 @@ def layer_pass(
 
 
 def block_maps(blocks, sizes: list[tuple[int, int]], num_heads: int, large: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Each text's output (Nq_i, D) and weights (H, Nq_i, Nk_i) from the layer's blocks (first query, (B, b, D), (B, H, b, Nk)).
+    """Each text's output (Nq_i, D) and weights (H, Nq_i, Nk_i) from the layer's blocks (first query, (B, b, D), (B, H, b, K)).
 
-    sizes: each text's (Nq_i, Nk_i). A map of more than `large` bytes is written block by block
-    into a .npy in a temporary folder of its own (run_data.MapFile) and comes back as a read-only
-    memmap of it; the others are arrays in memory. No (B, H, Nq, Nk) tensor is ever whole.
+    sizes: each text's (Nq_i, Nk_i). A block's weights may stop at K keys (MultiHeadAttention.blocks' narrow: a causal
+    block's later keys have weight 0), and the maps hold 0 past them. A map of more than `large` bytes is written block
+    by block into a .npy in a temporary folder of its own (run_data.MapFile, whose zeros are never written) and comes
+    back as a read-only memmap of it; the others are arrays in memory. No (B, H, Nq, Nk) tensor is ever whole.
     """
     from attnviz.run_data import MapFile
 
     outputs: list[np.ndarray | None] = [None] * len(sizes)
-    maps = [MapFile((num_heads, q, k)) if 4 * num_heads * q * k > large else np.empty((num_heads, q, k), np.float32) for q, k in sizes]
+    maps = [MapFile((num_heads, q, k)) if 4 * num_heads * q * k > large else np.zeros((num_heads, q, k), np.float32) for q, k in sizes]
     for start, output, weights in blocks:
-        output, weights = output.float().cpu().numpy(), weights.float().cpu().numpy()  # (B, b, D), (B, H, b, Nk)
+        output, weights = output.float().cpu().numpy(), weights.float().cpu().numpy()  # (B, b, D), (B, H, b, K)
         for i, (num_queries, num_keys) in enumerate(sizes):
             stop = min(start + weights.shape[2], num_queries)
             if stop <= start:  # padding queries of a shorter text
@@ -202,7 +203,8 @@ def block_maps(blocks, sizes: list[tuple[int, int]], num_heads: int, large: int)
             if outputs[i] is None:
                 outputs[i] = np.empty((num_queries, output.shape[-1]), np.float32)
             outputs[i][start:stop] = output[i, : stop - start]
-            maps[i][:, start:stop] = weights[i, :, : stop - start, :num_keys]
+            width = min(weights.shape[3], num_keys)
+            maps[i][:, start:stop, :width] = weights[i, :, : stop - start, :width]
     return outputs, [each.finish() if isinstance(each, MapFile) else each for each in maps]
 
 

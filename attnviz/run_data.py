@@ -246,7 +246,11 @@ def temporary_maps():
 
 
 class MapFile:
-    """A (H, Nq, Nk) float32 .npy being written: map_file[:, start:stop] = block (H, b, Nk); finish() maps it for reading."""
+    """A (H, Nq, Nk) float32 .npy being written: map_file[:, start:stop, :K] = block (H, b, K); finish() maps it for reading.
+
+    The file starts as all zeros without a byte written (a sparse file: numpy sizes it by a seek), so the keys past K,
+    a causal block's zeros, are never written: half of a causal map's bytes.
+    """
 
     def __init__(self, shape: tuple[int, int, int]):
         self.shape = shape
@@ -259,13 +263,20 @@ class MapFile:
         del header
         self.file = open(self.path, "r+b")
 
-    def __setitem__(self, index: tuple[slice, slice], block: np.ndarray) -> None:
-        _, rows = index
-        block = np.ascontiguousarray(block, dtype=np.float32)  # (H, b, Nk)
+    def __setitem__(self, index: tuple[slice, slice, slice], block: np.ndarray) -> None:
+        _, rows, keys = index
+        block = np.ascontiguousarray(block, dtype=np.float32)  # (H, b, K)
         _, num_queries, num_keys = self.shape
-        for head in range(self.shape[0]):  # each head's rows lie together in the file
-            self.file.seek(self.offset + 4 * num_keys * (head * num_queries + rows.start))
-            self.file.write(memoryview(block[head]))  # no copy
+        width = block.shape[2]
+        if keys.start not in (None, 0) or width > num_keys:
+            raise ValueError(f"a block of {width} keys from key {keys.start}: a map's rows are written from key 0")
+        for head in range(self.shape[0]):
+            first = self.offset + 4 * num_keys * (head * num_queries + rows.start)  # the block's first row of the head
+            if width == num_keys:  # each head's rows lie together in the file: one write
+                os.pwrite(self.file.fileno(), memoryview(block[head]), first)
+                continue
+            for row in range(block.shape[1]):  # each row's first K keys; the zeros past them are the file's already
+                os.pwrite(self.file.fileno(), memoryview(block[head, row]), first + 4 * num_keys * row)
 
     def finish(self) -> np.memmap:
         """The written map as a read-only memmap; its folder goes when the memmap does."""

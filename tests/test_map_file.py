@@ -175,3 +175,14 @@ def test_a_long_results_head_summaries_read_in_blocks_equal_the_whole_maps(model
         assert found.mean_max == pytest.approx(whole.mean_max, abs=1e-6)
         assert found.top_keys == whole.top_keys
 
+
+
+def test_a_causal_map_on_disk_is_the_whole_maps_weights_and_exact_zeros_past_each_query(model, temporary):
+    """Its blocks write each row's keys up to its query alone: the rest of the file, never written, reads as 0."""
+    on_disk = attnviz.heads(LONG_TEXT, model=model, layer=2, memory=1, causal=True)
+    whole = attnviz.heads(LONG_TEXT, model=model, layer=2, causal=True)
+    assert isinstance(on_disk.attention, np.memmap) and not isinstance(whole.attention, np.memmap)
+    stored = np.array(on_disk.attention)
+    np.testing.assert_allclose(stored, whole.attention.numpy(), rtol=0, atol=1e-6)
+    future = np.triu(np.ones(stored.shape[1:], dtype=bool), k=1)
+    assert (stored[:, future] == 0).all() and (stored[:, ~future] > 0).all()
