@@ -66,7 +66,7 @@ def _row_sums(weights, valid_lens: list[int], columns, first_query: int):
     import torch
 
     batch, num_heads, num_queries, num_keys = weights.shape
-    plogp = _plogp(weights)  # (B, H, b)
+    plogp = row_plogp(weights)  # (B, H, b)
     maxima = weights.amax(dim=-1)  # (B, H, b)
     products = (weights.reshape(batch, -1, num_keys) @ columns).view(batch, num_heads, num_queries, -1)  # (B, H b, K) @ (B, K, C)
     distance = key_distance(weights, first_query)  # (B, H, b)
@@ -74,7 +74,7 @@ def _row_sums(weights, valid_lens: list[int], columns, first_query: int):
     return plogp.mul_(real), maxima.mul_(real), products.mul_(real[..., None]), distance.mul_(real)
 
 
-def _plogp(weights):
+def row_plogp(weights):
     """(...): sum_k p log p of every row of weights (..., K), a few rows at a time through one cache-sized buffer:
     a new tensor of the block's size would cost its page faults again, every block."""
     import torch

@@ -108,7 +108,7 @@ class HeadSummaries:
         """
         import torch
 
-        from attnviz.analysis.blockwise import query_sums
+        from attnviz.analysis.blockwise import key_distance, row_plogp
 
         num_heads, rows, width = weights.shape
         least = min(self.num_keys, first_query + rows) if self.causal else self.num_keys
@@ -143,15 +143,14 @@ class HeadSummaries:
         sums["previous"] += (previous[..., 0] * has_previous).sum(dim=1).double()
         self.previous_rows += int(has_previous.sum())
 
-        # Each row's Σ p log p and Σ p |i - j| in one cache-blocked pass (blockwise.query_sums: a causal block's keys
-        # cut at each few queries' last), every key real: the block's rows and keys are the text's.
-        real = [max(num_keys, first_query + rows)]
-        plogp, _, _, distance, _ = query_sums(weights[None], real, weights.new_zeros(1, num_keys, 0), False, first_query, self.causal)
-        sums["distance"] += distance[0].double().sum(dim=1)
+        # Each row's Σ p |i - j| and Σ p log p (blockwise's, as stats computes them), every key real: the block's rows
+        # and keys are the text's.
+        sums["distance"] += key_distance(weights, first_query).double().sum(dim=1)
+        plogp = row_plogp(weights)  # (H, b)
         visible = (queries + 1).clamp(max=self.num_keys) if self.causal else torch.full_like(queries, self.num_keys)  # (b,)
         choice = visible > 1
         log_visible = torch.log(visible[choice].double())  # (b',)
-        sums["relative_entropy"] += (-plogp[0][:, choice].double() / log_visible).sum(dim=1)
+        sums["relative_entropy"] += (-plogp[:, choice].double() / log_visible).sum(dim=1)
         self.entropy_rows += int(choice.sum())
         self.seen += rows
 
