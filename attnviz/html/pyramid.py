@@ -106,8 +106,7 @@ def finest_blocks(head_map, causal: bool, block: int, band_values: int = BAND_VA
         stop = min(num_queries, start + band)
         weights = np.asarray(head_map[start:stop]).astype(np.float32)  # (b, Nk): this band only, a copy of it
         if causal:
-            for row in range(min(stop, num_keys - 1) - start):
-                weights[row, start + row + 1 :] = 0.0  # the keys after the query
+            weights[np.arange(num_keys)[None, :] > np.arange(start, stop)[:, None]] = 0.0  # the keys after each query
         band_rows = math.ceil((stop - start) / block)
         if weights.shape != (band_rows * block, columns * block):  # the map's last rows or keys: whole blocks of zeros
             weights = np.pad(weights, ((0, band_rows * block - weights.shape[0]), (0, columns * block - num_keys)))
