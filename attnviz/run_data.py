@@ -261,7 +261,7 @@ class MapFile:
         header = np.lib.format.open_memmap(self.path, mode="w+", dtype=np.float32, shape=shape)  # the header, the file sized
         self.offset = header.offset
         del header
-        self.file = open(self.path, "r+b")
+        self.file = open(self.path, "r+b")  # written by os.pwrite at its descriptor (no position, no buffer); closed with it
 
     def __setitem__(self, index: tuple[slice, slice, slice], block: np.ndarray) -> None:
         _, rows, keys = index

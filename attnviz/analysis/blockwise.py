@@ -38,8 +38,6 @@ def query_sums(weights, valid_lens: list[int], columns, pairs: bool = True, firs
     the padding queries counted from first_query. causal: query q sees keys 0 .. q alone (the weights
     past it are 0), so each block of queries leaves out the keys past its last query, half the work.
     """
-    import torch
-
     batch, num_heads, num_queries, num_keys = weights.shape
     plogp, maxima, products, distance = _row_sums(weights, valid_lens, columns, first_query)
     if not pairs:
@@ -63,8 +61,6 @@ def query_sums(weights, valid_lens: list[int], columns, pairs: bool = True, firs
 def _row_sums(weights, valid_lens: list[int], columns, first_query: int):
     """query_sums' plogp, maxima, products and distance: each one pass of torch's own ops over the whole block
     (B, H, b, K). Keys past a text, or past a causal row's query, have weight 0 and add 0 to every sum."""
-    import torch
-
     batch, num_heads, num_queries, num_keys = weights.shape
     plogp = row_plogp(weights)  # (B, H, b)
     maxima = weights.amax(dim=-1)  # (B, H, b)

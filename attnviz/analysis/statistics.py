@@ -81,17 +81,18 @@ def summarize_in_blocks(attention, causal: bool, rows: int = SUMMARY_ROWS) -> li
     mask a block's keys stop at its last query's (the rest are 0)."""
     import torch
 
+    from attnviz.analysis.blockwise import row_plogp
+
     num_heads, num_queries, num_keys = attention.shape
     visible = torch.from_numpy(visible_keys(num_queries, num_keys, causal))  # (Nq,)
     choice = visible > 1
     entropy, relative, maxima = (torch.zeros(num_heads, dtype=torch.float64) for _ in range(3))
     top_keys = torch.empty((num_heads, num_queries), dtype=torch.int64)
-    tiny = np.finfo(np.float32).tiny  # log(p + tiny) is finite where p is 0: 0 log 0 = 0
     for start in range(0, num_queries, rows):
         stop = min(start + rows, num_queries)
         width = min(stop, num_keys) if causal else num_keys
         block = torch.from_numpy(np.stack([map_rows(attention, head, start, stop)[:, :width] for head in range(num_heads)]))  # (H, b, K)
-        entropies = -torch.linalg.vecdot(block, torch.add(block, tiny).log_()).double()  # (H, b)
+        entropies = -row_plogp(block).double()  # (H, b), 0 log 0 = 0
         entropy += entropies.sum(dim=-1)
         picked = choice[start:stop]
         relative += (entropies[:, picked] / visible[start:stop][picked].double().log()).sum(dim=-1)

@@ -67,10 +67,12 @@ def summarised_in_its_run(loaded, texts: list[str], cross_attention: bool) -> bo
     self-attention, whose report shows those summaries, not whole maps; the forward pass then runs once, not twice."""
     from attnviz.html.pyramid import ZOOM_MIN_TOKENS
 
-    if len(texts) != 1 or cross_attention:
-        return False
-    (ids,) = loaded.tokenizer.encode_batch(texts)
-    return min(len(ids), loaded.max_positions) > ZOOM_MIN_TOKENS
+    return len(texts) == 1 and not cross_attention and token_counts(loaded, texts)[0] > ZOOM_MIN_TOKENS
+
+
+def token_counts(loaded, texts: list[str]) -> list[int]:
+    """Each text's tokens, at most the model's positions (--truncate's cut; a longer text is refused before)."""
+    return [min(len(ids), loaded.max_positions) for ids in loaded.tokenizer.encode_batch(texts)]
 
 
 def check_report_count(count: int) -> None:
@@ -90,7 +92,7 @@ def texts_that_fit(loaded, texts: list[str], spec: RunSpec) -> tuple[int, int]:
     """
     from attnviz.html.pyramid import ZOOM_MIN_TOKENS
 
-    counts = [min(len(ids), loaded.max_positions) for ids in loaded.tokenizer.encode_batch(texts)]  # --truncate's cut
+    counts = token_counts(loaded, texts)
     long = [count > ZOOM_MIN_TOKENS for count in counts]
     per_weight = 0 if spec.cross_attention else loaded.num_layers_of(spec.stack) * spec.num_heads
     sizes = [0 if is_long else per_weight * count**2 for count, is_long in zip(counts, long)]
@@ -105,19 +107,19 @@ def check_report_size(loaded, texts: list[str], spec: RunSpec) -> None:
     from attnviz.html.pyramid import ZOOM_MIN_TOKENS
 
     fit, weights = texts_that_fit(loaded, texts, spec)
-    counts = [min(len(ids), loaded.max_positions) for ids in loaded.tokenizer.encode_batch(texts)]
-    if fit < len(texts) and any(count > ZOOM_MIN_TOKENS for count in counts):
+    if fit == len(texts):
+        return
+    long = sum(count > ZOOM_MIN_TOKENS for count in token_counts(loaded, texts))  # tokenized again on refusal alone
+    if long:
         raise AttnvizError(
             f"a text of more than {ZOOM_MIN_TOKENS} tokens has a report of its own (its zoomable map and the summaries "
-            f"of every layer), and of these {len(texts)} texts {sum(count > ZOOM_MIN_TOKENS for count in counts)} are: "
-            "give it alone"
+            f"of every layer), and of these {len(texts)} texts {long} are: give it alone"
         )
-    if fit < len(texts):
-        raise AttnvizError(
-            f"these {len(texts)} texts are more than one report holds: their maps of every layer have "
-            f"{weights:,} attention weights, and a report holds {MAX_REPORT_WEIGHTS:,} (the first {fit} texts fit); "
-            "give fewer or shorter texts"
-        )
+    raise AttnvizError(
+        f"these {len(texts)} texts are more than one report holds: their maps of every layer have "
+        f"{weights:,} attention weights, and a report holds {MAX_REPORT_WEIGHTS:,} (the first {fit} texts fit); "
+        "give fewer or shorter texts"
+    )
 
 
 def report_of_runs(loaded, runs: list, spec: RunSpec, notes: list[str] = ()) -> ReportResult:
