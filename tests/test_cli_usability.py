@@ -10,6 +10,7 @@ import huggingface_hub.constants
 import numpy as np
 import pytest
 
+import attnviz.models.hub
 import attnviz.models.loading
 from attnviz.cli import run
 from attnviz.output.runs import MANIFEST
@@ -134,7 +135,7 @@ def empty_hub_cache(tmp_path, monkeypatch):
     """An empty hub cache, offline; asking the hub fails the test (a typo must cost no network wait)."""
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    monkeypatch.setattr(attnviz.models.loading, "_hub_answers", lambda endpoint: pytest.fail("the hub was asked"))
+    monkeypatch.setattr(attnviz.models.hub, "hub_answers", lambda endpoint: pytest.fail("the hub was asked"))
 
 
 @pytest.mark.parametrize(("given", "meant"), [("smolm2", "smollm2"), ("bert-base-chinse", "bert-base-chinese"), ("bundle", "bundled")])

@@ -15,7 +15,8 @@ from typing import Any
 from attnviz.errors import AttnvizError
 from attnviz.models import smollm2
 from attnviz.models.families import family_of
-from attnviz.models.loading import BUNDLED_NAME, DEFAULT_MODEL, _check_hub_cache, _has_weights, bundled_installed, bundled_model_path
+from attnviz.models.hub import check_hub_cache
+from attnviz.models.loading import BUNDLED_NAME, DEFAULT_MODEL, _has_weights, bundled_installed, bundled_model_path
 
 
 @dataclass
@@ -80,7 +81,7 @@ def list_models(cache_dir: str | Path | None = None) -> list[ModelInfo]:
 
     models = [*_bundled_info(), *_smollm2_info()]
     cache_dir = Path(cache_dir or huggingface_hub.constants.HF_HUB_CACHE)
-    _check_hub_cache(cache_dir)
+    check_hub_cache(cache_dir)
     try:
         cache = scan_cache_dir(cache_dir)
     except CacheNotFound:

