@@ -95,26 +95,31 @@ def finest_blocks(head_map, causal: bool, block: int, band_values: int = BAND_VA
     """One head's map (Nq, Nk, any array read by slicing) as blocks of block × block cells: (max, sum) of the cells
     each block holds that the query may see (a causal map's future keys count as 0: weights are never below it).
 
-    A band of rows at a time: never more than band_values weights (rounded up to whole blocks) read at once.
+    A band of rows at a time, copied into one buffer of whole blocks (zeros past the map's last rows and keys) and
+    reduced there by torch's threads: never more than band_values weights (rounded up to whole blocks) read at once.
     """
+    import torch
+
     num_queries, num_keys = head_map.shape
     rows, columns = level_shape(int(math.log2(block)), num_queries, num_keys)
-    maxima = np.zeros((rows, columns), dtype=np.float32)
-    sums = np.zeros((rows, columns))
+    maxima = torch.zeros(rows, columns)
+    sums = torch.zeros(rows, columns, dtype=torch.float64)
     band = max(1, band_values // max(1, num_keys) // block) * block  # rows a band, a multiple of block
+    buffer = torch.zeros(min(band, rows * block), columns * block)  # the keys past Nk stay 0
     for start in range(0, num_queries, band):
         stop = min(num_queries, start + band)
-        weights = np.asarray(head_map[start:stop]).astype(np.float32)  # (b, Nk): this band only, a copy of it
-        if causal:
-            weights[np.arange(num_keys)[None, :] > np.arange(start, stop)[:, None]] = 0.0  # the keys after each query
         band_rows = math.ceil((stop - start) / block)
-        if weights.shape != (band_rows * block, columns * block):  # the map's last rows or keys: whole blocks of zeros
-            weights = np.pad(weights, ((0, band_rows * block - weights.shape[0]), (0, columns * block - num_keys)))
+        cells = buffer[: band_rows * block]
+        cells.numpy()[: stop - start, :num_keys] = head_map[start:stop]  # this band only: a copy of it
+        cells[stop - start :] = 0.0  # the map's last band: whole blocks of zeros past its last query
+        if causal:
+            cells.tril_(start)  # the keys after each query: row r is query start + r
+        by_rows = cells.view(band_rows, block, columns * block)  # (block rows, block, Nk padded)
         first = start // block
-        by_rows = weights.reshape(band_rows, block, columns * block)  # (block rows, block, Nk padded)
-        maxima[first : first + band_rows] = by_rows.max(axis=1).reshape(band_rows, columns, block).max(axis=2)
-        sums[first : first + band_rows] = by_rows.sum(axis=1, dtype=np.float64).reshape(band_rows, columns, block).sum(axis=2)
-    return maxima, sums
+        maxima[first : first + band_rows] = by_rows.amax(dim=1).view(band_rows, columns, block).amax(dim=2)
+        # A block's rows summed in float32 (block values, each within [0, 1]), its columns' sums in float64.
+        sums[first : first + band_rows] = by_rows.sum(dim=1).view(band_rows, columns, block).sum(dim=2, dtype=torch.float64)
+    return maxima.numpy(), sums.numpy()
 
 
 def coarser(maxima: np.ndarray, sums: np.ndarray, counts: np.ndarray):
