@@ -23,6 +23,8 @@ from attnviz.render.scales import (  # the colour scale, blocks and size cap of 
     DPI,
     MASKED_COLOR,  # noqa: F401
     attention_colorbar,
+    attention_image,
+    attention_pool,
     capped_size,
     draw_attention,
     say_capped,
@@ -161,7 +163,7 @@ def heads_grid_figure(run: AttentionRun, note: str = "", seed: int | None = None
         if head >= run.num_heads:
             ax.set_visible(False)
             continue
-        images.append(draw_attention(ax, masked_attention(map_rows(run.attention, head), run.causal)))
+        images.append(attention_image(ax, *run.attention.shape[1:]))  # each head's map is read once, laid out
         ax.set_title(" · ".join(head_scope(run, head, short=True)), fontsize=9)
         if run.kv_head_of(head) is not None:
             _mark_kv_group(ax, kv_group_color(run.kv_head_of(head)))
@@ -216,8 +218,7 @@ class _HeadFigure:
         num_queries, num_keys = run.attention.shape[1:]
         self.figure = new_figure(head_figure_size(num_queries, num_keys))
         self.ax = self.figure.add_subplot()
-        first_head = masked_attention(map_rows(run.attention, 0), run.causal)
-        self.image = draw_attention(self.ax, first_head)
+        self.image = attention_image(self.ax, num_queries, num_keys)
         self.cell_values = cell_values(self.ax, num_queries, num_keys)
         # A fixed y: automatic placement would move the title while it is hidden for the background.
         self.title = self.ax.set_title("", y=1.0, parse_math=False)
@@ -228,7 +229,8 @@ class _HeadFigure:
         colorbar = attention_colorbar(self.figure, self.image, ax=self.ax)
         self.show_head(run.num_heads - 1)  # the longest title: the frozen layout must fit it
         freeze_layout(self.figure)
-        colorbar.set_label(scale_label("attention weight", self.image.norm, self.show_head(run.num_heads - 1)))
+        pool = attention_pool(self.image, num_queries, num_keys)[2]  # the same for every head: each is shown as saved
+        colorbar.set_label(scale_label("attention weight", self.image.norm, pool))
         self.background = None  # pixels of the parts common to all heads, after the first PNG
         self.pixels: CellPixels | None = None  # where the map's cells land, learnt with the background
 

@@ -55,10 +55,27 @@ def draw_attention(ax, weights: np.ma.MaskedArray, norm=None):
     Masked cells take MASKED_COLOR. The map is fitted to the axes as they are now: once the
     layout is frozen, call show_attention again to fit it to the final axes.
     """
-    norm = norm if norm is not None else attention_norm(weights.shape[-1])
-    image = ax.imshow(np.ma.masked_all((1, 1)), cmap=attention_colormap(), norm=norm, aspect="auto", interpolation="nearest")
+    image = attention_image(ax, *weights.shape, norm)
     show_attention(image, weights)
     return image
+
+
+def attention_image(ax, num_queries: int, num_keys: int, norm=None):
+    """draw_attention's image of a (Nq, Nk) map, its extent set but nothing shown yet: a figure laid out with it
+    lays out as with the map (the layout knows the axes, not their pixels), and show_attention fills it after."""
+    norm = norm if norm is not None else attention_norm(num_keys)
+    image = ax.imshow(np.ma.masked_all((1, 1)), cmap=attention_colormap(), norm=norm, aspect="auto", interpolation="nearest")
+    image.set_extent((-0.5, num_keys - 0.5, num_queries - 0.5, -0.5))
+    return image
+
+
+def attention_pool(image, num_queries: int, num_keys: int) -> tuple[int, int, int]:
+    """(rows, columns, block size) show_attention shows a (Nq, Nk) map as in image's axes as laid out now: a pixel a
+    block of cells; block size 1 when every cell has its own pixels, else the most cells a block spans along an axis."""
+    box = image.axes.get_window_extent()  # pixels, as laid out now
+    pool = max(1, math.ceil(num_queries / max(1, int(box.height))), math.ceil(num_keys / max(1, int(box.width))))
+    rows, columns = math.ceil(num_queries / pool), math.ceil(num_keys / pool)
+    return rows, columns, max(math.ceil(num_queries / rows), math.ceil(num_keys / columns))
 
 
 def show_attention(image, weights: np.ma.MaskedArray) -> int:
@@ -66,18 +83,16 @@ def show_attention(image, weights: np.ma.MaskedArray) -> int:
 
     When the axes have fewer pixels than the map has cells, each pixel shows the maximum of the
     block of cells it covers (a one-hot row stays 1, never a blend of 1 and its neighbours).
-    Axis coordinates stay token indices. Returns the block size: 1 when every cell has its own
-    pixels, else the most cells a block spans along an axis.
+    Axis coordinates stay token indices. Returns the block size (attention_pool).
     """
     num_queries, num_keys = weights.shape
-    box = image.axes.get_window_extent()  # pixels, as laid out now
-    pool = max(1, math.ceil(num_queries / max(1, int(box.height))), math.ceil(num_keys / max(1, int(box.width))))
-    shown = block_maximum(weights, math.ceil(num_queries / pool), math.ceil(num_keys / pool))
+    rows, columns, pool = attention_pool(image, num_queries, num_keys)
+    shown = block_maximum(weights, rows, columns)
     if is_log_scale(image.norm):  # a log scale has no 0: its darkest colour, not the masked grey
         shown = np.ma.clip(shown, LOG_SCALE_MIN, None)  # as attention_colors does
     image.set_data(shown)
     image.set_extent((-0.5, num_keys - 0.5, num_queries - 0.5, -0.5))
-    return max(math.ceil(num_queries / shown.shape[0]), math.ceil(num_keys / shown.shape[1]))
+    return pool
 
 
 def block_maximum(weights: np.ma.MaskedArray, num_rows: int, num_columns: int) -> np.ma.MaskedArray:
