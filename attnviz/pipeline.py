@@ -140,7 +140,12 @@ class LayerPass(NamedTuple):
 
 @torch.inference_mode()
 def layer_pass(
-    loaded: LoadedModel, texts: list[str], spec: RunSpec, in_blocks: bool = False, captured: tuple[EncodedTexts, LayerStates] | None = None
+    loaded: LoadedModel,
+    texts: list[str],
+    spec: RunSpec,
+    in_blocks: bool = False,
+    captured: tuple[EncodedTexts, LayerStates] | None = None,
+    each_block=None,
 ) -> LayerPass:
     """attnviz's layer spec.layer over a padded batch of texts, on that layer's real input.
 
@@ -150,6 +155,7 @@ def layer_pass(
     size, the layer runs a block of queries at a time and each block goes straight into its
     text's array (block_maps); within both, the one block is today's whole tensor. captured: the texts'
     encoding and the layer's input, already captured by a pass that goes on through other layers (no capture here).
+    each_block(first query, weights (B, H, b, K)), when given, gets each block of a run in blocks too, as it is made.
     """
     check_layer(loaded, spec.layer, spec.stack)
     encoded = encode_texts(loaded, texts, spec) if captured is None else captured[0]
@@ -169,6 +175,8 @@ def layer_pass(
                 states.queries, states.keys, states.keys,
                 valid_lens=valid_lens, causal=spec.causal, position_bias=states.position_bias, rows=rows, narrow=True,
             )  # fmt: skip
+            if each_block is not None:
+                blocks = _fed(blocks, each_block)
             output, patterns = block_maps(blocks, sizes, attention.num_heads, large)
             return LayerPass(attention, encoded, states, keys, output, patterns)
         output, patterns = attention(
@@ -180,6 +188,13 @@ def layer_pass(
             position_bias=states.position_bias,
         )  # (B, Nq, D), (B, H, Nq, Nk)
     return LayerPass(attention, encoded, states, keys, output, patterns)
+
+
+def _fed(blocks, each_block):
+    """blocks as they are, each (first query, weights) given to each_block first."""
+    for first_query, output, weights in blocks:
+        each_block(first_query, weights)
+        yield first_query, output, weights
 
 
 def block_maps(blocks, sizes: list[tuple[int, int]], num_heads: int, large: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
@@ -209,10 +224,11 @@ def block_maps(blocks, sizes: list[tuple[int, int]], num_heads: int, large: int)
 
 
 def run_attention(
-    loaded: LoadedModel, texts: list[str], spec: RunSpec, captured: tuple[EncodedTexts, LayerStates] | None = None
+    loaded: LoadedModel, texts: list[str], spec: RunSpec, captured: tuple[EncodedTexts, LayerStates] | None = None, each_block=None
 ) -> list[AttentionRun]:
-    """Run attnviz's layer over a padded batch of texts with spec's settings (layer_pass, captured as there); one AttentionRun per text."""
-    done = layer_pass(loaded, texts, spec, in_blocks=True, captured=captured)
+    """Run attnviz's layer over a padded batch of texts with spec's settings (layer_pass, captured and each_block as
+    there); one AttentionRun per text."""
+    done = layer_pass(loaded, texts, spec, in_blocks=True, captured=captured, each_block=each_block)
     sizes = layer_sizes(done.attention)
     return split_runs(loaded, texts, done.encoded.queries, done.keys, done.output, done.patterns, spec, spec.layer, *sizes)
 
@@ -312,6 +328,7 @@ def iter_layer_blocks(
     budget_bytes: int,
     in_place: bool = False,
     states: dict[int, LayerStates] | None = None,
+    skip: frozenset[int] = frozenset(),
 ) -> Iterator[tuple[int, int, torch.Tensor]]:
     """iter_layer_weights a block of queries at a time: (layer, first query, weights (B, H, b, K)), layer by layer.
 
@@ -320,7 +337,8 @@ def iter_layer_blocks(
     keys past it have weight 0: MultiHeadAttention.blocks' narrow). One forward pass gives every layer's input, as in
     iter_layer_passes; with in_place each layer's output, gathered from its blocks ((B, N, D), not
     the weights), goes on through the rest of BERT's layer to the next. states: every layer's input, already
-    captured (layer_states; each is let go once used), else captured here.
+    captured (layer_states; each is let go once used), else captured here. skip: layers whose blocks are not
+    wanted (not with in_place, where each layer's output is the next one's input).
     """
     device = spec.device
     keys = encoded.keys if encoded.keys is not None else encoded.queries
@@ -337,6 +355,8 @@ def iter_layer_blocks(
             state = LayerStates(hidden, hidden)
         else:
             state = states.pop(layer)  # let each layer's states go once used
+            if layer in skip:
+                continue
         rows = rows_per_block(budget_bytes, batch, attention.num_heads, state.keys.shape[1])
         blocks = attention.blocks(
             state.queries, state.keys, state.keys,

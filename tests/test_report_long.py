@@ -304,17 +304,20 @@ def test_a_map_on_disk_is_read_by_file_reads_into_the_same_zoom(tmp_path):
 
 
 @pytest.mark.slow
-def test_one_forward_pass_gives_the_run_and_every_layers_summaries_as_two_passes_do(tiny_llama):
+@pytest.mark.parametrize("memory", [None, 1])
+def test_one_forward_pass_gives_the_run_and_every_layers_summaries_as_two_passes_do(tiny_llama, memory):
     """heads(layer_summaries=True), what heads' and report's long texts run: the map and the summaries from one capture
-    of every layer's input are the very numbers of the run alone and of summarise_layers' own pass."""
+    of every layer's input are the very numbers of the run alone and of summarise_layers' own pass. With memory=1
+    the run goes block by block and its blocks feed the chosen layer's summaries (not computed again)."""
     import attnviz
     from attnviz.analysis.head_summaries import summarise_layers
     from attnviz.errors import AttnvizError
     from attnviz.pipeline import block_budget
 
     model = attnviz.load(str(tiny_llama), device="cpu")
-    together = attnviz.heads(LLAMA_TEXT, model=model, layer=1, layer_summaries=True)
-    alone = attnviz.heads(LLAMA_TEXT, model=model, layer=1)
+    together = attnviz.heads(LLAMA_TEXT, model=model, layer=1, layer_summaries=True, memory=memory)
+    alone = attnviz.heads(LLAMA_TEXT, model=model, layer=1, memory=memory)
+    assert together.run.map_on_disk == (memory is not None)
     assert alone.layer_summaries is None
     assert np.array_equal(np.asarray(together.run.attention), np.asarray(alone.run.attention))
     assert np.array_equal(together.run.output, alone.run.output)

@@ -198,26 +198,36 @@ def run_and_summarise(loaded, text: str, spec, budget_bytes: int, window: int = 
     with threads_for(encoded):
         layers = build_layers(loaded, spec)
         states = layer_states(loaded, encoded, list(range(len(layers))), spec)  # every layer's input, one forward pass
-    (run,) = run_attention(loaded, [text], spec, captured=(encoded, states[spec.layer]))
-    summaries = summarise_blocks(loaded, text, encoded, layers, spec, budget_bytes, window, states=states)
+    num_tokens = len(encoded.queries.ids[0])
+    chosen = HeadSummaries(layers[spec.layer].num_heads, num_tokens, num_tokens, causal=spec.causal, window=window)
+    (run,) = run_attention(
+        loaded, [text], spec, captured=(encoded, states[spec.layer]), each_block=lambda first, weights: chosen.add(first, weights[0])
+    )
+    # A run in blocks (a long text's) fed the chosen layer's summaries with its own blocks, those the summaries' pass
+    # would make again (the same budget): that layer is not computed twice.
+    done = {spec.layer: chosen} if chosen.seen else {}
+    summaries = summarise_blocks(loaded, text, encoded, layers, spec, budget_bytes, window, states=states, done=done)
     return replace(run, layer_summaries=summaries)
 
 
 def summarise_blocks(
-    loaded, text: str, encoded, layers, spec, budget_bytes: int, window: int = LOCAL_WINDOW, also=None, states=None
+    loaded, text: str, encoded, layers, spec, budget_bytes: int, window: int = LOCAL_WINDOW, also=None, states=None, done=None
 ) -> LayerSummaries:
     """summarise_layers over one text's encoded batch and its built layers (spec without kv_text);
     also(layer, first_query, weights (H, b, N)), when given, gets each block too (analysis.long_layers' block maxima);
-    states: every layer's input, already captured (pipeline.iter_layer_blocks)."""
+    states: every layer's input, already captured (pipeline.iter_layer_blocks); done: layer -> its HeadSummaries,
+    already fed every block (those layers are not computed again, unless each layer runs in BERT's place)."""
     from attnviz.attention.layer import rows_per_block
     from attnviz.pipeline import in_berts_place, iter_layer_blocks
 
     num_tokens = len(encoded.queries.ids[0])
+    in_place = in_berts_place(loaded, spec)
+    done = {} if in_place or done is None else done
     accumulators = [
-        HeadSummaries(attention.num_heads, num_tokens, num_tokens, causal=spec.causal, window=window)
-        for attention in layers
+        done.get(layer) or HeadSummaries(attention.num_heads, num_tokens, num_tokens, causal=spec.causal, window=window)
+        for layer, attention in enumerate(layers)
     ]
-    blocks = iter_layer_blocks(loaded, encoded, layers, spec, budget_bytes, in_berts_place(loaded, spec), states)
+    blocks = iter_layer_blocks(loaded, encoded, layers, spec, budget_bytes, in_place, states, frozenset(done))
     for layer, first_query, weights in blocks:  # weights (1, H, b, N)
         accumulators[layer].add(first_query, weights[0])
         if also is not None:

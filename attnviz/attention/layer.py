@@ -235,6 +235,8 @@ class MultiHeadAttention(nn.Module):
         q, k, v = self.project(queries, keys, values)
         num_queries, num_keys = q.shape[2], k.shape[2]
         rows = rows or num_queries
+        if valid_lens is not None and bool((valid_lens >= num_keys).all()):
+            valid_lens = None  # no padding: nothing to mask but a causal block's future, within its own square
         # Every block's scores in one buffer (a new tensor of that size costs its page faults again), unless
         # autograd needs them kept.
         room = None if torch.is_grad_enabled() else q.new_empty(q.shape[0] * q.shape[1] * min(rows, num_queries) * num_keys)
