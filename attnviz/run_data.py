@@ -287,17 +287,31 @@ class MapFile:
         return array
 
 
-def map_rows(attention: np.ndarray, head: int, start: int = 0, stop: int | None = None) -> np.ndarray:
+def map_rows(attention: np.ndarray, head: int, start: int = 0, stop: int | None = None, out: np.ndarray | None = None) -> np.ndarray:
     """attention[head, start:stop] (b, Nk). A map on disk (a run's (H, Nq, Nk) memmap, as MapFile.finish gives it)
     is read by plain file reads into an array of its own: through the memmap the pages read would count in the
-    process's resident memory (2.4 GB for SmolLM2's 9 heads at 8,192 tokens) until the memmap goes."""
+    process's resident memory (2.4 GB for SmolLM2's 9 heads at 8,187 tokens) until the memmap goes. out (rows_buffer):
+    an array of the map's dtype with room for b * Nk values, read into when the map is on disk (its first values):
+    a reader of every head keeps one, not a new array (and its page faults) a head."""
     if not (isinstance(attention, np.memmap) and attention.filename and attention.ndim == 3):
         return np.asarray(attention[head, start:stop])
     _, num_queries, num_keys = attention.shape
     start, stop, _ = slice(start, stop).indices(num_queries)
     offset = attention.offset + attention.itemsize * num_keys * (head * num_queries + start)
     count = max(0, stop - start) * num_keys
-    return np.fromfile(attention.filename, dtype=attention.dtype, count=count, offset=offset).reshape(-1, num_keys)
+    if out is None:
+        return np.fromfile(attention.filename, dtype=attention.dtype, count=count, offset=offset).reshape(-1, num_keys)
+    rows = out.reshape(-1)[:count]
+    with open(attention.filename, "rb") as file:
+        file.seek(offset)
+        if file.readinto(memoryview(rows).cast("B")) != rows.nbytes:
+            raise OSError(f"{attention.filename} ends before row {stop} of head {head}")
+    return rows.reshape(-1, num_keys)
+
+
+def rows_buffer(attention: np.ndarray) -> np.ndarray | None:
+    """map_rows' out for reading a map on disk a head at a time; None for a map in memory (read as a view)."""
+    return np.empty(attention.shape[1:], attention.dtype) if isinstance(attention, np.memmap) else None
 
 
 def map_bytes(attention: np.ndarray) -> int:

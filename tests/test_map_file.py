@@ -186,3 +186,24 @@ def test_a_causal_map_on_disk_is_the_whole_maps_weights_and_exact_zeros_past_eac
     np.testing.assert_allclose(stored, whole.attention.numpy(), rtol=0, atol=1e-6)
     future = np.triu(np.ones(stored.shape[1:], dtype=bool), k=1)
     assert (stored[:, future] == 0).all() and (stored[:, ~future] > 0).all()
+
+
+def test_map_rows_read_into_one_buffer_are_the_maps_rows_and_a_short_file_is_an_error(tmp_path):
+    """run_data.map_rows with out (rows_buffer, as the figures read each head): the very rows of the .npy, head after
+    head into the same array; a file cut short is an OSError, never rows of garbage; a map in memory is a view."""
+    from attnviz.run_data import map_rows, rows_buffer
+
+    weights = np.random.default_rng(3).random((3, 40, 50), dtype=np.float32)
+    np.save(tmp_path / "map.npy", weights)
+    mapped = np.load(tmp_path / "map.npy", mmap_mode="r")
+    out = rows_buffer(mapped)
+    assert out.shape == (40, 50) and rows_buffer(weights) is None
+    for head in (2, 0, 1):
+        np.testing.assert_array_equal(map_rows(mapped, head, out=out), weights[head])
+        np.testing.assert_array_equal(map_rows(mapped, head, 7, 19, out=out), weights[head, 7:19])
+    assert np.shares_memory(map_rows(mapped, 1, out=out), out)
+    assert np.shares_memory(map_rows(weights, 1, out=out), weights)
+    with open(tmp_path / "map.npy", "r+b") as file:
+        file.truncate(os.path.getsize(tmp_path / "map.npy") - 4)
+    with pytest.raises(OSError, match="ends before row 40 of head 2"):
+        map_rows(mapped, 2, out=out)

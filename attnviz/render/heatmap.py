@@ -8,6 +8,7 @@ Figures are plain matplotlib Figures on an Agg canvas: no pyplot state, nothing 
 
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from attnviz.render.cell_pixels import CellPixels
 from attnviz.render.cell_values import MAX_ANNOTATED_TOKENS, cell_values, update_cell_values
 from attnviz.render.fonts import displayable
 from attnviz.render.titles import chars_across, counted, head_scope, run_title
-from attnviz.run_data import AttentionRun, map_rows
+from attnviz.run_data import AttentionRun, map_rows, rows_buffer
 from attnviz.render.scales import (  # the colour scale, blocks and size cap of every attention figure
     COLORMAP,  # noqa: F401 (the colours of heatmaps, imported from here by their tests)
     DPI,
@@ -54,9 +55,16 @@ def tick_positions(num_tokens: int, max_labels: int) -> list[int]:
 
 def masked_attention(weights: np.ndarray, causal: bool) -> np.ma.MaskedArray:
     """(Nq, Nk) weights with the future keys (above the diagonal) masked when causal."""
-    num_queries, num_keys = weights.shape
-    future = np.arange(num_keys)[None, :] > np.arange(num_queries)[:, None]  # key index > query index
-    return np.ma.masked_array(weights, mask=future if causal else np.zeros_like(future))
+    return np.ma.masked_array(weights, mask=_future(*weights.shape, causal))
+
+
+@functools.lru_cache(maxsize=1)
+def _future(num_queries: int, num_keys: int, causal: bool) -> np.ndarray:
+    """(Nq, Nk), read-only: True at the keys after each query (key index > query index) when causal, else nowhere;
+    one for all the heads of a figure (67 MB at 8,187 tokens)."""
+    future = np.arange(num_keys)[None, :] > np.arange(num_queries)[:, None] if causal else np.zeros((num_queries, num_keys), bool)
+    future.flags.writeable = False
+    return future
 
 
 def grid_shape(num_heads: int, group: int = 1) -> tuple[int, int]:
@@ -184,7 +192,8 @@ def heads_grid_figure(run: AttentionRun, note: str = "", seed: int | None = None
     figure.supxlabel("key")
     figure.supylabel("query")
     freeze_layout(figure)
-    pools = [show_attention(image, masked_attention(map_rows(run.attention, head), run.causal)) for head, image in enumerate(images)]
+    rows = rows_buffer(run.attention)
+    pools = [show_attention(image, masked_attention(map_rows(run.attention, head, out=rows), run.causal)) for head, image in enumerate(images)]
     colorbar.set_label(scale_label("attention weight", images[0].norm, max(pools)))
     return figure
 
@@ -219,6 +228,7 @@ class _HeadFigure:
         self.figure = new_figure(head_figure_size(num_queries, num_keys))
         self.ax = self.figure.add_subplot()
         self.image = attention_image(self.ax, num_queries, num_keys)
+        self.rows = rows_buffer(run.attention)  # each head of a map on disk is read into it
         self.cell_values = cell_values(self.ax, num_queries, num_keys)
         # A fixed y: automatic placement would move the title while it is hidden for the background.
         self.title = self.ax.set_title("", y=1.0, parse_math=False)
@@ -236,7 +246,7 @@ class _HeadFigure:
 
     def show_head(self, head: int) -> int:
         """Show this head's map, title and cell values; return the block size of show_attention."""
-        weights = masked_attention(map_rows(self.run.attention, head), self.run.causal)  # (Nq, Nk)
+        weights = masked_attention(map_rows(self.run.attention, head, out=self.rows), self.run.causal)  # (Nq, Nk)
         pool = show_attention(self.image, weights)
         self.title.set_text(self.title_of(head))
         if self.cell_values is not None:
