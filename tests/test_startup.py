@@ -22,7 +22,8 @@ WORKER_PID = "import os\nfrom attnviz import startup\n"  # startup.draw(os.getpi
 @linux_with_two_cores
 def test_the_figure_worker_draws_the_files_this_process_would(tmp_path):
     """Drawn by the worker, the heatmaps equal those drawn here, pixel for pixel; this process never imported
-    matplotlib.figure (so the worker did draw them), and the worker is gone once this process has ended."""
+    matplotlib.figure (so the worker did draw them), ran torch on a thread fewer meanwhile, and the worker is gone
+    once this process has ended."""
     script = f"""
 import os
 import sys
@@ -36,16 +37,21 @@ worker = startup.draw(os.getpid)
 run = make_run(["[CLS]", "我", "想", "吃", "[SEP]"], num_heads=3)
 out = Path({str(tmp_path)!r}) / "worker"
 out.mkdir()
+import torch
+torch.set_num_threads(2)
 with startup.drawn(heatmap.write_heatmaps, run, out, "png") as drawing:
+    during = torch.get_num_threads()
     paths = drawing.wait()
 print([path.name for path in paths])
 print("matplotlib.figure" in sys.modules)
 print(worker != os.getpid())
+print(during, torch.get_num_threads())
 print(worker)
 """
-    names, imported, elsewhere, worker = run_script(script)
+    names, imported, elsewhere, threads, worker = run_script(script)
     assert names == str(["head_00.png", "head_01.png", "head_02.png", "heads.png"])
     assert imported == "False" and elsewhere == "True"
+    assert threads == "1 2"  # a thread fewer while the worker draws (it has a core), the count restored after
     with pytest.raises(ProcessLookupError):  # gone with its parent
         os.kill(int(worker), 0)
 
