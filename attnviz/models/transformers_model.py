@@ -83,7 +83,7 @@ def load_transformers_model(
     finally:
         hf_logging.set_verbosity(verbosity)
     _check_loading_info(family, info, model)
-    return TransformersModel(family, config, model.to(device).eval())
+    return TransformersModel(family, config, model.to(device).eval(), folder)
 
 
 def _check_headers(folder: Path, family: Family, config: dict, prefix: str) -> None:
@@ -134,10 +134,11 @@ class TransformersModel:
     A handle may be used from several threads: capture's hooks run one forward pass at a time.
     """
 
-    def __init__(self, family: Family, config: dict, model: nn.Module):
+    def __init__(self, family: Family, config: dict, model: nn.Module, folder: Path | None = None):
         self.family = family
         self.config = config
         self.model = model
+        self.folder = folder  # the checkpoint's: a task head's tensors (output_head) are read from it
         self.model_type = config["model_type"]
         self._forward_lock = threading.Lock()
 
@@ -218,6 +219,85 @@ class TransformersModel:
             for handle in handles:
                 handle.remove()
         return captured
+
+    # ---- a decoder's layers one by one: what its output is with a head taken out (analysis/effect.py) -----------
+
+    def _layer_module(self, layer: int) -> nn.Module:
+        """Decoder layer `layer` (Llama's layers.{i}, GPT-2's h.{i}): the attention module's parent."""
+        name = self.attention_module(layer)[0]
+        return self.model.get_submodule(name.rsplit(".", 1)[0])
+
+    def _output_projection(self, layer: int) -> nn.Module:
+        """Layer `layer`'s output projection (W_o: o_proj, c_proj): its input is every head's output side by side."""
+        names = self.family.layer_names(self.config, self.family.stored_index(self.config, layer, None), None)[1]
+        return self.model.get_submodule(names["w_o"])
+
+    @torch.inference_mode()
+    def layer_calls(self, inputs: dict[str, torch.Tensor]) -> tuple[list[tuple[tuple, dict]], list[torch.Tensor], torch.Tensor]:
+        """One forward pass of a decoder over inputs: each layer's call (its positional and keyword arguments, the
+        hidden state entering it first: the residual stream, (B, N, D)), what enters each layer's output projection
+        (every head's output side by side, (B, N, H * d)), and the last hidden state (B, N, D), after the final norm."""
+        if self.family.kind != DECODER or self.family.final_norm is None:
+            raise AttnvizError(f"taking a head out is measured on decoders here, not on {self.family.name} models")
+        calls: dict[int, tuple[tuple, dict]] = {}
+        heads: dict[int, torch.Tensor] = {}
+        handles = []
+        for layer in range(self.num_layers()):
+            handles.append(self._layer_module(layer).register_forward_pre_hook(
+                lambda module, args, kwargs, layer=layer: calls.setdefault(layer, (args, kwargs)), with_kwargs=True
+            ))  # fmt: skip
+            handles.append(self._output_projection(layer).register_forward_pre_hook(
+                lambda module, args, layer=layer: heads.setdefault(layer, args[0].detach().clone())
+            ))  # fmt: skip
+        with self._forward_lock:
+            try:
+                last = self.model(**inputs, use_cache=False).last_hidden_state
+            finally:
+                for handle in handles:
+                    handle.remove()
+        layers = range(self.num_layers())
+        return [calls[layer] for layer in layers], [heads[layer] for layer in layers], last
+
+    @torch.inference_mode()
+    def run_from(self, layer: int, hidden: torch.Tensor, calls: list[tuple[tuple, dict]], heads=None) -> torch.Tensor:
+        """The last hidden state (B, N, D) when hidden (B, N, D) enters decoder layer `layer`: that layer and the
+        ones after it, each called as in layer_calls' pass (its other arguments, the mask and the positions, as
+        they were), then the final norm; the layers before it do not run. heads(x), when given, changes what
+        enters layer `layer`'s output projection: x (B, N, H * d), every head's output side by side."""
+        handle = None
+        if heads is not None:
+            handle = self._output_projection(layer).register_forward_pre_hook(lambda module, args: (heads(args[0]), *args[1:]))
+        with self._forward_lock:
+            try:
+                for index in range(layer, self.num_layers()):
+                    args, kwargs = calls[index]
+                    if args:
+                        hidden = self._layer_module(index)(hidden, *args[1:], **kwargs)
+                    else:
+                        hidden = self._layer_module(index)(**{**kwargs, "hidden_states": hidden})
+                    hidden = hidden[0] if isinstance(hidden, tuple) else hidden
+            finally:
+                if handle is not None:
+                    handle.remove()
+            return self.model.get_submodule(self.family.final_norm)(hidden)
+
+    def output_head(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The language-model head's weight (V, D) and bias: the input embeddings where the checkpoint ties them
+        (config's tie_word_embeddings: SmolLM2, GPT-2), else the checkpoint's lm_head (the base model leaves it out)."""
+        if getattr(self.model.config, "tie_word_embeddings", False):
+            return self.model.get_input_embeddings().weight, None
+        from safetensors import safe_open
+
+        from attnviz.models.weight_files import weight_files
+
+        for path in weight_files(self.folder, safetensors=True, allow_pickle=False) if self.folder is not None else []:
+            with safe_open(str(path), framework="pt") as tensors:
+                if "lm_head.weight" in tensors.keys():
+                    weight = tensors.get_tensor("lm_head.weight")
+                    bias = tensors.get_tensor("lm_head.bias") if "lm_head.bias" in tensors.keys() else None
+                    embeddings = self.model.get_input_embeddings().weight
+                    return weight.to(embeddings), None if bias is None else bias.to(embeddings)
+        raise AttnvizError(f"{self.folder or 'the model'} holds no language-model head (lm_head.weight) and does not tie it to the embeddings")
 
     def _forward(self, inputs: dict[str, torch.Tensor], stack: str | None, source: dict[str, torch.Tensor] | None) -> None:
         kwargs = {"input_ids": inputs["input_ids"], "attention_mask": inputs["attention_mask"], "use_cache": False}

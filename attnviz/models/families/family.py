@@ -45,6 +45,9 @@ class Family:
     position_bias: ClassVar[bool] = False  # T5: a learned bias by relative position is added to the scores
     # Tensors attnviz never reads, which a checkpoint may hold or lack (a pooler after the last layer).
     unused_weights: ClassVar[tuple[str, ...]] = ()
+    # A decoder's norm after its last layer, the base model's module (Llama's norm, GPT-2's ln_f): what turns the last
+    # layer's output into the hidden state the language-model head reads (analysis/effect.py runs the layers itself).
+    final_norm: ClassVar[str | None] = None
 
     @property
     def causal(self) -> bool:

@@ -14,6 +14,8 @@ from attnviz.models.families.family import DECODER, Family
 
 @dataclass(frozen=True)
 class Gpt2(Family):
+    final_norm = "ln_f"
+
     def layer_names(self, config: dict, index: int, stack: str | None) -> tuple[str, dict[str, str]]:
         base = f"h.{index}.attn"
         return base, {"w_q": f"{base}.c_attn", "w_k": f"{base}.c_attn", "w_v": f"{base}.c_attn", "w_o": f"{base}.c_proj"}

@@ -22,6 +22,7 @@ from attnviz.models.families.family import DECODER, Family
 @dataclass(frozen=True)
 class LlamaLayout(Family):
     rotary = True
+    final_norm = "norm"
 
     def check_config(self, config: dict) -> None:
         super().check_config(config)

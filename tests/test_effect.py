@@ -1,0 +1,113 @@
+"""A head's effect (analysis/effect.py): each head taken out in turn, the rest of the model run again from its layer.
+
+Checked against transformers' own model with its language-model head (the *ForCausalLM class, loaded by
+transformers from the same folder), run whole once per head, with a forward pre-hook on that layer's output
+projection that zeroes the head's slice of its input, or puts there the slice's mean over the positions of the
+unhooked pass. KL(p ‖ q) and the loss change are computed here from its logits, in float64.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from tiny_families import BPE_VOCAB, _DECODER, bpe_tokenizer, save_checkpoint
+
+pytestmark = pytest.mark.slow  # checkpoints built and loaded by transformers
+
+TEXT = "The cat sat on the mat because it was tired. Attention is all you need."
+
+DECODERS = {
+    # 6 query heads over 2 key/value heads, RoPE; its own lm_head (not tied to the embeddings)
+    "llama": lambda: (
+        transformers.LlamaConfig(num_key_value_heads=2, tie_word_embeddings=False, **_DECODER),
+        transformers.LlamaForCausalLM, lambda: bpe_tokenizer(bos=True), "model.layers.{}.self_attn.o_proj",
+    ),
+    # fused c_attn, Conv1D c_proj; lm_head tied to wte
+    "gpt2": lambda: (
+        transformers.GPT2Config(vocab_size=BPE_VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64),
+        transformers.GPT2LMHeadModel, lambda: bpe_tokenizer(bos=False), "transformer.h.{}.attn.c_proj",
+    ),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(DECODERS))
+def decoder(request, tmp_path_factory):
+    config, model_class, tokenizer, projection = DECODERS[request.param]()
+    folder = tmp_path_factory.mktemp(request.param)
+    save_checkpoint(config, model_class, tokenizer(), folder, seed=1)
+    return folder, projection
+
+
+def reference_effects(folder, projection: str, text: str, ablation: str) -> tuple[np.ndarray, np.ndarray, float]:
+    """(L, H) KL and loss change, and the loss with every head, from transformers' model run whole once per head."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
+    ids = transformers.AutoTokenizer.from_pretrained(folder)(text, return_tensors="pt")["input_ids"]
+    config = model.config
+    num_layers, num_heads = config.num_hidden_layers, config.num_attention_heads
+    head_dim = config.hidden_size // num_heads
+
+    seen = {}  # layer -> the unhooked input of its output projection (1, N, H * d)
+    hooks = [
+        model.get_submodule(projection.format(layer)).register_forward_pre_hook(
+            lambda module, args, layer=layer: seen.setdefault(layer, args[0].clone())
+        )
+        for layer in range(num_layers)
+    ]
+    with torch.no_grad():
+        every = torch.log_softmax(model(ids).logits[0].double(), dim=-1)  # (N, V)
+    for hook in hooks:
+        hook.remove()
+    targets = ids[0, 1:]
+    loss = float(-every[:-1, :].gather(1, targets[:, None]).mean())
+    kl, change = np.zeros((num_layers, num_heads)), np.zeros((num_layers, num_heads))
+    for layer in range(num_layers):
+        for head in range(num_heads):
+            part = slice(head * head_dim, (head + 1) * head_dim)
+
+            def take_out(module, args, layer=layer, part=part):
+                x = args[0].clone()
+                x[..., part] = 0.0 if ablation == "zero" else seen[layer][0, :, part].mean(dim=0)
+                return (x,)
+
+            hook = model.get_submodule(projection.format(layer)).register_forward_pre_hook(take_out)
+            with torch.no_grad():
+                without = torch.log_softmax(model(ids).logits[0].double(), dim=-1)
+            hook.remove()
+            kl[layer, head] = float((every.exp() * (every - without)).sum(dim=-1).mean())
+            change[layer, head] = float(-without[:-1].gather(1, targets[:, None]).mean()) - loss
+    return kl, change, loss
+
+
+@pytest.mark.parametrize("ablation", ["zero", "mean"])
+def test_each_heads_effect_is_transformers_model_with_that_head_taken_out(decoder, ablation):
+    from attnviz.analysis.effect import head_effects
+    from attnviz.models.loading import load_model
+    from attnviz.spec import RunSpec
+
+    folder, projection = decoder
+    loaded = load_model(str(folder), device="cpu")
+    effects = head_effects(loaded, TEXT, RunSpec(str(folder), str(folder), "local folder", device="cpu"), ablation)
+    kl, change, loss = reference_effects(folder, projection, TEXT, ablation)
+    assert effects.layers == list(range(loaded.num_layers)) and effects.ablation == ablation
+    np.testing.assert_allclose(effects.loss, loss, rtol=1e-6)
+    np.testing.assert_allclose(effects.values["kl"], kl, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(effects.values["loss"], change, rtol=1e-5, atol=1e-7)
+    assert (kl > 1e-4).all()  # every head matters here (wide random weights): a test that could fail
+    assert not np.allclose(kl[:, 0], kl[:, 1])
+
+
+def test_the_layers_asked_for_alone_are_measured(decoder):
+    from attnviz.analysis.effect import head_effects
+    from attnviz.models.loading import load_model
+    from attnviz.spec import RunSpec
+
+    folder, _ = decoder
+    loaded = load_model(str(folder), device="cpu")
+    spec = RunSpec(str(folder), str(folder), "local folder", device="cpu")
+    every = head_effects(loaded, TEXT, spec)
+    last = head_effects(loaded, TEXT, spec, layers=[loaded.num_layers - 1])
+    assert np.isnan(last.values["kl"][0]).all()
+    np.testing.assert_array_equal(last.values["kl"][-1], every.values["kl"][-1])
