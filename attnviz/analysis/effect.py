@@ -60,7 +60,7 @@ def head_effects(loaded, text: str, spec, ablation: str = "zero", layers: list[i
     import torch
 
     from attnviz.errors import AttnvizError
-    from attnviz.layer_inputs import encode_texts, threads_for
+    from attnviz.layer_inputs import encode_texts
 
     if ablation not in ABLATIONS:
         raise AttnvizError(f"ablation {ablation!r} is not one of {', '.join(ABLATIONS)}")
@@ -72,23 +72,27 @@ def head_effects(loaded, text: str, spec, ablation: str = "zero", layers: list[i
     num_layers = loaded.num_layers
     layers = list(range(num_layers)) if layers is None else list(layers)
     values = {name: np.full((num_layers, loaded.num_heads), np.nan) for name in EFFECTS}
-    with threads_for(encoded), torch.inference_mode():
+    with torch.inference_mode():  # torch's own threads: a layer's H copies are one batch, never a small run
         calls, head_outputs, last = model.layer_calls({"input_ids": ids, "attention_mask": encoded.queries.attention_mask.to(spec.device)})
-        head = model.output_head()
-        every = _log_probs(last, head)[0]  # (N, V): every head
+        weight, bias = model.output_head()
+        every = torch.log_softmax(torch.nn.functional.linear(last, weight, bias)[0].double(), dim=-1)  # (N, V)
         p = every.exp()
+        plogp = torch.linalg.vecdot(p, every)  # (N,): Σ_v p log p
         targets = ids[0, 1:]  # (N - 1,): each position's next token
         loss = -every[:-1].gather(1, targets[:, None]).mean()
+        num_heads = loaded.num_heads
         for layer in layers:
-            heads_input = head_outputs[layer]  # (1, N, H * d)
-            num_heads = loaded.num_heads
             args, kwargs = calls[layer]
             entering = (args[0] if args else kwargs["hidden_states"]).expand(num_heads, -1, -1)  # (H, N, D)
-            out = model.run_from(layer, entering, calls, _taken_out(heads_input, num_heads, ablation))  # (H, N, D)
-            for copy in range(num_heads):  # a copy's (N, V) log-probabilities at a time: V is tens of thousands
-                without = _log_probs(out[copy : copy + 1], head)[0]  # (N, V)
-                values["kl"][layer, copy] = float((p * (every - without)).sum(dim=-1).mean())
-                values["loss"][layer, copy] = float(-without[:-1].gather(1, targets[:, None]).mean() - loss)
+            out = model.run_from(layer, entering, calls, _taken_out(head_outputs[layer], num_heads, ablation))  # (H, N, D)
+            logits = torch.nn.functional.linear(out, weight, bias)  # (H, N, V): the head's logits, in the model's dtype
+            for copy in range(num_heads):  # in float64 a copy at a time: V is tens of thousands
+                scores = logits[copy].double()  # (N, V)
+                # log q = s - logsumexp(s): KL(p ‖ q) = Σ p log p - Σ p s + logsumexp(s), a row at a time, in float64
+                normaliser = torch.logsumexp(scores, dim=-1)  # (N,)
+                values["kl"][layer, copy] = float((plogp - torch.linalg.vecdot(p, scores) + normaliser).mean())
+                without = (normaliser[:-1] - scores[:-1].gather(1, targets[:, None])[:, 0]).mean()
+                values["loss"][layer, copy] = float(without - loss)
     return HeadEffects(
         values=values,
         ablation=ablation,
@@ -116,12 +120,3 @@ def _taken_out(heads_input, num_heads: int, ablation: str):
         return x.view(num_heads, num_tokens, width)
 
     return take_out
-
-
-def _log_probs(hidden, head):
-    """(B, N, V): log-softmax over the vocabulary, in float64, of the language-model head's logits, computed in the
-    model's own dtype as its head computes them."""
-    import torch
-
-    weight, bias = head
-    return torch.log_softmax(torch.nn.functional.linear(hidden, weight, bias).double(), dim=-1)
