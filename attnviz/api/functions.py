@@ -14,7 +14,7 @@ from dataclasses import replace
 from attnviz.analysis.measure_names import measure_names
 from attnviz.api.models import Model, load
 from attnviz.api.notes import warn_notes
-from attnviz.api.arguments import must_be_bool, must_be_callable, must_be_int, must_be_str, must_be_str_or_list, refuse
+from attnviz.api.arguments import must_be_bool, must_be_callable, must_be_int, must_be_one_of, must_be_str, must_be_str_or_list, refuse
 from attnviz.api.options import EVERY_LAYER_OPTIONS, RunOptions, run_options, takes_options
 from attnviz.errors import AttnvizError
 from attnviz.spec import check_text, check_trace_texts, refuse_cross_over_every_layer
@@ -24,7 +24,7 @@ POSITION_OPTIONS = ("model", "device", "dtype")  # position runs layer 0 with th
 
 
 @takes_options()
-def heads(text: str | list[str], *, measure: str = "weights", layer_summaries: bool = False, **options):
+def heads(text: str | list[str], *, measure: str = "weights", layer_summaries: bool = False, effect: str | None = None, **options):
     """One layer's heads over a text (a HeadsResult), or over a list of texts (a list, run in padded batches).
 
     options are RunOptions' (attnviz.RunOptions): heads splits the projections into that many
@@ -41,6 +41,9 @@ def heads(text: str | list[str], *, measure: str = "weights", layer_summaries: b
     layer_summaries: also every head of every layer summarised (attnviz.layers' summaries: the sink, entropy,
     distance, ...) from the same forward pass, as a long text's report shows them: result.layer_summaries.
     One text, self-attention, weights alone (no measure).
+    effect: also each head's effect on the model's output, taken out in turn (analysis/effect.py, Michel et al.
+    2019): "zero" (its output set to 0) or "mean" (replaced by its mean over the text's positions); a decoder's KL
+    of the next-token distributions and loss change, in result.effects. One text; the model's own heads and weights.
     """
     from attnviz.api.run_results import HeadsResult
     from attnviz.output.batch import run_in_batches
@@ -50,11 +53,13 @@ def heads(text: str | list[str], *, measure: str = "weights", layer_summaries: b
     names = measure_names(must_be_str("measure", measure))
     if must_be_bool("layer_summaries", layer_summaries) and (not isinstance(text, str) or names or options.kv or options.stack == "cross"):
         raise AttnvizError('layer_summaries=True summarises one text\'s self-attention: give one str, no kv, no stack="cross", no measure')
+    _check_effect(effect, text, options)
     refuse_before_loading(options)
     handle = load(options.model, options.device, dtype=options.dtype)
     spec = options.run_spec(handle)
     _check_lengths(handle.loaded, texts, options.truncate)
     num_layers = handle.loaded.num_layers_of(spec.stack)
+    effects = _effects(handle, texts[0], spec, effect, [spec.layer]) if effect is not None else None
     if names:
         results = _measured_heads(handle, texts, spec, names, num_layers)
     elif layer_summaries:
@@ -65,8 +70,36 @@ def heads(text: str | list[str], *, measure: str = "weights", layer_summaries: b
     else:
         runs = [run for batch in run_in_batches(handle.loaded, texts, spec) for run in batch]
         results = [HeadsResult(run, spec, num_layers) for run in runs]
+    if effects is not None:
+        results = [replace(results[0], effects=effects)]
     warn_notices((notice for result in results for notice in result.notices), handle)
     return results if isinstance(text, (list, tuple)) else results[0]
+
+
+def _check_effect(effect, text, options: RunOptions) -> None:
+    """effect= names an ablation, over one text and the model's own heads and weights: else refused before loading."""
+    from attnviz.analysis.effect import ABLATIONS
+
+    if must_be_one_of("effect", effect, tuple(ABLATIONS), none=True) is None:
+        return
+    if not isinstance(text, str):
+        raise AttnvizError("effect= measures each head over one text: give one str, not a list")
+    if options.kv or options.heads is not None or options.weights != "pretrained" or options.stack is not None:
+        raise AttnvizError("effect= takes the model's own heads out of the model itself: leave out kv, heads, weights and stack")
+
+
+def _effects(handle: Model, text: str, spec, ablation: str, layers: list[int] | None):
+    """analysis.effect.head_effects of `layers` (None: every layer), refused in one line for a model it cannot measure."""
+    from attnviz.analysis.effect import head_effects
+    from attnviz.models.families import DECODER
+
+    loaded = handle.loaded
+    if loaded.family.kind != DECODER:
+        raise AttnvizError(
+            f"effect= measures a decoder's heads by its next-token predictions (GPT-2, Llama's layout); "
+            f"{loaded.name} is {loaded.family.kind} ({loaded.family.name})"
+        )
+    return head_effects(loaded, text, spec, ablation, layers)
 
 
 def _measured_heads(handle: Model, texts: list[str], spec, names: tuple[str, ...], num_layers: int) -> list:

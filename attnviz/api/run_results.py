@@ -56,6 +56,7 @@ class HeadsResult:
     spec: RunSpec
     num_layers: int | None = None  # the model's layers (of spec.stack), for the report's header
     measures: Any = None  # attnviz.analysis.measures.RunMeasures, with measure= other than "weights"
+    effects: Any = None  # attnviz.analysis.effect.HeadEffects of the run's layer, with effect=
 
     @property
     def text(self) -> str:
@@ -172,7 +173,7 @@ class HeadsResult:
             from attnviz.render.measure_figures import write_measure_figures
 
             written += write_measure_figures(self.run, self.measures, folder, format, seed=self.spec.seed)
-        return written + write_attention_files(self.run, self.spec, folder, self.measures, save_map)
+        return written + write_attention_files(self.run, self.spec, folder, self.measures, save_map, self.effects)
 
     def to_dict(self) -> dict:
         """attention.json's content: the attention as nested lists, rounded as the file rounds it."""
@@ -182,10 +183,11 @@ class HeadsResult:
 
         from attnviz.output.export import map_file_record
 
+        record = attention_record(self.run, self.spec, self.measures, self.effects)
         if self.run.map_on_disk:  # as attention.json names it; the weights are .attention, read lazily
-            return {**attention_record(self.run, self.spec, self.measures), **map_file_record(self.run)}
+            return {**record, **map_file_record(self.run)}
         attention = np.round(self.run.attention.astype(np.float64), DECIMALS).tolist()  # as weights_json writes it
-        return {**attention_record(self.run, self.spec, self.measures), "attention": attention}
+        return {**record, "attention": attention}
 
     def report(self):
         """The interactive report of this layer (a ReportResult; attnviz.report adds every layer and the traces)."""
@@ -196,7 +198,7 @@ class HeadsResult:
     def __rich__(self):
         from attnviz.render.terminal import heads_table
 
-        return heads_table(self.run, self.summaries)
+        return heads_table(self.run, self.summaries, effects=self.effects)
 
     def _repr_html_(self) -> str:
         rows = [

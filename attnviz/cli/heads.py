@@ -30,6 +30,8 @@ from attnviz.cli.options import (
     WordsOption,
     Measure,
     MeasureOption,
+    Effect,
+    EffectOption,
     FormatOption,
     WeightsOption,
     SeedOption,
@@ -82,6 +84,7 @@ def heads(
     memory: Optional[int] = MemoryOption,
     words: bool = WordsOption,
     measure: Measure = MeasureOption,
+    effect: Optional[Effect] = EffectOption,
     allow_pickle: bool = AllowPickleOption,
     save_map: bool = typer.Option(
         False, "--save-map", help="Also write a long text's whole map (past 64 MB, or past --memory) as attention.npy; "
@@ -107,6 +110,8 @@ def heads(
         raise AttnvizError("--trace traces one text: for a batch use attnviz trace --file PATH")
     if file is not None and measure != Measure.weights:
         raise AttnvizError("--measure measures one text: give a TEXT, not --file")
+    if file is not None and effect is not None:
+        raise AttnvizError("--effect measures each head over one text: give a TEXT, not --file")
     if head is not None and figures is not None:
         raise AttnvizError(f"--head {head} draws that head's heatmap alone: leave out --figures")
     if window is not None:  # malformed or empty: refused before the model loads; the map's range once it is known
@@ -129,12 +134,14 @@ def heads(
         check_head(head, handle.loaded.num_heads_of(options.stack), f"{handle.loaded.name}'s layers have")
     given = replace(options, model=handle).keywords()
     traced = functions.trace(text, **given) if show_trace else None  # its run is the heads' run: computed once
-    if traced is not None and measure == Measure.weights:
+    if traced is not None and measure == Measure.weights and effect is None:
         result = traced.heads_results()[0]
     else:  # a long text's report summarises every layer: from the run's own forward pass
         cross = options.run_spec(handle).cross_attention
         summarise = not no_html and measure == Measure.weights and summarised_in_its_run(handle.loaded, [text], cross)
-        result = functions.heads(text, measure=measure.value, layer_summaries=summarise, **given)
+        result = functions.heads(
+            text, measure=measure.value, layer_summaries=summarise, effect=effect.value if effect else None, **given
+        )
 
     run = result.run
     checked_window = result.window(window, "--window") if window is not None else None  # before anything is written
@@ -144,7 +151,7 @@ def heads(
     if head is None:
         console.print(result)  # its __rich__: the table of the heads
     else:
-        console.print(terminal.heads_table(run, [result.summaries[head]], terminal.MAX_TOP_KEYS_SHOWN))
+        console.print(terminal.heads_table(run, [result.summaries[head]], terminal.MAX_TOP_KEYS_SHOWN, result.effects))
     if result.measures is not None:
         from attnviz.render.measure_table import print_measures
 

@@ -262,6 +262,22 @@ WordsOption = typer.Option(
 )
 
 
+class Effect(str, Enum):  # attnviz.analysis.effect.ABLATIONS
+    zero = "zero"
+    mean = "mean"
+
+
+EffectOption = typer.Option(
+    None,
+    "--effect",
+    help="Also measure what each head does to the model's output (Michel et al. 2019): the head taken out, the rest "
+    "of the model run again. zero: its output set to 0; mean: replaced by its mean over the text's positions. "
+    "Shown beside each head: KL(p ‖ q) of the next-token distributions, mean over positions, and the change of the "
+    "text's loss (nats per token). Decoders (GPT-2, Llama's layout), the model's own heads and weights.",
+    show_default=False,
+)
+
+
 class Measure(str, Enum):  # attnviz.analysis.measure_names.MEASURE_CHOICES
     weights = "weights"
     norm = "norm"

@@ -16,8 +16,9 @@ PYTHON_SAVE = " (in Python: result.save(folder))"  # how a map not saved is save
 DECIMALS = 7  # float32 weights rounded to 1e-7: far below the 1e-5 the tests hold them to
 
 
-def attention_record(run: AttentionRun, spec: RunSpec, measures=None) -> dict:
-    """attention.json's object but its weights; measures (analysis.measures.RunMeasures, --measure) adds "measures"."""
+def attention_record(run: AttentionRun, spec: RunSpec, measures=None, effects=None) -> dict:
+    """attention.json's object but its weights; measures (analysis.measures.RunMeasures, --measure) adds "measures",
+    effects (analysis.effect.HeadEffects, --effect) "effects"."""
     return {
         "format": "attnviz-attention",
         "version": FORMAT_VERSION,
@@ -52,7 +53,24 @@ def attention_record(run: AttentionRun, spec: RunSpec, measures=None) -> dict:
         "key_ids": run.key_ids,
         **(words_record(run) if run.words is not None else {}),
         **({"measures": measures_record(measures)} if measures is not None and measures.names else {}),
+        **({"effects": effects_record(effects, [run.layer])} if effects is not None else {}),
         "attention": None,  # written by weights_json: the last key, so it can go in at the end
+    }
+
+
+def effects_record(effects, layers: list[int]) -> dict:
+    """The "effects" of attention.json (one layer's heads) or of effects.json (every layer): what was taken out and
+    how, what each number means, and per name of EFFECTS (L', H) values of `layers`, rounded."""
+    from attnviz.analysis.effect import ABLATIONS, EFFECTS, PAPER
+
+    return {
+        "ablation": effects.ablation,
+        "ablation_definition": ABLATIONS[effects.ablation],
+        "paper": PAPER,
+        "definitions": {name: definition for name, (_, definition) in EFFECTS.items()},
+        "loss_with_every_head": round(effects.loss, DECIMALS),
+        "layers": layers,
+        **{name: np.round(effects.values[name][layers], DECIMALS).tolist() for name in EFFECTS},
     }
 
 
@@ -75,12 +93,14 @@ def words_record(run: AttentionRun) -> dict:
     }
 
 
-def write_attention_files(run: AttentionRun, spec: RunSpec, folder: Path, measures=None, save_map: bool = True) -> list[Path]:
+def write_attention_files(
+    run: AttentionRun, spec: RunSpec, folder: Path, measures=None, save_map: bool = True, effects=None
+) -> list[Path]:
     """attention.json in folder, and beside it attention.npy when the run's map is one (a long text: run_data.MapFile)
     and save_map (`heads --save-map`; a Python result's save)."""
     from attnviz.run_data import MAP_FILE
 
-    written = write_attention_json(run, spec, folder / "attention.json", measures, save_map)
+    written = write_attention_json(run, spec, folder / "attention.json", measures, save_map, effects)
     return [written, *([folder / MAP_FILE] if run.map_on_disk and save_map else [])]
 
 
@@ -103,8 +123,9 @@ def map_not_saved(num_bytes: int, count: int = 1) -> str:
     return f"the whole maps of {count} long texts ({size}) were not saved; --save-map writes each one's attention.npy"
 
 
-def write_attention_json(run: AttentionRun, spec: RunSpec, path: Path, measures=None, save_map: bool = True) -> Path:
-    """attention.json; measures (analysis.measures.RunMeasures, --measure) adds "measures" before "attention".
+def write_attention_json(run: AttentionRun, spec: RunSpec, path: Path, measures=None, save_map: bool = True, effects=None) -> Path:
+    """attention.json; measures (analysis.measures.RunMeasures, --measure) adds "measures" before "attention",
+    effects (analysis.effect.HeadEffects, --effect) "effects".
 
     A map on disk (a long text) is named, not written: its shape and dtype, "attention" null, and with
     save_map, attention.npy put beside (run_data.place_map); without, "attention_file" null and a note.
@@ -114,10 +135,10 @@ def write_attention_json(run: AttentionRun, spec: RunSpec, path: Path, measures=
     if run.map_on_disk:
         if save_map:
             place_map(run.attention, path.parent)
-        record = {**attention_record(run, spec, measures), **map_file_record(run, saved=save_map)}
+        record = {**attention_record(run, spec, measures, effects), **map_file_record(run, saved=save_map)}
         path.write_text(json.dumps(record, ensure_ascii=False), encoding="utf-8")
         return path
-    record = json.dumps(attention_record(run, spec, measures), ensure_ascii=False)
+    record = json.dumps(attention_record(run, spec, measures, effects), ensure_ascii=False)
     attention = weights_json(run.attention)
     path.write_text(record.removesuffix("null}") + attention + "}", encoding="utf-8")
     return path

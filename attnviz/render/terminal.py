@@ -171,26 +171,47 @@ def top_keys_text(summary: HeadSummary, run: AttentionRun, most: int = MAX_TOP_K
     return Text("  ".join(pairs))  # wraps between pairs, never inside one
 
 
-def heads_table(run: AttentionRun, summaries: list[HeadSummary], most: int = MAX_TOP_KEYS_PER_HEAD) -> Table:
-    """A row per head of summaries (every head, or --head's one): entropy, rel., mean max, the first `most` queries' top keys."""
+# The effect columns (analysis/effect.py's EFFECTS), as the tables name them, and the decimals each shows.
+EFFECT_COLUMNS = {"kl": "KL", "loss": "Δloss"}
+EFFECT_DIGITS = {"kl": 4, "loss": 4}
+
+
+def effects_legend(effects) -> str:
+    """What the effect columns are, short (analysis/effect.py and attention.json define them in full)."""
+    how = "set to 0" if effects.ablation == "zero" else "replaced by its mean over the positions"
+    return (
+        f"KL, Δloss: the head taken out (its output {how}) and the model run again: KL(p ‖ q) of the next-token "
+        f"distributions, nats, mean over positions; Δloss: the text's loss without the head minus with it (nats per "
+        f"token; with every head {effects.loss:.4f})"
+    )
+
+
+def heads_table(run: AttentionRun, summaries: list[HeadSummary], most: int = MAX_TOP_KEYS_PER_HEAD, effects=None) -> Table:
+    """A row per head of summaries (every head, or --head's one): entropy, rel., mean max, with effects
+    (analysis.effect.HeadEffects, --effect) each head's KL and loss change, then the first `most` queries' top keys."""
     title = "heads" if len(summaries) == run.num_heads else f"{counted(len(summaries), 'head')} of {run.num_heads}"
     if run.re_split:
         title += f" ({resplit_words(run)})"
     table = Table(title=title, title_justify="left")
-    for name in ("head", "entropy", "rel.", "mean max"):
+    effect_columns = list(EFFECT_COLUMNS.values()) if effects is not None else []
+    for name in ("head", "entropy", "rel.", "mean max", *effect_columns):
         table.add_column(name, justify="right", no_wrap=True, min_width=len(name))
     noun = "word" if run.words is not None else "token"  # --words: the rows and columns are words
     table.add_column(f"query → the key it attends to most (index:{noun})", overflow="fold")
     for summary in summaries:
+        measured = [f"{effects.values[name][run.layer, summary.head]:.{digits}f}" for name, digits in EFFECT_DIGITS.items()] if effects is not None else []
         table.add_row(
             str(summary.head),
             f"{summary.entropy:.2f}",
             f"{summary.relative_entropy:.2f}",
             f"{summary.mean_max:.2f}",
+            *measured,
             top_keys_text(summary, run, most),
         )
     relative = RELATIVE_ENTROPY_LEGEND + (f" ({CAUSAL_VISIBLE_KEYS})" if run.causal else "")
     table.caption = f"entropy: of each row in nats, mean over queries; {relative}; mean max: the mean of the row maxima"
+    if effects is not None:
+        table.caption += "\n" + effects_legend(effects)
     if len(run.query_tokens) > most:
         shown = f"queries 0 to {most - 1} of {len(run.query_tokens)}{' words' if run.words is not None else ''} shown"
         table.caption += f"\n{shown}; attention.json has every query of every head"
