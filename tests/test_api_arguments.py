@@ -43,7 +43,7 @@ ARGUMENTS = {  # function -> its arguments -> wrong values
     "heads": {"text": TEXTS, **RUN_OPTIONS, "measure": [5, None], "layer_summaries": ["yes", 1, None], "effect": [5, True, ["zero"]]},
     "trace": {"text": TEXTS, **RUN_OPTIONS, "layout": [5, ["all"]], "mistake": [5, True]},
     "stats": {"texts": TEXTS, **EVERY_LAYER, "js": ["yes", 1, 0.0], "progress": [5, "print"]},
-    "layers": {"text": [*TEXT, ["the cat"]], **EVERY_LAYER, "measure": [5, None], "band": ["8", 1.5, True, None]},
+    "layers": {"text": [*TEXT, ["the cat"]], **EVERY_LAYER, "measure": [5, None], "band": ["8", 1.5, True, None], "effect": [5, True, ["zero"]]},
     "compare": {
         "text": [*TEXT, ["the cat"]],
         "heads": [12, 1.5, [1.5], [True, 4], {1: 4}],

@@ -208,3 +208,27 @@ def test_effect_over_a_list_or_a_file_is_refused(tiny_llama, tmp_path, capsys):
         attnviz.heads([TEXT, TEXT], model=str(tiny_llama), effect="zero")
     assert run(["heads", "--file", "-", "--effect", "zero", "--model", str(tiny_llama), "--out", str(tmp_path / "o")]) == 2
     assert "--effect measures each head over one text" in capsys.readouterr().err
+
+
+def test_layers_effect_is_every_layers_heads_in_effects_json_and_png(tiny_llama, tmp_path, capsys):
+    """layers --effect: every layer × head taken out, each layer's row the very numbers heads --effect gives it."""
+    import json
+
+    import attnviz
+    from attnviz.cli import run
+
+    every = attnviz.layers(TEXT, model=str(tiny_llama), effect="zero", device="cpu").effects
+    assert every.layers == [0, 1] and not np.isnan(every.values["kl"]).any()
+    one = attnviz.heads(TEXT, model=str(tiny_llama), layer=1, effect="zero", device="cpu").effects
+    np.testing.assert_array_equal(every.values["kl"][1], one.values["kl"][1])
+    np.testing.assert_array_equal(every.values["loss"][1], one.values["loss"][1])
+
+    out = tmp_path / "run"
+    assert run(["layers", TEXT, "--model", str(tiny_llama), "--effect", "zero", "--out", str(out)]) == 0
+    record = json.loads((out / "effects.json").read_text(encoding="utf-8"))
+    assert record["format"] == "attnviz-effects" and record["ablation"] == "zero" and record["layers"] == [0, 1]
+    np.testing.assert_allclose(record["kl"], every.values["kl"], atol=1e-7)
+    np.testing.assert_allclose(record["loss"], every.values["loss"], atol=1e-7)
+    assert (out / "effects.png").stat().st_size > 0
+    printed = " ".join(capsys.readouterr().out.split())
+    assert "KL when the head is taken out" in printed and f"{every.values['kl'][0, 0]:.4f}" in printed

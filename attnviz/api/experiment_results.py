@@ -152,6 +152,7 @@ class LayersResult:
     summaries: Any = None  # attnviz.analysis.head_summaries.LayerSummaries: every head of every layer summarised
     maxima: np.ndarray | None = None  # (L, H, P, P): layers.png's block maxima, for a long text
     notes: list[str] = field(default_factory=list)  # what the command prints as "note: ...": a long text's
+    effects: Any = None  # attnviz.analysis.effect.HeadEffects of every layer, with effect=
 
     @property
     def tokens(self) -> list[str]:
@@ -218,6 +219,12 @@ class LayersResult:
 
             written.append(write_summaries_figure(self.summaries, folder, format, self.layer_runs[0], self.spec.seed))
             written.append(write_summaries_json(self.summaries, self.spec, folder / "summaries.json"))
+        if self.effects is not None:
+            from attnviz.output.summaries_json import write_effects_json
+            from attnviz.render.summary_figures import write_effects_figure
+
+            written.append(write_effects_figure(self.effects, folder, format, self.layer_runs[0], self.spec.seed))
+            written.append(write_effects_json(self.effects, self.spec, folder / "effects.json"))
         return written
 
     def to_dict(self) -> dict:

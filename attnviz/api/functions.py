@@ -53,7 +53,7 @@ def heads(text: str | list[str], *, measure: str = "weights", layer_summaries: b
     names = measure_names(must_be_str("measure", measure))
     if must_be_bool("layer_summaries", layer_summaries) and (not isinstance(text, str) or names or options.kv or options.stack == "cross"):
         raise AttnvizError('layer_summaries=True summarises one text\'s self-attention: give one str, no kv, no stack="cross", no measure')
-    _check_effect(effect, text, options)
+    check_effect(effect, text, options)
     refuse_before_loading(options)
     handle = load(options.model, options.device, dtype=options.dtype)
     spec = options.run_spec(handle)
@@ -76,7 +76,7 @@ def heads(text: str | list[str], *, measure: str = "weights", layer_summaries: b
     return results if isinstance(text, (list, tuple)) else results[0]
 
 
-def _check_effect(effect, text, options: RunOptions) -> None:
+def check_effect(effect, text, options: RunOptions) -> None:
     """effect= names an ablation, over one text and the model's own heads and weights: else refused before loading."""
     from attnviz.analysis.effect import ABLATIONS
 
@@ -182,7 +182,7 @@ def stats(texts: str | list[str], *, js: bool | None = None, progress=None, **op
 
 
 @takes_options(EVERY_LAYER_OPTIONS)
-def layers(text: str, *, measure: str = "weights", band: int = 8, **options):
+def layers(text: str, *, measure: str = "weights", band: int = 8, effect: str | None = None, **options):
     """Every layer's heads over one text, attention rollout through the layers, and every head summarised (a LayersResult).
 
     options as in stats; measure adds every layer's measures (analysis.measures.LayersMeasures):
@@ -193,6 +193,7 @@ def layers(text: str, *, measure: str = "weights", band: int = 8, **options):
     layer's maps at once, or 64 MB a layer's), every layer runs a block of queries at a time and no map
     is whole (analysis.long_layers): .attention and .rollout are None, layers.png shows block maxima
     computed from the blocks, .notes says so; measure and words need the whole maps and are refused there.
+    effect: also every head of every layer taken out of a decoder in turn (as heads' effect=), in .effects.
     """
     from attnviz.analysis.head_summaries import summarise_layers
     from attnviz.analysis.rollout import runs_rollout
@@ -205,12 +206,14 @@ def layers(text: str, *, measure: str = "weights", band: int = 8, **options):
     if must_be_int("band", band) < 0:
         raise AttnvizError(f"band {band}: the local band's half-width is 0 or more tokens")
     refuse_cross_over_every_layer(options.stack)
+    check_effect(effect, text, options)
     refuse_before_loading(options)
     handle = load(options.model, options.device, dtype=options.dtype)
     spec = options.run_spec(handle, layer=None)
+    effects = _effects(handle, text, spec, effect, None) if effect is not None else None
     budget = block_budget(spec)  # a block of the summaries' pass
     if _in_blocks(handle.loaded, text, spec, handle.loaded.num_layers_of(spec.stack)):
-        return _long_layers(handle, text, spec, names, band, budget)
+        return replace(_long_layers(handle, text, spec, names, band, budget), effects=effects)
     if names:
         from attnviz.analysis.measures import measure_every_layer
 
@@ -220,7 +223,7 @@ def layers(text: str, *, measure: str = "weights", band: int = 8, **options):
         measures = None
     warn_notices(layer_runs[0].notices, handle)  # every layer's run has the text's notes
     summaries = summarise_layers(handle.loaded, text, spec, budget, window=band)
-    return LayersResult(layer_runs, runs_rollout(layer_runs), spec, measures, summaries)
+    return LayersResult(layer_runs, runs_rollout(layer_runs), spec, measures, summaries, effects=effects)
 
 
 def _in_blocks(loaded, text: str, spec, num_layers: int = 1) -> bool:

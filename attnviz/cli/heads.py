@@ -122,6 +122,7 @@ def heads(
         parse_window(window, "--window")
     if head is not None and options.heads is not None:  # the range is known before the model loads
         check_head(head, options.heads, f"--heads {options.heads} splits the layer into")
+    functions.check_effect(effect.value if effect else None, text, options)  # before the model loads
     functions.refuse_before_loading(options)
     images = dict(figures=(figures.value if figures else "grid" if file is not None else "all"), head=head)
     if file is not None:

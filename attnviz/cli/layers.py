@@ -25,6 +25,8 @@ from attnviz.cli.options import (
     WordsOption,
     Measure,
     LayersMeasureOption,
+    Effect,
+    EffectOption,
     BandOption,
     FormatOption,
     WeightsOption,
@@ -58,6 +60,7 @@ def layers(
     words: bool = WordsOption,
     measure: Measure = LayersMeasureOption,
     band: int = BandOption,
+    effect: Optional[Effect] = EffectOption,
     memory: Optional[int] = EveryLayerMemoryOption,
     allow_pickle: bool = AllowPickleOption,
     quiet: bool = QuietOption,
@@ -73,10 +76,12 @@ def layers(
 
     check_text(text)
     refuse_cross_over_every_layer(options.stack)
+    functions.check_effect(effect.value if effect else None, text, options)  # before the model loads
     functions.refuse_before_loading(options)
     target = run_target(out, run_folder_name(text))
     handle = load(options.model, options.device, dtype=options.dtype, allow_pickle=allow_pickle, cache=False)
-    result = functions.layers(text, measure=measure.value, band=band, **replace(options, model=handle).keywords())
+    given = replace(options, model=handle).keywords()
+    result = functions.layers(text, measure=measure.value, band=band, effect=effect.value if effect else None, **given)
 
     first = result.layer_runs[0]
     terminal.print_notices(errors, [*first.notices, *result.notes])
@@ -87,4 +92,6 @@ def layers(
     if result.measures is not None and result.measures.flow is not None:
         stats_tables.print_rollout(console, first.shown_tokens[0], result.measures.flow.normalised, name="flow")
     summary_tables.print_summaries(console, result.summaries)
+    if result.effects is not None:
+        summary_tables.print_effects(console, result.effects)
     write_run(out, target, "writing figures…", lambda staging: startup.draw(result.write_files, staging, image_format.value))

@@ -65,3 +65,21 @@ def summaries_record(summaries: LayerSummaries, spec: RunSpec) -> dict:
 def write_summaries_json(summaries: LayerSummaries, spec: RunSpec, path: Path) -> Path:
     path.write_text(json.dumps(summaries_record(summaries, spec), ensure_ascii=False), encoding="utf-8")
     return path
+
+
+def write_effects_json(effects, spec: RunSpec, path: Path) -> Path:
+    """effects.json (`layers --effect`): every head of every layer taken out (analysis.effect.HeadEffects), as
+    attention.json's "effects" holds one layer's, with the settings, the text and its tokens."""
+    from attnviz.output.export import effects_record
+
+    record = {
+        "format": "attnviz-effects",
+        "version": SUMMARIES_FORMAT_VERSION,
+        "settings": spec.to_dict(),
+        "text": effects.text,
+        "model": effects.model,
+        "tokens": effects.tokens,
+        **effects_record(effects, effects.layers),  # kl[layer][head], loss[layer][head]
+    }
+    path.write_text(json.dumps(record, ensure_ascii=False), encoding="utf-8")
+    return path

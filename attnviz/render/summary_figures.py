@@ -68,6 +68,47 @@ def summaries_figure(summaries: LayerSummaries, run=None, seed: int | None = Non
     return figure
 
 
+def effects_figure(effects, run=None, seed: int | None = None):
+    """effects.png (`layers --effect`): each head's KL and loss change when taken out, a layers × heads grid each; the
+    loss change on a scale centred on 0 (red: the text predicted worse without the head, blue: better)."""
+    from attnviz.analysis.effect import EFFECTS
+
+    figure = new_figure((2 * PANEL_INCHES[0], PANEL_INCHES[1] + 1.0))
+    num_layers, num_heads = effects.values["kl"].shape
+    numbered = num_layers <= MAX_NUMBERED_CELLS[0] and num_heads <= MAX_NUMBERED_CELLS[1]
+    for index, name in enumerate(EFFECTS):
+        ax = figure.add_subplot(1, 2, index + 1)
+        values = effects.values[name]
+        if name == "kl":
+            image = ax.imshow(values, cmap=COLORMAP, vmin=0.0, vmax=max(float(np.nanmax(values)), 1e-9), aspect="auto", interpolation="nearest")
+            ax.set_title("KL(p ‖ q) of the next-token distributions (nats)", fontsize=9, parse_math=False)
+        else:
+            reach = max(float(np.nanmax(np.abs(values))), 1e-9)
+            image = ax.imshow(values, cmap="RdBu_r", vmin=-reach, vmax=reach, aspect="auto", interpolation="nearest")
+            ax.set_title(f"loss change (nats per token; {effects.loss:.3f} with every head)", fontsize=9, parse_math=False)
+        figure.colorbar(image, ax=ax, shrink=0.85)
+        _label_axes(ax, num_layers, num_heads)
+        if numbered:
+            for (layer, head), value in np.ndenumerate(values):
+                ax.text(head, layer, f"{value:.3f}", ha="center", va="center", fontsize=5, color="black" if name == "loss" else "white")
+    scope = [f"{counted(num_layers, 'layer')} × {counted(num_heads, 'head')}", counted(len(effects.tokens), "token")]
+    how = "set to 0" if effects.ablation == "zero" else "replaced by its mean over the positions"
+    notes = [f"each head taken out (its output {how}), the model run again: rows layers, columns heads"]
+    line_chars = chars_across(figure.get_figwidth())
+    if run is not None:
+        title = run_title(run, scope, seed=seed, notes=notes, line_chars=line_chars, over_words=False)
+    else:
+        title = figure_title(effects.model, scope, text=effects.text, causal=True, seed=seed, notes=notes, line_chars=line_chars)
+    figure.suptitle(title, parse_math=False)
+    return figure
+
+
+def write_effects_figure(effects, out_dir: Path, fmt: str = "png", run=None, seed: int | None = None) -> Path:
+    """Write effects.<fmt>: each head's KL and loss change when taken out, layers × heads."""
+    check_format(fmt)
+    return save_figure(effects_figure(effects, run, seed), out_dir, f"effects.{fmt}")
+
+
 def _label_axes(ax, num_layers: int, num_heads: int) -> None:
     layer_step = -(-num_layers // MAX_AXIS_LABELS)
     head_step = -(-num_heads // MAX_AXIS_LABELS)

@@ -47,6 +47,26 @@ def summary_grid(summaries: LayerSummaries, name: str, width: int = 80) -> list[
     return tables
 
 
+def print_effects(console: Console, effects) -> None:
+    """Each head's KL when taken out (`layers --effect`), a layers × heads grid; the loss changes are in effects.json."""
+    from attnviz.render.terminal import effects_legend
+
+    values = effects.values["kl"]
+    num_layers, num_heads = values.shape
+    label = len(f"L{num_layers - 1}")
+    per_block = max(1, (console.width - (label + 4)) // 9)  # a cell: 6 characters, its padding and its rule
+    for first in range(0, num_heads, per_block):
+        heads = range(first, min(first + per_block, num_heads))
+        table = Table(title="KL when the head is taken out, by layer and head" if first == 0 else None, title_justify="left")
+        table.add_column("", justify="right", no_wrap=True, min_width=label)
+        for head in heads:
+            table.add_column(f"H{head}", justify="right", no_wrap=True, min_width=6)
+        for layer in range(min(num_layers, MAX_LAYERS_SHOWN)):
+            table.add_row(f"L{layer}", *(f"{values[layer, head]:.4f}" for head in heads))
+        console.print(table)
+    console.print(Text(effects_legend(effects) + "; every layer's KL and Δloss: effects.json, effects.png"))
+
+
 def print_summaries(console: Console, summaries: LayerSummaries) -> None:
     """The sink and relative-entropy grids, and the model's sink fraction with its source."""
     for name in TABLE_SUMMARIES:
