@@ -178,6 +178,12 @@ def test_heads_effect_is_the_layers_heads_taken_out_in_the_result_its_json_and_i
     assert "Δloss" in printed and f"{alone.values['kl'][1, 0]:.4f}" in printed
     assert "replaced by its mean over the positions" in " ".join(printed.split())
 
+    # beside each head's map: heads.png's panel titles and each head figure's title
+    panels = [ax.get_title() for ax in result.figure().axes if ax.get_title()]
+    assert [title.split(" · ")[-1] for title in panels] == [f"KL {value:.3f}" for value in alone.values["kl"][1]]
+    title = " ".join(" ".join(ax.get_title() for ax in result.figure(head=2).axes).split())
+    assert f"taken out (mean): KL {alone.values['kl'][1, 2]:.3f}, Δloss {alone.values['loss'][1, 2]:+.3f}" in title
+
 
 @pytest.mark.parametrize(
     ("args", "message"),

@@ -71,7 +71,7 @@ def heads(text: str | list[str], *, measure: str = "weights", layer_summaries: b
         runs = [run for batch in run_in_batches(handle.loaded, texts, spec) for run in batch]
         results = [HeadsResult(run, spec, num_layers) for run in runs]
     if effects is not None:
-        results = [replace(results[0], effects=effects)]
+        results = [replace(results[0], run=replace(results[0].run, effects=effects))]
     warn_notices((notice for result in results for notice in result.notices), handle)
     return results if isinstance(text, (list, tuple)) else results[0]
 

@@ -56,11 +56,15 @@ class HeadsResult:
     spec: RunSpec
     num_layers: int | None = None  # the model's layers (of spec.stack), for the report's header
     measures: Any = None  # attnviz.analysis.measures.RunMeasures, with measure= other than "weights"
-    effects: Any = None  # attnviz.analysis.effect.HeadEffects of the run's layer, with effect=
 
     @property
     def text(self) -> str:
         return self.run.text
+
+    @property
+    def effects(self):
+        """Each head of the layer taken out (analysis.effect.HeadEffects), with heads(effect=); else None."""
+        return self.run.effects
 
     @property
     def layer_summaries(self):
