@@ -238,3 +238,23 @@ def test_layers_effect_is_every_layers_heads_in_effects_json_and_png(tiny_llama,
     assert (out / "effects.png").stat().st_size > 0
     printed = " ".join(capsys.readouterr().out.split())
     assert "KL when the head is taken out" in printed and f"{every.values['kl'][0, 0]:.4f}" in printed
+
+
+def test_copies_a_few_at_a_time_give_the_same_numbers_and_a_text_past_the_budget_is_refused(tiny_llama, monkeypatch):
+    """The logits of a layer's copies in batches of one (LOGITS_BYTES small) give the numbers of all at once; a text
+    whose next-token distributions would pass DISTRIBUTIONS_BYTES is refused in one line, naming how long may be."""
+    from attnviz.analysis import effect
+    from attnviz.errors import AttnvizError
+    from attnviz.models.loading import load_model
+    from attnviz.spec import RunSpec
+
+    loaded = load_model(str(tiny_llama), device="cpu")
+    spec = RunSpec(str(tiny_llama), str(tiny_llama), "local folder", device="cpu")
+    together = effect.head_effects(loaded, TEXT, spec)
+    monkeypatch.setattr(effect, "LOGITS_BYTES", 1)
+    one_by_one = effect.head_effects(loaded, TEXT, spec)
+    for name in effect.EFFECTS:
+        np.testing.assert_allclose(one_by_one.values[name], together.values[name], rtol=1e-6, atol=1e-9)
+    monkeypatch.setattr(effect, "DISTRIBUTIONS_BYTES", 24 * BPE_VOCAB * 10)
+    with pytest.raises(AttnvizError, match=f"whole vocabulary \\({BPE_VOCAB:,} tokens\\).*up to 10 tokens, and this text has"):
+        effect.head_effects(loaded, TEXT, spec)

@@ -19,6 +19,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+# The next-token distributions held at once, in float64 (p, log p and one copy's scores, N × vocabulary each): past
+# this a text is refused, not computed in more memory; and the logits of a batch of copies (the model's dtype).
+DISTRIBUTIONS_BYTES = 2**30
+LOGITS_BYTES = 2**28
 PAPER = 'Michel, Levy and Neubig, NeurIPS 2019, "Are Sixteen Heads Really Better than One?" (arXiv 1905.10650)'
 ABLATIONS = {
     "zero": "the head's output (its d features of W_o's input) set to 0 at every position",
@@ -69,12 +73,20 @@ def head_effects(loaded, text: str, spec, ablation: str = "zero", layers: list[i
     if ids.shape[1] < 2:
         raise AttnvizError("a head's effect on the text's loss needs at least 2 tokens: one to predict the next from")
     model = loaded.model
-    num_layers = loaded.num_layers
+    num_layers, num_tokens = loaded.num_layers, ids.shape[1]
     layers = list(range(num_layers)) if layers is None else list(layers)
     values = {name: np.full((num_layers, loaded.num_heads), np.nan) for name in EFFECTS}
+    weight, bias = model.output_head()
+    distributions = num_tokens * weight.shape[0]  # N × vocabulary
+    if 3 * 8 * distributions > DISTRIBUTIONS_BYTES:
+        most = DISTRIBUTIONS_BYTES // (3 * 8 * weight.shape[0])
+        raise AttnvizError(
+            f"effect= compares next-token distributions over the whole vocabulary ({weight.shape[0]:,} tokens) at every "
+            f"position: with this model up to {most:,} tokens, and this text has {num_tokens:,}"
+        )
+    copies_at_once = max(1, LOGITS_BYTES // (4 * distributions))
     with torch.inference_mode():  # torch's own threads: a layer's H copies are one batch, never a small run
         calls, head_outputs, last = model.layer_calls({"input_ids": ids, "attention_mask": encoded.queries.attention_mask.to(spec.device)})
-        weight, bias = model.output_head()
         every = torch.log_softmax(torch.nn.functional.linear(last, weight, bias)[0].double(), dim=-1)  # (N, V)
         p = every.exp()
         plogp = torch.linalg.vecdot(p, every)  # (N,): Σ_v p log p
@@ -85,9 +97,10 @@ def head_effects(loaded, text: str, spec, ablation: str = "zero", layers: list[i
             args, kwargs = calls[layer]
             entering = (args[0] if args else kwargs["hidden_states"]).expand(num_heads, -1, -1)  # (H, N, D)
             out = model.run_from(layer, entering, calls, _taken_out(head_outputs[layer], num_heads, ablation))  # (H, N, D)
-            logits = torch.nn.functional.linear(out, weight, bias)  # (H, N, V): the head's logits, in the model's dtype
             for copy in range(num_heads):  # in float64 a copy at a time: V is tens of thousands
-                scores = logits[copy].double()  # (N, V)
+                if copy % copies_at_once == 0:  # the next copies' logits at once, in the model's dtype: (c, N, V)
+                    logits = torch.nn.functional.linear(out[copy : copy + copies_at_once], weight, bias)
+                scores = logits[copy % copies_at_once].double()  # (N, V)
                 # log q = s - logsumexp(s): KL(p ‖ q) = Σ p log p - Σ p s + logsumexp(s), a row at a time, in float64
                 normaliser = torch.logsumexp(scores, dim=-1)  # (N,)
                 values["kl"][layer, copy] = float((plogp - torch.linalg.vecdot(p, scores) + normaliser).mean())
@@ -105,7 +118,8 @@ def head_effects(loaded, text: str, spec, ablation: str = "zero", layers: list[i
 
 
 def _taken_out(heads_input, num_heads: int, ablation: str):
-    """W_o's input (B = H copies, N, H * d) -> the same with copy h's head h taken out (zero or its mean)."""
+    """heads_input: what entered W_o in the pass with every head (1, N, H * d). Returns take_out: W_o's input for H
+    copies (H, N, H * d) -> the same with copy h's head h taken out (0, or its mean over the positions in heads_input)."""
     batch, num_tokens, width = heads_input.shape
     head_dim = width // num_heads
     per_head = heads_input.view(batch, num_tokens, num_heads, head_dim)
