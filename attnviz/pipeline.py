@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from attnviz.attention.layer import MultiHeadAttention, check_num_heads, check_split, layer_from_weights, rows_per_block
+from attnviz.budgets import LARGE_MAP_BYTES, block_budget, memory_budget
 from attnviz.layer_inputs import EncodedTexts, LayerStates, check_layer, encode_texts, layer_input, layer_states, threads_for
 from attnviz.models.loading import LoadedModel
 from attnviz.models.tokens import Encoded, text_notices, truncation_notices, unknown_tokens
@@ -32,11 +33,6 @@ from attnviz.spec import RunSpec, model_is_causal
 # Texts per forward pass. The weights of a batch are (B, H, N, N) floats: for 32 texts of
 # 512 tokens and 12 heads that is 400 MB, the most we want to hold at once.
 BATCH_SIZE = 32
-# A block of attention's memory when --memory is not given, on the CPU (on a GPU: half its free memory).
-DEFAULT_MEMORY_MB = 512
-# A text's map (H, Nq, Nk) float32 past this many bytes (or past --memory) goes to a temporary .npy, read lazily.
-LARGE_MAP_BYTES = 64 * 2**20
-BLOCK_BYTES = 64 * 2**20  # on the CPU, the largest block of a pass over every layer (block_budget)
 
 
 def batches(items: list, size: int) -> Iterator[list]:
@@ -92,36 +88,6 @@ def build_layers(loaded: LoadedModel, spec: RunSpec) -> list[MultiHeadAttention]
     return [build_layer(loaded, replace(spec, layer=layer)) for layer in range(loaded.num_layers_of(spec.stack))]
 
 
-def memory_budget(spec: RunSpec) -> int:
-    """Bytes a block of attention may take: --memory, else DEFAULT_MEMORY_MB on the CPU and half the GPU's free memory."""
-    if spec.memory is not None:
-        return spec.memory * 2**20
-    if spec.device == "cuda":
-        free, _ = torch.cuda.mem_get_info()
-        return free // 2
-    return DEFAULT_MEMORY_MB * 2**20
-
-
-def block_budget(spec: RunSpec) -> int:
-    """Bytes each block of a pass over every layer takes: the memory budget on a GPU (fewer, larger blocks); on the
-    CPU at most BLOCK_BYTES, past which a block's passes run out of the cache, slower (bench/blocks.py: SmolLM2's
-    layer at 8,192 tokens, 64 MB blocks twice as fast as 512 MB ones)."""
-    budget = memory_budget(spec)
-    return budget if spec.device == "cuda" else min(budget, BLOCK_BYTES)
-
-
-def every_layer_in_blocks(spec: RunSpec, batch: int, num_heads: int, num_tokens: int, num_layers: int = 1) -> bool:
-    """Whether a pass over every layer (stats, layers) takes each layer's weights a block of queries at a time.
-
-    So it does when the maps it would hold at once, num_layers layers' (B, H, N, N) float32 (stats holds one
-    layer's batch, layers every layer's map of its text), pass the memory budget (memory_budget), or
-    when one text's map passes the large-map size (LARGE_MAP_BYTES, or the budget when smaller).
-    """
-    budget = memory_budget(spec)
-    one_map = 4 * num_heads * num_tokens * num_tokens
-    return num_layers * batch * one_map > budget or one_map > min(LARGE_MAP_BYTES, budget)
-
-
 class LayerPass(NamedTuple):
     """One layer's pass over a padded batch: the layer, the texts, its input and what it returned.
 
@@ -175,9 +141,7 @@ def layer_pass(
                 states.queries, states.keys, states.keys,
                 valid_lens=valid_lens, causal=spec.causal, position_bias=states.position_bias, rows=rows, narrow=True,
             )  # fmt: skip
-            if each_block is not None:
-                blocks = _fed(blocks, each_block)
-            output, patterns = block_maps(blocks, sizes, attention.num_heads, large)
+            output, patterns = block_maps(blocks, sizes, attention.num_heads, large, each_block)
             return LayerPass(attention, encoded, states, keys, output, patterns)
         output, patterns = attention(
             states.queries,
@@ -190,26 +154,22 @@ def layer_pass(
     return LayerPass(attention, encoded, states, keys, output, patterns)
 
 
-def _fed(blocks, each_block):
-    """blocks as they are, each (first query, weights) given to each_block first."""
-    for first_query, output, weights in blocks:
-        each_block(first_query, weights)
-        yield first_query, output, weights
-
-
-def block_maps(blocks, sizes: list[tuple[int, int]], num_heads: int, large: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+def block_maps(blocks, sizes: list[tuple[int, int]], num_heads: int, large: int, each_block=None) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Each text's output (Nq_i, D) and weights (H, Nq_i, Nk_i) from the layer's blocks (first query, (B, b, D), (B, H, b, K)).
 
     sizes: each text's (Nq_i, Nk_i). A block's weights may stop at K keys (MultiHeadAttention.blocks' narrow: a causal
     block's later keys have weight 0), and the maps hold 0 past them. A map of more than `large` bytes is written block
     by block into a .npy in a temporary folder of its own (run_data.MapFile, whose zeros are never written) and comes
     back as a read-only memmap of it; the others are arrays in memory. No (B, H, Nq, Nk) tensor is ever whole.
+    each_block(first query, weights), when given, gets each block's weights (a tensor) first.
     """
     from attnviz.run_data import MapFile
 
     outputs: list[np.ndarray | None] = [None] * len(sizes)
     maps = [MapFile((num_heads, q, k)) if 4 * num_heads * q * k > large else np.zeros((num_heads, q, k), np.float32) for q, k in sizes]
     for start, output, weights in blocks:
+        if each_block is not None:
+            each_block(start, weights)
         output, weights = output.float().cpu().numpy(), weights.float().cpu().numpy()  # (B, b, D), (B, H, b, K)
         for i, (num_queries, num_keys) in enumerate(sizes):
             stop = min(start + weights.shape[2], num_queries)

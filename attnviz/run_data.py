@@ -199,7 +199,7 @@ class AttentionRun:
 
 
 # ---- attention.npy: a long text's map ------------------------------------------------------------
-# Past a size (pipeline.LARGE_MAP_BYTES) the chosen layer's weights are not text in attention.json
+# Past a size (budgets.LARGE_MAP_BYTES) the chosen layer's weights are not text in attention.json
 # but one float32 array (H, Nq, Nk) in a .npy: NumPy's standard format, which numpy.load reads with
 # mmap_mode="r", so a notebook slices r.attention[3, 7000] without reading the rest. Not
 # safetensors: its header (every tensor's offsets) comes first and a safetensors file is not meant

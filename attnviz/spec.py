@@ -52,7 +52,7 @@ class RunSpec:
     dtype: str = "float32"  # what the model and attnviz's layer compute in (--dtype, "auto" resolved); in to_dict unless float32
     truncate: bool = False  # --truncate: texts longer than the model's positions may be cut
     words: bool = False  # --words: maps over words (pieces merged by Clark et al.'s rule), not tokens
-    memory: int | None = None  # --memory, MB for a block of attention (None: pipeline.memory_budget's default); not in to_dict
+    memory: int | None = None  # --memory, MB for a block of attention (None: budgets.memory_budget's default); not in to_dict
     js: bool | None = None  # stats: whether the Jensen-Shannon distances are measured (--js); None elsewhere (measured where asked)
     version: str = __version__  # attnviz's
 

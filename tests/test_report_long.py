@@ -312,7 +312,7 @@ def test_one_forward_pass_gives_the_run_and_every_layers_summaries_as_two_passes
     import attnviz
     from attnviz.analysis.head_summaries import summarise_layers
     from attnviz.errors import AttnvizError
-    from attnviz.pipeline import block_budget
+    from attnviz.budgets import block_budget
 
     model = attnviz.load(str(tiny_llama), device="cpu")
     together = attnviz.heads(LLAMA_TEXT, model=model, layer=1, layer_summaries=True, memory=memory)

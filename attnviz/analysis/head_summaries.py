@@ -172,7 +172,7 @@ def summarise_layers(loaded, text: str, spec, budget_bytes: int, window: int = L
 
     spec as for iter_layer_runs (spec.layer and spec.kv_text are not used; spec.words is not: the
     summaries are over tokens). No (H, N, N) map is held: each layer's blocks feed a HeadSummaries;
-    budget_bytes: what a block's scores and weights may take (pipeline.block_budget).
+    budget_bytes: what a block's scores and weights may take (budgets.block_budget).
     """
     from dataclasses import replace
 

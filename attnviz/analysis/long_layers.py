@@ -1,6 +1,6 @@
 """`attnviz layers` at long lengths: every layer a block of queries at a time, no map ever whole.
 
-Past pipeline.every_layer_in_blocks (every layer's maps of the text past the memory budget, or a
+Past budgets.every_layer_in_blocks (every layer's maps of the text past the memory budget, or a
 layer's past 64 MB) one forward pass feeds each block of queries to the head summaries
 (head_summaries.summarise_blocks) and to BlockMaxima, the block maxima layers.png draws (the same
 blocks and values as from the whole maps, render/stats_figures.layers_figure). The layers' runs

@@ -17,13 +17,12 @@ import numpy as np
 import torch
 
 from attnviz.analysis.statistics import ModelStatistics, StatisticsAccumulator, key_kind_columns
+from attnviz.budgets import block_budget, every_layer_in_blocks
 from attnviz.layer_inputs import encode_texts
 from attnviz.pipeline import (
     BATCH_SIZE,
     batches,
-    block_budget,
     build_layers,
-    every_layer_in_blocks,
     in_berts_place,
     iter_layer_blocks,
     iter_layer_weights,
@@ -116,7 +115,7 @@ class HeadsMeasurer:
         return list(notices), first_run
 
     def _measure_in_blocks(self, batch, encoded, accumulator, valid_lens, kinds, first_run, first_text):
-        """A batch whose maps pass the budget (pipeline.every_layer_in_blocks): every layer a block of queries at a
+        """A batch whose maps pass the budget (budgets.every_layer_in_blocks): every layer a block of queries at a
         time into accumulator, no (B, H, N, N) map whole. first_text's layer-0 run, when in the batch and not made
         yet, from a pass of its own up to layer 0 (run_attention: past the large-map size its map is attention.npy's memmap)."""
         loaded, spec = self.loaded, self.spec

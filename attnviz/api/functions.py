@@ -64,7 +64,7 @@ def heads(text: str | list[str], *, measure: str = "weights", layer_summaries: b
         results = _measured_heads(handle, texts, spec, names, num_layers)
     elif layer_summaries:
         from attnviz.analysis.head_summaries import run_and_summarise
-        from attnviz.pipeline import block_budget
+        from attnviz.budgets import block_budget
 
         results = [HeadsResult(run_and_summarise(handle.loaded, texts[0], spec, block_budget(spec)), spec, num_layers)]
     else:
@@ -198,7 +198,8 @@ def layers(text: str, *, measure: str = "weights", band: int = 8, effect: str | 
     from attnviz.analysis.head_summaries import summarise_layers
     from attnviz.analysis.rollout import runs_rollout
     from attnviz.api.experiment_results import LayersResult
-    from attnviz.pipeline import block_budget, run_layers
+    from attnviz.budgets import block_budget
+    from attnviz.pipeline import run_layers
 
     options = run_options("layers", options, EVERY_LAYER_OPTIONS)
     (text,) = _texts(text, one=True)
@@ -227,10 +228,11 @@ def layers(text: str, *, measure: str = "weights", band: int = 8, effect: str | 
 
 
 def _in_blocks(loaded, text: str, spec, num_layers: int = 1) -> bool:
-    """Whether the text's maps, num_layers layers' at once, are computed in blocks (pipeline.every_layer_in_blocks):
+    """Whether the text's maps, num_layers layers' at once, are computed in blocks (budgets.every_layer_in_blocks):
     with one layer, whether its map passes the large-map size (stats' JS distances); with every layer, layers' long path."""
     from attnviz.layer_inputs import encode_texts
-    from attnviz.pipeline import every_layer_in_blocks, resolve_num_heads
+    from attnviz.budgets import every_layer_in_blocks
+    from attnviz.pipeline import resolve_num_heads
 
     num_tokens = len(encode_texts(loaded, [text], replace(spec, kv_text=None)).queries.ids[0])
     num_heads = resolve_num_heads(loaded, spec.num_heads, spec.stack)

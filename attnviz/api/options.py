@@ -33,7 +33,7 @@ class RunOptions:
     "auto", "cpu" or "cuda"; dtype what the model computes in: "float32", "bfloat16", "float16" or
     "auto" (the checkpoint's own on a GPU, float32 on the CPU; models/loading.resolve_dtype); truncate lets texts longer than the model's positions be cut; words
     shows words, not word pieces; memory is the most megabytes a block of attention may take
-    (None: 512 on the CPU, half the GPU's free memory on CUDA; pipeline.memory_budget): past it the
+    (None: 512 on the CPU, half the GPU's free memory on CUDA; budgets.memory_budget): past it the
     weights are computed a block of queries at a time, and a map past 64 MB (or past memory) goes to
     a temporary .npy, read lazily (a result's save writes it as attention.npy). Wrong types and values
     are refused as the value is built.

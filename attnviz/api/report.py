@@ -51,7 +51,7 @@ def report(text_or_texts: str | list[str], **options) -> ReportResult:
     check_report_size(handle.loaded, texts, spec)
     if summarised_in_its_run(handle.loaded, texts, spec.cross_attention):
         from attnviz.analysis.head_summaries import run_and_summarise
-        from attnviz.pipeline import block_budget
+        from attnviz.budgets import block_budget
 
         runs = [run_and_summarise(handle.loaded, texts[0], spec, block_budget(spec))]
     else:
@@ -151,9 +151,9 @@ def report_texts(loaded, runs: list, spec: RunSpec) -> tuple[list, list[str]]:
 
 def long_summaries(loaded, text: str, spec: RunSpec, notes: dict):
     """A long text's every head of every layer summarised (as attnviz layers' summaries.json), block by block within
-    of pipeline.block_budget; None for cross-attention, with its reason added to notes."""
+    of budgets.block_budget; None for cross-attention, with its reason added to notes."""
     from attnviz.analysis.head_summaries import summarise_layers
-    from attnviz.pipeline import block_budget
+    from attnviz.budgets import block_budget
 
     if spec.cross_attention:
         notes["no summaries of every layer for cross-attention: they run every layer as self-attention on the text's own tokens"] = None

@@ -22,7 +22,7 @@ from attnviz.attention.layer import allowed_keys, repeat_kv, rows_per_block
 
 NAME = "attnviz_blocks"
 # A block's scores and weights: on the CPU within the map size past which attnviz itself computes in blocks
-# (pipeline.LARGE_MAP_BYTES); on a GPU larger, fewer blocks (a capture's forward pass is short-lived).
+# (budgets.LARGE_MAP_BYTES); on a GPU larger, fewer blocks (a capture's forward pass is short-lived).
 BLOCK_BYTES = {"cpu": 64 * 2**20}
 DEVICE_BLOCK_BYTES = 2**30
 
