@@ -68,6 +68,11 @@ def head_effects(loaded, text: str, spec, ablation: str = "zero", layers: list[i
 
     if ablation not in ABLATIONS:
         raise AttnvizError(f"ablation {ablation!r} is not one of {', '.join(ABLATIONS)}")
+    if loaded.family.final_norm is None:  # a decoder adapter names its final norm: then its layers can run from one on
+        raise AttnvizError(
+            f"effect= measures a decoder's heads by its next-token predictions (GPT-2, Llama's layout); "
+            f"{loaded.name} is {loaded.family.kind} ({loaded.family.name})"
+        )
     encoded = encode_texts(loaded, [text], spec)
     ids = encoded.queries.input_ids.to(spec.device)  # (1, N)
     if ids.shape[1] < 2:

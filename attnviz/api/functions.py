@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from attnviz.analysis.effect import head_effects
 from attnviz.analysis.measure_names import measure_names
 from attnviz.api.models import Model, load
 from attnviz.api.notes import warn_notes
@@ -59,7 +60,7 @@ def heads(text: str | list[str], *, measure: str = "weights", layer_summaries: b
     spec = options.run_spec(handle)
     _check_lengths(handle.loaded, texts, options.truncate)
     num_layers = handle.loaded.num_layers_of(spec.stack)
-    effects = _effects(handle, texts[0], spec, effect, [spec.layer]) if effect is not None else None
+    effects = head_effects(handle.loaded, texts[0], spec, effect, [spec.layer]) if effect is not None else None
     if names:
         results = _measured_heads(handle, texts, spec, names, num_layers)
     elif layer_summaries:
@@ -86,20 +87,6 @@ def check_effect(effect, text, options: RunOptions) -> None:
         raise AttnvizError("effect= measures each head over one text: give one str, not a list")
     if options.kv or options.heads is not None or options.weights != "pretrained" or options.stack is not None:
         raise AttnvizError("effect= takes the model's own heads out of the model itself: leave out kv, heads, weights and stack")
-
-
-def _effects(handle: Model, text: str, spec, ablation: str, layers: list[int] | None):
-    """analysis.effect.head_effects of `layers` (None: every layer), refused in one line for a model it cannot measure."""
-    from attnviz.analysis.effect import head_effects
-    from attnviz.models.families import DECODER
-
-    loaded = handle.loaded
-    if loaded.family.kind != DECODER:
-        raise AttnvizError(
-            f"effect= measures a decoder's heads by its next-token predictions (GPT-2, Llama's layout); "
-            f"{loaded.name} is {loaded.family.kind} ({loaded.family.name})"
-        )
-    return head_effects(loaded, text, spec, ablation, layers)
 
 
 def _measured_heads(handle: Model, texts: list[str], spec, names: tuple[str, ...], num_layers: int) -> list:
@@ -211,7 +198,7 @@ def layers(text: str, *, measure: str = "weights", band: int = 8, effect: str | 
     refuse_before_loading(options)
     handle = load(options.model, options.device, dtype=options.dtype)
     spec = options.run_spec(handle, layer=None)
-    effects = _effects(handle, text, spec, effect, None) if effect is not None else None
+    effects = head_effects(handle.loaded, text, spec, effect) if effect is not None else None
     budget = block_budget(spec)  # a block of the summaries' pass
     if _in_blocks(handle.loaded, text, spec, handle.loaded.num_layers_of(spec.stack)):
         return replace(_long_layers(handle, text, spec, names, band, budget), effects=effects)

@@ -237,8 +237,6 @@ class TransformersModel:
         """One forward pass of a decoder over inputs: each layer's call (its positional and keyword arguments, the
         hidden state entering it first: the residual stream, (B, N, D)), what enters each layer's output projection
         (every head's output side by side, (B, N, H * d)), and the last hidden state (B, N, D), after the final norm."""
-        if self.family.kind != DECODER or self.family.final_norm is None:
-            raise AttnvizError(f"taking a head out is measured on decoders here, not on {self.family.name} models")
         calls: dict[int, tuple[tuple, dict]] = {}
         heads: dict[int, torch.Tensor] = {}
         handles = []
