@@ -205,12 +205,12 @@ class HeadsResult:
         return heads_table(self.run, self.summaries, effects=self.effects)
 
     def _repr_html_(self) -> str:
-        from attnviz.render.terminal import effects_legend
+        from attnviz.render.terminal import EFFECT_COLUMNS, effect_cells, effects_legend
 
         effects = self.effects
         rows = [
             [s.head, display.number(s.entropy), display.number(s.relative_entropy), display.number(s.mean_max)]
-            + ([f"{effects.values[name][self.run.layer, s.head]:.4f}" for name in ("kl", "loss")] if effects is not None else [])
+            + (effect_cells(effects, self.run.layer, s.head) if effects is not None else [])
             for s in self.summaries
         ]
         parts = [display.notes_html(self.notices), display.tokens_html(self.run.shown_tokens[0], "query tokens" if self.run.kv_text else "tokens")]
@@ -220,7 +220,7 @@ class HeadsResult:
             display.figure_html(self.figure(), "every head's attention"),
             *([display.figure_html(self.measures_figure(), "what the weights leave out")] if self.measures is not None else []),
             display.table_html(
-                ["head", "entropy", "rel.", "mean max", *(["KL", "Δloss"] if effects is not None else [])], rows,
+                ["head", "entropy", "rel.", "mean max", *(EFFECT_COLUMNS.values() if effects is not None else [])], rows,
                 "entropy of each row in nats, mean over queries; rel.: entropy / log(keys the query may see)"
                 + (f"; {effects_legend(effects)}" if effects is not None else ""),
             ),

@@ -171,9 +171,13 @@ def top_keys_text(summary: HeadSummary, run: AttentionRun, most: int = MAX_TOP_K
     return Text("  ".join(pairs))  # wraps between pairs, never inside one
 
 
-# The effect columns (analysis/effect.py's EFFECTS), as the tables name them, and the decimals each shows.
+# The effect columns (analysis/effect.py's EFFECTS), as the tables name them.
 EFFECT_COLUMNS = {"kl": "KL", "loss": "Δloss"}
-EFFECT_DIGITS = {"kl": 4, "loss": 4}
+
+
+def effect_cells(effects, layer: int, head: int) -> list[str]:
+    """A head's effect columns (EFFECT_COLUMNS), 4 decimals each: the heads table's and the notebook's."""
+    return [f"{effects.values[name][layer, head]:.4f}" for name in EFFECT_COLUMNS]
 
 
 def effects_legend(effects) -> str:
@@ -199,7 +203,7 @@ def heads_table(run: AttentionRun, summaries: list[HeadSummary], most: int = MAX
     noun = "word" if run.words is not None else "token"  # --words: the rows and columns are words
     table.add_column(f"query → the key it attends to most (index:{noun})", overflow="fold")
     for summary in summaries:
-        measured = [f"{effects.values[name][run.layer, summary.head]:.{digits}f}" for name, digits in EFFECT_DIGITS.items()] if effects is not None else []
+        measured = effect_cells(effects, run.layer, summary.head) if effects is not None else []
         table.add_row(
             str(summary.head),
             f"{summary.entropy:.2f}",
