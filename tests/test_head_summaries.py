@@ -296,3 +296,20 @@ def test_the_sink_grid_in_the_terminal_marks_each_layers_fraction_and_bounds_its
     assert "L0 │ 0.10 │ 0.50 │ 0.90 │  67%" in text and f"L{MAX_LAYERS_SHOWN - 1} " in text
     assert f"L{MAX_LAYERS_SHOWN} " not in text and "… 5 more layers in summaries.json" in text
     assert "67% of all heads exceed ε = 0.3" in text
+
+
+def test_a_grid_of_many_heads_is_cut_into_blocks_that_fit_and_never_elides_a_value():
+    """12 heads (BERT's) at 80 columns: the heads go in blocks narrow enough that every cell reads whole
+    (rich elides a squeezed cell as "0.…"); the effects' grid of 4 decimals too."""
+    from rich.console import Console
+
+    from attnviz.render.summary_tables import layer_head_grid
+
+    values = np.full((6, 12), 0.123456)
+    for decimals, shown in ((2, "0.12"), (4, "0.1235")):
+        console = Console(record=True, width=80)
+        for table in layer_head_grid(values, "grid", 80, decimals, "x.json", last_column=("end", ["1%"] * 6)):
+            console.print(table)
+        text = console.export_text()
+        assert "…" not in text and text.count(shown) == values.size and "H11" in text
+        assert max(len(line) for line in text.splitlines()) <= 80

@@ -17,54 +17,56 @@ def summary_grid(summaries: LayerSummaries, name: str, width: int = 80) -> list[
     """Layers × heads of one summary, two decimals a cell; heads in blocks that fit width. The sink's grid
     ends each row with the layer's fraction of heads over the threshold, and shows those heads bold."""
     values = summaries.values[name]
-    num_layers, num_heads = values.shape
     sink = name == "sink"
-    layer_width = len(f"L{num_layers - 1}")
-    per_block = max(1, (width - (layer_width + 4) - (8 if sink else 0)) // 6)
-    tables = []
-    for first in range(0, num_heads, per_block):
-        heads = range(first, min(first + per_block, num_heads))
-        title = f"{SUMMARIES[name][0]} by layer and head" if first == 0 else None
-        table = Table(title=title, title_justify="left")
-        table.add_column("", justify="right", no_wrap=True)
-        for head in heads:
-            table.add_column(f"H{head}", justify="right", no_wrap=True)
-        last_block = first + per_block >= num_heads
-        if sink and last_block:
-            table.add_column(f">{SINK_THRESHOLD:g}", justify="right", no_wrap=True)
-        for layer in range(min(num_layers, MAX_LAYERS_SHOWN)):
-            cells = [
-                Text(f"{values[layer, head]:.2f}", style="bold yellow" if sink and values[layer, head] > SINK_THRESHOLD else "")
-                for head in heads
-            ]
-            if sink and last_block:
-                cells.append(Text(f"{summaries.sink_fraction[layer]:.0%}", style="bold"))
-            table.add_row(f"L{layer}", *cells)
-        tables.append(table)
-    if num_layers > MAX_LAYERS_SHOWN:
-        tables[-1].caption = f"… {num_layers - MAX_LAYERS_SHOWN} more layers in summaries.json"
-        tables[-1].caption_justify = "left"
-    return tables
+    return layer_head_grid(
+        values, f"{SUMMARIES[name][0]} by layer and head", width, 2, "summaries.json",
+        marked=values > SINK_THRESHOLD if sink else None,
+        last_column=(f">{SINK_THRESHOLD:g}", [f"{fraction:.0%}" for fraction in summaries.sink_fraction]) if sink else None,
+    )  # fmt: skip
 
 
 def print_effects(console: Console, effects) -> None:
     """Each head's KL when taken out (`layers --effect`), a layers × heads grid; the loss changes are in effects.json."""
     from attnviz.render.terminal import effects_legend
 
-    values = effects.values["kl"]
-    num_layers, num_heads = values.shape
-    label = len(f"L{num_layers - 1}")
-    per_block = max(1, (console.width - (label + 4)) // 9)  # a cell: 6 characters, its padding and its rule
-    for first in range(0, num_heads, per_block):
-        heads = range(first, min(first + per_block, num_heads))
-        table = Table(title="KL when the head is taken out, by layer and head" if first == 0 else None, title_justify="left")
-        table.add_column("", justify="right", no_wrap=True, min_width=label)
-        for head in heads:
-            table.add_column(f"H{head}", justify="right", no_wrap=True, min_width=6)
-        for layer in range(min(num_layers, MAX_LAYERS_SHOWN)):
-            table.add_row(f"L{layer}", *(f"{values[layer, head]:.4f}" for head in heads))
+    title = "KL when the head is taken out, by layer and head"
+    for table in layer_head_grid(effects.values["kl"], title, console.width, 4, "effects.json"):
         console.print(table)
     console.print(Text(effects_legend(effects) + "; every layer's KL and Δloss: effects.json, effects.png"))
+
+
+def layer_head_grid(values, title: str, width: int, decimals: int, file: str, marked=None, last_column=None) -> list[Table]:
+    """Layers × heads of values (L, H), `decimals` a cell, the heads in blocks of columns that fit width; at most
+    MAX_LAYERS_SHOWN rows, the rest said to be in `file`. marked (L, H) bools shows those cells bold; last_column,
+    (its header, a text per layer), ends the last block's rows."""
+    num_layers, num_heads = values.shape
+    label = len(f"L{num_layers - 1}")
+    cell = decimals + 2  # "0.00"
+    # A column takes its cell, its padding (2) and its rule (1); the layers' column its label and both edges' rules.
+    per_block = max(1, (width - (label + 4) - (7 if last_column else 0)) // (cell + 3))
+    tables = []
+    for first in range(0, num_heads, per_block):
+        heads = range(first, min(first + per_block, num_heads))
+        table = Table(title=title if first == 0 else None, title_justify="left")
+        table.add_column("", justify="right", no_wrap=True, min_width=label)
+        for head in heads:
+            table.add_column(f"H{head}", justify="right", no_wrap=True, min_width=cell)
+        last_block = first + per_block >= num_heads
+        if last_column and last_block:
+            table.add_column(last_column[0], justify="right", no_wrap=True)
+        for layer in range(min(num_layers, MAX_LAYERS_SHOWN)):
+            cells = [
+                Text(f"{values[layer, head]:.{decimals}f}", style="bold yellow" if marked is not None and marked[layer, head] else "")
+                for head in heads
+            ]
+            if last_column and last_block:
+                cells.append(Text(last_column[1][layer], style="bold"))
+            table.add_row(f"L{layer}", *cells)
+        tables.append(table)
+    if num_layers > MAX_LAYERS_SHOWN:
+        tables[-1].caption = f"… {num_layers - MAX_LAYERS_SHOWN} more layers in {file}"
+        tables[-1].caption_justify = "left"
+    return tables
 
 
 def print_summaries(console: Console, summaries: LayerSummaries) -> None:
