@@ -29,6 +29,8 @@ ABLATIONS = {
     "mean": "the head's output replaced by its mean over the text's positions (mean ablation, as in the circuits "
     "literature): what the head adds on average stays, what it says about each position goes",
 }
+# What became of a head's output, as titles and legends say it: "its output set to 0".
+TAKEN_OUT = {"zero": "set to 0", "mean": "replaced by its mean over the positions"}
 # name -> (what, definition), in the order of HeadEffects.values and of every table of them.
 EFFECTS = {
     "kl": (

@@ -59,19 +59,24 @@ def summaries_figure(summaries: LayerSummaries, run=None, seed: int | None = Non
             ax.scatter(heads, layers, s=4, c="white", marker=".", linewidths=0)
     scope = [f"{counted(num_layers, 'layer')} × {counted(num_heads, 'head')}", counted(len(summaries.tokens), "token")]
     notes = ["every head summarised: rows layers, columns heads"]
+    _title(figure, scope, notes, run, seed, summaries.model, summaries.text, summaries.causal)
+    return figure
+
+
+def _title(figure, scope: list[str], notes: list[str], run, seed: int | None, model: str, text: str, causal: bool) -> None:
+    """A layers × heads figure's title: its run's (model, text, mask, parameters) when there is a run, else the model's."""
     line_chars = chars_across(figure.get_figwidth())
     if run is not None:
         title = run_title(run, scope, seed=seed, notes=notes, line_chars=line_chars, over_words=False)
     else:
-        title = figure_title(summaries.model, scope, text=summaries.text, causal=summaries.causal, seed=seed, notes=notes, line_chars=line_chars)
+        title = figure_title(model, scope, text=text, causal=causal, seed=seed, notes=notes, line_chars=line_chars)
     figure.suptitle(title, parse_math=False)
-    return figure
 
 
 def effects_figure(effects, run=None, seed: int | None = None):
     """effects.png (`layers --effect`): each head's KL and loss change when taken out, a layers × heads grid each; the
     loss change on a scale centred on 0 (red: the text predicted worse without the head, blue: better)."""
-    from attnviz.analysis.effect import EFFECTS
+    from attnviz.analysis.effect import EFFECTS, TAKEN_OUT
 
     figure = new_figure((2 * PANEL_INCHES[0], PANEL_INCHES[1] + 1.0))
     num_layers, num_heads = effects.values["kl"].shape
@@ -92,14 +97,8 @@ def effects_figure(effects, run=None, seed: int | None = None):
             for (layer, head), value in np.ndenumerate(values):
                 ax.text(head, layer, f"{value:.3f}", ha="center", va="center", fontsize=5, color="black" if name == "loss" else "white")
     scope = [f"{counted(num_layers, 'layer')} × {counted(num_heads, 'head')}", counted(len(effects.tokens), "token")]
-    how = "set to 0" if effects.ablation == "zero" else "replaced by its mean over the positions"
-    notes = [f"each head taken out (its output {how}), the model run again: rows layers, columns heads"]
-    line_chars = chars_across(figure.get_figwidth())
-    if run is not None:
-        title = run_title(run, scope, seed=seed, notes=notes, line_chars=line_chars, over_words=False)
-    else:
-        title = figure_title(effects.model, scope, text=effects.text, causal=True, seed=seed, notes=notes, line_chars=line_chars)
-    figure.suptitle(title, parse_math=False)
+    notes = [f"each head taken out (its output {TAKEN_OUT[effects.ablation]}), the model run again: rows layers, columns heads"]
+    _title(figure, scope, notes, run, seed, effects.model, effects.text, True)
     return figure
 
 

@@ -182,9 +182,10 @@ def effect_cells(effects, layer: int, head: int) -> list[str]:
 
 def effects_legend(effects) -> str:
     """What the effect columns are, short (analysis/effect.py and attention.json define them in full)."""
-    how = "set to 0" if effects.ablation == "zero" else "replaced by its mean over the positions"
+    from attnviz.analysis.effect import TAKEN_OUT
+
     return (
-        f"KL, Δloss: the head taken out (its output {how}) and the model run again: KL(p ‖ q) of the next-token "
+        f"KL, Δloss: the head taken out (its output {TAKEN_OUT[effects.ablation]}) and the model run again: KL(p ‖ q) of the next-token "
         f"distributions, nats, mean over positions; Δloss: the text's loss without the head minus with it (nats per "
         f"token; with every head {effects.loss:.4f})"
     )
