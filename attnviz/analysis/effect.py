@@ -58,6 +58,7 @@ class HeadEffects:
     tokens: list[str]
     text: str = ""
     model: str = ""
+    causal = True  # a decoder's heads, the only ones taken out
 
 
 def head_effects(loaded, text: str, spec, ablation: str = "zero", layers: list[int] | None = None) -> HeadEffects:

@@ -59,17 +59,18 @@ def summaries_figure(summaries: LayerSummaries, run=None, seed: int | None = Non
             ax.scatter(heads, layers, s=4, c="white", marker=".", linewidths=0)
     scope = [f"{counted(num_layers, 'layer')} × {counted(num_heads, 'head')}", counted(len(summaries.tokens), "token")]
     notes = ["every head summarised: rows layers, columns heads"]
-    _title(figure, scope, notes, run, seed, summaries.model, summaries.text, summaries.causal)
+    _title(figure, scope, notes, run, seed, summaries)
     return figure
 
 
-def _title(figure, scope: list[str], notes: list[str], run, seed: int | None, model: str, text: str, causal: bool) -> None:
-    """A layers × heads figure's title: its run's (model, text, mask, parameters) when there is a run, else the model's."""
+def _title(figure, scope: list[str], notes: list[str], run, seed: int | None, numbers) -> None:
+    """A layers × heads figure's title: its run's (model, text, mask, parameters) when there is a run, else that of
+    its numbers (LayerSummaries, HeadEffects: their model, text and causal)."""
     line_chars = chars_across(figure.get_figwidth())
     if run is not None:
         title = run_title(run, scope, seed=seed, notes=notes, line_chars=line_chars, over_words=False)
     else:
-        title = figure_title(model, scope, text=text, causal=causal, seed=seed, notes=notes, line_chars=line_chars)
+        title = figure_title(numbers.model, scope, text=numbers.text, causal=numbers.causal, seed=seed, notes=notes, line_chars=line_chars)
     figure.suptitle(title, parse_math=False)
 
 
@@ -98,7 +99,7 @@ def effects_figure(effects, run=None, seed: int | None = None):
                 ax.text(head, layer, f"{value:.3f}", ha="center", va="center", fontsize=5, color="black" if name == "loss" else "white")
     scope = [f"{counted(num_layers, 'layer')} × {counted(num_heads, 'head')}", counted(len(effects.tokens), "token")]
     notes = [f"each head taken out (its output {TAKEN_OUT[effects.ablation]}), the model run again: rows layers, columns heads"]
-    _title(figure, scope, notes, run, seed, effects.model, effects.text, True)
+    _title(figure, scope, notes, run, seed, effects)
     return figure
 
 
