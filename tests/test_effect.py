@@ -1,9 +1,10 @@
 """A head's effect (analysis/effect.py): each head taken out in turn, the rest of the model run again from its layer.
 
-Checked against transformers' own model with its language-model head (the *ForCausalLM class, loaded by
-transformers from the same folder), run whole once per head, with a forward pre-hook on that layer's output
-projection that zeroes the head's slice of its input, or puts there the slice's mean over the positions of the
-unhooked pass. KL(p ‖ q) and the loss change are computed here from its logits, in float64.
+Checked against transformers' own model (with its language-model head for decoders and encoder-decoders: the
+*ForCausalLM and *ForConditionalGeneration classes, loaded by transformers from the same folder), run whole once
+per head, with a forward pre-hook on that layer's output projection that zeroes the head's slice of its input, or
+puts there the slice's mean over the positions of the unhooked pass. KL(p ‖ q), the loss change and the cosine
+distances are computed here from its outputs, in float64.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import pytest
 import torch
 import transformers
 
-from tiny_families import BPE_VOCAB, _DECODER, bpe_tokenizer, save_checkpoint
+from tiny_families import BPE_VOCAB, _DECODER, _ENCODER, bpe_tokenizer, build_checkpoint, save_checkpoint, wordpiece_tokenizer
 
 pytestmark = pytest.mark.slow  # checkpoints built and loaded by transformers
 
@@ -45,48 +46,73 @@ def warm_up(model) -> None:
     """One forward pass, thrown away: a process's first one on the CPU now and then rounds otherwise (seen: the tiny
     GPT-2's loss 1.4e-5 off, one run in four), and neither side of a comparison should be that one."""
     with torch.no_grad():
-        model(torch.tensor([[1, 2, 3]]))
+        model(torch.tensor([[1, 2, 3]]), **({"decoder_input_ids": torch.tensor([[1, 2]])} if model.config.is_encoder_decoder else {}))
+
+
+def taken_out_one_by_one(model, projections: list[str], num_heads: int, forward, compare, ablation: str, layers=None) -> dict:
+    """{name: (L, H)} of compare(output with every head, output with one head taken out), for each head of `layers`
+    (default all; 0 elsewhere): model run whole by forward(model) once per head, a pre-hook on that layer's output
+    projection (projections[layer]: a module that several layers share, ALBERT's, is hooked at that layer's own
+    call) setting the head's slice of its input to 0 or to its mean over the positions of the unhooked pass."""
+    modules = [model.get_submodule(name) for name in projections]
+    num_layers = len(modules)
+    nth = [sum(modules[other] is modules[layer] for other in range(layer)) for layer in range(num_layers)]
+    seen: dict[int, list] = {}  # id(module) -> what entered it, call by call, in the unhooked pass
+    hooks = [
+        module.register_forward_pre_hook(lambda module, args: seen.setdefault(id(module), []).append(args[0].clone()))
+        for module in {id(module): module for module in modules}.values()
+    ]
+    with torch.no_grad():
+        every = forward(model)
+    for hook in hooks:
+        hook.remove()
+    head_dim = seen[id(modules[0])][0].shape[-1] // num_heads
+    values: dict[str, np.ndarray] = {}
+    for layer in range(num_layers) if layers is None else layers:
+        entered = seen[id(modules[layer])][nth[layer]]
+        for head in range(num_heads):
+            part, calls = slice(head * head_dim, (head + 1) * head_dim), []
+
+            def take_out(module, args, layer=layer, part=part, entered=entered, calls=calls):
+                calls.append(None)
+                if len(calls) - 1 != nth[layer]:
+                    return None
+                x = args[0].clone()
+                x[..., part] = 0.0 if ablation == "zero" else entered[0, :, part].mean(dim=0)
+                return (x,)
+
+            hook = modules[layer].register_forward_pre_hook(take_out)
+            with torch.no_grad():
+                without = forward(model)
+            hook.remove()
+            for name, value in compare(every, without).items():
+                values.setdefault(name, np.zeros((num_layers, num_heads)))[layer, head] = value
+    return values
+
+
+def predictions(targets):
+    """compare for logits (1, N, V): KL(p ‖ q) mean over the positions, and the loss change over the first
+    len(targets) positions (each predicting its target); "every_loss" the loss with every head."""
+
+    def nll(log_q):
+        return float(-log_q[: len(targets)].gather(1, targets[:, None]).mean())
+
+    def compare(every, without):
+        p, q = (torch.log_softmax(logits[0].double(), dim=-1) for logits in (every, without))
+        return {"kl": float((p.exp() * (p - q)).sum(dim=-1).mean()), "loss": nll(q) - nll(p), "every_loss": nll(p)}
+
+    return compare
 
 
 def reference_effects(folder, projection: str, text: str, ablation: str, layers=None) -> tuple[np.ndarray, np.ndarray, float]:
-    """(L, H) KL and loss change (of `layers`, default all; 0 elsewhere), and the loss with every head, from
-    transformers' model run whole once per head."""
+    """A decoder's (L, H) KL and loss change, and its loss with every head, from transformers' model."""
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
     ids = transformers.AutoTokenizer.from_pretrained(folder)(text, return_tensors="pt")["input_ids"]
-    config = model.config
-    num_layers, num_heads = config.num_hidden_layers, config.num_attention_heads
-    head_dim = config.hidden_size // num_heads
-
-    seen = {}  # layer -> the unhooked input of its output projection (1, N, H * d)
-    hooks = [
-        model.get_submodule(projection.format(layer)).register_forward_pre_hook(
-            lambda module, args, layer=layer: seen.setdefault(layer, args[0].clone())
-        )
-        for layer in range(num_layers)
-    ]
-    with torch.no_grad():
-        every = torch.log_softmax(model(ids).logits[0].double(), dim=-1)  # (N, V)
-    for hook in hooks:
-        hook.remove()
-    targets = ids[0, 1:]
-    loss = float(-every[:-1, :].gather(1, targets[:, None]).mean())
-    kl, change = np.zeros((num_layers, num_heads)), np.zeros((num_layers, num_heads))
-    for layer in range(num_layers) if layers is None else layers:
-        for head in range(num_heads):
-            part = slice(head * head_dim, (head + 1) * head_dim)
-
-            def take_out(module, args, layer=layer, part=part):
-                x = args[0].clone()
-                x[..., part] = 0.0 if ablation == "zero" else seen[layer][0, :, part].mean(dim=0)
-                return (x,)
-
-            hook = model.get_submodule(projection.format(layer)).register_forward_pre_hook(take_out)
-            with torch.no_grad():
-                without = torch.log_softmax(model(ids).logits[0].double(), dim=-1)
-            hook.remove()
-            kl[layer, head] = float((every.exp() * (every - without)).sum(dim=-1).mean())
-            change[layer, head] = float(-without[:-1].gather(1, targets[:, None]).mean()) - loss
-    return kl, change, loss
+    values = taken_out_one_by_one(
+        model, [projection.format(layer) for layer in range(model.config.num_hidden_layers)], model.config.num_attention_heads,
+        lambda model: model(ids).logits, predictions(ids[0, 1:]), ablation, layers,
+    )  # fmt: skip
+    return values["kl"], values["loss"], float(values["every_loss"][layers[0] if layers else 0, 0])
 
 
 @pytest.mark.parametrize("ablation", ["zero", "mean"])
@@ -189,9 +215,9 @@ def test_heads_effect_is_the_layers_heads_taken_out_in_the_result_its_json_and_i
     ("args", "message"),
     [
         (["--effect", "half"], "'half'"),
-        (["--effect", "zero", "--heads", "3"], "leave out kv, heads, weights and stack"),
-        (["--effect", "zero", "--weights", "random"], "leave out kv, heads, weights and stack"),
-        (["--effect", "zero", "--model", "bundled"], "measures a decoder's heads"),
+        (["--effect", "zero", "--heads", "3"], "leave out kv, heads and weights"),
+        (["--effect", "zero", "--weights", "random"], "leave out kv, heads and weights"),
+        (["--effect", "zero", "--kv", "Another text."], "leave out kv, heads and weights"),
     ],
 )
 def test_what_effect_refuses_is_one_line_and_exit_2_with_nothing_written(tiny_llama, tmp_path, capsys, args, message):
@@ -240,11 +266,10 @@ def test_layers_effect_is_every_layers_heads_in_effects_json_and_png(tiny_llama,
     assert "KL when the head is taken out" in printed and f"{every.values['kl'][0, 0]:.4f}" in printed
 
 
-def test_copies_a_few_at_a_time_give_the_same_numbers_and_a_text_past_the_budget_is_refused(tiny_llama, monkeypatch):
-    """The logits of a layer's copies in batches of one (LOGITS_BYTES small) give the numbers of all at once; a text
-    whose next-token distributions would pass DISTRIBUTIONS_BYTES is refused in one line, naming how long may be."""
+def test_copies_a_few_at_a_time_and_positions_a_block_at_a_time_give_the_same_numbers(tiny_llama, monkeypatch):
+    """The logits of a layer's copies in batches of one (LOGITS_BYTES small), and the distributions over 3 positions at
+    a time (DISTRIBUTIONS_BYTES small: a long text's bounded memory), give the numbers of all at once."""
     from attnviz.analysis import effect
-    from attnviz.errors import AttnvizError
     from attnviz.models.loading import load_model
     from attnviz.spec import RunSpec
 
@@ -253,8 +278,129 @@ def test_copies_a_few_at_a_time_give_the_same_numbers_and_a_text_past_the_budget
     together = effect.head_effects(loaded, TEXT, spec)
     monkeypatch.setattr(effect, "LOGITS_BYTES", 1)
     one_by_one = effect.head_effects(loaded, TEXT, spec)
-    for name in effect.EFFECTS:
+    monkeypatch.setattr(effect, "DISTRIBUTIONS_BYTES", 3 * 24 * BPE_VOCAB)
+    in_blocks = effect.head_effects(loaded, TEXT, spec)
+    assert len(together.tokens) > 6 and in_blocks.loss == pytest.approx(together.loss, rel=1e-12)
+    for name in together.names:
         np.testing.assert_allclose(one_by_one.values[name], together.values[name], rtol=1e-6, atol=1e-9)
-    monkeypatch.setattr(effect, "DISTRIBUTIONS_BYTES", 24 * BPE_VOCAB * 10)
-    with pytest.raises(AttnvizError, match=f"whole vocabulary \\({BPE_VOCAB:,} tokens\\).*up to 10 tokens, and this text has"):
-        effect.head_effects(loaded, TEXT, spec)
+        np.testing.assert_allclose(in_blocks.values[name], together.values[name], rtol=1e-6, atol=1e-9)
+
+
+# ---- encoders: the cosine distance of the last hidden states (and of a sentence embedding) ----
+
+ENCODERS = {
+    # attnviz's own BertEncoder reads it; transformers' BertModel is the reference
+    "bert": lambda: (transformers.BertConfig(vocab_size=30522, **_ENCODER), transformers.BertModel, "encoder.layer.{}.attention.output.dense"),
+    # one layer's parameters shared by both layers: its W_o is called once per layer
+    "albert": lambda: (
+        transformers.AlbertConfig(vocab_size=30522, embedding_size=16, **_ENCODER), transformers.AlbertModel,
+        "encoder.albert_layer_groups.0.albert_layers.0.attention.dense",
+    ),
+    "distilbert": lambda: (
+        transformers.DistilBertConfig(vocab_size=30522, dim=32, n_layers=2, n_heads=4, hidden_dim=64, max_position_embeddings=64),
+        transformers.DistilBertModel, "transformer.layer.{}.attention.out_lin",
+    ),
+}
+
+
+def cosine_distances(every, without) -> dict:
+    """compare for last hidden states (1, N, D): 1 - cos per token, mean; and of the mean over the tokens."""
+    cosine = torch.nn.functional.cosine_similarity
+    every, without = every[0].double(), without[0].double()
+    return {
+        "cosine": float((1 - cosine(every, without, dim=-1)).mean()),
+        "pooled": float(1 - cosine(every.mean(dim=0), without.mean(dim=0), dim=0)),
+    }
+
+
+@pytest.mark.parametrize("ablation", ["zero", "mean"])
+@pytest.mark.parametrize("family", sorted(ENCODERS))
+def test_an_encoders_heads_taken_out_are_transformers_model_without_them(family, ablation, tmp_path):
+    from attnviz.analysis.effect import head_effects
+    from attnviz.models.loading import load_model
+    from attnviz.spec import RunSpec
+
+    config, model_class, projection = ENCODERS[family]()
+    warm_up(save_checkpoint(config, model_class, wordpiece_tokenizer(), tmp_path, seed=1))
+    loaded = load_model(str(tmp_path), device="cpu")
+    assert loaded.is_bert == (family == "bert")
+    effects = head_effects(loaded, TEXT, RunSpec(str(tmp_path), str(tmp_path), "local folder", device="cpu"), ablation)
+    model = transformers.AutoModel.from_pretrained(tmp_path, attn_implementation="eager").eval()
+    ids = transformers.AutoTokenizer.from_pretrained(tmp_path)(TEXT, return_tensors="pt")["input_ids"]
+    projections = [projection.format(layer) for layer in range(2)]
+    expected = taken_out_one_by_one(model, projections, 4, lambda model: model(ids).last_hidden_state, cosine_distances, ablation)
+    assert effects.names == ["cosine"] and effects.loss is None and effects.pooling is None and not effects.causal
+    np.testing.assert_allclose(effects.values["cosine"], expected["cosine"], rtol=1e-5, atol=1e-6)
+    assert (expected["cosine"] > 1e-4).all()  # every head matters here (wide random weights): a test that could fail
+
+
+def test_a_sentence_embedding_models_heads_change_its_pooled_embedding_as_in_transformers():
+    """The bundled all-MiniLM-L6-v2 (attnviz's BertEncoder), a sentence-transformers folder with mean pooling: the
+    token-level and the pooled cosine distances, as transformers' BertModel from the same folder, mean-pooled here."""
+    from attnviz.analysis.effect import head_effects
+    from attnviz.models.loading import bundled_model_path, load_model
+    from attnviz.spec import RunSpec
+
+    loaded = load_model("bundled", device="cpu")
+    layers = [0, 5]
+    effects = head_effects(loaded, TEXT, RunSpec("bundled", loaded.name, loaded.source, device="cpu"), "zero", layers)
+    folder = bundled_model_path()
+    model = transformers.BertModel.from_pretrained(folder, attn_implementation="eager").eval()
+    ids = transformers.AutoTokenizer.from_pretrained(folder)(TEXT, return_tensors="pt")["input_ids"]
+    forward = lambda model: model(ids).last_hidden_state  # noqa: E731
+    projections = [f"encoder.layer.{layer}.attention.output.dense" for layer in range(6)]
+    expected = taken_out_one_by_one(model, projections, 12, forward, cosine_distances, "zero", layers)
+    assert effects.names == ["cosine", "pooled"] and effects.pooling == "mean"
+    for name in effects.names:
+        np.testing.assert_allclose(effects.values[name][layers], expected[name][layers], rtol=1e-5, atol=1e-6)
+    assert np.isnan(effects.values["pooled"][1]).all()
+
+
+# ---- encoder-decoders: the decoder's next-token predictions, with a head of any stack taken out ----
+
+SEQ2SEQ = {
+    "t5": (transformers.T5ForConditionalGeneration, {
+        "encoder": "encoder.block.{}.layer.0.SelfAttention.o",
+        "decoder": "decoder.block.{}.layer.0.SelfAttention.o",
+        "cross": "decoder.block.{}.layer.1.EncDecAttention.o",
+    }),
+    "bart": (transformers.BartForConditionalGeneration, {
+        "encoder": "model.encoder.layers.{}.self_attn.out_proj",
+        "decoder": "model.decoder.layers.{}.self_attn.out_proj",
+        "cross": "model.decoder.layers.{}.encoder_attn.out_proj",
+    }),
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module", params=sorted(SEQ2SEQ))
+def seq2seq(request, tmp_path_factory):
+    folder = tmp_path_factory.mktemp(request.param)
+    build_checkpoint(request.param, folder, seed=1)
+    model_class, projections = SEQ2SEQ[request.param]
+    model = model_class.from_pretrained(folder, attn_implementation="eager").eval()
+    warm_up(model)
+    return folder, model, projections
+
+
+@pytest.mark.parametrize("stack", ["encoder", "decoder", "cross"])
+def test_an_encoder_decoders_heads_taken_out_are_transformers_model_without_them(seq2seq, stack):
+    """The text to the encoder, the decoder reading it shifted right behind its start token and predicting each of
+    its tokens (teacher forcing): KL and loss change as transformers' model with its language-model head (T5's
+    d_model^-0.5 scaling, BART's tied head) with each head of the stack taken out."""
+    from attnviz.analysis.effect import head_effects
+    from attnviz.models.loading import load_model
+    from attnviz.spec import RunSpec
+
+    folder, model, projections = seq2seq
+    loaded = load_model(str(folder), device="cpu")
+    effects = head_effects(loaded, TEXT, RunSpec(str(folder), str(folder), "local folder", device="cpu", stack=stack), "zero")
+    ids = transformers.AutoTokenizer.from_pretrained(folder)(TEXT, return_tensors="pt")["input_ids"]
+    shifted = torch.cat([torch.tensor([[model.config.decoder_start_token_id]]), ids[:, :-1]], dim=1)
+    forward = lambda model: model(input_ids=ids, decoder_input_ids=shifted).logits  # noqa: E731
+    names = [projections[stack].format(layer) for layer in range(loaded.num_layers_of(stack))]
+    expected = taken_out_one_by_one(model, names, loaded.num_heads_of(stack), forward, predictions(ids[0]), "zero")
+    assert effects.names == ["kl", "loss"] and effects.stack == stack and effects.causal == (stack == "decoder")
+    np.testing.assert_allclose(effects.loss, expected["every_loss"][0, 0], rtol=1e-5)
+    np.testing.assert_allclose(effects.values["kl"], expected["kl"], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(effects.values["loss"], expected["loss"], rtol=1e-5, atol=1e-5)
+    assert (expected["kl"] > 1e-4).all()

@@ -43,8 +43,10 @@ def heads(text: str | list[str], *, measure: str = "weights", layer_summaries: b
     distance, ...) from the same forward pass, as a long text's report shows them: result.layer_summaries.
     One text, self-attention, weights alone (no measure).
     effect: also each head's effect on the model's output, taken out in turn (analysis/effect.py, Michel et al.
-    2019): "zero" (its output set to 0) or "mean" (replaced by its mean over the text's positions); a decoder's KL
-    of the next-token distributions and loss change, in result.effects. One text; the model's own heads and weights.
+    2019): "zero" (its output set to 0) or "mean" (replaced by its mean over the text's positions): a decoder's (and
+    an encoder-decoder's, a head of any stack) KL of the next-token distributions and loss change, an encoder's
+    cosine distance of the last hidden states (and of the sentence embedding, for a sentence-transformers model),
+    in result.effects. One text; the model's own heads and weights.
     """
     from attnviz.api.run_results import HeadsResult
     from attnviz.output.batch import run_in_batches
@@ -85,8 +87,8 @@ def check_effect(effect, text, options: RunOptions) -> None:
         return
     if not isinstance(text, str):
         raise AttnvizError("effect= measures each head over one text: give one str, not a list")
-    if options.kv or options.heads is not None or options.weights != "pretrained" or options.stack is not None:
-        raise AttnvizError("effect= takes the model's own heads out of the model itself: leave out kv, heads, weights and stack")
+    if options.kv or options.heads is not None or options.weights != "pretrained":
+        raise AttnvizError("effect= takes the model's own heads out of the model itself: leave out kv, heads and weights")
 
 
 def _measured_heads(handle: Model, texts: list[str], spec, names: tuple[str, ...], num_layers: int) -> list:
@@ -180,7 +182,7 @@ def layers(text: str, *, measure: str = "weights", band: int = 8, effect: str | 
     layer's maps at once, or 64 MB a layer's), every layer runs a block of queries at a time and no map
     is whole (analysis.long_layers): .attention and .rollout are None, layers.png shows block maxima
     computed from the blocks, .notes says so; measure and words need the whole maps and are refused there.
-    effect: also every head of every layer taken out of a decoder in turn (as heads' effect=), in .effects.
+    effect: also every head of every layer (of the stack) taken out in turn (as heads' effect=), in .effects.
     """
     from attnviz.analysis.head_summaries import summarise_layers
     from attnviz.analysis.rollout import runs_rollout

@@ -205,7 +205,7 @@ class HeadsResult:
         return heads_table(self.run, self.summaries, effects=self.effects)
 
     def _repr_html_(self) -> str:
-        from attnviz.render.terminal import EFFECT_COLUMNS, effect_cells, effects_legend
+        from attnviz.render.terminal import effect_cells, effect_columns, effects_legend
 
         effects = self.effects
         rows = [
@@ -220,7 +220,7 @@ class HeadsResult:
             display.figure_html(self.figure(), "every head's attention"),
             *([display.figure_html(self.measures_figure(), "what the weights leave out")] if self.measures is not None else []),
             display.table_html(
-                ["head", "entropy", "rel.", "mean max", *(EFFECT_COLUMNS.values() if effects is not None else [])], rows,
+                ["head", "entropy", "rel.", "mean max", *effect_columns(effects)], rows,
                 "entropy of each row in nats, mean over queries; rel.: entropy / log(keys the query may see)"
                 + (f"; {effects_legend(effects)}" if effects is not None else ""),
             ),

@@ -27,6 +27,7 @@ from torch import nn
 
 from attnviz.attention.layer import AttentionWeights, merge_heads, split_heads
 from attnviz.errors import AttnvizError
+from attnviz.models.layer_runs import LayerStack, Recorded, record, run_from
 
 ACTIVATIONS = {
     "gelu": F.gelu,
@@ -204,6 +205,23 @@ class BertEncoder(nn.Module):
         for layer in self.encoder.layer[: self.config.num_hidden_layers if num_layers is None else num_layers]:
             states.append(layer(states[-1], allowed))
         return states
+
+    # ---- the layers one by one: the output with a head taken out (analysis/effect.py) -----------------------------
+
+    def layer_stack(self) -> LayerStack:
+        """The layers, each one's W_o (attention.output.dense), no final norm (BERT's layers end with their own)."""
+        return LayerStack(list(self.encoder.layer), [layer.attention.output.dense for layer in self.encoder.layer])
+
+    @torch.inference_mode()
+    def layer_calls(self, inputs: dict[str, torch.Tensor], stack: str | None = None, source=None) -> tuple[Recorded, torch.Tensor]:
+        """One forward pass over inputs (Encoded.model_inputs): the layers' calls recorded, and the last hidden state."""
+        recorded, states = record(self.layer_stack(), lambda: self(**inputs))
+        return recorded, states[-1]
+
+    @torch.inference_mode()
+    def run_from(self, layer: int, hidden: torch.Tensor, recorded: Recorded, heads=None, stack: str | None = None) -> torch.Tensor:
+        """The last hidden state (B, N, D) when hidden (B, N, D) enters layer `layer` (layer_runs.run_from)."""
+        return run_from(self.layer_stack(), layer, hidden, recorded, heads)
 
 
 def require_finite(x: torch.Tensor, module: nn.Module, prefix: str, what: str) -> torch.Tensor:

@@ -65,6 +65,7 @@ class LoadedModel:
     fallback_for: str | None = None  # the model asked for, when this one loaded in its place (the bundled one, offline)
     quantisation: Quantisation | None = None  # of weights stored quantised (SmolLM2's GGUF); None: as trained
     dtype: str = "float32"  # what the model computes in: "float32", "bfloat16" or "float16" (resolve_dtype)
+    folder: Path | None = None  # where its files are (a sentence-transformers model's pooling: models/sentence.py)
 
     @property
     def is_bert(self) -> bool:
@@ -210,7 +211,7 @@ def _load_folder(name: str, folder: Path, source: str, device: str, dtype: str, 
             loaded = _load_transformers(name, folder, source, device, family, config, dtype)
         else:
             loaded = _load_weights(name, folder, source, device, config, use_safetensors, allow_pickle, dtype)
-        loaded.dtype = dtype
+        loaded.dtype, loaded.folder = dtype, folder
         return loaded
     except Exception as error:  # a damaged, mismatched or hostile file: say which model, keep the cause for debugging
         raise AttnvizError(f"cannot load model {name!r}: {first_line(error)}") from error

@@ -32,6 +32,7 @@ from torch import nn
 from attnviz.attention.layer import AttentionWeights
 from attnviz.errors import AttnvizError
 from attnviz.models import blocked_attention
+from attnviz.models.layer_runs import LayerStack, Recorded, record, run_from
 from attnviz.models.families import DECODER, ENCODER_DECODER, Family
 from attnviz.models.shown import space_before
 from attnviz.models.words import tokenizer_scheme
@@ -220,82 +221,94 @@ class TransformersModel:
                 handle.remove()
         return captured
 
-    # ---- a decoder's layers one by one: what its output is with a head taken out (analysis/effect.py) -----------
+    # ---- the layers one by one: the model's output with a head taken out (analysis/effect.py) -----------------
 
-    def _layer_module(self, layer: int) -> nn.Module:
-        """Decoder layer `layer` (Llama's layers.{i}, GPT-2's h.{i}): the attention module's parent."""
-        name = self.attention_module(layer)[0]
-        return self.model.get_submodule(name.rsplit(".", 1)[0])
-
-    def _output_projection(self, layer: int) -> nn.Module:
-        """Layer `layer`'s output projection (W_o: o_proj, c_proj): its input is every head's output side by side."""
-        names = self.family.layer_names(self.config, self.family.stored_index(self.config, layer, None), None)[1]
-        return self.model.get_submodule(names["w_o"])
-
-    @torch.inference_mode()
-    def layer_calls(self, inputs: dict[str, torch.Tensor]) -> tuple[list[tuple[tuple, dict]], list[torch.Tensor], torch.Tensor]:
-        """One forward pass of a decoder over inputs: each layer's call (its positional and keyword arguments, the
-        hidden state entering it first: the residual stream, (B, N, D)), what enters each layer's output projection
-        (every head's output side by side, (B, N, H * d)), and the last hidden state (B, N, D), after the final norm."""
-        calls: dict[int, tuple[tuple, dict]] = {}
-        heads: dict[int, torch.Tensor] = {}
-        handles = []
-        for layer in range(self.num_layers()):
-            handles.append(self._layer_module(layer).register_forward_pre_hook(
-                lambda module, args, kwargs, layer=layer: calls.setdefault(layer, (args, kwargs)), with_kwargs=True
-            ))  # fmt: skip
-            handles.append(self._output_projection(layer).register_forward_pre_hook(
-                lambda module, args, layer=layer: heads.setdefault(layer, args[0].detach().clone())
-            ))  # fmt: skip
-        with self._forward_lock:
-            try:
-                last = self.model(**inputs, use_cache=False).last_hidden_state
-            finally:
-                for handle in handles:
-                    handle.remove()
-        layers = range(self.num_layers())
-        return [calls[layer] for layer in layers], [heads[layer] for layer in layers], last
+    def layer_stack(self, stack: str | None = None) -> LayerStack:
+        """The stack's layers (the modules its attention sits in: Llama's layers.{i}, T5's block.{i}), their output
+        projections W_o, and its final norm."""
+        layers, projections = [], []
+        for layer in range(self.num_layers(stack)):
+            name = self.attention_module(layer, stack)[0]
+            parts = name.split(".")
+            listed = next(index for index, part in enumerate(parts) if part.isdigit())  # the first list on the way down
+            layers.append(self.model.get_submodule(".".join(parts[: listed + 1])))
+            index = self.family.stored_index(self.config, layer, stack)
+            projections.append(self.model.get_submodule(self.family.layer_names(self.config, index, stack)[1]["w_o"]))
+        final = self.family.final_norm_name(stack)
+        return LayerStack(layers, projections, None if final is None else self.model.get_submodule(final))
 
     @torch.inference_mode()
-    def run_from(self, layer: int, hidden: torch.Tensor, calls: list[tuple[tuple, dict]], heads=None) -> torch.Tensor:
-        """The last hidden state (B, N, D) when hidden (B, N, D) enters decoder layer `layer`: that layer and the
-        ones after it, each called as in layer_calls' pass (its other arguments, the mask and the positions, as
-        they were), then the final norm; the layers before it do not run. heads(x), when given, changes what
-        enters layer `layer`'s output projection: x (B, N, H * d), every head's output side by side."""
-        handle = None
-        if heads is not None:
-            handle = self._output_projection(layer).register_forward_pre_hook(lambda module, args: (heads(args[0]), *args[1:]))
+    def layer_calls(
+        self, inputs: dict[str, torch.Tensor], stack: str | None = None, source: dict[str, torch.Tensor] | None = None
+    ) -> tuple[Recorded, torch.Tensor]:
+        """One forward pass of the whole model over inputs (an encoder-decoder's decoder's, source its encoder's):
+        the stack's calls recorded (layer_runs.record), and the model's last hidden state (B, N, D) after its final
+        norm, the decoder's for an encoder-decoder. For an encoder-decoder's encoder stack, what the stack's output
+        becomes is the decoder's pass over it (Recorded.rest)."""
+        layers = self.layer_stack(stack)
         with self._forward_lock:
-            try:
-                for index in range(layer, self.num_layers()):
-                    args, kwargs = calls[index]
-                    if args:
-                        hidden = self._layer_module(index)(hidden, *args[1:], **kwargs)
-                    else:
-                        hidden = self._layer_module(index)(**{**kwargs, "hidden_states": hidden})
-                    hidden = hidden[0] if isinstance(hidden, tuple) else hidden
-            finally:
-                if handle is not None:
-                    handle.remove()
-            return self.model.get_submodule(self.family.final_norm)(hidden)
+            if self.family.kind == ENCODER_DECODER:
+                seq2seq = dict(input_ids=source["input_ids"], attention_mask=source["attention_mask"],
+                               decoder_input_ids=inputs["input_ids"], decoder_attention_mask=inputs["attention_mask"])  # fmt: skip
+                recorded, output = record(layers, lambda: self.model(**seq2seq, use_cache=False))
+            else:
+                cache = {"use_cache": False} if self.family.kind == DECODER else {}
+                recorded, output = record(layers, lambda: self.model(**inputs, **cache))
+        if self.family.kind == ENCODER_DECODER and stack == "encoder":
+            recorded.rest = lambda encoded: self._decode(inputs, source, encoded)
+        return recorded, output.last_hidden_state
+
+    def _decode(self, inputs: dict[str, torch.Tensor], source: dict[str, torch.Tensor], encoded: torch.Tensor) -> torch.Tensor:
+        """The decoder's last hidden state (B, N, D) over inputs (batch 1, broadcast to B), reading encoded (B, Ns, D)."""
+        batch = encoded.shape[0]
+        return self.model.get_decoder()(
+            input_ids=inputs["input_ids"].expand(batch, -1),
+            attention_mask=inputs["attention_mask"].expand(batch, -1),
+            encoder_hidden_states=encoded,
+            encoder_attention_mask=source["attention_mask"].expand(batch, -1),
+            use_cache=False,
+        ).last_hidden_state
+
+    @torch.inference_mode()
+    def run_from(self, layer: int, hidden: torch.Tensor, recorded: Recorded, heads=None, stack: str | None = None) -> torch.Tensor:
+        """The model's last hidden state (B, N, D) when hidden (B, N, D) enters the stack's layer `layer`, heads(x)
+        changing what enters its W_o (layer_runs.run_from)."""
+        with self._forward_lock:  # hooks on modules the threads share
+            return run_from(self.layer_stack(stack), layer, hidden, recorded, heads)
 
     def output_head(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The language-model head's weight (V, D) and bias: the input embeddings where the checkpoint ties them
-        (config's tie_word_embeddings: SmolLM2, GPT-2), else the checkpoint's lm_head (the base model leaves it out)."""
+        """The language-model head, weight (V, D) and bias (V,) or None, as the family's *ForCausalLM or
+        *ForConditionalGeneration class makes its logits from the last hidden state: the input embeddings where
+        the config ties them (SmolLM2, GPT-2, T5, BART), else the checkpoint's lm_head (the base model leaves it
+        out); BART's final_logits_bias added; T5's hidden state scaled by d_model^-0.5 first (scale_decoder_outputs),
+        here folded into the weight."""
+        stored = self._stored_tensors(("lm_head.weight", "lm_head.bias", "final_logits_bias"))
+        embeddings = self.model.get_input_embeddings().weight
         if getattr(self.model.config, "tie_word_embeddings", False):
-            return self.model.get_input_embeddings().weight, None
+            weight, bias = embeddings, None
+        elif "lm_head.weight" in stored:
+            weight, bias = stored["lm_head.weight"], stored.get("lm_head.bias")
+        else:
+            raise AttnvizError(f"{self.folder or 'the model'} holds no language-model head (lm_head.weight) and does not tie it to the embeddings")
+        if "final_logits_bias" in stored:  # (1, V)
+            bias = stored["final_logits_bias"][0] + (0 if bias is None else bias)
+        if getattr(self.model.config, "scale_decoder_outputs", False):
+            weight = weight * self.family.size(self.config, "hidden") ** -0.5
+        return weight, bias
+
+    def _stored_tensors(self, names: tuple[str, ...]) -> dict[str, torch.Tensor]:
+        """Those of `names` that the checkpoint's safetensors hold (a task head's, which the base model leaves out),
+        in the embeddings' dtype and device."""
         from safetensors import safe_open
 
         from attnviz.models.weight_files import weight_files
 
+        embeddings = self.model.get_input_embeddings().weight
+        found = {}
         for path in weight_files(self.folder, safetensors=True, allow_pickle=False) if self.folder is not None else []:
             with safe_open(str(path), framework="pt") as tensors:
-                if "lm_head.weight" in tensors.keys():
-                    weight = tensors.get_tensor("lm_head.weight")
-                    bias = tensors.get_tensor("lm_head.bias") if "lm_head.bias" in tensors.keys() else None
-                    embeddings = self.model.get_input_embeddings().weight
-                    return weight.to(embeddings), None if bias is None else bias.to(embeddings)
-        raise AttnvizError(f"{self.folder or 'the model'} holds no language-model head (lm_head.weight) and does not tie it to the embeddings")
+                found.update({name: tensors.get_tensor(name).to(embeddings) for name in names if name in tensors.keys()})
+        return found
 
     def _forward(self, inputs: dict[str, torch.Tensor], stack: str | None, source: dict[str, torch.Tensor] | None) -> None:
         kwargs = {"input_ids": inputs["input_ids"], "attention_mask": inputs["attention_mask"], "use_cache": False}

@@ -60,17 +60,20 @@ def attention_record(run: AttentionRun, spec: RunSpec, measures=None, effects=No
 
 def effects_record(effects, layers: list[int]) -> dict:
     """The "effects" of attention.json (one layer's heads) or of effects.json (every layer): what was taken out and
-    how, what each number means, and per name of EFFECTS (L', H) values of `layers`, rounded."""
+    how, what each number means, and per name the model has (EFFECTS: a decoder's kl and loss, an encoder's cosine
+    and pooled) (L', H) values of `layers`, rounded."""
     from attnviz.analysis.effect import ABLATIONS, EFFECTS, PAPER
 
     return {
         "ablation": effects.ablation,
         "ablation_definition": ABLATIONS[effects.ablation],
         "paper": PAPER,
-        "definitions": {name: definition for name, (_, definition) in EFFECTS.items()},
-        "loss_with_every_head": round(effects.loss, DECIMALS),
+        **({"stack": effects.stack} if effects.stack is not None else {}),
+        **({"pooling": effects.pooling} if effects.pooling is not None else {}),
+        "definitions": {name: EFFECTS[name][2] for name in effects.names},
+        **({"loss_with_every_head": round(effects.loss, DECIMALS)} if effects.loss is not None else {}),
         "layers": layers,
-        **{name: np.round(effects.values[name][layers], DECIMALS).tolist() for name in EFFECTS},
+        **{name: np.round(effects.values[name][layers], DECIMALS).tolist() for name in effects.names},
     }
 
 

@@ -79,7 +79,7 @@ def write_effects_json(effects, spec: RunSpec, path: Path) -> Path:
         "text": effects.text,
         "model": effects.model,
         "tokens": effects.tokens,
-        **effects_record(effects, effects.layers),  # kl[layer][head], loss[layer][head]
+        **effects_record(effects, effects.layers),  # kl[layer][head], loss[layer][head] (an encoder's cosine, pooled)
     }
     path.write_text(json.dumps(record, ensure_ascii=False), encoding="utf-8")
     return path

@@ -75,23 +75,30 @@ def _title(figure, scope: list[str], notes: list[str], run, seed: int | None, nu
 
 
 def effects_figure(effects, run=None, seed: int | None = None):
-    """effects.png (`layers --effect`): each head's KL and loss change when taken out, a layers × heads grid each; the
-    loss change on a scale centred on 0 (red: the text predicted worse without the head, blue: better)."""
-    from attnviz.analysis.effect import EFFECTS, TAKEN_OUT
+    """effects.png (`layers --effect`): each head's effects when taken out (a decoder's KL and loss change, an
+    encoder's cosine distances), a layers × heads grid each; the loss change on a scale centred on 0 (red: the text
+    predicted worse without the head, blue: better), the others from 0."""
+    from attnviz.analysis.effect import TAKEN_OUT
 
-    figure = new_figure((2 * PANEL_INCHES[0], PANEL_INCHES[1] + 1.0))
-    num_layers, num_heads = effects.values["kl"].shape
+    names = effects.names
+    figure = new_figure((len(names) * PANEL_INCHES[0], PANEL_INCHES[1] + 1.0))
+    num_layers, num_heads = effects.values[names[0]].shape
     numbered = num_layers <= MAX_NUMBERED_CELLS[0] and num_heads <= MAX_NUMBERED_CELLS[1]
-    for index, name in enumerate(EFFECTS):
-        ax = figure.add_subplot(1, 2, index + 1)
+    panel_titles = {
+        "kl": "KL(p ‖ q) of the next-token distributions (nats)",
+        "loss": f"loss change (nats per token; {effects.loss:.3f} with every head)" if effects.loss is not None else "",
+        "cosine": "cosine distance of each token's last hidden state, mean",
+        "pooled": f"cosine distance of the sentence embedding ({effects.pooling} pooling)",
+    }
+    for index, name in enumerate(names):
+        ax = figure.add_subplot(1, len(names), index + 1)
         values = effects.values[name]
-        if name == "kl":
+        if name != "loss":
             image = ax.imshow(values, cmap=COLORMAP, vmin=0.0, vmax=max(float(np.nanmax(values)), 1e-9), aspect="auto", interpolation="nearest")
-            ax.set_title("KL(p ‖ q) of the next-token distributions (nats)", fontsize=9, parse_math=False)
         else:
             reach = max(float(np.nanmax(np.abs(values))), 1e-9)
             image = ax.imshow(values, cmap="RdBu_r", vmin=-reach, vmax=reach, aspect="auto", interpolation="nearest")
-            ax.set_title(f"loss change (nats per token; {effects.loss:.3f} with every head)", fontsize=9, parse_math=False)
+        ax.set_title(panel_titles[name], fontsize=9, parse_math=False)
         figure.colorbar(image, ax=ax, shrink=0.85)
         _label_axes(ax, num_layers, num_heads)
         if numbered:
@@ -104,7 +111,7 @@ def effects_figure(effects, run=None, seed: int | None = None):
 
 
 def write_effects_figure(effects, out_dir: Path, fmt: str = "png", run=None, seed: int | None = None) -> Path:
-    """Write effects.<fmt>: each head's KL and loss change when taken out, layers × heads."""
+    """Write effects.<fmt>: each head's effects when taken out, layers × heads."""
     check_format(fmt)
     return save_figure(effects_figure(effects, run, seed), out_dir, f"effects.{fmt}")
 

@@ -26,13 +26,15 @@ def summary_grid(summaries: LayerSummaries, name: str, width: int = 80) -> list[
 
 
 def print_effects(console: Console, effects) -> None:
-    """Each head's KL when taken out (`layers --effect`), a layers × heads grid; the loss changes are in effects.json."""
-    from attnviz.render.terminal import effects_legend
+    """Each head's first effect (a decoder's KL, an encoder's cosine distance) when taken out (`layers --effect`), a
+    layers × heads grid; the others are in effects.json and effects.png."""
+    from attnviz.render.terminal import effect_columns, effects_legend
 
-    title = "KL when the head is taken out, by layer and head"
-    for table in layer_head_grid(effects.values["kl"], title, console.width, 4, "effects.json"):
+    shorts = effect_columns(effects)
+    title = f"{shorts[0]} when the head is taken out, by layer and head"
+    for table in layer_head_grid(effects.values[effects.names[0]], title, console.width, 4, "effects.json"):
         console.print(table)
-    console.print(Text(effects_legend(effects) + "; every layer's KL and Δloss: effects.json, effects.png"))
+    console.print(Text(effects_legend(effects) + f"; every layer's {' and '.join(shorts)}: effects.json, effects.png"))
 
 
 def layer_head_grid(values, title: str, width: int, decimals: int, file: str, marked=None, last_column=None) -> list[Table]:

@@ -171,23 +171,30 @@ def top_keys_text(summary: HeadSummary, run: AttentionRun, most: int = MAX_TOP_K
     return Text("  ".join(pairs))  # wraps between pairs, never inside one
 
 
-# The effect columns (analysis/effect.py's EFFECTS), as the tables name them.
-EFFECT_COLUMNS = {"kl": "KL", "loss": "Δloss"}
+def effect_columns(effects) -> list[str]:
+    """The effect columns' names (analysis/effect.py's EFFECTS' short names): "KL", "Δloss"; "cos", "pooled"."""
+    from attnviz.analysis.effect import EFFECTS
+
+    return [EFFECTS[name][0] for name in effects.names] if effects is not None else []
 
 
 def effect_cells(effects, layer: int, head: int) -> list[str]:
-    """A head's effect columns (EFFECT_COLUMNS), 4 decimals each: the heads table's and the notebook's."""
-    return [f"{effects.values[name][layer, head]:.4f}" for name in EFFECT_COLUMNS]
+    """A head's effect columns (effect_columns), 4 decimals each: the heads table's and the notebook's."""
+    return [f"{effects.values[name][layer, head]:.4f}" for name in effects.names]
 
 
 def effects_legend(effects) -> str:
     """What the effect columns are, short (analysis/effect.py and attention.json define them in full)."""
-    from attnviz.analysis.effect import TAKEN_OUT
+    from attnviz.analysis.effect import EFFECTS, TAKEN_OUT
 
+    what = [f"{EFFECTS[name][0]}: {EFFECTS[name][1]}" for name in effects.names]
+    if effects.loss is not None:
+        what[-1] += f" (with every head {effects.loss:.4f})"
+    if effects.pooling is not None:
+        what[-1] += f" ({effects.pooling} pooling, the model's own)"
     return (
-        f"KL, Δloss: the head taken out (its output {TAKEN_OUT[effects.ablation]}) and the model run again: KL(p ‖ q) of the next-token "
-        f"distributions, nats, mean over positions; Δloss: the text's loss without the head minus with it (nats per "
-        f"token; with every head {effects.loss:.4f})"
+        f"{', '.join(effect_columns(effects))}: the head taken out (its output {TAKEN_OUT[effects.ablation]}) and the "
+        f"model run again; {'; '.join(what)}"
     )
 
 
@@ -198,8 +205,7 @@ def heads_table(run: AttentionRun, summaries: list[HeadSummary], most: int = MAX
     if run.re_split:
         title += f" ({resplit_words(run)})"
     table = Table(title=title, title_justify="left")
-    effect_columns = list(EFFECT_COLUMNS.values()) if effects is not None else []
-    for name in ("head", "entropy", "rel.", "mean max", *effect_columns):
+    for name in ("head", "entropy", "rel.", "mean max", *effect_columns(effects)):
         table.add_column(name, justify="right", no_wrap=True, min_width=len(name))
     noun = "word" if run.words is not None else "token"  # --words: the rows and columns are words
     table.add_column(f"query → the key it attends to most (index:{noun})", overflow="fold")

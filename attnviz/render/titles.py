@@ -186,14 +186,16 @@ def resplit_words(run) -> str | None:
 def head_scope(run, head: int, short: bool = False) -> list[str]:
     """A head's part of a title: "head 3", "head 0 of 3" (re-split), the key/value head it shares with
     grouped-query attention, "kv head 1" (short: "head 3 · kv 1", as a grid's panel reads), and with --effect what
-    taking it out does: "taken out (zero): KL 0.012, Δloss +0.004" (short: "KL 0.012")."""
+    taking it out does: "taken out (zero): KL 0.012, Δloss +0.004" (short: its first effect, "KL 0.012")."""
     name = f"head {head} of {run.num_heads}" if run.re_split and not short else f"head {head}"
     kv_head = run.kv_head_of(head)
     scope = [name] if kv_head is None else [name, f"kv {kv_head}" if short else f"kv head {kv_head}"]
     effects = getattr(run, "effects", None)
     if effects is not None:
-        kl, loss = (effects.values[name][run.layer, head] for name in ("kl", "loss"))
-        scope.append(f"KL {kl:.3f}" if short else f"taken out ({effects.ablation}): KL {kl:.3f}, Δloss {loss:+.3f}")
+        from attnviz.analysis.effect import EFFECTS
+
+        said = [f"{EFFECTS[name][0]} {effects.values[name][run.layer, head]:{'+' if name == 'loss' else ''}.3f}" for name in effects.names]
+        scope.append(said[0] if short else f"taken out ({effects.ablation}): {', '.join(said)}")
     return scope
 
 

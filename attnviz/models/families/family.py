@@ -45,14 +45,21 @@ class Family:
     position_bias: ClassVar[bool] = False  # T5: a learned bias by relative position is added to the scores
     # Tensors attnviz never reads, which a checkpoint may hold or lack (a pooler after the last layer).
     unused_weights: ClassVar[tuple[str, ...]] = ()
-    # A decoder's norm after its last layer, the base model's module (Llama's norm, GPT-2's ln_f): what turns the last
-    # layer's output into the hidden state the language-model head reads (analysis/effect.py runs the layers itself).
+    # The norm after a stack's last layer, the base model's module (Llama's norm, GPT-2's ln_f, T5's
+    # {side}.final_layer_norm, side "encoder" or "decoder"); None where the last layer's output is the stack's (the
+    # post-norm BERTs, BART). analysis/effect.py runs the layers itself, then this.
     final_norm: ClassVar[str | None] = None
 
     @property
     def causal(self) -> bool:
         """A decoder's own attention is causal: each token sees itself and the tokens before it."""
         return self.kind == DECODER
+
+    def final_norm_name(self, stack: str | None) -> str | None:
+        """The module name of the stack's final norm (final_norm), None where it has none."""
+        if self.final_norm is None:
+            return None
+        return self.final_norm.format(side="decoder" if stack in ("decoder", "cross") else "encoder")
 
     @property
     def stacks(self) -> tuple[str | None, ...]:

@@ -17,6 +17,7 @@ from attnviz.models.families.family import ENCODER_DECODER, Family
 @dataclass(frozen=True)
 class T5(Family):
     position_bias = True
+    final_norm = "{side}.final_layer_norm"
 
     def layer_names(self, config: dict, index: int, stack: str | None) -> tuple[str, dict[str, str]]:
         side = "decoder" if stack in ("decoder", "cross") else "encoder"

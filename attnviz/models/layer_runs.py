@@ -1,0 +1,132 @@
+"""A stack of layers run one by one, from any layer on, with one layer's heads changed (analysis/effect.py).
+
+One forward pass of the model, under pre-hooks, records how each layer was called (its arguments: the hidden
+state entering it, the mask, the positions, T5's position bias) and what entered each layer's output projection
+W_o (every head's output side by side). A batch of copies of what entered layer L can then run through layers
+L, L+1, ... with those very arguments, and the stack's final norm, as the model would have run them: the layers
+before L do not run again. The same for attnviz's BERT and transformers' models of every family.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+
+
+@dataclass
+class LayerStack:
+    """A stack's layers in the order they run (a module shared by several layers, ALBERT's, is listed for each),
+    each layer's output projection W_o, and the norm after the last layer (None: the last layer's output is the
+    stack's)."""
+
+    layers: list[nn.Module]
+    projections: list[nn.Module]
+    final: nn.Module | None = None
+
+
+@dataclass
+class Recorded:
+    """A forward pass's layer calls: each layer's (args, kwargs), the hidden state entering it first (B, N, D), and
+    what entered each layer's W_o (B, N, H * d)."""
+
+    calls: list[tuple[tuple, dict]]
+    heads: list[torch.Tensor]
+    # what the model makes of the stack's output (B, N, D), when the stack is not its last: an encoder-decoder's
+    # decoder reading its encoder's output
+    rest: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+    def entering(self, layer: int) -> torch.Tensor:
+        args, kwargs = self.calls[layer]
+        return args[0] if args else kwargs["hidden_states"]
+
+
+def record(stack: LayerStack, forward: Callable[[], object]) -> tuple[Recorded, object]:
+    """Run forward() (the model's whole pass) with the stack's calls recorded; returns them and forward's result.
+
+    A module shared by several layers is called once for each, in order: its k-th call is the k-th of its layers."""
+    calls: list = [None] * len(stack.layers)
+    heads: list = [None] * len(stack.layers)
+    handles = []
+    for modules, hook in ((stack.layers, _keep_call(calls)), (stack.projections, _keep_input(heads))):
+        owners: dict[int, list[int]] = {}
+        for layer, module in enumerate(modules):
+            owners.setdefault(id(module), []).append(layer)
+        for layer, module in enumerate(modules):
+            if owners[id(module)][0] == layer:
+                handles.append(module.register_forward_pre_hook(hook(owners[id(module)]), with_kwargs=True))
+    try:
+        result = forward()
+    finally:
+        for handle in handles:
+            handle.remove()
+    if any(call is None for call in calls) or any(head is None for head in heads):
+        raise RuntimeError("the forward pass did not call every layer of the stack")
+    return Recorded(calls, heads), result
+
+
+def _keep_call(calls: list):
+    def for_layers(layers: list[int]):
+        def hook(module, args, kwargs):
+            calls[layers[sum(calls[layer] is not None for layer in layers)]] = (args, kwargs)
+
+        return hook
+
+    return for_layers
+
+
+def _keep_input(heads: list):
+    def for_layers(layers: list[int]):
+        def hook(module, args, kwargs):
+            heads[layers[sum(heads[layer] is not None for layer in layers)]] = args[0].detach().clone()
+
+        return hook
+
+    return for_layers
+
+
+def run_from(stack: LayerStack, layer: int, hidden: torch.Tensor, recorded: Recorded, heads=None) -> torch.Tensor:
+    """The stack's output (B, N, D) (what the model makes of it: Recorded.rest) when hidden (B, N, D) enters layer `layer`: that layer and the ones after it,
+    each called with its recorded arguments (a tensor of batch 1 among them broadcast to B: the mask, the
+    positions, an encoder's output), then the final norm; the layers before it do not run. heads(x), when given,
+    changes what enters layer `layer`'s W_o: x (B, N, H * d), every head's output side by side."""
+    batch = hidden.shape[0]
+    handle = None
+    if heads is not None:  # layer `layer`'s call only: ALBERT's later layers share its W_o
+        done = []
+
+        def change(module, args):
+            if not done:
+                done.append(True)
+                return (heads(args[0]), *args[1:])
+
+        handle = stack.projections[layer].register_forward_pre_hook(change)
+    try:
+        for index in range(layer, len(stack.layers)):
+            args, kwargs = _batched(recorded.calls[index], batch)
+            if args:
+                hidden = stack.layers[index](hidden, *args[1:], **kwargs)
+            else:
+                hidden = stack.layers[index](**{**kwargs, "hidden_states": hidden})
+            hidden = hidden[0] if isinstance(hidden, tuple) else hidden
+    finally:
+        if handle is not None:
+            handle.remove()
+    hidden = hidden if stack.final is None else stack.final(hidden)
+    return hidden if recorded.rest is None else recorded.rest(hidden)
+
+
+def _batched(call: tuple[tuple, dict], batch: int) -> tuple[tuple, dict]:
+    """A recorded call's arguments with every tensor of batch 1 (2 dimensions or more) expanded to `batch`, a view."""
+
+    def grown(value):
+        if isinstance(value, torch.Tensor) and value.dim() >= 2 and value.shape[0] == 1 and batch > 1:
+            return value.expand(batch, *value.shape[1:])
+        if isinstance(value, tuple):
+            return tuple(grown(part) for part in value)
+        return value
+
+    args, kwargs = call
+    return tuple(grown(value) for value in args), {name: grown(value) for name, value in kwargs.items()}
