@@ -404,3 +404,25 @@ def test_an_encoder_decoders_heads_taken_out_are_transformers_model_without_them
     np.testing.assert_allclose(effects.values["kl"], expected["kl"], rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(effects.values["loss"], expected["loss"], rtol=1e-5, atol=1e-5)
     assert (expected["kl"] > 1e-4).all()
+
+
+def test_an_encoders_effects_are_named_as_such_in_the_table_the_grid_and_the_json(tmp_path, capsys):
+    """`layers --effect` on the bundled sentence-embedding BERT: the grid is of cos, effects.json holds cosine and
+    pooled (mean pooling) and no loss, each layer's row the numbers of heads --effect on that layer."""
+    import json
+
+    import attnviz
+    from attnviz.cli import run
+
+    out = tmp_path / "run"
+    assert run(["layers", TEXT, "--model", "bundled", "--effect", "zero", "--out", str(out)]) == 0
+    record = json.loads((out / "effects.json").read_text(encoding="utf-8"))
+    assert record["pooling"] == "mean" and record["short_names"] == {"cosine": "cos", "pooled": "pooled"}
+    assert "loss_with_every_head" not in record and "kl" not in record and np.array(record["cosine"]).shape == (6, 12)
+    printed = " ".join(capsys.readouterr().out.split())
+    assert "cos when the head is taken out, by layer and head" in printed and "mean pooling, the model's own" in printed
+    one = attnviz.heads(TEXT, model="bundled", layer=4, effect="zero", device="cpu")
+    np.testing.assert_allclose(record["cosine"][4], one.effects.values["cosine"][4], atol=1e-7)
+    np.testing.assert_allclose(record["pooled"][4], one.effects.values["pooled"][4], atol=1e-7)
+    title = " ".join(" ".join(ax.get_title() for ax in one.figure(head=3).axes).split())
+    assert f"taken out (zero): cos {one.effects.values['cosine'][4, 3]:.4f}" in title  # 4 decimals: values of about 0.005

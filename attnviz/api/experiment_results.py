@@ -239,9 +239,8 @@ class LayersResult:
         from attnviz.html import ReportText
 
         self._refuse_long("report of every layer (attnviz report --layer L shows one layer of a long text)")
-        text = ReportText(
-            self.layer_runs[0], self.layer_runs, self.rollout, text_statistics(self.layer_runs, self.spec.causal)
-        )
+        first = replace(self.layer_runs[0], effects=self.effects)  # effect=: every head's, in the head and model views
+        text = ReportText(first, self.layer_runs, self.rollout, text_statistics(self.layer_runs, self.spec.causal))
         return report_result([text], replace(self.spec, layer=0), len(self.layer_runs))
 
     def __rich_console__(self, console, options):

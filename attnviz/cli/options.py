@@ -272,8 +272,10 @@ EffectOption = typer.Option(
     "--effect",
     help="Also measure what each head does to the model's output (Michel et al. 2019): the head taken out, the rest "
     "of the model run again. zero: its output set to 0; mean: replaced by its mean over the text's positions. "
-    "Shown beside each head: KL(p ‖ q) of the next-token distributions, mean over positions, and the change of the "
-    "text's loss (nats per token). Decoders (GPT-2, Llama's layout), the model's own heads and weights.",
+    "Shown beside each head: for a decoder or an encoder-decoder (a head of any --stack), KL(p ‖ q) of the "
+    "next-token distributions, mean over positions, and the change of the text's loss (nats per token); for an "
+    "encoder, the cosine distance of each token's last hidden state, mean over the tokens, and of the sentence "
+    "embedding for a sentence-transformers model. The model's own heads and weights.",
     show_default=False,
 )
 

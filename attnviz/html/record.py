@@ -129,7 +129,7 @@ def text_record(text: ReportText, spec: RunSpec) -> dict:
     from attnviz.render.titles import run_title
 
     run = text.run
-    record = attention_record(run, spec)
+    record = attention_record(run, spec, effects=run.effects)  # --effect: each head's effect beside its map
     if run.words is not None:  # the page shows what the maps are over: its query_tokens are the words, the tokens are kept
         record["query_pieces"], record["key_pieces"] = record["query_tokens"], record["key_tokens"]
         record["shown_query_pieces"], record["shown_key_pieces"] = record["shown_query_tokens"], record["shown_key_tokens"]

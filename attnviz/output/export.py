@@ -53,7 +53,7 @@ def attention_record(run: AttentionRun, spec: RunSpec, measures=None, effects=No
         "key_ids": run.key_ids,
         **(words_record(run) if run.words is not None else {}),
         **({"measures": measures_record(measures)} if measures is not None and measures.names else {}),
-        **({"effects": effects_record(effects, [run.layer])} if effects is not None else {}),
+        **({"effects": effects_record(effects, effects.layers)} if effects is not None else {}),
         "attention": None,  # written by weights_json: the last key, so it can go in at the end
     }
 
@@ -71,6 +71,7 @@ def effects_record(effects, layers: list[int]) -> dict:
         **({"stack": effects.stack} if effects.stack is not None else {}),
         **({"pooling": effects.pooling} if effects.pooling is not None else {}),
         "definitions": {name: EFFECTS[name][2] for name in effects.names},
+        "short_names": {name: EFFECTS[name][0] for name in effects.names},  # as the tables and titles name them
         **({"loss_with_every_head": round(effects.loss, DECIMALS)} if effects.loss is not None else {}),
         "layers": layers,
         **{name: np.round(effects.values[name][layers], DECIMALS).tolist() for name in effects.names},

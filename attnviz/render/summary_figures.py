@@ -14,7 +14,7 @@ import numpy as np
 from attnviz.analysis.head_summaries import SINK_THRESHOLD, SUMMARIES, LayerSummaries
 from attnviz.render.heatmap import check_format, new_figure, save_figure
 from attnviz.render.scales import COLORMAP
-from attnviz.render.titles import chars_across, counted, figure_title, run_title
+from attnviz.render.titles import chars_across, counted, effect_decimals, figure_title, run_title
 
 COLUMNS = 3  # panels per row
 PANEL_INCHES = (4.4, 3.6)  # each panel with its colour bar
@@ -93,8 +93,9 @@ def effects_figure(effects, run=None, seed: int | None = None):
     for index, name in enumerate(names):
         ax = figure.add_subplot(1, len(names), index + 1)
         values = effects.values[name]
+        top = max(float(np.nanmax(values)), 1e-9)
         if name != "loss":
-            image = ax.imshow(values, cmap=COLORMAP, vmin=0.0, vmax=max(float(np.nanmax(values)), 1e-9), aspect="auto", interpolation="nearest")
+            image = ax.imshow(values, cmap=COLORMAP, vmin=0.0, vmax=top, aspect="auto", interpolation="nearest")
         else:
             reach = max(float(np.nanmax(np.abs(values))), 1e-9)
             image = ax.imshow(values, cmap="RdBu_r", vmin=-reach, vmax=reach, aspect="auto", interpolation="nearest")
@@ -102,8 +103,9 @@ def effects_figure(effects, run=None, seed: int | None = None):
         figure.colorbar(image, ax=ax, shrink=0.85)
         _label_axes(ax, num_layers, num_heads)
         if numbered:
+            decimals = effect_decimals(values)
             for (layer, head), value in np.ndenumerate(values):
-                ax.text(head, layer, f"{value:.3f}", ha="center", va="center", fontsize=5, color="black" if name == "loss" else "white")
+                ax.text(head, layer, f"{value:.{decimals}f}", ha="center", va="center", fontsize=5, color="black" if name == "loss" or value > 0.6 * top else "white")
     scope = [f"{counted(num_layers, 'layer')} × {counted(num_heads, 'head')}", counted(len(effects.tokens), "token")]
     notes = [f"each head taken out (its output {TAKEN_OUT[effects.ablation]}), the model run again: rows layers, columns heads"]
     _title(figure, scope, notes, run, seed, effects)

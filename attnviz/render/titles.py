@@ -183,6 +183,17 @@ def resplit_words(run) -> str | None:
     return f"{counted(run.num_heads, 'head')} re-split from the trained {run.model_heads}" if run.re_split else None
 
 
+def effect_decimals(values) -> int:
+    """Decimals that show the largest of values (any shape, NaN ignored) to 2 significant digits: 3 for a KL of 0.7,
+    4 for an encoder's cosine distance of 0.005; at most 5."""
+    import math
+
+    import numpy as np
+
+    largest = float(np.nanmax(np.abs(values))) if np.isfinite(values).any() else 0.0
+    return 3 if largest == 0.0 else min(5, max(3, 1 - math.floor(math.log10(largest))))
+
+
 def head_scope(run, head: int, short: bool = False) -> list[str]:
     """A head's part of a title: "head 3", "head 0 of 3" (re-split), the key/value head it shares with
     grouped-query attention, "kv head 1" (short: "head 3 · kv 1", as a grid's panel reads), and with --effect what
@@ -194,7 +205,10 @@ def head_scope(run, head: int, short: bool = False) -> list[str]:
     if effects is not None:
         from attnviz.analysis.effect import EFFECTS
 
-        said = [f"{EFFECTS[name][0]} {effects.values[name][run.layer, head]:{'+' if name == 'loss' else ''}.3f}" for name in effects.names]
+        said = []
+        for name in effects.names:  # decimals for the layer's heads alike
+            layer = effects.values[name][run.layer]
+            said.append(f"{EFFECTS[name][0]} {layer[head]:{'+' if name == 'loss' else ''}.{effect_decimals(layer)}f}")
         scope.append(said[0] if short else f"taken out ({effects.ablation}): {', '.join(said)}")
     return scope
 

@@ -86,6 +86,31 @@
 
   AV.tokenLabel = (tokens, i) => `${i}:${tokens[i]}`;
 
+  // A head's effect when taken out (the record's "effects", --effect), as heads.png's titles say it: every name,
+  // "KL 0.012 · Δloss +0.004", or short the first, "KL 0.012"; decimals that show the layer's largest value to 2
+  // significant digits (render/titles.py's effect_decimals). null when the report did not measure that layer.
+  AV.effectText = (text, layer, head, short = false) => {
+    const effects = text.effects;
+    const row = effects ? effects.layers.indexOf(layer) : -1;
+    if (row < 0) return null;
+    const names = Object.keys(effects.short_names);
+    const said = names.map((name) => {
+      const values = effects[name][row];
+      const largest = Math.max(...values.map(Math.abs));
+      const decimals = largest > 0 ? Math.min(5, Math.max(3, 1 - Math.floor(Math.log10(largest)))) : 3;
+      const value = values[head];
+      return `${effects.short_names[name]} ${name === "loss" && value >= 0 ? "+" : ""}${value.toFixed(decimals)}`;
+    });
+    return short ? said[0] : said.join(" · ");
+  };
+
+  // What the effect beside a head is, for a view's note: "its effect (--effect, zero ablation): each head taken out, ...".
+  AV.effectNote = (text) =>
+    text.effects
+      ? `its effect (--effect, ${text.effects.ablation} ablation): each head taken out, ${text.effects.ablation_definition}, and the model run again; ` +
+        Object.entries(text.effects.short_names).map(([name, short]) => `${short}: ${text.effects.definitions[name]}`).join("; ") + "."
+      : null;
+
   // ---- decoding ENCODED arrays: base64 -> zlib ("deflate") -> little-endian codes -> Float32Array ----
 
   function base64Bytes(text) {

@@ -42,6 +42,16 @@
     return AV.el("label", { class: "control" }, "Layer ", select);
   }
 
+  // --effect: each head's toggle says what taking it out does, for the layer shown ("KL 0.012"; in full on hover).
+  function labelEffects(section) {
+    for (const span of section.querySelectorAll(".head-effect")) {
+      const head = Number(span.dataset.head);
+      const effect = AV.effectText(AV.current(), AV.state.layer, head);
+      span.textContent = effect ? ` ${AV.effectText(AV.current(), AV.state.layer, head, true)}` : "";
+      span.parentElement.title = effect ? `head ${head} taken out: ${effect}` : "";
+    }
+  }
+
   function headToggles() {
     const chosen = new Set(chosenHeads());
     const box = AV.el("fieldset", { class: "head-toggles" }, AV.el("legend", {}, "Heads"));
@@ -55,7 +65,8 @@
         AV.set({ heads });
       });
       const swatch = AV.el("span", { class: "swatch", style: `background:${AV.headColour(head)}`, "aria-hidden": "true" });
-      box.appendChild(AV.el("label", { class: "head-toggle-label", for: `head-toggle-${head}` }, input, swatch, String(head)));
+      const effect = AV.el("span", { class: "head-effect", "data-head": head });
+      box.appendChild(AV.el("label", { class: "head-toggle-label", for: `head-toggle-${head}` }, input, swatch, String(head), effect));
     }
     const all = AV.el("button", { type: "button", class: "small", id: "head-all" }, "all");
     const none = AV.el("button", { type: "button", class: "small", id: "head-none" }, "none");
@@ -99,6 +110,7 @@
     );
     section.appendChild(AV.el("h2", {}, "Head view"));
     section.appendChild(AV.el("div", { class: "controls" }, layerSelect(textIndex), headToggles()));
+    labelEffects(section);
     section.appendChild(note);
     section.appendChild(readout);
     section.appendChild(columns);
@@ -186,6 +198,7 @@
       parts.push("Only head 0 is shown at first (every head's lines of a text this long would be too many to draw at once): tick more heads above.");
     }
     if (!current.exact) parts.push("This layer's weights are stored as 256 levels of the log colour scale: opacities and read-outs are approximate (≈).");
+    if (AV.effectText(text, current.layer, 0)) parts.push(`Beside each head, ${AV.effectNote(text)}`);
     current.note.textContent = parts.join(" ");
   }
 
@@ -316,6 +329,7 @@
     if ("layer" in patch) {
       const select = drawn.section.querySelector("#head-layer");
       if (select) select.value = String(state.layer);
+      labelEffects(drawn.section);
     }
     if ("heads" in patch) {
       const chosen = new Set(chosenHeads());

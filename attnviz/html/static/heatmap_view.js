@@ -73,6 +73,8 @@
     if (step > 1) notes.push(`Token labels thinned: one label every ${step} tokens (the read-out names every cell).`);
     if (text.causal) notes.push("Grey cells are masked by the causal mask (keys after the query).");
     if (!data.exact) notes.push("This layer's weights are stored as 256 levels of the log colour scale: its read-outs are approximate (≈).");
+    const effect = AV.effectText(text, layer, head);
+    if (effect) notes.push(`Head ${head}: ${effect}, ${AV.effectNote(text)}`);
     current.note.textContent = notes.join(" ");
     // The cell read out before (pinned, or last under the pointer) is read out again from this map.
     if (current.pinned) point(current, current.pinned.i, current.pinned.j);

@@ -17,7 +17,13 @@
   function cellButton(textIndex, layer, head, groups) {
     const canvas = AV.el("canvas", { class: "model-cell", "data-layer": layer, "data-head": head, "aria-hidden": "true" });
     const kv = groups ? ` (key/value head ${groups.of[head]})` : "";
-    const button = AV.el("button", { type: "button", class: "model-cell-button", "aria-label": `layer ${layer}, head ${head}${kv}: open in the heatmap view`, title: `layer ${layer} · head ${head}${groups ? ` · kv ${groups.of[head]}` : ""}` }, canvas);
+    const effect = AV.effectText(AV.current(), layer, head);
+    const button = AV.el(
+      "button",
+      { type: "button", class: "model-cell-button", "aria-label": `layer ${layer}, head ${head}${kv}${effect ? `, taken out: ${effect}` : ""}: open in the heatmap view`, title: `layer ${layer} · head ${head}${groups ? ` · kv ${groups.of[head]}` : ""}${effect ? ` · ${effect}` : ""}` },
+      canvas,
+      ...(effect ? [AV.el("span", { class: "model-cell-effect" }, AV.effectText(AV.current(), layer, head, true))] : []),
+    );
     if (groups) markGroup(button, head, groups);
     if (layer === AV.state.layer && head === AV.state.head) button.setAttribute("aria-current", "true");
     button.addEventListener("click", () => AV.set({ layer, head, view: "heatmap" }));
@@ -62,6 +68,7 @@
     if (!text.layers) notes.push(`This cross-attention run holds only layer ${text.layer}: the report has no other layer's maps for it.`);
     if (Math.max(rows, cols) > CELL_SIDE_PX) notes.push(`Each pixel of a small map shows the largest weight of the block of cells it covers.`);
     if (text.layers && text.layers.dtype === "uint8") notes.push("Layers other than the run's are drawn from 256 levels of the log colour scale.");
+    if (text.effects) notes.push(`Under each map of layer${text.effects.layers.length > 1 ? "s" : ""} ${text.effects.layers.join(", ")}, ${AV.effectNote(text)}`);
     const groups = kvGroups(text);
     if (groups) notes.push(`Grouped-query attention: the ${heads} heads share ${groups.count} key/value heads; each group's heads stand together under its key/value head, framed in its colour (as in heads.png).`);
     section.appendChild(AV.el("p", { class: "note" }, notes.join(" ")));
