@@ -278,9 +278,9 @@ def test_copies_a_few_at_a_time_and_positions_a_block_at_a_time_give_the_same_nu
     together = effect.head_effects(loaded, TEXT, spec)
     monkeypatch.setattr(effect, "LOGITS_BYTES", 1)
     one_by_one = effect.head_effects(loaded, TEXT, spec)
-    monkeypatch.setattr(effect, "DISTRIBUTIONS_BYTES", 3 * 24 * BPE_VOCAB)
+    monkeypatch.setattr(effect, "DISTRIBUTIONS_BYTES", 3 * 32 * BPE_VOCAB)  # 3 positions at a time
     in_blocks = effect.head_effects(loaded, TEXT, spec)
-    assert len(together.tokens) > 6 and in_blocks.loss == pytest.approx(together.loss, rel=1e-12)
+    assert len(together.tokens) > 6 and in_blocks.loss == pytest.approx(together.loss, rel=1e-6)
     for name in together.names:
         np.testing.assert_allclose(one_by_one.values[name], together.values[name], rtol=1e-6, atol=1e-9)
         np.testing.assert_allclose(in_blocks.values[name], together.values[name], rtol=1e-6, atol=1e-9)

@@ -24,8 +24,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-# The next-token distributions held at once, in float64 (p, log p and one copy's scores: positions × vocabulary
-# each), and the logits of a batch of copies (the model's dtype): a longer text is measured in blocks of positions.
+# The next-token distributions held at once, in float64 (p and log p with every head, one copy's scores and
+# logsumexp's temporary: four positions × vocabulary arrays), and the logits of a batch of copies (the model's
+# dtype): a longer text is measured in blocks of positions.
 DISTRIBUTIONS_BYTES = 2**30
 LOGITS_BYTES = 2**28
 PAPER = 'Michel, Levy and Neubig, NeurIPS 2019, "Are Sixteen Heads Really Better than One?" (arXiv 1905.10650)'
@@ -176,7 +177,7 @@ class _Predictions:
     def __init__(self, weight, bias, last, targets):
         self.weight, self.bias, self.last, self.targets = weight, bias, last[0], targets
         num_tokens, vocabulary = self.last.shape[0], weight.shape[0]
-        rows = max(1, DISTRIBUTIONS_BYTES // (3 * 8 * vocabulary))
+        rows = max(1, DISTRIBUTIONS_BYTES // (4 * 8 * vocabulary))
         self.blocks = [slice(start, min(start + rows, num_tokens)) for start in range(0, num_tokens, rows)]
         self._whole = self._distribution(self.blocks[0]) if len(self.blocks) == 1 else None
         self.loss = float(sum(self._nll(self._baseline(block)[0], block).sum() for block in self.blocks) / len(targets))
@@ -187,14 +188,13 @@ class _Predictions:
 
         log_p = torch.log_softmax(torch.nn.functional.linear(self.last[block], self.weight, self.bias).double(), dim=-1)
         p = log_p.exp()
-        return log_p, p, torch.linalg.vecdot(p, log_p)
+        return log_p, p, _row_dots(p, log_p)
 
     def _baseline(self, block):
         return self._whole if self._whole is not None else self._distribution(block)
 
     def _nll(self, log_q, block):
-        """-log q of each of the block's positions' next token (those with one): (n',), from log-probabilities or
-        from scores already normalised by the caller."""
+        """-log q of each of the block's positions' next token (those with one): (n',); of scores, -score."""
         predicted = range(block.start, min(block.stop, len(self.targets)))
         if not predicted:
             return log_q.new_zeros(0)
@@ -215,9 +215,15 @@ class _Predictions:
                     scores = logits[copy - first].double()  # (n, V)
                     # log q = s - logsumexp(s): KL(p ‖ q) = Σ p log p - Σ p s + logsumexp(s), a row at a time
                     normaliser = torch.logsumexp(scores, dim=-1)  # (n,)
-                    kl[copy] += float((plogp - torch.linalg.vecdot(p, scores) + normaliser).sum())
-                    nll[copy] += float(self._nll(scores - normaliser[:, None], block).sum())
+                    kl[copy] += float((plogp - _row_dots(p, scores) + normaliser).sum())
+                    negative = self._nll(scores, block)  # -s of each next token: -log q is that + logsumexp(s)
+                    nll[copy] += float((negative + normaliser[: len(negative)]).sum())
         return {"kl": kl / num_tokens, "loss": nll / len(self.targets) - self.loss}
+
+
+def _row_dots(a, b):
+    """(n,): each row of a (n, V) times the same row of b, summed: as one batched product, no (n, V) temporary."""
+    return (a[:, None, :] @ b[:, :, None])[:, 0, 0]
 
 
 class _Representations:

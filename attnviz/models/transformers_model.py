@@ -247,6 +247,8 @@ class TransformersModel:
         becomes is the decoder's pass over it (Recorded.rest)."""
         layers = self.layer_stack(stack)
         with self._forward_lock:
+            # blocks of queries, never a whole (B, H, N, N) of scores: run_from's batches of copies at any length
+            self.model.set_attn_implementation(blocked_attention.register())
             if self.family.kind == ENCODER_DECODER:
                 seq2seq = dict(input_ids=source["input_ids"], attention_mask=source["attention_mask"],
                                decoder_input_ids=inputs["input_ids"], decoder_attention_mask=inputs["attention_mask"])  # fmt: skip
