@@ -57,10 +57,15 @@ ARGUMENTS = {  # function -> its arguments -> wrong values
         **{name: RUN_OPTIONS[name] for name in ("model", "device", "dtype")},
     },
     "report": {"text_or_texts": TEXTS, **RUN_OPTIONS},
+    "diff": {
+        "text": [*TEXT, ["the cat"]],
+        "against": [5, None, ["random"]],
+        **{name: RUN_OPTIONS[name] for name in ("model", "seed", "stack", "device", "dtype", "truncate", "memory")},
+    },
     "load": {"model": RUN_OPTIONS["model"], "device": [5, None], "dtype": [5, None], "allow_pickle": ["yes", 1], "cache": ["no", 0]},
 }
 FIRST_ARGUMENT = {"heads": "text", "trace": "text", "stats": "texts", "layers": "text", "compare": "text",
-                  "position": "text", "report": "text_or_texts", "load": "model"}  # fmt: skip
+                  "position": "text", "report": "text_or_texts", "diff": "text", "load": "model"}  # fmt: skip
 CASES = [
     (function, argument, value)
     for function, arguments in ARGUMENTS.items()
@@ -77,6 +82,8 @@ def no_loading(monkeypatch):
 def call(function: str, **given):
     """The public function with valid arguments (the bundled model on the CPU), but for those given."""
     valid = {FIRST_ARGUMENT[function]: "bundled" if function == "load" else "the cat", "model": "bundled", "device": "cpu"}
+    if function == "diff":
+        valid["against"] = "random"
     return getattr(attnviz, function)(**{**valid, **given})
 
 

@@ -11,7 +11,8 @@ import pytest
 from attnviz.cli import run
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
-TEXT_COMMANDS = ["heads", "report", "layers", "stats", "compare", "position", "trace"]
+TEXT_COMMANDS = ["heads", "report", "layers", "stats", "compare", "position", "diff", "trace"]
+NEEDED = {"diff": ["--against", "random"]}  # a command's required options besides the text
 
 
 def attnviz(*args, **streams) -> subprocess.CompletedProcess:
@@ -24,7 +25,7 @@ def attnviz(*args, **streams) -> subprocess.CompletedProcess:
 def test_a_byte_that_is_not_utf8_in_a_text_is_one_line_naming_it(command, tmp_path, capsys):
     """Python hands an argument's undecodable byte 0xE9 on as the lone surrogate U+DCE9 (surrogateescape)."""
     out = tmp_path / "run"
-    assert run([command, "caf\udce9 au lait", "--model", "bundled", "--out", str(out)]) == 2
+    assert run([command, "caf\udce9 au lait", *NEEDED.get(command, []), "--model", "bundled", "--out", str(out)]) == 2
     assert capsys.readouterr().err == "error: the text has a byte that is not UTF-8: 0xE9 at character 4 (give it in UTF-8)\n"
     assert not out.exists()
 

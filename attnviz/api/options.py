@@ -96,6 +96,8 @@ class RunOptions:
 RUN_OPTIONS = tuple(field.name for field in fields(RunOptions))
 # stats, layers: every layer's self-attention
 EVERY_LAYER_OPTIONS = tuple(name for name in RUN_OPTIONS if name not in ("layer", "kv"))
+# diff: every layer's self-attention with each checkpoint's own heads and weights (against="random": seed's)
+DIFF_OPTIONS = ("model", "seed", "stack", "device", "dtype", "truncate", "memory")
 
 
 def run_options(function: str, given: dict[str, Any], taken: tuple[str, ...] = RUN_OPTIONS) -> RunOptions:

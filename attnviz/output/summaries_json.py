@@ -83,3 +83,33 @@ def write_effects_json(effects, spec: RunSpec, path: Path) -> Path:
     }
     path.write_text(json.dumps(record, ensure_ascii=False), encoding="utf-8")
     return path
+
+
+def differences_record(differences, spec: RunSpec) -> dict:
+    """diff.json (`attnviz diff`): every layer × head's distances between two checkpoints' maps of one text
+    (analysis.diff.HeadDifferences), with what each means and the most changed heads."""
+    from attnviz.analysis.diff import CLARK, DISTANCES
+
+    values = differences.values
+    return {
+        "format": "attnviz-diff",
+        "version": SUMMARIES_FORMAT_VERSION,
+        "settings": spec.to_dict(),
+        "text": differences.text,
+        "model": differences.model,
+        "against": differences.against,
+        **({"seed": differences.seed} if differences.seed is not None else {}),
+        "tokens": differences.tokens,
+        "paper": CLARK,
+        "definitions": {name: definition for name, (_, definition) in DISTANCES.items()},
+        **{name: np.round(values[name], DECIMALS).tolist() for name in DISTANCES},  # js[layer][head]
+        "most_changed": [
+            {"layer": layer, "head": head, **{name: round(float(values[name][layer, head]), DECIMALS) for name in DISTANCES}}
+            for layer, head in differences.top
+        ],
+    }
+
+
+def write_differences_json(differences, spec: RunSpec, path: Path) -> Path:
+    path.write_text(json.dumps(differences_record(differences, spec), ensure_ascii=False), encoding="utf-8")
+    return path

@@ -80,35 +80,41 @@ def effects_figure(effects, run=None, seed: int | None = None):
     predicted worse without the head, blue: better), the others from 0."""
     from attnviz.analysis.effect import TAKEN_OUT
 
-    names = effects.names
-    figure = new_figure((len(names) * PANEL_INCHES[0], PANEL_INCHES[1] + 1.0))
-    num_layers, num_heads = effects.values[names[0]].shape
-    numbered = num_layers <= MAX_NUMBERED_CELLS[0] and num_heads <= MAX_NUMBERED_CELLS[1]
     panel_titles = {
         "kl": "KL(p ‖ q) of the next-token distributions (nats)",
         "loss": f"loss change (nats per token; {effects.loss:.3f} with every head)" if effects.loss is not None else "",
         "cosine": "cosine distance of each token's last hidden state, mean",
         "pooled": f"cosine distance of the sentence embedding ({effects.pooling} pooling)",
     }
-    for index, name in enumerate(names):
-        ax = figure.add_subplot(1, len(names), index + 1)
-        values = effects.values[name]
-        top = max(float(np.nanmax(values)), 1e-9)
-        if name != "loss":
-            image = ax.imshow(values, cmap=COLORMAP, vmin=0.0, vmax=top, aspect="auto", interpolation="nearest")
+    panels = [(panel_titles[name], effects.values[name], name == "loss") for name in effects.names]
+    notes = [f"each head taken out (its output {TAKEN_OUT[effects.ablation]}), the model run again: rows layers, columns heads"]
+    return grids_figure(panels, len(effects.tokens), notes, run, seed, effects)
+
+
+def grids_figure(panels: list[tuple[str, np.ndarray, bool]], num_tokens: int, notes: list[str], run, seed: int | None, numbers):
+    """One layers × heads grid per panel (its title, its (L, H) values, whether on a scale centred on 0: red above,
+    blue below; else from 0 to its largest value), each value in its cell when the grid is small enough; titled
+    as _title says (numbers: what has a model, a text and causal)."""
+    figure = new_figure((len(panels) * PANEL_INCHES[0], PANEL_INCHES[1] + 1.0))
+    num_layers, num_heads = panels[0][1].shape
+    numbered = num_layers <= MAX_NUMBERED_CELLS[0] and num_heads <= MAX_NUMBERED_CELLS[1]
+    for index, (title, values, centred) in enumerate(panels):
+        ax = figure.add_subplot(1, len(panels), index + 1)
+        top = max(float(np.nanmax(np.abs(values))), 1e-9)
+        if centred:
+            image = ax.imshow(values, cmap="RdBu_r", vmin=-top, vmax=top, aspect="auto", interpolation="nearest")
         else:
-            reach = max(float(np.nanmax(np.abs(values))), 1e-9)
-            image = ax.imshow(values, cmap="RdBu_r", vmin=-reach, vmax=reach, aspect="auto", interpolation="nearest")
-        ax.set_title(panel_titles[name], fontsize=9, parse_math=False)
+            image = ax.imshow(values, cmap=COLORMAP, vmin=0.0, vmax=top, aspect="auto", interpolation="nearest")
+        ax.set_title(title, fontsize=9, parse_math=False)
         figure.colorbar(image, ax=ax, shrink=0.85)
         _label_axes(ax, num_layers, num_heads)
         if numbered:
             decimals = effect_decimals(values)
             for (layer, head), value in np.ndenumerate(values):
-                ax.text(head, layer, f"{value:.{decimals}f}", ha="center", va="center", fontsize=5, color="black" if name == "loss" or value > 0.6 * top else "white")
-    scope = [f"{counted(num_layers, 'layer')} × {counted(num_heads, 'head')}", counted(len(effects.tokens), "token")]
-    notes = [f"each head taken out (its output {TAKEN_OUT[effects.ablation]}), the model run again: rows layers, columns heads"]
-    _title(figure, scope, notes, run, seed, effects)
+                colour = "black" if centred or value > 0.6 * top else "white"
+                ax.text(head, layer, f"{value:.{decimals}f}", ha="center", va="center", fontsize=5, color=colour)
+    scope = [f"{counted(num_layers, 'layer')} × {counted(num_heads, 'head')}", counted(num_tokens, "token")]
+    _title(figure, scope, notes, run, seed, numbers)
     return figure
 
 

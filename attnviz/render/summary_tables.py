@@ -37,6 +37,25 @@ def print_effects(console: Console, effects) -> None:
     console.print(Text(effects_legend(effects) + f"; every layer's {' and '.join(shorts)}: effects.json, effects.png"))
 
 
+def print_differences(console: Console, differences) -> None:
+    """`attnviz diff`: the JS distance of every layer × head's two maps as a grid, the most changed heads, a legend."""
+    from attnviz.analysis.diff import against_words
+
+    title = f"JS distance by layer and head, {against_words(differences)}"
+    for table in layer_head_grid(differences.values["js"], title, console.width, 3, "diff.json"):
+        console.print(table)
+    js, clark = differences.values["js"], differences.values["clark"]
+    most = [f"layer {layer} head {head} (JS {js[layer, head]:.3f}, Clark {clark[layer, head]:.2f})" for layer, head in differences.top]
+    console.print(Text("most changed: " + ", ".join(most)))
+    console.print(
+        Text(
+            "JS: the Jensen-Shannon distance of the two maps' rows (0 the same, 1 no key in common), mean over the "
+            "queries; Clark: Clark et al.'s divergence, the JSD in bits summed over the queries (diff.json, diff.png)",
+            style="dim",
+        )
+    )
+
+
 def layer_head_grid(values, title: str, width: int, decimals: int, file: str, marked=None, last_column=None) -> list[Table]:
     """Layers × heads of values (L, H), `decimals` a cell, the heads in blocks of columns that fit width; at most
     MAX_LAYERS_SHOWN rows, the rest said to be in `file`. marked (L, H) bools shows those cells bold; last_column,

@@ -1,0 +1,84 @@
+"""What attnviz.diff returns: two checkpoints' maps of one text compared, every layer × head."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from attnviz.api import display
+from attnviz.api.run_results import _Rendered, save_run_files
+from attnviz.errors import AttnvizError
+from attnviz.spec import RunSpec
+
+
+@dataclass(frozen=True, repr=False)
+class DiffResult:
+    """differences (analysis.diff.HeadDifferences): .values["js"] and ["clark"] (L, H), .top (the most changed heads,
+    (layer, head)), .maps[(layer, head)] their two maps (N, N) (for a text of at most MAX_DRAWN_TOKENS)."""
+
+    differences: object
+    spec: RunSpec
+
+    @property
+    def values(self) -> dict[str, np.ndarray]:
+        return self.differences.values
+
+    @property
+    def top(self) -> list[tuple[int, int]]:
+        return self.differences.top
+
+    def figure(self, which: str = "distances"):
+        """"distances": diff.png, every layer × head; "heads": diff_heads.png, the most changed heads' maps."""
+        from attnviz.render.diff_figures import differences_figure, most_changed_figure
+
+        if which == "distances":
+            return differences_figure(self.differences, self.spec.seed)
+        if which != "heads":
+            raise AttnvizError(f"unknown figure {which!r}: choose distances or heads")
+        if not self.differences.maps:
+            raise AttnvizError("no maps of the most changed heads: the text has more tokens than they are kept for")
+        return most_changed_figure(self.differences, self.spec.seed)
+
+    def save(self, folder: str | Path, format: str = "png") -> list[Path]:
+        """Write what `attnviz diff --out folder` writes: diff.<format>, diff_heads.<format> and diff.json."""
+        return save_run_files(folder, lambda staging: self.write_files(staging, format), format)
+
+    def write_files(self, folder: Path, format: str = "png") -> list[Path]:
+        from attnviz.output.summaries_json import write_differences_json
+        from attnviz.render.diff_figures import write_differences_figures
+
+        return [*write_differences_figures(self.differences, folder, format, self.spec.seed), write_differences_json(self.differences, self.spec, folder / "diff.json")]
+
+    def to_dict(self) -> dict:
+        """diff.json's content."""
+        from attnviz.output.summaries_json import differences_record
+
+        return differences_record(self.differences, self.spec)
+
+    def __rich_console__(self, console, options):
+        from attnviz.render.summary_tables import print_differences
+
+        printed = display.Printed(options.max_width)
+        print_differences(printed, self.differences)
+        yield printed.group()
+
+    def __rich__(self):
+        return _Rendered(self)
+
+    def _repr_html_(self) -> str:
+        from attnviz.analysis.diff import against_words
+
+        d = self.differences
+        rows = [[layer, head, display.number(d.values["js"][layer, head], 3), display.number(d.values["clark"][layer, head], 3)] for layer, head in d.top]
+        parts = [
+            display.figure_html(self.figure(), "every layer × head"),
+            display.table_html(["layer", "head", "JS", "Clark"], rows, "the most changed heads; JS: Jensen-Shannon distance, mean over queries; Clark: JSD summed over queries (bits)"),
+            *([display.figure_html(self.figure("heads"), "the most changed heads")] if d.maps else []),
+        ]
+        return display.result_html(f"{d.model} {against_words(d)} · {d.text}", *parts)
+
+    def __repr__(self) -> str:
+        d = self.differences
+        return f"<attnviz.DiffResult {d.text!r}: {d.model} against {d.against}, most changed layer {d.top[0][0]} head {d.top[0][1]}>"

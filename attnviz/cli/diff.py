@@ -1,0 +1,77 @@
+"""`attnviz diff`: two checkpoints of one architecture over one text, every layer × head's maps compared."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from attnviz.cli.options import (
+    QuietOption,
+    run_options,
+    app,
+    console,
+    Device,
+    ImageFormat,
+    Stack,
+    DeviceOption,
+    Dtype,
+    DtypeOption,
+    TruncateOption,
+    FormatOption,
+    MAX_SEED,
+    AllowPickleOption,
+    ModelOption,
+    EveryLayerStackOption,
+    EveryLayerMemoryOption,
+    OutOption,
+)
+from attnviz.cli.shared import run_target, write_run
+from attnviz.spec import check_text, refuse_cross_over_every_layer
+
+
+@app.command(short_help="Two checkpoints' heads side by side: how far apart each layer × head's maps are.")
+def diff(
+    text: str = typer.Argument(..., metavar="TEXT", help="The text to attend over, e.g. 我想吃酸菜鱼."),
+    model: Optional[str] = ModelOption,
+    against: str = typer.Option(
+        ...,
+        "--against",
+        metavar="MODEL",
+        help="The other checkpoint (hub id or local folder) of the same architecture and tokenizer, e.g. a "
+        "fine-tuned model beside its base; or random: each layer with random projections from --seed, over the "
+        "model's own hidden states (how far training moved each head). A folder named random: ./random.",
+    ),
+    seed: int = typer.Option(0, min=0, max=MAX_SEED, help="Seed of the random projections of --against random."),
+    stack: Optional[Stack] = EveryLayerStackOption,
+    device: Device = DeviceOption,
+    dtype: Dtype = DtypeOption,
+    image_format: ImageFormat = FormatOption,
+    out: Optional[Path] = OutOption,
+    truncate: bool = TruncateOption,
+    memory: Optional[int] = EveryLayerMemoryOption,
+    allow_pickle: bool = AllowPickleOption,
+    quiet: bool = QuietOption,
+) -> None:
+    """Every layer × head of two checkpoints over one text: the Jensen-Shannon distance of their maps (mean over
+    queries) and Clark et al.'s divergence (the JSD summed over queries), as a grid (diff.png), the most changed
+    heads' maps side by side with their difference (diff_heads.png), and diff.json."""
+    options = run_options(locals())
+    from attnviz.api import functions
+    from attnviz.api.models import load
+    from attnviz.output.runs import run_folder_name
+    from attnviz import startup
+
+    check_text(text)
+    refuse_cross_over_every_layer(options.stack)
+    functions.refuse_before_loading(options)
+    target = run_target(out, run_folder_name(text))
+    handle = load(options.model, options.device, dtype=options.dtype, allow_pickle=allow_pickle, cache=False)
+    other = against
+    if against != "random":
+        other = load(against, options.device, dtype=options.dtype, allow_pickle=allow_pickle, cache=False)
+    result = functions.diff(text, against=other, **replace(options, model=handle).keywords())
+    console.print(result)  # its __rich__: the grid and the most changed heads
+    write_run(out, target, "drawing the differences…", lambda staging: startup.draw(result.write_files, staging, image_format.value))
