@@ -99,7 +99,7 @@ def test_diff_writes_its_grid_its_heads_and_its_json_and_prints_the_grid(pair, t
     layer, head = CHANGED
     assert record["most_changed"][0]["layer"] == layer and record["most_changed"][0]["head"] == head
     assert np.array(record["js"]).shape == (3, 6) and record["js"][0] == [0.0] * 6
-    assert {path.name for path in out.iterdir() if not path.name.startswith(".")} == {"diff.json", "diff.png", "diff_heads.png"}
+    assert {path.name for path in out.iterdir() if not path.name.startswith(".")} == {"diff.json", "diff.png", "diff_heads.png", "report.html"}
     printed = " ".join(capsys.readouterr().out.split())
     assert "JS distance by layer and head" in printed and f"layer {layer} head {head}" in printed
 
@@ -126,3 +126,32 @@ def test_two_checkpoints_of_other_tokenizers_or_architectures_are_refused_in_one
     error = capsys.readouterr().err
     assert message in " ".join(error.split()) and "Traceback" not in error and len(error.strip().splitlines()) == 1
     assert not out.exists()
+
+
+def test_the_reports_diff_view_shows_the_grid_and_the_most_changed_heads(pair, tmp_path, opened):
+    """report.html of `attnviz diff` opens on the Diff view: the grid's cell of the changed head reads out its JS
+    distance and Clark divergence, and the most changed heads' maps are drawn, the changed head first."""
+    import attnviz
+
+    folder, _ = pair
+    result = attnviz.diff(TEXT, model=str(folder / "a"), against=str(folder / "b"), device="cpu")
+    path = result.report().save(tmp_path / "report")[0]
+    page = opened(path)
+    page.page.wait_for_selector("#view-diff .diff-pair", state="attached")
+    assert page.page.get_attribute("#tab-diff", "aria-selected") == "true"
+    layer, head = CHANGED
+    page.page.hover(f"#view-diff .diff-grid rect[data-layer='{layer}'][data-head='{head}']")
+    js, clark = result.values["js"][layer, head], result.values["clark"][layer, head]
+    assert page.texts("#diff-readout")[0] == f"layer {layer} · head {head} · JS {js:.4f} · Clark {clark:.4f} bits"
+    headings = page.texts("#view-diff .diff-head")
+    assert len(headings) == len(result.top) and headings[0].startswith(f"layer {layer} · head {head} · JS {js:.4f}")
+    sides = page.page.eval_on_selector_all("#view-diff canvas.diff-map", "canvases => canvases.map(c => c.dataset.side + ':' + c.width)")
+    assert sides[:3] == [f"model:{sides[0].split(':')[1]}", f"against:{sides[0].split(':')[1]}", f"change:{sides[0].split(':')[1]}"]
+    assert int(sides[0].split(":")[1]) > 0
+    # each map drawn in the report's colours: the first row of a causal map is all on the first token
+    for side, values in zip(("model", "against"), result.differences.maps[CHANGED], strict=True):
+        pixel = page.page.evaluate(
+            f"(() => {{ const c = document.querySelector(\"#view-diff canvas.diff-map[data-side='{side}']\"); "
+            "return Array.from(c.getContext('2d').getImageData(0, 0, 1, 1).data.slice(0, 3)); })()"
+        )
+        assert pixel == page.page.evaluate(f"window.AV.colour({float(values[0, 0])}, false)")

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -18,9 +19,9 @@ class DiffResult:
     """differences (analysis.diff.HeadDifferences): .values["js"] and ["clark"] (L, H), .top (the most changed heads,
     (layer, head)), .maps[(layer, head)] their two maps (N, N) (for a text of at most MAX_DRAWN_TOKENS)."""
 
-    differences: object
+    differences: Any  # analysis.diff.HeadDifferences
     spec: RunSpec
-
+    loaded: Any = field(default=None, compare=False)  # the model's LoadedModel: its report's every layer
     @property
     def values(self) -> dict[str, np.ndarray]:
         return self.differences.values
@@ -42,14 +43,28 @@ class DiffResult:
         return most_changed_figure(self.differences, self.spec.seed)
 
     def save(self, folder: str | Path, format: str = "png") -> list[Path]:
-        """Write what `attnviz diff --out folder` writes: diff.<format>, diff_heads.<format> and diff.json."""
+        """Write what `attnviz diff --out folder` writes: diff.<format>, diff_heads.<format>, diff.json, report.html."""
         return save_run_files(folder, lambda staging: self.write_files(staging, format), format)
 
     def write_files(self, folder: Path, format: str = "png") -> list[Path]:
         from attnviz.output.summaries_json import write_differences_json
         from attnviz.render.diff_figures import write_differences_figures
 
-        return [*write_differences_figures(self.differences, folder, format, self.spec.seed), write_differences_json(self.differences, self.spec, folder / "diff.json")]
+        figures = write_differences_figures(self.differences, folder, format, self.spec.seed)
+        return [*figures, write_differences_json(self.differences, self.spec, folder / "diff.json"), *self.report().write_files(folder)]
+
+    def report(self):
+        """The interactive report of the model's text (as attnviz.report gives it, at the most changed head's layer),
+        opening on the Diff view: the grid of every layer × head's distance, the most changed heads' two maps."""
+        from attnviz.api.report import report_texts
+        from attnviz.api.run_results import report_result
+        from attnviz.pipeline import run_attention
+
+        spec = replace(self.spec, layer=self.differences.top[0][0])
+        runs = run_attention(self.loaded, [self.differences.text], spec)
+        texts, notes = report_texts(self.loaded, runs, spec)
+        texts[0] = replace(texts[0], differences=self.differences)
+        return report_result(texts, spec, self.loaded.num_layers_of(spec.stack), notes)
 
     def to_dict(self) -> dict:
         """diff.json's content."""

@@ -245,7 +245,7 @@ def diff(text: str, *, against, **options):
     if against != RANDOM:
         other = load(against, options.device, dtype=options.dtype).loaded
         check_pair(handle.loaded, other, text, spec)
-    return DiffResult(head_differences(handle.loaded, other, text, spec, block_budget(spec)), spec)
+    return DiffResult(head_differences(handle.loaded, other, text, spec, block_budget(spec)), spec, handle.loaded)
 
 
 def _in_blocks(loaded, text: str, spec, num_layers: int = 1) -> bool:

@@ -66,6 +66,7 @@ class ReportText:
     trace: object | None = None  # tracing.TraceResult of every layout the layer allows
     mistakes: list = field(default_factory=list)  # tracing.TraceResult of each --mistake run
     summaries: object | None = None  # analysis.head_summaries.LayerSummaries of every layer: a long text's (is_long)
+    differences: object | None = None  # analysis.diff.HeadDifferences: another checkpoint's heads beside these (diff)
 
 
 def is_long(run: AttentionRun) -> bool:
@@ -155,7 +156,25 @@ def text_record(text: ReportText, spec: RunSpec) -> dict:
     record["mistakes"] = [trace_record(mistaken, spec) for mistaken in text.mistakes]
     if is_long(run):
         record["summaries"] = summaries_of(text.summaries, spec)
+    if text.differences is not None:
+        record["diff"] = differences_of(text.differences, spec)
     return record
+
+
+def differences_of(differences, spec: RunSpec) -> dict:
+    """The Diff view's data: diff.json's object, its words for the other side, and the most changed heads' two maps
+    each (exact, 4 decimals), as [{layer, head, model, against}]."""
+    from attnviz.analysis.diff import against_words
+    from attnviz.output.summaries_json import differences_record
+
+    full = differences_record(differences, spec)
+    maps = [
+        {"layer": layer, "head": head, "model": encode_exact(ours), "against": encode_exact(theirs)}
+        for (layer, head), (ours, theirs) in differences.maps.items()
+    ]
+    return {name: value for name, value in full.items() if name not in SUMMARIES_LEFT_OUT} | {
+        "against_words": against_words(differences), "maps": maps
+    }
 
 
 class FileRows:
