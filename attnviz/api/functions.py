@@ -1,4 +1,4 @@
-"""attnviz.heads, trace, stats, layers, compare, position, diff: the commands' computations as functions.
+"""attnviz.heads, trace, stats, layers, compare, position: the commands' computations as functions.
 
 Each takes the run's options as keywords (RunOptions' fields, api/options.py: model, layer,
 heads, weights, seed, kv, causal, stack, device, dtype, truncate, words; stats and layers all but layer
@@ -10,14 +10,13 @@ functions as the command, and returns a result.
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 
 from attnviz.analysis.effect import head_effects
 from attnviz.analysis.measure_names import measure_names
-from attnviz.api.models import MODEL_TYPES, Model, load
+from attnviz.api.models import Model, load
 from attnviz.api.notes import warn_notes
 from attnviz.api.arguments import must_be_bool, must_be_callable, must_be_int, must_be_one_of, must_be_str, must_be_str_or_list, refuse
-from attnviz.api.options import DIFF_OPTIONS, EVERY_LAYER_OPTIONS, RunOptions, run_options, takes_options
+from attnviz.api.options import EVERY_LAYER_OPTIONS, RunOptions, run_options, takes_options
 from attnviz.errors import AttnvizError
 from attnviz.spec import check_text, check_trace_texts, refuse_cross_over_every_layer
 
@@ -215,37 +214,6 @@ def layers(text: str, *, measure: str = "weights", band: int = 8, effect: str | 
     warn_notices(layer_runs[0].notices, handle)  # every layer's run has the text's notes
     summaries = summarise_layers(handle.loaded, text, spec, budget, window=band)
     return LayersResult(layer_runs, runs_rollout(layer_runs), spec, measures, summaries, effects=effects)
-
-
-@takes_options(DIFF_OPTIONS)
-def diff(text: str, *, against, **options):
-    """Two checkpoints of one architecture and one tokenizer over one text, every layer × head (a DiffResult).
-
-    against: the other checkpoint (a hub id, a local folder, an attnviz.load() handle), or "random": each layer
-    with random projections drawn from seed, over the model's own hidden states (how far training moved each
-    head). Per layer × head, the two maps' Jensen-Shannon distance (mean over queries) and Clark et al.'s
-    divergence (the JSD summed over queries), a block of queries at a time (analysis/diff.py); the most changed
-    heads' maps are kept for a text of at most 2,048 tokens. options: model, seed, stack, device, dtype,
-    truncate, memory, as in layers.
-    """
-    from attnviz.analysis.diff import RANDOM, check_pair, head_differences
-    from attnviz.api.diff_result import DiffResult
-    from attnviz.budgets import block_budget
-
-    options = run_options("diff", options, DIFF_OPTIONS)
-    (text,) = _texts(text, one=True)
-    if against != RANDOM and not isinstance(against, (str, Path, Model)):
-        refuse("against", MODEL_TYPES, against)
-    refuse_cross_over_every_layer(options.stack)
-    refuse_before_loading(options)
-    handle = load(options.model, options.device, dtype=options.dtype)
-    spec = options.run_spec(handle, layer=None)
-    _check_lengths(handle.loaded, [text], options.truncate)
-    other = RANDOM
-    if against != RANDOM:
-        other = load(against, options.device, dtype=options.dtype).loaded
-        check_pair(handle.loaded, other, text, spec)
-    return DiffResult(head_differences(handle.loaded, other, text, spec, block_budget(spec)), spec, handle.loaded)
 
 
 def _in_blocks(loaded, text: str, spec, num_layers: int = 1) -> bool:

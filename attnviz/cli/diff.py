@@ -60,6 +60,7 @@ def diff(
     heads' maps side by side with their difference (diff_heads.png), and diff.json."""
     options = run_options(locals())
     from attnviz.api import functions
+    from attnviz.api.diff import diff as compare_checkpoints
     from attnviz.api.models import load
     from attnviz.output.runs import run_folder_name
     from attnviz import startup
@@ -72,6 +73,6 @@ def diff(
     other = against
     if against != "random":
         other = load(against, options.device, dtype=options.dtype, allow_pickle=allow_pickle, cache=False)
-    result = functions.diff(text, against=other, **replace(options, model=handle).keywords())
+    result = compare_checkpoints(text, against=other, **replace(options, model=handle).keywords())
     console.print(result)  # its __rich__: the grid and the most changed heads
     write_run(out, target, "drawing the differences…", lambda staging: startup.draw(result.write_files, staging, image_format.value))

@@ -1,4 +1,4 @@
-"""What attnviz.diff returns: two checkpoints' maps of one text compared, every layer × head."""
+"""attnviz.diff and what it returns: two checkpoints' maps of one text compared, every layer × head."""
 
 from __future__ import annotations
 
@@ -9,9 +9,43 @@ from typing import Any
 import numpy as np
 
 from attnviz.api import display
+from attnviz.api.arguments import refuse
+from attnviz.api.functions import _check_lengths, _texts, refuse_before_loading
+from attnviz.api.models import MODEL_TYPES, Model, load
+from attnviz.api.options import DIFF_OPTIONS, run_options, takes_options
 from attnviz.api.run_results import _Rendered, save_run_files
 from attnviz.errors import AttnvizError
-from attnviz.spec import RunSpec
+from attnviz.spec import RunSpec, refuse_cross_over_every_layer
+
+
+@takes_options(DIFF_OPTIONS)
+def diff(text: str, *, against, **options):
+    """Two checkpoints of one architecture and one tokenizer over one text, every layer × head (a DiffResult).
+
+    against: the other checkpoint (a hub id, a local folder, an attnviz.load() handle), or "random": each layer
+    with random projections drawn from seed, over the model's own hidden states (how far training moved each
+    head). Per layer × head, the two maps' Jensen-Shannon distance (mean over queries) and Clark et al.'s
+    divergence (the JSD summed over queries), a block of queries at a time (analysis/diff.py); the most changed
+    heads' maps are kept for a text of at most 2,048 tokens. options: model, seed, stack, device, dtype,
+    truncate, memory, as in layers.
+    """
+    from attnviz.analysis.diff import RANDOM, check_pair, head_differences
+    from attnviz.budgets import block_budget
+
+    options = run_options("diff", options, DIFF_OPTIONS)
+    (text,) = _texts(text, one=True)
+    if against != RANDOM and not isinstance(against, (str, Path, Model)):
+        refuse("against", MODEL_TYPES, against)
+    refuse_cross_over_every_layer(options.stack)
+    refuse_before_loading(options)
+    handle = load(options.model, options.device, dtype=options.dtype)
+    spec = options.run_spec(handle, layer=None)
+    _check_lengths(handle.loaded, [text], options.truncate)
+    other = RANDOM
+    if against != RANDOM:
+        other = load(against, options.device, dtype=options.dtype).loaded
+        check_pair(handle.loaded, other, text, spec)
+    return DiffResult(head_differences(handle.loaded, other, text, spec, block_budget(spec)), spec, handle.loaded)
 
 
 @dataclass(frozen=True, repr=False)
