@@ -138,13 +138,15 @@ def head_differences(loaded, other, text: str, spec, budget_bytes: int) -> HeadD
 
 
 def _maps(loaded, other, text: str, spec, other_spec, top: list[tuple[int, int]]) -> dict:
-    """The two maps (N, N) of each of the top heads: each of their layers run once more on each side, whole."""
+    """The two maps (N, N) of each of the top heads: one forward pass a side captures their layers' inputs, then
+    each of those layers runs once more on each side, whole."""
+    from attnviz.layer_inputs import encode_texts, layer_states
     from attnviz.pipeline import run_attention
 
-    maps = {}
-    for layer in sorted({layer for layer, _ in top}):
-        (mine,) = run_attention(loaded, [text], replace(spec, layer=layer))
-        (others,) = run_attention(other, [text], replace(other_spec, layer=layer))
-        for head in (head for top_layer, head in top if top_layer == layer):
-            maps[layer, head] = (np.array(mine.attention[head]), np.array(others.attention[head]))
-    return maps
+    layers = sorted({layer for layer, _ in top})
+    sides = []
+    for model, run_spec in ((loaded, spec), (other, other_spec)):
+        encoded = encode_texts(model, [text], run_spec)
+        states = layer_states(model, encoded, layers, run_spec)
+        sides.append({layer: run_attention(model, [text], replace(run_spec, layer=layer), (encoded, states[layer]))[0] for layer in layers})
+    return {(layer, head): tuple(np.array(side[layer].attention[head]) for side in sides) for layer, head in top}
