@@ -42,6 +42,8 @@ NOT_RUN = {  # a code line that is not run here, and why
     "export RAY_ADDRESS=HEAD_IP:6379": "a Ray cluster with GPUs",
     "attnviz stats --file corpus.txt --engine ray": "starts a local Ray (tests/test_ray.py, the ray tier)",
     "attnviz stats --file corpus.txt --engine ray --device cuda --out run": "a Ray cluster with GPUs",
+    'attnviz diff "The cat sat on the mat because it was tired." --model HuggingFaceTB/SmolLM2-135M --against '
+    "HuggingFaceTB/SmolLM2-135M-Instruct": "two checkpoints from the hub (tests/test_diff.py: two tiny ones)",
 }
 
 
