@@ -57,6 +57,12 @@ ARGUMENTS = {  # function -> its arguments -> wrong values
         **{name: RUN_OPTIONS[name] for name in ("model", "device", "dtype")},
     },
     "report": {"text_or_texts": TEXTS, **RUN_OPTIONS},
+    "generate": {
+        "prompt": [*TEXT, ["the cat"]],
+        "tokens": ["5", 1.5, True, None],
+        "sample": ["yes", 1, None],
+        **{name: RUN_OPTIONS[name] for name in ("model", "layer", "seed", "device", "dtype")},
+    },
     "diff": {
         "text": [*TEXT, ["the cat"]],
         "against": [5, None, ["random"]],
@@ -65,7 +71,7 @@ ARGUMENTS = {  # function -> its arguments -> wrong values
     "load": {"model": RUN_OPTIONS["model"], "device": [5, None], "dtype": [5, None], "allow_pickle": ["yes", 1], "cache": ["no", 0]},
 }
 FIRST_ARGUMENT = {"heads": "text", "trace": "text", "stats": "texts", "layers": "text", "compare": "text",
-                  "position": "text", "report": "text_or_texts", "diff": "text", "load": "model"}  # fmt: skip
+                  "position": "text", "report": "text_or_texts", "diff": "text", "generate": "prompt", "load": "model"}  # fmt: skip
 CASES = [
     (function, argument, value)
     for function, arguments in ARGUMENTS.items()

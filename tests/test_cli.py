@@ -204,7 +204,7 @@ def test_help_imports_no_heavy_library():
     assert "heads" in result.stdout and "--layer" in result.stdout
 
 
-COMMANDS = ("heads", "report", "stats", "layers", "compare", "position", "diff", "trace", "models")
+COMMANDS = ("heads", "report", "stats", "layers", "compare", "position", "diff", "generate", "trace", "models")
 
 
 @pytest.fixture(scope="module")
@@ -288,6 +288,7 @@ OFFERED = {  # the run options each command offers: those its API function takes
     "compare": {"model", "layer", "seed", "device", "dtype", "truncate"},
     "position": {"model", "device", "dtype"},
     "diff": {"model", "seed", "stack", "device", "dtype", "truncate", "memory"},
+    "generate": {"model", "layer", "seed", "device", "dtype"},
     "models": set(),
 }
 

@@ -11,7 +11,7 @@ import pytest
 from attnviz.cli import run
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
-TEXT_COMMANDS = ["heads", "report", "layers", "stats", "compare", "position", "diff", "trace"]
+TEXT_COMMANDS = ["heads", "report", "layers", "stats", "compare", "position", "diff", "generate", "trace"]
 NEEDED = {"diff": ["--against", "random"]}  # a command's required options besides the text
 
 

@@ -98,6 +98,8 @@ RUN_OPTIONS = tuple(field.name for field in fields(RunOptions))
 EVERY_LAYER_OPTIONS = tuple(name for name in RUN_OPTIONS if name not in ("layer", "kv"))
 # diff: every layer's self-attention with each checkpoint's own heads and weights (against="random": seed's)
 DIFF_OPTIONS = ("model", "seed", "stack", "device", "dtype", "truncate", "memory")
+# generate: a decoder's own heads and weights; layer: the one its figure and JSON show; seed: sample's
+GENERATE_OPTIONS = ("model", "layer", "seed", "device", "dtype")
 
 
 def run_options(function: str, given: dict[str, Any], taken: tuple[str, ...] = RUN_OPTIONS) -> RunOptions:

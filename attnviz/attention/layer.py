@@ -192,10 +192,11 @@ class MultiHeadAttention(nn.Module):
         return rotary_tables(num_tokens, self.rotary_inv_freq, self.rotary_scaling)
 
     def project(
-        self, queries: torch.Tensor, keys: torch.Tensor | None = None, values: torch.Tensor | None = None
+        self, queries: torch.Tensor, keys: torch.Tensor | None = None, values: torch.Tensor | None = None, first: int = 0
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q (B, H, Nq, d), and k and v (B, H, Nk, d): projected, split into heads, normalised, rotated (RoPE),
-        and each key/value head repeated for the query heads that share it. keys and values default to queries."""
+        and each key/value head repeated for the query heads that share it. keys and values default to queries.
+        first: the position of the first query and key (RoPE's angles), past a cache's tokens (step)."""
         keys = queries if keys is None else keys
         values = keys if values is None else values
         q = split_heads(self.w_q(queries), self.num_heads)  # (B, H, Nq, d)
@@ -204,10 +205,25 @@ class MultiHeadAttention(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         if self.rotary_inv_freq is not None:
-            cos, sin = (table.to(q.dtype) for table in self.rotary(max(q.shape[2], k.shape[2])))  # (N, d) each, as transformers casts them
+            cos, sin = (table[first:].to(q.dtype) for table in self.rotary(first + max(q.shape[2], k.shape[2])))  # (N, d) each, as transformers casts them
             q = rotate(q, cos[: q.shape[2]], sin[: q.shape[2]])  # (B, H, Nq, d)
             k = rotate(k, cos[: k.shape[2]], sin[: k.shape[2]])  # (B, H_kv, Nk, d)
         return q, repeat_kv(k, self.group_size), repeat_kv(v, self.group_size)  # (B, H, Nk, d) each
+
+    def step(self, queries: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor] | None = None):
+        """Causal self-attention of the next tokens with a key/value cache, as a decoder generates: queries (B, n, D)
+        are the hidden states of n tokens that follow the cache's T. Returns the output (B, n, D), the weights
+        (B, H, n, T + n) over every token so far (each of the n sees itself and those before it), and the cache
+        with the n tokens' keys and values (rotated, repeated for the query heads: (B, H, T + n, d) each)."""
+        past = 0 if cache is None else cache[0].shape[2]
+        q, k, v = self.project(queries, first=past)  # (B, H, n, d) each
+        if cache is not None:
+            k, v = torch.cat([cache[0], k], dim=2), torch.cat([cache[1], v], dim=2)  # (B, H, T + n, d)
+        scores = torch.matmul(q, k.transpose(-2, -1)).mul_(self.scale)  # (B, H, n, T + n)
+        scores.masked_fill_(~allowed_keys(q.shape[2], k.shape[2], causal=True, device=scores.device, first_query=past), float("-inf"))
+        pattern = scores.softmax(dim=-1, dtype=torch.float32)  # as blocks: float32 in any dtype
+        output = self.w_o(merge_heads(pattern.to(v.dtype) @ v))  # (B, n, D)
+        return output, pattern, (k, v)
 
     def blocks(
         self,

@@ -39,6 +39,7 @@ SCRIPTS = (
 # A short report's page is what it was, byte for byte.
 LONG_SCRIPTS = ("summaries_view.js", "long_text.js")
 DIFF_SCRIPTS = ("diff_view.js",)  # a report of `attnviz diff` (a text with a "diff"): the Diff view, shown first
+GENERATE_SCRIPTS = ("generate_view.js",)  # a report of `attnviz generate` (a "generation"): its stepper, shown first
 STYLES = ("report.css",)
 TEMPLATE = "report.html"
 TITLE_CHARS = 60
@@ -53,11 +54,12 @@ def _static_names() -> set[str]:
     return {entry.name for entry in resources.files("attnviz.html").joinpath("static").iterdir()}
 
 
-def page_script(long: bool = False, diff: bool = False) -> str:
+def page_script(long: bool = False, diff: bool = False, generation: bool = False) -> str:
     """The scripts, joined in SCRIPTS' order (each file keeps its names to itself); long: LONG_SCRIPTS before main.js,
-    diff: DIFF_SCRIPTS."""
+    diff: DIFF_SCRIPTS, generation: GENERATE_SCRIPTS."""
     present = _static_names()
-    names = [*SCRIPTS[:-1], *(LONG_SCRIPTS if long else ()), *(DIFF_SCRIPTS if diff else ()), SCRIPTS[-1]]
+    extra = [*(LONG_SCRIPTS if long else ()), *(DIFF_SCRIPTS if diff else ()), *(GENERATE_SCRIPTS if generation else ())]
+    names = [*SCRIPTS[:-1], *extra, SCRIPTS[-1]]
     script = "\n".join(f"// ---- {name} ----\n{static_text(name)}" for name in names if name in present)
     if "</script" in script.lower() or "<!--" in script:
         raise ValueError("a report script holds '</script' or '<!--', which the HTML parser reads inside a script")
@@ -77,8 +79,8 @@ def content_security_policy(script: str) -> str:
 def report_page(record: dict) -> str:
     """The report's HTML file (docs/formats.md, "report.html") for a record of html.record.report_record."""
     texts = record.get("texts", ())
-    long = any(isinstance(text, dict) and text.get("zoom") is not None for text in texts)
-    script = page_script(long, diff=any(isinstance(text, dict) and text.get("diff") is not None for text in texts))
+    has = lambda name: any(isinstance(text, dict) and text.get(name) is not None for text in texts)  # noqa: E731
+    script = page_script(has("zoom"), diff=has("diff"), generation=has("generation"))
     first_text = record["texts"][0]["text"] if record.get("texts") else ""
     data = record_json(record)
     styles = [font_face(shown_characters(data, script)), *(static_text(name) for name in STYLES if name in _static_names())]

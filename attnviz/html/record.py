@@ -67,6 +67,7 @@ class ReportText:
     mistakes: list = field(default_factory=list)  # tracing.TraceResult of each --mistake run
     summaries: object | None = None  # analysis.head_summaries.LayerSummaries of every layer: a long text's (is_long)
     differences: object | None = None  # analysis.diff.HeadDifferences: another checkpoint's heads beside these (diff)
+    generation: object | None = None  # analysis.generation.Generation: the text continued, token by token (generate)
 
 
 def is_long(run: AttentionRun) -> bool:
@@ -158,7 +159,24 @@ def text_record(text: ReportText, spec: RunSpec) -> dict:
         record["summaries"] = summaries_of(text.summaries, spec)
     if text.differences is not None:
         record["diff"] = differences_of(text.differences, spec)
+    if text.generation is not None:
+        record["generation"] = generation_of(text.generation)
     return record
+
+
+def generation_of(generation) -> dict:
+    """The Generation view's data: the prompt's and the continuation's tokens and ids, and every layer's rows
+    (L, H, n, P + n), exact up to MAX_EXACT_VALUES weights, else on the log scale's 256 levels."""
+    rows = generation.rows
+    return {
+        "prompt_length": generation.num_prompt,
+        "tokens": generation.shown_tokens,
+        "ids": generation.prompt_ids + generation.ids,
+        "continuation": generation.continuation,
+        "sample": generation.sample,
+        "seed": generation.seed,
+        "rows": encode_exact(rows) if rows.size <= MAX_EXACT_VALUES else encode_quantised(rows),
+    }
 
 
 def differences_of(differences, spec: RunSpec) -> dict:

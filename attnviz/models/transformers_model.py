@@ -278,6 +278,50 @@ class TransformersModel:
         with self._forward_lock:  # hooks on modules the threads share
             return run_from(self.layer_stack(stack), layer, hidden, recorded, heads)
 
+    @torch.inference_mode()
+    def decode(self, ids: torch.Tensor, steps: int, choose):
+        """A decoder continuing ids (1, P) with transformers' key/value cache: yields, for each forward pass, the ids
+        it read (1, n) and what entered each layer's attention module (1, n, D) (after the layer's norm), then
+        choose(logits (V,) of the last position) -> the next id. The prompt first, then each chosen token, steps
+        + 1 passes at most: the last chosen token is read too (for its attention), its successor never chosen; a
+        token that ends a text (end_ids) ends the generation, as transformers' generate stops there."""
+        from transformers import DynamicCache
+
+        entering: dict[int, torch.Tensor] = {}
+        owners: dict[int, list[int]] = {}
+        for layer in range(self.num_layers()):
+            owners.setdefault(id(self.attention_module(layer)[1]), []).append(layer)
+
+        def hook(module, args, kwargs):
+            layers = owners[id(module)]
+            entering[layers[sum(layer in entering for layer in layers)]] = (args[0] if args else kwargs["hidden_states"]).detach().clone()
+
+        modules = {id(module): module for module in (self.attention_module(layer)[1] for layer in range(self.num_layers()))}
+        weight, bias, ends = *self.output_head(), self.end_ids()
+        with self._forward_lock:
+            self.model.set_attn_implementation("sdpa")  # the model's own pass: fused, no (H, P, P) of scores at once
+            handles = [module.register_forward_pre_hook(hook, with_kwargs=True) for module in modules.values()]
+            try:
+                cache, current = DynamicCache(config=self.model.config), ids
+                for step in range(steps + 1):
+                    entering.clear()
+                    last = self.model(input_ids=current, cache=cache, use_cache=True).last_hidden_state[0, -1]  # (D,)
+                    yield current, [entering[layer] for layer in range(self.num_layers())]
+                    if step == steps or (step and int(current[0, -1]) in ends):
+                        break
+                    current = ids.new_tensor([[choose(torch.nn.functional.linear(last, weight, bias))]])
+            finally:
+                for handle in handles:
+                    handle.remove()
+
+    def end_ids(self) -> set[int]:
+        """The ids that end a generated text: generation_config.json's eos_token_id where the checkpoint has one (as
+        transformers' generate reads it), else config.json's."""
+        path = self.folder / "generation_config.json" if self.folder is not None else None
+        settings = json.loads(path.read_text(encoding="utf-8")) if path is not None and path.is_file() else self.config
+        value = settings.get("eos_token_id")
+        return {int(each) for each in (value if isinstance(value, list) else [value]) if isinstance(each, int)}
+
     def output_head(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The language-model head, weight (V, D) and bias (V,) or None, as the family's *ForCausalLM or
         *ForConditionalGeneration class makes its logits from the last hidden state: the input embeddings where
@@ -376,6 +420,10 @@ class TransformersTokenizer:
 
     def convert_ids_to_tokens(self, ids: list[int]) -> list[str]:
         return self._tokenizer.convert_ids_to_tokens(ids)
+
+    def decode(self, ids: list[int]) -> str:
+        """The text of ids (a continuation: generate), special tokens kept as they are."""
+        return self._tokenizer.decode(ids)
 
     def spaces_before(self, texts: list[str]) -> list[list[bool]] | None:
         """Whether whitespace precedes each token of each text (encode_batch's tokens), from a fast tokenizer's offsets; None for a slow one."""

@@ -113,3 +113,33 @@ def differences_record(differences, spec: RunSpec) -> dict:
 def write_differences_json(differences, spec: RunSpec, path: Path) -> Path:
     path.write_text(json.dumps(differences_record(differences, spec), ensure_ascii=False), encoding="utf-8")
     return path
+
+
+def generation_record(generation, spec: RunSpec) -> dict:
+    """generate.json (`attnviz generate`): the prompt, the generated ids and text, every token as shown, and the run
+    layer's rows (H, n, P + n: generated token i's weights over every token, 0 past itself), with each step's
+    sink share (the weight on the first token) and entropy (nats) for every layer and head."""
+    rows = generation.rows.astype(np.float64)  # (L, H, n, T)
+    entropy = -(rows * np.log(np.where(rows > 0, rows, 1.0))).sum(axis=-1)  # (L, H, n)
+    return {
+        "format": "attnviz-generate",
+        "version": SUMMARIES_FORMAT_VERSION,
+        "settings": spec.to_dict(),
+        "model": generation.model,
+        "prompt": generation.prompt,
+        "continuation": generation.continuation,
+        "prompt_ids": generation.prompt_ids,
+        "ids": generation.ids,
+        "tokens": generation.shown_tokens,
+        "sample": generation.sample,
+        **({"seed": generation.seed} if generation.sample else {}),
+        "layer": spec.layer,
+        "rows": np.round(rows[spec.layer], DECIMALS).tolist(),  # rows[head][step][key]
+        "sink": np.round(rows[..., 0], DECIMALS).tolist(),  # sink[layer][head][step]
+        "entropy": np.round(entropy, DECIMALS).tolist(),  # entropy[layer][head][step]
+    }
+
+
+def write_generation_json(generation, spec: RunSpec, path: Path) -> Path:
+    path.write_text(json.dumps(generation_record(generation, spec), ensure_ascii=False), encoding="utf-8")
+    return path

@@ -1,0 +1,119 @@
+"""attnviz.generate and what it returns: a decoder continues a prompt, every generated token's attention kept."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from attnviz.api import display
+from attnviz.api.arguments import must_be_bool, must_be_int
+from attnviz.api.functions import _texts, refuse_before_loading
+from attnviz.api.models import load
+from attnviz.api.options import GENERATE_OPTIONS, run_options, takes_options
+from attnviz.api.run_results import _Rendered, save_run_files
+from attnviz.errors import AttnvizError
+from attnviz.spec import RunSpec
+
+
+@takes_options(GENERATE_OPTIONS)
+def generate(prompt: str, *, tokens: int = 32, sample: bool = False, **options):
+    """A decoder continues prompt by `tokens` tokens (a GenerateResult): greedy (the most likely next token), or
+    sample=True from the next-token distribution with seed. Every generated token's attention over everything
+    before it, per layer and head, from attnviz's layers with the model's projections and their own key/value
+    cache as the model generates (analysis/generation.py). A token that ends a text ends the continuation.
+    options: model, layer (the one the figure and the JSON show; the report has every layer), seed, device, dtype.
+    """
+    from attnviz.analysis.generation import generate as continue_prompt
+
+    options = run_options("generate", options, GENERATE_OPTIONS)
+    (prompt,) = _texts(prompt, one=True, name="prompt")
+    if must_be_int("tokens", tokens) < 1:
+        raise AttnvizError(f"--tokens {tokens}: generate makes at least 1 token")
+    must_be_bool("sample", sample)
+    refuse_before_loading(options)
+    handle = load(options.model, options.device, dtype=options.dtype)
+    spec = options.run_spec(handle)
+    generation = continue_prompt(handle.loaded, prompt, spec, tokens, sample, options.seed)
+    return GenerateResult(generation, spec, handle.loaded)
+
+
+@dataclass(frozen=True, repr=False)
+class GenerateResult:
+    """generation (analysis.generation.Generation): .ids, .continuation, .shown_tokens, .rows (L, H, n, P + n)."""
+
+    generation: Any
+    spec: RunSpec
+    loaded: Any = field(default=None, compare=False)  # the model's LoadedModel: its report's prompt views
+
+    @property
+    def ids(self) -> list[int]:
+        return self.generation.ids
+
+    @property
+    def continuation(self) -> str:
+        return self.generation.continuation
+
+    @property
+    def rows(self) -> np.ndarray:
+        return self.generation.rows
+
+    def figure(self, layer: int | None = None):
+        """generate.png: each head of the layer (default: the run's), a row per generated token over every token."""
+        from attnviz.render.generation_figures import generation_figure
+
+        return generation_figure(self.generation, self.spec.layer if layer is None else layer)
+
+    def to_dict(self) -> dict:
+        """generate.json's content."""
+        from attnviz.output.summaries_json import generation_record
+
+        return generation_record(self.generation, self.spec)
+
+    def save(self, folder: str | Path, format: str = "png") -> list[Path]:
+        """Write what `attnviz generate --out folder` writes: generate.<format>, generate.json and report.html."""
+        return save_run_files(folder, lambda staging: self.write_files(staging, format), format)
+
+    def write_files(self, folder: Path, format: str = "png") -> list[Path]:
+        from attnviz.output.summaries_json import write_generation_json
+        from attnviz.render.generation_figures import write_generation_figure
+
+        figure = write_generation_figure(self.generation, self.spec.layer, folder, format)
+        return [figure, write_generation_json(self.generation, self.spec, folder / "generate.json"), *self.report().write_files(folder)]
+
+    def report(self):
+        """The interactive report of the prompt (as attnviz.report gives it), opening on the Generation view: the
+        prompt and its continuation, one generated token at a time, its attention over every token before it."""
+        from attnviz.api.report import report_texts
+        from attnviz.api.run_results import report_result
+        from attnviz.pipeline import run_attention
+
+        runs = run_attention(self.loaded, [self.generation.prompt], self.spec)
+        texts, notes = report_texts(self.loaded, runs, self.spec)
+        texts[0] = replace(texts[0], generation=self.generation)
+        return report_result(texts, self.spec, self.loaded.num_layers, notes)
+
+    def __rich_console__(self, console, options):
+        from attnviz.render.terminal import print_generation
+
+        printed = display.Printed(options.max_width)
+        print_generation(printed, self.generation, self.spec.layer)
+        yield printed.group()
+
+    def __rich__(self):
+        return _Rendered(self)
+
+    def _repr_html_(self) -> str:
+        g = self.generation
+        parts = [
+            display.tokens_html(g.shown_tokens[: g.num_prompt], "prompt"),
+            display.tokens_html(g.shown_tokens[g.num_prompt :], "continuation"),
+            display.figure_html(self.figure(), f"layer {self.spec.layer}: each generated token's attention"),
+        ]
+        return display.result_html(f"{g.model} · {g.prompt} → {g.continuation}", *parts)
+
+    def __repr__(self) -> str:
+        g = self.generation
+        return f"<attnviz.GenerateResult {g.prompt!r} + {g.continuation!r}: {len(g.ids)} tokens generated>"

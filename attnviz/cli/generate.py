@@ -1,0 +1,62 @@
+"""`attnviz generate`: a decoder continues a prompt, and every generated token's attention is shown, step by step."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from attnviz.cli.options import (
+    QuietOption,
+    run_options,
+    app,
+    console,
+    Device,
+    ImageFormat,
+    DeviceOption,
+    Dtype,
+    DtypeOption,
+    FormatOption,
+    MAX_SEED,
+    ModelOption,
+    LayerOption,
+    OutOption,
+)
+from attnviz.cli.shared import run_target, write_run
+from attnviz.spec import check_text
+
+
+@app.command(short_help="A decoder continues a prompt: each generated token's attention, step by step.")
+def generate(
+    prompt: str = typer.Argument(..., metavar="TEXT", help="The prompt to continue, e.g. 我想吃酸菜鱼."),
+    model: Optional[str] = ModelOption,
+    tokens: int = typer.Option(32, "--tokens", "-n", min=1, max=1024, help="How many tokens to generate (fewer if the model ends the text)."),
+    sample: bool = typer.Option(False, "--sample", help="Sample each token from the next-token distribution (from --seed), not the most likely one."),
+    seed: int = typer.Option(0, min=0, max=MAX_SEED, help="Seed of --sample."),
+    layer: int = LayerOption,
+    device: Device = DeviceOption,
+    dtype: Dtype = DtypeOption,
+    image_format: ImageFormat = FormatOption,
+    out: Optional[Path] = OutOption,
+    quiet: bool = QuietOption,
+) -> None:
+    """A decoder (GPT-2, Llama's layout, SmolLM2) continues TEXT, greedy or --sample; every generated token's
+    attention over everything before it, per layer and head, computed with the key/value cache as the model
+    generates: generate.png (the --layer's heads), generate.json (the ids, the layer's rows, every layer's sink
+    and entropy per step) and report.html (a stepper over the continuation, every layer and head)."""
+    options = run_options(locals())
+    from attnviz.api import functions
+    from attnviz.api.generate import generate as continue_prompt
+    from attnviz.api.models import load
+    from attnviz.output.runs import run_folder_name
+    from attnviz import startup
+
+    check_text(prompt)
+    functions.refuse_before_loading(options)
+    target = run_target(out, run_folder_name(prompt))
+    handle = load(options.model, options.device, dtype=options.dtype, cache=False)
+    result = continue_prompt(prompt, tokens=tokens, sample=sample, **replace(options, model=handle).keywords())
+    console.print(result)  # its __rich__: the continuation and a row per generated token
+    write_run(out, target, "drawing the generation…", lambda staging: startup.draw(result.write_files, staging, image_format.value))

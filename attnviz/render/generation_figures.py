@@ -1,0 +1,46 @@
+"""generate.png (`attnviz generate`): one layer's heads, each a row per generated token over every token before it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from attnviz.render.heatmap import MAX_GRID_TICK_LABELS, check_format, grid_shape, label_tokens, new_figure, save_figure
+from attnviz.render.scales import attention_colorbar, attention_norm, draw_attention
+from attnviz.render.titles import counted, figure_title, chars_across
+
+PANEL_INCHES = (4.6, 2.6)
+
+
+def generation_figure(generation, layer: int):
+    """Each head of `layer` as a panel: rows the generated tokens, columns the prompt and the continuation; the
+    cells past each row's own token (the future when it was generated) grey."""
+    rows = generation.rows[layer]  # (H, n, T)
+    num_heads, num_generated, num_tokens = rows.shape
+    prompt = generation.num_prompt
+    future = np.arange(num_tokens)[None, :] > prompt + np.arange(num_generated)[:, None]  # (n, T)
+    grid_rows, grid_columns = grid_shape(num_heads)
+    figure = new_figure((grid_columns * PANEL_INCHES[0], grid_rows * PANEL_INCHES[1] + 1.2))
+    norm = attention_norm(num_tokens)
+    image = None
+    for head in range(num_heads):
+        ax = figure.add_subplot(grid_rows, grid_columns, head + 1)
+        image = draw_attention(ax, np.ma.masked_array(rows[head], future), norm)
+        ax.axvline(prompt - 0.5, color="white", linewidth=0.8)  # the prompt's end
+        ax.set_title(f"head {head}", fontsize=9)
+        label_tokens(ax, generation.shown_tokens, generation.shown_tokens[prompt:], MAX_GRID_TICK_LABELS, 6)
+    attention_colorbar(figure, image, ax=figure.axes, shrink=0.8)
+    how = f"sampled (seed {generation.seed})" if generation.sample else "greedy"
+    scope = [f"layer {layer}", counted(num_generated, "token") + f" generated, {how}"]
+    notes = ["rows: each generated token; columns: the prompt (left of the white line) and the continuation"]
+    figure.suptitle(
+        figure_title(generation.model, scope, text=generation.prompt + generation.continuation, causal=True, notes=notes, line_chars=chars_across(figure.get_figwidth())),
+        parse_math=False,
+    )
+    return figure
+
+
+def write_generation_figure(generation, layer: int, out_dir: Path, fmt: str = "png") -> Path:
+    check_format(fmt)
+    return save_figure(generation_figure(generation, layer), out_dir, f"generate.{fmt}")
