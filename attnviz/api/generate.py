@@ -60,11 +60,15 @@ class GenerateResult:
     def rows(self) -> np.ndarray:
         return self.generation.rows
 
-    def figure(self, layer: int | None = None):
-        """generate.png: each head of the layer (default: the run's), a row per generated token over every token."""
+    def figure(self, layer: int | None = None, head: int | None = None):
+        """generate.png: each head of the layer (default: the run's; or the one head), a row per generated token
+        over every token."""
         from attnviz.render.generation_figures import generation_figure
 
-        return generation_figure(self.generation, self.spec.layer if layer is None else layer)
+        layer = self.spec.layer if layer is None else must_be_int("layer", layer)
+        if not 0 <= layer < self.rows.shape[0] or (head is not None and not 0 <= must_be_int("head", head) < self.rows.shape[1]):
+            raise AttnvizError(f"layer {layer}, head {head}: the model has {self.rows.shape[0]} layers of {self.rows.shape[1]} heads")
+        return generation_figure(self.generation, layer, head)
 
     def to_dict(self) -> dict:
         """generate.json's content."""

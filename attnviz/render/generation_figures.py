@@ -11,24 +11,27 @@ from attnviz.render.scales import attention_colorbar, attention_norm, draw_atten
 from attnviz.render.titles import counted, figure_title, chars_across
 
 PANEL_INCHES = (4.6, 2.6)
+MIN_WIDTH_INCHES = 8.0  # one head's figure: room for the title's lines
 
 
-def generation_figure(generation, layer: int):
-    """Each head of `layer` as a panel: rows the generated tokens, columns the prompt and the continuation; the
-    cells past each row's own token (the future when it was generated) grey."""
+def generation_figure(generation, layer: int, head: int | None = None):
+    """Each head of `layer` (or the one head) as a panel: rows the generated tokens, columns the prompt and the
+    continuation; the cells past each row's own token (the future when it was generated) grey."""
+    heads = list(range(generation.rows.shape[1])) if head is None else [head]
     rows = generation.rows[layer]  # (H, n, T)
-    num_heads, num_generated, num_tokens = rows.shape
+    num_generated, num_tokens = rows.shape[1:]
+    num_heads = len(heads)
     prompt = generation.num_prompt
     future = np.arange(num_tokens)[None, :] > prompt + np.arange(num_generated)[:, None]  # (n, T)
     grid_rows, grid_columns = grid_shape(num_heads)
-    figure = new_figure((grid_columns * PANEL_INCHES[0], grid_rows * PANEL_INCHES[1] + 1.2))
+    figure = new_figure((max(grid_columns * PANEL_INCHES[0], MIN_WIDTH_INCHES), grid_rows * PANEL_INCHES[1] + 1.2))
     norm = attention_norm(num_tokens)
     image = None
-    for head in range(num_heads):
-        ax = figure.add_subplot(grid_rows, grid_columns, head + 1)
-        image = draw_attention(ax, np.ma.masked_array(rows[head], future), norm)
+    for index, shown in enumerate(heads):
+        ax = figure.add_subplot(grid_rows, grid_columns, index + 1)
+        image = draw_attention(ax, np.ma.masked_array(rows[shown], future), norm)
         ax.axvline(prompt - 0.5, color="white", linewidth=0.8)  # the prompt's end
-        ax.set_title(f"head {head}", fontsize=9)
+        ax.set_title(f"head {shown}", fontsize=9)
         label_tokens(ax, generation.shown_tokens, generation.shown_tokens[prompt:], MAX_GRID_TICK_LABELS, 6)
     attention_colorbar(figure, image, ax=figure.axes, shrink=0.8)
     how = f"sampled (seed {generation.seed})" if generation.sample else "greedy"
