@@ -14,29 +14,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
-
-def best_of(function, repeat: int) -> float:
-    function()  # warm-up
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        function()
-        times.append(time.perf_counter() - start)
-    return min(times)
-
-
-def peak_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+from timing import best_of, peak_mb  # noqa: E402
 
 
 def main() -> None:

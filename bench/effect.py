@@ -14,33 +14,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from timing import best_of, peak_mb  # noqa: E402
 
 TEXT = (
     "Attention lets every token look at every other token of the text, weighting each by how well its key "
     "matches the query; a head is one such weighting, and a model has hundreds of them, in layer after layer. "
 ) * 4
-
-
-def best_of(function, repeat: int) -> float:
-    function()  # warm-up
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        function()
-        times.append(time.perf_counter() - start)
-    return min(times)
-
-
-def peak_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def main() -> None:

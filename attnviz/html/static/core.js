@@ -291,6 +291,57 @@
     return block;
   };
 
+  // A layers × columns grid (summaries_view.js, diff_view.js): values[layer][column] as square SVG cells of side
+  // options.cell, coloured by options.colourOf(value); head numbers above when there are several columns, layer labels
+  // beside. Hovering a cell, or the arrow keys on the focused grid, outline it and call options.readout(layer, column);
+  // the keys start from options.start ([layer, column]). options.attrs: the svg's own attributes (class, aria-label...).
+  const GRID_LABEL_PX = 52;
+  const GRID_TOP_PX = 18;
+  AV.layerHeadGrid = (values, options) => {
+    const { cell, colourOf, readout } = options;
+    const layers = values.length;
+    const columns = values[0].length;
+    const svg = AV.svg("svg", { width: GRID_LABEL_PX + columns * cell + 2, height: GRID_TOP_PX + layers * cell + 2, tabindex: 0, role: "img", ...options.attrs });
+    if (columns > 1) {
+      const every = Math.ceil(columns / Math.max(1, Math.floor((columns * cell) / 22)));
+      for (let column = 0; column < columns; column += every) {
+        svg.appendChild(AV.svg("text", { x: GRID_LABEL_PX + (column + 0.5) * cell, y: GRID_TOP_PX - 5, "text-anchor": "middle", class: "colour-bar-label" }, String(column)));
+      }
+    }
+    for (let layer = 0; layer < layers; layer += Math.ceil(14 / cell)) {
+      svg.appendChild(AV.svg("text", { x: GRID_LABEL_PX - 4, y: GRID_TOP_PX + (layer + 0.5) * cell + 4, "text-anchor": "end", class: "colour-bar-label" }, `layer ${layer}`));
+    }
+    for (let layer = 0; layer < layers; layer++) {
+      for (let column = 0; column < columns; column++) {
+        const fill = colourOf(values[layer][column]);
+        svg.appendChild(AV.svg("rect", { x: GRID_LABEL_PX + column * cell, y: GRID_TOP_PX + layer * cell, width: cell, height: cell, fill, "data-layer": layer, "data-head": column }));
+      }
+    }
+    const cursor = AV.svg("rect", { width: cell, height: cell, fill: "none", stroke: "#ff2d55", "stroke-width": 2, visibility: "hidden", "pointer-events": "none" });
+    svg.appendChild(cursor);
+    let [atLayer, atColumn] = options.start || [0, 0];
+    const point = (layer, column) => {
+      [atLayer, atColumn] = [layer, column];
+      cursor.setAttribute("x", GRID_LABEL_PX + column * cell);
+      cursor.setAttribute("y", GRID_TOP_PX + layer * cell);
+      cursor.setAttribute("visibility", "visible");
+      readout(layer, column);
+    };
+    svg.addEventListener("mouseover", (event) => {
+      const target = event.target;
+      if (target.dataset && target.dataset.layer !== undefined) point(Number(target.dataset.layer), Number(target.dataset.head));
+    });
+    svg.addEventListener("focus", () => point(atLayer, atColumn));
+    const moves = { ArrowUp: [-1, 0], ArrowDown: [1, 0], ArrowLeft: [0, -1], ArrowRight: [0, 1] };
+    svg.addEventListener("keydown", (event) => {
+      const move = moves[event.key];
+      if (!move) return;
+      event.preventDefault();
+      point(Math.min(layers - 1, Math.max(0, atLayer + move[0])), Math.min(columns - 1, Math.max(0, atColumn + move[1])));
+    });
+    return svg;
+  };
+
   // A vertical colour bar with its numbers: linear 0, 0.25, …, 1 or log 0.001, 0.01, 0.1, 1
   // (options.masked adds the grey of causal-masked cells).
   AV.colourBar = (logScale, options = {}) => {

@@ -8,10 +8,7 @@
   const GRID_PX = 360; // the grid's width at most (heads), its cells square
   const MIN_CELL = 6;
   const MAX_CELL = 28;
-  const LABEL_PX = 56;
-  const TOP_PX = 18;
   const MAP_PX = 220; // a map's side at most
-  const CURSOR = "#ff2d55";
 
   function readoutOf(diff, layer, head) {
     return `layer ${layer} · head ${head} · JS ${diff.js[layer][head].toFixed(4)} · Clark ${diff.clark[layer][head].toFixed(4)} bits`;
@@ -20,45 +17,14 @@
   function grid(diff, readout) {
     const layers = diff.js.length;
     const heads = diff.js[0].length;
-    const cell = Math.max(MIN_CELL, Math.min(MAX_CELL, Math.floor(GRID_PX / heads)));
     const top = Math.max(1e-12, ...diff.js.flat());
-    const svg = AV.svg("svg", {
-      class: "diff-grid", width: LABEL_PX + heads * cell + 2, height: TOP_PX + layers * cell + 2, tabindex: 0, role: "img",
-      "aria-label": `Jensen-Shannon distance of each head's two maps: ${layers} layers × ${heads} heads; arrow keys move over the cells`,
-    });
-    for (let head = 0; head < heads; head += Math.ceil(22 / cell)) {
-      svg.appendChild(AV.svg("text", { x: LABEL_PX + (head + 0.5) * cell, y: TOP_PX - 5, "text-anchor": "middle", class: "colour-bar-label" }, String(head)));
-    }
-    for (let layer = 0; layer < layers; layer += Math.ceil(14 / cell)) {
-      svg.appendChild(AV.svg("text", { x: LABEL_PX - 4, y: TOP_PX + (layer + 0.5) * cell + 4, "text-anchor": "end", class: "colour-bar-label" }, `layer ${layer}`));
-    }
-    for (let layer = 0; layer < layers; layer++) {
-      for (let head = 0; head < heads; head++) {
-        const fill = AV.colourCss(diff.js[layer][head] / top, false);
-        svg.appendChild(AV.svg("rect", { x: LABEL_PX + head * cell, y: TOP_PX + layer * cell, width: cell, height: cell, fill, "data-layer": layer, "data-head": head }));
-      }
-    }
-    const cursor = AV.svg("rect", { width: cell, height: cell, fill: "none", stroke: CURSOR, "stroke-width": 2, visibility: "hidden", "pointer-events": "none" });
-    svg.appendChild(cursor);
-    let at = { layer: diff.most_changed[0].layer, head: diff.most_changed[0].head };
-    const point = (layer, head) => {
-      at = { layer, head };
-      cursor.setAttribute("x", LABEL_PX + head * cell);
-      cursor.setAttribute("y", TOP_PX + layer * cell);
-      cursor.setAttribute("visibility", "visible");
-      readout.textContent = readoutOf(diff, layer, head);
-    };
-    svg.addEventListener("mouseover", (event) => {
-      if (event.target.dataset && event.target.dataset.layer !== undefined) point(Number(event.target.dataset.layer), Number(event.target.dataset.head));
-    });
-    svg.addEventListener("focus", () => point(at.layer, at.head));
-    const moves = { ArrowUp: [-1, 0], ArrowDown: [1, 0], ArrowLeft: [0, -1], ArrowRight: [0, 1] };
-    svg.addEventListener("keydown", (event) => {
-      const move = moves[event.key];
-      if (!move) return;
-      event.preventDefault();
-      point(Math.min(layers - 1, Math.max(0, at.layer + move[0])), Math.min(heads - 1, Math.max(0, at.head + move[1])));
-    });
+    const svg = AV.layerHeadGrid(diff.js, {
+      cell: Math.max(MIN_CELL, Math.min(MAX_CELL, Math.floor(GRID_PX / heads))),
+      colourOf: (value) => AV.colourCss(value / top, false),
+      readout: (layer, head) => { readout.textContent = readoutOf(diff, layer, head); },
+      start: [diff.most_changed[0].layer, diff.most_changed[0].head],
+      attrs: { class: "diff-grid", "aria-label": `Jensen-Shannon distance of each head's two maps: ${layers} layers × ${heads} heads; arrow keys move over the cells` },
+    });  // prettier-ignore
     const caption = `Jensen-Shannon distance, rows layers, columns heads (0 to ${top.toFixed(3)})`;
     return AV.el("figure", { class: "diff-figure", style: "margin:0.5rem 1.5rem 1rem 0" }, AV.el("figcaption", { style: "font-weight:600" }, caption), svg);
   }

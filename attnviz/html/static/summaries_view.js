@@ -11,9 +11,6 @@
   const GRID_PX = 288; // a grid's width at most (heads), its cells square
   const MIN_CELL = 4;
   const MAX_CELL = 18;
-  const LABEL_PX = 52;
-  const TOP_PX = 18;
-  const CURSOR = "#ff2d55";
 
   function cellSize(summaries) {
     return Math.max(MIN_CELL, Math.min(MAX_CELL, Math.floor(GRID_PX / summaries.num_heads)));
@@ -39,70 +36,20 @@
 
   // One grid: rows are layers, columns heads (or the one column of the sink fraction); values[layer][column].
   function grid(summaries, name, values, columns, readout) {
-    const cell = cellSize(summaries);
     const layers = summaries.num_layers;
     const top = name === "sink_fraction" ? 1 : Math.max(1e-12, ...values.flat());
     const scale = name === "distance" ? top : 1;
-    const width = LABEL_PX + columns * cell + 2;
-    const height = TOP_PX + layers * cell + 2;
     const what = name === "sink_fraction" ? "sink fraction" : summaries.definitions[name].name;
-    const svg = AV.svg("svg", {
-      class: "summaries-grid",
-      "data-summary": name,
-      width,
-      height,
-      tabindex: 0,
-      role: "img",
-      "aria-label": `${what}: ${layers} layers × ${columns === 1 ? "the layer" : `${columns} heads`}; arrow keys move over the cells`,
-    });
-    const headEvery = Math.ceil(columns / Math.max(1, Math.floor((columns * cell) / 22)));
-    if (columns > 1) {
-      for (let head = 0; head < columns; head += headEvery) {
-        svg.appendChild(AV.svg("text", { x: LABEL_PX + (head + 0.5) * cell, y: TOP_PX - 5, "text-anchor": "middle", class: "colour-bar-label" }, String(head)));
-      }
-    }
-    const layerEvery = Math.ceil(14 / cell);
-    for (let layer = 0; layer < layers; layer += layerEvery) {
-      svg.appendChild(AV.svg("text", { x: LABEL_PX - 4, y: TOP_PX + (layer + 0.5) * cell + 4, "text-anchor": "end", class: "colour-bar-label" }, `layer ${layer}`));
-    }
-    for (let layer = 0; layer < layers; layer++) {
-      for (let column = 0; column < columns; column++) {
-        const value = values[layer][column];
-        svg.appendChild(
-          AV.svg("rect", {
-            x: LABEL_PX + column * cell,
-            y: TOP_PX + layer * cell,
-            width: cell,
-            height: cell,
-            fill: AV.colourCss(value / scale, false),
-            "data-layer": layer,
-            "data-head": column,
-          }),
-        );
-      }
-    }
-    const cursor = AV.svg("rect", { width: cell, height: cell, fill: "none", stroke: CURSOR, "stroke-width": 2, visibility: "hidden", "pointer-events": "none" });
-    svg.appendChild(cursor);
-    let at = { layer: 0, head: 0 };
-    const point = (layer, head) => {
-      at = { layer, head };
-      cursor.setAttribute("x", LABEL_PX + head * cell);
-      cursor.setAttribute("y", TOP_PX + layer * cell);
-      cursor.setAttribute("visibility", "visible");
-      readout.textContent = readoutOf(summaries, name, layer, head);
-    };
-    svg.addEventListener("mouseover", (event) => {
-      const target = event.target;
-      if (target.dataset && target.dataset.layer !== undefined) point(Number(target.dataset.layer), Number(target.dataset.head));
-    });
-    svg.addEventListener("focus", () => point(at.layer, at.head));
-    const moves = { ArrowUp: [-1, 0], ArrowDown: [1, 0], ArrowLeft: [0, -1], ArrowRight: [0, 1] };
-    svg.addEventListener("keydown", (event) => {
-      const move = moves[event.key];
-      if (!move) return;
-      event.preventDefault();
-      point(Math.min(layers - 1, Math.max(0, at.layer + move[0])), Math.min(columns - 1, Math.max(0, at.head + move[1])));
-    });
+    const svg = AV.layerHeadGrid(values, {
+      cell: cellSize(summaries),
+      colourOf: (value) => AV.colourCss(value / scale, false),
+      readout: (layer, head) => { readout.textContent = readoutOf(summaries, name, layer, head); },
+      attrs: {
+        class: "summaries-grid",
+        "data-summary": name,
+        "aria-label": `${what}: ${layers} layers × ${columns === 1 ? "the layer" : `${columns} heads`}; arrow keys move over the cells`,
+      },
+    });  // prettier-ignore
     const caption = name === "distance" ? `${what} (0 to ${top.toFixed(1)} tokens)` : what;
     return AV.el("figure", { class: "summaries-figure", style: "margin:0.5rem 1.5rem 1rem 0" }, AV.el("figcaption", { style: "font-weight:600" }, caption), svg);
   }
