@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from timing import best_of, peak_mb  # noqa: E402
+from timing import best_of, peak_mb, sample_ids  # noqa: E402
 
 
 def main() -> None:
@@ -42,10 +42,7 @@ def main() -> None:
 
     folder = smollm2_folder()
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    sample = (ROOT / "sample_inputs" / "en.txt").read_text(encoding="utf-8")
-    repeats = 1 + args.tokens // max(1, len(tokenizer(sample)["input_ids"]))
-    ids = tokenizer(" ".join([sample] * repeats), return_tensors="pt")["input_ids"][:, : args.tokens]
-    text = tokenizer.decode(ids[0])
+    ids, text = sample_ids(tokenizer, args.tokens)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="sdpa").eval()
 
     def forward() -> None:

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from timing import best_of, peak_mb  # noqa: E402
+from timing import best_of, peak_mb, sample_ids  # noqa: E402
 
 
 def main() -> None:
@@ -43,9 +43,7 @@ def main() -> None:
 
     folder = smollm2_folder()
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    sample = (ROOT / "sample_inputs" / "en.txt").read_text(encoding="utf-8")
-    ids = tokenizer(" ".join([sample] * (1 + args.prompt_tokens // 20)), return_tensors="pt")["input_ids"][:, : args.prompt_tokens]
-    prompt = tokenizer.decode(ids[0])
+    ids, prompt = sample_ids(tokenizer, args.prompt_tokens)
     options = dict(max_new_tokens=args.tokens, min_new_tokens=args.tokens, do_sample=False, pad_token_id=0)
     eager = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager").eval()
     sdpa = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="sdpa").eval()

@@ -21,3 +21,13 @@ def best_of(function, repeat: int) -> float:
 def peak_mb() -> float:
     """The process's peak resident set so far (ru_maxrss), in MB."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def sample_ids(tokenizer, tokens: int):
+    """sample_inputs/en.txt repeated and cut to `tokens` of the tokenizer's tokens: the ids (1, tokens) and their text."""
+    from pathlib import Path
+
+    sample = (Path(__file__).resolve().parents[1] / "sample_inputs" / "en.txt").read_text(encoding="utf-8")
+    repeats = 1 + tokens // max(1, len(tokenizer(sample)["input_ids"]))
+    ids = tokenizer(" ".join([sample] * repeats), return_tensors="pt")["input_ids"][:, :tokens]
+    return ids, tokenizer.decode(ids[0])

@@ -162,3 +162,17 @@ def test_the_reports_generation_view_steps_through_the_continuation(decoder, tmp
         colour = page.page.evaluate(f"getComputedStyle(document.querySelector('#generation-tokens [data-index=\"{position}\"]')).backgroundColor")
         expected = page.page.evaluate(f"window.AV.colour({float(round(row[position], 4))}, false)")
         assert colour == f"rgb({expected[0]}, {expected[1]}, {expected[2]})"
+
+
+def test_generate_json_summarises_every_layers_heads_at_each_step(decoder):
+    """generate.json's sink, previous, entropy and distance per layer, head and step, from the rows as defined."""
+    folder, _ = decoder
+    result = generated(folder)
+    record, rows = result.to_dict(), result.rows.astype(np.float64)
+    prompt = result.generation.num_prompt
+    layer, head, step = 1, 2, 4
+    row = rows[layer, head, step, : prompt + step + 1]
+    assert record["sink"][layer][head][step] == pytest.approx(row[0], abs=1e-6)
+    assert record["previous"][layer][head][step] == pytest.approx(row[-2], abs=1e-6)
+    assert record["entropy"][layer][head][step] == pytest.approx(-(row * np.log(row)).sum(), abs=1e-6)
+    assert record["distance"][layer][head][step] == pytest.approx((row * np.arange(len(row))[::-1]).sum(), abs=1e-6)

@@ -118,9 +118,13 @@ def write_differences_json(differences, spec: RunSpec, path: Path) -> Path:
 def generation_record(generation, spec: RunSpec) -> dict:
     """generate.json (`attnviz generate`): the prompt, the generated ids and text, every token as shown, and the run
     layer's rows (H, n, P + n: generated token i's weights over every token, 0 past itself), with each step's
-    sink share (the weight on the first token) and entropy (nats) for every layer and head."""
+    sink share (the weight on the first token), share on the previous token, entropy (nats) and mean distance back
+    (tokens, weighted) for every layer and head."""
     rows = generation.rows.astype(np.float64)  # (L, H, n, T)
     entropy = -(rows * np.log(np.where(rows > 0, rows, 1.0))).sum(axis=-1)  # (L, H, n)
+    queries = generation.num_prompt + np.arange(rows.shape[2])  # each generated token's position (n,)
+    distance = (rows * (queries[:, None] - np.arange(rows.shape[3])[None, :]).clip(min=0)).sum(axis=-1)  # (L, H, n)
+    previous = np.take_along_axis(rows, (queries - 1)[None, None, :, None], axis=-1)[..., 0]  # (L, H, n)
     return {
         "format": "attnviz-generate",
         "version": SUMMARIES_FORMAT_VERSION,
@@ -136,7 +140,9 @@ def generation_record(generation, spec: RunSpec) -> dict:
         "layer": spec.layer,
         "rows": np.round(rows[spec.layer], DECIMALS).tolist(),  # rows[head][step][key]
         "sink": np.round(rows[..., 0], DECIMALS).tolist(),  # sink[layer][head][step]
+        "previous": np.round(previous, DECIMALS).tolist(),  # previous[layer][head][step]
         "entropy": np.round(entropy, DECIMALS).tolist(),  # entropy[layer][head][step]
+        "distance": np.round(distance, DECIMALS).tolist(),  # distance[layer][head][step]
     }
 
 

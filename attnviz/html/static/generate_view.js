@@ -2,7 +2,9 @@
 // html/record.py generation_of). The prompt and its continuation one generated token at a time: at step s the
 // generated token s is outlined, the tokens after it are not written yet, and every token before it (and itself)
 // is coloured by the weight it gives them, in the chosen layer and head (or the mean over the heads). A step's
-// read-out: its token, its sink share (the weight on the first token), its entropy and the token it attends to most.
+// read-out: its token, its sink share (the weight on the first token), its share on the previous token, its entropy,
+// its mean distance back (tokens, weighted) and the token it attends to most: the summaries of every head
+// (analysis/head_summaries.py) for one row.
 // Shown first.
 (() => {
   "use strict";
@@ -79,11 +81,14 @@
         tokens.appendChild(token);
       }
       const entropy = -weights.reduce((sum, w) => sum + (w > 0 ? w * Math.log(w) : 0), 0);
+      const query = prompt + step;
+      const distance = weights.reduce((sum, w, key) => sum + w * (query - key), 0); // tokens back, weighted
       const most = weights.indexOf(Math.max(...weights));
       const who = shown.head === "mean" ? "mean of the heads" : `head ${shown.head}`;
       readout.textContent =
         `step ${step + 1} of ${steps}: ${AV.tokenLabel(generation.tokens, prompt + step)} (id ${generation.ids[prompt + step]}) · layer ${shown.layer} · ${who} · ` +
-        `sink ${AV.formatWeight(weights[0], rows.exact)} · entropy ${entropy.toFixed(4)} nats · most attended ${AV.tokenLabel(generation.tokens, most)} ${AV.formatWeight(weights[most], rows.exact)}`;
+        `sink ${AV.formatWeight(weights[0], rows.exact)} · previous token ${AV.formatWeight(weights[query - 1], rows.exact)} · entropy ${entropy.toFixed(4)} nats · ` +
+        `mean distance ${distance.toFixed(2)} tokens · most attended ${AV.tokenLabel(generation.tokens, most)} ${AV.formatWeight(weights[most], rows.exact)}`;
       slider.value = String(step + 1);
     }
 
