@@ -74,8 +74,8 @@ def generate(loaded, prompt: str, spec, num_tokens: int, sample: bool = False, s
             if step:
                 generated.append(int(read[0, 0]))
             for layer, (attention, hidden) in enumerate(zip(layers, entering)):
-                _, weights, caches[layer] = attention.step(hidden, caches[layer])  # (1, H, n, T)
-                if step:  # a generated token's row (the prompt's pass only fills the caches)
+                _, weights, caches[layer] = attention.step(hidden, caches[layer], attend=step > 0)  # the prompt's: the cache alone
+                if step:  # a generated token's row (1, H, 1, T)
                     rows[layer, :, step - 1, : weights.shape[-1]] = weights[0, :, -1].float().cpu().numpy()
     rows = rows[:, :, : len(generated), : ids.shape[1] + len(generated)]  # fewer, where a text-ending token came
     from attnviz.models.tokens import shown_rows

@@ -210,15 +210,18 @@ class MultiHeadAttention(nn.Module):
             k = rotate(k, cos[: k.shape[2]], sin[: k.shape[2]])  # (B, H_kv, Nk, d)
         return q, repeat_kv(k, self.group_size), repeat_kv(v, self.group_size)  # (B, H, Nk, d) each
 
-    def step(self, queries: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor] | None = None):
+    def step(self, queries: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor] | None = None, attend: bool = True):
         """Causal self-attention of the next tokens with a key/value cache, as a decoder generates: queries (B, n, D)
         are the hidden states of n tokens that follow the cache's T. Returns the output (B, n, D), the weights
         (B, H, n, T + n) over every token so far (each of the n sees itself and those before it), and the cache
-        with the n tokens' keys and values (rotated, repeated for the query heads: (B, H, T + n, d) each)."""
+        with the n tokens' keys and values (rotated, repeated for the query heads: (B, H, T + n, d) each).
+        attend=False only fills the cache (a prompt whose rows are not wanted: no (n, n) of scores): None, None, cache."""
         past = 0 if cache is None else cache[0].shape[2]
         q, k, v = self.project(queries, first=past)  # (B, H, n, d) each
         if cache is not None:
             k, v = torch.cat([cache[0], k], dim=2), torch.cat([cache[1], v], dim=2)  # (B, H, T + n, d)
+        if not attend:
+            return None, None, (k, v)
         scores = torch.matmul(q, k.transpose(-2, -1)).mul_(self.scale)  # (B, H, n, T + n)
         scores.masked_fill_(~allowed_keys(q.shape[2], k.shape[2], causal=True, device=scores.device, first_query=past), float("-inf"))
         pattern = scores.softmax(dim=-1, dtype=torch.float32)  # as blocks: float32 in any dtype
