@@ -176,3 +176,13 @@ def test_generate_json_summarises_every_layers_heads_at_each_step(decoder):
     assert record["previous"][layer][head][step] == pytest.approx(row[-2], abs=1e-6)
     assert record["entropy"][layer][head][step] == pytest.approx(-(row * np.log(row)).sum(), abs=1e-6)
     assert record["distance"][layer][head][step] == pytest.approx((row * np.arange(len(row))[::-1]).sum(), abs=1e-6)
+
+
+def test_rows_past_their_budget_are_refused_before_generating(decoder, monkeypatch):
+    from attnviz.analysis import generation
+    from attnviz.errors import AttnvizError
+
+    folder, _ = decoder
+    monkeypatch.setattr(generation, "ROWS_BYTES", 1000)
+    with pytest.raises(AttnvizError, match=r"every layer and head's rows would take .* GB, more than .*; give --tokens \d+ or fewer"):
+        generated(folder)

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-MAX_TOKENS = 1024  # generated tokens at most: rows of every layer and head are kept, (L, H, n, P + n)
+MAX_TOKENS = 1024  # generated tokens at most
+ROWS_BYTES = 2**30  # the rows of every layer and head, (L, H, n, P + n) in float32, are kept: past this, refused
 
 
 @dataclass
@@ -59,6 +60,14 @@ def generate(loaded, prompt: str, spec, num_tokens: int, sample: bool = False, s
     if total > loaded.max_positions:
         raise AttnvizError(f"the prompt's {ids.shape[1]} tokens and {num_tokens} more pass the model's {loaded.max_positions:,} positions")
     layers = build_layers(loaded, spec)
+    rows_bytes = 4 * len(layers) * layers[0].num_heads * num_tokens * total
+    if rows_bytes > ROWS_BYTES:
+        most = ROWS_BYTES // (4 * len(layers) * layers[0].num_heads * total)
+        raise AttnvizError(
+            f"{num_tokens} tokens after a prompt of {ids.shape[1]:,}: every layer and head's rows would take "
+            f"{rows_bytes / 2**30:.1f} GB, more than {ROWS_BYTES / 2**30:g} GB; "
+            + (f"give --tokens {most} or fewer" if most >= 1 else "give a shorter prompt")
+        )
     generator = torch.Generator(device="cpu").manual_seed(seed)
 
     def choose(logits) -> int:
