@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from attnviz.render.heatmap import check_format, new_figure, save_figure
-from attnviz.render.scales import COLORMAP
+from attnviz.render.scales import MASKED_COLOR, attention_colormap
 from attnviz.render.summary_figures import _title, grids_figure
 from attnviz.render.titles import short_model_name
 
@@ -29,7 +29,10 @@ def differences_figure(differences, seed: int | None = None):
 
 def most_changed_figure(differences, seed: int | None = None):
     """diff_heads.png: a row per most changed head (HeadDifferences.top, with maps): the model's map, the other's,
-    and the other's minus the model's on a scale centred on 0 (red: more weight on the other side)."""
+    and the other's minus the model's on a scale centred on 0 (red: more weight on the other side); a causal
+    map's future grey, as in every map."""
+    import matplotlib
+
     from attnviz.analysis.diff import RANDOM, against_words
 
     heads = [head for head in differences.top if head in differences.maps]
@@ -37,18 +40,20 @@ def most_changed_figure(differences, seed: int | None = None):
     names = [short_model_name(differences.model), "random" if differences.against == RANDOM else short_model_name(differences.against)]
     tokens = differences.shown_tokens
     labelled = len(tokens) <= MAX_LABELLED_TOKENS
+    future = np.triu(np.ones((len(tokens), len(tokens)), dtype=bool), k=1) if differences.causal else False  # grey
     for row, (layer, head) in enumerate(heads):
         ours, theirs = differences.maps[layer, head]
         distance = differences.values["js"][layer, head]
         change = theirs - ours
         reach = max(float(np.abs(change).max()), 1e-9)
+        diverging = matplotlib.colormaps["RdBu_r"].with_extremes(bad=MASKED_COLOR)
         for column, (values, title, options) in enumerate((
-            (ours, names[0], dict(cmap=COLORMAP, vmin=0.0, vmax=1.0)),
-            (theirs, names[1], dict(cmap=COLORMAP, vmin=0.0, vmax=1.0)),
-            (change, f"{names[1]} − {names[0]}", dict(cmap="RdBu_r", vmin=-reach, vmax=reach)),
+            (ours, names[0], dict(cmap=attention_colormap(), vmin=0.0, vmax=1.0)),
+            (theirs, names[1], dict(cmap=attention_colormap(), vmin=0.0, vmax=1.0)),
+            (change, f"{names[1]} − {names[0]}", dict(cmap=diverging, vmin=-reach, vmax=reach)),
         )):  # fmt: skip
             ax = figure.add_subplot(len(heads), 3, 3 * row + column + 1)
-            image = ax.imshow(values, aspect="auto", interpolation="nearest", **options)
+            image = ax.imshow(np.ma.masked_array(values, future), aspect="auto", interpolation="nearest", **options)
             figure.colorbar(image, ax=ax, shrink=0.85)
             ax.set_title(f"layer {layer} · head {head} · {title}" + (f" · JS {distance:.3f}" if column == 2 else ""), fontsize=9, parse_math=False)
             if labelled:
