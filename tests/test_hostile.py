@@ -60,7 +60,7 @@ def test_a_file_line_that_is_not_utf8_is_one_line_naming_it(tmp_path, capsys):
 
 
 SAVE_UNDER_SIGINT = r"""
-import json, os, signal, sys, threading, time
+import json, os, signal, sys
 from pathlib import Path
 
 import attnviz
@@ -77,13 +77,17 @@ if moment == "moving":  # Ctrl-C just after the first file moved into place: att
         os.kill(os.getpid(), signal.SIGINT)
 
     os.replace = replace_then_interrupt
-else:  # Ctrl-C once the first file is in the staging folder, while the others are written
-    def interrupt_when_staged():
-        while not any(folder.glob(".attnviz-*.partial/*")):
-            time.sleep(0.001)
-        os.kill(os.getpid(), signal.SIGINT)
+else:  # Ctrl-C once the first file (attention.json) is in the staging folder, while the others are written
+    real_write_text = Path.write_text
 
-    threading.Thread(target=interrupt_when_staged, daemon=True).start()
+    def write_then_interrupt(path, *args, **kwargs):
+        written = real_write_text(path, *args, **kwargs)
+        if path.parent.name.endswith(".partial"):  # not a thread polling for it: a fast save finished first, now and then
+            Path.write_text = real_write_text
+            os.kill(os.getpid(), signal.SIGINT)
+        return written
+
+    Path.write_text = write_then_interrupt
 try:
     result.save(folder)
     print(json.dumps({"caught": None}))
