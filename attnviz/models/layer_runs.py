@@ -43,20 +43,37 @@ class Recorded:
         return args[0] if args else kwargs["hidden_states"]
 
 
-def record(stack: LayerStack, forward: Callable[[], object]) -> tuple[Recorded, object]:
-    """Run forward() (the model's whole pass) with the stack's calls recorded; returns them and forward's result.
+def hook_layers(modules: list[nn.Module], keep: Callable[[int, tuple, dict], None]) -> list:
+    """Forward pre-hooks that call keep(layer, args, kwargs) as each layer's module is called, modules[i] being
+    layer i's. A module several layers share (ALBERT's) is called once for each of them, in order: its k-th call
+    in a pass is the k-th of its layers, pass after pass. Returns the hooks' handles, for the caller to remove."""
+    owners: dict[int, list[int]] = {}  # id(module) -> the layers it serves, in order
+    for layer, module in enumerate(modules):
+        owners.setdefault(id(module), []).append(layer)
+    calls = dict.fromkeys(owners, 0)
 
-    A module shared by several layers is called once for each, in order: its k-th call is the k-th of its layers."""
+    def hook(module, args, kwargs):
+        layers = owners[id(module)]
+        layer = layers[calls[id(module)] % len(layers)]
+        calls[id(module)] += 1
+        keep(layer, args, kwargs)
+
+    unique = {id(module): module for module in modules}
+    return [module.register_forward_pre_hook(hook, with_kwargs=True) for module in unique.values()]
+
+
+def record(stack: LayerStack, forward: Callable[[], object]) -> tuple[Recorded, object]:
+    """Run forward() (the model's whole pass) with the stack's calls recorded; returns them and forward's result."""
     calls: list = [None] * len(stack.layers)
     heads: list = [None] * len(stack.layers)
-    handles = []
-    for modules, hook in ((stack.layers, _keep_call(calls)), (stack.projections, _keep_input(heads))):
-        owners: dict[int, list[int]] = {}
-        for layer, module in enumerate(modules):
-            owners.setdefault(id(module), []).append(layer)
-        for layer, module in enumerate(modules):
-            if owners[id(module)][0] == layer:
-                handles.append(module.register_forward_pre_hook(hook(owners[id(module)]), with_kwargs=True))
+
+    def keep_call(layer: int, args: tuple, kwargs: dict) -> None:
+        calls[layer] = (args, kwargs)
+
+    def keep_input(layer: int, args: tuple, kwargs: dict) -> None:
+        heads[layer] = args[0].detach().clone()
+
+    handles = hook_layers(stack.layers, keep_call) + hook_layers(stack.projections, keep_input)
     try:
         result = forward()
     finally:
@@ -65,26 +82,6 @@ def record(stack: LayerStack, forward: Callable[[], object]) -> tuple[Recorded, 
     if any(call is None for call in calls) or any(head is None for head in heads):
         raise RuntimeError("the forward pass did not call every layer of the stack")
     return Recorded(calls, heads), result
-
-
-def _keep_call(calls: list):
-    def for_layers(layers: list[int]):
-        def hook(module, args, kwargs):
-            calls[layers[sum(calls[layer] is not None for layer in layers)]] = (args, kwargs)
-
-        return hook
-
-    return for_layers
-
-
-def _keep_input(heads: list):
-    def for_layers(layers: list[int]):
-        def hook(module, args, kwargs):
-            heads[layers[sum(heads[layer] is not None for layer in layers)]] = args[0].detach().clone()
-
-        return hook
-
-    return for_layers
 
 
 def run_from(stack: LayerStack, layer: int, hidden: torch.Tensor, recorded: Recorded, heads=None) -> torch.Tensor:

@@ -32,7 +32,7 @@ from torch import nn
 from attnviz.attention.layer import AttentionWeights
 from attnviz.errors import AttnvizError
 from attnviz.models import blocked_attention
-from attnviz.models.layer_runs import LayerStack, Recorded, record, run_from
+from attnviz.models.layer_runs import LayerStack, Recorded, hook_layers, record, run_from
 from attnviz.models.families import DECODER, ENCODER_DECODER, Family
 from attnviz.models.shown import space_before
 from attnviz.models.words import tokenizer_scheme
@@ -190,16 +190,9 @@ class TransformersModel:
         self, inputs: dict[str, torch.Tensor], layers: list[int], stack: str | None, source: dict[str, torch.Tensor] | None
     ) -> dict[int, Captured]:
         wanted = sorted(set(layers))
-        seen: dict[int, list] = {}  # id(module) -> the calls it has had (ALBERT's layers share one module)
         captured: dict[int, Captured] = {}
-        owners: dict[int, list[int]] = {}  # id(module) -> the layers it serves, in order
-        for layer in range(max(wanted) + 1):
-            owners.setdefault(id(self.attention_module(layer, stack)[1]), []).append(layer)
 
-        def hook(module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
-            calls = seen.setdefault(id(module), [])
-            layer = owners[id(module)][len(calls)]
-            calls.append(layer)
+        def keep(layer: int, args: tuple, kwargs: dict[str, Any]) -> None:
             if layer in wanted:
                 hidden = args[0] if args else kwargs["hidden_states"]
                 if not torch.isfinite(hidden).all():
@@ -209,8 +202,7 @@ class TransformersModel:
             if len(captured) == len(wanted):
                 raise _Stop
 
-        modules = {id(module): module for module in (self.attention_module(layer, stack)[1] for layer in wanted)}
-        handles = [module.register_forward_pre_hook(hook, with_kwargs=True) for module in modules.values()]
+        handles = hook_layers([self.attention_module(layer, stack)[1] for layer in range(max(wanted) + 1)], keep)
         self.model.set_attn_implementation(blocked_attention.register())
         try:
             self._forward(inputs, stack, source)
@@ -288,19 +280,15 @@ class TransformersModel:
         from transformers import DynamicCache
 
         entering: dict[int, torch.Tensor] = {}
-        owners: dict[int, list[int]] = {}
-        for layer in range(self.num_layers()):
-            owners.setdefault(id(self.attention_module(layer)[1]), []).append(layer)
 
-        def hook(module, args, kwargs):
-            layers = owners[id(module)]
-            entering[layers[sum(layer in entering for layer in layers)]] = (args[0] if args else kwargs["hidden_states"]).detach().clone()
+        def keep(layer: int, args: tuple, kwargs: dict[str, Any]) -> None:
+            entering[layer] = (args[0] if args else kwargs["hidden_states"]).detach().clone()
 
-        modules = {id(module): module for module in (self.attention_module(layer)[1] for layer in range(self.num_layers()))}
+        modules = [self.attention_module(layer)[1] for layer in range(self.num_layers())]
         weight, bias, ends = *self.output_head(), self.end_ids()
         with self._forward_lock:
             self.model.set_attn_implementation("sdpa")  # the model's own pass: fused, no (H, P, P) of scores at once
-            handles = [module.register_forward_pre_hook(hook, with_kwargs=True) for module in modules.values()]
+            handles = hook_layers(modules, keep)
             try:
                 cache, current = DynamicCache(config=self.model.config), ids
                 for step in range(steps + 1):
