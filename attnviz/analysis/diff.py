@@ -9,7 +9,7 @@ layer × head the two maps' rows are compared (DISTANCES):
 - Clark et al.'s divergence: the JSD summed over the queries (Clark, Khandelwal, Levy and Manning 2019, "What
   Does BERT Look At?", section 6), the number their head-distance plots use, growing with the text.
 Against "random", the other side is the same model's layer with random projections (drawn from the seed) over
-the same hidden states: how far training moved each head from a random one.
+the same hidden states (captured once for both sides): how far training moved each head from a random one.
 
 The most changed heads (TOP_HEADS, by JS distance) keep both maps for the figures when the text has at most
 MAX_DRAWN_TOKENS tokens: their layers run once more, whole.
@@ -92,20 +92,26 @@ def head_differences(loaded, other, text: str, spec, budget_bytes: int) -> HeadD
     import torch
 
     from attnviz.analysis.blockwise import row_plogp
-    from attnviz.layer_inputs import encode_texts
+    from attnviz.layer_inputs import encode_texts, layer_states, threads_for
     from attnviz.pipeline import build_layers, in_berts_place, iter_layer_blocks
 
     spec = replace(spec, kv_text=None)
     other_spec = replace(spec, weights="random") if other == RANDOM else spec
     other_model = loaded if other == RANDOM else other
+    encoded = encode_texts(loaded, [text], spec)
+    shared = None  # against random both sides run over the model's own hidden states: one forward pass captures them
+    if other == RANDOM and not in_berts_place(loaded, spec):
+        with threads_for(encoded):
+            shared = layer_states(loaded, encoded, list(range(loaded.num_layers_of(spec.stack))), spec)
 
     def blocks(model, run_spec):
-        encoded = encode_texts(model, [text], run_spec)
+        model_encoded = encoded if model is loaded else encode_texts(model, [text], run_spec)
         layers = build_layers(model, run_spec)
-        return encoded, iter_layer_blocks(model, encoded, layers, run_spec, budget_bytes, in_berts_place(model, run_spec))
+        states = None if shared is None else dict(shared)  # each side lets a layer's states go once used
+        return iter_layer_blocks(model, model_encoded, layers, run_spec, budget_bytes, in_berts_place(model, run_spec), states)
 
-    encoded, ours = blocks(loaded, spec)
-    _, theirs = blocks(other_model, other_spec)
+    ours, theirs = blocks(loaded, spec), blocks(other_model, other_spec)
+    del shared
     sums = {name: {} for name in DISTANCES}
     with torch.inference_mode():
         for (layer, first, mine), (other_layer, other_first, others) in zip(ours, theirs, strict=True):
