@@ -59,6 +59,7 @@ def diff(
     queries) and Clark et al.'s divergence (the JSD summed over queries), as a grid (diff.png), the most changed
     heads' maps side by side with their difference (diff_heads.png), and diff.json."""
     options = run_options(locals())
+    from attnviz.analysis.diff import RANDOM
     from attnviz.api import functions
     from attnviz.api.diff import diff as compare_checkpoints
     from attnviz.api.models import load
@@ -71,7 +72,7 @@ def diff(
     target = run_target(out, run_folder_name(text))
     handle = load(options.model, options.device, dtype=options.dtype, allow_pickle=allow_pickle, cache=False)
     other = against
-    if against != "random":
+    if against != RANDOM:
         other = load(against, options.device, dtype=options.dtype, allow_pickle=allow_pickle, cache=False)
     result = compare_checkpoints(text, against=other, **replace(options, model=handle).keywords())
     console.print(result)  # its __rich__: the grid and the most changed heads

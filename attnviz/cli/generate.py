@@ -44,8 +44,8 @@ def generate(
 ) -> None:
     """A decoder (GPT-2, Llama's layout, SmolLM2) continues TEXT, greedy or --sample; every generated token's
     attention over everything before it, per layer and head, computed with the key/value cache as the model
-    generates: generate.png (the --layer's heads), generate.json (the ids, the layer's rows, every layer's sink
-    and entropy per step) and report.html (a stepper over the continuation, every layer and head)."""
+    generates: generate.png (the --layer's heads), generate.json (the ids, the layer's rows, every layer's summaries
+    per step: sink, previous token, entropy, distance) and report.html (a stepper over the continuation, every layer and head)."""
     options = run_options(locals())
     from attnviz.api import functions
     from attnviz.api.generate import generate as continue_prompt

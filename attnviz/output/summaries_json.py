@@ -62,9 +62,14 @@ def summaries_record(summaries: LayerSummaries, spec: RunSpec) -> dict:
     }
 
 
-def write_summaries_json(summaries: LayerSummaries, spec: RunSpec, path: Path) -> Path:
-    path.write_text(json.dumps(summaries_record(summaries, spec), ensure_ascii=False), encoding="utf-8")
+def write_record(record: dict, path: Path) -> Path:
+    """A JSON file of this module's records (summaries, effects, diff, generate): UTF-8, characters as they are."""
+    path.write_text(json.dumps(record, ensure_ascii=False), encoding="utf-8")
     return path
+
+
+def write_summaries_json(summaries: LayerSummaries, spec: RunSpec, path: Path) -> Path:
+    return write_record(summaries_record(summaries, spec), path)
 
 
 def write_effects_json(effects, spec: RunSpec, path: Path) -> Path:
@@ -81,8 +86,7 @@ def write_effects_json(effects, spec: RunSpec, path: Path) -> Path:
         "tokens": effects.tokens,
         **effects_record(effects, effects.layers),  # kl[layer][head], loss[layer][head] (an encoder's cosine, pooled)
     }
-    path.write_text(json.dumps(record, ensure_ascii=False), encoding="utf-8")
-    return path
+    return write_record(record, path)
 
 
 def differences_record(differences, spec: RunSpec) -> dict:
@@ -111,8 +115,7 @@ def differences_record(differences, spec: RunSpec) -> dict:
 
 
 def write_differences_json(differences, spec: RunSpec, path: Path) -> Path:
-    path.write_text(json.dumps(differences_record(differences, spec), ensure_ascii=False), encoding="utf-8")
-    return path
+    return write_record(differences_record(differences, spec), path)
 
 
 def generation_record(generation, spec: RunSpec) -> dict:
@@ -120,8 +123,10 @@ def generation_record(generation, spec: RunSpec) -> dict:
     layer's rows (H, n, P + n: generated token i's weights over every token, 0 past itself), with each step's
     sink share (the weight on the first token), share on the previous token, entropy (nats) and mean distance back
     (tokens, weighted) for every layer and head."""
+    from attnviz.analysis.statistics import row_entropy
+
     rows = generation.rows.astype(np.float64)  # (L, H, n, T)
-    entropy = -(rows * np.log(np.where(rows > 0, rows, 1.0))).sum(axis=-1)  # (L, H, n)
+    entropy = row_entropy(rows)  # (L, H, n)
     queries = generation.num_prompt + np.arange(rows.shape[2])  # each generated token's position (n,)
     distance = (rows * (queries[:, None] - np.arange(rows.shape[3])[None, :]).clip(min=0)).sum(axis=-1)  # (L, H, n)
     previous = np.take_along_axis(rows, (queries - 1)[None, None, :, None], axis=-1)[..., 0]  # (L, H, n)
@@ -147,5 +152,4 @@ def generation_record(generation, spec: RunSpec) -> dict:
 
 
 def write_generation_json(generation, spec: RunSpec, path: Path) -> Path:
-    path.write_text(json.dumps(generation_record(generation, spec), ensure_ascii=False), encoding="utf-8")
-    return path
+    return write_record(generation_record(generation, spec), path)

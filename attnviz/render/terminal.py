@@ -415,7 +415,6 @@ def print_position(console: Console, result, source: str, device_label: str) -> 
     console.print(table)
 
 
-
 MAX_STEPS_SHOWN = 40  # generated tokens in the terminal's table; generate.json has every one
 
 

@@ -206,9 +206,9 @@ def head_scope(run, head: int, short: bool = False) -> list[str]:
         from attnviz.analysis.effect import EFFECTS
 
         said = []
-        for name in effects.names:  # decimals for the layer's heads alike
-            layer = effects.values[name][run.layer]
-            said.append(f"{EFFECTS[name][0]} {layer[head]:{'+' if name == 'loss' else ''}.{effect_decimals(layer)}f}")
+        for effect in effects.names:  # decimals for the layer's heads alike
+            layer = effects.values[effect][run.layer]
+            said.append(f"{EFFECTS[effect][0]} {layer[head]:{'+' if effect == 'loss' else ''}.{effect_decimals(layer)}f}")
         scope.append(said[0] if short else f"taken out ({effects.ablation}): {', '.join(said)}")
     return scope
 
