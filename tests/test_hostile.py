@@ -65,6 +65,9 @@ from pathlib import Path
 
 import attnviz
 
+# Ctrl-C as a terminal's Python gets it: a shell that starts pytest in the background (`pytest &`) starts it with
+# SIGINT ignored, which this process would inherit, and an ignored Ctrl-C tests nothing
+signal.signal(signal.SIGINT, signal.default_int_handler)
 moment, reference, folder = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
 result = attnviz.heads("the cat sat on the mat", model="bundled", heads=2)
 result.save(reference)  # the whole run, to compare with
@@ -82,7 +85,7 @@ else:  # Ctrl-C once the first file (attention.json) is in the staging folder, w
 
     def write_then_interrupt(path, *args, **kwargs):
         written = real_write_text(path, *args, **kwargs)
-        if path.parent.name.endswith(".partial"):  # not a thread polling for it: a fast save finished first, now and then
+        if path.parent.name.endswith(".partial"):  # at that very moment, not whenever a polling thread sees it
             Path.write_text = real_write_text
             os.kill(os.getpid(), signal.SIGINT)
         return written
