@@ -179,3 +179,47 @@ def test_every_attnviz_command_of_the_docs_runs_offline(offline_folder, capsys, 
 def test_every_python_block_of_the_docs_runs(name, block, offline_folder, capsys):
     exec(compile(block, name, "exec"), {"__name__": "__docs__"})
     assert capsys.readouterr().out.strip()
+
+
+def architecture_page() -> str:
+    return (REPOSITORY / "docs" / "architecture.md").read_text(encoding="utf-8")
+
+
+def test_every_module_of_attnviz_is_named_in_the_architecture_page():
+    """A module the page does not name is one the next maintainer will not find: each .py (but the packages'
+    __init__.py) and each of the report's scripts is named there, by its file name or its path under attnviz/."""
+    page = architecture_page()
+    package = REPOSITORY / "attnviz"
+    modules = [path for path in [*package.rglob("*.py"), *package.rglob("*.js")] if path.name != "__init__.py"]
+    assert len(modules) > 100
+    unnamed = [
+        str(path.relative_to(package))
+        for path in modules
+        if f"`{path.name}`" not in page and str(path.relative_to(package)) not in page
+    ]
+    assert not unnamed, unnamed
+
+
+def test_the_architecture_page_says_where_a_command_and_a_report_view_go():
+    page = architecture_page()
+    table = page.split("## Where a change goes", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|")[1].strip() for line in table.splitlines() if line.startswith("| ") and "---" not in line]
+    for change in ("a command", "a report view", "a model family", "a run option", "a figure", "a file format"):
+        assert change in rows, (change, rows)
+
+
+def test_the_readme_documentation_table_names_every_command():
+    """The README's docs table lists every command of the command line (the app's own list) and every API function."""
+    import typer.main
+
+    from attnviz.cli.main import app
+
+    commands = sorted(typer.main.get_command(app).commands)
+    assert len(commands) >= 10
+    readme = (REPOSITORY / "README.md").read_text(encoding="utf-8")
+    table = readme.split("## Documentation", 1)[1]
+    commands_row = next(line for line in table.splitlines() if line.startswith("| [commands]"))
+    python_row = next(line for line in table.splitlines() if line.startswith("| [Python]"))
+    assert [command for command in commands if f"`{command}`" not in commands_row] == []
+    functions = [command for command in commands if command != "models"]  # attnviz.models is a listing, not a run
+    assert [function for function in functions if f"`{function}`" not in python_row] == []

@@ -1,4 +1,4 @@
-// core.js: the report's shared namespace, window.AV (REPORT_SPEC.md): the record, the state and its
+// core.js: the report's shared namespace, window.AV (docs/formats.md, "report.html"): the record, the state and its
 // listeners, decoding of the ENCODED weight arrays, DOM helpers that never parse markup, the colour
 // scale of the PNGs (matplotlib's viridis, linear or log), map drawing, and the views' registry.
 (() => {

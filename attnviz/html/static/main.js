@@ -10,7 +10,7 @@
     AV.state.layer = AV.data.texts[0].layer;
   }
 
-  // header.js (views-b) draws the header as AV.renderHeader; without it, a minimal one.
+  // header.js draws the header as AV.renderHeader; without it, a minimal one.
   function renderHeader() {
     const header = AV.clear(document.getElementById("report-header"));
     if (typeof AV.renderHeader === "function") {
