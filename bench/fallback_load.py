@@ -20,7 +20,7 @@ def main(which: str) -> None:
         listener.listen()
         os.environ.update(HF_ENDPOINT=f"http://127.0.0.1:{listener.getsockname()[1]}", HF_HOME=home)
         os.environ.pop("HF_HUB_OFFLINE", None)
-        import attnviz.models.bert, tokenizers, torch  # noqa: F401  imported first: this times the loading, not the imports
+        import attnviz.models.bert_encoder, tokenizers, torch  # noqa: F401  imported first: this times the loading, not the imports
         from attnviz.models.loading import load_model  # huggingface_hub reads the environment on import
 
         start = time.perf_counter()

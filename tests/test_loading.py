@@ -25,7 +25,7 @@ import torch
 from transformers import BertConfig, BertModel, BertTokenizer, GPT2Config, WhisperConfig
 
 from attnviz.errors import AttnvizError
-from attnviz.models.bert import BertEncoder
+from attnviz.models.bert_encoder import BertEncoder
 from attnviz.models.listing import SMOLLM2_NAME, list_models
 from attnviz.models.loading import (
     BUNDLED_NAME,
@@ -190,7 +190,7 @@ NO_HANG_S = 10
 HUB_SCRIPT = textwrap.dedent(
     """
     import json, sys, time
-    import torch, tokenizers, attnviz.models.bert  # imported first: we time the decision, not imports
+    import torch, tokenizers, attnviz.models.bert_encoder  # imported first: we time the decision, not imports
     from attnviz.errors import AttnvizError
     from attnviz.models.loading import load_model
 

@@ -20,7 +20,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-import attnviz.models.bert
+import attnviz.models.bert_encoder
 from attnviz.cli import run
 from attnviz.errors import AttnvizError
 from attnviz.models.loading import bundled_model_path, load_model
@@ -208,7 +208,7 @@ def test_weights_linked_from_anywhere_else_are_refused(tmp_path, weights, capsys
 def no_layer_is_built(monkeypatch):
     """Fails a test that builds any BERT layer; a guard stops a runaway build after a few hundred."""
     built = []
-    original = attnviz.models.bert.BertLayer.__init__
+    original = attnviz.models.bert_encoder.BertLayer.__init__
 
     def counted(self, *args, **kwargs):
         built.append(1)
@@ -216,7 +216,7 @@ def no_layer_is_built(monkeypatch):
             raise RuntimeError("guard: more than 200 layers built")
         original(self, *args, **kwargs)
 
-    monkeypatch.setattr(attnviz.models.bert.BertLayer, "__init__", counted)
+    monkeypatch.setattr(attnviz.models.bert_encoder.BertLayer, "__init__", counted)
     yield
     assert not built, f"{len(built)} BERT layers were built"
 

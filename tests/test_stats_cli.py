@@ -104,7 +104,7 @@ def test_attnviz_layers_stand_in_for_berts_attention_only_when_they_compute_the_
     bert, monkeypatch, options, berts_own_attention_runs
 ):
     """With BERT's projections and heads and no causal mask, the attention is computed once per layer."""
-    from attnviz.models.bert import BertLayer
+    from attnviz.models.bert_encoder import BertLayer
 
     calls = []
     attend = BertLayer.attend

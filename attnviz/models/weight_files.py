@@ -25,7 +25,7 @@ from pathlib import Path, PurePosixPath
 import torch
 
 from attnviz.errors import first_line
-from attnviz.models.bert import BertConfig, BertEncoder
+from attnviz.models.bert_encoder import BertConfig, BertEncoder
 
 SINGLE_FILE = {True: "model.safetensors", False: "pytorch_model.bin"}
 
