@@ -203,6 +203,7 @@ def test_the_figures_rows_say_which_rows_they_are(decoder):
     [
         (["--model", "bundled"], "generate continues a text with a decoder"),
         (["--tokens", "0"], "--tokens"),
+        (["--rows", "sideways"], "--rows"),
     ],
 )
 def test_what_generate_refuses_is_one_line_and_exit_2(decoder, tmp_path, capsys, args, message):
@@ -272,6 +273,15 @@ def test_generate_json_summarises_every_layers_heads_at_each_step(decoder):
     assert record["previous"][layer][head][step] == pytest.approx(row[-2], abs=1e-6)
     assert record["entropy"][layer][head][step] == pytest.approx(-(row * np.log(row)).sum(), abs=1e-6)
     assert record["distance"][layer][head][step] == pytest.approx((row * np.arange(len(row))[::-1]).sum(), abs=1e-6)
+
+
+def test_rows_other_than_chosen_or_read_are_refused_before_loading(monkeypatch):
+    import attnviz
+    from attnviz.errors import AttnvizError
+
+    monkeypatch.setattr(attnviz.models.loading, "load_model", lambda *args, **kwargs: pytest.fail("the model loaded"))
+    with pytest.raises(AttnvizError, match="unknown rows 'sideways': choose chosen or read"):
+        attnviz.generate(PROMPT, model="smollm2", rows="sideways")
 
 
 def test_rows_past_their_budget_are_refused_before_generating(decoder, monkeypatch):
