@@ -61,6 +61,7 @@ ARGUMENTS = {  # function -> its arguments -> wrong values
         "prompt": [*TEXT, ["the cat"]],
         "tokens": ["5", 1.5, True, None],
         "sample": ["yes", 1, None],
+        "rows": [5, None, ["chosen"]],
         **{name: RUN_OPTIONS[name] for name in ("model", "layer", "seed", "device", "dtype")},
     },
     "diff": {

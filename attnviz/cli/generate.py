@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from enum import Enum
 from pathlib import Path
 from typing import Optional
 
@@ -28,6 +29,11 @@ from attnviz.cli.shared import run_target, write_run
 from attnviz.spec import check_text
 
 
+class Rows(str, Enum):  # attnviz.analysis.generation.ROWS (not imported: the command line's help stays light)
+    chosen = "chosen"
+    read = "read"
+
+
 @app.command(short_help="A decoder continues a prompt: each generated token's attention, step by step.")
 def generate(
     prompt: str = typer.Argument(..., metavar="TEXT", help="The prompt to continue, e.g. 我想吃酸菜鱼."),
@@ -35,6 +41,11 @@ def generate(
     tokens: int = typer.Option(32, "--tokens", "-n", min=1, max=1024, help="How many tokens to generate (fewer if the model ends the text)."),
     sample: bool = typer.Option(False, "--sample", help="Sample each token from the next-token distribution (from --seed), not the most likely one."),
     seed: int = typer.Option(0, min=0, max=MAX_SEED, help="Seed of --sample."),
+    rows: Rows = typer.Option(
+        Rows.chosen, "--rows",
+        help="Which row of each generated token to show: chosen, the attention that chose it (the row of the token "
+        "before it, as transformers' generate gives it); read, the token's own row as the query. The report has both.",
+    ),  # fmt: skip
     layer: int = LayerOption,
     device: Device = DeviceOption,
     dtype: Dtype = DtypeOption,
@@ -42,10 +53,11 @@ def generate(
     out: Optional[Path] = OutOption,
     quiet: bool = QuietOption,
 ) -> None:
-    """A decoder (GPT-2, Llama's layout, SmolLM2) continues TEXT, greedy or --sample; every generated token's
-    attention over everything before it, per layer and head, computed with the key/value cache as the model
-    generates: generate.png (the --layer's heads), generate.json (the ids, the layer's rows, every layer's summaries
-    per step: sink, previous token, entropy, distance) and report.html (a stepper over the continuation, every layer and head)."""
+    """A decoder (GPT-2, Llama's layout, SmolLM2) continues TEXT, greedy or --sample; beside each generated token
+    the attention that chose it (--rows read: its own), per layer and head, computed with the key/value cache as the
+    model generates: generate.png (the --layer's heads), generate.json (the ids, the layer's rows, every layer's
+    summaries per step: sink, previous token, entropy, distance) and report.html (a stepper over the continuation,
+    every layer and head)."""
     options = run_options(locals())
     from attnviz.api import functions
     from attnviz.api.generate import generate as continue_prompt
@@ -57,6 +69,6 @@ def generate(
     functions.refuse_before_loading(options)
     target = run_target(out, run_folder_name(prompt))
     handle = load(options.model, options.device, dtype=options.dtype, cache=False)
-    result = continue_prompt(prompt, tokens=tokens, sample=sample, **replace(options, model=handle).keywords())
+    result = continue_prompt(prompt, tokens=tokens, sample=sample, rows=rows.value, **replace(options, model=handle).keywords())
     console.print(result)  # its __rich__: the continuation and a row per generated token
     write_run(out, target, "drawing the generation…", lambda staging: startup.draw(result.write_files, staging, image_format.value))

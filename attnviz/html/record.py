@@ -68,6 +68,7 @@ class ReportText:
     summaries: object | None = None  # analysis.head_summaries.LayerSummaries of every layer: a long text's (is_long)
     differences: object | None = None  # analysis.diff.HeadDifferences: another checkpoint's heads beside these (diff)
     generation: object | None = None  # analysis.generation.Generation: the text continued, token by token (generate)
+    generation_rows: str = "chosen"  # analysis.generation.ROWS: the rows its stepper shows first
 
 
 def is_long(run: AttentionRun) -> bool:
@@ -160,14 +161,18 @@ def text_record(text: ReportText, spec: RunSpec) -> dict:
     if text.differences is not None:
         record["diff"] = differences_of(text.differences, spec)
     if text.generation is not None:
-        record["generation"] = generation_of(text.generation)
+        record["generation"] = generation_of(text.generation, text.generation_rows)
     return record
 
 
-def generation_of(generation) -> dict:
-    """The Generation view's data: the prompt's and the continuation's tokens and ids, and every layer's rows
-    (L, H, n, P + n), exact up to MAX_EXACT_VALUES weights, else on the log scale's 256 levels."""
-    rows = generation.rows
+def generation_of(generation, rows_are: str = "chosen") -> dict:
+    """The Generation view's data: the prompt's and the continuation's tokens and ids, every layer's query_rows
+    (L, H, n + 1, P + n: the rows of positions P - 1 .. P + n - 1, from which the view takes both rows of each
+    generated token), exact up to MAX_EXACT_VALUES weights, else on the log scale's 256 levels, and rows_are, the
+    rows it shows first, with the words of both (analysis.generation.ROWS)."""
+    from attnviz.analysis.generation import ROWS
+
+    rows = generation.query_rows
     return {
         "prompt_length": generation.num_prompt,
         "tokens": generation.shown_tokens,
@@ -175,7 +180,9 @@ def generation_of(generation) -> dict:
         "continuation": generation.continuation,
         "sample": generation.sample,
         "seed": generation.seed,
-        "rows": encode_exact(rows) if rows.size <= MAX_EXACT_VALUES else encode_quantised(rows),
+        "rows_are": rows_are,
+        "rows_words": ROWS,
+        "query_rows": encode_exact(rows) if rows.size <= MAX_EXACT_VALUES else encode_quantised(rows),
     }
 
 

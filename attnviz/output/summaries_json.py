@@ -18,6 +18,7 @@ from attnviz.analysis.head_summaries import (
 from attnviz.spec import RunSpec
 
 SUMMARIES_FORMAT_VERSION = 1
+GENERATE_FORMAT_VERSION = 2  # 2: rows_are names the rows (1's rows were each generated token's own, unnamed)
 DECIMALS = 6  # sums of float32 weights: good to about 1e-6
 
 
@@ -118,21 +119,23 @@ def write_differences_json(differences, spec: RunSpec, path: Path) -> Path:
     return write_record(differences_record(differences, spec), path)
 
 
-def generation_record(generation, spec: RunSpec) -> dict:
+def generation_record(generation, spec: RunSpec, rows_are: str = "chosen") -> dict:
     """generate.json (`attnviz generate`): the prompt, the generated ids and text, every token as shown, and the run
-    layer's rows (H, n, P + n: generated token i's weights over every token, 0 past itself), with each step's
-    sink share (the weight on the first token), share on the previous token, entropy (nats) and mean distance back
-    (tokens, weighted) for every layer and head."""
+    layer's rows named by rows_are (analysis.generation.ROWS; H, n, P + n: generated token t's row, that of the
+    query queries[t], over every token, 0 past its query), with each step's sink share (the weight on the first
+    token), share on the token before the query, entropy (nats) and mean distance back (tokens, weighted) for every
+    layer and head."""
+    from attnviz.analysis.generation import ROWS
     from attnviz.analysis.statistics import row_entropy
 
-    rows = generation.rows.astype(np.float64)  # (L, H, n, T)
+    rows = generation.rows(rows_are).astype(np.float64)  # (L, H, n, T)
     entropy = row_entropy(rows)  # (L, H, n)
-    queries = generation.num_prompt + np.arange(rows.shape[2])  # each generated token's position (n,)
+    queries = generation.queries(rows_are)  # each row's query position (n,)
     distance = (rows * (queries[:, None] - np.arange(rows.shape[3])[None, :]).clip(min=0)).sum(axis=-1)  # (L, H, n)
-    previous = np.take_along_axis(rows, (queries - 1)[None, None, :, None], axis=-1)[..., 0]  # (L, H, n)
+    previous = np.take_along_axis(rows, (queries - 1).clip(min=0)[None, None, :, None], axis=-1)[..., 0] * (queries > 0)  # (L, H, n)
     return {
         "format": "attnviz-generate",
-        "version": SUMMARIES_FORMAT_VERSION,
+        "version": GENERATE_FORMAT_VERSION,
         "settings": spec.to_dict(),
         "model": generation.model,
         "prompt": generation.prompt,
@@ -143,6 +146,9 @@ def generation_record(generation, spec: RunSpec) -> dict:
         "sample": generation.sample,
         **({"seed": generation.seed} if generation.sample else {}),
         "layer": spec.layer,
+        "rows_are": rows_are,
+        "rows_definition": ROWS[rows_are],
+        "queries": queries.tolist(),
         "rows": np.round(rows[spec.layer], DECIMALS).tolist(),  # rows[head][step][key]
         "sink": np.round(rows[..., 0], DECIMALS).tolist(),  # sink[layer][head][step]
         "previous": np.round(previous, DECIMALS).tolist(),  # previous[layer][head][step]
@@ -151,5 +157,5 @@ def generation_record(generation, spec: RunSpec) -> dict:
     }
 
 
-def write_generation_json(generation, spec: RunSpec, path: Path) -> Path:
-    return write_record(generation_record(generation, spec), path)
+def write_generation_json(generation, spec: RunSpec, rows_are: str, path: Path) -> Path:
+    return write_record(generation_record(generation, spec, rows_are), path)

@@ -413,32 +413,3 @@ def print_position(console: Console, result, source: str, device_label: str) -> 
     )
     table.caption_justify = "left"
     console.print(table)
-
-
-MAX_STEPS_SHOWN = 40  # generated tokens in the terminal's table; generate.json has every one
-
-
-def print_generation(console: Console, generation, layer: int) -> None:
-    """`attnviz generate`: the prompt and its continuation, then a row per generated token of the layer's heads, mean
-    over the heads: its share on the first token (the sink) and the token it attends to most."""
-    prompt = generation.num_prompt
-    shown = generation.shown_tokens  # whitespace and control characters as marks: a continuation may hold any byte
-    text = Text("".join(shown[:prompt]))
-    text.append("".join(shown[prompt:]), style="bold green")
-    console.print(text)
-    legend = marks_legend(shown)
-    if legend:
-        console.print(Text(legend, style="dim"))
-    table = Table(title=f"layer {layer}: each generated token, its heads' mean attention", title_justify="left")
-    for name in ("step", "token", "sink", "most attended"):
-        table.add_column(name, justify="right" if name in ("step", "sink") else "left", no_wrap=name != "most attended")
-    for step in range(min(len(generation.ids), MAX_STEPS_SHOWN)):
-        mean = generation.rows[layer, :, step, : prompt + step + 1].mean(axis=0)  # (P + step + 1,)
-        key = int(mean.argmax())
-        table.add_row(str(step), shown[prompt + step], f"{mean[0]:.2f}", f"{key}:{shown[key]} {mean[key]:.2f}")
-    if len(generation.ids) > MAX_STEPS_SHOWN:
-        table.caption = f"… {len(generation.ids) - MAX_STEPS_SHOWN} more steps in generate.json"
-        table.caption_justify = "left"
-    console.print(table)
-    how = f"sampled with seed {generation.seed}" if generation.sample else "greedy: the most likely next token each time"
-    console.print(Text(f"{counted(len(generation.ids), 'token')} generated, {how}; sink: the weight on the first token", style="dim"))
