@@ -175,7 +175,7 @@ def _shape_with_axes(shape: list[int], axes: list[str]) -> str:
 def _markdown_table(table: Table) -> str:
     """A Rich table of plain cells as a Markdown table, its title above."""
     header = [column.header for column in table.columns]
-    rows = zip(*(column._cells for column in table.columns))
+    rows = zip(*(column.cells for column in table.columns))
     lines = [_cell(str(table.title)), "", "| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     lines += ["| " + " | ".join(_cell(str(cell)) for cell in row) + " |" for row in rows]
     return "\n".join(lines)

@@ -49,7 +49,7 @@ def torch_reference(layer: MultiHeadAttention, inputs: LayerInputs, num_heads: i
         model_size, num_heads, bias=biased, kdim=key_size, vdim=value_size, batch_first=True,
     ).to(layer.w_q.weight.device, torch.float64).eval()
     with torch.no_grad():
-        if reference._qkv_same_embed_dim:
+        if reference.in_proj_weight is not None:  # one (3D, D) for W_q, W_k, W_v; else one weight each
             reference.in_proj_weight.copy_(torch.cat([layer.w_q.weight, layer.w_k.weight, layer.w_v.weight]))  # (3D, D)
         else:
             for name, linear in (("q", layer.w_q), ("k", layer.w_k), ("v", layer.w_v)):
