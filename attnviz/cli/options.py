@@ -200,11 +200,11 @@ EveryLayerStackOption = typer.Option(
 KvOption = typer.Option(None, "--kv", help="Cross-attention: keys and values from this text, queries from TEXT.")
 HeadsOption = typer.Option(None, "--heads", help="Split the projections into this many heads (default: the model's own).")
 DQOption = typer.Option(
-    None, "--d-q", help="The single-head tutorial's own d_q: W_q and W_k map D to d_q, the scale is 1/sqrt(d_q) "
+    None, "--d-q", metavar="N", help="The single-head tutorial's own d_q: W_q and W_k map D to d_q, the scale is 1/sqrt(d_q) "
     "(with --layout single-head --weights random; default D).", show_default=False,
 )
 DOutOption = typer.Option(
-    None, "--d-out", help="The single-head tutorial's own d_out: W_v maps D to d_out, no W_o "
+    None, "--d-out", metavar="N", help="The single-head tutorial's own d_out: W_v maps D to d_out, no W_o "
     "(with --layout single-head --weights random; default D).", show_default=False,
 )
 EveryLayerHeadsOption = typer.Option(
