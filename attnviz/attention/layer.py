@@ -229,8 +229,8 @@ class MultiHeadAttention(nn.Module):
         relative position bias). block stands in for queries, keys and values whose heads blocks() or
         step() projected already (query_blocks.QueryBlock: its queries start at block.first).
         """
-        block = block or QueryBlock(0, *self.project(queries, keys, values))  # project, split heads: q (B, H, Nq, d), k and v (B, H, Nk, d)
-        q, k, v = block.q, block.k, block.v
+        block = block or QueryBlock(0, *self.project(queries, keys, values))  # project, split heads
+        q, k, v = block.q, block.k, block.v  # (B, H, Nq, d); k and v (B, H, Nk, d)
         scores = torch.matmul(q, k.transpose(-2, -1), out=block.scratch)  # (B, H, Nq, Nk)
         scores.mul_(self.scale)
         if position_bias is not None:
@@ -239,8 +239,10 @@ class MultiHeadAttention(nn.Module):
             valid_lens = None  # no padding: nothing to mask but a causal block's future
         # Without padding, a causal block's keys before its first query are all allowed: only the rest is masked.
         unmasked = block.first if causal and valid_lens is None else 0
-        allowed = allowed_keys(q.shape[2], k.shape[2] - unmasked, valid_lens, causal, q.device, first_query=block.first - unmasked)
-        if allowed is not None:  # (B or 1, 1, Nq or 1, Nk - unmasked)
+        allowed = allowed_keys(
+            q.shape[2], k.shape[2] - unmasked, valid_lens, causal, q.device, first_query=block.first - unmasked
+        )  # (B or 1, 1, Nq or 1, Nk - unmasked), or None: nothing to mask
+        if allowed is not None:
             scores[..., unmasked:].masked_fill_(~allowed, float("-inf"))  # exactly zero weight; every row keeps key 0
         pattern = scores.softmax(dim=-1, dtype=torch.float32)  # (B, H, Nq, Nk): float32 in any dtype, as eager's
         if not block.outputs:
