@@ -169,6 +169,21 @@ def refuse_cross_over_every_layer(stack: str | None) -> None:
 MAX_TRACE_TEXTS = 32  # a trace is read by a person: one padded batch of a few texts
 
 
+def check_seed_head_sizes(d_q: int | None, d_out: int | None, layout: str | None, weights: str) -> None:
+    """--d-q and --d-out build seed 001's single head with its own sizes: the single-head layout, random parameters only."""
+    given = " and ".join(flag for flag, value in (("--d-q", d_q), ("--d-out", d_out)) if value is not None)
+    if not given:
+        return
+    for flag, value in (("--d-q", d_q), ("--d-out", d_out)):
+        if value is not None and value < 1:
+            raise AttnvizError(f"{flag} {value}: a head needs at least 1 feature")
+    if layout != "single-head" or weights != "random":
+        raise AttnvizError(
+            f"{given} {'size' if ' and ' in given else 'sizes'} the single-head tutorial's own W_q, W_k (D to d_q) and W_v (D to d_out), which no model "
+            f"has: give them with --layout single-head --weights random"
+        )
+
+
 def check_trace_texts(texts: list[str]) -> None:
     if len(texts) > MAX_TRACE_TEXTS:
         raise AttnvizError(f"a trace takes at most {MAX_TRACE_TEXTS} texts, not {len(texts)}: it is read by a person")

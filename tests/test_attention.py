@@ -165,3 +165,43 @@ def test_allowed_keys_is_none_without_masks_and_broadcasts_over_heads():
     assert allowed_keys(3, 4) is None
     assert allowed_keys(3, 4, valid_lens=torch.tensor([4, 2])).shape == (2, 1, 1, 4)
     assert allowed_keys(3, 3, causal=True).shape == (1, 1, 3, 3)
+
+
+def forward_and_its_callers():
+    """The AST of MultiHeadAttention's forward, blocks and step, read from attention/layer.py."""
+    import ast
+    import inspect
+
+    import attnviz.attention.layer as layer_module
+
+    tree = ast.parse(inspect.getsource(layer_module))
+    layer_class = next(node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "MultiHeadAttention")
+    return {node.name: node for node in layer_class.body if isinstance(node, ast.FunctionDef)}
+
+
+def test_forward_is_on_one_screen_and_holds_every_step_of_the_seeds_in_their_order():
+    import ast
+
+    methods = forward_and_its_callers()
+    forward = methods["forward"]
+    assert forward.end_lineno - forward.lineno + 1 <= 40  # signature and docstring included
+    code = ast.unparse(forward)
+    steps = ["self.project(", "torch.matmul(q, k.transpose(-2, -1)", "masked_fill_(", ".softmax(dim=-1", "@ v", "self.w_o(merge_heads("]
+    positions = [code.find(step) for step in steps]
+    assert -1 not in positions, dict(zip(steps, positions))
+    assert positions == sorted(positions)  # project, scores, mask, softmax, weighted sum, merge and W_o
+    # The block path and the cache's path run forward itself: no second copy of the softmax.
+    for name in ("blocks", "step"):
+        body = ast.unparse(methods[name])
+        assert "self.forward(" in body and ".softmax(" not in body, name
+
+
+def test_the_layers_step_with_a_cache_is_the_causal_forward_pass_row_by_row():
+    layer = seeded_layer(num_kv_heads=None)
+    x = torch.randn(1, 7, 48)
+    with torch.inference_mode():
+        whole_out, whole = layer(x, causal=True)
+        _, _, cache = layer.step(x[:, :4])
+        out, weights, cache = layer.step(x[:, 4:], cache)  # (1, 3, D), (1, H, 3, 7)
+    torch.testing.assert_close(weights, whole[:, :, 4:], atol=1e-6, rtol=0)
+    torch.testing.assert_close(out, whole_out[:, 4:], atol=1e-6, rtol=0)

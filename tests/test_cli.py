@@ -278,13 +278,14 @@ def test_python_dash_m_and_the_console_script_run(tmp_path):
     assert usage.returncode == 2 and usage.stderr.lower().startswith("error: missing argument 'text'")
 
 
-EVERY_OPTION = {"model", "layer", "heads", "weights", "seed", "kv", "causal", "stack", "device", "dtype", "truncate", "words", "memory"}
+SEED_HEAD = {"d_q", "d_out"}  # trace's alone: the single-head tutorial's own sizes
+EVERY_OPTION = {"model", "layer", "heads", "weights", "seed", "kv", "causal", "stack", "device", "dtype", "truncate", "words", "memory"} | SEED_HEAD
 OFFERED = {  # the run options each command offers: those its API function takes (docs/python.md)
-    "heads": EVERY_OPTION,
+    "heads": EVERY_OPTION - SEED_HEAD,
     "trace": EVERY_OPTION,
-    "report": EVERY_OPTION,
-    "stats": EVERY_OPTION - {"layer", "kv"},
-    "layers": EVERY_OPTION - {"layer", "kv"},
+    "report": EVERY_OPTION - SEED_HEAD,
+    "stats": EVERY_OPTION - {"layer", "kv"} - SEED_HEAD,
+    "layers": EVERY_OPTION - {"layer", "kv"} - SEED_HEAD,
     "compare": {"model", "layer", "seed", "device", "dtype", "truncate"},
     "position": {"model", "device", "dtype"},
     "diff": {"model", "seed", "stack", "device", "dtype", "truncate", "memory"},

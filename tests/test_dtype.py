@@ -48,7 +48,7 @@ def llama_config(**given) -> transformers.LlamaConfig:
 def build_llama(folder: Path, dtype: torch.dtype = torch.float32) -> Path:
     """A tiny LlamaModel saved in dtype (config.json's dtype says it), parameters drawn from PARAMETER_STD."""
     torch.manual_seed(0)
-    model = transformers.LlamaModel._from_config(llama_config(), attn_implementation="eager").eval()
+    model = transformers.LlamaModel(llama_config(attn_implementation="eager")).eval()
     with torch.no_grad():
         for parameter in model.parameters():
             if parameter.dim() > 1:

@@ -47,11 +47,10 @@ def reference_attentions(model, folder, texts: list[str], stack: str | None, sou
     with torch.no_grad():
         if stack is None:
             return model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, output_attentions=True).attentions
-        # The decoder reads the texts shifted right behind its start token: transformers' own shift.
-        decoder_ids = model._shift_right(batch.input_ids) if model.config.model_type == "t5" else (
-            transformers.models.bart.modeling_bart.shift_tokens_right(
-                batch.input_ids, model.config.pad_token_id, model.config.decoder_start_token_id
-            )
+        # The decoder reads the texts shifted right behind its start token: transformers' own shift (BART's public
+        # function; T5's is the same shift, its start token the pad token).
+        decoder_ids = transformers.models.bart.modeling_bart.shift_tokens_right(
+            batch.input_ids, model.config.pad_token_id, model.config.decoder_start_token_id
         )
         encoder = batch if source is None else tokenizer([source] * len(texts), return_tensors="pt")
         outputs = model(

@@ -119,8 +119,9 @@ def test_a_regrouped_split_equals_transformers_attention_built_with_those_heads(
     assert (run.num_heads, run.num_kv_heads, run.head_dim) == (3, 1, 16)
 
     # transformers' own Llama attention, configured with 3 heads over 1 key/value head, holding layer 1's weights
-    config = transformers.LlamaConfig(**{**model.config.to_dict(), "num_attention_heads": 3, "num_key_value_heads": 1, "head_dim": 16})
-    config._attn_implementation = "eager"
+    config = transformers.LlamaConfig(
+        **{**model.config.to_dict(), "num_attention_heads": 3, "num_key_value_heads": 1, "head_dim": 16}, attn_implementation="eager"
+    )
     attention = transformers.models.llama.modeling_llama.LlamaAttention(config, layer_idx=1).eval()
     attention.load_state_dict(model.layers[1].self_attn.state_dict())
     rotary = transformers.models.llama.modeling_llama.LlamaRotaryEmbedding(config)

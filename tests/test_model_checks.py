@@ -246,8 +246,9 @@ def test_a_resplit_of_llama3_scaled_rope_equals_transformers_attention_with_thos
     [run] = run_attention(loaded, [TEXT], spec)
     assert (run.num_heads, run.num_kv_heads, run.head_dim) == (4, 1, 16)
 
-    resplit = transformers.LlamaConfig(**{**model.config.to_dict(), "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 16})
-    resplit._attn_implementation = "eager"
+    resplit = transformers.LlamaConfig(
+        **{**model.config.to_dict(), "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 16}, attn_implementation="eager"
+    )
     attention = transformers.models.llama.modeling_llama.LlamaAttention(resplit, layer_idx=1).eval()
     attention.load_state_dict(model.layers[1].self_attn.state_dict())
     rotary = transformers.models.llama.modeling_llama.LlamaRotaryEmbedding(resplit)

@@ -104,7 +104,9 @@ def build_checkpoint(model_type: str, folder: Path, seed: int = 0) -> transforme
 def save_checkpoint(config, model_class, tokenizer, folder: Path, seed: int = 0) -> transformers.PreTrainedModel:
     """Save model_class built from config, its parameters drawn wide from seed, with tokenizer, to folder; returns the model."""
     torch.manual_seed(seed)
-    model = model_class._from_config(config, attn_implementation="eager").eval()
+    model = model_class(config)
+    model.set_attn_implementation("eager")
+    model.eval()
     with torch.no_grad():
         for name, parameter in model.named_parameters():
             if parameter.dim() > 1 or "bias" in name:

@@ -16,9 +16,9 @@ from attnviz.analysis.measure_names import measure_names
 from attnviz.api.models import Model, load
 from attnviz.api.notes import warn_notes
 from attnviz.api.arguments import must_be_bool, must_be_callable, must_be_int, must_be_one_of, must_be_str, must_be_str_or_list, refuse
-from attnviz.api.options import EVERY_LAYER_OPTIONS, RunOptions, run_options, takes_options
+from attnviz.api.options import EVERY_LAYER_OPTIONS, TRACE_OPTIONS, RunOptions, run_options, takes_options
 from attnviz.errors import AttnvizError
-from attnviz.spec import check_text, check_trace_texts, refuse_cross_over_every_layer
+from attnviz.spec import check_seed_head_sizes, check_text, check_trace_texts, refuse_cross_over_every_layer
 
 COMPARE_OPTIONS = ("model", "layer", "seed", "device", "dtype", "truncate")  # compare's heads and weights are lists: its own
 POSITION_OPTIONS = ("model", "device", "dtype")  # position runs layer 0 with the model's own parameters and heads
@@ -101,31 +101,40 @@ def _measured_heads(handle: Model, texts: list[str], spec, names: tuple[str, ...
     return [HeadsResult(run, spec, num_layers, measures) for run, measures in (measure_text(handle.loaded, each, spec, names) for each in texts)]
 
 
-@takes_options()
+@takes_options(TRACE_OPTIONS)
 def trace(text: str | list[str], *, layout: str | None = None, mistake: str | None = None, **options):
     """Every split and merge of the heads with the real shapes (a TraceResult); a list of texts is one padded batch.
 
     layout is one of attnviz's LAYOUTS or "all" (every layout, checked against each other); None
     is the model's own: fused-qkv for GPT-2 (its c_attn stores W_q, W_k, W_v as one), else view-permute.
-    mistake makes a reshape mistake in view-permute and shows where it goes wrong; options as in heads.
+    mistake makes a reshape mistake in view-permute and shows where it goes wrong; options as in heads,
+    and d_q, d_out: with layout="single-head" and weights="random", the single-head tutorial's own
+    layer (seed 001): W_q, W_k map D to d_q, W_v maps D to d_out, scale 1/sqrt(d_q), no W_o (either
+    one given, the other is D); its map is the one head's A.
     """
     from attnviz.api.run_results import TraceResult
     from attnviz.pipeline import run_attention
-    from attnviz.tracing import LAYOUTS, model_layout, trace_texts
+    from attnviz.tracing import LAYOUTS, model_layout, seed_head_run, trace_texts
 
-    options = run_options("trace", options)
+    options = run_options("trace", options, TRACE_OPTIONS)
     must_be_str("layout", layout, none=True)
     must_be_str("mistake", mistake, none=True)
     texts = _texts(text)
     check_trace_texts(texts)
+    check_seed_head_sizes(options.d_q, options.d_out, layout, options.weights)
     refuse_before_loading(options)
     handle = load(options.model, options.device, dtype=options.dtype)
     spec = options.run_spec(handle)
     _check_lengths(handle.loaded, texts, options.truncate)
     layout = layout or model_layout(handle.loaded)
     layouts = LAYOUTS if layout == "all" else (layout,)
-    traced = trace_texts(handle.loaded, texts, spec, layouts=layouts, mistake=mistake)
+    seed_sizes = None
+    if options.d_q is not None or options.d_out is not None:
+        seed_sizes = (options.d_q or handle.loaded.hidden_size, options.d_out or handle.loaded.hidden_size)
+    traced = trace_texts(handle.loaded, texts, spec, layouts=layouts, mistake=mistake, seed_sizes=seed_sizes)
     runs = run_attention(handle.loaded, texts, spec)
+    if seed_sizes is not None:  # the runs' maps are the seed's one head: A, and C its output
+        runs = [seed_head_run(run, traced, index) for index, run in enumerate(runs)]
     warn_notices((notice for run in runs for notice in run.notices), handle)
     return TraceResult(traced, runs, spec, handle.loaded.num_layers_of(spec.stack))
 

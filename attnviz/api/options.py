@@ -35,8 +35,9 @@ class RunOptions:
     shows words, not word pieces; memory is the most megabytes a block of attention may take
     (None: 512 on the CPU, half the GPU's free memory on CUDA; budgets.memory_budget): past it the
     weights are computed a block of queries at a time, and a map past 64 MB (or past memory) goes to
-    a temporary .npy, read lazily (a result's save writes it as attention.npy). Wrong types and values
-    are refused as the value is built.
+    a temporary .npy, read lazily (a result's save writes it as attention.npy). d_q and d_out (trace
+    only) give the single-head layout the seed's own sizes. Wrong types and values are refused as the
+    value is built.
     """
 
     model: Any = None  # str | Path | attnviz.Model | None
@@ -52,6 +53,8 @@ class RunOptions:
     truncate: bool = False
     words: bool = False
     memory: int | None = None  # MB
+    d_q: int | None = None  # trace's single-head layout with the seed's own sizes: W_q, W_k map D to d_q
+    d_out: int | None = None  # and W_v maps D to d_out (None: D)
 
     def __post_init__(self) -> None:
         if self.model is not None and not isinstance(self.model, (str, Path, Model)):
@@ -60,6 +63,8 @@ class RunOptions:
         object.__setattr__(self, "heads", must_be_int("heads", self.heads, none=True))
         object.__setattr__(self, "seed", must_be_int("seed", self.seed))
         object.__setattr__(self, "memory", must_be_int("memory", self.memory, none=True))
+        object.__setattr__(self, "d_q", must_be_int("d_q", self.d_q, none=True))
+        object.__setattr__(self, "d_out", must_be_int("d_out", self.d_out, none=True))
         if self.memory is not None and self.memory < 1:
             raise AttnvizError(f"memory {self.memory}: give at least 1 (MB) for a block of attention")
         must_be_one_of("weights", self.weights, WEIGHTS)
@@ -93,7 +98,11 @@ class RunOptions:
         return replace(spec, num_heads=resolve_num_heads(handle.loaded, self.heads, spec.stack))
 
 
-RUN_OPTIONS = tuple(field.name for field in fields(RunOptions))
+OPTION_FIELDS = tuple(field.name for field in fields(RunOptions))
+# trace alone: seed 001's single head with its own sizes (the single-head layout, random parameters)
+SEED_HEAD_OPTIONS = ("d_q", "d_out")
+RUN_OPTIONS = tuple(name for name in OPTION_FIELDS if name not in SEED_HEAD_OPTIONS)
+TRACE_OPTIONS = (*RUN_OPTIONS, *SEED_HEAD_OPTIONS)
 # stats, layers: every layer's self-attention
 EVERY_LAYER_OPTIONS = tuple(name for name in RUN_OPTIONS if name not in ("layer", "kv"))
 # diff: every layer's self-attention with each checkpoint's own heads and weights (against="random": seed's)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from attnviz.attention.query_blocks import QueryBlock, query_blocks, widen
 from attnviz.errors import AttnvizError
 
 
@@ -210,23 +211,44 @@ class MultiHeadAttention(nn.Module):
             k = rotate(k, cos[: k.shape[2]], sin[: k.shape[2]])  # (B, H_kv, Nk, d)
         return q, repeat_kv(k, self.group_size), repeat_kv(v, self.group_size)  # (B, H, Nk, d) each
 
-    def step(self, queries: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor] | None = None, attend: bool = True):
-        """Causal self-attention of the next tokens with a key/value cache, as a decoder generates: queries (B, n, D)
-        are the hidden states of n tokens that follow the cache's T. Returns the output (B, n, D), the weights
-        (B, H, n, T + n) over every token so far (each of the n sees itself and those before it), and the cache
-        with the n tokens' keys and values (rotated, repeated for the query heads: (B, H, T + n, d) each).
-        attend=False only fills the cache (a prompt whose rows are not wanted: no (n, n) of scores): None, None, cache."""
-        past = 0 if cache is None else cache[0].shape[2]
-        q, k, v = self.project(queries, first=past)  # (B, H, n, d) each
-        if cache is not None:
-            k, v = torch.cat([cache[0], k], dim=2), torch.cat([cache[1], v], dim=2)  # (B, H, T + n, d)
-        if not attend:
-            return None, None, (k, v)
-        scores = torch.matmul(q, k.transpose(-2, -1)).mul_(self.scale)  # (B, H, n, T + n)
-        scores.masked_fill_(~allowed_keys(q.shape[2], k.shape[2], causal=True, device=scores.device, first_query=past), float("-inf"))
-        pattern = scores.softmax(dim=-1, dtype=torch.float32)  # as blocks: float32 in any dtype
-        output = self.w_o(merge_heads(pattern.to(v.dtype) @ v))  # (B, n, D)
-        return output, pattern, (k, v)
+    def forward(
+        self,
+        queries: torch.Tensor | None = None,
+        keys: torch.Tensor | None = None,
+        values: torch.Tensor | None = None,
+        *,
+        valid_lens: torch.Tensor | None = None,
+        causal: bool = False,
+        position_bias: torch.Tensor | None = None,
+        block: QueryBlock | None = None,
+    ) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """Returns the output (B, Nq, D) and the attention weights (B, H, Nq, Nk).
+
+        keys and values default to queries (self-attention); valid_lens (B,) counts the real keys of each
+        sequence, the rest is padding. position_bias (1 or B, H, Nq, Nk) is added to the scores (T5's
+        relative position bias). block stands in for queries, keys and values whose heads blocks() or
+        step() projected already (query_blocks.QueryBlock: its queries start at block.first).
+        """
+        block = block or QueryBlock(0, *self.project(queries, keys, values))  # project, split heads
+        q, k, v = block.q, block.k, block.v  # (B, H, Nq, d); k and v (B, H, Nk, d)
+        scores = torch.matmul(q, k.transpose(-2, -1), out=block.scratch)  # (B, H, Nq, Nk)
+        scores.mul_(self.scale)
+        if position_bias is not None:
+            scores.add_(position_bias)
+        if valid_lens is not None and bool((valid_lens >= k.shape[2]).all()):
+            valid_lens = None  # no padding: nothing to mask but a causal block's future
+        # Without padding, a causal block's keys before its first query are all allowed: only the rest is masked.
+        unmasked = block.first if causal and valid_lens is None else 0
+        allowed = allowed_keys(
+            q.shape[2], k.shape[2] - unmasked, valid_lens, causal, q.device, first_query=block.first - unmasked
+        )  # (B or 1, 1, Nq or 1, Nk - unmasked), or None: nothing to mask
+        if allowed is not None:
+            scores[..., unmasked:].masked_fill_(~allowed, float("-inf"))  # exactly zero weight; every row keeps key 0
+        pattern = scores.softmax(dim=-1, dtype=torch.float32)  # (B, H, Nq, Nk): float32 in any dtype, as eager's
+        if not block.outputs:
+            return None, pattern
+        z = self.dropout(pattern).to(v.dtype) @ v  # (B, H, Nq, d): each query's weighted sum of the values
+        return self.w_o(merge_heads(z)), pattern  # merge heads, W_o: (B, Nq, D)
 
     def blocks(
         self,
@@ -243,65 +265,35 @@ class MultiHeadAttention(nn.Module):
     ) -> Iterator[tuple[int, torch.Tensor | None, torch.Tensor]]:
         """The layer a block of queries at a time: (first query, output (B, b, D), weights (B, H, b, Nk)) per block.
 
-        Each block holds `rows` queries (all of them when None; rows_per_block picks a count for a
-        memory budget) over every key: each row's softmax is over its whole row, so the blocks are
-        the very rows forward returns, and no (H, Nq, Nk) tensor is made whole. position_bias as in forward.
-        Under a causal mask a block's queries see no key past its last one: those keys are left out of
-        the products and the softmax, and their weights, exactly 0, are added back as zeros; narrow leaves
-        them out: weights (B, H, b, K), K = the block's last query + 1 (or Nk, when smaller). outputs=False
-        leaves out the weighted sum of the values and the output projection: None in the output's place.
+        The text is projected once; each block of `rows` queries (all of them when None; rows_per_block
+        picks a count for a memory budget) runs through forward over every key: each row's softmax is
+        over its whole row, so the blocks are the very rows forward returns, and no (H, Nq, Nk) tensor
+        is made whole. position_bias as in forward. Under a causal mask a block's queries see no key past
+        its last one: those keys are left out of the products and the softmax (query_blocks), and their
+        weights, exactly 0, are added back as zeros; narrow leaves them out: weights (B, H, b, K), K = the
+        block's last query + 1 (or Nk, when smaller). outputs=False leaves out the weighted sum of the
+        values and the output projection: None in the output's place.
         """
-        q, k, v = self.project(queries, keys, values)
-        num_queries, num_keys = q.shape[2], k.shape[2]
-        rows = rows or num_queries
-        if valid_lens is not None and bool((valid_lens >= num_keys).all()):
-            valid_lens = None  # no padding: nothing to mask but a causal block's future, within its own square
-        # Every block's scores in one buffer (a new tensor of that size costs its page faults again), unless
-        # autograd needs them kept.
-        room = None if torch.is_grad_enabled() else q.new_empty(q.shape[0] * q.shape[1] * min(rows, num_queries) * num_keys)
-        for start in range(0, num_queries, rows):
-            stop = min(start + rows, num_queries)
-            seen = min(stop, num_keys) if causal else num_keys  # the keys the block's queries may see
-            shape = (q.shape[0], q.shape[1], stop - start, seen)
-            into = None if room is None else room[: math.prod(shape)].view(shape)
-            scores = torch.matmul(q[:, :, start:stop], k[:, :, :seen].transpose(-2, -1), out=into)  # (B, H, b, K)
-            scores.mul_(self.scale)
-            if position_bias is not None:
-                scores.add_(position_bias[:, :, start:stop, :seen])
-            # Without padding a causal block's keys before its first query are all allowed: only the rest is masked.
-            first = start if causal and valid_lens is None else 0
-            allowed = allowed_keys(stop - start, seen - first, valid_lens, causal, scores.device, first_query=start - first)
-            if allowed is not None:
-                # -inf gives masked keys exactly zero weight; every row keeps at least key 0.
-                scores[..., first:].masked_fill_(~allowed, float("-inf"))
-            pattern = scores.softmax(dim=-1, dtype=torch.float32)  # (B, H, b, K): float32 in any dtype, as eager's
-            output = None
-            if outputs:
-                z = self.dropout(pattern).to(v.dtype) @ v[:, :, :seen]  # (B, H, b, d)
-                output = self.w_o(merge_heads(z))  # (B, b, D)
-            if seen < num_keys and not narrow:
-                pattern = torch.nn.functional.pad(pattern, (0, num_keys - seen))  # (B, H, b, Nk): the future's zeros
-            yield start, output, pattern  # (B, b, D), (B, H, b, Nk or K)
+        q, k, v = self.project(queries, keys, values)  # (B, H, Nq, d); k, v (B, H, Nk, d)
+        for block in query_blocks(q, k, v, rows, causal, outputs):
+            bias = None if position_bias is None else position_bias[:, :, block.first : block.stop, : block.k.shape[2]]
+            output, pattern = self.forward(valid_lens=valid_lens, causal=causal, position_bias=bias, block=block)
+            yield block.first, output, pattern if narrow else widen(pattern, k.shape[2])  # (B, b, D), (B, H, b, Nk or K)
 
-    def forward(
-        self,
-        queries: torch.Tensor,
-        keys: torch.Tensor | None = None,
-        values: torch.Tensor | None = None,
-        *,
-        valid_lens: torch.Tensor | None = None,
-        causal: bool = False,
-        position_bias: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns the output (B, Nq, D) and the attention weights (B, H, Nq, Nk).
-
-        keys and values default to queries (self-attention); valid_lens (B,)
-        counts the real keys of each sequence, the rest is padding. position_bias
-        (1 or B, H, Nq, Nk) is added to the scores (T5's relative position bias).
-        """
-        blocks = self.blocks(queries, keys, values, valid_lens=valid_lens, causal=causal, position_bias=position_bias)
-        [(_, out, pattern)] = blocks  # one block: every query
-        return out, pattern
+    def step(self, queries: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor] | None = None, attend: bool = True):
+        """Causal self-attention of the next tokens with a key/value cache, as a decoder generates: queries (B, n, D)
+        are the hidden states of n tokens that follow the cache's T. Returns the output (B, n, D), the weights
+        (B, H, n, T + n) over every token so far (each of the n sees itself and those before it), and the cache
+        with the n tokens' keys and values (rotated, repeated for the query heads: (B, H, T + n, d) each).
+        attend=False only fills the cache (a prompt whose rows are not wanted: no (n, n) of scores): None, None, cache."""
+        past = 0 if cache is None else cache[0].shape[2]
+        q, k, v = self.project(queries, first=past)  # (B, H, n, d) each
+        if cache is not None:
+            k, v = torch.cat([cache[0], k], dim=2), torch.cat([cache[1], v], dim=2)  # (B, H, T + n, d)
+        if not attend:
+            return None, None, (k, v)
+        output, pattern = self.forward(causal=True, block=QueryBlock(past, q, k, v))  # (B, n, D), (B, H, n, T + n)
+        return output, pattern, (k, v)
 
 
 @dataclass

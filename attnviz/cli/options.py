@@ -14,7 +14,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from attnviz.api.options import RUN_OPTIONS, RunOptions
+from attnviz.api.options import OPTION_FIELDS, RunOptions
 from attnviz.models.families import supported_names
 from attnviz.spec import MAX_SEED
 from attnviz.version import package_version
@@ -134,7 +134,7 @@ def run_options(parameters: dict) -> RunOptions:
 
     A choice becomes its value ("random"); the options a command does not offer keep RunOptions' defaults.
     """
-    given = {name: value for name, value in parameters.items() if name in RUN_OPTIONS}
+    given = {name: value for name, value in parameters.items() if name in OPTION_FIELDS}
     return RunOptions(**{name: value.value if isinstance(value, Enum) else value for name, value in given.items()})
 
 
@@ -199,6 +199,14 @@ EveryLayerStackOption = typer.Option(
 )
 KvOption = typer.Option(None, "--kv", help="Cross-attention: keys and values from this text, queries from TEXT.")
 HeadsOption = typer.Option(None, "--heads", help="Split the projections into this many heads (default: the model's own).")
+DQOption = typer.Option(
+    None, "--d-q", metavar="N", help="The single-head tutorial's own d_q: W_q and W_k map D to d_q, the scale is 1/sqrt(d_q) "
+    "(with --layout single-head --weights random; default D).", show_default=False,
+)
+DOutOption = typer.Option(
+    None, "--d-out", metavar="N", help="The single-head tutorial's own d_out: W_v maps D to d_out, no W_o "
+    "(with --layout single-head --weights random; default D).", show_default=False,
+)
 EveryLayerHeadsOption = typer.Option(
     None, "--heads", help="Split each layer's projections into this many heads (default: the model's own)."
 )

@@ -33,12 +33,14 @@ from attnviz.cli.options import (
     ModelOption,
     LayerOption,
     HeadsOption,
+    DQOption,
+    DOutOption,
     StackOption,
     FileOutOption,
 )
 from attnviz.cli.shared import layouts_disagree, run_target, text_or_file, write_run
 from attnviz.errors import AttnvizError
-from attnviz.spec import check_text, check_trace_texts
+from attnviz.spec import check_seed_head_sizes, check_text, check_trace_texts
 
 
 @app.command(short_help='Every split and merge of the heads, step by step, with real shapes.')
@@ -68,6 +70,8 @@ def trace(
     heads: Optional[int] = HeadsOption,
     weights: Weights = WeightsOption,
     seed: int = SeedOption,
+    d_q: Optional[int] = DQOption,
+    d_out: Optional[int] = DOutOption,
     kv: Optional[str] = typer.Option(
         None, "--kv", help="Cross-attention: keys and values from this text, queries from TEXT (not with fused-qkv)."
     ),
@@ -104,6 +108,7 @@ def trace(
     for given in texts:
         check_text(given)
     check_trace_texts(texts)
+    check_seed_head_sizes(options.d_q, options.d_out, layout.value if layout else None, options.weights)
     functions.refuse_before_loading(options)
     target = run_target(out, batch_folder_name(file) if file else run_folder_name(text))
     handle = load(options.model, options.device, dtype=options.dtype, allow_pickle=allow_pickle, cache=False)

@@ -96,7 +96,7 @@ def _read_tokenizer(folder: Path, settings: dict, special: dict[str, str]):
         if file.is_file():
             return Tokenizer.from_file(str(file))
         file = folder / "vocab.txt"
-        return BertWordPieceTokenizer(
+        wordpiece = BertWordPieceTokenizer(
             str(file),
             unk_token=special["unk_token"],
             sep_token=special["sep_token"],
@@ -106,7 +106,8 @@ def _read_tokenizer(folder: Path, settings: dict, special: dict[str, str]):
             lowercase=settings.get("do_lower_case", True),
             strip_accents=settings.get("strip_accents"),
             handle_chinese_chars=settings.get("tokenize_chinese_chars", True),
-        )._tokenizer
+        )
+        return Tokenizer.from_str(wordpiece.to_str())  # the Tokenizer it wraps, through its public JSON
     except Exception as error:  # the tokenizers library raises plain Exceptions for a file it cannot parse
         raise AttnvizError(f"unreadable {file.name} ({first_line(error)})") from error
 

@@ -89,6 +89,7 @@ def trace_record(result: TraceResult, spec: RunSpec) -> dict:
         "num_heads": result.num_heads,
         "num_kv_heads": result.num_kv_heads or result.num_heads,
         "head_dim": result.head_dim,
+        **({"d_q": result.seed_sizes[0], "d_out": result.seed_sizes[1]} if result.seed_sizes is not None else {}),
         "model_size": result.model_size,
         "scale": result.scale if result.scale is not None else 1 / math.sqrt(result.head_dim),
         "valid_lens": result.valid_lens,
@@ -175,7 +176,7 @@ def _shape_with_axes(shape: list[int], axes: list[str]) -> str:
 def _markdown_table(table: Table) -> str:
     """A Rich table of plain cells as a Markdown table, its title above."""
     header = [column.header for column in table.columns]
-    rows = zip(*(column._cells for column in table.columns))
+    rows = zip(*(column.cells for column in table.columns))
     lines = [_cell(str(table.title)), "", "| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     lines += ["| " + " | ".join(_cell(str(cell)) for cell in row) + " |" for row in rows]
     return "\n".join(lines)
@@ -222,30 +223,31 @@ def trace_markdown(result: TraceResult, text_tokens: list[list[str]] | None = No
         if not all(step.in_tutorial for step in trace.steps):
             legend += f" {ADDED_MARK}: a step the tutorial does not have."
         lines += ["", _cell(legend)]
-    lines += [
-        "",
-        "## Head slices",
-        "",
-        _cell(head_slices_title(result)) + " (x @ W + b). "
-        "Its scores and z recomputed from those slices alone, against the layer's; they agree when the "
-        f"differences are float32 rounding: at most {TOLERANCE:.0e} × max(1, max abs scores) and {TOLERANCE:.0e}."
-        + "".join(f" {_cell(extra[0].upper() + extra[1:])}." for extra in head_slices_extras(result))
-        + (f" Scores: {_cell(scores_formula(result))}." if result.scale is not None else ""),
-        "",
-    ]
-    shared = grouped(result)
-    kv_header, kv_rule = (" kv head | W_k, W_v columns |", " ---: | ---: |") if shared else ("", "")
-    lines += [
-        f"| head | {'W_q columns' if shared else 'columns'} |{kv_header} max abs diff, scores | max abs scores | "
-        "max abs diff, z | agree |",
-        f"| ---: | ---: |{kv_rule} ---: | ---: | ---: | --- |",
-    ]
-    for head in result.head_slices:
-        kv_cells = f" {head.kv_head} | {head.kv_start}–{head.kv_stop - 1} |" if shared else ""
-        lines.append(
-            f"| {head.head} | {head.start}–{head.stop - 1} |{kv_cells} {difference_text(head.scores_diff)} | "
-            f"{head.scores_scale:.3g} | {difference_text(head.z_diff)} | {'yes' if head.agree else '**no**'} |"
-        )
+    if result.head_slices:  # none for the seed's single head of its own sizes: no model's columns to slice
+        lines += [
+            "",
+            "## Head slices",
+            "",
+            _cell(head_slices_title(result)) + " (x @ W + b). "
+            "Its scores and z recomputed from those slices alone, against the layer's; they agree when the "
+            f"differences are float32 rounding: at most {TOLERANCE:.0e} × max(1, max abs scores) and {TOLERANCE:.0e}."
+            + "".join(f" {_cell(extra[0].upper() + extra[1:])}." for extra in head_slices_extras(result))
+            + (f" Scores: {_cell(scores_formula(result))}." if result.scale is not None else ""),
+            "",
+        ]
+        shared = grouped(result)
+        kv_header, kv_rule = (" kv head | W_k, W_v columns |", " ---: | ---: |") if shared else ("", "")
+        lines += [
+            f"| head | {'W_q columns' if shared else 'columns'} |{kv_header} max abs diff, scores | max abs scores | "
+            "max abs diff, z | agree |",
+            f"| ---: | ---: |{kv_rule} ---: | ---: | ---: | --- |",
+        ]
+        for head in result.head_slices:
+            kv_cells = f" {head.kv_head} | {head.kv_start}–{head.kv_stop - 1} |" if shared else ""
+            lines.append(
+                f"| {head.head} | {head.start}–{head.stop - 1} |{kv_cells} {difference_text(head.scores_diff)} | "
+                f"{head.scores_scale:.3g} | {difference_text(head.z_diff)} | {'yes' if head.agree else '**no**'} |"
+            )
     lines += [
         "",
         "## Checks",
@@ -284,7 +286,8 @@ def write_trace_markdown(result: TraceResult, path: Path, text_tokens: list[list
 def write_trace_files(
     result: TraceResult, runs: list, spec: RunSpec, out_dir: Path, fmt: str = "png", notes: list[str] | None = None
 ) -> list[Path]:
-    """trace.json and trace.md; with a mistake, the right heads' heatmaps and the mistake's figures beside them.
+    """trace.json and trace.md; with a mistake, the right heads' heatmaps and the mistake's figures beside them;
+    with the single-head tutorial's own sizes (seed_sizes), its one map, head_00.
 
     runs are the AttentionRuns of the texts (their tokens label the batch; the first text's, the
     figures); spec the run's settings; notes receives a line for each figure that was capped or thinned.
@@ -296,4 +299,9 @@ def write_trace_files(
     written.append(write_trace_markdown(result, out_dir / "trace.md", text_tokens))
     if result.mistake is not None:
         written += write_mistake_figures(result, runs[0], out_dir, fmt, notes, spec.seed)
+    if result.seed_sizes is not None:  # the seed's one head: its map A, head_00 (the runs hold it: tracing.seed_head_run)
+        from attnviz.render.heatmap import write_head_heatmaps
+
+        d_q, d_out = result.seed_sizes
+        written += write_head_heatmaps(runs[0], out_dir, fmt, note=f"the single-head tutorial's layer: d_q {d_q}, d_out {d_out}", seed=spec.seed)
     return written

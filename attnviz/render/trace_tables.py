@@ -43,7 +43,8 @@ def aligned_shape(shape: list[int], axes: list[str]) -> tuple[str, str]:
 AXIS_WORDS = {
     "B": "batch", "N": "tokens", "Nq": "query tokens", "Nk": "key tokens", "H": "heads",
     "H_kv": "key/value heads", "G": "query heads per key/value head",
-    "d": "head size (D / H)", "d/2": "RoPE's pairs of features", "D": "model size", "1": "broadcast axis",
+    "d": "head size (D / H)", "d/2": "RoPE's pairs of features", "d_q": "the queries' and keys' size (the tutorial's d_q)",
+    "d_out": "the values' and output's size (the tutorial's d_out)", "D": "model size", "1": "broadcast axis",
 }  # fmt: skip
 
 
@@ -286,8 +287,19 @@ def checks_title(result: TraceResult) -> str:
     return f"do the layouts agree with {reference}?"
 
 
+SEED_CHECKS_EXPLANATION = (
+    "largest absolute difference of the attention weights and of the output C from torch's "
+    "F.scaled_dot_product_attention in float64 with the same W_q, W_k, W_v and scale 1/sqrt(d_q), the weights "
+    "its output over the identity as values: nn.MultiheadAttention cannot give W_v its own d_out; "
+    f"they agree when both are at most {TOLERANCE:.0e}"
+)
+
+
 def checks_explanation(result: TraceResult) -> str:
-    """CHECKS_EXPLANATION, or SDPA_CHECKS_EXPLANATION for a layer beyond nn.MultiheadAttention."""
+    """CHECKS_EXPLANATION, or SDPA_CHECKS_EXPLANATION for a layer beyond nn.MultiheadAttention (SEED_CHECKS_EXPLANATION
+    for the single-head tutorial's own sizes)."""
+    if result.seed_sizes is not None:
+        return SEED_CHECKS_EXPLANATION
     if not sdpa_checked(result):
         return CHECKS_EXPLANATION
     explanation = SDPA_CHECKS_EXPLANATION.format(rope=SDPA_ROPE if "RoPE" in result.before_scores else "")
@@ -367,7 +379,7 @@ def print_trace(console: Console, result: TraceResult, slices: bool = True, text
         console.print(layout_heading(trace))
         console.print(flow_text(trace, console.width, result.valid_lens))
         console.print(steps_table(trace))
-    if slices:
+    if slices and result.head_slices:  # none for the seed's single head of its own sizes
         console.print()
         console.print(head_slices_table(result))
     console.print()

@@ -56,7 +56,7 @@ models add H_kv key/value heads, G = H / H_kv query heads per key/value head, d/
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -64,10 +64,12 @@ from attnviz.attention.layer import MultiHeadAttention
 from attnviz.errors import AttnvizError
 from attnviz.run_data import Truncation
 from attnviz.spec import RunSpec
-from attnviz.tracing.checks import LAYER_NAME, TOLERANCE, Check, HeadSlice, check_layouts, head_slices, torch_reference
+from attnviz.tracing.checks import (
+    LAYER_NAME, TOLERANCE, Check, HeadSlice, check_layouts, check_seed_head, head_slices, torch_reference,
+)  # fmt: skip
 from attnviz.tracing.layout_fused_qkv import fused_projection, fused_qkv
 from attnviz.tracing.layout_merged_batch import merged_batch
-from attnviz.tracing.layout_single_head import single_head
+from attnviz.tracing.layout_single_head import SeedHead, single_head
 from attnviz.tracing.layout_view_permute import view_permute
 from attnviz.tracing.mistakes import MISTAKES, MistakeResult, compare_mistake, merge_provenance, split_provenance
 from attnviz.tracing.recorder import ADDED_MARK, LayerInputs, LayoutTrace, Recorder, Step, axis_size, beyond_tutorials
@@ -95,7 +97,7 @@ __all__ = [
     "ADDED_MARK", "DEFAULT_LAYOUT", "LAYER_NAME", "LAYOUTS", "LAYOUT_DESCRIPTIONS", "MISTAKES", "TOLERANCE",
     "Check", "HeadSlice", "LayerInputs", "LayoutTrace", "MistakeResult", "Recorder", "Step", "TraceResult",
     "axis_size", "check_layouts", "fused_projection", "head_slices", "merge_provenance", "merged_batch",
-    "split_provenance", "torch_reference", "trace_layout", "trace_layouts", "trace_texts",
+    "split_provenance", "torch_reference", "trace_layout", "trace_layouts", "trace_texts", "SeedHead", "seed_head_run",
 ]  # fmt: skip
 
 # name -> the function that runs it; trace_layout looks it up here (tests replace an entry)
@@ -152,6 +154,7 @@ class TraceResult:
     features: list[str] = field(default_factory=list)  # what the layer does beyond the tutorials' (beyond_tutorials)
     truncated: list[Truncation | None] = field(default_factory=list)  # each text's cut by --truncate
     kv_truncated: Truncation | None = None  # the --kv text's
+    seed_sizes: tuple[int, int] | None = None  # (d_q, d_out): the single-head tutorial's own layer (--d-q, --d-out)
 
     @property
     def agree(self) -> bool:
@@ -215,6 +218,7 @@ def trace_texts(
     *,
     layouts: tuple[str, ...] = (DEFAULT_LAYOUT,),
     mistake: str | None = None,
+    seed_sizes: tuple[int, int] | None = None,
 ) -> TraceResult:
     """Trace the layouts over layer spec.layer's input for a padded batch of texts.
 
@@ -222,14 +226,19 @@ def trace_texts(
     enters that layer's attention in the model (layer_inputs.layer_states), with T5's position bias;
     a batch of more than one text passes its valid lengths, so the trace shows the padding path.
     A model loaded in half precision (--dtype) gives the layer's input; the layouts then compute in
-    float32, so that they can be checked against each other within TOLERANCE.
+    float32, so that they can be checked against each other within TOLERANCE. seed_sizes (d_q, d_out):
+    the single-head layout alone, on the seed's own layer (SeedHead, random from spec.seed) over the
+    same input, checked against F.scaled_dot_product_attention.
     """
     from attnviz.layer_inputs import LayerStates, check_layer, encode_texts, layer_states
     from attnviz.pipeline import build_layer
 
     layer, kv_text, causal, device = spec.layer, spec.kv_text, spec.causal, spec.device
     check_layer(loaded, layer, spec.stack)
-    attention = build_layer(loaded, spec)
+    if seed_sizes is None:
+        attention = build_layer(loaded, spec)
+    else:
+        attention = SeedHead(loaded.hidden_size, *seed_sizes, spec.seed).to(device)
     num_heads = attention.num_heads
     encoded = encode_texts(loaded, texts, spec)
     queries, keys = encoded.queries, encoded.keys
@@ -259,7 +268,13 @@ def trace_texts(
         position_bias_source="compute_bias(Nq, Nk): the stack's relative position bias (block 0's buckets)",
     )
 
-    traces, checks, slices, mistake_result, notes = trace_layouts(attention, inputs, list(layouts), mistake)
+    if seed_sizes is None:
+        traces, checks, slices, mistake_result, notes = trace_layouts(attention, inputs, list(layouts), mistake)
+        features, before = beyond_tutorials(attention, inputs), before_scores(attention)
+    else:
+        with torch.inference_mode():
+            traces = [single_head(attention, inputs)]
+        checks, slices, mistake_result, notes, features, before = [check_seed_head(attention, inputs, traces[0])], [], None, [], [], []
     return TraceResult(
         texts=list(texts),
         kv_text=kv_text,
@@ -270,8 +285,8 @@ def trace_texts(
         head_dim=attention.head_dim,
         num_kv_heads=attention.num_kv_heads,
         scale=None if math.isclose(attention.scale, 1 / math.sqrt(attention.head_dim)) else attention.scale,
-        before_scores=before_scores(attention),
-        features=beyond_tutorials(attention, inputs),
+        before_scores=before,
+        features=features,
         model_size=loaded.hidden_size,
         causal=causal,
         device=device,
@@ -283,4 +298,16 @@ def trace_texts(
         notes=notes,
         truncated=queries.truncations,
         kv_truncated=keys.truncations[0] if keys is not None and kv_text is not None else None,
+        seed_sizes=seed_sizes,
     )
+
+
+def seed_head_run(run, traced: TraceResult, index: int):
+    """A text's AttentionRun with the seed's single head in place of the layer's heads: its map A (1, Nq, Nk)
+    and its output C (Nq, d_out), as the single-head layout computed them (trace_texts' seed_sizes)."""
+    [trace] = traced.layouts
+    num_queries, num_keys = len(run.query_tokens), len(run.key_tokens)
+    attention = trace.weights[index, :, :num_queries, :num_keys].numpy()  # (1, Nq, Nk)
+    output = trace.output[index, :num_queries].numpy()  # (Nq, d_out)
+    d_q, _ = traced.seed_sizes
+    return replace(run, attention=attention, output=output, num_heads=1, num_kv_heads=None, inner_size=d_q, model_heads=None)

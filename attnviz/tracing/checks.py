@@ -49,7 +49,7 @@ def torch_reference(layer: MultiHeadAttention, inputs: LayerInputs, num_heads: i
         model_size, num_heads, bias=biased, kdim=key_size, vdim=value_size, batch_first=True,
     ).to(layer.w_q.weight.device, torch.float64).eval()
     with torch.no_grad():
-        if reference._qkv_same_embed_dim:
+        if reference.in_proj_weight is not None:  # one (3D, D) for W_q, W_k, W_v; else one weight each
             reference.in_proj_weight.copy_(torch.cat([layer.w_q.weight, layer.w_k.weight, layer.w_v.weight]))  # (3D, D)
         else:
             for name, linear in (("q", layer.w_q), ("k", layer.w_k), ("v", layer.w_v)):
@@ -262,3 +262,33 @@ def positioned(layer: MultiHeadAttention, q_h: torch.Tensor, k_h: torch.Tensor) 
         q_h = complex_rotation(q_h[:, None], inv_freq, layer.rotary_scaling)[:, 0]
         k_h = complex_rotation(k_h[:, None], inv_freq, layer.rotary_scaling)[:, 0]
     return q_h, k_h
+
+
+def check_seed_head(head, inputs: LayerInputs, trace: LayoutTrace) -> Check:
+    """Seed 001's single head (layout_single_head.SeedHead) against F.scaled_dot_product_attention in float64.
+
+    nn.MultiheadAttention cannot hold W_v's own d_out; SDPA takes values of another width. Its weights
+    are SDPA over the identity as values (softmax(Q K^T s) I = A), so no line of the layout is reused.
+    Each text alone, its padding keys cut off, as the tutorial's unbatched sequence.
+    """
+    batch, num_queries, _ = inputs.queries.shape
+    num_keys = inputs.keys_values.shape[1]
+    valid = inputs.valid_lens.tolist() if inputs.valid_lens is not None else [num_keys] * batch
+    weights, outputs = [], []
+    with torch.inference_mode():
+        for b in range(batch):
+            x, x_kv = inputs.queries[b].double(), inputs.keys_values[b, : valid[b]].double()  # (Nq, D), (Nk, D)
+            q, k = x @ head.w_q.weight.double().T, x_kv @ head.w_k.weight.double().T  # (Nq, d_q), (Nk, d_q)
+            v = x_kv @ head.w_v.weight.double().T  # (Nk, d_out)
+            mask = torch.ones(num_queries, valid[b], dtype=torch.bool, device=x.device).tril() if inputs.causal else None
+            identity = torch.eye(valid[b], dtype=torch.float64, device=x.device)  # (Nk, Nk)
+            pattern = F.scaled_dot_product_attention(q, k, identity, attn_mask=mask, scale=head.scale)  # (Nq, Nk)
+            weights.append(F.pad(pattern, (0, num_keys - valid[b])))  # (Nq, Nk): cut keys weigh 0
+            outputs.append(F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=head.scale))  # (Nq, d_out)
+    return Check(
+        layout=trace.layout,
+        reference="F.scaled_dot_product_attention, 1 head",
+        weights_diff=max_abs_diff(trace.weights, torch.stack(weights)[:, None]),  # (B, 1, Nq, Nk)
+        output_diff=max_abs_diff(trace.output, torch.stack(outputs)),  # (B, Nq, d_out)
+        num_heads=1,
+    )

@@ -1,4 +1,8 @@
-"""The single-head tutorial's Self_attention, one unbatched sequence at a time."""
+"""The single-head tutorial's Self_attention, one unbatched sequence at a time.
+
+Traced on attnviz's layer split into one head (d = D), or with the seed's own sizes (SeedHead:
+W_q, W_k map D to d_q, W_v maps D to d_out, no W_o), as `--d-q` and `--d-out` build it.
+"""
 
 from __future__ import annotations
 
@@ -6,22 +10,46 @@ import math
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from attnviz.attention.layer import MultiHeadAttention
 from attnviz.tracing.recorder import LayerInputs, LayoutTrace, Recorder, finish_trace
 
 
-def single_head(layer: MultiHeadAttention, inputs: LayerInputs, num_heads: int = 1) -> LayoutTrace:
+class SeedHead(nn.Module):
+    """The single-head tutorial's layer with its own sizes: W_q, W_k: D to d_q, W_v: D to d_out, no bias, no W_o.
+
+    Its scale is 1/sqrt(d_q); its output is C, (m, d_out). Random parameters from seed, nn.Linear's own
+    initialisation, drawn on the CPU: the same for the same seed on any device.
+    """
+
+    def __init__(self, model_size: int, d_q: int, d_out: int, seed: int = 0):
+        super().__init__()
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            self.w_q = nn.Linear(model_size, d_q, bias=False)
+            self.w_k = nn.Linear(model_size, d_q, bias=False)
+            self.w_v = nn.Linear(model_size, d_out, bias=False)
+        self.w_o = None
+        self.num_heads = self.num_kv_heads = 1
+        self.head_dim = d_q
+        self.scale = 1 / math.sqrt(d_q)
+
+
+def single_head(layer: MultiHeadAttention | SeedHead, inputs: LayerInputs, num_heads: int = 1) -> LayoutTrace:
     """The single-head tutorial's Self_attention.forward, one unbatched sequence at a time (H = 1, d = D).
 
     With trained weights, one head uses all of W_q, W_k and W_v: it equals the layer split
-    into 1 head (scale 1/sqrt(D)), not into the model's own number of heads. A batch runs one
+    into 1 head (scale 1/sqrt(D)), not into the model's own number of heads. A SeedHead has the
+    seed's own sizes: Q and K (m, d_q), V and C (m, d_out), no W_o (C is the output). A batch runs one
     text at a time, its padding keys cut off instead of masked; the trace shows the text with
     the most padding.
     """
     batch, num_queries, model_size = inputs.queries.shape
     num_keys = inputs.keys_values.shape[1]
-    head_dim = layer.w_q.out_features  # one head: d = D
+    head_dim = layer.w_q.out_features  # one head: d = D, or the seed's d_q
+    seed_sizes = isinstance(layer, SeedHead)
+    qk_axis, v_axis = ("d_q", "d_out") if seed_sizes else ("d", "d")
     valid = inputs.valid_lens.tolist() if inputs.valid_lens is not None else [num_keys] * batch
     shown = min(range(batch), key=lambda b: (valid[b], b))  # the most padding, else the first
     cut = inputs.valid_lens is not None
@@ -30,6 +58,8 @@ def single_head(layer: MultiHeadAttention, inputs: LayerInputs, num_heads: int =
     weights, outputs, recorders = [], [], []
     for b in range(batch):
         sizes = {"Nq": num_queries, "Nk": valid[b], "d": head_dim, "D": model_size}
+        if seed_sizes:
+            sizes |= {"d_q": head_dim, "d_out": layer.w_v.out_features}
         record = Recorder(sizes, self_attention, enabled=b == shown)
         x = record("x", inputs.queries[b], f"queries[{b}]", "Nq D")  # (Nq, D): one unbatched sequence
         if cut:
@@ -45,13 +75,13 @@ def single_head(layer: MultiHeadAttention, inputs: LayerInputs, num_heads: int =
                 added="the tutorial is self-attention: its keys and values come from x",
             )
         kv_name = "x" if x_kv is x else "x_kv"
-        Q = record("q", layer.w_q(x), "self.Wq(x)", "Nq d", (x,))
-        K = record("k", layer.w_k(x_kv), f"self.Wk({kv_name})", "Nk d", (x_kv,))
-        V = record("v", layer.w_v(x_kv), f"self.Wv({kv_name})", "Nk d", (x_kv,))
-        K_t = record("k_t", K.T, "K.T", "d Nk", (K,), pattern="n d -> d n")
+        Q = record("q", layer.w_q(x), "self.Wq(x)", f"Nq {qk_axis}", (x,))
+        K = record("k", layer.w_k(x_kv), f"self.Wk({kv_name})", f"Nk {qk_axis}", (x_kv,))
+        V = record("v", layer.w_v(x_kv), f"self.Wv({kv_name})", f"Nk {v_axis}", (x_kv,))
+        K_t = record("k_t", K.T, "K.T", f"{qk_axis} Nk", (K,), pattern="n d -> d n")
         scores = record(
             "scores", torch.matmul(Q, K_t) * (1 / math.sqrt(head_dim)), "torch.matmul(Q, K.T) * self._norm_fact",
-            "Nq Nk", (Q, K_t), pattern="nq d, d nk -> nq nk", note="self._norm_fact = 1 / sqrt(d)",
+            "Nq Nk", (Q, K_t), pattern="nq d, d nk -> nq nk", note=f"self._norm_fact = 1 / sqrt({qk_axis})",
         )
         if inputs.causal:
             mask = record(
@@ -65,22 +95,36 @@ def single_head(layer: MultiHeadAttention, inputs: LayerInputs, num_heads: int =
         pattern = record(
             "pattern", torch.softmax(scores, dim=-1), f"torch.softmax({record.role_of(scores)}, dim=-1)", "Nq Nk", (scores,)
         )
-        z = record("z", torch.matmul(pattern, V), "torch.matmul(A, V)", "Nq d", (pattern, V), pattern="nq nk, nk d -> nq d")
-        out = record(
+        z = record(
+            "z", torch.matmul(pattern, V), "torch.matmul(A, V)", f"Nq {v_axis}", (pattern, V), pattern="nq nk, nk d -> nq d"
+        )
+        out = z if seed_sizes else record(
             "out", layer.w_o(z), "self.w_o(C)", "Nq D", (z,),
             added="the tutorial returns C; W_o, so the output compares with the other layouts",
-        )
+        )  # the seed's sizes: C is the output
         weights.append(F.pad(pattern, (0, num_keys - valid[b])))  # (Nq, Nk): the cut keys get weight 0
         outputs.append(out)
         recorders.append(record)
 
-    notes = [
-        f"one head: d = D = {head_dim} (the tutorial's d_in, d_q and d_out), so it uses every column of W_q, W_k, W_v, "
-        f"scale 1/sqrt({head_dim})",
+    names = (
         "Q, K, V, A, C are the tutorial's names for q, k, v, pattern, z; its A = torch.softmax(torch.matmul(Q, K.T) "
-        "* self._norm_fact, dim=-1) is split into scores and pattern here",
-        "the tutorial's Wq, Wk, Wv have bias=False; here they are the BERT layer's, biases included",
-    ]
+        "* self._norm_fact, dim=-1) is split into scores and pattern here"
+    )
+    if seed_sizes:
+        d_out = layer.w_v.out_features
+        notes = [
+            f"the tutorial's own sizes: Wq, Wk map d_in = D = {model_size} to d_q = {head_dim}, Wv maps it to d_out = {d_out}, "
+            f"bias=False, scale 1/sqrt(d_q) = 1/sqrt({head_dim}); no W_o: C ({num_queries} x {d_out}) is the output",
+            names,
+            "random parameters (--weights random): the model gives the layer's input x only",
+        ]
+    else:
+        notes = [
+            f"one head: d = D = {head_dim} (the tutorial's d_in, d_q and d_out), so it uses every column of W_q, W_k, W_v, "
+            f"scale 1/sqrt({head_dim})",
+            names,
+            "the tutorial's Wq, Wk, Wv have bias=False; here they are the BERT layer's, biases included",
+        ]
     if batch > 1:
         padding = num_keys - valid[shown]
         notes.append(
