@@ -11,7 +11,6 @@ import numpy as np
 from attnviz.api import display
 from attnviz.api.arguments import must_be_bool, must_be_int
 from attnviz.api.functions import _texts, refuse_before_loading
-from attnviz.api.models import load
 from attnviz.api.options import GENERATE_OPTIONS, run_options, takes_options
 from attnviz.api.run_results import _Rendered, save_run_files
 from attnviz.errors import AttnvizError
@@ -34,7 +33,7 @@ def generate(prompt: str, *, tokens: int = 32, sample: bool = False, **options):
         raise AttnvizError(f"--tokens {tokens}: generate makes at least 1 token")
     must_be_bool("sample", sample)
     refuse_before_loading(options)
-    handle = load(options.model, options.device, dtype=options.dtype)
+    handle = options.load()
     spec = options.run_spec(handle)
     generation = continue_prompt(handle.loaded, prompt, spec, tokens, sample, options.seed)
     return GenerateResult(generation, spec, handle.loaded)

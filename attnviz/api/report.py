@@ -17,7 +17,6 @@ from dataclasses import replace
 
 from attnviz.api.experiment_results import text_statistics
 from attnviz.api.functions import _check_lengths, _texts, refuse_before_loading, warn_notices
-from attnviz.api.models import load
 from attnviz.api.options import run_options, takes_options
 from attnviz.api.run_results import ReportResult, report_result
 from attnviz.errors import AttnvizError
@@ -45,7 +44,7 @@ def report(text_or_texts: str | list[str], **options) -> ReportResult:
     texts = _texts(text_or_texts, name="text_or_texts")
     check_report_count(len(texts))
     refuse_before_loading(options)
-    handle = load(options.model, options.device, dtype=options.dtype)
+    handle = options.load()
     spec = options.run_spec(handle)
     _check_lengths(handle.loaded, texts, options.truncate)
     check_report_size(handle.loaded, texts, spec)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
@@ -10,7 +9,6 @@ import typer
 
 from attnviz.cli.options import (
     QuietOption,
-    run_options,
     app,
     console,
     Device,
@@ -24,8 +22,7 @@ from attnviz.cli.options import (
     LayerOption,
     OutOption,
 )
-from attnviz.cli.shared import run_target, write_run
-from attnviz.spec import check_text
+from attnviz.cli.shared import run_command
 
 
 @app.command(short_help="A decoder continues a prompt: each generated token's attention, step by step.")
@@ -46,17 +43,13 @@ def generate(
     attention over everything before it, per layer and head, computed with the key/value cache as the model
     generates: generate.png (the --layer's heads), generate.json (the ids, the layer's rows, every layer's summaries
     per step: sink, previous token, entropy, distance) and report.html (a stepper over the continuation, every layer and head)."""
-    options = run_options(locals())
-    from attnviz.api import functions
     from attnviz.api.generate import generate as continue_prompt
-    from attnviz.api.models import load
-    from attnviz.output.runs import run_folder_name
-    from attnviz import startup
 
-    check_text(prompt)
-    functions.refuse_before_loading(options)
-    target = run_target(out, run_folder_name(prompt))
-    handle = load(options.model, options.device, dtype=options.dtype, cache=False)
-    result = continue_prompt(prompt, tokens=tokens, sample=sample, **replace(options, model=handle).keywords())
+    def compute(options):
+        return continue_prompt(prompt, tokens=tokens, sample=sample, **options.keywords())
+
+    run_command(locals(), compute, print_generation, "drawing the generation…")
+
+
+def print_generation(result) -> None:
     console.print(result)  # its __rich__: the continuation and a row per generated token
-    write_run(out, target, "drawing the generation…", lambda staging: startup.draw(result.write_files, staging, image_format.value))
