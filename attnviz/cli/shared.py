@@ -37,7 +37,8 @@ def run_command(parameters: dict, compute, show, doing: str, write=None) -> tupl
 
     options = run_options(parameters)
     out, file = parameters["out"], parameters.get("file")
-    target = run_target(out, batch_folder_name(file) if file else run_folder_name(parameters.get("text") or parameters["prompt"]))
+    text = parameters["text"] if "text" in parameters else parameters["prompt"]
+    target = run_target(out, batch_folder_name(file) if file else run_folder_name(text))
     computed = compute(options)
     show(computed)
     if write is None:
