@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from attnviz.errors import AttnvizError
+from attnviz.errors import AttnvizError, option
 from attnviz.models.loading import LoadedModel
 from attnviz.models.tokens import Encoded, encode
 from attnviz.spec import RunSpec
@@ -28,7 +28,7 @@ def resolve_device(requested: str) -> str:
     if requested == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if requested == "cuda" and not torch.cuda.is_available():
-        raise AttnvizError("--device cuda: torch sees no GPU on this machine; use --device cpu or auto")
+        raise AttnvizError(f"{option('device', 'cuda')}: torch sees no GPU on this machine; use {option('device', 'cpu')} or auto")
     if requested not in ("cpu", "cuda"):
         raise AttnvizError(f"unknown device {requested!r}: choose auto, cpu or cuda")
     return requested

@@ -17,7 +17,7 @@ from attnviz.api.models import Model
 from attnviz.api.notes import warn_notes
 from attnviz.api.arguments import must_be_bool, must_be_callable, must_be_int, must_be_one_of, must_be_str, must_be_str_or_list, refuse
 from attnviz.api.options import EVERY_LAYER_OPTIONS, RunOptions, run_options, takes_options
-from attnviz.errors import AttnvizError
+from attnviz.errors import AttnvizError, option, options_named
 from attnviz.spec import check_text, check_trace_texts, refuse_cross_over_every_layer
 
 COMPARE_OPTIONS = ("model", "layer", "seed", "device", "dtype", "truncate", "allow_pickle")  # compare's heads and weights are lists: its own
@@ -94,9 +94,11 @@ def check_effect(effect, text, options: RunOptions) -> None:
     if must_be_one_of("effect", effect, tuple(ABLATIONS), none=True) is None:
         return
     if not isinstance(text, str):
-        raise AttnvizError("effect= measures each head over one text: give one str, not a list")
+        raise AttnvizError(f"{option('effect')} measures each head over one text: give one str, not a list")
     if options.kv or options.heads is not None or options.weights != "pretrained":
-        raise AttnvizError("effect= takes the model's own heads out of the model itself: leave out kv, heads and weights")
+        raise AttnvizError(
+            f"{option('effect')} takes the model's own heads out of the model itself: leave out {options_named('kv', 'heads', 'weights')}"
+        )
 
 
 def _measured_heads(handle: Model, texts: list[str], spec, names: tuple[str, ...], num_layers: int) -> list:
@@ -341,6 +343,19 @@ def refuse_before_loading(options: RunOptions, needs_bert: str | None = None) ->
     refuse_stack(name, family, stack)
     if needs_bert is not None and family.name != "BERT":
         raise AttnvizError(needs_bert.format(model=name, family=f"{family.name} {family.kind}"))
+
+
+def require_decoder(handle: Model, command: str) -> None:
+    """A command that continues a text (generate) refuses a model that is no decoder; where that model is the bundled
+    encoder, loaded offline in place of the default, the message names the bundled decoder there is (SmolLM2)."""
+    from attnviz.models.smollm2 import smollm2_gguf
+
+    if handle.kind == "decoder":
+        return
+    refused = f"{command} continues a text with a decoder (GPT-2, Llama's layout); {handle.loaded.name} is {handle.kind} ({handle.family})"
+    if handle.loaded.fallback_for is not None and smollm2_gguf() is not None:  # offline, no --model: not a dead end
+        refused += f", the offline stand-in for {handle.loaded.fallback_for}: give {option('model', 'smollm2')}, the bundled decoder"
+    raise AttnvizError(refused)
 
 
 def require_bert(handle: Model, needs_bert: str) -> None:

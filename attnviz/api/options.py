@@ -17,7 +17,7 @@ from typing import Any
 
 from attnviz.api.arguments import must_be_bool, must_be_device, must_be_dtype, must_be_int, must_be_one_of, must_be_str, refuse
 from attnviz.api.models import MODEL_TYPES, Model
-from attnviz.errors import AttnvizError
+from attnviz.errors import AttnvizError, options_named
 from attnviz.spec import MAX_SEED, STACKS, WEIGHTS, RunSpec, check_text, refuse_causal_cross_attention, run_spec
 
 
@@ -73,7 +73,7 @@ class RunOptions:
             must_be_bool(name, getattr(self, name))
         if not 0 <= self.seed <= MAX_SEED:
             raise AttnvizError(f"seed {self.seed} is out of range: give 0 to 2**64 - 1")
-        check_text(self.kv, "the --kv text")
+        check_text(self.kv, f"the {options_named('kv')} text")
         refuse_causal_cross_attention(self.kv, self.causal, self.stack)
 
     def keywords(self) -> dict[str, Any]:

@@ -12,7 +12,7 @@ import warnings
 import typer
 
 from attnviz.cli.options import app, console, errors
-from attnviz.errors import AttnvizError, AttnvizWarning, Interrupted
+from attnviz.errors import AttnvizError, AttnvizWarning, Interrupted, command_line_spelling
 
 # Each module registers its commands on app when imported: this order is --help's.
 from attnviz.cli import heads  # noqa: E402, F401  isort: skip
@@ -41,7 +41,7 @@ def run(args: list[str] | None = None) -> int:
         _refuse_empty_out(args)
         # A bare `attnviz` prints --help, as a usage error would not: nothing was asked that failed.
         # the commands print the API's notes themselves, as "note: ..."; a long text's map is a working file
-        with warnings.catch_warnings(), temporary_maps():
+        with warnings.catch_warnings(), temporary_maps(), command_line_spelling():  # messages name options as flags
             warnings.simplefilter("ignore", AttnvizWarning)
             result = app(args=args or ["--help"], prog_name="attnviz", standalone_mode=False)
     except typer.TyperException as error:  # click's exceptions, which typer vendors (a bad option: exit code 2)
