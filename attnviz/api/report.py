@@ -134,6 +134,7 @@ def report_texts(loaded, runs: list, spec: RunSpec) -> tuple[list, list[str]]:
     """Each run's ReportText (attnviz.html.record), and the notes of what was left out, once each."""
     from attnviz.html import ReportText
     from attnviz.html.record import is_long
+    from attnviz.layer_inputs import threads_for_tokens
 
     notes: dict[str, None] = {}
     texts = []
@@ -142,8 +143,9 @@ def report_texts(loaded, runs: list, spec: RunSpec) -> tuple[list, list[str]]:
             summaries = run.layer_summaries if run.layer_summaries is not None else long_summaries(loaded, run.text, spec, notes)
             texts.append(ReportText(run, summaries=summaries))
             continue
-        layer_runs, rollout, statistics = every_layer(loaded, run.text, spec)
-        trace, mistakes = traces(loaded, run.text, spec, notes)
+        with threads_for_tokens(len(run.query_tokens) + (len(run.key_tokens) if spec.cross_attention else 0)):
+            layer_runs, rollout, statistics = every_layer(loaded, run.text, spec)
+            trace, mistakes = traces(loaded, run.text, spec, notes)
         texts.append(ReportText(run, layer_runs, rollout, statistics, trace, mistakes))
     return texts, list(notes)
 
