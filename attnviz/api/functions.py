@@ -44,7 +44,7 @@ def heads(
     layer_summaries: also every head of every layer summarised (attnviz.layers' summaries: the sink, entropy,
     distance, ...) from the same forward pass, as a long text's report shows them: result.layer_summaries.
     One text, self-attention, weights alone (no measure). None: where a report of the text would show them (one text
-    long enough to be zoomed, api/report.summarised_in_its_run), as `attnviz heads` writes report.html.
+    long enough to be zoomed, summarised_in_its_run), as `attnviz heads` writes report.html.
     effect: also each head's effect on the model's output, taken out in turn (analysis/effect.py, Michel et al.
     2019): "zero" (its output set to 0) or "mean" (replaced by its mean over the text's positions): a decoder's (and
     an encoder-decoder's, a head of any stack) KL of the next-token distributions and loss change, an encoder's
@@ -68,8 +68,6 @@ def heads(
     num_layers = handle.loaded.num_layers_of(spec.stack)
     effects = head_effects(handle.loaded, texts[0], spec, effect, [spec.layer]) if effect is not None else None
     if layer_summaries is None:  # as the report of this text summarises it
-        from attnviz.api.report import summarised_in_its_run
-
         layer_summaries = isinstance(text, str) and not names and summarised_in_its_run(handle.loaded, texts, spec.cross_attention)
     if names:
         results = _measured_heads(handle, texts, spec, names, num_layers)
@@ -224,6 +222,20 @@ def layers(text: str, *, measure: str = "weights", band: int = 8, effect: str | 
     warn_notices(layer_runs[0].notices, handle)  # every layer's run has the text's notes
     summaries = summarise_layers(handle.loaded, text, spec, budget, window=band)
     return LayersResult(layer_runs, runs_rollout(layer_runs), spec, measures, summaries, effects=effects)
+
+
+def summarised_in_its_run(loaded, texts: list[str], cross_attention: bool) -> bool:
+    """Whether a report's run of texts is to summarise every layer in its own forward pass (heads' layer_summaries,
+    head_summaries.run_and_summarise): one long text alone (past ZOOM_MIN_TOKENS tokens, as --truncate cuts it),
+    self-attention, whose report shows those summaries, not whole maps; the forward pass then runs once, not twice."""
+    from attnviz.html.pyramid import ZOOM_MIN_TOKENS
+
+    return len(texts) == 1 and not cross_attention and token_counts(loaded, texts)[0] > ZOOM_MIN_TOKENS
+
+
+def token_counts(loaded, texts: list[str]) -> list[int]:
+    """Each text's tokens, at most the model's positions (--truncate's cut; a longer text is refused before)."""
+    return [min(len(ids), loaded.max_positions) for ids in loaded.tokenizer.encode_batch(texts)]
 
 
 def _in_blocks(loaded, text: str, spec, num_layers: int = 1) -> bool:

@@ -224,7 +224,7 @@ def trace_texts(
     A model loaded in half precision (--dtype) gives the layer's input; the layouts then compute in
     float32, so that they can be checked against each other within TOLERANCE.
     """
-    from attnviz.layer_inputs import LayerStates, check_layer, encode_texts, layer_states
+    from attnviz.layer_inputs import LayerStates, check_layer, encode_texts, layer_states, threads_for
     from attnviz.pipeline import build_layer
 
     layer, kv_text, causal, device = spec.layer, spec.kv_text, spec.causal, spec.device
@@ -233,7 +233,8 @@ def trace_texts(
     num_heads = attention.num_heads
     encoded = encode_texts(loaded, texts, spec)
     queries, keys = encoded.queries, encoded.keys
-    states = layer_states(loaded, encoded, [layer], spec)[layer]
+    with threads_for(encoded):  # torch's threads for this run: layer_inputs.threads_for's rule
+        states = layer_states(loaded, encoded, [layer], spec)[layer]
     if loaded.dtype != "float32":  # the layouts are checked against each other within 1e-5: float32 over the model's half-precision input
         attention = attention.float()
         query_states = states.queries.float()
@@ -259,7 +260,8 @@ def trace_texts(
         position_bias_source="compute_bias(Nq, Nk): the stack's relative position bias (block 0's buckets)",
     )
 
-    traces, checks, slices, mistake_result, notes = trace_layouts(attention, inputs, list(layouts), mistake)
+    with threads_for(encoded):
+        traces, checks, slices, mistake_result, notes = trace_layouts(attention, inputs, list(layouts), mistake)
     return TraceResult(
         texts=list(texts),
         kv_text=kv_text,
