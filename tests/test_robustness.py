@@ -90,7 +90,7 @@ def wait_for(condition, process, timeout=120):
 
 
 def processes_naming(marker):
-    """pids of live processes whose command line holds marker (the grid's forked copy has its parent's)."""
+    """pids of live processes whose command line holds marker."""
     found = []
     for entry in os.listdir("/proc"):
         try:

@@ -1,8 +1,8 @@
 """The command line's options: the Typer app, its consoles, the choices and the options several commands share.
 
 A run's option is declared here once (its flag and help) and once in api/options.py (RunOptions'
-field); a command offers it by naming its parameter as the field (model, layer, heads, ...) and
-builds the run's RunOptions from its parameters with run_options(locals()). Heavy libraries (torch,
+field); a command offers it by naming its parameter as the field (model, layer, heads, ...), and
+cli/shared.run_command builds the run's RunOptions from its parameters (run_options). Heavy libraries (torch,
 transformers, matplotlib) are imported inside the commands, so that `attnviz --help` stays instant.
 """
 
