@@ -306,7 +306,7 @@ def position(text: str, *, permutation: str | list[int] | None = None, head: int
     position embeddings change most); options: model, device, dtype, allow_pickle.
     """
     from attnviz.api.experiment_results import PositionResult
-    from attnviz.layer_inputs import device_label
+    from attnviz.layer_inputs import device_label, threads_for_tokens
     from attnviz.analysis.position import LAYER, position_experiment
 
     options = run_options("position", options, POSITION_OPTIONS)
@@ -318,7 +318,8 @@ def position(text: str, *, permutation: str | list[int] | None = None, head: int
     require_bert(handle, POSITION_NEEDS_BERT)
     spec = options.run_spec(handle, layer=LAYER)  # the model's own parameters and heads
     spec_text = _comma_list(permutation) if permutation is not None else None
-    result = position_experiment(handle.loaded, text, spec_text, head, handle.device)
+    with threads_for_tokens(token_counts(handle.loaded, [text])[0]):  # the one rule for torch's threads
+        result = position_experiment(handle.loaded, text, spec_text, head, handle.device)
     warn_notices(result.notices, handle)
     return PositionResult(result, spec, handle.source, device_label(handle.device))
 
