@@ -1,25 +1,25 @@
 """`python -m attnviz` and the `attnviz` command.
 
-The first thing they do is catch SIGINT, SIGTERM and SIGHUP (attnviz/startup.py): a signal during the imports
-(a second or more with torch) ends the run at once and quietly, as nothing is written yet. Only the
-interpreter's own start, before this module runs, keeps Python's default.
+The first thing they do is catch SIGINT, SIGTERM and SIGHUP: a signal during the imports (a second or more with
+torch) ends the run at once and quietly, as nothing is written yet. The command line sets its own handlers once it
+runs (output/runs.py: a run folder half written is removed). Only the interpreter's own start, before this module
+runs, keeps Python's default.
 """
 
-from attnviz import startup
+import os
+import signal
 
-startup.quit_on_signals()
+
+def quit_quietly(number, frame) -> None:
+    os.write(2, b"interrupted: nothing was written\n")
+    os._exit(128 + number)
+
+
+for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    signal.signal(number, quit_quietly)
 
 
 def main() -> None:
-    import sys
-
-    if sys.argv[1:] == ["--version"]:  # the whole answer: no command line to build (no typer, no rich)
-        from attnviz.version import package_version
-
-        print(f"attnviz {package_version()}")
-        return
-    if sys.argv[1:] == ["--help"] and startup.print_saved_help():
-        return
     from attnviz.cli import main as command_line
 
     command_line()

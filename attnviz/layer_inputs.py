@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from attnviz.errors import AttnvizError
+from attnviz.errors import AttnvizError, option
 from attnviz.models.loading import LoadedModel
 from attnviz.models.tokens import Encoded, encode
 from attnviz.spec import RunSpec
@@ -28,7 +28,7 @@ def resolve_device(requested: str) -> str:
     if requested == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if requested == "cuda" and not torch.cuda.is_available():
-        raise AttnvizError("--device cuda: torch sees no GPU on this machine; use --device cpu or auto")
+        raise AttnvizError(f"{option('device', 'cuda')}: torch sees no GPU on this machine; use {option('device', 'cpu')} or auto")
     if requested not in ("cpu", "cuda"):
         raise AttnvizError(f"unknown device {requested!r}: choose auto, cpu or cuda")
     return requested
@@ -46,18 +46,23 @@ def check_layer(loaded: LoadedModel, layer: int, stack: str | None = None) -> No
         raise AttnvizError(f"layer {layer} is out of range: {loaded.name}{where} has layers 0 to {num_layers - 1}")
 
 
+def threads_for(encoded: "EncodedTexts"):
+    """threads_for_tokens over a run's texts as encoded: its padded batches' queries, keys and source together."""
+    parts = (encoded.queries, encoded.keys, encoded.source)
+    return threads_for_tokens(sum(part.input_ids.numel() for part in parts if part is not None))
+
+
 @contextmanager
-def threads_for(encoded: "EncodedTexts") -> Iterator[None]:
-    """One torch thread for a small run (SMALL_RUN_TOKENS), the caller's count restored after it, even on an error.
+def threads_for_tokens(tokens: int) -> Iterator[None]:
+    """attnviz's one rule for torch's threads: one thread for a small run (SMALL_RUN_TOKENS), the caller's count
+    restored after it, even on an error; the API and the command line alike (a command sets no thread count).
 
     A dozen tokens make tensors so small that a second thread only adds waiting: each of torch's
     parallel regions waits for every thread, and while another process holds a core that is a
     time slice of the scheduler's (a warm attnviz.heads call: 0.02 s on a quiet machine, 0.4 s with
-    one core busy). The command line sets OMP_NUM_THREADS before torch is imported
-    (attnviz/startup.py); the API finds torch imported, so it sets torch's count for the run alone.
+    one core busy; `attnviz heads` on 12 tokens, its report's traces and statistics on two threads: 2.2 s
+    of CPU more, bench/RESULTS.md).
     """
-    parts = (encoded.queries, encoded.keys, encoded.source)
-    tokens = sum(part.input_ids.numel() for part in parts if part is not None)
     before = torch.get_num_threads()
     if tokens > SMALL_RUN_TOKENS or before == 1:
         yield

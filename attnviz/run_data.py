@@ -181,18 +181,6 @@ class AttentionRun:
         """The map is a read-only memory map of attention.npy (a long text: MapFile), not an array in memory."""
         return isinstance(self.attention, np.memmap)
 
-    def __getstate__(self) -> dict:
-        """Pickled (to the figure worker, attnviz/startup.py), a map on disk travels as its file's path, not its weights."""
-        state = dict(self.__dict__)
-        if self.map_on_disk:
-            state["attention"] = MappedFile(self.attention.filename)
-        return state
-
-    def __setstate__(self, state: dict) -> None:
-        if isinstance(state["attention"], MappedFile):  # the sender's file: mapped again, read-only; the sender removes it
-            state = {**state, "attention": np.load(state["attention"].path, mmap_mode="r")}
-        self.__dict__.update(state)
-
     @property
     def head_dim(self) -> int:
         return (self.inner_size or self.output.shape[-1]) // self.num_heads
@@ -216,13 +204,6 @@ class AttentionRun:
 
 MAP_FILE = "attention.npy"
 _map_folders: set[Path] = set()  # this process's map folders still on disk
-
-
-@dataclass(frozen=True)
-class MappedFile:
-    """A pickled run's map on disk: the path of its attention.npy (AttentionRun.__getstate__)."""
-
-    path: str
 
 
 def _remove_map_folder(folder: Path) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from attnviz.errors import AttnvizError
+from attnviz.errors import AttnvizError, option, options_named
 from attnviz.version import __version__
 
 WEIGHTS = ("pretrained", "random")
@@ -94,7 +94,8 @@ def run_spec(loaded, model: str | None = None, **settings) -> RunSpec:
     kind = getattr(family, "kind", None)
     if settings.get("kv_text") is not None and (kind == "decoder" or settings.get("stack") == "decoder"):
         where = f"{loaded.name} is a decoder" if kind == "decoder" else "a decoder's self-attention"
-        raise AttnvizError(f"--kv: {where} attends over one text's own tokens; --kv needs an encoder, or an encoder-decoder's cross-attention")
+        kv = option("kv")
+        raise AttnvizError(f"{kv}: {where} attends over one text's own tokens; {kv} needs an encoder, or an encoder-decoder's cross-attention")
     if model_is_causal(loaded, settings.get("stack")):
         settings["causal"] = True
     settings.setdefault("dtype", getattr(loaded, "dtype", "float32"))  # what the model loaded in
@@ -106,7 +107,7 @@ def refuse_stack(name: str, family, stack: str | None) -> None:
     if stack is None or getattr(family, "kind", None) == "encoder-decoder":
         return
     what = f"a {family.name} {family.kind}, not an encoder-decoder" if family is not None else "not an encoder-decoder"
-    raise AttnvizError(f"--stack {stack}: {name} is {what}; leave --stack out")
+    raise AttnvizError(f"{option('stack', stack)}: {name} is {what}; leave {options_named('stack')} out")
 
 
 def model_is_causal(loaded, stack: str | None) -> bool:
@@ -147,13 +148,13 @@ def refuse_causal_cross_attention(kv_text: str | None, causal: bool, stack: str 
     """A causal mask hides a text's later tokens from its earlier ones; across two texts there is no "later"."""
     if kv_text is not None and causal:
         raise AttnvizError(
-            "--causal and --kv do not go together: a causal mask orders one text's tokens, "
-            "and --kv takes the keys from another text"
+            f"{option('causal', True)} and {options_named('kv')} do not go together: a causal mask orders one text's tokens, "
+            f"and {options_named('kv')} takes the keys from another text"
         )
     if stack == "cross" and causal:  # the decoder's queries over the encoder's tokens: no order between them
         raise AttnvizError(
-            "--causal and --stack cross do not go together: a causal mask orders one sequence's tokens, "
-            "and cross-attention takes the keys from the encoder's"
+            f"{option('causal', True)} and {option('stack', 'cross')} do not go together: a causal mask orders one "
+            "sequence's tokens, and cross-attention takes the keys from the encoder's"
         )
 
 
@@ -161,8 +162,8 @@ def refuse_cross_over_every_layer(stack: str | None) -> None:
     """stats and layers run each layer's self-attention over one text; cross-attention needs a source text too."""
     if stack == "cross":
         raise AttnvizError(
-            "--stack cross: stats and layers measure self-attention (--stack encoder or decoder); "
-            "for cross-attention run attnviz heads --stack cross"
+            f"{option('stack', 'cross')}: stats and layers measure self-attention ({option('stack', 'encoder')} or "
+            f"decoder); for cross-attention use heads with {option('stack', 'cross')}"
         )
 
 

@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import base64
 import math
-import os
 import subprocess
 import sys
 import zlib
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 TESTS = Path(__file__).resolve().parent
 
@@ -177,10 +175,6 @@ def decoded(encoded: dict) -> np.ndarray:
 
 
 # --- a fresh process --------------------------------------------------------------------------------
-
-linux_with_two_cores = pytest.mark.skipif(
-    sys.platform != "linux" or (os.cpu_count() or 1) < 2, reason="the figure worker is forked on Linux with 2 cores or more"
-)
 
 
 def run_script(script: str, env: dict | None = None) -> list[str]:

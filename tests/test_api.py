@@ -1,6 +1,7 @@
 """attnviz as a library: the same numbers, files and one-line errors as the command line, a cheap import."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -107,7 +108,7 @@ def test_a_loaded_model_is_not_loaded_again(model, monkeypatch):
     "command, call",
     [
         (["heads", " "], lambda: attnviz.heads(" ", model="bundled")),
-        (["heads", "hi", "--kv", "", ], lambda: attnviz.heads("hi", kv="", model="bundled")),
+        (["heads", "hi", "--kv", "", ], lambda: attnviz.heads("hi", kv="", model="bundled")),  # the kv text: the --kv text
         (["heads", "hi", "--kv", "yo", "--causal"], lambda: attnviz.heads("hi", kv="yo", causal=True, model="bundled")),
         (["heads", "hi", "--layer", "6"], lambda: attnviz.heads("hi", layer=6, model="bundled")),
         (["heads", "hi", "--heads", "0"], lambda: attnviz.heads("hi", heads=0, model="bundled")),
@@ -119,6 +120,7 @@ def test_a_loaded_model_is_not_loaded_again(model, monkeypatch):
     ],
 )
 def test_bad_input_raises_attnviz_error_with_the_commands_message(command, call, capsys, tmp_path):
+    """The same message, but each option in its face's spelling: --kv and --causal there, kv and causal=True here."""
     if "--model" not in command:
         command = [*command, "--model", "bundled"]
     assert run([*command, "--device", "cpu", "--out", str(tmp_path / "r")]) == 2
@@ -126,7 +128,8 @@ def test_bad_input_raises_attnviz_error_with_the_commands_message(command, call,
     with pytest.raises(attnviz.AttnvizError) as raised:
         call()
     assert isinstance(raised.value, ValueError)
-    assert printed == f"error: {raised.value}\n"
+    as_flags = re.sub(r"\bcausal=True\b", "--causal", re.sub(r"(?<![-\w])kv\b", "--kv", str(raised.value)))
+    assert printed == f"error: {as_flags}\n"
 
 
 @pytest.mark.slow

@@ -32,15 +32,17 @@ RUN_OPTIONS = {  # RunOptions' fields, each with wrong values of other types
     "truncate": ["yes", 0],
     "words": ["no", 1],
     "memory": ["512", 1.5, True],
+    "allow_pickle": ["yes", 1, None],
 }
 RUN_OPTIONS_VALID = {"model": "bundled", "layer": 0, "heads": None, "weights": "pretrained", "seed": 0, "kv": "a dog",
-                     "causal": False, "stack": None, "device": "cpu", "dtype": "auto", "truncate": False, "words": False, "memory": None}  # fmt: skip
+                     "causal": False, "stack": None, "device": "cpu", "dtype": "auto", "truncate": False, "words": False, "memory": None,
+                     "allow_pickle": False}  # fmt: skip
 EVERY_LAYER = {name: values for name, values in RUN_OPTIONS.items() if name not in ("layer", "kv")}
 TEXT = [5, None, b"the cat"]
 TEXTS = [5, None, [1], ["the cat", 2.0]]
 
 ARGUMENTS = {  # function -> its arguments -> wrong values
-    "heads": {"text": TEXTS, **RUN_OPTIONS, "measure": [5, None], "layer_summaries": ["yes", 1, None], "effect": [5, True, ["zero"]]},
+    "heads": {"text": TEXTS, **RUN_OPTIONS, "measure": [5, None], "layer_summaries": ["yes", 1], "effect": [5, True, ["zero"]]},
     "trace": {"text": TEXTS, **RUN_OPTIONS, "layout": [5, ["all"]], "mistake": [5, True], "d_q": ["16", 1.5, True], "d_out": ["8", 1.5, True]},
     "stats": {"texts": TEXTS, **EVERY_LAYER, "js": ["yes", 1, 0.0], "progress": [5, "print"]},
     "layers": {"text": [*TEXT, ["the cat"]], **EVERY_LAYER, "measure": [5, None], "band": ["8", 1.5, True, None], "effect": [5, True, ["zero"]]},
@@ -48,13 +50,13 @@ ARGUMENTS = {  # function -> its arguments -> wrong values
         "text": [*TEXT, ["the cat"]],
         "heads": [12, 1.5, [1.5], [True, 4], {1: 4}],
         "weights": [5, None, ["pretrained", 5]],
-        **{name: RUN_OPTIONS[name] for name in ("model", "layer", "seed", "device", "dtype", "truncate")},
+        **{name: RUN_OPTIONS[name] for name in ("model", "layer", "seed", "device", "dtype", "truncate", "allow_pickle")},
     },
     "position": {
         "text": [*TEXT, ["the cat"]],
         "permutation": [5, 1.5, [0, 1.5]],
         "head": [1.5, "0", True],
-        **{name: RUN_OPTIONS[name] for name in ("model", "device", "dtype")},
+        **{name: RUN_OPTIONS[name] for name in ("model", "device", "dtype", "allow_pickle")},
     },
     "report": {"text_or_texts": TEXTS, **RUN_OPTIONS},
     "generate": {
@@ -67,7 +69,7 @@ ARGUMENTS = {  # function -> its arguments -> wrong values
     "diff": {
         "text": [*TEXT, ["the cat"]],
         "against": [5, None, ["random"]],
-        **{name: RUN_OPTIONS[name] for name in ("model", "seed", "stack", "device", "dtype", "truncate", "memory")},
+        **{name: RUN_OPTIONS[name] for name in ("model", "seed", "stack", "device", "dtype", "truncate", "memory", "allow_pickle")},
     },
     "load": {"model": RUN_OPTIONS["model"], "device": [5, None], "dtype": [5, None], "allow_pickle": ["yes", 1], "cache": ["no", 0]},
 }

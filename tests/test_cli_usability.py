@@ -75,7 +75,7 @@ def test_a_head_out_of_range_is_one_line_naming_the_range_and_writes_nothing(arg
 def test_head_is_its_own_option_not_a_prefix_of_heads(capsys):
     assert run(["heads", "--help"]) == 0
     shown = capsys.readouterr().out
-    assert re.search(r"^\s+--head N\s", shown, flags=re.M) and re.search(r"^\s+--heads INTEGER\s", shown, flags=re.M)
+    assert re.search(r"^\s+--head N\s", shown, flags=re.M) and re.search(r"^\s+--heads <int>\s", shown, flags=re.M)
 
 
 # ---- --figures and --quiet ---------------------------------------------------------------------------

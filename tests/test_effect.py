@@ -215,9 +215,9 @@ def test_heads_effect_is_the_layers_heads_taken_out_in_the_result_its_json_and_i
     ("args", "message"),
     [
         (["--effect", "half"], "'half'"),
-        (["--effect", "zero", "--heads", "3"], "leave out kv, heads and weights"),
-        (["--effect", "zero", "--weights", "random"], "leave out kv, heads and weights"),
-        (["--effect", "zero", "--kv", "Another text."], "leave out kv, heads and weights"),
+        (["--effect", "zero", "--heads", "3"], "--effect takes the model's own heads out of the model itself: leave out --kv, --heads and --weights"),
+        (["--effect", "zero", "--weights", "random"], "leave out --kv, --heads and --weights"),
+        (["--effect", "zero", "--kv", "Another text."], "leave out --kv, --heads and --weights"),
     ],
 )
 def test_what_effect_refuses_is_one_line_and_exit_2_with_nothing_written(tiny_llama, tmp_path, capsys, args, message):

@@ -166,7 +166,7 @@ def test_blitted_png_matches_a_full_redraw(tmp_path):
 
 @pytest.mark.slow
 def test_write_heatmaps_draws_the_same_files_as_one_process_does(tmp_path):
-    """The grid comes from a forked process on Linux: its pixels equal a grid drawn here."""
+    """write_heatmaps' files are those of the heads and the grid drawn one by one, pixel for pixel."""
     run = make_run(["[CLS]", "我", "想", "吃", "[SEP]"], num_heads=3)
     (tmp_path / "together").mkdir()
     (tmp_path / "alone").mkdir()

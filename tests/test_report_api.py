@@ -132,7 +132,7 @@ def test_a_list_of_texts_is_one_report_in_order_and_more_than_64_are_refused_bef
     for text, alone in zip(several.record["texts"], attnviz.heads(texts, model=model)):
         np.testing.assert_allclose(decoded(text["attention"]), alone.attention.numpy(), atol=ROUNDING, rtol=0)
 
-    monkeypatch.setattr(attnviz.api.report, "load", lambda *args, **kwargs: pytest.fail("loaded a model"))
+    monkeypatch.setattr(attnviz.models.loading, "load_model", lambda *args, **kwargs: pytest.fail("loaded a model"))
     with pytest.raises(AttnvizError, match="a report holds at most 64 texts, not 65"):
         attnviz.report(["the cat"] * 65, model="bundled")
 

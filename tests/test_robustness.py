@@ -90,7 +90,7 @@ def wait_for(condition, process, timeout=120):
 
 
 def processes_naming(marker):
-    """pids of live processes whose command line holds marker (the grid's forked copy has its parent's)."""
+    """pids of live processes whose command line holds marker."""
     found = []
     for entry in os.listdir("/proc"):
         try:
@@ -146,22 +146,6 @@ def test_a_signal_at_a_random_moment_leaves_a_whole_run_or_nothing(signal_number
     assert_whole_or_nothing(target, process.returncode, error, HEADS_FILES)
     assert [path.name for path in tmp_path.iterdir()] in ([], ["run"])
     assert_no_process_left(str(target))
-
-
-def test_the_grid_process_dies_with_its_parent_even_on_sigkill(tmp_path):
-    target = tmp_path / "run"
-    process = start("heads", " ".join(["the cat sat on the mat"] * 8), "--out", str(target))  # a grid of 50 tokens
-    wait_for(lambda: len(processes_naming(str(target))) == 2, process)  # the grid is being drawn
-    (child,) = set(processes_naming(str(target))) - {process.pid}
-    time.sleep(0.1)  # the child's first step: asking to die with its parent
-    os.kill(child, signal.SIGSTOP)  # so that it cannot just finish the grid and go: only its parent's end may end it
-    process.kill()
-    process.wait(timeout=60)
-    try:
-        assert_no_process_left(str(target))
-    finally:
-        for pid in processes_naming(str(target)):
-            os.kill(pid, signal.SIGKILL)
 
 
 def test_a_batch_under_sigterm_leaves_no_text_folder(tmp_path):

@@ -11,7 +11,7 @@ import numpy as np
 from attnviz.api import display
 from attnviz.api.arguments import refuse
 from attnviz.api.functions import _check_lengths, _texts, refuse_before_loading
-from attnviz.api.models import MODEL_TYPES, Model, load
+from attnviz.api.models import MODEL_TYPES, Model
 from attnviz.api.options import DIFF_OPTIONS, run_options, takes_options
 from attnviz.api.run_results import _Rendered, save_run_files
 from attnviz.errors import AttnvizError
@@ -27,7 +27,7 @@ def diff(text: str, *, against, **options):
     head). Per layer × head, the two maps' Jensen-Shannon distance (mean over queries) and Clark et al.'s
     divergence (the JSD summed over queries), a block of queries at a time (analysis/diff.py); the most changed
     heads' maps are kept for a text of at most 2,048 tokens. options: model, seed, stack, device, dtype,
-    truncate, memory, as in layers.
+    truncate, memory, allow_pickle (for both checkpoints), as in layers.
     """
     from attnviz.analysis.diff import RANDOM, check_pair, head_differences
     from attnviz.budgets import block_budget
@@ -38,12 +38,12 @@ def diff(text: str, *, against, **options):
         refuse("against", MODEL_TYPES, against)
     refuse_cross_over_every_layer(options.stack)
     refuse_before_loading(options)
-    handle = load(options.model, options.device, dtype=options.dtype)
+    handle = options.load()
     spec = options.run_spec(handle, layer=None)
     _check_lengths(handle.loaded, [text], options.truncate)
     other = RANDOM
     if against != RANDOM:
-        other = load(against, options.device, dtype=options.dtype).loaded
+        other = replace(options, model=against).load().loaded
         check_pair(handle.loaded, other, text, spec)
     return DiffResult(head_differences(handle.loaded, other, text, spec, block_budget(spec)), spec, handle.loaded)
 

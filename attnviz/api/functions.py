@@ -13,19 +13,21 @@ from dataclasses import replace
 
 from attnviz.analysis.effect import head_effects
 from attnviz.analysis.measure_names import measure_names
-from attnviz.api.models import Model, load
+from attnviz.api.models import Model
 from attnviz.api.notes import warn_notes
 from attnviz.api.arguments import must_be_bool, must_be_callable, must_be_int, must_be_one_of, must_be_str, must_be_str_or_list, refuse
 from attnviz.api.options import EVERY_LAYER_OPTIONS, TRACE_OPTIONS, RunOptions, run_options, takes_options
-from attnviz.errors import AttnvizError
+from attnviz.errors import AttnvizError, option, options_named
 from attnviz.spec import check_seed_head_sizes, check_text, check_trace_texts, refuse_cross_over_every_layer
 
-COMPARE_OPTIONS = ("model", "layer", "seed", "device", "dtype", "truncate")  # compare's heads and weights are lists: its own
-POSITION_OPTIONS = ("model", "device", "dtype")  # position runs layer 0 with the model's own parameters and heads
+COMPARE_OPTIONS = ("model", "layer", "seed", "device", "dtype", "truncate", "allow_pickle")  # compare's heads and weights are lists: its own
+POSITION_OPTIONS = ("model", "device", "dtype", "allow_pickle")  # position runs layer 0 with the model's own parameters and heads
 
 
 @takes_options()
-def heads(text: str | list[str], *, measure: str = "weights", layer_summaries: bool = False, effect: str | None = None, **options):
+def heads(
+    text: str | list[str], *, measure: str = "weights", layer_summaries: bool | None = False, effect: str | None = None, **options
+):
     """One layer's heads over a text (a HeadsResult), or over a list of texts (a list, run in padded batches).
 
     options are RunOptions' (attnviz.RunOptions): heads splits the projections into that many
@@ -41,7 +43,8 @@ def heads(text: str | list[str], *, measure: str = "weights", layer_summaries: b
     result's measures (attnviz.analysis.measures.RunMeasures); "weights" (default) adds none.
     layer_summaries: also every head of every layer summarised (attnviz.layers' summaries: the sink, entropy,
     distance, ...) from the same forward pass, as a long text's report shows them: result.layer_summaries.
-    One text, self-attention, weights alone (no measure).
+    One text, self-attention, weights alone (no measure). None: where a report of the text would show them (one text
+    long enough to be zoomed, summarised_in_its_run), as `attnviz heads` writes report.html.
     effect: also each head's effect on the model's output, taken out in turn (analysis/effect.py, Michel et al.
     2019): "zero" (its output set to 0) or "mean" (replaced by its mean over the text's positions): a decoder's (and
     an encoder-decoder's, a head of any stack) KL of the next-token distributions and loss change, an encoder's
@@ -54,15 +57,18 @@ def heads(text: str | list[str], *, measure: str = "weights", layer_summaries: b
     options = run_options("heads", options)
     texts = _texts(text)
     names = measure_names(must_be_str("measure", measure))
-    if must_be_bool("layer_summaries", layer_summaries) and (not isinstance(text, str) or names or options.kv or options.stack == "cross"):
+    wanted = layer_summaries is not None and must_be_bool("layer_summaries", layer_summaries)
+    if wanted and (not isinstance(text, str) or names or options.kv or options.stack == "cross"):
         raise AttnvizError('layer_summaries=True summarises one text\'s self-attention: give one str, no kv, no stack="cross", no measure')
     check_effect(effect, text, options)
     refuse_before_loading(options)
-    handle = load(options.model, options.device, dtype=options.dtype)
+    handle = options.load()
     spec = options.run_spec(handle)
     _check_lengths(handle.loaded, texts, options.truncate)
     num_layers = handle.loaded.num_layers_of(spec.stack)
     effects = head_effects(handle.loaded, texts[0], spec, effect, [spec.layer]) if effect is not None else None
+    if layer_summaries is None:  # as the report of this text summarises it
+        layer_summaries = isinstance(text, str) and not names and summarised_in_its_run(handle.loaded, texts, spec.cross_attention)
     if names:
         results = _measured_heads(handle, texts, spec, names, num_layers)
     elif layer_summaries:
@@ -86,9 +92,11 @@ def check_effect(effect, text, options: RunOptions) -> None:
     if must_be_one_of("effect", effect, tuple(ABLATIONS), none=True) is None:
         return
     if not isinstance(text, str):
-        raise AttnvizError("effect= measures each head over one text: give one str, not a list")
+        raise AttnvizError(f"{option('effect')} measures each head over one text: give one str, not a list")
     if options.kv or options.heads is not None or options.weights != "pretrained":
-        raise AttnvizError("effect= takes the model's own heads out of the model itself: leave out kv, heads and weights")
+        raise AttnvizError(
+            f"{option('effect')} takes the model's own heads out of the model itself: leave out {options_named('kv', 'heads', 'weights')}"
+        )
 
 
 def _measured_heads(handle: Model, texts: list[str], spec, names: tuple[str, ...], num_layers: int) -> list:
@@ -123,7 +131,7 @@ def trace(text: str | list[str], *, layout: str | None = None, mistake: str | No
     check_trace_texts(texts)
     check_seed_head_sizes(options.d_q, options.d_out, layout, options.weights)
     refuse_before_loading(options)
-    handle = load(options.model, options.device, dtype=options.dtype)
+    handle = options.load()
     spec = options.run_spec(handle)
     _check_lengths(handle.loaded, texts, options.truncate)
     layout = layout or model_layout(handle.loaded)
@@ -165,7 +173,7 @@ def stats(texts: str | list[str], *, js: bool | None = None, progress=None, **op
     texts = _texts(texts, name="texts")
     refuse_cross_over_every_layer(options.stack)
     refuse_before_loading(options)
-    handle = load(options.model, options.device, dtype=options.dtype)
+    handle = options.load()
     loaded = handle.loaded
     _check_lengths(loaded, texts, options.truncate)
     spec = options.run_spec(handle, layer=None)
@@ -207,7 +215,7 @@ def layers(text: str, *, measure: str = "weights", band: int = 8, effect: str | 
     refuse_cross_over_every_layer(options.stack)
     check_effect(effect, text, options)
     refuse_before_loading(options)
-    handle = load(options.model, options.device, dtype=options.dtype)
+    handle = options.load()
     spec = options.run_spec(handle, layer=None)
     effects = head_effects(handle.loaded, text, spec, effect) if effect is not None else None
     budget = block_budget(spec)  # a block of the summaries' pass
@@ -223,6 +231,20 @@ def layers(text: str, *, measure: str = "weights", band: int = 8, effect: str | 
     warn_notices(layer_runs[0].notices, handle)  # every layer's run has the text's notes
     summaries = summarise_layers(handle.loaded, text, spec, budget, window=band)
     return LayersResult(layer_runs, runs_rollout(layer_runs), spec, measures, summaries, effects=effects)
+
+
+def summarised_in_its_run(loaded, texts: list[str], cross_attention: bool) -> bool:
+    """Whether a report's run of texts is to summarise every layer in its own forward pass (heads' layer_summaries,
+    head_summaries.run_and_summarise): one long text alone (past ZOOM_MIN_TOKENS tokens, as --truncate cuts it),
+    self-attention, whose report shows those summaries, not whole maps; the forward pass then runs once, not twice."""
+    from attnviz.html.pyramid import ZOOM_MIN_TOKENS
+
+    return len(texts) == 1 and not cross_attention and token_counts(loaded, texts)[0] > ZOOM_MIN_TOKENS
+
+
+def token_counts(loaded, texts: list[str]) -> list[int]:
+    """Each text's tokens, at most the model's positions (--truncate's cut; a longer text is refused before)."""
+    return [min(len(ids), loaded.max_positions) for ids in loaded.tokenizer.encode_batch(texts)]
 
 
 def _in_blocks(loaded, text: str, spec, num_layers: int = 1) -> bool:
@@ -261,7 +283,7 @@ def compare(text: str, *, heads: str | list[int] | None = None, weights: str | l
     """The same layer's projections split into several head counts (default 1, 4 and the model's own), and
     pretrained beside random parameters when weights is ["pretrained", "random"] (a CompareResult).
 
-    heads and weights are comma lists ("1,4,12") or lists; options: model, layer, seed, device, dtype, truncate.
+    heads and weights are comma lists ("1,4,12") or lists; options: model, layer, seed, device, dtype, truncate, allow_pickle.
     """
     from attnviz.api.experiment_results import CompareResult
     from attnviz.analysis.compare import compare_splits, default_head_counts, parse_head_counts, parse_weights
@@ -273,7 +295,7 @@ def compare(text: str, *, heads: str | list[int] | None = None, weights: str | l
     counts = parse_head_counts(_comma_list(heads)) if heads is not None else None
     weights_list = parse_weights(_comma_list(weights))
     refuse_before_loading(options, needs_bert=COMPARE_NEEDS_BERT)
-    handle = load(options.model, options.device, dtype=options.dtype)
+    handle = options.load()
     loaded = handle.loaded
     require_bert(handle, COMPARE_NEEDS_BERT)
     counts = counts or default_head_counts(loaded.hidden_size, loaded.num_heads)
@@ -290,10 +312,10 @@ def position(text: str, *, permutation: str | list[int] | None = None, head: int
 
     permutation is the new order of the token positions, [CLS] and [SEP] included (default:
     the tokens between them reversed); head the head the figure shows (default: the one
-    position embeddings change most); options: model, device, dtype.
+    position embeddings change most); options: model, device, dtype, allow_pickle.
     """
     from attnviz.api.experiment_results import PositionResult
-    from attnviz.layer_inputs import device_label
+    from attnviz.layer_inputs import device_label, threads_for_tokens
     from attnviz.analysis.position import LAYER, position_experiment
 
     options = run_options("position", options, POSITION_OPTIONS)
@@ -301,11 +323,12 @@ def position(text: str, *, permutation: str | list[int] | None = None, head: int
     head = must_be_int("head", head, none=True)
     (text,) = _texts(text, one=True)
     refuse_before_loading(options, needs_bert=POSITION_NEEDS_BERT)
-    handle = load(options.model, options.device, dtype=options.dtype)
+    handle = options.load()
     require_bert(handle, POSITION_NEEDS_BERT)
     spec = options.run_spec(handle, layer=LAYER)  # the model's own parameters and heads
     spec_text = _comma_list(permutation) if permutation is not None else None
-    result = position_experiment(handle.loaded, text, spec_text, head, handle.device)
+    with threads_for_tokens(token_counts(handle.loaded, [text])[0]):  # the one rule for torch's threads
+        result = position_experiment(handle.loaded, text, spec_text, head, handle.device)
     warn_notices(result.notices, handle)
     return PositionResult(result, spec, handle.source, device_label(handle.device))
 
@@ -342,6 +365,19 @@ def refuse_before_loading(options: RunOptions, needs_bert: str | None = None) ->
     refuse_stack(name, family, stack)
     if needs_bert is not None and family.name != "BERT":
         raise AttnvizError(needs_bert.format(model=name, family=f"{family.name} {family.kind}"))
+
+
+def require_decoder(handle: Model, command: str) -> None:
+    """A command that continues a text (generate) refuses a model that is no decoder; where that model is the bundled
+    encoder, loaded offline in place of the default, the message names the bundled decoder there is (SmolLM2)."""
+    from attnviz.models.smollm2 import smollm2_gguf
+
+    if handle.kind == "decoder":
+        return
+    refused = f"{command} continues a text with a decoder (GPT-2, Llama's layout); {handle.loaded.name} is {handle.kind} ({handle.family})"
+    if handle.loaded.fallback_for is not None and smollm2_gguf() is not None:  # offline, no --model: not a dead end
+        refused += f", the offline stand-in for {handle.loaded.fallback_for}: give {option('model', 'smollm2')}, the bundled decoder"
+    raise AttnvizError(refused)
 
 
 def require_bert(handle: Model, needs_bert: str) -> None:

@@ -11,11 +11,11 @@ import numpy as np
 
 from attnviz.api import display
 from attnviz.api.arguments import must_be_bool, must_be_int, must_be_one_of
-from attnviz.api.functions import _texts, refuse_before_loading
-from attnviz.api.models import load
+from attnviz.api.functions import _texts, refuse_before_loading, require_decoder
 from attnviz.api.options import GENERATE_OPTIONS, run_options, takes_options
 from attnviz.api.run_results import _Rendered, save_run_files
-from attnviz.errors import AttnvizError
+from attnviz.errors import AttnvizError, option
+from attnviz.layer_inputs import check_layer
 from attnviz.spec import RunSpec
 
 
@@ -35,11 +35,13 @@ def generate(prompt: str, *, tokens: int = 32, sample: bool = False, rows: str =
     options = run_options("generate", options, GENERATE_OPTIONS)
     (prompt,) = _texts(prompt, one=True, name="prompt")
     if must_be_int("tokens", tokens) < 1:
-        raise AttnvizError(f"--tokens {tokens}: generate makes at least 1 token")
+        raise AttnvizError(f"{option('tokens', tokens)}: generate makes at least 1 token")
     must_be_bool("sample", sample)
     must_be_one_of("rows", rows, tuple(ROWS))
     refuse_before_loading(options)
-    handle = load(options.model, options.device, dtype=options.dtype)
+    handle = options.load()
+    require_decoder(handle, "generate")  # what can be checked is, before generating
+    check_layer(handle.loaded, options.layer)
     spec = options.run_spec(handle)
     generation = continue_prompt(handle.loaded, prompt, spec, tokens, sample, options.seed)
     return GenerateResult(generation, spec, handle.loaded, rows)

@@ -104,7 +104,7 @@ def load(
     and computes in: "float32", "bfloat16", "float16", or "auto" (the checkpoint's own on a GPU,
     float32 on the CPU). A handle passes through.
     A fallback (the bundled model in place of the default, offline) is an AttnvizWarning when the model loads.
-    cache=False loads it afresh and keeps no handle (the command line: one command, one load).
+    cache=False loads it afresh and keeps no handle.
     """
     from attnviz.models.listing import refuse_near_miss
     from attnviz.models.loading import load_model

@@ -17,7 +17,7 @@ from typing import Any
 
 from attnviz.api.arguments import must_be_bool, must_be_device, must_be_dtype, must_be_int, must_be_one_of, must_be_str, refuse
 from attnviz.api.models import MODEL_TYPES, Model
-from attnviz.errors import AttnvizError
+from attnviz.errors import AttnvizError, options_named
 from attnviz.spec import MAX_SEED, STACKS, WEIGHTS, RunSpec, check_text, refuse_causal_cross_attention, run_spec
 
 
@@ -35,9 +35,9 @@ class RunOptions:
     shows words, not word pieces; memory is the most megabytes a block of attention may take
     (None: 512 on the CPU, half the GPU's free memory on CUDA; budgets.memory_budget): past it the
     weights are computed a block of queries at a time, and a map past 64 MB (or past memory) goes to
-    a temporary .npy, read lazily (a result's save writes it as attention.npy). d_q and d_out (trace
-    only) give the single-head layout the seed's own sizes. Wrong types and values are refused as the
-    value is built.
+    a temporary .npy, read lazily (a result's save writes it as attention.npy). allow_pickle lets a model whose
+    weights are pickle files load (attnviz.load's; unpickling can run code). d_q and d_out (trace only) give the
+    single-head layout the seed's own sizes. Wrong types and values are refused as the value is built.
     """
 
     model: Any = None  # str | Path | attnviz.Model | None
@@ -53,6 +53,7 @@ class RunOptions:
     truncate: bool = False
     words: bool = False
     memory: int | None = None  # MB
+    allow_pickle: bool = False
     d_q: int | None = None  # trace's single-head layout with the seed's own sizes: W_q, W_k map D to d_q
     d_out: int | None = None  # and W_v maps D to d_out (None: D)
 
@@ -72,16 +73,22 @@ class RunOptions:
         must_be_one_of("stack", self.stack, STACKS, none=True)
         must_be_device(self.device)
         must_be_dtype(self.dtype)
-        for name in ("causal", "truncate", "words"):
+        for name in ("causal", "truncate", "words", "allow_pickle"):
             must_be_bool(name, getattr(self, name))
         if not 0 <= self.seed <= MAX_SEED:
             raise AttnvizError(f"seed {self.seed} is out of range: give 0 to 2**64 - 1")
-        check_text(self.kv, "the --kv text")
+        check_text(self.kv, f"the {options_named('kv')} text")
         refuse_causal_cross_attention(self.kv, self.causal, self.stack)
 
     def keywords(self) -> dict[str, Any]:
         """The options given (those not at their defaults), as keywords of the API's functions."""
         return {field.name: getattr(self, field.name) for field in fields(self) if getattr(self, field.name) != field.default}
+
+    def load(self) -> Model:
+        """The options' model loaded (attnviz.load: once per process, so a second call gives the same handle)."""
+        from attnviz.api.models import load
+
+        return load(self.model, self.device, dtype=self.dtype, allow_pickle=self.allow_pickle)
 
     def run_spec(self, handle, **fixed) -> RunSpec:
         """The run's RunSpec on a loaded model (an attnviz.Model), heads resolved for its stack (None: the model's own).
@@ -106,7 +113,7 @@ TRACE_OPTIONS = (*RUN_OPTIONS, *SEED_HEAD_OPTIONS)
 # stats, layers: every layer's self-attention
 EVERY_LAYER_OPTIONS = tuple(name for name in RUN_OPTIONS if name not in ("layer", "kv"))
 # diff: every layer's self-attention with each checkpoint's own heads and weights (against="random": seed's)
-DIFF_OPTIONS = ("model", "seed", "stack", "device", "dtype", "truncate", "memory")
+DIFF_OPTIONS = ("model", "seed", "stack", "device", "dtype", "truncate", "memory", "allow_pickle")
 # generate: a decoder's own heads and weights; layer: the one its figure and JSON show; seed: sample's
 GENERATE_OPTIONS = ("model", "layer", "seed", "device", "dtype")
 

@@ -16,8 +16,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from attnviz.api.experiment_results import text_statistics
-from attnviz.api.functions import _check_lengths, _texts, refuse_before_loading, warn_notices
-from attnviz.api.models import load
+from attnviz.api.functions import _check_lengths, _texts, refuse_before_loading, summarised_in_its_run, token_counts, warn_notices
 from attnviz.api.options import run_options, takes_options
 from attnviz.api.run_results import ReportResult, report_result
 from attnviz.errors import AttnvizError
@@ -45,7 +44,7 @@ def report(text_or_texts: str | list[str], **options) -> ReportResult:
     texts = _texts(text_or_texts, name="text_or_texts")
     check_report_count(len(texts))
     refuse_before_loading(options)
-    handle = load(options.model, options.device, dtype=options.dtype)
+    handle = options.load()
     spec = options.run_spec(handle)
     _check_lengths(handle.loaded, texts, options.truncate)
     check_report_size(handle.loaded, texts, spec)
@@ -59,20 +58,6 @@ def report(text_or_texts: str | list[str], **options) -> ReportResult:
     result = report_of_runs(handle.loaded, runs, spec)
     warn_notices(result.record["notes"], handle)  # the runs' notes and what the page leaves out
     return result
-
-
-def summarised_in_its_run(loaded, texts: list[str], cross_attention: bool) -> bool:
-    """Whether a report's run of texts is to summarise every layer in its own forward pass (heads' layer_summaries,
-    head_summaries.run_and_summarise): one long text alone (past ZOOM_MIN_TOKENS tokens, as --truncate cuts it),
-    self-attention, whose report shows those summaries, not whole maps; the forward pass then runs once, not twice."""
-    from attnviz.html.pyramid import ZOOM_MIN_TOKENS
-
-    return len(texts) == 1 and not cross_attention and token_counts(loaded, texts)[0] > ZOOM_MIN_TOKENS
-
-
-def token_counts(loaded, texts: list[str]) -> list[int]:
-    """Each text's tokens, at most the model's positions (--truncate's cut; a longer text is refused before)."""
-    return [min(len(ids), loaded.max_positions) for ids in loaded.tokenizer.encode_batch(texts)]
 
 
 def check_report_count(count: int) -> None:
@@ -135,6 +120,7 @@ def report_texts(loaded, runs: list, spec: RunSpec) -> tuple[list, list[str]]:
     """Each run's ReportText (attnviz.html.record), and the notes of what was left out, once each."""
     from attnviz.html import ReportText
     from attnviz.html.record import is_long
+    from attnviz.layer_inputs import threads_for_tokens
 
     notes: dict[str, None] = {}
     texts = []
@@ -143,8 +129,9 @@ def report_texts(loaded, runs: list, spec: RunSpec) -> tuple[list, list[str]]:
             summaries = run.layer_summaries if run.layer_summaries is not None else long_summaries(loaded, run.text, spec, notes)
             texts.append(ReportText(run, summaries=summaries))
             continue
-        layer_runs, rollout, statistics = every_layer(loaded, run.text, spec)
-        trace, mistakes = traces(loaded, run.text, spec, notes)
+        with threads_for_tokens(len(run.query_tokens) + (len(run.key_tokens) if spec.cross_attention else 0)):
+            layer_runs, rollout, statistics = every_layer(loaded, run.text, spec)
+            trace, mistakes = traces(loaded, run.text, spec, notes)
         texts.append(ReportText(run, layer_runs, rollout, statistics, trace, mistakes))
     return texts, list(notes)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
@@ -10,7 +9,6 @@ import typer
 
 from attnviz.cli.options import (
     QuietOption,
-    run_options,
     app,
     console,
     errors,
@@ -27,8 +25,7 @@ from attnviz.cli.options import (
     LayerOption,
     OutOption,
 )
-from attnviz.cli.shared import run_target, write_run
-from attnviz.spec import check_text
+from attnviz.cli.shared import model_setup, run_command
 
 
 @app.command(short_help="One layer's projections split into different numbers of heads.")
@@ -61,27 +58,20 @@ def compare(
     quiet: bool = QuietOption,
 ) -> None:
     """The same W_q, W_k, W_v split into 1, 4, 12... heads, and BERT's parameters beside random ones."""
-    options = run_options(locals())
-    from attnviz.analysis.compare import parse_head_counts, parse_weights
     from attnviz.api import functions
-    from attnviz.api.models import load
-    from attnviz.output.runs import run_folder_name
-    from attnviz import startup
-    from attnviz.render import terminal
 
-    check_text(text)
-    if head_counts is not None:
-        parse_head_counts(head_counts)  # bad lists are refused before any work
-    weights_list = parse_weights(compared_weights)
-    functions.refuse_before_loading(options, needs_bert=functions.COMPARE_NEEDS_BERT)
-    target = run_target(out, run_folder_name(text))
-    handle = load(options.model, options.device, dtype=options.dtype, allow_pickle=allow_pickle, cache=False)
-    given = replace(options, model=handle).keywords()
-    result = functions.compare(text, heads=head_counts, weights=compared_weights, **given)
+    def compute(options):
+        return functions.compare(text, heads=head_counts, weights=compared_weights, **options.keywords())
+
+    run_command(locals(), compute, print_comparison, "drawing the comparison…")
+
+
+def print_comparison(result) -> None:
+    from attnviz.render import terminal
 
     first = result.splits[0].run
     terminal.print_notices(errors, first.notices)
-    terminal.print_compare_setup(console, first, handle.source, handle.device_label, weights_list, options.seed)
+    weights_list = list(dict.fromkeys(split.weights for split in result.splits))  # --weights, in its order
+    terminal.print_compare_setup(console, first, *model_setup(result.spec), weights_list, result.spec.seed)
     terminal.print_tokens(console, first)
     console.print(result)  # its __rich__: the table of the splits
-    write_run(out, target, "drawing the comparison…", lambda staging: startup.draw(result.write_files, staging, image_format.value))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
@@ -10,7 +9,6 @@ import typer
 
 from attnviz.cli.options import (
     QuietOption,
-    run_options,
     app,
     console,
     Device,
@@ -28,8 +26,7 @@ from attnviz.cli.options import (
     EveryLayerMemoryOption,
     OutOption,
 )
-from attnviz.cli.shared import run_target, write_run
-from attnviz.spec import check_text, refuse_cross_over_every_layer
+from attnviz.cli.shared import run_command
 
 
 @app.command(short_help="Two checkpoints' heads side by side: how far apart each layer × head's maps are.")
@@ -58,22 +55,13 @@ def diff(
     """Every layer × head of two checkpoints over one text: the Jensen-Shannon distance of their maps (mean over
     queries) and Clark et al.'s divergence (the JSD summed over queries), as a grid (diff.png), the most changed
     heads' maps side by side with their difference (diff_heads.png), and diff.json."""
-    options = run_options(locals())
-    from attnviz.analysis.diff import RANDOM
-    from attnviz.api import functions
     from attnviz.api.diff import diff as compare_checkpoints
-    from attnviz.api.models import load
-    from attnviz.output.runs import run_folder_name
-    from attnviz import startup
 
-    check_text(text)
-    refuse_cross_over_every_layer(options.stack)
-    functions.refuse_before_loading(options)
-    target = run_target(out, run_folder_name(text))
-    handle = load(options.model, options.device, dtype=options.dtype, allow_pickle=allow_pickle, cache=False)
-    other = against
-    if against != RANDOM:
-        other = load(against, options.device, dtype=options.dtype, allow_pickle=allow_pickle, cache=False)
-    result = compare_checkpoints(text, against=other, **replace(options, model=handle).keywords())
+    def compute(options):
+        return compare_checkpoints(text, against=against, **options.keywords())
+
+    run_command(locals(), compute, print_diff, "drawing the differences…")
+
+
+def print_diff(result) -> None:
     console.print(result)  # its __rich__: the grid and the most changed heads
-    write_run(out, target, "drawing the differences…", lambda staging: startup.draw(result.write_files, staging, image_format.value))

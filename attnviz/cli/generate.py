@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from enum import Enum
 from pathlib import Path
 from typing import Optional
@@ -11,7 +10,6 @@ import typer
 
 from attnviz.cli.options import (
     QuietOption,
-    run_options,
     app,
     console,
     Device,
@@ -25,8 +23,7 @@ from attnviz.cli.options import (
     LayerOption,
     OutOption,
 )
-from attnviz.cli.shared import run_target, write_run
-from attnviz.spec import check_text
+from attnviz.cli.shared import run_command
 
 
 class Rows(str, Enum):  # attnviz.analysis.generation.ROWS (not imported: the command line's help stays light)
@@ -58,17 +55,13 @@ def generate(
     model generates: generate.png (the --layer's heads), generate.json (the ids, the layer's rows, every layer's
     summaries per step: sink, previous token, entropy, distance) and report.html (a stepper over the continuation,
     every layer and head)."""
-    options = run_options(locals())
-    from attnviz.api import functions
     from attnviz.api.generate import generate as continue_prompt
-    from attnviz.api.models import load
-    from attnviz.output.runs import run_folder_name
-    from attnviz import startup
 
-    check_text(prompt)
-    functions.refuse_before_loading(options)
-    target = run_target(out, run_folder_name(prompt))
-    handle = load(options.model, options.device, dtype=options.dtype, cache=False)
-    result = continue_prompt(prompt, tokens=tokens, sample=sample, rows=rows.value, **replace(options, model=handle).keywords())
+    def compute(options):
+        return continue_prompt(prompt, tokens=tokens, sample=sample, rows=rows.value, **options.keywords())
+
+    run_command(locals(), compute, print_generation, "drawing the generation…")
+
+
+def print_generation(result) -> None:
     console.print(result)  # its __rich__: the continuation and a row per generated token
-    write_run(out, target, "drawing the generation…", lambda staging: startup.draw(result.write_files, staging, image_format.value))

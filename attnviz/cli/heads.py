@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
@@ -44,9 +44,8 @@ from attnviz.cli.options import (
     StackOption,
     FileOutOption,
 )
-from attnviz.cli.shared import MAX_NOTICES_SHOWN, layouts_disagree, run_target, text_or_file, write_run
+from attnviz.cli.shared import MAX_NOTICES_SHOWN, layouts_disagree, model_setup, run_command, run_target, text_or_file
 from attnviz.errors import AttnvizError
-from attnviz.spec import check_text
 
 
 @app.command(short_help="Heatmaps and a table of one layer's heads, for a text or a file of texts.")
@@ -96,16 +95,8 @@ def heads(
     quiet: bool = QuietOption,
 ) -> None:
     """Per-head attention heatmaps, a summary table, attention.json and report.html for one text, or each line of --file."""
-    options = run_options(locals())
-    from attnviz.api import functions
-    from attnviz.api.models import load
-    from attnviz.api.report import report_of_runs, summarised_in_its_run
-    from attnviz.output.runs import run_folder_name
-    from attnviz import startup
-    from attnviz.render import terminal
-
+    parameters = locals()
     text_or_file(text, file)
-    check_text(text)
     if file is not None and show_trace:
         raise AttnvizError("--trace traces one text: for a batch use attnviz trace --file PATH")
     if file is not None and measure != Measure.weights:
@@ -120,34 +111,73 @@ def heads(
         if file is not None:
             raise AttnvizError("--window draws a region of one text's map: give a TEXT, not --file")
         parse_window(window, "--window")
-    if head is not None and options.heads is not None:  # the range is known before the model loads
-        check_head(head, options.heads, f"--heads {options.heads} splits the layer into")
-    functions.check_effect(effect.value if effect else None, text, options)  # before the model loads
-    functions.refuse_before_loading(options)
+    if head is not None and heads is not None:  # the range is known before the model loads
+        check_head(head, heads, f"--heads {heads} splits the layer into")
     images = dict(figures=(figures.value if figures else "grid" if file is not None else "all"), head=head)
     if file is not None:
-        return _heads_for_file(
-            file, options, image_format.value, out, {**images, "save_map": save_map}, html=not no_html, allow_pickle=allow_pickle
-        )
-    target = run_target(out, run_folder_name(text))
-    handle = load(options.model, options.device, dtype=options.dtype, allow_pickle=allow_pickle, cache=False)
-    if head is not None:
-        check_head(head, handle.loaded.num_heads_of(options.stack), f"{handle.loaded.name}'s layers have")
-    given = replace(options, model=handle).keywords()
-    traced = functions.trace(text, **given) if show_trace else None  # its run is the heads' run: computed once
-    if traced is not None and measure == Measure.weights and effect is None:
-        result = traced.heads_results()[0]
-    else:  # a long text's report summarises every layer: from the run's own forward pass
-        cross = options.run_spec(handle).cross_attention
-        summarise = not no_html and measure == Measure.weights and summarised_in_its_run(handle.loaded, [text], cross)
-        result = functions.heads(
-            text, measure=measure.value, layer_summaries=summarise, effect=effect.value if effect else None, **given
-        )
+        options = run_options(parameters)
+        return _heads_for_file(file, options, image_format.value, out, {**images, "save_map": save_map}, html=not no_html)
 
+    def compute(options) -> HeadsRun:
+        from attnviz.api import functions
+
+        given = options.keywords()
+        traced = functions.trace(text, **given) if show_trace else None  # its run is the heads' run: computed once
+        if traced is not None and measure == Measure.weights and effect is None:
+            result = traced.heads_results()[0]
+        else:  # a long text's report summarises every layer: from the run's own forward pass
+            summarise = None if not no_html and measure == Measure.weights else False
+            result = functions.heads(
+                text, measure=measure.value, layer_summaries=summarise, effect=effect.value if effect else None, **given
+            )
+        handle = options.load()  # the one the API loaded
+        if head is not None:
+            check_head(head, handle.loaded.num_heads_of(options.stack), f"{handle.loaded.name}'s layers have")
+        checked_window = result.window(window, "--window") if window is not None else None  # before anything is written
+        return HeadsRun(result, traced, handle.loaded, checked_window)
+
+    def show(computed: HeadsRun) -> None:
+        print_heads(computed, head)
+
+    def write(computed: HeadsRun, staging: Path) -> list[Path]:
+        from attnviz.api.report import report_of_runs
+
+        result, traced = computed.result, computed.traced
+        written = result.write_files(staging, image_format.value, images["figures"], head, computed.window, save_map)
+        written += traced.write_files(staging, image_format.value) if traced is not None else []
+        return written + (report_of_runs(computed.loaded, [result.run], result.spec).write_files(staging) if not no_html else [])
+
+    computed, _ = run_command(parameters, compute, show, "writing heatmaps…", write)
+    run = computed.result.run
+    if run.map_on_disk and not save_map:
+        from attnviz.output.export import map_not_saved
+        from attnviz.render import terminal
+        from attnviz.run_data import map_bytes
+
+        terminal.print_notices(errors, [map_not_saved(map_bytes(run.attention))])
+    print_recap(run)
+    if computed.traced is not None and not computed.traced.agree:
+        return layouts_disagree(computed.traced.trace)
+
+
+@dataclass(frozen=True)
+class HeadsRun:
+    """What `attnviz heads` computed for a text: its HeadsResult, its trace (--trace), the model, the --window checked."""
+
+    result: Any
+    traced: Any
+    loaded: Any
+    window: Any
+
+
+def print_heads(computed: HeadsRun, head: Optional[int]) -> None:
+    """The notes, the setup, the tokens and the table of the heads (of --head N alone); the measures and the trace."""
+    from attnviz.render import terminal
+
+    result, traced = computed.result, computed.traced
     run = result.run
-    checked_window = result.window(window, "--window") if window is not None else None  # before anything is written
     terminal.print_notices(errors, run.notices)
-    terminal.print_setup(console, run, handle.source, handle.device_label, seed=options.seed)
+    terminal.print_setup(console, run, *model_setup(result.spec), seed=result.spec.seed)
     terminal.print_tokens(console, run)
     if head is None:
         console.print(result)  # its __rich__: the table of the heads
@@ -161,25 +191,6 @@ def heads(
         from attnviz.render.trace_tables import print_trace
 
         print_trace(console, traced.trace, text_tokens=[run.shown_tokens[0]])
-
-    def write(staging: Path) -> list[Path]:
-        # The figure worker (attnviz/startup.py) writes the result's files while this process computes the report.
-        figure_options = (image_format.value, images["figures"], head, checked_window, save_map)
-        with startup.drawn(result.write_files, staging, *figure_options) as drawing:
-            report = report_of_runs(handle.loaded, [run], result.spec).write_files(staging) if not no_html else []
-            written = drawing.wait()
-        written += traced.write_files(staging, image_format.value) if traced is not None else []
-        return written + report
-
-    write_run(out, target, "writing heatmaps…", write)
-    if run.map_on_disk and not save_map:
-        from attnviz.output.export import map_not_saved
-        from attnviz.run_data import map_bytes
-
-        terminal.print_notices(errors, [map_not_saved(map_bytes(run.attention))])
-    print_recap(run)
-    if traced is not None and not traced.agree:
-        return layouts_disagree(traced.trace)
 
 
 def print_recap(run) -> None:
@@ -197,15 +208,13 @@ def check_head(head: int, num_heads: int, has: str) -> None:
         raise AttnvizError(f"--head {head} is out of range: {has} {num_heads} heads, 0 to {num_heads - 1}")
 
 
-def _heads_for_file(
-    file: str, options, image_format: str, out: Optional[Path], images: dict, *, html: bool, allow_pickle: bool
-) -> None:
+def _heads_for_file(file: str, options, image_format: str, out: Optional[Path], images: dict, *, html: bool) -> None:
     """`heads --file`: every line through the same layer, batch by batch; a folder per text; report.html of the first texts.
 
     images: the heatmaps each folder gets (--figures, --head), and save_map (--save-map). The output layer's
     write_batch, not attnviz.heads: it writes each batch's folders as it goes, so no more than a batch of runs is ever held, however long the file.
     """
-    from attnviz.api.models import load
+    from attnviz.api.functions import refuse_before_loading
     from attnviz.output import batch
     from attnviz.output.corpus import read_texts
     from attnviz.output.runs import StagedRunFolder
@@ -216,7 +225,8 @@ def _heads_for_file(
     target = run_target(out, batch.batch_folder_name(file))
     if out is not None:
         batch.check_batch_target(target, [*batch.text_folder_names(texts), *(["report.html"] if html else [])])
-    handle = load(options.model, options.device, dtype=options.dtype, allow_pickle=allow_pickle, cache=False)
+    refuse_before_loading(options)
+    handle = options.load()
     loaded = handle.loaded
     batch.check_lengths(loaded.tokenizer, texts, loaded.max_positions, options.truncate)
     spec = options.run_spec(handle)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
@@ -10,7 +9,6 @@ import typer
 
 from attnviz.cli.options import (
     QuietOption,
-    run_options,
     app,
     console,
     errors,
@@ -39,8 +37,7 @@ from attnviz.cli.options import (
     EveryLayerMemoryOption,
     OutOption,
 )
-from attnviz.cli.shared import run_target, write_run
-from attnviz.spec import check_text, refuse_cross_over_every_layer
+from attnviz.cli.shared import model_setup, run_command
 
 
 @app.command(short_help="Every layer's heads at a glance, and attention rollout.")
@@ -67,25 +64,20 @@ def layers(
 ) -> None:
     """Every layer and head at a glance (layers.png), attention rollout through the layers (rollout.png), and every
     head summarised (summaries.png, summaries.json: attention sink, relative entropy, distance, local band, previous token)."""
-    options = run_options(locals())
     from attnviz.api import functions
-    from attnviz.api.models import load
-    from attnviz.output.runs import run_folder_name
-    from attnviz import startup
-    from attnviz.render import stats_tables, summary_tables, terminal
 
-    check_text(text)
-    refuse_cross_over_every_layer(options.stack)
-    functions.check_effect(effect.value if effect else None, text, options)  # before the model loads
-    functions.refuse_before_loading(options)
-    target = run_target(out, run_folder_name(text))
-    handle = load(options.model, options.device, dtype=options.dtype, allow_pickle=allow_pickle, cache=False)
-    given = replace(options, model=handle).keywords()
-    result = functions.layers(text, measure=measure.value, band=band, effect=effect.value if effect else None, **given)
+    def compute(options):
+        return functions.layers(text, measure=measure.value, band=band, effect=effect.value if effect else None, **options.keywords())
+
+    run_command(locals(), compute, print_layers, "writing figures…")
+
+
+def print_layers(result) -> None:
+    from attnviz.render import stats_tables, summary_tables, terminal
 
     first = result.layer_runs[0]
     terminal.print_notices(errors, [*first.notices, *result.notes])
-    terminal.print_setup(console, first, handle.source, handle.device_label, len(result.layer_runs), seed=options.seed)
+    terminal.print_setup(console, first, *model_setup(result.spec), len(result.layer_runs), seed=result.spec.seed)
     terminal.print_tokens(console, first)
     if result.rollout is not None:  # None for a long text (result.notes)
         stats_tables.print_rollout(console, first.shown_tokens[0], result.rollout, first.causal and not first.model_causal)
@@ -94,4 +86,3 @@ def layers(
     summary_tables.print_summaries(console, result.summaries)
     if result.effects is not None:
         summary_tables.print_effects(console, result.effects)
-    write_run(out, target, "writing figures…", lambda staging: startup.draw(result.write_files, staging, image_format.value))

@@ -11,14 +11,8 @@ import warnings
 
 import typer
 
-try:  # typer 0.2x vendors click (pyproject.toml bounds typer; tests/test_startup.py fails if this moves)
-    from typer._click.exceptions import BadParameter, UsageError
-except ImportError:
-    from click.exceptions import BadParameter, UsageError
-
-from attnviz import startup
 from attnviz.cli.options import app, console, errors
-from attnviz.errors import AttnvizError, AttnvizWarning, Interrupted
+from attnviz.errors import AttnvizError, AttnvizWarning, Interrupted, command_line_spelling
 
 # Each module registers its commands on app when imported: this order is --help's.
 from attnviz.cli import heads  # noqa: E402, F401  isort: skip
@@ -47,13 +41,14 @@ def run(args: list[str] | None = None) -> int:
         _refuse_empty_out(args)
         # A bare `attnviz` prints --help, as a usage error would not: nothing was asked that failed.
         # the commands print the API's notes themselves, as "note: ..."; a long text's map is a working file
-        with warnings.catch_warnings(), temporary_maps():
+        with warnings.catch_warnings(), temporary_maps(), command_line_spelling():  # messages name options as flags
             warnings.simplefilter("ignore", AttnvizWarning)
             result = app(args=args or ["--help"], prog_name="attnviz", standalone_mode=False)
-    except UsageError as error:
-        command = error.ctx.command_path if error.ctx else "attnviz"
+    except typer.TyperException as error:  # click's exceptions, which typer vendors (a bad option: exit code 2)
+        context = getattr(error, "ctx", None)  # a usage error's
+        command = context.command_path if context else "attnviz"
         errors.print(f"error: {usage_message(error)} (see {command} --help)", soft_wrap=True)
-        return 2
+        return error.exit_code
     except AttnvizError as error:
         errors.print(f"error: {error}", soft_wrap=True)
         return 2
@@ -76,13 +71,13 @@ def run(args: list[str] | None = None) -> int:
 CHOICE_MESSAGE = re.compile(r"(?P<given>.+?) is not one of (?P<choices>.+?)\.?$")
 
 
-def usage_message(error: UsageError) -> str:
+def usage_message(error: typer.TyperException) -> str:
     """click's message in one line; a bad choice as "--layout: 'view_permute' is not one of view-permute, merged-batch, ...".
 
     typer 0.2x checks choices with pydantic, whose message starts "Value error, " and quotes every choice.
     """
     message = error.format_message()
-    if not isinstance(error, BadParameter) or error.param is None:
+    if not isinstance(error, typer.BadParameter) or error.param is None:
         return message
     choice = CHOICE_MESSAGE.match(error.message.removeprefix("Value error, "))
     if choice is None:
@@ -100,13 +95,6 @@ def _refuse_empty_out(args: list[str]) -> None:
             raise AttnvizError("--out is empty: give a folder (--out . for the current one)")
 
 
-def _warm_up() -> None:
-    """In the figure worker, while this process imports torch: the drawing's imports, fonts and caches."""
-    from attnviz.render.heatmap import warm_up
-
-    warm_up()
-
-
 def _interrupted(interrupted: Interrupted) -> int:
     from attnviz.output.runs import interrupted_message
 
@@ -120,8 +108,6 @@ def main() -> None:
     from attnviz.output.streams import PipeSafeStream, lost_output_code
 
     handle_signals()
-    startup.few_threads_for_short_texts(sys.argv[1:])
-    startup.start_worker(sys.argv[1:], _warm_up)  # before typer parses the options: it overlaps their imports too
     if sys.stdout is not None:  # None: started with stdout closed (>&-); Rich then prints nowhere
         sys.stdout = PipeSafeStream(sys.stdout)
     if sys.stderr is not None:

@@ -1,8 +1,8 @@
 """The command line's options: the Typer app, its consoles, the choices and the options several commands share.
 
 A run's option is declared here once (its flag and help) and once in api/options.py (RunOptions'
-field); a command offers it by naming its parameter as the field (model, layer, heads, ...) and
-builds the run's RunOptions from its parameters with run_options(locals()). Heavy libraries (torch,
+field); a command offers it by naming its parameter as the field (model, layer, heads, ...), and
+cli/shared.run_command builds the run's RunOptions from its parameters (run_options). Heavy libraries (torch,
 transformers, matplotlib) are imported inside the commands, so that `attnviz --help` stays instant.
 """
 
@@ -30,7 +30,6 @@ console = Console(highlight=False)
 errors = Console(stderr=True, highlight=False, markup=False)
 
 DEFAULT_OUTPUTS = Path("outputs")
-HELP_TYPE_WORDS = {"<str>": "TEXT", "<int>": "INTEGER", "<int range>": "INTEGER", "<path>": "PATH", "<float>": "NUMBER"}
 
 
 class Weights(str, Enum):
@@ -95,33 +94,6 @@ def _main(
     ),
 ) -> None:
     """See and check what multi-head attention does, with a real model's parameters."""
-
-
-def _help_types_as_words() -> None:
-    """Write option types in --help as words (TEXT, INTEGER, PATH) and choices as [a|b].
-
-    typer 0.2x writes them as <str>, <int>, <path>, <a|b>; click and older typers already
-    write words, and have no display_type to wrap. An argument's type is its metavar (TEXT).
-    """
-    from typer import core
-
-    if not hasattr(core.TyperArgument, "display_type") or getattr(core.TyperOption.display_type, "as_words", False):
-        return
-    for kind in (core.TyperArgument, core.TyperOption):
-        shown = kind.display_type
-
-        def display_type(self, ctx, _shown=shown):
-            label = _shown(self, ctx)
-            if label in HELP_TYPE_WORDS:
-                return HELP_TYPE_WORDS[label]
-            return f"[{label[1:-1]}]" if label.startswith("<") and label.endswith(">") else label
-
-        display_type.as_words = True
-        kind.display_type = display_type
-    core.TyperArgument.display_type_rich = lambda self, ctx: None  # an argument's metavar (TEXT) says its type
-
-
-_help_types_as_words()
 
 
 def _quiet(quiet: bool) -> bool:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
@@ -10,7 +9,6 @@ import typer
 
 from attnviz.cli.options import (
     QuietOption,
-    run_options,
     app,
     console,
     errors,
@@ -24,8 +22,7 @@ from attnviz.cli.options import (
     ModelOption,
     OutOption,
 )
-from attnviz.cli.shared import run_target, write_run
-from attnviz.spec import check_text
+from attnviz.cli.shared import run_command
 
 
 @app.command(short_help='Why attention needs position embeddings.')
@@ -51,20 +48,16 @@ def position(
     quiet: bool = QuietOption,
 ) -> None:
     """Why attention needs position embeddings: permute the tokens, with and without them."""
-    options = run_options(locals())
     from attnviz.api import functions
-    from attnviz.api.models import load
-    from attnviz.output.runs import run_folder_name
-    from attnviz import startup
+
+    def compute(options):
+        return functions.position(text, permutation=permutation, head=head, **options.keywords())
+
+    run_command(locals(), compute, print_position, "drawing the maps…")
+
+
+def print_position(result) -> None:
     from attnviz.render import terminal
 
-    check_text(text)
-    functions.refuse_before_loading(options, needs_bert=functions.POSITION_NEEDS_BERT)
-    target = run_target(out, run_folder_name(text))
-    handle = load(options.model, options.device, dtype=options.dtype, allow_pickle=allow_pickle, cache=False)
-    given = replace(options, model=handle).keywords()
-    result = functions.position(text, permutation=permutation, head=head, **given)
-
     terminal.print_notices(errors, result.result.notices)
-    terminal.print_position(console, result.result, handle.source, handle.device_label)
-    write_run(out, target, "drawing the maps…", lambda staging: startup.draw(result.write_files, staging, image_format.value))
+    terminal.print_position(console, result.result, result.source, result.device_label)

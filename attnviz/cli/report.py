@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
@@ -11,7 +10,6 @@ import typer
 from attnviz.cli.options import (
     MemoryOption,
     QuietOption,
-    run_options,
     app,
     console,
     errors,
@@ -34,8 +32,7 @@ from attnviz.cli.options import (
     StackOption,
     FileOutOption,
 )
-from attnviz.cli.shared import MAX_NOTICES_SHOWN, run_target, text_or_file, write_run
-from attnviz.spec import check_text
+from attnviz.cli.shared import MAX_NOTICES_SHOWN, run_command, text_or_file
 
 
 @app.command(short_help="One HTML file to explore the heads, layers, trace and statistics, offline.")
@@ -73,32 +70,31 @@ def report(
     Self-attention shows every layer, the rollout and each text's statistics; cross-attention
     (--kv, --stack cross) the run's layer and its trace.
     """
-    options = run_options(locals())
-    from attnviz.api import functions
-    from attnviz.api.models import load
-    from attnviz.api.report import check_report_count, report as report_of
-    from attnviz.output.batch import batch_folder_name, check_lengths
+    from attnviz.api.report import report as report_of
     from attnviz.output.corpus import read_texts
-    from attnviz.output.runs import run_folder_name
-    from attnviz.render import terminal
 
     text_or_file(text, file)
-    check_text(text)
     lines = read_texts(file) if file is not None else None
-    texts = [entry.text for entry in lines] if lines is not None else [text]
-    check_report_count(len(texts))
-    functions.refuse_before_loading(options)
-    target = run_target(out, batch_folder_name(file) if file else run_folder_name(text))
-    handle = load(options.model, options.device, dtype=options.dtype, allow_pickle=allow_pickle, cache=False)
-    if lines is not None:  # named by line number, before any work
-        check_lengths(handle.tokenizer, lines, handle.loaded.max_positions, options.truncate)
 
-    with console.status("computing the report…"):
-        result = report_of(texts, **replace(options, model=handle).keywords())
+    def compute(options):
+        if lines is not None:  # the lines' count, then their lengths named by line number, before any work
+            from attnviz.api.report import check_report_count
+            from attnviz.output.batch import check_lengths
+
+            check_report_count(len(lines))
+            handle = options.load()
+            check_lengths(handle.tokenizer, lines, handle.loaded.max_positions, options.truncate)
+        with console.status("computing the report…"):
+            return report_of([entry.text for entry in lines] if lines is not None else text, **options.keywords())
+
+    result, (written,) = run_command(locals(), compute, print_report_notes, "writing the report…")
+    console.print(report_summary(result.record, written.stat().st_size), soft_wrap=True)
+
+
+def print_report_notes(result) -> None:
+    from attnviz.render import terminal
 
     terminal.print_notices(errors, result.record["notes"], MAX_NOTICES_SHOWN, " (report.html lists them)")
-    (written,) = write_run(out, target, "writing the report…", result.write_files)
-    console.print(report_summary(result.record, written.stat().st_size), soft_wrap=True)
 
 
 def report_summary(record: dict, size: int) -> str:

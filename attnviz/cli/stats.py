@@ -11,7 +11,6 @@ import typer
 
 from attnviz.cli.options import (
     QuietOption,
-    run_options,
     app,
     console,
     errors,
@@ -35,9 +34,8 @@ from attnviz.cli.options import (
     EveryLayerMemoryOption,
     FileOutOption,
 )
-from attnviz.cli.shared import MAX_NOTICES_SHOWN, run_target, text_or_file, write_run
+from attnviz.cli.shared import MAX_NOTICES_SHOWN, model_setup, run_command, text_or_file
 from attnviz.errors import AttnvizError
-from attnviz.spec import check_text, refuse_cross_over_every_layer
 
 
 class Engine(str, Enum):  # attnviz.output.corpus_stats.ENGINES
@@ -109,56 +107,50 @@ def stats(
     JS distances, and a text's past 64 MB of maps, are measured with --js only (stats.json's
     js_distance is null without).
     """
-    options = run_options(locals())
     from attnviz.api import functions
-    from attnviz.api.models import load
-    from attnviz.output.batch import batch_folder_name
-    from attnviz.output.runs import run_folder_name
-    from attnviz import startup
-    from attnviz.render import stats_tables, terminal
 
     text_or_file(text, file)
-    check_text(text)
-    js = js if js is not None or file is None else False  # a corpus: the JS distances when asked; one TEXT: functions.stats
-    refuse_cross_over_every_layer(options.stack)
-    functions.refuse_before_loading(options)
     if file is None:
         for given, name in ((checkpoint, "--checkpoint"), (resume, "--resume"), (engine != Engine.local, "--engine ray")):
             if given:
                 raise AttnvizError(f"{name} goes with --file: one TEXT is measured at once")
-        target = run_target(out, run_folder_name(text))
-        handle = load(options.model, options.device, dtype=options.dtype, allow_pickle=allow_pickle, cache=False)
-        result = functions.stats([text], js=js, **replace(options, model=handle).keywords())
-    else:
-        target = run_target(out, batch_folder_name(file))
-        result, handle = _stats_of_corpus(
-            file, options, js=js, allow_pickle=allow_pickle, checkpoint=checkpoint, resume=resume, engine=engine,
-            chunk_lines=chunk_lines,
-        )  # fmt: skip
-    texts_count = result.stats.num_texts
 
-    terminal.print_notices(errors, list(result.notices), MAX_NOTICES_SHOWN)
-    # --engine ray --device cuda: the actors measured on their GPUs, this process loaded the model on its CPU
-    device_label = handle.device_label if result.spec.device == handle.device else f"{result.spec.device} (Ray actors)"
-    terminal.print_setup(
-        console, result.first_run, handle.source, device_label, handle.num_layers, texts_count, seed=options.seed
-    )
-    for table in stats_tables.stats_grid(result.stats, console.width, result.first_run.model_causal):
-        console.print(table)
-    console.print(stats_tables.labelled_heads_table(result.stats))
-    if result.stats.js_distance is None:
-        where = "over a --file" if file is not None else "for a text past 64 MB of maps (H² × N² logs a layer)"
-        console.print(f"[dim]Jensen-Shannon distances between heads: not measured {where}; --js measures them (js_distance.png)[/dim]")
-    write_run(out, target, "writing statistics…", lambda staging: startup.draw(result.write_files, staging, image_format.value))
+    def compute(options):
+        if file is None:
+            return functions.stats(text, js=js, **options.keywords())
+        corpus_js = bool(js)  # a corpus: the JS distances when asked
+        return _stats_of_corpus(file, options, js=corpus_js, checkpoint=checkpoint, resume=resume, engine=engine, chunk_lines=chunk_lines)
+
+    def show(result) -> None:
+        print_stats(result, engine == Engine.ray, "over a --file" if file is not None else "for a text past 64 MB of maps (H² × N² logs a layer)")
+
+    run_command(locals(), compute, show, "writing statistics…")
     if checkpoint is not None:  # the run's files are written: nothing is left to resume
         checkpoint.unlink(missing_ok=True)
 
 
-def _stats_of_corpus(file: str, options, *, js: bool, allow_pickle: bool, checkpoint: Optional[Path], resume: bool,
-                     engine: Engine, chunk_lines: int):  # fmt: skip
-    """stats --file: the corpus checked (UTF-8, lengths, checkpoint, engine) before the heavy work, then streamed; (StatsResult, handle)."""
+def print_stats(result, on_ray: bool, unmeasured_js: str) -> None:
+    """The setup and the tables of stats; unmeasured_js: where the JS distances were not measured (when they were not)."""
+    from attnviz.render import stats_tables, terminal
+
+    terminal.print_notices(errors, list(result.notices), MAX_NOTICES_SHOWN)
+    source, device_label = model_setup(result.spec)
+    if on_ray and result.spec.device != "cpu":  # the actors measured on their GPUs, this process loaded the model on its CPU
+        device_label = f"{result.spec.device} (Ray actors)"
+    num_layers, num_texts = result.stats.num_layers, result.stats.num_texts
+    terminal.print_setup(console, result.first_run, source, device_label, num_layers, num_texts, seed=result.spec.seed)
+    for table in stats_tables.stats_grid(result.stats, console.width, result.first_run.model_causal):
+        console.print(table)
+    console.print(stats_tables.labelled_heads_table(result.stats))
+    if result.stats.js_distance is None:
+        console.print(f"[dim]Jensen-Shannon distances between heads: not measured {unmeasured_js}; --js measures them (js_distance.png)[/dim]")
+
+
+def _stats_of_corpus(file: str, options, *, js: bool, checkpoint: Optional[Path], resume: bool, engine: Engine, chunk_lines: int):
+    """stats --file: the corpus checked (UTF-8, lengths, checkpoint, engine) before the heavy work, then streamed (a StatsResult)."""
     from attnviz.api.experiment_results import StatsResult
-    from attnviz.api.models import load
+    from attnviz.api.functions import refuse_before_loading
+    from attnviz.spec import refuse_cross_over_every_layer
     from attnviz.analysis.statistics import absent_key_kinds_note
     from attnviz.output.batch import PROGRESS_MIN_TEXTS, STDIN, check_lengths
     from attnviz.output.stats_checkpoint import check_checkpoint_path
@@ -176,11 +168,11 @@ def _stats_of_corpus(file: str, options, *, js: bool, allow_pickle: bool, checkp
         from attnviz.output.ray_engine import require_ray
 
         require_ray()
+    refuse_cross_over_every_layer(options.stack)
+    refuse_before_loading(options)
     corpus = scan_corpus(file)  # None for standard input, read once, as it comes
     # With Ray, the actors run on --device; this process only reads the tokens and the first text's setup.
-    handle = load(
-        options.model, "cpu" if engine == Engine.ray else options.device, dtype=options.dtype, allow_pickle=allow_pickle, cache=False
-    )
+    handle = replace(options, device="cpu").load() if engine == Engine.ray else options.load()
     if corpus is not None:  # named by line number, before any work
         for lines in chunks(iter_texts(file), chunk_lines):
             check_lengths(handle.tokenizer, lines, handle.loaded.max_positions, options.truncate)
@@ -195,7 +187,7 @@ def _stats_of_corpus(file: str, options, *, js: bool, allow_pickle: bool, checkp
         measured = corpus_statistics(
             handle.loaded, file, spec, corpus, advance=advance, checkpoint=checkpoint, resume=resume,
             engine=engine.value, chunk_lines=chunk_lines, model_name=handle.name if handle.source != "local folder" else spec.resolved_model,
-            allow_pickle=allow_pickle, engine_device=engine_device,
+            allow_pickle=options.allow_pickle, engine_device=engine_device,
         )  # fmt: skip
     spec = replace(spec, device=engine_device)  # what stats.json records: where the statistics were measured
     progress, first = measured.progress, replace(measured.first_run, device=engine_device)
@@ -205,4 +197,4 @@ def _stats_of_corpus(file: str, options, *, js: bool, allow_pickle: bool, checkp
         notices.append(f"… and up to {progress.notices_left_out} more distinct notes, not kept")
     about = {**(corpus.to_dict() if corpus is not None else {"file": STDIN, "bytes": None, "sha256": None}),
              "texts": progress.num_texts, "truncated": progress.num_truncated}  # fmt: skip
-    return StatsResult(measured.stats, progress.texts, measured.truncated, first, spec, notices, about), handle
+    return StatsResult(measured.stats, progress.texts, measured.truncated, first, spec, notices, about)

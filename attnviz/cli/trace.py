@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
@@ -11,7 +10,6 @@ import typer
 from attnviz.cli.options import (
     MemoryOption,
     QuietOption,
-    run_options,
     app,
     console,
     errors,
@@ -38,9 +36,8 @@ from attnviz.cli.options import (
     StackOption,
     FileOutOption,
 )
-from attnviz.cli.shared import layouts_disagree, run_target, text_or_file, write_run
+from attnviz.cli.shared import layouts_disagree, model_setup, run_command, text_or_file
 from attnviz.errors import AttnvizError
-from attnviz.spec import check_seed_head_sizes, check_text, check_trace_texts
 
 
 @app.command(short_help='Every split and merge of the heads, step by step, with real shapes.')
@@ -91,44 +88,39 @@ def trace(
 
     Exits 1 when the layouts disagree by more than 1e-5 (the files are still written).
     """
-    options = run_options(locals())
     from attnviz.api import functions
-    from attnviz.api.models import load
-    from attnviz.models.tokens import check_lengths
-    from attnviz.output.batch import batch_folder_name
     from attnviz.output.corpus import read_texts
-    from attnviz.output.runs import run_folder_name
-    from attnviz.render import terminal
-    from attnviz.render.trace_tables import print_trace
 
     text_or_file(text, file)
     if file is not None and batch:
         raise AttnvizError("--batch adds texts to TEXT: put them in the --file instead")
     texts = [entry.text for entry in read_texts(file)] if file is not None else [text, *batch]
-    for given in texts:
-        check_text(given)
-    check_trace_texts(texts)
-    check_seed_head_sizes(options.d_q, options.d_out, layout.value if layout else None, options.weights)
-    functions.refuse_before_loading(options)
-    target = run_target(out, batch_folder_name(file) if file else run_folder_name(text))
-    handle = load(options.model, options.device, dtype=options.dtype, allow_pickle=allow_pickle, cache=False)
-    if len(texts) > 1 and not options.truncate:  # a long text named as the command names it ("the text has ..."), not texts[i]
-        check_lengths([len(ids) for ids in handle.tokenizer.encode_batch(texts)], handle.loaded.max_positions)
-    result = functions.trace(
-        texts, layout=layout.value if layout else None, mistake=mistake.value if mistake else None,
-        **replace(options, model=handle).keywords(),
-    )  # fmt: skip
-
-    runs = result.runs  # tokens, notices and heatmaps
-    terminal.print_notices(errors, [notice for run in runs for notice in run.notices])
-    terminal.print_setup(console, runs[0], handle.source, handle.device_label, seed=options.seed)
-    terminal.print_tokens(console, runs[0])
-    print_trace(console, result.trace, text_tokens=[run.shown_tokenizer_tokens[0] for run in runs])
-
     figure_notes: list[str] = []  # figures capped in size or thinned
-    write_run(
-        out, target, "writing the trace…", lambda staging: result.write_files(staging, image_format.value, figure_notes)
-    )
+
+    def compute(options):
+        if len(texts) > 1 and not options.truncate:  # a long text named as the command names it ("the text has ..."), not texts[i]
+            from attnviz.models.tokens import check_lengths
+
+            handle = options.load()
+            check_lengths([len(ids) for ids in handle.tokenizer.encode_batch(texts)], handle.loaded.max_positions)
+        layout_name, mistake_name = layout.value if layout else None, mistake.value if mistake else None
+        return functions.trace(texts, layout=layout_name, mistake=mistake_name, **options.keywords())
+
+    def write(result, staging: Path) -> list[Path]:
+        return result.write_files(staging, image_format.value, figure_notes)
+
+    result, _ = run_command(locals(), compute, print_traced, "writing the trace…", write)
     for note in figure_notes:
         errors.print(f"note: {note}", soft_wrap=True)
     return 0 if result.agree else layouts_disagree(result.trace)
+
+
+def print_traced(result) -> None:
+    from attnviz.render import terminal
+    from attnviz.render.trace_tables import print_trace
+
+    runs = result.runs  # tokens, notices and heatmaps
+    terminal.print_notices(errors, [notice for run in runs for notice in run.notices])
+    terminal.print_setup(console, runs[0], *model_setup(result.spec), seed=result.spec.seed)
+    terminal.print_tokens(console, runs[0])
+    print_trace(console, result.trace, text_tokens=[run.shown_tokenizer_tokens[0] for run in runs])

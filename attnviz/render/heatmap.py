@@ -89,44 +89,10 @@ def write_heatmaps(
     """Every head's heatmap and the grid of all heads; return their paths, the grid last.
 
     seed: the seed of random parameters, for the titles (figures of random parameters name it).
-
-    On Linux with more than one core, a forked copy of this process draws the grid while this
-    one draws the heads (render/forked.py): matplotlib uses one core, and the two take about as long.
     """
-    from attnviz.render import forked
-    from attnviz.render.fonts import use_cjk_font
-
     check_format(fmt)
-    say_capped(f"{prefix}heads.{fmt}", _grid_figure_size(run))  # here: a forked process's stderr may go nowhere
-    if forked.can_fork():
-        # Before the fork, so that neither process imports them again.
-        import matplotlib.backends.backend_agg  # noqa: F401
-        import matplotlib.figure  # noqa: F401
-
-        use_cjk_font()
-
-    def draw_heads() -> list[Path]:
-        return write_head_heatmaps(run, out_dir, fmt, prefix, note, seed)
-
-    def draw_grid() -> None:
-        write_heads_grid(run, out_dir, fmt, prefix, note, seed)
-
-    return forked.beside(draw_heads, draw_grid, Path(out_dir)) + [Path(out_dir) / f"{prefix}heads.{fmt}"]
-
-
-def warm_up() -> None:
-    """Draw a small figure of the kinds every command draws (a map, its colorbar, rotated labels, a title) in memory,
-    so that matplotlib's imports, fonts and caches are loaded: the figure worker's first work, while torch loads."""
-    from attnviz.render.scales import attention_colorbar, draw_attention
-
-    figure = new_figure((3.0, 3.0))
-    ax = figure.add_subplot()
-    image = draw_attention(ax, np.ma.masked_array(np.full((2, 2), 0.5)))  # (2, 2)
-    label_tokens(ax, ["a", "b"], ["a", "b"], 2, fontsize=7)
-    attention_colorbar(figure, image, ax=ax)
-    figure.suptitle("a title\non two lines", parse_math=False)
-    freeze_layout(figure)
-    figure.canvas.draw()
+    say_capped(f"{prefix}heads.{fmt}", _grid_figure_size(run))  # the grid's figure itself says nothing
+    return [*write_head_heatmaps(run, out_dir, fmt, prefix, note, seed), write_heads_grid(run, out_dir, fmt, prefix, note, seed)]
 
 
 def write_head_heatmaps(

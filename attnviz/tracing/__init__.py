@@ -230,7 +230,7 @@ def trace_texts(
     the single-head layout alone, on the seed's own layer (SeedHead, random from spec.seed) over the
     same input, checked against F.scaled_dot_product_attention.
     """
-    from attnviz.layer_inputs import LayerStates, check_layer, encode_texts, layer_states
+    from attnviz.layer_inputs import LayerStates, check_layer, encode_texts, layer_states, threads_for
     from attnviz.pipeline import build_layer
 
     layer, kv_text, causal, device = spec.layer, spec.kv_text, spec.causal, spec.device
@@ -242,7 +242,8 @@ def trace_texts(
     num_heads = attention.num_heads
     encoded = encode_texts(loaded, texts, spec)
     queries, keys = encoded.queries, encoded.keys
-    states = layer_states(loaded, encoded, [layer], spec)[layer]
+    with threads_for(encoded):  # torch's threads for this run: layer_inputs.threads_for's rule
+        states = layer_states(loaded, encoded, [layer], spec)[layer]
     if loaded.dtype != "float32":  # the layouts are checked against each other within 1e-5: float32 over the model's half-precision input
         attention = attention.float()
         query_states = states.queries.float()
@@ -268,13 +269,14 @@ def trace_texts(
         position_bias_source="compute_bias(Nq, Nk): the stack's relative position bias (block 0's buckets)",
     )
 
-    if seed_sizes is None:
-        traces, checks, slices, mistake_result, notes = trace_layouts(attention, inputs, list(layouts), mistake)
-        features, before = beyond_tutorials(attention, inputs), before_scores(attention)
-    else:
-        with torch.inference_mode():
-            traces = [single_head(attention, inputs)]
-        checks, slices, mistake_result, notes, features, before = [check_seed_head(attention, inputs, traces[0])], [], None, [], [], []
+    with threads_for(encoded):
+        if seed_sizes is None:
+            traces, checks, slices, mistake_result, notes = trace_layouts(attention, inputs, list(layouts), mistake)
+            features, before = beyond_tutorials(attention, inputs), before_scores(attention)
+        else:
+            with torch.inference_mode():
+                traces = [single_head(attention, inputs)]
+            checks, slices, mistake_result, notes, features, before = [check_seed_head(attention, inputs, traces[0])], [], None, [], [], []
     return TraceResult(
         texts=list(texts),
         kv_text=kv_text,
