@@ -13,10 +13,7 @@ run about ten times slower than its vectorised log (torch 2.13, measured on thes
 
 from __future__ import annotations
 
-# How many (row, query, key) cells a block holds: on the CPU about the size of L2 (2**19 float32 is
-# 2 MB); 12 heads and their 66 pairs at 512 tokens: 13 queries a block. Elsewhere (CUDA) fewer, larger blocks.
-CPU_CELLS_AT_ONCE = 2**19
-DEVICE_CELLS_AT_ONCE = 2**25
+from attnviz.analysis.head_numbers import CPU_CELLS_AT_ONCE, DEVICE_CELLS_AT_ONCE, LN2
 
 
 def pair_slogs(weights, valid_lens: list[int], first_query: int = 0, causal: bool = False):
@@ -46,58 +43,12 @@ def pair_slogs(weights, valid_lens: list[int], first_query: int = 0, causal: boo
     return slogs.mul_(_real_queries(weights, valid_lens, first_query))
 
 
-def row_plogp(weights):
-    """(...): sum_k p log p of every row of weights (..., K), a few rows at a time through one cache-sized buffer:
-    a new tensor of the block's size would cost its page faults again, every block."""
-    import torch
-
-    num_keys = weights.shape[-1]
-    rows = weights.reshape(-1, num_keys)  # a view of a block's weights
-    cells = CPU_CELLS_AT_ONCE if weights.device.type == "cpu" else DEVICE_CELLS_AT_ONCE
-    step = max(1, cells // num_keys)
-    buffer = weights.new_empty(min(step, rows.shape[0]) * num_keys)
-    tiny = torch.finfo(weights.dtype).tiny  # log(p + tiny) is finite where p is 0: 0 log 0 = 0
-    sums = weights.new_empty(rows.shape[0])
-    for start in range(0, rows.shape[0], step):
-        chunk = rows[start : start + step]
-        logs = torch.add(chunk, tiny, out=buffer[: chunk.numel()].view(chunk.shape)).log_()
-        sums[start : start + step] = logs.mul_(chunk).sum(dim=-1)
-    return sums.view(weights.shape[:-1])
-
-
 def _real_queries(weights, valid_lens: list[int], first_query: int):
     """(B, 1, b): 1 on the block's real queries, 0 on padding (a batch's maps hold there what the layer gave them)."""
     import torch
 
     queries = torch.arange(first_query, first_query + weights.shape[2], device=weights.device)
     return (queries < torch.tensor(valid_lens, device=weights.device)[:, None]).to(weights.dtype)[:, None]
-
-
-def key_distance(weights, first_query: int = 0):
-    """(B, H, b): each row's sum_k p_k |q - k| of the block of queries first_query .. first_query + b - 1 (B, H, b, K).
-
-    The keys before the block's first query lie left of every row and those after its last query right of it:
-    over each the sum is two matrix products, sum_k p_k and sum_k p_k times the key's distance from the block's
-    edge, every term positive (no cancellation); only the keys of the block's own queries take |q - k| cell by cell.
-    """
-    import torch
-
-    num_queries, num_keys = weights.shape[-2:]
-    left, right = min(first_query, num_keys), min(first_query + num_queries, num_keys)
-    device, dtype = weights.device, weights.dtype
-    queries = torch.arange(first_query, first_query + num_queries, device=device, dtype=dtype)  # (b,)
-    keys = torch.arange(num_keys, device=device, dtype=dtype)  # (K,)
-    # The block's own keys, left to right: |q - k| a cell at a time.
-    distance = (weights[..., left:right] * (queries[:, None] - keys[left:right]).abs()).sum(dim=-1)  # (B, H, b)
-    if left:  # keys 0 .. left - 1: |q - k| = (q - left) + (left - k)
-        edge = torch.stack([torch.ones_like(keys[:left]), left - keys[:left]], dim=-1)  # (left, 2)
-        total, farther = (weights[..., :left] @ edge).unbind(-1)  # (B, H, b) each
-        distance += (queries - left) * total + farther
-    if right < num_keys:  # keys right .. K - 1: |q - k| = (right - 1 - q) + (k - right + 1)
-        edge = torch.stack([torch.ones_like(keys[right:]), keys[right:] - (right - 1)], dim=-1)  # (K - right, 2)
-        total, farther = (weights[..., right:] @ edge).unbind(-1)
-        distance += (right - 1 - queries) * total + farther
-    return distance
 
 
 def _groups(cells: int, num_rows: int, map_cells: int, batch: int) -> list[range]:
@@ -192,8 +143,6 @@ def _batch_js_distance(pair_slogs, plogp, row_sums, query_weights):
     sum m log m = (sum s log s - log 2 * sum s) / 2.
     """
     import torch
-
-    from attnviz.analysis.head_numbers import LN2
 
     num_heads = plogp.shape[1]
     first, second = torch.triu_indices(num_heads, num_heads, 1, device=plogp.device)  # (P,) each

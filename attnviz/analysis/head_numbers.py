@@ -20,6 +20,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 
+# How many (row, query, key) cells a block holds: on the CPU about the size of L2 (2**19 float32 is
+# 2 MB); 12 heads and their 66 pairs at 512 tokens: 13 queries a block. Elsewhere (CUDA) fewer, larger blocks.
+CPU_CELLS_AT_ONCE = 2**19
+DEVICE_CELLS_AT_ONCE = 2**25
 LN2 = math.log(2)  # nats per bit
 LOCAL_WINDOW = 8  # the local band's default half-width w: keys with |i - j| <= w
 KEY_KINDS = ("cls", "sep", "punctuation")  # the numbers that are shares on a kind of key (key_columns' columns)
@@ -86,8 +90,6 @@ class Block:
     @cached_property
     def plogp(self):
         """(B, H, b): Σ_k p log p of every row (0 log 0 = 0)."""
-        from attnviz.analysis.blockwise import row_plogp
-
         return row_plogp(self.weights).mul_(self.real_in_block)
 
     @cached_property
@@ -101,8 +103,6 @@ class Block:
     @cached_property
     def distance(self):
         """(B, H, b): Σ_k p_k |i - k| of every row, in tokens."""
-        from attnviz.analysis.blockwise import key_distance
-
         return key_distance(self.weights, self.first_query).mul_(self.real_in_block)
 
     def on_key(self, keys):
@@ -125,6 +125,52 @@ def _local(block):
     inside = (band >= 0) & (band < width)
     index = band.clamp(0, width - 1).expand(*weights.shape[:2], -1, -1)  # (B, H, b, 2w+1)
     return (weights.gather(-1, index) * inside).sum(dim=-1)
+
+
+def row_plogp(weights):
+    """(...): sum_k p log p of every row of weights (..., K), a few rows at a time through one cache-sized buffer:
+    a new tensor of the block's size would cost its page faults again, every block."""
+    import torch
+
+    num_keys = weights.shape[-1]
+    rows = weights.reshape(-1, num_keys)  # a view of a block's weights
+    cells = CPU_CELLS_AT_ONCE if weights.device.type == "cpu" else DEVICE_CELLS_AT_ONCE
+    step = max(1, cells // num_keys)
+    buffer = weights.new_empty(min(step, rows.shape[0]) * num_keys)
+    tiny = torch.finfo(weights.dtype).tiny  # log(p + tiny) is finite where p is 0: 0 log 0 = 0
+    sums = weights.new_empty(rows.shape[0])
+    for start in range(0, rows.shape[0], step):
+        chunk = rows[start : start + step]
+        logs = torch.add(chunk, tiny, out=buffer[: chunk.numel()].view(chunk.shape)).log_()
+        sums[start : start + step] = logs.mul_(chunk).sum(dim=-1)
+    return sums.view(weights.shape[:-1])
+
+
+def key_distance(weights, first_query: int = 0):
+    """(B, H, b): each row's sum_k p_k |q - k| of the block of queries first_query .. first_query + b - 1 (B, H, b, K).
+
+    The keys before the block's first query lie left of every row and those after its last query right of it:
+    over each the sum is two matrix products, sum_k p_k and sum_k p_k times the key's distance from the block's
+    edge, every term positive (no cancellation); only the keys of the block's own queries take |q - k| cell by cell.
+    """
+    import torch
+
+    num_queries, num_keys = weights.shape[-2:]
+    left, right = min(first_query, num_keys), min(first_query + num_queries, num_keys)
+    device, dtype = weights.device, weights.dtype
+    queries = torch.arange(first_query, first_query + num_queries, device=device, dtype=dtype)  # (b,)
+    keys = torch.arange(num_keys, device=device, dtype=dtype)  # (K,)
+    # The block's own keys, left to right: |q - k| a cell at a time.
+    distance = (weights[..., left:right] * (queries[:, None] - keys[left:right]).abs()).sum(dim=-1)  # (B, H, b)
+    if left:  # keys 0 .. left - 1: |q - k| = (q - left) + (left - k)
+        edge = torch.stack([torch.ones_like(keys[:left]), left - keys[:left]], dim=-1)  # (left, 2)
+        total, farther = (weights[..., :left] @ edge).unbind(-1)  # (B, H, b) each
+        distance += (queries - left) * total + farther
+    if right < num_keys:  # keys right .. K - 1: |q - k| = (right - 1 - q) + (k - right + 1)
+        edge = torch.stack([torch.ones_like(keys[right:]), keys[right:] - (right - 1)], dim=-1)  # (K - right, 2)
+        total, farther = (weights[..., right:] @ edge).unbind(-1)
+        distance += (right - 1 - queries) * total + farther
+    return distance
 
 
 @dataclass(frozen=True)
@@ -199,7 +245,7 @@ HEAD_TABLE = ("entropy", "relative_entropy", "mean_max")
 
 
 def block_sums(block: Block, names) -> object:
-    """The block step: (H, E) float64, for each of names, each text's mean's share in this block, summed over the texts.
+    """The block step: (H, E) float64, for each of names, each text's mean's share in this block, summed over the texts (in float64).
 
     Each query's number is weighted by 1 / the queries its text's mean is over (over all N, not only the block's),
     so that the blocks of a batch add up to the sum over its texts of each text's mean.
@@ -211,7 +257,8 @@ def block_sums(block: Block, names) -> object:
     counts = torch.stack([(entry.counted or _real)(block) for entry in entries], dim=-1).to(block.weights.dtype)  # (B, N, E)
     query_weights = (counts / counts.sum(1, keepdim=True).clamp(min=1))[:, block_rows]  # (B, b, E): each text's mean
     columns = torch.stack([entry.value(block) for entry in entries], dim=-1)  # (B, H, b, E)
-    return (columns * query_weights[:, None]).sum((0, 2)).double()  # (H, E)
+    # In float64: a float32 sum of a few hundred numbers of a few tokens each (distance) is 1e-6 off.
+    return (columns.double() * query_weights.double()[:, None]).sum((0, 2))  # (H, E)
 
 
 def _real(block):

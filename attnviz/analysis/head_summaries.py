@@ -180,17 +180,46 @@ def summarise_blocks(
         accumulators[layer].add(first_query, weights[0])
         if also is not None:
             also(layer, first_query, weights[0])
+    shown = encoded.queries.shown[0] or encoded.queries.tokens[0]
+    rows = rows_per_block(budget_bytes, 1, max(attention.num_heads for attention in layers), num_tokens)
+    return layer_summaries(accumulators, encoded.queries.tokens[0], shown, text, loaded.name, spec.causal, window, rows)
+
+
+def summarise_runs(layer_runs: list, spec, budget_bytes: int, window: int = LOCAL_WINDOW) -> LayerSummaries:
+    """summarise_layers from every layer's run of one text, their maps over tokens (H, N, N) already made (run_layers):
+    no forward pass; each map fed in the blocks summarise_layers' pass would make for budget_bytes."""
+    import torch
+
+    from attnviz.attention.layer import rows_per_block
+
+    first = layer_runs[0]
+    num_tokens = len(first.query_tokens)
+    rows = rows_per_block(budget_bytes, 1, max(run.num_heads for run in layer_runs), num_tokens)
+    accumulators = []
+    for run in layer_runs:
+        accumulator = HeadSummaries(run.num_heads, num_tokens, num_tokens, causal=spec.causal, window=window)
+        for start in range(0, num_tokens, rows):
+            stop = min(start + rows, num_tokens)
+            width = stop if spec.causal else num_tokens  # a causal block's keys stop at its last query's, as a pass's
+            accumulator.add(start, torch.from_numpy(run.attention[:, start:stop, :width]))  # (H, b, K)
+        accumulators.append(accumulator)
+    shown = first.query_shown or first.query_tokens
+    return layer_summaries(accumulators, first.query_tokens, shown, first.text, first.model, spec.causal, window, rows)
+
+
+def layer_summaries(accumulators, tokens, shown, text, model, causal, window, rows) -> LayerSummaries:
+    """The LayerSummaries of every layer's HeadSummaries, fed every query."""
     per_layer = [accumulator.summary() for accumulator in accumulators]
     values = {name: np.stack([layer_values[name] for layer_values, _, _ in per_layer]) for name in SUMMARIES}  # (L, H) each
     return LayerSummaries(
         values=values,
         top_keys=np.stack([keys for _, keys, _ in per_layer]),
         top_shares=np.stack([shares for _, _, shares in per_layer]),
-        tokens=list(encoded.queries.tokens[0]),
-        shown_tokens=list(encoded.queries.shown[0] or encoded.queries.tokens[0]),
+        tokens=list(tokens),
+        shown_tokens=list(shown),
         text=text,
-        model=loaded.name,
+        model=model,
         window=window,
-        causal=spec.causal,
-        rows_per_block=rows_per_block(budget_bytes, 1, max(attention.num_heads for attention in layers), num_tokens),
+        causal=causal,
+        rows_per_block=rows,
     )
