@@ -245,7 +245,7 @@ HEAD_TABLE = ("entropy", "relative_entropy", "mean_max")
 
 
 def block_sums(block: Block, names) -> object:
-    """The block step: (H, E) float64, for each of names, each text's mean's share in this block, summed over the texts (in float64).
+    """The block step: (H, E) float64, for each of names, each text's mean's share in this block, summed over the texts.
 
     Each query's number is weighted by 1 / the queries its text's mean is over (over all N, not only the block's),
     so that the blocks of a batch add up to the sum over its texts of each text's mean.
@@ -257,8 +257,8 @@ def block_sums(block: Block, names) -> object:
     counts = torch.stack([(entry.counted or _real)(block) for entry in entries], dim=-1).to(block.weights.dtype)  # (B, N, E)
     query_weights = (counts / counts.sum(1, keepdim=True).clamp(min=1))[:, block_rows]  # (B, b, E): each text's mean
     columns = torch.stack([entry.value(block) for entry in entries], dim=-1)  # (B, H, b, E)
-    # In float64: a float32 sum of a few hundred numbers of a few tokens each (distance) is 1e-6 off.
-    return (columns.double() * query_weights.double()[:, None]).sum((0, 2))  # (H, E)
+    # In the weights' dtype within a block (a few hundred queries), float64 across blocks and texts.
+    return (columns * query_weights[:, None]).sum((0, 2)).double()  # (H, E)
 
 
 def _real(block):
