@@ -1,7 +1,7 @@
-"""The per-query sums under `attnviz stats`' statistics, computed block by block of queries (torch).
+"""`attnviz stats`' statistics and Jensen-Shannon distances of a padded batch, block by block of queries (torch).
 
-statistics.batch_statistics (block_statistics here) turns them into the statistics and Jensen-Shannon distances of a padded
-batch. The distances are most of the work: for every pair of heads a < b and every query, the sum
+block_statistics (statistics.batch_statistics for the whole map) takes the statistics from head_numbers' block step
+and adds the Jensen-Shannon distances between heads, which are not per-head numbers but per pair. The distances are most of the work: for every pair of heads a < b and every query, the sum
 of s log s over the keys, s = p_a + p_b (P = H(H-1)/2 pairs: at 12 heads and 512 tokens, 17 million
 cells per text and layer, each a log). Over the whole batch at once each of those passes would read
 and write hundreds of MB and wait on memory; here a block of queries (every head's rows and every
@@ -61,7 +61,7 @@ def _groups(cells: int, num_rows: int, map_cells: int, batch: int) -> list[range
 
 
 def _pair_sums(maps, cells: int, slogs, first_query: int | None = None) -> None:
-    """query_sums' pair_slogs of a group of texts' maps (G, H, q, n), n the longest of them: into their rows of slogs
+    """pair_slogs of a group of texts' maps (G, H, q, n), n the longest of them: into their rows of slogs
     (G, P, b). first_query, when given (a causal map's block from that query), cuts each block of queries' keys
     at its last query's: the weights past them are 0, their s log s 0 (tiny log tiny sums to under 1e-35 a row)."""
     import torch

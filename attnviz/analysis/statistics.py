@@ -3,7 +3,9 @@
 For `heads`: a summary per head of one layer. For `stats` and `layers`: the per-head statistics
 of Clark et al. 2019 (three of them defined differently: CLARK_DIFFERENCES), labels for clear
 patterns, and the Jensen-Shannon distances between the heads of a layer (attention rollout is in
-rollout.py). Plain NumPy at import (torch only inside the batch functions), so the renderers can import it.
+rollout.py). Every number's name, definition and block step are analysis/head_numbers.py's; head_statistics and
+js_distance here are the whole-map definitions in NumPy that the tests hold the blocks to. Plain NumPy at import
+(torch only inside the batch functions), so the renderers can import it.
 """
 
 from __future__ import annotations
@@ -273,7 +275,7 @@ def batch_statistics(attention, valid_lens, kinds, causal: bool = False, js: boo
     tokens (computed once for all the layers of a batch). Maps over words (B, H, W, W) take
     each text's word count and its words' kinds. The same numbers as calling
     head_statistics and js_distance on each text's unpadded block (the tests hold them to
-    that), computed block by block of queries (blockwise.query_sums: at 512 tokens the JS
+    that), computed block by block of queries (blockwise.pair_slogs and head_numbers.block_sums: at 512 tokens the JS
     distances' passes over the whole batch waited on memory) and then for the whole batch at once.
     Returns float64 tensors ((H, S), (H, H)) on attention's device; the distances None when not js.
     blockwise.block_statistics does it for a block of queries; the blocks' numbers add up to these.
