@@ -412,7 +412,10 @@ def split_runs(
                 quantisation=loaded.quantisation,
             )
         )
-    if spec.words:
-        tokenizer = loaded.tokenizer_for(spec.stack)
-        runs = [merge_run(run, *run_words(tokenizer, run)) for run in runs]
-    return runs
+    return over_words(loaded, spec, runs) if spec.words else runs
+
+
+def over_words(loaded: LoadedModel, spec: RunSpec, runs: list[AttentionRun]) -> list[AttentionRun]:
+    """Runs over tokens merged over words (--words: Clark et al.'s rule, models/words.py)."""
+    tokenizer = loaded.tokenizer_for(spec.stack)
+    return [merge_run(run, *run_words(tokenizer, run)) for run in runs]

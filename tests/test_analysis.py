@@ -428,18 +428,22 @@ def test_the_accumulator_refuses_layers_with_different_texts():
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_the_heads_table_in_blocks_is_the_whole_maps_table(causal):
-    """summarize_in_blocks (a long map read a few queries at a time) gives summarize_heads' numbers and top keys."""
-    from attnviz.analysis.statistics import summarize_in_blocks
-
+def test_the_heads_table_in_blocks_is_numpys_float64_table(causal):
+    """summarize_heads read a few queries at a time (a long map's way) gives each head's entropy, relative entropy
+    and mean max as numpy computes them from the whole map in float64, and numpy's argmax as each query's top key."""
     rng = np.random.default_rng(3)
     raw = rng.random((3, N, N)) + 0.05
     raw[:, 4, :] = 1.0  # a row of ties: the first key is the top key, as numpy's argmax
     raw = np.tril(raw) if causal else raw
     attention = (raw / raw.sum(axis=-1, keepdims=True)).astype(np.float32)  # (H, N, N)
-    whole = summarize_heads(attention.astype(np.float64), causal=causal)
-    for blocked, expected in zip(summarize_in_blocks(attention, causal, rows=3), whole, strict=True):
-        assert blocked.entropy == pytest.approx(expected.entropy, abs=1e-6)
-        assert blocked.relative_entropy == pytest.approx(expected.relative_entropy, abs=1e-6)
-        assert blocked.mean_max == pytest.approx(expected.mean_max, abs=1e-6)
-        assert blocked.top_keys == expected.top_keys and blocked.top_keys[4] == 0
+    whole = attention.astype(np.float64)
+    logs = np.log(whole, where=whole > 0, out=np.zeros_like(whole))
+    entropy = -(whole * logs).sum(axis=-1)  # (H, N)
+    visible = np.arange(1, N + 1) if causal else np.full(N, N)  # keys each query may see
+    relative = (entropy[:, visible > 1] / np.log(visible[visible > 1])).mean(axis=-1)  # (H,)
+    for head, blocked in enumerate(summarize_heads(attention, causal, rows=3)):
+        assert blocked.head == head
+        assert blocked.entropy == pytest.approx(entropy[head].mean(), abs=1e-6)
+        assert blocked.relative_entropy == pytest.approx(relative[head], abs=1e-6)
+        assert blocked.mean_max == pytest.approx(whole[head].max(axis=-1).mean(), abs=1e-6)
+        assert blocked.top_keys == whole[head].argmax(axis=-1).tolist() and blocked.top_keys[4] == 0

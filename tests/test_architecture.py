@@ -117,3 +117,23 @@ def test_below_the_command_line_the_settings_travel_as_one_runspec():
             if len(settings) >= 3 and f"{info.name}.{function.__qualname__}" not in NOT_SETTINGS:
                 trains.append(f"{info.name}.{function.__qualname__}: {sorted(settings)}")
     assert not trains, trains
+
+
+def test_every_per_head_number_has_its_definition_paper_docs_line_and_test():
+    """A per-head number is its entry in analysis/head_numbers.py, its test and its docs line (3 files): every entry has
+    a name, one sentence of definition, a paper with its year, a row in docs/measures.md and a test that names it."""
+    import re
+
+    from attnviz.analysis.head_numbers import ENTRIES, HEAD_NUMBERS, HEAD_TABLE, STATISTICS, SUMMARY_NAMES
+
+    root = Path(__file__).resolve().parents[1]
+    docs = (root / "docs" / "measures.md").read_text(encoding="utf-8")
+    tests = "\n".join(path.read_text(encoding="utf-8") for path in (root / "tests").glob("test_*.py") if path.name != Path(__file__).name)
+    assert len(HEAD_NUMBERS) == len(ENTRIES)  # one entry a name
+    assert {*STATISTICS, *SUMMARY_NAMES, *HEAD_TABLE} <= set(HEAD_NUMBERS)
+    for entry in ENTRIES:
+        assert re.fullmatch(r"[a-z_0-9]+", entry.name) and entry.title, entry
+        assert entry.definition and not entry.definition.rstrip().endswith(".") and ". " not in entry.definition, entry.name  # one sentence
+        assert re.search(r"\b(19|20)\d\d\b", entry.paper), f"{entry.name}: its paper, with its year"
+        assert f"| `{entry.name}` |" in docs, f"{entry.name}: no row in docs/measures.md"
+        assert f'"{entry.name}"' in tests, f"{entry.name}: no test names it"

@@ -64,7 +64,13 @@ def test_every_layer_and_the_rollout_are_attnviz_layers(model, report):
 def test_the_statistics_are_attnviz_stats_of_that_one_text(model, report):
     stats = attnviz.stats(TEXT, model=model).to_dict()
     statistics = report.record["texts"][0]["statistics"]
-    assert set(statistics) == set(stats)
+    assert set(statistics) == {*stats, "definitions"}  # the record also carries each statistic's definition and paper
+    from attnviz.analysis.head_numbers import HEAD_NUMBERS
+
+    assert list(statistics["definitions"]) == stats["statistics"]
+    for name, defined in statistics["definitions"].items():
+        entry = HEAD_NUMBERS[name]
+        assert defined == {"name": entry.title, "definition": entry.definition, "paper": entry.paper}
     numbers = ("heads", "js_distance")
     assert {key: statistics[key] for key in stats if key not in numbers} == {key: stats[key] for key in stats if key not in numbers}
     assert [(head["layer"], head["head"], head["label"]) for head in statistics["heads"]] == [

@@ -248,6 +248,12 @@ def test_the_statistics_table_sorts_by_a_column(zh_page):
         order = [tuple(row) for row in page.evaluate(rows)]
         assert sorted(order) == sorted(entropy)
         assert order == sorted(entropy, key=entropy.get, reverse=direction == "descending")
+    # Each statistic's heading says its definition and paper, as the record carries them (analysis/head_numbers.py).
+    from attnviz.analysis.head_numbers import HEAD_NUMBERS, STATISTICS
+
+    for name in STATISTICS:
+        entry = HEAD_NUMBERS[name]
+        assert page.get_attribute(f"table#stats-table th[data-key='{name}'] button", "title") == f"{entry.definition} ({entry.paper})"
     zh_page.assert_offline_and_clean()
 
 

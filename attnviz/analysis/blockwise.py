@@ -1,7 +1,7 @@
-"""The per-query sums under `attnviz stats`' statistics, computed block by block of queries (torch).
+"""`attnviz stats`' statistics and Jensen-Shannon distances of a padded batch, block by block of queries (torch).
 
-statistics.batch_statistics (block_statistics here) turns them into the statistics and Jensen-Shannon distances of a padded
-batch. The distances are most of the work: for every pair of heads a < b and every query, the sum
+block_statistics (statistics.batch_statistics for the whole map) takes the statistics from head_numbers' block step
+and adds the Jensen-Shannon distances between heads, which are not per-head numbers but per pair. The distances are most of the work: for every pair of heads a < b and every query, the sum
 of s log s over the keys, s = p_a + p_b (P = H(H-1)/2 pairs: at 12 heads and 512 tokens, 17 million
 cells per text and layer, each a log). Over the whole batch at once each of those passes would read
 and write hundreds of MB and wait on memory; here a block of queries (every head's rows and every
@@ -13,35 +13,20 @@ run about ten times slower than its vectorised log (torch 2.13, measured on thes
 
 from __future__ import annotations
 
-# How many (row, query, key) cells a block holds: on the CPU about the size of L2 (2**19 float32 is
-# 2 MB); 12 heads and their 66 pairs at 512 tokens: 13 queries a block. Elsewhere (CUDA) fewer, larger blocks.
-CPU_CELLS_AT_ONCE = 2**19
-DEVICE_CELLS_AT_ONCE = 2**25
+from attnviz.analysis.head_numbers import CPU_CELLS_AT_ONCE, DEVICE_CELLS_AT_ONCE, LN2
 
 
-def query_sums(weights, valid_lens: list[int], columns, pairs: bool = True, first_query: int = 0, causal: bool = False):
-    """Every query's sums of a padded batch of maps (B, H, N, N), zero on padding queries.
+def pair_slogs(weights, valid_lens: list[int], first_query: int = 0, causal: bool = False):
+    """(B, P, b): every query's sum_k s log s with s = p_a + p_b, for the pairs of heads a < b in
+    torch.triu_indices(H, H, 1)'s order, of a padded batch's block of queries (B, H, b, N) (the rows first_query ..
+    first_query + b - 1; the whole map is the block of 0), zero on padding queries; in weights' dtype, on its device.
 
-    valid_lens holds each text's tokens (B ints); columns (B, N, C) holds C values per key (the key
-    kinds, ...), the same for every query. Returns torch tensors on weights' device, in its dtype:
-      plogp (B, H, N): sum_k p log p of every head's row (0 log 0 = 0)
-      maxima (B, H, N): every head's largest weight
-      products (B, H, N, C): sum_k p_k columns[k]
-      distance (B, H, N): sum_k p_k |q - k|, in tokens
-      pair_slogs (B, P, N): sum_k s log s with s = p_a + p_b, for the pairs a < b in
-        torch.triu_indices(H, H, 1)'s order; None when not pairs (no Jensen-Shannon distances)
-    Texts go in groups of consecutive ones (_groups): several short texts a block, or a long text's
-    queries in several blocks; keys past a group's longest text are left out (the maps are zero there,
-    so no sum changes).
-    weights may also be a block of queries (B, H, b, N), the rows first_query .. first_query + b - 1
-    (pipeline.iter_layer_blocks): every sum is then the block's queries', N read as b, with |q - k| and
-    the padding queries counted from first_query. causal: query q sees keys 0 .. q alone (the weights
-    past it are 0), so each block of queries leaves out the keys past its last query, half the work.
+    valid_lens holds each text's tokens (B ints). Texts go in groups of consecutive ones (_groups): several short
+    texts a block, or a long text's queries in several blocks; keys past a group's longest text are left out (the
+    maps are zero there, so no sum changes). causal: query q sees keys 0 .. q alone (the weights past it are 0), so
+    each block of queries leaves out the keys past its last query, half the work.
     """
     batch, num_heads, num_queries, num_keys = weights.shape
-    plogp, maxima, products, distance = _row_sums(weights, valid_lens, columns, first_query)
-    if not pairs:
-        return plogp, maxima, products, distance, None
     num_pairs = num_heads * (num_heads - 1) // 2
     slogs = weights.new_zeros(batch, num_pairs, num_queries)  # (B, P, b): sum s log s of every pair's row
     lengths = [max(length, 0) for length in valid_lens]
@@ -55,38 +40,7 @@ def query_sums(weights, valid_lens: list[int], columns, pairs: bool = True, firs
             _pair_sums(weights[texts, :, :rows, :length], cells, slogs[texts], seen)
     # A group's shorter texts have padding queries inside it, and a batch's maps hold on padding
     # queries what the layer gave them: zero them all.
-    return plogp, maxima, products, distance, slogs.mul_(_real_queries(weights, valid_lens, first_query))
-
-
-def _row_sums(weights, valid_lens: list[int], columns, first_query: int):
-    """query_sums' plogp, maxima, products and distance: each one pass of torch's own ops over the whole block
-    (B, H, b, K). Keys past a text, or past a causal row's query, have weight 0 and add 0 to every sum."""
-    batch, num_heads, num_queries, num_keys = weights.shape
-    plogp = row_plogp(weights)  # (B, H, b)
-    maxima = weights.amax(dim=-1)  # (B, H, b)
-    products = (weights.reshape(batch, -1, num_keys) @ columns).view(batch, num_heads, num_queries, -1)  # (B, H b, K) @ (B, K, C)
-    distance = key_distance(weights, first_query)  # (B, H, b)
-    real = _real_queries(weights, valid_lens, first_query)  # (B, 1, b)
-    return plogp.mul_(real), maxima.mul_(real), products.mul_(real[..., None]), distance.mul_(real)
-
-
-def row_plogp(weights):
-    """(...): sum_k p log p of every row of weights (..., K), a few rows at a time through one cache-sized buffer:
-    a new tensor of the block's size would cost its page faults again, every block."""
-    import torch
-
-    num_keys = weights.shape[-1]
-    rows = weights.reshape(-1, num_keys)  # a view of a block's weights
-    cells = CPU_CELLS_AT_ONCE if weights.device.type == "cpu" else DEVICE_CELLS_AT_ONCE
-    step = max(1, cells // num_keys)
-    buffer = weights.new_empty(min(step, rows.shape[0]) * num_keys)
-    tiny = torch.finfo(weights.dtype).tiny  # log(p + tiny) is finite where p is 0: 0 log 0 = 0
-    sums = weights.new_empty(rows.shape[0])
-    for start in range(0, rows.shape[0], step):
-        chunk = rows[start : start + step]
-        logs = torch.add(chunk, tiny, out=buffer[: chunk.numel()].view(chunk.shape)).log_()
-        sums[start : start + step] = logs.mul_(chunk).sum(dim=-1)
-    return sums.view(weights.shape[:-1])
+    return slogs.mul_(_real_queries(weights, valid_lens, first_query))
 
 
 def _real_queries(weights, valid_lens: list[int], first_query: int):
@@ -95,33 +49,6 @@ def _real_queries(weights, valid_lens: list[int], first_query: int):
 
     queries = torch.arange(first_query, first_query + weights.shape[2], device=weights.device)
     return (queries < torch.tensor(valid_lens, device=weights.device)[:, None]).to(weights.dtype)[:, None]
-
-
-def key_distance(weights, first_query: int = 0):
-    """(B, H, b): each row's sum_k p_k |q - k| of the block of queries first_query .. first_query + b - 1 (B, H, b, K).
-
-    The keys before the block's first query lie left of every row and those after its last query right of it:
-    over each the sum is two matrix products, sum_k p_k and sum_k p_k times the key's distance from the block's
-    edge, every term positive (no cancellation); only the keys of the block's own queries take |q - k| cell by cell.
-    """
-    import torch
-
-    num_queries, num_keys = weights.shape[-2:]
-    left, right = min(first_query, num_keys), min(first_query + num_queries, num_keys)
-    device, dtype = weights.device, weights.dtype
-    queries = torch.arange(first_query, first_query + num_queries, device=device, dtype=dtype)  # (b,)
-    keys = torch.arange(num_keys, device=device, dtype=dtype)  # (K,)
-    # The block's own keys, left to right: |q - k| a cell at a time.
-    distance = (weights[..., left:right] * (queries[:, None] - keys[left:right]).abs()).sum(dim=-1)  # (B, H, b)
-    if left:  # keys 0 .. left - 1: |q - k| = (q - left) + (left - k)
-        edge = torch.stack([torch.ones_like(keys[:left]), left - keys[:left]], dim=-1)  # (left, 2)
-        total, farther = (weights[..., :left] @ edge).unbind(-1)  # (B, H, b) each
-        distance += (queries - left) * total + farther
-    if right < num_keys:  # keys right .. K - 1: |q - k| = (right - 1 - q) + (k - right + 1)
-        edge = torch.stack([torch.ones_like(keys[right:]), keys[right:] - (right - 1)], dim=-1)  # (K - right, 2)
-        total, farther = (weights[..., right:] @ edge).unbind(-1)
-        distance += (right - 1 - queries) * total + farther
-    return distance
 
 
 def _groups(cells: int, num_rows: int, map_cells: int, batch: int) -> list[range]:
@@ -134,7 +61,7 @@ def _groups(cells: int, num_rows: int, map_cells: int, batch: int) -> list[range
 
 
 def _pair_sums(maps, cells: int, slogs, first_query: int | None = None) -> None:
-    """query_sums' pair_slogs of a group of texts' maps (G, H, q, n), n the longest of them: into their rows of slogs
+    """pair_slogs of a group of texts' maps (G, H, q, n), n the longest of them: into their rows of slogs
     (G, P, b). first_query, when given (a causal map's block from that query), cuts each block of queries' keys
     at its last query's: the weights past them are 0, their s log s 0 (tiny log tiny sums to under 1e-35 a row)."""
     import torch
@@ -185,61 +112,26 @@ def block_statistics(attention, first_query: int, valid_lens, kinds, causal: boo
 
     attention (B, H, b, N) holds those queries' rows over all N keys (pipeline.iter_layer_blocks gives
     them; the whole map is the block of first_query 0), or under a causal mask over the first N' >=
-    first_query + b (the rest are 0); valid_lens (B,) and kinds (B, N, K) are the batch's, as for batch_statistics. Each query's statistics are weighted by 1 / the queries its
-    text's mean is over, so that the blocks' sums add up to batch_statistics' (H, S) and (H, H).
+    first_query + b (the rest are 0); valid_lens (B,) and kinds (B, N, K) are the batch's, as for batch_statistics.
+    The statistics are head_numbers' block step (block_sums): each query's weighted by 1 / the queries its text's
+    mean is over, so that the blocks' sums add up to batch_statistics' (H, S); and the JS distances' (H, H).
     """
     import torch
 
-    from attnviz.analysis.statistic_names import KEY_KINDS, STATISTICS
+    from attnviz.analysis.head_numbers import STATISTICS, Block, block_sums
 
-    # (B, H, b, N): float32 keeps the sums within 1e-6 of float64, at half the cost; float64 stays float64
-    # (stats --words): the JS distance of two near-identical rows, the root of a divergence near 0, can be 1e-4 off in float32.
-    weights = attention if attention.dtype == torch.float64 else attention.float()
-    batch, num_heads, num_queries, width = weights.shape
     num_tokens = kinds.shape[1]
-    device = weights.device
-    positions = torch.arange(num_tokens, device=device)  # (N,)
-    lens = valid_lens.to(device)[:, None]  # (B, 1)
-    real = positions < lens  # (B, N): real queries (and keys)
-    visible = positions + 1 if causal else lens  # (N,) or (B, 1): keys each query may see
-    kinds = kinds.to(device, weights.dtype)  # (B, N, K): 1 on the keys of each kind
+    kinds = kinds.to(attention.device)
     key_columns = torch.cat([kinds, torch.ones_like(kinds[..., :1])], dim=-1)  # (B, N, K + 1): the kinds, then 1 (row sums)
-    block = slice(first_query, first_query + num_queries)
-    queries = positions[block]  # (b,): the block's queries
-
-    # (B, H, b) each, products (B, H, b, K + 1), pair_slogs (B, P, b) or None
-    plogp, maxima, products, distance, pair_slogs = query_sums(weights, valid_lens.tolist(), key_columns[:, :width], js, first_query, causal)
-    per_query = {  # (B, H, b) each: the statistic of every query
-        "entropy": -plogp,
-        "relative_entropy": -plogp / torch.log(visible.clamp(min=2)).expand(batch, num_tokens)[:, None, block],
-        "mean_max": maxima,
-        **{kind: products[..., k] for k, kind in enumerate(KEY_KINDS)},  # each query's weight on each kind of key
-        "same": _on_key(weights, queries),
-        "previous": _on_key(weights, queries - 1),  # query i on key i-1; 0 for i = 0
-        "next": _on_key(weights, queries + 1),  # query i on key i+1; 0 for i = N-1
-        "distance": distance,  # sum_k w_qk |q - k|
-    }
-    counted = {  # (B, N) each: the queries each statistic averages over
-        "relative_entropy": real & (visible > 1),  # a query that sees one key has no choice to make
-        "previous": real & (positions >= 1),
-        "next": positions + 1 < lens,
-    }
-    counts = torch.stack([counted.get(name, real) for name in STATISTICS], dim=-1).to(weights.dtype)  # (B, N, S)
-    query_weights = (counts / counts.sum(1, keepdim=True).clamp(min=1))[:, block]  # (B, b, S): a mean over each text's queries
-    columns = torch.stack([per_query[name] for name in STATISTICS], dim=-1)  # (B, H, b, S)
-    statistics = (columns * query_weights[:, None]).sum((0, 2))  # (H, S), summed over the texts
-    if pair_slogs is None:
-        return statistics.double(), None
-    real_weights = query_weights[..., STATISTICS.index("entropy")]  # (B, b): a mean over each text's real queries
-    row_sums = products[..., len(KEY_KINDS)]  # (B, H, b): 1 for real queries, 0 for padding
-    return statistics.double(), _batch_js_distance(pair_slogs, plogp, row_sums, real_weights)
-
-
-def _on_key(weights, keys):
-    """(B, H, b): each query's weight on its key of keys (b,), 0 where that key is outside 0 .. N - 1."""
-    inside = ((keys >= 0) & (keys < weights.shape[-1])).to(weights.dtype)  # (b,)
-    index = keys.clamp(0, weights.shape[-1] - 1).view(1, 1, -1, 1).expand(*weights.shape[:3], 1)
-    return weights.gather(-1, index).squeeze(-1) * inside
+    block = Block(attention, first_query, valid_lens, causal=causal, num_queries=num_tokens, key_columns=key_columns)
+    statistics = block_sums(block, STATISTICS)  # (H, S), summed over the texts
+    if not js:
+        return statistics, None
+    slogs = pair_slogs(block.weights, valid_lens.tolist(), first_query, causal)  # (B, P, b)
+    real = block.real.to(block.weights.dtype)  # (B, N)
+    query_weights = (real / real.sum(1, keepdim=True).clamp(min=1))[:, block.queries]  # (B, b): a mean over each text's real queries
+    row_sums = block.key_products[..., -1]  # (B, H, b): 1 for real queries, 0 for padding
+    return statistics, _batch_js_distance(slogs, block.plogp, row_sums, query_weights)
 
 
 def _batch_js_distance(pair_slogs, plogp, row_sums, query_weights):
@@ -251,8 +143,6 @@ def _batch_js_distance(pair_slogs, plogp, row_sums, query_weights):
     sum m log m = (sum s log s - log 2 * sum s) / 2.
     """
     import torch
-
-    from attnviz.analysis.statistic_names import LN2
 
     num_heads = plogp.shape[1]
     first, second = torch.triu_indices(num_heads, num_heads, 1, device=plogp.device)  # (P,) each

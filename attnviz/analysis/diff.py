@@ -91,7 +91,7 @@ def head_differences(loaded, other, text: str, spec, budget_bytes: int) -> HeadD
     DISTANCES of their maps, computed a block of queries at a time within budget_bytes."""
     import torch
 
-    from attnviz.analysis.blockwise import row_plogp
+    from attnviz.analysis.head_numbers import row_plogp
     from attnviz.layer_inputs import encode_texts, layer_states, threads_for
     from attnviz.pipeline import build_layers, in_berts_place, iter_layer_blocks
 

@@ -3,7 +3,7 @@
 HeadSummaries is fed the weights (H, b, Nk) of one text's block of queries (MultiHeadAttention.blocks
 gives them); it keeps per head only sums over queries (H,) and the attention each key receives (H, Nk),
 so memory grows with the text's length, not its square. `summary` gives each head's numbers.
-SUMMARIES names and defines them (for --help, summaries.json and the docs). Plain NumPy at import
+Their names and definitions are head_numbers' (SUMMARY_NAMES, as SUMMARIES here). Plain NumPy at import
 (torch only inside the accumulator), so the renderers can import the names.
 """
 
@@ -13,34 +13,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-# The attention sink's threshold, the metric and its paper.
-SINK_THRESHOLD = 0.3
-SINK_PAPER = "Gu et al., ICLR 2025, \"When Attention Sink Emerges in Language Models: An Empirical View\" (arXiv 2410.10781)"
-LOCAL_WINDOW = 8  # the local band's default half-width w: keys with |i - j| <= w
+from attnviz.analysis.head_numbers import HEAD_NUMBERS, LOCAL_WINDOW, SINK_PAPER, SUMMARY_NAMES
+
+SINK_THRESHOLD = 0.3  # the attention sink's threshold ε (Gu et al., SINK_PAPER)
 TOP_KEYS = 5  # each head's most-attended keys
 
-# name -> (what, definition), in the order of the arrays, the tables, the figure's panels and summaries.json.
-# A "share" is the mean over queries of the total weight a query puts on keys of a kind.
-SUMMARIES = {
-    "sink": (
-        "attention sink",
-        "share on the first token (key 0): a decoder's <s>/BOS where its tokenizer adds one, else its first "
-        "word; an encoder's [CLS] (BERT) or <s> (RoBERTa)",
-    ),
-    "last": (
-        "last token",
-        "share on the text's last token: an encoder's [SEP] (BERT) or </s>; in a causal model only the last "
-        "query sees it, so it is near 0 there",
-    ),
-    "relative_entropy": (
-        "relative entropy",
-        "mean over queries of the row's entropy / log(keys the query may see): 1 uniform, 0 one-hot; a "
-        "query that sees one key (the first, under a causal mask) has no choice and is left out",
-    ),
-    "distance": ("mean attention distance", "mean over queries of Σ_j A_ij |i - j|, in tokens"),
-    "local": ("local share", "share on the keys within the local band |i - j| <= w (w: the window, default 8)"),
-    "previous": ("previous token", "share on key i - 1, over the queries that have one"),
-}
+# name -> (what, definition) of head_numbers' SUMMARY_NAMES, in the order of the arrays, the tables, the figure's
+# panels and summaries.json. A "share" is the mean over queries of the total weight a query puts on keys of a kind.
+SUMMARIES = {name: (HEAD_NUMBERS[name].title, HEAD_NUMBERS[name].definition) for name in SUMMARY_NAMES}
 SINK_FRACTION = (
     "sink fraction",
     f"per layer, the fraction of its heads whose sink share exceeds ε = {SINK_THRESHOLD}; over the model, of all "
@@ -88,16 +68,15 @@ class HeadSummaries:
     """Sums over queries for one layer's heads over one text, fed block by block (all keys of each block's rows).
 
     num_queries and num_keys are the text's (no padding: the caller cuts it off); causal: query i
-    may see keys 0..i. Sums are float64 on the weights' device, made with the first block.
+    may see keys 0..i. Sums are float64 on the weights' device, made with the first block: head_numbers'
+    block step (block_sums) of SUMMARY_NAMES, and the attention each key receives (the top keys).
     """
 
     def __init__(self, num_heads: int, num_queries: int, num_keys: int, *, causal: bool, window: int = LOCAL_WINDOW):
         self.num_heads, self.num_queries, self.num_keys = num_heads, num_queries, num_keys
         self.causal, self.window = causal, window
-        self.sums = None  # name -> (H,)
+        self.sums = None  # (H, len(SUMMARY_NAMES))
         self.received = None  # (H, Nk): Σ_i A_ij
-        self.entropy_rows = 0  # queries with more than one key to choose from
-        self.previous_rows = 0  # queries that have a previous token
         self.seen = 0
 
     def add(self, first_query: int, weights) -> None:
@@ -108,59 +87,28 @@ class HeadSummaries:
         """
         import torch
 
-        from attnviz.analysis.blockwise import key_distance, row_plogp
+        from attnviz.analysis.head_numbers import Block, block_sums
 
         num_heads, rows, width = weights.shape
         least = min(self.num_keys, first_query + rows) if self.causal else self.num_keys
         if num_heads != self.num_heads or not least <= width <= self.num_keys:
             raise ValueError(f"weights of {num_heads} heads over {width} keys, not {self.num_heads} over {self.num_keys}")
-        if weights.dtype in (torch.float16, torch.bfloat16):
-            weights = weights.float()  # sums of a few hundred rows need float32's precision at least
-        device = weights.device
-        if self.sums is None:
-            self.sums = {name: torch.zeros(num_heads, dtype=torch.float64, device=device) for name in SUMMARIES}
-            self.received = torch.zeros(num_heads, self.num_keys, dtype=torch.float64, device=device)
-        queries = torch.arange(first_query, first_query + rows, device=device)  # (b,)
-        sums = self.sums
-
         # Under a causal mask the keys after the block's last query have weight 0: leave them out.
-        weights = weights[:, :, :least]  # (H, b, K')
-        num_keys = weights.shape[2]
-        # Sums over the block's rows in the weights' float32 (a few hundred rows), across blocks in float64.
-        sums["sink"] += weights[:, :, 0].sum(dim=1).double()
-        if num_keys == self.num_keys:  # else no query of the block sees the last key
-            sums["last"] += weights[:, :, num_keys - 1].sum(dim=1).double()
-        self.received[:, :num_keys] += weights.sum(dim=1).double()
-
-        # The band |i - j| <= w and the previous key, gathered: 2w + 1 keys per row, not Nk.
-        offsets = torch.arange(-self.window, self.window + 1, device=device)  # (2w+1,)
-        band = queries[:, None] + offsets[None, :]  # (b, 2w+1)
-        inside = (band >= 0) & (band < num_keys)
-        gathered = weights.gather(2, band.clamp(0, num_keys - 1).expand(num_heads, -1, -1))  # (H, b, 2w+1)
-        sums["local"] += (gathered * inside).sum(dim=(1, 2)).double()
-        has_previous = (queries >= 1) & (queries - 1 < num_keys)  # (b,)
-        previous = weights.gather(2, (queries - 1).clamp(0, num_keys - 1)[None, :, None].expand(num_heads, -1, 1))  # (H, b, 1)
-        sums["previous"] += (previous[..., 0] * has_previous).sum(dim=1).double()
-        self.previous_rows += int(has_previous.sum())
-
-        # Each row's Σ p |i - j| and Σ p log p (blockwise's, as stats computes them), every key real: the block's rows
-        # and keys are the text's.
-        sums["distance"] += key_distance(weights, first_query).double().sum(dim=1)
-        plogp = row_plogp(weights)  # (H, b)
-        visible = (queries + 1).clamp(max=self.num_keys) if self.causal else torch.full_like(queries, self.num_keys)  # (b,)
-        choice = visible > 1
-        log_visible = torch.log(visible[choice].double())  # (b',)
-        sums["relative_entropy"] += (-plogp[:, choice].double() / log_visible).sum(dim=1)
-        self.entropy_rows += int(choice.sum())
+        block = Block(weights[None, :, :, :least], first_query, torch.tensor([self.num_keys]), causal=self.causal,
+                      num_queries=self.num_queries, query_lens=torch.tensor([self.num_queries]), window=self.window)  # fmt: skip
+        if self.sums is None:
+            self.sums = torch.zeros(num_heads, len(SUMMARY_NAMES), dtype=torch.float64, device=weights.device)
+            self.received = torch.zeros(num_heads, self.num_keys, dtype=torch.float64, device=weights.device)
+        self.sums += block_sums(block, SUMMARY_NAMES)  # (H, E)
+        self.received[:, :least] += block.weights[0].sum(dim=1).double()  # (H, K')
         self.seen += rows
 
     def summary(self) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
         """Per name of SUMMARIES the heads' values (H,); top keys (H, TOP_KEYS) and their shares (H, TOP_KEYS)."""
         if self.seen != self.num_queries:
             raise ValueError(f"{self.seen} of {self.num_queries} queries were added")
-        counts = {name: self.num_queries for name in SUMMARIES}
-        counts["relative_entropy"], counts["previous"] = self.entropy_rows, self.previous_rows
-        values = {name: (total / counts[name]).cpu().numpy() if counts[name] else np.zeros(self.num_heads) for name, total in self.sums.items()}
+        sums = self.sums.cpu().numpy()  # (H, E)
+        values = {name: sums[:, index] for index, name in enumerate(SUMMARY_NAMES)}
         count = min(TOP_KEYS, self.num_keys)
         # Largest first, a tie to the earlier key (a stable sort), so that a rerun names the same keys.
         shares, keys = (self.received / self.num_queries).sort(dim=-1, descending=True, stable=True)  # (H, Nk) each
@@ -232,17 +180,46 @@ def summarise_blocks(
         accumulators[layer].add(first_query, weights[0])
         if also is not None:
             also(layer, first_query, weights[0])
+    shown = encoded.queries.shown[0] or encoded.queries.tokens[0]
+    rows = rows_per_block(budget_bytes, 1, max(attention.num_heads for attention in layers), num_tokens)
+    return layer_summaries(accumulators, encoded.queries.tokens[0], shown, text, loaded.name, spec.causal, window, rows)
+
+
+def summarise_runs(layer_runs: list, spec, budget_bytes: int, window: int = LOCAL_WINDOW) -> LayerSummaries:
+    """summarise_layers from every layer's run of one text, their maps over tokens (H, N, N) already made (run_layers):
+    no forward pass; each map fed in the blocks summarise_layers' pass would make for budget_bytes."""
+    import torch
+
+    from attnviz.attention.layer import rows_per_block
+
+    first = layer_runs[0]
+    num_tokens = len(first.query_tokens)
+    rows = rows_per_block(budget_bytes, 1, max(run.num_heads for run in layer_runs), num_tokens)
+    accumulators = []
+    for run in layer_runs:
+        accumulator = HeadSummaries(run.num_heads, num_tokens, num_tokens, causal=spec.causal, window=window)
+        for start in range(0, num_tokens, rows):
+            stop = min(start + rows, num_tokens)
+            width = stop if spec.causal else num_tokens  # a causal block's keys stop at its last query's, as a pass's
+            accumulator.add(start, torch.from_numpy(run.attention[:, start:stop, :width]))  # (H, b, K)
+        accumulators.append(accumulator)
+    shown = first.query_shown or first.query_tokens
+    return layer_summaries(accumulators, first.query_tokens, shown, first.text, first.model, spec.causal, window, rows)
+
+
+def layer_summaries(accumulators, tokens, shown, text, model, causal, window, rows) -> LayerSummaries:
+    """The LayerSummaries of every layer's HeadSummaries, fed every query."""
     per_layer = [accumulator.summary() for accumulator in accumulators]
     values = {name: np.stack([layer_values[name] for layer_values, _, _ in per_layer]) for name in SUMMARIES}  # (L, H) each
     return LayerSummaries(
         values=values,
         top_keys=np.stack([keys for _, keys, _ in per_layer]),
         top_shares=np.stack([shares for _, _, shares in per_layer]),
-        tokens=list(encoded.queries.tokens[0]),
-        shown_tokens=list(encoded.queries.shown[0] or encoded.queries.tokens[0]),
+        tokens=list(tokens),
+        shown_tokens=list(shown),
         text=text,
-        model=loaded.name,
+        model=model,
         window=window,
-        causal=spec.causal,
-        rows_per_block=rows_per_block(budget_bytes, 1, max(attention.num_heads for attention in layers), num_tokens),
+        causal=causal,
+        rows_per_block=rows,
     )

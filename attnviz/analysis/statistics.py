@@ -3,7 +3,9 @@
 For `heads`: a summary per head of one layer. For `stats` and `layers`: the per-head statistics
 of Clark et al. 2019 (three of them defined differently: CLARK_DIFFERENCES), labels for clear
 patterns, and the Jensen-Shannon distances between the heads of a layer (attention rollout is in
-rollout.py). Plain NumPy at import (torch only inside the batch functions), so the renderers can import it.
+rollout.py). Every number's name, definition and block step are analysis/head_numbers.py's; head_statistics and
+js_distance here are the whole-map definitions in NumPy that the tests hold the blocks to. Plain NumPy at import
+(torch only inside the batch functions), so the renderers can import it.
 """
 
 from __future__ import annotations
@@ -14,12 +16,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from attnviz.analysis.accumulate import MergeableSums, as_float64
-from attnviz.analysis.statistic_names import KEY_KINDS, LN2, STATISTICS
+from attnviz.analysis.head_numbers import HEAD_TABLE, KEY_KINDS, STATISTICS
 from attnviz.run_data import map_rows
 
 
 @dataclass
 class HeadSummary:
+    """One head of one layer in `heads`' table: head_numbers' HEAD_TABLE numbers, and each query's top key."""
+
     head: int
     entropy: float  # mean row entropy in nats
     relative_entropy: float  # mean over queries of entropy / log(keys it may see): 1 uniform, 0 one-hot
@@ -53,57 +57,33 @@ def relative_entropy(attention: np.ndarray, causal: bool = False) -> np.ndarray:
     return (row_entropy(weights)[:, choice] / np.log(visible[choice])).mean(axis=-1)
 
 
-def summarize_heads(attention: np.ndarray, causal: bool = False) -> list[HeadSummary]:
-    """One summary per head of attention (H, Nq, Nk); causal: each query saw only keys 0..i."""
-    relative = relative_entropy(attention, causal)  # (H,)
-    entropy = row_entropy(attention).mean(axis=-1)  # (H,)
-    mean_max = attention.max(axis=-1).mean(axis=-1)  # (H,)
-    top_keys = attention.argmax(axis=-1)  # (H, Nq)
-    return [
-        HeadSummary(
-            head=h,
-            entropy=float(entropy[h]),
-            relative_entropy=float(relative[h]),
-            mean_max=float(mean_max[h]),
-            top_keys=top_keys[h].tolist(),
-        )
-        for h in range(attention.shape[0])
-    ]
+SUMMARY_ROWS = 256  # queries per block when a map's head summaries are read (a long text's from its map on disk)
 
 
-SUMMARY_ROWS = 256  # queries per block when a long text's head summaries are read from its map on disk
-
-
-def summarize_in_blocks(attention, causal: bool, rows: int = SUMMARY_ROWS) -> list[HeadSummary]:
-    """summarize_heads of a map (H, Nq, Nk) read SUMMARY_ROWS queries at a time: each summary is a mean over
-    queries (or a key per query), so the blocks' sums give it; no map is made whole in memory. torch's ops
-    (every core, vectorised logs) over each block in float32, every sum across blocks float64's; under a causal
-    mask a block's keys stop at its last query's (the rest are 0)."""
+def summarize_heads(attention, causal: bool = False, rows: int = SUMMARY_ROWS) -> list[HeadSummary]:
+    """One summary per head of attention (H, Nq, Nk) (an array, or a long map's memmap); causal: each query saw only
+    keys 0..i. HEAD_TABLE's numbers through head_numbers' block step, SUMMARY_ROWS queries at a time, so no map is
+    made whole in memory: in the map's dtype within a block (float64 stays float64), float64 across blocks; under a
+    causal mask a block's keys stop at its last query's (the rest are 0)."""
     import torch
 
-    from attnviz.analysis.blockwise import row_plogp
+    from attnviz.analysis.head_numbers import Block, block_sums
 
     num_heads, num_queries, num_keys = attention.shape
-    visible = torch.from_numpy(visible_keys(num_queries, num_keys, causal))  # (Nq,)
-    choice = visible > 1
-    entropy, relative, maxima = (torch.zeros(num_heads, dtype=torch.float64) for _ in range(3))
+    sums = torch.zeros(num_heads, len(HEAD_TABLE), dtype=torch.float64)
     top_keys = torch.empty((num_heads, num_queries), dtype=torch.int64)
+    keys, queries = torch.tensor([num_keys]), torch.tensor([num_queries])
     for start in range(0, num_queries, rows):
         stop = min(start + rows, num_queries)
         width = min(stop, num_keys) if causal else num_keys
         block = torch.from_numpy(np.stack([map_rows(attention, head, start, stop)[:, :width] for head in range(num_heads)]))  # (H, b, K)
-        entropies = -row_plogp(block).double()  # (H, b), 0 log 0 = 0
-        entropy += entropies.sum(dim=-1)
-        picked = choice[start:stop]
-        relative += (entropies[:, picked] / visible[start:stop][picked].double().log()).sum(dim=-1)
-        largest, top_keys[:, start:stop] = block.max(dim=-1)  # (H, b) each: the first key of a tie, as argmax
-        maxima += largest.double().sum(dim=-1)
-    choices = max(int(choice.sum()), 1)
+        sums += block_sums(Block(block[None], start, keys, causal=causal, num_queries=num_queries, query_lens=queries), HEAD_TABLE)
+        top_keys[:, start:stop] = block.argmax(dim=-1)  # (H, b): the first key of a tie
+    values = dict(zip(HEAD_TABLE, sums.T.tolist()))  # name -> H floats
     return [
-        HeadSummary(head=h, entropy=float(entropy[h] / num_queries), relative_entropy=float(relative[h] / choices),
-                    mean_max=float(maxima[h] / num_queries), top_keys=top_keys[h].tolist())
+        HeadSummary(head=h, top_keys=top_keys[h].tolist(), **{name: heads[h] for name, heads in values.items()})
         for h in range(num_heads)
-    ]  # fmt: skip
+    ]
 
 
 # ---- statistics of every head of a model, across layers and texts (`attnviz stats`) ------------
@@ -295,7 +275,7 @@ def batch_statistics(attention, valid_lens, kinds, causal: bool = False, js: boo
     tokens (computed once for all the layers of a batch). Maps over words (B, H, W, W) take
     each text's word count and its words' kinds. The same numbers as calling
     head_statistics and js_distance on each text's unpadded block (the tests hold them to
-    that), computed block by block of queries (blockwise.query_sums: at 512 tokens the JS
+    that), computed block by block of queries (blockwise.pair_slogs and head_numbers.block_sums: at 512 tokens the JS
     distances' passes over the whole batch waited on memory) and then for the whole batch at once.
     Returns float64 tensors ((H, S), (H, H)) on attention's device; the distances None when not js.
     blockwise.block_statistics does it for a block of queries; the blocks' numbers add up to these.
@@ -373,9 +353,13 @@ class StatisticsAccumulator(MergeableSums):
         self.counts = [0] * num_layers
 
     def add(self, layer: int, attention: np.ndarray, tokens: list[str]) -> None:
-        """One text's self-attention (H, N, N) in one layer, and its N tokens."""
-        distances = js_distance(attention) if self.js else None
-        self.add_sums(layer, head_statistics(attention, tokens, self.causal), distances, 1)
+        """One text's self-attention (H, N, N) in one layer, and its N tokens: a batch of one, in float64."""
+        import torch
+
+        weights = np.asarray(attention, dtype=np.float64)  # (H, N, N)
+        if weights.shape[1] != weights.shape[2] or len(tokens) != weights.shape[2]:
+            raise ValueError(f"self-attention over {len(tokens)} tokens needs (H, N, N) weights, got {weights.shape}")
+        self.add_batch(layer, torch.from_numpy(weights)[None], torch.tensor([len(tokens)]), key_kind_columns([tokens], len(tokens)))
 
     def add_batch(self, layer: int, attention, valid_lens, kinds) -> None:
         """A padded batch's self-attention (B, H, N, N), valid lengths (B,) and key_kind_columns (B, N, K): torch tensors."""

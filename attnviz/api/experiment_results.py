@@ -38,7 +38,7 @@ class StatsResult:
 
     @property
     def statistics(self) -> list[str]:
-        from attnviz.analysis.statistics import STATISTICS
+        from attnviz.analysis.head_numbers import STATISTICS
 
         return list(STATISTICS)
 

@@ -201,11 +201,11 @@ def layers(text: str, *, measure: str = "weights", band: int = 8, effect: str | 
     computed from the blocks, .notes says so; measure and words need the whole maps and are refused there.
     effect: also every head of every layer (of the stack) taken out in turn (as heads' effect=), in .effects.
     """
-    from attnviz.analysis.head_summaries import summarise_layers
+    from attnviz.analysis.head_summaries import summarise_layers, summarise_runs
     from attnviz.analysis.rollout import runs_rollout
     from attnviz.api.experiment_results import LayersResult
     from attnviz.budgets import block_budget
-    from attnviz.pipeline import run_layers
+    from attnviz.pipeline import over_words, run_layers
 
     options = run_options("layers", options, EVERY_LAYER_OPTIONS)
     (text,) = _texts(text, one=True)
@@ -221,15 +221,19 @@ def layers(text: str, *, measure: str = "weights", band: int = 8, effect: str | 
     budget = block_budget(spec)  # a block of the summaries' pass
     if _in_blocks(handle.loaded, text, spec, handle.loaded.num_layers_of(spec.stack)):
         return replace(_long_layers(handle, text, spec, names, band, budget), effects=effects)
+    summaries = None  # from the layers' own maps over tokens, the model run once (head_summaries.summarise_runs)
     if names:
         from attnviz.analysis.measures import measure_every_layer
 
         layer_runs, measures = measure_every_layer(handle.loaded, text, spec, names)
     else:
-        (layer_runs,) = run_layers(handle.loaded, [text], spec)
+        (layer_runs,) = run_layers(handle.loaded, [text], replace(spec, words=False))
+        summaries = summarise_runs(layer_runs, spec, budget, window=band)
+        layer_runs = over_words(handle.loaded, spec, layer_runs) if spec.words else layer_runs
         measures = None
     warn_notices(layer_runs[0].notices, handle)  # every layer's run has the text's notes
-    summaries = summarise_layers(handle.loaded, text, spec, budget, window=band)
+    if summaries is None:
+        summaries = summarise_runs(layer_runs, spec, budget, band) if not spec.words else summarise_layers(handle.loaded, text, spec, budget, band)
     return LayersResult(layer_runs, runs_rollout(layer_runs), spec, measures, summaries, effects=effects)
 
 

@@ -104,11 +104,9 @@ class HeadsResult:
     @cached_property
     def summaries(self) -> list:
         """Per head: entropy, relative entropy, mean max and each query's top key (attnviz.analysis.statistics.HeadSummary)."""
-        from attnviz.analysis.statistics import summarize_heads, summarize_in_blocks
+        from attnviz.analysis.statistics import summarize_heads
 
-        if self.run.map_on_disk:
-            return summarize_in_blocks(self.run.attention, self.run.causal)
-        return summarize_heads(self.run.attention, self.run.causal)
+        return summarize_heads(self.run.attention, self.run.causal)  # a block of queries at a time: a map on disk too
 
     def figure(self, head: int | None = None, window=None):
         """One head's heatmap (head_XX.png), or the grid of all heads (heads.png): a matplotlib Figure, not saved.

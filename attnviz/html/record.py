@@ -27,6 +27,7 @@ import numpy as np
 
 from attnviz.html.pyramid import ZOOM_MIN_TOKENS, needs_zoom, zoom_record
 from attnviz.output.export import attention_record
+from attnviz.analysis.head_numbers import HEAD_NUMBERS
 from attnviz.output.stats_export import stats_record
 from attnviz.output.trace_files import trace_record
 from attnviz.render.heatmap import KV_GROUP_COLORS
@@ -154,6 +155,8 @@ def text_record(text: ReportText, spec: RunSpec) -> dict:
     record["statistics"] = (
         stats_record(text.statistics, [run.text], [run.truncated], run, every_layer) if text.statistics is not None else None
     )
+    if record["statistics"] is not None:  # each statistic's definition and paper, as the page shows them (head_numbers)
+        record["statistics"]["definitions"] = {name: HEAD_NUMBERS[name].record() for name in record["statistics"]["statistics"]}
     record["trace"] = trace_record(text.trace, spec) if text.trace is not None else None
     record["mistakes"] = [trace_record(mistaken, spec) for mistaken in text.mistakes]
     if is_long(run):

@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from attnviz.analysis.statistics import STATISTICS
+from attnviz.analysis.head_numbers import STATISTICS
 from attnviz.errors import AttnvizError
 from attnviz.output.corpus import CorpusIdentity, iter_texts
 from attnviz.output.runs import REASONS, place_reason

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import numpy as np
 
+from attnviz.analysis.head_numbers import STATISTICS
 from attnviz.analysis.statistics import (
     BROAD_THRESHOLD,
     CLARK_DIFFERENCES,
     SHARE_LABELS,
     SHARE_THRESHOLD,
-    STATISTICS,
     ModelStatistics,
     absent_key_kinds_note,
     run_causal_note,

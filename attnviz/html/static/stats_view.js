@@ -8,21 +8,22 @@
   const MAX_CELL_PX = 36;
   const LABEL_PX = 14; // labels closer than this are thinned to every k-th
 
-  // The columns in stats.csv's order; kind "share" columns are n/a where the tokens lack their token.
+  // The columns in stats.csv's order; kind "share" columns are n/a where the tokens lack their token. A number's
+  // definition and paper come with the record (statistics.definitions: analysis/head_numbers.py), not from here.
   const COLUMNS = [
     { key: "layer", title: "layer", kind: "index" },
     { key: "head", title: "head", kind: "index" },
     { key: "label", title: "label", kind: "label", about: "the head's clear pattern: its largest share among previous, next, same, [CLS] and [SEP] when at least the share threshold, else broad when its relative entropy is at least the broad threshold" },
-    { key: "entropy", title: "entropy", about: "mean row entropy, in nats" },
-    { key: "relative_entropy", title: "relative entropy", about: "mean over queries of entropy / log(keys the query may see): 1 uniform, 0 one key" },
-    { key: "mean_max", title: "mean max", about: "mean of the row maxima" },
-    { key: "cls", title: "[CLS]", kind: "share", token: "[CLS]", about: "share on [CLS]" },
-    { key: "sep", title: "[SEP]", kind: "share", token: "[SEP]", about: "share on [SEP]" },
-    { key: "punctuation", title: "punctuation", about: "share on tokens made only of Unicode punctuation" },
-    { key: "same", title: "same", about: "share on the query's own token, A[i, i]" },
-    { key: "previous", title: "previous", about: "A[i, i-1], over the queries that have one" },
-    { key: "next", title: "next", about: "A[i, i+1], over the queries that have one" },
-    { key: "distance", title: "distance", about: "mean over queries of sum_j A[i, j] |i - j|, in tokens" },
+    { key: "entropy", title: "entropy" },
+    { key: "relative_entropy", title: "relative entropy" },
+    { key: "mean_max", title: "mean max" },
+    { key: "cls", title: "[CLS]", kind: "share", token: "[CLS]" },
+    { key: "sep", title: "[SEP]", kind: "share", token: "[SEP]" },
+    { key: "punctuation", title: "punctuation" },
+    { key: "same", title: "same" },
+    { key: "previous", title: "previous" },
+    { key: "next", title: "next" },
+    { key: "distance", title: "distance" },
   ];
 
   // ---- the table ----
@@ -90,7 +91,9 @@
     }
 
     for (const column of COLUMNS) {
-      const button = AV.el("button", { type: "button", class: "small sort-button", title: column.about || null }, column.title);
+      const defined = (statistics.definitions || {})[column.key];
+      const about = column.about || (defined ? `${defined.definition} (${defined.paper})` : null);
+      const button = AV.el("button", { type: "button", class: "small sort-button", title: about }, column.title);
       const th = AV.el("th", { scope: "col", "data-key": column.key, "aria-sort": "none" }, button);
       button.addEventListener("click", () => {
         // a new column sorts the way it is read first (indices and labels up, numbers largest first); again: reversed
