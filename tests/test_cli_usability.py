@@ -15,7 +15,7 @@ import attnviz.models.loading
 from attnviz.cli import run
 from attnviz.output.runs import MANIFEST
 from attnviz.render import terminal
-from attnviz.render.terminal import print_notices
+from attnviz.render.terminal import print_notes
 from rich.console import Console
 
 TEXT = "the cat sat on the mat"
@@ -70,6 +70,18 @@ def test_a_head_out_of_range_is_one_line_naming_the_range_and_writes_nothing(arg
     assert heads(TEXT, *args, "--out", str(tmp_path / "run")) == 2
     assert one_error_line(capsys) == f"error: {message}"
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_head_out_of_range_is_refused_before_the_heads_are_computed(tmp_path, capsys, monkeypatch):
+    """Once the model loads its head count is known: --head 12 is refused then, not after the layer (and here every
+    head's effect) is computed. The API's heads is replaced by one that records being called."""
+    import attnviz.api.functions
+
+    computed = []
+    monkeypatch.setattr(attnviz.api.functions, "heads", lambda *args, **kwargs: computed.append(args))
+    assert heads(TEXT, "--head", "12", "--effect", "zero", "--out", str(tmp_path / "run")) == 2
+    assert one_error_line(capsys).startswith("error: --head 12 is out of range")
+    assert computed == [] and list(tmp_path.iterdir()) == []
 
 
 def test_head_is_its_own_option_not_a_prefix_of_heads(capsys):
@@ -184,7 +196,7 @@ def test_a_bad_choice_is_one_line_naming_the_option_and_its_choices(args, expect
 @pytest.mark.parametrize(("notes", "last"), [(4, "… and 1 more note"), (6, "… and 3 more notes")])
 def test_notes_past_the_first_three_are_counted_in_one_wording(notes, last):
     console = Console(record=True, width=200)
-    print_notices(console, [f"note {number}" for number in range(notes)], 3)
+    print_notes(console, [f"note {number}" for number in range(notes)], 3)
     lines = console.export_text().splitlines()
     assert lines == ["note: note 0", "note: note 1", "note: note 2", f"note: {last}"]
 
@@ -194,4 +206,4 @@ def test_no_command_words_notes_left_out_its_own_way():
 
     cli = Path(terminal.__file__).parents[1] / "cli"
     sources = " ".join(path.read_text(encoding="utf-8") for path in cli.glob("*.py"))
-    assert not re.search(r"more (notices|such notes|notes)", sources)
+    assert not re.search(r"more (notes|such notes|notes)", sources)

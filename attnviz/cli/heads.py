@@ -44,8 +44,9 @@ from attnviz.cli.options import (
     StackOption,
     FileOutOption,
 )
-from attnviz.cli.shared import MAX_NOTICES_SHOWN, layouts_disagree, model_setup, run_command, run_target, text_or_file
+from attnviz.cli.shared import MAX_NOTES_SHOWN, layouts_disagree, model_setup, run_command, run_target, text_or_file
 from attnviz.errors import AttnvizError
+from attnviz.spec import check_text
 
 
 @app.command(short_help="Heatmaps and a table of one layer's heads, for a text or a file of texts.")
@@ -121,6 +122,10 @@ def heads(
     def compute(options) -> HeadsRun:
         from attnviz.api import functions
 
+        if head is not None and heads is None:  # the model's own heads: refused once it loads, before the computation
+            check_text(text)  # as the API would, before loading
+            loaded = options.load().loaded  # attnviz.load's: the API's call reuses it
+            check_head(head, loaded.num_heads_of(options.stack), f"{loaded.name}'s layers have")
         given = options.keywords()
         traced = functions.trace(text, **given) if show_trace else None  # its run is the heads' run: computed once
         if traced is not None and measure == Measure.weights and effect is None:
@@ -131,8 +136,6 @@ def heads(
                 text, measure=measure.value, layer_summaries=summarise, effect=effect.value if effect else None, **given
             )
         handle = options.load()  # the one the API loaded
-        if head is not None:
-            check_head(head, handle.loaded.num_heads_of(options.stack), f"{handle.loaded.name}'s layers have")
         checked_window = result.window(window, "--window") if window is not None else None  # before anything is written
         return HeadsRun(result, traced, handle.loaded, checked_window)
 
@@ -154,7 +157,7 @@ def heads(
         from attnviz.render import terminal
         from attnviz.run_data import map_bytes
 
-        terminal.print_notices(errors, [map_not_saved(map_bytes(run.attention))])
+        terminal.print_notes(errors, [map_not_saved(map_bytes(run.attention))])
     print_recap(run)
     if computed.traced is not None and not computed.traced.agree:
         return layouts_disagree(computed.traced.trace)
@@ -176,7 +179,7 @@ def print_heads(computed: HeadsRun, head: Optional[int]) -> None:
 
     result, traced = computed.result, computed.traced
     run = result.run
-    terminal.print_notices(errors, run.notices)
+    terminal.print_notes(errors, run.notes)
     terminal.print_setup(console, run, *model_setup(result.spec), seed=result.spec.seed)
     terminal.print_tokens(console, run)
     if head is None:
@@ -195,11 +198,11 @@ def print_heads(computed: HeadsRun, head: Optional[int]) -> None:
 
 def print_recap(run) -> None:
     """The run's headline notes again, short, as the last line: a fallback model, a text mostly [UNK] (titles.headline_recap)."""
-    from attnviz.render.terminal import print_notices
+    from attnviz.render.terminal import print_notes
     from attnviz.render.titles import headline_recap
 
     recap = headline_recap(run)
-    print_notices(errors, [recap] if recap else [])
+    print_notes(errors, [recap] if recap else [])
 
 
 def check_head(head: int, num_heads: int, has: str) -> None:
@@ -245,8 +248,8 @@ def _heads_for_file(file: str, options, image_format: str, out: Optional[Path], 
     folders = result.rows[0]["folder"] if len(numbers) == 1 else f"{numbers[0]}-… to {numbers[-1]}-… (a folder per text)"
     terminal.print_files(console, folder.final, [folder.final / folders, *result.files, *report_files])
     # The notes last, where a long table does not scroll them away.
-    terminal.print_notices(errors, result.notices, MAX_NOTICES_SHOWN)
-    terminal.print_notices(errors, report_notes)
+    terminal.print_notes(errors, result.notes, MAX_NOTES_SHOWN)
+    terminal.print_notes(errors, report_notes)
 
 
 def _batch_report(loaded, texts: list[str], spec, staging: Path) -> tuple[list[Path], list[str]]:
