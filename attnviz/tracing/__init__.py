@@ -1,8 +1,8 @@
 """Shape traces: every split and merge of the heads, recorded from the real tensors.
 
 Four layouts compute the same multi-head attention on the same weights (the Linear layers
-of one MultiHeadAttention), each the way its tutorial writes it (DESIGN.md, "The five
-implementations"):
+of one MultiHeadAttention), each the way its tutorial writes it (docs/commands.md, "Shape traces:
+attnviz trace"):
 
     view-permute   attnviz's own layer and the BERT-fed tutorial: separate W_q, W_k, W_v,
                    view + permute to (B, H, N, d)
