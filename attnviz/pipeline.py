@@ -25,7 +25,7 @@ from attnviz.attention.layer import MultiHeadAttention, check_num_heads, check_s
 from attnviz.budgets import LARGE_MAP_BYTES, block_budget, memory_budget
 from attnviz.layer_inputs import EncodedTexts, LayerStates, check_layer, encode_texts, layer_input, layer_states, threads_for
 from attnviz.models.loading import LoadedModel
-from attnviz.models.tokens import Encoded, text_notices, truncation_notices, unknown_tokens
+from attnviz.models.tokens import Encoded, text_notes, truncation_notes, unknown_tokens
 from attnviz.models.words import merge_run, run_words
 from attnviz.run_data import AttentionRun
 from attnviz.spec import RunSpec, model_is_causal
@@ -373,11 +373,11 @@ def split_runs(
         key_index = 0 if kv_text is not None else i
         key_ids = keys.ids[key_index]
         own_texts = [text, kv_text] if kv_text else [text]
-        notices = text_notices(loaded, own_texts, [query_ids, key_ids], ["the text", "the --kv text"])
+        notes = text_notes(loaded, own_texts, [query_ids, key_ids], ["the text", "the --kv text"])
         truncated = queries.truncations[i]
         kv_truncated = keys.truncations[0] if kv_text is not None else None
-        notices += truncation_notices([text], [truncated])
-        notices += truncation_notices([kv_text], [kv_truncated], "the --kv text")
+        notes += truncation_notes([text], [truncated])
+        notes += truncation_notes([kv_text], [kv_truncated], "the --kv text")
         runs.append(
             AttentionRun(
                 text=text,
@@ -391,7 +391,7 @@ def split_runs(
                 key_ids=key_ids,
                 attention=patterns[i, :, : len(query_ids), : len(key_ids)].copy() if padded else patterns[i],  # (H, Nq_i, Nk_i)
                 output=output[i, : len(query_ids)].copy() if padded else output[i],  # (Nq_i, D)
-                notices=notices,
+                notes=notes,
                 truncated=truncated,
                 kv_truncated=kv_truncated,
                 layer=layer,

@@ -121,7 +121,7 @@ class AttentionRun:
     output: np.ndarray  # (Nq, D)
     kv_text: str | None = None
     causal: bool = False
-    notices: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
     truncated: Truncation | None = None  # the text's cut, if --truncate cut it
     kv_truncated: Truncation | None = None  # the --kv text's
     family: str = "BERT"

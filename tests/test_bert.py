@@ -142,9 +142,9 @@ def test_causal_rows_have_zeros_above_the_diagonal(loaded):
 def test_mostly_unknown_tokens_warn_and_name_a_better_model(loaded):
     (run,) = run_attention(loaded, ["我想吃酸菜鱼"], run_spec(loaded))
     assert run.query_tokens[0] == "[CLS]" and run.query_tokens[-1] == "[SEP]" and len(run.query_tokens) == 8
-    assert any("[UNK]" in notice and "bert-base-chinese" in notice for notice in run.notices)
+    assert any("[UNK]" in note and "bert-base-chinese" in note for note in run.notes)
     (english,) = run_attention(loaded, [LONG], run_spec(loaded))
-    assert english.notices == []
+    assert english.notes == []
 
 
 def test_embedding_output_is_layer_zeros_input_and_differs_without_positions(loaded):

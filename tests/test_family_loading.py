@@ -95,7 +95,7 @@ def test_truncate_keeps_a_decoders_first_tokens(tmp_path):
     [run] = run_attention(loaded, [long_text], run_spec(loaded, str(folder), truncate=True))
     assert run.query_ids == ids[:64]  # GPT-2 ends a text with no special token: nothing to keep at the end
     assert run.truncated.to_dict() == {"from": len(ids), "to": 64}
-    assert any(f"dropped its last {len(ids) - 64} tokens" in notice for notice in run.notices)
+    assert any(f"dropped its last {len(ids) - 64} tokens" in note for note in run.notes)
 
 
 def test_heads_must_keep_grouped_query_groups_whole(llama):

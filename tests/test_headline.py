@@ -90,7 +90,7 @@ def test_load_warns_the_fallback_once_and_a_call_on_its_handle_warns_only_the_te
         warnings.simplefilter("always")
         handle = attnviz.load(None, cache=False)
     (fallback,) = attnviz_warnings(caught)
-    assert fallback.startswith(f"{DEFAULT_MODEL} is not in the local hub cache") and fallback == handle.loaded.notice
+    assert fallback.startswith(f"{DEFAULT_MODEL} is not in the local hub cache") and fallback == handle.loaded.note
     assert {w.filename for w in caught} == {__file__}  # a notebook shows the cell's line, not attnviz's
 
     with warnings.catch_warnings(record=True) as caught:
@@ -99,7 +99,7 @@ def test_load_warns_the_fallback_once_and_a_call_on_its_handle_warns_only_the_te
     (unknown,) = attnviz_warnings(caught)  # each distinct note once; the fallback is load's, said already
     assert unknown.startswith(f'5 of 6 tokens of the text "{HEADLINE}" are [UNK]')
     assert {w.filename for w in caught} == {__file__}
-    assert results[0].notices == [fallback, unknown]  # the result still holds both, as the command prints them
+    assert results[0].notes == [fallback, unknown]  # the result still holds both, as the command prints them
 
 
 def test_loading_the_model_asked_for_warns_nothing():

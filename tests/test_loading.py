@@ -93,7 +93,7 @@ def bundled():
 def test_bundled_model_loads_by_name(name):
     loaded = load_model(name)
 
-    assert (loaded.name, loaded.source, loaded.notice) == (BUNDLED_NAME, "bundled", None)
+    assert (loaded.name, loaded.source, loaded.note) == (BUNDLED_NAME, "bundled", None)
     assert isinstance(loaded.model, BertEncoder)
     assert not loaded.model.training
     assert (loaded.num_layers, loaded.num_heads, loaded.hidden_size, loaded.max_positions) == (6, 12, 384, 512)
@@ -115,7 +115,7 @@ def test_local_folder_gives_the_same_weights_as_the_bundled_model(tmp_path, bund
 
     loaded = load_model(str(folder))
 
-    assert (loaded.name, loaded.source, loaded.notice) == (str(folder), "local folder", None)
+    assert (loaded.name, loaded.source, loaded.note) == (str(folder), "local folder", None)
     assert (loaded.num_layers, loaded.num_heads, loaded.hidden_size) == (6, 12, 384)
     assert_same_weights(loaded.model, bundled.model)
     assert loaded.tokenizer.encode_batch(["Hello world"]) == bundled.tokenizer.encode_batch(["Hello world"])
@@ -202,7 +202,7 @@ HUB_SCRIPT = textwrap.dedent(
                 loaded = load_model(name.removeprefix("allow_pickle:"), allow_pickle=True)
             else:
                 loaded = load_model(None if name == "<default>" else name)
-            result = {"name": loaded.name, "source": loaded.source, "notice": loaded.notice,
+            result = {"name": loaded.name, "source": loaded.source, "note": loaded.note,
                       "layers": loaded.num_layers, "family": loaded.family.name, "kv_heads": loaded.num_kv_heads,
                       "fallback_for": loaded.fallback_for}
         except AttnvizError as error:
@@ -418,12 +418,12 @@ def test_default_falls_back_to_the_bundled_model_when_the_hub_cannot_be_reached(
     [default] = results["<default>"]
 
     assert (default["name"], default["source"], default["layers"]) == (BUNDLED_NAME, "bundled", 6)
-    assert default["notice"].startswith(f"{DEFAULT_MODEL} is not in the local hub cache and the hub (http://127.0.0.1:")
-    assert f"using the bundled {BUNDLED_NAME} instead" in default["notice"]
-    assert "\n" not in default["notice"]
+    assert default["note"].startswith(f"{DEFAULT_MODEL} is not in the local hub cache and the hub (http://127.0.0.1:")
+    assert f"using the bundled {BUNDLED_NAME} instead" in default["note"]
+    assert "\n" not in default["note"]
     # What works offline for the Chinese the default model was for, and what the fallback cannot read.
-    assert "Chinese and most other scripts become [UNK]" in default["notice"]
-    assert "Offline, --model smollm2 --words reads Chinese" in default["notice"]
+    assert "Chinese and most other scripts become [UNK]" in default["note"]
+    assert "Offline, --model smollm2 --words reads Chinese" in default["note"]
     assert default["fallback_for"] == DEFAULT_MODEL
     assert default["seconds"] < NO_HANG_S
     # Nothing else reaches the user: no traceback, load report, warning or "Loading weights" bar.
@@ -435,7 +435,7 @@ def test_default_falls_back_in_offline_mode(hub_runs):
     [default] = results["<default>"]
 
     assert (default["name"], default["source"]) == (BUNDLED_NAME, "bundled")
-    assert "offline mode is on (HF_HUB_OFFLINE)" in default["notice"]
+    assert "offline mode is on (HF_HUB_OFFLINE)" in default["note"]
     assert default["seconds"] < NO_HANG_S
     assert stderr == ""
 
@@ -464,11 +464,11 @@ def test_a_model_in_the_hub_cache_loads_without_network(hub_runs):
     )
 
 
-def test_the_default_model_in_the_hub_cache_is_used_without_a_notice(hub_runs, fake_hub):
+def test_the_default_model_in_the_hub_cache_is_used_without_a_note(hub_runs, fake_hub):
     results, _ = hub_runs["fake hub"]
     [default] = results["<default>"]
 
-    assert (default["name"], default["source"], default["notice"], default["layers"], default["fallback_for"]) == (
+    assert (default["name"], default["source"], default["note"], default["layers"], default["fallback_for"]) == (
         DEFAULT_MODEL, "hub cache", None, 2, None
     )
     assert not any(DEFAULT_MODEL in request for request in fake_hub.requests)

@@ -50,7 +50,7 @@ def _full_report(loaded, text, traced=True, **changes):
         trace = trace_texts(loaded, [text], spec, layouts=LAYOUTS)
         mistakes = [trace_texts(loaded, [text], spec, mistake=name) for name in ("view-without-permute", "merge-without-permute")]
     shown = ReportText(run, layer_runs, rollout, statistics, trace, mistakes)
-    return report_page(report_record([shown], spec, kind="encoder", num_layers=loaded.num_layers, notes=run.notices))
+    return report_page(report_record([shown], spec, kind="encoder", num_layers=loaded.num_layers, notes=run.notes))
 
 
 def _plain_report(loaded, text, **changes):
@@ -60,7 +60,7 @@ def _plain_report(loaded, text, **changes):
 
     spec = _spec(loaded, **changes)
     (run,) = run_attention(loaded, [text], spec)
-    return report_page(report_record([ReportText(run)], spec, kind="encoder", num_layers=loaded.num_layers, notes=run.notices))
+    return report_page(report_record([ReportText(run)], spec, kind="encoder", num_layers=loaded.num_layers, notes=run.notes))
 
 
 @pytest.fixture(scope="module")

@@ -277,7 +277,7 @@ DAMAGES = {
     "no value_sums": (without("value_sums"), "it lacks the array value_sums"),
     "no js_sums": (without("js_sums"), "it lacks the array js_sums"),
     "no progress": (lambda arrays, meta: meta.pop("progress"), "it has no progress entry"),
-    "a progress entry missing": (lambda arrays, meta: meta["progress"].pop("notices"), "its progress lacks notices"),
+    "a progress entry missing": (lambda arrays, meta: meta["progress"].pop("notes"), "its progress lacks notes"),
     "an array too many": (lambda arrays, meta: arrays.__setitem__("extra", np.zeros(3)), "it has an unknown array extra"),
     "a layer too few": (set_array("value_sums", lambda sums: sums[:1]), r"value_sums are float64 of shape \(1, 4, 10\), not float64 of shape \(2, 4, 10\)"),
     "float32 sums": (set_array("value_sums", lambda sums: sums.astype(np.float32)), r"value_sums are float32 of shape \(2, 4, 10\)"),
@@ -338,7 +338,7 @@ def test_resume_refuses_what_is_no_checkpoint_at_all_in_one_line(content, tiny, 
     np.savez(buffer, meta=np.array("[1, 2]" if content == "meta a list" else "{not json"), **arrays)
     checkpoint.write_bytes({"empty": b"", "half": stored[: len(stored) // 2]}.get(content, buffer.getvalue()))
     args = ["stats", "--file", str(corpus), "--model", str(tiny), "--checkpoint", str(checkpoint), "--resume", "--out", str(tmp_path / "o")]
-    assert re.fullmatch(f"error: --resume: {checkpoint} is not an attnviz stats checkpoint( \\(version 2\\))?\n", refused(args, capsys))
+    assert re.fullmatch(f"error: --resume: {checkpoint} is not an attnviz stats checkpoint( \\(version 3\\))?\n", refused(args, capsys))
 
 
 @pytest.mark.slow

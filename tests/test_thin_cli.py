@@ -59,9 +59,9 @@ def test_stats_runs_no_layer_again_for_its_setup_and_its_first_run_is_run_attent
     assert abs(first.attention - expected.attention).max() < 1e-5  # cut from a padded batch: the same rows
 
 
-def test_stats_notices_are_the_results(tmp_path):
+def test_stats_notes_are_the_results(tmp_path):
     result = attnviz.stats(["hi", "☃ ☃ ☃"], model="bundled", device="cpu")
-    assert any("[UNK]" in notice for notice in result.notices)
+    assert any("[UNK]" in note for note in result.notes)
 
 
 @pytest.mark.slow

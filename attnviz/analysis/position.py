@@ -68,7 +68,7 @@ class PositionResult:
     head_chosen: bool  # True when the user chose it with --head
     without_positions: PositionSide
     with_positions: PositionSide
-    notices: list[str]
+    notes: list[str]
     shown_tokens: list[str] | None = None  # the tokens as a reader sees them (models/shown.py); None: as made
     fallback_for: str | None = None  # the model asked for, when the bundled one loaded in its place
     unknown: UnknownTokens | None = None  # the text's [UNK] tokens
@@ -136,7 +136,7 @@ def position_experiment(
     """Run layer 0 (BERT's weights) over the text and its permutation, without and with positions."""
     import torch
 
-    from attnviz.models.tokens import encode, unknown_token_notice, unknown_tokens
+    from attnviz.models.tokens import encode, unknown_token_note, unknown_tokens
     from attnviz.layer_inputs import embedding_output
     from attnviz.pipeline import build_layer
     from attnviz.spec import run_spec
@@ -171,7 +171,7 @@ def position_experiment(
         )
     without_positions, with_positions = sides
     shown = head if head is not None else int(with_positions.head_differences.argmax())
-    notices = [loaded.notice, unknown_token_notice(loaded.tokenizer, text, encoded.ids[0], loaded.name)]
+    notes = [loaded.note, unknown_token_note(loaded.tokenizer, text, encoded.ids[0], loaded.name)]
     return PositionResult(
         text=text,
         model=loaded.name,
@@ -184,7 +184,7 @@ def position_experiment(
         head_chosen=head is not None,
         without_positions=without_positions,
         with_positions=with_positions,
-        notices=[notice for notice in notices if notice],
+        notes=[note for note in notes if note],
         fallback_for=loaded.fallback_for,
         unknown=unknown_tokens(loaded.tokenizer, encoded.ids[0]),
     )

@@ -30,7 +30,7 @@ from attnviz.pipeline import (
     run_attention,
     split_runs,
 )
-from attnviz.models.tokens import text_notices, truncation_notices
+from attnviz.models.tokens import text_notes, truncation_notes
 from attnviz.models.loading import LoadedModel
 from attnviz.models.words import tokenizer_words
 from attnviz.run_data import AttentionRun
@@ -39,7 +39,7 @@ from attnviz.spec import RunSpec
 
 class Measured(NamedTuple):
     stats: ModelStatistics
-    notices: list[str]  # text_notices' notes, in order, once each
+    notes: list[str]  # text_notes' notes, in order, once each
     first_run: AttentionRun  # the first text through layer 0: the model and setup, as stats prints and records them
 
 
@@ -49,7 +49,7 @@ def measure_heads(
     spec: RunSpec,
     advance: Callable[[int], None] = lambda done: None,
 ) -> Measured:
-    """The statistics of every head of every layer averaged over the texts, text_notices' notes, and
+    """The statistics of every head of every layer averaged over the texts, text_notes' notes, and
     the first text's layer-0 run (cut from its batch: the setup the command prints, stats.json records).
 
     spec's settings but its layer (every layer is measured) and kv_text (self-attention only).
@@ -58,8 +58,8 @@ def measure_heads(
     """
     measurer = HeadsMeasurer(loaded, spec)
     accumulator = measurer.accumulator()
-    notices, first_run = measurer.measure(texts, accumulator, advance, first_text=texts[0])
-    return Measured(accumulator.result(), notices, first_run)
+    notes, first_run = measurer.measure(texts, accumulator, advance, first_text=texts[0])
+    return Measured(accumulator.result(), notes, first_run)
 
 
 class HeadsMeasurer:
@@ -89,9 +89,9 @@ class HeadsMeasurer:
         advance: Callable[[int], None] = lambda done: None,
         first_text: str | None = None,
     ) -> tuple[list[str], AttentionRun | None]:
-        """Add the texts' statistics into accumulator; their notices (in order, once each), and first_text's layer-0 run (None when not given)."""
+        """Add the texts' statistics into accumulator; their notes (in order, once each), and first_text's layer-0 run (None when not given)."""
         loaded, spec, device = self.loaded, self.spec, self.spec.device
-        notices: dict[str, None] = {}  # in order, once each
+        notes: dict[str, None] = {}  # in order, once each
         first_run = None
         for batch in batches(sorted(texts, key=len), BATCH_SIZE):
             encoded = encode_texts(loaded, batch, spec)
@@ -109,10 +109,10 @@ class HeadsMeasurer:
                     accumulator.add_batch(layer, words.merge(patterns) if words else patterns, valid_lens, kinds)
                     if layer == 0 and first_run is None and first_text is not None and first_text in batch:
                         first_run = _first_text_run(loaded, batch, first_text, encoded, output, patterns, spec, self.layers[0])
-            notices.update(dict.fromkeys(text_notices(loaded, batch, encoded.queries.ids)))
-            notices.update(dict.fromkeys(truncation_notices(batch, encoded.queries.truncations)))
+            notes.update(dict.fromkeys(text_notes(loaded, batch, encoded.queries.ids)))
+            notes.update(dict.fromkeys(truncation_notes(batch, encoded.queries.truncations)))
             advance(len(batch))
-        return list(notices), first_run
+        return list(notes), first_run
 
     def _measure_in_blocks(self, batch, encoded, accumulator, valid_lens, kinds, first_run, first_text):
         """A batch whose maps pass the budget (budgets.every_layer_in_blocks): every layer a block of queries at a

@@ -33,7 +33,7 @@ class StatsResult:
     truncated: list | None
     first_run: Any  # the first text's layer-0 run: the model and setup, as stats.json records them
     spec: RunSpec
-    notices: list[str] = field(default_factory=list)  # what the command prints as "note: ...", once each: [UNK] tokens, cut texts
+    notes: list[str] = field(default_factory=list)  # what the command prints as "note: ...", once each: [UNK] tokens, cut texts
     corpus: dict | None = None  # stats --file: the file, its bytes, SHA-256, texts and texts cut (stats.json's "corpus")
 
     @property

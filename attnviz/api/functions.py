@@ -81,7 +81,7 @@ def heads(
         results = [HeadsResult(run, spec, num_layers) for run in runs]
     if effects is not None:
         results = [replace(results[0], run=replace(results[0].run, effects=effects))]
-    warn_notices((notice for result in results for notice in result.notices), handle)
+    warn_run_notes((note for result in results for note in result.notes), handle)
     return results if isinstance(text, (list, tuple)) else results[0]
 
 
@@ -143,7 +143,7 @@ def trace(text: str | list[str], *, layout: str | None = None, mistake: str | No
     runs = run_attention(handle.loaded, texts, spec)
     if seed_sizes is not None:  # the runs' maps are the seed's one head: A, and C its output
         runs = [seed_head_run(run, traced, index) for index, run in enumerate(runs)]
-    warn_notices((notice for run in runs for notice in run.notices), handle)
+    warn_run_notes((note for run in runs for note in run.notes), handle)
     return TraceResult(traced, runs, spec, handle.loaded.num_layers_of(spec.stack))
 
 
@@ -182,9 +182,9 @@ def stats(texts: str | list[str], *, js: bool | None = None, progress=None, **op
     truncated = text_truncations(loaded.tokenizer, texts, loaded.max_positions) if options.truncate else [None] * len(texts)
     first = measured.first_run
     key_kinds_note = absent_key_kinds_note(first.family, first.query_tokens)
-    notices = [*measured.notices, *([key_kinds_note] if key_kinds_note else [])]
-    warn_notices(notices, handle)
-    return StatsResult(measured.stats, texts, truncated, first, spec, notices)
+    notes = [*measured.notes, *([key_kinds_note] if key_kinds_note else [])]
+    warn_run_notes(notes, handle)
+    return StatsResult(measured.stats, texts, truncated, first, spec, notes)
 
 
 @takes_options(EVERY_LAYER_OPTIONS)
@@ -231,7 +231,7 @@ def layers(text: str, *, measure: str = "weights", band: int = 8, effect: str | 
         summaries = summarise_runs(layer_runs, spec, budget, window=band)
         layer_runs = over_words(handle.loaded, spec, layer_runs) if spec.words else layer_runs
         measures = None
-    warn_notices(layer_runs[0].notices, handle)  # every layer's run has the text's notes
+    warn_run_notes(layer_runs[0].notes, handle)  # every layer's run has the text's notes
     if summaries is None:
         summaries = summarise_runs(layer_runs, spec, budget, band) if not spec.words else summarise_layers(handle.loaded, text, spec, budget, band)
     return LayersResult(layer_runs, runs_rollout(layer_runs), spec, measures, summaries, effects=effects)
@@ -278,7 +278,7 @@ def _long_layers(handle: Model, text: str, spec, names: tuple[str, ...], band: i
         return layers_panel_cells(run, num_layers, spec.seed)
 
     done = layers_in_blocks(handle.loaded, text, spec, panel_cells, budget, band)
-    warn_notices([*done.layer_runs[0].notices, done.note], handle)
+    warn_run_notes([*done.layer_runs[0].notes, done.note], handle)
     return LayersResult(done.layer_runs, None, spec, None, done.summaries, maxima=done.maxima, notes=[done.note])
 
 
@@ -306,7 +306,7 @@ def compare(text: str, *, heads: str | list[int] | None = None, weights: str | l
     # What the splits share; each split's head count and weights are its own.
     shared = replace(options.run_spec(handle, weights=None), num_heads=None)
     result = CompareResult(compare_splits(loaded, text, counts, weights_list, shared), shared)
-    warn_notices(result.splits[0].run.notices, handle)  # every split has the text's notes
+    warn_run_notes(result.splits[0].run.notes, handle)  # every split has the text's notes
     return result
 
 
@@ -333,7 +333,7 @@ def position(text: str, *, permutation: str | list[int] | None = None, head: int
     spec_text = _comma_list(permutation) if permutation is not None else None
     with threads_for_tokens(token_counts(handle.loaded, [text])[0]):  # the one rule for torch's threads
         result = position_experiment(handle.loaded, text, spec_text, head, handle.device)
-    warn_notices(result.notices, handle)
+    warn_run_notes(result.notes, handle)
     return PositionResult(result, spec, handle.source, device_label(handle.device))
 
 
@@ -348,10 +348,10 @@ COMPARE_NEEDS_BERT = (
 )
 
 
-def warn_notices(notices, handle: Model) -> None:
+def warn_run_notes(notes, handle: Model) -> None:
     """Each distinct note of a call's results as an AttnvizWarning at the caller's line (api/notes.py), so that a
     notebook shows it; the handle's own note (the fallback) is attnviz.load's to warn, once (the command line prints the notes itself)."""
-    warn_notes(notices, model_note=handle.loaded.notice)
+    warn_notes(notes, model_note=handle.loaded.note)
 
 
 def refuse_before_loading(options: RunOptions, needs_bert: str | None = None) -> None:

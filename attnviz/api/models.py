@@ -131,7 +131,7 @@ def load(
     handle = Model(name, resolved_model_name(name, loaded), loaded.source, device_name, loaded)
     if cache:
         _LOADED[key] = handle
-    warn_notes([loaded.notice])  # the fallback, once: when the model loads (api/notes.py's rule)
+    warn_notes([loaded.note])  # the fallback, once: when the model loads (api/notes.py's rule)
     return handle
 
 

@@ -4,7 +4,7 @@ shows it where it was asked for. The command line prints the notes itself and ig
 
 The rule, so that no note is said twice: the model's own note (why the bundled model loaded in place of the
 one asked for) is warned by attnviz.load, once, when it loads the model; a call given a handle loaded before,
-or reusing load's cached one, does not warn it again (its titles and result.notices still say it). The notes
+or reusing load's cached one, does not warn it again (its titles and result.notes still say it). The notes
 of the texts (their [UNK] share, a cut) are warned by every call that runs them, each distinct note once per call.
 """
 

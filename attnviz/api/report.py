@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from attnviz.api.experiment_results import text_statistics
-from attnviz.api.functions import _check_lengths, _texts, refuse_before_loading, summarised_in_its_run, token_counts, warn_notices
+from attnviz.api.functions import _check_lengths, _texts, refuse_before_loading, summarised_in_its_run, token_counts, warn_run_notes
 from attnviz.api.options import run_options, takes_options
 from attnviz.api.run_results import ReportResult, report_result
 from attnviz.errors import AttnvizError
@@ -56,7 +56,7 @@ def report(text_or_texts: str | list[str], **options) -> ReportResult:
     else:
         runs = [run for batch in run_in_batches(handle.loaded, texts, spec) for run in batch]
     result = report_of_runs(handle.loaded, runs, spec)
-    warn_notices(result.record["notes"], handle)  # the runs' notes and what the page leaves out
+    warn_run_notes(result.record["notes"], handle)  # the runs' notes and what the page leaves out
     return result
 
 
@@ -110,7 +110,7 @@ def check_report_size(loaded, texts: list[str], spec: RunSpec) -> None:
 def report_of_runs(loaded, runs: list, spec: RunSpec, notes: list[str] = ()) -> ReportResult:
     """The report of runs already made (attnviz.heads' runs of the texts, with spec), adding what it shows besides.
 
-    loaded: the LoadedModel they ran on; notes: what the page adds to the runs' own notices.
+    loaded: the LoadedModel they ran on; notes: what the page adds to the runs' own notes.
     """
     texts, report_notes = report_texts(loaded, runs, spec)
     return report_result(texts, spec, loaded.num_layers_of(spec.stack), [*notes, *report_notes])

@@ -85,9 +85,9 @@ class HeadsResult:
         return self.run.num_heads
 
     @property
-    def notices(self) -> list[str]:
+    def notes(self) -> list[str]:
         """What the command prints as "note: ...": a fallback model, [UNK] tokens, a cut text."""
-        return self.run.notices
+        return self.run.notes
 
     @cached_property
     def attention(self):
@@ -211,7 +211,7 @@ class HeadsResult:
             + (effect_cells(effects, self.run.layer, s.head) if effects is not None else [])
             for s in self.summaries
         ]
-        parts = [display.notes_html(self.notices), display.tokens_html(self.run.shown_tokens[0], "query tokens" if self.run.kv_text else "tokens")]
+        parts = [display.notes_html(self.notes), display.tokens_html(self.run.shown_tokens[0], "query tokens" if self.run.kv_text else "tokens")]
         if self.run.kv_text:
             parts.append(display.tokens_html(self.run.shown_tokens[1], "key/value tokens"))
         parts += [

@@ -70,7 +70,7 @@ def print_comparison(result) -> None:
     from attnviz.render import terminal
 
     first = result.splits[0].run
-    terminal.print_notices(errors, first.notices)
+    terminal.print_notes(errors, first.notes)
     weights_list = list(dict.fromkeys(split.weights for split in result.splits))  # --weights, in its order
     terminal.print_compare_setup(console, first, *model_setup(result.spec), weights_list, result.spec.seed)
     terminal.print_tokens(console, first)

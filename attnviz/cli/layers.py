@@ -76,7 +76,7 @@ def print_layers(result) -> None:
     from attnviz.render import stats_tables, summary_tables, terminal
 
     first = result.layer_runs[0]
-    terminal.print_notices(errors, [*first.notices, *result.notes])
+    terminal.print_notes(errors, [*first.notes, *result.notes])
     terminal.print_setup(console, first, *model_setup(result.spec), len(result.layer_runs), seed=result.spec.seed)
     terminal.print_tokens(console, first)
     if result.rollout is not None:  # None for a long text (result.notes)

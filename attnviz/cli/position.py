@@ -59,5 +59,5 @@ def position(
 def print_position(result) -> None:
     from attnviz.render import terminal
 
-    terminal.print_notices(errors, result.result.notices)
+    terminal.print_notes(errors, result.result.notes)
     terminal.print_position(console, result.result, result.source, result.device_label)

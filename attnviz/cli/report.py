@@ -32,7 +32,7 @@ from attnviz.cli.options import (
     StackOption,
     FileOutOption,
 )
-from attnviz.cli.shared import MAX_NOTICES_SHOWN, run_command, text_or_file
+from attnviz.cli.shared import MAX_NOTES_SHOWN, run_command, text_or_file
 
 
 @app.command(short_help="One HTML file to explore the heads, layers, trace and statistics, offline.")
@@ -94,7 +94,7 @@ def report(
 def print_report_notes(result) -> None:
     from attnviz.render import terminal
 
-    terminal.print_notices(errors, result.record["notes"], MAX_NOTICES_SHOWN, " (report.html lists them)")
+    terminal.print_notes(errors, result.record["notes"], MAX_NOTES_SHOWN, " (report.html lists them)")
 
 
 def report_summary(record: dict, size: int) -> str:

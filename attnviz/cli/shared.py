@@ -1,5 +1,5 @@
 """What the commands share: run_command (what every command does around its computation), a TEXT or a --file, the
-output folder checked before any work; the notices' cap; the trace's verdict."""
+output folder checked before any work; the notes' cap; the trace's verdict."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from attnviz.cli.options import DEFAULT_OUTPUTS, console, errors, run_options
 from attnviz.errors import AttnvizError
 
 
-MAX_NOTICES_SHOWN = 3  # over many texts: the first few notices, then a count
+MAX_NOTES_SHOWN = 3  # over many texts: the first few notes, then a count
 
 
 def text_or_file(text: Optional[str], file: Optional[str]) -> None:

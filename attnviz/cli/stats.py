@@ -34,7 +34,7 @@ from attnviz.cli.options import (
     EveryLayerMemoryOption,
     FileOutOption,
 )
-from attnviz.cli.shared import MAX_NOTICES_SHOWN, model_setup, run_command, text_or_file
+from attnviz.cli.shared import MAX_NOTES_SHOWN, model_setup, run_command, text_or_file
 from attnviz.errors import AttnvizError
 
 
@@ -133,7 +133,7 @@ def print_stats(result, on_ray: bool, unmeasured_js: str) -> None:
     """The setup and the tables of stats; unmeasured_js: where the JS distances were not measured (when they were not)."""
     from attnviz.render import stats_tables, terminal
 
-    terminal.print_notices(errors, list(result.notices), MAX_NOTICES_SHOWN)
+    terminal.print_notes(errors, list(result.notes), MAX_NOTES_SHOWN)
     source, device_label = model_setup(result.spec)
     if on_ray and result.spec.device != "cpu":  # the actors measured on their GPUs, this process loaded the model on its CPU
         device_label = f"{result.spec.device} (Ray actors)"
@@ -192,9 +192,9 @@ def _stats_of_corpus(file: str, options, *, js: bool, checkpoint: Optional[Path]
     spec = replace(spec, device=engine_device)  # what stats.json records: where the statistics were measured
     progress, first = measured.progress, replace(measured.first_run, device=engine_device)
     key_kinds_note = absent_key_kinds_note(first.family, first.query_tokens)
-    notices = [*progress.notices, *([key_kinds_note] if key_kinds_note else [])]
-    if progress.notices_left_out:
-        notices.append(f"… and up to {progress.notices_left_out} more distinct notes, not kept")
+    notes = [*progress.notes, *([key_kinds_note] if key_kinds_note else [])]
+    if progress.notes_left_out:
+        notes.append(f"… and up to {progress.notes_left_out} more distinct notes, not kept")
     about = {**(corpus.to_dict() if corpus is not None else {"file": STDIN, "bytes": None, "sha256": None}),
              "texts": progress.num_texts, "truncated": progress.num_truncated}  # fmt: skip
-    return StatsResult(measured.stats, progress.texts, measured.truncated, first, spec, notices, about)
+    return StatsResult(measured.stats, progress.texts, measured.truncated, first, spec, notes, about)

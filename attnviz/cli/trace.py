@@ -119,8 +119,8 @@ def print_traced(result) -> None:
     from attnviz.render import terminal
     from attnviz.render.trace_tables import print_trace
 
-    runs = result.runs  # tokens, notices and heatmaps
-    terminal.print_notices(errors, [notice for run in runs for notice in run.notices])
+    runs = result.runs  # tokens, notes and heatmaps
+    terminal.print_notes(errors, [note for run in runs for note in run.notes])
     terminal.print_setup(console, runs[0], *model_setup(result.spec), seed=result.spec.seed)
     terminal.print_tokens(console, runs[0])
     print_trace(console, result.trace, text_tokens=[run.shown_tokenizer_tokens[0] for run in runs])

@@ -264,6 +264,6 @@ def report_record(texts: list[ReportText], spec: RunSpec, *, kind: str, num_laye
         "kv_group_colors": list(KV_GROUP_COLORS),  # the model view frames each key/value head's group as heads.png does
         "head_dim": first.head_dim,
         "weights_rounding": WEIGHTS_ROUNDING,
-        "notes": list(dict.fromkeys([*notes, *(note for text in texts for note in text.run.notices)])),
+        "notes": list(dict.fromkeys([*notes, *(note for text in texts for note in text.run.notes)])),
         "texts": [text_record(text, spec) for text in texts],
     }

@@ -59,7 +59,7 @@ class LoadedModel:
     source: str  # "local folder", "hub cache", "hub download" or "bundled"
     tokenizer: Any
     model: Any
-    notice: str | None = None  # one line to show the user, e.g. why we fell back
+    note: str | None = None  # one line to show the user, e.g. why we fell back
     family: Family = BERT
     config: dict | None = None  # config.json's values (for the other families)
     fallback_for: str | None = None  # the model asked for, when this one loaded in its place (the bundled one, offline)
@@ -179,7 +179,7 @@ def _load_default(device: str, dtype: str, allow_pickle: bool) -> LoadedModel:
             ) from None
         loaded = _load_bundled(device, dtype)
         loaded.fallback_for = DEFAULT_MODEL
-        loaded.notice = (
+        loaded.note = (
             f"{DEFAULT_MODEL} is not in the local hub cache and {unavailable.reason}: "
             f"using the bundled {BUNDLED_NAME} instead (English vocabulary: Chinese and most other scripts "
             "become [UNK]). Offline, --model smollm2 --words reads Chinese; for "

@@ -120,7 +120,7 @@ def smollm2_folder(notify: Callable[[str], None] | None = None) -> Path:
 
 def note_on_stderr(note: str) -> None:
     """smollm2_folder's notify for load_model: the line must come before the wait, so it cannot
-    wait for LoadedModel.notice, which the command line prints once the model is loaded."""
+    wait for LoadedModel.note, which the command line prints once the model is loaded."""
     print(f"note: {note}", file=sys.stderr, flush=True)
 
 

@@ -243,15 +243,15 @@ def text_truncations(tokenizer: WordPieceTokenizer, texts: list[str], max_positi
     return [truncate_ids(ids, max_positions, final_token(tokenizer, ids))[1] for ids in tokenizer.encode_batch(texts)]
 
 
-NOTICE_QUOTE_CHARS = 24  # enough of a text to tell it from the others in a batch
+NOTE_QUOTE_CHARS = 24  # enough of a text to tell it from the others in a batch
 
 
-def truncation_notice(text: str, truncation: Truncation | None, what: str = "the text") -> str | None:
+def truncation_note(text: str, truncation: Truncation | None, what: str = "the text") -> str | None:
     """One line saying what --truncate dropped, naming the text by its start; None when nothing was cut."""
     if truncation is None:
         return None
     start = " ".join(text.split())
-    quoted = start if len(start) <= NOTICE_QUOTE_CHARS else start[:NOTICE_QUOTE_CHARS].rstrip() + "…"
+    quoted = start if len(start) <= NOTE_QUOTE_CHARS else start[:NOTE_QUOTE_CHARS].rstrip() + "…"
     if truncation.kept_final is not None:
         dropped = f"the {truncation.dropped} tokens before its final {truncation.kept_final}"
     else:
@@ -280,7 +280,7 @@ def better_models(text: str) -> str:
     return "offline: --model smollm2 --words (byte-level: no [UNK]); online: --model bert-base-multilingual-cased"
 
 
-def unknown_token_notice(
+def unknown_token_note(
     tokenizer: WordPieceTokenizer, text: str, ids: list[int], model_name: str, what: str = "the text"
 ) -> str | None:
     """A warning when UNKNOWN_SHARE_NOTED or more of the text's own tokens are [UNK] for this model.
@@ -294,26 +294,26 @@ def unknown_token_notice(
     if not unknown.high:
         return None
     return (
-        f'{unknown.count} of {unknown.of} tokens of {what} "{shorten(text, NOTICE_QUOTE_CHARS)}" are '
+        f'{unknown.count} of {unknown.of} tokens of {what} "{shorten(text, NOTE_QUOTE_CHARS)}" are '
         f"{unknown.token} for {model_name}: its vocabulary does not cover this text; {better_models(text)}"
     )
 
 
-def text_notices(
+def text_notes(
     loaded, texts: list[str], ids: list[list[int]], whats: list[str] | None = None
 ) -> list[str]:
-    """What to tell the user about these texts on a loaded model (a LoadedModel): its notice, and texts mostly [UNK].
+    """What to tell the user about these texts on a loaded model (a LoadedModel): its note, and texts mostly [UNK].
 
     whats name each text in its note ("the text", "the --kv text"); each note quotes its text.
     """
     whats = whats or ["the text"] * len(texts)
-    notices = (
-        unknown_token_notice(loaded.tokenizer, text, text_ids, loaded.name, what)
+    notes = (
+        unknown_token_note(loaded.tokenizer, text, text_ids, loaded.name, what)
         for text, text_ids, what in zip(texts, ids, whats)
     )
-    return ([loaded.notice] if loaded.notice else []) + [notice for notice in notices if notice]
+    return ([loaded.note] if loaded.note else []) + [note for note in notes if note]
 
 
-def truncation_notices(texts: list[str], truncations: list, what: str = "the text") -> list[str]:
-    notices = (truncation_notice(text, truncation, what) for text, truncation in zip(texts, truncations))
-    return [notice for notice in notices if notice]
+def truncation_notes(texts: list[str], truncations: list, what: str = "the text") -> list[str]:
+    notes = (truncation_note(text, truncation, what) for text, truncation in zip(texts, truncations))
+    return [note for note in notes if note]

@@ -135,7 +135,7 @@ def summary_row(index: int, entry: LineText, folder: str, run: AttentionRun) -> 
 class BatchResult:
     rows: list[dict]  # one summary row per text, in input order (summary.json adds its "truncated")
     first_run: AttentionRun  # for the setup lines: model, layer, heads, weights are shared
-    notices: list[str]  # distinct notices over all texts, in order
+    notes: list[str]  # distinct notes over all texts, in order
     files: list[Path]  # the summary files
 
 
@@ -161,7 +161,7 @@ def write_batch(
     from attnviz.run_data import map_bytes
 
     names = text_folder_names(texts)
-    rows, truncated, notices, first_run = [], [], {}, None
+    rows, truncated, notes, first_run = [], [], {}, None
     unsaved = []  # the bytes of each long text's map not saved
     batched_runs = run_in_batches(loaded, [entry.text for entry in texts], spec, batch_size)
     runs = (run for batch_runs in batched_runs for run in batch_runs)  # one batch in memory at a time
@@ -170,14 +170,14 @@ def write_batch(
         unsaved += [map_bytes(run.attention)] if run.map_on_disk and not save_map else []
         rows.append(summary_row(index, entry, name, run))
         truncated.append(run.truncated)
-        notices.update(dict.fromkeys(run.notices))
+        notes.update(dict.fromkeys(run.notes))
         if first_run is None:  # a copy of its own slice: a view would keep the whole batch's arrays alive (a map on disk: none)
             first_run = replace(run, attention=run.attention if run.map_on_disk else run.attention.copy(), output=run.output.copy())
         if on_text is not None:
             on_text()
     files = write_summary(rows, truncated, out_dir, first_run, spec)
-    notices.update(dict.fromkeys([map_not_saved(sum(unsaved), len(unsaved))] if unsaved else []))
-    return BatchResult(rows, first_run, list(notices), files)
+    notes.update(dict.fromkeys([map_not_saved(sum(unsaved), len(unsaved))] if unsaved else []))
+    return BatchResult(rows, first_run, list(notes), files)
 
 
 def write_summary(

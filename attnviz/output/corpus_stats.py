@@ -25,14 +25,14 @@ from attnviz.output.corpus import CorpusIdentity, LineText, chunks, iter_texts, 
 from attnviz.run_data import AttentionRun, Truncation
 from attnviz.spec import RunSpec
 
-KEPT_NOTICES = 100  # distinct notices kept (unknown-token notes are one per text): the rest are counted
+KEPT_NOTES = 100  # distinct notes kept (unknown-token notes are one per text): the rest are counted
 ENGINES = ("local", "ray")
 
 
 @dataclass
 class CorpusStats:
     stats: ModelStatistics
-    progress: CorpusProgress  # texts listed (None beyond LISTED_TEXTS), cuts, notices
+    progress: CorpusProgress  # texts listed (None beyond LISTED_TEXTS), cuts, notes
     truncated: list[Truncation | None] | None  # each listed text's cut, None when the texts are not listed
     first_run: AttentionRun  # the first text's layer-0 run, measured on its own: the setup stats prints and records
 
@@ -82,9 +82,9 @@ def corpus_statistics(
     else:
         measured = _local_shard_states(measurer, shards, advance)
     try:
-        for shard, state, notices in measured:
+        for shard, state, notes in measured:
             accumulator.merge(StatisticsAccumulator.from_state(state))
-            _record(progress, shard, notices, loaded, spec)
+            _record(progress, shard, notes, loaded, spec)
             if checkpoint is not None:
                 write_checkpoint(checkpoint, accumulator.state(), spec, corpus, progress)
     finally:
@@ -108,15 +108,15 @@ def _shards(path, loaded, spec, skip_lines: int, check_each: bool, chunk_lines: 
 
 
 def _local_shard_states(measurer: HeadsMeasurer, shards: Iterator[Shard], advance) -> Iterator[tuple[Shard, dict, list[str]]]:
-    """Each shard measured in this process into its own accumulator: (shard, its state, its notices)."""
+    """Each shard measured in this process into its own accumulator: (shard, its state, its notes)."""
     for shard in shards:
         accumulator = measurer.accumulator()
-        notices, _ = measurer.measure([entry.text for entry in shard.lines], accumulator, advance)
-        yield shard, accumulator.state(), notices
+        notes, _ = measurer.measure([entry.text for entry in shard.lines], accumulator, advance)
+        yield shard, accumulator.state(), notes
 
 
-def _record(progress: CorpusProgress, shard: Shard, notices: list[str], loaded, spec) -> None:
-    """Add a measured shard to progress: its lines consumed, its texts listed (or only counted), its cuts and notices."""
+def _record(progress: CorpusProgress, shard: Shard, notes: list[str], loaded, spec) -> None:
+    """Add a measured shard to progress: its lines consumed, its texts listed (or only counted), its cuts and notes."""
     texts = [entry.text for entry in shard.lines]
     cuts = text_truncations(loaded.tokenizer, texts, loaded.max_positions) if spec.truncate else [None] * len(texts)
     if progress.first_text is None:
@@ -129,10 +129,10 @@ def _record(progress: CorpusProgress, shard: Shard, notices: list[str], loaded, 
         progress.truncated.extend([cut.before, cut.after, cut.kept_final] if cut else None for cut in cuts)
     else:  # too many to list: stats.json gives their count and the file's SHA-256
         progress.texts = progress.truncated = None
-    for notice in notices:
-        if notice in progress.notices:
+    for note in notes:
+        if note in progress.notes:
             continue
-        if len(progress.notices) < KEPT_NOTICES:
-            progress.notices.append(notice)
+        if len(progress.notes) < KEPT_NOTES:
+            progress.notes.append(note)
         else:
-            progress.notices_left_out += 1  # distinct within the shard: "up to" this many
+            progress.notes_left_out += 1  # distinct within the shard: "up to" this many

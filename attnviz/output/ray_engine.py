@@ -52,16 +52,16 @@ class StatsShardWorker:
         self.measurer = HeadsMeasurer(load_model(model_name, spec.device, dtype=spec.dtype, allow_pickle=allow_pickle), spec)
 
     def measure(self, texts: list[str]) -> tuple[dict, list[str]]:
-        """The shard's accumulator state and notices."""
+        """The shard's accumulator state and notes."""
         accumulator = self.measurer.accumulator()
-        notices, _ = self.measurer.measure(texts, accumulator)
-        return accumulator.state(), notices
+        notes, _ = self.measurer.measure(texts, accumulator)
+        return accumulator.state(), notes
 
 
 def ray_shard_states(
     shards: Iterator, model_name: str | None, spec: RunSpec, allow_pickle: bool, advance: Callable[[int], None]
 ) -> Iterator[tuple[object, dict, list[str]]]:
-    """(shard, state, notices) of every shard, in shard order, measured by Ray actors: one per GPU with cuda, else one per CPU."""
+    """(shard, state, notes) of every shard, in shard order, measured by Ray actors: one per GPU with cuda, else one per CPU."""
     import ray
 
     started = not ray.is_initialized()
@@ -90,7 +90,7 @@ def ray_shard_states(
 def _in_order(ray, actors: list, shards: Iterator, advance) -> Iterator[tuple[object, dict, list[str]]]:
     """Hand shards to the least busy actor, at most IN_FLIGHT_PER_ACTOR each; yield results by shard index, once each."""
     pending: dict = {}  # ObjectRef -> (shard, actor index)
-    finished: dict[int, tuple] = {}  # shard index -> (shard, state, notices), until the shards before it are in
+    finished: dict[int, tuple] = {}  # shard index -> (shard, state, notes), until the shards before it are in
     busy = [0] * len(actors)
     upcoming, next_index = iter(shards), None
     while True:
@@ -108,8 +108,8 @@ def _in_order(ray, actors: list, shards: Iterator, advance) -> Iterator[tuple[ob
         for ref in ready:
             shard, choice = pending.pop(ref)
             busy[choice] -= 1
-            state, notices = ray.get(ref)  # a retried shard's ref resolves once, with the retry's result
-            finished[shard.index] = (shard, state, notices)
+            state, notes = ray.get(ref)  # a retried shard's ref resolves once, with the retry's result
+            finished[shard.index] = (shard, state, notes)
             advance(len(shard.lines))
         while next_index in finished:
             yield finished.pop(next_index)

@@ -28,7 +28,7 @@ from attnviz.output.runs import REASONS, place_reason
 from attnviz.spec import RunSpec
 
 CHECKPOINT_FORMAT = "attnviz-stats-checkpoint"
-CHECKPOINT_VERSION = 2  # 2: the state records js (whether the JS distances are measured)
+CHECKPOINT_VERSION = 3  # 2: the state records js (whether the JS distances are measured); 3: the progress's "notes" (once "notices")
 STATE_ARRAYS = ("causal", "js", "counts", "value_sums", "js_sums")  # the accumulator's state (analysis/accumulate.py)
 LISTED_TEXTS = 1000  # stats.json lists the texts (and their cuts) of a corpus up to this many
 AT_MOST_ONE = ("relative_entropy", "mean_max", "cls", "sep", "punctuation", "same", "previous", "next")  # shares, ratios
@@ -44,8 +44,8 @@ class CorpusProgress:
     texts: list[str] | None = field(default_factory=list)  # in input order, while at most LISTED_TEXTS; else None
     truncated: list | None = field(default_factory=list)  # each listed text's cut (truncation_json), or None
     num_truncated: int = 0
-    notices: list[str] = field(default_factory=list)  # distinct, in order, at most KEPT_NOTICES
-    notices_left_out: int = 0  # notices beyond KEPT_NOTICES, distinct within each shard (one in two shards counts twice)
+    notes: list[str] = field(default_factory=list)  # distinct, in order, at most KEPT_NOTES
+    notes_left_out: int = 0  # notes beyond KEPT_NOTES, distinct within each shard (one in two shards counts twice)
     first_text: str | None = None
 
 
@@ -156,7 +156,7 @@ def _check_origin(path: Path, meta: dict, spec: RunSpec, corpus: CorpusIdentity)
 
 PROGRESS_TYPES = {
     "lines_consumed": int, "num_texts": int, "texts": (list, type(None)), "truncated": (list, type(None)),
-    "num_truncated": int, "notices": list, "notices_left_out": int, "first_text": str,
+    "num_truncated": int, "notes": list, "notes_left_out": int, "first_text": str,
 }  # fmt: skip
 
 
@@ -171,8 +171,8 @@ def _progress(stored) -> CorpusProgress:
         value = stored[name]
         if not isinstance(value, kind) or isinstance(value, bool) or (isinstance(value, int) and value < 0):
             raise Damaged(f"its progress {name} is {value!r:.40}, not a {'count' if kind is int else 'value of its kind'}")
-    if not all(isinstance(notice, str) for notice in stored["notices"]):
-        raise Damaged("its progress notices are not all text")
+    if not all(isinstance(note, str) for note in stored["notes"]):
+        raise Damaged("its progress notes are not all text")
     return CorpusProgress(**stored)
 
 

@@ -24,12 +24,12 @@ RELATIVE_ENTROPY_LEGEND = "rel.: entropy / log(keys the query may see), mean ove
 CAUSAL_VISIBLE_KEYS = "causal: query i sees keys 0..i, query 0 left out"
 
 
-def print_notices(console: Console, notices: list[str], most: int | None = None, where: str = "") -> None:
-    """Each notice once, in order, as "note: ..."; past the first `most`, one line "… and 3 more notes" (and `where`)."""
-    distinct = list(dict.fromkeys(notices))
+def print_notes(console: Console, notes: list[str], most: int | None = None, where: str = "") -> None:
+    """Each note once, in order, as "note: ..."; past the first `most`, one line "… and 3 more notes" (and `where`)."""
+    distinct = list(dict.fromkeys(notes))
     shown = distinct if most is None else distinct[:most]
-    for notice in shown:
-        console.print(Text(f"note: {notice}", style="yellow"))
+    for note in shown:
+        console.print(Text(f"note: {note}", style="yellow"))
     if len(distinct) > len(shown):
         console.print(Text(f"note: {more_notes(len(distinct) - len(shown))}{where}", style="yellow"))
 
