@@ -185,3 +185,16 @@ def test_position_records_its_fixed_settings(tmp_path):
     assert attnviz_run("position", SHORT, "--out", str(tmp_path)) == 0
     record = read(tmp_path / "position.json")
     assert record["settings"] == settings() and record["truncated"] is None
+
+
+def test_a_command_line_run_in_a_process_with_handles_records_the_model_as_it_was_given(tmp_path, monkeypatch):
+    """A notebook (or a test) loaded the folder by its absolute path; a command line run in that process, given the
+    folder by its relative name, records that name, as a process of its own would, and leaves the notebook's handle."""
+    folder = bundled_model_path()
+    handle = attnviz.load(str(folder), device="cpu")
+    monkeypatch.chdir(folder.parent)
+    args = ["heads", "the cat sat", "--model", folder.name, "--device", "cpu", "--no-html", "--figures", "none"]
+    assert run([*args, "--out", str(tmp_path / "run")]) == 0
+    settings = json.loads((tmp_path / "run" / "attention.json").read_text(encoding="utf-8"))["settings"]
+    assert (settings["model"], settings["resolved_model"]) == (folder.name, str(folder.resolve()))
+    assert attnviz.load(str(folder), device="cpu") is handle

@@ -6,6 +6,7 @@ that load returned; a name already loaded on the same device in the same dtype i
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -138,6 +139,18 @@ def load(
 def loaded_models() -> list[Model]:
     """The handles loaded so far in this process, oldest first."""
     return list(_LOADED.values())
+
+
+@contextlib.contextmanager
+def handles_of_its_own():
+    """Within, load starts with no handle and keeps those it makes apart; after, the handles of before are back. A command
+    line run in a process that has loaded models (tests, a notebook) then loads as a process of its own would."""
+    global _LOADED
+    before, _LOADED = _LOADED, {}
+    try:
+        yield
+    finally:
+        _LOADED = before
 
 
 def _on_device(model: Model, device: str, dtype: str = "auto") -> Model:

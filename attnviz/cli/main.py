@@ -31,6 +31,7 @@ INTERRUPTED = 130  # the shell's exit code for Ctrl-C (128 + SIGINT)
 
 def run(args: list[str] | None = None) -> int:
     """Run the command line and return its exit code; errors become one line on stderr."""
+    from attnviz.api.models import handles_of_its_own
     from attnviz.output.runs import forget_written_folders, last_interruption
     from attnviz.run_data import temporary_maps
 
@@ -41,7 +42,8 @@ def run(args: list[str] | None = None) -> int:
         _refuse_empty_out(args)
         # A bare `attnviz` prints --help, as a usage error would not: nothing was asked that failed.
         # the commands print the API's notes themselves, as "note: ..."; a long text's map is a working file
-        with warnings.catch_warnings(), temporary_maps(), command_line_spelling():  # messages name options as flags
+        # Messages name options as flags; the run loads its models as a process of its own would (a notebook's kept).
+        with warnings.catch_warnings(), temporary_maps(), command_line_spelling(), handles_of_its_own():
             warnings.simplefilter("ignore", AttnvizWarning)
             result = app(args=args or ["--help"], prog_name="attnviz", standalone_mode=False)
     except typer.TyperException as error:  # click's exceptions, which typer vendors (a bad option: exit code 2)
