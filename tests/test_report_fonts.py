@@ -111,13 +111,14 @@ def test_chinese_shows_as_glyphs_in_a_browser_without_a_cjk_font(zh_report, brow
         family = embedded_font(zh_report.read_text(encoding="utf-8"))[0]
         assert page.page.evaluate(f"document.fonts.check('16px \"{family}\"', '{characters}')")
         glyphs = _glyph_images(page.page, characters)
+        page.page.screenshot(path=str(tmp_path / "report-latin-only.png"))
+        page.assert_offline_and_clean()  # before DevTools inspects it: Chromium 150's CSS agent logs an error of its own
         # every element of Chinese text draws its CJK characters with the page's font, as Chromium reports
         for selector, element_text in _cjk_elements(page.page):
             fonts = _platform_fonts(page, selector)
             cjk = sum(1 for char in element_text if "\u4e00" <= char <= "\u9fff")
             assert fonts.get(True, 0) == cjk, f"{selector} ({element_text}) drew with {fonts}"
-        page.page.screenshot(path=str(tmp_path / "report-latin-only.png"))
-        page.assert_offline_and_clean()
+        assert page.requests == [], f"the page tried to load {page.requests}"
         page.close()
     for n, glyph in enumerate(glyphs):  # each a glyph of its own, none the box
         assert not (glyph.shape == boxes[0].shape and (glyph == boxes[0]).all())
