@@ -40,6 +40,9 @@ SCRIPTS = (
 LONG_SCRIPTS = ("summaries_view.js", "long_text.js")
 DIFF_SCRIPTS = ("diff_view.js",)  # a report of `attnviz diff` (a text with a "diff"): the Diff view, shown first
 GENERATE_SCRIPTS = ("generate_view.js",)  # a report of `attnviz generate` (a "generation"): its stepper, shown first
+# `attnviz serve`'s page (explorer_page): the report's views, the Summaries view of a long text, and explorer.js (the text
+# box, the model and layer pickers, the requests) before main.js; any view registered in SCRIPTS shows up there too.
+EXPLORER_SCRIPTS = ("summaries_view.js", "explorer.js")
 STYLES = ("report.css",)
 TEMPLATE = "report.html"
 TITLE_CHARS = 60
@@ -54,11 +57,12 @@ def _static_names() -> set[str]:
     return {entry.name for entry in resources.files("attnviz.html").joinpath("static").iterdir()}
 
 
-def page_script(long: bool = False, diff: bool = False, generation: bool = False) -> str:
+def page_script(long: bool = False, diff: bool = False, generation: bool = False, explorer: bool = False) -> str:
     """The scripts, joined in SCRIPTS' order (each file keeps its names to itself); long: LONG_SCRIPTS before main.js,
-    diff: DIFF_SCRIPTS, generation: GENERATE_SCRIPTS."""
+    diff: DIFF_SCRIPTS, generation: GENERATE_SCRIPTS, explorer: EXPLORER_SCRIPTS."""
     present = _static_names()
     extra = [*(LONG_SCRIPTS if long else ()), *(DIFF_SCRIPTS if diff else ()), *(GENERATE_SCRIPTS if generation else ())]
+    extra += EXPLORER_SCRIPTS if explorer else ()
     names = [*SCRIPTS[:-1], *extra, SCRIPTS[-1]]
     script = "\n".join(f"// ---- {name} ----\n{static_text(name)}" for name in names if name in present)
     if "</script" in script.lower() or "<!--" in script:
@@ -71,9 +75,12 @@ def record_json(record: dict) -> str:
     return json.dumps(record, ensure_ascii=False, separators=(",", ":")).replace("<", "\\u003c")
 
 
-def content_security_policy(script: str) -> str:
+def content_security_policy(script: str, connect: bool = False) -> str:
+    """The page's policy: its one script by its sha256, nothing loaded from anywhere; connect: it may also send requests
+    to the host that served it (`attnviz serve`'s page, and nothing else)."""
     digest = base64.b64encode(hashlib.sha256(script.encode("utf-8")).digest()).decode("ascii")
-    return f"default-src 'none'; script-src 'sha256-{digest}'; style-src 'unsafe-inline'; img-src data: blob:; font-src data:"
+    policy = f"default-src 'none'; script-src 'sha256-{digest}'; style-src 'unsafe-inline'; img-src data: blob:; font-src data:"
+    return policy + ("; connect-src 'self'; form-action 'none'; frame-ancestors 'none'; base-uri 'none'" if connect else "")
 
 
 def report_page(record: dict) -> str:
@@ -82,11 +89,25 @@ def report_page(record: dict) -> str:
     has = lambda name: any(isinstance(text, dict) and text.get(name) is not None for text in texts)  # noqa: E731
     script = page_script(has("zoom"), diff=has("diff"), generation=has("generation"))
     first_text = record["texts"][0]["text"] if record.get("texts") else ""
-    data = record_json(record)
+    return filled_template(record_json(record), script, content_security_policy(script), f"attnviz · {shorten(first_text, TITLE_CHARS)}")
+
+
+def explorer_page(setup: dict) -> tuple[str, str]:
+    """`attnviz serve`'s page and its Content-Security-Policy: the report's template, views and styles around setup
+    (format "attnviz-explorer": the models, max_tokens and the token its requests carry), whose explorer.js asks the
+    server for records (docs/formats.md, "attnviz serve's HTTP API") and shows each with the report's views. Its font
+    holds the CJK glyphs of the views' own words; a text's other CJK characters take the system's fonts."""
+    script = page_script(explorer=True)
+    policy = content_security_policy(script, connect=True)
+    return filled_template(record_json({"format": "attnviz-explorer", **setup}), script, policy, "attnviz serve"), policy
+
+
+def filled_template(data: str, script: str, policy: str, title: str) -> str:
+    """The template with the page's data (record_json's), its script, its policy and its title, and its styles."""
     styles = [font_face(shown_characters(data, script)), *(static_text(name) for name in STYLES if name in _static_names())]
     slots = {
-        "csp": html.escape(content_security_policy(script)),
-        "title": html.escape(f"attnviz · {shorten(first_text, TITLE_CHARS)}"),
+        "csp": html.escape(policy),
+        "title": html.escape(title),
         "style": "\n".join(style for style in styles if style),
         "data": data,
         "script": script,

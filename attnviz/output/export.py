@@ -148,19 +148,19 @@ def write_attention_json(run: AttentionRun, spec: RunSpec, path: Path, measures=
     return path
 
 
-def weights_json(weights: np.ndarray) -> str:
-    """JSON nested lists of an array of weights in [0, 1], each with DECIMALS decimals: "[[0.2500000,0.7500000]]".
+def weights_json(weights: np.ndarray, decimals: int = DECIMALS) -> str:
+    """JSON nested lists of an array of weights in [0, 1], each with `decimals` decimals: "[[0.2500000,0.7500000]]".
 
-    The same numbers as json.dumps(np.round(weights, DECIMALS).tolist()), written by numpy a
+    The same numbers as json.dumps(np.round(weights, decimals).tolist()), written by numpy a
     digit at a time, several times faster than json.dumps (bench/RESULTS.md, "Timings behind the code").
     """
     weights = np.asarray(weights, dtype=np.float64)
     if weights.size and not (weights.min() >= 0 and weights.max() <= 1):  # also refuses NaN
         raise ValueError("weights_json writes numbers in [0, 1] only")
-    scaled = np.rint(weights * 10**DECIMALS).astype(np.uint32)  # (..., N): 0 to 10**DECIMALS
-    chars = np.full((*scaled.shape, DECIMALS + 3), ord(","), dtype=np.uint8)  # each number as "d.ddddddd,"
+    scaled = np.rint(weights * 10**decimals).astype(np.uint32)  # (..., N): 0 to 10**decimals
+    chars = np.full((*scaled.shape, decimals + 3), ord(","), dtype=np.uint8)  # each number as "d.ddddddd,"
     chars[..., 1] = ord(".")
-    for position in [*range(DECIMALS + 1, 1, -1), 0]:  # the last decimal first, the units digit last
+    for position in [*range(decimals + 1, 1, -1), 0]:  # the last decimal first, the units digit last
         chars[..., position] = scaled % 10 + ord("0")
         scaled //= 10
     rows = chars.reshape(-1, chars.shape[-2] * chars.shape[-1])  # one line of numbers per row

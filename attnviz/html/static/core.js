@@ -189,6 +189,8 @@
     return decoded.get(key);
   };
 
+  AV.forgetWeights = () => decoded.clear(); // a new record (AV.start): its texts' weights are its own
+
   // Only the shown text's weights stay decoded: a file of many long texts would otherwise hold
   // every text's layers (75 MB of Float32Array for a 512-token text).
   AV.onChange((state, patch) => {

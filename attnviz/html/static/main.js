@@ -6,8 +6,7 @@
   const rendered = new Map(); // view id -> the text index it was drawn for
 
   function readRecord() {
-    AV.data = JSON.parse(document.getElementById("attnviz-data").textContent);
-    AV.state.layer = AV.data.texts[0].layer;
+    return JSON.parse(document.getElementById("attnviz-data").textContent);
   }
 
   // header.js draws the header as AV.renderHeader; without it, a minimal one.
@@ -26,6 +25,8 @@
 
   function buildTextPicker() {
     const texts = AV.data.texts;
+    const earlier = document.querySelector(".text-picker");
+    if (earlier) earlier.remove();
     if (texts.length < 2) return;
     const select = AV.el("select", { id: "text-select" });
     texts.forEach((text, index) => {
@@ -43,8 +44,8 @@
   }
 
   function buildNav() {
-    const nav = document.getElementById("views");
-    const main = document.getElementById("report-views");
+    const nav = AV.clear(document.getElementById("views"));
+    const main = AV.clear(document.getElementById("report-views"));
     for (const view of AV.views.filter((candidate) => !candidate.available || candidate.available())) {
       const button = AV.el(
         "button",
@@ -105,13 +106,27 @@
     }
   }
 
-  async function boot() {
-    await loadFonts();
-    readRecord();
+  // Shows a report's record: the header, the text picker, the views' tabs and the view chosen. The report calls it once
+  // with its embedded record; `attnviz serve`'s page (explorer.js) calls it with each record the server sends.
+  AV.start = async (record) => {
+    AV.data = record;
+    AV.forgetWeights();
+    AV.state.text = 0;
+    AV.state.layer = record.texts[0].layer;
+    if (AV.state.head >= record.num_heads) AV.state.head = 0;
+    rendered.clear();
     renderHeader();
     buildTextPicker();
     buildNav();
+    if (!AV.views.some((view) => view.id === AV.state.view && (!view.available || view.available()))) AV.state.view = tabs()[0].dataset.view;
     await show(AV.state.view);
+  };
+
+  // The embedded data is a report's record, or `attnviz serve`'s setup, which explorer.js (AV.explore) starts from.
+  async function boot() {
+    await loadFonts();
+    const data = readRecord();
+    await (data.format === "attnviz-explorer" ? AV.explore(data) : AV.start(data));
     AV.readyMs = performance.now();
     document.body.dataset.ready = "true";
   }

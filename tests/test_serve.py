@@ -1,0 +1,256 @@
+"""`attnviz serve`'s HTTP API (docs/formats.md, "attnviz serve's HTTP API") through a real server on a free port,
+in a thread of this process, asked with http.client as any script would ask it.
+
+The maps are checked against transformers' eager attentions (conftest.py's reference_bert), the refusals by their
+status and one-line JSON error, the load by every answer's tokens against the tokenizer's own for its text.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import re
+import threading
+import time
+from contextlib import contextmanager
+
+import numpy as np
+import pytest
+
+from attnviz.serve.explorer import Explorer, ServeSettings
+from attnviz.serve.http import MAX_BODY_BYTES, ExplorerServer
+
+ENGLISH = "The cat sat on the mat because it was warm."
+FUZZ_TEXTS = {
+    "empty": "",
+    "20,000 characters": "attention " * 2000,
+    "NUL": "the cat\x00sat",
+    "lone surrogates": "cat \ud800 dog \udfff",
+    "RTL": "مرحبا بالعالم שלום עולם",
+    "emoji": "I 💜 attention 👩‍👩‍👧‍👦 🇨🇳",
+    "mixed scripts": "我想吃酸菜鱼 the cat ñ Ωμέγα привет ١٢٣",
+}
+
+
+@contextmanager
+def running(explorer_of, **settings):
+    """A server on a free port of 127.0.0.1 with explorer_of(settings)'s models, serving in a thread while the block runs."""
+    chosen = ServeSettings(port=0, **settings)
+    server = ExplorerServer(chosen)
+    server.explorer = explorer_of(chosen)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+@pytest.fixture(scope="module")
+def bundled():
+    import attnviz
+
+    return attnviz.load("bundled", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def server(bundled):
+    with running(lambda settings: Explorer({"bundled": bundled}, settings)) as server:
+        yield server
+
+
+def ask(server, method: str, path: str, body=None, headers=None, token: bool = True, raw: bytes | None = None):
+    """(status, the answer's JSON) of one request; token: an Authorization: Bearer header with the server's token."""
+    host, port = server.server_address[:2]
+    connection = http.client.HTTPConnection(host, port, timeout=60)
+    sent = dict(headers or {})
+    if token:
+        sent.setdefault("Authorization", f"Bearer {server.token}")
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    connection.request(method, path, body=data, headers=sent)
+    response = connection.getresponse()
+    text = response.read().decode("utf-8")
+    connection.close()
+    return response.status, (json.loads(text) if response.getheader("Content-Type") == "application/json" else text), response
+
+
+def heads(server, body, **options):
+    status, answer, _ = ask(server, "POST", "/api/heads", body, **options)
+    return status, answer
+
+
+@pytest.mark.parametrize("layer", [0, 3])
+def test_the_map_of_post_api_heads_is_transformers_eager_attention_to_4_decimals(server, reference_bert, layer):
+    import torch
+
+    tokenizer, bert = reference_bert
+    batch = tokenizer([ENGLISH], return_tensors="pt")
+    with torch.no_grad():
+        expected = bert(**batch, output_attentions=True).attentions[layer][0].numpy()  # (H, N, N)
+    status, record = heads(server, {"text": ENGLISH, "layer": layer})
+    assert status == 200
+    assert record["format"] == "attnviz-attention" and record["layer"] == layer and record["settings"]["layer"] == layer
+    assert record["query_tokens"] == tokenizer.convert_ids_to_tokens(batch["input_ids"][0])
+    attention = np.array(record["attention"])
+    assert attention.shape == expected.shape
+    np.testing.assert_allclose(attention, expected, atol=1e-4, rtol=0)
+    assert not re.search(r"\d\.\d{5}", json.dumps(record["attention"]))  # 4 decimals, as the page reads them out
+
+
+def test_the_report_answer_is_the_record_that_report_html_embeds(server, bundled):
+    import attnviz
+    from helpers import decoded
+
+    status, record = heads(server, {"text": ENGLISH, "layer": 2, "as": "report"})
+    assert status == 200
+    assert record == json.loads(json.dumps(attnviz.heads(ENGLISH, model=bundled, layer=2).report().record))
+    (text,) = record["texts"]
+    np.testing.assert_allclose(decoded(text["attention"]), attnviz.heads(ENGLISH, model=bundled, layer=2).attention.numpy(), atol=5e-5 + 1e-9, rtol=0)
+
+
+def test_the_token_is_needed_as_a_bearer_header_or_in_the_query(server):
+    assert heads(server, {"text": ENGLISH}, token=False) == (403, {"error": "no valid token: open the URL that `attnviz serve` printed"})
+    assert heads(server, {"text": ENGLISH}, headers={"Authorization": "Bearer not-the-token"})[0] == 403
+    assert heads(server, {"text": ENGLISH}, headers={"Authorization": f"Basic {server.token}"}, token=False)[0] == 403
+    status, _, _ = ask(server, "POST", f"/api/heads?token={server.token}", {"text": ENGLISH}, token=False)
+    assert status == 200
+    for path in ("/", "/api/models", "/?token=", f"/?token={server.token[:-1]}"):
+        status, answer, _ = ask(server, "GET", path, token=False)
+        assert status == 403 and set(answer) == {"error"}, path
+
+
+def test_a_foreign_host_or_origin_is_refused_even_with_the_token(server):
+    port = server.server_address[1]
+    for headers in (
+        {"Host": f"attacker.example:{port}"},
+        {"Host": "127.0.0.1"},  # no port: not the bound address
+        {"Host": f"127.0.0.1:{port + 1}"},
+        {"Origin": "http://attacker.example"},
+        {"Origin": f"http://127.0.0.1:{port + 1}"},
+        {"Origin": "null"},
+    ):
+        status, answer = heads(server, {"text": ENGLISH}, headers=headers)
+        assert status == 403 and set(answer) == {"error"}, headers
+    for headers in ({"Host": f"localhost:{port}"}, {"Origin": f"http://127.0.0.1:{port}"}, {"Origin": f"http://localhost:{port}", "Host": f"localhost:{port}"}):
+        assert heads(server, {"text": ENGLISH}, headers=headers)[0] == 200, headers
+
+
+def test_the_page_is_served_with_its_content_security_policy_and_holds_the_report_views(server):
+    status, page, response = ask(server, "GET", f"/?token={server.token}", token=False)
+    assert status == 200 and response.getheader("Content-Type") == "text/html; charset=utf-8"
+    policy = response.getheader("Content-Security-Policy")
+    assert policy.startswith("default-src 'none'; script-src 'sha256-") and "connect-src 'self'" in policy
+    assert "unsafe-eval" not in policy and "script-src 'unsafe-inline'" not in policy
+    assert response.getheader("Referrer-Policy") == "no-referrer" and response.getheader("Cache-Control") == "no-store"
+    assert re.search(r'http-equiv="Content-Security-Policy" content="([^"]*)"', page).group(1).replace("&#x27;", "'") == policy
+    for view in ("head_view.js", "heatmap_view.js", "model_view.js", "explorer.js", "main.js"):
+        assert f"// ---- {view} ----" in page
+    assert " src=" not in page and "http://" not in page.split("<script>")[0]
+
+
+def test_models_lists_those_loaded_and_the_token_limit(server, bundled):
+    status, answer, _ = ask(server, "GET", "/api/models")
+    assert status == 200
+    assert answer == {
+        "models": [{"name": "bundled", "family": "BERT", "kind": "encoder", "num_layers": bundled.num_layers, "num_heads": bundled.num_heads,
+                    "num_kv_heads": bundled.num_kv_heads, "device": "cpu"}],
+        "max_tokens": 2048,
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "body, status, error",
+    [
+        ({"text": ENGLISH, "model": "/etc"}, 400, "model '/etc' is not loaded here: this server has bundled"),
+        ({"text": ENGLISH, "model": "gpt2"}, 400, "model 'gpt2' is not loaded here: this server has bundled"),
+        ({"text": ENGLISH, "layer": 99}, 400, None),
+        ({"text": ENGLISH, "layer": "2"}, 400, None),
+        ({"text": ENGLISH, "allow_pickle": True}, 400, "unknown field 'allow_pickle'"),
+        ({"text": ENGLISH, "as": "pickle"}, 400, None),
+        ({"layer": 1}, 400, 'the request has no "text" string'),
+        ([ENGLISH], 400, "the request body is not a JSON object"),
+    ],
+)
+def test_a_bad_request_gets_one_json_line_and_a_4xx(server, body, status, error):
+    got, answer = heads(server, body)
+    assert got == status and set(answer) == {"error"} and "\n" not in answer["error"] and "Traceback" not in answer["error"]
+    if error is not None:
+        assert answer["error"].startswith(error)
+
+
+def test_a_body_that_is_not_json_or_too_large_or_a_path_unknown_is_refused(server):
+    assert ask(server, "POST", "/api/heads", raw=b"{not json")[0] == 400
+    assert ask(server, "POST", "/api/heads", raw=b"\xff\xfe")[0] == 400
+    status, answer, _ = ask(server, "POST", "/api/heads", raw=b" " * (MAX_BODY_BYTES + 1))
+    assert status == 413 and answer["error"].startswith("the request body has 1,048,577 bytes")
+    assert ask(server, "GET", "/api/heads")[0] == 404
+    assert ask(server, "POST", "/api/other", {"text": "x"})[0] == 404
+    assert ask(server, "GET", "/../../etc/passwd")[0] == 404
+    assert heads(server, {"text": ENGLISH})[0] == 200  # still serving
+
+
+def test_texts_past_max_tokens_are_refused_in_one_clear_line(bundled):
+    with running(lambda settings: Explorer({"bundled": bundled}, settings), max_tokens=8) as server:
+        status, answer = heads(server, {"text": ENGLISH})
+        assert (status, answer) == (400, {"error": "the text has 13 tokens: this server takes at most 8 (--max-tokens)"})
+        assert heads(server, {"text": "the cat", "kv": ENGLISH})[1] == {"error": "the kv text has 13 tokens: this server takes at most 8 (--max-tokens)"}
+        assert heads(server, {"text": "the cat sat"})[0] == 200
+
+
+@pytest.mark.parametrize("name", list(FUZZ_TEXTS))
+def test_a_fuzz_text_gets_200_or_a_4xx_and_the_server_serves_on(server, name):
+    status, answer = heads(server, {"text": FUZZ_TEXTS[name]})
+    assert status == 200 or 400 <= status < 500 and set(answer) == {"error"}, (status, answer)
+    assert heads(server, {"text": ENGLISH})[0] == 200
+
+
+def test_a_full_queue_answers_503_and_the_others_their_own_maps(bundled):
+    """No request may wait while one computes (waiting=0): of 8 at once, those that came while it ran get 503."""
+    long_text = " ".join(["the cat sat on the mat"] * 70)  # 422 tokens: long enough for the others to arrive
+    with running(lambda settings: Explorer({"bundled": bundled}, settings), waiting=0) as server:
+        answers = []
+        start = threading.Barrier(8)
+
+        def client():
+            start.wait()
+            answers.append(heads(server, {"text": long_text}))
+
+        threads = [threading.Thread(target=client) for _ in range(8)]
+        for each in threads:
+            each.start()
+        for each in threads:
+            each.join()
+        statuses = sorted(status for status, _ in answers)
+        assert set(statuses) == {200, 503} and len(statuses) == 8
+        assert all(answer == {"error": "the model is busy: try again in a moment"} for status, answer in answers if status == 503)
+        assert heads(server, {"text": ENGLISH})[0] == 200
+
+
+def test_eight_clients_of_fifty_requests_each_get_their_own_texts_tokens(server, reference_bert):
+    """8 clients at once, 50 requests each, every text different: none lost, each answer its own text's tokens."""
+    tokenizer, _ = reference_bert
+    results: dict[tuple[int, int], tuple] = {}
+    failures = []
+
+    def client(index: int):
+        for request in range(50):
+            text = f"client {index} asks question {request} about the {['cat', 'dog', 'bird'][request % 3]}"
+            started = time.perf_counter()
+            status, record = heads(server, {"text": text, "layer": request % 6})
+            results[index, request] = (text, status, record, time.perf_counter() - started)
+
+    threads = [threading.Thread(target=client, args=(index,)) for index in range(8)]
+    for each in threads:
+        each.start()
+    for each in threads:
+        each.join()
+    assert len(results) == 400
+    for (index, request), (text, status, record, _) in results.items():
+        if status != 200 or record["text"] != text or record["layer"] != request % 6:
+            failures.append((index, request, status))
+            continue
+        if record["query_tokens"] != tokenizer.convert_ids_to_tokens(tokenizer(text)["input_ids"]):
+            failures.append((index, request, "tokens"))
+    assert failures == []
