@@ -204,7 +204,7 @@ def test_help_imports_no_heavy_library():
     assert "heads" in result.stdout and "--layer" in result.stdout
 
 
-COMMANDS = ("heads", "report", "stats", "layers", "compare", "position", "diff", "generate", "trace", "models")
+COMMANDS = ("heads", "report", "stats", "layers", "compare", "position", "diff", "generate", "trace", "serve", "models")
 
 
 @pytest.fixture(scope="module")
@@ -240,9 +240,12 @@ def test_help_writes_option_types_as_typer_does(command, help_texts):
     """Each option's type as typer 0.29 writes it (<int>, <path>, a choice's values as <a|b>; a metavar where a command
     gives one), with no patch of typer's classes: the types the tests read are typer's own."""
     text = help_texts[command]
-    if command != "models":
+    if command not in ("models", "serve"):
         assert "TEXT <str>" in text and "--out <path>" in text  # the text argument, --out
+    if command != "models":
         assert "--device <auto|cpu|cuda>" in text
+    if command == "serve":  # no text and no files: the page's and the requests' texts
+        assert "--model NAME" in text and "--port <int range>" in text and "--host <str>" in text and "--max-tokens N" in text
     if command in ("heads", "trace"):
         assert "--layer <int>" in text and "--seed <int range>" in text
         assert "--weights <pretrained|random>" in text
@@ -312,6 +315,9 @@ OFFERED = {  # the run options each command offers: those its API function takes
     "diff": {"model", "seed", "stack", "device", "dtype", "truncate", "memory", "allow_pickle"},
     "generate": {"model", "layer", "seed", "device", "dtype"},
     "models": set(),
+    # the models it loads (--model again for more), where and in what; --port, --host and --max-tokens are the server's
+    # own settings (serve/explorer.py's ServeSettings), not a run's; a request gives its run's layer, heads, kv...
+    "serve": {"model", "device", "dtype"},
 }
 
 

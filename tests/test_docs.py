@@ -45,6 +45,10 @@ NOT_RUN = {  # a code line that is not run here, and why
     "attnviz stats --file corpus.txt --engine ray --device cuda --out run": "a Ray cluster with GPUs",
     'attnviz diff "The cat sat on the mat because it was tired." --model HuggingFaceTB/SmolLM2-135M --against '
     "HuggingFaceTB/SmolLM2-135M-Instruct": "two checkpoints from the hub (tests/test_diff.py: two tiny ones)",
+    "attnviz serve --model smollm2": "a server that runs until stopped: tests/test_serve_process.py starts it and asks it",
+    "attnviz serve --model bundled --model smollm2 --port 8123": "a server that runs until stopped (tests/test_serve_process.py)",
+    'curl -s -H "Authorization: Bearer $TOKEN" -d \'{"text": "The cat sat.", "layer": 3}\' http://127.0.0.1:8000/api/heads':
+    "asks a running server: tests/test_serve_process.py asks one with urllib",
 }
 
 
@@ -236,5 +240,7 @@ def test_the_readme_documentation_table_names_every_command():
     commands_row = next(line for line in table.splitlines() if line.startswith("| [commands]"))
     python_row = next(line for line in table.splitlines() if line.startswith("| [Python]"))
     assert [command for command in commands if f"`{command}`" not in commands_row] == []
-    functions = [command for command in commands if command != "models"]  # attnviz.models is a listing, not a run
+    # attnviz.models is a listing, not a run; serve is a server, whose face for scripts is its HTTP API (formats row)
+    functions = [command for command in commands if command not in ("models", "serve")]
+    assert "`attnviz serve`'s HTTP API" in next(line for line in table.splitlines() if line.startswith("| [formats]"))
     assert [function for function in functions if f"`{function}`" not in python_row] == []

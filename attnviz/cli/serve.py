@@ -13,7 +13,7 @@ from attnviz.errors import AttnvizError
 @app.command(short_help="A local page where a text typed is its heads a moment later (and an HTTP API).")
 def serve(
     model: Optional[List[str]] = typer.Option(
-        None, "--model", "-m", help="A model to load and offer (hub id, local folder, bundled, smollm2); give it again for more. "
+        None, "--model", "-m", metavar="NAME", help="A model to load and offer (hub id, local folder, bundled, smollm2); give it again for more. "
         "(default: the default model)", show_default=False,
     ),
     port: int = typer.Option(8000, "--port", min=0, max=65535, help="The port to listen on (0: any free one)."),
