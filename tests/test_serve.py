@@ -144,7 +144,8 @@ def test_the_page_is_served_with_its_content_security_policy_and_holds_the_repor
     assert policy.startswith("default-src 'none'; script-src 'sha256-") and "connect-src 'self'" in policy
     assert "unsafe-eval" not in policy and "script-src 'unsafe-inline'" not in policy
     assert response.getheader("Referrer-Policy") == "no-referrer" and response.getheader("Cache-Control") == "no-store"
-    assert re.search(r'http-equiv="Content-Security-Policy" content="([^"]*)"', page).group(1).replace("&#x27;", "'") == policy
+    meta = re.search(r'http-equiv="Content-Security-Policy" content="([^"]*)"', page).group(1).replace("&#x27;", "'")
+    assert policy == f"{meta}; frame-ancestors 'none'"
     for view in ("head_view.js", "heatmap_view.js", "model_view.js", "explorer.js", "main.js"):
         assert f"// ---- {view} ----" in page
     assert " src=" not in page and "http://" not in page.split("<script>")[0]
@@ -183,8 +184,16 @@ def test_a_bad_request_gets_one_json_line_and_a_4xx(server, body, status, error)
 def test_a_body_that_is_not_json_or_too_large_or_a_path_unknown_is_refused(server):
     assert ask(server, "POST", "/api/heads", raw=b"{not json")[0] == 400
     assert ask(server, "POST", "/api/heads", raw=b"\xff\xfe")[0] == 400
-    status, answer, _ = ask(server, "POST", "/api/heads", raw=b" " * (MAX_BODY_BYTES + 1))
-    assert status == 413 and answer["error"].startswith("the request body has 1,048,577 bytes")
+    # a body past the cap is refused by its Content-Length, before a byte of it is read
+    connection = http.client.HTTPConnection(*server.server_address[:2], timeout=60)
+    connection.putrequest("POST", "/api/heads")
+    connection.putheader("Authorization", f"Bearer {server.token}")
+    connection.putheader("Content-Length", str(MAX_BODY_BYTES + 1))
+    connection.endheaders()
+    response = connection.getresponse()
+    assert response.status == 413 and json.loads(response.read())["error"].startswith("the request body has 1,048,577 bytes: at most 1,048,576")
+    connection.close()
+    assert ask(server, "POST", "/api/heads", raw=b"{}", headers={"Content-Length": "nan"})[0] in (400, 411)
     assert ask(server, "GET", "/api/heads")[0] == 404
     assert ask(server, "POST", "/api/other", {"text": "x"})[0] == 404
     assert ask(server, "GET", "/../../etc/passwd")[0] == 404

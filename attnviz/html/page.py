@@ -80,7 +80,7 @@ def content_security_policy(script: str, connect: bool = False) -> str:
     to the host that served it (`attnviz serve`'s page, and nothing else)."""
     digest = base64.b64encode(hashlib.sha256(script.encode("utf-8")).digest()).decode("ascii")
     policy = f"default-src 'none'; script-src 'sha256-{digest}'; style-src 'unsafe-inline'; img-src data: blob:; font-src data:"
-    return policy + ("; connect-src 'self'; form-action 'none'; frame-ancestors 'none'; base-uri 'none'" if connect else "")
+    return policy + ("; connect-src 'self'; form-action 'none'; base-uri 'none'" if connect else "")
 
 
 def report_page(record: dict) -> str:

@@ -81,7 +81,8 @@ class ExplorerHandler(BaseHTTPRequestHandler):
             from attnviz.html.page import explorer_page
 
             page, policy = explorer_page({**self.server.explorer.models(), "token": self.server.token})
-            return HTTPStatus.OK, "text/html; charset=utf-8", page, {"Content-Security-Policy": policy}
+            # frame-ancestors holds only as a header (a <meta> policy may not say it): no other site frames the page
+            return HTTPStatus.OK, "text/html; charset=utf-8", page, {"Content-Security-Policy": f"{policy}; frame-ancestors 'none'"}
         if path == "/api/models":
             return HTTPStatus.OK, "application/json", json.dumps(self.server.explorer.models()), {}
         raise Refused(HTTPStatus.NOT_FOUND, f"no page {path[:80]!r}: GET / or /api/models, POST /api/heads")

@@ -1,0 +1,104 @@
+"""`attnviz serve`'s page in Debian's Chromium (tests/browser.py), against a real server in a thread of this process:
+a text typed is drawn without a reload, and a cell read out in the heatmap view is the API's own number for it.
+
+Every request the page makes is recorded: only the server's own origin is allowed, the rest aborted and failed on.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from attnviz.serve.explorer import Explorer, ServeSettings
+from attnviz.serve.http import ExplorerServer
+
+TYPED = "the quick brown fox jumps over the lazy dog"
+LAYER = 2
+HEAD = 5
+
+
+@pytest.fixture(scope="module")
+def server():
+    import attnviz
+
+    bundled = attnviz.load("bundled", device="cpu")
+    settings = ServeSettings(port=0)
+    server = ExplorerServer(settings)
+    server.explorer = Explorer({"bundled": bundled}, settings)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+    thread.join()
+
+
+@pytest.fixture
+def page(browser, server):
+    """The page at the URL `attnviz serve` prints, every request to another origin aborted and recorded."""
+    from browser import ACTION_TIMEOUT_MS, READY, READY_TIMEOUT_MS
+
+    origin = server.url.split("/?")[0]
+    context = browser.new_context(viewport={"width": 1200, "height": 900})
+    context.set_default_timeout(ACTION_TIMEOUT_MS)
+    foreign, errors = [], []
+    opened = context.new_page()
+    opened.route("**/*", lambda route: route.continue_() if route.request.url.startswith(origin + "/") else (foreign.append(route.request.url), route.abort()))
+    opened.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
+    opened.on("pageerror", lambda error: errors.append(f"page error: {error}"))
+    opened.goto(server.url)
+    opened.wait_for_selector(READY, state="attached", timeout=READY_TIMEOUT_MS)
+    opened.expected_errors = []  # what a test makes the page log on purpose (Chromium logs each 4xx answer)
+    yield opened
+    context.close()
+    assert foreign == [] and errors == opened.expected_errors
+
+
+def wait_until(page, expression: str, timeout_ms: int = 20_000) -> None:
+    """Polls a JavaScript expression (wait_for_function evals in the page, which its CSP refuses)."""
+    for _ in range(timeout_ms // 50):
+        if page.evaluate(expression):
+            return
+        page.wait_for_timeout(50)
+    raise AssertionError(f"timed out waiting for {expression}")
+
+
+def heads(server, body: dict) -> dict:
+    import http.client
+    import json
+
+    connection = http.client.HTTPConnection(*server.server_address[:2], timeout=60)
+    connection.request("POST", "/api/heads", json.dumps(body), {"Authorization": f"Bearer {server.token}"})
+    response = connection.getresponse()
+    assert response.status == 200
+    return json.loads(response.read())
+
+
+def test_a_typed_text_is_drawn_and_a_heatmap_cell_reads_out_the_apis_weight(server, page):
+    shown_first = page.evaluate("AV.data.texts[0].text")
+    assert shown_first and page.is_visible("#explorer-text")
+    page.select_option("#explorer-layer", str(LAYER))
+    page.fill("#explorer-text", TYPED)  # an input event: the page asks again once the keys pause
+    wait_until(page, f"AV.data.texts[0].text === {TYPED!r} && AV.data.texts[0].layer === {LAYER}")
+    assert page.evaluate("document.querySelectorAll('script').length") == 2  # redrawn, not reloaded
+    page.click("button[data-view=heatmap]")
+    page.select_option("#heatmap-head", str(HEAD))
+    wait_until(page, f"(document.querySelector('#heatmap-note') || {{textContent: ''}}).textContent.startsWith('Layer {LAYER}, head {HEAD}')")
+    record = heads(server, {"text": TYPED, "layer": LAYER})
+    weights = record["attention"][HEAD]
+    tokens = record["shown_query_tokens"]
+    n = len(tokens)
+    box = page.query_selector("#heatmap-canvas").bounding_box()
+    query, key = 4, 2
+    page.mouse.move(box["x"] + box["width"] * (key + 0.5) / n, box["y"] + box["height"] * (query + 0.5) / n)
+    assert page.text_content("#heatmap-readout") == f"layer {LAYER} · head {HEAD} · query {query}:{tokens[query]} · key {key}:{tokens[key]} · {weights[query][key]:.4f}"
+
+
+def test_an_error_of_the_server_is_one_line_on_the_page_and_the_next_text_draws(server, page):
+    page.fill("#explorer-text", "   ")
+    wait_until(page, "document.querySelector('#explorer-status').textContent.startsWith('error:')")
+    assert page.text_content("#explorer-status") == "error: the text is empty: give some words to attend over"
+    page.expected_errors.append("Failed to load resource: the server responded with a status of 400 (Bad Request)")
+    page.fill("#explorer-text", "a cat")
+    wait_until(page, "AV.data.texts[0].text === 'a cat'")
