@@ -140,6 +140,7 @@ class AttentionRun:
     dtype: str = "float32"  # what the model and the layer computed in (--dtype); the arrays are float32 whatever it is
     layer_summaries: Any = None  # every layer's heads summarised in the same pass (head_summaries.LayerSummaries), when asked
     effects: Any = None  # each head of the layer taken out of the model (analysis.effect.HeadEffects), with --effect
+    vectors: Any = None  # each head's q and k (analysis.neurons.QueryKeyVectors), for the neuron view, when asked
 
     @property
     def tokenizer_tokens(self) -> tuple[list[str], list[str]]:

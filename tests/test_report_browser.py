@@ -25,7 +25,7 @@ HEAD = 3
 # The record's weights are rounded to 4 decimals (5e-5), attention.json's to 7 (5e-8): a weight near
 # a half unit, 0.10035 say, can be 5e-5 from the record in one and a few float64 ulps more in the other.
 ROUNDING = 5e-5 + 5e-8 + 1e-12
-VIEWS = ["head", "model", "heatmap", "trace", "stats"]
+VIEWS = ["head", "model", "heatmap", "neuron", "trace", "stats"]  # neuron: a text of at most 64 tokens (its q and k)
 DATA = re.compile(r'<script type="application/json" id="attnviz-data">(.*?)</script>', re.S)
 
 

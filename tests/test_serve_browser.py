@@ -102,3 +102,15 @@ def test_an_error_of_the_server_is_one_line_on_the_page_and_the_next_text_draws(
     page.expected_errors.append("Failed to load resource: the server responded with a status of 400 (Bad Request)")
     page.fill("#explorer-text", "a cat")
     wait_until(page, "AV.data.texts[0].text === 'a cat'")
+
+
+def test_the_neuron_view_of_the_served_page_sums_the_apis_q_and_k(server, page):
+    page.fill("#explorer-text", TYPED)
+    wait_until(page, f"AV.data.texts[0].text === {TYPED!r}")
+    page.click("button[data-view=neuron]")
+    page.select_option("#neuron-query", "3")
+    page.select_option("#neuron-key", "1")
+    vectors = heads(server, {"text": TYPED, "layer": page.evaluate("AV.data.texts[0].layer"), "as": "report"})["texts"][0]["vectors"]
+    sums = [float(value) for value in page.eval_on_selector_all(".neuron-sum", "spans => spans.map(s => s.textContent)")]
+    expected = [sum(q * k for q, k in zip(vectors["q"][head][3], vectors["k"][head // vectors["group_size"]][1])) for head in range(len(vectors["q"]))]
+    assert sums == pytest.approx(expected, abs=5e-5 + 1e-9)

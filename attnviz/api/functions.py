@@ -26,7 +26,8 @@ POSITION_OPTIONS = ("model", "device", "dtype", "allow_pickle")  # position runs
 
 @takes_options()
 def heads(
-    text: str | list[str], *, measure: str = "weights", layer_summaries: bool | None = False, effect: str | None = None, **options
+    text: str | list[str], *, measure: str = "weights", layer_summaries: bool | None = False, effect: str | None = None,
+    vectors: bool | None = False, **options
 ):
     """One layer's heads over a text (a HeadsResult), or over a list of texts (a list, run in padded batches).
 
@@ -50,6 +51,9 @@ def heads(
     an encoder-decoder's, a head of any stack) KL of the next-token distributions and loss change, an encoder's
     cosine distance of the last hidden states (and of the sentence embedding, for a sentence-transformers model),
     in result.effects. One text; the model's own heads and weights.
+    vectors: also each head's query and key vectors (after RoPE; a key/value head's once), whose dot product is the
+    head's score before the scale: result.vectors (analysis.neurons.QueryKeyVectors), the report's neuron view. One text,
+    over tokens. None: where a report of the text holds them (one text of at most 64 tokens, over tokens, no measure).
     """
     from attnviz.api.run_results import HeadsResult
     from attnviz.output.batch import run_in_batches
@@ -61,6 +65,8 @@ def heads(
     if wanted and (not isinstance(text, str) or names or options.kv or options.stack == "cross"):
         raise AttnvizError('layer_summaries=True summarises one text\'s self-attention: give one str, no kv, no stack="cross", no measure')
     check_effect(effect, text, options)
+    if vectors is not None and must_be_bool("vectors", vectors) and (not isinstance(text, str) or options.words or names):
+        raise AttnvizError("vectors=True gives one text's query and key vectors over its tokens: give one str, no words, no measure")
     refuse_before_loading(options)
     handle = options.load()
     spec = options.run_spec(handle)
@@ -81,8 +87,22 @@ def heads(
         results = [HeadsResult(run, spec, num_layers) for run in runs]
     if effects is not None:
         results = [replace(results[0], run=replace(results[0].run, effects=effects))]
+    if vectors is None:  # as the report of this text holds them
+        vectors = isinstance(text, str) and not options.words and not names and holds_vectors(results[0].run)
+    if vectors:
+        from attnviz.analysis.neurons import query_key_vectors
+
+        results = [replace(results[0], run=replace(results[0].run, vectors=query_key_vectors(handle.loaded, texts[0], spec)))]
     warn_run_notes((note for result in results for note in result.notes), handle)
     return results if isinstance(text, (list, tuple)) else results[0]
+
+
+def holds_vectors(run) -> bool:
+    """Whether a report of this run holds its heads' query and key vectors (the neuron view): a map of at most
+    neurons.MAX_VECTOR_TOKENS queries and keys, over tokens."""
+    from attnviz.analysis.neurons import MAX_VECTOR_TOKENS
+
+    return run.words is None and max(len(run.query_tokens), len(run.key_tokens)) <= MAX_VECTOR_TOKENS
 
 
 def check_effect(effect, text, options: RunOptions) -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from attnviz.api.experiment_results import text_statistics
-from attnviz.api.functions import _check_lengths, _texts, refuse_before_loading, summarised_in_its_run, token_counts, warn_run_notes
+from attnviz.api.functions import _check_lengths, _texts, holds_vectors, refuse_before_loading, summarised_in_its_run, token_counts, warn_run_notes
 from attnviz.api.options import run_options, takes_options
 from attnviz.api.run_results import ReportResult, report_result
 from attnviz.errors import AttnvizError
@@ -132,6 +132,10 @@ def report_texts(loaded, runs: list, spec: RunSpec) -> tuple[list, list[str]]:
         with threads_for_tokens(len(run.query_tokens) + (len(run.key_tokens) if spec.cross_attention else 0)):
             layer_runs, rollout, statistics = every_layer(loaded, run.text, spec)
             trace, mistakes = traces(loaded, run.text, spec, notes)
+            if run.vectors is None and holds_vectors(run):  # the neuron view's q and k
+                from attnviz.analysis.neurons import query_key_vectors
+
+                run = replace(run, vectors=query_key_vectors(loaded, run.text, spec))
         texts.append(ReportText(run, layer_runs, rollout, statistics, trace, mistakes))
     return texts, list(notes)
 

@@ -67,6 +67,11 @@ class HeadsResult:
         return self.run.effects
 
     @property
+    def vectors(self):
+        """Each head's query and key vectors (analysis.neurons.QueryKeyVectors), with heads(vectors=True); else None."""
+        return self.run.vectors
+
+    @property
     def layer_summaries(self):
         """Every head of every layer summarised (head_summaries.LayerSummaries), with heads(layer_summaries=True); else None."""
         return self.run.layer_summaries

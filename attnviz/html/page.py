@@ -29,6 +29,7 @@ SCRIPTS = (
     "head_view.js",
     "model_view.js",
     "heatmap_view.js",
+    "neuron_view.js",
     "trace_view.js",
     "stats_view.js",
     "zoom_view.js",

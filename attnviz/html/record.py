@@ -165,7 +165,24 @@ def text_record(text: ReportText, spec: RunSpec) -> dict:
         record["diff"] = differences_of(text.differences, spec)
     if text.generation is not None:
         record["generation"] = generation_of(text.generation, text.generation_rows)
+    if run.vectors is not None:
+        record["vectors"] = vectors_of(run.vectors)
     return record
+
+
+VECTOR_DECIMALS = 4
+
+
+def vectors_of(vectors) -> dict:
+    """The neuron view's data (analysis.neurons.QueryKeyVectors): q (H, Nq, d) and k (H_kv, Nk, d) to 4 decimals, the
+    scale and the query heads per key/value head; position_bias: the weights also add a bias (T5)."""
+    return {
+        "q": np.round(vectors.q.astype(np.float64), VECTOR_DECIMALS).tolist(),
+        "k": np.round(vectors.k.astype(np.float64), VECTOR_DECIMALS).tolist(),
+        "scale": vectors.scale,
+        "group_size": vectors.group_size,
+        "position_bias": vectors.position_bias,
+    }
 
 
 def generation_of(generation, rows_are: str = "chosen") -> dict:

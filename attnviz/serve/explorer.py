@@ -100,7 +100,8 @@ class Explorer:
         handle = self.handles[name]
         self.check_length(handle, text, options.get("kv"))
         with self.turns[name]:
-            result = attnviz.heads(text, model=handle, **options)
+            # the page's record: with the neuron view's q and k where a report holds them (up to 64 tokens)
+            result = attnviz.heads(text, model=handle, vectors=None if answer == "report" else False, **options)
             if answer == "report":
                 return json.dumps(result.report().record, ensure_ascii=False)
             return attention_json(result)
