@@ -26,6 +26,7 @@ from attnviz.text import shorten
 SCRIPTS = (
     "core.js",
     "header.js",
+    "selection.js",
     "head_view.js",
     "model_view.js",
     "heatmap_view.js",

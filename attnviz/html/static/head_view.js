@@ -114,6 +114,7 @@
     section.appendChild(note);
     section.appendChild(readout);
     section.appendChild(columns);
+    section.appendChild(AV.selectionPanel("head")); // several queries or keys at once (selection.js)
     drawn = { section, textIndex, svg: lines, readout, note, columns, pinned: null, readFrom: null };
     wireTokens(columns);
     lines.addEventListener("click", (event) => {

@@ -43,6 +43,7 @@
     section.appendChild(note);
     section.appendChild(readout);
     section.appendChild(AV.el("div", { class: "heatmap-figure" }, map, bar));
+    section.appendChild(AV.selectionPanel("heatmap")); // several queries or keys at once (selection.js)
     shown = { section, textIndex, canvas, cursor, keyLabels, queryLabels, bar, note, readout, at: null, pinned: null, data: null };
     wire(shown);
     await draw();
