@@ -167,6 +167,7 @@ def test_models_lists_those_loaded_and_the_token_limit(server, bundled):
     [
         ({"text": ENGLISH, "model": "/etc"}, 400, "model '/etc' is not loaded here: this server has bundled"),
         ({"text": ENGLISH, "model": "gpt2"}, 400, "model 'gpt2' is not loaded here: this server has bundled"),
+        ({"text": ENGLISH, "model": ["bundled"]}, 400, "model \"['bundled']\" is not loaded here"),
         ({"text": ENGLISH, "layer": 99}, 400, None),
         ({"text": ENGLISH, "layer": "2"}, 400, None),
         ({"text": ENGLISH, "allow_pickle": True}, 400, "unknown field 'allow_pickle'"),

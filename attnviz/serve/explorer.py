@@ -74,8 +74,10 @@ class Explorer:
         """The named models loaded once each, through attnviz.load (None or []: the default model)."""
         from attnviz.api.models import load
 
-        names = list(dict.fromkeys(names or [None]))
-        handles = {name or load(None, device, dtype=dtype).resolved: load(name, device, dtype=dtype) for name in names}
+        handles = {}
+        for name in dict.fromkeys(names or [None]):
+            handle = load(name, device, dtype=dtype)
+            handles[name or handle.resolved] = handle  # the default model by the name it resolved to
         return Explorer(handles, settings)
 
     def models(self) -> dict:
@@ -121,7 +123,7 @@ class Explorer:
             raise AttnvizError("the request has no \"text\" string")
         check_text(text)
         name = request.get("model", next(iter(self.handles)))
-        if name not in self.handles:
+        if not isinstance(name, str) or name not in self.handles:
             raise AttnvizError(f"model {str(name)[:80]!r} is not loaded here: this server has {', '.join(self.handles)}")
         answer = request.get("as", "attention")
         if answer not in ANSWERS:

@@ -48,6 +48,7 @@
         return;
       }
       if (number !== asked) return;
+      if (answer.texts[0].zoom) AV.state.view = "zoom"; // a long text's record holds no whole map: its Zoom view
       await AV.start(answer);
       status.textContent = `${answer.texts[0].query_tokens.length} tokens, layer ${request.layer}: ${Math.round(performance.now() - started)} ms`;
       document.body.dataset.shown = String(number);
