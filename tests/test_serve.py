@@ -210,6 +210,24 @@ def test_texts_past_max_tokens_are_refused_in_one_clear_line(bundled):
         assert heads(server, {"text": "the cat sat"})[0] == 200
 
 
+def test_what_http_server_refuses_itself_is_json_too(server):
+    import socket
+
+    for request, status in ((b"GARBAGE\r\n\r\n", 400), (b'GET / HTTP/"9\r\n\r\n', 400), (b"PUT /api/heads HTTP/1.1\r\nHost: x\r\n\r\n", 501)):
+        with socket.create_connection(server.server_address[:2], timeout=30) as connection:
+            connection.sendall(request)
+            answer = b""
+            while chunk := connection.recv(65536):
+                answer += chunk
+        if not answer.startswith(b"HTTP/"):  # a request line it cannot read is answered as HTTP/0.9: the body alone
+            assert status == 400 and set(json.loads(answer)) == {"error"}, answer
+            continue
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.split(b" ")[1] == str(status).encode() and b"Content-Type: application/json" in head, answer
+        assert set(json.loads(body)) == {"error"}
+    assert heads(server, {"text": ENGLISH})[0] == 200
+
+
 @pytest.mark.parametrize("name", list(FUZZ_TEXTS))
 def test_a_fuzz_text_gets_200_or_a_4xx_and_the_server_serves_on(server, name):
     status, answer = heads(server, {"text": FUZZ_TEXTS[name]})
