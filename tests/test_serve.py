@@ -283,3 +283,13 @@ def test_eight_clients_of_fifty_requests_each_get_their_own_texts_tokens(server,
         if record["query_tokens"] != tokenizer.convert_ids_to_tokens(tokenizer(text)["input_ids"]):
             failures.append((index, request, "tokens"))
     assert failures == []
+
+
+def test_cross_attention_takes_keys_and_values_from_kv(server, reference_bert):
+    tokenizer, _ = reference_bert
+    status, record = heads(server, {"text": "the cat sat", "kv": ENGLISH, "layer": 1})
+    assert status == 200 and record["kv_text"] == ENGLISH
+    assert record["key_tokens"] == tokenizer.convert_ids_to_tokens(tokenizer(ENGLISH)["input_ids"])
+    attention = np.array(record["attention"])  # (H, Nq, Nk): every row a distribution over the kv text's tokens
+    assert attention.shape == (len(record["attention"]), 5, len(record["key_tokens"]))
+    np.testing.assert_allclose(attention.sum(axis=-1), 1, atol=len(record["key_tokens"]) * 5e-5)
