@@ -235,8 +235,49 @@ def test_an_interrupted_run_writes_nothing(tiny_llama, texts, tmp_path):
     def interrupt(done):
         raise KeyboardInterrupt
 
-    out = tmp_path / "run"
+    outputs = tmp_path / "outputs"
+    outputs.mkdir()
+    out = outputs / "run"
     with pytest.raises(KeyboardInterrupt):
         with StagedRunFolder(out, unique=False) as staging:
             (staging / "roles.json").write_text(json.dumps(tiny_retrieval(tiny_llama[0], texts, advance=interrupt).record()))
-    assert not out.exists() and [path.name for path in tmp_path.iterdir()] == []
+    assert list(outputs.iterdir()) == []  # neither the run's folder nor its staging folder
+
+
+@pytest.mark.ray
+def test_on_ray_the_tests_give_what_one_process_gives(tiny_llama, texts, monkeypatch):
+    pytest.importorskip("ray", reason='the ray extra is not installed: pip install -e ".[test,ray]"')
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)  # a local instance, never a cluster this machine may know of
+    folder = tiny_llama[0]
+    local, on_ray = tiny_retrieval(folder, texts), tiny_retrieval(folder, texts, engine="ray")
+    assert [result.test for result in on_ray.tests] == [result.test for result in local.tests]
+    assert [(result.ids, result.recall) for result in on_ray.tests] == [(result.ids, result.recall) for result in local.tests]
+    for mine, theirs in zip(local.tests, on_ray.tests):
+        np.testing.assert_allclose(theirs.scores, mine.scores, atol=1e-12)
+    np.testing.assert_allclose(on_ray.scores, local.scores, atol=1e-12)
+    assert on_ray.record() == local.record()
+
+
+@pytest.mark.slow
+def test_smollm2_retrieves_the_needle_and_its_scores_are_those_of_transformers_generate():
+    """A short run on the bundled SmolLM2-135M-Instruct (its chat template): kept, recorded, some head above 0.1."""
+    import attnviz
+    import transformers
+
+    from attnviz.output.retrieval_heads import retrieval_heads
+    from attnviz.spec import run_spec
+
+    handle = attnviz.load("smollm2", device="cpu")
+    retrieval = retrieval_heads(handle.loaded, run_spec(handle.loaded, "smollm2"), lengths=[512], depths=[0.5])
+    folder = handle.loaded.folder
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
+    assert_as_transformers(retrieval, model, transformers.AutoTokenizer.from_pretrained(folder), 32)
+    assert retrieval.kept == 1 and retrieval.scores.shape == (30, 9) and retrieval.scores.max() > 0.1
+    record = json.loads(json.dumps(retrieval.record()))
+    assert set(record) == {"scores", "thresholds", "definitions", "papers", "retrieval"}
+    assert np.array(record["scores"]["retrieval"]).shape == (30, 9) and record["thresholds"]["retrieval"] == 0.1
+    (test,) = record["retrieval"]["tests"]
+    assert record["retrieval"]["tests_kept"] == 1 and test["kept"] and test["rouge1_recall"] > 0.5
+    start, end = test["needle_span"]
+    assert handle.loaded.tokenizer.decode(retrieval.tests[0].test.prompt_ids[start:end]).strip() == test["needle"]
+    assert test["ids"] == retrieval.tests[0].ids and test["length"] == 512 and test["depth"] == 0.5
