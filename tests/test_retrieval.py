@@ -120,8 +120,8 @@ def test_where_the_checkpoint_has_a_chat_template_the_haystack_and_question_are_
 
 
 def test_lengths_past_the_models_context_and_depths_outside_0_to_1_are_refused_before_any_test_is_built(texts):
-    with pytest.raises(AttnvizError, match="lengths 190, 300: past the model's context of 200 positions"):
-        needle_tests(WordTokenizer(), [40, 190, 300], [0.5], context=200, answer_tokens=16, folder=texts)
+    with pytest.raises(AttnvizError, match="lengths 190, 300: past tiny's context of 200 positions"):
+        needle_tests(WordTokenizer(), [40, 190, 300], [0.5], context=200, answer_tokens=16, folder=texts, model="tiny")
     with pytest.raises(AttnvizError, match="depths 1.5"):
         needle_tests(WordTokenizer(), [40], [0.5, 1.5], context=200, answer_tokens=16, folder=texts)
     with pytest.raises(AttnvizError, match="too short for the needle"):
@@ -215,8 +215,8 @@ def tiny_retrieval(folder, texts, **options):
     from attnviz.spec import run_spec
 
     handle = attnviz.load(str(folder), device="cpu")
-    return retrieval_heads(handle.loaded, run_spec(handle.loaded, str(folder)), lengths=[120, 240], depths=[0.0, 0.5, 1.0],
-                           answer_tokens=12, folder=texts, model_name=str(folder), **options)
+    options = {"lengths": [120, 240], "depths": [0.0, 0.5, 1.0], **options}
+    return retrieval_heads(handle.loaded, run_spec(handle.loaded, str(folder)), answer_tokens=12, folder=texts, model_name=str(folder), **options)
 
 
 @pytest.mark.slow
@@ -226,6 +226,12 @@ def test_a_tiny_llamas_retrieval_scores_are_those_of_transformers_generate_with_
     assert len(retrieval.tests) == 6 and retrieval.scores.shape == (2, 6)
     assert_as_transformers(retrieval, model, tokenizer, 12)
     assert any(result.scores.max() > 0 for result in retrieval.tests)  # some head copied: the check has teeth
+
+
+@pytest.mark.slow
+def test_a_length_past_the_models_context_is_refused_naming_it_before_anything_is_generated(tiny_llama, texts):
+    with pytest.raises(AttnvizError, match=r"lengths 250: past .*tiny-llama.*'s context of 256 positions"):
+        tiny_retrieval(tiny_llama[0], texts, advance=lambda done: pytest.fail("a test ran"), lengths=[120, 250])
 
 
 @pytest.mark.slow

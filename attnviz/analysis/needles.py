@@ -64,15 +64,17 @@ def read_needles(folder: Path = NEEDLES_FOLDER) -> tuple[list[str], list[Needle]
     return [sentence.strip() for sentence in sentences], [Needle(entry["needle"], entry["question"]) for entry in needles]
 
 
-def needle_tests(tokenizer, lengths, depths, context: int, answer_tokens: int, folder: Path = NEEDLES_FOLDER) -> list[NeedleTest]:
+def needle_tests(
+    tokenizer, lengths, depths, context: int, answer_tokens: int, folder: Path = NEEDLES_FOLDER, model: str = "the model"
+) -> list[NeedleTest]:
     """The tests of every length and depth (lengths outer), each prompt at most `length` tokens; a length whose prompt
-    and answer_tokens more pass the model's context (its positions) is refused before any test is built."""
+    and answer_tokens more pass the model's context (its positions) is refused, naming it, before any test is built."""
     lengths, depths = [int(length) for length in lengths], [float(depth) for depth in depths]
     if not lengths or not depths:
         raise AttnvizError("retrieval needs at least one length and one depth")
     if past := [length for length in lengths if length + answer_tokens > context]:
         raise AttnvizError(
-            f"lengths {', '.join(f'{length:,}' for length in past)}: past the model's context of {context:,} positions "
+            f"lengths {', '.join(f'{length:,}' for length in past)}: past {model}'s context of {context:,} positions "
             f"(each prompt and its answer's {answer_tokens} tokens must fit)"
         )
     if outside := [depth for depth in depths if not 0.0 <= depth <= 1.0]:

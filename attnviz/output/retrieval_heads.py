@@ -103,9 +103,9 @@ def retrieval_heads(
     if engine not in ENGINES:
         raise AttnvizError(f"engine {engine!r}: one of {', '.join(ENGINES)}")
     check_decoder(loaded, "retrieval")
-    if not 1 <= answer_tokens:
+    if answer_tokens < 1:
         raise AttnvizError(f"answer tokens {answer_tokens}: at least 1")
-    tests = needle_tests(loaded.tokenizer, lengths, depths, loaded.max_positions, answer_tokens, folder)
+    tests = needle_tests(loaded.tokenizer, lengths, depths, loaded.max_positions, answer_tokens, folder, loaded.name)
     if engine == "ray":
         from attnviz.output.ray_engine import ray_needle_results, require_ray
 
