@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from attnviz.analysis.generation import check_decoder
 from attnviz.analysis.needles import NEEDLES_FOLDER, needle_tests
 from attnviz.analysis.retrieval import (
     ANSWER_TOKENS, DEFINITION, DEPTHS, KEEP_RECALL, LENGTHS, PAPER, RETRIEVAL_THRESHOLD, NeedleResult, mean_of_kept, run_needle_test,
@@ -98,8 +99,6 @@ def retrieval_heads(
     folder as given, as `stats --file --engine ray` does), on engine_device (spec.device by default); the result
     equals the local one. advance(1) after each test. folder: the haystack and needles (sample_inputs/retrieval/).
     """
-    from attnviz.analysis.generation import check_decoder
-
     if engine not in ENGINES:
         raise AttnvizError(f"engine {engine!r}: one of {', '.join(ENGINES)}")
     check_decoder(loaded, "retrieval")
