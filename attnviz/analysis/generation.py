@@ -71,11 +71,9 @@ def generate(loaded, prompt: str, spec, num_tokens: int, sample: bool = False, s
 
     from attnviz.errors import AttnvizError
     from attnviz.layer_inputs import encode_texts
-    from attnviz.models.families import DECODER
     from attnviz.pipeline import build_layers
 
-    if loaded.family.kind != DECODER:
-        raise AttnvizError(f"generate continues a text with a decoder (GPT-2, Llama's layout); {loaded.name} is {loaded.family.kind} ({loaded.family.name})")
+    check_decoder(loaded, "generate")
     if not 1 <= num_tokens <= MAX_TOKENS:
         raise AttnvizError(f"tokens {num_tokens}: generate makes 1 to {MAX_TOKENS:,} tokens")
     encoded = encode_texts(loaded, [prompt], spec)
@@ -127,6 +125,15 @@ def generate(loaded, prompt: str, spec, num_tokens: int, sample: bool = False, s
         sample=sample,
         seed=seed if sample else None,
     )
+
+
+def check_decoder(loaded, command: str) -> None:
+    """Refuse a model that is no decoder: command continues a text with one."""
+    from attnviz.errors import AttnvizError
+    from attnviz.models.families import DECODER
+
+    if loaded.family.kind != DECODER:
+        raise AttnvizError(f"{command} continues a text with a decoder (GPT-2, Llama's layout); {loaded.name} is {loaded.family.kind} ({loaded.family.name})")
 
 
 def _tokens(tokenizer, ids: list[int]) -> list[str]:

@@ -61,13 +61,14 @@ def rotary_frequencies(head_dim: int, theta: float) -> torch.Tensor:
     return 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
 
 
-def rotary_tables(num_tokens: int, inv_freq: torch.Tensor, scaling: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of the angle position * frequency, each (N, d): the d/2 angles written twice.
+def rotary_tables(num_tokens: int, inv_freq: torch.Tensor, scaling: float = 1.0, first: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of the angle position * frequency for positions first .. first + N - 1, each (N, d): the d/2
+    angles written twice (a step of generation needs its own positions' alone, not the cache's too).
 
     Feature i and feature i + d/2 form a pair, rotated by the same angle (the half-split layout
     of transformers' Llama; scaling is a rope type's attention factor, 1 for the default).
     """
-    positions = torch.arange(num_tokens, dtype=torch.float64, device=inv_freq.device)
+    positions = torch.arange(first, first + num_tokens, dtype=torch.float64, device=inv_freq.device)
     angles = torch.outer(positions, inv_freq.double())  # (N, d/2)
     angles = torch.cat([angles, angles], dim=-1)  # (N, d)
     return (angles.cos() * scaling).float(), (angles.sin() * scaling).float()
@@ -186,11 +187,11 @@ class MultiHeadAttention(nn.Module):
         """G: the query heads that share one key/value head (1 without grouped-query attention)."""
         return self.num_heads // self.num_kv_heads
 
-    def rotary(self, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """RoPE's cos and sin tables (N, d) for positions 0 .. N - 1; None for a layer without RoPE."""
+    def rotary(self, num_tokens: int, first: int = 0) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """RoPE's cos and sin tables (N, d) for positions first .. first + N - 1; None for a layer without RoPE."""
         if self.rotary_inv_freq is None:
             return None
-        return rotary_tables(num_tokens, self.rotary_inv_freq, self.rotary_scaling)
+        return rotary_tables(num_tokens, self.rotary_inv_freq, self.rotary_scaling, first)
 
     def project(
         self, queries: torch.Tensor, keys: torch.Tensor | None = None, values: torch.Tensor | None = None, first: int = 0
@@ -206,7 +207,7 @@ class MultiHeadAttention(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         if self.rotary_inv_freq is not None:
-            cos, sin = (table[first:].to(q.dtype) for table in self.rotary(first + max(q.shape[2], k.shape[2])))  # (N, d) each, as transformers casts them
+            cos, sin = (table.to(q.dtype) for table in self.rotary(max(q.shape[2], k.shape[2]), first))  # (N, d) each, as transformers casts them
             q = rotate(q, cos[: q.shape[2]], sin[: q.shape[2]])  # (B, H, Nq, d)
             k = rotate(k, cos[: k.shape[2]], sin[: k.shape[2]])  # (B, H_kv, Nk, d)
         return q, repeat_kv(k, self.group_size), repeat_kv(v, self.group_size)  # (B, H, Nk, d) each

@@ -413,6 +413,13 @@ class TransformersTokenizer:
         """The text of ids (a continuation: generate), special tokens kept as they are."""
         return self._tokenizer.decode(ids)
 
+    def chat_prompt(self, text: str) -> str | None:
+        """text as the user's turn of the checkpoint's chat template, the assistant's turn opened after it (an
+        instruct model's prompt); None where the checkpoint has no chat template."""
+        if not getattr(self._tokenizer, "chat_template", None):
+            return None
+        return self._tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
+
     def spaces_before(self, texts: list[str]) -> list[list[bool]] | None:
         """Whether whitespace precedes each token of each text (encode_batch's tokens), from a fast tokenizer's offsets; None for a slow one."""
         if not self._tokenizer.is_fast:
