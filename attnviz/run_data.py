@@ -140,6 +140,7 @@ class AttentionRun:
     dtype: str = "float32"  # what the model and the layer computed in (--dtype); the arrays are float32 whatever it is
     layer_summaries: Any = None  # every layer's heads summarised in the same pass (head_summaries.LayerSummaries), when asked
     effects: Any = None  # each head of the layer taken out of the model (analysis.effect.HeadEffects), with --effect
+    head_roles: Any = None  # each head of the layer's roles (analysis.roles' names, a list per head), when computed
 
     @property
     def tokenizer_tokens(self) -> tuple[list[str], list[str]]:

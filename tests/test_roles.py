@@ -246,3 +246,48 @@ def test_at_4096_tokens_the_blocks_give_the_whole_maps_scores(tmp_path):
     largest = -np.sort(-A, axis=-1)
     for k in (16, 64, 256):
         np.testing.assert_allclose(result.scores[f"top_{k}"][0], largest[..., :k].sum(-1).mean(-1), atol=1e-5)
+
+
+def test_the_reports_roles_view_colours_each_head_and_a_click_opens_its_map_and_scores(tmp_path, opened):
+    """report.html of `attnviz roles` opens on the Roles view: the built previous-token head's cell reads out its role,
+    and a click on it shows its map (its first row all on the first token, in the report's colours) and its scores."""
+    import attnviz
+
+    previous_token_llama(tmp_path / "model")
+    result = attnviz.roles(TEXT, model=str(tmp_path / "model"), device="cpu")
+    path = result.report().save(tmp_path / "report")[0]
+    page = opened(path)
+    page.page.wait_for_selector("#view-roles .roles-grid", state="attached")
+    assert page.page.get_attribute("#tab-roles", "aria-selected") == "true"
+    cell = "#view-roles .roles-grid rect[data-layer='0'][data-head='0']"
+    page.page.hover(cell)
+    assert page.texts("#roles-readout")[0].startswith("layer 0 · head 0 · previous-token")
+    colour = page.page.get_attribute(cell, "fill")
+    assert colour != page.page.get_attribute("#view-roles .roles-grid rect[data-layer='0'][data-head='1']", "fill")
+    page.page.click(cell)
+    page.page.wait_for_selector("#roles-head canvas.roles-map", state="attached")
+    score = page.page.text_content("#roles-head tr[data-score='previous_token'] td:nth-child(2)")
+    assert score == f"{result.scores['previous_token'][0, 0]:.4f}"
+    pixel = page.page.evaluate(
+        "(() => { const c = document.querySelector('#roles-head canvas.roles-map'); "
+        "return Array.from(c.getContext('2d').getImageData(0, 0, 1, 1).data.slice(0, 3)); })()"
+    )
+    assert pixel == page.page.evaluate("window.AV.colour(1, false)")  # query 0 sees key 0 alone
+
+
+def test_heads_names_each_heads_roles_in_its_titles_and_its_table_when_given_them(tmp_path):
+    import attnviz
+    from attnviz.render.terminal import heads_table
+
+    previous_token_llama(tmp_path)
+    roles = attnviz.roles(TEXT, model=str(tmp_path), device="cpu")
+    plain = attnviz.heads(TEXT, model=str(tmp_path), device="cpu")
+    result = plain.with_roles(roles)
+    title = result.figure(0).axes[0].get_title()
+    assert "roles: previous-token" in title and "roles:" not in plain.figure(0).axes[0].get_title()
+    titles = [ax.get_title() for ax in result.figure().axes if ax.get_title().startswith("head")]
+    assert titles == [f"head {head} · " + (", ".join(names) or "none") for head, names in enumerate(roles.labels[0])]
+    table = heads_table(result.run, result.summaries)
+    assert [column.header for column in table.columns][4] == "roles"
+    assert list(table.columns[4].cells) == [", ".join(names) or "none" for names in roles.labels[0]]
+    assert "roles" not in [column.header for column in heads_table(plain.run, plain.summaries).columns]
