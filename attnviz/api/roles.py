@@ -88,15 +88,10 @@ class RolesResult:
     def report(self):
         """The interactive report of the text (as attnviz.report gives it, at layer 0), opening on the Roles view: the
         grid of every layer × head by role; a click shows the head's map and its scores."""
-        from attnviz.api.report import report_texts
-        from attnviz.api.run_results import report_result
-        from attnviz.pipeline import run_attention
+        from attnviz.api.report import text_report
 
-        spec = replace(self.spec, layer=0)
-        runs = run_attention(self.loaded, [self.roles.summaries.text], spec)
-        texts, notes = report_texts(self.loaded, runs, spec)
-        texts[0] = replace(texts[0], roles=self.roles)
-        return report_result(texts, spec, self.loaded.num_layers_of(spec.stack), notes)
+        summaries = self.roles.summaries  # a long text's report shows them: not made again
+        return text_report(self.loaded, summaries.text, replace(self.spec, layer=0), summaries, roles=self.roles)
 
     def to_dict(self) -> dict:
         """roles.json's content."""
