@@ -151,15 +151,18 @@ def text_roles(loaded, text: str, spec, budget_bytes: int, settings: RoleSetting
 
 
 def head_roles(loaded, text: str, spec, budget_bytes: int, settings: RoleSettings = RoleSettings()) -> RoleScores:
-    """Every head's roles (RoleScores): the text's scores, then prefix matching and copying where they apply (said
-    in skipped where not: an encoder's bidirectional heads, a model without a language-model head)."""
+    """Every head's roles (RoleScores): the text's scores, then prefix matching and copying where they apply, a
+    decoder-only model's heads (said in skipped where not: an encoder's or an encoder-decoder's stacks, a model
+    without a language-model head)."""
     from attnviz.analysis import circuits
-    from attnviz.spec import model_is_causal
+    from attnviz.models.families.family import DECODER
 
     scores, summaries, ids = text_roles(loaded, text, spec, budget_bytes, settings)
     skipped, random_ids = {}, []
-    if not model_is_causal(loaded, spec.stack):
-        why = "an encoder's heads see the tokens after them: Olsson et al.'s scores are a decoder's (causal self-attention)"
+    if loaded.family.kind != DECODER:
+        why = ("an encoder's heads see the tokens after them" if spec.stack in (None, "encoder") else
+               "an encoder-decoder's decoder reads the encoder's text too")  # fmt: skip
+        why += ": Olsson et al.'s scores are a decoder-only model's (causal self-attention over its own tokens)"
         skipped = {"prefix_matching": why, "copying": why}
     else:
         random_ids = circuits.random_sequences(loaded)
