@@ -53,7 +53,7 @@ def roles_figure(roles):
     handles = [Patch(color=ROLE_COLOURS[index], label=f"{SHORT[role.name]} {role.name}: {role.score} > {role.threshold:g}")
                for index, role in computed]  # fmt: skip
     ax.legend(handles=[*handles, Patch(color=NO_ROLE, label="none")], loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=7)
-    skipped = [f"{name} not computed: {why}" for name, why in roles.skipped.items()]
+    skipped = [f"not computed: {', '.join(roles.skipped)} (roles.json's skipped says why)"] if roles.skipped else []
     scope = [f"{num_layers} layers × {num_heads} heads", f"{len(roles.ids)} tokens"]
     notes = ["each head's first role above its threshold (the rarer first), deeper as its score nears 1", *skipped]
     _title(figure, scope, notes, None, None, summaries)
