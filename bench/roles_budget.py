@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from timing import best_of, peak_mb, sample_ids  # noqa: E402
+from timing import best_of, peak_mb, smollm2_forward  # noqa: E402
 
 
 def main() -> None:
@@ -36,27 +36,14 @@ def main() -> None:
     parser.add_argument("--circuits", action="store_true", help="also time prefix matching and copying")
     args = parser.parse_args()
 
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     from attnviz.analysis import circuits
     from attnviz.analysis.head_numbers import RoleSettings
     from attnviz.analysis.roles import text_roles
     from attnviz.budgets import block_budget
     from attnviz.models.loading import load_model
-    from attnviz.models.smollm2 import smollm2_folder
     from attnviz.spec import run_spec
 
-    folder = smollm2_folder()
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    ids, text = sample_ids(tokenizer, args.tokens)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="sdpa").eval()
-
-    def forward() -> None:
-        with torch.inference_mode():
-            model(ids, use_cache=False)
-
-    forward_s = best_of(forward, args.repeat)
-    forward_peak = peak_mb()
+    text, forward_s, forward_peak = smollm2_forward(args.tokens, args.repeat)
     loaded = load_model("smollm2", device="cpu")
     spec = run_spec(loaded, "smollm2", layer=None, device="cpu")
     budget = block_budget(spec)
