@@ -141,6 +141,7 @@ class AttentionRun:
     layer_summaries: Any = None  # every layer's heads summarised in the same pass (head_summaries.LayerSummaries), when asked
     effects: Any = None  # each head of the layer taken out of the model (analysis.effect.HeadEffects), with --effect
     vectors: Any = None  # each head's q and k (analysis.neurons.QueryKeyVectors), for the neuron view, when asked
+    head_roles: Any = None  # each head of the layer's roles (analysis.roles' names, a list per head), when computed
 
     @property
     def tokenizer_tokens(self) -> tuple[list[str], list[str]]:

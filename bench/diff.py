@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from timing import best_of, peak_mb, sample_ids  # noqa: E402
+from timing import best_of, peak_mb, smollm2_forward  # noqa: E402
 
 
 def main() -> None:
@@ -32,25 +32,12 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
 
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     from attnviz.analysis.diff import RANDOM, head_differences
     from attnviz.budgets import block_budget
     from attnviz.models.loading import load_model
-    from attnviz.models.smollm2 import smollm2_folder
     from attnviz.spec import run_spec
 
-    folder = smollm2_folder()
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    ids, text = sample_ids(tokenizer, args.tokens)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="sdpa").eval()
-
-    def forward() -> None:
-        with torch.inference_mode():
-            model(ids, use_cache=False)
-
-    forward_s = best_of(forward, args.repeat)
-    forward_peak = peak_mb()
+    text, forward_s, forward_peak = smollm2_forward(args.tokens, args.repeat)
     loaded = load_model("smollm2", device="cpu")
     spec = run_spec(loaded, "smollm2", layer=None, device="cpu")
     measured = head_differences(loaded, RANDOM, text, spec, block_budget(spec))

@@ -31,3 +31,22 @@ def sample_ids(tokenizer, tokens: int):
     repeats = 1 + tokens // max(1, len(tokenizer(sample)["input_ids"]))
     ids = tokenizer(" ".join([sample] * repeats), return_tensors="pt")["input_ids"][:, :tokens]
     return ids, tokenizer.decode(ids[0])
+
+
+def smollm2_forward(tokens: int, repeat: int):
+    """SmolLM2 through transformers (AutoModelForCausalLM, SDPA, float32) over sample_ids' text of `tokens`: that text,
+    one forward pass's best of `repeat` (after a warm-up), and the process's peak after it (MB)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from attnviz.models.smollm2 import smollm2_folder
+
+    folder = smollm2_folder()
+    ids, text = sample_ids(AutoTokenizer.from_pretrained(folder), tokens)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="sdpa").eval()
+
+    def forward() -> None:
+        with torch.inference_mode():
+            model(ids, use_cache=False)
+
+    return text, best_of(forward, repeat), peak_mb()

@@ -72,10 +72,18 @@ ARGUMENTS = {  # function -> its arguments -> wrong values
         "against": [5, None, ["random"]],
         **{name: RUN_OPTIONS[name] for name in ("model", "seed", "stack", "device", "dtype", "truncate", "memory", "allow_pickle")},
     },
+    "roles": {
+        "text": [*TEXT, ["the cat"]],
+        "exclude_bos": ["yes", 1, None],
+        "exclude_current": ["no", 0, None],
+        "sinks": ["4", 1.5, True, None],
+        "recent": ["256", 2.5, False, None],
+        **{name: RUN_OPTIONS[name] for name in ("model", "stack", "device", "dtype", "truncate", "memory", "allow_pickle")},
+    },
     "load": {"model": RUN_OPTIONS["model"], "device": [5, None], "dtype": [5, None], "allow_pickle": ["yes", 1], "cache": ["no", 0]},
 }
 FIRST_ARGUMENT = {"heads": "text", "trace": "text", "stats": "texts", "layers": "text", "compare": "text",
-                  "position": "text", "report": "text_or_texts", "diff": "text", "generate": "prompt", "load": "model"}  # fmt: skip
+                  "position": "text", "report": "text_or_texts", "diff": "text", "generate": "prompt", "roles": "text", "load": "model"}  # fmt: skip
 CASES = [
     (function, argument, value)
     for function, arguments in ARGUMENTS.items()

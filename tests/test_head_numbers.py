@@ -6,11 +6,60 @@ import numpy as np
 import pytest
 import torch
 
-from attnviz.analysis.head_numbers import HEAD_NUMBERS, Block, block_sums
+from attnviz.analysis.head_numbers import HEAD_NUMBERS, TOP_K, Block, RoleSettings, block_sums
 from attnviz.analysis.statistics import key_kind_columns
 
-TEXTS = [["[CLS]", "a", ",", "b", "c", "d", "[SEP]"], ["[CLS]", "x", ".", "[SEP]"], ["[CLS]"]]
+TEXTS = [["[CLS]", "a", ",", "b", "c", "d", "[SEP]"], ["[CLS]", "x", ".", "[SEP]"], ["[CLS]"], ["a", "b", "a", "b", "b", "a"]]
 WINDOW = 2
+SINKS, RECENT = 1, 2  # the streaming share's S and W, small enough to leave keys out of a 7-token row
+
+
+def _ids(tokens):
+    """Token ids of the tokens: equal tokens, equal ids."""
+    return np.array([sorted({token for text in TEXTS for token in text}).index(token) for token in tokens])
+
+
+def previous_template(ids):
+    """TransformerLens's previous-token detection pattern (N, N): 1 on A[i, i - 1]."""
+    pattern = np.zeros((len(ids), len(ids)))
+    pattern[1:, :-1] = np.eye(len(ids) - 1)
+    return np.tril(pattern)
+
+
+def duplicate_template(ids):
+    """TransformerLens's duplicate-token pattern: 1 where token j equals token i, j != i, lower triangle."""
+    equal = (ids[:, None] == ids[None, :]).astype(float)
+    np.fill_diagonal(equal, 0)
+    return np.tril(equal)
+
+
+def induction_template(ids):
+    """TransformerLens's induction pattern: the duplicate pattern shifted one key right, column 0 zero, lower triangle."""
+    duplicate = duplicate_template(ids)
+    shifted = np.zeros_like(duplicate)
+    shifted[:, 1:] = duplicate[:, :-1]
+    return np.tril(shifted)
+
+
+def _on_template(template):
+    return lambda A, tokens, causal: (A * template(_ids(tokens))).sum(-1).mean(-1)
+
+
+def _prefix_matching(A, tokens, causal):
+    ids = _ids(tokens)
+    repeated = np.array([ids[i] in ids[:i] for i in range(len(ids))])
+    hits = (A * induction_template(ids)).sum(-1)  # (H, N)
+    return hits[:, repeated].mean(-1) if repeated.any() else np.zeros(A.shape[0])
+
+
+def _streaming(A, tokens, causal):
+    queries, keys = np.indices(A.shape[1:])
+    kept = (keys < SINKS) | ((keys <= queries) & (keys > queries - RECENT))
+    return (A * kept).sum(-1).mean(-1)
+
+
+def _top(k):
+    return lambda A, tokens, causal: -np.sort(-A, axis=-1)[..., :k].sum(-1).mean(-1)
 
 
 def _shares(kind):
@@ -53,6 +102,15 @@ EXPECTED = {  # name -> (A (H, N, N) of one text in float64, its tokens, causal)
     "sink": lambda A, tokens, causal: A[:, :, 0].mean(-1),
     "last": lambda A, tokens, causal: A[:, :, -1].mean(-1),
     "local": lambda A, tokens, causal: (A * (_offsets(A) <= WINDOW)).sum(-1).mean(-1),
+    "previous_token_template": _on_template(previous_template),
+    "duplicate_token_template": _on_template(duplicate_template),
+    "induction_template": _on_template(induction_template),
+    "template_weight": lambda A, tokens, causal: A.sum(-1).mean(-1),
+    "prefix_matching": _prefix_matching,
+    "streaming": _streaming,
+    "top_16": _top(16),
+    "top_64": _top(64),
+    "top_256": _top(256),
 }
 
 
@@ -75,12 +133,71 @@ def test_a_padded_batchs_blocks_add_up_to_the_sum_of_each_texts_definition(causa
     names = list(HEAD_NUMBERS)
     columns = key_kind_columns(TEXTS, num_tokens)
     key_columns = torch.cat([columns, torch.ones_like(columns[..., :1])], dim=-1)
+    token_ids = torch.tensor(np.stack([np.pad(_ids(tokens), (0, num_tokens - len(tokens)), constant_values=0) for tokens in TEXTS]))
+    roles = RoleSettings(sinks=SINKS, recent=RECENT)
     sums = 0
     for start in range(0, num_tokens, rows):
         width = min(start + rows, num_tokens) if causal else num_tokens  # a causal block's keys stop at its last query's
         block = Block(torch.from_numpy(weights[:, :, start : start + rows, :width]), start, torch.from_numpy(lens), causal=causal,
-                      num_queries=num_tokens, key_columns=key_columns, window=WINDOW)  # fmt: skip
+                      num_queries=num_tokens, key_columns=key_columns, token_ids=token_ids, window=WINDOW, roles=roles)  # fmt: skip
         sums = sums + block_sums(block, names).numpy()  # (H, E)
     for index, name in enumerate(names):
         expected = sum(EXPECTED[name](weights[b, :, :n, :n], tokens, causal) for b, (tokens, n) in enumerate(zip(TEXTS, lens)))
         np.testing.assert_allclose(sums[:, index], expected, rtol=0, atol=1e-12, err_msg=name)
+
+
+def _causal_map(rng, num_heads, num_tokens, sharpness):
+    scores = rng.normal(size=(num_heads, num_tokens, num_tokens)) * sharpness
+    weights = np.exp(np.where(np.tri(num_tokens, dtype=bool), scores, -np.inf))
+    return weights / weights.sum(-1, keepdims=True)  # (H, N, N) float64
+
+
+def _sums_in_blocks(weights, ids, names, rows, roles, causal=True):
+    num_tokens = weights.shape[-1]
+    sums = 0
+    for start in range(0, num_tokens, rows):
+        width = min(start + rows, num_tokens) if causal else num_tokens
+        block = Block(torch.from_numpy(weights[None, :, start : start + rows, :width]), start, torch.tensor([num_tokens]),
+                      causal=causal, num_queries=num_tokens, token_ids=torch.tensor(ids)[None], roles=roles)  # fmt: skip
+        sums = sums + block_sums(block, names).numpy()
+    return {name: sums[:, index] for index, name in enumerate(names)}
+
+
+def test_streaming_and_top_k_at_their_defaults_over_300_tokens():
+    """S = 4 sinks and W = 256 recent keys, the top 16, 64 and 256 weights: over 300 tokens each leaves keys out."""
+    rng = np.random.default_rng(7)
+    weights = _causal_map(rng, 2, 300, sharpness=2)
+    names = ["streaming", *(f"top_{k}" for k in TOP_K)]
+    sums = _sums_in_blocks(weights, np.arange(300), names, rows=37, roles=RoleSettings())
+    queries, keys = np.indices(weights.shape[1:])
+    streaming = (weights * ((keys < 4) | ((keys <= queries) & (keys > queries - 256)))).sum(-1).mean(-1)
+    np.testing.assert_allclose(sums["streaming"], streaming, rtol=0, atol=1e-12)
+    assert (streaming < 1 - 1e-3).all()  # queries past 259 leave keys 4 .. i - 256 out
+    for k in TOP_K:
+        expected = -np.sort(-weights, axis=-1)[..., :k].sum(-1).mean(-1)
+        np.testing.assert_allclose(sums[f"top_{k}"], expected, rtol=0, atol=1e-12, err_msg=str(k))
+        assert (expected < 1 - 1e-5).all()  # each k leaves weight out
+
+
+@pytest.mark.parametrize("exclude_bos", [False, True])
+@pytest.mark.parametrize("exclude_current", [False, True])
+def test_template_scores_are_transformer_lens_ratio_over_the_whole_map(exclude_bos, exclude_current):
+    """TransformerLens's score sum(A' * P) / sum(A') (A' with column 0 and the diagonal zeroed as asked), written out,
+    equals the mean of the template's numbers over the mean of template_weight, blocks of 5 rows; a text whose
+    neighbours repeat (b b) puts the induction template on the diagonal, which exclude_current takes out."""
+    rng = np.random.default_rng(3)
+    ids = np.array([0, 5, 6, 7, 5, 6, 6, 7, 5, 6, 6, 2, 5])
+    weights = _causal_map(rng, 3, len(ids), sharpness=2)
+    roles = RoleSettings(exclude_bos=exclude_bos, exclude_current=exclude_current)
+    names = ["previous_token_template", "duplicate_token_template", "induction_template", "template_weight"]
+    sums = _sums_in_blocks(weights, ids, names, rows=5, roles=roles)
+    kept = weights.copy()
+    if exclude_bos:
+        kept[:, :, 0] = 0
+    if exclude_current:
+        kept[:, np.arange(len(ids)), np.arange(len(ids))] = 0
+    for name, template in [("previous_token_template", previous_template), ("duplicate_token_template", duplicate_template),
+                           ("induction_template", induction_template)]:  # fmt: skip
+        expected = (kept * template(ids)).sum((1, 2)) / kept.sum((1, 2))  # (H,): TransformerLens's 'mul' measure
+        np.testing.assert_allclose(sums[name] / sums["template_weight"], expected, rtol=1e-12, err_msg=name)
+    assert induction_template(ids)[6, 6] == 1  # the diagonal cell exclude_current changes

@@ -33,6 +33,25 @@ VOITA = 'Voita et al. 2019, "Analyzing Multi-Head Self-Attention: Specialized He
 VIG = 'Vig & Belinkov 2019, "Analyzing the Structure of Attention in a Transformer Language Model" (arXiv 1906.04284)'
 SINK_PAPER = "Gu et al., ICLR 2025, \"When Attention Sink Emerges in Language Models: An Empirical View\" (arXiv 2410.10781)"
 LONGFORMER = 'Beltagy et al. 2020, "Longformer: The Long-Document Transformer" (arXiv 2004.05150), its sliding window'
+TRANSFORMER_LENS = "Nanda & Bloom 2022, TransformerLens (transformer_lens/head_detector.py, its default measure 'mul')"
+OLSSON = 'Olsson et al. 2022, "In-context Learning and Induction Heads" (arXiv 2209.11895), their prefix-matching score'
+STREAMING = (
+    'Xiao et al. 2023, "Efficient Streaming Language Models with Attention Sinks" (arXiv 2309.17453), its S sinks; '
+    'Xiao et al. 2024, "DuoAttention" (arXiv 2410.10819), its recent window W'
+)
+GUPTA = 'Gupta et al. 2021, "Memory-efficient Transformers via Top-k Attention" (arXiv 2106.06899)'
+TOP_K = (16, 64, 256)  # the top-k coverages' k
+
+
+@dataclass(frozen=True)
+class RoleSettings:
+    """What the role numbers of a Block depend on: TransformerLens's exclusions (its detect_head's exclude_bos and
+    exclude_current_token) and the streaming share's S sinks and W recent keys (StreamingLLM's 4, DuoAttention's 256)."""
+
+    exclude_bos: bool = False
+    exclude_current: bool = False
+    sinks: int = 4
+    recent: int = 256
 
 
 class Block:
@@ -42,12 +61,13 @@ class Block:
     their first K keys (K may stop at the block's last query + 1 under a causal mask: the rest weigh 0). valid_lens
     (B,) counts each text's keys; query_lens (B,) its queries (self-attention: the same); num_queries is the batch's
     padded query count. key_columns (B, Nk, C): KEY_KINDS' 0/1 columns of each text's keys, then a column of ones
-    (statistics.key_kind_columns); token_ids (B, Nk): each text's token ids; window: the local band's w.
+    (statistics.key_kind_columns); token_ids (B, Nk): each text's token ids; window: the local band's w; roles: the
+    template scores' exclusions and the streaming share's S and W.
     The quantities several numbers share (each row's Σ p log p, ...) are computed once, when first asked for.
     """
 
     def __init__(self, weights, first_query: int, valid_lens, *, causal: bool, num_queries: int, query_lens=None,
-                 key_columns=None, token_ids=None, window: int = LOCAL_WINDOW):  # fmt: skip
+                 key_columns=None, token_ids=None, window: int = LOCAL_WINDOW, roles: RoleSettings = RoleSettings()):  # fmt: skip
         import torch
 
         # float32 keeps the sums within 1e-6 of float64, at half the cost; float64 stays float64 (stats --words).
@@ -58,7 +78,8 @@ class Block:
         self.valid_lens = valid_lens.to(device)  # (B,)
         self.query_lens = self.valid_lens if query_lens is None else query_lens.to(device)  # (B,)
         self.key_columns = None if key_columns is None else key_columns.to(device, self.weights.dtype)  # (B, Nk, C)
-        self.token_ids = token_ids
+        self.token_ids = None if token_ids is None else token_ids.to(device)  # (B, Nk)
+        self.roles = roles
         self.positions = torch.arange(num_queries, device=device)  # (N,): every query of the texts
         self.queries = self.positions[first_query : first_query + self.weights.shape[2]]  # (b,): the block's
 
@@ -112,6 +133,91 @@ class Block:
         inside = ((keys >= 0) & (keys < width)).to(self.weights.dtype)[:, None]  # (B, 1, b)
         index = keys.clamp(0, width - 1)[:, None, :, None].expand(*self.weights.shape[:3], 1)  # (B, H, b, 1)
         return self.weights.gather(-1, index).squeeze(-1) * inside
+
+    # ---- the role numbers (roles' templates, streaming share, top-k coverage): self-attention, token_ids given ----
+
+    @cached_property
+    def query_ids(self):
+        """(B, b, 1): the token ids of the block's queries (self-attention: the queries are the keys)."""
+        return self.token_ids[:, self.queries, None]
+
+    def template(self, induction: bool, excluding: bool = True):
+        """(B, b, K) in the weights' dtype: TransformerLens's duplicate-token template (key j < i holds the query's
+        token) or its induction template (key j >= 1 follows an earlier occurrence j - 1 < i of the query's token),
+        with the keys roles' exclusions take out (key 0 for exclude_bos, key i for exclude_current) set to 0."""
+        import torch
+
+        width = self.weights.shape[-1]
+        keys = self.positions[:width]  # (K,): self-attention, so N >= K
+        queries = self.queries[:, None]  # (b, 1)
+        if induction:
+            ids = self.token_ids[:, : width - 1]
+            follows = torch.cat([ids.new_full((ids.shape[0], 1), -1), ids], dim=-1)  # (B, K): the id before each key
+            cells = (follows[:, None, :] == self.query_ids) & (keys >= 1) & (keys - 1 < queries)  # (B, b, K)
+        else:
+            cells = (self.token_ids[:, None, :width] == self.query_ids) & (keys < queries)  # (B, b, K)
+        if excluding and self.roles.exclude_bos:
+            cells = cells & (keys >= 1)
+        if excluding and self.roles.exclude_current:
+            cells = cells & (keys != queries)
+        return cells.to(self.weights.dtype)
+
+    def on_template(self, template):
+        """(B, H, b): Σ_k A_ik T_ik of every row, for a template T (B, b, K)."""
+        import torch
+
+        return torch.einsum("bhqk,bqk->bhq", self.weights, template)
+
+    @cached_property
+    def kept_weight(self):
+        """(B, H, b): Σ_k A'_ik, the row's weight left by roles' exclusions (TransformerLens's denominator, a row at a time)."""
+        kept = self.weights.sum(dim=-1)
+        if self.roles.exclude_bos:
+            kept = kept - self.weights[..., 0]
+        if self.roles.exclude_current:  # key i, unless it is key 0 and already taken out
+            kept = kept - self.on_key(self.queries) * ((self.queries >= 1) | (not self.roles.exclude_bos))
+        return kept
+
+    @cached_property
+    def earlier_occurrence(self):
+        """(B, N) bool: the texts' queries whose token occurred before them (the query's own id sorted after its
+        first occurrence's, a stable sort of each text's ids)."""
+        import torch
+
+        ids = self.token_ids[:, : self.num_queries]  # (B, N)
+        ordered, order = ids.sort(dim=-1, stable=True)
+        repeated = torch.zeros_like(ordered, dtype=torch.bool)
+        repeated[:, 1:] = ordered[:, 1:] == ordered[:, :-1]  # each but the first of a run of equal ids
+        return torch.zeros_like(repeated).scatter(1, order, repeated) & self.real
+
+    @cached_property
+    def top_weights(self):
+        """(B, H, b, len(TOP_K)): each row's sum of its k largest weights for each k of TOP_K (all its weight where the
+        row has k keys or fewer): one sorted top-k of the largest k, summed cumulatively."""
+        import torch
+
+        width = self.weights.shape[-1]
+        largest = self.weights.topk(min(max(TOP_K), width), dim=-1).values.cumsum(dim=-1)  # (B, H, b, k)
+        return torch.stack([largest[..., min(k, width) - 1] for k in TOP_K], dim=-1)
+
+
+def _previous_template(block):
+    """Each row's weight on key i - 1 (TransformerLens's previous-token template), 0 on key 0 under exclude_bos."""
+    previous = block.queries - 1
+    return block.on_key(previous) * ((previous >= 1) | (not block.roles.exclude_bos))
+
+
+def _streaming(block):
+    """Each row's weight on the first S keys and on the W keys ending at the query (i - W + 1 .. i), each key once."""
+    import torch
+
+    weights, sinks, recent = block.weights, block.roles.sinks, block.roles.recent
+    width = weights.shape[-1]
+    span = min(recent, width)
+    band = block.queries[:, None] + torch.arange(1 - span, 1, device=weights.device)  # (b, span): i - span + 1 .. i
+    inside = (band >= sinks) & (band < width)  # keys below S are the sinks'
+    index = band.clamp(0, width - 1).expand(*weights.shape[:2], -1, -1)  # (B, H, b, span)
+    return weights[..., :sinks].sum(dim=-1) + (weights.gather(-1, index) * inside).sum(dim=-1)
 
 
 def _local(block):
@@ -233,6 +339,32 @@ ENTRIES = (
     ),
     HeadNumber("local", "local share", "share on the keys within the local band |i - j| <= w (w: the window, default 8)",
                LONGFORMER, _local),
+    HeadNumber("previous_token_template", "previous-token template",
+               "weight on key i - 1 (TransformerLens's previous-token template), the numerator of its score over "
+               "template_weight, with its exclusions", TRANSFORMER_LENS, _previous_template),
+    HeadNumber("duplicate_token_template", "duplicate-token template",
+               "weight on the earlier keys j < i that hold the query's token (TransformerLens's duplicate-token "
+               "template), the numerator of its score over template_weight, with its exclusions", TRANSFORMER_LENS,
+               lambda block: block.on_template(block.template(induction=False))),
+    HeadNumber("induction_template", "induction template",
+               "weight on the keys j that follow an earlier occurrence j - 1 < i of the query's token "
+               "(TransformerLens's induction template), the numerator of its score over template_weight, with its "
+               "exclusions", TRANSFORMER_LENS, lambda block: block.on_template(block.template(induction=True))),
+    HeadNumber("template_weight", "template weight",
+               "the row's weight left by the exclusions (key 0 with exclude_bos, key i with exclude_current), so that "
+               "a template's score Σ A·P / Σ A over the whole map is its mean over this mean", TRANSFORMER_LENS,
+               lambda block: block.kept_weight),
+    HeadNumber("prefix_matching", "prefix matching",
+               "weight on the keys that follow the earlier occurrences of the query's token, over the queries whose "
+               "token occurred before", OLSSON,
+               lambda block: block.on_template(block.template(induction=True, excluding=False)),
+               lambda block: block.earlier_occurrence),
+    HeadNumber("streaming", "streaming share",
+               "weight on the first S keys (sinks) and the W keys ending at the query, i - W + 1 to i (S = 4, "
+               "W = 256 unless set)", STREAMING, _streaming),
+    *(HeadNumber(f"top_{k}", f"top-{k} coverage", f"the row's weight on its {k} largest weights (all of it where it "
+                 f"has {k} keys or fewer)", f"attnviz's share, after the top-k attention of {GUPTA}",
+                 lambda block, column=column: block.top_weights[..., column]) for column, k in enumerate(TOP_K)),
 )  # fmt: skip
 HEAD_NUMBERS = {entry.name: entry for entry in ENTRIES}
 
@@ -242,6 +374,9 @@ STATISTICS = ("entropy", "relative_entropy", "mean_max", "cls", "sep", "punctuat
 SUMMARY_NAMES = ("sink", "last", "relative_entropy", "distance", "local", "previous")
 # `attnviz heads`' table of one layer's heads.
 HEAD_TABLE = ("entropy", "relative_entropy", "mean_max")
+# `attnviz roles`' numbers over the user's text (the templates' scores are their numerators over template_weight).
+TEMPLATES = ("previous_token_template", "duplicate_token_template", "induction_template")
+ROLE_NUMBERS = (*TEMPLATES, "template_weight", "streaming", *(f"top_{k}" for k in TOP_K))
 
 
 def block_sums(block: Block, names) -> object:

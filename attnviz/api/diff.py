@@ -90,15 +90,10 @@ class DiffResult:
     def report(self):
         """The interactive report of the model's text (as attnviz.report gives it, at the most changed head's layer),
         opening on the Diff view: the grid of every layer × head's distance, the most changed heads' two maps."""
-        from attnviz.api.report import report_texts
-        from attnviz.api.run_results import report_result
-        from attnviz.pipeline import run_attention
+        from attnviz.api.report import text_report
 
         spec = replace(self.spec, layer=self.differences.top[0][0])
-        runs = run_attention(self.loaded, [self.differences.text], spec)
-        texts, notes = report_texts(self.loaded, runs, spec)
-        texts[0] = replace(texts[0], differences=self.differences)
-        return report_result(texts, spec, self.loaded.num_layers_of(spec.stack), notes)
+        return text_report(self.loaded, self.differences.text, spec, differences=self.differences)
 
     def to_dict(self) -> dict:
         """diff.json's content."""

@@ -116,6 +116,19 @@ def report_of_runs(loaded, runs: list, spec: RunSpec, notes: list[str] = ()) -> 
     return report_result(texts, spec, loaded.num_layers_of(spec.stack), [*notes, *report_notes])
 
 
+def text_report(loaded, text: str, spec: RunSpec, summaries=None, **shown) -> ReportResult:
+    """The report of one text at spec.layer, as attnviz.report gives it, with what a command adds to its ReportText
+    (shown: diff's differences, roles' roles); summaries: every layer's, already made (a long text's not made again)."""
+    from attnviz.pipeline import run_attention
+
+    runs = run_attention(loaded, [text], spec)
+    if summaries is not None:
+        runs = [replace(runs[0], layer_summaries=summaries)]
+    texts, notes = report_texts(loaded, runs, spec)
+    texts[0] = replace(texts[0], **shown)
+    return report_result(texts, spec, loaded.num_layers_of(spec.stack), notes)
+
+
 def report_texts(loaded, runs: list, spec: RunSpec) -> tuple[list, list[str]]:
     """Each run's ReportText (attnviz.html.record), and the notes of what was left out, once each."""
     from attnviz.html import ReportText

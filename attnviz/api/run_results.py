@@ -7,7 +7,7 @@ files come from the same renderers and writers as the command line, imported whe
 from __future__ import annotations
 
 import html
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -112,6 +112,11 @@ class HeadsResult:
         from attnviz.analysis.statistics import summarize_heads
 
         return summarize_heads(self.run.attention, self.run.causal)  # a block of queries at a time: a map on disk too
+
+    def with_roles(self, roles) -> "HeadsResult":
+        """This result with each head's roles (an attnviz.roles() result of the same model): its figures' titles and
+        its table name them."""
+        return replace(self, run=replace(self.run, head_roles=roles.labels[self.run.layer]))
 
     def figure(self, head: int | None = None, window=None):
         """One head's heatmap (head_XX.png), or the grid of all heads (heads.png): a matplotlib Figure, not saved.

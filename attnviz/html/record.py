@@ -70,6 +70,7 @@ class ReportText:
     differences: object | None = None  # analysis.diff.HeadDifferences: another checkpoint's heads beside these (diff)
     generation: object | None = None  # analysis.generation.Generation: the text continued, token by token (generate)
     generation_rows: str = "chosen"  # analysis.generation.ROWS: the rows its stepper shows first
+    roles: object | None = None  # analysis.roles.RoleScores: every head's roles (roles)
 
 
 def is_long(run: AttentionRun) -> bool:
@@ -167,6 +168,8 @@ def text_record(text: ReportText, spec: RunSpec) -> dict:
         record["generation"] = generation_of(text.generation, text.generation_rows)
     if run.vectors is not None:
         record["vectors"] = vectors_of(run.vectors)
+    if text.roles is not None:
+        record["roles"] = roles_of(text.roles, spec)
     return record
 
 
@@ -182,6 +185,21 @@ def vectors_of(vectors) -> dict:
         "scale": vectors.scale,
         "group_size": vectors.group_size,
         "position_bias": vectors.position_bias,
+    }
+
+
+def roles_of(roles, spec: RunSpec) -> dict:
+    """The Roles view's data: roles.json's object (less what the text's record holds), each role's colour and each
+    head's main role (analysis.roles.RoleScores.main_roles: an index of roles_order, -1 none) and its score."""
+    from attnviz.analysis.roles import ROLE_NAMES
+    from attnviz.output.roles_json import roles_record
+    from attnviz.render.role_figures import ROLE_COLOURS, SHORT
+
+    chosen, strength = roles.main_roles()
+    full = roles_record(roles, spec)
+    return {name: value for name, value in full.items() if name not in SUMMARIES_LEFT_OUT} | {
+        "roles_order": list(ROLE_NAMES), "colours": list(ROLE_COLOURS), "letters": [SHORT[name] for name in ROLE_NAMES],
+        "main_role": chosen.tolist(), "main_score": np.round(strength, 4).tolist(),
     }
 
 

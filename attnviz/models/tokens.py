@@ -191,7 +191,12 @@ def encode(tokenizer: WordPieceTokenizer, texts: list[str], max_positions: int, 
         cuts = [truncate_ids(row, max_positions, final) for row, final in zip(ids, finals)]
         ids, truncations = [row for row, _ in cuts], [cut for _, cut in cuts]
     check_lengths([len(row) for row in ids], max_positions)
+    return encode_ids(tokenizer, ids, truncations, spaces)
 
+
+def encode_ids(tokenizer, ids: list[list[int]], truncations: list | None = None, spaces=None) -> Encoded:
+    """Token ids, as a tokenizer gave them or drawn (roles' prefix-matching sequences), as one padded batch."""
+    truncations = truncations or [None] * len(ids)
     tokens = [tokenizer.convert_ids_to_tokens(row) for row in ids]
 
     import torch  # here: the tokenizer alone needs no torch

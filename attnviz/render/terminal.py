@@ -207,6 +207,8 @@ def heads_table(run: AttentionRun, summaries: list[HeadSummary], most: int = MAX
     table = Table(title=title, title_justify="left")
     for name in ("head", "entropy", "rel.", "mean max", *effect_columns(effects)):
         table.add_column(name, justify="right", no_wrap=True, min_width=len(name))
+    if run.head_roles is not None:  # attnviz.roles' labels (HeadsResult.with_roles)
+        table.add_column("roles")
     noun = "word" if run.words is not None else "token"  # --words: the rows and columns are words
     table.add_column(f"query → the key it attends to most (index:{noun})", overflow="fold")
     for summary in summaries:
@@ -217,6 +219,7 @@ def heads_table(run: AttentionRun, summaries: list[HeadSummary], most: int = MAX
             f"{summary.relative_entropy:.2f}",
             f"{summary.mean_max:.2f}",
             *measured,
+            *([", ".join(run.head_roles[summary.head]) or "none"] if run.head_roles is not None else []),
             top_keys_text(summary, run, most),
         )
     relative = RELATIVE_ENTROPY_LEGEND + (f" ({CAUSAL_VISIBLE_KEYS})" if run.causal else "")

@@ -197,7 +197,8 @@ def effect_decimals(values) -> int:
 def head_scope(run, head: int, short: bool = False) -> list[str]:
     """A head's part of a title: "head 3", "head 0 of 3" (re-split), the key/value head it shares with
     grouped-query attention, "kv head 1" (short: "head 3 · kv 1", as a grid's panel reads), and with --effect what
-    taking it out does: "taken out (zero): KL 0.012, Δloss +0.004" (short: its first effect, "KL 0.012")."""
+    taking it out does: "taken out (zero): KL 0.012, Δloss +0.004" (short: its first effect, "KL 0.012"); with its
+    roles (HeadsResult.with_roles), "roles: previous-token, sink" (short: the names)."""
     name = f"head {head} of {run.num_heads}" if run.re_split and not short else f"head {head}"
     kv_head = run.kv_head_of(head)
     scope = [name] if kv_head is None else [name, f"kv {kv_head}" if short else f"kv head {kv_head}"]
@@ -210,6 +211,9 @@ def head_scope(run, head: int, short: bool = False) -> list[str]:
             layer = effects.values[effect][run.layer]
             said.append(f"{EFFECTS[effect][0]} {layer[head]:{'+' if effect == 'loss' else ''}.{effect_decimals(layer)}f}")
         scope.append(said[0] if short else f"taken out ({effects.ablation}): {', '.join(said)}")
+    roles = getattr(run, "head_roles", None)
+    if roles is not None:  # attnviz.roles' labels (HeadsResult.with_roles)
+        scope.append(("" if short else "roles: ") + (", ".join(roles[head]) or "none"))
     return scope
 
 

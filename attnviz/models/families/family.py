@@ -49,6 +49,9 @@ class Family:
     # {side}.final_layer_norm, side "encoder" or "decoder"); None where the last layer's output is the stack's (the
     # post-norm BERTs, BART). analysis/effect.py runs the layers itself, then this.
     final_norm: ClassVar[str | None] = None
+    # The norm before layer {index}'s attention, the base model's module (Llama's input_layernorm, GPT-2's ln_1);
+    # None where the adapter names none. analysis/circuits.py folds its weight into the OV circuit, as fold_ln does.
+    attention_norm: ClassVar[str | None] = None
 
     @property
     def causal(self) -> bool:

@@ -15,6 +15,7 @@ from attnviz.models.families.family import DECODER, Family
 @dataclass(frozen=True)
 class Gpt2(Family):
     final_norm = "ln_f"
+    attention_norm = "h.{index}.ln_1"
 
     def layer_names(self, config: dict, index: int, stack: str | None) -> tuple[str, dict[str, str]]:
         base = f"h.{index}.attn"

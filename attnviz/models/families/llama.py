@@ -23,6 +23,7 @@ from attnviz.models.families.family import DECODER, Family
 class LlamaLayout(Family):
     rotary = True
     final_norm = "norm"
+    attention_norm = "layers.{index}.input_layernorm"
 
     def check_config(self, config: dict) -> None:
         super().check_config(config)

@@ -1,0 +1,174 @@
+"""What each head is: every head's role scores over a text, its text-free scores, and its roles above stated thresholds.
+
+One forward pass over the user's text, a block of queries at a time (any length): head_numbers' ROLE_NUMBERS
+(TransformerLens's three templates, the streaming share, the top-k coverages) and `layers`' summaries (sink,
+entropy, distance, local band) from the same blocks (head_summaries.summarise_blocks). Then Olsson et al.'s prefix
+matching and copying (circuits.py), where they apply: a decoder's causal self-attention, a language-model head. The
+retrieval score (Wu et al. 2024, analysis/retrieval.py) joins through RoleScores.with_retrieval.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import NamedTuple
+
+import numpy as np
+
+from attnviz.analysis.head_numbers import ROLE_NUMBERS, TEMPLATES, TOP_K, RoleSettings
+from attnviz.analysis.head_summaries import SINK_THRESHOLD, LayerSummaries
+from attnviz.errors import AttnvizError
+
+# roles.json's score names, in this order: the templates' scores (their numbers over template_weight), the rest as is.
+TEMPLATE_SCORES = dict(zip(("previous_token", "duplicate_token", "induction"), TEMPLATES))
+TEXT_SCORES = (*TEMPLATE_SCORES, "streaming", *(f"top_{k}" for k in TOP_K))
+SCORE_NAMES = (*TEXT_SCORES, "prefix_matching", "copying", "retrieval")
+WU = 'Wu et al. 2024, "Retrieval Head Mechanistically Explains Long-Context Factuality" (arXiv 2404.15574), §2, Eq. 1'
+
+
+class Role(NamedTuple):
+    name: str  # as labels, roles.json and the report name it
+    score: str  # the score it reads: a name of SCORE_NAMES or of the summaries
+    threshold: float  # the head has the role when its score is above this
+    why: str  # where the threshold comes from
+
+
+# In the order a head's colour is chosen by (roles.png, the report's grid): the rarer, more specific roles first.
+ROLES = (
+    Role("retrieval", "retrieval", 0.1, f"the paper's: {WU}"),
+    Role("induction", "prefix_matching", 0.3, "attnviz's: Olsson et al. give no threshold; 0.3 is 30 times a uniform row's weight on the one continuation of a 101-token sequence's earlier occurrence"),
+    Role("duplicate-token", "duplicate_token", 0.3, "attnviz's: TransformerLens gives none"),
+    Role("previous-token", "previous_token", 0.5, "attnviz's: TransformerLens gives none; over half the head's attention on the previous token"),
+    Role("copying", "copying", 0.5, "attnviz's: Elhage et al. give none; Σ Re λ over Σ |λ| of 0.5 is mostly positive eigenvalues"),
+    Role("local", "local", 0.5, "attnviz's: over half of each query's weight within the local band |i - j| <= w"),
+    Role("sink", "sink", SINK_THRESHOLD, "Gu et al.'s ε for the first token (head_summaries.SINK_THRESHOLD)"),
+    Role("streaming", "streaming", 0.9, "attnviz's: DuoAttention's streaming heads lose little to S sinks and W recent keys; 0.9 of the weight kept"),
+)
+ROLE_NAMES = tuple(role.name for role in ROLES)
+
+
+@dataclass(frozen=True)
+class RoleScores:
+    """Every head's role scores over one text (scores[name]: (L, H) per name of SCORE_NAMES computed), the text's
+    layer summaries from the same pass, the ids the model read, the prefix-matching sequences, and why a score was
+    left out (skipped[name]: one sentence)."""
+
+    scores: dict[str, np.ndarray]
+    summaries: LayerSummaries
+    ids: list[int]
+    settings: RoleSettings
+    random_ids: list[list[int]] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)
+    retrieval: dict | None = None  # analysis/retrieval.py's record(): each test's length, depth, needle, answer, recall
+
+    def value(self, name: str) -> np.ndarray | None:
+        """(L, H): a score of SCORE_NAMES or a summary (sink, local, ...); None where it was not computed."""
+        return self.scores.get(name, self.summaries.values.get(name))
+
+    def with_retrieval(self, result) -> "RoleScores":
+        """These scores with the retrieval heads' (analysis/retrieval.py's result: .scores (L, H) in [0, 1], .record())."""
+        scores = np.asarray(result.scores, dtype=float)
+        if scores.shape != self.summaries.values["sink"].shape:
+            raise ValueError(f"retrieval scores of shape {scores.shape}, not {self.summaries.values['sink'].shape}")
+        return replace(self, scores={**self.scores, "retrieval": scores}, retrieval=result.record())
+
+    def labels(self) -> list[list[list[str]]]:
+        """[layer][head]: the head's roles (ROLES' names, in ROLES' order) whose score is above its threshold."""
+        num_layers, num_heads = self.summaries.values["sink"].shape
+        above = {role.name: self.value(role.score) > role.threshold for role in ROLES if self.value(role.score) is not None}
+        return [[[name for name in ROLE_NAMES if name in above and above[name][layer, head]] for head in range(num_heads)]
+                for layer in range(num_layers)]  # fmt: skip
+
+    def main_roles(self) -> tuple[np.ndarray, np.ndarray]:
+        """(L, H) int: each head's first role in ROLES' order (-1: none), and (L, H) float: that role's score (0: none)."""
+        shape = self.summaries.values["sink"].shape
+        chosen, strength = np.full(shape, -1), np.zeros(shape)
+        for index in reversed(range(len(ROLES))):  # the first role of ROLES wins
+            values = self.value(ROLES[index].score)
+            if values is not None:
+                above = values > ROLES[index].threshold
+                chosen[above], strength[above] = index, values[above]
+        return chosen, strength
+
+    def top_heads(self, role: Role, count: int = 5) -> list[tuple[int, int, float]]:
+        """(layer, head, score) of the role's highest-scoring heads above its threshold, highest first."""
+        values = self.value(role.score)
+        if values is None:
+            return []
+        order = np.argsort(-values, axis=None, kind="stable")[:count]
+        heads = [(int(index // values.shape[1]), int(index % values.shape[1])) for index in order]
+        return [(layer, head, float(values[layer, head])) for layer, head in heads if values[layer, head] > role.threshold]
+
+
+class RoleSums:
+    """ROLE_NUMBERS' block sums of every layer's heads over one text, fed block by block (summarise_blocks' also)."""
+
+    def __init__(self, num_layers: int, num_heads: int, ids, *, causal: bool, settings: RoleSettings):
+        import torch
+
+        self.ids = torch.tensor(ids)[None]  # (1, N)
+        self.causal, self.settings = causal, settings
+        self.sums = torch.zeros(num_layers, num_heads, len(ROLE_NUMBERS), dtype=torch.float64)
+
+    def add(self, layer: int, first_query: int, weights) -> None:
+        """The rows first_query .. of one layer: weights (H, b, K) (K narrow under a causal mask, as blocks give them)."""
+        import torch
+
+        from attnviz.analysis.head_numbers import Block, block_sums
+
+        num_tokens = self.ids.shape[1]
+        block = Block(weights[None], first_query, torch.tensor([num_tokens]), causal=self.causal, num_queries=num_tokens,
+                      token_ids=self.ids, roles=self.settings)  # fmt: skip
+        self.sums[layer, : weights.shape[0]] += block_sums(block, ROLE_NUMBERS).cpu()
+
+    def scores(self) -> dict[str, np.ndarray]:
+        """(L, H) per name of TEXT_SCORES: each template's number over template_weight (TransformerLens's ratio)."""
+        sums = {name: self.sums[..., index].numpy() for index, name in enumerate(ROLE_NUMBERS)}
+        weight = sums["template_weight"]
+        ratios = {name: np.divide(sums[number], weight, out=np.zeros_like(weight), where=weight > 0)
+                  for name, number in TEMPLATE_SCORES.items()}  # fmt: skip
+        return {**ratios, **{name: sums[name] for name in TEXT_SCORES if name not in TEMPLATE_SCORES}}
+
+
+
+def text_roles(loaded, text: str, spec, budget_bytes: int, settings: RoleSettings) -> tuple[dict, LayerSummaries, list[int]]:
+    """Every head's TEXT_SCORES and layer summaries over one text, one forward pass of blocks; and the ids it read.
+
+    A text of one token is refused (the templates need two) after tokenizing, before the forward pass."""
+    from attnviz.analysis.head_summaries import summarise_blocks
+    from attnviz.layer_inputs import encode_texts, threads_for
+    from attnviz.pipeline import build_layers
+
+    spec = replace(spec, kv_text=None)
+    encoded = encode_texts(loaded, [text], spec)
+    ids = list(encoded.queries.ids[0])
+    if len(ids) < 2:
+        raise AttnvizError(f"the text is {len(ids)} token as the model reads it: the templates compare a token with those before it, give at least two")
+    with threads_for(encoded):
+        layers = build_layers(loaded, spec)
+    sums = RoleSums(len(layers), max(layer.num_heads for layer in layers), ids, causal=spec.causal, settings=settings)
+    summaries = summarise_blocks(loaded, text, encoded, layers, spec, budget_bytes, also=sums.add)
+    return sums.scores(), summaries, ids
+
+
+def head_roles(loaded, text: str, spec, budget_bytes: int, settings: RoleSettings = RoleSettings()) -> RoleScores:
+    """Every head's roles (RoleScores): the text's scores, then prefix matching and copying where they apply, a
+    decoder-only model's heads (said in skipped where not: an encoder's or an encoder-decoder's stacks, a model
+    without a language-model head)."""
+    from attnviz.analysis import circuits
+    from attnviz.models.families.family import DECODER
+
+    scores, summaries, ids = text_roles(loaded, text, spec, budget_bytes, settings)
+    skipped, random_ids = {}, []
+    if loaded.family.kind != DECODER:
+        why = ("an encoder's heads see the tokens after them" if spec.stack in (None, "encoder") else
+               "an encoder-decoder's decoder reads the encoder's text too")  # fmt: skip
+        why += ": Olsson et al.'s scores are a decoder-only model's (causal self-attention over its own tokens)"
+        skipped = {"prefix_matching": why, "copying": why}
+    else:
+        random_ids = circuits.random_sequences(loaded)
+        scores["prefix_matching"] = circuits.prefix_matching(loaded, spec, budget_bytes, random_ids)
+        try:
+            scores["copying"] = circuits.copying(loaded)
+        except AttnvizError as error:
+            skipped["copying"] = str(error)
+    return RoleScores(scores, summaries, ids, settings, random_ids, skipped)

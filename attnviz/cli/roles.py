@@ -1,0 +1,63 @@
+"""`attnviz roles`: what each head is, every layer × head's roles over one text, with each role's evidence."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from attnviz.cli.options import (
+    AllowPickleOption,
+    Device,
+    DeviceOption,
+    Dtype,
+    DtypeOption,
+    EveryLayerMemoryOption,
+    EveryLayerStackOption,
+    FormatOption,
+    ImageFormat,
+    ModelOption,
+    OutOption,
+    QuietOption,
+    Stack,
+    TruncateOption,
+    app,
+    console,
+)
+from attnviz.cli.shared import run_command
+
+
+@app.command(short_help="What each head is: previous-token, induction, copying, sink, streaming, ... every layer × head.")
+def roles(
+    text: str = typer.Argument(..., metavar="TEXT", help="The text to attend over; its templates need two tokens or more."),
+    model: Optional[str] = ModelOption,
+    exclude_bos: bool = typer.Option(False, "--exclude-bos", help="Leave the weight on the first token (BOS) out of the template scores, as TransformerLens's detect_head(exclude_bos=True)."),
+    exclude_current: bool = typer.Option(False, "--exclude-current", help="Leave each query's weight on itself out of the template scores, as TransformerLens's exclude_current_token."),
+    sinks: int = typer.Option(4, "--sinks", min=0, metavar="S", help="The streaming share's sinks: the first S keys (StreamingLLM's 4)."),
+    recent: int = typer.Option(256, "--recent", min=1, metavar="W", help="The streaming share's recent window: the W keys ending at each query (DuoAttention's 256)."),
+    stack: Optional[Stack] = EveryLayerStackOption,
+    device: Device = DeviceOption,
+    dtype: Dtype = DtypeOption,
+    image_format: ImageFormat = FormatOption,
+    out: Optional[Path] = OutOption,
+    truncate: bool = TruncateOption,
+    memory: Optional[int] = EveryLayerMemoryOption,
+    allow_pickle: bool = AllowPickleOption,
+    quiet: bool = QuietOption,
+) -> None:
+    """Every layer × head's roles over one text, a block of queries at a time (any length): TransformerLens's
+    previous-token, duplicate-token and induction template scores, the streaming share (--sinks, --recent), the
+    top-16/64/256 coverage and the sink, entropy, distance and local-band summaries; for a decoder, Olsson et al.'s
+    prefix matching (random repeated tokens) and copying (the OV circuit's eigenvalues). Each head labelled by its
+    roles above stated thresholds: roles.png (a grid coloured by role), roles.json, report.html (the Roles view)."""
+    from attnviz.api.roles import roles as head_roles
+
+    def compute(options):
+        return head_roles(text, exclude_bos=exclude_bos, exclude_current=exclude_current, sinks=sinks, recent=recent, **options.keywords())
+
+    run_command(locals(), compute, print_roles, "drawing the roles…")
+
+
+def print_roles(result) -> None:
+    console.print(result)  # its __rich__: the grid of roles and each role's top heads

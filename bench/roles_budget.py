@@ -1,0 +1,69 @@
+"""Issue 37's budget rows: `attnviz roles` on SmolLM2, against transformers' SDPA forward of the same text.
+
+    python bench/roles_budget.py [--tokens 2048] [--repeat 1] [--circuits]
+
+The text (sample_inputs/en.txt repeated, cut to --tokens of SmolLM2's tokenizer) goes through, in one process:
+- forward: transformers' AutoModelForCausalLM (SDPA, float32), one forward pass: the model's own cost;
+- roles: attnviz.analysis.roles.text_roles, the text's scores of `attnviz roles` (the three templates, the
+  streaming share, the top-16/64/256 coverage and layers' summaries, every layer × head, a block of queries at a
+  time, no figure);
+- with --circuits: Olsson et al.'s prefix matching (10 sequences of 101 tokens) and the copying score, each timed.
+Each the best of --repeat after a warm-up; the process's peak resident set after each (ru_maxrss: the roles' peak
+includes the forward's model, still loaded). Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from timing import best_of, peak_mb, smollm2_forward  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=2048)
+    parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--circuits", action="store_true", help="also time prefix matching and copying")
+    args = parser.parse_args()
+
+    from attnviz.analysis import circuits
+    from attnviz.analysis.head_numbers import RoleSettings
+    from attnviz.analysis.roles import text_roles
+    from attnviz.budgets import block_budget
+    from attnviz.models.loading import load_model
+    from attnviz.spec import run_spec
+
+    text, forward_s, forward_peak = smollm2_forward(args.tokens, args.repeat)
+    loaded = load_model("smollm2", device="cpu")
+    spec = run_spec(loaded, "smollm2", layer=None, device="cpu")
+    budget = block_budget(spec)
+    scores, summaries, read = text_roles(loaded, text, spec, budget, RoleSettings())
+    roles_s = best_of(lambda: text_roles(loaded, text, spec, budget, RoleSettings()), args.repeat)
+    row = {
+        "model": "SmolLM2-135M", "tokens": len(read), "threads": torch.get_num_threads(),
+        "rows_per_block": summaries.rows_per_block, "forward_s": round(forward_s, 3), "forward_peak_mb": round(forward_peak),
+        "roles_s": round(roles_s, 3), "peak_mb": round(peak_mb()), "roles_over_forward": round(roles_s / forward_s, 2),
+    }  # fmt: skip
+    if args.circuits:
+        sequences = circuits.random_sequences(loaded)
+        start = time.perf_counter()
+        circuits.prefix_matching(loaded, spec, budget, sequences)
+        row["prefix_matching_s"] = round(time.perf_counter() - start, 3)
+        start = time.perf_counter()
+        circuits.copying(loaded)
+        row["copying_s"] = round(time.perf_counter() - start, 3)
+    print(json.dumps(row))
+
+
+if __name__ == "__main__":
+    main()
