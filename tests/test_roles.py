@@ -211,7 +211,7 @@ def test_a_model_without_a_language_model_head_is_said_and_its_other_scores_comp
     record = json.loads((out / "roles.json").read_text(encoding="utf-8"))
     assert "copying" not in record["scores"] and "language-model head" in record["skipped"]["copying"]
     assert {"previous_token", "prefix_matching", "top_256"} <= set(record["scores"])
-    assert "copying: not computed" in " ".join(capsys.readouterr().out.split())
+    assert "copying: left out" in " ".join(capsys.readouterr().out.split())
 
 
 def test_a_text_of_one_token_is_refused_in_one_line(tmp_path, capsys):

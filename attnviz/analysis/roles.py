@@ -44,6 +44,7 @@ ROLES = (
     Role("streaming", "streaming", 0.9, "attnviz's: DuoAttention's streaming heads lose little to S sinks and W recent keys; 0.9 of the weight kept"),
 )
 ROLE_NAMES = tuple(role.name for role in ROLES)
+STREAMING_ROLE = "streaming role"  # skipped's key where the text is too short for the streaming share to tell
 
 
 @dataclass(frozen=True)
@@ -71,10 +72,15 @@ class RoleScores:
             raise ValueError(f"retrieval scores of shape {scores.shape}, not {self.summaries.values['sink'].shape}")
         return replace(self, scores={**self.scores, "retrieval": scores}, retrieval=result.record())
 
+    def role_values(self, role: Role) -> np.ndarray | None:
+        """(L, H): the score a role reads, None where it was not computed or tells nothing (skipped[STREAMING_ROLE]:
+        a text no longer than the sinks and the recent window, where every head's streaming share is 1)."""
+        return None if role.name == "streaming" and STREAMING_ROLE in self.skipped else self.value(role.score)
+
     def labels(self) -> list[list[list[str]]]:
         """[layer][head]: the head's roles (ROLES' names, in ROLES' order) whose score is above its threshold."""
         num_layers, num_heads = self.summaries.values["sink"].shape
-        above = {role.name: self.value(role.score) > role.threshold for role in ROLES if self.value(role.score) is not None}
+        above = {role.name: self.role_values(role) > role.threshold for role in ROLES if self.role_values(role) is not None}
         return [[[name for name in ROLE_NAMES if name in above and above[name][layer, head]] for head in range(num_heads)]
                 for layer in range(num_layers)]  # fmt: skip
 
@@ -83,7 +89,7 @@ class RoleScores:
         shape = self.summaries.values["sink"].shape
         chosen, strength = np.full(shape, -1), np.zeros(shape)
         for index in reversed(range(len(ROLES))):  # the first role of ROLES wins
-            values = self.value(ROLES[index].score)
+            values = self.role_values(ROLES[index])
             if values is not None:
                 above = values > ROLES[index].threshold
                 chosen[above], strength[above] = index, values[above]
@@ -91,7 +97,7 @@ class RoleScores:
 
     def top_heads(self, role: Role, count: int = 5) -> list[tuple[int, int, float]]:
         """(layer, head, score) of the role's highest-scoring heads above its threshold, highest first."""
-        values = self.value(role.score)
+        values = self.role_values(role)
         if values is None:
             return []
         order = np.argsort(-values, axis=None, kind="stable")[:count]
@@ -159,11 +165,15 @@ def head_roles(loaded, text: str, spec, budget_bytes: int, settings: RoleSetting
 
     scores, summaries, ids = text_roles(loaded, text, spec, budget_bytes, settings)
     skipped, random_ids = {}, []
+    if len(ids) <= settings.sinks + settings.recent:
+        skipped[STREAMING_ROLE] = (f"the text's {len(ids):,} tokens are no more than {settings.sinks} sinks and "
+                                   f"{settings.recent} recent keys: every query sees only those, so every head's streaming "
+                                   "share is 1 and no head is labelled streaming")  # fmt: skip
     if loaded.family.kind != DECODER:
         why = ("an encoder's heads see the tokens after them" if spec.stack in (None, "encoder") else
                "an encoder-decoder's decoder reads the encoder's text too")  # fmt: skip
         why += ": Olsson et al.'s scores are a decoder-only model's (causal self-attention over its own tokens)"
-        skipped = {"prefix_matching": why, "copying": why}
+        skipped |= {"prefix_matching": why, "copying": why}
     else:
         random_ids = circuits.random_sequences(loaded)
         scores["prefix_matching"] = circuits.prefix_matching(loaded, spec, budget_bytes, random_ids)

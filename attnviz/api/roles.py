@@ -3,22 +3,24 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from numbers import Integral, Real
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from attnviz.api import display
-from attnviz.api.arguments import must_be_bool, must_be_int
-from attnviz.api.functions import _texts, refuse_before_loading
+from attnviz.api.arguments import must_be_bool, must_be_callable, must_be_int, must_be_one_of, refuse
+from attnviz.api.functions import _comma_list, _texts, refuse_before_loading
 from attnviz.api.options import ROLES_OPTIONS, run_options, takes_options
 from attnviz.api.run_results import _Rendered, save_run_files
-from attnviz.errors import AttnvizError
+from attnviz.errors import AttnvizError, option
 from attnviz.spec import RunSpec, refuse_cross_over_every_layer
 
 
 @takes_options(ROLES_OPTIONS)
-def roles(text: str, *, exclude_bos: bool = False, exclude_current: bool = False, sinks: int = 4, recent: int = 256, **options):
+def roles(text: str, *, exclude_bos: bool = False, exclude_current: bool = False, sinks: int = 4, recent: int = 256,
+          retrieval: bool = False, lengths=None, depths=None, engine: str = "local", progress=None, **options):  # fmt: skip
     """Every layer × head's roles over one text (a RolesResult), a block of queries at a time at any length.
 
     Over the text: TransformerLens's previous-token, duplicate-token and induction template scores (its default
@@ -28,6 +30,10 @@ def roles(text: str, *, exclude_bos: bool = False, exclude_current: bool = False
     et al.'s prefix matching (random repeated tokens) and copying (the OV circuit's eigenvalues; said and skipped
     for a model without a language-model head). Each head labelled by the roles above analysis.roles.ROLES'
     thresholds. options: model, stack, device, dtype, truncate, memory, allow_pickle, as in layers.
+
+    retrieval: also Wu et al. 2024's retrieval heads (a decoder's), over needle-in-a-haystack tests of `lengths`
+    tokens (default 1,024, 2,048 and 4,096) × `depths` (default 0.1, 0.5 and 0.9), each generated greedily; engine
+    "ray" spreads the tests over Ray's actors (the same result); progress(n) is called after each test.
     """
     from attnviz.analysis.head_numbers import RoleSettings
     from attnviz.analysis.roles import head_roles
@@ -39,11 +45,65 @@ def roles(text: str, *, exclude_bos: bool = False, exclude_current: bool = False
                             must_be_int("sinks", sinks), must_be_int("recent", recent))  # fmt: skip
     if settings.sinks < 0 or settings.recent < 1:
         raise AttnvizError(f"sinks {settings.sinks}, recent {settings.recent}: give sinks >= 0 and recent >= 1 keys")
+    needles = _needle_grid(lengths, depths, engine, progress)  # checked whether asked for or not
+    needles = needles if must_be_bool("retrieval", retrieval) else None
+    if needles is not None and needles["engine"] == "ray":
+        from attnviz.output.ray_engine import require_ray
+
+        require_ray()
     refuse_cross_over_every_layer(options.stack)
     refuse_before_loading(options)
     handle = options.load()
     spec = options.run_spec(handle, layer=None)
-    return RolesResult(head_roles(handle.loaded, text, spec, block_budget(spec), settings), spec, handle.loaded)
+    if needles is not None:  # refused (not a decoder, a length past its context) before any other work
+        from attnviz.output.retrieval_heads import planned_tests
+
+        needles["tests"] = planned_tests(handle.loaded, needles["lengths"], needles["depths"], engine=needles["engine"])
+    result = RolesResult(head_roles(handle.loaded, text, spec, block_budget(spec), settings), spec, handle.loaded)
+    return result if needles is None else result.with_retrieval(_retrieval(handle, spec, options, needles))
+
+
+def _retrieval(handle, spec: RunSpec, options, needles: dict):
+    """The retrieval heads over the needle tests (output.retrieval_heads), here or on Ray's actors."""
+    from attnviz.output.ray_engine import actor_device
+    from attnviz.output.retrieval_heads import retrieval_heads
+
+    engine_device = actor_device(options.device) if needles["engine"] == "ray" else spec.device
+    model_name = handle.name if handle.source != "local folder" else spec.resolved_model  # what Ray's actors load
+    return retrieval_heads(handle.loaded, spec, **needles, model_name=model_name, allow_pickle=options.allow_pickle,
+                           engine_device=engine_device)  # fmt: skip
+
+
+def _needle_grid(lengths, depths, engine, progress) -> dict:
+    """retrieval_heads' grid and engine, checked before loading (the lengths past the context: once it is loaded)."""
+    from attnviz.analysis.retrieval import DEPTHS, LENGTHS
+    from attnviz.output.retrieval_heads import ENGINES
+
+    lengths, depths = _numbers("lengths", lengths, int, LENGTHS), _numbers("depths", depths, float, DEPTHS)
+    if not lengths or min(lengths) < 1:
+        raise AttnvizError(f"{option('lengths', _comma_list(lengths))}: give one length or more, each at least 1 token")
+    if not depths or not all(0 <= depth <= 1 for depth in depths):
+        raise AttnvizError(f"{option('depths', _comma_list(depths))}: give one depth or more, each in [0, 1]")
+    engine = must_be_one_of("engine", engine, ENGINES)
+    advance = must_be_callable("progress", progress, none=True) or (lambda done: None)
+    return {"lengths": lengths, "depths": depths, "engine": engine, "advance": advance}
+
+
+def _numbers(name: str, given, kind: type, default: tuple) -> tuple:
+    """A comma list as the command line gives it ("1024,2048") or a list of numbers (kind int: whole ones)."""
+    if given is None:
+        return default
+    if isinstance(given, str):
+        try:
+            return tuple(kind(part) for part in given.split(","))
+        except ValueError:
+            raise AttnvizError(f"{option(name, given)}: give {'whole numbers' if kind is int else 'numbers'} separated by commas") from None
+    whole = kind is int
+    if not isinstance(given, (list, tuple)) or not all(
+        isinstance(item, Integral if whole else Real) and not isinstance(item, bool) for item in given
+    ):
+        refuse(name, f"a comma list (str) or a list of {'int' if whole else 'numbers'} or None", given)
+    return tuple(kind(item) for item in given)
 
 
 @dataclass(frozen=True, repr=False)

@@ -70,6 +70,11 @@ class Stack(str, Enum):  # attnviz.spec.STACKS
     cross = "cross"
 
 
+class Engine(str, Enum):  # attnviz.output.corpus_stats.ENGINES and attnviz.output.retrieval_heads.ENGINES
+    local = "local"
+    ray = "ray"
+
+
 class Figures(str, Enum):  # attnviz.output.batch.FIGURES
     all = "all"
     grid = "grid"

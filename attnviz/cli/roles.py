@@ -13,6 +13,7 @@ from attnviz.cli.options import (
     DeviceOption,
     Dtype,
     DtypeOption,
+    Engine,
     EveryLayerMemoryOption,
     EveryLayerStackOption,
     FormatOption,
@@ -26,6 +27,8 @@ from attnviz.cli.options import (
     console,
 )
 from attnviz.cli.shared import run_command
+from attnviz.errors import AttnvizError
+from attnviz.render.progress import progress_bar
 
 
 @app.command(short_help="What each head is: previous-token, induction, copying, sink, streaming, ... every layer × head.")
@@ -36,6 +39,10 @@ def roles(
     exclude_current: bool = typer.Option(False, "--exclude-current", help="Leave each query's weight on itself out of the template scores, as TransformerLens's exclude_current_token."),
     sinks: int = typer.Option(4, "--sinks", min=0, metavar="S", help="The streaming share's sinks: the first S keys (StreamingLLM's 4)."),
     recent: int = typer.Option(256, "--recent", min=1, metavar="W", help="The streaming share's recent window: the W keys ending at each query (DuoAttention's 256)."),
+    retrieval: bool = typer.Option(False, "--retrieval", help="Also find retrieval heads (Wu et al. 2024): needle-in-a-haystack tests generated greedily, each head scored by the needle tokens it copies; minutes on a CPU."),
+    lengths: Optional[str] = typer.Option(None, "--lengths", metavar="N,N,...", help="With --retrieval: the haystacks' lengths in tokens. [default: 1024,2048,4096]", show_default=False),
+    depths: Optional[str] = typer.Option(None, "--depths", metavar="D,D,...", help="With --retrieval: where the needle sits, 0 (start) to 1 (end). [default: 0.1,0.5,0.9]", show_default=False),
+    engine: Engine = typer.Option(Engine.local, help='With --retrieval: run the tests here, or on Ray (RAY_ADDRESS, else a local Ray): pip install "attnviz[ray]".'),
     stack: Optional[Stack] = EveryLayerStackOption,
     device: Device = DeviceOption,
     dtype: Dtype = DtypeOption,
@@ -53,8 +60,18 @@ def roles(
     roles above stated thresholds: roles.png (a grid coloured by role), roles.json, report.html (the Roles view)."""
     from attnviz.api.roles import roles as head_roles
 
+    for given, name in ((lengths, "--lengths"), (depths, "--depths"), (engine != Engine.local, "--engine ray")):
+        if given and not retrieval:
+            raise AttnvizError(f"{name} goes with --retrieval: the needle tests' grid and where they run")
+
     def compute(options):
-        return head_roles(text, exclude_bos=exclude_bos, exclude_current=exclude_current, sinks=sinks, recent=recent, **options.keywords())
+        from attnviz.analysis.retrieval import DEPTHS, LENGTHS
+
+        tests = len(lengths.split(",") if lengths else LENGTHS) * len(depths.split(",") if depths else DEPTHS)
+        with progress_bar(console, tests if retrieval else 0, "needle tests", 1, "tests") as advance:
+            return head_roles(text, exclude_bos=exclude_bos, exclude_current=exclude_current, sinks=sinks, recent=recent,
+                              retrieval=retrieval, lengths=lengths, depths=depths, engine=engine.value, progress=advance,
+                              **options.keywords())  # fmt: skip
 
     run_command(locals(), compute, print_roles, "drawing the roles…")
 

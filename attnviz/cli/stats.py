@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from enum import Enum
 from pathlib import Path
 from typing import Optional
 
 import typer
 
 from attnviz.cli.options import (
+    Engine,
     QuietOption,
     app,
     console,
@@ -36,11 +36,6 @@ from attnviz.cli.options import (
 )
 from attnviz.cli.shared import MAX_NOTES_SHOWN, model_setup, run_command, text_or_file
 from attnviz.errors import AttnvizError
-
-
-class Engine(str, Enum):  # attnviz.output.corpus_stats.ENGINES
-    local = "local"
-    ray = "ray"
 
 
 @app.command(short_help='What every head of every layer does: statistics and labels.')

@@ -77,6 +77,18 @@ def _test_record(result: NeedleResult) -> dict:
     }
 
 
+def planned_tests(loaded, lengths=LENGTHS, depths=DEPTHS, answer_tokens: int = ANSWER_TOKENS, engine: str = "local",
+                  folder: Path = NEEDLES_FOLDER) -> list:  # fmt: skip
+    """The needle tests of lengths x depths (analysis/needles.py), refused in one line before any generation: a model
+    that is not a decoder, a length past its context, a depth outside [0, 1], an unknown engine."""
+    if engine not in ENGINES:
+        raise AttnvizError(f"engine {engine!r}: one of {', '.join(ENGINES)}")
+    check_decoder(loaded, "retrieval")
+    if answer_tokens < 1:
+        raise AttnvizError(f"answer tokens {answer_tokens}: at least 1")
+    return needle_tests(loaded.tokenizer, lengths, depths, loaded.max_positions, answer_tokens, folder, loaded.name)
+
+
 def retrieval_heads(
     loaded,
     spec: RunSpec,
@@ -90,6 +102,7 @@ def retrieval_heads(
     engine_device: str | None = None,
     advance: Callable[[int], None] = lambda done: None,
     folder: Path = NEEDLES_FOLDER,
+    tests: list | None = None,
 ) -> RetrievalHeads:
     """Every head's retrieval score over the needle tests of lengths x depths (analysis/needles.py), each generated
     greedily with up to answer_tokens tokens. Refused before any generation: a model that is not a decoder, a length
@@ -98,13 +111,10 @@ def retrieval_heads(
     engine "ray": the tests go to Ray actors (output/ray_engine.py) that load model_name themselves (the name or
     folder as given, as `stats --file --engine ray` does), on engine_device (spec.device by default); the result
     equals the local one. advance(1) after each test. folder: the haystack and needles (sample_inputs/retrieval/).
+    tests: planned_tests' (checked before other work), else planned here.
     """
-    if engine not in ENGINES:
-        raise AttnvizError(f"engine {engine!r}: one of {', '.join(ENGINES)}")
-    check_decoder(loaded, "retrieval")
-    if answer_tokens < 1:
-        raise AttnvizError(f"answer tokens {answer_tokens}: at least 1")
-    tests = needle_tests(loaded.tokenizer, lengths, depths, loaded.max_positions, answer_tokens, folder, loaded.name)
+    if tests is None:
+        tests = planned_tests(loaded, lengths, depths, answer_tokens, engine, folder)
     if engine == "ray":
         from attnviz.output.ray_engine import ray_needle_results, require_ray
 

@@ -49,11 +49,11 @@ def roles_figure(roles):
         for layer, row in enumerate(roles.labels()):
             for head, names in enumerate(row):
                 ax.text(head, layer, "".join(SHORT[name] for name in names), ha="center", va="center", fontsize=5)
-    computed = [(index, role) for index, role in enumerate(ROLES) if roles.value(role.score) is not None]
+    computed = [(index, role) for index, role in enumerate(ROLES) if roles.role_values(role) is not None]
     handles = [Patch(color=ROLE_COLOURS[index], label=f"{SHORT[role.name]} {role.name}: {role.score} > {role.threshold:g}")
                for index, role in computed]  # fmt: skip
     ax.legend(handles=[*handles, Patch(color=NO_ROLE, label="none")], loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=7)
-    skipped = [f"not computed: {', '.join(roles.skipped)} (roles.json's skipped says why)"] if roles.skipped else []
+    skipped = [f"left out: {', '.join(roles.skipped)} (roles.json's skipped says why)"] if roles.skipped else []
     scope = [f"{num_layers} layers × {num_heads} heads", f"{len(roles.ids)} tokens"]
     notes = ["each head's first role above its threshold (the rarer first), deeper as its score nears 1", *skipped]
     _title(figure, scope, notes, None, None, summaries)

@@ -52,11 +52,11 @@ def print_roles(console: Console, roles) -> None:
     for column in ("role", "score > threshold", f"top {TOP_HEADS} heads"):
         table.add_column(column, no_wrap=column != f"top {TOP_HEADS} heads")
     for role in ROLES:
-        if roles.value(role.score) is None:
+        if roles.role_values(role) is None:
             continue
         heads = ", ".join(f"L{layer}H{head} {score:.2f}" for layer, head, score in roles.top_heads(role, TOP_HEADS))
         table.add_row(f"{SHORT[role.name]} {role.name}", f"{role.score} > {role.threshold:g}", heads or "none")
     console.print(table)
     for name, why in roles.skipped.items():
-        console.print(Text(f"{name}: not computed: {why}", style="dim"))
+        console.print(Text(f"{name}: left out: {why}", style="dim"))
     console.print(Text("every score of every head, the thresholds and their sources: roles.json", style="dim"))
