@@ -1,0 +1,250 @@
+"""Activation patching and direct logit attribution (analysis/patching.py, analysis/attribution.py).
+
+Checked against transformers' own model (its *ForCausalLM class, loaded by transformers from the same folder), run
+whole once per head: a forward pre-hook on that layer's output projection (o_proj; GPT-2's c_proj) puts the clean
+run's slice of its input in place of the corrupted run's, or a forward hook on its q, k or v projection (GPT-2: the
+slice of c_attn's output) puts the clean run's slice of its output; the metric is read from the model's logits here.
+The direct attribution is checked by its sum (m_clean, float precision) and against the heads' outputs times W_o
+read through the final norm's clean scale; a model built by hand, in which one head alone carries the answer,
+scores that head 1 and every other 0.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from tiny_families import BPE_VOCAB, _DECODER, bpe_tokenizer, save_checkpoint
+
+pytestmark = pytest.mark.slow  # checkpoints built and loaded by transformers
+
+CLEAN = "The cat sat on the mat because it was tired."
+CORRUPT = "The mat sat on the cat because it was tired."
+ANSWER, WRONG = " cat", " mat"
+
+DECODERS = {
+    # 6 query heads over 2 key/value heads (groups of 3), RoPE; its own lm_head
+    "llama": lambda: (
+        transformers.LlamaConfig(num_key_value_heads=2, tie_word_embeddings=False, **_DECODER),
+        transformers.LlamaForCausalLM, lambda: bpe_tokenizer(bos=True),
+        {"out": "model.layers.{}.self_attn.o_proj", "q": "model.layers.{}.self_attn.q_proj",
+         "k": "model.layers.{}.self_attn.k_proj", "v": "model.layers.{}.self_attn.v_proj"},
+    ),  # fmt: skip
+    # fused c_attn (q, k, v side by side in its output), Conv1D c_proj with a bias; lm_head tied to wte
+    "gpt2": lambda: (
+        transformers.GPT2Config(vocab_size=BPE_VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64),
+        transformers.GPT2LMHeadModel, lambda: bpe_tokenizer(bos=False),
+        {"out": "transformer.h.{}.attn.c_proj", **{role: "transformer.h.{}.attn.c_attn" for role in "qkv"}},
+    ),  # fmt: skip
+}
+
+
+@pytest.fixture(scope="module", params=sorted(DECODERS))
+def decoder(request, tmp_path_factory):
+    config, model_class, tokenizer, modules = DECODERS[request.param]()
+    folder = tmp_path_factory.mktemp(request.param)
+    save_checkpoint(config, model_class, tokenizer(), folder, seed=1)
+    return folder, modules
+
+
+def spec_of(folder):
+    from attnviz.spec import RunSpec
+
+    return RunSpec(str(folder), str(folder), "local folder", device="cpu")
+
+
+def reference_scores(folder, modules: dict, component: str, position: int = -1) -> tuple[np.ndarray, float, float]:
+    """(L, H) m of the patched runs (logit units), m_clean, m_corrupt: transformers' model run once per head, the head's slice of
+    o_proj's input (out) or of its projection's output (q, k, v; through its key/value head) taken from the clean pass."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    clean_ids, corrupt_ids = (tokenizer(text, return_tensors="pt")["input_ids"] for text in (CLEAN, CORRUPT))
+    answer, wrong = (tokenizer(token, add_special_tokens=False)["input_ids"][0] for token in (ANSWER, WRONG))
+    config = model.config
+    num_layers, num_heads = config.num_hidden_layers, config.num_attention_heads
+    num_kv = getattr(config, "num_key_value_heads", None) or num_heads
+    head_dim = config.hidden_size // num_heads
+    inner, kv_inner = num_heads * head_dim, num_kv * head_dim
+    fused = modules["q"] == modules["k"]
+    first = {"out": 0, "q": 0, "k": inner if fused else 0, "v": inner + kv_inner if fused else 0}[component]
+    count = num_heads if component in ("out", "q") else num_kv
+
+    def metric(ids, hook=None, module=None) -> float:
+        handle = None
+        if hook is not None:
+            register = module.register_forward_pre_hook if component == "out" else module.register_forward_hook
+            handle = register(hook)
+        with torch.no_grad():
+            logits = model(ids).logits[0, position].double()
+        if handle is not None:
+            handle.remove()
+        return float(logits[answer] - logits[wrong])
+
+    seen = {}
+    scores = np.zeros((num_layers, num_heads))
+    for layer in range(num_layers):
+        module = model.get_submodule(modules[component].format(layer))
+        keep = (lambda m, args: seen.__setitem__(layer, args[0].clone())) if component == "out" else (lambda m, args, out: seen.__setitem__(layer, out.clone()))
+        metric(clean_ids, keep, module)
+        for head in range(count):
+            part = slice(first + head * head_dim, first + (head + 1) * head_dim)
+
+            def patch(m, *given, part=part, layer=layer):
+                x = (given[0][0] if component == "out" else given[1]).clone()
+                x[..., part] = seen[layer][..., part]
+                return (x,) if component == "out" else x
+
+            value = metric(corrupt_ids, patch, module)
+            for query_head in range(head * num_heads // count, (head + 1) * num_heads // count):
+                scores[layer, query_head] = value
+    return scores, metric(clean_ids), metric(corrupt_ids)
+
+
+def logit_units(patched, scores):
+    """The normalised scores back in logit units, m_patched: compared there, as float32's rounding is (a score's
+    denominator m_clean - m_corrupt may be small at some position, and would magnify it)."""
+    return scores * (patched.clean - patched.corrupt) + patched.corrupt
+
+
+@pytest.mark.parametrize("component", ["out", "q", "k", "v"])
+def test_each_heads_patched_score_is_transformers_model_with_that_slice_from_the_clean_run(decoder, component):
+    from attnviz.analysis.patching import patch_heads
+    from attnviz.models.loading import load_model
+
+    folder, modules = decoder
+    loaded = load_model(str(folder), device="cpu")
+    patched = patch_heads(loaded, CLEAN, CORRUPT, ANSWER, WRONG, spec_of(folder), components=(component,))
+    expected, m_clean, m_corrupt = reference_scores(folder, modules, component)
+    np.testing.assert_allclose([patched.clean, patched.corrupt], [m_clean, m_corrupt], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(logit_units(patched, patched.scores[component]), expected, rtol=1e-5, atol=1e-5)
+    assert np.ptp(expected) > 0.05  # the heads differ here: a test that could fail
+
+
+def test_a_position_reads_the_metric_there(decoder):
+    from attnviz.analysis.patching import patch_heads
+    from attnviz.models.loading import load_model
+
+    folder, modules = decoder
+    loaded = load_model(str(folder), device="cpu")
+    patched = patch_heads(loaded, CLEAN, CORRUPT, ANSWER, WRONG, spec_of(folder), position=7)
+    expected, _, _ = reference_scores(folder, modules, "out", position=7)
+    assert patched.position == 7
+    np.testing.assert_allclose(logit_units(patched, patched.output), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_the_direct_attribution_parts_sum_to_the_clean_logit_difference(decoder):
+    """The parts (embeddings, heads, W_o biases, the rest of each layer, the norm's and unembedding's biases) add up
+    to m_clean; each head's part is its output times its W_o slice through the clean scale, from transformers' hooks."""
+    from attnviz.analysis.patching import patch_heads
+    from attnviz.models.loading import load_model
+
+    folder, modules = decoder
+    loaded = load_model(str(folder), device="cpu")
+    patched = patch_heads(loaded, CLEAN, CORRUPT, ANSWER, WRONG, spec_of(folder))
+    np.testing.assert_allclose(patched.parts["total"], patched.clean, rtol=1e-6, atol=1e-5)
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    ids = tokenizer(CLEAN, return_tensors="pt")["input_ids"]
+    answer, wrong = (tokenizer(token, add_special_tokens=False)["input_ids"][0] for token in (ANSWER, WRONG))
+    final = model.get_decoder().norm if hasattr(model.get_decoder(), "norm") else model.transformer.ln_f
+    entered, heads = [], {}
+    handles = [final.register_forward_pre_hook(lambda m, args: entered.append(args[0][0, -1].double()))]
+    num_layers, num_heads = model.config.num_hidden_layers, model.config.num_attention_heads
+    for layer in range(num_layers):
+        module = model.get_submodule(modules["out"].format(layer))
+        handles.append(module.register_forward_pre_hook(lambda m, args, layer=layer: heads.__setitem__(layer, args[0][0, -1].double())))
+    with torch.no_grad():
+        model(ids)
+    for handle in handles:
+        handle.remove()
+    x = entered[0]
+    is_layer_norm = isinstance(final, torch.nn.LayerNorm)
+    centred = x - x.mean() if is_layer_norm else x
+    scale = 1 / torch.sqrt(centred.pow(2).mean() + (final.eps if is_layer_norm else final.variance_epsilon))
+    unembedding = model.get_output_embeddings().weight.double()
+    direction = unembedding[answer] - unembedding[wrong]
+    expected = np.zeros((num_layers, num_heads))
+    for layer in range(num_layers):
+        module = model.get_submodule(modules["out"].format(layer))
+        w_o = module.weight.double() if isinstance(module, torch.nn.Linear) else module.weight.double().T  # (D, H * d)
+        d = w_o.shape[1] // num_heads
+        for head in range(num_heads):
+            written = w_o[:, head * d : (head + 1) * d] @ heads[layer][head * d : (head + 1) * d]  # (D,)
+            written = written - written.mean() if is_layer_norm else written
+            expected[layer, head] = float((written * scale * final.weight.detach().double()) @ direction.detach())
+    np.testing.assert_allclose(patched.direct, expected, rtol=1e-6, atol=1e-6)
+    assert np.abs(expected).max() > 0.1
+
+
+def test_a_head_that_alone_carries_the_answer_scores_one_and_every_other_zero(tmp_path):
+    """A tiny Llama whose MLPs write nothing and whose W_o reads only layer 1's head 2: the last position's stream
+    is its own token's embedding plus that head's output, so patching it restores the clean answer and nothing
+    else moves it. Its direct attribution is the only head's that is not 0."""
+    from attnviz.analysis.patching import patch_heads
+    from attnviz.models.loading import load_model
+
+    config = transformers.LlamaConfig(num_key_value_heads=2, tie_word_embeddings=False, **_DECODER)
+    model = save_checkpoint(config, transformers.LlamaForCausalLM, bpe_tokenizer(bos=True), tmp_path, seed=3)
+    head_dim = config.hidden_size // config.num_attention_heads
+    with torch.no_grad():
+        for layer, block in enumerate(model.model.layers):
+            block.mlp.down_proj.weight.zero_()
+            kept = block.self_attn.o_proj.weight[:, 2 * head_dim : 3 * head_dim].clone()
+            block.self_attn.o_proj.weight.zero_()
+            if layer == 1:
+                block.self_attn.o_proj.weight[:, 2 * head_dim : 3 * head_dim] = kept
+    model.save_pretrained(tmp_path)
+    loaded = load_model(str(tmp_path), device="cpu")
+    patched = patch_heads(loaded, CLEAN, CORRUPT, ANSWER, WRONG, spec_of(tmp_path), components=("out", "pattern"))
+    assert abs(patched.clean - patched.corrupt) > 0.1
+    expected = np.zeros((2, config.num_attention_heads))
+    expected[1, 2] = 1.0
+    np.testing.assert_allclose(patched.output, expected, atol=1e-5)
+    direct = patched.direct.copy()
+    assert abs(direct[1, 2]) > 0.1
+    direct[1, 2] = 0.0
+    np.testing.assert_allclose(direct, 0.0, atol=1e-7)
+    # its map alone: the clean map over the corrupted values moves m part of the way, the other heads' nothing
+    pattern = patched.scores["pattern"].copy()
+    pattern[1, 2] = 0.0
+    np.testing.assert_allclose(pattern, 0.0, atol=1e-5)
+
+
+def test_per_position_patches_the_most_affecting_heads_one_position_at_a_time(decoder):
+    """Each position's score is the hooked model with the head's slice from the clean run at that position alone."""
+    from attnviz.analysis.patching import MOST_AFFECTING, patch_heads
+    from attnviz.models.loading import load_model
+
+    folder, modules = decoder
+    loaded = load_model(str(folder), device="cpu")
+    patched = patch_heads(loaded, CLEAN, CORRUPT, ANSWER, WRONG, spec_of(folder), per_position=True)
+    assert list(patched.per_position) == patched.top[:MOST_AFFECTING]
+    layer, head = patched.top[0]
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    clean_ids, corrupt_ids = (tokenizer(text, return_tensors="pt")["input_ids"] for text in (CLEAN, CORRUPT))
+    answer, wrong = (tokenizer(token, add_special_tokens=False)["input_ids"][0] for token in (ANSWER, WRONG))
+    module = model.get_submodule(modules["out"].format(layer))
+    seen = []
+    handle = module.register_forward_pre_hook(lambda m, args: seen.append(args[0].clone()))
+    with torch.no_grad():
+        model(clean_ids)
+    handle.remove()
+    d = seen[0].shape[-1] // model.config.num_attention_heads
+    row = []
+    for position in range(clean_ids.shape[1]):
+
+        def patch(m, args, position=position):
+            x = args[0].clone()
+            x[0, position, head * d : (head + 1) * d] = seen[0][0, position, head * d : (head + 1) * d]
+            return (x,)
+
+        handle = module.register_forward_pre_hook(patch)
+        with torch.no_grad():
+            logits = model(corrupt_ids).logits[0, -1].double()
+        handle.remove()
+        row.append(float(logits[answer] - logits[wrong]))
+    np.testing.assert_allclose(logit_units(patched, patched.per_position[(layer, head)]), row, rtol=1e-5, atol=1e-5)
