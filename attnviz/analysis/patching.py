@@ -68,6 +68,7 @@ class Patching:
     corrupt_text: str
     model: str = ""
     stack: str | None = None
+    causal: bool = True  # a decoder's heads (or an encoder-decoder's decoder's): titles say so
     per_position: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
 
     @property

@@ -116,6 +116,8 @@ EVERY_LAYER_OPTIONS = tuple(name for name in RUN_OPTIONS if name not in ("layer"
 DIFF_OPTIONS = ("model", "seed", "stack", "device", "dtype", "truncate", "memory", "allow_pickle")
 # generate: a decoder's own heads and weights; layer: the one its figure and JSON show; seed: sample's
 GENERATE_OPTIONS = ("model", "layer", "seed", "device", "dtype")
+# patch: a decoder's own heads and weights (an encoder-decoder's decoder), every layer
+PATCH_OPTIONS = ("model", "device", "dtype", "truncate", "allow_pickle")
 
 
 def run_options(function: str, given: dict[str, Any], taken: tuple[str, ...] = RUN_OPTIONS) -> RunOptions:
