@@ -204,7 +204,7 @@ def test_help_imports_no_heavy_library():
     assert "heads" in result.stdout and "--layer" in result.stdout
 
 
-COMMANDS = ("heads", "report", "stats", "layers", "compare", "position", "diff", "generate", "trace", "models")
+COMMANDS = ("heads", "report", "stats", "layers", "compare", "position", "diff", "generate", "patch", "trace", "models")
 
 
 @pytest.fixture(scope="module")
@@ -311,6 +311,7 @@ OFFERED = {  # the run options each command offers: those its API function takes
     "position": {"model", "device", "dtype", "allow_pickle"},
     "diff": {"model", "seed", "stack", "device", "dtype", "truncate", "memory", "allow_pickle"},
     "generate": {"model", "layer", "seed", "device", "dtype"},
+    "patch": {"model", "device", "dtype", "truncate", "allow_pickle"},
     "models": set(),
 }
 

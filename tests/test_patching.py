@@ -23,14 +23,16 @@ pytestmark = pytest.mark.slow  # checkpoints built and loaded by transformers
 CLEAN = "The cat sat on the mat because it was tired."
 CORRUPT = "The mat sat on the cat because it was tired."
 ANSWER, WRONG = " cat", " mat"
+TINY = (CLEAN, CORRUPT, ANSWER, WRONG)
+# an indirect-object pair (Wang et al. 2022): the subject repeated, or the indirect object in its place
+IOI = ("When Mary and John went to the store, John gave a drink to", "When Mary and John went to the store, Mary gave a drink to", " Mary", " John")
+LLAMA_MODULES = {role: f"model.layers.{{}}.self_attn.{role}_proj" for role in ("q", "k", "v")} | {"out": "model.layers.{}.self_attn.o_proj"}
 
 DECODERS = {
     # 6 query heads over 2 key/value heads (groups of 3), RoPE; its own lm_head
     "llama": lambda: (
         transformers.LlamaConfig(num_key_value_heads=2, tie_word_embeddings=False, **_DECODER),
-        transformers.LlamaForCausalLM, lambda: bpe_tokenizer(bos=True),
-        {"out": "model.layers.{}.self_attn.o_proj", "q": "model.layers.{}.self_attn.q_proj",
-         "k": "model.layers.{}.self_attn.k_proj", "v": "model.layers.{}.self_attn.v_proj"},
+        transformers.LlamaForCausalLM, lambda: bpe_tokenizer(bos=True), LLAMA_MODULES,
     ),  # fmt: skip
     # fused c_attn (q, k, v side by side in its output), Conv1D c_proj with a bias; lm_head tied to wte
     "gpt2": lambda: (
@@ -55,13 +57,19 @@ def spec_of(folder):
     return RunSpec(str(folder), str(folder), "local folder", device="cpu")
 
 
-def reference_scores(folder, modules: dict, component: str, position: int = -1) -> tuple[np.ndarray, float, float]:
-    """(L, H) m of the patched runs (logit units), m_clean, m_corrupt: transformers' model run once per head, the head's slice of
-    o_proj's input (out) or of its projection's output (q, k, v; through its key/value head) taken from the clean pass."""
+def hooked_model(folder, texts=TINY):
+    """transformers' own model of the folder, the two texts' ids (1, N) and the answer's and wrong token's ids."""
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
-    clean_ids, corrupt_ids = (tokenizer(text, return_tensors="pt")["input_ids"] for text in (CLEAN, CORRUPT))
-    answer, wrong = (tokenizer(token, add_special_tokens=False)["input_ids"][0] for token in (ANSWER, WRONG))
+    clean_ids, corrupt_ids = (tokenizer(text, return_tensors="pt")["input_ids"] for text in texts[:2])
+    answer, wrong = (tokenizer(token, add_special_tokens=False)["input_ids"][0] for token in texts[2:])
+    return model, clean_ids, corrupt_ids, answer, wrong
+
+
+def reference_scores(folder, modules: dict, component: str, position: int = -1, texts=TINY) -> tuple[np.ndarray, float, float]:
+    """(L, H) m of the patched runs (logit units), m_clean, m_corrupt: transformers' model run once per head, the head's slice of
+    o_proj's input (out) or of its projection's output (q, k, v; through its key/value head) taken from the clean pass."""
+    model, clean_ids, corrupt_ids, answer, wrong = hooked_model(folder, texts)
     config = model.config
     num_layers, num_heads = config.num_hidden_layers, config.num_attention_heads
     num_kv = getattr(config, "num_key_value_heads", None) or num_heads
@@ -108,6 +116,40 @@ def logit_units(patched, scores):
     return scores * (patched.clean - patched.corrupt) + patched.corrupt
 
 
+def reference_direct(folder, modules: dict, texts=TINY) -> np.ndarray:
+    """(L, H): each head's output at the last position (o_proj's input, hooked) times its W_o slice, read through
+    the final norm (its input hooked, its scale from it) and W_U[answer] - W_U[wrong]."""
+    model, ids, _, answer, wrong = hooked_model(folder, texts)
+    final = model.get_decoder().norm if hasattr(model.get_decoder(), "norm") else model.transformer.ln_f
+    entered, heads = [], {}
+    handles = [final.register_forward_pre_hook(lambda m, args: entered.append(args[0][0, -1].double()))]
+    num_layers, num_heads = model.config.num_hidden_layers, model.config.num_attention_heads
+    for layer in range(num_layers):
+        module = model.get_submodule(modules["out"].format(layer))
+        handles.append(module.register_forward_pre_hook(lambda m, args, layer=layer: heads.__setitem__(layer, args[0][0, -1].double())))
+    with torch.no_grad():
+        model(ids)
+    for handle in handles:
+        handle.remove()
+    x = entered[0]
+    is_layer_norm = isinstance(final, torch.nn.LayerNorm)
+    centred = x - x.mean() if is_layer_norm else x
+    scale = 1 / torch.sqrt(centred.pow(2).mean() + (final.eps if is_layer_norm else final.variance_epsilon))
+    unembedding = model.get_output_embeddings().weight.detach().double()
+    direction = unembedding[answer] - unembedding[wrong]
+    expected = np.zeros((num_layers, num_heads))
+    for layer in range(num_layers):
+        module = model.get_submodule(modules["out"].format(layer))
+        w_o = module.weight.detach().double()
+        w_o = w_o if isinstance(module, torch.nn.Linear) else w_o.T  # (D, H * d)
+        d = w_o.shape[1] // num_heads
+        for head in range(num_heads):
+            written = w_o[:, head * d : (head + 1) * d] @ heads[layer][head * d : (head + 1) * d]  # (D,)
+            written = written - written.mean() if is_layer_norm else written
+            expected[layer, head] = float((written * scale * final.weight.detach().double()) @ direction)
+    return expected
+
+
 @pytest.mark.parametrize("component", ["out", "q", "k", "v"])
 def test_each_heads_patched_score_is_transformers_model_with_that_slice_from_the_clean_run(decoder, component):
     from attnviz.analysis.patching import patch_heads
@@ -145,36 +187,7 @@ def test_the_direct_attribution_parts_sum_to_the_clean_logit_difference(decoder)
     patched = patch_heads(loaded, CLEAN, CORRUPT, ANSWER, WRONG, spec_of(folder))
     np.testing.assert_allclose(patched.parts["total"], patched.clean, rtol=1e-6, atol=1e-5)
 
-    model = transformers.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
-    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
-    ids = tokenizer(CLEAN, return_tensors="pt")["input_ids"]
-    answer, wrong = (tokenizer(token, add_special_tokens=False)["input_ids"][0] for token in (ANSWER, WRONG))
-    final = model.get_decoder().norm if hasattr(model.get_decoder(), "norm") else model.transformer.ln_f
-    entered, heads = [], {}
-    handles = [final.register_forward_pre_hook(lambda m, args: entered.append(args[0][0, -1].double()))]
-    num_layers, num_heads = model.config.num_hidden_layers, model.config.num_attention_heads
-    for layer in range(num_layers):
-        module = model.get_submodule(modules["out"].format(layer))
-        handles.append(module.register_forward_pre_hook(lambda m, args, layer=layer: heads.__setitem__(layer, args[0][0, -1].double())))
-    with torch.no_grad():
-        model(ids)
-    for handle in handles:
-        handle.remove()
-    x = entered[0]
-    is_layer_norm = isinstance(final, torch.nn.LayerNorm)
-    centred = x - x.mean() if is_layer_norm else x
-    scale = 1 / torch.sqrt(centred.pow(2).mean() + (final.eps if is_layer_norm else final.variance_epsilon))
-    unembedding = model.get_output_embeddings().weight.double()
-    direction = unembedding[answer] - unembedding[wrong]
-    expected = np.zeros((num_layers, num_heads))
-    for layer in range(num_layers):
-        module = model.get_submodule(modules["out"].format(layer))
-        w_o = module.weight.double() if isinstance(module, torch.nn.Linear) else module.weight.double().T  # (D, H * d)
-        d = w_o.shape[1] // num_heads
-        for head in range(num_heads):
-            written = w_o[:, head * d : (head + 1) * d] @ heads[layer][head * d : (head + 1) * d]  # (D,)
-            written = written - written.mean() if is_layer_norm else written
-            expected[layer, head] = float((written * scale * final.weight.detach().double()) @ direction.detach())
+    expected = reference_direct(folder, modules)
     np.testing.assert_allclose(patched.direct, expected, rtol=1e-6, atol=1e-6)
     assert np.abs(expected).max() > 0.1
 
@@ -248,3 +261,75 @@ def test_per_position_patches_the_most_affecting_heads_one_position_at_a_time(de
         handle.remove()
         row.append(float(logits[answer] - logits[wrong]))
     np.testing.assert_allclose(logit_units(patched, patched.per_position[(layer, head)]), row, rtol=1e-5, atol=1e-5)
+
+
+def test_smollm2s_patch_json_is_transformers_model_hooked_on_an_indirect_object_pair(tmp_path):
+    """The issue's test: `attnviz patch` on SmolLM2 (9 heads over 3 key/value heads, tied head) over an
+    indirect-object pair; patch.json's scores.output and scores.direct are those of transformers' own
+    LlamaForCausalLM from the same converted folder, hooked at o_proj (270 runs) and read through its final norm,
+    within 1e-4."""
+    import json
+
+    from attnviz.cli import run
+    from attnviz.models.smollm2 import smollm2_folder
+
+    clean, corrupt, answer, wrong = IOI
+    out = tmp_path / "run"
+    command = ["patch", clean, "--corrupt", corrupt, "--answer", answer, "--wrong", wrong, "--model", "smollm2", "--device", "cpu"]
+    assert run([*command, "--out", str(out)]) == 0
+    record = json.loads((out / "patch.json").read_text(encoding="utf-8"))
+    folder = smollm2_folder()
+    patched, m_clean, m_corrupt = reference_scores(folder, LLAMA_MODULES, "out", texts=IOI)
+    expected = (patched - m_corrupt) / (m_clean - m_corrupt)
+    np.testing.assert_allclose([record["metric"]["clean"], record["metric"]["corrupt"]], [m_clean, m_corrupt], atol=1e-4)
+    np.testing.assert_allclose(record["scores"]["output"], expected, atol=1e-4)
+    np.testing.assert_allclose(record["scores"]["direct"], reference_direct(folder, LLAMA_MODULES, texts=IOI), atol=1e-4)
+    assert m_clean > 0 > m_corrupt and np.abs(expected).max() > 0.3  # the model gets it, and some head carries it
+    assert sorted(path.name for path in out.iterdir()) == ["patch.json", "patch.png"]
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory):
+    config, model_class, tokenizer, _ = DECODERS["llama"]()
+    folder = tmp_path_factory.mktemp("llama-patch")
+    save_checkpoint(config, model_class, tokenizer(), folder, seed=1)
+    return folder
+
+
+def test_the_reports_patching_view_shows_the_grids_and_a_clicked_heads_maps_on_both_texts(tiny_llama, tmp_path, opened):
+    """report.html of `attnviz patch` opens on the Patching view: a cell reads out its score and direct attribution;
+    a click shows that head's maps on the clean and the corrupted text, drawn in the report's colours from
+    transformers' own eager attentions of each text."""
+    import attnviz
+
+    result = attnviz.patch(CLEAN, corrupt=CORRUPT, answer=ANSWER, wrong=WRONG, model=str(tiny_llama), device="cpu")
+    path = result.report().save(tmp_path / "report")[0]
+    page = opened(path)
+    page.page.wait_for_selector("#view-patch .patch-pair", state="attached")
+    assert page.page.get_attribute("#tab-patch", "aria-selected") == "true"
+    top_layer, top_head = result.top[0]
+    assert page.page.get_attribute("#view-patch .patch-pair", "data-layer") == str(top_layer)
+    layer, head = result.top[-1]  # the least affecting head: another than the one shown first
+    cell = f"#patch-output rect[data-layer='{layer}'][data-head='{head}']"
+    page.page.hover(cell)
+    score, direct = result.scores["out"][layer, head], result.direct[layer, head]
+    signed = lambda value: f"{value:+.3f}"  # noqa: E731
+    expected = f"layer {layer} · head {head} · score {signed(score)} · direct {signed(direct)} logits"
+    assert page.texts("#patch-readout")[0] == expected
+    page.page.click(cell)
+    page.page.wait_for_selector(f"#view-patch .patch-pair[data-layer='{layer}'][data-head='{head}']", state="attached")
+    assert page.texts("#view-patch .patch-head")[0] == expected
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny_llama, attn_implementation="eager").eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_llama)
+    for side, text in (("clean", CLEAN), ("corrupt", CORRUPT)):
+        ids = tokenizer(text, return_tensors="pt")["input_ids"]
+        with torch.no_grad():
+            weights = model(ids, output_attentions=True).attentions[layer][0, head].numpy()  # (N, N)
+        canvas = f"#view-patch canvas.patch-map[data-side='{side}']"
+        cell_px = page.page.evaluate(f"document.querySelector(\"{canvas}\").width") // ids.shape[1]
+        for row in (1, ids.shape[1] - 1):  # the second row's first key, the last row's first key
+            pixel = page.page.evaluate(
+                f"(() => {{ const c = document.querySelector(\"{canvas}\"); "
+                f"return Array.from(c.getContext('2d').getImageData(0, {row * cell_px}, 1, 1).data.slice(0, 3)); }})()"
+            )
+            assert pixel == page.page.evaluate(f"window.AV.colour({float(weights[row, 0])}, false)"), (side, row)

@@ -85,15 +85,15 @@ class Patching:
 
 def check_texts(text: str, corrupt: str, answer: str, wrong: str) -> None:
     """What can be refused before the model loads: the same text twice (m_clean = m_corrupt), the same token twice."""
-    from attnviz.errors import AttnvizError, option
+    from attnviz.errors import AttnvizError, options_named
 
     if text == corrupt:
         raise AttnvizError(
-            f"the clean and {option('corrupt')} texts are the same: m_clean = m_corrupt and the scores "
+            f"the clean text and the {options_named('corrupt')} text are the same: m_clean = m_corrupt and the scores "
             "(m_patched - m_corrupt) / (m_clean - m_corrupt) are undefined; give a corrupted text that differs"
         )
     if answer == wrong:
-        raise AttnvizError(f"{option('answer')} and {option('wrong')} are the same token {answer!r}: m is 0 on every run")
+        raise AttnvizError(f"{options_named('answer', 'wrong')} are the same token {answer!r}: m is 0 on every run")
 
 
 def patch_heads(
@@ -162,13 +162,13 @@ def _recorded(model, inputs, stack, source):
 
 def check_lengths(tokens: list[str], corrupt_tokens: list[str]) -> None:
     """The two texts tokenize to the same length: else refused, naming both lengths and the first differing token."""
-    from attnviz.errors import AttnvizError, option
+    from attnviz.errors import AttnvizError, options_named
 
     if len(tokens) != len(corrupt_tokens):
         first = next((i for i, (a, b) in enumerate(zip(tokens, corrupt_tokens)) if a != b), min(len(tokens), len(corrupt_tokens)))
         shown = lambda row: repr(row[first]) if first < len(row) else "the end"  # noqa: E731
         raise AttnvizError(
-            f"the clean text has {len(tokens)} tokens and the {option('corrupt')} text {len(corrupt_tokens)}: patching "
+            f"the clean text has {len(tokens)} tokens and the {options_named('corrupt')} text {len(corrupt_tokens)}: patching "
             f"needs the same positions in both (first difference at token {first}: {shown(tokens)} against "
             f"{shown(corrupt_tokens)})"
         )
@@ -186,13 +186,13 @@ def check_position(position: int | None, num_tokens: int) -> int:
 
 def token_id(loaded, stack, given: str, name: str) -> int:
     """The id of an answer token given as text (" Mary"): exactly one token, else refused naming its pieces."""
-    from attnviz.errors import AttnvizError, option
+    from attnviz.errors import AttnvizError, options_named
 
     tokenizer = loaded.tokenizer_for(stack)
     ids = tokenizer.pieces(given)
     if len(ids) != 1:
         pieces = ", ".join(repr(piece) for piece in tokenizer.convert_ids_to_tokens(ids)) or "none"
-        raise AttnvizError(f"{option(name)} {given!r} is {len(ids)} tokens, not one ({pieces}): give a single token of the model's")
+        raise AttnvizError(f"{options_named(name)} {given!r} is {len(ids)} tokens, not one ({pieces}): give a single token of the model's")
     return ids[0]
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -88,14 +88,31 @@ class PatchResult:
         return positions_figure(self.patching)
 
     def save(self, folder: str | Path, format: str = "png") -> list[Path]:
-        """Write what `attnviz patch --out folder` writes: patch.<format> (patch_positions.<format>), patch.json."""
+        """Write what `attnviz patch --out folder` writes: patch.<format> (patch_positions.<format>), patch.json,
+        report.html."""
         return save_run_files(folder, lambda staging: self.write_files(staging, format), format)
 
     def write_files(self, folder: Path, format: str = "png") -> list[Path]:
         from attnviz.output.patch_json import write_patch_json
         from attnviz.render.patch_figures import write_patching_figures
 
-        return [*write_patching_figures(self.patching, folder, format), write_patch_json(self.patching, self.spec, folder / "patch.json")]
+        written = [*write_patching_figures(self.patching, folder, format), write_patch_json(self.patching, self.spec, folder / "patch.json")]
+        return [*written, *self.report().write_files(folder)]
+
+    def report(self):
+        """The interactive report of the clean text (as attnviz.report gives it, at the most affecting head's layer),
+        opening on the Patching view: the grids of scores and direct attributions; a click shows the head's maps on
+        both texts side by side."""
+        from attnviz.api.report import report_texts
+        from attnviz.api.run_results import report_result
+        from attnviz.pipeline import run_attention, run_layers
+
+        spec = replace(self.spec, layer=self.top[0][0])
+        runs = run_attention(self.loaded, [self.patching.text], spec)
+        texts, notes = report_texts(self.loaded, runs, spec)
+        corrupt_runs = run_layers(self.loaded, [self.patching.corrupt_text], replace(spec, layer=None))[0]
+        texts[0] = replace(texts[0], patching=(self.patching, corrupt_runs))
+        return report_result(texts, spec, self.loaded.num_layers_of(spec.stack), notes)
 
     def to_dict(self) -> dict:
         """patch.json's content."""

@@ -28,7 +28,7 @@ from attnviz.cli.shared import run_command
 
 @app.command(short_help="Which heads carry the answer: each head patched from a clean text into a corrupted one.")
 def patch(
-    text: str = typer.Argument(..., metavar="CLEAN", help="The clean text, e.g. 'When Mary and John went to the store, John gave a drink to'."),
+    text: str = typer.Argument(..., metavar="TEXT", help="The clean text, e.g. 'When Mary and John went to the store, John gave a drink to'."),
     corrupt: str = typer.Option(
         ..., "--corrupt", metavar="TEXT", help="The corrupted text, of as many tokens as the clean one (e.g. its names swapped)."
     ),

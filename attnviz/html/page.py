@@ -40,6 +40,7 @@ SCRIPTS = (
 LONG_SCRIPTS = ("summaries_view.js", "long_text.js")
 DIFF_SCRIPTS = ("diff_view.js",)  # a report of `attnviz diff` (a text with a "diff"): the Diff view, shown first
 GENERATE_SCRIPTS = ("generate_view.js",)  # a report of `attnviz generate` (a "generation"): its stepper, shown first
+PATCH_SCRIPTS = ("patch_view.js",)  # a report of `attnviz patch` (a "patch"): the Patching view, shown first
 STYLES = ("report.css",)
 TEMPLATE = "report.html"
 TITLE_CHARS = 60
@@ -54,11 +55,12 @@ def _static_names() -> set[str]:
     return {entry.name for entry in resources.files("attnviz.html").joinpath("static").iterdir()}
 
 
-def page_script(long: bool = False, diff: bool = False, generation: bool = False) -> str:
+def page_script(long: bool = False, diff: bool = False, generation: bool = False, patch: bool = False) -> str:
     """The scripts, joined in SCRIPTS' order (each file keeps its names to itself); long: LONG_SCRIPTS before main.js,
-    diff: DIFF_SCRIPTS, generation: GENERATE_SCRIPTS."""
+    diff: DIFF_SCRIPTS, generation: GENERATE_SCRIPTS, patch: PATCH_SCRIPTS."""
     present = _static_names()
     extra = [*(LONG_SCRIPTS if long else ()), *(DIFF_SCRIPTS if diff else ()), *(GENERATE_SCRIPTS if generation else ())]
+    extra += PATCH_SCRIPTS if patch else ()
     names = [*SCRIPTS[:-1], *extra, SCRIPTS[-1]]
     script = "\n".join(f"// ---- {name} ----\n{static_text(name)}" for name in names if name in present)
     if "</script" in script.lower() or "<!--" in script:
@@ -80,7 +82,7 @@ def report_page(record: dict) -> str:
     """The report's HTML file (docs/formats.md, "report.html") for a record of html.record.report_record."""
     texts = record.get("texts", ())
     has = lambda name: any(isinstance(text, dict) and text.get(name) is not None for text in texts)  # noqa: E731
-    script = page_script(has("zoom"), diff=has("diff"), generation=has("generation"))
+    script = page_script(has("zoom"), diff=has("diff"), generation=has("generation"), patch=has("patch"))
     first_text = record["texts"][0]["text"] if record.get("texts") else ""
     data = record_json(record)
     styles = [font_face(shown_characters(data, script)), *(static_text(name) for name in STYLES if name in _static_names())]

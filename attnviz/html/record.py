@@ -70,6 +70,8 @@ class ReportText:
     differences: object | None = None  # analysis.diff.HeadDifferences: another checkpoint's heads beside these (diff)
     generation: object | None = None  # analysis.generation.Generation: the text continued, token by token (generate)
     generation_rows: str = "chosen"  # analysis.generation.ROWS: the rows its stepper shows first
+    # (analysis.patching.Patching, the corrupted text's every layer's runs): which heads carry the answer (patch)
+    patching: tuple | None = None
 
 
 def is_long(run: AttentionRun) -> bool:
@@ -165,7 +167,22 @@ def text_record(text: ReportText, spec: RunSpec) -> dict:
         record["diff"] = differences_of(text.differences, spec)
     if text.generation is not None:
         record["generation"] = generation_of(text.generation, text.generation_rows)
+    if text.patching is not None:
+        record["patch"] = patching_of(*text.patching, spec)
     return record
+
+
+def patching_of(patching, corrupt_runs: list[AttentionRun], spec: RunSpec) -> dict:
+    """The Patching view's data: patch.json's object, the corrupted text's tokens as shown and its every layer's maps
+    (L, H, N, N), encoded as the clean text's "layers" are (exact up to MAX_EXACT_VALUES weights)."""
+    from attnviz.output.patch_json import patch_record
+
+    full = patch_record(patching, spec)
+    stacked = np.stack([run.attention for run in corrupt_runs])  # (L, H, N, N)
+    layers = encode_exact(stacked) if stacked.size <= MAX_EXACT_VALUES else encode_quantised(stacked)
+    return {name: value for name, value in full.items() if name not in ("format", "version", "settings")} | {
+        "shown_corrupt_tokens": list(corrupt_runs[0].shown_tokens[0]), "corrupt_layers": layers,
+    }  # fmt: skip
 
 
 def generation_of(generation, rows_are: str = "chosen") -> dict:
