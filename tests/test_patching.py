@@ -16,7 +16,7 @@ import pytest
 import torch
 import transformers
 
-from tiny_families import BPE_VOCAB, _DECODER, bpe_tokenizer, save_checkpoint
+from tiny_families import BPE_VOCAB, FAMILY_CHECKPOINTS, _DECODER, bpe_tokenizer, save_checkpoint
 
 pytestmark = pytest.mark.slow  # checkpoints built and loaded by transformers
 
@@ -285,7 +285,7 @@ def test_smollm2s_patch_json_is_transformers_model_hooked_on_an_indirect_object_
     np.testing.assert_allclose(record["scores"]["output"], expected, atol=1e-4)
     np.testing.assert_allclose(record["scores"]["direct"], reference_direct(folder, LLAMA_MODULES, texts=IOI), atol=1e-4)
     assert m_clean > 0 > m_corrupt and np.abs(expected).max() > 0.3  # the model gets it, and some head carries it
-    assert sorted(path.name for path in out.iterdir()) == ["patch.json", "patch.png"]
+    assert {"patch.json", "patch.png", "report.html"} <= {path.name for path in out.iterdir()}
 
 
 @pytest.fixture(scope="module")
@@ -333,3 +333,73 @@ def test_the_reports_patching_view_shows_the_grids_and_a_clicked_heads_maps_on_b
                 f"return Array.from(c.getContext('2d').getImageData(0, {row * cell_px}, 1, 1).data.slice(0, 3)); }})()"
             )
             assert pixel == page.page.evaluate(f"window.AV.colour({float(weights[row, 0])}, false)"), (side, row)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"--corrupt": "The cat sat."}, "the clean text has 12 tokens and the --corrupt text 5: patching needs the same positions in both (first difference at token 4: 'Ġthe' against '.')"),
+        ({"--corrupt": "我想吃酸菜鱼，因为它很好吃，真的很好吃。"}, "the clean text has 12 tokens and the --corrupt text"),
+        ({"--position": "12"}, "--position 12 is past the text: its 12 tokens are positions 0 to 11"),
+        ({"--answer": " tired."}, "--answer ' tired.' is 2 tokens, not one ('Ġtired', '.')"),
+        ({"--wrong": " mat", "--answer": " mat"}, "--answer and --wrong are the same token ' mat'"),
+        ({"--corrupt": CLEAN}, "the clean text and the --corrupt text are the same: m_clean = m_corrupt"),
+    ],
+)  # fmt: skip
+def test_bad_input_is_refused_in_one_line_before_anything_is_written(tiny_llama, tmp_path, capsys, change, message):
+    from attnviz.cli import run
+
+    given = {"--corrupt": CORRUPT, "--answer": ANSWER, "--wrong": WRONG, **change}
+    out = tmp_path / "run"
+    args = ["patch", CLEAN, *[part for pair in given.items() for part in pair], "--model", str(tiny_llama), "--device", "cpu"]
+    assert run([*args, "--out", str(out)]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith(f"error: {message}") and error.count("\n") == 1, error
+    assert not out.exists()
+
+
+def test_an_encoder_decoders_decoder_heads_are_patched_as_transformers_model_hooked(tmp_path):
+    """BART's decoder (the text read shifted right, teacher-forced): its self-attention heads patched, against
+    BartForConditionalGeneration with a pre-hook on the decoder's out_proj; no direct attribution (post-norm)."""
+    from attnviz.analysis.patching import patch_heads
+    from attnviz.models.loading import load_model
+    from attnviz.spec import RunSpec
+
+    config, _, tokenizer = FAMILY_CHECKPOINTS["bart"]()
+    save_checkpoint(config, transformers.BartForConditionalGeneration, tokenizer(), tmp_path, seed=2)
+    clean, corrupt, answer, wrong = "the cat sat on the mat", "the dog sat on the mat", "cat", "dog"
+    loaded = load_model(str(tmp_path), device="cpu")
+    spec = RunSpec(str(tmp_path), str(tmp_path), "local folder", device="cpu", stack="decoder")
+    patched = patch_heads(loaded, clean, corrupt, answer, wrong, spec, position=2)
+    assert patched.direct is None
+
+    model = transformers.BartForConditionalGeneration.from_pretrained(tmp_path, attn_implementation="eager").eval()
+    tok = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    answer_id, wrong_id = (tok(token, add_special_tokens=False)["input_ids"][0] for token in (answer, wrong))
+
+    def run_model(text, hook=None, module=None):
+        ids = tok(text, return_tensors="pt")["input_ids"]
+        shifted = torch.cat([torch.full((1, 1), config.decoder_start_token_id), ids[:, :-1]], dim=1)
+        handle = module.register_forward_pre_hook(hook) if hook is not None else None
+        with torch.no_grad():
+            logits = model(input_ids=ids, decoder_input_ids=shifted).logits[0, 2].double()
+        if handle is not None:
+            handle.remove()
+        return float(logits[answer_id] - logits[wrong_id])
+
+    heads, d = config.decoder_attention_heads, config.d_model // config.decoder_attention_heads
+    expected = np.zeros((config.decoder_layers, heads))
+    for layer in range(config.decoder_layers):
+        module = model.model.decoder.layers[layer].self_attn.out_proj
+        seen = []
+        run_model(clean, lambda m, args: seen.append(args[0].clone()), module)
+        for head in range(heads):
+
+            def patch(m, args, head=head):
+                x = args[0].clone()
+                x[..., head * d : (head + 1) * d] = seen[0][..., head * d : (head + 1) * d]
+                return (x,)
+
+            expected[layer, head] = run_model(corrupt, patch, module)
+    np.testing.assert_allclose([patched.clean, patched.corrupt], [run_model(clean), run_model(corrupt)], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(logit_units(patched, patched.output), expected, rtol=1e-5, atol=1e-5)

@@ -42,6 +42,8 @@ COMPONENTS = {
     "pattern": "the head's attention weights (its map), the corrupted run's values kept: the clean map times the "
     "corrupted values enters W_o",
 }
+# their names in patch.json's scores and the table's columns: the output's is "output", the others' their own
+SCORE_NAMES = {"out": "output", "q": "q", "k": "k", "v": "v", "pattern": "pattern"}
 MOST_AFFECTING = 4  # the heads that --per-position patches position by position, by |output score|
 
 

@@ -10,8 +10,6 @@ from attnviz.output.summaries_json import DECIMALS, write_record
 from attnviz.spec import RunSpec
 
 PATCH_FORMAT_VERSION = 1
-# scores' names in patch.json: the output's is "output", the other components' their own
-SCORE_NAMES = {"out": "output", "q": "q", "k": "k", "v": "v", "pattern": "pattern"}
 
 
 def patch_record(patching, spec: RunSpec) -> dict:
@@ -20,7 +18,7 @@ def patch_record(patching, spec: RunSpec) -> dict:
     other parts, both texts' tokens, definitions and
     papers; per_position for the most affecting heads when asked."""
     from attnviz.analysis.attribution import DIRECT, PARTS
-    from attnviz.analysis.patching import COMPONENTS, METRIC, PAPERS, SCORE
+    from attnviz.analysis.patching import COMPONENTS, METRIC, PAPERS, SCORE, SCORE_NAMES
 
     rounded = lambda values: np.round(values, DECIMALS).tolist()  # noqa: E731
     parts = {name: (rounded(value) if isinstance(value, np.ndarray) else round(float(value), DECIMALS)) for name, value in patching.parts.items() if name != "heads"}

@@ -87,7 +87,7 @@ class _Titled:
 
 def print_patching(console: Console, patching) -> None:
     """The metric of both texts, the most affecting heads with their scores and direct attribution, a legend."""
-    from attnviz.output.patch_json import SCORE_NAMES
+    from attnviz.analysis.patching import SCORE_NAMES
 
     console.print(Text(metric_words(patching)))
     table = Table(title="most affecting heads", title_justify="left")
