@@ -42,7 +42,7 @@ def main() -> None:
 
     from attnviz.analysis.attribution import direct_attribution
     from attnviz.analysis.effect import text_inputs
-    from attnviz.analysis.patching import _recorded, patch_heads
+    from attnviz.analysis.patching import patch_heads, recorded_pass
     from attnviz.models.loading import load_model
     from attnviz.models.smollm2 import smollm2_folder
     from attnviz.spec import RunSpec
@@ -100,7 +100,7 @@ def main() -> None:
 
     def attribution() -> None:
         with torch.inference_mode():
-            recorded, _, final_input = _recorded(loaded.model, inputs, None, source)
+            recorded, _, final_input = recorded_pass(loaded.model, inputs, None, source)
             direct_attribution(loaded, None, recorded, final_input, 19, direction, 0.0)
 
     direct_s = best_of(attribution, args.repeat * 3)

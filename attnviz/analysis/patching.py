@@ -70,6 +70,7 @@ class Patching:
     corrupt_text: str
     model: str = ""
     stack: str | None = None
+    shown: tuple[list[str], list[str]] = ((), ())  # both texts' tokens as a reader sees them (models/shown.py)
     causal: bool = True  # a decoder's heads (or an encoder-decoder's decoder's): titles say so
     per_position: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
 
@@ -123,8 +124,8 @@ def patch_heads(
         return (last[:, position].double() @ direction + offset).cpu().numpy()
 
     with torch.inference_mode():
-        clean, clean_last, final_input = _recorded(model, clean_inputs, stack, source)
-        corrupted, corrupt_last, _ = _recorded(model, corrupt_inputs, stack, corrupt_source)
+        clean, clean_last, final_input = recorded_pass(model, clean_inputs, stack, source)
+        corrupted, corrupt_last, _ = recorded_pass(model, corrupt_inputs, stack, corrupt_source)
         m_clean, m_corrupt = float(metric(clean_last)[0]), float(metric(corrupt_last)[0])
         if m_clean == m_corrupt:
             from attnviz.errors import AttnvizError
@@ -140,7 +141,7 @@ def patch_heads(
         result = Patching(
             scores=scores, direct=direct, parts=parts, clean=m_clean, corrupt=m_corrupt, position=position,
             tokens=tokens, corrupt_tokens=corrupt_tokens, answer=answer, wrong=wrong, text=text,
-            corrupt_text=corrupt, model=loaded.name, stack=stack,
+            corrupt_text=corrupt, model=loaded.name, stack=stack, shown=_shown(loaded, stack, tokens, corrupt_tokens),
         )  # fmt: skip
         if per_position:
             chosen = result.top[:MOST_AFFECTING]
@@ -148,7 +149,13 @@ def patch_heads(
     return result
 
 
-def _recorded(model, inputs, stack, source):
+def _shown(loaded, stack, tokens: list[str], corrupt_tokens: list[str]) -> tuple[list[str], list[str]]:
+    from attnviz.models.tokens import shown_rows
+
+    return tuple(shown_rows(loaded.tokenizer_for(stack), [tokens, corrupt_tokens], None))
+
+
+def recorded_pass(model, inputs, stack, source):
     """One text's pass: its layer calls (layer_runs.Recorded), last hidden state (1, N, D), and what entered the
     stack's final norm (1, N, D) (None: a stack without one)."""
     final = model.layer_stack(stack).final

@@ -180,9 +180,7 @@ def patching_of(patching, corrupt_runs: list[AttentionRun], spec: RunSpec) -> di
     full = patch_record(patching, spec)
     stacked = np.stack([run.attention for run in corrupt_runs])  # (L, H, N, N)
     layers = encode_exact(stacked) if stacked.size <= MAX_EXACT_VALUES else encode_quantised(stacked)
-    return {name: value for name, value in full.items() if name not in ("format", "version", "settings")} | {
-        "shown_corrupt_tokens": list(corrupt_runs[0].shown_tokens[0]), "corrupt_layers": layers,
-    }  # fmt: skip
+    return {name: value for name, value in full.items() if name not in ("format", "version", "settings")} | {"corrupt_layers": layers}
 
 
 def generation_of(generation, rows_are: str = "chosen") -> dict:

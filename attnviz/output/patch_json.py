@@ -31,6 +31,8 @@ def patch_record(patching, spec: RunSpec) -> dict:
         "corrupt": patching.corrupt_text,
         "tokens": patching.tokens,
         "corrupt_tokens": patching.corrupt_tokens,
+        "shown_tokens": list(patching.shown[0]),
+        "shown_corrupt_tokens": list(patching.shown[1]),
         "answer": patching.answer,
         "wrong": patching.wrong,
         "position": patching.position,

@@ -16,6 +16,7 @@ from attnviz.render.summary_figures import _title, grids_figure
 from attnviz.render.titles import quoted
 
 MOST_SHOWN = 10  # the terminal's most affecting heads
+MAX_LABELLED_TOKENS = 48  # patch_positions.png names the tokens and writes each score up to this many tokens
 PANEL_TITLES = {
     "out": "output patched: normalised score (0 none, 1 restored)",
     "q": "query patched: normalised score",
@@ -35,7 +36,7 @@ def metric_words(patching) -> str:
 
 def changed_words(patching, most: int = 3) -> str:
     """Where the corrupted text differs: "token 9 ' John' → ' Mary'" (the first few)."""
-    changed = [(i, a, b) for i, (a, b) in enumerate(zip(patching.tokens, patching.corrupt_tokens)) if a != b]
+    changed = [(i, a, b) for i, (a, b) in enumerate(zip(*patching.shown)) if a != b]
     words = ", ".join(f"token {i} {quoted(a, 16)} → {quoted(b, 16)}" for i, a, b in changed[:most])
     return words + (f" and {len(changed) - most} more" if len(changed) > most else "")
 
@@ -59,11 +60,12 @@ def positions_figure(patching, seed: int | None = None):
     top = max(float(np.abs(values).max()), 1e-9)
     image = ax.imshow(values, cmap="RdBu_r", vmin=-top, vmax=top, aspect="auto", interpolation="nearest")
     figure.colorbar(image, ax=ax, shrink=0.85)
-    labels = [a if a == b else f"{a}→{b}" for a, b in zip(patching.tokens, patching.corrupt_tokens)]
-    ax.set_xticks(range(len(labels)), labels, rotation=90, fontsize=7)
+    labels = [a if a == b else f"{a}→{b}" for a, b in zip(*patching.shown)]
+    if len(labels) <= MAX_LABELLED_TOKENS:
+        ax.set_xticks(range(len(labels)), labels, rotation=90, fontsize=7)
+        for (row, column), value in np.ndenumerate(values):
+            ax.text(column, row, f"{value:.2f}", ha="center", va="center", fontsize=5)
     ax.set_yticks(range(len(heads)), [f"L{layer} H{head}" for layer, head in heads], fontsize=7)
-    for (row, column), value in np.ndenumerate(values):
-        ax.text(column, row, f"{value:.2f}", ha="center", va="center", fontsize=5)
     notes = [f"each head's output patched at one position alone; {metric_words(patching)}"]
     _title(figure, [f"the {len(heads)} most affecting heads", f"{len(labels)} tokens"], notes, None, seed, _Titled(patching))
     return figure

@@ -80,7 +80,7 @@
       section.appendChild(AV.el("p", { class: "note", id: "patch-missing" }, "This text was not patched from another."));
       return;
     }
-    const changed = patch.tokens.map((token, index) => [index, token, patch.corrupt_tokens[index]]).filter(([, a, b]) => a !== b);
+    const changed = patch.shown_tokens.map((token, index) => [index, token, patch.shown_corrupt_tokens[index]]).filter(([, a, b]) => a !== b);
     const where = changed.map(([index, a, b]) => `token ${index} ${a} → ${b}`).join(", ");
     section.appendChild(
       AV.el("p", { class: "note", id: "patch-note" },
