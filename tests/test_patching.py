@@ -338,7 +338,7 @@ def test_the_reports_patching_view_shows_the_grids_and_a_clicked_heads_maps_on_b
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"--corrupt": "The cat sat."}, "the clean text has 12 tokens and the --corrupt text 5: patching needs the same positions in both (first difference at token 4: 'Ġthe' against '.')"),
+        ({"--corrupt": "The cat sat."}, "the clean text has 12 tokens and the --corrupt text 5: patching needs the same positions in both (first difference at token 4: 'Ġon' against '.')"),
         ({"--corrupt": "我想吃酸菜鱼，因为它很好吃，真的很好吃。"}, "the clean text has 12 tokens and the --corrupt text"),
         ({"--position": "12"}, "--position 12 is past the text: its 12 tokens are positions 0 to 11"),
         ({"--answer": " tired."}, "--answer ' tired.' is 2 tokens, not one ('Ġtired', '.')"),
