@@ -85,10 +85,20 @@ ARGUMENTS = {  # function -> its arguments -> wrong values
         "progress": [5, "print"],
         **{name: RUN_OPTIONS[name] for name in ("model", "stack", "device", "dtype", "truncate", "memory", "allow_pickle")},
     },
+    "patch": {
+        "text": [*TEXT, ["the cat"]],
+        "corrupt": [5, None, ["the dog"]],
+        "answer": [5, None, [" cat"]],
+        "wrong": [5, None, [" dog"]],
+        "position": ["3", 1.5, True],
+        "per_position": ["yes", 1, None],
+        "component": [5, None, ["out"]],
+        **{name: RUN_OPTIONS[name] for name in ("model", "device", "dtype", "truncate", "allow_pickle")},
+    },
     "load": {"model": RUN_OPTIONS["model"], "device": [5, None], "dtype": [5, None], "allow_pickle": ["yes", 1], "cache": ["no", 0]},
 }
 FIRST_ARGUMENT = {"heads": "text", "trace": "text", "stats": "texts", "layers": "text", "compare": "text",
-                  "position": "text", "report": "text_or_texts", "diff": "text", "generate": "prompt", "roles": "text", "load": "model"}  # fmt: skip
+                  "position": "text", "report": "text_or_texts", "diff": "text", "generate": "prompt", "roles": "text", "patch": "text", "load": "model"}  # fmt: skip
 CASES = [
     (function, argument, value)
     for function, arguments in ARGUMENTS.items()
@@ -107,6 +117,8 @@ def call(function: str, **given):
     valid = {FIRST_ARGUMENT[function]: "bundled" if function == "load" else "the cat", "model": "bundled", "device": "cpu"}
     if function == "diff":
         valid["against"] = "random"
+    if function == "patch":
+        valid.update(corrupt="the dog", answer=" sat", wrong=" ran")
     return getattr(attnviz, function)(**{**valid, **given})
 
 

@@ -204,7 +204,7 @@ def test_help_imports_no_heavy_library():
     assert "heads" in result.stdout and "--layer" in result.stdout
 
 
-COMMANDS = ("heads", "report", "stats", "layers", "compare", "position", "diff", "roles", "generate", "trace", "serve", "models")
+COMMANDS = ("heads", "report", "stats", "layers", "compare", "position", "diff", "roles", "generate", "patch", "trace", "serve", "models")
 
 
 @pytest.fixture(scope="module")
@@ -315,6 +315,7 @@ OFFERED = {  # the run options each command offers: those its API function takes
     "diff": {"model", "seed", "stack", "device", "dtype", "truncate", "memory", "allow_pickle"},
     "generate": {"model", "layer", "seed", "device", "dtype"},
     "roles": {"model", "stack", "device", "dtype", "truncate", "memory", "allow_pickle"},
+    "patch": {"model", "device", "dtype", "truncate", "allow_pickle"},
     "models": set(),
     # the models it loads (--model again for more), where and in what; --port, --host and --max-tokens are the server's
     # own settings (serve/explorer.py's ServeSettings), not a run's; a request gives its run's layer, heads, kv...

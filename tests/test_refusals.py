@@ -49,6 +49,9 @@ REFUSALS = {
     "diff over cross": ["diff", "hi", "--against", "random", "--stack", "cross"],
     "generate with an encoder": ["generate", "The cat", "--tokens", "2"],
     "generate no tokens": ["generate", "The cat", "--tokens", "0"],
+    "patch the same text twice": ["patch", "The cat", "--corrupt", "The cat", "--answer", " sat", "--wrong", " ran"],
+    "patch the same token twice": ["patch", "The cat", "--corrupt", "The dog", "--answer", " sat", "--wrong", " sat"],
+    "patch an encoder": ["patch", "The cat", "--corrupt", "The dog", "--answer", "sat", "--wrong", "ran"],
 }
 
 
@@ -87,6 +90,8 @@ def test_the_issues_refusals_read_as_flags(args, flags, tmp_path, capsys):
         (lambda: attnviz.layers("hi", model="bundled", stack="cross"), "stack='cross': stats and layers measure self-attention"),
         (lambda: attnviz.heads("hi", model="bundled", kv=" "), "the kv text is empty"),
         (lambda: attnviz.generate("The cat", model="bundled", tokens=0), "tokens=0: generate makes at least 1 token"),
+        (lambda: attnviz.patch("The cat", corrupt="The cat", answer=" sat", wrong=" ran", model="bundled"), "the clean text and the corrupt text are the same"),
+        (lambda: attnviz.patch("The cat", corrupt="The dog", answer=" sat", wrong=" sat", model="bundled"), "answer and wrong are the same token"),
     ],
 )  # fmt: skip
 def test_the_api_names_options_as_keywords(call, keywords):

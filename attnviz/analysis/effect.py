@@ -102,7 +102,7 @@ def head_effects(loaded, text: str, spec, ablation: str = "zero", layers: list[i
     if ablation not in ABLATIONS:
         raise AttnvizError(f"ablation {ablation!r} is not one of {', '.join(ABLATIONS)}")
     stack = spec.stack
-    inputs, source, tokens, targets = _effect_inputs(loaded, text, spec)
+    inputs, source, tokens, targets = text_inputs(loaded, text, spec)
     num_layers, num_heads = loaded.num_layers_of(stack), loaded.num_heads_of(stack)
     layers = list(range(num_layers)) if layers is None else list(layers)
     model = loaded.model
@@ -132,7 +132,7 @@ def head_effects(loaded, text: str, spec, ablation: str = "zero", layers: list[i
     )
 
 
-def _effect_inputs(loaded, text: str, spec):
+def text_inputs(loaded, text: str, spec):
     """The model's inputs over one text (the decoder's, for an encoder-decoder), the encoder's (an encoder-decoder's,
     else None), the tokens of the stack's rows, and each predicted position's next token (T,) (None: an encoder)."""
     from attnviz.errors import AttnvizError
@@ -251,16 +251,27 @@ def _taken_out(heads_input, num_heads: int, ablation: str):
     """heads_input: what entered W_o in the pass with every head (1, N, H * d). Returns take_out: W_o's input for H
     copies (H, N, H * d) -> the same with copy h's head h taken out (0, or its mean over the positions in heads_input)."""
     batch, num_tokens, width = heads_input.shape
-    head_dim = width // num_heads
-    per_head = heads_input.view(batch, num_tokens, num_heads, head_dim)
-    kept = per_head.mean(dim=1)[0] if ablation == "mean" else per_head.new_zeros(num_heads, head_dim)  # (H, d)
+    per_head = heads_input.view(batch, num_tokens, num_heads, width // num_heads)
+    kept = per_head.mean(dim=1)[0] if ablation == "mean" else per_head.new_zeros(num_heads, width // num_heads)  # (H, d)
+    return one_head_each(num_heads, list(range(num_heads)), kept[:, None, :])
 
-    def take_out(x):
+
+def one_head_each(num_heads: int, heads: list[int], values, positions: list[int] | None = None):
+    """change(x) for a batch of copies x (C, N, n * d), n heads' features side by side (what enters W_o, or what a
+    projection gives): copy c with head heads[c]'s d features replaced by values[c], (C, N or 1, d) at every
+    position, or (C, d) at position positions[c] alone. The effect's ablations, the patching's clean values."""
+
+    def change(x):
         import torch
 
-        x = x.view(num_heads, num_tokens, num_heads, head_dim).clone()
-        copies = torch.arange(num_heads, device=x.device)
-        x[copies, :, copies] = kept[:, None, :].to(x.dtype)  # copy h, every position, head h
-        return x.view(num_heads, num_tokens, width)
+        copies, num_tokens, width = x.shape
+        x = x.view(copies, num_tokens, num_heads, width // num_heads).clone()  # (C, N, n, d)
+        copy = torch.arange(copies, device=x.device)
+        head = torch.as_tensor(heads, device=x.device)
+        if positions is None:
+            x[copy, :, head] = values.to(x)  # (C, N, d): copy c, every position, head heads[c]
+        else:
+            x[copy, torch.as_tensor(positions, device=x.device), head] = values.to(x)  # (C, d)
+        return x.view(copies, num_tokens, width)
 
-    return take_out
+    return change

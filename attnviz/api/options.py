@@ -118,6 +118,8 @@ DIFF_OPTIONS = ("model", "seed", "stack", "device", "dtype", "truncate", "memory
 GENERATE_OPTIONS = ("model", "layer", "seed", "device", "dtype")
 # roles: every layer's self-attention with the model's own heads and weights
 ROLES_OPTIONS = ("model", "stack", "device", "dtype", "truncate", "memory", "allow_pickle")
+# patch: a decoder's own heads and weights (an encoder-decoder's decoder), every layer
+PATCH_OPTIONS = ("model", "device", "dtype", "truncate", "allow_pickle")
 
 
 def run_options(function: str, given: dict[str, Any], taken: tuple[str, ...] = RUN_OPTIONS) -> RunOptions:

@@ -81,6 +81,14 @@ class Figures(str, Enum):  # attnviz.output.batch.FIGURES
     none = "none"
 
 
+class Component(str, Enum):  # attnviz.analysis.patching.COMPONENTS: what of a head patch patches
+    out = "out"
+    q = "q"
+    k = "k"
+    v = "v"
+    pattern = "pattern"
+
+
 class Mistake(str, Enum):  # attnviz.tracing.MISTAKES
     view_without_permute = "view-without-permute"
     merge_without_permute = "merge-without-permute"

@@ -46,6 +46,7 @@ GENERATE_SCRIPTS = ("generate_view.js",)  # a report of `attnviz generate` (a "g
 # box, the model and layer pickers, the requests) before main.js; any view registered in SCRIPTS shows up there too.
 EXPLORER_SCRIPTS = ("summaries_view.js", "explorer.js")
 ROLES_SCRIPTS = ("roles_view.js",)  # a report of `attnviz roles` (a text with "roles"): the Roles view, shown first
+PATCH_SCRIPTS = ("patch_view.js",)  # a report of `attnviz patch` (a "patch"): the Patching view, shown first
 STYLES = ("report.css",)
 TEMPLATE = "report.html"
 TITLE_CHARS = 60
@@ -61,12 +62,13 @@ def _static_names() -> set[str]:
 
 
 def page_script(long: bool = False, diff: bool = False, generation: bool = False, roles: bool = False,
-                explorer: bool = False) -> str:
+                patch: bool = False, explorer: bool = False) -> str:
     """The scripts, joined in SCRIPTS' order (each file keeps its names to itself); long: LONG_SCRIPTS before main.js,
-    diff: DIFF_SCRIPTS, generation: GENERATE_SCRIPTS, roles: ROLES_SCRIPTS, explorer: EXPLORER_SCRIPTS."""
+    diff: DIFF_SCRIPTS, generation: GENERATE_SCRIPTS, roles: ROLES_SCRIPTS, patch: PATCH_SCRIPTS, explorer:
+    EXPLORER_SCRIPTS."""
     present = _static_names()
     extra = [*(LONG_SCRIPTS if long else ()), *(DIFF_SCRIPTS if diff else ()), *(GENERATE_SCRIPTS if generation else ()),
-             *(ROLES_SCRIPTS if roles else ()), *(EXPLORER_SCRIPTS if explorer else ())]  # fmt: skip
+             *(ROLES_SCRIPTS if roles else ()), *(PATCH_SCRIPTS if patch else ()), *(EXPLORER_SCRIPTS if explorer else ())]  # fmt: skip
     names = [*SCRIPTS[:-1], *extra, SCRIPTS[-1]]
     script = "\n".join(f"// ---- {name} ----\n{static_text(name)}" for name in names if name in present)
     if "</script" in script.lower() or "<!--" in script:
@@ -91,7 +93,7 @@ def report_page(record: dict) -> str:
     """The report's HTML file (docs/formats.md, "report.html") for a record of html.record.report_record."""
     texts = record.get("texts", ())
     has = lambda name: any(isinstance(text, dict) and text.get(name) is not None for text in texts)  # noqa: E731
-    script = page_script(has("zoom"), diff=has("diff"), generation=has("generation"), roles=has("roles"))
+    script = page_script(has("zoom"), diff=has("diff"), generation=has("generation"), roles=has("roles"), patch=has("patch"))
     first_text = record["texts"][0]["text"] if record.get("texts") else ""
     return filled_template(record_json(record), script, content_security_policy(script), f"attnviz · {shorten(first_text, TITLE_CHARS)}")
 

@@ -71,6 +71,8 @@ class ReportText:
     generation: object | None = None  # analysis.generation.Generation: the text continued, token by token (generate)
     generation_rows: str = "chosen"  # analysis.generation.ROWS: the rows its stepper shows first
     roles: object | None = None  # analysis.roles.RoleScores: every head's roles (roles)
+    # (analysis.patching.Patching, the corrupted text's every layer's runs): which heads carry the answer (patch)
+    patching: tuple | None = None
 
 
 def is_long(run: AttentionRun) -> bool:
@@ -170,6 +172,8 @@ def text_record(text: ReportText, spec: RunSpec) -> dict:
         record["vectors"] = vectors_of(run.vectors)
     if text.roles is not None:
         record["roles"] = roles_of(text.roles, spec)
+    if text.patching is not None:
+        record["patch"] = patching_of(*text.patching, spec)
     return record
 
 
@@ -201,6 +205,17 @@ def roles_of(roles, spec: RunSpec) -> dict:
         "roles_order": list(ROLE_NAMES), "colours": list(ROLE_COLOURS), "letters": [SHORT[name] for name in ROLE_NAMES],
         "main_role": chosen.tolist(), "main_score": np.round(strength, 4).tolist(),
     }
+
+
+def patching_of(patching, corrupt_runs: list[AttentionRun], spec: RunSpec) -> dict:
+    """The Patching view's data: patch.json's object, the corrupted text's tokens as shown and its every layer's maps
+    (L, H, N, N), encoded as the clean text's "layers" are (exact up to MAX_EXACT_VALUES weights)."""
+    from attnviz.output.patch_json import patch_record
+
+    full = patch_record(patching, spec)
+    stacked = np.stack([run.attention for run in corrupt_runs])  # (L, H, N, N)
+    layers = encode_exact(stacked) if stacked.size <= MAX_EXACT_VALUES else encode_quantised(stacked)
+    return {name: value for name, value in full.items() if name not in ("format", "version", "settings")} | {"corrupt_layers": layers}
 
 
 def generation_of(generation, rows_are: str = "chosen") -> dict:

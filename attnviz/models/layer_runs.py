@@ -84,22 +84,22 @@ def record(stack: LayerStack, forward: Callable[[], object]) -> tuple[Recorded, 
     return Recorded(calls, heads), result
 
 
-def run_from(stack: LayerStack, layer: int, hidden: torch.Tensor, recorded: Recorded, heads=None) -> torch.Tensor:
+def run_from(
+    stack: LayerStack, layer: int, hidden: torch.Tensor, recorded: Recorded, heads=None, output=None
+) -> torch.Tensor:
     """The stack's output (B, N, D) (what the model makes of it: Recorded.rest) when hidden (B, N, D) enters layer `layer`: that layer and the ones after it,
     each called with its recorded arguments (a tensor of batch 1 among them broadcast to B: the mask, the
     positions, an encoder's output), then the final norm; the layers before it do not run. heads(x), when given,
-    changes what enters layer `layer`'s W_o: x (B, N, H * d), every head's output side by side."""
+    changes what enters layer `layer`'s W_o: x (B, N, H * d), every head's output side by side. output, when
+    given, is (module, change): change(y) replaces what the module (one of layer `layer`'s projections: its
+    W_q, W_k, W_v) gives at its first call, y (B, N, features) (analysis/patching.py)."""
     batch = hidden.shape[0]
-    handle = None
+    handles = []
     if heads is not None:  # layer `layer`'s call only: ALBERT's later layers share its W_o
-        done = []
-
-        def change(module, args):
-            if not done:
-                done.append(True)
-                return (heads(args[0]), *args[1:])
-
-        handle = stack.projections[layer].register_forward_pre_hook(change)
+        handles.append(stack.projections[layer].register_forward_pre_hook(_first_call(lambda args: (heads(args[0]), *args[1:]))))
+    if output is not None:
+        module, change = output
+        handles.append(module.register_forward_hook(_first_call(lambda args, y: change(y))))
     try:
         for index in range(layer, len(stack.layers)):
             args, kwargs = _batched(recorded.calls[index], batch)
@@ -109,10 +109,23 @@ def run_from(stack: LayerStack, layer: int, hidden: torch.Tensor, recorded: Reco
                 hidden = stack.layers[index](**{**kwargs, "hidden_states": hidden})
             hidden = hidden[0] if isinstance(hidden, tuple) else hidden
     finally:
-        if handle is not None:
+        for handle in handles:
             handle.remove()
     hidden = hidden if stack.final is None else stack.final(hidden)
     return hidden if recorded.rest is None else recorded.rest(hidden)
+
+
+def _first_call(change):
+    """A hook (module, *given) -> change(*given) at its first call, None (nothing changed) at the later ones."""
+    done = []
+
+    def hook(module, *given):
+        if not done:
+            done.append(True)
+            return change(*given)
+        return None
+
+    return hook
 
 
 def _batched(call: tuple[tuple, dict], batch: int) -> tuple[tuple, dict]:

@@ -264,11 +264,13 @@ class TransformersModel:
         ).last_hidden_state
 
     @torch.inference_mode()
-    def run_from(self, layer: int, hidden: torch.Tensor, recorded: Recorded, heads=None, stack: str | None = None) -> torch.Tensor:
+    def run_from(
+        self, layer: int, hidden: torch.Tensor, recorded: Recorded, heads=None, stack: str | None = None, output=None
+    ) -> torch.Tensor:
         """The model's last hidden state (B, N, D) when hidden (B, N, D) enters the stack's layer `layer`, heads(x)
-        changing what enters its W_o (layer_runs.run_from)."""
+        changing what enters its W_o, output what one of its projections gives (layer_runs.run_from)."""
         with self._forward_lock:  # hooks on modules the threads share
-            return run_from(self.layer_stack(stack), layer, hidden, recorded, heads)
+            return run_from(self.layer_stack(stack), layer, hidden, recorded, heads, output)
 
     @torch.inference_mode()
     def decode(self, ids: torch.Tensor, steps: int, choose):
@@ -408,6 +410,10 @@ class TransformersTokenizer:
 
     def convert_ids_to_tokens(self, ids: list[int]) -> list[str]:
         return self._tokenizer.convert_ids_to_tokens(ids)
+
+    def pieces(self, text: str) -> list[int]:
+        """The ids of a piece of text alone, no special token around it (an answer token: analysis/patching.py)."""
+        return list(self._tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def decode(self, ids: list[int]) -> str:
         """The text of ids (a continuation: generate), special tokens kept as they are."""

@@ -1,0 +1,321 @@
+"""Which heads carry this answer against that one: activation patching, per layer × head (and position).
+
+Two texts of the same length, a clean one ("When Mary and John went to the store, John gave a drink to") and a
+corrupted one (its names swapped), and two tokens, the answer (" Mary") and the wrong one (" John"). The metric m is
+logit(answer) - logit(wrong) at one position (the last by default). For each head, the corrupted run with one part
+of that head (COMPONENTS) replaced by the clean run's is scored (m_patched - m_corrupt) / (m_clean - m_corrupt):
+0, the head's part changes nothing; 1, it alone restores the clean answer (the normalised logit difference of Wang
+et al. 2022, PAPERS; TransformerLens's patching module computes the same by hooks, run once per head).
+
+The prefix is shared as the effect's (analysis/effect.py): one forward pass of each text records how each layer was
+called and what entered each W_o (models/layer_runs.py); for layer L the corrupted run's input of L, copied once per
+head, runs from L on as one batch, each copy with its own head's part patched. The direct logit attribution beside
+it is analysis/attribution.py's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+PAPERS = {
+    "patching": 'Wang, Variengien, Conmy, Shlegeris and Steinhardt, ICLR 2023, "Interpretability in the Wild: a Circuit '
+    'for Indirect Object Identification in GPT-2 small" (arXiv 2211.00593)',
+    "method": 'Meng, Bau, Andonian and Belinkov, NeurIPS 2022, "Locating and Editing Factual Associations in GPT" '
+    "(arXiv 2202.05262): activation patching (causal tracing)",
+    "direct": 'Elhage et al., Transformer Circuits Thread 2021, "A Mathematical Framework for Transformer Circuits": '
+    "direct logit attribution",
+}
+METRIC = "m = logit(answer) - logit(wrong) at the position read (the model's own logits, its language-model head)"
+SCORE = (
+    "(m_patched - m_corrupt) / (m_clean - m_corrupt): the corrupted run with the head's part replaced by the clean "
+    "run's, 0 = no effect, 1 = the clean answer restored (the normalised logit difference)"
+)
+COMPONENTS = {
+    "out": "the head's output (its d features entering W_o), at every position",
+    "q": "the head's query (its d features of W_q's output, before RoPE and any q norm), at every position",
+    "k": "the key of the head's key/value head (its d features of W_k's output, before RoPE and any k norm), at every "
+    "position; with grouped-query attention every query head of a group shares it, and the same score",
+    "v": "the value of the head's key/value head (its d features of W_v's output), at every position; with "
+    "grouped-query attention every query head of a group shares it, and the same score",
+    "pattern": "the head's attention weights (its map), the corrupted run's values kept: the clean map times the "
+    "corrupted values enters W_o",
+}
+# their names in patch.json's scores and the table's columns: the output's is "output", the others' their own
+SCORE_NAMES = {"out": "output", "q": "q", "k": "k", "v": "v", "pattern": "pattern"}
+MOST_AFFECTING = 4  # the heads that --per-position patches position by position, by |output score|
+
+
+@dataclass
+class Patching:
+    """Every head of a stack patched from the clean text into the corrupted one.
+
+    scores: component -> (L, H), the normalised scores (SCORE); direct: (L, H) each head's direct logit attribution
+    in logit units (None for a post-norm stack: attribution.py); parts the attribution's other parts; clean and
+    corrupt: m of each text. per_position: (layer, head) -> (N,) the output score of the head patched at one position
+    at a time, for the most affecting heads (with per_position)."""
+
+    scores: dict[str, np.ndarray]
+    direct: np.ndarray | None
+    parts: dict
+    clean: float
+    corrupt: float
+    position: int
+    tokens: list[str]
+    corrupt_tokens: list[str]
+    answer: str
+    wrong: str
+    text: str
+    corrupt_text: str
+    model: str = ""
+    stack: str | None = None
+    shown: tuple[list[str], list[str]] = ((), ())  # both texts' tokens as a reader sees them (models/shown.py)
+    causal: bool = True  # a decoder's heads (or an encoder-decoder's decoder's): titles say so
+    per_position: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
+
+    @property
+    def output(self) -> np.ndarray:
+        return self.scores["out"]
+
+    @property
+    def top(self) -> list[tuple[int, int]]:
+        """The heads by |output score| (or the first component's), most affecting first."""
+        values = self.scores["out"] if "out" in self.scores else next(iter(self.scores.values()))
+        order = np.argsort(-np.abs(values), axis=None, kind="stable")
+        return [tuple(int(i) for i in np.unravel_index(flat, values.shape)) for flat in order]
+
+
+def check_texts(text: str, corrupt: str, answer: str, wrong: str) -> None:
+    """What can be refused before the model loads: the same text twice (m_clean = m_corrupt), the same token twice."""
+    from attnviz.errors import AttnvizError, options_named
+
+    if text == corrupt:
+        raise AttnvizError(
+            f"the clean text and the {options_named('corrupt')} text are the same: m_clean = m_corrupt and the scores "
+            "(m_patched - m_corrupt) / (m_clean - m_corrupt) are undefined; give a corrupted text that differs"
+        )
+    if answer == wrong:
+        raise AttnvizError(f"{options_named('answer', 'wrong')} are the same token {answer!r}: m is 0 on every run")
+
+
+def patch_heads(
+    loaded, text: str, corrupt: str, answer: str, wrong: str, spec, position: int | None = None,
+    components: tuple[str, ...] = ("out",), per_position: bool = False,
+) -> Patching:  # fmt: skip
+    """Each head of spec.stack (every layer) patched from text (clean) into corrupt, for each of components; the
+    direct attribution on the clean run; with per_position, the most affecting heads' output one position at a time."""
+    import torch
+
+    from attnviz.analysis.attribution import direct_attribution
+    from attnviz.analysis.effect import text_inputs
+
+    stack, model = spec.stack, loaded.model
+    clean_inputs, source, tokens, _ = text_inputs(loaded, text, spec)
+    corrupt_inputs, corrupt_source, corrupt_tokens, _ = text_inputs(loaded, corrupt, spec)
+    check_lengths(tokens, corrupt_tokens)
+    position = check_position(position, len(tokens))
+    answer_id, wrong_id = (token_id(loaded, stack, given, name) for given, name in ((answer, "answer"), (wrong, "wrong")))
+    weight, bias = model.output_head()
+    direction = (weight[answer_id] - weight[wrong_id]).double()  # (D,): W_U[answer] - W_U[wrong]
+    offset = 0.0 if bias is None else float(bias[answer_id] - bias[wrong_id])
+
+    def metric(last) -> np.ndarray:  # last (C, N, D) -> m of each copy (C,)
+        return (last[:, position].double() @ direction + offset).cpu().numpy()
+
+    with torch.inference_mode():
+        clean, clean_last, final_input = recorded_pass(model, clean_inputs, stack, source)
+        corrupted, corrupt_last, _ = recorded_pass(model, corrupt_inputs, stack, corrupt_source)
+        m_clean, m_corrupt = float(metric(clean_last)[0]), float(metric(corrupt_last)[0])
+        if m_clean == m_corrupt:
+            from attnviz.errors import AttnvizError
+
+            raise AttnvizError(
+                f"m_clean = m_corrupt = {m_clean:.4g}: the two texts give the same logit difference at position "
+                f"{position}, and the scores (m_patched - m_corrupt) / (m_clean - m_corrupt) are undefined"
+            )
+        patched = _Patched(loaded, spec, clean, corrupted, clean_inputs, corrupt_inputs, source, corrupt_source)
+        normalise = lambda values: (values - m_corrupt) / (m_clean - m_corrupt)  # noqa: E731
+        scores = {component: normalise(patched.scores(component, metric)) for component in components}
+        direct, parts = direct_attribution(loaded, stack, clean, final_input, position, direction, offset)
+        result = Patching(
+            scores=scores, direct=direct, parts=parts, clean=m_clean, corrupt=m_corrupt, position=position,
+            tokens=tokens, corrupt_tokens=corrupt_tokens, answer=answer, wrong=wrong, text=text,
+            corrupt_text=corrupt, model=loaded.name, stack=stack, shown=_shown(loaded, stack, tokens, corrupt_tokens),
+        )  # fmt: skip
+        if per_position:
+            chosen = result.top[:MOST_AFFECTING]
+            result.per_position = {head: normalise(row) for head, row in zip(chosen, patched.by_position(chosen, metric))}
+    return result
+
+
+def _shown(loaded, stack, tokens: list[str], corrupt_tokens: list[str]) -> tuple[list[str], list[str]]:
+    from attnviz.models.tokens import shown_rows
+
+    return tuple(shown_rows(loaded.tokenizer_for(stack), [tokens, corrupt_tokens], None))
+
+
+def recorded_pass(model, inputs, stack, source):
+    """One text's pass: its layer calls (layer_runs.Recorded), last hidden state (1, N, D), and what entered the
+    stack's final norm (1, N, D) (None: a stack without one)."""
+    final = model.layer_stack(stack).final
+    entered = []
+    handle = None if final is None else final.register_forward_pre_hook(lambda module, args: entered.append(args[0].detach().clone()))
+    try:
+        recorded, last = model.layer_calls(inputs, stack, source)
+    finally:
+        if handle is not None:
+            handle.remove()
+    return recorded, last, entered[-1] if entered else None
+
+
+def check_lengths(tokens: list[str], corrupt_tokens: list[str]) -> None:
+    """The two texts tokenize to the same length: else refused, naming both lengths and the first differing token."""
+    from attnviz.errors import AttnvizError, options_named
+
+    if len(tokens) != len(corrupt_tokens):
+        first = next((i for i, (a, b) in enumerate(zip(tokens, corrupt_tokens)) if a != b), min(len(tokens), len(corrupt_tokens)))
+        shown = lambda row: repr(row[first]) if first < len(row) else "the end"  # noqa: E731
+        raise AttnvizError(
+            f"the clean text has {len(tokens)} tokens and the {options_named('corrupt')} text {len(corrupt_tokens)}: patching "
+            f"needs the same positions in both (first difference at token {first}: {shown(tokens)} against "
+            f"{shown(corrupt_tokens)})"
+        )
+
+
+def check_position(position: int | None, num_tokens: int) -> int:
+    from attnviz.errors import AttnvizError, option
+
+    if position is None:
+        return num_tokens - 1
+    if not 0 <= position < num_tokens:
+        raise AttnvizError(f"{option('position', position)} is past the text: its {num_tokens} tokens are positions 0 to {num_tokens - 1}")
+    return position
+
+
+def token_id(loaded, stack, given: str, name: str) -> int:
+    """The id of an answer token given as text (" Mary"): exactly one token, else refused naming its pieces."""
+    from attnviz.errors import AttnvizError, options_named
+
+    tokenizer = loaded.tokenizer_for(stack)
+    ids = tokenizer.pieces(given)
+    if len(ids) != 1:
+        pieces = ", ".join(repr(piece) for piece in tokenizer.convert_ids_to_tokens(ids)) or "none"
+        raise AttnvizError(f"{options_named(name)} {given!r} is {len(ids)} tokens, not one ({pieces}): give a single token of the model's")
+    return ids[0]
+
+
+class _Patched:
+    """The corrupted run from layer L on, copies of it with one head's part from the clean run."""
+
+    def __init__(self, loaded, spec, clean, corrupted, clean_inputs, corrupt_inputs, source, corrupt_source):
+        self.loaded, self.spec, self.clean, self.corrupted = loaded, spec, clean, corrupted
+        self.texts = ((clean_inputs, source), (corrupt_inputs, corrupt_source))
+        self.num_layers, self.num_heads = loaded.num_layers_of(spec.stack), loaded.num_heads_of(spec.stack)
+
+    def run(self, layer: int, copies: int, heads=None, output=None):
+        entering = self.corrupted.entering(layer).expand(copies, -1, -1)  # (C, N, D)
+        return self.loaded.model.run_from(layer, entering, self.corrupted, heads, self.spec.stack, output)
+
+    def clean_heads(self, layer: int):
+        """What entered layer's W_o in the clean run, per head: (H, N, d)."""
+        _, num_tokens, width = self.clean.heads[layer].shape
+        return self.clean.heads[layer][0].view(num_tokens, self.num_heads, width // self.num_heads).transpose(0, 1)
+
+    def scores(self, component: str, metric) -> np.ndarray:
+        """(L, H): m of the corrupted run with each head's component patched."""
+        from attnviz.analysis.effect import one_head_each
+
+        values = np.zeros((self.num_layers, self.num_heads))
+        every = list(range(self.num_heads))
+        clean_outputs = self._clean_outputs(component) if component in ("q", "k", "v") else None
+        for layer in range(self.num_layers):
+            if component == "out":
+                values[layer] = metric(self.run(layer, self.num_heads, one_head_each(self.num_heads, every, self.clean_heads(layer))))
+            elif component == "pattern":
+                mixed = self._clean_maps_corrupt_values(layer)  # (H, N, d)
+                values[layer] = metric(self.run(layer, self.num_heads, one_head_each(self.num_heads, every, mixed)))
+            else:
+                values[layer] = self._projection_scores(layer, component, clean_outputs, metric)
+        return values
+
+    def by_position(self, chosen: list[tuple[int, int]], metric) -> list[np.ndarray]:
+        """For each (layer, head) of chosen: (N,) m with its output patched at one position at a time."""
+        from attnviz.analysis.effect import one_head_each
+
+        rows = []
+        for layer, head in chosen:
+            clean = self.clean_heads(layer)[head]  # (N, d)
+            num_tokens = clean.shape[0]
+            change = one_head_each(self.num_heads, [head] * num_tokens, clean, positions=list(range(num_tokens)))
+            rows.append(metric(self.run(layer, num_tokens, change)))
+        return rows
+
+    def _projection_scores(self, layer: int, component: str, clean_outputs: dict, metric) -> np.ndarray:
+        """(H,): each query head's, through its key/value head for k and v (shared by its group)."""
+        import torch
+
+        from attnviz.analysis.effect import one_head_each
+
+        module, first, count, head_dim = self._projection(layer, component)
+        clean = clean_outputs[layer][0, :, first : first + count * head_dim]  # (N, n * d)
+        num_tokens = clean.shape[0]
+        per_head = clean.view(num_tokens, count, head_dim).transpose(0, 1)  # (n, N, d)
+        replace = one_head_each(count, list(range(count)), per_head)
+
+        def change(y):  # y (C, N, features): the role's n heads' part of it replaced
+            part = replace(y[..., first : first + count * head_dim].contiguous())
+            return torch.cat([y[..., :first], part, y[..., first + count * head_dim :]], dim=-1)
+
+        values = metric(self.run(layer, count, output=(module, change)))  # (n,)
+        return np.repeat(values, self.num_heads // count)  # query head h reads key/value head h // G
+
+    def _projection(self, layer: int, component: str):
+        """(module, first feature, heads, d) of layer's W_q, W_k or W_v output (a fused one: GPT-2's c_attn)."""
+        model = self.loaded.model
+        weights = model.attention_weights(layer, self.spec.stack)
+        role = {"q": "w_q", "k": "w_k", "v": "w_v"}[component]
+        module = model.model.get_submodule(weights.names[role])
+        inner, kv_inner = weights.num_heads * weights.head_dim, weights.num_kv_heads * weights.head_dim
+        first = {"w_q": 0, "w_k": inner, "w_v": inner + kv_inner}[role] if weights.fused_qkv else 0
+        count = weights.num_heads if role == "w_q" else weights.num_kv_heads
+        return module, first, count, weights.head_dim
+
+    def _clean_outputs(self, component: str) -> dict:
+        """layer -> what its W_q, W_k or W_v gave in the clean pass (1, N, features), every layer from one pass."""
+        modules = [self._projection(layer, component)[0] for layer in range(self.num_layers)]
+        given: dict = {}
+
+        def keep(module, args, output):
+            given.setdefault(id(module), []).append(output.detach().clone())
+
+        handles = [module.register_forward_hook(keep) for module in {id(m): m for m in modules}.values()]
+        try:
+            inputs, source = self.texts[0]
+            self.loaded.model.layer_calls(inputs, self.spec.stack, source)
+        finally:
+            for handle in handles:
+                handle.remove()
+        calls = {id(module): 0 for module in modules}  # a module several layers share: its k-th call is its k-th layer's
+        outputs = {}
+        for layer, module in enumerate(modules):
+            outputs[layer] = given[id(module)][calls[id(module)]]
+            calls[id(module)] += 1
+        return outputs
+
+    def _clean_maps_corrupt_values(self, layer: int):
+        """(H, N, d): each head's clean map times its corrupted values, from attnviz's own layer (attention/layer.py)."""
+        from attnviz.attention.layer import layer_from_weights
+        from attnviz.spec import model_is_causal
+
+        model, stack = self.loaded.model, self.spec.stack
+        attention = layer_from_weights(model.attention_weights(layer, stack))
+        device = self.spec.device
+        clean_in, corrupt_in = (
+            model.capture(inputs, [layer], stack, source)[layer].hidden for inputs, source in self.texts
+        )  # (1, N, D) each
+        num_tokens = clean_in.shape[1]
+        bias = model.position_bias(stack, num_tokens, num_tokens, device)
+        _, pattern = attention(clean_in.to(attention.w_q.weight), causal=model_is_causal(self.loaded, stack), position_bias=bias)
+        _, _, values = attention.project(corrupt_in.to(attention.w_q.weight))  # (1, H, N, d)
+        return (pattern.to(values.dtype) @ values)[0]  # (H, N, d)

@@ -1,0 +1,155 @@
+"""attnviz.patch and what it returns: which heads carry the answer, activation patching and direct logit attribution."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from attnviz.analysis.patching import COMPONENTS
+from attnviz.api import display
+from attnviz.api.arguments import must_be_bool, must_be_int, must_be_one_of, must_be_str
+from attnviz.api.functions import _texts
+from attnviz.api.options import PATCH_OPTIONS, run_options, takes_options
+from attnviz.api.run_results import _Rendered, save_run_files
+from attnviz.errors import AttnvizError, option
+from attnviz.spec import RunSpec
+
+
+@takes_options(PATCH_OPTIONS)
+def patch(
+    text: str, *, corrupt: str, answer: str, wrong: str, position: int | None = None, per_position: bool = False,
+    component: str = "out", **options,
+):  # fmt: skip
+    """Which heads carry the answer (a PatchResult): each head of a decoder (an encoder-decoder's decoder) patched
+    from the clean text into corrupt, a text of the same length, scored by m = logit(answer) - logit(wrong) at
+    position (default the last): (m_patched - m_corrupt) / (m_clean - m_corrupt), 0 no effect, 1 the clean answer
+    restored (Wang et al. 2022); and each head's direct logit attribution on the clean run (analysis/patching.py,
+    analysis/attribution.py). component: what of the head is patched, "out" (its output), "q", "k", "v" (through
+    its key/value head with grouped-query attention) or "pattern"; the output's scores are always there.
+    per_position: also the most affecting heads patched one position at a time. answer and wrong are single tokens
+    of the model's, as text (" Mary"). options: model, device, dtype, truncate, allow_pickle.
+    """
+    from attnviz.analysis.patching import check_texts, patch_heads
+
+    options = run_options("patch", options, PATCH_OPTIONS)
+    (text,) = _texts(text, one=True)
+    (corrupt,) = _texts(corrupt, one=True, name="corrupt")
+    must_be_str("answer", answer)
+    must_be_str("wrong", wrong)
+    if must_be_int("position", position, none=True) is not None and position < 0:
+        raise AttnvizError(f"{option('position', position)}: give a position from 0, the text's first token")
+    must_be_bool("per_position", per_position)
+    must_be_one_of("component", component, tuple(COMPONENTS))
+    check_texts(text, corrupt, answer, wrong)
+    handle = options.load()
+    if handle.kind == "encoder":
+        raise AttnvizError(
+            f"{handle.loaded.name} is an encoder: it predicts no next token whose logits patching could read; give a "
+            "decoder (or an encoder-decoder, whose decoder is patched)"
+        )
+    spec = options.run_spec(handle, layer=None, **({"stack": "decoder"} if handle.kind == "encoder-decoder" else {}))
+    components = ("out",) if component == "out" else ("out", component)
+    patching = patch_heads(handle.loaded, text, corrupt, answer, wrong, spec, position, components, per_position)
+    return PatchResult(patching, spec, handle.loaded)
+
+
+@dataclass(frozen=True, repr=False)
+class PatchResult:
+    """patching (analysis.patching.Patching): .scores["out"] (and the component's) (L, H) normalised, .direct (L, H)
+    in logit units, .parts, .clean and .corrupt (m of each text), .top (the heads by |output score|), .per_position."""
+
+    patching: Any
+    spec: RunSpec
+    loaded: Any = field(default=None, compare=False)
+
+    @property
+    def scores(self):
+        return self.patching.scores
+
+    @property
+    def direct(self):
+        return self.patching.direct
+
+    @property
+    def top(self) -> list[tuple[int, int]]:
+        return self.patching.top
+
+    def figure(self, which: str = "grid"):
+        """"grid": patch.png, every layer × head; "positions": patch_positions.png (with per_position)."""
+        from attnviz.render.patch_figures import patching_figure, positions_figure
+
+        if which == "grid":
+            return patching_figure(self.patching)
+        if which != "positions":
+            raise AttnvizError(f"unknown figure {which!r}: choose grid or positions")
+        if not self.patching.per_position:
+            raise AttnvizError(f"no per-position scores: call attnviz.patch with {option('per_position', True)}")
+        return positions_figure(self.patching)
+
+    def save(self, folder: str | Path, format: str = "png") -> list[Path]:
+        """Write what `attnviz patch --out folder` writes: patch.<format> (patch_positions.<format>), patch.json,
+        report.html."""
+        return save_run_files(folder, lambda staging: self.write_files(staging, format), format)
+
+    def write_files(self, folder: Path, format: str = "png") -> list[Path]:
+        from attnviz.output.patch_json import write_patch_json
+        from attnviz.render.patch_figures import write_patching_figures
+
+        written = [*write_patching_figures(self.patching, folder, format), write_patch_json(self.patching, self.spec, folder / "patch.json")]
+        return [*written, *self.report().write_files(folder)]
+
+    def report(self):
+        """The interactive report of the clean text (as attnviz.report gives it, at the most affecting head's layer),
+        opening on the Patching view: the grids of scores and direct attributions; a click shows the head's maps on
+        both texts side by side."""
+        from attnviz.api.report import report_texts
+        from attnviz.api.run_results import report_result
+        from attnviz.pipeline import run_attention, run_layers
+
+        spec = replace(self.spec, layer=self.top[0][0])
+        runs = run_attention(self.loaded, [self.patching.text], spec)
+        texts, notes = report_texts(self.loaded, runs, spec)
+        corrupt_runs = run_layers(self.loaded, [self.patching.corrupt_text], replace(spec, layer=None))[0]
+        texts[0] = replace(texts[0], patching=(self.patching, corrupt_runs))
+        return report_result(texts, spec, self.loaded.num_layers_of(spec.stack), notes)
+
+    def to_dict(self) -> dict:
+        """patch.json's content."""
+        from attnviz.output.patch_json import patch_record
+
+        return patch_record(self.patching, self.spec)
+
+    def __rich_console__(self, console, options):
+        from attnviz.render.patch_figures import print_patching
+
+        printed = display.Printed(options.max_width)
+        print_patching(printed, self.patching)
+        yield printed.group()
+
+    def __rich__(self):
+        return _Rendered(self)
+
+    def _repr_html_(self) -> str:
+        from attnviz.render.patch_figures import MOST_SHOWN, metric_words
+
+        p = self.patching
+        rows = [
+            [layer, head, *(display.number(values[layer, head], 3) for values in p.scores.values()),
+             "–" if p.direct is None else display.number(p.direct[layer, head], 3)]
+            for layer, head in p.top[:MOST_SHOWN]
+        ]  # fmt: skip
+        parts = [
+            display.figure_html(self.figure(), "every layer × head"),
+            display.table_html(["layer", "head", *p.scores, "direct"], rows, metric_words(p)),
+            *([display.figure_html(self.figure("positions"), "the most affecting heads by position")] if p.per_position else []),
+        ]
+        return display.result_html(f"{p.model} · {p.text} ← {p.corrupt_text}", *parts)
+
+    def __repr__(self) -> str:
+        p = self.patching
+        layer, head = p.top[0]
+        return (
+            f"<attnviz.PatchResult {p.text!r} ← {p.corrupt_text!r}: {p.model}, m {p.clean:.3f} clean, {p.corrupt:.3f} "
+            f"corrupted; most affecting layer {layer} head {head} ({p.scores['out'][layer, head]:+.3f})>"
+        )
