@@ -287,3 +287,33 @@ def test_smollm2_retrieves_the_needle_and_its_scores_are_those_of_transformers_g
     start, end = test["needle_span"]
     assert handle.loaded.tokenizer.decode(retrieval.tests[0].test.prompt_ids[start:end]).strip() == test["needle"]
     assert test["ids"] == retrieval.tests[0].ids and test["length"] == 512 and test["depth"] == 0.5
+
+
+@pytest.mark.slow
+def test_roles_retrieval_records_its_tests_and_scores_in_roles_json_and_labels_the_heads_above_the_papers_threshold(tmp_path):
+    """`attnviz roles --retrieval` on SmolLM2, one 512-token test: roles.json holds retrieval_heads' record (the same
+    scores as the stage run alone), every score in [0, 1], and the heads above 0.1, and only they, labelled retrieval.
+    A text this short gives every head a streaming share of 1: no head is labelled streaming, and skipped says why."""
+    import attnviz
+    from attnviz.analysis.roles import STREAMING_ROLE
+    from attnviz.cli import run
+    from attnviz.output.retrieval_heads import retrieval_heads
+    from attnviz.spec import run_spec
+
+    out = tmp_path / "run"
+    text = "The cat sat on the mat. The cat sat on the mat."
+    command = ["roles", text, "--model", "smollm2", "--device", "cpu", "--retrieval", "--lengths", "512", "--depths", "0.5"]
+    assert run([*command, "--out", str(out)]) == 0
+    record = json.loads((out / "roles.json").read_text(encoding="utf-8"))
+    scores = np.array(record["scores"]["retrieval"])
+    assert scores.shape == (30, 9) and scores.min() >= 0 and scores.max() <= 1 and scores.max() > 0.1
+    handle = attnviz.load("smollm2", device="cpu")
+    alone = retrieval_heads(handle.loaded, run_spec(handle.loaded, "smollm2"), lengths=[512], depths=[0.5])
+    assert record["retrieval"] == json.loads(json.dumps(alone.record()["retrieval"]))
+    np.testing.assert_allclose(scores, alone.scores, atol=1e-4)
+    assert record["retrieval"]["tests_kept"] == 1 and record["thresholds"]["retrieval"]["above"] == 0.1
+    labels = attnviz.roles(text, model="smollm2", device="cpu").with_retrieval(alone).labels
+    assert {(layer, head) for layer in range(30) for head in range(9) if "retrieval" in labels[layer][head]} == set(
+        zip(*np.nonzero(alone.scores > 0.1))
+    )
+    assert STREAMING_ROLE in record["skipped"] and not any("streaming" in head for layer in labels for head in layer)

@@ -32,13 +32,11 @@ def scores(**values) -> dict:
     return {name: np.zeros(SHAPE) for name in names} | values
 
 
-class Retrieval:
-    """What analysis/retrieval.py returns: .scores (L, H) in [0, 1], .record()."""
+def retrieval_heads():
+    """output/retrieval_heads.py's result, with scores of our choosing and no test run."""
+    from attnviz.output.retrieval_heads import RetrievalHeads
 
-    scores = np.array([[0.0, 0.5, 0.1], [0.05, 0.0, 0.2]])
-
-    def record(self):
-        return {"tests": [{"length": 100, "depth": 0.5, "needle": [10, 20], "generated": [5, 6], "rouge1_recall": 0.9}], "kept": 1}
+    return RetrievalHeads(np.array([[0.0, 0.5, 0.1], [0.05, 0.0, 0.2]]), [], [100], [0.5])
 
 
 @pytest.fixture
@@ -65,12 +63,13 @@ def test_the_retrieval_heads_join_in_one_call_and_reach_the_labels_the_json_the_
     from attnviz.render.role_tables import print_roles
     from attnviz.spec import RunSpec
 
-    joined = roles.with_retrieval(Retrieval())
+    joined = roles.with_retrieval(retrieval_heads())
     assert "retrieval" not in roles.scores and roles.retrieval is None  # the first is left as it was
     assert joined.labels()[0][1] == ["retrieval"] and joined.labels()[1][2] == ["retrieval"]  # > 0.1, not 0.1
     assert joined.labels()[0][2] == ["induction", "previous-token"]
     record = json.loads(json.dumps(roles_record(joined, spec())))
-    assert record["scores"]["retrieval"] == Retrieval.scores.tolist() and record["retrieval"]["kept"] == 1
+    assert record["scores"]["retrieval"] == retrieval_heads().scores.tolist()
+    assert record["retrieval"] == retrieval_heads().record()["retrieval"] and record["retrieval"]["tests_kept"] == 0
     assert list(record["scores"])[-1] == "retrieval" and "retrieval" in record["definitions"]
     assert record["thresholds"]["retrieval"] == {"score": "retrieval", "above": 0.1, "source": ROLES[0].why}
     assert record["roles"][0][1] == ["retrieval"]

@@ -16,13 +16,13 @@ import numpy as np
 
 from attnviz.analysis.head_numbers import ROLE_NUMBERS, TEMPLATES, TOP_K, RoleSettings
 from attnviz.analysis.head_summaries import SINK_THRESHOLD, LayerSummaries
+from attnviz.analysis.retrieval import PAPER as WU, RETRIEVAL_THRESHOLD
 from attnviz.errors import AttnvizError
 
 # roles.json's score names, in this order: the templates' scores (their numbers over template_weight), the rest as is.
 TEMPLATE_SCORES = dict(zip(("previous_token", "duplicate_token", "induction"), TEMPLATES))
 TEXT_SCORES = (*TEMPLATE_SCORES, "streaming", *(f"top_{k}" for k in TOP_K))
 SCORE_NAMES = (*TEXT_SCORES, "prefix_matching", "copying", "retrieval")
-WU = 'Wu et al. 2024, "Retrieval Head Mechanistically Explains Long-Context Factuality" (arXiv 2404.15574), §2, Eq. 1'
 
 
 class Role(NamedTuple):
@@ -34,7 +34,7 @@ class Role(NamedTuple):
 
 # In the order a head's colour is chosen by (roles.png, the report's grid): the rarer, more specific roles first.
 ROLES = (
-    Role("retrieval", "retrieval", 0.1, f"the paper's: {WU}"),
+    Role("retrieval", "retrieval", RETRIEVAL_THRESHOLD, f"the paper's: {WU}"),
     Role("induction", "prefix_matching", 0.3, "attnviz's: Olsson et al. give no threshold; 0.3 is 30 times a uniform row's weight on the one continuation of a 101-token sequence's earlier occurrence"),
     Role("duplicate-token", "duplicate_token", 0.3, "attnviz's: TransformerLens gives none"),
     Role("previous-token", "previous_token", 0.5, "attnviz's: TransformerLens gives none; over half the head's attention on the previous token"),
@@ -59,7 +59,7 @@ class RoleScores:
     settings: RoleSettings
     random_ids: list[list[int]] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)
-    retrieval: dict | None = None  # analysis/retrieval.py's record(): each test's length, depth, needle, answer, recall
+    retrieval: dict | None = None  # RetrievalHeads.record()'s "retrieval": each test's length, depth, needle, answer, recall
 
     def value(self, name: str) -> np.ndarray | None:
         """(L, H): a score of SCORE_NAMES or a summary (sink, local, ...); None where it was not computed."""
@@ -70,7 +70,7 @@ class RoleScores:
         scores = np.asarray(result.scores, dtype=float)
         if scores.shape != self.summaries.values["sink"].shape:
             raise ValueError(f"retrieval scores of shape {scores.shape}, not {self.summaries.values['sink'].shape}")
-        return replace(self, scores={**self.scores, "retrieval": scores}, retrieval=result.record())
+        return replace(self, scores={**self.scores, "retrieval": scores}, retrieval=result.record()["retrieval"])
 
     def role_values(self, role: Role) -> np.ndarray | None:
         """(L, H): the score a role reads, None where it was not computed or tells nothing (skipped[STREAMING_ROLE]:

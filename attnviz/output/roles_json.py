@@ -15,9 +15,9 @@ ROLES_FORMAT_VERSION = 1
 
 def score_definitions() -> dict[str, dict[str, str]]:
     """name -> {"definition", "paper"} of every score roles.json may hold (analysis.roles.SCORE_NAMES)."""
-    from attnviz.analysis import circuits
+    from attnviz.analysis import circuits, retrieval
     from attnviz.analysis.head_numbers import HEAD_NUMBERS
-    from attnviz.analysis.roles import TEMPLATE_SCORES, WU
+    from attnviz.analysis.roles import TEMPLATE_SCORES
 
     definitions = {}
     for name, number in TEMPLATE_SCORES.items():
@@ -39,11 +39,7 @@ def score_definitions() -> dict[str, dict[str, str]]:
         "d_head × d_head form, the same nonzero eigenvalues), the norms' weights folded in as TransformerLens's fold_ln",
         "paper": circuits.ELHAGE,
     }
-    definitions["retrieval"] = {
-        "definition": "over needle-in-a-haystack tests whose answer recalls the needle (ROUGE-1 recall > 0.5), the "
-        "share of the needle's tokens the model generated while the head's largest weight was on that token's copy",
-        "paper": WU,
-    }
+    definitions["retrieval"] = {"definition": retrieval.DEFINITION, "paper": retrieval.PAPER}
     return definitions
 
 
