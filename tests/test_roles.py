@@ -273,6 +273,16 @@ def test_the_reports_roles_view_colours_each_head_and_a_click_opens_its_map_and_
         "return Array.from(c.getContext('2d').getImageData(0, 0, 1, 1).data.slice(0, 3)); })()"
     )
     assert pixel == page.page.evaluate("window.AV.colour(1, false)")  # query 0 sees key 0 alone
+    # the legend names the roles a head could have here: those whose score was computed (no retrieval: not asked for),
+    # but streaming (a text this short gives every head a share of 1), each with its threshold
+    from attnviz.analysis.roles import ROLES
+    from attnviz.render.role_figures import SHORT
+
+    computed = {*result.scores, "sink", "local"}  # the role scores, and the two summaries that are roles
+    expected = [f"{SHORT[role.name]} {role.name}: {role.score} > {role.threshold:g}" for role in ROLES
+                if role.score in computed and role.name != "streaming"]  # fmt: skip
+    assert "retrieval" not in computed and "streaming" in computed
+    assert page.texts("#view-roles .roles-legend li") == [*expected, "grey: none"]
 
 
 def test_heads_names_each_heads_roles_in_its_titles_and_its_table_when_given_them(tmp_path):

@@ -193,9 +193,10 @@ def vectors_of(vectors) -> dict:
 
 
 def roles_of(roles, spec: RunSpec) -> dict:
-    """The Roles view's data: roles.json's object (less what the text's record holds), each role's colour and each
-    head's main role (analysis.roles.RoleScores.main_roles: an index of roles_order, -1 none) and its score."""
-    from attnviz.analysis.roles import ROLE_NAMES
+    """The Roles view's data: roles.json's object (less what the text's record holds), each role's colour, each
+    head's main role (analysis.roles.RoleScores.main_roles: an index of roles_order, -1 none) and its score, and the
+    roles a head could be labelled with (their scores computed and telling: labelled)."""
+    from attnviz.analysis.roles import ROLE_NAMES, ROLES
     from attnviz.output.roles_json import roles_record
     from attnviz.render.role_figures import ROLE_COLOURS, SHORT
 
@@ -204,6 +205,7 @@ def roles_of(roles, spec: RunSpec) -> dict:
     return {name: value for name, value in full.items() if name not in SUMMARIES_LEFT_OUT} | {
         "roles_order": list(ROLE_NAMES), "colours": list(ROLE_COLOURS), "letters": [SHORT[name] for name in ROLE_NAMES],
         "main_role": chosen.tolist(), "main_score": np.round(strength, 4).tolist(),
+        "labelled": [role.name for role in ROLES if roles.role_values(role) is not None],  # the legend's roles
     }
 
 

@@ -60,7 +60,9 @@
   }
 
   function legend(roles) {
-    const items = roles.roles_order.map((name, index) => {
+    // only the roles a head could have here (their scores computed and telling), as roles.png's legend
+    const shown = roles.roles_order.map((name, index) => [name, index]).filter(([name]) => roles.labelled.includes(name));
+    const items = shown.map(([name, index]) => {
       const threshold = roles.thresholds[name];
       return AV.el("li", { style: `color:${roles.colours[index]}` }, `${roles.letters[index]} ${name}: ${threshold.score} > ${threshold.above}`);
     });
