@@ -283,24 +283,21 @@ class _Patched:
 
     def _clean_outputs(self, component: str) -> dict:
         """layer -> what its W_q, W_k or W_v gave in the clean pass (1, N, features), every layer from one pass."""
+        from attnviz.models.layer_runs import hook_layers
+
         modules = [self._projection(layer, component)[0] for layer in range(self.num_layers)]
-        given: dict = {}
+        outputs = {}
 
-        def keep(module, args, output):
-            given.setdefault(id(module), []).append(output.detach().clone())
+        def keep(layer, args, kwargs, output):
+            outputs.setdefault(layer, output.detach().clone())  # its first pass's
 
-        handles = [module.register_forward_hook(keep) for module in {id(m): m for m in modules}.values()]
+        handles = hook_layers(modules, keep, after=True)  # a module several layers share: its k-th call, k-th layer
         try:
             inputs, source = self.texts[0]
             self.loaded.model.layer_calls(inputs, self.spec.stack, source)
         finally:
             for handle in handles:
                 handle.remove()
-        calls = {id(module): 0 for module in modules}  # a module several layers share: its k-th call is its k-th layer's
-        outputs = {}
-        for layer, module in enumerate(modules):
-            outputs[layer] = given[id(module)][calls[id(module)]]
-            calls[id(module)] += 1
         return outputs
 
     def _clean_maps_corrupt_values(self, layer: int):

@@ -135,7 +135,6 @@ class RoleSums:
         return {**ratios, **{name: sums[name] for name in TEXT_SCORES if name not in TEMPLATE_SCORES}}
 
 
-
 def text_roles(loaded, text: str, spec, budget_bytes: int, settings: RoleSettings) -> tuple[dict, LayerSummaries, list[int]]:
     """Every head's TEXT_SCORES and layer summaries over one text, one forward pass of blocks; and the ids it read.
 

@@ -43,22 +43,25 @@ class Recorded:
         return args[0] if args else kwargs["hidden_states"]
 
 
-def hook_layers(modules: list[nn.Module], keep: Callable[[int, tuple, dict], None]) -> list:
+def hook_layers(modules: list[nn.Module], keep: Callable[..., None], after: bool = False) -> list:
     """Forward pre-hooks that call keep(layer, args, kwargs) as each layer's module is called, modules[i] being
-    layer i's. A module several layers share (ALBERT's) is called once for each of them, in order: its k-th call
-    in a pass is the k-th of its layers, pass after pass. Returns the hooks' handles, for the caller to remove."""
+    layer i's; after: forward hooks that call keep(layer, args, kwargs, output) once it has run. A module several
+    layers share (ALBERT's) is called once for each of them, in order: its k-th call in a pass is the k-th of its
+    layers, pass after pass. Returns the hooks' handles, for the caller to remove."""
     owners: dict[int, list[int]] = {}  # id(module) -> the layers it serves, in order
     for layer, module in enumerate(modules):
         owners.setdefault(id(module), []).append(layer)
     calls = dict.fromkeys(owners, 0)
 
-    def hook(module, args, kwargs):
+    def hook(module, args, kwargs, *output):
         layers = owners[id(module)]
         layer = layers[calls[id(module)] % len(layers)]
         calls[id(module)] += 1
-        keep(layer, args, kwargs)
+        keep(layer, args, kwargs, *output)
 
     unique = {id(module): module for module in modules}
+    if after:
+        return [module.register_forward_hook(hook, with_kwargs=True) for module in unique.values()]
     return [module.register_forward_pre_hook(hook, with_kwargs=True) for module in unique.values()]
 
 
