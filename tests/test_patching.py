@@ -16,7 +16,7 @@ import pytest
 import torch
 import transformers
 
-from tiny_families import BPE_VOCAB, FAMILY_CHECKPOINTS, _DECODER, bpe_tokenizer, save_checkpoint
+from tiny_families import BPE_VOCAB, FAMILY_CHECKPOINTS, WORDPIECE_VOCAB, _DECODER, _ENCODER, bpe_tokenizer, save_checkpoint, wordpiece_tokenizer
 
 pytestmark = pytest.mark.slow  # checkpoints built and loaded by transformers
 
@@ -403,3 +403,145 @@ def test_an_encoder_decoders_decoder_heads_are_patched_as_transformers_model_hoo
             expected[layer, head] = run_model(corrupt, patch, module)
     np.testing.assert_allclose([patched.clean, patched.corrupt], [run_model(clean), run_model(corrupt)], rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(logit_units(patched, patched.output), expected, rtol=1e-5, atol=1e-5)
+
+
+# An encoder saved with its masked-LM head: the metric read at the mask. Each family's *ForMaskedLM class, its W_o
+# (ALBERT's one module serves every layer: its k-th call is layer k's) and its W_q, W_k, W_v.
+MASKED_LM = {
+    "bert": (transformers.BertConfig(vocab_size=WORDPIECE_VOCAB, **_ENCODER), transformers.BertForMaskedLM, "bert.encoder.layer.{}.attention"),
+    "roberta": (transformers.RobertaConfig(vocab_size=WORDPIECE_VOCAB, pad_token_id=0, **_ENCODER), transformers.RobertaForMaskedLM,
+                "roberta.encoder.layer.{}.attention"),
+    "distilbert": (transformers.DistilBertConfig(vocab_size=WORDPIECE_VOCAB, dim=32, n_layers=2, n_heads=4, hidden_dim=64, max_position_embeddings=64),
+                   transformers.DistilBertForMaskedLM, "distilbert.transformer.layer.{}.attention"),
+    "albert": (transformers.AlbertConfig(vocab_size=WORDPIECE_VOCAB, embedding_size=16, **_ENCODER), transformers.AlbertForMaskedLM,
+               "albert.encoder.albert_layer_groups.0.albert_layers.0.attention"),
+    "electra": (transformers.ElectraConfig(vocab_size=WORDPIECE_VOCAB, embedding_size=16, **_ENCODER), transformers.ElectraForMaskedLM,
+                "electra.encoder.layer.{}.attention"),
+}  # fmt: skip
+PROJECTIONS = {  # the attention module's W_o, W_q, W_k, W_v, by layout
+    "bert": {"out": "output.dense", "q": "self.query", "k": "self.key", "v": "self.value"},
+    "distilbert": {"out": "out_lin", "q": "q_lin", "k": "k_lin", "v": "v_lin"},
+    "albert": {"out": "dense", "q": "query", "k": "key", "v": "value"},
+}
+MASKED_TEXTS = ("The cat sat on the [MASK] because it was tired.", "The dog sat on the [MASK] because it was tired.", "mat", "floor")
+
+
+@pytest.fixture(scope="module", params=sorted(MASKED_LM))
+def masked_lm(request, tmp_path_factory):
+    config, model_class, _ = MASKED_LM[request.param]
+    folder = tmp_path_factory.mktemp(f"{request.param}-mlm")
+    save_checkpoint(config, model_class, wordpiece_tokenizer(), folder, seed=1)
+    return request.param, folder
+
+
+def masked_reference(name, folder, component: str) -> tuple[np.ndarray, float, float]:
+    """(L, H) m of transformers' *ForMaskedLM run once per head with that head's slice of W_o's input (out) or of its
+    projection's output (q, k, v) from the clean run, read at the mask; m_clean, m_corrupt."""
+    _, model_class, attention = MASKED_LM[name]
+    model = model_class.from_pretrained(folder, attn_implementation="eager").eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    clean_ids, corrupt_ids = (tokenizer(text, return_tensors="pt")["input_ids"] for text in MASKED_TEXTS[:2])
+    position = clean_ids[0].tolist().index(tokenizer.mask_token_id)
+    answer, wrong = (tokenizer(token, add_special_tokens=False)["input_ids"][0] for token in MASKED_TEXTS[2:])
+    config = model.config
+    num_layers = getattr(config, "num_hidden_layers", None) or config.n_layers
+    num_heads = getattr(config, "num_attention_heads", None) or config.n_heads
+    layout = PROJECTIONS.get(name if name in PROJECTIONS else "bert")
+    modules = [model.get_submodule(f"{attention.format(layer)}.{layout[component]}") for layer in range(num_layers)]
+    d = modules[0].weight.shape[0 if component != "out" else 1] // num_heads
+
+    def metric(ids, change=None, layer=None) -> float:
+        calls, handle = [], None
+        if change is not None:
+            call = sum(module is modules[layer] for module in modules[:layer])  # a shared module: its call for this layer
+
+            def hook(module, *given):
+                calls.append(None)
+                return change(*given) if len(calls) == call + 1 else None
+
+            register = modules[layer].register_forward_pre_hook if component == "out" else modules[layer].register_forward_hook
+            handle = register(hook)
+        with torch.no_grad():
+            logits = model(ids).logits[0, position].double()
+        if handle is not None:
+            handle.remove()
+        return float(logits[answer] - logits[wrong])
+
+    scores = np.zeros((num_layers, num_heads))
+    for layer in range(num_layers):
+        seen = []
+        metric(clean_ids, lambda *given: seen.append((given[0][0] if component == "out" else given[1]).clone()), layer)
+        for head in range(num_heads):
+
+            def patch(*given, part=slice(head * d, (head + 1) * d)):
+                x = (given[0][0] if component == "out" else given[1]).clone()
+                x[..., part] = seen[0][..., part]
+                return (x,) if component == "out" else x
+
+            scores[layer, head] = metric(corrupt_ids, patch, layer)
+    return scores, metric(clean_ids), metric(corrupt_ids)
+
+
+def test_an_encoders_masked_lm_head_is_read_at_the_mask_as_transformers_masked_lm_model_hooked(masked_lm):
+    """BERT (attnviz's own encoder), RoBERTa, DistilBERT, ALBERT (one layer's weights shared) and ELECTRA saved with
+    their masked-LM heads: m at the [MASK] is their *ForMaskedLM's logits there, and each head's patched score is
+    that model's with a pre-hook on its W_o; no direct attribution (post-norm, a head that is not linear)."""
+    from attnviz.analysis.patching import patch_heads
+    from attnviz.models.loading import load_model
+
+    name, folder = masked_lm
+    loaded = load_model(str(folder), device="cpu")
+    patched = patch_heads(loaded, *MASKED_TEXTS, spec_of(folder))
+    expected, m_clean, m_corrupt = masked_reference(name, folder, "out")
+    assert patched.position == 6 and patched.tokens[6] == "[MASK]" and patched.direct is None and not patched.causal
+    np.testing.assert_allclose([patched.clean, patched.corrupt], [m_clean, m_corrupt], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(logit_units(patched, patched.output), expected, rtol=1e-5, atol=1e-5)
+    assert np.ptp(expected) > 0.05
+
+
+@pytest.mark.parametrize("component", ["q", "k", "v"])
+def test_berts_q_k_and_v_are_patched_as_hooks_on_its_projections(tmp_path, component):
+    """attnviz's own BERT encoder: each head's q, k or v from the clean run, against BertForMaskedLM with a forward
+    hook on that projection; the pattern component runs on it too (the clean map over the corrupted values)."""
+    from attnviz.analysis.patching import patch_heads
+    from attnviz.models.loading import load_model
+
+    config, model_class, _ = MASKED_LM["bert"]
+    save_checkpoint(config, model_class, wordpiece_tokenizer(), tmp_path, seed=1)
+    loaded = load_model(str(tmp_path), device="cpu")
+    assert loaded.is_bert
+    patched = patch_heads(loaded, *MASKED_TEXTS, spec_of(tmp_path), components=(component, "pattern"))
+    expected, _, _ = masked_reference("bert", tmp_path, component)
+    np.testing.assert_allclose(logit_units(patched, patched.scores[component]), expected, rtol=1e-5, atol=1e-5)
+    assert np.ptp(expected) > 0.05 and np.isfinite(patched.scores["pattern"]).all()
+
+
+@pytest.mark.parametrize(
+    ("texts", "options", "message"),
+    [
+        (("The cat sat on the mat.", "The dog sat on the mat."), {}, "the clean text has no [MASK]: an encoder's masked-LM head predicts"),
+        (("The [MASK] sat on the [MASK].", "The dog sat on the [MASK]."), {}, "the clean text has 2 [MASK] tokens (positions 2, 6): choose the one to read with position"),
+        (("The cat sat on the [MASK].", "The dog sat on the [MASK]."), {"position": 2}, "position=2 is not a [MASK]: the clean text's [MASK] is at position 6"),
+        (("The cat sat on the [MASK].", "The [MASK] sat on the mat."), {}, "the corrupt text has no [MASK] at position 6"),
+    ],
+)  # fmt: skip
+def test_an_encoder_is_read_at_one_mask_of_both_texts_or_refused(tmp_path, texts, options, message):
+    import attnviz
+    from attnviz.errors import AttnvizError
+
+    config, model_class, _ = MASKED_LM["bert"]
+    save_checkpoint(config, model_class, wordpiece_tokenizer(), tmp_path, seed=1)
+    with pytest.raises(AttnvizError) as refused:
+        attnviz.patch(texts[0], corrupt=texts[1], answer="mat", wrong="floor", model=str(tmp_path), device="cpu", **options)
+    assert str(refused.value).startswith(message), str(refused.value)
+
+
+def test_an_encoder_without_a_masked_lm_head_is_refused(tmp_path):
+    """A base model's checkpoint (BertModel's: no cls.predictions) has no token to predict: one line."""
+    import attnviz
+    from attnviz.errors import AttnvizError
+
+    config, _, _ = MASKED_LM["bert"]
+    save_checkpoint(config, transformers.BertModel, wordpiece_tokenizer(), tmp_path, seed=1)
+    with pytest.raises(AttnvizError, match="is an encoder without a masked-LM head"):
+        attnviz.patch(MASKED_TEXTS[0], corrupt=MASKED_TEXTS[1], answer="mat", wrong="floor", model=str(tmp_path), device="cpu")

@@ -16,6 +16,10 @@ DIRECT = (
     "each head's output at the position read, through its slice of W_o and the final norm with its scale from the "
     "clean run (the cached-scale convention), dotted with W_U[answer] - W_U[wrong]: logit units, clean run"
 )
+NO_DIRECT = (
+    "no direct attribution: a post-norm stack (a norm after each layer and none at the end: BERT's, BART's; an "
+    "encoder's masked-LM head is not linear either) has no sum of parts read straight to the logits"
+)
 PARTS = {
     "embeddings": "the embeddings (and position embeddings) entering the first layer",
     "heads": "each head's output through its slice of W_o (L, H): the direct attribution",

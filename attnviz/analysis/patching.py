@@ -27,7 +27,10 @@ PAPERS = {
     "direct": 'Elhage et al., Transformer Circuits Thread 2021, "A Mathematical Framework for Transformer Circuits": '
     "direct logit attribution",
 }
-METRIC = "m = logit(answer) - logit(wrong) at the position read (the model's own logits, its language-model head)"
+METRIC = (
+    "m = logit(answer) - logit(wrong) at the position read: the model's own logits, from its language-model head (an "
+    "encoder's masked-LM head, read at a mask token)"
+)
 SCORE = (
     "(m_patched - m_corrupt) / (m_clean - m_corrupt): the corrupted run with the head's part replaced by the clean "
     "run's, 0 = no effect, 1 = the clean answer restored (the normalised logit difference)"
@@ -111,17 +114,22 @@ def patch_heads(
     from attnviz.analysis.effect import text_inputs
 
     stack, model = spec.stack, loaded.model
+    transform, weight, bias = read_out(loaded)
     clean_inputs, source, tokens, _ = text_inputs(loaded, text, spec)
     corrupt_inputs, corrupt_source, corrupt_tokens, _ = text_inputs(loaded, corrupt, spec)
     check_lengths(tokens, corrupt_tokens)
-    position = check_position(position, len(tokens))
+    if position is not None or transform is None:
+        position = check_position(position, len(tokens))  # a decoder's: the last by default
+    if transform is not None:  # an encoder's masked-LM head: read at a mask
+        ids = [inputs["input_ids"][0].tolist() for inputs in (clean_inputs, corrupt_inputs)]
+        position = mask_position(position, *ids, loaded.tokenizer)
     answer_id, wrong_id = (token_id(loaded, stack, given, name) for given, name in ((answer, "answer"), (wrong, "wrong")))
-    weight, bias = model.output_head()
-    direction = (weight[answer_id] - weight[wrong_id]).double()  # (D,): W_U[answer] - W_U[wrong]
+    direction = (weight[answer_id] - weight[wrong_id]).double()  # (E,): W_U[answer] - W_U[wrong]
     offset = 0.0 if bias is None else float(bias[answer_id] - bias[wrong_id])
 
     def metric(last) -> np.ndarray:  # last (C, N, D) -> m of each copy (C,)
-        return (last[:, position].double() @ direction + offset).cpu().numpy()
+        hidden = last[:, position] if transform is None else transform(last[:, position])
+        return (hidden.double() @ direction + offset).cpu().numpy()
 
     with torch.inference_mode():
         clean, clean_last, final_input = recorded_pass(model, clean_inputs, stack, source)
@@ -142,11 +150,60 @@ def patch_heads(
             scores=scores, direct=direct, parts=parts, clean=m_clean, corrupt=m_corrupt, position=position,
             tokens=tokens, corrupt_tokens=corrupt_tokens, answer=answer, wrong=wrong, text=text,
             corrupt_text=corrupt, model=loaded.name, stack=stack, shown=_shown(loaded, stack, tokens, corrupt_tokens),
+            causal=transform is None,
         )  # fmt: skip
         if per_position:
             chosen = result.top[:MOST_AFFECTING]
             result.per_position = {head: normalise(row) for head, row in zip(chosen, patched.by_position(chosen, metric))}
     return result
+
+
+def read_out(loaded):
+    """(transform, W_U (V, E), bias (V,) or None): what makes the logits of the model's last hidden state h,
+    transform(h) @ W_U^T + bias. A decoder's language-model head (an encoder-decoder's), linear (transform None); an
+    encoder's masked-LM head, read from its checkpoint (models/masked_lm.py); an encoder without one is refused."""
+    from attnviz.errors import AttnvizError
+    from attnviz.models.families import ENCODER
+    from attnviz.models.masked_lm import masked_lm_head
+
+    if loaded.family.kind != ENCODER:
+        return None, *loaded.model.output_head()
+    head = masked_lm_head(loaded)
+    if head is None:
+        raise AttnvizError(
+            f"{loaded.name} is an encoder without a masked-LM head: it predicts no token whose logits patching could "
+            "read; give an encoder saved with its masked-LM head (its *ForMaskedLM class's), a decoder, or an "
+            "encoder-decoder (whose decoder is patched)"
+        )
+    return head.transform, head.weight, head.bias
+
+
+def mask_position(position: int | None, clean_ids: list[int], corrupt_ids: list[int], tokenizer) -> int:
+    """Where an encoder's masked-LM head is read: the clean text's mask token (position, when given, must be one),
+    the corrupted text's mask token there too; else refused in one line."""
+    from attnviz.errors import AttnvizError, option, options_named
+
+    mask, mask_id = tokenizer.mask_token, tokenizer.mask_token_id
+    if mask_id is None:
+        raise AttnvizError("the model's tokenizer has no mask token: its masked-LM head has no position to read")
+    masks = [index for index, token in enumerate(clean_ids) if token == mask_id]
+    at = ", ".join(map(str, masks))
+    if not masks:
+        raise AttnvizError(
+            f"the clean text has no {mask}: an encoder's masked-LM head predicts the token at a mask; put {mask} where "
+            f"the answer goes, in both texts"
+        )
+    if position is None and len(masks) > 1:
+        raise AttnvizError(f"the clean text has {len(masks)} {mask} tokens (positions {at}): choose the one to read with {options_named('position')}")
+    if position is not None and position not in masks:
+        raise AttnvizError(f"{option('position', position)} is not a {mask}: the clean text's {mask} is at position {at}")
+    position = masks[0] if position is None else position
+    if corrupt_ids[position] != mask_id:
+        raise AttnvizError(
+            f"the {options_named('corrupt')} text has no {mask} at position {position}: the answer is read at the same "
+            f"mask in both texts"
+        )
+    return position
 
 
 def _shown(loaded, stack, tokens: list[str], corrupt_tokens: list[str]) -> tuple[list[str], list[str]]:
@@ -275,7 +332,7 @@ class _Patched:
         model = self.loaded.model
         weights = model.attention_weights(layer, self.spec.stack)
         role = {"q": "w_q", "k": "w_k", "v": "w_v"}[component]
-        module = model.model.get_submodule(weights.names[role])
+        module = (model if self.loaded.is_bert else model.model).get_submodule(weights.names[role])
         inner, kv_inner = weights.num_heads * weights.head_dim, weights.num_kv_heads * weights.head_dim
         first = {"w_q": 0, "w_k": inner, "w_v": inner + kv_inner}[role] if weights.fused_qkv else 0
         count = weights.num_heads if role == "w_q" else weights.num_kv_heads

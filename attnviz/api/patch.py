@@ -21,9 +21,10 @@ def patch(
     text: str, *, corrupt: str, answer: str, wrong: str, position: int | None = None, per_position: bool = False,
     component: str = "out", **options,
 ):  # fmt: skip
-    """Which heads carry the answer (a PatchResult): each head of a decoder (an encoder-decoder's decoder) patched
-    from the clean text into corrupt, a text of the same length, scored by m = logit(answer) - logit(wrong) at
-    position (default the last): (m_patched - m_corrupt) / (m_clean - m_corrupt), 0 no effect, 1 the clean answer
+    """Which heads carry the answer (a PatchResult): each head of a decoder (an encoder-decoder's decoder; an encoder
+    saved with its masked-LM head) patched from the clean text into corrupt, a text of the same length, scored by
+    m = logit(answer) - logit(wrong) at position (default the last; an encoder's: the mask token both texts hold
+    there): (m_patched - m_corrupt) / (m_clean - m_corrupt), 0 no effect, 1 the clean answer
     restored (Wang et al. 2022); and each head's direct logit attribution on the clean run (analysis/patching.py,
     analysis/attribution.py). component: what of the head is patched, "out" (its output), "q", "k", "v" (through
     its key/value head with grouped-query attention) or "pattern"; the output's scores are always there.
@@ -43,11 +44,6 @@ def patch(
     must_be_one_of("component", component, tuple(COMPONENTS))
     check_texts(text, corrupt, answer, wrong)
     handle = options.load()
-    if handle.kind == "encoder":
-        raise AttnvizError(
-            f"{handle.loaded.name} is an encoder: it predicts no next token whose logits patching could read; give a "
-            "decoder (or an encoder-decoder, whose decoder is patched)"
-        )
     spec = options.run_spec(handle, layer=None, **({"stack": "decoder"} if handle.kind == "encoder-decoder" else {}))
     components = ("out",) if component == "out" else ("out", component)
     patching = patch_heads(handle.loaded, text, corrupt, answer, wrong, spec, position, components, per_position)

@@ -27,7 +27,7 @@ from torch import nn
 
 from attnviz.attention.layer import AttentionWeights, merge_heads, split_heads
 from attnviz.errors import AttnvizError
-from attnviz.models.layer_runs import LayerStack, Recorded, record, run_from
+from attnviz.models.layer_runs import Captured, LayerStack, Recorded, record, run_from
 
 ACTIVATIONS = {
     "gelu": F.gelu,
@@ -206,9 +206,26 @@ class BertEncoder(nn.Module):
             states.append(layer(states[-1], allowed))
         return states
 
-    # ---- the layers one by one: the output with a head taken out (analysis/effect.py) -----------------------------
+    def get_input_embeddings(self) -> nn.Embedding:
+        """The word embeddings (as transformers' models name them): the masked-LM head's W_U (models/masked_lm.py)."""
+        return self.embeddings.word_embeddings
 
-    def layer_stack(self) -> LayerStack:
+    # ---- the layers one by one: the output with a head taken out, or patched (analysis/effect.py, patching.py) ------
+    # The interface of transformers_model.TransformersModel's, for an encoder's one stack (stack is None).
+
+    def attention_weights(self, layer: int, stack: str | None = None) -> AttentionWeights:
+        return self.encoder.layer[layer].attention_weights()
+
+    def position_bias(self, stack: str | None, num_queries: int, num_keys: int, device: str) -> None:
+        return None  # learned absolute positions, added to the embeddings
+
+    @torch.inference_mode()
+    def capture(self, inputs: dict[str, torch.Tensor], layers: list[int], stack: str | None = None, source=None) -> dict[int, Captured]:
+        """What enters each of `layers`' attention: the layer's input (post-norm: no norm before attention)."""
+        states = self(**inputs, num_layers=max(layers))
+        return {layer: Captured(states[layer]) for layer in layers}
+
+    def layer_stack(self, stack: str | None = None) -> LayerStack:
         """The layers, each one's W_o (attention.output.dense), no final norm (BERT's layers end with their own)."""
         return LayerStack(list(self.encoder.layer), [layer.attention.output.dense for layer in self.encoder.layer])
 
@@ -219,9 +236,11 @@ class BertEncoder(nn.Module):
         return recorded, states[-1]
 
     @torch.inference_mode()
-    def run_from(self, layer: int, hidden: torch.Tensor, recorded: Recorded, heads=None, stack: str | None = None) -> torch.Tensor:
+    def run_from(
+        self, layer: int, hidden: torch.Tensor, recorded: Recorded, heads=None, stack: str | None = None, output=None
+    ) -> torch.Tensor:
         """The last hidden state (B, N, D) when hidden (B, N, D) enters layer `layer` (layer_runs.run_from)."""
-        return run_from(self.layer_stack(), layer, hidden, recorded, heads)
+        return run_from(self.layer_stack(), layer, hidden, recorded, heads, output)
 
 
 def require_finite(x: torch.Tensor, module: nn.Module, prefix: str, what: str) -> torch.Tensor:

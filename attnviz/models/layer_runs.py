@@ -28,6 +28,14 @@ class LayerStack:
 
 
 @dataclass
+class Captured:
+    """What entered one attention module: the hidden state (B, Nq, D) and, for cross-attention, the encoder's (B, Nk, D)."""
+
+    hidden: torch.Tensor
+    kv_hidden: torch.Tensor | None = None
+
+
+@dataclass
 class Recorded:
     """A forward pass's layer calls: each layer's (args, kwargs), the hidden state entering it first (B, N, D), and
     what entered each layer's W_o (B, N, H * d)."""

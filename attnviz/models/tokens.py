@@ -46,6 +46,8 @@ class WordPieceTokenizer:
         self.unk_token = special["unk_token"]
         self.unk_token_id = self._tokenizer.token_to_id(self.unk_token)
         self.pad_token_id = self._tokenizer.token_to_id(special["pad_token"]) or 0
+        self.mask_token = special["mask_token"]  # where a masked-LM head predicts (analysis/patching.py)
+        self.mask_token_id = self._tokenizer.token_to_id(self.mask_token)
         ids = (self._tokenizer.token_to_id(special[role]) for role in SPECIAL_TOKEN_ROLES)
         self.all_special_ids = sorted({token_id for token_id in ids if token_id is not None})
         self.embedding_rows = embedding_rows
@@ -84,6 +86,10 @@ class WordPieceTokenizer:
 
     def convert_ids_to_tokens(self, ids: list[int]) -> list[str]:
         return [self._tokenizer.id_to_token(token_id) for token_id in ids]
+
+    def pieces(self, text: str) -> list[int]:
+        """The ids of a piece of text alone, no [CLS] or [SEP] around it (an answer token: analysis/patching.py)."""
+        return list(self._tokenizer.encode(text, add_special_tokens=False).ids)
 
 
 def _read_tokenizer(folder: Path, settings: dict, special: dict[str, str]):

@@ -32,18 +32,10 @@ from torch import nn
 from attnviz.attention.layer import AttentionWeights
 from attnviz.errors import AttnvizError
 from attnviz.models import blocked_attention
-from attnviz.models.layer_runs import LayerStack, Recorded, hook_layers, record, run_from
+from attnviz.models.layer_runs import Captured, LayerStack, Recorded, hook_layers, record, run_from
 from attnviz.models.families import DECODER, ENCODER_DECODER, Family
 from attnviz.models.shown import space_before
 from attnviz.models.words import tokenizer_scheme
-
-
-@dataclass
-class Captured:
-    """What entered one attention module: the hidden state (B, Nq, D) and, for cross-attention, the encoder's (B, Nk, D)."""
-
-    hidden: torch.Tensor
-    kv_hidden: torch.Tensor | None = None
 
 
 
@@ -318,8 +310,10 @@ class TransformersModel:
         the config ties them (SmolLM2, GPT-2, T5, BART), else the checkpoint's lm_head (the base model leaves it
         out); BART's final_logits_bias added; T5's hidden state scaled by d_model^-0.5 first (scale_decoder_outputs),
         here folded into the weight."""
-        stored = self._stored_tensors(("lm_head.weight", "lm_head.bias", "final_logits_bias"))
+        from attnviz.models.weight_files import stored_tensors
+
         embeddings = self.model.get_input_embeddings().weight
+        stored = stored_tensors(self.folder, ("lm_head.weight", "lm_head.bias", "final_logits_bias"), embeddings)
         if getattr(self.model.config, "tie_word_embeddings", False):
             weight, bias = embeddings, None
         elif "lm_head.weight" in stored:
@@ -331,20 +325,6 @@ class TransformersModel:
         if getattr(self.model.config, "scale_decoder_outputs", False):
             weight = weight * self.family.size(self.config, "hidden") ** -0.5
         return weight, bias
-
-    def _stored_tensors(self, names: tuple[str, ...]) -> dict[str, torch.Tensor]:
-        """Those of `names` that the checkpoint's safetensors hold (a task head's, which the base model leaves out),
-        in the embeddings' dtype and device."""
-        from safetensors import safe_open
-
-        from attnviz.models.weight_files import weight_files
-
-        embeddings = self.model.get_input_embeddings().weight
-        found = {}
-        for path in weight_files(self.folder, safetensors=True, allow_pickle=False) if self.folder is not None else []:
-            with safe_open(str(path), framework="pt") as tensors:
-                found.update({name: tensors.get_tensor(name).to(embeddings) for name in names if name in tensors.keys()})
-        return found
 
     def _forward(self, inputs: dict[str, torch.Tensor], stack: str | None, source: dict[str, torch.Tensor] | None) -> None:
         kwargs = {"input_ids": inputs["input_ids"], "attention_mask": inputs["attention_mask"], "use_cache": False}
@@ -380,6 +360,7 @@ class TransformersTokenizer:
         pad = tokenizer.pad_token_id
         self.pad_token_id = pad if pad is not None else (tokenizer.eos_token_id or 0)
         self.all_special_ids = sorted(set(tokenizer.all_special_ids))
+        self.mask_token, self.mask_token_id = tokenizer.mask_token, tokenizer.mask_token_id  # an encoder's, else None
         ids = self._raw_ids(["a"])[0]
         # e.g. [SEP], </s>: --truncate keeps it. A decoder's shifted view ends with the text's own last token.
         self.ends_with_special = start_token_id is None and bool(ids) and ids[-1] in self.all_special_ids

@@ -145,6 +145,20 @@ def checkpoint_name(key: str) -> str | None:
 # ---- weight files ------------------------------------------------------------------------------
 
 
+def stored_tensors(folder: Path | None, names, like: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Those of `names` that the folder's safetensors hold, by their names there (a task head's, which the base model
+    leaves out: a language-model head, a masked-LM head), in like's dtype and on its device."""
+    from safetensors import safe_open
+
+    found = {}
+    for path in weight_files(folder, safetensors=True, allow_pickle=False) if folder is not None else []:
+        if not path.is_file():  # weights in pickle files alone (BERT's, allowed): no head read from them
+            continue
+        with safe_open(str(path), framework="pt") as tensors:
+            found.update({name: tensors.get_tensor(name).to(like) for name in names if name in tensors.keys()})
+    return found
+
+
 def weight_files(folder: Path, safetensors: bool, allow_pickle: bool) -> list[Path]:
     """model.safetensors (or pytorch_model.bin), or the shards its index names: each a file inside `folder`."""
     single = folder / SINGLE_FILE[safetensors]

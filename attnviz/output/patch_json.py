@@ -17,7 +17,7 @@ def patch_record(patching, spec: RunSpec) -> dict:
     component asked for), scores.direct[layer][head] (logit units; null for a post-norm stack) and the attribution's
     other parts, both texts' tokens, definitions and
     papers; per_position for the most affecting heads when asked."""
-    from attnviz.analysis.attribution import DIRECT, PARTS
+    from attnviz.analysis.attribution import DIRECT, NO_DIRECT, PARTS
     from attnviz.analysis.patching import COMPONENTS, METRIC, PAPERS, SCORE, SCORE_NAMES
 
     rounded = lambda values: np.round(values, DECIMALS).tolist()  # noqa: E731
@@ -49,7 +49,7 @@ def patch_record(patching, spec: RunSpec) -> dict:
             "metric": METRIC,
             "scores": SCORE,
             **{SCORE_NAMES[name]: COMPONENTS[name] for name in patching.scores},
-            "direct": DIRECT,
+            "direct": NO_DIRECT if patching.direct is None else DIRECT,
             "direct_parts": PARTS,
         },
         "papers": PAPERS,

@@ -27,9 +27,10 @@ PANEL_TITLES = {
 
 
 def metric_words(patching) -> str:
-    """'m = logit(' Mary') − logit(' John') at position 13: 3.21 clean, −1.05 corrupted'."""
+    """'m = logit(' Mary') − logit(' John') at position 13 (' to'): 3.21 clean, −1.05 corrupted'."""
+    read = patching.shown[0][patching.position] if patching.shown[0] else patching.tokens[patching.position]
     return (
-        f"m = logit({patching.answer!r}) − logit({patching.wrong!r}) at position {patching.position}: "
+        f"m = logit({patching.answer!r}) − logit({patching.wrong!r}) at position {patching.position} ({quoted(read, 16)}): "
         f"{patching.clean:.3f} clean, {patching.corrupt:.3f} corrupted"
     )
 
@@ -89,6 +90,7 @@ class _Titled:
 
 def print_patching(console: Console, patching) -> None:
     """The metric of both texts, the most affecting heads with their scores and direct attribution, a legend."""
+    from attnviz.analysis.attribution import NO_DIRECT
     from attnviz.analysis.patching import SCORE_NAMES
 
     console.print(Text(metric_words(patching)))
@@ -102,8 +104,10 @@ def print_patching(console: Console, patching) -> None:
     console.print(
         Text(
             "score: (m_patched − m_corrupt) / (m_clean − m_corrupt), the corrupted run with the head's part from the "
-            "clean run (0 no effect, 1 the clean answer restored); direct: the head's output at the position read "
-            "through W_o, the final norm (its clean scale) and W_U[answer] − W_U[wrong], logit units (patch.json, patch.png)",
+            "clean run (0 no effect, 1 the clean answer restored); "
+            + (NO_DIRECT if patching.direct is None else "direct: the head's output at the position read through W_o, "
+               "the final norm (its clean scale) and W_U[answer] − W_U[wrong], logit units")
+            + " (patch.json, patch.png)",
             style="dim",
         )
     )

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from attnviz.models.families.bert import BERT_KEYS
-from attnviz.models.families.family import ENCODER, Family
+from attnviz.models.families.family import ENCODER, Family, MaskedLM
 
 
 @dataclass(frozen=True)
@@ -56,5 +56,8 @@ FAMILIES = (
             "embedding": ("embedding_size", 128),
         },
         "AlbertModel",
+        # AlbertMLMHead: dense from the layers' width down to the embeddings'; AlbertConfig's hidden_act is gelu_new
+        masked_lm=MaskedLM("predictions.dense", "predictions.LayerNorm", "predictions.bias", "predictions.decoder.weight",
+                           activation=("hidden_act", "gelu_new")),
     ),
 )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from attnviz.models.families.family import ENCODER, Family
+from attnviz.models.families.family import ENCODER, Family, MaskedLM
 
 
 @dataclass(frozen=True)
@@ -41,8 +41,13 @@ BERT_KEYS = {
     "vocab": ("vocab_size", 30522),
 }
 
+# BertForMaskedLM's head (BertLMPredictionHead), and RobertaLMHead's (GELU fixed)
+BERT_MLM = MaskedLM("cls.predictions.transform.dense", "cls.predictions.transform.LayerNorm", "cls.predictions.bias", "cls.predictions.decoder.weight")
+ROBERTA_MLM = MaskedLM("lm_head.dense", "lm_head.layer_norm", "lm_head.bias", "lm_head.decoder.weight", activation=(None, "gelu"))
+
 FAMILIES = (
-    BertLayout("BERT", ("bert",), ENCODER, BERT_KEYS),  # attnviz reads it itself: no transformers class
-    BertLayout("RoBERTa", ("roberta",), ENCODER, {**BERT_KEYS, "vocab": ("vocab_size", 50265)}, "RobertaModel", position_offset=2),
-    BertLayout("XLM-RoBERTa", ("xlm-roberta",), ENCODER, BERT_KEYS, "XLMRobertaModel", position_offset=2),
+    BertLayout("BERT", ("bert",), ENCODER, BERT_KEYS, masked_lm=BERT_MLM),  # attnviz reads it itself: no transformers class
+    BertLayout("RoBERTa", ("roberta",), ENCODER, {**BERT_KEYS, "vocab": ("vocab_size", 50265)}, "RobertaModel", position_offset=2,
+               masked_lm=ROBERTA_MLM),  # fmt: skip
+    BertLayout("XLM-RoBERTa", ("xlm-roberta",), ENCODER, BERT_KEYS, "XLMRobertaModel", position_offset=2, masked_lm=ROBERTA_MLM),
 )

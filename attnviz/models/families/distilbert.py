@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from attnviz.models.families.family import ENCODER, Family
+from attnviz.models.families.family import ENCODER, Family, MaskedLM
 
 
 @dataclass(frozen=True)
@@ -34,5 +34,8 @@ FAMILIES = (
             "vocab": ("vocab_size", 30522),
         },
         "DistilBertModel",
+        # DistilBertForMaskedLM's head: config.json's activation, its LayerNorm's eps fixed
+        masked_lm=MaskedLM("vocab_transform", "vocab_layer_norm", "vocab_projector.bias", "vocab_projector.weight",
+                           activation=("activation", "gelu"), eps=(None, 1e-12)),
     ),
 )

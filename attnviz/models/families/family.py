@@ -24,6 +24,21 @@ CHECKED_SIZES = ("layers", "heads", "kv_heads", "hidden", "head_dim", "positions
 
 
 @dataclass(frozen=True)
+class MaskedLM:
+    """Where a checkpoint saved from the family's *ForMaskedLM class keeps its masked-LM head, beside the base model's
+    tensors: logits = LayerNorm(activation(dense(h))) @ W_U^T + bias, h the last hidden state. W_U is the word
+    embeddings, which every such class ties to it (decoder: its own W_U's name, where a checkpoint holds one).
+    activation and eps: (config.json's key, or None where the class fixes it; the value without one)."""
+
+    dense: str
+    norm: str
+    bias: str
+    decoder: str
+    activation: tuple[str | None, str] = ("hidden_act", "gelu")
+    eps: tuple[str | None, float] = ("layer_norm_eps", 1e-12)
+
+
+@dataclass(frozen=True)
 class Family:
     """One family: its name as people write it, its model_types, its kind, its config keys and its transformers class.
 
@@ -40,6 +55,7 @@ class Family:
     keys: dict[str, tuple[str, object]] = field(default_factory=dict)
     model_class: str | None = None
     position_offset: int = 0  # RoBERTa and BART number positions from an offset: fewer usable positions
+    masked_lm: MaskedLM | None = None  # an encoder's masked-LM head (models/masked_lm.py), when its checkpoint has one
 
     rotary: ClassVar[bool] = False  # RoPE: q and k are rotated by position before the scores
     position_bias: ClassVar[bool] = False  # T5: a learned bias by relative position is added to the scores
