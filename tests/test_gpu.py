@@ -109,3 +109,41 @@ def test_a_long_map_in_blocks_on_cuda_equals_the_cpu(tmp_path):
     np.testing.assert_allclose(maps["cuda"], maps["cpu"], atol=1e-4, rtol=0)
     for name, values in summaries["cpu"].values.items():
         np.testing.assert_allclose(summaries["cuda"].values[name], values, atol=1e-4, rtol=1e-4, err_msg=name)
+
+
+def _causal_lm(folder):
+    """A tiny Llama (6 query heads over 2 key/value heads, RoPE) with its own language-model head."""
+    import transformers
+    from tiny_families import FAMILY_CHECKPOINTS, save_checkpoint
+
+    config, _, tokenizer = FAMILY_CHECKPOINTS["llama"]()
+    config.tie_word_embeddings = False
+    save_checkpoint(config, transformers.LlamaForCausalLM, tokenizer(), folder, seed=1)
+    return str(folder)
+
+
+def test_patching_on_cuda_equals_the_cpu(tmp_path, device="cuda"):
+    """Issue 38: every head's output, q and pattern patched, and the direct attribution, on a grouped-query Llama."""
+    import attnviz
+
+    folder = _causal_lm(tmp_path / "llama")
+    given = dict(corrupt="The mat sat on the cat because it was tired.", answer=" cat", wrong=" mat", model=folder)
+    results = {on: attnviz.patch("The cat sat on the mat because it was tired.", component="q", device=on, **given) for on in ("cpu", device)}
+    cpu, gpu = results["cpu"].patching, results[device].patching
+    np.testing.assert_allclose([gpu.clean, gpu.corrupt], [cpu.clean, cpu.corrupt], atol=1e-4, rtol=0)
+    for name in ("out", "q"):
+        np.testing.assert_allclose(gpu.scores[name], cpu.scores[name], atol=1e-4, rtol=0, err_msg=name)
+    np.testing.assert_allclose(gpu.direct, cpu.direct, atol=1e-4, rtol=0)
+
+
+def test_roles_on_cuda_equal_the_cpu(tmp_path, device="cuda"):
+    """Issue 37: every head's text scores, prefix matching and copying, on a grouped-query Llama."""
+    import attnviz
+
+    folder = _causal_lm(tmp_path / "llama")
+    text = " ".join(["the cat sat on the mat because it was tired"] * 3)
+    results = {on: attnviz.roles(text, model=folder, device=on) for on in ("cpu", device)}
+    cpu, gpu = results["cpu"].scores, results[device].scores
+    assert set(gpu) == set(cpu) >= {"previous_token", "induction", "top_256", "prefix_matching", "copying"}
+    for name, values in cpu.items():
+        np.testing.assert_allclose(gpu[name], values, atol=1e-4, rtol=0, err_msg=name)

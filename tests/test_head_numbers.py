@@ -201,3 +201,22 @@ def test_template_scores_are_transformer_lens_ratio_over_the_whole_map(exclude_b
         expected = (kept * template(ids)).sum((1, 2)) / kept.sum((1, 2))  # (H,): TransformerLens's 'mul' measure
         np.testing.assert_allclose(sums[name] / sums["template_weight"], expected, rtol=1e-12, err_msg=name)
     assert induction_template(ids)[6, 6] == 1  # the diagonal cell exclude_current changes
+
+
+def test_top_k_is_the_sum_of_each_rows_largest_weights_exactly():
+    """Rows whose largest weights sit side by side, are spread evenly, tie exactly (a uniform row), sit at the row's
+    end, or are random, over 8,195 keys, in float64 and float32 (chosen on their bits read as integers), against
+    NumPy's sort of each row."""
+    rng = np.random.default_rng(11)
+    width = 8195
+    rows = np.exp(rng.normal(size=(6, width)) * 3)
+    rows[1, :] = 1.0  # ties everywhere
+    rows[2, 1000:1300] = 50.0 + rng.uniform(size=300)  # the largest side by side
+    rows[3, ::4] = 40.0 + rng.uniform(size=len(rows[3, ::4]))  # one large weight in every four
+    rows[4, -3:] = 1e3  # the largest at the end
+    rows /= rows.sum(-1, keepdims=True)
+    weights = rows.reshape(1, 2, 3, width)  # (B, H, b, K) float64
+    expected = np.stack([-np.sort(-rows, axis=-1)[:, :k].sum(-1) for k in TOP_K], axis=-1).reshape(1, 2, 3, -1)
+    for dtype, tolerance in ((torch.float64, 1e-12), (torch.float32, 1e-6)):
+        block = Block(torch.from_numpy(weights).to(dtype), width - 3, torch.tensor([width]), causal=False, num_queries=width)
+        np.testing.assert_allclose(block.top_weights.numpy(), expected, rtol=0, atol=tolerance, err_msg=str(dtype))
