@@ -66,6 +66,19 @@ def hooked_model(folder, texts=TINY):
     return model, clean_ids, corrupt_ids, answer, wrong
 
 
+def logit_difference(model, ids, position: int, answer: int, wrong: int, module=None, hook=None, before: bool = True) -> float:
+    """m of transformers' model over ids (1, N) at position, with hook on module while it runs: a forward pre-hook
+    (before), else a forward hook."""
+    handle = None if hook is None else (module.register_forward_pre_hook if before else module.register_forward_hook)(hook)
+    try:
+        with torch.no_grad():
+            logits = model(ids).logits[0, position].double()
+    finally:
+        if handle is not None:
+            handle.remove()
+    return float(logits[answer] - logits[wrong])
+
+
 def reference_scores(folder, modules: dict, component: str, position: int = -1, texts=TINY) -> tuple[np.ndarray, float, float]:
     """(L, H) m of the patched runs (logit units), m_clean, m_corrupt: transformers' model run once per head, the head's slice of
     o_proj's input (out) or of its projection's output (q, k, v; through its key/value head) taken from the clean pass."""
@@ -80,15 +93,7 @@ def reference_scores(folder, modules: dict, component: str, position: int = -1, 
     count = num_heads if component in ("out", "q") else num_kv
 
     def metric(ids, hook=None, module=None) -> float:
-        handle = None
-        if hook is not None:
-            register = module.register_forward_pre_hook if component == "out" else module.register_forward_hook
-            handle = register(hook)
-        with torch.no_grad():
-            logits = model(ids).logits[0, position].double()
-        if handle is not None:
-            handle.remove()
-        return float(logits[answer] - logits[wrong])
+        return logit_difference(model, ids, position, answer, wrong, module, hook, before=component == "out")
 
     seen = {}
     scores = np.zeros((num_layers, num_heads))
@@ -451,21 +456,15 @@ def masked_reference(name, folder, component: str) -> tuple[np.ndarray, float, f
     d = modules[0].weight.shape[0 if component != "out" else 1] // num_heads
 
     def metric(ids, change=None, layer=None) -> float:
-        calls, handle = [], None
-        if change is not None:
-            call = sum(module is modules[layer] for module in modules[:layer])  # a shared module: its call for this layer
+        if change is None:
+            return logit_difference(model, ids, position, answer, wrong)
+        call, calls = sum(module is modules[layer] for module in modules[:layer]), []  # a shared module: this layer's call
 
-            def hook(module, *given):
-                calls.append(None)
-                return change(*given) if len(calls) == call + 1 else None
+        def hook(module, *given):
+            calls.append(None)
+            return change(*given) if len(calls) == call + 1 else None
 
-            register = modules[layer].register_forward_pre_hook if component == "out" else modules[layer].register_forward_hook
-            handle = register(hook)
-        with torch.no_grad():
-            logits = model(ids).logits[0, position].double()
-        if handle is not None:
-            handle.remove()
-        return float(logits[answer] - logits[wrong])
+        return logit_difference(model, ids, position, answer, wrong, modules[layer], hook, before=component == "out")
 
     scores = np.zeros((num_layers, num_heads))
     for layer in range(num_layers):

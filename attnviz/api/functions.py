@@ -394,14 +394,17 @@ def refuse_before_loading(options: RunOptions, needs_bert: str | None = None) ->
 def require_decoder(handle: Model, command: str) -> None:
     """A command that continues a text (generate) refuses a model that is no decoder; where that model is the bundled
     encoder, loaded offline in place of the default, the message names the bundled decoder there is (SmolLM2)."""
+    from attnviz.analysis.generation import check_decoder
     from attnviz.models.smollm2 import smollm2_gguf
 
-    if handle.kind == "decoder":
-        return
-    refused = f"{command} continues a text with a decoder (GPT-2, Llama's layout); {handle.loaded.name} is {handle.kind} ({handle.family})"
-    if handle.loaded.fallback_for is not None and smollm2_gguf() is not None:  # offline, no --model: not a dead end
-        refused += f", the offline stand-in for {handle.loaded.fallback_for}: give {option('model', 'smollm2')}, the bundled decoder"
-    raise AttnvizError(refused)
+    try:
+        check_decoder(handle.loaded, command)
+    except AttnvizError as refused:
+        if handle.loaded.fallback_for is None or smollm2_gguf() is None:
+            raise
+        # offline, no --model: not a dead end
+        stand_in = f"the offline stand-in for {handle.loaded.fallback_for}: give {option('model', 'smollm2')}, the bundled decoder"
+        raise AttnvizError(f"{refused}, {stand_in}") from None
 
 
 def require_bert(handle: Model, needs_bert: str) -> None:
