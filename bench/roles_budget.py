@@ -7,7 +7,9 @@ The text (sample_inputs/en.txt repeated, cut to --tokens of SmolLM2's tokenizer)
 - roles: attnviz.analysis.roles.text_roles, the text's scores of `attnviz roles` (the three templates, the
   streaming share, the top-16/64/256 coverage and layers' summaries, every layer × head, a block of queries at a
   time, no figure);
-- with --circuits: Olsson et al.'s prefix matching (10 sequences of 101 tokens) and the copying score, each timed.
+- with --circuits: Olsson et al.'s prefix matching (10 sequences of 101 tokens) and the copying score, each timed;
+- with --apart: the same pass with the role numbers alone (the budget's list: the templates, the streaming share,
+  the top-k coverage), `layers`' summaries left out, as `roles` never runs it: what the summaries cost beside them.
 Each the best of --repeat after a warm-up; the process's peak resident set after each (ru_maxrss: the roles' peak
 includes the forward's model, still loaded). Prints one JSON line.
 """
@@ -34,6 +36,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=2048)
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--circuits", action="store_true", help="also time prefix matching and copying")
+    parser.add_argument("--apart", action="store_true", help="also time the role numbers without the summaries")
     args = parser.parse_args()
 
     from attnviz.analysis import circuits
@@ -54,6 +57,9 @@ def main() -> None:
         "rows_per_block": summaries.rows_per_block, "forward_s": round(forward_s, 3), "forward_peak_mb": round(forward_peak),
         "roles_s": round(roles_s, 3), "peak_mb": round(peak_mb()), "roles_over_forward": round(roles_s / forward_s, 2),
     }  # fmt: skip
+    if args.apart:
+        row["role_numbers_alone_s"] = round(best_of(lambda: role_numbers_alone(loaded, text, spec, budget), args.repeat), 3)
+        row["alone_over_forward"] = round(row["role_numbers_alone_s"] / forward_s, 2)
     if args.circuits:
         sequences = circuits.random_sequences(loaded)
         start = time.perf_counter()
@@ -63,6 +69,23 @@ def main() -> None:
         circuits.copying(loaded)
         row["copying_s"] = round(time.perf_counter() - start, 3)
     print(json.dumps(row))
+
+
+def role_numbers_alone(loaded, text, spec, budget) -> None:
+    """text_roles' pass with RoleSums fed every block and no HeadSummaries: the role numbers' cost alone."""
+    from attnviz.analysis.head_numbers import RoleSettings
+    from attnviz.analysis.roles import RoleSums
+    from attnviz.layer_inputs import encode_texts, threads_for
+    from attnviz.pipeline import build_layers, iter_layer_blocks
+
+    encoded = encode_texts(loaded, [text], spec)
+    ids = list(encoded.queries.ids[0])
+    with threads_for(encoded):
+        layers = build_layers(loaded, spec)
+    sums = RoleSums(len(layers), max(layer.num_heads for layer in layers), ids, causal=spec.causal, settings=RoleSettings())
+    for layer, first_query, weights in iter_layer_blocks(loaded, encoded, layers, spec, budget):
+        sums.add(layer, first_query, weights[0])
+    sums.scores()
 
 
 if __name__ == "__main__":
