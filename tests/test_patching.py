@@ -338,6 +338,11 @@ def test_the_reports_patching_view_shows_the_grids_and_a_clicked_heads_maps_on_b
                 f"return Array.from(c.getContext('2d').getImageData(0, {row * cell_px}, 1, 1).data.slice(0, 3)); }})()"
             )
             assert pixel == page.page.evaluate(f"window.AV.colour({float(weights[row, 0])}, false)"), (side, row)
+    # the keys: Enter on the outlined cell opens that head too (the grid's own choose, core.js)
+    page.page.hover(f"#patch-output rect[data-layer='{top_layer}'][data-head='{top_head}']")
+    page.page.focus("#patch-output")
+    page.page.keyboard.press("Enter")
+    page.page.wait_for_selector(f"#view-patch .patch-pair[data-layer='{top_layer}'][data-head='{top_head}']", state="attached")
 
 
 @pytest.mark.parametrize(

@@ -332,7 +332,7 @@ class _Patched:
         model = self.loaded.model
         weights = model.attention_weights(layer, self.spec.stack)
         role = {"q": "w_q", "k": "w_k", "v": "w_v"}[component]
-        module = (model if self.loaded.is_bert else model.model).get_submodule(weights.names[role])
+        module = model.get_submodule(weights.names[role])
         inner, kv_inner = weights.num_heads * weights.head_dim, weights.num_kv_heads * weights.head_dim
         first = {"w_q": 0, "w_k": inner, "w_v": inner + kv_inner}[role] if weights.fused_qkv else 0
         count = weights.num_heads if role == "w_q" else weights.num_kv_heads

@@ -36,10 +36,6 @@ class MaskedLMHead:
         x = self.activation(F.linear(hidden, *(tensor.to(hidden.dtype) for tensor in self.dense)))
         return F.layer_norm(x, x.shape[-1:], weight.to(x.dtype), bias.to(x.dtype), eps)
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """(..., V): the head's logits over the vocabulary."""
-        return self.transform(hidden) @ self.weight.to(hidden.dtype).T + self.bias.to(hidden.dtype)
-
 
 def masked_lm_head(loaded) -> MaskedLMHead | None:
     """The encoder's masked-LM head from its checkpoint's safetensors; None where its family has none or its
@@ -50,7 +46,7 @@ def masked_lm_head(loaded) -> MaskedLMHead | None:
     names = loaded.family.masked_lm
     if names is None:
         return None
-    embeddings = (loaded.model if loaded.is_bert else loaded.model.model).get_input_embeddings().weight  # (V, E)
+    embeddings = loaded.model.get_input_embeddings().weight  # (V, E)
     norms = [f"{names.norm}.{part}" for part in ("weight", "bias", "gamma", "beta")]  # old BERTs: gamma and beta
     stored = stored_tensors(loaded.folder, (f"{names.dense}.weight", f"{names.dense}.bias", *norms, names.bias, names.decoder), embeddings)
     norm_weight = stored.get(norms[0], stored.get(norms[2]))

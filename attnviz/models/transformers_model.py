@@ -145,6 +145,14 @@ class TransformersModel:
 
     # ---- the attention modules and their projections ---------------------------------------
 
+    def get_submodule(self, name: str) -> nn.Module:
+        """The base model's module of that name (as attnviz's BertEncoder, an nn.Module, answers it)."""
+        return self.model.get_submodule(name)
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        """The base model's word embeddings (as attnviz's BertEncoder answers it)."""
+        return self.model.get_input_embeddings()
+
     def attention_module(self, layer: int, stack: str | None = None) -> tuple[str, nn.Module]:
         """The module (and its name in the model) whose input is layer `layer`'s attention input."""
         index = self.family.stored_index(self.config, layer, stack)
@@ -312,7 +320,7 @@ class TransformersModel:
         here folded into the weight."""
         from attnviz.models.weight_files import stored_tensors
 
-        embeddings = self.model.get_input_embeddings().weight
+        embeddings = self.get_input_embeddings().weight
         stored = stored_tensors(self.folder, ("lm_head.weight", "lm_head.bias", "final_logits_bias"), embeddings)
         if getattr(self.model.config, "tie_word_embeddings", False):
             weight, bias = embeddings, None

@@ -296,7 +296,9 @@
   // A layers × columns grid (summaries_view.js, diff_view.js): values[layer][column] as square SVG cells of side
   // options.cell, coloured by options.colourOf(value); head numbers above when there are several columns, layer labels
   // beside. Hovering a cell, or the arrow keys on the focused grid, outline it and call options.readout(layer, column);
-  // the keys start from options.start ([layer, column]). options.attrs: the svg's own attributes (class, aria-label...).
+  // the keys start from options.start ([layer, column]). Clicking a cell, or Enter on the outlined one, calls
+  // options.choose(layer, column) when given (patch_view.js, roles_view.js: the head opened). options.attrs: the svg's
+  // own attributes (class, aria-label...).
   const GRID_LABEL_PX = 52;
   const GRID_TOP_PX = 18;
   AV.layerHeadGrid = (values, options) => {
@@ -336,11 +338,18 @@
     svg.addEventListener("focus", () => point(atLayer, atColumn));
     const moves = { ArrowUp: [-1, 0], ArrowDown: [1, 0], ArrowLeft: [0, -1], ArrowRight: [0, 1] };
     svg.addEventListener("keydown", (event) => {
+      if (event.key === "Enter" && options.choose) options.choose(atLayer, atColumn);
       const move = moves[event.key];
       if (!move) return;
       event.preventDefault();
       point(Math.min(layers - 1, Math.max(0, atLayer + move[0])), Math.min(columns - 1, Math.max(0, atColumn + move[1])));
     });
+    if (options.choose) {
+      svg.addEventListener("click", (event) => {
+        const target = event.target;
+        if (target.dataset && target.dataset.layer !== undefined) options.choose(Number(target.dataset.layer), Number(target.dataset.head));
+      });
+    }
     return svg;
   };
 

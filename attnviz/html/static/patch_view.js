@@ -35,20 +35,9 @@
       colourOf: (value) => diverging(value, reach),
       readout,
       start,
+      choose,
       attrs: { class: "patch-grid", id, "aria-label": `${caption}: ${values.length} layers × ${heads} heads; arrow keys move, Enter shows the head's maps` },
     });  // prettier-ignore
-    let at = start;
-    svg.addEventListener("mouseover", (event) => {
-      if (event.target.dataset && event.target.dataset.layer !== undefined) at = [Number(event.target.dataset.layer), Number(event.target.dataset.head)];
-    });
-    svg.addEventListener("keydown", (event) => {
-      const moves = { ArrowUp: [-1, 0], ArrowDown: [1, 0], ArrowLeft: [0, -1], ArrowRight: [0, 1] };
-      if (moves[event.key]) at = [Math.min(values.length - 1, Math.max(0, at[0] + moves[event.key][0])), Math.min(heads - 1, Math.max(0, at[1] + moves[event.key][1]))];
-      if (event.key === "Enter") choose(at[0], at[1]);
-    });
-    svg.addEventListener("click", (event) => {
-      if (event.target.dataset && event.target.dataset.layer !== undefined) choose(Number(event.target.dataset.layer), Number(event.target.dataset.head));
-    });
     const title = `${caption} (± ${reach.toFixed(3)})`;
     return AV.el("figure", { class: "patch-figure", style: "margin:0.5rem 1.5rem 1rem 0" }, AV.el("figcaption", { style: "font-weight:600" }, title), svg);
   }

@@ -85,20 +85,13 @@
     section.appendChild(readout);
     const cells = roles.main_role.map((row, layer) => row.map((index, head) => [index, roles.main_score[layer][head]]));
     const heads = cells[0].length;
-    let at = [0, 0];
     const svg = AV.layerHeadGrid(cells, {
       cell: Math.max(MIN_CELL, Math.min(MAX_CELL, Math.floor(GRID_PX / heads))),
       colourOf: (cell) => shade(roles, cell),
-      readout: (layer, head) => { at = [layer, head]; readout.textContent = `layer ${layer} · head ${head} · ${namesOf(roles, layer, head)}`; },
+      readout: (layer, head) => { readout.textContent = `layer ${layer} · head ${head} · ${namesOf(roles, layer, head)}`; },
+      choose: (layer, head) => openHead(section, text, roles, layer, head),
       attrs: { class: "roles-grid", "aria-label": `each head's role: ${cells.length} layers × ${heads} heads; arrow keys move, Enter opens a head` },
     });  // prettier-ignore
-    svg.addEventListener("click", (event) => {
-      const target = event.target;
-      if (target.dataset && target.dataset.layer !== undefined) openHead(section, text, roles, Number(target.dataset.layer), Number(target.dataset.head));
-    });
-    svg.addEventListener("keydown", (event) => {
-      if (event.key === "Enter") openHead(section, text, roles, at[0], at[1]);
-    });
     section.appendChild(AV.el("div", { style: "display:flex;flex-wrap:wrap;align-items:flex-start" }, svg, legend(roles)));
   }
 
