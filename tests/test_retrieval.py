@@ -317,3 +317,34 @@ def test_roles_retrieval_records_its_tests_and_scores_in_roles_json_and_labels_t
         zip(*np.nonzero(alone.scores > 0.1))
     )
     assert STREAMING_ROLE in record["skipped"] and not any("streaming" in head for layer in labels for head in layer)
+
+
+@pytest.mark.slow
+def test_roles_retrieval_runs_from_a_non_editable_install_whose_package_carries_the_haystack(tiny_llama, tmp_path):
+    """The package built as a wheel (no editable link back to this checkout) and installed into a folder of its own,
+    run from a folder that is not the repository: the haystack and needles come from inside the package."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repository = Path(__file__).resolve().parents[1]
+    source, installed, elsewhere = tmp_path / "source", tmp_path / "installed", tmp_path / "elsewhere"
+    shutil.copytree(repository / "attnviz", source / "attnviz", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(repository / name, source / name)
+    pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--no-index", "--target", str(installed), str(source)]  # fmt: skip
+    subprocess.run(pip, check=True, capture_output=True)
+    elsewhere.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(installed)}
+    where = subprocess.run([sys.executable, "-c", "import attnviz.analysis.needles as n; print(n.__file__)"],
+                           cwd=elsewhere, env=env, capture_output=True, text=True, check=True)  # fmt: skip
+    assert Path(where.stdout.strip()).is_relative_to(installed)  # the installed copy, not this checkout
+    command = ["roles", "The cat sat on the mat.", "--model", str(tiny_llama[0]), "--device", "cpu", "--retrieval",
+               "--lengths", "220", "--depths", "0.5", "--out", str(elsewhere / "run")]  # fmt: skip
+    ran = subprocess.run([sys.executable, "-m", "attnviz", *command], cwd=elsewhere, env=env, capture_output=True, text=True)
+    assert ran.returncode == 0, ran.stderr
+    record = json.loads((elsewhere / "run" / "roles.json").read_text(encoding="utf-8"))
+    assert [(test["length"], test["depth"]) for test in record["retrieval"]["tests"]] == [(220, 0.5)]
+    assert np.array(record["scores"]["retrieval"]).shape == (2, 6)

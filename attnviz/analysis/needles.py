@@ -1,9 +1,9 @@
 """Needle-in-a-haystack tests (Wu et al. 2024, "Retrieval head mechanistically explains long-context factuality", §2):
 a needle sentence put at a depth of a haystack cut to a length in tokens, and a question whose answer is the needle.
 
-The haystack and the needles are this project's own text, in sample_inputs/retrieval/ (haystack.txt: essays, 3,407
-tokens of SmolLM2's tokenizer, read again from its start where a length asks for more; needles.json: each
-needle sentence and its question). The test of the i-th length and the j-th depth takes needle (i + j) modulo their
+The haystack and the needles are this project's own text, package data in attnviz/analysis/data/ (haystack.txt:
+essays, 3,407 tokens of SmolLM2's tokenizer, read again from its start where a length asks for more; needles.json:
+each needle sentence and its question). The test of the i-th length and the j-th depth takes needle (i + j) modulo their
 number, so that each needle meets every depth. The prompt, where the checkpoint has a chat template (an instruct
 model, as Wu et al. prompt their chat models), is the user's turn of it, the assistant's opened after:
 
@@ -25,7 +25,7 @@ from pathlib import Path
 
 from attnviz.errors import AttnvizError
 
-NEEDLES_FOLDER = Path(__file__).resolve().parents[2] / "sample_inputs" / "retrieval"
+NEEDLES_FOLDER = Path(__file__).resolve().parent / "data"  # package data: there in a wheel too
 QUESTION = "\n\nQuestion: {question}"
 PLAIN_ANSWER = "\nAnswer:"  # after the question, where the checkpoint has no chat template
 MARK = "HAYSTACK_AND_QUESTION"  # stands for the user's text in the chat template, to split the template around it

@@ -110,7 +110,7 @@ def retrieval_heads(
 
     engine "ray": the tests go to Ray actors (output/ray_engine.py) that load model_name themselves (the name or
     folder as given, as `stats --file --engine ray` does), on engine_device (spec.device by default); the result
-    equals the local one. advance(1) after each test. folder: the haystack and needles (sample_inputs/retrieval/).
+    equals the local one. advance(1) after each test. folder: the haystack and needles (attnviz/analysis/data/).
     tests: planned_tests' (checked before other work), else planned here.
     """
     if tests is None:
