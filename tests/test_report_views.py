@@ -124,6 +124,19 @@ def test_the_heatmap_draws_each_cell_in_its_colour_and_masked_cells_grey(pages, 
     assert page.page.text_content("#heatmap-readout") == f"layer 2 · head 4 · query 5:{q[5]} · key 2:{k[2]} · {weights[5, 2]:.4f}"
 
 
+def test_a_causal_runs_head_view_draws_and_counts_only_the_keys_each_query_sees(pages, opened):
+    """Under a causal mask a query sees the keys up to itself: N(N + 1) / 2 lines a head, not N², and the note counts those."""
+    page = opened(pages["causal"])
+    text = page.record()["texts"][0]
+    num_tokens, num_heads = len(text["query_tokens"]), page.record()["num_heads"]
+    page.wait_until("document.querySelector('#head-note').textContent.includes('lines')")
+    lines = page.page.evaluate("Array.from(document.querySelectorAll('#head-lines line')).map(l => [+l.dataset.head, +l.dataset.query, +l.dataset.key])")
+    seen = [(head, i, j) for head in range(num_heads) for i in range(num_tokens) for j in range(i + 1)]
+    assert sorted(map(tuple, lines)) == seen
+    assert page.page.text_content("#head-note").startswith(f"{len(seen):,} lines: heads 0, 1,")
+    assert len(seen) == num_heads * num_tokens * (num_tokens + 1) // 2 < num_heads * num_tokens**2
+
+
 def test_a_long_texts_head_view_draws_head_0s_weights_from_0_01_and_says_what_it_left_out(pages, opened):
     page = opened(pages["long"])
     text = page.record()["texts"][0]

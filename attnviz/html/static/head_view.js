@@ -2,7 +2,8 @@
 // one colour per head, its opacity the weight (BertViz's head view). Hover or focus a token to keep
 // only its lines; click a line for its exact weight.
 //
-// Which lines: every query-key pair of every chosen head while the text has at most ALL_PAIRS_TOKENS
+// Which lines: every query-key pair of every chosen head that the mask lets through (under a causal mask, a
+// query's keys up to itself) while the text has at most ALL_PAIRS_TOKENS
 // tokens a side; beyond, only weights >= LONG_TEXT_MIN_WEIGHT (the page says how many it left out).
 // Heads chosen at first: all of them while that is at most DEFAULT_LINE_BUDGET lines, else head 0.
 (() => {
@@ -24,7 +25,9 @@
   }
 
   function defaultHeads(text) {
-    const pairs = text.query_tokens.length * text.key_tokens.length;
+    const cols = text.key_tokens.length;
+    let pairs = 0; // the query-key pairs the mask lets through, each a line when every weight is drawn
+    for (let i = 0; i < text.query_tokens.length; i++) pairs += text.causal ? Math.min(cols, i + 1) : cols;
     const heads = AV.data.num_heads;
     return isLong(text) || heads * pairs > DEFAULT_LINE_BUDGET ? new Set([0]) : new Set(Array.from({ length: heads }, (_, h) => h));
   }
@@ -145,12 +148,14 @@
     const keys = [];
     const elements = [];
     let leftOut = 0;
+    // Only the keys a query can see: the causal mask hides those after it, and a line there would be a weight of 0.
+    const seen = (i) => (text.causal ? Math.min(cols, i + 1) : cols);
     heads.forEach((head, n) => {
       const map = maps[n];
       const colour = AV.headColour(head);
       for (let i = 0; i < rows; i++) {
         const y1 = String(i * ROW_PX + ROW_PX / 2);
-        for (let j = 0; j < cols; j++) {
+        for (let j = 0; j < seen(i); j++) {
           const w = map.weights.values[map.offset + i * cols + j];
           if (w < minWeight) {
             leftOut++;
@@ -185,7 +190,9 @@
   }
 
   function describe(current, text, heads, leftOut) {
-    const pairs = text.query_tokens.length * text.key_tokens.length;
+    const cols = text.key_tokens.length;
+    let pairs = 0; // the query-key pairs the mask lets through, each a line when every weight is drawn
+    for (let i = 0; i < text.query_tokens.length; i++) pairs += text.causal ? Math.min(cols, i + 1) : cols;
     const parts = [];
     if (heads.length === 0) parts.push("No head chosen: tick a head to draw its lines.");
     else parts.push(`${current.elements.length.toLocaleString("en")} lines: ${heads.length === 1 ? "head" : "heads"} ${heads.join(", ")} of layer ${current.layer}, line opacity = weight.`);
