@@ -229,6 +229,8 @@ def test_the_reports_generation_view_steps_through_the_continuation(decoder, tmp
     page = opened(result.report().save(tmp_path / "report")[0])
     page.page.wait_for_selector("#generation-tokens .generation-token", state="attached")
     assert page.page.get_attribute("#tab-generation", "aria-selected") == "true"
+    title = " ".join(" ".join(page.texts("header .report-title, header .report-subtitle")).split())
+    assert f"{generation.num_prompt} tokens continued by {TOKENS} tokens · every layer" in title and "layer 0" not in title, title
     assert page.page.input_value("#generation-rows") == "chosen"
     page.page.fill("#generation-step", "3")
     page.page.dispatch_event("#generation-step", "input")

@@ -131,6 +131,16 @@ def _packed(codes: np.ndarray) -> str:
     return base64.b64encode(zlib.compress(codes.tobytes(), COMPRESSION_LEVEL)).decode("ascii")
 
 
+def _title_scope(text: ReportText) -> list[str]:
+    """What the page's title says the run is: its layer, or for a generation every layer's rows, step by step."""
+    from attnviz.render.titles import counted
+
+    if text.generation is not None:
+        generated = counted(len(text.generation.ids), "token")
+        return [f"{counted(text.generation.num_prompt, 'token')} continued by {generated}", "every layer"]
+    return [f"layer {text.run.layer}"]
+
+
 def text_record(text: ReportText, spec: RunSpec) -> dict:
     """attention.json's record of text.run, its weights encoded, with the layers, rollout, statistics and traces."""
     from attnviz.render.titles import run_title
@@ -147,7 +157,7 @@ def text_record(text: ReportText, spec: RunSpec) -> dict:
         record["zoom"] = encode_zoom(zoom_record(FileRows.of(run.attention), run.causal))
     else:
         record["attention"] = encode_exact(run.attention)
-    record["title"] = run_title(run, [f"layer {run.layer}"], seed=spec.seed if run.weights == "random" else None, fonts=False).split("\n")
+    record["title"] = run_title(run, _title_scope(text), seed=spec.seed if run.weights == "random" else None, fonts=False).split("\n")
     every_layer = replace(spec, layer=None, js=True)  # stats.json's settings: one text's statistics, its JS distances measured
     layers = None
     if text.layer_runs is not None:
