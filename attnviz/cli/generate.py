@@ -19,7 +19,7 @@ from attnviz.cli.options import (
     DtypeOption,
     FormatOption,
     MAX_SEED,
-    ModelOption,
+    GenerateModelOption,
     LayerOption,
     OutOption,
 )
@@ -34,7 +34,7 @@ class Rows(str, Enum):  # attnviz.analysis.generation.ROWS (not imported: the co
 @app.command(short_help="A decoder continues a prompt: each generated token's attention, step by step.")
 def generate(
     prompt: str = typer.Argument(..., metavar="TEXT", help="The prompt to continue, e.g. 我想吃酸菜鱼."),
-    model: Optional[str] = ModelOption,
+    model: Optional[str] = GenerateModelOption,
     tokens: int = typer.Option(32, "--tokens", "-n", min=1, max=1024, help="How many tokens to generate (fewer if the model ends the text)."),
     sample: bool = typer.Option(False, "--sample", help="Sample each token from the next-token distribution (from --seed), not the most likely one."),
     seed: int = typer.Option(0, min=0, max=MAX_SEED, help="Seed of --sample."),

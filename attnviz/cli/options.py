@@ -246,6 +246,26 @@ ModelOption = typer.Option(
     "(default: bert-base-chinese; offline, the bundled all-MiniLM-L6-v2)",
     show_default=False,
 )
+# generate's and patch's: the default model (an encoder) cannot run them, so their help says what can
+GenerateModelOption = typer.Option(
+    None,
+    "--model",
+    "-m",
+    help=f"Hugging Face hub id or local folder of a decoder ({supported_names()}); smollm2: the bundled "
+    "SmolLM2-135M-Instruct. (no default that generates: without --model the default model, bert-base-chinese, an "
+    "encoder, is refused; give --model smollm2)",
+    show_default=False,
+)
+PatchModelOption = typer.Option(
+    None,
+    "--model",
+    "-m",
+    help=f"Hugging Face hub id or local folder of a decoder, an encoder-decoder or an encoder saved with its "
+    f"masked-LM head ({supported_names()}); smollm2: the bundled decoder. (default: bert-base-chinese, read at a "
+    "[MASK] both texts hold; offline its stand-in, the bundled all-MiniLM-L6-v2, has no masked-LM head and is "
+    "refused: give --model smollm2)",
+    show_default=False,
+)
 WordsOption = typer.Option(
     False,
     "--words",

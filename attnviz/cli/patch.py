@@ -16,7 +16,7 @@ from attnviz.cli.options import (
     DtypeOption,
     FormatOption,
     ImageFormat,
-    ModelOption,
+    PatchModelOption,
     OutOption,
     QuietOption,
     TruncateOption,
@@ -42,7 +42,7 @@ def patch(
         help="What of each head is patched: its output, its query, its key or value (through its key/value head with "
         "grouped-query attention: a group's heads share the score), or its map (the clean map over the corrupted values).",
     ),
-    model: Optional[str] = ModelOption,
+    model: Optional[str] = PatchModelOption,
     device: Device = DeviceOption,
     dtype: Dtype = DtypeOption,
     image_format: ImageFormat = FormatOption,
