@@ -257,6 +257,30 @@ def test_cell_values_are_printed_with_contrast():
     assert len(paths[cell(1, 2)].vertices) == 0  # a future key: masked, no number
 
 
+@pytest.mark.parametrize(
+    ("value", "decimals", "shown"),
+    [(-0.004, 2, "0.00"), (-0.0, 2, "0.00"), (0.004, 2, "0.00"), (-0.006, 2, "-0.01"), (-0.0004, 3, "0.000"), (-0.04, 1, "0.0"), (0.42, 2, "0.42")],
+)
+def test_a_cell_value_that_rounds_to_zero_shows_no_minus_sign(value, decimals, shown):
+    from attnviz.render.cell_values import cell_text
+
+    assert cell_text(value, decimals) == shown
+
+
+def test_a_signed_grids_cells_show_zero_without_a_minus_sign():
+    """patch.png's and effects.png's grids (grids_figure, 3 decimals here): a value a hair below 0 is written 0.000,
+    as is one a hair above."""
+    from types import SimpleNamespace
+
+    from attnviz.render.summary_figures import grids_figure
+
+    values = np.array([[-0.0001, 0.0001], [-0.5, 0.5]])  # (L, H)
+    numbers = SimpleNamespace(model="m", text="a text", causal=True)
+    figure = grids_figure([("score", values, True)], 2, [], None, None, numbers)
+    cells = sorted(text.get_text() for text in figure.axes[0].texts)
+    assert cells == ["-0.500", "0.000", "0.000", "0.500"]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "num_tokens, causal",

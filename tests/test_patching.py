@@ -312,6 +312,7 @@ def test_the_reports_patching_view_shows_the_grids_and_a_clicked_heads_maps_on_b
     page = opened(path)
     page.page.wait_for_selector("#view-patch .patch-pair", state="attached")
     assert page.page.get_attribute("#tab-patch", "aria-selected") == "true"
+    assert page.texts("#patch-note")[0].startswith("Each head's part from the clean run patched into the corrupted run.")
     top_layer, top_head = result.top[0]
     assert page.page.get_attribute("#view-patch .patch-pair", "data-layer") == str(top_layer)
     layer, head = result.top[-1]  # the least affecting head: another than the one shown first
@@ -343,6 +344,25 @@ def test_the_reports_patching_view_shows_the_grids_and_a_clicked_heads_maps_on_b
     page.page.focus("#patch-output")
     page.page.keyboard.press("Enter")
     page.page.wait_for_selector(f"#view-patch .patch-pair[data-layer='{top_layer}'][data-head='{top_head}']", state="attached")
+
+
+def test_the_figures_and_the_terminal_say_the_clean_run_is_patched_into_the_corrupted_one(tiny_llama):
+    """The right way round (the corrupted run is the one run, each head's part taken from the clean run) in
+    patch.png's title, patch_positions.png's and the terminal's; no cell written "-0.00"."""
+    import attnviz
+    from rich.console import Console
+
+    result = attnviz.patch(CLEAN, corrupt=CORRUPT, answer=ANSWER, wrong=WRONG, per_position=True, model=str(tiny_llama), device="cpu")
+    right = "from the clean run patched into the corrupted run"
+    for figure in (result.figure(), result.figure("positions")):
+        title = " ".join(figure.get_suptitle().split())
+        assert right in title and "patched from the corrupted" not in title, title
+    console = Console(record=True, width=200)
+    console.print(result)
+    assert right in " ".join(console.export_text().split())
+    cells = [text.get_text() for text in result.figure("positions").axes[0].texts]
+    assert cells and "-0.00" not in cells and all(cell == f"{value:.2f}".replace("-0.00", "0.00") for cell, value in
+                                                  zip(cells, np.stack(list(result.patching.per_position.values())).ravel()))  # fmt: skip
 
 
 @pytest.mark.parametrize(

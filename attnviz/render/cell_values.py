@@ -1,4 +1,5 @@
-"""The weights printed in a short map's cells: "0.42" in black or white, whichever contrasts with the cell."""
+"""The values printed in a short map's or grid's cells: "0.42" (cell_text, every figure's), in black or white,
+whichever contrasts with the cell."""
 
 from __future__ import annotations
 
@@ -34,11 +35,18 @@ def cell_values(ax, num_queries: int, num_keys: int):
     return collection
 
 
+def cell_text(value: float, decimals: int = 2) -> str:
+    """A value as a cell shows it: "0.42", "-0.17"; one that rounds to zero is "0.00", never "-0.00"."""
+    text = f"{value:.{decimals}f}"
+    return text[1:] if text.startswith("-") and float(text) == 0 else text
+
+
 def update_cell_values(collection, weights: np.ma.MaskedArray, image) -> None:
-    """Each cell's weight as "0.42", in black or white, whichever contrasts with the cell."""
+    """Each cell's weight as cell_text writes it, in black or white, whichever contrasts with the cell."""
     rgba = image.to_rgba(weights.filled(0.0))  # (Nq, Nk, 4)
     luminance = rgba[..., :3] @ np.array([0.2126, 0.7152, 0.0722])  # (Nq, Nk)
-    labels = np.where(np.ma.getmaskarray(weights), "", np.char.mod("%.2f", weights.data))
+    texts = np.vectorize(cell_text, otypes=[object])(weights.data)
+    labels = np.where(np.ma.getmaskarray(weights), "", texts)
     collection.set_paths([_centred_text_path(label) for label in labels.ravel()])
     light = (luminance > 0.5).ravel()[:, None]  # (Nq*Nk, 1)
     collection.set_facecolor(np.where(light, (0, 0, 0, 1), (1, 1, 1, 1)))

@@ -11,11 +11,13 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from attnviz.render.cell_values import cell_text
 from attnviz.render.heatmap import check_format, new_figure, save_figure
 from attnviz.render.summary_figures import _title, grids_figure
 from attnviz.render.titles import quoted
 
 MOST_SHOWN = 10  # the terminal's most affecting heads
+DIRECTION = "each head's part from the clean run patched into the corrupted run"  # never the other way round
 MAX_LABELLED_TOKENS = 48  # patch_positions.png names the tokens and writes each score up to this many tokens
 PANEL_TITLES = {
     "out": "output patched: normalised score (0 none, 1 restored)",
@@ -47,7 +49,7 @@ def patching_figure(patching, seed: int | None = None):
     panels = [(PANEL_TITLES[name], values, True) for name, values in patching.scores.items()]
     if patching.direct is not None:
         panels.append(("direct logit attribution, clean run (logit units)", patching.direct, True))
-    notes = [f"patched from the corrupted text ({changed_words(patching)}); {metric_words(patching)}: rows layers, columns heads"]
+    notes = [f"{DIRECTION} (the corrupted text: {changed_words(patching)}); {metric_words(patching)}: rows layers, columns heads"]
     return grids_figure(panels, len(patching.tokens), notes, None, seed, _Titled(patching))
 
 
@@ -65,9 +67,9 @@ def positions_figure(patching, seed: int | None = None):
     if len(labels) <= MAX_LABELLED_TOKENS:
         ax.set_xticks(range(len(labels)), labels, rotation=90, fontsize=7)
         for (row, column), value in np.ndenumerate(values):
-            ax.text(column, row, f"{value:.2f}", ha="center", va="center", fontsize=5)
+            ax.text(column, row, cell_text(value), ha="center", va="center", fontsize=5)
     ax.set_yticks(range(len(heads)), [f"L{layer} H{head}" for layer, head in heads], fontsize=7)
-    notes = [f"each head's output patched at one position alone; {metric_words(patching)}"]
+    notes = [f"each head's output from the clean run patched into the corrupted run at one position alone; {metric_words(patching)}"]
     _title(figure, [f"the {len(heads)} most affecting heads", f"{len(labels)} tokens"], notes, None, seed, _Titled(patching))
     return figure
 
@@ -93,7 +95,7 @@ def print_patching(console: Console, patching) -> None:
     from attnviz.analysis.attribution import NO_DIRECT
     from attnviz.analysis.patching import SCORE_NAMES
 
-    console.print(Text(metric_words(patching)))
+    console.print(Text(f"{DIRECTION}; {metric_words(patching)}"))
     table = Table(title="most affecting heads", title_justify="left")
     for header in ("layer", "head", *(SCORE_NAMES[name] for name in patching.scores), "direct"):
         table.add_column(header, justify="right", no_wrap=True)

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from attnviz.analysis.head_summaries import SINK_THRESHOLD, SUMMARIES, LayerSummaries
+from attnviz.render.cell_values import cell_text
 from attnviz.render.heatmap import check_format, new_figure, save_figure
 from attnviz.render.scales import COLORMAP
 from attnviz.render.titles import chars_across, counted, effect_decimals, figure_title, run_title
@@ -53,7 +54,7 @@ def summaries_figure(summaries: LayerSummaries, run=None, seed: int | None = Non
         if numbered:
             for (layer, head), value in np.ndenumerate(values):
                 colour = "black" if value > 0.6 * top else "white"
-                ax.text(head, layer, f"{value:.2f}" if summary != "distance" else f"{value:.1f}", ha="center", va="center", fontsize=6, color=colour)
+                ax.text(head, layer, cell_text(value, 2 if summary != "distance" else 1), ha="center", va="center", fontsize=6, color=colour)
         if summary == "sink" and not numbered:  # the heads past the threshold, marked
             layers, heads = np.nonzero(values > SINK_THRESHOLD)
             ax.scatter(heads, layers, s=4, c="white", marker=".", linewidths=0)
@@ -112,7 +113,7 @@ def grids_figure(panels: list[tuple[str, np.ndarray, bool]], num_tokens: int, no
             decimals = effect_decimals(values)
             for (layer, head), value in np.ndenumerate(values):
                 colour = "black" if centred or value > 0.6 * top else "white"
-                ax.text(head, layer, f"{value:.{decimals}f}", ha="center", va="center", fontsize=5, color=colour)
+                ax.text(head, layer, cell_text(value, decimals), ha="center", va="center", fontsize=5, color=colour)
     scope = [f"{counted(num_layers, 'layer')} × {counted(num_heads, 'head')}", counted(num_tokens, "token")]
     _title(figure, scope, notes, run, seed, numbers)
     return figure

@@ -66,15 +66,16 @@
     const patch = text.patch;
     section.appendChild(AV.el("h2", {}, "Patching view"));
     if (!patch) {
-      section.appendChild(AV.el("p", { class: "note", id: "patch-missing" }, "This text was not patched from another."));
+      section.appendChild(AV.el("p", { class: "note", id: "patch-missing" }, "This text has no patching run (attnviz patch)."));
       return;
     }
     const changed = patch.shown_tokens.map((token, index) => [index, token, patch.shown_corrupt_tokens[index]]).filter(([, a, b]) => a !== b);
     const where = changed.map(([index, a, b]) => `token ${index} ${a} → ${b}`).join(", ");
     section.appendChild(
       AV.el("p", { class: "note", id: "patch-note" },
+        "Each head's part from the clean run patched into the corrupted run. " +
         `m = logit(${JSON.stringify(patch.answer)}) − logit(${JSON.stringify(patch.wrong)}) at position ${patch.position}: ` +
-          `${patch.metric.clean.toFixed(3)} clean, ${patch.metric.corrupt.toFixed(3)} corrupted (${where}). ` +
+          `${patch.metric.clean.toFixed(3)} clean, ${patch.metric.corrupt.toFixed(3)} corrupted (the corrupted text: ${where}). ` +
           `Score: ${patch.definitions.scores}. Direct: ${patch.definitions.direct}.`),
     );  // prettier-ignore
     const readout = AV.el("p", { id: "patch-readout", class: "readout", "aria-live": "polite" }, "Hover a cell, or Tab to a grid and move with the arrow keys, for its numbers; click it (or Enter) for its maps.");
@@ -89,7 +90,7 @@
     const order = patch.scores.output.flatMap((row, layer) => row.map((value, head) => [Math.abs(value), layer, head]));
     order.sort((a, b) => b[0] - a[0]);
     const start = [order[0][1], order[0][2]];
-    const grids = [grid(patch.scores.output, "patched output: normalised score", "patch-output", show, choose, start)];
+    const grids = [grid(patch.scores.output, "clean output patched into the corrupted run: normalised score", "patch-output", show, choose, start)];
     if (patch.scores.direct) grids.push(grid(patch.scores.direct, "direct logit attribution (logit units)", "patch-direct", show, choose, start));
     section.appendChild(AV.el("div", { style: "display:flex;flex-wrap:wrap;align-items:flex-start" }, ...grids));
     section.appendChild(shown);
