@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 
 from attnviz.api.options import OPTION_FIELDS, RunOptions
-from attnviz.models.families import supported_names
+from attnviz.models.families import DECODER, supported_names
 from attnviz.spec import MAX_SEED
 from attnviz.version import package_version
 
@@ -251,7 +251,7 @@ GenerateModelOption = typer.Option(
     None,
     "--model",
     "-m",
-    help=f"Hugging Face hub id or local folder of a decoder ({supported_names()}); smollm2: the bundled "
+    help=f"Hugging Face hub id or local folder of a decoder ({supported_names(DECODER)}); smollm2: the bundled "
     "SmolLM2-135M-Instruct. (no default that generates: without --model the default model, bert-base-chinese, an "
     "encoder, is refused; give --model smollm2)",
     show_default=False,

@@ -27,6 +27,6 @@ def family_of(config: dict) -> Family | None:
     return _BY_MODEL_TYPE.get(model_type) if isinstance(model_type, str) else None
 
 
-def supported_names() -> str:
-    """'BERT, RoBERTa, ..., T5': for the error that refuses another family."""
-    return ", ".join(family.name for family in FAMILIES)
+def supported_names(kind: str | None = None) -> str:
+    """'BERT, RoBERTa, ..., T5': for the error that refuses another family; with kind (DECODER, ...), its families'."""
+    return ", ".join(family.name for family in FAMILIES if kind in (None, family.kind))
