@@ -120,8 +120,11 @@ def _model_inputs(encoded: Encoded, device: str, batch: int | None = None) -> di
 
 
 @torch.inference_mode()
-def layer_states(loaded: LoadedModel, encoded: EncodedTexts, layers: list[int], spec: RunSpec) -> dict[int, LayerStates]:
-    """What each of `layers` attends with, over the queries' batch and, when given, the keys' text.
+def layer_states(
+    loaded: LoadedModel, encoded: EncodedTexts, layers: list[int], spec: RunSpec, entered=lambda done: None
+) -> dict[int, LayerStates]:
+    """What each of `layers` attends with, over the queries' batch and, when given, the keys' text; entered(n) as n
+    more of layers are reached by the queries' forward pass (its progress).
 
     BERT: its own encoder's hidden states. Other families: what enters each attention module in
     transformers' forward pass (the encoder reading encoded.source for an encoder-decoder's
@@ -131,6 +134,7 @@ def layer_states(loaded: LoadedModel, encoded: EncodedTexts, layers: list[int], 
     batch = len(queries.ids)
     if loaded.is_bert:
         states = layer_inputs(loaded, queries, device, max(layers))
+        entered(len(layers))
         key_states = layer_inputs(loaded, keys, device, max(layers)) if keys is not None else states
         return {  # self-attention: the keys are the queries' very tensor (a trace tells self-attention by it)
             layer: LayerStates(states[layer], states[layer] if keys is None else key_states[layer].expand(batch, -1, -1))
@@ -138,7 +142,7 @@ def layer_states(loaded: LoadedModel, encoded: EncodedTexts, layers: list[int], 
         }
     model = loaded.model
     source = _model_inputs(encoded.source, device, batch) if encoded.source is not None else None
-    captured = model.capture(_model_inputs(queries, device), layers, stack, source)
+    captured = model.capture(_model_inputs(queries, device), layers, stack, source, entered)
     key_captured = None
     if keys is not None and stack != "cross":  # --kv on an encoder: the other text's own pass
         key_captured = model.capture(_model_inputs(keys, device), layers, stack)

@@ -12,9 +12,29 @@ import tempfile
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
+
+
+def _nothing(*args) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Long work counted as it is done: stage(what, total) as each stage begins (what names its units: "layers of
+    the text"), then advance(n) after each n units of it. The API's progress= argument becomes one
+    (api.arguments.must_be_progress), and the command line passes its bar (render/progress.py's Bar) as that
+    argument. Doing nothing by default."""
+
+    advance: Callable[[int], None] = _nothing
+    stage: Callable[[str, int], None] = _nothing
+
+    def counting(self, what: str, total: int) -> Callable[[int], None]:
+        """Begin a stage of total units; its advance."""
+        self.stage(what, total)
+        return self.advance
 
 
 @dataclass(frozen=True)

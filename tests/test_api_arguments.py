@@ -65,6 +65,7 @@ ARGUMENTS = {  # function -> its arguments -> wrong values
         "tokens": ["5", 1.5, True, None],
         "sample": ["yes", 1, None],
         "rows": [5, None, ["chosen"]],
+        "progress": [5, "print"],
         **{name: RUN_OPTIONS[name] for name in ("model", "layer", "seed", "device", "dtype")},
     },
     "diff": {
@@ -93,6 +94,7 @@ ARGUMENTS = {  # function -> its arguments -> wrong values
         "position": ["3", 1.5, True],
         "per_position": ["yes", 1, None],
         "component": [5, None, ["out"]],
+        "progress": [5, "print"],
         **{name: RUN_OPTIONS[name] for name in ("model", "device", "dtype", "truncate", "allow_pickle")},
     },
     "load": {"model": RUN_OPTIONS["model"], "device": [5, None], "dtype": [5, None], "allow_pickle": ["yes", 1], "cache": ["no", 0]},

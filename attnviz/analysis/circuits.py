@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from attnviz.errors import AttnvizError
+from attnviz.run_data import Progress
 
 PATTERN, REPEATS, SEQUENCES = 25, 4, 10  # Olsson et al.'s: 25 random tokens, repeated 4 times, 10 sequences
 COMMON_CUT = 0.1  # the share of the ordinary vocabulary left out at each end (BPE and SentencePiece order by frequency)
@@ -45,13 +46,14 @@ def random_sequences(loaded, seed: int = PREFIX_SEED) -> list[list[int]]:
     return [start + [int(index) for index in rng.choice(pool, PATTERN, replace=False)] * REPEATS for _ in range(SEQUENCES)]
 
 
-def prefix_matching(loaded, spec, budget_bytes: int, sequences: list[list[int]]) -> np.ndarray:
+def prefix_matching(loaded, spec, budget_bytes: int, sequences: list[list[int]], progress: Progress = Progress()) -> np.ndarray:
     """(L, H): every head's prefix-matching score, the mean over the sequences (all of one length) of its mean over
-    the queries whose token occurred before; spec: a causal self-attention run of the model's own heads."""
+    the queries whose token occurred before; spec: a causal self-attention run of the model's own heads. progress:
+    the layers the model's forward pass over the sequences reaches (most of the time), then the layers scored."""
     import torch
 
     from attnviz.analysis.head_numbers import Block, block_sums
-    from attnviz.layer_inputs import EncodedTexts, threads_for
+    from attnviz.layer_inputs import EncodedTexts, layer_states, threads_for
     from attnviz.models.tokens import encode_ids
     from attnviz.pipeline import build_layers, iter_layer_blocks
 
@@ -60,14 +62,21 @@ def prefix_matching(loaded, spec, budget_bytes: int, sequences: list[list[int]])
     with threads_for(encoded):
         layers = build_layers(loaded, spec)
     sums = torch.zeros(len(layers), max(layer.num_heads for layer in layers), dtype=torch.float64)
-    for layer, first_query, weights in iter_layer_blocks(loaded, encoded, layers, spec, budget_bytes):  # (B, H, b, K)
+    entered = progress.counting("layers of prefix matching's forward pass", len(layers))
+    with threads_for(encoded):
+        states = layer_states(loaded, encoded, list(range(len(layers))), spec, entered)
+    advance = progress.counting("layers of prefix matching", len(layers))
+    for layer, first_query, weights in iter_layer_blocks(loaded, encoded, layers, spec, budget_bytes, states=states):  # (B, H, b, K)
         block = Block(weights, first_query, encoded.queries.valid_lens, causal=True, num_queries=ids.shape[1], token_ids=ids)
         sums[layer, : weights.shape[1]] += block_sums(block, ("prefix_matching",))[:, 0].cpu()
+        if first_query + weights.shape[2] == ids.shape[1]:  # the layer's last block
+            advance(1)
     return (sums / len(sequences)).numpy()
 
 
-def copying(loaded) -> np.ndarray:
-    """(L, H): every head's copying score Σ Re λ / Σ |λ| over the eigenvalues of its full OV circuit (float64).
+def copying(loaded, progress: Progress = Progress()) -> np.ndarray:
+    """(L, H): every head's copying score Σ Re λ / Σ |λ| over the eigenvalues of its full OV circuit (float64);
+    progress: its layers, once the model is known to have what it needs.
 
     Refused (an AttnvizError saying why) for a model without a language-model head, or whose adapter names no norm
     before attention (attention_norm)."""
@@ -82,6 +91,7 @@ def copying(loaded) -> np.ndarray:
         unembedding = unembedding.float()
         if family.final_norm is not None:
             unembedding = unembedding * base.get_submodule(family.final_norm_name(None)).weight.float()  # fold_ln: W_U diag(g)
+        advance = progress.counting("layers of copying", model.num_layers())  # W_E W_U first, at 0 of them
         embedding = base.get_input_embeddings().weight.float()  # (V, D)
         # (D, D): W_E W_U, a token's embedding to its logits' direction; float32 over V (twice as fast as float64 on
         # the CPU, within 1e-6 of it), the small products after it in float64
@@ -99,4 +109,5 @@ def copying(loaded) -> np.ndarray:
                 w_o = outputs[:, head * head_dim : (head + 1) * head_dim]  # (D, d)
                 eigenvalues = torch.linalg.eigvals(w_v @ through_vocabulary @ w_o)  # (d,): the V × V circuit's nonzero ones
                 scores[layer, head] = float(eigenvalues.real.sum() / eigenvalues.abs().sum())
+            advance(1)
     return scores

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from attnviz.run_data import Progress
+
 MAX_TOKENS = 1024  # generated tokens at most
 ROWS_BYTES = 2**30  # the rows of every layer and head, (L, H, n + 1, P + n) in float32, are kept: past this, refused
 CHOSEN, READ = "chosen", "read"
@@ -63,10 +65,12 @@ class Generation:
         return self.num_prompt - (which == CHOSEN) + np.arange(len(self.ids))
 
 
-def generate(loaded, prompt: str, spec, num_tokens: int, sample: bool = False, seed: int = 0) -> Generation:
+def generate(
+    loaded, prompt: str, spec, num_tokens: int, sample: bool = False, seed: int = 0, progress: Progress = Progress()
+) -> Generation:
     """Continue prompt by num_tokens tokens with the decoder loaded (greedy, or sampled from seed) and keep the rows
     of the prompt's last token and of every generated token, per layer and head (attnviz's layers with the model's
-    projections)."""
+    projections). progress: the tokens generated (fewer than num_tokens where a text-ending token comes)."""
     import torch
 
     from attnviz.errors import AttnvizError
@@ -100,10 +104,12 @@ def generate(loaded, prompt: str, spec, num_tokens: int, sample: bool = False, s
     query_rows = np.zeros((len(layers), layers[0].num_heads, num_tokens + 1, total), dtype=np.float32)
     caches = [None] * len(layers)
     generated: list[int] = []
+    advance = progress.counting("tokens generated", num_tokens)
     with torch.inference_mode():
         for step, (read, entering) in enumerate(loaded.model.decode(ids, num_tokens, choose)):
             if step:
                 generated.append(int(read[0, 0]))
+                advance(1)
             for layer, (attention, hidden) in enumerate(zip(layers, entering)):
                 if not step:  # the prompt (1, P, D): its first P - 1 tokens fill the cache, its last one attends
                     _, _, caches[layer] = attention.step(hidden[:, :-1], None, attend=False)

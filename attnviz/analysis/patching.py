@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from attnviz.run_data import Progress
+
 PAPERS = {
     "patching": 'Wang, Variengien, Conmy, Shlegeris and Steinhardt, ICLR 2023, "Interpretability in the Wild: a Circuit '
     'for Indirect Object Identification in GPT-2 small" (arXiv 2211.00593)',
@@ -104,10 +106,11 @@ def check_texts(text: str, corrupt: str, answer: str, wrong: str) -> None:
 
 def patch_heads(
     loaded, text: str, corrupt: str, answer: str, wrong: str, spec, position: int | None = None,
-    components: tuple[str, ...] = ("out",), per_position: bool = False,
+    components: tuple[str, ...] = ("out",), per_position: bool = False, progress: Progress = Progress(),
 ) -> Patching:  # fmt: skip
     """Each head of spec.stack (every layer) patched from text (clean) into corrupt, for each of components; the
-    direct attribution on the clean run; with per_position, the most affecting heads' output one position at a time."""
+    direct attribution on the clean run; with per_position, the most affecting heads' output one position at a time.
+    progress: the heads patched (a layer's at a time), then the most affecting heads patched by position."""
     import torch
 
     from attnviz.analysis.attribution import direct_attribution
@@ -144,7 +147,8 @@ def patch_heads(
             )
         patched = _Patched(loaded, spec, clean, corrupted, clean_inputs, corrupt_inputs, source, corrupt_source)
         normalise = lambda values: (values - m_corrupt) / (m_clean - m_corrupt)  # noqa: E731
-        scores = {component: normalise(patched.scores(component, metric)) for component in components}
+        advance = progress.counting("heads patched", len(components) * patched.num_layers * patched.num_heads)
+        scores = {component: normalise(patched.scores(component, metric, advance)) for component in components}
         direct, parts = direct_attribution(loaded, stack, clean, final_input, position, direction, offset)
         result = Patching(
             scores=scores, direct=direct, parts=parts, clean=m_clean, corrupt=m_corrupt, position=position,
@@ -154,7 +158,8 @@ def patch_heads(
         )  # fmt: skip
         if per_position:
             chosen = result.top[:MOST_AFFECTING]
-            result.per_position = {head: normalise(row) for head, row in zip(chosen, patched.by_position(chosen, metric))}
+            advance = progress.counting("heads patched position by position", len(chosen))
+            result.per_position = {head: normalise(row) for head, row in zip(chosen, patched.by_position(chosen, metric, advance))}
     return result
 
 
@@ -279,8 +284,8 @@ class _Patched:
         _, num_tokens, width = self.clean.heads[layer].shape
         return self.clean.heads[layer][0].view(num_tokens, self.num_heads, width // self.num_heads).transpose(0, 1)
 
-    def scores(self, component: str, metric) -> np.ndarray:
-        """(L, H): m of the corrupted run with each head's component patched."""
+    def scores(self, component: str, metric, advance) -> np.ndarray:
+        """(L, H): m of the corrupted run with each head's component patched; advance(H) after each layer's."""
         from attnviz.analysis.effect import one_head_each
 
         values = np.zeros((self.num_layers, self.num_heads))
@@ -294,10 +299,11 @@ class _Patched:
                 values[layer] = metric(self.run(layer, self.num_heads, one_head_each(self.num_heads, every, mixed)))
             else:
                 values[layer] = self._projection_scores(layer, component, clean_outputs, metric)
+            advance(self.num_heads)
         return values
 
-    def by_position(self, chosen: list[tuple[int, int]], metric) -> list[np.ndarray]:
-        """For each (layer, head) of chosen: (N,) m with its output patched at one position at a time."""
+    def by_position(self, chosen: list[tuple[int, int]], metric, advance) -> list[np.ndarray]:
+        """For each (layer, head) of chosen: (N,) m with its output patched at one position at a time; advance(1) after each."""
         from attnviz.analysis.effect import one_head_each
 
         rows = []
@@ -306,6 +312,7 @@ class _Patched:
             num_tokens = clean.shape[0]
             change = one_head_each(self.num_heads, [head] * num_tokens, clean, positions=list(range(num_tokens)))
             rows.append(metric(self.run(layer, num_tokens, change)))
+            advance(1)
         return rows
 
     def _projection_scores(self, layer: int, component: str, clean_outputs: dict, metric) -> np.ndarray:

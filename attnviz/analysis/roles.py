@@ -18,6 +18,7 @@ from attnviz.analysis.head_numbers import ROLE_NUMBERS, TEMPLATES, TOP_K, RoleSe
 from attnviz.analysis.head_summaries import SINK_THRESHOLD, LayerSummaries
 from attnviz.analysis.retrieval import PAPER as WU, RETRIEVAL_THRESHOLD
 from attnviz.errors import AttnvizError
+from attnviz.run_data import Progress
 
 # roles.json's score names, in this order: the templates' scores (their numbers over template_weight), the rest as is.
 TEMPLATE_SCORES = dict(zip(("previous_token", "duplicate_token", "induction"), TEMPLATES))
@@ -135,8 +136,11 @@ class RoleSums:
         return {**ratios, **{name: sums[name] for name in TEXT_SCORES if name not in TEMPLATE_SCORES}}
 
 
-def text_roles(loaded, text: str, spec, budget_bytes: int, settings: RoleSettings) -> tuple[dict, LayerSummaries, list[int]]:
-    """Every head's TEXT_SCORES and layer summaries over one text, one forward pass of blocks; and the ids it read.
+def text_roles(
+    loaded, text: str, spec, budget_bytes: int, settings: RoleSettings, progress: Progress = Progress()
+) -> tuple[dict, LayerSummaries, list[int]]:
+    """Every head's TEXT_SCORES and layer summaries over one text, one forward pass of blocks (progress: its layers);
+    and the ids it read.
 
     A text of one token is refused (the templates need two) after tokenizing, before the forward pass."""
     from attnviz.analysis.head_summaries import summarise_blocks
@@ -151,18 +155,27 @@ def text_roles(loaded, text: str, spec, budget_bytes: int, settings: RoleSetting
     with threads_for(encoded):
         layers = build_layers(loaded, spec)
     sums = RoleSums(len(layers), max(layer.num_heads for layer in layers), ids, causal=spec.causal, settings=settings)
-    summaries = summarise_blocks(loaded, text, encoded, layers, spec, budget_bytes, also=sums.add)
+    advance = progress.counting("layers of the text", len(layers))
+
+    def add(layer: int, first_query: int, weights) -> None:  # weights (H, b, K)
+        sums.add(layer, first_query, weights)
+        if first_query + weights.shape[1] == len(ids):  # the layer's last block
+            advance(1)
+
+    summaries = summarise_blocks(loaded, text, encoded, layers, spec, budget_bytes, also=add)
     return sums.scores(), summaries, ids
 
 
-def head_roles(loaded, text: str, spec, budget_bytes: int, settings: RoleSettings = RoleSettings()) -> RoleScores:
+def head_roles(
+    loaded, text: str, spec, budget_bytes: int, settings: RoleSettings = RoleSettings(), progress: Progress = Progress()
+) -> RoleScores:
     """Every head's roles (RoleScores): the text's scores, then prefix matching and copying where they apply, a
     decoder-only model's heads (said in skipped where not: an encoder's or an encoder-decoder's stacks, a model
-    without a language-model head)."""
+    without a language-model head). progress: each stage's layers as they are done."""
     from attnviz.analysis import circuits
     from attnviz.models.families.family import DECODER
 
-    scores, summaries, ids = text_roles(loaded, text, spec, budget_bytes, settings)
+    scores, summaries, ids = text_roles(loaded, text, spec, budget_bytes, settings, progress)
     skipped, random_ids = {}, []
     if len(ids) <= settings.sinks + settings.recent:
         skipped[STREAMING_ROLE] = (f"the text's {len(ids):,} tokens are no more than {settings.sinks} sinks and "
@@ -175,9 +188,9 @@ def head_roles(loaded, text: str, spec, budget_bytes: int, settings: RoleSetting
         skipped |= {"prefix_matching": why, "copying": why}
     else:
         random_ids = circuits.random_sequences(loaded)
-        scores["prefix_matching"] = circuits.prefix_matching(loaded, spec, budget_bytes, random_ids)
+        scores["prefix_matching"] = circuits.prefix_matching(loaded, spec, budget_bytes, random_ids, progress)
         try:
-            scores["copying"] = circuits.copying(loaded)
+            scores["copying"] = circuits.copying(loaded, progress)
         except AttnvizError as error:
             skipped["copying"] = str(error)
     return RoleScores(scores, summaries, ids, settings, random_ids, skipped)

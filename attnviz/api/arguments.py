@@ -69,6 +69,18 @@ def must_be_callable(name: str, value: Any, none: bool = False) -> Callable | No
     return value
 
 
+def must_be_progress(progress: Any):
+    """The API's progress= argument as a run_data.Progress: None (nothing told), or a function called progress(n) after
+    each n units done (layers, heads, steps, tests); one that also has .stage(what, total) is told as each stage
+    begins, with its count of units (the command line's progress bar is such a one)."""
+    from attnviz.run_data import Progress
+
+    if must_be_callable("progress", progress, none=True) is None:
+        return Progress()
+    stage = getattr(progress, "stage", None)
+    return Progress(progress, stage) if callable(stage) else Progress(progress)
+
+
 def must_be_str_or_list(name: str, value: Any, of: type, none: bool = False) -> Any:
     """A comma list as the command line takes it ("1,4,12"), or a list or tuple of values of type of ([1, 4, 12])."""
     if value is None and none:

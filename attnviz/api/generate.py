@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from attnviz.api import display
-from attnviz.api.arguments import must_be_bool, must_be_int, must_be_one_of
+from attnviz.api.arguments import must_be_bool, must_be_int, must_be_one_of, must_be_progress
 from attnviz.api.functions import _texts, refuse_before_loading, require_decoder
 from attnviz.api.options import GENERATE_OPTIONS, run_options, takes_options
 from attnviz.api.run_results import _Rendered, save_run_files
@@ -20,7 +20,7 @@ from attnviz.spec import RunSpec
 
 
 @takes_options(GENERATE_OPTIONS)
-def generate(prompt: str, *, tokens: int = 32, sample: bool = False, rows: str = "chosen", **options):
+def generate(prompt: str, *, tokens: int = 32, sample: bool = False, rows: str = "chosen", progress=None, **options):
     """A decoder continues prompt by `tokens` tokens (a GenerateResult): greedy (the most likely next token), or
     sample=True from the next-token distribution with seed. The attention around each generated token, per layer
     and head, from attnviz's layers with the model's projections and their own key/value cache as the model
@@ -29,6 +29,8 @@ def generate(prompt: str, *, tokens: int = 32, sample: bool = False, rows: str =
     (that of the position before it: what transformers' generate(output_attentions=True) gives at its step), or
     "read", its own row as the query; the result keeps both (.chosen, .read).
     options: model, layer (the one the figure and the JSON show; the report has every layer), seed, device, dtype.
+    progress(1), when given, is called after each token generated; a progress that also has .stage(what, total) is
+    told first ("tokens generated", tokens).
     """
     from attnviz.analysis.generation import ROWS, generate as continue_prompt
 
@@ -38,12 +40,13 @@ def generate(prompt: str, *, tokens: int = 32, sample: bool = False, rows: str =
         raise AttnvizError(f"{option('tokens', tokens)}: generate makes at least 1 token")
     must_be_bool("sample", sample)
     must_be_one_of("rows", rows, tuple(ROWS))
+    progress = must_be_progress(progress)
     refuse_before_loading(options)
     handle = options.load()
     require_decoder(handle, "generate")  # what can be checked is, before generating
     check_layer(handle.loaded, options.layer)
     spec = options.run_spec(handle)
-    generation = continue_prompt(handle.loaded, prompt, spec, tokens, sample, options.seed)
+    generation = continue_prompt(handle.loaded, prompt, spec, tokens, sample, options.seed, progress)
     return GenerateResult(generation, spec, handle.loaded, rows)
 
 

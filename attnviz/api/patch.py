@@ -8,7 +8,7 @@ from typing import Any
 
 from attnviz.analysis.patching import COMPONENTS
 from attnviz.api import display
-from attnviz.api.arguments import must_be_bool, must_be_int, must_be_one_of, must_be_str
+from attnviz.api.arguments import must_be_bool, must_be_int, must_be_one_of, must_be_progress, must_be_str
 from attnviz.api.functions import _texts, naming_the_bundled_decoder
 from attnviz.api.options import PATCH_OPTIONS, run_options, takes_options
 from attnviz.api.run_results import _Rendered, save_run_files
@@ -19,7 +19,7 @@ from attnviz.spec import RunSpec
 @takes_options(PATCH_OPTIONS)
 def patch(
     text: str, *, corrupt: str, answer: str, wrong: str, position: int | None = None, per_position: bool = False,
-    component: str = "out", **options,
+    component: str = "out", progress=None, **options,
 ):  # fmt: skip
     """Which heads carry the answer (a PatchResult): each head of a decoder (an encoder-decoder's decoder; an encoder
     saved with its masked-LM head) patched from the clean text into corrupt, a text of the same length, scored by
@@ -30,6 +30,9 @@ def patch(
     its key/value head with grouped-query attention) or "pattern"; the output's scores are always there.
     per_position: also the most affecting heads patched one position at a time. answer and wrong are single tokens
     of the model's, as text (" Mary"). options: model, device, dtype, truncate, allow_pickle.
+    progress(n), when given, is called after each n heads patched (a layer's at a time), then, with per_position,
+    after each of the most affecting heads patched position by position; a progress that also has .stage(what,
+    total) is told as each begins ("heads patched", layers × heads × the components patched).
     """
     from attnviz.analysis.patching import check_texts, patch_heads
 
@@ -42,12 +45,13 @@ def patch(
         raise AttnvizError(f"{option('position', position)}: give a position from 0, the text's first token")
     must_be_bool("per_position", per_position)
     must_be_one_of("component", component, tuple(COMPONENTS))
+    progress = must_be_progress(progress)
     check_texts(text, corrupt, answer, wrong)
     handle = options.load()
     spec = options.run_spec(handle, layer=None, **({"stack": "decoder"} if handle.kind == "encoder-decoder" else {}))
     components = ("out",) if component == "out" else ("out", component)
     with naming_the_bundled_decoder(handle):  # the default's offline stand-in has no masked-LM head: refused first
-        patching = patch_heads(handle.loaded, text, corrupt, answer, wrong, spec, position, components, per_position)
+        patching = patch_heads(handle.loaded, text, corrupt, answer, wrong, spec, position, components, per_position, progress)
     return PatchResult(patching, spec, handle.loaded)
 
 

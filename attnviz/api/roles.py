@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from attnviz.api import display
-from attnviz.api.arguments import must_be_bool, must_be_callable, must_be_int, must_be_one_of, refuse
+from attnviz.api.arguments import must_be_bool, must_be_int, must_be_one_of, must_be_progress, refuse
 from attnviz.api.functions import _comma_list, _texts, refuse_before_loading
 from attnviz.api.options import ROLES_OPTIONS, run_options, takes_options
 from attnviz.api.run_results import _Rendered, save_run_files
@@ -33,7 +33,11 @@ def roles(text: str, *, exclude_bos: bool = False, exclude_current: bool = False
 
     retrieval: also Wu et al. 2024's retrieval heads (a decoder's), over needle-in-a-haystack tests of `lengths`
     tokens (default 1,024, 2,048 and 4,096) × `depths` (default 0.1, 0.5 and 0.9), each generated greedily; engine
-    "ray" spreads the tests over Ray's actors (the same result); progress(n) is called after each test.
+    "ray" spreads the tests over Ray's actors (the same result).
+
+    progress(n), when given, is called after each n units of work done, stage by stage: the text's layers, the
+    layers prefix matching's forward pass reaches and then those it scores, copying's layers (where computed), then
+    the needle tests; a progress that also has .stage(what, total) is told as each begins ("layers of the text", 30).
     """
     from attnviz.analysis.head_numbers import RoleSettings
     from attnviz.analysis.roles import head_roles
@@ -45,7 +49,8 @@ def roles(text: str, *, exclude_bos: bool = False, exclude_current: bool = False
                             must_be_int("sinks", sinks), must_be_int("recent", recent))  # fmt: skip
     if settings.sinks < 0 or settings.recent < 1:
         raise AttnvizError(f"sinks {settings.sinks}, recent {settings.recent}: give sinks >= 0 and recent >= 1 keys")
-    needles = _needle_grid(lengths, depths, engine, progress)  # checked whether asked for or not
+    progress = must_be_progress(progress)
+    needles = _needle_grid(lengths, depths, engine)  # checked whether asked for or not
     needles = needles if must_be_bool("retrieval", retrieval) else None
     if needles is not None and needles["engine"] == "ray":
         from attnviz.output.ray_engine import require_ray
@@ -59,8 +64,11 @@ def roles(text: str, *, exclude_bos: bool = False, exclude_current: bool = False
         from attnviz.output.retrieval_heads import planned_tests
 
         needles["tests"] = planned_tests(handle.loaded, needles["lengths"], needles["depths"], engine=needles["engine"])
-    result = RolesResult(head_roles(handle.loaded, text, spec, block_budget(spec), settings), spec, handle.loaded)
-    return result if needles is None else result.with_retrieval(_retrieval(handle, spec, options, needles))
+    result = RolesResult(head_roles(handle.loaded, text, spec, block_budget(spec), settings, progress), spec, handle.loaded)
+    if needles is None:
+        return result
+    needles["advance"] = progress.counting("needle tests", len(needles["tests"]))
+    return result.with_retrieval(_retrieval(handle, spec, options, needles))
 
 
 def _retrieval(handle, spec: RunSpec, options, needles: dict):
@@ -74,7 +82,7 @@ def _retrieval(handle, spec: RunSpec, options, needles: dict):
                            engine_device=engine_device)  # fmt: skip
 
 
-def _needle_grid(lengths, depths, engine, progress) -> dict:
+def _needle_grid(lengths, depths, engine) -> dict:
     """retrieval_heads' grid and engine, checked before loading (the lengths past the context: once it is loaded)."""
     from attnviz.analysis.retrieval import DEPTHS, LENGTHS
     from attnviz.output.retrieval_heads import ENGINES
@@ -85,8 +93,7 @@ def _needle_grid(lengths, depths, engine, progress) -> dict:
     if not depths or not all(0 <= depth <= 1 for depth in depths):
         raise AttnvizError(f"{option('depths', _comma_list(depths))}: give one depth or more, each in [0, 1]")
     engine = must_be_one_of("engine", engine, ENGINES)
-    advance = must_be_callable("progress", progress, none=True) or (lambda done: None)
-    return {"lengths": lengths, "depths": depths, "engine": engine, "advance": advance}
+    return {"lengths": lengths, "depths": depths, "engine": engine}
 
 
 def _numbers(name: str, given, kind: type, default: tuple) -> tuple:

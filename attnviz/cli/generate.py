@@ -24,6 +24,7 @@ from attnviz.cli.options import (
     OutOption,
 )
 from attnviz.cli.shared import run_command
+from attnviz.render.progress import progress_bar
 
 
 class Rows(str, Enum):  # attnviz.analysis.generation.ROWS (not imported: the command line's help stays light)
@@ -58,7 +59,8 @@ def generate(
     from attnviz.api.generate import generate as continue_prompt
 
     def compute(options):
-        return continue_prompt(prompt, tokens=tokens, sample=sample, rows=rows.value, **options.keywords())
+        with progress_bar(console) as bar:  # the tokens generated
+            return continue_prompt(prompt, tokens=tokens, sample=sample, rows=rows.value, progress=bar, **options.keywords())
 
     run_command(locals(), compute, print_generation, "drawing the generation…")
 

@@ -24,6 +24,7 @@ from attnviz.cli.options import (
     console,
 )
 from attnviz.cli.shared import run_command
+from attnviz.render.progress import progress_bar
 
 
 @app.command(short_help="Which heads carry the answer: each head patched from a clean text into a corrupted one.")
@@ -58,10 +59,11 @@ def patch(
     from attnviz.api.patch import patch as patch_heads
 
     def compute(options):
-        return patch_heads(
-            text, corrupt=corrupt, answer=answer, wrong=wrong, position=position, per_position=per_position,
-            component=component.value, **options.keywords(),
-        )  # fmt: skip
+        with progress_bar(console) as bar:  # the heads patched, then (--per-position) the positions' heads
+            return patch_heads(
+                text, corrupt=corrupt, answer=answer, wrong=wrong, position=position, per_position=per_position,
+                component=component.value, progress=bar, **options.keywords(),
+            )  # fmt: skip
 
     run_command(locals(), compute, print_patch, "drawing the patching…")
 

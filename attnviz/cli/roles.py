@@ -65,12 +65,9 @@ def roles(
             raise AttnvizError(f"{name} goes with --retrieval: the needle tests' grid and where they run")
 
     def compute(options):
-        from attnviz.analysis.retrieval import DEPTHS, LENGTHS
-
-        tests = len(lengths.split(",") if lengths else LENGTHS) * len(depths.split(",") if depths else DEPTHS)
-        with progress_bar(console, tests if retrieval else 0, "needle tests", 1, "tests") as advance:
+        with progress_bar(console) as bar:  # a bar per stage: the text's layers, ..., the needle tests
             return head_roles(text, exclude_bos=exclude_bos, exclude_current=exclude_current, sinks=sinks, recent=recent,
-                              retrieval=retrieval, lengths=lengths, depths=depths, engine=engine.value, progress=advance,
+                              retrieval=retrieval, lengths=lengths, depths=depths, engine=engine.value, progress=bar,
                               **options.keywords())  # fmt: skip
 
     run_command(locals(), compute, print_roles, "drawing the roles…")

@@ -220,9 +220,13 @@ class BertEncoder(nn.Module):
         return None  # learned absolute positions, added to the embeddings
 
     @torch.inference_mode()
-    def capture(self, inputs: dict[str, torch.Tensor], layers: list[int], stack: str | None = None, source=None) -> dict[int, Captured]:
-        """What enters each of `layers`' attention: the layer's input (post-norm: no norm before attention)."""
+    def capture(
+        self, inputs: dict[str, torch.Tensor], layers: list[int], stack: str | None = None, source=None, entered=lambda done: None
+    ) -> dict[int, Captured]:
+        """What enters each of `layers`' attention: the layer's input (post-norm: no norm before attention); entered(n)
+        with all n once the pass is done."""
         states = self(**inputs, num_layers=max(layers))
+        entered(len(layers))
         return {layer: Captured(states[layer]) for layer in layers}
 
     def layer_stack(self, stack: str | None = None) -> LayerStack:

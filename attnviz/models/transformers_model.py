@@ -176,18 +176,19 @@ class TransformersModel:
         layers: list[int],
         stack: str | None = None,
         source: dict[str, torch.Tensor] | None = None,
+        entered=lambda done: None,
     ) -> dict[int, Captured]:
         """What enters the attention of each of `layers`, from one forward pass stopped after the last of them.
 
         inputs are the padded batch's input_ids and attention_mask (for an encoder-decoder's
         decoder or cross stack, the decoder's); source the encoder's, for those stacks. The hooks
-        sit on modules the threads share: one capture at a time.
+        sit on modules the threads share: one capture at a time. entered(1) as each of layers is reached.
         """
         with self._forward_lock:
-            return self._capture(inputs, layers, stack, source)
+            return self._capture(inputs, layers, stack, source, entered)
 
     def _capture(
-        self, inputs: dict[str, torch.Tensor], layers: list[int], stack: str | None, source: dict[str, torch.Tensor] | None
+        self, inputs: dict[str, torch.Tensor], layers: list[int], stack: str | None, source: dict[str, torch.Tensor] | None, entered
     ) -> dict[int, Captured]:
         wanted = sorted(set(layers))
         captured: dict[int, Captured] = {}
@@ -199,6 +200,7 @@ class TransformersModel:
                     raise AttnvizError(f"NaN or infinity in the input of layer {layer}: the model's weights hold them, or overflow")
                 kv = kwargs.get("key_value_states") if stack == "cross" else None
                 captured[layer] = Captured(hidden.detach().clone(), None if kv is None else kv.detach().clone())
+                entered(1)
             if len(captured) == len(wanted):
                 raise _Stop
 

@@ -1,0 +1,122 @@
+"""Progress on long work (render/progress.py, the API's progress= argument): each stage's count and its units as
+the API's callback receives them (the layers of roles' passes, the heads patched, the tokens generated, the needle
+tests), the same callback that draws the command line's bar; a bar on a terminal, nothing where stdout is not one.
+
+The expected counts come from the tiny checkpoints' own sizes (2 layers, 6 heads), not from attnviz.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+import transformers
+from rich.console import Console
+
+import attnviz
+from tiny_families import _DECODER, bpe_tokenizer, save_checkpoint
+
+NUM_LAYERS, NUM_HEADS = _DECODER["num_hidden_layers"], _DECODER["num_attention_heads"]
+CLEAN, CORRUPT, ANSWER, WRONG = "The cat sat on the mat because it was tired.", "The mat sat on the cat because it was tired.", " cat", " mat"
+
+
+class Recorder:
+    """A progress= argument that records each stage begun and each count, in order."""
+
+    def __init__(self):
+        self.stages: list[tuple[str, int, list[int]]] = []
+
+    def stage(self, what: str, total: int) -> None:
+        self.stages.append((what, total, []))
+
+    def __call__(self, count: int) -> None:
+        self.stages[-1][2].append(count)
+
+
+@pytest.fixture(scope="module")
+def decoder(tmp_path_factory):
+    """A tiny Llama with its language-model head (copying is computed) and 256 positions (a needle test fits); no
+    token ends a text (generate makes every token asked for)."""
+    folder = tmp_path_factory.mktemp("progress-llama")
+    config = transformers.LlamaConfig(num_key_value_heads=2, tie_word_embeddings=False, **{**_DECODER, "max_position_embeddings": 256})
+    config.eos_token_id = None
+    save_checkpoint(config, transformers.LlamaForCausalLM, bpe_tokenizer(bos=True), folder, seed=2)
+    return str(folder)
+
+
+@pytest.mark.slow  # a checkpoint built and run by transformers
+def test_roles_counts_each_passs_layers_then_the_needle_tests(decoder):
+    recorder = Recorder()
+    attnviz.roles(CLEAN, model=decoder, device="cpu", retrieval=True, lengths=[200], depths=[0.5], progress=recorder)
+    assert recorder.stages == [
+        ("layers of the text", NUM_LAYERS, [1] * NUM_LAYERS),
+        ("layers of prefix matching's forward pass", NUM_LAYERS, [1] * NUM_LAYERS),
+        ("layers of prefix matching", NUM_LAYERS, [1] * NUM_LAYERS),
+        ("layers of copying", NUM_LAYERS, [1] * NUM_LAYERS),
+        ("needle tests", 1, [1]),
+    ]
+    counts = []  # a plain function: the same counts, no stages
+    attnviz.roles(CLEAN, model=decoder, device="cpu", progress=counts.append)
+    assert counts == [1] * (4 * NUM_LAYERS)
+
+
+@pytest.mark.slow  # a checkpoint built and run by transformers
+def test_patch_counts_the_heads_a_layer_at_a_time_then_the_heads_patched_by_position(decoder):
+    from attnviz.analysis.patching import MOST_AFFECTING
+
+    recorder = Recorder()
+    attnviz.patch(CLEAN, corrupt=CORRUPT, answer=ANSWER, wrong=WRONG, component="q", per_position=True, model=decoder,
+                  device="cpu", progress=recorder)  # fmt: skip
+    components = 2  # the output's scores, and the query's
+    assert recorder.stages == [
+        ("heads patched", components * NUM_LAYERS * NUM_HEADS, [NUM_HEADS] * (components * NUM_LAYERS)),
+        ("heads patched position by position", MOST_AFFECTING, [1] * MOST_AFFECTING),
+    ]
+
+
+@pytest.mark.slow  # a checkpoint built and run by transformers
+def test_generate_counts_each_token_generated(decoder):
+    recorder = Recorder()
+    result = attnviz.generate("The cat sat", tokens=5, model=decoder, device="cpu", progress=recorder)
+    assert len(result.ids) == 5 and recorder.stages == [("tokens generated", 5, [1] * 5)]
+
+
+def test_a_stage_shows_its_count_on_a_terminal_and_nothing_elsewhere():
+    from attnviz.render.progress import progress_bar
+
+    shown = {}
+    for name, terminal in (("terminal", True), ("file", False)):
+        console = Console(record=True, force_terminal=terminal, width=100)
+        with progress_bar(console) as bar:
+            for what, total in (("layers of the text", 30), ("layers of copying", 30)):
+                bar.stage(what, total)
+                for _ in range(12):
+                    bar(1)
+                time.sleep(0.02)
+                console.print("")  # the live display's last frame stays in the recording
+        shown[name] = console.export_text()
+    assert re.search(r"layers of the text .*12/30", shown["terminal"]) and re.search(r"layers of copying .*12/30", shown["terminal"])
+    assert shown["file"].strip() == ""
+
+
+@pytest.mark.slow  # a checkpoint built and run by transformers
+def test_the_command_line_draws_no_bar_where_stdout_is_not_a_terminal(decoder, tmp_path, capsys):
+    from attnviz.cli import run
+
+    assert run(["generate", "The cat sat", "--tokens", "3", "--model", decoder, "--device", "cpu", "--out", str(tmp_path / "run")]) == 0
+    captured = capsys.readouterr()
+    printed = captured.out + captured.err
+    assert not re.search(r"\b\d/3\b", printed) and "\x1b" not in printed, printed  # no done/total, no cursor moves
+
+
+@pytest.mark.slow  # a checkpoint built and run by transformers
+def test_the_command_line_draws_each_stages_bar_on_a_terminal(decoder, tmp_path, monkeypatch):
+    """The command's own console made a terminal's: its bar counts the tokens generated, as the API's callback does."""
+    import attnviz.cli.generate
+    from attnviz.cli import run
+
+    console = Console(record=True, force_terminal=True, width=100)
+    monkeypatch.setattr(attnviz.cli.generate, "console", console)
+    assert run(["generate", "The cat sat", "--tokens", "3", "--model", decoder, "--device", "cpu", "--out", str(tmp_path / "run")]) == 0
+    assert re.search(r"tokens generated .*3/3", console.export_text())
