@@ -71,6 +71,7 @@ ARGUMENTS = {  # function -> its arguments -> wrong values
     "diff": {
         "text": [*TEXT, ["the cat"]],
         "against": [5, None, ["random"]],
+        "progress": [5, "print"],
         **{name: RUN_OPTIONS[name] for name in ("model", "seed", "stack", "device", "dtype", "truncate", "memory", "allow_pickle")},
     },
     "roles": {

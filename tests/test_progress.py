@@ -82,6 +82,13 @@ def test_generate_counts_each_token_generated(decoder):
     assert len(result.ids) == 5 and recorder.stages == [("tokens generated", 5, [1] * 5)]
 
 
+@pytest.mark.slow  # a checkpoint built and run by transformers
+def test_diff_counts_the_layers_compared(decoder):
+    recorder = Recorder()
+    attnviz.diff(CLEAN, against="random", model=decoder, device="cpu", progress=recorder)
+    assert recorder.stages == [("layers compared", NUM_LAYERS, [1] * NUM_LAYERS)]
+
+
 def test_a_stage_shows_its_count_on_a_terminal_and_nothing_elsewhere():
     from attnviz.render.progress import progress_bar
 

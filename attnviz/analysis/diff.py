@@ -21,6 +21,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from attnviz.run_data import Progress
+
 RANDOM = "random"  # --against random: the layer's random re-initialisation
 TOP_HEADS = 4
 MAX_DRAWN_TOKENS = 2048  # two maps of a head, 16 MB each in float32
@@ -86,9 +88,9 @@ def check_pair(loaded, other, text: str, spec) -> None:
         )
 
 
-def head_differences(loaded, other, text: str, spec, budget_bytes: int) -> HeadDifferences:
+def head_differences(loaded, other, text: str, spec, budget_bytes: int, progress: Progress = Progress()) -> HeadDifferences:
     """Every layer × head of loaded and other (a LoadedModel checked by check_pair, or RANDOM) over one text: the
-    DISTANCES of their maps, computed a block of queries at a time within budget_bytes."""
+    DISTANCES of their maps, computed a block of queries at a time within budget_bytes; progress: the layers compared."""
     import torch
 
     from attnviz.analysis.head_numbers import row_plogp
@@ -113,6 +115,8 @@ def head_differences(loaded, other, text: str, spec, budget_bytes: int) -> HeadD
     ours, theirs = blocks(loaded, spec), blocks(other_model, other_spec)
     del shared
     sums = {name: {} for name in DISTANCES}
+    num_tokens = len(encoded.queries.ids[0])
+    advance = progress.counting("layers compared", loaded.num_layers_of(spec.stack))
     with torch.inference_mode():
         for (layer, first, mine), (other_layer, other_first, others) in zip(ours, theirs, strict=True):
             assert (layer, first) == (other_layer, other_first) and mine.shape == others.shape
@@ -121,7 +125,8 @@ def head_differences(loaded, other, text: str, spec, budget_bytes: int) -> HeadD
             divergence = (((row_plogp(p) + row_plogp(q)) / 2 - row_plogp((p + q) / 2)) / np.log(2)).clamp_(0.0, 1.0)
             for name, rows in (("js", divergence.sqrt()), ("clark", divergence)):  # (H, b) each
                 sums[name][layer] = sums[name].get(layer, 0.0) + rows.sum(dim=-1).cpu().numpy()
-    num_tokens = len(encoded.queries.ids[0])
+            if first + p.shape[1] == num_tokens:  # the layer's last block
+                advance(1)
     values = {name: np.stack([sums[name][layer] for layer in sorted(sums[name])]) for name in DISTANCES}
     values["js"] /= num_tokens
     order = np.argsort(-values["js"], axis=None, kind="stable")[:TOP_HEADS]

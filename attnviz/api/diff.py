@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from attnviz.api import display
-from attnviz.api.arguments import refuse
+from attnviz.api.arguments import must_be_progress, refuse
 from attnviz.api.functions import _check_lengths, _texts, refuse_before_loading
 from attnviz.api.models import MODEL_TYPES, Model
 from attnviz.api.options import DIFF_OPTIONS, run_options, takes_options
@@ -19,7 +19,7 @@ from attnviz.spec import RunSpec, refuse_cross_over_every_layer
 
 
 @takes_options(DIFF_OPTIONS)
-def diff(text: str, *, against, **options):
+def diff(text: str, *, against, progress=None, **options):
     """Two checkpoints of one architecture and one tokenizer over one text, every layer × head (a DiffResult).
 
     against: the other checkpoint (a hub id, a local folder, an attnviz.load() handle), or "random": each layer
@@ -27,13 +27,15 @@ def diff(text: str, *, against, **options):
     head). Per layer × head, the two maps' Jensen-Shannon distance (mean over queries) and Clark et al.'s
     divergence (the JSD summed over queries), a block of queries at a time (analysis/diff.py); the most changed
     heads' maps are kept for a text of at most 2,048 tokens. options: model, seed, stack, device, dtype,
-    truncate, memory, allow_pickle (for both checkpoints), as in layers.
+    truncate, memory, allow_pickle (for both checkpoints), as in layers. progress(1), when given, is called after each
+    layer compared; a progress that also has .stage(what, total) is told first ("layers compared", the layers).
     """
     from attnviz.analysis.diff import RANDOM, check_pair, head_differences
     from attnviz.budgets import block_budget
 
     options = run_options("diff", options, DIFF_OPTIONS)
     (text,) = _texts(text, one=True)
+    progress = must_be_progress(progress)
     if against != RANDOM and not isinstance(against, (str, Path, Model)):
         refuse("against", MODEL_TYPES, against)
     refuse_cross_over_every_layer(options.stack)
@@ -45,7 +47,7 @@ def diff(text: str, *, against, **options):
     if against != RANDOM:
         other = replace(options, model=against).load().loaded
         check_pair(handle.loaded, other, text, spec)
-    return DiffResult(head_differences(handle.loaded, other, text, spec, block_budget(spec)), spec, handle.loaded)
+    return DiffResult(head_differences(handle.loaded, other, text, spec, block_budget(spec), progress), spec, handle.loaded)
 
 
 @dataclass(frozen=True, repr=False)

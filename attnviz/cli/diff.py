@@ -27,6 +27,7 @@ from attnviz.cli.options import (
     OutOption,
 )
 from attnviz.cli.shared import run_command
+from attnviz.render.progress import progress_bar
 
 
 @app.command(short_help="Two checkpoints' heads side by side: how far apart each layer × head's maps are.")
@@ -58,7 +59,8 @@ def diff(
     from attnviz.api.diff import diff as compare_checkpoints
 
     def compute(options):
-        return compare_checkpoints(text, against=against, **options.keywords())
+        with progress_bar(console) as bar:  # the layers compared
+            return compare_checkpoints(text, against=against, progress=bar, **options.keywords())
 
     run_command(locals(), compute, print_diff, "drawing the differences…")
 
