@@ -375,7 +375,7 @@ ENTRIES = (
     HeadNumber("streaming", "streaming share",
                "weight on the first S keys (sinks) and the W keys ending at the query, i - W + 1 to i (S = 4, "
                "W = 256 unless set)", STREAMING, _streaming),
-    *(HeadNumber(f"top_{k}", f"top-{k} coverage", f"the row's weight on its {k} largest weights (all of it where it "
+    *(HeadNumber(f"top_{k}", f"top-{k} coverage", f"weight on the row's {k} largest weights (all of it where it "
                  f"has {k} keys or fewer)", f"attnviz's share, after the top-k attention of {GUPTA}",
                  lambda block, column=column: block.top_weights[..., column]) for column, k in enumerate(TOP_K)),
 )  # fmt: skip

@@ -147,7 +147,9 @@ def text_record(text: ReportText, spec: RunSpec) -> dict:
         record["zoom"] = encode_zoom(zoom_record(FileRows.of(run.attention), run.causal))
     else:
         record["attention"] = encode_exact(run.attention)
-    record["title"] = run_title(run, [f"layer {run.layer}"], seed=spec.seed if run.weights == "random" else None, fonts=False).split("\n")
+    # a roles run is over every layer (its maps shown at layer 0 are one view of it): the title says so
+    scope = [f"layer {run.layer}"] if text.roles is None else [every_head_scope(text.roles.summaries)]
+    record["title"] = run_title(run, scope, seed=spec.seed if run.weights == "random" else None, fonts=False).split("\n")
     every_layer = replace(spec, layer=None, js=True)  # stats.json's settings: one text's statistics, its JS distances measured
     layers = None
     if text.layer_runs is not None:
@@ -190,6 +192,14 @@ def vectors_of(vectors) -> dict:
         "group_size": vectors.group_size,
         "position_bias": vectors.position_bias,
     }
+
+
+def every_head_scope(summaries) -> str:
+    """'30 layers × 9 heads, every head's roles': a roles report's title scope (LayerSummaries: its (L, H))."""
+    from attnviz.render.titles import counted
+
+    num_layers, num_heads = summaries.values["sink"].shape
+    return f"{counted(num_layers, 'layer')} × {counted(num_heads, 'head')}, every head's roles"
 
 
 def roles_of(roles, spec: RunSpec) -> dict:
