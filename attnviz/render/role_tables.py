@@ -57,6 +57,6 @@ def print_roles(console: Console, roles) -> None:
         heads = ", ".join(f"L{layer}H{head} {score:.2f}" for layer, head, score in roles.top_heads(role, TOP_HEADS))
         table.add_row(f"{SHORT[role.name]} = {role.name}", f"{role.score} > {role.threshold:g}", heads or "none")
     console.print(table)
-    for name, why in roles.skipped.items():
-        console.print(Text(f"{name}: left out: {why}", style="dim"))
+    for name, why in roles.skipped.items():  # a score not computed, or a role this text cannot tell ("local role")
+        console.print(Text(f"{name}: {'not labelled' if name.endswith(' role') else 'left out'}: {why}", style="dim"))
     console.print(Text("every score of every head, the thresholds and their sources: roles.json", style="dim"))
