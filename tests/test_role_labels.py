@@ -139,6 +139,10 @@ def test_on_the_readmes_14_tokens_local_sink_and_streaming_are_left_unlabelled_a
                        skipped=skipped, uniform=uniform)  # fmt: skip
     assert roles.labels() == [[[] for _ in range(SHAPE[1])] for _ in range(SHAPE[0])]
     assert all(roles.role_values(role) is None for role in ROLES if role.name in ("local", "sink", "streaming"))
+    from attnviz.api.roles import RolesResult
+
+    shown = RolesResult(roles, spec())._repr_html_()  # a notebook's table says so too, not "none"
+    assert shown.count("not labelled on this text (the notes say why)") == 3 and "a text of 131 tokens or more can" in shown
     assert share_role_skips(300, causal=True, settings=settings, window=8)[1].keys() == {"streaming role"}
     encoder_uniform, encoder_skipped = share_role_skips(8, causal=False, settings=settings, window=8)
     assert encoder_uniform["streaming"] == pytest.approx(uniform_written_out("streaming", 8, False, 4, 256, 8))

@@ -170,10 +170,15 @@ class RolesResult:
         return _Rendered(self)
 
     def _repr_html_(self) -> str:
-        from attnviz.analysis.roles import ROLES
+        from attnviz.analysis.roles import ROLES, role_key
 
-        rows = [[role.name, ", ".join(f"L{layer}H{head} {score:.2f}" for layer, head, score in self.roles.top_heads(role)) or "none"]
-                for role in ROLES]  # fmt: skip
+        def top(role) -> str:
+            heads = ", ".join(f"L{layer}H{head} {score:.2f}" for layer, head, score in self.roles.top_heads(role))
+            if heads or self.roles.role_values(role) is not None:
+                return heads or "none"
+            return "not labelled on this text (the notes say why)" if role_key(role.name) in self.roles.skipped else "not computed"
+
+        rows = [[role.name, top(role)] for role in ROLES]
         summaries = self.roles.summaries
         parts = [display.figure_html(self.figure(), "every layer × head by role"),
                  display.table_html(["role", "top heads (score)"], rows, "roles above analysis.roles.ROLES' thresholds"),
