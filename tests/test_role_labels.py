@@ -91,6 +91,8 @@ def test_roles_json_without_retrieval_leaves_it_out(roles):
 
     record = roles_record(roles, spec())
     assert "retrieval" not in record and "retrieval" not in record["scores"] and record["roles"][1][1] == ["sink"]
+    assert not [name for name, entry in record["definitions"].items() if "the the" in entry["definition"]]
+    assert record["definitions"]["top_16"]["definition"].startswith("mean over queries of the weight on the row's 16 largest")
 
 
 def uniform_written_out(score: str, num_tokens: int, causal: bool, sinks: int, recent: int, window: int) -> float:

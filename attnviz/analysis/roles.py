@@ -32,6 +32,8 @@ class Role(NamedTuple):
     why: str  # where the threshold comes from
 
 
+# The share roles' sources add when they are labelled (share_role_skips).
+SHARE_ROLE_NOTE = "; labelled only on a text where a uniform head's share is at most half of it (uniform, skipped)"
 # In the order a head's colour is chosen by (roles.png, the report's grid): the rarer, more specific roles first.
 ROLES = (
     Role("retrieval", "retrieval", RETRIEVAL_THRESHOLD, f"the paper's: {WU}"),
@@ -42,9 +44,9 @@ ROLES = (
          "0.9 put the token they attend to in the top 1% of their OV circuit's logits for 55% of tokens, those from 0.8 "
          "to 0.9 for 19%, from 0.5 to 0.8 for 7%; with W_O turned by a random rotation they pass 0.9 in 0.2% "
          "(bench/copying_threshold.py, docs/measures.md)"),  # fmt: skip
-    Role("local", "local", 0.5, "attnviz's: over half of each query's weight within the local band |i - j| <= w"),
-    Role("sink", "sink", SINK_THRESHOLD, "Gu et al.'s ε for the first token (head_summaries.SINK_THRESHOLD)"),
-    Role("streaming", "streaming", 0.9, "attnviz's: DuoAttention's streaming heads lose little to S sinks and W recent keys; 0.9 of the weight kept"),
+    Role("local", "local", 0.5, f"attnviz's: over half of each query's weight within the local band |i - j| <= w{SHARE_ROLE_NOTE}"),
+    Role("sink", "sink", SINK_THRESHOLD, f"Gu et al.'s ε for the first token (head_summaries.SINK_THRESHOLD){SHARE_ROLE_NOTE}"),
+    Role("streaming", "streaming", 0.9, f"attnviz's: DuoAttention's streaming heads lose little to S sinks and W recent keys; 0.9 of the weight kept{SHARE_ROLE_NOTE}"),
 )
 ROLE_NAMES = tuple(role.name for role in ROLES)
 # The roles read from where a head's weight falls: a uniform head's share grows as the text shortens (a band of 8

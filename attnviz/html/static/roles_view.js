@@ -84,7 +84,8 @@
       section.appendChild(AV.el("p", { class: "note", id: "roles-missing" }, "This text's heads were not given roles (attnviz roles)."));
       return;
     }
-    const skipped = Object.entries(roles.skipped).map(([name, why]) => ` ${name} left out: ${why}.`).join("");
+    // a score not computed ("copying") is left out; a role this text cannot tell ("local role") is not labelled
+    const skipped = Object.entries(roles.skipped).map(([name, why]) => ` ${name} ${name.endsWith(" role") ? "not labelled" : "left out"}: ${why}.`).join("");
     section.appendChild(AV.el("p", { class: "note", id: "roles-note" },
       `What each head of ${text.model} is, over these ${roles.ids.length} tokens: each head coloured by its first role above ` +
         `its threshold (the rarer first), deeper as its score nears 1. Click a head for its map and every score.${skipped}`));  // prettier-ignore
