@@ -51,7 +51,8 @@ ROLES = (
 ROLE_NAMES = tuple(role.name for role in ROLES)
 # The roles read from where a head's weight falls: a uniform head's share grows as the text shortens (a band of 8
 # around each of 14 causal queries holds 0.91 of a uniform row), so each is labelled only on a text where a uniform
-# head scores at most 1 / SEPARATION of its threshold: a head so labelled puts at least twice its weight there.
+# head scores at most 1 / SEPARATION of its threshold: a head so labelled puts at least twice a uniform head's
+# weight on the role's keys.
 SHARE_ROLES = ("local", "sink", "streaming")
 SEPARATION = 2
 LONGEST_SEARCHED = 2**20  # the text length up to which a skip says how long a text would let the role tell
@@ -92,8 +93,10 @@ def share_role_skips(num_tokens: int, *, causal: bool, settings: RoleSettings, w
         score = uniform_score(role.score, num_tokens, causal=causal, settings=settings, window=window)
         uniform[role.name] = score
         if score > role.threshold / SEPARATION:
-            at = lambda n: uniform_score(role.score, n, causal=causal, settings=settings, window=window)  # noqa: E731
-            needed = _shortest(lambda n: at(n) <= role.threshold / SEPARATION, num_tokens)
+            def separates(length: int, role=role) -> bool:
+                return uniform_score(role.score, length, causal=causal, settings=settings, window=window) <= role.threshold / SEPARATION
+
+            needed = _shortest(separates, num_tokens)
             longer = (f"a text of {needed:,} tokens or more can" if needed else
                       f"no text up to {LONGEST_SEARCHED:,} tokens can with these settings")  # fmt: skip
             skipped[role_key(role.name)] = (
