@@ -29,7 +29,8 @@ def roles(text: str, *, exclude_bos: bool = False, exclude_current: bool = False
     coverages, beside `layers`' summaries (sink, entropy, distance, local band). Text-free, for a decoder: Olsson
     et al.'s prefix matching (random repeated tokens) and copying (the OV circuit's eigenvalues; said and skipped
     for a model without a language-model head). Each head labelled by the roles above analysis.roles.ROLES'
-    thresholds. options: model, stack, device, dtype, truncate, memory, allow_pickle, as in layers.
+    thresholds; local, sink and streaming only where a uniform head's share on the text is at most half the
+    threshold (.roles.skipped says where not, .roles.uniform gives the shares). options: model, stack, device, dtype, truncate, memory, allow_pickle, as in layers.
 
     retrieval: also Wu et al. 2024's retrieval heads (a decoder's), over needle-in-a-haystack tests of `lengths`
     tokens (default 1,024, 2,048 and 4,096) × `depths` (default 0.1, 0.5 and 0.9), each generated greedily; engine
