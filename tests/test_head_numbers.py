@@ -220,3 +220,28 @@ def test_top_k_is_the_sum_of_each_rows_largest_weights_exactly():
     for dtype, tolerance in ((torch.float64, 1e-12), (torch.float32, 1e-6)):
         block = Block(torch.from_numpy(weights).to(dtype), width - 3, torch.tensor([width]), causal=False, num_queries=width)
         np.testing.assert_allclose(block.top_weights.numpy(), expected, rtol=0, atol=tolerance, err_msg=str(dtype))
+
+
+def test_template_scores_of_a_head_on_the_first_token_and_the_diagonal_keep_their_digits_in_float32():
+    """A head with nearly all its weight on key 0 and the diagonal (as SmolLM2's layer 18 head 8), float32 weights as a
+    layer gives them, both exclusions: the weight left is about 1e-4 of each row. Its scores equal TransformerLens's
+    formula written out in float64 on the same weights within float32's rounding of sums of small positive terms,
+    where a kept weight taken as the row's sum less its two large weights loses its digits (off by about 1e-3)."""
+    ids = np.array([0, 5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7])
+    num_tokens = len(ids)
+    logits = torch.zeros(2, num_tokens, num_tokens)
+    logits[:, :, 0] = torch.tensor([11.0, 12.0])[:, None]  # two heads, the weight kept about 1e-4 and 3e-5 of a row
+    logits[:, range(num_tokens), range(num_tokens)] = 10.0
+    logits[:, 1:, 0] += torch.linspace(0, 1, num_tokens - 1)  # rows differ
+    causal = torch.ones(num_tokens, num_tokens, dtype=torch.bool).tril()
+    weights = torch.softmax(logits.masked_fill(~causal, -torch.inf), dim=-1)  # (H, N, N) float32, each row's sum ≈ 1
+    roles = RoleSettings(exclude_bos=True, exclude_current=True)
+    names = ["previous_token_template", "duplicate_token_template", "induction_template", "template_weight"]
+    sums = _sums_in_blocks(weights.numpy(), ids, names, rows=5, roles=roles)
+    kept = weights.double().numpy().copy()
+    kept[:, :, 0] = 0
+    kept[:, range(num_tokens), range(num_tokens)] = 0
+    assert kept.sum(-1)[:, 2:].max() < 2e-4  # nearly all of each row on key 0 and the diagonal
+    for name, template in [("previous_token_template", previous_template), ("induction_template", induction_template)]:
+        expected = (kept * template(ids)).sum((1, 2)) / kept.sum((1, 2))  # (H,): TransformerLens's 'mul' measure
+        np.testing.assert_allclose(sums[name] / sums["template_weight"], expected, rtol=2e-6, err_msg=name)

@@ -189,7 +189,9 @@ def test_roles_json_holds_every_score_the_ids_and_the_settings_and_the_command_p
     assert list(record["scores"]) == names and set(record["definitions"]) == set(names)
     assert all(np.array(record["scores"][name]).shape == (2, 6) for name in names)
     assert set(record["thresholds"]) == {role.name for role in ROLES} and record["thresholds"]["retrieval"]["above"] == 0.1
-    assert len(record["random_ids"]) == 10 and record["skipped"] == {}
+    assert len(record["random_ids"]) == 10 and not set(record["skipped"]) & set(names)  # every score computed
+    # 22 causal tokens: a uniform head's shares are over half the local, sink and streaming thresholds (S 2, W 5)
+    assert set(record["skipped"]) == {"local role", "sink role", "streaming role"} and set(record["uniform"]) == {"local", "sink", "streaming"}
     # From roles.json's own ids, an independent computation gives its scores (TransformerLens's, written out above).
     maps = eager_maps(model, record["ids"])
     for layer, A in enumerate(maps):
@@ -273,16 +275,28 @@ def test_the_reports_roles_view_colours_each_head_and_a_click_opens_its_map_and_
         "return Array.from(c.getContext('2d').getImageData(0, 0, 1, 1).data.slice(0, 3)); })()"
     )
     assert pixel == page.page.evaluate("window.AV.colour(1, false)")  # query 0 sees key 0 alone
-    # the legend names the roles a head could have here: those whose score was computed (no retrieval: not asked for),
-    # but streaming (a text this short gives every head a share of 1), each with its threshold
-    from attnviz.analysis.roles import ROLES
-    from attnviz.render.role_figures import SHORT
+    # the legend names the roles a head could have here, each letter spelled: those whose score was computed (no
+    # retrieval: not asked for), but local, sink and streaming (22 tokens: a uniform head's shares are over half
+    # their thresholds), each with its threshold
+    from attnviz.analysis.roles import ROLES, role_key
+    from attnviz.render.role_figures import legend_label
 
     computed = {*result.scores, "sink", "local"}  # the role scores, and the two summaries that are roles
-    expected = [f"{SHORT[role.name]} {role.name}: {role.score} > {role.threshold:g}" for role in ROLES
-                if role.score in computed and role.name != "streaming"]  # fmt: skip
+    told = [role for role in ROLES if role.score in computed and role_key(role.name) not in result.roles.skipped]
     assert "retrieval" not in computed and "streaming" in computed
-    assert page.texts("#view-roles .roles-legend li") == [*expected, "grey: none"]
+    assert [role.name for role in told] == ["induction", "duplicate-token", "previous-token", "copying"]
+    assert page.texts("#view-roles .roles-legend li") == [*[legend_label(role) for role in told], "grey: none"]
+    # the head's map names its tokens along the top and down the left, every step-th where its cells are narrower
+    # than a label's 14px line, as the caption says
+    tokens = page.page.evaluate("window.AV.current().shown_query_tokens")
+    width = page.page.evaluate("document.querySelector('#roles-head canvas.roles-map').width")
+    step = -(-14 // (width // len(tokens)))  # the cells are whole pixels here: 23 tokens in 260px
+    assert width % len(tokens) == 0 and step == 2
+    assert page.texts("#roles-head .key-labels span") == tokens[::step] == page.texts("#roles-head .query-labels span")
+    assert page.texts("#roles-head figcaption")[0].endswith(f"one token label every {step}")
+    # the report's title is the run's: every layer × head, not the layer 0 its maps open on
+    title = page.texts("h1.report-title")[0]
+    assert "1 layer × 4 heads, every head's roles" in title and "layer 0" not in title
 
 
 def test_heads_names_each_heads_roles_in_its_titles_and_its_table_when_given_them(tmp_path):
@@ -301,3 +315,72 @@ def test_heads_names_each_heads_roles_in_its_titles_and_its_table_when_given_the
     assert [column.header for column in table.columns][4] == "roles"
     assert list(table.columns[4].cells) == [", ".join(names) or "none" for names in roles.labels[0]]
     assert "roles" not in [column.header for column in heads_table(plain.run, plain.summaries).columns]
+
+
+def test_a_focused_cell_of_a_12_layer_grid_keeps_every_layer_label_whole(tmp_path, opened):
+    """The Roles view's grid of a 12-layer Llama, a cell of layer 10 focused with the keyboard and opened: every row
+    label ("layer 10", "layer 11") lies inside the grid's own box, none cut at its left edge."""
+    import attnviz
+
+    config = transformers.LlamaConfig(num_key_value_heads=2, tie_word_embeddings=False, **{**CONFIG, "num_hidden_layers": 12})
+    save_checkpoint(config, transformers.LlamaForCausalLM, bpe_tokenizer(bos=True), tmp_path / "model", seed=5)
+    result = attnviz.roles(TEXT, model=str(tmp_path / "model"), device="cpu")
+    page = opened(result.report().save(tmp_path / "report")[0])
+    page.page.wait_for_selector("#view-roles .roles-grid", state="attached")
+    page.page.focus("#view-roles .roles-grid")
+    for _ in range(10):
+        page.page.keyboard.press("ArrowDown")
+    page.page.keyboard.press("Enter")
+    page.page.wait_for_selector("#roles-head[data-layer='10'] canvas.roles-map", state="attached")
+    boxes = page.page.eval_on_selector_all(
+        "#view-roles .roles-grid text",
+        "texts => texts.filter(t => t.textContent.startsWith('layer')).map(t => [t.textContent, t.getBBox().x])",
+    )
+    assert [name for name, _ in boxes] == [f"layer {layer}" for layer in range(12)]
+    assert min(left for _, left in boxes) >= 0, boxes
+
+
+def test_an_encoders_streaming_skip_states_its_own_uniform_share_not_1():
+    """The bundled BERT (its queries see every key): on a short sentence a uniform head's streaming share is below 1
+    and skipped says that share (written out here from a uniform map), where roles.json's own shares stay below 1;
+    with 1 sink and a window of 2 on the same sentence the share can tell, and streaming is not skipped."""
+    import attnviz
+    from attnviz.analysis.roles import STREAMING_ROLE
+
+    text = "The cat sat on the mat because it was tired, and the dog slept by the door."
+    result = attnviz.roles(text, model="bundled", device="cpu")
+    ids = result.roles.ids
+    queries, keys = np.indices((len(ids), len(ids)))
+    kept = (keys < 4) | ((keys <= queries) & (keys > queries - 256))
+    uniform = float((kept / len(ids)).sum(-1).mean())  # each row 1 / N on every key
+    why = result.roles.skipped[STREAMING_ROLE]
+    assert uniform < 0.9 and f"scores {uniform:.2f} on these {len(ids)} tokens" in why and "is 1" not in why
+    assert result.roles.uniform["streaming"] == pytest.approx(uniform, abs=1e-12)
+    assert result.scores["streaming"].min() < 0.9  # the heads' own shares are not all 1 either
+    narrow = attnviz.roles(text, model="bundled", device="cpu", sinks=1, recent=2)
+    assert STREAMING_ROLE not in narrow.roles.skipped and narrow.roles.uniform["streaming"] < 0.45
+
+
+def test_smollm2_on_the_readmes_text_labels_its_induction_heads_and_not_every_head_local_or_sink():
+    """The README's `roles` command on SmolLM2 (14 tokens): no head is labelled local, sink or streaming (a uniform
+    head's shares there are over half their thresholds), the heads whose prefix matching passes 0.3 are labelled
+    induction (L18H6 the strongest), and copying marks its heads above 0.9, fewer than half the model's; on 150
+    tokens of the same sentences the local and sink roles tell heads apart: some heads get each, not all."""
+    import attnviz
+
+    result = attnviz.roles("The cat sat on the mat. The cat sat on the mat.", model="smollm2", device="cpu")
+    labels = result.labels
+    every = [names for row in labels for names in row]
+    assert len(every) == 270 and len(result.roles.ids) == 14
+    assert not any({"local", "sink", "streaming"} & set(names) for names in every)
+    assert {"local role", "sink role", "streaming role"} <= set(result.roles.skipped)
+    induction = {(layer, head) for layer in range(30) for head in range(9) if "induction" in labels[layer][head]}
+    assert induction == set(zip(*np.nonzero(result.scores["prefix_matching"] > 0.3))) and (18, 6) in induction
+    assert len(induction) >= 10
+    copying = sum("copying" in names for names in every)
+    assert copying == int((result.scores["copying"] > 0.9).sum()) and 0 < copying < 135
+    longer = attnviz.roles(" ".join(["The cat sat on the mat because it was tired."] * 15), model="smollm2", device="cpu")
+    assert len(longer.roles.ids) >= 131 and "local role" not in longer.roles.skipped and "sink role" not in longer.roles.skipped
+    for role in ("local", "sink"):
+        count = sum(role in names for row in longer.labels for names in row)
+        assert 0 < count < 270, (role, count)

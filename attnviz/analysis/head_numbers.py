@@ -170,13 +170,20 @@ class Block:
 
     @cached_property
     def kept_weight(self):
-        """(B, H, b): Σ_k A'_ik, the row's weight left by roles' exclusions (TransformerLens's denominator, a row at a time)."""
-        kept = self.weights.sum(dim=-1)
+        """(B, H, b): Σ_k A'_ik, the row's weight left by roles' exclusions (TransformerLens's denominator, a row at a
+        time): the kept weights summed, never the row's sum less the excluded ones, which cancels in float32 where a
+        head puts nearly all its weight on key 0 and key i (a kept 1e-4 of a row would keep 3 digits)."""
+        import torch
+
+        if not (self.roles.exclude_bos or self.roles.exclude_current):
+            return self.weights.sum(dim=-1)
+        keys = self.positions[: self.weights.shape[-1]]  # (K,): self-attention, so N >= K
+        kept = torch.ones(len(self.queries), len(keys), dtype=torch.bool, device=keys.device)  # (b, K)
         if self.roles.exclude_bos:
-            kept = kept - self.weights[..., 0]
-        if self.roles.exclude_current:  # key i, unless it is key 0 and already taken out
-            kept = kept - self.on_key(self.queries) * ((self.queries >= 1) | (not self.roles.exclude_bos))
-        return kept
+            kept &= keys >= 1
+        if self.roles.exclude_current:
+            kept &= keys != self.queries[:, None]
+        return torch.einsum("bhqk,qk->bhq", self.weights, kept.to(self.weights.dtype))
 
     @cached_property
     def earlier_occurrence(self):
@@ -368,7 +375,7 @@ ENTRIES = (
     HeadNumber("streaming", "streaming share",
                "weight on the first S keys (sinks) and the W keys ending at the query, i - W + 1 to i (S = 4, "
                "W = 256 unless set)", STREAMING, _streaming),
-    *(HeadNumber(f"top_{k}", f"top-{k} coverage", f"the row's weight on its {k} largest weights (all of it where it "
+    *(HeadNumber(f"top_{k}", f"top-{k} coverage", f"weight on the row's {k} largest weights (all of it where it "
                  f"has {k} keys or fewer)", f"attnviz's share, after the top-k attention of {GUPTA}",
                  lambda block, column=column: block.top_weights[..., column]) for column, k in enumerate(TOP_K)),
 )  # fmt: skip

@@ -33,19 +33,93 @@ class Role(NamedTuple):
     why: str  # where the threshold comes from
 
 
+# The share roles' sources add when they are labelled (share_role_skips).
+SHARE_ROLE_NOTE = "; labelled only on a text where a uniform head's share is at most half of it (uniform, skipped)"
 # In the order a head's colour is chosen by (roles.png, the report's grid): the rarer, more specific roles first.
 ROLES = (
     Role("retrieval", "retrieval", RETRIEVAL_THRESHOLD, f"the paper's: {WU}"),
     Role("induction", "prefix_matching", 0.3, "attnviz's: Olsson et al. give no threshold; 0.3 is 30 times a uniform row's weight on the one continuation of a 101-token sequence's earlier occurrence"),
     Role("duplicate-token", "duplicate_token", 0.3, "attnviz's: TransformerLens gives none"),
     Role("previous-token", "previous_token", 0.5, "attnviz's: TransformerLens gives none; over half the head's attention on the previous token"),
-    Role("copying", "copying", 0.5, "attnviz's: Elhage et al. give none; Σ Re λ over Σ |λ| of 0.5 is mostly positive eigenvalues"),
-    Role("local", "local", 0.5, "attnviz's: over half of each query's weight within the local band |i - j| <= w"),
-    Role("sink", "sink", SINK_THRESHOLD, "Gu et al.'s ε for the first token (head_summaries.SINK_THRESHOLD)"),
-    Role("streaming", "streaming", 0.9, "attnviz's: DuoAttention's streaming heads lose little to S sinks and W recent keys; 0.9 of the weight kept"),
+    Role("copying", "copying", 0.9, "attnviz's, measured (Elhage et al. give none): on SmolLM2-135M the heads above "
+         "0.9 put the token they attend to in the top 1% of their OV circuit's logits for 55% of tokens, those from 0.8 "
+         "to 0.9 for 19%, from 0.5 to 0.8 for 7%; with W_O turned by a random rotation they pass 0.9 in 0.2% "
+         "(bench/copying_threshold.py, docs/measures.md)"),  # fmt: skip
+    Role("local", "local", 0.5, f"attnviz's: over half of each query's weight within the local band |i - j| <= w{SHARE_ROLE_NOTE}"),
+    Role("sink", "sink", SINK_THRESHOLD, f"Gu et al.'s ε for the first token (head_summaries.SINK_THRESHOLD){SHARE_ROLE_NOTE}"),
+    Role("streaming", "streaming", 0.9, f"attnviz's: DuoAttention's streaming heads lose little to S sinks and W recent keys; 0.9 of the weight kept{SHARE_ROLE_NOTE}"),
 )
 ROLE_NAMES = tuple(role.name for role in ROLES)
-STREAMING_ROLE = "streaming role"  # skipped's key where the text is too short for the streaming share to tell
+# The roles read from where a head's weight falls: a uniform head's share grows as the text shortens (a band of 8
+# around each of 14 causal queries holds 0.91 of a uniform row), so each is labelled only on a text where a uniform
+# head scores at most 1 / SEPARATION of its threshold: a head so labelled puts at least twice a uniform head's
+# weight on the role's keys.
+SHARE_ROLES = ("local", "sink", "streaming")
+SEPARATION = 2
+LONGEST_SEARCHED = 2**20  # the text length up to which a skip says how long a text would let the role tell
+
+
+def role_key(name: str) -> str:
+    """skipped's key of a role left unlabelled on this text ("local role"), beside the scores' keys ("copying")."""
+    return f"{name} role"
+
+
+STREAMING_ROLE = role_key("streaming")
+
+
+def uniform_score(score: str, num_tokens: int, *, causal: bool, settings: RoleSettings, window: int) -> float:
+    """What a uniform head scores on a text of num_tokens: each query's weight spread evenly over the keys it may see
+    (0 .. i under a causal mask, all N else); score: "sink" (key 0), "local" (keys with |i - j| <= window) or
+    "streaming" (the first S keys and the W ending at the query, each key once)."""
+    queries = np.arange(num_tokens)  # (N,)
+    last_seen = queries if causal else np.full(num_tokens, num_tokens - 1)  # (N,): each query's last key
+    visible = last_seen + 1
+    if score == "sink":
+        on = np.ones(num_tokens)
+    elif score == "local":
+        on = np.minimum(queries + window, last_seen) - np.maximum(queries - window, 0) + 1
+    elif score == "streaming":
+        recent_first = np.maximum(queries - settings.recent + 1, 0)  # the window i - W + 1 .. i
+        sinks = np.minimum(settings.sinks, visible)
+        on = sinks + (queries - recent_first + 1) - np.maximum(0, np.minimum(settings.sinks, queries + 1) - recent_first)
+    else:
+        raise ValueError(f"no uniform score for {score!r}: one of {SHARE_ROLES}")
+    return float((on / visible).mean())
+
+
+def share_role_skips(num_tokens: int, *, causal: bool, settings: RoleSettings, window: int) -> tuple[dict, dict]:
+    """({role: a uniform head's score} of SHARE_ROLES on this text, {role_key(role): why} of those it cannot tell)."""
+    uniform, skipped = {}, {}
+    for role in (role for role in ROLES if role.name in SHARE_ROLES):
+        score = uniform_score(role.score, num_tokens, causal=causal, settings=settings, window=window)
+        uniform[role.name] = score
+        if score > role.threshold / SEPARATION:
+            def separates(length: int, role=role) -> bool:
+                return uniform_score(role.score, length, causal=causal, settings=settings, window=window) <= role.threshold / SEPARATION
+
+            needed = _shortest(separates, num_tokens)
+            longer = (f"a text of {needed:,} tokens or more can" if needed else
+                      f"no text up to {LONGEST_SEARCHED:,} tokens can with these settings")  # fmt: skip
+            skipped[role_key(role.name)] = (
+                f"a uniform head (each query's weight spread evenly over the keys it may see) scores {score:.2f} on "
+                f"these {num_tokens:,} tokens, more than 1/{SEPARATION} of the threshold {role.threshold:g}: the "
+                f"{role.score} share cannot tell a {role.name} head from a diffuse one here, so no head is labelled "
+                f"{role.name}; {longer}"
+            )
+    return uniform, skipped
+
+
+def _shortest(separates, shorter: int) -> int | None:
+    """The least text length above shorter where separates(length) holds (it holds from some length on), else None."""
+    low, high = shorter, max(2 * shorter, 2)
+    while not separates(high):
+        if high >= LONGEST_SEARCHED:
+            return None
+        low, high = high, min(2 * high, LONGEST_SEARCHED)
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (low, middle) if separates(middle) else (middle, high)
+    return high
 
 
 @dataclass(frozen=True)
@@ -60,6 +134,7 @@ class RoleScores:
     settings: RoleSettings
     random_ids: list[list[int]] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)
+    uniform: dict[str, float] = field(default_factory=dict)  # share_role_skips': a uniform head's score of SHARE_ROLES
     retrieval: dict | None = None  # RetrievalHeads.record()'s "retrieval": each test's length, depth, needle, answer, recall
 
     def value(self, name: str) -> np.ndarray | None:
@@ -74,9 +149,10 @@ class RoleScores:
         return replace(self, scores={**self.scores, "retrieval": scores}, retrieval=result.record()["retrieval"])
 
     def role_values(self, role: Role) -> np.ndarray | None:
-        """(L, H): the score a role reads, None where it was not computed or tells nothing (skipped[STREAMING_ROLE]:
-        a text no longer than the sinks and the recent window, where every head's streaming share is 1)."""
-        return None if role.name == "streaming" and STREAMING_ROLE in self.skipped else self.value(role.score)
+        """(L, H): the score a role reads, None where it was not computed or cannot tell heads apart on this text
+        (skipped[role_key(name)]: a share role on a text where a uniform head's share is over 1 / SEPARATION of its
+        threshold)."""
+        return None if role_key(role.name) in self.skipped else self.value(role.score)
 
     def labels(self) -> list[list[list[str]]]:
         """[layer][head]: the head's roles (ROLES' names, in ROLES' order) whose score is above its threshold."""
@@ -171,16 +247,14 @@ def head_roles(
 ) -> RoleScores:
     """Every head's roles (RoleScores): the text's scores, then prefix matching and copying where they apply, a
     decoder-only model's heads (said in skipped where not: an encoder's or an encoder-decoder's stacks, a model
-    without a language-model head). progress: each stage's layers as they are done."""
+    without a language-model head); the share roles this text cannot tell said in skipped too (share_role_skips).
+    progress: each stage's layers as they are done."""
     from attnviz.analysis import circuits
     from attnviz.models.families.family import DECODER
 
     scores, summaries, ids = text_roles(loaded, text, spec, budget_bytes, settings, progress)
-    skipped, random_ids = {}, []
-    if len(ids) <= settings.sinks + settings.recent:
-        skipped[STREAMING_ROLE] = (f"the text's {len(ids):,} tokens are no more than {settings.sinks} sinks and "
-                                   f"{settings.recent} recent keys: every query sees only those, so every head's streaming "
-                                   "share is 1 and no head is labelled streaming")  # fmt: skip
+    uniform, skipped = share_role_skips(len(ids), causal=spec.causal, settings=settings, window=summaries.window)
+    random_ids = []
     if loaded.family.kind != DECODER:
         why = ("an encoder's heads see the tokens after them" if spec.stack in (None, "encoder") else
                "an encoder-decoder's decoder reads the encoder's text too")  # fmt: skip
@@ -193,4 +267,4 @@ def head_roles(
             scores["copying"] = circuits.copying(loaded, progress)
         except AttnvizError as error:
             skipped["copying"] = str(error)
-    return RoleScores(scores, summaries, ids, settings, random_ids, skipped)
+    return RoleScores(scores, summaries, ids, settings, random_ids, skipped, uniform)

@@ -29,7 +29,8 @@ def roles(text: str, *, exclude_bos: bool = False, exclude_current: bool = False
     coverages, beside `layers`' summaries (sink, entropy, distance, local band). Text-free, for a decoder: Olsson
     et al.'s prefix matching (random repeated tokens) and copying (the OV circuit's eigenvalues; said and skipped
     for a model without a language-model head). Each head labelled by the roles above analysis.roles.ROLES'
-    thresholds. options: model, stack, device, dtype, truncate, memory, allow_pickle, as in layers.
+    thresholds; local, sink and streaming only where a uniform head's share on the text is at most half the
+    threshold (.roles.skipped says where not, .roles.uniform gives the shares). options: model, stack, device, dtype, truncate, memory, allow_pickle, as in layers.
 
     retrieval: also Wu et al. 2024's retrieval heads (a decoder's), over needle-in-a-haystack tests of `lengths`
     tokens (default 1,024, 2,048 and 4,096) × `depths` (default 0.1, 0.5 and 0.9), each generated greedily; engine
@@ -177,10 +178,15 @@ class RolesResult:
         return _Rendered(self)
 
     def _repr_html_(self) -> str:
-        from attnviz.analysis.roles import ROLES
+        from attnviz.analysis.roles import ROLES, role_key
 
-        rows = [[role.name, ", ".join(f"L{layer}H{head} {score:.2f}" for layer, head, score in self.roles.top_heads(role)) or "none"]
-                for role in ROLES]  # fmt: skip
+        def top(role) -> str:
+            heads = ", ".join(f"L{layer}H{head} {score:.2f}" for layer, head, score in self.roles.top_heads(role))
+            if heads or self.roles.role_values(role) is not None:
+                return heads or "none"
+            return "not labelled on this text (the notes say why)" if role_key(role.name) in self.roles.skipped else "not computed"
+
+        rows = [[role.name, top(role)] for role in ROLES]
         summaries = self.roles.summaries
         parts = [display.figure_html(self.figure(), "every layer × head by role"),
                  display.table_html(["role", "top heads (score)"], rows, "roles above analysis.roles.ROLES' thresholds"),

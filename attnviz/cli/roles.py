@@ -57,7 +57,8 @@ def roles(
     previous-token, duplicate-token and induction template scores, the streaming share (--sinks, --recent), the
     top-16/64/256 coverage and the sink, entropy, distance and local-band summaries; for a decoder, Olsson et al.'s
     prefix matching (random repeated tokens) and copying (the OV circuit's eigenvalues). Each head labelled by its
-    roles above stated thresholds: roles.png (a grid coloured by role), roles.json, report.html (the Roles view)."""
+    roles above stated thresholds (local, sink and streaming only on a text long enough for them to tell heads
+    apart, said where not): roles.png (a grid coloured by role), roles.json, report.html (the Roles view)."""
     from attnviz.api.roles import roles as head_roles
 
     for given, name in ((lengths, "--lengths"), (depths, "--depths"), (engine != Engine.local, "--engine ray")):

@@ -132,12 +132,15 @@ def _packed(codes: np.ndarray) -> str:
 
 
 def _title_scope(text: ReportText) -> list[str]:
-    """What the page's title says the run is: its layer, or for a generation every layer's rows, step by step."""
+    """What the page's title says the run is: its layer; for a generation every layer's rows, step by step; for roles
+    every layer × head (its maps shown at layer 0 are one view of it)."""
     from attnviz.render.titles import counted
 
     if text.generation is not None:
         generated = counted(len(text.generation.ids), "token")
         return [f"{counted(text.generation.num_prompt, 'token')} continued by {generated}", "every layer"]
+    if text.roles is not None:
+        return [every_head_scope(text.roles.summaries)]
     return [f"layer {text.run.layer}"]
 
 
@@ -200,6 +203,14 @@ def vectors_of(vectors) -> dict:
         "group_size": vectors.group_size,
         "position_bias": vectors.position_bias,
     }
+
+
+def every_head_scope(summaries) -> str:
+    """'30 layers × 9 heads, every head's roles': a roles report's title scope (LayerSummaries: its (L, H))."""
+    from attnviz.render.titles import counted
+
+    num_layers, num_heads = summaries.values["sink"].shape
+    return f"{counted(num_layers, 'layer')} × {counted(num_heads, 'head')}, every head's roles"
 
 
 def roles_of(roles, spec: RunSpec) -> dict:

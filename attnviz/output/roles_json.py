@@ -45,7 +45,8 @@ def score_definitions() -> dict[str, dict[str, str]]:
 
 def roles_record(roles, spec: RunSpec) -> dict:
     """roles.json's content: scores[name][layer][head], the text's ids, the prefix-matching ids, S and W, the
-    exclusions, the thresholds, definitions and papers, each head's roles, what was not computed and why."""
+    exclusions, the thresholds, definitions and papers, each head's roles, what was not computed or labelled and
+    why, and a uniform head's score of each share role on this text (what its threshold is judged against)."""
     from attnviz.analysis.roles import ROLES, SCORE_NAMES
 
     summaries = roles.summaries
@@ -68,6 +69,7 @@ def roles_record(roles, spec: RunSpec) -> dict:
         "summaries": {name: np.round(values, DECIMALS).tolist() for name, values in summaries.values.items()},
         "definitions": {name: definitions[name] for name in computed},
         "skipped": dict(roles.skipped),
+        "uniform": {name: round(score, DECIMALS) for name, score in roles.uniform.items()},
         "thresholds": {role.name: {"score": role.score, "above": role.threshold, "source": role.why} for role in ROLES},
         "roles": roles.labels(),  # [layer][head]: the head's roles
         **({"retrieval": roles.retrieval} if roles.retrieval is not None else {}),

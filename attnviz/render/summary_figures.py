@@ -7,6 +7,7 @@ largest value (in tokens). The figure's size does not grow with the text, the la
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +21,8 @@ from attnviz.render.titles import chars_across, counted, effect_decimals, figure
 COLUMNS = 3  # panels per row
 PANEL_INCHES = (4.4, 3.6)  # each panel with its colour bar
 MAX_NUMBERED_CELLS = (12, 16)  # a grid of at most 12 layers × 16 heads shows each value in its cell
-MAX_AXIS_LABELS = 16  # layer and head labels per axis; more are thinned to every k-th
+MAX_AXIS_LABELS = 16  # head labels per axis; more are thinned to every k-th
+MIN_LABEL_POINTS = 4.5  # the smallest layer label; rows thinner than that are labelled every k-th
 
 
 def summary_panel_title(name: str, summaries: LayerSummaries) -> str:
@@ -126,9 +128,15 @@ def write_effects_figure(effects, out_dir: Path, fmt: str = "png", run=None, see
 
 
 def _label_axes(ax, num_layers: int, num_heads: int) -> None:
-    layer_step = -(-num_layers // MAX_AXIS_LABELS)
+    """Every layer's row labelled (L0, L1, ...), the labels' size fitted to the rows' height (at most 7 points), so that no head sits on an unlabelled row; rows too thin for MIN_LABEL_POINTS labelled every k-th.
+    The heads' columns: at most MAX_AXIS_LABELS labels."""
+    figure = ax.get_figure()
+    row_points = ax.get_position().height * figure.get_figheight() * 72 / num_layers  # before the layout's titles: ×0.75
+    size = min(7.0, 0.75 * row_points)
+    layer_step = 1 if size >= MIN_LABEL_POINTS else math.ceil(MIN_LABEL_POINTS / (0.75 * row_points))
     head_step = -(-num_heads // MAX_AXIS_LABELS)
-    ax.set_yticks(range(0, num_layers, layer_step), [f"L{layer}" for layer in range(0, num_layers, layer_step)], fontsize=7)
+    layers = range(0, num_layers, layer_step)
+    ax.set_yticks(layers, [f"L{layer}" for layer in layers], fontsize=max(size, MIN_LABEL_POINTS))
     ax.set_xticks(range(0, num_heads, head_step), [f"H{head}" for head in range(0, num_heads, head_step)], fontsize=7)
     ax.tick_params(length=0)
 

@@ -86,6 +86,25 @@
 
   AV.tokenLabel = (tokens, i) => `${i}:${tokens[i]}`;
 
+  // A map's query labels down the left and key labels (vertical) along the top, into the two boxes of a
+  // .heatmap-map (report.css), every step-th when the cells are smaller than a label's line; returns the step.
+  const LABEL_PX = 14; // a label's line: labels closer than this are thinned to every k-th
+  AV.tokenLabels = (queryBox, keyBox, text, cellSize, rows, cols) => {
+    const step = Math.max(1, Math.ceil(LABEL_PX / cellSize));
+    const place = (container, tokens, along, length) => {
+      AV.clear(container);
+      container.style[along === "top" ? "height" : "width"] = `${length}px`;
+      for (let index = 0; index < tokens.length; index += step) {
+        // a query label's top edge; a key label's left edge before its turn about that corner (report.css)
+        const centre = index * cellSize + cellSize / 2 + (along === "top" ? -LABEL_PX / 2 : LABEL_PX / 2);
+        container.appendChild(AV.el("span", { style: `${along}:${centre}px`, title: AV.tokenLabel(tokens, index) }, tokens[index]));
+      }
+    };
+    place(queryBox, text.shown_query_tokens, "top", rows * cellSize);
+    place(keyBox, text.shown_key_tokens, "left", cols * cellSize);
+    return step;
+  };
+
   // A head's effect when taken out (the record's "effects", --effect), as heads.png's titles say it: every name,
   // "KL 0.012 · Δloss +0.004", or short the first, "KL 0.012"; decimals that show the layer's largest value to 2
   // significant digits (render/titles.py's effect_decimals). null when the report did not measure that layer.
@@ -299,7 +318,7 @@
   // the keys start from options.start ([layer, column]). Clicking a cell, or Enter on the outlined one, calls
   // options.choose(layer, column) when given (patch_view.js, roles_view.js: the head opened). options.attrs: the svg's
   // own attributes (class, aria-label...).
-  const GRID_LABEL_PX = 52;
+  const GRID_LABEL_PX = 64; // "layer 99" at 12px (about 7px a character) and its gap, never clipped
   const GRID_TOP_PX = 18;
   AV.layerHeadGrid = (values, options) => {
     const { cell, colourOf, readout } = options;

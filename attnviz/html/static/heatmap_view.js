@@ -7,7 +7,6 @@
   const AV = window.AV;
   const MAP_SIDE_PX = 600; // the map's longer side at most (cells are whole pixels: 1 at 512 tokens)
   const MAX_CELL_PX = 36;
-  const LABEL_PX = 14; // a label's line: labels closer than this are thinned to every k-th
   const HINT = "Hover a cell, or Tab to the map and move with the arrow keys, for its weight.";
 
   let shown = null; // {section, textIndex, canvas, ...} of the section drawn now
@@ -66,7 +65,7 @@
     AV.drawMap(current.canvas, data.weights, data.offset, rows, cols, { logScale, causal: text.causal, cellSize });
     current.canvas.setAttribute("aria-label", `attention map of layer ${layer}, head ${head}: ${rows} queries × ${cols} keys; arrow keys move over the cells`);
     Object.assign(current, { data, rows, cols, cellSize, layer, head, exact: data.exact, causal: text.causal });
-    const step = labels(current, text, cellSize);
+    const step = AV.tokenLabels(current.queryLabels, current.keyLabels, text, cellSize, rows, cols);
     const bar = AV.colourBar(logScale, { height: Math.min(240, Math.max(120, rows * cellSize)), masked: text.causal });
     bar.setAttribute("id", "heatmap-colourbar");
     AV.clear(current.bar).appendChild(bar);
@@ -80,23 +79,6 @@
     // The cell read out before (pinned, or last under the pointer) is read out again from this map.
     if (current.pinned) point(current, current.pinned.i, current.pinned.j);
     else if (current.at) current.readout.textContent = readoutOf(current, current.at.i, current.at.j);
-  }
-
-  // Query labels down the left, key labels (vertical) along the top, every step-th when the cells are small.
-  function labels(current, text, cellSize) {
-    const step = Math.max(1, Math.ceil(LABEL_PX / cellSize));
-    const place = (container, tokens, along, length) => {
-      AV.clear(container);
-      container.style[along === "top" ? "height" : "width"] = `${length}px`;
-      for (let index = 0; index < tokens.length; index += step) {
-        // a query label's top edge; a key label's left edge before its turn about that corner (report.css)
-        const centre = index * cellSize + cellSize / 2 + (along === "top" ? -LABEL_PX / 2 : LABEL_PX / 2);
-        container.appendChild(AV.el("span", { style: `${along}:${centre}px`, title: AV.tokenLabel(tokens, index) }, tokens[index]));
-      }
-    };
-    place(current.queryLabels, text.shown_query_tokens, "top", current.rows * cellSize);
-    place(current.keyLabels, text.shown_key_tokens, "left", current.cols * cellSize);
-    return step;
   }
 
   function weightAt(current, i, j) {

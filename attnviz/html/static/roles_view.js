@@ -1,8 +1,8 @@
 // roles_view.js: only in a report of `attnviz roles` (html/page.py ROLES_SCRIPTS; the record's "roles": roles.json's
 // object, analysis/roles.py, with each head's main role and its score). Every layer × head coloured by its first
 // role above its threshold (the rarer roles first, as roles.png), deeper as its score nears 1; hover or arrow keys
-// name the head's roles; a click (or Enter) opens the head: its map, where the report holds every layer's maps, and
-// every score it has. Shown first.
+// name the head's roles; a click (or Enter) opens the head: its map with its tokens, where the report holds every
+// layer's maps, and every score it has; the legend spells each role's letter. Shown first.
 (() => {
   "use strict";
   const AV = window.AV;
@@ -49,9 +49,16 @@
       const layers = await AV.decode(text.layers);
       const size = layers.shape[2];
       const offset = (layer * layers.shape[1] + head) * size * layers.shape[3];
+      const keys = layers.shape[3];
       const canvas = AV.el("canvas", { class: "roles-map", "data-layer": layer, "data-head": head });
-      AV.drawMap(canvas, layers, offset, size, layers.shape[3], { causal: text.causal, cellSize: Math.max(1, Math.floor(MAP_PX / size)), maxSide: MAP_PX });
-      parts.unshift(AV.el("figure", { style: "margin:0 1.5rem 0 0" }, AV.el("figcaption", { class: "note" }, "its map: rows queries, columns keys"), canvas));
+      AV.drawMap(canvas, layers, offset, size, keys, { causal: text.causal, cellSize: Math.max(1, Math.floor(MAP_PX / size)), maxSide: MAP_PX });
+      // token labels as the Heatmap view's, at the canvas's own cell size (a map past MAP_PX is drawn in blocks)
+      const queryLabels = AV.el("div", { class: "query-labels", "aria-hidden": "true" });
+      const keyLabels = AV.el("div", { class: "key-labels", "aria-hidden": "true" });
+      const step = AV.tokenLabels(queryLabels, keyLabels, text, canvas.width / keys, size, keys);
+      const caption = `its map: rows queries, columns keys${step > 1 ? `; one token label every ${step}` : ""}`;
+      const map = AV.el("div", { class: "heatmap-map roles-map-box" }, AV.el("div", {}), keyLabels, queryLabels, canvas);
+      parts.unshift(AV.el("figure", { style: "margin:0 1.5rem 0 0" }, AV.el("figcaption", { class: "note" }, caption), map));
     } else {
       parts.push(AV.el("p", { class: "note" }, "This text is long: the report holds no whole map of every layer (the Zoom view has the run's layer)."));
     }
@@ -64,7 +71,7 @@
     const shown = roles.roles_order.map((name, index) => [name, index]).filter(([name]) => roles.labelled.includes(name));
     const items = shown.map(([name, index]) => {
       const threshold = roles.thresholds[name];
-      return AV.el("li", { style: `color:${roles.colours[index]}` }, `${roles.letters[index]} ${name}: ${threshold.score} > ${threshold.above}`);
+      return AV.el("li", { style: `color:${roles.colours[index]}` }, `${roles.letters[index]} = ${name}: ${threshold.score} > ${threshold.above}`);
     });
     return AV.el("ul", { class: "roles-legend note" }, ...items, AV.el("li", {}, "grey: none"));
   }
@@ -77,7 +84,8 @@
       section.appendChild(AV.el("p", { class: "note", id: "roles-missing" }, "This text's heads were not given roles (attnviz roles)."));
       return;
     }
-    const skipped = Object.entries(roles.skipped).map(([name, why]) => ` ${name} left out: ${why}.`).join("");
+    // a score not computed ("copying") is left out; a role this text cannot tell ("local role") is not labelled
+    const skipped = Object.entries(roles.skipped).map(([name, why]) => ` ${name} ${name.endsWith(" role") ? "not labelled" : "left out"}: ${why}.`).join("");
     section.appendChild(AV.el("p", { class: "note", id: "roles-note" },
       `What each head of ${text.model} is, over these ${roles.ids.length} tokens: each head coloured by its first role above ` +
         `its threshold (the rarer first), deeper as its score nears 1. Click a head for its map and every score.${skipped}`));  // prettier-ignore
