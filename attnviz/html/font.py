@@ -15,6 +15,7 @@ License asks that they travel with the font).
 from __future__ import annotations
 
 import base64
+import functools
 import io
 import re
 
@@ -48,6 +49,13 @@ def font_face(characters: str) -> str:
 
     "" when there are no characters, mplfonts is not installed or the font has none of the characters.
     """
+    url = font_url(characters)
+    return f'@font-face {{ font-family: "{FAMILY}"; src: url("{url}") format("woff"); font-display: block; }}' if url else ""
+
+
+@functools.lru_cache(maxsize=32)  # `attnviz serve` asks again for a text's glyphs at each layer picked: 0.7 s each
+def font_url(characters: str) -> str:
+    """The subset of the bundled font that draws characters, as a data: URL of a WOFF file ("" as font_face says)."""
     font_file = bundled_font_file() if characters else None
     if font_file is None:
         return ""
@@ -66,5 +74,4 @@ def font_face(characters: str) -> str:
     subsetter.subset(font)
     woff = io.BytesIO()
     subset.save_font(font, woff, options)  # as options.flavor says
-    url = "data:font/woff;base64," + base64.b64encode(woff.getvalue()).decode("ascii")
-    return f'@font-face {{ font-family: "{FAMILY}"; src: url("{url}") format("woff"); font-display: block; }}'
+    return "data:font/woff;base64," + base64.b64encode(woff.getvalue()).decode("ascii")
