@@ -39,7 +39,8 @@
     let drawing = Promise.resolve(); // the answer being drawn: the next one waits for it
     let face = null; // the font of the answer shown
     let timer = null;
-    let controls = null; // the text boxes and pickers (below)
+    let controls = null; // the text boxes and pickers, and roles' and patch's (below)
+    let experiments = null;
     const text = AV.el("textarea", { id: "explorer-text", rows: 3, cols: 80, "aria-label": "text", spellcheck: "false" });
     text.value = FIRST_TEXT;
     const kv = AV.el("textarea", { id: "explorer-kv", rows: 2, cols: 80, "aria-label": "keys and values from this text (cross-attention; empty: self-attention)", placeholder: "cross-attention: keys and values from this text (optional)", spellcheck: "false" });
@@ -85,16 +86,17 @@
         if (number !== asked) return;
         if (face) document.fonts.delete(face);
         face = font;
-        if (face) {
-          document.fonts.add(face);
-          // Chromium keeps the empty boxes of text it laid out before the face came (the text boxes'): laid out anew
-          controls.style.fontFamily = "serif";
-          void controls.offsetWidth;
-          controls.style.fontFamily = "";
-        }
+        if (face) document.fonts.add(face);
         if (view) AV.state.view = view;
         else if (record.texts[0].zoom) AV.state.view = "zoom"; // a long text's record holds no whole map: its Zoom view
         await AV.start(record);
+        // Chromium keeps the empty boxes of text it laid out before the face came (the text boxes'), until their font
+        // changes once the face is in use: a size a hair off, and back
+        for (const box of face ? [controls, experiments] : []) {
+          box.style.fontSize = "15.01px";
+          void box.offsetWidth;
+          box.style.fontSize = "";
+        }
         if (number !== asked) return; // asked again while drawing: that answer draws next
         status.textContent = said(record, Math.round(performance.now() - started));
         document.body.dataset.shown = String(number);
@@ -144,7 +146,7 @@
       AV.el("label", { class: "control" }, "Layer ", layer),
       AV.el("p", { class: "note" }, `At most ${setup.max_tokens.toLocaleString("en")} tokens a text.`),
     );
-    const experiments = AV.el(
+    experiments = AV.el(
       "div",
       { id: "explorer-experiments", class: "controls" },
       roles,
