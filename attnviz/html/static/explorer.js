@@ -41,16 +41,16 @@
     let timer = null;
     let controls = null; // the text boxes and pickers, and roles' and patch's (below)
     let experiments = null;
-    const text = AV.el("textarea", { id: "explorer-text", rows: 3, cols: 80, "aria-label": "text", spellcheck: "false" });
+    const text = AV.el("textarea", { id: "explorer-text", rows: 2, cols: 80, "aria-label": "text", spellcheck: "false" });
     text.value = FIRST_TEXT;
-    const kv = AV.el("textarea", { id: "explorer-kv", rows: 2, cols: 80, "aria-label": "keys and values from this text (cross-attention; empty: self-attention)", placeholder: "cross-attention: keys and values from this text (optional)", spellcheck: "false" });
+    const kv = AV.el("textarea", { id: "explorer-kv", rows: 1, cols: 80, "aria-label": "keys and values from this text (cross-attention; empty: self-attention)", placeholder: "cross-attention: keys and values from this text (optional)", spellcheck: "false" });
     const model = AV.el("select", { id: "explorer-model" });
     for (const each of setup.models) model.appendChild(AV.el("option", { value: each.name }, `${each.name} (${each.family}, ${each.num_layers} layers × ${each.num_heads} heads)`));
     const layer = AV.el("select", { id: "explorer-layer" });
     const roles = AV.el("button", { type: "button", id: "explorer-roles", title: "every layer × head's roles over the text (attnviz roles)" }, "Roles of this text");
-    const corrupt = AV.el("textarea", { id: "explorer-corrupt", rows: 2, cols: 40, "aria-label": "corrupted text (as many tokens as the text)", placeholder: "the text with the answer's cue changed, as many tokens", spellcheck: "false" });
-    const answer = AV.el("input", { id: "explorer-answer", type: "text", size: 10, "aria-label": "answer token", placeholder: "“ Mary”", spellcheck: "false" });
-    const wrong = AV.el("input", { id: "explorer-wrong", type: "text", size: 10, "aria-label": "wrong token", placeholder: "“ John”", spellcheck: "false" });
+    const corrupt = AV.el("input", { id: "explorer-corrupt", type: "text", size: 36, "aria-label": "corrupted text (as many tokens as the text)", placeholder: "the text with its cue changed, as many tokens", spellcheck: "false" });
+    const answer = AV.el("input", { id: "explorer-answer", type: "text", size: 8, "aria-label": "answer token", placeholder: "“ Mary”", spellcheck: "false" });
+    const wrong = AV.el("input", { id: "explorer-wrong", type: "text", size: 8, "aria-label": "wrong token", placeholder: "“ John”", spellcheck: "false" });
     const patch = AV.el("button", { type: "button", id: "explorer-patch", title: "each head of the clean text's run patched into the corrupted text's (attnviz patch)" }, "Patch");
     const status = AV.el("p", { id: "explorer-status", class: "note", "aria-live": "polite" });
 
@@ -90,6 +90,8 @@
         if (view) AV.state.view = view;
         else if (record.texts[0].zoom) AV.state.view = "zoom"; // a long text's record holds no whole map: its Zoom view
         await AV.start(record);
+        const shownLayer = String(record.texts[0].layer); // a roles or patch answer's layer: the picker says which is shown
+        if (Array.from(layer.options).some((option) => option.value === shownLayer)) layer.value = shownLayer;
         // Chromium keeps the empty boxes of text it laid out before the face came (the text boxes'), until their font
         // changes once the face is in use: a size a hair off, and back
         for (const box of face ? [controls, experiments] : []) {
@@ -144,17 +146,16 @@
       AV.el("label", { class: "control" }, "Keys and values ", kv),
       AV.el("label", { class: "control" }, "Model ", model),
       AV.el("label", { class: "control" }, "Layer ", layer),
-      AV.el("p", { class: "note" }, `At most ${setup.max_tokens.toLocaleString("en")} tokens a text.`),
+      roles,
+      AV.el("p", { class: "note" }, `At most ${setup.max_tokens.toLocaleString("en")} tokens a text. Roles and Patch run every layer × head of it (seconds to minutes); a token's leading space counts (“ Mary”).`),
     );
     experiments = AV.el(
       "div",
       { id: "explorer-experiments", class: "controls" },
-      roles,
       AV.el("label", { class: "control" }, "Corrupted text ", corrupt),
       AV.el("label", { class: "control" }, "Answer ", answer),
       AV.el("label", { class: "control" }, "Wrong token ", wrong),
       patch,
-      AV.el("p", { class: "note" }, "Roles and Patch run every layer × head of the text (a few seconds to minutes); a token's leading space counts (“ Mary”)."),
     );
     document.getElementById("report-header").before(controls, experiments, status);
     await askHeads();
