@@ -8,7 +8,8 @@ Every request is checked before anything else, in this order, and refused with a
 Then GET / is the explorer's page (html/page.py's explorer_page: the report's views and explorer.js), GET
 /api/models the models loaded, POST /api/heads, /api/roles and /api/patch a run (serve/explorer.py). A request
 that fails gets its error as JSON with a 4xx status (503 when the model's queue is full; 500 with one line, never
-a traceback, for a bug), and the server goes on serving. Every answer says no-store, nosniff and no-referrer (the token is in the page's URL).
+a traceback, for a bug), and the server goes on serving. Every answer says no-store, nosniff and no-referrer (the
+token is in the page's URL).
 """
 
 from __future__ import annotations

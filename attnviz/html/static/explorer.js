@@ -39,8 +39,6 @@
     let drawing = Promise.resolve(); // the answer being drawn: the next one waits for it
     let face = null; // the font of the answer shown
     let timer = null;
-    let controls = null; // the text boxes and pickers, and roles' and patch's (below)
-    let experiments = null;
     const text = AV.el("textarea", { id: "explorer-text", rows: 2, cols: 80, "aria-label": "text", spellcheck: "false" });
     text.value = FIRST_TEXT;
     const kv = AV.el("textarea", { id: "explorer-kv", rows: 1, cols: 80, "aria-label": "keys and values from this text (cross-attention; empty: self-attention)", placeholder: "cross-attention: keys and values from this text (optional)", spellcheck: "false" });
@@ -94,10 +92,12 @@
         if (Array.from(layer.options).some((option) => option.value === shownLayer)) layer.value = shownLayer;
         // Chromium keeps the empty boxes of text it laid out before the face came (the text boxes'), until their font
         // changes once the face is in use: a size a hair off, and back
-        for (const box of face ? [controls, experiments] : []) {
-          box.style.fontSize = "15.01px";
-          void box.offsetWidth;
-          box.style.fontSize = "";
+        if (face) {
+          for (const box of [controls, experiments]) {
+            box.style.fontSize = "15.01px";
+            void box.offsetWidth;
+            box.style.fontSize = "";
+          }
         }
         if (number !== asked) return; // asked again while drawing: that answer draws next
         status.textContent = said(record, Math.round(performance.now() - started));
@@ -139,7 +139,7 @@
     });
     fillLayers();
 
-    controls = AV.el(
+    const controls = AV.el(
       "div",
       { id: "explorer", class: "controls" },
       AV.el("label", { class: "control" }, "Text ", text),
@@ -149,7 +149,7 @@
       roles,
       AV.el("p", { class: "note" }, `At most ${setup.max_tokens.toLocaleString("en")} tokens a text. Roles and Patch run every layer × head of it (seconds to minutes); a token's leading space counts (“ Mary”).`),
     );
-    experiments = AV.el(
+    const experiments = AV.el(
       "div",
       { id: "explorer-experiments", class: "controls" },
       AV.el("label", { class: "control" }, "Corrupted text ", corrupt),
