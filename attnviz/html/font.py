@@ -6,7 +6,8 @@ boxes without a CJK one. So the page carries the glyphs it needs: a subset of th
 only the non-ASCII characters of its text (tokens, texts, titles, notes, and the scripts' own
 words), as a WOFF file (zlib; WOFF2 would need brotli) in a data: URL, which the page's
 Content-Security-Policy allows (font-src data:). report.css names the family after the system
-CJK fonts, so a system font still wins where there is one.
+CJK fonts, so a system font still wins where there is one. `attnviz serve`'s page gets such a subset with each
+answer (html/page.py's explorer_font); font_url keeps the 32 latest, as a page asks again for a text at each layer.
 
 The subset keeps the font's copyright and licence names (name IDs 0 and 13-14: the SIL Open Font
 License asks that they travel with the font).
