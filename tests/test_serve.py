@@ -105,6 +105,7 @@ def test_the_report_answer_is_the_record_that_report_html_embeds(server, bundled
 
     status, record = heads(server, {"text": ENGLISH, "layer": 2, "as": "report"})
     assert status == 200
+    assert record.pop("font") is None  # no CJK character: no font (test_serve_page.py: the font of Chinese)
     assert record == json.loads(json.dumps(attnviz.heads(ENGLISH, model=bundled, layer=2, vectors=None).report().record))
     (text,) = record["texts"]
     assert len(text["vectors"]["q"]) == bundled.num_heads  # the neuron view's q and k: a text of at most 64 tokens

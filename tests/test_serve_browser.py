@@ -89,6 +89,7 @@ def test_a_typed_text_is_drawn_and_a_heatmap_cell_reads_out_the_apis_weight(serv
     weights = record["attention"][HEAD]
     tokens = record["shown_query_tokens"]
     n = len(tokens)
+    page.locator("#heatmap-canvas").scroll_into_view_if_needed()  # below the page's controls: the mouse reaches what is shown
     box = page.query_selector("#heatmap-canvas").bounding_box()
     query, key = 4, 2
     page.mouse.move(box["x"] + box["width"] * (key + 0.5) / n, box["y"] + box["height"] * (query + 0.5) / n)

@@ -24,7 +24,8 @@ def serve(
     device: Device = DeviceOption,
     dtype: Dtype = DtypeOption,
 ) -> None:
-    """Serve a page of the report's views that runs each text typed on the warm models, and POST /api/heads.
+    """Serve a page of the report's views that runs each text typed on the warm models (its heads, roles or patching),
+    and POST /api/heads, /api/roles and /api/patch.
 
     The first line printed is the page's URL, with its token (every request needs it). The page and the API answer
     only this machine unless --host says otherwise; docs/formats.md documents the API.

@@ -6,7 +6,8 @@ boxes without a CJK one. So the page carries the glyphs it needs: a subset of th
 only the non-ASCII characters of its text (tokens, texts, titles, notes, and the scripts' own
 words), as a WOFF file (zlib; WOFF2 would need brotli) in a data: URL, which the page's
 Content-Security-Policy allows (font-src data:). report.css names the family after the system
-CJK fonts, so a system font still wins where there is one.
+CJK fonts, so a system font still wins where there is one. `attnviz serve`'s page gets such a subset with each
+answer (html/page.py's explorer_font); font_url keeps the 32 latest, as a page asks again for a text at each layer.
 
 The subset keeps the font's copyright and licence names (name IDs 0 and 13-14: the SIL Open Font
 License asks that they travel with the font).
@@ -15,6 +16,7 @@ License asks that they travel with the font).
 from __future__ import annotations
 
 import base64
+import functools
 import io
 import re
 
@@ -48,6 +50,13 @@ def font_face(characters: str) -> str:
 
     "" when there are no characters, mplfonts is not installed or the font has none of the characters.
     """
+    url = font_url(characters)
+    return f'@font-face {{ font-family: "{FAMILY}"; src: url("{url}") format("woff"); font-display: block; }}' if url else ""
+
+
+@functools.lru_cache(maxsize=32)  # `attnviz serve` asks again for a text's glyphs at each layer picked: 0.7 s each
+def font_url(characters: str) -> str:
+    """The subset of the bundled font that draws characters, as a data: URL of a WOFF file ("" as font_face says)."""
     font_file = bundled_font_file() if characters else None
     if font_file is None:
         return ""
@@ -66,5 +75,4 @@ def font_face(characters: str) -> str:
     subsetter.subset(font)
     woff = io.BytesIO()
     subset.save_font(font, woff, options)  # as options.flavor says
-    url = "data:font/woff;base64," + base64.b64encode(woff.getvalue()).decode("ascii")
-    return f'@font-face {{ font-family: "{FAMILY}"; src: url("{url}") format("woff"); font-display: block; }}'
+    return "data:font/woff;base64," + base64.b64encode(woff.getvalue()).decode("ascii")

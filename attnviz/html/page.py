@@ -6,7 +6,8 @@ only the one inline script whose sha256 the policy names, so even a text that sl
 markup could run nothing (no inline event handler, no injected script). The record goes in as
 JSON in a <script type="application/json"> element, with every "<" escaped, so no text can end
 that element early. Its CJK glyphs come with it too (font.py: a subset of the bundled Noto Sans
-CJK SC as a data: font), so Chinese shows on a machine without a CJK font.
+CJK SC as a data: font), so Chinese shows on a machine without a CJK font; `attnviz serve`'s answers carry
+theirs (explorer_font), which its page adds as it shows each.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import json
 import re
 from importlib import resources
 
-from attnviz.html.font import font_face, shown_characters
+from attnviz.html.font import FAMILY, font_face, font_url, shown_characters
 from attnviz.text import shorten
 
 # The page's scripts, in the order they run: core.js defines window.AV, the views register
@@ -42,9 +43,10 @@ SCRIPTS = (
 LONG_SCRIPTS = ("summaries_view.js", "long_text.js")
 DIFF_SCRIPTS = ("diff_view.js",)  # a report of `attnviz diff` (a text with a "diff"): the Diff view, shown first
 GENERATE_SCRIPTS = ("generate_view.js",)  # a report of `attnviz generate` (a "generation"): its stepper, shown first
-# `attnviz serve`'s page (explorer_page): the report's views, the Summaries view of a long text, and explorer.js (the text
-# box, the model and layer pickers, the requests) before main.js; any view registered in SCRIPTS shows up there too.
-EXPLORER_SCRIPTS = ("summaries_view.js", "explorer.js")
+# `attnviz serve`'s page (explorer_page): the report's views, the Summaries view of a long text, the Roles and Patching
+# views of its roles and patch answers, and explorer.js (the text box, the model and layer pickers, the inputs of roles
+# and patch, the requests) before main.js; any view registered in SCRIPTS shows up there too.
+EXPLORER_SCRIPTS = ("summaries_view.js", "roles_view.js", "patch_view.js", "explorer.js")
 ROLES_SCRIPTS = ("roles_view.js",)  # a report of `attnviz roles` (a text with "roles"): the Roles view, shown first
 PATCH_SCRIPTS = ("patch_view.js",)  # a report of `attnviz patch` (a "patch"): the Patching view, shown first
 STYLES = ("report.css",)
@@ -102,10 +104,18 @@ def explorer_page(setup: dict) -> tuple[str, str]:
     """`attnviz serve`'s page and its Content-Security-Policy: the report's template, views and styles around setup
     (format "attnviz-explorer": the models, max_tokens and the token its requests carry), whose explorer.js asks the
     server for records (docs/formats.md, "attnviz serve's HTTP API") and shows each with the report's views. Its font
-    holds the CJK glyphs of the views' own words; a text's other CJK characters take the system's fonts."""
+    holds the CJK glyphs of its own words; each answer brings those of its record (explorer_font)."""
     script = page_script(explorer=True)
     policy = content_security_policy(script, connect=True)
     return filled_template(record_json({"format": "attnviz-explorer", **setup}), script, policy, "attnviz serve"), policy
+
+
+def explorer_font(record: dict, setup: dict) -> dict | None:
+    """The font that an answer of `attnviz serve` carries for its page (font.py's subset, as report_page embeds its
+    own): {"family", "url"} of the glyphs of the record's CJK characters and of the page's own (its setup and its
+    scripts), so that this one font draws every character the page shows with it; None where there is no CJK."""
+    url = font_url(shown_characters(record_json(record) + record_json(setup), page_script(explorer=True)))
+    return {"family": FAMILY, "url": url} if url else None
 
 
 def filled_template(data: str, script: str, policy: str, title: str) -> str:

@@ -1,7 +1,9 @@
-"""What `attnviz serve` computes: the models named at start, loaded once, and a request's run through attnviz.heads.
+"""What `attnviz serve` computes: the models named at start, loaded once, and a request's run through attnviz.heads,
+attnviz.roles or attnviz.patch.
 
 A request is a JSON object (docs/formats.md, "attnviz serve's HTTP API"): its text, the model among those loaded,
-and a few of attnviz.heads' options. Every check is the API's own (RunOptions, check_text, the model's positions);
+and a few of the API function's arguments. Every check is the API's own (RunOptions, check_text, the model's
+positions, roles' and patch's own checks);
 the server adds only what a shared process needs: no model but those named at start (a handle is passed, so no path
 or hub id from a request ever loads), at most max_tokens tokens, and one computation at a time per model, with at
 most `waiting` requests waiting for it (Busy past that: the server answers 503).
@@ -19,6 +21,10 @@ DEFAULT_MAX_TOKENS = 2048
 DEFAULT_WAITING = 16  # requests that may wait for a model busy with another: 8 clients at once all get their answer
 REQUEST_OPTIONS = ("layer", "heads", "kv", "causal", "words", "stack")  # attnviz.heads' options a request may set
 REQUEST_FIELDS = ("text", "model", "as", *REQUEST_OPTIONS)
+# POST /api/roles and /api/patch: the text, the model and attnviz.roles' or attnviz.patch's own arguments (which they check)
+ROLES_FIELDS = ("text", "model", "stack", "exclude_bos", "exclude_current", "sinks", "recent")
+PATCH_FIELDS = ("text", "model", "corrupt", "answer", "wrong", "position", "component", "per_position")
+PATCH_NEEDS = ("corrupt", "answer", "wrong")
 ANSWERS = ("attention", "report")  # "as": attention.json's record (4 decimals), or the report's record (the page's)
 DECIMALS = 4  # the page's read-out, and the report's exact weights
 
@@ -97,27 +103,62 @@ class Explorer:
         """POST /api/heads: the request's run through attnviz.heads, as the JSON text of its record (raises AttnvizError
         for a request refused, Busy when the model's queue is full)."""
         import attnviz
+        from attnviz.api.options import RunOptions
 
-        text, name, answer, options = self.checked(request)
+        text, name = self.checked(request, REQUEST_FIELDS)
+        answer = request.get("as", "attention")
+        if answer not in ANSWERS:
+            raise AttnvizError(f"\"as\" is one of {', '.join(ANSWERS)}, not {str(answer)[:40]!r}")
+        options = {field: request[field] for field in REQUEST_OPTIONS if field in request}
+        RunOptions(**options)  # every option's type and value checked as the API checks them
         handle = self.handles[name]
-        self.check_length(handle, text, options.get("kv"))
+        self.check_length(handle, {"the text": text, "the kv text": options.get("kv")})
         with self.turns[name]:
             # the page's record: with the neuron view's q and k where a report holds them (up to 64 tokens)
             result = attnviz.heads(text, model=handle, vectors=None if answer == "report" else False, **options)
-            if answer == "report":
-                return json.dumps(result.report().record, ensure_ascii=False)
-            return attention_json(result)
+            if answer == "attention":
+                return attention_json(result)
+            record = result.report().record
+        return self.report_json(record)
 
-    def checked(self, request) -> tuple[str, str, str, dict]:
-        """The request's text, model name, answer and options, each checked before any work."""
-        from attnviz.api.options import RunOptions
+    def roles(self, request: dict) -> str:
+        """POST /api/roles: attnviz.roles of the request's text, as the report's record that `attnviz roles` writes
+        into report.html (its Roles view's, every layer's maps, statistics and traces)."""
+        import attnviz
+
+        text, name = self.checked(request, ROLES_FIELDS)
+        handle = self.handles[name]
+        self.check_length(handle, {"the text": text})
+        arguments = {field: request[field] for field in ROLES_FIELDS[2:] if field in request}
+        with self.turns[name]:
+            record = attnviz.roles(text, model=handle, **arguments).report().record
+        return self.report_json(record)
+
+    def patch(self, request: dict) -> str:
+        """POST /api/patch: attnviz.patch of the request's clean and corrupted texts, as the report's record that
+        `attnviz patch` writes into report.html (its Patching view's)."""
+        import attnviz
+
+        text, name = self.checked(request, PATCH_FIELDS)
+        missing = [field for field in PATCH_NEEDS if field not in request]
+        if missing:
+            raise AttnvizError(f"the request has no {missing[0]!r}: a patch needs {', '.join(PATCH_NEEDS)} besides the text")
+        handle = self.handles[name]
+        self.check_length(handle, {"the text": text, "the corrupted text": request.get("corrupt")})
+        arguments = {field: request[field] for field in PATCH_FIELDS[2:] if field in request}
+        with self.turns[name]:
+            record = attnviz.patch(text, model=handle, **arguments).report().record
+        return self.report_json(record)
+
+    def checked(self, request, fields: tuple[str, ...]) -> tuple[str, str]:
+        """The request's text and model name, and its fields among those its route takes, each checked before any work."""
         from attnviz.spec import check_text
 
         if not isinstance(request, dict):
             raise AttnvizError("the request body is not a JSON object: give {\"text\": ..., \"layer\": ...}")
-        unknown = [field for field in request if field not in REQUEST_FIELDS]
+        unknown = [field for field in request if field not in fields]
         if unknown:
-            raise AttnvizError(f"unknown field {unknown[0]!r}: a request takes {', '.join(REQUEST_FIELDS)}")
+            raise AttnvizError(f"unknown field {unknown[0]!r}: a request takes {', '.join(fields)}")
         text = request.get("text")
         if not isinstance(text, str):
             raise AttnvizError("the request has no \"text\" string")
@@ -125,24 +166,27 @@ class Explorer:
         name = request.get("model", next(iter(self.handles)))
         if not isinstance(name, str) or name not in self.handles:
             raise AttnvizError(f"model {str(name)[:80]!r} is not loaded here: this server has {', '.join(self.handles)}")
-        answer = request.get("as", "attention")
-        if answer not in ANSWERS:
-            raise AttnvizError(f"\"as\" is one of {', '.join(ANSWERS)}, not {str(answer)[:40]!r}")
-        options = {field: request[field] for field in REQUEST_OPTIONS if field in request}
-        RunOptions(**options)  # every option's type and value checked as the API checks them
-        return text, name, answer, options
+        return text, name
 
-    def check_length(self, handle, text: str, kv: str | None) -> None:
-        """A text (or kv text) past max_tokens tokens is refused before it runs, in one line."""
+    def check_length(self, handle, texts: dict) -> None:
+        """A text past max_tokens tokens is refused before it runs, in one line (texts: its words -> the text; one
+        not a string is left to the API's own check)."""
         from attnviz.api.functions import token_counts
 
         limit = self.settings.max_tokens
-        for what, each in (("the text", text), ("the kv text", kv)):
-            if each is None:
+        for what, each in texts.items():
+            if not isinstance(each, str):
                 continue
             (count,) = token_counts(handle.loaded, [each])
             if count > limit:
                 raise AttnvizError(f"{what} has {count:,} tokens: this server takes at most {limit:,} (--max-tokens)")
+
+    def report_json(self, record: dict) -> str:
+        """The report's record as JSON, with the font of its CJK glyphs for the page (html/page.py's explorer_font),
+        made after the model's turn: a subset takes 0.7 s."""
+        from attnviz.html.page import explorer_font
+
+        return json.dumps({**record, "font": explorer_font(record, self.models())}, ensure_ascii=False)
 
 
 def attention_json(result) -> str:

@@ -6,9 +6,10 @@ Every request is checked before anything else, in this order, and refused with a
 - it carries the server's token, as ?token= or an Authorization: Bearer header (compared in constant time), 403;
 - a body at most MAX_BODY_BYTES (413), a JSON object (400).
 Then GET / is the explorer's page (html/page.py's explorer_page: the report's views and explorer.js), GET
-/api/models the models loaded, POST /api/heads a run (serve/explorer.py). A request that fails gets its error as
-JSON with a 4xx status (503 when the model's queue is full; 500 with one line, never a traceback, for a bug), and
-the server goes on serving. Every answer says no-store, nosniff and no-referrer (the token is in the page's URL).
+/api/models the models loaded, POST /api/heads, /api/roles and /api/patch a run (serve/explorer.py). A request
+that fails gets its error as JSON with a 4xx status (503 when the model's queue is full; 500 with one line, never
+a traceback, for a bug), and the server goes on serving. Every answer says no-store, nosniff and no-referrer (the
+token is in the page's URL).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from attnviz.serve.explorer import Busy, Explorer, ServeSettings
 
 MAX_BODY_BYTES = 1 << 20  # 1 MiB: a text of 2,048 tokens is at most a few tens of kB, even as \u escapes
 LOOPBACK_NAMES = ("127.0.0.1", "localhost")
+POST_ROUTES = {"/api/heads": "heads", "/api/roles": "roles", "/api/patch": "patch"}  # path -> the Explorer's method
 SECURITY_HEADERS = {
     "Cache-Control": "no-store",
     "X-Content-Type-Options": "nosniff",
@@ -85,17 +87,17 @@ class ExplorerHandler(BaseHTTPRequestHandler):
             return HTTPStatus.OK, "text/html; charset=utf-8", page, {"Content-Security-Policy": f"{policy}; frame-ancestors 'none'"}
         if path == "/api/models":
             return HTTPStatus.OK, "application/json", json.dumps(self.server.explorer.models()), {}
-        raise Refused(HTTPStatus.NOT_FOUND, f"no page {path[:80]!r}: GET / or /api/models, POST /api/heads")
+        raise Refused(HTTPStatus.NOT_FOUND, f"no page {path[:80]!r}: GET / or /api/models, POST {', '.join(POST_ROUTES)}")
 
     def post(self) -> tuple[HTTPStatus, str, str, dict]:
         path = urlsplit(self.path).path
-        if path != "/api/heads":
-            raise Refused(HTTPStatus.NOT_FOUND, f"nothing to POST at {path[:80]!r}: POST /api/heads")
+        if path not in POST_ROUTES:
+            raise Refused(HTTPStatus.NOT_FOUND, f"nothing to POST at {path[:80]!r}: POST {', '.join(POST_ROUTES)}")
         try:
             request = json.loads(self.body())
         except (UnicodeDecodeError, ValueError) as error:
             raise Refused(HTTPStatus.BAD_REQUEST, f"the request body is not JSON: {error}") from None
-        return HTTPStatus.OK, "application/json", self.server.explorer.heads(request), {}
+        return HTTPStatus.OK, "application/json", getattr(self.server.explorer, POST_ROUTES[path])(request), {}
 
     def body(self) -> bytes:
         length = self.headers.get("Content-Length")

@@ -52,6 +52,14 @@
     }
   }
 
+  // Why a text's record holds the run's layer alone: cross-attention has no other (every layer is self-attention on the
+  // text's own tokens); a self-attention run computed that layer only (attnviz.heads, `attnviz serve`'s text box).
+  function oneLayer(text) {
+    const cross = (text.kv_text !== null && text.kv_text !== undefined) || (text.settings && text.settings.stack === "cross");
+    if (cross) return `This cross-attention run holds only layer ${text.layer}: the report has no other layer's maps for it.`;
+    return `This run computed layer ${text.layer} alone: the report has no other layer's maps for it (attnviz report, roles and patch hold every layer).`;
+  }
+
   // Lets the browser paint between layers, so a long text's 72 maps do not freeze the page.
   const nextFrame = () => new Promise((resolve) => setTimeout(resolve, 0));
 
@@ -65,7 +73,7 @@
     const logScale = AV.logScale(cols);
     section.appendChild(AV.el("h2", {}, "Model view"));
     const notes = [`Every layer × head of this text (${rows} × ${cols} tokens), coloured on the ${logScale ? "log scale 0.001 to 1" : "linear scale 0 to 1"}; click a map (or Tab to it and press Enter) to open it large.`];
-    if (!text.layers) notes.push(`This cross-attention run holds only layer ${text.layer}: the report has no other layer's maps for it.`);
+    if (!text.layers) notes.push(oneLayer(text));
     if (Math.max(rows, cols) > CELL_SIDE_PX) notes.push(`Each pixel of a small map shows the largest weight of the block of cells it covers.`);
     if (text.layers && text.layers.dtype === "uint8") notes.push("Layers other than the run's are drawn from 256 levels of the log colour scale.");
     if (text.effects) notes.push(`Under each map of layer${text.effects.layers.length > 1 ? "s" : ""} ${text.effects.layers.join(", ")}, ${AV.effectNote(text)}`);
