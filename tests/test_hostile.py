@@ -152,3 +152,40 @@ def test_a_full_disk_under_standard_error_costs_nothing(tmp_path):
         done = attnviz("heads", "the cat sat", "--model", "bundled", "--heads", "2", "--out", str(target), stderr=full, stdout=subprocess.PIPE, text=True)
     assert done.returncode == 0 and done.stdout.startswith("model")
     assert sorted(path.name for path in target.iterdir()) == HEADS_FILES
+
+
+def integer_options() -> list[tuple[str, str, object]]:
+    """(command, flag, click's parameter) of every integer option of every command, from the app through typer's and
+    click's public API: a command or option added later is swept too."""
+    import typing
+
+    import typer.main
+
+    from attnviz.cli.main import app
+
+    group = typer.main.get_command(app)
+    found = []
+    for command in app.registered_commands:
+        name = command.name or command.callback.__name__
+        hints = typing.get_type_hints(command.callback)
+        for parameter in group.commands[name].params:
+            if hints.get(parameter.name) in (int, typing.Optional[int]):
+                found.append((name, max(parameter.opts, key=len), parameter))
+    return found
+
+
+def test_the_sweep_finds_the_integer_options():
+    found = {(command, flag) for command, flag, _ in integer_options()}
+    assert {("roles", "--sinks"), ("heads", "--layer"), ("serve", "--port"), ("trace", "--d-q"), ("stats", "--chunk-lines")} <= found
+    assert len(found) > 30
+
+
+@pytest.mark.parametrize("command, flag", [(command, flag) for command, flag, _ in integer_options()])
+def test_every_integer_option_refuses_a_huge_number_in_one_line_with_exit_2(command, flag, tmp_path, capsys, monkeypatch):
+    """99999999999999999999999 is past a C integer: each option's maximum refuses it as the command line is read."""
+    monkeypatch.chdir(tmp_path)
+    assert run([command, flag, "99999999999999999999999"]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith(f"error: Invalid value for '{flag}'") and "less than or equal to" in error, error
+    assert error.count("\n") == 1, error
+    assert list(tmp_path.iterdir()) == []

@@ -6,7 +6,7 @@ from typing import List, Optional
 
 import typer
 
-from attnviz.cli.options import Device, DeviceOption, Dtype, DtypeOption, app, errors
+from attnviz.cli.options import MAX_COUNT, Device, DeviceOption, Dtype, DtypeOption, app, errors
 from attnviz.errors import AttnvizError
 
 
@@ -21,7 +21,7 @@ def serve(
         "127.0.0.1", "--host", help="The address to listen on. Another than 127.0.0.1 lets other machines reach the page (with the token); "
         "0.0.0.0 (or ::) listens on every address of this machine."
     ),
-    max_tokens: int = typer.Option(2048, "--max-tokens", min=1, metavar="N", help="The most tokens a text of a request may have."),
+    max_tokens: int = typer.Option(2048, "--max-tokens", min=1, max=MAX_COUNT, metavar="N", help="The most tokens a text of a request may have."),
     device: Device = DeviceOption,
     dtype: Dtype = DtypeOption,
 ) -> None:
