@@ -87,7 +87,7 @@ def test_a_head_out_of_range_is_refused_before_the_heads_are_computed(tmp_path, 
 def test_head_is_its_own_option_not_a_prefix_of_heads(capsys):
     assert run(["heads", "--help"]) == 0
     shown = capsys.readouterr().out
-    assert re.search(r"^\s+--head N\s", shown, flags=re.M) and re.search(r"^\s+--heads <int>\s", shown, flags=re.M)
+    assert re.search(r"^\s+--head N\s", shown, flags=re.M) and re.search(r"^\s+--heads <int range>\s", shown, flags=re.M)
 
 
 # ---- --figures and --quiet ---------------------------------------------------------------------------
