@@ -189,3 +189,34 @@ def test_every_integer_option_refuses_a_huge_number_in_one_line_with_exit_2(comm
     assert error.startswith(f"error: Invalid value for '{flag}'") and "less than or equal to" in error, error
     assert error.count("\n") == 1, error
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "tensor, family",
+    [("cls.predictions.bias", "bert"), ("cls.predictions.transform.dense.weight", "bert"), ("lm_head.weight", "llama")],
+)
+def test_a_task_head_with_nan_in_its_weights_is_refused_in_one_line_and_writes_nothing(tensor, family, tmp_path, capsys):
+    """A checkpoint whose masked-LM head (or language-model head) holds NaN: patch reads it, and refuses it as heads
+    refuses a projection's NaN, naming the tensor (it wrote NaN into patch.json)."""
+    import torch
+    import transformers
+    from safetensors.torch import load_file, save_file
+    from tiny_families import _DECODER, _ENCODER, WORDPIECE_VOCAB, bpe_tokenizer, save_checkpoint, wordpiece_tokenizer
+
+    folder = tmp_path / "model"
+    if family == "bert":
+        save_checkpoint(transformers.BertConfig(vocab_size=WORDPIECE_VOCAB, **_ENCODER), transformers.BertForMaskedLM, wordpiece_tokenizer(), folder)
+        texts = ["The cat sat on the [MASK].", "--corrupt", "The dog sat on the [MASK].", "--answer", "mat", "--wrong", "floor"]
+    else:
+        config = transformers.LlamaConfig(**{**_DECODER, "tie_word_embeddings": False})
+        save_checkpoint(config, transformers.LlamaForCausalLM, bpe_tokenizer(bos=True), folder)
+        texts = ["The cat sat on the", "--corrupt", "The mat sat on the", "--answer", " mat", "--wrong", " cat"]
+    weights = load_file(folder / "model.safetensors")
+    assert tensor in weights
+    weights[tensor].view(-1)[:3] = torch.tensor([float("nan"), float("inf"), 1.0])
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    capsys.readouterr()  # transformers' own progress bars while saving
+    out = tmp_path / "run"
+    assert run(["patch", *texts, "--model", str(folder), "--device", "cpu", "--out", str(out)]) == 2
+    assert capsys.readouterr().err == f"error: the model's {tensor} holds 2 NaN or infinite values: its checkpoint is damaged\n"
+    assert not out.exists()
