@@ -5,6 +5,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from helpers import assert_close_after_rounding
 
 from attnviz.analysis.compare import compare_splits, default_head_counts, parse_head_counts, parse_weights
 from attnviz.analysis.statistics import summarize_heads
@@ -167,8 +168,8 @@ def test_compare_end_to_end(tmp_path, capsys, bundled_bert):
         ("pretrained", 1), ("pretrained", 4), ("random", 1), ("random", 4)
     ]
     (four,) = run_attention(bundled_bert, [TEXT], run_spec(bundled_bert, layer=LAYER, num_heads=4))
-    expected = [round(summary.relative_entropy, 6) for summary in summarize_heads(four.attention)]
-    assert [head["relative_entropy"] for head in record["splits"][1]["heads"]] == expected
+    expected = [summary.relative_entropy for summary in summarize_heads(four.attention)]  # another run: within float32
+    assert_close_after_rounding([head["relative_entropy"] for head in record["splits"][1]["heads"]], expected, 6, rounded=1)
     shown = capsys.readouterr().out
     assert "pretrained" in shown and "random" in shown and "rel." in shown and "compare.png" in shown
     assert max(len(line) for line in shown.splitlines()) <= 80
