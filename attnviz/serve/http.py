@@ -241,11 +241,11 @@ def check_nesting(text: str) -> None:
     of [ would end in a RecursionError): brackets are counted outside strings, which JSON_TOKEN consumes whole."""
     depth = 0
     for token in JSON_TOKEN.finditer(text):
-        if token.group() in "[{":
+        if token.group() in ("[", "{"):
             depth += 1
             if depth > MAX_NESTING:
                 raise Refused(HTTPStatus.BAD_REQUEST, f"the request body is nested too deep: at most {MAX_NESTING} levels of [ and {{")
-        elif token.group() in "]}":
+        elif token.group() in ("]", "}"):
             depth -= 1
 
 
