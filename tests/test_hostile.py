@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from attnviz.cli import run
@@ -220,3 +221,14 @@ def test_a_task_head_with_nan_in_its_weights_is_refused_in_one_line_and_writes_n
     assert run(["patch", *texts, "--model", str(folder), "--device", "cpu", "--out", str(out)]) == 2
     assert capsys.readouterr().err == f"error: the model's {tensor} holds 2 NaN or infinite values: its checkpoint is damaged\n"
     assert not out.exists()
+
+
+def test_the_api_takes_more_sinks_than_keys_as_every_key():
+    """attnviz.roles(sinks=10**23): the first S keys are all of them, as sinks=N says (it ended in an OverflowError)."""
+    import attnviz as api
+
+    model = api.load("bundled", device="cpu")
+    text = "the cat sat on the mat"
+    huge, every = (api.roles(text, model=model, sinks=sinks).scores["streaming"] for sinks in (10**23, 8))  # 8 tokens
+    np.testing.assert_allclose(huge, every, atol=1e-6, rtol=0)
+    np.testing.assert_allclose(every, 1.0, atol=1e-6)  # every key a sink: each row's whole weight

@@ -217,8 +217,9 @@ def _streaming(block):
     """Each row's weight on the first S keys and on the W keys ending at the query (i - W + 1 .. i), each key once."""
     import torch
 
-    weights, sinks, recent = block.weights, block.roles.sinks, block.roles.recent
+    weights, recent = block.weights, block.roles.recent
     width = weights.shape[-1]
+    sinks = min(block.roles.sinks, width)  # S past the keys: every key a sink (and an S of 10**23 fits no tensor)
     span = min(recent, width)
     band = block.queries[:, None] + torch.arange(1 - span, 1, device=weights.device)  # (b, span): i - span + 1 .. i
     inside = (band >= sinks) & (band < width)  # keys below S are the sinks'
