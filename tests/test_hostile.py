@@ -223,12 +223,23 @@ def test_a_task_head_with_nan_in_its_weights_is_refused_in_one_line_and_writes_n
     assert not out.exists()
 
 
-def test_the_api_takes_more_sinks_than_keys_as_every_key():
-    """attnviz.roles(sinks=10**23): the first S keys are all of them, as sinks=N says (it ended in an OverflowError)."""
+def test_the_api_takes_more_sinks_or_a_wider_band_than_keys_as_every_key():
+    """attnviz.roles(sinks=10**23), attnviz.layers(band=10**23): the first S keys, the keys within w, are all of them,
+    as S or w = N says (each ended in an OverflowError)."""
     import attnviz as api
 
     model = api.load("bundled", device="cpu")
-    text = "the cat sat on the mat"
-    huge, every = (api.roles(text, model=model, sinks=sinks).scores["streaming"] for sinks in (10**23, 8))  # 8 tokens
+    text = "the cat sat on the mat"  # 8 tokens
+    huge, every = (api.roles(text, model=model, sinks=sinks).scores["streaming"] for sinks in (10**23, 8))
     np.testing.assert_allclose(huge, every, atol=1e-6, rtol=0)
     np.testing.assert_allclose(every, 1.0, atol=1e-6)  # every key a sink: each row's whole weight
+    huge, every = (api.layers(text, model=model, band=band).summaries.values["local"] for band in (10**23, 7))
+    np.testing.assert_allclose(huge, every, atol=1e-6, rtol=0)
+    np.testing.assert_allclose(every, 1.0, atol=1e-6)
+
+
+def test_the_api_refuses_a_tutorial_head_too_wide_in_one_line():
+    import attnviz as api
+
+    with pytest.raises(api.AttnvizError, match="^--d-q 100000000000000000000000: at most 65,536 features$"):
+        api.trace("the cat", model="bundled", layout="single-head", weights="random", d_q=10**23)

@@ -232,9 +232,10 @@ def _local(block):
     import torch
 
     weights = block.weights
-    offsets = torch.arange(-block.window, block.window + 1, device=weights.device)  # (2w+1,)
-    band = block.queries[:, None] + offsets[None, :]  # (b, 2w+1)
     width = weights.shape[-1]
+    window = min(block.window, width - 1)  # a band past the keys holds every key (and a w of 10**23 fits no tensor)
+    offsets = torch.arange(-window, window + 1, device=weights.device)  # (2w+1,)
+    band = block.queries[:, None] + offsets[None, :]  # (b, 2w+1)
     inside = (band >= 0) & (band < width)
     index = band.clamp(0, width - 1).expand(*weights.shape[:2], -1, -1)  # (B, H, b, 2w+1)
     return (weights.gather(-1, index) * inside).sum(dim=-1)

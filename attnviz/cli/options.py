@@ -16,7 +16,7 @@ from rich.console import Console
 
 from attnviz.api.options import OPTION_FIELDS, RunOptions
 from attnviz.models.families import supported_names
-from attnviz.spec import MAX_SEED
+from attnviz.spec import MAX_HEAD_SIZE, MAX_SEED
 from attnviz.version import package_version
 
 app = typer.Typer(
@@ -35,7 +35,6 @@ DEFAULT_OUTPUTS = Path("outputs")
 # in a run. These are past any model or machine; the commands' own checks say more (a layer the model has not).
 MAX_LAYER = 1023  # --layer: the deepest models have ~128 layers
 MAX_HEADS = 4096  # --heads, --head
-MAX_FEATURES = 1 << 16  # --d-q, --d-out
 MAX_COUNT = 1 << 24  # tokens, positions, lines, megabytes: 16,777,216
 
 
@@ -192,11 +191,11 @@ EveryLayerStackOption = typer.Option(
 KvOption = typer.Option(None, "--kv", help="Cross-attention: keys and values from this text, queries from TEXT.")
 HeadsOption = typer.Option(None, "--heads", max=MAX_HEADS, help="Split the projections into this many heads (default: the model's own).")
 DQOption = typer.Option(
-    None, "--d-q", max=MAX_FEATURES, metavar="N", help="The single-head tutorial's own d_q: W_q and W_k map D to d_q, the scale is 1/sqrt(d_q) "
+    None, "--d-q", max=MAX_HEAD_SIZE, metavar="N", help="The single-head tutorial's own d_q: W_q and W_k map D to d_q, the scale is 1/sqrt(d_q) "
     "(with --layout single-head --weights random; default D).", show_default=False,
 )
 DOutOption = typer.Option(
-    None, "--d-out", max=MAX_FEATURES, metavar="N", help="The single-head tutorial's own d_out: W_v maps D to d_out, no W_o "
+    None, "--d-out", max=MAX_HEAD_SIZE, metavar="N", help="The single-head tutorial's own d_out: W_v maps D to d_out, no W_o "
     "(with --layout single-head --weights random; default D).", show_default=False,
 )
 EveryLayerHeadsOption = typer.Option(
