@@ -167,6 +167,7 @@ def refuse_cross_over_every_layer(stack: str | None) -> None:
         )
 
 
+MAX_HEAD_SIZE = 1 << 16  # --d-q, --d-out: the single-head tutorial's sizes, far past any model's width
 MAX_TRACE_TEXTS = 32  # a trace is read by a person: one padded batch of a few texts
 
 
@@ -178,6 +179,8 @@ def check_seed_head_sizes(d_q: int | None, d_out: int | None, layout: str | None
     for flag, value in (("--d-q", d_q), ("--d-out", d_out)):
         if value is not None and value < 1:
             raise AttnvizError(f"{flag} {value}: a head needs at least 1 feature")
+        if value is not None and value > MAX_HEAD_SIZE:
+            raise AttnvizError(f"{flag} {value}: at most {MAX_HEAD_SIZE:,} features")
     if layout != "single-head" or weights != "random":
         raise AttnvizError(
             f"{given} {'size' if ' and ' in given else 'sizes'} the single-head tutorial's own W_q, W_k (D to d_q) and W_v (D to d_out), which no model "

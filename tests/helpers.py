@@ -1,7 +1,8 @@
 """Helpers shared by several test modules (no test module imports another; conftest.py holds the fixtures).
 
 Hand-made runs and PNG pixels; the measures written out from a layer's nn.Linear weights; the report's
-weights decoded on their own; a Python script run in a fresh process from the tests' folder.
+weights decoded on their own; numbers of two computations compared within what float32 and their rounding allow;
+a Python script run in a fresh process from the tests' folder.
 """
 
 from __future__ import annotations
@@ -172,6 +173,106 @@ def decoded(encoded: dict) -> np.ndarray:
     assert encoded["dtype"] == "uint16" and encoded["unit"] == 0.0001
     codes = np.frombuffer(zlib.decompress(base64.b64decode(encoded["data"])), dtype="<u2")
     return codes.reshape(encoded["shape"]) * 1e-4
+
+
+# --- one number from two computations -------------------------------------------------------------
+#
+# Two float32 computations of one number (two runs, two code paths, another CPU's kernels or thread count) differ by
+# a few ulps, and that can carry a value across the half-unit where rounding to d decimals turns: 20 of 4,992 q values
+# of two runs differed by 0.0001 on a 2-core Xeon. So two computations are compared within one unit of the last
+# decimal kept (half a unit for each side rounded) and a few float32 ulps of the magnitude, never for equality after
+# rounding; the same float written twice (one computation) stays compared exactly.
+
+ULPS = 8  # float32 ulps of the numbers' magnitude that two computations' sums may differ by
+
+
+def rounding_tolerance(magnitude: float, decimals: int, rounded: int = 2, ulps: int = ULPS) -> float:
+    """|a - b| that two computations of numbers of this magnitude may show, `rounded` (1 or 2) of them rounded to
+    `decimals`. The magnitude is the largest of the numbers computed together (an array's): a sum's rounding error
+    is a few ulps of its largest terms, not of its result, which may be near 0."""
+    slack = ulps * float(np.spacing(np.float32(magnitude)))
+    return rounded * 0.5 * 10.0**-decimals * (1 + 1e-9) + slack  # 1e-9: the decimal's own float64 error
+
+
+def assert_close_after_rounding(actual, expected, decimals: int, rounded: int = 2, ulps: int = ULPS, magnitude: float | None = None) -> None:
+    """Two computations of the same numbers (an array) agree as far as float32 and the rounding to `decimals` allow:
+    |a - b| <= rounded × half a unit of the last decimal + ulps float32 ulps of the magnitude (of the numbers
+    computed together: by default the largest given)."""
+    actual, expected = np.asarray(actual, dtype=np.float64), np.asarray(expected, dtype=np.float64)
+    assert actual.shape == expected.shape, (actual.shape, expected.shape)
+    assert (np.isnan(actual) == np.isnan(expected)).all()
+    off = np.abs(np.nan_to_num(actual) - np.nan_to_num(expected))
+    if magnitude is None:
+        magnitude = max(np.abs(np.nan_to_num(actual)).max(initial=0), np.abs(np.nan_to_num(expected)).max(initial=0))
+    tolerance = rounding_tolerance(magnitude, decimals, rounded, ulps)
+    assert off.max(initial=0) <= tolerance, f"{int((off > tolerance).sum())} of {off.size} differ by more than {tolerance:.3g}: {off.max()}"
+
+
+def assert_shows(text: str, value: float, decimals: int, magnitude: float | None = None) -> None:
+    """The text (a terminal's, a figure title's) shows a number of `decimals` decimals that is another computation's
+    `value` within what float32 and the rounding allow."""
+    import re
+
+    shown = [float(number) for number in re.findall(rf"[-+]?\d+\.\d{{{decimals}}}(?!\d)", text)]
+    tolerance = rounding_tolerance(abs(value) if magnitude is None else magnitude, decimals, rounded=1)
+    assert any(abs(number - value) <= tolerance for number in shown), (value, shown)
+
+
+def written_decimals(number: float) -> int:
+    """The decimals a number written to a JSON record shows (1e-05: 5, 0.5: 1)."""
+    from decimal import Decimal
+
+    return max(0, -Decimal(repr(float(number))).as_tuple().exponent)
+
+
+def record_numbers(record, path: str = "") -> dict[str, list]:
+    """Every number of a JSON record by its key path, list indices left out: {"attention[]": [...], ...}."""
+    found: dict[str, list] = {}
+    if isinstance(record, dict):
+        for key, value in record.items():
+            for name, numbers in record_numbers(value, f"{path}.{key}").items():
+                found.setdefault(name, []).extend(numbers)
+    elif isinstance(record, list):
+        for value in record:
+            for name, numbers in record_numbers(value, f"{path}[]").items():
+                found.setdefault(name, []).extend(numbers)
+    elif isinstance(record, float):
+        found[path] = [record]
+    return found
+
+
+def assert_records_match(actual, expected) -> None:
+    """Two runs' JSON records (attention.json's, the report's, ...) hold the same keys, strings and integers, and
+    numbers within what float32 and their rounding allow; an encoded array's codes (the report's uint16 in units of
+    1e-4, uint8 log levels) each within one step. A field's decimals are the most any of its numbers shows (of two
+    numbers one unit of the last decimal apart, one shows them all; a field of one number: the record's most), its
+    magnitude its largest number."""
+    numbers = record_numbers([actual, expected])
+    finest = max((written_decimals(number) for each in numbers.values() for number in each), default=0)
+    tolerances = {
+        path: rounding_tolerance(max(map(abs, each)), max(map(written_decimals, each)) if len(each) > 2 else finest)
+        for path, each in numbers.items()
+    }
+    _match(actual, expected, "", tolerances)
+
+
+def _match(actual, expected, path: str, tolerances: dict) -> None:
+    if isinstance(expected, dict) and {"dtype", "data", "shape"} <= set(expected):
+        assert isinstance(actual, dict) and {k: v for k, v in actual.items() if k != "data"} == {k: v for k, v in expected.items() if k != "data"}, path
+        codes = [np.frombuffer(zlib.decompress(base64.b64decode(each["data"])), dtype="<u2" if each["dtype"] == "uint16" else np.uint8) for each in (actual, expected)]
+        assert np.abs(codes[0].astype(np.int64) - codes[1].astype(np.int64)).max(initial=0) <= 1, path
+    elif isinstance(expected, dict):
+        assert isinstance(actual, dict) and list(actual) == list(expected), (path, list(actual) if isinstance(actual, dict) else actual)
+        for key in expected:
+            _match(actual[key], expected[key], f"{path}.{key}", tolerances)
+    elif isinstance(expected, list):
+        assert isinstance(actual, list) and len(actual) == len(expected), path
+        for each, other in zip(actual, expected):
+            _match(each, other, f"{path}[]", tolerances)
+    elif isinstance(expected, float) and isinstance(actual, float):
+        assert actual == expected or abs(actual - expected) <= tolerances[f"[]{path}"], (path, actual, expected)
+    else:
+        assert actual == expected and type(actual) is type(expected), (path, actual, expected)
 
 
 # --- a fresh process --------------------------------------------------------------------------------

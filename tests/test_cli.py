@@ -247,7 +247,7 @@ def test_help_writes_option_types_as_typer_does(command, help_texts):
     if command == "serve":  # no text and no files: the page's and the requests' texts
         assert "--model NAME" in text and "--port <int range>" in text and "--host <str>" in text and "--max-tokens N" in text
     if command in ("heads", "trace"):
-        assert "--layer <int>" in text and "--seed <int range>" in text
+        assert "--layer <int range>" in text and "--seed <int range>" in text  # a bounded int, as typer writes it
         assert "--weights <pretrained|random>" in text
         assert "parameters" in text.split("--weights", 1)[1][:200]  # --weights is about the layer's parameters
     if command == "heads":

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from attnviz.cli import run
@@ -152,3 +153,93 @@ def test_a_full_disk_under_standard_error_costs_nothing(tmp_path):
         done = attnviz("heads", "the cat sat", "--model", "bundled", "--heads", "2", "--out", str(target), stderr=full, stdout=subprocess.PIPE, text=True)
     assert done.returncode == 0 and done.stdout.startswith("model")
     assert sorted(path.name for path in target.iterdir()) == HEADS_FILES
+
+
+def integer_options() -> list[tuple[str, str, object]]:
+    """(command, flag, click's parameter) of every integer option of every command, from the app through typer's and
+    click's public API: a command or option added later is swept too."""
+    import typing
+
+    import typer.main
+
+    from attnviz.cli.main import app
+
+    group = typer.main.get_command(app)
+    found = []
+    for command in app.registered_commands:
+        name = command.name or command.callback.__name__
+        hints = typing.get_type_hints(command.callback)
+        for parameter in group.commands[name].params:
+            if hints.get(parameter.name) in (int, typing.Optional[int]):
+                found.append((name, max(parameter.opts, key=len), parameter))
+    return found
+
+
+def test_the_sweep_finds_the_integer_options():
+    found = {(command, flag) for command, flag, _ in integer_options()}
+    assert {("roles", "--sinks"), ("heads", "--layer"), ("serve", "--port"), ("trace", "--d-q"), ("stats", "--chunk-lines")} <= found
+    assert len(found) > 30
+
+
+@pytest.mark.parametrize("command, flag", [(command, flag) for command, flag, _ in integer_options()])
+def test_every_integer_option_refuses_a_huge_number_in_one_line_with_exit_2(command, flag, tmp_path, capsys, monkeypatch):
+    """99999999999999999999999 is past a C integer: each option's maximum refuses it as the command line is read."""
+    monkeypatch.chdir(tmp_path)
+    assert run([command, flag, "99999999999999999999999"]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith(f"error: Invalid value for '{flag}'") and "less than or equal to" in error, error
+    assert error.count("\n") == 1, error
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "tensor, family",
+    [("cls.predictions.bias", "bert"), ("cls.predictions.transform.dense.weight", "bert"), ("lm_head.weight", "llama")],
+)
+def test_a_task_head_with_nan_in_its_weights_is_refused_in_one_line_and_writes_nothing(tensor, family, tmp_path, capsys):
+    """A checkpoint whose masked-LM head (or language-model head) holds NaN: patch reads it, and refuses it as heads
+    refuses a projection's NaN, naming the tensor (it wrote NaN into patch.json)."""
+    import torch
+    import transformers
+    from safetensors.torch import load_file, save_file
+    from tiny_families import _DECODER, _ENCODER, WORDPIECE_VOCAB, bpe_tokenizer, save_checkpoint, wordpiece_tokenizer
+
+    folder = tmp_path / "model"
+    if family == "bert":
+        save_checkpoint(transformers.BertConfig(vocab_size=WORDPIECE_VOCAB, **_ENCODER), transformers.BertForMaskedLM, wordpiece_tokenizer(), folder)
+        texts = ["The cat sat on the [MASK].", "--corrupt", "The dog sat on the [MASK].", "--answer", "mat", "--wrong", "floor"]
+    else:
+        config = transformers.LlamaConfig(**{**_DECODER, "tie_word_embeddings": False})
+        save_checkpoint(config, transformers.LlamaForCausalLM, bpe_tokenizer(bos=True), folder)
+        texts = ["The cat sat on the", "--corrupt", "The mat sat on the", "--answer", " mat", "--wrong", " cat"]
+    weights = load_file(folder / "model.safetensors")
+    assert tensor in weights
+    weights[tensor].view(-1)[:3] = torch.tensor([float("nan"), float("inf"), 1.0])
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    capsys.readouterr()  # transformers' own progress bars while saving
+    out = tmp_path / "run"
+    assert run(["patch", *texts, "--model", str(folder), "--device", "cpu", "--out", str(out)]) == 2
+    assert capsys.readouterr().err == f"error: the model's {tensor} holds 2 NaN or infinite values: its checkpoint is damaged\n"
+    assert not out.exists()
+
+
+def test_the_api_takes_more_sinks_or_a_wider_band_than_keys_as_every_key():
+    """attnviz.roles(sinks=10**23), attnviz.layers(band=10**23): the first S keys, the keys within w, are all of them,
+    as S or w = N says (each ended in an OverflowError)."""
+    import attnviz as api
+
+    model = api.load("bundled", device="cpu")
+    text = "the cat sat on the mat"  # 8 tokens
+    huge, every = (api.roles(text, model=model, sinks=sinks).scores["streaming"] for sinks in (10**23, 8))
+    np.testing.assert_allclose(huge, every, atol=1e-6, rtol=0)
+    np.testing.assert_allclose(every, 1.0, atol=1e-6)  # every key a sink: each row's whole weight
+    huge, every = (api.layers(text, model=model, band=band).summaries.values["local"] for band in (10**23, 7))
+    np.testing.assert_allclose(huge, every, atol=1e-6, rtol=0)
+    np.testing.assert_allclose(every, 1.0, atol=1e-6)
+
+
+def test_the_api_refuses_a_tutorial_head_too_wide_in_one_line():
+    import attnviz as api
+
+    with pytest.raises(api.AttnvizError, match="^--d-q 100000000000000000000000: at most 65,536 features$"):
+        api.trace("the cat", model="bundled", layout="single-head", weights="random", d_q=10**23)

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import assert_records_match
 
 import attnviz
 from attnviz.analysis.statistics import STATISTICS, batch_statistics, head_statistics, js_distance, key_kind_columns
@@ -199,7 +200,8 @@ def test_layers_and_stats_commands_on_a_long_text(tmp_path, capsys):
     capsys.readouterr()
     assert run(["stats", LONG_TEXT, "--model", "bundled", "--memory", "1", "--out", str(tmp_path / "no-js")]) == 0
     without = json.loads((tmp_path / "no-js" / "stats.json").read_text(encoding="utf-8"))
-    assert without["js_distance"] is None and without["heads"] == record["heads"]
+    assert without["js_distance"] is None
+    assert_records_match(without["heads"], record["heads"])  # another run: its numbers within float32
     assert "not measured for a text past 64 MB of maps" in " ".join(capsys.readouterr().out.split())
 
 

@@ -3,8 +3,11 @@ weight for a query and key chosen, against attnviz.heads(vectors=True)'s own flo
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
+from helpers import assert_close_after_rounding
 
 import attnviz
 
@@ -36,9 +39,13 @@ def test_each_heads_q_dot_k_is_the_apis_score_before_the_scale(neuron_report, op
     assert len(sums) == result.num_heads
     assert np.all(np.abs(np.array(sums) - exact) <= bound), (sums, exact)
     assert np.all(np.abs(np.array(scaled) - exact * vectors.scale) <= bound * vectors.scale + 5e-5)
-    assert weights == [f"{w:.4f}" for w in np.round(result.attention.numpy()[:, QUERY, KEY].astype(np.float64), 4)]
+    assert all(len(weight.split(".")[1]) == 4 for weight in weights)  # the report's run, to 4 decimals: heads' within float32
+    assert_close_after_rounding([float(weight) for weight in weights], result.attention.numpy()[:, QUERY, KEY], 4, rounded=1)
     # a cell's read-out names its numbers
     page.page.hover(".neuron-strips[data-head='1'] rect[data-channel='3']")
     q, k = vectors.q[1, QUERY, 3], vectors.k[1, KEY, 3]
     readout = page.page.text_content("#neuron-readout")
-    assert readout.startswith(f"head 1 · channel 3: q {q:.4f} × k {k:.4f} = ")
+    shown = re.match(r"head 1 · channel 3: q (-?\d+\.\d{4}) × k (-?\d+\.\d{4}) = ", readout)
+    assert shown, readout  # the report's run: heads' q and k within float32
+    magnitude = max(np.abs(vectors.q).max(), np.abs(vectors.k).max())
+    assert_close_after_rounding([float(shown[1]), float(shown[2])], [q, k], 4, rounded=1, magnitude=magnitude)

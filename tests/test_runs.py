@@ -240,6 +240,45 @@ def test_concurrent_runs_into_one_folder_leave_one_whole_run(tmp_path):
     assert sorted(path.name for path in target.iterdir()) == sorted([*names, MANIFEST])  # nothing hidden left
 
 
+@pytest.mark.slow  # 10,000 checks: 14 s on 2 cores
+def test_checks_of_a_folder_that_other_runs_make_and_remove_never_call_it_a_file(tmp_path):
+    """Four runs' checks of one missing --out while another thread makes and removes that folder as their checks do:
+    a folder that appears or vanishes between two looks is missing or a folder, never "a file" (exists() then
+    is_dir() said so 1,283 times in 20,000)."""
+    import threading
+
+    target = tmp_path / "D" / "same"
+    done = threading.Event()
+    refusals: list[str] = []
+
+    def make_and_remove():
+        while not done.is_set():
+            for change in (lambda: target.mkdir(parents=True), target.rmdir):
+                try:
+                    change()
+                except OSError:  # made or removed by a check meanwhile, or holding a check's probe
+                    pass
+
+    def check(times: int):
+        for _ in range(times):
+            try:
+                runs.check_target(target)
+            except AttnvizError as error:
+                refusals.append(str(error))
+
+    toggler = threading.Thread(target=make_and_remove)
+    checkers = [threading.Thread(target=check, args=(2500,)) for _ in range(4)]
+    toggler.start()
+    for each in checkers:
+        each.start()
+    for each in checkers:
+        each.join()
+    done.set()
+    toggler.join()
+    assert refusals == []
+    assert not [path for path in tmp_path.rglob("*") if path.name.startswith(".attnviz-")]  # no probe left
+
+
 @pytest.mark.parametrize(
     "out, words",
     [

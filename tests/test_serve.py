@@ -101,12 +101,12 @@ def test_the_map_of_post_api_heads_is_transformers_eager_attention_to_4_decimals
 
 def test_the_report_answer_is_the_record_that_report_html_embeds(server, bundled):
     import attnviz
-    from helpers import decoded
+    from helpers import assert_records_match, decoded
 
     status, record = heads(server, {"text": ENGLISH, "layer": 2, "as": "report"})
     assert status == 200
     assert record.pop("font") is None  # no CJK character: no font (test_serve_page.py: the font of Chinese)
-    assert record == json.loads(json.dumps(attnviz.heads(ENGLISH, model=bundled, layer=2, vectors=None).report().record))
+    assert_records_match(record, json.loads(json.dumps(attnviz.heads(ENGLISH, model=bundled, layer=2, vectors=None).report().record)))
     (text,) = record["texts"]
     assert len(text["vectors"]["q"]) == bundled.num_heads  # the neuron view's q and k: a text of at most 64 tokens
     np.testing.assert_allclose(decoded(text["attention"]), attnviz.heads(ENGLISH, model=bundled, layer=2).attention.numpy(), atol=5e-5 + 1e-9, rtol=0)
@@ -211,22 +211,95 @@ def test_texts_past_max_tokens_are_refused_in_one_clear_line(bundled):
         assert heads(server, {"text": "the cat sat"})[0] == 200
 
 
-def test_what_http_server_refuses_itself_is_json_too(server):
+def raw_answer(server, request: bytes, address=None) -> bytes:
+    """What the server sends back for these bytes, to the end of the connection."""
     import socket
 
-    for request, status in ((b"GARBAGE\r\n\r\n", 400), (b'GET / HTTP/"9\r\n\r\n', 400), (b"PUT /api/heads HTTP/1.1\r\nHost: x\r\n\r\n", 501)):
-        with socket.create_connection(server.server_address[:2], timeout=30) as connection:
-            connection.sendall(request)
-            answer = b""
-            while chunk := connection.recv(65536):
-                answer += chunk
-        if not answer.startswith(b"HTTP/"):  # a request line it cannot read is answered as HTTP/0.9: the body alone
-            assert status == 400 and set(json.loads(answer)) == {"error"}, answer
-            continue
-        head, _, body = answer.partition(b"\r\n\r\n")
-        assert head.split(b" ")[1] == str(status).encode() and b"Content-Type: application/json" in head, answer
-        assert set(json.loads(body)) == {"error"}
+    with socket.create_connection(address or server.server_address[:2], timeout=30) as connection:
+        connection.sendall(request)
+        answer = b""
+        while chunk := connection.recv(65536):
+            answer += chunk
+    return answer
+
+
+@pytest.mark.parametrize(
+    "request_line, status, error",
+    [
+        (b"GARBAGE", 400, "Bad request syntax ('GARBAGE')"),
+        (b'GET / HTTP/"9', 400, None),
+        (b"GET / HTTP/9.9", 400, "Invalid HTTP version (9.9): this server speaks HTTP/1.1"),
+        (b"GET /", 400, "the request line names no HTTP version: this server speaks HTTP/1.1"),  # HTTP/0.9's
+        (b"PUT /api/heads HTTP/1.1\r\nHost: x", 501, None),
+    ],
+)
+def test_what_http_server_refuses_itself_is_an_http_1_1_answer_with_json(server, request_line, status, error):
+    """http.server answers a request line it cannot read as HTTP/0.9 (the body alone): here, a status line and headers."""
+    answer = raw_answer(server, request_line + b"\r\n\r\n")
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(f"HTTP/1.1 {status} ".encode()), answer
+    assert b"\r\nContent-Type: application/json\r\n" in head and f"Content-Length: {len(body)}".encode() in head
+    assert set(json.loads(body)) == {"error"}
+    if error is not None:
+        assert json.loads(body)["error"] == error
     assert heads(server, {"text": ENGLISH})[0] == 200
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"[" * 100_000, b'{"text": ' + b"[" * 50_000 + b"]" * 50_000 + b"}", b'{"text": "x", "heads": ' + b"[" * 33 + b"]" * 33 + b"}"],
+    ids=["100,000 [", "a text nested 50,000 deep", "33 levels"],
+)
+def test_json_nested_too_deep_is_a_400_before_the_parser_recurses(server, body):
+    status, answer, _ = ask(server, "POST", "/api/heads", raw=body)
+    assert (status, answer) == (400, {"error": "the request body is nested too deep: at most 32 levels of [ and {"})
+    assert heads(server, {"text": ENGLISH})[0] == 200
+
+
+def test_brackets_inside_strings_are_no_nesting(server):
+    text = "[{" * 40 + '"\\' + "]}" * 3  # brackets, a quote and a backslash inside the JSON string: 32 levels hold
+    status, record = heads(server, {"text": text, "heads": [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[2]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]})
+    assert status == 400 and "nested" not in record["error"]  # refused by RunOptions' check of heads, after parsing
+    status, record = heads(server, {"text": text})
+    assert status == 200 and record["text"] == text
+
+
+def test_a_content_length_that_is_not_ascii_digits_is_a_400_saying_so(server):
+    for length, status, error in (
+        ("²", 400, "the Content-Length header '²' is not a number of bytes"),  # str.isdigit takes it, int() does not
+        ("-1", 400, "the Content-Length header '-1' is not a number of bytes"),
+        ("9" * 5000, 413, "the request body has a 5,000-digit number of bytes: at most 1,048,576"),  # int() refuses 4,301 digits
+        ("00000000000000000000000000002", 400, 'the request body is not a JSON object: give {"text": ..., "layer": ...}'),  # the 2 bytes read
+    ):
+        connection = http.client.HTTPConnection(*server.server_address[:2], timeout=60)
+        connection.putrequest("POST", "/api/heads")
+        connection.putheader("Authorization", f"Bearer {server.token}")
+        connection.putheader("Content-Length", length)
+        connection.endheaders(b"[]")
+        response = connection.getresponse()
+        assert (response.status, json.loads(response.read())) == (status, {"error": error}), length
+        connection.close()
+    assert heads(server, {"text": ENGLISH})[0] == 200
+
+
+def test_clients_that_hang_up_leave_nothing_on_stderr(server, capsys):
+    """Connections closed with a reset (SO_LINGER 0) mid-body, after the request, and before the answer is written."""
+    import socket
+    import struct
+
+    request = json.dumps({"text": " ".join(["the cat sat on the mat"] * 60)}).encode()
+    head = f"POST /api/heads HTTP/1.1\r\nHost: 127.0.0.1:{server.server_address[1]}\r\nAuthorization: Bearer {server.token}\r\n"
+    head += f"Content-Length: {len(request)}\r\n\r\n"
+    for sent in (head.encode(), head.encode() + request[:10], head.encode() + request, b"GET / HT"):
+        for _ in range(5):
+            connection = socket.create_connection(server.server_address[:2], timeout=30)
+            connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close() sends a reset
+            connection.sendall(sent)
+            connection.close()
+    time.sleep(1.0)
+    assert heads(server, {"text": ENGLISH})[0] == 200  # after the runs of the hung-up requests (one at a time per model)
+    time.sleep(0.5)
+    assert capsys.readouterr().err == ""
 
 
 @pytest.mark.parametrize("name", list(FUZZ_TEXTS))
@@ -294,3 +367,46 @@ def test_cross_attention_takes_keys_and_values_from_kv(server, reference_bert):
     attention = np.array(record["attention"])  # (H, Nq, Nk): every row a distribution over the kv text's tokens
     assert attention.shape == (len(record["attention"]), 5, len(record["key_tokens"]))
     np.testing.assert_allclose(attention.sum(axis=-1), 1, atol=len(record["key_tokens"]) * 5e-5)
+
+
+def outward_address() -> str | None:
+    """This machine's address on its default route (a UDP socket's connect picks it and sends nothing), or None."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("203.0.113.1", 9))
+        except OSError:
+            return None
+        address = probe.getsockname()[0]
+    return None if address.startswith("127.") else address
+
+
+def test_a_server_on_every_address_answers_a_host_header_naming_the_machines_own_address(bundled):
+    """--host 0.0.0.0: a request to the machine's real address, naming it in Host (as another machine's browser
+    does), gets its map; a name of another site still gets 403."""
+    import socket
+
+    address = outward_address()
+    if address is None:
+        pytest.skip("this machine has no address but the loopback")
+    with running(lambda settings: Explorer({"bundled": bundled}, settings), host="0.0.0.0") as server:
+        port = server.server_address[1]
+        assert address in server.addresses and "127.0.0.1" in server.addresses
+
+        def status(at: str, host: str, origin: str | None = None) -> int:
+            connection = http.client.HTTPConnection(at, port, timeout=60)
+            headers = {"Host": host, "Authorization": f"Bearer {server.token}", **({"Origin": origin} if origin else {})}
+            connection.request("POST", "/api/heads", body=json.dumps({"text": "the cat sat"}), headers=headers)
+            answer = connection.getresponse()
+            answer.read()
+            connection.close()
+            return answer.status
+
+        assert status(address, f"{address}:{port}") == 200
+        assert status(address, f"{address}:{port}", origin=f"http://{address}:{port}") == 200
+        assert status("127.0.0.1", f"127.0.0.1:{port}") == 200 and status("127.0.0.1", f"localhost:{port}") == 200
+        assert status("127.0.0.1", f"{socket.gethostname()}:{port}") == 200
+        assert status(address, f"attacker.example:{port}") == 403
+        assert status(address, f"{address}:{port}", origin=f"http://attacker.example:{port}") == 403
+        assert status(address, f"{address}:{port + 1}") == 403

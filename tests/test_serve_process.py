@@ -107,3 +107,24 @@ def test_another_host_prints_a_warning_and_answers_only_to_its_own_name():
     finally:
         process.kill()
         process.wait()
+
+
+def test_every_address_names_the_machines_addresses_in_its_warning_and_answers_on_them():
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("203.0.113.1", 9))  # picks the default route's address; sends nothing
+            address = probe.getsockname()[0]
+        except OSError:
+            pytest.skip("this machine has no address but the loopback")
+    process = start("--host", "0.0.0.0")
+    try:
+        url = first_line(process)
+        warning = process.stderr.readline()
+        assert warning.startswith("warning: --host 0.0.0.0: other machines that reach any address of this machine (127.0.0.1, ")
+        assert address in warning.split("(")[1].split(")")[0].split(", ")
+        token, port = url.split("token=")[1], url.split(":")[2].split("/")[0]
+        assert post_heads(f"http://{address}:{port}/", {"text": "the cat"}, token)[0] == 200  # Host: the address asked
+        assert post_heads(f"http://{address}:{port}/", {"text": "the cat"}, token, {"Host": f"attacker.example:{port}"})[0] == 403
+    finally:
+        process.kill()
+        process.wait()

@@ -224,8 +224,9 @@ def _streaming(block):
     """Each row's weight on the first S keys and on the W keys ending at the query (i - W + 1 .. i), each key once."""
     import torch
 
-    weights, sinks, recent = block.weights, block.roles.sinks, block.roles.recent
+    weights, recent = block.weights, block.roles.recent
     width = weights.shape[-1]
+    sinks = min(block.roles.sinks, width)  # S past the keys: every key a sink (and an S of 10**23 fits no tensor)
     span = min(recent, width)
     band = block.queries[:, None] + torch.arange(1 - span, 1, device=weights.device)  # (b, span): i - span + 1 .. i
     inside = (band >= sinks) & (band < width)  # keys below S are the sinks'
@@ -238,9 +239,10 @@ def _local(block):
     import torch
 
     weights = block.weights
-    offsets = torch.arange(-block.window, block.window + 1, device=weights.device)  # (2w+1,)
-    band = block.queries[:, None] + offsets[None, :]  # (b, 2w+1)
     width = weights.shape[-1]
+    window = min(block.window, width - 1)  # a band past the keys holds every key (and a w of 10**23 fits no tensor)
+    offsets = torch.arange(-window, window + 1, device=weights.device)  # (2w+1,)
+    band = block.queries[:, None] + offsets[None, :]  # (b, 2w+1)
     inside = (band >= 0) & (band < width)
     index = band.clamp(0, width - 1).expand(*weights.shape[:2], -1, -1)  # (B, H, b, 2w+1)
     return (weights.gather(-1, index) * inside).sum(dim=-1)

@@ -16,7 +16,7 @@ from rich.console import Console
 
 from attnviz.api.options import OPTION_FIELDS, RunOptions
 from attnviz.models.families import DECODER, supported_names
-from attnviz.spec import MAX_SEED
+from attnviz.spec import MAX_HEAD_SIZE, MAX_SEED
 from attnviz.version import package_version
 
 app = typer.Typer(
@@ -30,6 +30,12 @@ console = Console(highlight=False)
 errors = Console(stderr=True, highlight=False, markup=False)
 
 DEFAULT_OUTPUTS = Path("outputs")
+
+# Every integer option has a maximum: click takes any integer, and one past a C integer ends in an OverflowError deep
+# in a run. These are past any model or machine; the commands' own checks say more (a layer the model has not).
+MAX_LAYER = 1023  # --layer: the deepest models have ~128 layers
+MAX_HEADS = 4096  # --heads, --head
+MAX_COUNT = 1 << 24  # tokens, positions, lines, megabytes: 16,777,216
 
 
 class Weights(str, Enum):
@@ -136,7 +142,7 @@ TruncateOption = typer.Option(False, help="Cut texts longer than the model's pos
 def _memory_option(past_it: str):
     """--memory (RunOptions.memory), with what happens past the budget for the commands that take it."""
     budget = "The most memory a block of attention may take (default: 512 on the CPU, half the GPU's free memory). "
-    return typer.Option(None, "--memory", min=1, metavar="MB", help=budget + past_it)
+    return typer.Option(None, "--memory", min=1, max=MAX_COUNT, metavar="MB", help=budget + past_it)
 
 
 MemoryOption = _memory_option(
@@ -165,7 +171,7 @@ EveryLayerCausalOption = typer.Option(
     "a decoder's attention is causal already.",
 )
 LayerOption = typer.Option(
-    0, "--layer", "-l", help="Model layer whose parameters (W_q, W_k, W_v, W_o) and input to use."
+    0, "--layer", "-l", max=MAX_LAYER, help="Model layer whose parameters (W_q, W_k, W_v, W_o) and input to use."
 )
 StackOption = typer.Option(
     None,
@@ -183,21 +189,22 @@ EveryLayerStackOption = typer.Option(
     show_default=False,
 )
 KvOption = typer.Option(None, "--kv", help="Cross-attention: keys and values from this text, queries from TEXT.")
-HeadsOption = typer.Option(None, "--heads", help="Split the projections into this many heads (default: the model's own).")
+HeadsOption = typer.Option(None, "--heads", max=MAX_HEADS, help="Split the projections into this many heads (default: the model's own).")
 DQOption = typer.Option(
-    None, "--d-q", metavar="N", help="The single-head tutorial's own d_q: W_q and W_k map D to d_q, the scale is 1/sqrt(d_q) "
+    None, "--d-q", max=MAX_HEAD_SIZE, metavar="N", help="The single-head tutorial's own d_q: W_q and W_k map D to d_q, the scale is 1/sqrt(d_q) "
     "(with --layout single-head --weights random; default D).", show_default=False,
 )
 DOutOption = typer.Option(
-    None, "--d-out", metavar="N", help="The single-head tutorial's own d_out: W_v maps D to d_out, no W_o "
+    None, "--d-out", max=MAX_HEAD_SIZE, metavar="N", help="The single-head tutorial's own d_out: W_v maps D to d_out, no W_o "
     "(with --layout single-head --weights random; default D).", show_default=False,
 )
 EveryLayerHeadsOption = typer.Option(
-    None, "--heads", help="Split each layer's projections into this many heads (default: the model's own)."
+    None, "--heads", max=MAX_HEADS, help="Split each layer's projections into this many heads (default: the model's own)."
 )
 HeadOption = typer.Option(
     None,
     "--head",
+    max=MAX_HEADS - 1,
     metavar="N",
     help="Draw one head: head N as the model numbers it (from 0, as the figures and tables do): only head_NN.png and "
     "its row of the table; attention.json and report.html keep every head. Not --heads, which re-splits the layer.",
@@ -314,6 +321,7 @@ BandOption = typer.Option(
     8,
     "--band",
     min=0,
+    max=MAX_COUNT,
     help="The local band's half-width w in tokens: summaries.json's local share is each query's weight on keys with "
     "|i - j| <= w.",
 )

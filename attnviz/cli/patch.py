@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 
 from attnviz.cli.options import (
+    MAX_COUNT,
     AllowPickleOption,
     Component,
     Device,
@@ -35,7 +36,7 @@ def patch(
     ),
     answer: str = typer.Option(..., "--answer", metavar="TOKEN", help="The clean text's answer, one token of the model's (e.g. ' Mary')."),
     wrong: str = typer.Option(..., "--wrong", metavar="TOKEN", help="The wrong answer, one token (e.g. ' John'): m = logit(answer) - logit(wrong)."),
-    position: Optional[int] = typer.Option(None, "--position", min=0, metavar="N", help="The position whose logits are read (default: the last)."),
+    position: Optional[int] = typer.Option(None, "--position", min=0, max=MAX_COUNT, metavar="N", help="The position whose logits are read (default: the last)."),
     per_position: bool = typer.Option(False, "--per-position", help="Also patch the most affecting heads one position at a time (patch_positions.png)."),
     component: Component = typer.Option(
         Component.out,

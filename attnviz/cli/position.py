@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 
 from attnviz.cli.options import (
+    MAX_HEADS,
     QuietOption,
     app,
     console,
@@ -37,7 +38,7 @@ def position(
         show_default=False,
     ),
     head: Optional[int] = typer.Option(
-        None, "--head", help="Head to draw (default: the one the position embeddings change most).", show_default=False
+        None, "--head", max=MAX_HEADS - 1, help="Head to draw (default: the one the position embeddings change most).", show_default=False
     ),
     model: Optional[str] = ModelOption,
     device: Device = DeviceOption,

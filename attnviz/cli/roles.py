@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 
 from attnviz.cli.options import (
+    MAX_COUNT,
     AllowPickleOption,
     Device,
     DeviceOption,
@@ -37,8 +38,8 @@ def roles(
     model: Optional[str] = ModelOption,
     exclude_bos: bool = typer.Option(False, "--exclude-bos", help="Leave the weight on the first token (BOS) out of the template scores, as TransformerLens's detect_head(exclude_bos=True)."),
     exclude_current: bool = typer.Option(False, "--exclude-current", help="Leave each query's weight on itself out of the template scores, as TransformerLens's exclude_current_token."),
-    sinks: int = typer.Option(4, "--sinks", min=0, metavar="S", help="The streaming share's sinks: the first S keys (StreamingLLM's 4)."),
-    recent: int = typer.Option(256, "--recent", min=1, metavar="W", help="The streaming share's recent window: the W keys ending at each query (DuoAttention's 256)."),
+    sinks: int = typer.Option(4, "--sinks", min=0, max=MAX_COUNT, metavar="S", help="The streaming share's sinks: the first S keys (StreamingLLM's 4)."),
+    recent: int = typer.Option(256, "--recent", min=1, max=MAX_COUNT, metavar="W", help="The streaming share's recent window: the W keys ending at each query (DuoAttention's 256)."),
     retrieval: bool = typer.Option(False, "--retrieval", help="Also find retrieval heads (Wu et al. 2024): needle-in-a-haystack tests generated greedily, each head scored by the needle tokens it copies; minutes on a CPU."),
     lengths: Optional[str] = typer.Option(None, "--lengths", metavar="N,N,...", help="With --retrieval: the haystacks' lengths in tokens. [default: 1024,2048,4096]", show_default=False),
     depths: Optional[str] = typer.Option(None, "--depths", metavar="D,D,...", help="With --retrieval: where the needle sits, 0 (start) to 1 (end). [default: 0.1,0.5,0.9]", show_default=False),

@@ -6,7 +6,7 @@ from typing import List, Optional
 
 import typer
 
-from attnviz.cli.options import Device, DeviceOption, Dtype, DtypeOption, app, errors
+from attnviz.cli.options import MAX_COUNT, Device, DeviceOption, Dtype, DtypeOption, app, errors
 from attnviz.errors import AttnvizError
 
 
@@ -18,9 +18,10 @@ def serve(
     ),
     port: int = typer.Option(8000, "--port", min=0, max=65535, help="The port to listen on (0: any free one)."),
     host: str = typer.Option(
-        "127.0.0.1", "--host", help="The address to listen on. Another than 127.0.0.1 lets other machines reach the page (with the token)."
+        "127.0.0.1", "--host", help="The address to listen on. Another than 127.0.0.1 lets other machines reach the page (with the token); "
+        "0.0.0.0 (or ::) listens on every address of this machine."
     ),
-    max_tokens: int = typer.Option(2048, "--max-tokens", min=1, metavar="N", help="The most tokens a text of a request may have."),
+    max_tokens: int = typer.Option(2048, "--max-tokens", min=1, max=MAX_COUNT, metavar="N", help="The most tokens a text of a request may have."),
     device: Device = DeviceOption,
     dtype: Dtype = DtypeOption,
 ) -> None:
@@ -31,14 +32,15 @@ def serve(
     only this machine unless --host says otherwise; docs/formats.md documents the API.
     """
     from attnviz.serve.explorer import Explorer, ServeSettings
-    from attnviz.serve.http import LOOPBACK_NAMES, ExplorerServer
+    from attnviz.serve.http import LOOPBACK_NAMES, WILDCARDS, ExplorerServer
 
     if not host.strip():
         raise AttnvizError("--host is empty: give an address, e.g. 127.0.0.1")
     settings = ServeSettings(host=host, port=port, max_tokens=max_tokens)
     server = ExplorerServer(settings)  # the port taken before the models load: a port in use is one line, exit 2
     if host not in LOOPBACK_NAMES:
-        errors.print(f"warning: --host {host}: other machines that reach this address can use the server (with its token)", soft_wrap=True)
+        reach = f"any address of this machine ({', '.join(server.addresses)})" if host in WILDCARDS else "this address"
+        errors.print(f"warning: --host {host}: other machines that reach {reach} can use the server (with its token)", soft_wrap=True)
     with server:
         server.explorer = Explorer.load(model or [], settings, device.value, dtype.value)
         print(server.url, flush=True)

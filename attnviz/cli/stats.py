@@ -9,6 +9,7 @@ from typing import Optional
 import typer
 
 from attnviz.cli.options import (
+    MAX_COUNT,
     Engine,
     QuietOption,
     app,
@@ -73,7 +74,7 @@ def stats(
         False, help="Continue from --checkpoint PATH: refused when it was made with other settings or another file."
     ),
     chunk_lines: int = typer.Option(
-        1024, "--chunk-lines", min=1, metavar="N",
+        1024, "--chunk-lines", min=1, max=MAX_COUNT, metavar="N",
         help="With --file: texts read, measured and checkpointed at a time (a shard on Ray).",
     ),
     engine: Engine = typer.Option(

@@ -257,10 +257,8 @@ def require_finite(x: torch.Tensor, module: nn.Module, prefix: str, what: str) -
 
 def check_parameters(module: nn.Module, prefix: str) -> None:
     """An AttnvizError naming the first tensor of `module` (its names start with prefix) that holds NaN or infinity."""
+    from attnviz.models.families.family import check_finite
+
     for name, tensor in module.state_dict(prefix=prefix).items():
-        # NaN and infinity reach a sum: a finite sum (the usual case) means finite values.
-        if tensor.is_floating_point() and not torch.isfinite(tensor.sum()):
-            count = int((~torch.isfinite(tensor)).sum())
-            if count:  # else the sum of large finite values overflowed
-                values = "value" if count == 1 else "values"
-                raise AttnvizError(f"the model's {name} holds {count} NaN or infinite {values}: its checkpoint is damaged")
+        if tensor.is_floating_point():
+            check_finite(tensor, name)

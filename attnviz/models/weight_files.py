@@ -147,8 +147,11 @@ def checkpoint_name(key: str) -> str | None:
 
 def stored_tensors(folder: Path | None, names, like: torch.Tensor) -> dict[str, torch.Tensor]:
     """Those of `names` that the folder's safetensors hold, by their names there (a task head's, which the base model
-    leaves out: a language-model head, a masked-LM head), in like's dtype and on its device."""
+    leaves out: a language-model head, a masked-LM head), in like's dtype and on its device; one that holds NaN or
+    infinity is refused, naming it."""
     from safetensors import safe_open
+
+    from attnviz.models.families.family import check_finite
 
     found = {}
     for path in weight_files(folder, safetensors=True, allow_pickle=False) if folder is not None else []:
@@ -156,6 +159,8 @@ def stored_tensors(folder: Path | None, names, like: torch.Tensor) -> dict[str, 
             continue
         with safe_open(str(path), framework="pt") as tensors:
             found.update({name: tensors.get_tensor(name).to(like) for name in names if name in tensors.keys()})
+    for name, tensor in found.items():
+        check_finite(tensor, name)
     return found
 
 

@@ -84,7 +84,7 @@ def check_target(target: Path) -> Path:
     try:
         if target.is_symlink() and not target.exists():
             raise AttnvizError(f"the output folder {target} is a symbolic link to {os.readlink(target)}, which does not exist")
-        if target.exists() and not target.is_dir():
+        if _is_a_file(target):
             raise AttnvizError(f"the output path {target} is a file, not a folder")
     except OSError as error:  # e.g. a name too long to look up
         raise output_error(target, error) from None
@@ -102,15 +102,25 @@ def check_target(target: Path) -> Path:
 MAKE_ATTEMPTS = 50
 
 
+def _is_a_file(path: Path) -> bool:
+    """Whether something that is no folder is at path, from one look (os.stat): concurrent runs make and remove the
+    same missing folder, and one that appears or vanishes between two looks (exists(), then is_dir()) would pass for a
+    file. Missing, or removed by another run since, is no file."""
+    try:
+        return not stat.S_ISDIR(os.stat(path).st_mode)
+    except FileNotFoundError:
+        return False
+
+
 def _make_hidden_folder(folder: Path, suffix: str) -> tuple[Path, list[Path]]:
     """A new hidden folder in folder, made with its missing parents; returns it and the parents made."""
     for attempt in range(MAKE_ATTEMPTS):
-        created = _make_folders(folder)
         try:
+            created = _make_folders(folder)
             return Path(tempfile.mkdtemp(prefix=HIDDEN_PREFIX, suffix=suffix, dir=folder)), created
         except FileNotFoundError:
-            # A concurrent run's check removed the folder it had made (it may have made it again
-            # since, so that the folder exists by now): make it again, and try once more.
+            # A concurrent run's check removed the folder it had made, or a parent of it (it may have made it
+            # again since, so that the folder exists by now): make it again, and try once more.
             if attempt == MAKE_ATTEMPTS - 1:
                 raise output_error(folder, FileNotFoundError(errno.ENOENT, "")) from None
         except OSError as error:
@@ -128,11 +138,14 @@ def _make_folders(folder: Path) -> list[Path]:
                 raise AttnvizError(f"the output folder {folder} goes through {path}, a symbolic link to nothing")
             path.mkdir()
             created.append(path)
-    except FileExistsError:  # a file in the way, or a concurrent run made it: only a file is wrong
-        if not path.is_dir():
+    except FileExistsError:  # a file in the way, or a concurrent run made it (and may have removed it since): only a file is wrong
+        if _is_a_file(path):
             _remove_empty(created)
             raise AttnvizError(f"cannot write the output folder {folder}: {path} is a file") from None
         return created + _make_folders(folder)
+    except FileNotFoundError:  # a concurrent run removed a parent it had made: _make_hidden_folder makes them again
+        _remove_empty(created)
+        raise
     except OSError as error:
         _remove_empty(created)
         raise output_error(folder, error) from None

@@ -204,9 +204,9 @@ class Family:
         module = model.get_submodule(module_name)
         projections = self.projections(model, names)
         for role, (weight, bias) in zip(ROLES, projections):
-            _require_finite(weight, names[role] + ".weight")
+            check_finite(weight, names[role] + ".weight")
             if bias is not None:
-                _require_finite(bias, names[role] + ".bias")
+                check_finite(bias, names[role] + ".bias")
         heads = self.stack_size(config, "heads", stack)
         weights = AttentionWeights(
             *projections,
@@ -232,8 +232,9 @@ def _linear(module: Any) -> tuple[Any, Any]:
     return module.weight.detach(), None if module.bias is None else module.bias.detach()
 
 
-def _require_finite(tensor: Any, name: str) -> None:
-    """An AttnvizError naming the tensor if it holds NaN or infinity (a finite sum, the usual case, means none)."""
+def check_finite(tensor: Any, name: str) -> None:
+    """An AttnvizError naming the tensor if it holds NaN or infinity (a finite sum, the usual case, means none): every
+    weight a run reads is checked so, the projections here, a task head's tensors in weight_files.stored_tensors."""
     import torch
 
     from attnviz.errors import AttnvizError
