@@ -71,6 +71,8 @@ def uniform_score(score: str, num_tokens: int, *, causal: bool, settings: RoleSe
     """What a uniform head scores on a text of num_tokens: each query's weight spread evenly over the keys it may see
     (0 .. i under a causal mask, all N else); score: "sink" (key 0), "local" (keys with |i - j| <= window) or
     "streaming" (the first S keys and the W ending at the query, each key once)."""
+    # more sinks, recent keys or band than keys are every key (the API takes any size: head_numbers does the same)
+    sinks, recent, window = (min(count, num_tokens) for count in (settings.sinks, settings.recent, window))
     queries = np.arange(num_tokens)  # (N,)
     last_seen = queries if causal else np.full(num_tokens, num_tokens - 1)  # (N,): each query's last key
     visible = last_seen + 1
@@ -79,9 +81,9 @@ def uniform_score(score: str, num_tokens: int, *, causal: bool, settings: RoleSe
     elif score == "local":
         on = np.minimum(queries + window, last_seen) - np.maximum(queries - window, 0) + 1
     elif score == "streaming":
-        recent_first = np.maximum(queries - settings.recent + 1, 0)  # the window i - W + 1 .. i
-        sinks = np.minimum(settings.sinks, visible)
-        on = sinks + (queries - recent_first + 1) - np.maximum(0, np.minimum(settings.sinks, queries + 1) - recent_first)
+        recent_first = np.maximum(queries - recent + 1, 0)  # the window i - W + 1 .. i
+        both = np.maximum(0, np.minimum(sinks, queries + 1) - recent_first)  # (N,): the sinks inside the window
+        on = np.minimum(sinks, visible) + (queries - recent_first + 1) - both
     else:
         raise ValueError(f"no uniform score for {score!r}: one of {SHARE_ROLES}")
     return float((on / visible).mean())
