@@ -12,6 +12,8 @@ from dataclasses import replace
 import pytest
 from helpers import HOSTILE, decoded
 
+from attnviz.render.trace_tables import difference_text  # the terminal's words for a difference: "0" for an exact 0
+
 ENGLISH = "The cat sat on the mat, because it was tired."
 
 
@@ -149,14 +151,16 @@ def test_the_trace_views_tables_hold_trace_jsons_checks_and_head_slices(pages, o
     expected = [
         [
             "attnviz's layer (attention/layer.py)" if check["layout"] == "MultiHeadAttention" else check["layout"],
-            check["reference"], f"{check['weights_max_abs_diff']:.1e}", f"{check['output_max_abs_diff']:.1e}", "yes" if check["agree"] else "no",
+            check["reference"], difference_text(check["weights_max_abs_diff"]), difference_text(check["output_max_abs_diff"]),
+            "yes" if check["agree"] else "no",
         ]
         for check in trace["checks"]
     ]  # fmt: skip
     assert checks == expected and len(checks) == 5
     slices = page.page.evaluate("Array.from(document.querySelectorAll('#trace-head-slices tbody tr')).map(r => Array.from(r.cells).map(c => c.textContent))")
     assert slices == [
-        [str(h["head"]), f"{h['columns'][0]}–{h['columns'][1]}", f"{h['scores_max_abs_diff']:.1e}", f"{h['scores_max_abs']:.3g}", f"{h['z_max_abs_diff']:.1e}", "yes"]
+        [str(h["head"]), f"{h['columns'][0]}–{h['columns'][1]}", difference_text(h["scores_max_abs_diff"]), f"{h['scores_max_abs']:.3g}",
+         difference_text(h["z_max_abs_diff"]), "yes"]
         for h in trace["head_slices"]
     ]
     assert "B = 1 batch, N = 8 tokens, H = 12 heads, d = 32 head size (D / H), D = 384 model size" in page.page.text_content("#trace-legend")
