@@ -89,6 +89,20 @@ def chromium_with_latin_fonts_only(browser, folder: Path):
         chromium.close()
 
 
+def platform_fonts(context, page, selector: str) -> dict:
+    """{is the page's own font: glyphs drawn with it} for the element, from Chromium's DevTools protocol."""
+    session = context.new_cdp_session(page)
+    session.send("DOM.enable")
+    session.send("CSS.enable")
+    root = session.send("DOM.getDocument")["root"]["nodeId"]
+    node = session.send("DOM.querySelector", {"nodeId": root, "selector": selector})["nodeId"]
+    fonts = {}
+    for font in session.send("CSS.getPlatformFontsForNode", {"nodeId": node})["fonts"]:
+        fonts[font["isCustomFont"]] = fonts.get(font["isCustomFont"], 0) + font["glyphCount"]
+    session.detach()
+    return fonts
+
+
 class OfflinePage:
     """A report opened from its file in a context of its own, with every other request blocked and recorded.
 

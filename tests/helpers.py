@@ -12,6 +12,7 @@ import math
 import subprocess
 import sys
 import zlib
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -321,3 +322,36 @@ def layers_grid_panels(figure, num_layers: int, num_heads: int) -> tuple[np.ndar
         for head in range(num_heads)
     }
     return mosaic, panels, cells, step
+
+
+@contextmanager
+def serving(handles: dict, **settings):
+    """A server of handles (name -> attnviz.Model) on a free port of 127.0.0.1, serving in a thread while the block
+    runs; settings: ServeSettings' (max_tokens=8, waiting=0, host="0.0.0.0")."""
+    import threading
+
+    from attnviz.serve.explorer import Explorer, ServeSettings
+    from attnviz.serve.http import ExplorerServer
+
+    chosen = ServeSettings(port=0, **settings)
+    server = ExplorerServer(chosen)
+    server.explorer = Explorer(handles, chosen)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def tiny_language_model(folder: Path) -> Path:
+    """A tiny grouped-query Llama with an output head of its own (tests/tiny_families.py), saved in folder: a decoder
+    that roles and patch read."""
+    import transformers
+    from tiny_families import _DECODER, bpe_tokenizer, save_checkpoint
+
+    config = transformers.LlamaConfig(num_key_value_heads=2, tie_word_embeddings=False, **_DECODER)
+    save_checkpoint(config, transformers.LlamaForCausalLM, bpe_tokenizer(bos=True), folder, seed=1)
+    return folder

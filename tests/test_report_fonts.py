@@ -79,22 +79,8 @@ def _cjk_elements(page):
     return found
 
 
-def _platform_fonts(page, selector):
-    """{is the page's own font: glyphs drawn with it} for the element, from Chromium's DevTools protocol."""
-    session = page.context.new_cdp_session(page.page)
-    session.send("DOM.enable")
-    session.send("CSS.enable")
-    root = session.send("DOM.getDocument")["root"]["nodeId"]
-    node = session.send("DOM.querySelector", {"nodeId": root, "selector": selector})["nodeId"]
-    fonts = {}
-    for font in session.send("CSS.getPlatformFontsForNode", {"nodeId": node})["fonts"]:
-        fonts[font["isCustomFont"]] = fonts.get(font["isCustomFont"], 0) + font["glyphCount"]
-    session.detach()
-    return fonts
-
-
 def test_chinese_shows_as_glyphs_in_a_browser_without_a_cjk_font(zh_report, browser, tmp_path):
-    from browser import OfflinePage, chromium_with_latin_fonts_only
+    from browser import OfflinePage, chromium_with_latin_fonts_only, platform_fonts
 
     stripped = tmp_path / "without-font.html"  # the same page without its font: the control
     stripped.write_text(re.sub(r"@font-face \{[^}]*\}", "", zh_report.read_text(encoding="utf-8")), encoding="utf-8")
@@ -115,7 +101,7 @@ def test_chinese_shows_as_glyphs_in_a_browser_without_a_cjk_font(zh_report, brow
         page.assert_offline_and_clean()  # before DevTools inspects it: Chromium 150's CSS agent logs an error of its own
         # every element of Chinese text draws its CJK characters with the page's font, as Chromium reports
         for selector, element_text in _cjk_elements(page.page):
-            fonts = _platform_fonts(page, selector)
+            fonts = platform_fonts(page.context, page.page, selector)
             cjk = sum(1 for char in element_text if "\u4e00" <= char <= "\u9fff")
             assert fonts.get(True, 0) == cjk, f"{selector} ({element_text}) drew with {fonts}"
         assert page.requests == [], f"the page tried to load {page.requests}"

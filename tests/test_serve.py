@@ -12,13 +12,12 @@ import json
 import re
 import threading
 import time
-from contextlib import contextmanager
 
 import numpy as np
 import pytest
+from helpers import serving
 
-from attnviz.serve.explorer import Explorer, ServeSettings
-from attnviz.serve.http import MAX_BODY_BYTES, ExplorerServer
+from attnviz.serve.http import MAX_BODY_BYTES
 
 ENGLISH = "The cat sat on the mat because it was warm."
 FUZZ_TEXTS = {
@@ -32,22 +31,6 @@ FUZZ_TEXTS = {
 }
 
 
-@contextmanager
-def running(explorer_of, **settings):
-    """A server on a free port of 127.0.0.1 with explorer_of(settings)'s models, serving in a thread while the block runs."""
-    chosen = ServeSettings(port=0, **settings)
-    server = ExplorerServer(chosen)
-    server.explorer = explorer_of(chosen)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield server
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
-
-
 @pytest.fixture(scope="module")
 def bundled():
     import attnviz
@@ -57,7 +40,7 @@ def bundled():
 
 @pytest.fixture(scope="module")
 def server(bundled):
-    with running(lambda settings: Explorer({"bundled": bundled}, settings)) as server:
+    with serving({"bundled": bundled}) as server:
         yield server
 
 
@@ -204,7 +187,7 @@ def test_a_body_that_is_not_json_or_too_large_or_a_path_unknown_is_refused(serve
 
 
 def test_texts_past_max_tokens_are_refused_in_one_clear_line(bundled):
-    with running(lambda settings: Explorer({"bundled": bundled}, settings), max_tokens=8) as server:
+    with serving({"bundled": bundled}, max_tokens=8) as server:
         status, answer = heads(server, {"text": ENGLISH})
         assert (status, answer) == (400, {"error": "the text has 13 tokens: this server takes at most 8 (--max-tokens)"})
         assert heads(server, {"text": "the cat", "kv": ENGLISH})[1] == {"error": "the kv text has 13 tokens: this server takes at most 8 (--max-tokens)"}
@@ -312,7 +295,7 @@ def test_a_fuzz_text_gets_200_or_a_4xx_and_the_server_serves_on(server, name):
 def test_a_full_queue_answers_503_and_the_others_their_own_maps(bundled):
     """No request may wait while one computes (waiting=0): of 8 at once, those that came while it ran get 503."""
     long_text = " ".join(["the cat sat on the mat"] * 70)  # 422 tokens: long enough for the others to arrive
-    with running(lambda settings: Explorer({"bundled": bundled}, settings), waiting=0) as server:
+    with serving({"bundled": bundled}, waiting=0) as server:
         answers = []
         start = threading.Barrier(8)
 
@@ -390,7 +373,7 @@ def test_a_server_on_every_address_answers_a_host_header_naming_the_machines_own
     address = outward_address()
     if address is None:
         pytest.skip("this machine has no address but the loopback")
-    with running(lambda settings: Explorer({"bundled": bundled}, settings), host="0.0.0.0") as server:
+    with serving({"bundled": bundled}, host="0.0.0.0") as server:
         port = server.server_address[1]
         assert address in server.addresses and "127.0.0.1" in server.addresses
 

@@ -6,13 +6,10 @@ Every request the page makes is recorded: only the server's own origin is allowe
 
 from __future__ import annotations
 
-import threading
 
 import pytest
-from helpers import assert_close_after_rounding
+from helpers import assert_close_after_rounding, serving
 
-from attnviz.serve.explorer import Explorer, ServeSettings
-from attnviz.serve.http import ExplorerServer
 
 TYPED = "the quick brown fox jumps over the lazy dog"
 LAYER = 2
@@ -23,16 +20,8 @@ HEAD = 5
 def server():
     import attnviz
 
-    bundled = attnviz.load("bundled", device="cpu")
-    settings = ServeSettings(port=0)
-    server = ExplorerServer(settings)
-    server.explorer = Explorer({"bundled": bundled}, settings)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
-    thread.join()
+    with serving({"bundled": attnviz.load("bundled", device="cpu")}) as server:
+        yield server
 
 
 @pytest.fixture

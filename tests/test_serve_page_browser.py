@@ -9,14 +9,12 @@ answers patch. Every request the page makes is recorded: only the server's own o
 from __future__ import annotations
 
 import io
-import threading
 
 import numpy as np
 import pytest
+from helpers import serving, tiny_language_model
 
 import attnviz
-from attnviz.serve.explorer import Explorer, ServeSettings
-from attnviz.serve.http import ExplorerServer
 
 ZH = "我想吃酸菜鱼"
 TYPED = "the quick brown fox jumps over the lazy dog"
@@ -27,27 +25,13 @@ ANSWER, WRONG = " cat", " mat"
 
 @pytest.fixture(scope="module")
 def decoder_folder(tmp_path_factory):
-    import transformers
-    from tiny_families import _DECODER, bpe_tokenizer, save_checkpoint
-
-    folder = tmp_path_factory.mktemp("tiny-llama-lm")
-    config = transformers.LlamaConfig(num_key_value_heads=2, tie_word_embeddings=False, **_DECODER)
-    save_checkpoint(config, transformers.LlamaForCausalLM, bpe_tokenizer(bos=True), folder, seed=1)
-    return folder
+    return tiny_language_model(tmp_path_factory.mktemp("tiny-llama-lm"))
 
 
 @pytest.fixture(scope="module")
 def server(decoder_folder):
-    handles = {"bundled": attnviz.load("bundled", device="cpu"), "tiny": attnviz.load(str(decoder_folder), device="cpu")}
-    settings = ServeSettings(port=0)
-    server = ExplorerServer(settings)
-    server.explorer = Explorer(handles, settings)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
-    thread.join()
+    with serving({"bundled": attnviz.load("bundled", device="cpu"), "tiny": attnviz.load(str(decoder_folder), device="cpu")}) as server:
+        yield server
 
 
 class ServedPage:
@@ -100,20 +84,6 @@ def opened(browser, server):
         page.close()
 
 
-def _platform_fonts(served: ServedPage, selector: str) -> dict:
-    """{is the page's own font: glyphs drawn with it} for the element, from Chromium's DevTools protocol."""
-    session = served.context.new_cdp_session(served.page)
-    session.send("DOM.enable")
-    session.send("CSS.enable")
-    root = session.send("DOM.getDocument")["root"]["nodeId"]
-    node = session.send("DOM.querySelector", {"nodeId": root, "selector": selector})["nodeId"]
-    fonts = {}
-    for font in session.send("CSS.getPlatformFontsForNode", {"nodeId": node})["fonts"]:
-        fonts[font["isCustomFont"]] = fonts.get(font["isCustomFont"], 0) + font["glyphCount"]
-    session.detach()
-    return fonts
-
-
 def _pixels(png: bytes) -> np.ndarray:
     from PIL import Image
 
@@ -121,11 +91,11 @@ def _pixels(png: bytes) -> np.ndarray:
 
 
 def test_typed_chinese_is_drawn_with_the_glyphs_its_answer_carries_in_a_chromium_without_a_cjk_font(browser, opened, tmp_path):
-    from browser import chromium_with_latin_fonts_only
+    from browser import chromium_with_latin_fonts_only, platform_fonts
 
     with chromium_with_latin_fonts_only(browser, tmp_path) as latin_only:
         served = opened(latin_only)
-        before = _platform_fonts(served, "#report-header .report-text")
+        before = platform_fonts(served.context, served.page, "#report-header .report-text")
         assert before.get(True, 0) == 0  # an English answer carries no font
         served.page.fill("#explorer-text", ZH)
         served.wait_until(f"AV.data.texts[0].text === {ZH!r} && document.body.dataset.shown === '2'")
@@ -145,7 +115,7 @@ def test_typed_chinese_is_drawn_with_the_glyphs_its_answer_carries_in_a_chromium
         boxes = _pixels(served.page.locator("#explorer-text").screenshot())
         assert shown.shape == boxes.shape and (shown != boxes).any()
         for selector, element_text in elements:  # the header's title line and text, the tokens
-            fonts = _platform_fonts(served, selector)
+            fonts = platform_fonts(served.context, served.page, selector)
             cjk = sum(1 for char in element_text if "\u4e00" <= char <= "\u9fff")
             assert fonts.get(True, 0) == cjk, f"{selector} ({element_text}) drew with {fonts}"
         served.errors[:] = [error for error in served.errors if "CSS" not in error]  # Chromium's CSS agent logs one of its own
@@ -185,7 +155,8 @@ def test_a_patch_of_typed_texts_draws_the_patching_view_of_the_apis_scores(opene
     assert served.tabs()[0] == "patch" and served.page.get_attribute("#tab-patch", "aria-selected") == "true"
     expected = attnviz.patch(CLEAN, corrupt=CORRUPT, answer=ANSWER, wrong=WRONG, model=str(decoder_folder), device="cpu")
     note = served.page.text_content("#patch-note")
-    assert note.startswith(f'm = logit(" cat") − logit(" mat") at position {expected.patching.position}: ')
+    assert note.startswith("Each head's part from the clean run patched into the corrupted run. ")  # that way round
+    assert f'm = logit(" cat") − logit(" mat") at position {expected.patching.position}: ' in note
     assert f"{expected.patching.clean:.3f} clean, {expected.patching.corrupt:.3f} corrupted" in note
     scores = expected.scores["out"]
     assert served.page.evaluate("document.querySelectorAll('#patch-output rect[data-layer]').length") == scores.size

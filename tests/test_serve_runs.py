@@ -13,36 +13,18 @@ import http.client
 import io
 import json
 import threading
-from contextlib import contextmanager
 
 import numpy as np
 import pytest
+from helpers import serving, tiny_language_model
 
 import attnviz
-from attnviz.serve.explorer import Explorer, ServeSettings
-from attnviz.serve.http import ExplorerServer
 
 ENGLISH = "The cat sat on the mat because it was warm."
 ZH = "我想吃酸菜鱼"
 CLEAN = "The cat sat on the mat because it was tired."
 CORRUPT = "The mat sat on the cat because it was tired."
 ANSWER, WRONG = " cat", " mat"
-
-
-@contextmanager
-def running(handles: dict, **settings):
-    """A server of handles on a free port of 127.0.0.1, serving in a thread while the block runs."""
-    chosen = ServeSettings(port=0, **settings)
-    server = ExplorerServer(chosen)
-    server.explorer = Explorer(handles, chosen)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield server
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
 
 
 @pytest.fixture(scope="module")
@@ -52,24 +34,18 @@ def bundled():
 
 @pytest.fixture(scope="module")
 def decoder_folder(tmp_path_factory):
-    import transformers
-    from tiny_families import _DECODER, bpe_tokenizer, save_checkpoint
-
-    folder = tmp_path_factory.mktemp("tiny-llama-lm")
-    config = transformers.LlamaConfig(num_key_value_heads=2, tie_word_embeddings=False, **_DECODER)
-    save_checkpoint(config, transformers.LlamaForCausalLM, bpe_tokenizer(bos=True), folder, seed=1)
-    return folder
+    return tiny_language_model(tmp_path_factory.mktemp("tiny-llama-lm"))
 
 
 @pytest.fixture(scope="module")
 def server(bundled):
-    with running({"bundled": bundled}) as server:
+    with serving({"bundled": bundled}) as server:
         yield server
 
 
 @pytest.fixture(scope="module")
 def decoder_server(bundled, decoder_folder):
-    with running({"bundled": bundled, "tiny": attnviz.load(str(decoder_folder), device="cpu")}) as server:
+    with serving({"bundled": bundled, "tiny": attnviz.load(str(decoder_folder), device="cpu")}) as server:
         yield server
 
 
@@ -148,7 +124,7 @@ def test_a_refused_roles_or_patch_request_is_one_json_line_and_a_400(server, pat
 
 
 def test_texts_past_max_tokens_are_refused_by_roles_and_patch_before_they_run(bundled):
-    with running({"bundled": bundled}, max_tokens=8) as server:
+    with serving({"bundled": bundled}, max_tokens=8) as server:
         assert post(server, "/api/roles", {"text": ENGLISH}) == (400, {"error": "the text has 13 tokens: this server takes at most 8 (--max-tokens)"})
         assert post(server, "/api/patch", {"text": "the cat", "corrupt": ENGLISH, "answer": " a", "wrong": " b"}) == (
             400, {"error": "the corrupted text has 13 tokens: this server takes at most 8 (--max-tokens)"})  # fmt: skip
@@ -158,7 +134,7 @@ def test_texts_past_max_tokens_are_refused_by_roles_and_patch_before_they_run(bu
 def test_roles_take_their_turn_on_the_model_with_heads(bundled):
     """One computation at a time per model, whatever the route: with no place to wait, of 6 at once some get 503."""
     long_text = " ".join(["the cat sat on the mat"] * 40)  # 242 tokens: a roles run long enough for the others to arrive
-    with running({"bundled": bundled}, waiting=0) as server:
+    with serving({"bundled": bundled}, waiting=0) as server:
         answers = []
         start = threading.Barrier(6)
 
