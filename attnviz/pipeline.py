@@ -27,7 +27,7 @@ from attnviz.layer_inputs import EncodedTexts, LayerStates, check_layer, encode_
 from attnviz.models.loading import LoadedModel
 from attnviz.models.tokens import Encoded, text_notes, truncation_notes, unknown_tokens
 from attnviz.models.words import merge_run, run_words
-from attnviz.run_data import AttentionRun
+from attnviz.run_data import LAYERS_OF_THE_TEXT, AttentionRun, Progress
 from attnviz.spec import RunSpec, model_is_causal
 
 # Texts per forward pass. The weights of a batch are (B, H, N, N) floats: for 32 texts of
@@ -337,9 +337,14 @@ def iter_layer_blocks(
                 hidden = loaded.model.encoder.layer[layer].finish(hidden, torch.cat(outputs, dim=1))  # enters the next layer
 
 
-def run_layers(loaded: LoadedModel, texts: list[str], spec: RunSpec) -> list[list[AttentionRun]]:
-    """Every layer's run of every text, runs[text][layer], as iter_layer_runs gives them."""
-    by_layer = list(iter_layer_runs(loaded, texts, spec))  # by_layer[layer][text]
+def run_layers(loaded: LoadedModel, texts: list[str], spec: RunSpec, progress: Progress = Progress()) -> list[list[AttentionRun]]:
+    """Every layer's run of every text, runs[text][layer], as iter_layer_runs gives them; progress: the layers run
+    (the forward pass that gives their inputs before the first)."""
+    advance = progress.counting(LAYERS_OF_THE_TEXT, loaded.num_layers_of(spec.stack))
+    by_layer = []  # by_layer[layer][text]
+    for runs in iter_layer_runs(loaded, texts, spec):
+        by_layer.append(runs)
+        advance(1)
     return [list(text_runs) for text_runs in zip(*by_layer)]
 
 

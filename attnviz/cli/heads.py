@@ -131,10 +131,14 @@ def heads(
         if traced is not None and measure == Measure.weights and effect is None:
             result = traced.heads_results()[0]
         else:  # a long text's report summarises every layer: from the run's own forward pass
+            from attnviz.render.progress import progress_bar
+
             summarise = None if not no_html and measure == Measure.weights else False
-            result = functions.heads(
-                text, measure=measure.value, layer_summaries=summarise, effect=effect.value if effect else None, **given
-            )
+            with progress_bar(console) as bar:  # --effect's heads taken out; a long text's forward pass, its layers
+                result = functions.heads(
+                    text, measure=measure.value, layer_summaries=summarise, effect=effect.value if effect else None,
+                    progress=bar, **given,
+                )  # fmt: skip
         handle = options.load()  # the one the API loaded
         checked_window = result.window(window, "--window") if window is not None else None  # before anything is written
         return HeadsRun(result, traced, handle.loaded, checked_window)
