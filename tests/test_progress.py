@@ -97,9 +97,10 @@ def test_effect_counts_the_heads_taken_out_a_layer_at_a_time(decoder):
     assert recorder.stages == [("heads taken out", NUM_HEADS, [NUM_HEADS])]
     recorder = Recorder()
     result = attnviz.layers(CLEAN, effect="mean", model=decoder, device="cpu", progress=recorder)
-    assert result.attention is not None  # the whole maps' path: the layers run, no forward pass of its own counted
+    assert result.attention is not None  # the whole maps' path
     assert recorder.stages == [
         ("heads taken out", NUM_LAYERS * NUM_HEADS, [NUM_HEADS] * NUM_LAYERS),
+        ("layers of the text's forward pass", NUM_LAYERS, [1] * NUM_LAYERS),
         ("layers of the text", NUM_LAYERS, [1] * NUM_LAYERS),
     ]
 
@@ -120,11 +121,11 @@ def test_a_pass_of_blocks_counts_the_layers_its_forward_pass_reaches_then_those_
 
 
 @pytest.mark.slow  # a checkpoint built and run by transformers
-def test_report_counts_each_texts_layers_then_its_statistics_layers(decoder):
+def test_report_counts_each_texts_layers_then_its_statistics_layers_then_the_texts_encoded(decoder):
     recorder = Recorder()
     attnviz.report([CLEAN, CORRUPT], model=decoder, device="cpu", progress=recorder)
-    each = [("layers of the text", NUM_LAYERS, [1] * NUM_LAYERS), ("layers of the statistics", NUM_LAYERS, [1] * NUM_LAYERS)]
-    assert recorder.stages == each * 2
+    each = [(what, NUM_LAYERS, [1] * NUM_LAYERS) for what in ("layers of the text's forward pass", "layers of the text", "layers of the statistics")]
+    assert recorder.stages == [*each, *each, ("texts encoded for the page", 2, [1, 1])]
 
 
 def test_a_stage_shows_its_count_on_a_terminal_and_nothing_elsewhere():
@@ -169,7 +170,9 @@ def test_the_command_line_draws_each_stages_bar_on_a_terminal(decoder, tmp_path,
 
 @pytest.mark.slow  # a checkpoint built and run by transformers
 def test_layers_and_report_draw_their_bars_on_a_terminal_only(decoder, tmp_path, monkeypatch, capsys):
-    """layers --effect counts the heads taken out on a terminal console; report, where stdout is captured, draws none."""
+    """layers --effect counts the heads taken out on a terminal console, heads its report's layers; report, where
+    stdout is captured, draws none."""
+    import attnviz.cli.heads
     import attnviz.cli.layers
     from attnviz.cli import run
 
@@ -178,6 +181,9 @@ def test_layers_and_report_draw_their_bars_on_a_terminal_only(decoder, tmp_path,
     assert run(["layers", CLEAN, "--effect", "zero", "--model", decoder, "--device", "cpu", "--out", str(tmp_path / "layers")]) == 0
     total = NUM_LAYERS * NUM_HEADS
     assert re.search(rf"heads taken out .*{total}/{total}", console.export_text())
+    monkeypatch.setattr(attnviz.cli.heads, "console", console)  # heads' report.html: its every layer and statistics
+    assert run(["heads", CLEAN, "--model", decoder, "--device", "cpu", "--out", str(tmp_path / "heads")]) == 0
+    assert re.search(rf"layers of the statistics .*{NUM_LAYERS}/{NUM_LAYERS}", console.export_text())
     capsys.readouterr()
     assert run(["report", CLEAN, "--model", decoder, "--device", "cpu", "--out", str(tmp_path / "report")]) == 0
     captured = capsys.readouterr()

@@ -119,7 +119,7 @@ def report_of_runs(loaded, runs: list, spec: RunSpec, notes: list[str] = (), pro
     loaded: the LoadedModel they ran on; notes: what the page adds to the runs' own notes; progress: report_texts'.
     """
     texts, report_notes = report_texts(loaded, runs, spec, progress)
-    return report_result(texts, spec, loaded.num_layers_of(spec.stack), [*notes, *report_notes])
+    return report_result(texts, spec, loaded.num_layers_of(spec.stack), [*notes, *report_notes], progress)
 
 
 def text_report(loaded, text: str, spec: RunSpec, summaries=None, **shown) -> ReportResult:
