@@ -213,6 +213,22 @@ def iter_layer_runs(loaded: LoadedModel, texts: list[str], spec: RunSpec, entere
         yield split_runs(loaded, texts, encoded.queries, keys, output, patterns, spec, layer, *layer_sizes(layers[layer]))
 
 
+def layer_stages(progress: Progress, num_layers: int, in_place: bool):
+    """progress's stages of a pass over every layer: entered(n) as its forward pass reaches n more layers (layer_states';
+    none in BERT's place, where each layer runs in turn), then done(n) as n more layers are done, the stage begun at
+    the first."""
+    if in_place:
+        return (lambda count: None), progress.counting(LAYERS_OF_THE_TEXT, num_layers)
+    entered, advance = progress.counting(FORWARD_PASS, num_layers), None
+
+    def done(count: int) -> None:
+        nonlocal advance
+        advance = advance or progress.counting(LAYERS_OF_THE_TEXT, num_layers)  # the forward pass is over
+        advance(count)
+
+    return entered, done
+
+
 def layer_sizes(attention: MultiHeadAttention) -> tuple[int, int, int]:
     """The heads, key/value heads and H * d of a layer: what split_runs records with each run."""
     return attention.num_heads, attention.num_kv_heads, attention.num_heads * attention.head_dim
@@ -341,16 +357,12 @@ def iter_layer_blocks(
 
 
 def run_layers(loaded: LoadedModel, texts: list[str], spec: RunSpec, progress: Progress = Progress()) -> list[list[AttentionRun]]:
-    """Every layer's run of every text, runs[text][layer], as iter_layer_runs gives them; progress: the layers the
-    forward pass reaches (none in BERT's place: each layer runs in turn), then the layers run."""
-    num_layers, in_place = loaded.num_layers_of(spec.stack), in_berts_place(loaded, spec)
-    entered = progress.counting(FORWARD_PASS, num_layers) if not in_place else lambda done: None
-    advance = progress.counting(LAYERS_OF_THE_TEXT, num_layers) if in_place else None
+    """Every layer's run of every text, runs[text][layer], as iter_layer_runs gives them; progress: layer_stages'."""
+    entered, done = layer_stages(progress, loaded.num_layers_of(spec.stack), in_berts_place(loaded, spec))
     by_layer = []  # by_layer[layer][text]
     for runs in iter_layer_runs(loaded, texts, spec, entered):
-        advance = advance or progress.counting(LAYERS_OF_THE_TEXT, num_layers)  # the forward pass done
         by_layer.append(runs)
-        advance(1)
+        done(1)
     return [list(text_runs) for text_runs in zip(*by_layer)]
 
 

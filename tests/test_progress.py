@@ -128,6 +128,20 @@ def test_report_counts_each_texts_layers_then_its_statistics_layers_then_the_tex
     assert recorder.stages == [*each, *each, ("texts encoded for the page", 2, [1, 1])]
 
 
+@pytest.mark.slow  # a checkpoint built and run by transformers
+def test_stats_counts_one_texts_layers_and_several_texts(decoder):
+    """One text: its forward pass's layers, then those measured, whole maps or in blocks (past a 1 MB budget: 6 heads'
+    map of 240 tokens is 1.3 MiB); several: the texts of each batch (one batch here)."""
+    layers = [("layers of the text's forward pass", NUM_LAYERS, [1] * NUM_LAYERS), ("layers of the text", NUM_LAYERS, [1] * NUM_LAYERS)]
+    for memory in (None, 1):
+        recorder = Recorder()
+        attnviz.stats(" ".join([CLEAN] * 20), memory=memory, js=False, model=decoder, device="cpu", progress=recorder)
+        assert recorder.stages == layers, memory
+    recorder = Recorder()
+    attnviz.stats([CLEAN, CORRUPT], model=decoder, device="cpu", progress=recorder)
+    assert recorder.stages == [("texts measured", 2, [2])]
+
+
 def test_a_stage_shows_its_count_on_a_terminal_and_nothing_elsewhere():
     from attnviz.render.progress import progress_bar
 

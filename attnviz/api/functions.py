@@ -16,8 +16,7 @@ from attnviz.analysis.effect import head_effects
 from attnviz.analysis.measure_names import measure_names
 from attnviz.api.models import Model
 from attnviz.api.notes import warn_notes
-from attnviz.api.arguments import must_be_bool, must_be_callable, must_be_int, must_be_one_of, must_be_progress
-from attnviz.api.arguments import must_be_str, must_be_str_or_list, refuse
+from attnviz.api.arguments import must_be_bool, must_be_int, must_be_one_of, must_be_progress, must_be_str, must_be_str_or_list, refuse
 from attnviz.api.options import EVERY_LAYER_OPTIONS, TRACE_OPTIONS, RunOptions, run_options, takes_options
 from attnviz.errors import AttnvizError, option, options_named
 from attnviz.spec import check_seed_head_sizes, check_text, check_trace_texts, refuse_cross_over_every_layer
@@ -182,8 +181,10 @@ def stats(texts: str | list[str], *, js: bool | None = None, progress=None, **op
     maps merged into words, previous and next the words beside. js: also the Jensen-Shannon
     distances between heads (.js_distance and the figure), most of the statistics' work: a log
     for every key of every pair of heads; None measures them unless a text's map passes the large-map
-    size (64 MB, or memory), where they are H² × N² logs a layer (then js=True). progress(n), when given, is called after each batch with
-    the number of texts it measured. memory (MB, as in heads): a batch whose maps pass it (one layer's
+    size (64 MB, or memory), where they are H² × N² logs a layer (then js=True). progress(n), when given, is called
+    after each batch with the number of texts it measured; over one text, after each layer: those its forward pass
+    reaches, then those measured. A progress that also has .stage(what, total) is told as each stage begins
+    ("texts measured", 40; "layers of the text", 30). memory (MB, as in heads): a batch whose maps pass it (one layer's
     (B, H, N, N) at once), or a text's map past 64 MB, is measured a block of queries at a time, no map
     whole (analysis.blockwise.block_statistics; the same numbers within 1e-5); over words the maps stay whole.
     """
@@ -195,7 +196,7 @@ def stats(texts: str | list[str], *, js: bool | None = None, progress=None, **op
     options = run_options("stats", options, EVERY_LAYER_OPTIONS)
     if js is not None:
         must_be_bool("js", js)
-    must_be_callable("progress", progress, none=True)
+    progress = must_be_progress(progress)
     texts = _texts(texts, name="texts")
     refuse_cross_over_every_layer(options.stack)
     refuse_before_loading(options)
@@ -204,7 +205,10 @@ def stats(texts: str | list[str], *, js: bool | None = None, progress=None, **op
     _check_lengths(loaded, texts, options.truncate)
     spec = options.run_spec(handle, layer=None)
     spec = replace(spec, js=js if js is not None else not any(_in_blocks(loaded, text, spec) for text in texts))
-    measured = measure_heads(loaded, texts, spec, advance=progress or (lambda done: None))
+    if len(texts) == 1:  # its layers
+        measured = measure_heads(loaded, texts, spec, layers=progress)
+    else:
+        measured = measure_heads(loaded, texts, spec, advance=progress.counting("texts measured", len(texts)))
     truncated = text_truncations(loaded.tokenizer, texts, loaded.max_positions) if options.truncate else [None] * len(texts)
     first = measured.first_run
     key_kinds_note = absent_key_kinds_note(first.family, first.query_tokens)
