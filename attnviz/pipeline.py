@@ -27,7 +27,7 @@ from attnviz.layer_inputs import EncodedTexts, LayerStates, check_layer, encode_
 from attnviz.models.loading import LoadedModel
 from attnviz.models.tokens import Encoded, text_notes, truncation_notes, unknown_tokens
 from attnviz.models.words import merge_run, run_words
-from attnviz.run_data import AttentionRun
+from attnviz.run_data import FORWARD_PASS, LAYERS_OF_THE_TEXT, AttentionRun, Progress
 from attnviz.spec import RunSpec, model_is_causal
 
 # Texts per forward pass. The weights of a batch are (B, H, N, N) floats: for 32 texts of
@@ -194,13 +194,13 @@ def run_attention(
 
 
 @torch.inference_mode()
-def iter_layer_runs(loaded: LoadedModel, texts: list[str], spec: RunSpec) -> Iterator[list[AttentionRun]]:
+def iter_layer_runs(loaded: LoadedModel, texts: list[str], spec: RunSpec, entered=lambda done: None) -> Iterator[list[AttentionRun]]:
     """attnviz's layer in place of every model layer over a padded batch: per layer, one run per text.
 
     spec.layer and spec.kv_text are not used (self-attention of spec.stack). One forward pass gives
     every layer's input; layer L's run of a text is what run_attention with layer L gives for it.
     Layer by layer, so that a caller who only needs numbers holds one layer's weights at a time;
-    each run holds a copy of its text's unpadded weights.
+    each run holds a copy of its text's unpadded weights. entered: the forward pass's progress (layer_states').
     """
     spec = replace(spec, kv_text=None)
     in_place = in_berts_place(loaded, spec)
@@ -208,9 +208,25 @@ def iter_layer_runs(loaded: LoadedModel, texts: list[str], spec: RunSpec) -> Ite
     with threads_for(encoded):
         layers = build_layers(loaded, spec)
     keys = encoded.keys if encoded.keys is not None else encoded.queries
-    weights = iter_layer_weights(loaded, encoded, layers, spec, in_place)
+    weights = iter_layer_weights(loaded, encoded, layers, spec, in_place, entered)
     for layer, (output, patterns) in enumerate(weights):
         yield split_runs(loaded, texts, encoded.queries, keys, output, patterns, spec, layer, *layer_sizes(layers[layer]))
+
+
+def layer_stages(progress: Progress, num_layers: int, in_place: bool):
+    """progress's stages of a pass over every layer: entered(n) as its forward pass reaches n more layers (layer_states';
+    none in BERT's place, where each layer runs in turn), then done(n) as n more layers are done, the stage begun at
+    the first."""
+    if in_place:
+        return (lambda count: None), progress.counting(LAYERS_OF_THE_TEXT, num_layers)
+    entered, advance = progress.counting(FORWARD_PASS, num_layers), None
+
+    def done(count: int) -> None:
+        nonlocal advance
+        advance = advance or progress.counting(LAYERS_OF_THE_TEXT, num_layers)  # the forward pass is over
+        advance(count)
+
+    return entered, done
 
 
 def layer_sizes(attention: MultiHeadAttention) -> tuple[int, int, int]:
@@ -234,6 +250,7 @@ def iter_layer_weights(
     layers: list[MultiHeadAttention],
     spec: RunSpec,
     in_place: bool = False,
+    entered=lambda done: None,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Per model layer, attnviz's layer over the padded batch: output (B, N, D) and weights (B, H, N, Nk).
 
@@ -241,7 +258,7 @@ def iter_layer_weights(
     in_berts_place) attnviz's layer stands in for BERT's attention in the forward pass, and
     its output goes on through the rest of BERT's layer to the next.
     """
-    for _, output, patterns in iter_layer_passes(loaded, encoded, layers, spec, in_place):
+    for _, output, patterns in iter_layer_passes(loaded, encoded, layers, spec, in_place, entered):
         yield output, patterns
 
 
@@ -252,15 +269,17 @@ def iter_layer_passes(
     layers: list[MultiHeadAttention],
     spec: RunSpec,
     in_place: bool = False,
+    entered=lambda done: None,
 ) -> Iterator[tuple[LayerStates, torch.Tensor, torch.Tensor]]:
-    """iter_layer_weights with what each layer ran over: its LayerStates, output (B, N, D), weights (B, H, N, Nk)."""
+    """iter_layer_weights with what each layer ran over: its LayerStates, output (B, N, D), weights (B, H, N, Nk);
+    entered: the progress of the forward pass that gives every layer's input (layer_states'), not in place."""
     device = spec.device
     keys = encoded.keys if encoded.keys is not None else encoded.queries
     valid_lens = keys.valid_lens.to(device).expand(len(encoded.queries.ids))  # (B,)
     # Each step in threads_for, each yield outside it: the caller's code between layers keeps its own threads.
     if not in_place:
         with threads_for(encoded):
-            states = layer_states(loaded, encoded, list(range(len(layers))), spec)
+            states = layer_states(loaded, encoded, list(range(len(layers))), spec, entered)
         for layer, attention in enumerate(layers):
             state = states.pop(layer)  # let each layer's states go once used
             with threads_for(encoded):
@@ -337,9 +356,13 @@ def iter_layer_blocks(
                 hidden = loaded.model.encoder.layer[layer].finish(hidden, torch.cat(outputs, dim=1))  # enters the next layer
 
 
-def run_layers(loaded: LoadedModel, texts: list[str], spec: RunSpec) -> list[list[AttentionRun]]:
-    """Every layer's run of every text, runs[text][layer], as iter_layer_runs gives them."""
-    by_layer = list(iter_layer_runs(loaded, texts, spec))  # by_layer[layer][text]
+def run_layers(loaded: LoadedModel, texts: list[str], spec: RunSpec, progress: Progress = Progress()) -> list[list[AttentionRun]]:
+    """Every layer's run of every text, runs[text][layer], as iter_layer_runs gives them; progress: layer_stages'."""
+    entered, done = layer_stages(progress, loaded.num_layers_of(spec.stack), in_berts_place(loaded, spec))
+    by_layer = []  # by_layer[layer][text]
+    for runs in iter_layer_runs(loaded, texts, spec, entered):
+        by_layer.append(runs)
+        done(1)
     return [list(text_runs) for text_runs in zip(*by_layer)]
 
 

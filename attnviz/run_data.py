@@ -21,6 +21,11 @@ def _nothing(*args) -> None:
     return None
 
 
+# The stages of a pass over every layer of one text, as Progress counts them: the layers its forward pass reaches
+# (the model's own, each layer's input captured), then the layers attnviz's attention has run over.
+FORWARD_PASS, LAYERS_OF_THE_TEXT = "layers of the text's forward pass", "layers of the text"
+
+
 @dataclass(frozen=True)
 class Progress:
     """Long work counted as it is done: stage(what, total) as each stage begins (what names its units: "layers of

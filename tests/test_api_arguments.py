@@ -43,10 +43,11 @@ TEXTS = [5, None, [1], ["the cat", 2.0]]
 
 ARGUMENTS = {  # function -> its arguments -> wrong values
     "heads": {"text": TEXTS, **RUN_OPTIONS, "measure": [5, None], "layer_summaries": ["yes", 1], "effect": [5, True, ["zero"]],
-              "vectors": ["yes", 1]},
+              "vectors": ["yes", 1], "progress": [5, "print"]},
     "trace": {"text": TEXTS, **RUN_OPTIONS, "layout": [5, ["all"]], "mistake": [5, True], "d_q": ["16", 1.5, True], "d_out": ["8", 1.5, True]},
     "stats": {"texts": TEXTS, **EVERY_LAYER, "js": ["yes", 1, 0.0], "progress": [5, "print"]},
-    "layers": {"text": [*TEXT, ["the cat"]], **EVERY_LAYER, "measure": [5, None], "band": ["8", 1.5, True, None], "effect": [5, True, ["zero"]]},
+    "layers": {"text": [*TEXT, ["the cat"]], **EVERY_LAYER, "measure": [5, None], "band": ["8", 1.5, True, None], "effect": [5, True, ["zero"]],
+               "progress": [5, "print"]},
     "compare": {
         "text": [*TEXT, ["the cat"]],
         "heads": [12, 1.5, [1.5], [True, 4], {1: 4}],
@@ -59,7 +60,7 @@ ARGUMENTS = {  # function -> its arguments -> wrong values
         "head": [1.5, "0", True],
         **{name: RUN_OPTIONS[name] for name in ("model", "device", "dtype", "allow_pickle")},
     },
-    "report": {"text_or_texts": TEXTS, **RUN_OPTIONS},
+    "report": {"text_or_texts": TEXTS, **RUN_OPTIONS, "progress": [5, "print"]},
     "generate": {
         "prompt": [*TEXT, ["the cat"]],
         "tokens": ["5", 1.5, True, None],

@@ -50,6 +50,7 @@ def test_roles_counts_each_passs_layers_then_the_needle_tests(decoder):
     recorder = Recorder()
     attnviz.roles(CLEAN, model=decoder, device="cpu", retrieval=True, lengths=[200], depths=[0.5], progress=recorder)
     assert recorder.stages == [
+        ("layers of the text's forward pass", NUM_LAYERS, [1] * NUM_LAYERS),
         ("layers of the text", NUM_LAYERS, [1] * NUM_LAYERS),
         ("layers of prefix matching's forward pass", NUM_LAYERS, [1] * NUM_LAYERS),
         ("layers of prefix matching", NUM_LAYERS, [1] * NUM_LAYERS),
@@ -58,7 +59,7 @@ def test_roles_counts_each_passs_layers_then_the_needle_tests(decoder):
     ]
     counts = []  # a plain function: the same counts, no stages
     attnviz.roles(CLEAN, model=decoder, device="cpu", progress=counts.append)
-    assert counts == [1] * (4 * NUM_LAYERS)
+    assert counts == [1] * (5 * NUM_LAYERS)
 
 
 @pytest.mark.slow  # a checkpoint built and run by transformers
@@ -87,6 +88,58 @@ def test_diff_counts_the_layers_compared(decoder):
     recorder = Recorder()
     attnviz.diff(CLEAN, against="random", model=decoder, device="cpu", progress=recorder)
     assert recorder.stages == [("layers compared", NUM_LAYERS, [1] * NUM_LAYERS)]
+
+
+@pytest.mark.slow  # a checkpoint built and run by transformers
+def test_effect_counts_the_heads_taken_out_a_layer_at_a_time(decoder):
+    recorder = Recorder()
+    attnviz.heads(CLEAN, layer=1, effect="zero", model=decoder, device="cpu", progress=recorder)
+    assert recorder.stages == [("heads taken out", NUM_HEADS, [NUM_HEADS])]
+    recorder = Recorder()
+    result = attnviz.layers(CLEAN, effect="mean", model=decoder, device="cpu", progress=recorder)
+    assert result.attention is not None  # the whole maps' path
+    assert recorder.stages == [
+        ("heads taken out", NUM_LAYERS * NUM_HEADS, [NUM_HEADS] * NUM_LAYERS),
+        ("layers of the text's forward pass", NUM_LAYERS, [1] * NUM_LAYERS),
+        ("layers of the text", NUM_LAYERS, [1] * NUM_LAYERS),
+    ]
+
+
+@pytest.mark.slow  # a checkpoint built and run by transformers
+def test_a_pass_of_blocks_counts_the_layers_its_forward_pass_reaches_then_those_done(decoder):
+    """layers past the memory budget (1 MB: 2 layers x 6 heads' maps of its 240 tokens are 2.6 MiB) and heads with every
+    layer summarised, as a long text's report runs it: the model's forward pass, then attnviz's layers."""
+    long = " ".join([CLEAN] * 20)
+    recorder = Recorder()
+    result = attnviz.layers(long, memory=1, truncate=True, model=decoder, device="cpu", progress=recorder)
+    assert result.attention is None  # the pass of blocks
+    both = [("layers of the text's forward pass", NUM_LAYERS, [1] * NUM_LAYERS), ("layers of the text", NUM_LAYERS, [1] * NUM_LAYERS)]
+    assert recorder.stages == both
+    recorder = Recorder()
+    attnviz.heads(long, layer_summaries=True, truncate=True, model=decoder, device="cpu", progress=recorder)
+    assert recorder.stages == both
+
+
+@pytest.mark.slow  # a checkpoint built and run by transformers
+def test_report_counts_each_texts_layers_then_its_statistics_layers_then_the_texts_encoded(decoder):
+    recorder = Recorder()
+    attnviz.report([CLEAN, CORRUPT], model=decoder, device="cpu", progress=recorder)
+    each = [(what, NUM_LAYERS, [1] * NUM_LAYERS) for what in ("layers of the text's forward pass", "layers of the text", "layers of the statistics")]
+    assert recorder.stages == [*each, *each, ("texts encoded for the page", 2, [1, 1])]
+
+
+@pytest.mark.slow  # a checkpoint built and run by transformers
+def test_stats_counts_one_texts_layers_and_several_texts(decoder):
+    """One text: its forward pass's layers, then those measured, whole maps or in blocks (past a 1 MB budget: 6 heads'
+    map of 240 tokens is 1.3 MiB); several: the texts of each batch (one batch here)."""
+    layers = [("layers of the text's forward pass", NUM_LAYERS, [1] * NUM_LAYERS), ("layers of the text", NUM_LAYERS, [1] * NUM_LAYERS)]
+    for memory in (None, 1):
+        recorder = Recorder()
+        attnviz.stats(" ".join([CLEAN] * 20), memory=memory, js=False, model=decoder, device="cpu", progress=recorder)
+        assert recorder.stages == layers, memory
+    recorder = Recorder()
+    attnviz.stats([CLEAN, CORRUPT], model=decoder, device="cpu", progress=recorder)
+    assert recorder.stages == [("texts measured", 2, [2])]
 
 
 def test_a_stage_shows_its_count_on_a_terminal_and_nothing_elsewhere():
@@ -127,3 +180,26 @@ def test_the_command_line_draws_each_stages_bar_on_a_terminal(decoder, tmp_path,
     monkeypatch.setattr(attnviz.cli.generate, "console", console)
     assert run(["generate", "The cat sat", "--tokens", "3", "--model", decoder, "--device", "cpu", "--out", str(tmp_path / "run")]) == 0
     assert re.search(r"tokens generated .*3/3", console.export_text())
+
+
+@pytest.mark.slow  # a checkpoint built and run by transformers
+def test_layers_and_report_draw_their_bars_on_a_terminal_only(decoder, tmp_path, monkeypatch, capsys):
+    """layers --effect counts the heads taken out on a terminal console, heads its report's layers; report, where
+    stdout is captured, draws none."""
+    import attnviz.cli.heads
+    import attnviz.cli.layers
+    from attnviz.cli import run
+
+    console = Console(record=True, force_terminal=True, width=100)
+    monkeypatch.setattr(attnviz.cli.layers, "console", console)
+    assert run(["layers", CLEAN, "--effect", "zero", "--model", decoder, "--device", "cpu", "--out", str(tmp_path / "layers")]) == 0
+    total = NUM_LAYERS * NUM_HEADS
+    assert re.search(rf"heads taken out .*{total}/{total}", console.export_text())
+    monkeypatch.setattr(attnviz.cli.heads, "console", console)  # heads' report.html: its every layer and statistics
+    assert run(["heads", CLEAN, "--model", decoder, "--device", "cpu", "--out", str(tmp_path / "heads")]) == 0
+    assert re.search(rf"layers of the statistics .*{NUM_LAYERS}/{NUM_LAYERS}", console.export_text())
+    capsys.readouterr()
+    assert run(["report", CLEAN, "--model", decoder, "--device", "cpu", "--out", str(tmp_path / "report")]) == 0
+    captured = capsys.readouterr()
+    printed = captured.out + captured.err
+    assert not re.search(rf"\b\d/{NUM_LAYERS}\b", printed) and "\x1b" not in printed, printed

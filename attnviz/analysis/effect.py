@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from attnviz.run_data import Progress
+
 # The next-token distributions held at once, in float64 (p and log p with every head, one copy's scores and
 # logsumexp's temporary: four positions × vocabulary arrays), and the logits of a batch of copies (the model's
 # dtype): a longer text is measured in blocks of positions.
@@ -89,9 +91,12 @@ class HeadEffects:
         return list(self.values)
 
 
-def head_effects(loaded, text: str, spec, ablation: str = "zero", layers: list[int] | None = None) -> HeadEffects:
+def head_effects(
+    loaded, text: str, spec, ablation: str = "zero", layers: list[int] | None = None, progress: Progress = Progress()
+) -> HeadEffects:
     """Each head of `layers` (default: every layer) of spec.stack over one text, taken out (ablation, ABLATIONS) in
-    turn: its EFFECTS. spec gives the stack, the device and --truncate; the heads are the model's own."""
+    turn: its EFFECTS. spec gives the stack, the device and --truncate; the heads are the model's own. progress: the
+    heads taken out, a layer's at a time."""
     import torch
 
     from attnviz.errors import AttnvizError
@@ -113,11 +118,13 @@ def head_effects(loaded, text: str, spec, ablation: str = "zero", layers: list[i
         else:
             output = _Predictions(*model.output_head(), last, targets)
         values = {name: np.full((num_layers, num_heads), np.nan) for name in output.names}
+        advance = progress.counting("heads taken out", len(layers) * num_heads)
         for layer in layers:
             entering = recorded.entering(layer).expand(num_heads, -1, -1)  # (H, N, D)
             out = model.run_from(layer, entering, recorded, _taken_out(recorded.heads[layer], num_heads, ablation), stack)
             for name, row in output.measure(out).items():
                 values[name][layer] = row
+            advance(num_heads)
     return HeadEffects(
         values=values,
         ablation=ablation,

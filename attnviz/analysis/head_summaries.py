@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from attnviz.analysis.head_numbers import HEAD_NUMBERS, LOCAL_WINDOW, SINK_PAPER, SUMMARY_NAMES
+from attnviz.run_data import FORWARD_PASS, LAYERS_OF_THE_TEXT, Progress
 
 SINK_THRESHOLD = 0.3  # the attention sink's threshold ε (Gu et al., SINK_PAPER)
 TOP_KEYS = 5  # each head's most-attended keys
@@ -115,8 +116,11 @@ class HeadSummaries:
         return values, keys[:, :count].cpu().numpy(), shares[:, :count].cpu().numpy()
 
 
-def summarise_layers(loaded, text: str, spec, budget_bytes: int, window: int = LOCAL_WINDOW) -> LayerSummaries:
-    """Every head of every layer of spec.stack over one text, from one forward pass, a block of queries at a time.
+def summarise_layers(
+    loaded, text: str, spec, budget_bytes: int, window: int = LOCAL_WINDOW, progress: Progress = Progress()
+) -> LayerSummaries:
+    """Every head of every layer of spec.stack over one text, from one forward pass, a block of queries at a time
+    (progress: summarise_blocks').
 
     spec as for iter_layer_runs (spec.layer and spec.kv_text are not used; spec.words is not: the
     summaries are over tokens). No (H, N, N) map is held: each layer's blocks feed a HeadSummaries;
@@ -131,12 +135,13 @@ def summarise_layers(loaded, text: str, spec, budget_bytes: int, window: int = L
     encoded = encode_texts(loaded, [text], spec)
     with threads_for(encoded):
         layers = build_layers(loaded, spec)
-    return summarise_blocks(loaded, text, encoded, layers, spec, budget_bytes, window)
+    return summarise_blocks(loaded, text, encoded, layers, spec, budget_bytes, window, progress=progress)
 
 
-def run_and_summarise(loaded, text: str, spec, budget_bytes: int, window: int = LOCAL_WINDOW):
+def run_and_summarise(loaded, text: str, spec, budget_bytes: int, window: int = LOCAL_WINDOW, progress: Progress = Progress()):
     """pipeline.run_attention of one text at spec.layer, with every layer summarised (summarise_layers) from the same
-    forward pass: its AttentionRun, layer_summaries set. Self-attention only (spec without kv_text)."""
+    forward pass: its AttentionRun, layer_summaries set. Self-attention only (spec without kv_text). progress: the
+    layers the forward pass reaches, then the layers summarised (summarise_blocks')."""
     from dataclasses import replace
 
     from attnviz.layer_inputs import encode_texts, layer_states, threads_for
@@ -145,7 +150,8 @@ def run_and_summarise(loaded, text: str, spec, budget_bytes: int, window: int = 
     encoded = encode_texts(loaded, [text], spec)
     with threads_for(encoded):
         layers = build_layers(loaded, spec)
-        states = layer_states(loaded, encoded, list(range(len(layers))), spec)  # every layer's input, one forward pass
+        entered = progress.counting(FORWARD_PASS, len(layers))
+        states = layer_states(loaded, encoded, list(range(len(layers))), spec, entered)  # every layer's input, one forward pass
     num_tokens = len(encoded.queries.ids[0])
     chosen = HeadSummaries(layers[spec.layer].num_heads, num_tokens, num_tokens, causal=spec.causal, window=window)
     (run,) = run_attention(
@@ -154,23 +160,33 @@ def run_and_summarise(loaded, text: str, spec, budget_bytes: int, window: int = 
     # A run in blocks (a long text's) fed the chosen layer's summaries with its own blocks, those the summaries' pass
     # would make again (the same budget): that layer is not computed twice.
     done = {spec.layer: chosen} if chosen.seen else {}
-    summaries = summarise_blocks(loaded, text, encoded, layers, spec, budget_bytes, window, states=states, done=done)
+    summaries = summarise_blocks(loaded, text, encoded, layers, spec, budget_bytes, window, states=states, done=done, progress=progress)
     return replace(run, layer_summaries=summaries)
 
 
 def summarise_blocks(
-    loaded, text: str, encoded, layers, spec, budget_bytes: int, window: int = LOCAL_WINDOW, also=None, states=None, done=None
+    loaded, text: str, encoded, layers, spec, budget_bytes: int, window: int = LOCAL_WINDOW, also=None, states=None, done=None,
+    progress: Progress = Progress(),
 ) -> LayerSummaries:
     """summarise_layers over one text's encoded batch and its built layers (spec without kv_text);
     also(layer, first_query, weights (H, b, N)), when given, gets each block too (analysis.long_layers' block maxima);
     states: every layer's input, already captured (pipeline.iter_layer_blocks); done: layer -> its HeadSummaries,
-    already fed every block (those layers are not computed again, unless each layer runs in BERT's place)."""
+    already fed every block (those layers are not computed again, unless each layer runs in BERT's place).
+    progress: the layers the forward pass reaches (where states are captured here), then the layers summarised."""
     from attnviz.attention.layer import rows_per_block
+    from attnviz.layer_inputs import layer_states, threads_for
     from attnviz.pipeline import in_berts_place, iter_layer_blocks
 
     num_tokens = len(encoded.queries.ids[0])
     in_place = in_berts_place(loaded, spec)
     done = {} if in_place or done is None else done
+    if states is None and not in_place:  # every layer's input, one forward pass (iter_layer_blocks' own), counted
+        entered = progress.counting(FORWARD_PASS, len(layers))
+        with threads_for(encoded):
+            states = layer_states(loaded, encoded, list(range(len(layers))), spec, entered)
+    advance = progress.counting(LAYERS_OF_THE_TEXT, len(layers))
+    if done:
+        advance(len(done))  # the run's own layer, summarised from its blocks
     accumulators = [
         done.get(layer) or HeadSummaries(attention.num_heads, num_tokens, num_tokens, causal=spec.causal, window=window)
         for layer, attention in enumerate(layers)
@@ -180,6 +196,8 @@ def summarise_blocks(
         accumulators[layer].add(first_query, weights[0])
         if also is not None:
             also(layer, first_query, weights[0])
+        if first_query + weights.shape[2] == num_tokens:  # the layer's last block
+            advance(1)
     shown = encoded.queries.shown[0] or encoded.queries.tokens[0]
     rows = rows_per_block(budget_bytes, 1, max(attention.num_heads for attention in layers), num_tokens)
     return layer_summaries(accumulators, encoded.queries.tokens[0], shown, text, loaded.name, spec.causal, window, rows)

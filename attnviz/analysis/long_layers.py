@@ -18,6 +18,7 @@ import numpy as np
 
 from attnviz.analysis.head_summaries import LOCAL_WINDOW, LayerSummaries, summarise_blocks
 from attnviz.errors import AttnvizError
+from attnviz.run_data import Progress
 
 
 def long_text_note(num_tokens: int, num_layers: int, num_heads: int) -> str:
@@ -79,9 +80,10 @@ class BlockMaxima:
 
 
 def layers_in_blocks(
-    loaded, text: str, spec, panel_cells: Callable, budget_bytes: int, window: int = LOCAL_WINDOW
+    loaded, text: str, spec, panel_cells: Callable, budget_bytes: int, window: int = LOCAL_WINDOW, progress: Progress = Progress()
 ) -> LongLayers:
-    """Every layer of one long text in one pass of blocks: the layers' runs without weights, the summaries, the block maxima.
+    """Every layer of one long text in one pass of blocks: the layers' runs without weights, the summaries, the block
+    maxima; progress: the layers the forward pass reaches, then those done (summarise_blocks').
 
     panel_cells(run, num_layers) gives the cells a side of layers.png's panels (render.stats_figures.layers_panel_cells).
     """
@@ -104,5 +106,5 @@ def layers_in_blocks(
     num_tokens = len(encoded.queries.ids[0])
     num_heads = max(attention.num_heads for attention in layers)
     maxima = BlockMaxima(len(layers), num_heads, num_tokens, panel_cells(runs[0], len(layers)), spec.causal)
-    summaries = summarise_blocks(loaded, text, encoded, layers, spec, budget_bytes, window, also=maxima.add)
+    summaries = summarise_blocks(loaded, text, encoded, layers, spec, budget_bytes, window, also=maxima.add, progress=progress)
     return LongLayers(runs, summaries, maxima.values, long_text_note(num_tokens, len(layers), num_heads))

@@ -217,7 +217,8 @@ class RoleSums:
 def text_roles(
     loaded, text: str, spec, budget_bytes: int, settings: RoleSettings, progress: Progress = Progress()
 ) -> tuple[dict, LayerSummaries, list[int]]:
-    """Every head's TEXT_SCORES and layer summaries over one text, one forward pass of blocks (progress: its layers);
+    """Every head's TEXT_SCORES and layer summaries over one text, one forward pass of blocks (progress: the layers it
+    reaches, then those summarised: head_summaries.summarise_blocks');
     and the ids it read.
 
     A text of one token is refused (the templates need two) after tokenizing, before the forward pass."""
@@ -233,14 +234,7 @@ def text_roles(
     with threads_for(encoded):
         layers = build_layers(loaded, spec)
     sums = RoleSums(len(layers), max(layer.num_heads for layer in layers), ids, causal=spec.causal, settings=settings)
-    advance = progress.counting("layers of the text", len(layers))
-
-    def add(layer: int, first_query: int, weights) -> None:  # weights (H, b, K)
-        sums.add(layer, first_query, weights)
-        if first_query + weights.shape[1] == len(ids):  # the layer's last block
-            advance(1)
-
-    summaries = summarise_blocks(loaded, text, encoded, layers, spec, budget_bytes, also=add)
+    summaries = summarise_blocks(loaded, text, encoded, layers, spec, budget_bytes, also=sums.add, progress=progress)
     return sums.scores(), summaries, ids
 
 

@@ -18,7 +18,7 @@ import torch
 
 from attnviz.analysis.statistics import ModelStatistics, StatisticsAccumulator, key_kind_columns
 from attnviz.budgets import block_budget, every_layer_in_blocks
-from attnviz.layer_inputs import encode_texts
+from attnviz.layer_inputs import encode_texts, layer_states, threads_for
 from attnviz.pipeline import (
     BATCH_SIZE,
     batches,
@@ -27,13 +27,14 @@ from attnviz.pipeline import (
     iter_layer_blocks,
     iter_layer_weights,
     layer_sizes,
+    layer_stages,
     run_attention,
     split_runs,
 )
 from attnviz.models.tokens import text_notes, truncation_notes
 from attnviz.models.loading import LoadedModel
 from attnviz.models.words import tokenizer_words
-from attnviz.run_data import AttentionRun
+from attnviz.run_data import AttentionRun, Progress
 from attnviz.spec import RunSpec
 
 
@@ -48,17 +49,18 @@ def measure_heads(
     texts: list[str],
     spec: RunSpec,
     advance: Callable[[int], None] = lambda done: None,
+    layers: Progress = Progress(),
 ) -> Measured:
     """The statistics of every head of every layer averaged over the texts, text_notes' notes, and
     the first text's layer-0 run (cut from its batch: the setup the command prints, stats.json records).
 
     spec's settings but its layer (every layer is measured) and kv_text (self-attention only).
-    advance(n) is called after each batch of n texts. `stats --file` streams its corpus through a
-    HeadsMeasurer chunk by chunk instead (output/corpus_stats.py).
+    advance(n) is called after each batch of n texts; layers counts each batch's layers (pipeline.layer_stages: one
+    text's). `stats --file` streams its corpus through a HeadsMeasurer chunk by chunk instead (output/corpus_stats.py).
     """
     measurer = HeadsMeasurer(loaded, spec)
     accumulator = measurer.accumulator()
-    notes, first_run = measurer.measure(texts, accumulator, advance, first_text=texts[0])
+    notes, first_run = measurer.measure(texts, accumulator, advance, first_text=texts[0], layers=layers)
     return Measured(accumulator.result(), notes, first_run)
 
 
@@ -88,8 +90,10 @@ class HeadsMeasurer:
         accumulator: StatisticsAccumulator,
         advance: Callable[[int], None] = lambda done: None,
         first_text: str | None = None,
+        layers: Progress = Progress(),
     ) -> tuple[list[str], AttentionRun | None]:
-        """Add the texts' statistics into accumulator; their notes (in order, once each), and first_text's layer-0 run (None when not given)."""
+        """Add the texts' statistics into accumulator; their notes (in order, once each), and first_text's layer-0 run
+        (None when not given). advance(n) after each batch of n texts; layers: each batch's (pipeline.layer_stages)."""
         loaded, spec, device = self.loaded, self.spec, self.spec.device
         notes: dict[str, None] = {}  # in order, once each
         first_run = None
@@ -102,26 +106,37 @@ class HeadsMeasurer:
             else:
                 labels, valid_lens, width = words.labels, words.word_counts, words.rows.shape[1]  # W words
             kinds = key_kind_columns(labels, width).to(device)  # (B, N, K), or (B, W, K) over words
+            entered, done = layer_stages(layers, len(self.layers), self.in_place)
             if words is None and every_layer_in_blocks(spec, len(batch), self.num_heads, width):
-                first_run = self._measure_in_blocks(batch, encoded, accumulator, valid_lens, kinds, first_run, first_text)
+                first_run = self._measure_in_blocks(batch, encoded, accumulator, valid_lens, kinds, first_run, first_text, entered, done)
             else:
-                for layer, (output, patterns) in enumerate(iter_layer_weights(loaded, encoded, self.layers, spec, self.in_place)):
+                passes = iter_layer_weights(loaded, encoded, self.layers, spec, self.in_place, entered)
+                for layer, (output, patterns) in enumerate(passes):
                     accumulator.add_batch(layer, words.merge(patterns) if words else patterns, valid_lens, kinds)
                     if layer == 0 and first_run is None and first_text is not None and first_text in batch:
                         first_run = _first_text_run(loaded, batch, first_text, encoded, output, patterns, spec, self.layers[0])
+                    done(1)
             notes.update(dict.fromkeys(text_notes(loaded, batch, encoded.queries.ids)))
             notes.update(dict.fromkeys(truncation_notes(batch, encoded.queries.truncations)))
             advance(len(batch))
         return list(notes), first_run
 
-    def _measure_in_blocks(self, batch, encoded, accumulator, valid_lens, kinds, first_run, first_text):
+    def _measure_in_blocks(self, batch, encoded, accumulator, valid_lens, kinds, first_run, first_text, entered, done):
         """A batch whose maps pass the budget (budgets.every_layer_in_blocks): every layer a block of queries at a
         time into accumulator, no (B, H, N, N) map whole. first_text's layer-0 run, when in the batch and not made
-        yet, from a pass of its own up to layer 0 (run_attention: past the large-map size its map is attention.npy's memmap)."""
+        yet, from a pass of its own up to layer 0 (run_attention: past the large-map size its map is attention.npy's memmap).
+        entered and done: layer_stages' (the forward pass's layers, then each layer measured)."""
         loaded, spec = self.loaded, self.spec
-        blocks = iter_layer_blocks(loaded, encoded, self.layers, spec, block_budget(spec), self.in_place)
+        states = None  # every layer's input, one forward pass (iter_layer_blocks' own), counted; in BERT's place none
+        if not self.in_place:
+            with threads_for(encoded):
+                states = layer_states(loaded, encoded, list(range(len(self.layers))), spec, entered)
+        blocks = iter_layer_blocks(loaded, encoded, self.layers, spec, block_budget(spec), self.in_place, states)
+        num_queries = encoded.queries.input_ids.shape[1]
         for layer, first_query, weights in blocks:  # weights (B, H, b, N)
             accumulator.add_block(layer, weights, first_query, valid_lens, kinds)
+            if first_query + weights.shape[2] == num_queries:  # the layer's last block
+                done(1)
         if first_run is None and first_text is not None and first_text in batch:
             first_run = run_attention(loaded, [first_text], replace(spec, layer=0))[0]
         return first_run

@@ -16,7 +16,10 @@ import numpy as np
 from attnviz.api import display
 from attnviz.api.run_results import _Rendered, report_result, save_run_files, tensor
 from attnviz.errors import AttnvizError
+from attnviz.run_data import Progress
 from attnviz.spec import RunSpec
+
+STATISTICS_LAYERS = "layers of the statistics"  # a report's text's statistics, as progress= counts them
 
 
 @dataclass(frozen=True, repr=False)
@@ -428,8 +431,9 @@ class PositionResult:
         return f"<attnviz.PositionResult {self.result.text!r}: permutation {self.permutation}>"
 
 
-def text_statistics(layer_runs: list, causal: bool):
-    """One text's statistics of every head (a ModelStatistics over that text alone), from its layers' runs.
+def text_statistics(layer_runs: list, causal: bool, progress: Progress = Progress()):
+    """One text's statistics of every head (a ModelStatistics over that text alone), from its layers' runs
+    (progress, a run_data.Progress: the layers measured).
 
     Measured as `attnviz stats` measures a batch (batch_statistics, a batch of one), in float64: the
     same numbers as the per-text definition (head_statistics, js_distance) in a tenth of its time at 512 tokens.
@@ -440,7 +444,9 @@ def text_statistics(layer_runs: list, causal: bool):
 
     accumulator = StatisticsAccumulator(len(layer_runs), causal)
     kinds = key_kind_columns([layer_runs[0].query_tokens], len(layer_runs[0].query_tokens))  # (1, N, K)
+    advance = progress.counting(STATISTICS_LAYERS, len(layer_runs))
     for layer, run in enumerate(layer_runs):
         attention = torch.from_numpy(np.asarray(run.attention, dtype=np.float64))[None]  # (1, H, N, N)
         accumulator.add_batch(layer, attention, torch.tensor([attention.shape[-1]]), kinds)
+        advance(1)
     return accumulator.result()

@@ -16,7 +16,7 @@ from attnviz.analysis.effect import head_effects
 from attnviz.analysis.measure_names import measure_names
 from attnviz.api.models import Model
 from attnviz.api.notes import warn_notes
-from attnviz.api.arguments import must_be_bool, must_be_callable, must_be_int, must_be_one_of, must_be_str, must_be_str_or_list, refuse
+from attnviz.api.arguments import must_be_bool, must_be_int, must_be_one_of, must_be_progress, must_be_str, must_be_str_or_list, refuse
 from attnviz.api.options import EVERY_LAYER_OPTIONS, TRACE_OPTIONS, RunOptions, run_options, takes_options
 from attnviz.errors import AttnvizError, option, options_named
 from attnviz.spec import check_seed_head_sizes, check_text, check_trace_texts, refuse_cross_over_every_layer
@@ -28,7 +28,7 @@ POSITION_OPTIONS = ("model", "device", "dtype", "allow_pickle")  # position runs
 @takes_options()
 def heads(
     text: str | list[str], *, measure: str = "weights", layer_summaries: bool | None = False, effect: str | None = None,
-    vectors: bool | None = False, **options
+    vectors: bool | None = False, progress=None, **options
 ):
     """One layer's heads over a text (a HeadsResult), or over a list of texts (a list, run in padded batches).
 
@@ -55,6 +55,9 @@ def heads(
     vectors: also each head's query and key vectors (after RoPE; a key/value head's once), whose dot product is the
     head's score before the scale: result.vectors (analysis.neurons.QueryKeyVectors), the report's neuron view. One text,
     over tokens. None: where a report of the text holds them (one text of at most 64 tokens, over tokens, no measure).
+    progress(n), when given, is called after each n units of the long work: with effect, the heads taken out (all of
+    them at once, the layer's copies being one batch); with layer_summaries, the layers the forward pass reaches, then
+    the layers summarised. A progress that also has .stage(what, total) is told as each begins ("heads taken out", 9).
     """
     from attnviz.api.run_results import HeadsResult
     from attnviz.output.batch import run_in_batches
@@ -66,6 +69,7 @@ def heads(
     if wanted and (not isinstance(text, str) or names or options.kv or options.stack == "cross"):
         raise AttnvizError('layer_summaries=True summarises one text\'s self-attention: give one str, no kv, no stack="cross", no measure')
     check_effect(effect, text, options)
+    progress = must_be_progress(progress)
     if vectors is not None and must_be_bool("vectors", vectors) and (not isinstance(text, str) or options.words or names):
         raise AttnvizError("vectors=True gives one text's query and key vectors over its tokens: give one str, no words, no measure")
     refuse_before_loading(options)
@@ -73,7 +77,7 @@ def heads(
     spec = options.run_spec(handle)
     _check_lengths(handle.loaded, texts, options.truncate)
     num_layers = handle.loaded.num_layers_of(spec.stack)
-    effects = head_effects(handle.loaded, texts[0], spec, effect, [spec.layer]) if effect is not None else None
+    effects = head_effects(handle.loaded, texts[0], spec, effect, [spec.layer], progress) if effect is not None else None
     if layer_summaries is None:  # as the report of this text summarises it
         layer_summaries = isinstance(text, str) and not names and summarised_in_its_run(handle.loaded, texts, spec.cross_attention)
     if names:
@@ -82,7 +86,7 @@ def heads(
         from attnviz.analysis.head_summaries import run_and_summarise
         from attnviz.budgets import block_budget
 
-        results = [HeadsResult(run_and_summarise(handle.loaded, texts[0], spec, block_budget(spec)), spec, num_layers)]
+        results = [HeadsResult(run_and_summarise(handle.loaded, texts[0], spec, block_budget(spec), progress=progress), spec, num_layers)]
     else:
         runs = [run for batch in run_in_batches(handle.loaded, texts, spec) for run in batch]
         results = [HeadsResult(run, spec, num_layers) for run in runs]
@@ -177,8 +181,10 @@ def stats(texts: str | list[str], *, js: bool | None = None, progress=None, **op
     maps merged into words, previous and next the words beside. js: also the Jensen-Shannon
     distances between heads (.js_distance and the figure), most of the statistics' work: a log
     for every key of every pair of heads; None measures them unless a text's map passes the large-map
-    size (64 MB, or memory), where they are H² × N² logs a layer (then js=True). progress(n), when given, is called after each batch with
-    the number of texts it measured. memory (MB, as in heads): a batch whose maps pass it (one layer's
+    size (64 MB, or memory), where they are H² × N² logs a layer (then js=True). progress(n), when given, is called
+    after each batch with the number of texts it measured; over one text, after each layer: those its forward pass
+    reaches, then those measured. A progress that also has .stage(what, total) is told as each stage begins
+    ("texts measured", 40; "layers of the text", 30). memory (MB, as in heads): a batch whose maps pass it (one layer's
     (B, H, N, N) at once), or a text's map past 64 MB, is measured a block of queries at a time, no map
     whole (analysis.blockwise.block_statistics; the same numbers within 1e-5); over words the maps stay whole.
     """
@@ -190,7 +196,7 @@ def stats(texts: str | list[str], *, js: bool | None = None, progress=None, **op
     options = run_options("stats", options, EVERY_LAYER_OPTIONS)
     if js is not None:
         must_be_bool("js", js)
-    must_be_callable("progress", progress, none=True)
+    progress = must_be_progress(progress)
     texts = _texts(texts, name="texts")
     refuse_cross_over_every_layer(options.stack)
     refuse_before_loading(options)
@@ -199,7 +205,10 @@ def stats(texts: str | list[str], *, js: bool | None = None, progress=None, **op
     _check_lengths(loaded, texts, options.truncate)
     spec = options.run_spec(handle, layer=None)
     spec = replace(spec, js=js if js is not None else not any(_in_blocks(loaded, text, spec) for text in texts))
-    measured = measure_heads(loaded, texts, spec, advance=progress or (lambda done: None))
+    if len(texts) == 1:  # its layers
+        measured = measure_heads(loaded, texts, spec, layers=progress)
+    else:
+        measured = measure_heads(loaded, texts, spec, advance=progress.counting("texts measured", len(texts)))
     truncated = text_truncations(loaded.tokenizer, texts, loaded.max_positions) if options.truncate else [None] * len(texts)
     first = measured.first_run
     key_kinds_note = absent_key_kinds_note(first.family, first.query_tokens)
@@ -209,7 +218,7 @@ def stats(texts: str | list[str], *, js: bool | None = None, progress=None, **op
 
 
 @takes_options(EVERY_LAYER_OPTIONS)
-def layers(text: str, *, measure: str = "weights", band: int = 8, effect: str | None = None, **options):
+def layers(text: str, *, measure: str = "weights", band: int = 8, effect: str | None = None, progress=None, **options):
     """Every layer's heads over one text, attention rollout through the layers, and every head summarised (a LayersResult).
 
     options as in stats; measure adds every layer's measures (analysis.measures.LayersMeasures):
@@ -221,6 +230,10 @@ def layers(text: str, *, measure: str = "weights", band: int = 8, effect: str | 
     is whole (analysis.long_layers): .attention and .rollout are None, layers.png shows block maxima
     computed from the blocks, .notes says so; measure and words need the whole maps and are refused there.
     effect: also every head of every layer (of the stack) taken out in turn (as heads' effect=), in .effects.
+    progress(n), when given, is called after each n units done: with effect, the heads taken out (a layer's at a
+    time); then the layers run (past the budget: the layers the forward pass reaches, then the layers done; with a
+    measure, not counted). A progress that also has .stage(what, total) is told as each stage begins
+    ("heads taken out", 270; "layers of the text", 30).
     """
     from attnviz.analysis.head_summaries import summarise_layers, summarise_runs
     from attnviz.analysis.rollout import runs_rollout
@@ -235,20 +248,21 @@ def layers(text: str, *, measure: str = "weights", band: int = 8, effect: str | 
         raise AttnvizError(f"band {band}: the local band's half-width is 0 or more tokens")
     refuse_cross_over_every_layer(options.stack)
     check_effect(effect, text, options)
+    progress = must_be_progress(progress)
     refuse_before_loading(options)
     handle = options.load()
     spec = options.run_spec(handle, layer=None)
-    effects = head_effects(handle.loaded, text, spec, effect) if effect is not None else None
+    effects = head_effects(handle.loaded, text, spec, effect, progress=progress) if effect is not None else None
     budget = block_budget(spec)  # a block of the summaries' pass
     if _in_blocks(handle.loaded, text, spec, handle.loaded.num_layers_of(spec.stack)):
-        return replace(_long_layers(handle, text, spec, names, band, budget), effects=effects)
+        return replace(_long_layers(handle, text, spec, names, band, budget, progress), effects=effects)
     summaries = None  # from the layers' own maps over tokens, the model run once (head_summaries.summarise_runs)
     if names:
         from attnviz.analysis.measures import measure_every_layer
 
         layer_runs, measures = measure_every_layer(handle.loaded, text, spec, names)
     else:
-        (layer_runs,) = run_layers(handle.loaded, [text], replace(spec, words=False))
+        (layer_runs,) = run_layers(handle.loaded, [text], replace(spec, words=False), progress)
         summaries = summarise_runs(layer_runs, spec, budget, window=band)
         layer_runs = over_words(handle.loaded, spec, layer_runs) if spec.words else layer_runs
         measures = None
@@ -284,7 +298,7 @@ def _in_blocks(loaded, text: str, spec, num_layers: int = 1) -> bool:
     return every_layer_in_blocks(spec, 1, num_heads, num_tokens, num_layers)
 
 
-def _long_layers(handle: Model, text: str, spec, names: tuple[str, ...], band: int, budget: int):
+def _long_layers(handle: Model, text: str, spec, names: tuple[str, ...], band: int, budget: int, progress):
     """layers past the budget: one pass of blocks (analysis.long_layers), no whole map, no rollout (a LayersResult that says so)."""
     from attnviz.analysis.long_layers import layers_in_blocks
     from attnviz.api.experiment_results import LayersResult
@@ -298,7 +312,7 @@ def _long_layers(handle: Model, text: str, spec, names: tuple[str, ...], band: i
     def panel_cells(run, num_layers: int) -> int:
         return layers_panel_cells(run, num_layers, spec.seed)
 
-    done = layers_in_blocks(handle.loaded, text, spec, panel_cells, budget, band)
+    done = layers_in_blocks(handle.loaded, text, spec, panel_cells, budget, band, progress)
     warn_run_notes([*done.layer_runs[0].notes, done.note], handle)
     return LayersResult(done.layer_runs, None, spec, None, done.summaries, maxima=done.maxima, notes=[done.note])
 

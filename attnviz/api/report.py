@@ -15,11 +15,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from attnviz.api.arguments import must_be_progress
 from attnviz.api.experiment_results import text_statistics
 from attnviz.api.functions import _check_lengths, _texts, holds_vectors, refuse_before_loading, summarised_in_its_run, token_counts, warn_run_notes
 from attnviz.api.options import run_options, takes_options
 from attnviz.api.run_results import ReportResult, report_result
 from attnviz.errors import AttnvizError
+from attnviz.run_data import Progress
 from attnviz.spec import RunSpec
 
 MAX_REPORT_TEXTS = 64  # one page holds every text's layers and traces: a few MB each for short texts
@@ -29,7 +31,7 @@ MAX_REPORT_WEIGHTS = 2**24
 
 
 @takes_options()
-def report(text_or_texts: str | list[str], **options) -> ReportResult:
+def report(text_or_texts: str | list[str], progress=None, **options) -> ReportResult:
     """The interactive report of a text, or of a list of texts (at most MAX_REPORT_TEXTS), as a ReportResult.
 
     options are attnviz.heads' (RunOptions' fields). Self-attention adds every layer, the rollout
@@ -37,11 +39,15 @@ def report(text_or_texts: str | list[str], **options) -> ReportResult:
     trace only. words: the maps over words, as attnviz.heads(words=True) shows them (the traces stay
     over tokens). A long text (past 512 tokens, or its map on disk) has a report of its own: its layer's
     map zoomable and every head of every layer summarised, no whole map (the module's docstring).
+    progress(n), when given, is called after each n layers done, stage by stage: for each text, its layers run and
+    then the layers of its statistics; a long text's, the layers its forward pass reaches, then the layers
+    summarised. A progress that also has .stage(what, total) is told as each begins ("layers of the text", 30).
     """
     from attnviz.output.batch import run_in_batches
 
     options = run_options("report", options)
     texts = _texts(text_or_texts, name="text_or_texts")
+    progress = must_be_progress(progress)
     check_report_count(len(texts))
     refuse_before_loading(options)
     handle = options.load()
@@ -52,10 +58,10 @@ def report(text_or_texts: str | list[str], **options) -> ReportResult:
         from attnviz.analysis.head_summaries import run_and_summarise
         from attnviz.budgets import block_budget
 
-        runs = [run_and_summarise(handle.loaded, texts[0], spec, block_budget(spec))]
+        runs = [run_and_summarise(handle.loaded, texts[0], spec, block_budget(spec), progress=progress)]
     else:
         runs = [run for batch in run_in_batches(handle.loaded, texts, spec) for run in batch]
-    result = report_of_runs(handle.loaded, runs, spec)
+    result = report_of_runs(handle.loaded, runs, spec, progress=progress)
     warn_run_notes(result.record["notes"], handle)  # the runs' notes and what the page leaves out
     return result
 
@@ -107,13 +113,13 @@ def check_report_size(loaded, texts: list[str], spec: RunSpec) -> None:
     )
 
 
-def report_of_runs(loaded, runs: list, spec: RunSpec, notes: list[str] = ()) -> ReportResult:
+def report_of_runs(loaded, runs: list, spec: RunSpec, notes: list[str] = (), progress: Progress = Progress()) -> ReportResult:
     """The report of runs already made (attnviz.heads' runs of the texts, with spec), adding what it shows besides.
 
-    loaded: the LoadedModel they ran on; notes: what the page adds to the runs' own notes.
+    loaded: the LoadedModel they ran on; notes: what the page adds to the runs' own notes; progress: report_texts'.
     """
-    texts, report_notes = report_texts(loaded, runs, spec)
-    return report_result(texts, spec, loaded.num_layers_of(spec.stack), [*notes, *report_notes])
+    texts, report_notes = report_texts(loaded, runs, spec, progress)
+    return report_result(texts, spec, loaded.num_layers_of(spec.stack), [*notes, *report_notes], progress)
 
 
 def text_report(loaded, text: str, spec: RunSpec, summaries=None, **shown) -> ReportResult:
@@ -129,8 +135,9 @@ def text_report(loaded, text: str, spec: RunSpec, summaries=None, **shown) -> Re
     return report_result(texts, spec, loaded.num_layers_of(spec.stack), notes)
 
 
-def report_texts(loaded, runs: list, spec: RunSpec) -> tuple[list, list[str]]:
-    """Each run's ReportText (attnviz.html.record), and the notes of what was left out, once each."""
+def report_texts(loaded, runs: list, spec: RunSpec, progress: Progress = Progress()) -> tuple[list, list[str]]:
+    """Each run's ReportText (attnviz.html.record), and the notes of what was left out, once each; progress: each
+    text's layers run and then its statistics' layers (every_layer), or a long text's summaries (long_summaries)."""
     from attnviz.html import ReportText
     from attnviz.html.record import is_long
     from attnviz.layer_inputs import threads_for_tokens
@@ -139,11 +146,11 @@ def report_texts(loaded, runs: list, spec: RunSpec) -> tuple[list, list[str]]:
     texts = []
     for run in runs:
         if is_long(run):  # no whole map of any layer: the summaries of every layer instead
-            summaries = run.layer_summaries if run.layer_summaries is not None else long_summaries(loaded, run.text, spec, notes)
+            summaries = run.layer_summaries if run.layer_summaries is not None else long_summaries(loaded, run.text, spec, notes, progress)
             texts.append(ReportText(run, summaries=summaries))
             continue
         with threads_for_tokens(len(run.query_tokens) + (len(run.key_tokens) if spec.cross_attention else 0)):
-            layer_runs, rollout, statistics = every_layer(loaded, run.text, spec)
+            layer_runs, rollout, statistics = every_layer(loaded, run.text, spec, progress)
             trace, mistakes = traces(loaded, run.text, spec, notes)
             if run.vectors is None and holds_vectors(run):  # the neuron view's q and k
                 from attnviz.analysis.neurons import query_key_vectors
@@ -153,28 +160,29 @@ def report_texts(loaded, runs: list, spec: RunSpec) -> tuple[list, list[str]]:
     return texts, list(notes)
 
 
-def long_summaries(loaded, text: str, spec: RunSpec, notes: dict):
+def long_summaries(loaded, text: str, spec: RunSpec, notes: dict, progress: Progress = Progress()):
     """A long text's every head of every layer summarised (as attnviz layers' summaries.json), block by block within
-    of budgets.block_budget; None for cross-attention, with its reason added to notes."""
+    of budgets.block_budget (progress: summarise_layers'); None for cross-attention, with its reason added to notes."""
     from attnviz.analysis.head_summaries import summarise_layers
     from attnviz.budgets import block_budget
 
     if spec.cross_attention:
         notes["no summaries of every layer for cross-attention: they run every layer as self-attention on the text's own tokens"] = None
         return None
-    return summarise_layers(loaded, text, replace(spec, layer=None), block_budget(spec))
+    return summarise_layers(loaded, text, replace(spec, layer=None), block_budget(spec), progress=progress)
 
 
-def every_layer(loaded, text: str, spec: RunSpec) -> tuple:
-    """Every layer's run of the text (attnviz.layers'), the rollout and the text's statistics; Nones for cross-attention."""
+def every_layer(loaded, text: str, spec: RunSpec, progress: Progress = Progress()) -> tuple:
+    """Every layer's run of the text (attnviz.layers'), the rollout and the text's statistics; Nones for cross-attention.
+    progress: the layers run, then the layers of the statistics."""
     from attnviz.analysis.rollout import runs_rollout
     from attnviz.pipeline import run_layers
 
     if spec.cross_attention:  # every layer is self-attention: attnviz.layers refuses cross
         return None, None, None
-    (layer_runs,) = run_layers(loaded, [text], replace(spec, layer=None))
+    (layer_runs,) = run_layers(loaded, [text], replace(spec, layer=None), progress)
     rollout = runs_rollout(layer_runs)
-    return layer_runs, rollout, text_statistics(layer_runs, spec.causal)
+    return layer_runs, rollout, text_statistics(layer_runs, spec.causal, progress)
 
 
 def traces(loaded, text: str, spec: RunSpec, notes: dict) -> tuple:

@@ -34,6 +34,7 @@ def save_run_files(folder: str | Path, write, format: str | None = None) -> list
 
 
 REPORT_FILE = "report.html"
+TEXTS_ENCODED = "texts encoded for the page"  # report_result's stage, as progress= counts it
 IFRAME_HEIGHT = 720  # px: the notebook's view of the report
 
 
@@ -379,16 +380,18 @@ class TraceResult:
         return f"<attnviz.TraceResult {layouts}: {len(self.steps)} steps, {'agree' if self.agree else 'DISAGREE'}>"
 
 
-def report_result(texts: list, spec: RunSpec, num_layers: int | None, notes: list[str] = ()) -> ReportResult:
+def report_result(texts: list, spec: RunSpec, num_layers: int | None, notes: list[str] = (), progress=None) -> ReportResult:
     """A ReportResult of ReportTexts (attnviz.html.record): what attnviz.report and every result's .report() return.
 
-    num_layers: the model's layers (of spec.stack), as the page's header says them.
+    num_layers: the model's layers (of spec.stack), as the page's header says them; progress (a run_data.Progress):
+    the texts encoded for the page.
     """
     from attnviz.html import report_record
     from attnviz.models.families import FAMILIES
 
     kind = next(family.kind for family in FAMILIES if family.name == texts[0].run.family)
-    return ReportResult(report_record(texts, spec, kind=kind, num_layers=num_layers, notes=list(notes)))
+    advance = progress.counting(TEXTS_ENCODED, len(texts)) if progress is not None else lambda done: None
+    return ReportResult(report_record(texts, spec, kind=kind, num_layers=num_layers, notes=list(notes), advance=advance))
 
 
 @dataclass(frozen=True, repr=False)

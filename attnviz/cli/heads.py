@@ -121,6 +121,7 @@ def heads(
 
     def compute(options) -> HeadsRun:
         from attnviz.api import functions
+        from attnviz.render.progress import progress_bar
 
         if head is not None and heads is None:  # the model's own heads: refused once it loads, before the computation
             check_text(text)  # as the API would, before loading
@@ -132,23 +133,30 @@ def heads(
             result = traced.heads_results()[0]
         else:  # a long text's report summarises every layer: from the run's own forward pass
             summarise = None if not no_html and measure == Measure.weights else False
-            result = functions.heads(
-                text, measure=measure.value, layer_summaries=summarise, effect=effect.value if effect else None, **given
-            )
+            with progress_bar(console) as bar:  # --effect's heads taken out; a long text's forward pass, its layers
+                result = functions.heads(
+                    text, measure=measure.value, layer_summaries=summarise, effect=effect.value if effect else None,
+                    progress=bar, **given,
+                )  # fmt: skip
         handle = options.load()  # the one the API loaded
         checked_window = result.window(window, "--window") if window is not None else None  # before anything is written
-        return HeadsRun(result, traced, handle.loaded, checked_window)
+        report = None
+        if not no_html:  # every layer, the statistics and the traces of a short text (a long one's summaries are made)
+            from attnviz.api.arguments import must_be_progress
+            from attnviz.api.report import report_of_runs
+
+            with progress_bar(console) as bar:
+                report = report_of_runs(handle.loaded, [result.run], result.spec, progress=must_be_progress(bar))
+        return HeadsRun(result, traced, handle.loaded, checked_window, report)
 
     def show(computed: HeadsRun) -> None:
         print_heads(computed, head)
 
     def write(computed: HeadsRun, staging: Path) -> list[Path]:
-        from attnviz.api.report import report_of_runs
-
         result, traced = computed.result, computed.traced
         written = result.write_files(staging, image_format.value, images["figures"], head, computed.window, save_map)
         written += traced.write_files(staging, image_format.value) if traced is not None else []
-        return written + (report_of_runs(computed.loaded, [result.run], result.spec).write_files(staging) if not no_html else [])
+        return written + (computed.report.write_files(staging) if computed.report is not None else [])
 
     computed, _ = run_command(parameters, compute, show, "writing heatmaps…", write)
     run = computed.result.run
@@ -165,12 +173,14 @@ def heads(
 
 @dataclass(frozen=True)
 class HeadsRun:
-    """What `attnviz heads` computed for a text: its HeadsResult, its trace (--trace), the model, the --window checked."""
+    """What `attnviz heads` computed for a text: its HeadsResult, its trace (--trace), the model, the --window checked,
+    its report (a ReportResult; None with --no-html)."""
 
     result: Any
     traced: Any
     loaded: Any
     window: Any
+    report: Any = None
 
 
 def print_heads(computed: HeadsRun, head: Optional[int]) -> None:

@@ -38,6 +38,7 @@ from attnviz.cli.options import (
     OutOption,
 )
 from attnviz.cli.shared import model_setup, run_command
+from attnviz.render.progress import progress_bar
 
 
 @app.command(short_help="Every layer's heads at a glance, and attention rollout.")
@@ -67,7 +68,10 @@ def layers(
     from attnviz.api import functions
 
     def compute(options):
-        return functions.layers(text, measure=measure.value, band=band, effect=effect.value if effect else None, **options.keywords())
+        with progress_bar(console) as bar:  # --effect's heads taken out, then the layers run
+            return functions.layers(
+                text, measure=measure.value, band=band, effect=effect.value if effect else None, progress=bar, **options.keywords()
+            )
 
     run_command(locals(), compute, print_layers, "writing figures…")
 

@@ -84,8 +84,10 @@ def report(
             check_report_count(len(lines))
             handle = options.load()
             check_lengths(handle.tokenizer, lines, handle.loaded.max_positions, options.truncate)
-        with console.status("computing the report…"):
-            return report_of([entry.text for entry in lines] if lines is not None else text, **options.keywords())
+        from attnviz.render.progress import progress_bar
+
+        with progress_bar(console) as bar:  # each text's layers, then its statistics' (a long text's: its summaries')
+            return report_of([entry.text for entry in lines] if lines is not None else text, progress=bar, **options.keywords())
 
     result, (written,) = run_command(locals(), compute, print_report_notes, "writing the report…")
     console.print(report_summary(result.record, written.stat().st_size), soft_wrap=True)

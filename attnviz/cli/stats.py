@@ -113,7 +113,10 @@ def stats(
 
     def compute(options):
         if file is None:
-            return functions.stats(text, js=js, **options.keywords())
+            from attnviz.render.progress import progress_bar
+
+            with progress_bar(console) as bar:  # the text's forward pass, then its layers
+                return functions.stats(text, js=js, progress=bar, **options.keywords())
         corpus_js = bool(js)  # a corpus: the JS distances when asked
         return _stats_of_corpus(file, options, js=corpus_js, checkpoint=checkpoint, resume=resume, engine=engine, chunk_lines=chunk_lines)
 

@@ -315,11 +315,14 @@ def summaries_of(summaries, spec: RunSpec) -> dict | None:
     return {name: value for name, value in full.items() if name not in SUMMARIES_LEFT_OUT}
 
 
-def report_record(texts: list[ReportText], spec: RunSpec, *, kind: str, num_layers: int, notes: list[str] = ()) -> dict:
+def report_record(
+    texts: list[ReportText], spec: RunSpec, *, kind: str, num_layers: int, notes: list[str] = (), advance=lambda done: None
+) -> dict:
     """The report's data (docs/formats.md, "report.html"): the run's settings and one record per text.
 
     kind: the model's kind ("encoder", "decoder", "encoder-decoder"); num_layers: its layers (of
-    the stack shown); notes: what the run printed as notes, in order, without repeats.
+    the stack shown); notes: what the run printed as notes, in order, without repeats; advance(1) as each text's
+    record is made (its weights encoded: seconds for a long text).
     """
     first = texts[0].run
     if any(is_long(text.run) for text in texts):
@@ -338,5 +341,10 @@ def report_record(texts: list[ReportText], spec: RunSpec, *, kind: str, num_laye
         "head_dim": first.head_dim,
         "weights_rounding": WEIGHTS_ROUNDING,
         "notes": list(dict.fromkeys([*notes, *(note for text in texts for note in text.run.notes)])),
-        "texts": [text_record(text, spec) for text in texts],
+        "texts": [_counted(text_record(text, spec), advance) for text in texts],
     }
+
+
+def _counted(record: dict, advance) -> dict:
+    advance(1)
+    return record
