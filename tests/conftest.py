@@ -120,3 +120,16 @@ def opened(offline_page):
     yield open_page
     for page in pages:
         page.assert_offline_and_clean()
+
+
+@pytest.fixture(scope="session")
+def decoder_folder(tmp_path_factory):
+    """A tiny grouped-query Llama with an output head of its own (tests/tiny_families.py), saved once: a decoder that
+    roles and patch read (the served page's tests and its HTTP API's)."""
+    import transformers
+    from tiny_families import _DECODER, bpe_tokenizer, save_checkpoint
+
+    folder = tmp_path_factory.mktemp("tiny-llama-lm")
+    config = transformers.LlamaConfig(num_key_value_heads=2, tie_word_embeddings=False, **_DECODER)
+    save_checkpoint(config, transformers.LlamaForCausalLM, bpe_tokenizer(bos=True), folder, seed=1)
+    return folder

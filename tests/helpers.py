@@ -344,14 +344,3 @@ def serving(handles: dict, **settings):
         server.shutdown()
         server.server_close()
         thread.join()
-
-
-def tiny_language_model(folder: Path) -> Path:
-    """A tiny grouped-query Llama with an output head of its own (tests/tiny_families.py), saved in folder: a decoder
-    that roles and patch read."""
-    import transformers
-    from tiny_families import _DECODER, bpe_tokenizer, save_checkpoint
-
-    config = transformers.LlamaConfig(num_key_value_heads=2, tie_word_embeddings=False, **_DECODER)
-    save_checkpoint(config, transformers.LlamaForCausalLM, bpe_tokenizer(bos=True), folder, seed=1)
-    return folder

@@ -12,7 +12,7 @@ import io
 
 import numpy as np
 import pytest
-from helpers import serving, tiny_language_model
+from helpers import serving
 
 import attnviz
 
@@ -21,11 +21,6 @@ TYPED = "the quick brown fox jumps over the lazy dog"
 CLEAN = "The cat sat on the mat because it was tired."
 CORRUPT = "The mat sat on the cat because it was tired."
 ANSWER, WRONG = " cat", " mat"
-
-
-@pytest.fixture(scope="module")
-def decoder_folder(tmp_path_factory):
-    return tiny_language_model(tmp_path_factory.mktemp("tiny-llama-lm"))
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ import threading
 
 import numpy as np
 import pytest
-from helpers import serving, tiny_language_model
+from helpers import serving
 
 import attnviz
 
@@ -30,11 +30,6 @@ ANSWER, WRONG = " cat", " mat"
 @pytest.fixture(scope="module")
 def bundled():
     return attnviz.load("bundled", device="cpu")
-
-
-@pytest.fixture(scope="module")
-def decoder_folder(tmp_path_factory):
-    return tiny_language_model(tmp_path_factory.mktemp("tiny-llama-lm"))
 
 
 @pytest.fixture(scope="module")
