@@ -344,3 +344,30 @@ def serving(handles: dict, **settings):
         server.shutdown()
         server.server_close()
         thread.join()
+
+
+# --- how often a command runs the model ----------------------------------------------------------
+
+
+@contextmanager
+def model_runs():
+    """A Counter of the torch modules called from outside any other module while inside, by class name: each is one run
+    of that module (the model's forward: its top module's name; a pass that stops early counts too). Read by
+    tests/test_model_runs.py."""
+    from collections import Counter
+
+    import torch
+
+    runs, depth = Counter(), [0]
+
+    def entering(module, args):
+        if depth[0] == 0:
+            runs[type(module).__name__] += 1
+        depth[0] += 1
+
+    def leaving(module, args, output):
+        depth[0] -= 1
+
+    hooks = torch.nn.modules.module
+    with hooks.register_module_forward_pre_hook(entering), hooks.register_module_forward_hook(leaving, always_call=True):
+        yield runs
