@@ -8,7 +8,7 @@ before any layer is computed. Messages spell the options as the face in use does
 
 from __future__ import annotations
 
-from attnviz.api.arguments import must_be_int, must_be_one_of
+from attnviz.api.arguments import must_be_int, must_be_one_of, refuse
 from attnviz.errors import AttnvizError, option, options_named
 
 
@@ -23,8 +23,10 @@ def check_drawing(head=None, window=None, figures=None, heads: int | None = None
     if head is not None and figures is not None:
         raise AttnvizError(f"{option('head', head)} draws that head's heatmap alone: leave out {option('figures')}")
     if window is not None:
-        from attnviz.render.window_figures import parse_window
+        from attnviz.render.window_figures import Window, parse_window
 
+        if not isinstance(window, (str, tuple, Window)):
+            refuse("window", 'a str "Q0:Q1,K0:K1" or two slices (queries, keys)', window)
         parse_window(window, window_name())
     if heads is not None:  # the range is known before the model loads
         check_head(head, heads, f"{option('heads', heads)} splits the layer into")
