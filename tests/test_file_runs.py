@@ -155,3 +155,10 @@ def test_a_head_past_the_models_is_refused_once_it_loads_before_any_text_runs(tm
 def test_a_window_past_the_map_is_refused_by_the_api_with_the_range():
     with pytest.raises(AttnvizError, match=r"^window's keys 0:99 are out of range: the map has keys 0 to 7"):
         attnviz.heads("the cat sat on the mat", window="0:2,0:99", model="bundled", device="cpu")
+
+
+def test_heads_with_trace_and_head_refuses_an_empty_text_before_the_model_loads(tmp_path, capsys, no_loading):
+    """With --trace the command checks --head on the model before the trace runs: the text is checked before that."""
+    assert run(["heads", " ", "--trace", "--head", "3", "--model", "bundled", "--out", str(tmp_path / "run")]) == 2
+    assert capsys.readouterr().err == "error: the text is empty: give some words to attend over\n"
+    assert list(tmp_path.iterdir()) == []

@@ -124,7 +124,9 @@ def heads(
         given = options.keywords()
         if show_trace and head is not None:  # the trace runs the layer first: the head checked on the model before it
             from attnviz.api.drawn import check_head_of
+            from attnviz.spec import check_text
 
+            check_text(text)  # as the API would, before loading
             handle = options.load()  # attnviz.load's: the API's calls reuse it
             check_head_of(head, handle, options.run_spec(handle))
         traced = functions.trace(text, **given) if show_trace else None  # its run is the heads' run: computed once
