@@ -43,7 +43,13 @@ TEXTS = [5, None, [1], ["the cat", 2.0]]
 
 ARGUMENTS = {  # function -> its arguments -> wrong values
     "heads": {"text": TEXTS, **RUN_OPTIONS, "measure": [5, None], "layer_summaries": ["yes", 1], "effect": [5, True, ["zero"]],
-              "vectors": ["yes", 1], "progress": [5, "print"]},
+              "vectors": ["yes", 1], "head": ["3", 1.5, True], "window": [5, ["0:2,0:2"]], "progress": [5, "print"]},
+    "heads_file": {"texts": TEXTS, "folder": [5, None, ["run"]], **RUN_OPTIONS, "format": [5, None], "figures": [5, ["grid"]],
+                   "head": ["3", 1.5, True], "save_map": ["yes", 1, None], "html": ["yes", 1, None], "unique": ["no", 0, None],
+                   "progress": [5, "print"]},
+    "stats_file": {"texts": TEXTS, **EVERY_LAYER, "js": ["yes", 1, None], "chunk_lines": ["5", 1.5, True, None],
+                   "checkpoint": [5, ["stats.npz"]], "resume": ["yes", 1, None], "engine": [5, None, ["ray"]],
+                   "progress": [5, "print"]},
     "trace": {"text": TEXTS, **RUN_OPTIONS, "layout": [5, ["all"]], "mistake": [5, True], "d_q": ["16", 1.5, True], "d_out": ["8", 1.5, True]},
     "stats": {"texts": TEXTS, **EVERY_LAYER, "js": ["yes", 1, 0.0], "progress": [5, "print"]},
     "layers": {"text": [*TEXT, ["the cat"]], **EVERY_LAYER, "measure": [5, None], "band": ["8", 1.5, True, None], "effect": [5, True, ["zero"]],
@@ -101,7 +107,7 @@ ARGUMENTS = {  # function -> its arguments -> wrong values
     },
     "load": {"model": RUN_OPTIONS["model"], "device": [5, None], "dtype": [5, None], "allow_pickle": ["yes", 1], "cache": ["no", 0]},
 }
-FIRST_ARGUMENT = {"heads": "text", "trace": "text", "stats": "texts", "layers": "text", "compare": "text",
+FIRST_ARGUMENT = {"heads": "text", "heads_file": "texts", "stats_file": "texts", "trace": "text", "stats": "texts", "layers": "text", "compare": "text",
                   "position": "text", "report": "text_or_texts", "diff": "text", "generate": "prompt", "roles": "text", "patch": "text", "load": "model"}  # fmt: skip
 CASES = [
     (function, argument, value)
@@ -123,6 +129,10 @@ def call(function: str, **given):
         valid["against"] = "random"
     if function == "patch":
         valid.update(corrupt="the dog", answer=" sat", wrong=" ran")
+    if function in ("heads_file", "stats_file"):  # an iterable of texts: a str is a file's path
+        valid["texts"] = ["the cat"]
+    if function == "heads_file":
+        valid["folder"] = "never-written"
     return getattr(attnviz, function)(**{**valid, **given})
 
 
@@ -166,7 +176,7 @@ def test_the_signature_shows_exactly_the_run_options_a_function_takes(function, 
 @pytest.mark.parametrize(
     "function, argument",
     [("stats", "layer"), ("stats", "kv"), ("layers", "layer"), ("compare", "causal"), ("position", "seed"),
-     ("heads", "head"), ("report", "measure")],
+     ("heads", "figures"), ("report", "measure"), ("heads_file", "measure"), ("stats_file", "layer")],
 )  # fmt: skip
 def test_an_option_that_a_function_does_not_take_is_refused_by_name(function, argument, no_loading):
     with pytest.raises(AttnvizError, match=rf"attnviz\.{function}\(\) takes no argument '{argument}': its options are"):

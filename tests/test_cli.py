@@ -338,9 +338,58 @@ def test_each_command_offers_the_run_options_of_its_api_function_under_their_nam
         assert set(inspect.signature(callback).parameters) & EVERY_OPTION == OFFERED[name], name
 
 
-def test_run_options_takes_a_commands_options_and_their_choices_values():
+def test_run_options_takes_a_commands_options_by_name_and_their_choices_values():
     from attnviz.api.options import RunOptions
     from attnviz.cli.options import Device, Stack, Weights, run_options
 
-    parameters = {"text": "hi", "heads": 4, "weights": Weights.random, "stack": Stack.decoder, "device": Device.cpu, "out": None}
-    assert run_options(parameters) == RunOptions(heads=4, weights="random", stack="decoder", device="cpu")
+    given = run_options(heads=4, weights=Weights.random, stack=Stack.decoder, device=Device.cpu, memory=None)
+    assert given == RunOptions(heads=4, weights="random", stack="decoder", device="cpu")
+    with pytest.raises(TypeError):  # a command's own parameter is no option: naming it is a bug, not ignored
+        run_options(text="hi")
+
+
+# Each run option on the command line, given a value other than its default, and that value in RunOptions.
+GIVEN_OPTIONS = {
+    "model": (["--model", "some-model"], "some-model"),
+    "layer": (["--layer", "2"], 2),
+    "heads": (["--heads", "4"], 4),
+    "weights": (["--weights", "random"], "random"),
+    "seed": (["--seed", "7"], 7),
+    "kv": (["--kv", "a dog"], "a dog"),
+    "causal": (["--causal"], True),
+    "stack": (["--stack", "decoder"], "decoder"),
+    "device": (["--device", "cpu"], "cpu"),
+    "dtype": (["--dtype", "float16"], "float16"),
+    "truncate": (["--truncate"], True),
+    "words": (["--words"], True),
+    "memory": (["--memory", "9"], 9),
+    "allow_pickle": (["--allow-pickle"], True),
+    "d_q": (["--d-q", "8"], 8),
+    "d_out": (["--d-out", "8"], 8),
+}
+REQUIRED = {"diff": ["--against", "random"], "patch": ["--corrupt", "the dog", "--answer", " a", "--wrong", " b"]}
+RUN_COMMANDS = [name for name in COMMANDS if name not in ("serve", "models")]  # those that run through run_command
+
+
+@pytest.mark.parametrize("command", RUN_COMMANDS)
+def test_each_option_a_command_offers_reaches_its_run_options_and_no_other(command, monkeypatch, tmp_path):
+    """Each command names its options to run_options one by one: every option it offers, given alone on the command
+    line, is that option of the RunOptions that reach run_command, and no other option differs from its default."""
+    import importlib
+
+    from attnviz.errors import AttnvizError
+
+    module = importlib.import_module(f"attnviz.cli.{command}")
+    reached = []
+
+    def stop(options, *args, **kwargs):
+        reached.append(options)
+        raise AttnvizError("stopped before any work")
+
+    monkeypatch.setattr(module, "run_command", stop)
+    for name in sorted(OFFERED[command]):
+        args, value = GIVEN_OPTIONS[name]
+        reached.clear()
+        assert run([command, "hi", *REQUIRED.get(command, []), *args, "--out", str(tmp_path / "run")]) == 2, name
+        (options,) = reached
+        assert options.keywords() == {name: value}, (command, name)

@@ -14,6 +14,7 @@ from helpers import assert_close_after_rounding
 import attnviz.models.hub
 import attnviz.models.loading
 from attnviz.cli import run
+from attnviz.errors import AttnvizError
 from attnviz.output.runs import MANIFEST
 from attnviz.render import terminal
 from attnviz.render.terminal import print_notes
@@ -75,15 +76,21 @@ def test_a_head_out_of_range_is_one_line_naming_the_range_and_writes_nothing(arg
 
 
 def test_a_head_out_of_range_is_refused_before_the_heads_are_computed(tmp_path, capsys, monkeypatch):
-    """Once the model loads its head count is known: --head 12 is refused then, not after the layer (and here every
-    head's effect) is computed. The API's heads is replaced by one that records being called."""
+    """Once the model loads its head count is known: --head 12 is refused then (by the API's heads, which the command
+    calls), not after the layer (and here every head's effect) is computed. The effects and the layer's pass are
+    replaced by functions that record being called."""
     import attnviz.api.functions
+    import attnviz.pipeline
 
     computed = []
-    monkeypatch.setattr(attnviz.api.functions, "heads", lambda *args, **kwargs: computed.append(args))
+    monkeypatch.setattr(attnviz.api.functions, "head_effects", lambda *args, **kwargs: computed.append("effects"))
+    monkeypatch.setattr(attnviz.pipeline, "run_attention", lambda *args, **kwargs: computed.append("layer"))
     assert heads(TEXT, "--head", "12", "--effect", "zero", "--out", str(tmp_path / "run")) == 2
     assert one_error_line(capsys).startswith("error: --head 12 is out of range")
     assert computed == [] and list(tmp_path.iterdir()) == []
+    with pytest.raises(AttnvizError, match=r"^head=12 is out of range: all-MiniLM-L6-v2's layers have 12 heads, 0 to 11$"):
+        attnviz.api.functions.heads(TEXT, head=12, effect="zero", model="bundled", device="cpu")
+    assert computed == []
 
 
 def test_head_is_its_own_option_not_a_prefix_of_heads(capsys):

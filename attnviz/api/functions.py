@@ -16,6 +16,7 @@ from attnviz.analysis.effect import head_effects
 from attnviz.analysis.measure_names import measure_names
 from attnviz.api.models import Model
 from attnviz.api.notes import warn_notes
+from attnviz.api.drawn import check_drawing, check_head_of, window_name
 from attnviz.api.arguments import must_be_bool, must_be_int, must_be_one_of, must_be_progress, must_be_str, must_be_str_or_list, refuse
 from attnviz.api.options import EVERY_LAYER_OPTIONS, TRACE_OPTIONS, RunOptions, run_options, takes_options
 from attnviz.errors import AttnvizError, option, options_named
@@ -28,7 +29,7 @@ POSITION_OPTIONS = ("model", "device", "dtype", "allow_pickle")  # position runs
 @takes_options()
 def heads(
     text: str | list[str], *, measure: str = "weights", layer_summaries: bool | None = False, effect: str | None = None,
-    vectors: bool | None = False, progress=None, **options
+    vectors: bool | None = False, head: int | None = None, window=None, progress=None, **options
 ):
     """One layer's heads over a text (a HeadsResult), or over a list of texts (a list, run in padded batches).
 
@@ -55,6 +56,9 @@ def heads(
     vectors: also each head's query and key vectors (after RoPE; a key/value head's once), whose dot product is the
     head's score before the scale: result.vectors (analysis.neurons.QueryKeyVectors), the report's neuron view. One text,
     over tokens. None: where a report of the text holds them (one text of at most 64 tokens, over tokens, no measure).
+    head and window: what will be drawn of the result (result.figure(head, window), `heads --head N --window ...`),
+    checked as the command checks them (api/drawn.py): window's form and head against heads= before the model loads,
+    head against the model's own heads before the layer is computed, window's range on each text's map.
     progress(n), when given, is called after each n units of the long work: with effect, the heads taken out (all of
     them at once, the layer's copies being one batch); with layer_summaries, the layers the forward pass reaches, then
     the layers summarised. A progress that also has .stage(what, total) is told as each begins ("heads taken out", 9).
@@ -72,9 +76,11 @@ def heads(
     progress = must_be_progress(progress)
     if vectors is not None and must_be_bool("vectors", vectors) and (not isinstance(text, str) or options.words or names):
         raise AttnvizError("vectors=True gives one text's query and key vectors over its tokens: give one str, no words, no measure")
+    check_drawing(head, window, heads=options.heads)
     refuse_before_loading(options)
     handle = options.load()
     spec = options.run_spec(handle)
+    check_head_of(head, handle, spec)
     _check_lengths(handle.loaded, texts, options.truncate)
     num_layers = handle.loaded.num_layers_of(spec.stack)
     effects = head_effects(handle.loaded, texts[0], spec, effect, [spec.layer], progress) if effect is not None else None
@@ -98,6 +104,8 @@ def heads(
         from attnviz.analysis.neurons import query_key_vectors
 
         results = [replace(results[0], run=replace(results[0].run, vectors=query_key_vectors(handle.loaded, texts[0], spec)))]
+    for result in results if window is not None else ():
+        result.window(window, window_name())
     warn_run_notes((note for result in results for note in result.notes), handle)
     return results if isinstance(text, (list, tuple)) else results[0]
 

@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 
 from attnviz.cli.options import (
+    run_options,
     QuietOption,
     app,
     console,
@@ -63,7 +64,10 @@ def compare(
     def compute(options):
         return functions.compare(text, heads=head_counts, weights=compared_weights, **options.keywords())
 
-    run_command(locals(), compute, print_comparison, "drawing the comparison…")
+    options = run_options(
+        model=model, layer=layer, seed=seed, device=device, dtype=dtype, truncate=truncate, allow_pickle=allow_pickle
+    )
+    run_command(options, compute, print_comparison, "drawing the comparison…", out=out, text=text, image_format=image_format)
 
 
 def print_comparison(result) -> None:

@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 
 from attnviz.cli.options import (
+    run_options,
     QuietOption,
     app,
     console,
@@ -62,7 +63,11 @@ def diff(
         with progress_bar(console) as bar:  # the layers compared
             return compare_checkpoints(text, against=against, progress=bar, **options.keywords())
 
-    run_command(locals(), compute, print_diff, "drawing the differences…")
+    options = run_options(
+        model=model, seed=seed, stack=stack, device=device, dtype=dtype, truncate=truncate, memory=memory,
+        allow_pickle=allow_pickle,
+    )  # fmt: skip
+    run_command(options, compute, print_diff, "drawing the differences…", out=out, text=text, image_format=image_format)
 
 
 def print_diff(result) -> None:

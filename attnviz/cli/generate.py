@@ -9,6 +9,7 @@ from typing import Optional
 import typer
 
 from attnviz.cli.options import (
+    run_options,
     QuietOption,
     app,
     console,
@@ -62,7 +63,8 @@ def generate(
         with progress_bar(console) as bar:  # the tokens generated
             return continue_prompt(prompt, tokens=tokens, sample=sample, rows=rows.value, progress=bar, **options.keywords())
 
-    run_command(locals(), compute, print_generation, "drawing the generation…")
+    options = run_options(model=model, layer=layer, seed=seed, device=device, dtype=dtype)
+    run_command(options, compute, print_generation, "drawing the generation…", out=out, text=prompt, image_format=image_format)
 
 
 def print_generation(result) -> None:

@@ -43,10 +43,10 @@ from attnviz.cli.options import (
     KvOption,
     StackOption,
     FileOutOption,
+    DEFAULT_OUTPUTS,
 )
-from attnviz.cli.shared import MAX_NOTES_SHOWN, layouts_disagree, model_setup, run_command, run_target, text_or_file
+from attnviz.cli.shared import MAX_NOTES_SHOWN, layouts_disagree, model_setup, run_command, text_or_file
 from attnviz.errors import AttnvizError
-from attnviz.spec import check_text
 
 
 @app.command(short_help="Heatmaps and a table of one layer's heads, for a text or a file of texts.")
@@ -96,7 +96,8 @@ def heads(
     quiet: bool = QuietOption,
 ) -> None:
     """Per-head attention heatmaps, a summary table, attention.json and report.html for one text, or each line of --file."""
-    parameters = locals()
+    from attnviz.api.drawn import check_drawing
+
     text_or_file(text, file)
     if file is not None and show_trace:
         raise AttnvizError("--trace traces one text: for a batch use attnviz trace --file PATH")
@@ -104,30 +105,30 @@ def heads(
         raise AttnvizError("--measure measures one text: give a TEXT, not --file")
     if file is not None and effect is not None:
         raise AttnvizError("--effect measures each head over one text: give a TEXT, not --file")
-    if head is not None and figures is not None:
-        raise AttnvizError(f"--head {head} draws that head's heatmap alone: leave out --figures")
-    if window is not None:  # malformed or empty: refused before the model loads; the map's range once it is known
-        from attnviz.render.window_figures import parse_window
-
-        if file is not None:
-            raise AttnvizError("--window draws a region of one text's map: give a TEXT, not --file")
-        parse_window(window, "--window")
-    if head is not None and heads is not None:  # the range is known before the model loads
-        check_head(head, heads, f"--heads {heads} splits the layer into")
-    images = dict(figures=(figures.value if figures else "grid" if file is not None else "all"), head=head)
+    if file is not None and window is not None:
+        raise AttnvizError("--window draws a region of one text's map: give a TEXT, not --file")
+    figures_drawn = figures.value if figures is not None else None
+    check_drawing(head, window, figures_drawn, heads)  # the API's checks, before the output folder's
+    options = run_options(
+        model=model, layer=layer, heads=heads, weights=weights, seed=seed, kv=kv, causal=causal, stack=stack,
+        device=device, dtype=dtype, truncate=truncate, memory=memory, words=words, allow_pickle=allow_pickle,
+    )  # fmt: skip
     if file is not None:
-        options = run_options(parameters)
-        return _heads_for_file(file, options, image_format.value, out, {**images, "save_map": save_map}, html=not no_html)
+        return _heads_for_file(file, options, image_format.value, out, figures_drawn, head, save_map, html=not no_html)
+    images = dict(figures=figures_drawn or "all", head=head)
 
     def compute(options) -> HeadsRun:
         from attnviz.api import functions
         from attnviz.render.progress import progress_bar
 
-        if head is not None and heads is None:  # the model's own heads: refused once it loads, before the computation
-            check_text(text)  # as the API would, before loading
-            loaded = options.load().loaded  # attnviz.load's: the API's call reuses it
-            check_head(head, loaded.num_heads_of(options.stack), f"{loaded.name}'s layers have")
         given = options.keywords()
+        if show_trace and head is not None:  # the trace runs the layer first: the head checked on the model before it
+            from attnviz.api.drawn import check_head_of
+            from attnviz.spec import check_text
+
+            check_text(text)  # as the API would, before loading
+            handle = options.load()  # attnviz.load's: the API's calls reuse it
+            check_head_of(head, handle, options.run_spec(handle))
         traced = functions.trace(text, **given) if show_trace else None  # its run is the heads' run: computed once
         if traced is not None and measure == Measure.weights and effect is None:
             result = traced.heads_results()[0]
@@ -136,7 +137,7 @@ def heads(
             with progress_bar(console) as bar:  # --effect's heads taken out; a long text's forward pass, its layers
                 result = functions.heads(
                     text, measure=measure.value, layer_summaries=summarise, effect=effect.value if effect else None,
-                    progress=bar, **given,
+                    head=head, window=window, progress=bar, **given,
                 )  # fmt: skip
         handle = options.load()  # the one the API loaded
         checked_window = result.window(window, "--window") if window is not None else None  # before anything is written
@@ -158,7 +159,7 @@ def heads(
         written += traced.write_files(staging, image_format.value) if traced is not None else []
         return written + (computed.report.write_files(staging) if computed.report is not None else [])
 
-    computed, _ = run_command(parameters, compute, show, "writing heatmaps…", write)
+    computed, _ = run_command(options, compute, show, "writing heatmaps…", out=out, text=text, write=write)
     run = computed.result.run
     if run.map_on_disk and not save_map:
         from attnviz.output.export import map_not_saved
@@ -215,64 +216,29 @@ def print_recap(run) -> None:
     print_notes(errors, [recap] if recap else [])
 
 
-def check_head(head: int, num_heads: int, has: str) -> None:
-    """--head N names one of the heads, numbered 0 to num_heads - 1 (has: who has them, for the message)."""
-    if not 0 <= head < num_heads:
-        raise AttnvizError(f"--head {head} is out of range: {has} {num_heads} heads, 0 to {num_heads - 1}")
-
-
-def _heads_for_file(file: str, options, image_format: str, out: Optional[Path], images: dict, *, html: bool) -> None:
-    """`heads --file`: every line through the same layer, batch by batch; a folder per text; report.html of the first texts.
-
-    images: the heatmaps each folder gets (--figures, --head), and save_map (--save-map). The output layer's
-    write_batch, not attnviz.heads: it writes each batch's folders as it goes, so no more than a batch of runs is ever held, however long the file.
-    """
-    from attnviz.api.functions import refuse_before_loading
-    from attnviz.output import batch
-    from attnviz.output.corpus import read_texts
-    from attnviz.output.runs import StagedRunFolder
+def _heads_for_file(
+    file: str, options, image_format: str, out: Optional[Path], figures: Optional[str], head: Optional[int],
+    save_map: bool, *, html: bool,
+) -> None:
+    """`heads --file`: attnviz.heads_file into --out (or a new folder under outputs/ named after the file), under a
+    progress bar of the texts; then the setup, a row per text, the files and the notes."""
+    from attnviz.api.file_runs import heads_file
+    from attnviz.output.batch import PROGRESS_MIN_TEXTS, batch_folder_name
     from attnviz.render import terminal
     from attnviz.render.progress import progress_bar
 
-    texts = read_texts(file)
-    target = run_target(out, batch.batch_folder_name(file))
-    if out is not None:
-        batch.check_batch_target(target, [*batch.text_folder_names(texts), *(["report.html"] if html else [])])
-    refuse_before_loading(options)
-    handle = options.load()
-    loaded = handle.loaded
-    batch.check_lengths(loaded.tokenizer, texts, loaded.max_positions, options.truncate)
-    spec = options.run_spec(handle)
-    if images["head"] is not None and options.heads is None:
-        check_head(images["head"], spec.num_heads, f"{handle.loaded.name}'s layers have")
+    folder = out if out is not None else DEFAULT_OUTPUTS / batch_folder_name(file)
+    with progress_bar(console, min_total=PROGRESS_MIN_TEXTS) as bar:
+        result = heads_file(
+            file, folder, format=image_format, figures=figures, head=head, save_map=save_map, html=html,
+            unique=out is None, progress=bar, **options.keywords(),
+        )  # fmt: skip
 
-    folder = StagedRunFolder(target, unique=out is None)
-    progress = progress_bar(console, len(texts), "attention and heatmaps", batch.PROGRESS_MIN_TEXTS)
-    with progress as advance, folder as staging:
-        result = batch.write_batch(loaded, texts, staging, image_format, spec, on_text=lambda: advance(1), **images)
-        report_files, report_notes = _batch_report(loaded, [entry.text for entry in texts], spec, staging) if html else ([], [])
-
-    terminal.print_setup(console, result.first_run, handle.source, handle.device_label, seed=options.seed)
+    terminal.print_setup(console, result.first_run, *model_setup(result.spec), seed=options.seed)
     console.print(terminal.batch_table(result.rows, result.first_run.causal))
     numbers = [row["folder"].split("-", 1)[0] for row in result.rows]
     folders = result.rows[0]["folder"] if len(numbers) == 1 else f"{numbers[0]}-… to {numbers[-1]}-… (a folder per text)"
-    terminal.print_files(console, folder.final, [folder.final / folders, *result.files, *report_files])
+    terminal.print_files(console, result.folder, [result.folder / folders, *result.files])
     # The notes last, where a long table does not scroll them away.
     terminal.print_notes(errors, result.notes, MAX_NOTES_SHOWN)
-    terminal.print_notes(errors, report_notes)
-
-
-def _batch_report(loaded, texts: list[str], spec, staging: Path) -> tuple[list[Path], list[str]]:
-    """report.html of the batch: its first texts that one report holds (run again: write_batch keeps no runs); the note past them."""
-    from attnviz.api.report import MAX_REPORT_TEXTS, MAX_REPORT_WEIGHTS, report_of_runs, texts_that_fit
-    from attnviz.output.batch import run_in_batches
-
-    fit, weights = texts_that_fit(loaded, texts, spec)
-    shown = texts[:fit]
-    notes = [] if len(shown) == len(texts) else [
-        f"report.html shows the first {len(shown)} of the {len(texts)} texts (a report holds at most {MAX_REPORT_TEXTS} "
-        f"texts, whose maps of every layer have at most {MAX_REPORT_WEIGHTS:,} attention weights; these have {weights:,}); "
-        "every text has its own folder of heatmaps and attention.json"
-    ]  # fmt: skip
-    runs = [run for batch in run_in_batches(loaded, shown, spec) for run in batch]
-    return report_of_runs(loaded, runs, spec, notes).write_files(staging), notes
+    terminal.print_notes(errors, result.report_notes)

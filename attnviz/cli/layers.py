@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 
 from attnviz.cli.options import (
+    run_options,
     QuietOption,
     app,
     console,
@@ -73,7 +74,11 @@ def layers(
                 text, measure=measure.value, band=band, effect=effect.value if effect else None, progress=bar, **options.keywords()
             )
 
-    run_command(locals(), compute, print_layers, "writing figures…")
+    options = run_options(
+        model=model, heads=heads, weights=weights, seed=seed, causal=causal, stack=stack, device=device, dtype=dtype,
+        truncate=truncate, words=words, memory=memory, allow_pickle=allow_pickle,
+    )  # fmt: skip
+    run_command(options, compute, print_layers, "writing figures…", out=out, text=text, image_format=image_format)
 
 
 def print_layers(result) -> None:

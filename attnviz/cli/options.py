@@ -1,8 +1,9 @@
 """The command line's options: the Typer app, its consoles, the choices and the options several commands share.
 
 A run's option is declared here once (its flag and help) and once in api/options.py (RunOptions'
-field); a command offers it by naming its parameter as the field (model, layer, heads, ...), and
-cli/shared.run_command builds the run's RunOptions from its parameters (run_options). Heavy libraries (torch,
+field); a command offers it by naming its parameter as the field (model, layer, heads, ...) and passing it to
+run_options by that name (run_options(model=model, layer=layer, ...)): the run's RunOptions, which the command hands
+to cli/shared.run_command. Heavy libraries (torch,
 transformers, matplotlib) are imported inside the commands, so that `attnviz --help` stays instant.
 """
 
@@ -14,7 +15,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from attnviz.api.options import OPTION_FIELDS, RunOptions
+from attnviz.api.options import RunOptions
 from attnviz.models.families import DECODER, supported_names
 from attnviz.spec import MAX_HEAD_SIZE, MAX_SEED
 from attnviz.version import package_version
@@ -120,12 +121,9 @@ def _quiet(quiet: bool) -> bool:
     return quiet
 
 
-def run_options(parameters: dict) -> RunOptions:
-    """The run's options from a command's parameters (its locals(), taken first thing): those named as RunOptions' fields.
-
-    A choice becomes its value ("random"); the options a command does not offer keep RunOptions' defaults.
-    """
-    given = {name: value for name, value in parameters.items() if name in OPTION_FIELDS}
+def run_options(**given) -> RunOptions:
+    """The run's RunOptions from a command's parameters, each passed by its field's name (model=model, layer=layer):
+    a choice becomes its value ("random"); the options a command does not offer keep RunOptions' defaults."""
     return RunOptions(**{name: value.value if isinstance(value, Enum) else value for name, value in given.items()})
 
 

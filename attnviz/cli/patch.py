@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 
 from attnviz.cli.options import (
+    run_options,
     MAX_COUNT,
     AllowPickleOption,
     Component,
@@ -66,7 +67,8 @@ def patch(
                 component=component.value, progress=bar, **options.keywords(),
             )  # fmt: skip
 
-    run_command(locals(), compute, print_patch, "drawing the patching…")
+    options = run_options(model=model, device=device, dtype=dtype, truncate=truncate, allow_pickle=allow_pickle)
+    run_command(options, compute, print_patch, "drawing the patching…", out=out, text=text, image_format=image_format)
 
 
 def print_patch(result) -> None:

@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 
 from attnviz.cli.options import (
+    run_options,
     MAX_HEADS,
     QuietOption,
     app,
@@ -54,7 +55,8 @@ def position(
     def compute(options):
         return functions.position(text, permutation=permutation, head=head, **options.keywords())
 
-    run_command(locals(), compute, print_position, "drawing the maps…")
+    options = run_options(model=model, device=device, dtype=dtype, allow_pickle=allow_pickle)
+    run_command(options, compute, print_position, "drawing the maps…", out=out, text=text, image_format=image_format)
 
 
 def print_position(result) -> None:

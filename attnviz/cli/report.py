@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 
 from attnviz.cli.options import (
+    run_options,
     MemoryOption,
     QuietOption,
     app,
@@ -89,7 +90,11 @@ def report(
         with progress_bar(console) as bar:  # each text's layers, then its statistics' (a long text's: its summaries')
             return report_of([entry.text for entry in lines] if lines is not None else text, progress=bar, **options.keywords())
 
-    result, (written,) = run_command(locals(), compute, print_report_notes, "writing the report…")
+    options = run_options(
+        model=model, layer=layer, heads=heads, weights=weights, seed=seed, kv=kv, causal=causal, stack=stack,
+        device=device, dtype=dtype, truncate=truncate, memory=memory, words=words, allow_pickle=allow_pickle,
+    )  # fmt: skip
+    result, (written,) = run_command(options, compute, print_report_notes, "writing the report…", out=out, text=text, file=file)
     console.print(report_summary(result.record, written.stat().st_size), soft_wrap=True)
 
 

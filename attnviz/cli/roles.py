@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 
 from attnviz.cli.options import (
+    run_options,
     MAX_COUNT,
     AllowPickleOption,
     Device,
@@ -72,7 +73,10 @@ def roles(
                               retrieval=retrieval, lengths=lengths, depths=depths, engine=engine.value, progress=bar,
                               **options.keywords())  # fmt: skip
 
-    run_command(locals(), compute, print_roles, "drawing the roles…")
+    options = run_options(
+        model=model, stack=stack, device=device, dtype=dtype, truncate=truncate, memory=memory, allow_pickle=allow_pickle
+    )
+    run_command(options, compute, print_roles, "drawing the roles…", out=out, text=text, image_format=image_format)
 
 
 def print_roles(result) -> None:

@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from attnviz.cli.options import DEFAULT_OUTPUTS, console, errors, run_options
+from attnviz.api.options import RunOptions
+from attnviz.cli.options import DEFAULT_OUTPUTS, ImageFormat, console, errors
 from attnviz.errors import AttnvizError
 
 
@@ -21,28 +22,26 @@ def text_or_file(text: Optional[str], file: Optional[str]) -> None:
         raise AttnvizError("missing argument 'TEXT': give a text, or --file PATH with one text per line")
 
 
-def run_command(parameters: dict, compute, show, doing: str, write=None) -> tuple:
+def run_command(
+    options: RunOptions, compute, show, doing: str, *, out: Optional[Path], text: Optional[str], file: Optional[str] = None,
+    image_format: Optional[ImageFormat] = None, write=None,
+) -> tuple:
     """What every command does around its computation, in one place; returns what compute returned and the paths written.
 
-    parameters: the command's own (its locals(), taken before anything else is named): those named as RunOptions'
-    fields become the run's RunOptions. The output folder (--out, or a new one named after the TEXT, the prompt or
-    the --file) is checked before the model loads. compute(options) calls the API, which checks the text and the
-    options (once, there), loads the model through attnviz.load and computes. show(computed) prints, and may still
-    refuse (nothing is written yet). Then the run's files are written all or nothing: write(computed, staging) ->
-    paths, by default the result's write_files(staging, --format). An error is one line and its exit code
-    (cli/main.py's run).
+    options: the run's RunOptions, built by the command from its parameters (cli/options.run_options). The output
+    folder (out, or a new one named after the text, the prompt or the file) is checked before the model loads.
+    compute(options) calls the API, which checks the text and the options (once, there), loads the model through
+    attnviz.load and computes. show(computed) prints, and may still refuse (nothing is written yet). Then the run's
+    files are written all or nothing: write(computed, staging) -> paths, by default the result's
+    write_files(staging, image_format). An error is one line and its exit code (cli/main.py's run).
     """
     from attnviz.output.batch import batch_folder_name
     from attnviz.output.runs import run_folder_name
 
-    options = run_options(parameters)
-    out, file = parameters["out"], parameters.get("file")
-    text = parameters["text"] if "text" in parameters else parameters["prompt"]
-    target = run_target(out, batch_folder_name(file) if file else run_folder_name(text))
+    target = run_target(out, batch_folder_name(file) if file is not None else run_folder_name(text))
     computed = compute(options)
     show(computed)
     if write is None:
-        image_format = parameters.get("image_format")
         formats = (image_format.value,) if image_format is not None else ()
 
         def write(computed, staging: Path) -> list[Path]:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
 import typer
 
 from attnviz.cli.options import (
+    run_options,
     MAX_COUNT,
     Engine,
     QuietOption,
@@ -112,18 +112,28 @@ def stats(
                 raise AttnvizError(f"{name} goes with --file: one TEXT is measured at once")
 
     def compute(options):
-        if file is None:
-            from attnviz.render.progress import progress_bar
+        from attnviz.render.progress import progress_bar
 
+        if file is None:
             with progress_bar(console) as bar:  # the text's forward pass, then its layers
                 return functions.stats(text, js=js, progress=bar, **options.keywords())
-        corpus_js = bool(js)  # a corpus: the JS distances when asked
-        return _stats_of_corpus(file, options, js=corpus_js, checkpoint=checkpoint, resume=resume, engine=engine, chunk_lines=chunk_lines)
+        from attnviz.api.file_runs import stats_file
+        from attnviz.output.batch import PROGRESS_MIN_TEXTS
+
+        with progress_bar(console, min_total=PROGRESS_MIN_TEXTS) as bar:  # the texts measured: the corpus streamed
+            return stats_file(
+                file, js=bool(js), chunk_lines=chunk_lines, checkpoint=checkpoint, resume=resume, engine=engine.value,
+                progress=bar, **options.keywords(),
+            )  # fmt: skip
 
     def show(result) -> None:
         print_stats(result, engine == Engine.ray, "over a --file" if file is not None else "for a text past 64 MB of maps (H² × N² logs a layer)")
 
-    run_command(locals(), compute, show, "writing statistics…")
+    options = run_options(
+        model=model, heads=heads, weights=weights, seed=seed, causal=causal, stack=stack, device=device, dtype=dtype,
+        truncate=truncate, words=words, memory=memory, allow_pickle=allow_pickle,
+    )  # fmt: skip
+    run_command(options, compute, show, "writing statistics…", out=out, text=text, file=file, image_format=image_format)
     if checkpoint is not None:  # the run's files are written: nothing is left to resume
         checkpoint.unlink(missing_ok=True)
 
@@ -143,57 +153,3 @@ def print_stats(result, on_ray: bool, unmeasured_js: str) -> None:
     console.print(stats_tables.labelled_heads_table(result.stats))
     if result.stats.js_distance is None:
         console.print(f"[dim]Jensen-Shannon distances between heads: not measured {unmeasured_js}; --js measures them (js_distance.png)[/dim]")
-
-
-def _stats_of_corpus(file: str, options, *, js: bool, checkpoint: Optional[Path], resume: bool, engine: Engine, chunk_lines: int):
-    """stats --file: the corpus checked (UTF-8, lengths, checkpoint, engine) before the heavy work, then streamed (a StatsResult)."""
-    from attnviz.api.experiment_results import StatsResult
-    from attnviz.api.functions import refuse_before_loading
-    from attnviz.spec import refuse_cross_over_every_layer
-    from attnviz.analysis.statistics import absent_key_kinds_note
-    from attnviz.output.batch import PROGRESS_MIN_TEXTS, STDIN, check_lengths
-    from attnviz.output.stats_checkpoint import check_checkpoint_path
-    from attnviz.output.corpus import chunks, iter_texts, scan_corpus
-    from attnviz.output.corpus_stats import corpus_statistics
-    from attnviz.render.progress import progress_bar
-
-    if resume and checkpoint is None:
-        raise AttnvizError("--resume needs --checkpoint PATH: the checkpoint to continue from")
-    if checkpoint is not None and file == STDIN:
-        raise AttnvizError("--checkpoint needs a --file on disk: standard input cannot be read again to resume")
-    if checkpoint is not None:
-        check_checkpoint_path(checkpoint, resume)
-    if engine == Engine.ray:
-        from attnviz.output.ray_engine import require_ray
-
-        require_ray()
-    refuse_cross_over_every_layer(options.stack)
-    refuse_before_loading(options)
-    corpus = scan_corpus(file)  # None for standard input, read once, as it comes
-    # With Ray, the actors run on --device; this process only reads the tokens and the first text's setup.
-    handle = replace(options, device="cpu").load() if engine == Engine.ray else options.load()
-    if corpus is not None:  # named by line number, before any work
-        for lines in chunks(iter_texts(file), chunk_lines):
-            check_lengths(handle.tokenizer, lines, handle.loaded.max_positions, options.truncate)
-    spec = options.run_spec(handle, layer=None, js=js)
-    engine_device = spec.device
-    if engine == Engine.ray:
-        from attnviz.output.ray_engine import actor_device
-
-        engine_device = actor_device(options.device)
-    total = corpus.num_texts if corpus is not None else None
-    with progress_bar(console, total, "measuring heads", PROGRESS_MIN_TEXTS) as advance:
-        measured = corpus_statistics(
-            handle.loaded, file, spec, corpus, advance=advance, checkpoint=checkpoint, resume=resume,
-            engine=engine.value, chunk_lines=chunk_lines, model_name=handle.name if handle.source != "local folder" else spec.resolved_model,
-            allow_pickle=options.allow_pickle, engine_device=engine_device,
-        )  # fmt: skip
-    spec = replace(spec, device=engine_device)  # what stats.json records: where the statistics were measured
-    progress, first = measured.progress, replace(measured.first_run, device=engine_device)
-    key_kinds_note = absent_key_kinds_note(first.family, first.query_tokens)
-    notes = [*progress.notes, *([key_kinds_note] if key_kinds_note else [])]
-    if progress.notes_left_out:
-        notes.append(f"… and up to {progress.notes_left_out} more distinct notes, not kept")
-    about = {**(corpus.to_dict() if corpus is not None else {"file": STDIN, "bytes": None, "sha256": None}),
-             "texts": progress.num_texts, "truncated": progress.num_truncated}  # fmt: skip
-    return StatsResult(measured.stats, progress.texts, measured.truncated, first, spec, notes, about)

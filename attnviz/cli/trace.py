@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 
 from attnviz.cli.options import (
+    run_options,
     MemoryOption,
     QuietOption,
     app,
@@ -109,7 +110,11 @@ def trace(
     def write(result, staging: Path) -> list[Path]:
         return result.write_files(staging, image_format.value, figure_notes)
 
-    result, _ = run_command(locals(), compute, print_traced, "writing the trace…", write)
+    options = run_options(
+        model=model, layer=layer, heads=heads, weights=weights, seed=seed, d_q=d_q, d_out=d_out, kv=kv, causal=causal,
+        stack=stack, device=device, dtype=dtype, truncate=truncate, memory=memory, words=words, allow_pickle=allow_pickle,
+    )  # fmt: skip
+    result, _ = run_command(options, compute, print_traced, "writing the trace…", out=out, text=text, file=file, write=write)
     for note in figure_notes:
         errors.print(f"note: {note}", soft_wrap=True)
     return 0 if result.agree else layouts_disagree(result.trace)

@@ -9,7 +9,7 @@ is merged into the run's sums exactly once, in shard order, then checkpointed (-
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -45,7 +45,7 @@ class Shard:
 
 def corpus_statistics(
     loaded: LoadedModel,
-    path: str,
+    path: str | Iterable[LineText],
     spec: RunSpec,
     corpus: CorpusIdentity | None,
     *,
@@ -59,6 +59,8 @@ def corpus_statistics(
     engine_device: str | None = None,
 ) -> CorpusStats:
     """The statistics of every head over the corpus at path, read chunk by chunk (scan_corpus' identity; None for stdin).
+
+    path may also be the texts themselves, any iterable of LineText (attnviz.stats_file's), read as they come, as stdin is.
 
     advance(n) after every n texts measured (and once with the texts a resumed checkpoint had).
     With the file's lengths checked beforehand (corpus given), a stdin chunk is checked before it runs.
@@ -90,7 +92,7 @@ def corpus_statistics(
     finally:
         measured.close()  # a failed run stops Ray's actors too
     if not progress.num_texts:
-        raise AttnvizError(f"{where(path)} has no text: every line is blank")
+        raise AttnvizError(f"{where(path) if isinstance(path, str) else 'the texts'} has no text: every line is blank")
     _, first_run = measurer.measure([progress.first_text], measurer.accumulator(), first_text=progress.first_text)
     truncated = None
     if progress.truncated is not None:
@@ -100,7 +102,7 @@ def corpus_statistics(
 
 def _shards(path, loaded, spec, skip_lines: int, check_each: bool, chunk_lines: int) -> Iterator[Shard]:
     """The corpus' chunks after line skip_lines, numbered; from stdin each checked for length before it is handed on."""
-    texts = (entry for entry in iter_texts(path) if entry.line > skip_lines)
+    texts = (entry for entry in (iter_texts(path) if isinstance(path, str) else path) if entry.line > skip_lines)
     for index, lines in enumerate(chunks(texts, chunk_lines)):
         if check_each:
             check_lengths(loaded.tokenizer, lines, loaded.max_positions, spec.truncate)
