@@ -1,13 +1,13 @@
-"""Where `attnviz heads TEXT` spends its CPU: one fresh process, the imports timed one library at a time, then the
-command (its console entry, main) with a CPU timer around each of its stages and the garbage collector's passes.
+"""Where `attnviz heads TEXT` spends its CPU: one fresh process runs the command (its console entry, main) with a CPU
+timer around each of its stages, each heavy library's imports and the garbage collector's passes.
 
     python bench/heads_phases.py [--text 我想吃酸菜鱼] [--repeat 3]
 
 Each repeat is a new process (this script run again with --one); prints each phase's median CPU seconds
-(time.process_time). The stages nest: a figure group's line includes its layout and its PNGs' lines, and every line
-its share of the garbage collector's passes, also counted apart. The imports come first here, where the command
-makes them as it goes (so its start-up's gc.freeze comes after them: the passes in the imports are a little dearer
-than in the command itself). Offline, the bundled model on the CPU, as bench/startup_before_after.py runs it.
+(time.process_time). The stages nest: a stage's line includes the imports it makes (torch's in the model load,
+matplotlib's in the first figure, fontTools' in report.html's page, also counted apart), a figure group's line its
+layout and its PNGs' lines, and every line its share of the garbage collector's passes, also counted apart.
+Offline, the bundled model on the CPU, as bench/startup_before_after.py runs it.
 """
 
 from __future__ import annotations
@@ -23,14 +23,7 @@ import sys
 import tempfile
 import time
 
-IMPORTS = {  # what the command imports, in the order it does, a library at a time
-    "import attnviz.cli (typer, rich, pydantic)": ["attnviz.cli.main"],
-    "import torch": ["torch"],
-    "import attnviz's stages": ["attnviz.api.functions", "attnviz.api.report", "attnviz.pipeline", "attnviz.tracing",
-                                "attnviz.output.export", "attnviz.html.page", "attnviz.render.terminal"],
-    "import matplotlib (Figure, Agg)": ["matplotlib.figure", "matplotlib.backends.backend_agg"],
-    "import fontTools.subset": ["fontTools.subset"],
-}
+LIBRARIES = ("torch", "transformers", "matplotlib", "fontTools")  # each one's imports timed where the command makes them
 STAGES = [  # (module, function): each timed where the command calls it
     ("attnviz.api.models", "load", "model load (weights, tokenizer)"),
     ("attnviz.api.functions", "heads", "the run (attnviz.heads, model load included)"),
@@ -42,36 +35,65 @@ STAGES = [  # (module, function): each timed where the command calls it
     ("attnviz.render.png", "write_canvas_png", "  heads.png's draw and PNG"),
     ("attnviz.output.export", "write_attention_files", "attention.json"),
     ("attnviz.api.run_results", "ReportResult.write_files", "report.html's page (font subset included)"),
-    ("attnviz.html.font", "font_url", "  its CJK font subset (fontTools)"),
 ]
+FONT_SUBSET = "  its CJK font subset (fontTools)"  # html.font's font_url: timed from report.html's page on (attnviz.html
+# imports torch: wrapped before the command, it would move torch's import ahead of main's gc.freeze)
 
 
 def one_run(text: str) -> dict[str, float]:
-    """This process: the imports, then the command through main(), each phase's CPU seconds."""
+    """This process: the command through main(), each phase's CPU seconds and the libraries' imports (made where the
+    command makes them, timed by a wrapper of __import__)."""
+    import builtins
     import gc
 
     cpu: dict[str, float] = {"interpreter start": time.process_time()}
-    collections = {"whole": 0.0, "command": 0.0}
+    passes = {"all": 0.0, "in imports": 0.0}
+    importing = []  # the library whose import is under way, if any
 
     def collector(phase, info, started=[0.0]):
         if phase == "start":
             started[0] = time.process_time()
         else:
-            collections["whole"] += time.process_time() - started[0]
+            passes["all"] += time.process_time() - started[0]
+            passes["in imports"] += (time.process_time() - started[0]) if importing else 0.0
 
     gc.callbacks.append(collector)
-    for name, modules in IMPORTS.items():
+    start = time.process_time()
+    importlib.import_module("attnviz.cli.main")
+    cpu["import attnviz.cli (typer, rich, pydantic)"] = time.process_time() - start
+    plain_import = builtins.__import__
+
+    def timed_import(name, *args, **kwargs):
+        library = name.split(".")[0]
+        if importing or library not in LIBRARIES:  # the outermost import of a library (a few µs once it is there)
+            return plain_import(name, *args, **kwargs)
+        importing.append(library)
         start = time.process_time()
-        for module in modules:
-            importlib.import_module(module)
-        cpu[name] = time.process_time() - start
+        try:
+            return plain_import(name, *args, **kwargs)
+        finally:
+            importing.pop()
+            key = f"import {library}"
+            cpu[key] = cpu.get(key, 0.0) + time.process_time() - start
+
+    builtins.__import__ = timed_import
+    for library in LIBRARIES:
+        cpu[f"import {library}"] = 0.0
     for module_name, attribute, label in STAGES:
         owner = importlib.import_module(module_name)
         *path, name = attribute.split(".")
         for part in path:
             owner = getattr(owner, part)
         setattr(owner, name, _timed(getattr(owner, name), label, cpu))
-    before_command = collections["whole"]
+    report_class = sys.modules["attnviz.api.run_results"].ReportResult
+    write_report = report_class.write_files
+
+    def write_report_timing_the_font(self, *args, **kwargs):
+        font = importlib.import_module("attnviz.html.font")
+        font.font_url = _timed(font.font_url, FONT_SUBSET, cpu)
+        return write_report(self, *args, **kwargs)
+
+    report_class.write_files = write_report_timing_the_font
     os.environ["HF_HUB_OFFLINE"] = "1"
     start = time.process_time()
     with tempfile.TemporaryDirectory() as folder:
@@ -80,9 +102,9 @@ def one_run(text: str) -> dict[str, float]:
             sys.modules["attnviz.cli.main"].main()
         except SystemExit:
             pass
-        cpu["the command (all its stages)"] = time.process_time() - start
-    cpu["garbage collector's passes: in the imports above"] = before_command
-    cpu["garbage collector's passes: in the command"] = collections["whole"] - before_command
+        cpu["the command (all its stages, imports included)"] = time.process_time() - start
+    cpu["garbage collector's passes (all, in the lines above)"] = passes["all"]
+    cpu["  of which during the libraries' imports"] = passes["in imports"]
     cpu["process"] = time.process_time()
     return cpu
 
