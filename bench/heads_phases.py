@@ -24,8 +24,8 @@ import tempfile
 import time
 
 LIBRARIES = ("torch", "transformers", "matplotlib", "fontTools")  # each one's imports timed where the command makes them
-STAGES = [  # (module, function): each timed where the command calls it
-    ("attnviz.api.models", "load", "model load (weights, tokenizer)"),
+STAGES = [  # (module, function, label): each function timed where the command calls it
+    ("attnviz.api.models", "load", "model load (weights, tokenizer; torch's import included)"),
     ("attnviz.api.functions", "heads", "the run (attnviz.heads, model load included)"),
     ("attnviz.api.report", "report_of_runs", "report.html's assembly (every layer, traces, vectors)"),
     ("attnviz.cli.heads", "print_heads", "the terminal's table"),
