@@ -113,6 +113,10 @@ def main() -> None:
     from attnviz.output.streams import PipeSafeStream, lost_output_code
 
     handle_signals()
+    # What is imported now (typer, rich, pydantic) lives until the process ends: frozen, the garbage collector's full
+    # passes skip it, as they skip what the command computes once run_command freezes that too (their passes walked
+    # every object there was, torch's million included: 0.17 s of `heads`' 2.4 s of CPU, bench/RESULTS.md).
+    gc.freeze()
     if sys.stdout is not None:  # None: started with stdout closed (>&-); Rich then prints nowhere
         sys.stdout = PipeSafeStream(sys.stdout)
     if sys.stderr is not None:

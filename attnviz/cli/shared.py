@@ -3,6 +3,7 @@ output folder checked before any work; the notes' cap; the trace's verdict."""
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 from typing import Optional
 
@@ -40,6 +41,8 @@ def run_command(
 
     target = run_target(out, batch_folder_name(file) if file is not None else run_folder_name(text))
     computed = compute(options)
+    if gc.get_freeze_count():  # the process's own command line (main froze its start); a test's process is left alone
+        gc.freeze()  # what compute imported and built (torch, the model) lives until the command ends: full passes skip it
     show(computed)
     if write is None:
         formats = (image_format.value,) if image_format is not None else ()

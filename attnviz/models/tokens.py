@@ -67,14 +67,18 @@ class WordPieceTokenizer:
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         """Each text's token ids, [CLS] and [SEP] included, never cut."""
-        ids = [encoding.ids for encoding in self._tokenizer.encode_batch(texts)]
+        return self._checked([encoding.ids for encoding in self._tokenizer.encode_batch(texts)])
+
+    def encode_with_spaces(self, texts: list[str]) -> tuple[list[list[int]], list[list[bool]]]:
+        """encode_batch's ids, and whether whitespace precedes each of their tokens (from the same encodings' offsets)."""
+        encodings = self._tokenizer.encode_batch(texts)  # the one call: ids and offsets of one encoding
+        spaces = [space_before(text, encoding.offsets) for text, encoding in zip(texts, encodings)]
+        return self._checked([encoding.ids for encoding in encodings]), spaces
+
+    def _checked(self, ids: list[list[int]]) -> list[list[int]]:
         for row in ids:
             self._check_ids(row)
         return ids
-
-    def spaces_before(self, texts: list[str]) -> list[list[bool]]:
-        """Whether whitespace precedes each token of each text (encode_batch's tokens), from the offsets."""
-        return [space_before(text, encoding.offsets) for text, encoding in zip(texts, self._tokenizer.encode_batch(texts))]
 
     def _check_ids(self, ids: list[int]) -> None:
         if self.embedding_rows is not None and ids and max(ids) >= self.embedding_rows:
@@ -188,8 +192,10 @@ def encode(tokenizer: WordPieceTokenizer, texts: list[str], max_positions: int, 
     for text in texts:
         if not text.strip():
             raise AttnvizError("the text is empty: give some words to attend over")
-    ids = tokenizer.encode_batch(texts)
-    spaces = tokenizer.spaces_before(texts) if tokenizer.word_scheme == WORDPIECE else None  # shown_tokens' space marks
+    if tokenizer.word_scheme == WORDPIECE:  # shown_tokens' space marks, from the same call of the tokenizer
+        ids, spaces = tokenizer.encode_with_spaces(texts)
+    else:
+        ids, spaces = tokenizer.encode_batch(texts), None
     truncations = [None] * len(ids)
     if truncate:
         finals = [final_token(tokenizer, row) for row in ids]

@@ -388,7 +388,21 @@ class TransformersTokenizer:
         return [list(ids) for ids in self._tokenizer(texts, add_special_tokens=True)["input_ids"]]
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        ids = self._raw_ids(texts)
+        return self._as_read(self._raw_ids(texts))
+
+    def encode_with_spaces(self, texts: list[str]) -> tuple[list[list[int]], list[list[bool]] | None]:
+        """encode_batch's ids, and whether whitespace precedes each of their tokens, from one call of the tokenizer:
+        a fast tokenizer's offsets of the same encoding; None for a slow one (it has no offsets)."""
+        if not self._tokenizer.is_fast:
+            return self.encode_batch(texts), None
+        encoded = self._tokenizer(texts, add_special_tokens=True, return_offsets_mapping=True)
+        spaces = [space_before(text, row) for text, row in zip(texts, encoded["offset_mapping"])]
+        if self.start_token_id is not None:  # the decoder's view: shifted right behind its start token
+            spaces = [[False, *row[:-1]] for row in spaces]
+        return self._as_read([list(ids) for ids in encoded["input_ids"]]), spaces
+
+    def _as_read(self, ids: list[list[int]]) -> list[list[int]]:
+        """ids as the model reads them: shifted for a decoder's view (start_token_id), each row checked against the embedding table."""
         if self.start_token_id is not None:
             ids = [[self.start_token_id, *row[:-1]] for row in ids]
         for row in ids:
@@ -417,13 +431,6 @@ class TransformersTokenizer:
             return None
         return self._tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
 
-    def spaces_before(self, texts: list[str]) -> list[list[bool]] | None:
-        """Whether whitespace precedes each token of each text (encode_batch's tokens), from a fast tokenizer's offsets; None for a slow one."""
-        if not self._tokenizer.is_fast:
-            return None
-        offsets = self._tokenizer(texts, add_special_tokens=True, return_offsets_mapping=True)["offset_mapping"]
-        spaces = [space_before(text, row) for text, row in zip(texts, offsets)]
-        return spaces if self.start_token_id is None else [[False, *row[:-1]] for row in spaces]
 
 def load_transformers_tokenizer(folder: Path, embedding_rows: int) -> TransformersTokenizer:
     from transformers import AutoTokenizer
