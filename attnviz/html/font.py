@@ -69,7 +69,11 @@ def font_url(characters: str) -> str:
     drawn = [char for char in characters if ord(char) in covered]
     if not drawn:
         return ""
-    options = subset.Options(flavor="woff", layout_features=[], hinting=False, bidi_closure=False, name_IDs=NAME_IDS)
+    # desubroutinize: each glyph's outline written out whole, so the subsetter need not read every glyph's charstring
+    # to find the subroutines left unused (0.29 s of CPU for 我想吃酸菜鱼, 0.165 s so; the WOFF 3,144 bytes, 3,056 so)
+    options = subset.Options(
+        flavor="woff", layout_features=[], hinting=False, desubroutinize=True, bidi_closure=False, name_IDs=NAME_IDS
+    )
     subsetter = subset.Subsetter(options)
     subsetter.populate(text="".join(drawn))
     subsetter.subset(font)
