@@ -22,12 +22,13 @@ import numpy as np
 import torch
 
 from attnviz.attention.layer import MultiHeadAttention, check_num_heads, check_split, layer_from_weights, rows_per_block
+from attnviz.attention.query_blocks import QueryBlock
 from attnviz.budgets import LARGE_MAP_BYTES, block_budget, memory_budget
 from attnviz.layer_inputs import EncodedTexts, LayerStates, check_layer, encode_texts, layer_input, layer_states, threads_for
 from attnviz.models.loading import LoadedModel
 from attnviz.models.tokens import Encoded, text_notes, truncation_notes, unknown_tokens
 from attnviz.models.words import merge_run, run_words
-from attnviz.run_data import FORWARD_PASS, LAYERS_OF_THE_TEXT, AttentionRun, Progress
+from attnviz.run_data import FORWARD_PASS, LAYERS_OF_THE_TEXT, AttentionRun, Progress, QueryKeyVectors
 from attnviz.spec import RunSpec, model_is_causal
 
 # Texts per forward pass. The weights of a batch are (B, H, N, N) floats: for 32 texts of
@@ -102,6 +103,7 @@ class LayerPass(NamedTuple):
     keys: Encoded  # the keys' texts: encoded.keys with --kv, else encoded.queries
     output: torch.Tensor | list[np.ndarray]
     patterns: torch.Tensor | list[np.ndarray]
+    vectors: list[QueryKeyVectors | None] | None = None  # each text's q and k (layer_pass' vector_tokens), else None
 
 
 @torch.inference_mode()
@@ -112,6 +114,7 @@ def layer_pass(
     in_blocks: bool = False,
     captured: tuple[EncodedTexts, LayerStates] | None = None,
     each_block=None,
+    vector_tokens: int = 0,
 ) -> LayerPass:
     """attnviz's layer spec.layer over a padded batch of texts, on that layer's real input.
 
@@ -122,6 +125,7 @@ def layer_pass(
     text's array (block_maps); within both, the one block is today's whole tensor. captured: the texts'
     encoding and the layer's input, already captured by a pass that goes on through other layers (no capture here).
     each_block(first query, weights (B, H, b, K)), when given, gets each block of a run in blocks too, as it is made.
+    vector_tokens: each text of at most this many queries and keys keeps its q and k (text_vectors).
     """
     check_layer(loaded, spec.layer, spec.stack)
     encoded = encode_texts(loaded, texts, spec) if captured is None else captured[0]
@@ -142,16 +146,50 @@ def layer_pass(
                 valid_lens=valid_lens, causal=spec.causal, position_bias=states.position_bias, rows=rows, narrow=True,
             )  # fmt: skip
             output, patterns = block_maps(blocks, sizes, attention.num_heads, large, each_block)
-            return LayerPass(attention, encoded, states, keys, output, patterns)
+            vectors = text_vectors(attention, states, sizes, vector_tokens)
+            return LayerPass(attention, encoded, states, keys, output, patterns, vectors)
+        projected = QueryBlock(0, *attention.project(states.queries, states.keys, states.keys))  # (B, H, N, d) each
         output, patterns = attention(
-            states.queries,
-            states.keys,
-            states.keys,
-            valid_lens=valid_lens,
-            causal=spec.causal,
-            position_bias=states.position_bias,
+            valid_lens=valid_lens, causal=spec.causal, position_bias=states.position_bias, block=projected
         )  # (B, Nq, D), (B, H, Nq, Nk)
-    return LayerPass(attention, encoded, states, keys, output, patterns)
+        vectors = text_vectors(attention, states, sizes, vector_tokens, projected)
+    return LayerPass(attention, encoded, states, keys, output, patterns, vectors)
+
+
+def text_vectors(
+    attention: MultiHeadAttention, states: LayerStates, sizes: list[tuple[int, int]], vector_tokens: int, projected=None
+) -> list[QueryKeyVectors | None] | None:
+    """Each text's q (H, Nq_i, d) and k (H_kv, Nk_i, d) where it has at most vector_tokens queries and keys (else None);
+    None for every text when vector_tokens is 0.
+
+    A batch of one text takes them from `projected`, the projection its map was made of, when given: the neuron
+    view's q · k is then the map's own score. In a padded batch each text's own rows are projected alone, so a text
+    has the same vectors whatever batch it runs in.
+    """
+    if not vector_tokens:
+        return None
+    vectors = []
+    for i, (num_queries, num_keys) in enumerate(sizes):
+        if max(num_queries, num_keys) > vector_tokens:
+            vectors.append(None)
+            continue
+        if len(sizes) == 1 and projected is not None:
+            q, k = projected.q, projected.k  # (1, H, Nq, d), (1, H, Nk, d): repeated for the query heads
+        else:
+            queries = states.queries[i : i + 1, :num_queries]  # (1, Nq_i, D)
+            keys = queries if states.keys is states.queries else states.keys[i : i + 1, :num_keys]  # (1, Nk_i, D)
+            q, k, _ = attention.project(queries, keys, keys)
+        group = attention.group_size
+        vectors.append(
+            QueryKeyVectors(
+                q=q[0].float().cpu().numpy(),  # (H, Nq, d)
+                k=k[0, ::group].float().cpu().numpy(),  # (H_kv, Nk, d): one per key/value head
+                scale=float(attention.scale),
+                group_size=group,
+                position_bias=states.position_bias is not None,
+            )
+        )
+    return vectors
 
 
 def block_maps(blocks, sizes: list[tuple[int, int]], num_heads: int, large: int, each_block=None) -> tuple[list[np.ndarray], list[np.ndarray]]:
@@ -184,13 +222,21 @@ def block_maps(blocks, sizes: list[tuple[int, int]], num_heads: int, large: int,
 
 
 def run_attention(
-    loaded: LoadedModel, texts: list[str], spec: RunSpec, captured: tuple[EncodedTexts, LayerStates] | None = None, each_block=None
+    loaded: LoadedModel,
+    texts: list[str],
+    spec: RunSpec,
+    captured: tuple[EncodedTexts, LayerStates] | None = None,
+    each_block=None,
+    vector_tokens: int = 0,
 ) -> list[AttentionRun]:
-    """Run attnviz's layer over a padded batch of texts with spec's settings (layer_pass, captured and each_block as
-    there); one AttentionRun per text."""
-    done = layer_pass(loaded, texts, spec, in_blocks=True, captured=captured, each_block=each_block)
+    """Run attnviz's layer over a padded batch of texts with spec's settings (layer_pass, captured, each_block and
+    vector_tokens as there); one AttentionRun per text, with its vectors where kept (over tokens: not with spec.words)."""
+    done = layer_pass(loaded, texts, spec, in_blocks=True, captured=captured, each_block=each_block, vector_tokens=vector_tokens)
     sizes = layer_sizes(done.attention)
-    return split_runs(loaded, texts, done.encoded.queries, done.keys, done.output, done.patterns, spec, spec.layer, *sizes)
+    runs = split_runs(loaded, texts, done.encoded.queries, done.keys, done.output, done.patterns, spec, spec.layer, *sizes)
+    if done.vectors is None or spec.words:
+        return runs
+    return [replace(run, vectors=vectors) for run, vectors in zip(runs, done.vectors)]
 
 
 @torch.inference_mode()

@@ -138,10 +138,12 @@ def summarise_layers(
     return summarise_blocks(loaded, text, encoded, layers, spec, budget_bytes, window, progress=progress)
 
 
-def run_and_summarise(loaded, text: str, spec, budget_bytes: int, window: int = LOCAL_WINDOW, progress: Progress = Progress()):
+def run_and_summarise(
+    loaded, text: str, spec, budget_bytes: int, window: int = LOCAL_WINDOW, progress: Progress = Progress(), vector_tokens: int = 0
+):
     """pipeline.run_attention of one text at spec.layer, with every layer summarised (summarise_layers) from the same
     forward pass: its AttentionRun, layer_summaries set. Self-attention only (spec without kv_text). progress: the
-    layers the forward pass reaches, then the layers summarised (summarise_blocks')."""
+    layers the forward pass reaches, then the layers summarised (summarise_blocks'); vector_tokens: run_attention's."""
     from dataclasses import replace
 
     from attnviz.layer_inputs import encode_texts, layer_states, threads_for
@@ -155,7 +157,8 @@ def run_and_summarise(loaded, text: str, spec, budget_bytes: int, window: int = 
     num_tokens = len(encoded.queries.ids[0])
     chosen = HeadSummaries(layers[spec.layer].num_heads, num_tokens, num_tokens, causal=spec.causal, window=window)
     (run,) = run_attention(
-        loaded, [text], spec, captured=(encoded, states[spec.layer]), each_block=lambda first, weights: chosen.add(first, weights[0])
+        loaded, [text], spec, captured=(encoded, states[spec.layer]), each_block=lambda first, weights: chosen.add(first, weights[0]),
+        vector_tokens=vector_tokens,
     )
     # A run in blocks (a long text's) fed the chosen layer's summaries with its own blocks, those the summaries' pass
     # would make again (the same budget): that layer is not computed twice.

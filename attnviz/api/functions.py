@@ -80,26 +80,32 @@ def heads(
     effects = head_effects(handle.loaded, texts[0], spec, effect, [spec.layer], progress) if effect is not None else None
     if layer_summaries is None:  # as the report of this text summarises it
         layer_summaries = isinstance(text, str) and not names and summarised_in_its_run(handle.loaded, texts, spec.cross_attention)
+    vector_tokens = _vector_tokens(vectors, isinstance(text, str) and not options.words and not names)
     if names:
         results = _measured_heads(handle, texts, spec, names, num_layers)
     elif layer_summaries:
         from attnviz.analysis.head_summaries import run_and_summarise
         from attnviz.budgets import block_budget
 
-        results = [HeadsResult(run_and_summarise(handle.loaded, texts[0], spec, block_budget(spec), progress=progress), spec, num_layers)]
+        run = run_and_summarise(handle.loaded, texts[0], spec, block_budget(spec), progress=progress, vector_tokens=vector_tokens)
+        results = [HeadsResult(run, spec, num_layers)]
     else:
-        runs = [run for batch in run_in_batches(handle.loaded, texts, spec) for run in batch]
+        runs = [run for batch in run_in_batches(handle.loaded, texts, spec, vector_tokens=vector_tokens) for run in batch]
         results = [HeadsResult(run, spec, num_layers) for run in runs]
     if effects is not None:
         results = [replace(results[0], run=replace(results[0].run, effects=effects))]
-    if vectors is None:  # as the report of this text holds them
-        vectors = isinstance(text, str) and not options.words and not names and holds_vectors(results[0].run)
-    if vectors:
-        from attnviz.analysis.neurons import query_key_vectors
-
-        results = [replace(results[0], run=replace(results[0].run, vectors=query_key_vectors(handle.loaded, texts[0], spec)))]
     warn_run_notes((note for result in results for note in result.notes), handle)
     return results if isinstance(text, (list, tuple)) else results[0]
+
+
+def _vector_tokens(vectors: bool | None, one_text_over_tokens: bool) -> int:
+    """heads' vectors= as the run's vector_tokens (pipeline.run_attention): True, every text of the call (one, checked);
+    None, a text whose report holds them (holds_vectors: at most MAX_VECTOR_TOKENS, over tokens); False, none."""
+    from attnviz.analysis.neurons import MAX_VECTOR_TOKENS
+
+    if vectors is None:
+        return MAX_VECTOR_TOKENS if one_text_over_tokens else 0
+    return 2**62 if vectors else 0
 
 
 def holds_vectors(run) -> bool:

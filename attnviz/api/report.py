@@ -43,6 +43,7 @@ def report(text_or_texts: str | list[str], progress=None, **options) -> ReportRe
     then the layers of its statistics; a long text's, the layers its forward pass reaches, then the layers
     summarised. A progress that also has .stage(what, total) is told as each begins ("layers of the text", 30).
     """
+    from attnviz.analysis.neurons import MAX_VECTOR_TOKENS
     from attnviz.output.batch import run_in_batches
 
     options = run_options("report", options)
@@ -60,7 +61,8 @@ def report(text_or_texts: str | list[str], progress=None, **options) -> ReportRe
 
         runs = [run_and_summarise(handle.loaded, texts[0], spec, block_budget(spec), progress=progress)]
     else:
-        runs = [run for batch in run_in_batches(handle.loaded, texts, spec) for run in batch]
+        vector_tokens = 0 if spec.words else MAX_VECTOR_TOKENS  # the neuron view's q and k, from each run's own projection
+        runs = [run for batch in run_in_batches(handle.loaded, texts, spec, vector_tokens=vector_tokens) for run in batch]
     result = report_of_runs(handle.loaded, runs, spec, progress=progress)
     warn_run_notes(result.record["notes"], handle)  # the runs' notes and what the page leaves out
     return result
@@ -152,10 +154,11 @@ def report_texts(loaded, runs: list, spec: RunSpec, progress: Progress = Progres
         with threads_for_tokens(len(run.query_tokens) + (len(run.key_tokens) if spec.cross_attention else 0)):
             layer_runs, rollout, statistics = every_layer(loaded, run.text, spec, progress)
             trace, mistakes = traces(loaded, run.text, spec, notes)
-            if run.vectors is None and holds_vectors(run):  # the neuron view's q and k
-                from attnviz.analysis.neurons import query_key_vectors
+            if run.vectors is None and holds_vectors(run):  # the neuron view's q and k, where the run kept none
+                from attnviz.analysis.neurons import MAX_VECTOR_TOKENS
+                from attnviz.pipeline import run_attention
 
-                run = replace(run, vectors=query_key_vectors(loaded, run.text, spec))
+                run = replace(run, vectors=run_attention(loaded, [run.text], spec, vector_tokens=MAX_VECTOR_TOKENS)[0].vectors)
         texts.append(ReportText(run, layer_runs, rollout, statistics, trace, mistakes))
     return texts, list(notes)
 

@@ -136,7 +136,7 @@ def heads(
             with progress_bar(console) as bar:  # --effect's heads taken out; a long text's forward pass, its layers
                 result = functions.heads(
                     text, measure=measure.value, layer_summaries=summarise, effect=effect.value if effect else None,
-                    progress=bar, **given,
+                    vectors=None if not no_html else False, progress=bar, **given,
                 )  # fmt: skip
         handle = options.load()  # the one the API loaded
         checked_window = result.window(window, "--window") if window is not None else None  # before anything is written
