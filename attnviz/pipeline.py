@@ -24,7 +24,7 @@ import torch
 from attnviz.attention.layer import MultiHeadAttention, check_num_heads, check_split, layer_from_weights, rows_per_block
 from attnviz.attention.query_blocks import QueryBlock
 from attnviz.budgets import LARGE_MAP_BYTES, block_budget, memory_budget
-from attnviz.layer_inputs import EncodedTexts, LayerStates, check_layer, encode_texts, layer_input, layer_states, threads_for
+from attnviz.layer_inputs import Capture, EncodedTexts, LayerStates, check_layer, encode_texts, layer_input, layer_states, threads_for
 from attnviz.models.loading import LoadedModel
 from attnviz.models.tokens import Encoded, text_notes, truncation_notes, unknown_tokens
 from attnviz.models.words import merge_run, run_words
@@ -132,7 +132,7 @@ def layer_pass(
     keys = encoded.keys if encoded.keys is not None else encoded.queries
     with threads_for(encoded):  # the layer's weights copied and checked too: as much work as the run, for a short text
         attention = build_layer(loaded, spec)
-        states = layer_states(loaded, encoded, [spec.layer], spec)[spec.layer] if captured is None else captured[1]
+        states = capture_states(loaded, encoded, [spec.layer], spec)[spec.layer] if captured is None else captured[1]
         valid_lens = keys.valid_lens.to(spec.device).expand(len(texts))  # (B,)
         budget = memory_budget(spec)
         batch, num_queries, num_keys = len(texts), states.queries.shape[1], states.keys.shape[1]
@@ -240,22 +240,60 @@ def run_attention(
 
 
 @torch.inference_mode()
-def iter_layer_runs(loaded: LoadedModel, texts: list[str], spec: RunSpec, entered=lambda done: None) -> Iterator[list[AttentionRun]]:
+def capture_texts(loaded: LoadedModel, texts: list[str], spec: RunSpec, layers: list[int] | None = None, entered=lambda done: None) -> Capture:
+    """The texts' capture (layer_inputs.Capture): encoded once as one padded batch, and the input of each of `layers`
+    (default: every layer of spec.stack) from one pass of the model (capture_states), under threads_for."""
+    encoded = encode_texts(loaded, texts, spec)
+    layers = list(range(loaded.num_layers_of(spec.stack))) if layers is None else layers
+    with threads_for(encoded):
+        return encoded, capture_states(loaded, encoded, layers, spec, entered)
+
+
+@torch.inference_mode()
+def capture_states(loaded: LoadedModel, encoded: EncodedTexts, layers: list[int], spec: RunSpec, entered=lambda done: None) -> dict[int, LayerStates]:
+    """The input of each of `layers` from one pass of the model: layer_inputs.layer_states' (entered its progress), or
+    where attnviz's layers run in BERT's place (in_berts_place, self-attention) that pass's: layer L + 1's input is
+    BERT's finish of layer L's input and attnviz's output over it, the very states run_layers runs every layer over.
+    So a layer's run, every layer's runs (report, layers, stats) and the traces of a BERT text read one pass's floats.
+    """
+    if not (in_berts_place(loaded, spec) and spec.kv_text is None):
+        return layer_states(loaded, encoded, layers, spec, entered)
+    last = max(layers)
+    attentions = [build_layer(loaded, replace(spec, layer=layer)) for layer in range(last)]
+    valid_lens = encoded.queries.valid_lens.to(spec.device).expand(len(encoded.queries.ids))  # (B,)
+    hidden = layer_input(loaded, encoded.queries, 0, spec.device)  # (B, N, D): the embeddings
+    states = {}
+    for layer in range(last + 1):
+        if layer in layers:
+            states[layer] = LayerStates(hidden, hidden)  # self-attention: the keys are the queries' very tensor
+        if layer < last:
+            output, _ = attentions[layer](hidden, valid_lens=valid_lens)  # (B, N, D), as iter_layer_passes runs it
+            hidden = loaded.model.encoder.layer[layer].finish(hidden, output)  # enters the next layer
+    entered(len(layers))
+    return states
+
+
+@torch.inference_mode()
+def iter_layer_runs(
+    loaded: LoadedModel, texts: list[str], spec: RunSpec, entered=lambda done: None, captured: Capture | None = None
+) -> Iterator[list[AttentionRun]]:
     """attnviz's layer in place of every model layer over a padded batch: per layer, one run per text.
 
     spec.layer and spec.kv_text are not used (self-attention of spec.stack). One forward pass gives
     every layer's input; layer L's run of a text is what run_attention with layer L gives for it.
     Layer by layer, so that a caller who only needs numbers holds one layer's weights at a time;
     each run holds a copy of its text's unpadded weights. entered: the forward pass's progress (layer_states').
+    captured: the texts' capture of every layer (capture_texts'), read in place of a pass of the model.
     """
     spec = replace(spec, kv_text=None)
-    in_place = in_berts_place(loaded, spec)
-    encoded = encode_texts(loaded, texts, spec)
+    in_place = in_berts_place(loaded, spec) and captured is None
+    encoded = encode_texts(loaded, texts, spec) if captured is None else captured[0]
     with threads_for(encoded):
         layers = build_layers(loaded, spec)
     keys = encoded.keys if encoded.keys is not None else encoded.queries
-    weights = iter_layer_weights(loaded, encoded, layers, spec, in_place, entered)
-    for layer, (output, patterns) in enumerate(weights):
+    states = None if captured is None else dict(captured[1])  # the caller's capture is not emptied
+    passes = iter_layer_passes(loaded, encoded, layers, spec, in_place, entered, states)
+    for layer, (_, output, patterns) in enumerate(passes):
         yield split_runs(loaded, texts, encoded.queries, keys, output, patterns, spec, layer, *layer_sizes(layers[layer]))
 
 
@@ -316,16 +354,19 @@ def iter_layer_passes(
     spec: RunSpec,
     in_place: bool = False,
     entered=lambda done: None,
+    states: dict[int, LayerStates] | None = None,
 ) -> Iterator[tuple[LayerStates, torch.Tensor, torch.Tensor]]:
     """iter_layer_weights with what each layer ran over: its LayerStates, output (B, N, D), weights (B, H, N, Nk);
-    entered: the progress of the forward pass that gives every layer's input (layer_states'), not in place."""
+    entered: the progress of the forward pass that gives every layer's input (layer_states'), not in place; states:
+    every layer's input, already captured (each is let go once used), not in place."""
     device = spec.device
     keys = encoded.keys if encoded.keys is not None else encoded.queries
     valid_lens = keys.valid_lens.to(device).expand(len(encoded.queries.ids))  # (B,)
     # Each step in threads_for, each yield outside it: the caller's code between layers keeps its own threads.
     if not in_place:
-        with threads_for(encoded):
-            states = layer_states(loaded, encoded, list(range(len(layers))), spec, entered)
+        if states is None:
+            with threads_for(encoded):
+                states = layer_states(loaded, encoded, list(range(len(layers))), spec, entered)
         for layer, attention in enumerate(layers):
             state = states.pop(layer)  # let each layer's states go once used
             with threads_for(encoded):
@@ -402,11 +443,15 @@ def iter_layer_blocks(
                 hidden = loaded.model.encoder.layer[layer].finish(hidden, torch.cat(outputs, dim=1))  # enters the next layer
 
 
-def run_layers(loaded: LoadedModel, texts: list[str], spec: RunSpec, progress: Progress = Progress()) -> list[list[AttentionRun]]:
-    """Every layer's run of every text, runs[text][layer], as iter_layer_runs gives them; progress: layer_stages'."""
-    entered, done = layer_stages(progress, loaded.num_layers_of(spec.stack), in_berts_place(loaded, spec))
+def run_layers(
+    loaded: LoadedModel, texts: list[str], spec: RunSpec, progress: Progress = Progress(), captured: Capture | None = None
+) -> list[list[AttentionRun]]:
+    """Every layer's run of every text, runs[text][layer], as iter_layer_runs gives them; progress: layer_stages'.
+    captured: the texts' capture of every layer (capture_texts'): the layers run over it, the model is not run."""
+    no_pass = in_berts_place(loaded, spec) or captured is not None  # no forward pass to count before the layers
+    entered, done = layer_stages(progress, loaded.num_layers_of(spec.stack), no_pass)
     by_layer = []  # by_layer[layer][text]
-    for runs in iter_layer_runs(loaded, texts, spec, entered):
+    for runs in iter_layer_runs(loaded, texts, spec, entered, captured):
         by_layer.append(runs)
         done(1)
     return [list(text_runs) for text_runs in zip(*by_layer)]

@@ -43,7 +43,7 @@ TEXTS = [5, None, [1], ["the cat", 2.0]]
 
 ARGUMENTS = {  # function -> its arguments -> wrong values
     "heads": {"text": TEXTS, **RUN_OPTIONS, "measure": [5, None], "layer_summaries": ["yes", 1], "effect": [5, True, ["zero"]],
-              "vectors": ["yes", 1], "progress": [5, "print"]},
+              "vectors": ["yes", 1], "report": ["yes", None], "progress": [5, "print"]},
     "trace": {"text": TEXTS, **RUN_OPTIONS, "layout": [5, ["all"]], "mistake": [5, True], "d_q": ["16", 1.5, True], "d_out": ["8", 1.5, True]},
     "stats": {"texts": TEXTS, **EVERY_LAYER, "js": ["yes", 1, 0.0], "progress": [5, "print"]},
     "layers": {"text": [*TEXT, ["the cat"]], **EVERY_LAYER, "measure": [5, None], "band": ["8", 1.5, True, None], "effect": [5, True, ["zero"]],

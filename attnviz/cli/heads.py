@@ -128,25 +128,19 @@ def heads(
             loaded = options.load().loaded  # attnviz.load's: the API's call reuses it
             check_head(head, loaded.num_heads_of(options.stack), f"{loaded.name}'s layers have")
         given = options.keywords()
-        traced = functions.trace(text, **given) if show_trace else None  # its run is the heads' run: computed once
-        if traced is not None and measure == Measure.weights and effect is None:
-            result = traced.heads_results()[0]
-        else:  # a long text's report summarises every layer: from the run's own forward pass
+        traced = functions.trace(text, **given) if show_trace else None
+        if traced is not None and measure == Measure.weights and effect is None and no_html:
+            result = traced.heads_results()[0]  # its run is the heads' run: computed once
+        else:  # the report from the run's own capture; a long text's summarises every layer in the run's forward pass
             summarise = None if not no_html and measure == Measure.weights else False
-            with progress_bar(console) as bar:  # --effect's heads taken out; a long text's forward pass, its layers
+            with progress_bar(console) as bar:  # --effect's heads taken out; the forward pass, the report's layers
                 result = functions.heads(
                     text, measure=measure.value, layer_summaries=summarise, effect=effect.value if effect else None,
-                    vectors=None if not no_html else False, progress=bar, **given,
+                    report=not no_html, progress=bar, **given,
                 )  # fmt: skip
         handle = options.load()  # the one the API loaded
         checked_window = result.window(window, "--window") if window is not None else None  # before anything is written
-        report = None
-        if not no_html:  # every layer, the statistics and the traces of a short text (a long one's summaries are made)
-            from attnviz.api.arguments import must_be_progress
-            from attnviz.api.report import report_of_runs
-
-            with progress_bar(console) as bar:
-                report = report_of_runs(handle.loaded, [result.run], result.spec, progress=must_be_progress(bar))
+        report = None if no_html else result.report()  # every layer, the statistics and the traces: made with the run
         return HeadsRun(result, traced, handle.loaded, checked_window, report)
 
     def show(computed: HeadsRun) -> None:
@@ -263,9 +257,9 @@ def _heads_for_file(file: str, options, image_format: str, out: Optional[Path], 
 
 
 def _batch_report(loaded, texts: list[str], spec, staging: Path) -> tuple[list[Path], list[str]]:
-    """report.html of the batch: its first texts that one report holds (run again: write_batch keeps no runs); the note past them."""
-    from attnviz.api.report import MAX_REPORT_TEXTS, MAX_REPORT_WEIGHTS, report_of_runs, texts_that_fit
-    from attnviz.output.batch import run_in_batches
+    """report.html of the batch: its first texts that one report holds (one capture per batch again: write_batch keeps no
+    runs); the note past them."""
+    from attnviz.api.report import MAX_REPORT_TEXTS, MAX_REPORT_WEIGHTS, report_of_texts, texts_that_fit
 
     fit, weights = texts_that_fit(loaded, texts, spec)
     shown = texts[:fit]
@@ -274,5 +268,4 @@ def _batch_report(loaded, texts: list[str], spec, staging: Path) -> tuple[list[P
         f"texts, whose maps of every layer have at most {MAX_REPORT_WEIGHTS:,} attention weights; these have {weights:,}); "
         "every text has its own folder of heatmaps and attention.json"
     ]  # fmt: skip
-    runs = [run for batch in run_in_batches(loaded, shown, spec) for run in batch]
-    return report_of_runs(loaded, runs, spec, notes).write_files(staging), notes
+    return report_of_texts(loaded, shown, spec, notes).write_files(staging), notes
