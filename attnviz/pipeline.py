@@ -267,10 +267,21 @@ def capture_states(loaded: LoadedModel, encoded: EncodedTexts, layers: list[int]
         if layer in layers:
             states[layer] = LayerStates(hidden, hidden)  # self-attention: the keys are the queries' very tensor
         if layer < last:
-            output, _ = attentions[layer](hidden, valid_lens=valid_lens)  # (B, N, D), as iter_layer_passes runs it
-            hidden = loaded.model.encoder.layer[layer].finish(hidden, output)  # enters the next layer
+            hidden = loaded.model.encoder.layer[layer].finish(hidden, in_place_output(attentions[layer], hidden, valid_lens, spec))
     entered(len(layers))
     return states
+
+
+def in_place_output(attention: MultiHeadAttention, hidden: torch.Tensor, valid_lens: torch.Tensor, spec: RunSpec) -> torch.Tensor:
+    """attnviz's layer's output over BERT's hidden state (B, N, D), in its place: whole, as iter_layer_passes runs it,
+    where the batch's weights fit the memory budget (as layer_pass decides); else gathered from blocks of queries
+    (cache-sized, as layer_pass takes them), no (B, H, N, N) whole."""
+    batch, num_tokens = hidden.shape[:2]
+    if rows_per_block(memory_budget(spec), batch, attention.num_heads, num_tokens) >= num_tokens:
+        return attention(hidden, valid_lens=valid_lens)[0]  # (B, N, D)
+    rows = rows_per_block(block_budget(spec), batch, attention.num_heads, num_tokens)
+    blocks = attention.blocks(hidden, valid_lens=valid_lens, rows=rows, narrow=True)
+    return torch.cat([output for _, output, _ in blocks], dim=1)  # (B, N, D)
 
 
 @torch.inference_mode()
