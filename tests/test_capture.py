@@ -81,3 +81,12 @@ def test_a_report_of_several_texts_shows_each_texts_own_numbers_within_float32(b
             for name in ("entropy", "distance", "mean_max"):
                 assert head[name] == pytest.approx(expected[name], abs=1e-5)
         np.testing.assert_allclose(record["vectors"]["q"], alone["vectors"]["q"], rtol=0, atol=1e-4 + 1e-6)  # 4 decimals
+
+
+def test_heads_report_shows_the_runs_effects_as_its_layers_own_report_does(bert):
+    from dataclasses import replace
+
+    result = attnviz.heads(TEXT, model=bert, effect="zero", report=True)
+    (shown,) = result.report().record["texts"]
+    (own,) = replace(result, made_report=None).report().record["texts"]  # this layer alone, from the result's run
+    assert shown["effects"] == own["effects"] and shown["effects"] is not None

@@ -86,20 +86,17 @@ def heads(
     if layer_summaries is None:  # as the report of this text summarises it
         layer_summaries = isinstance(text, str) and not names and summarised_in_its_run(handle.loaded, texts, spec.cross_attention)
     vector_tokens = _vector_tokens(vectors, isinstance(text, str) and not options.words and not names)
+    parts = None  # with report: each text's ReportText and its notes, made from the run's capture
     if names:
         results = _measured_heads(handle, texts, spec, names, num_layers)
     elif wants_report and not layer_summaries:  # one capture: the runs, and every layer, the traces, the vectors
         from attnviz.analysis.neurons import MAX_VECTOR_TOKENS
         from attnviz.api.report_parts import captured_report
-        from attnviz.api.run_results import report_result
 
         report_tokens = max(vector_tokens, 0 if options.words else MAX_VECTOR_TOKENS)  # the report's neuron view's too
         made = captured_report(handle.loaded, texts, spec, progress, report_tokens)
-        results = [
-            HeadsResult(run if vector_tokens else replace(run, vectors=None), spec, num_layers,
-                        made_report=report_result([part], spec, num_layers, notes, progress))
-            for run, part, notes in made
-        ]  # fmt: skip
+        results = [HeadsResult(run if vector_tokens else replace(run, vectors=None), spec, num_layers) for run, _, _ in made]
+        parts = [(part, notes) for _, part, notes in made]
     elif layer_summaries:
         from attnviz.analysis.head_summaries import run_and_summarise
         from attnviz.budgets import block_budget
@@ -111,12 +108,23 @@ def heads(
         results = [HeadsResult(run, spec, num_layers) for run in runs]
     if effects is not None:
         results = [replace(results[0], run=replace(results[0].run, effects=effects))]
-    if wants_report and results[0].made_report is None:  # a measured text's run, or a long text's (its summaries made)
-        from attnviz.api.report_parts import report_of_runs
-
-        results = [replace(result, made_report=report_of_runs(handle.loaded, [result.run], spec, progress=progress)) for result in results]
+    if wants_report:
+        made_parts = parts or [None] * len(results)
+        results = [replace(result, made_report=_report_of(handle, result, part, progress)) for result, part in zip(results, made_parts)]
     warn_run_notes((note for result in results for note in result.notes), handle)
     return results if isinstance(text, (list, tuple)) else results[0]
+
+
+def _report_of(handle: Model, result, made, progress):
+    """heads(report=True)'s report of a result: from the parts its capture made (made: (ReportText, notes)), with the
+    run's effects; else (a measured text's, a long text's: its summaries made) made from the run."""
+    from attnviz.api.report_parts import report_of_runs
+    from attnviz.api.run_results import report_result
+
+    if made is None:
+        return report_of_runs(handle.loaded, [result.run], result.spec, progress=progress)
+    part, notes = made
+    return report_result([replace(part, run=replace(part.run, effects=result.effects))], result.spec, result.num_layers, notes, progress)
 
 
 def _vector_tokens(vectors: bool | None, one_text_over_tokens: bool) -> int:
