@@ -415,7 +415,8 @@ def iter_layer_blocks(
     iter_layer_passes; with in_place each layer's output, gathered from its blocks ((B, N, D), not
     the weights), goes on through the rest of BERT's layer to the next. states: every layer's input, already
     captured (layer_states; each is let go once used), else captured here. skip: layers whose blocks are not
-    wanted (not with in_place, where each layer's output is the next one's input).
+    wanted (not with in_place, where each layer's output is the next one's input); in place, states may hold layer 0's
+    input alone (the embeddings, captured already).
     """
     device = spec.device
     keys = encoded.keys if encoded.keys is not None else encoded.queries
@@ -423,7 +424,7 @@ def iter_layer_blocks(
     valid_lens = keys.valid_lens.to(device).expand(batch)  # (B,)
     if in_place:
         with threads_for(encoded):
-            hidden = layer_input(loaded, encoded.queries, 0, device)  # (B, N, D): the embeddings
+            hidden = states[0].queries if states else layer_input(loaded, encoded.queries, 0, device)  # (B, N, D): the embeddings
     elif states is None:
         with threads_for(encoded):
             states = layer_states(loaded, encoded, list(range(len(layers))), spec)

@@ -31,6 +31,7 @@ COMMANDS = {
     "report": (["report", TEXT], "bert", {"BertEncoder": 1}),
     "report on a decoder": (["report", TEXT], "llama", {"LlamaModel": 1}),
     "stats": (["stats", TEXT], "bert", {"BertEncoder": 1}),
+    "stats in blocks": (["stats", " ".join([TEXT] * 16), "--memory", "1"], "bert", {"BertEncoder": 1}),  # 178 tokens: 1.5 MB a map
     "roles": (["roles", TEXT], "llama", {"LlamaModel": 5}),
     "patch": (PATCH, "llama", {"LlamaModel": 7, "LlamaDecoderLayer": 3, "LlamaRMSNorm": 2}),
     "patch --component q": ([*PATCH, "--component", "q"], "llama", {"LlamaModel": 8, "LlamaDecoderLayer": 6, "LlamaRMSNorm": 4}),
