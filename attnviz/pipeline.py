@@ -250,7 +250,9 @@ def capture_texts(loaded: LoadedModel, texts: list[str], spec: RunSpec, layers: 
 
 
 @torch.inference_mode()
-def capture_states(loaded: LoadedModel, encoded: EncodedTexts, layers: list[int], spec: RunSpec, entered=lambda done: None) -> dict[int, LayerStates]:
+def capture_states(
+    loaded: LoadedModel, encoded: EncodedTexts, layers: list[int], spec: RunSpec, entered=lambda done: None
+) -> dict[int, LayerStates]:
     """The input of each of `layers` from one pass of the model: layer_inputs.layer_states' (entered its progress), or
     where attnviz's layers run in BERT's place (in_berts_place, self-attention) that pass's: layer L + 1's input is
     BERT's finish of layer L's input and attnviz's output over it, the very states run_layers runs every layer over.

@@ -168,7 +168,8 @@ def test_results_and_the_reports_writer_never_name_what_runs_the_model():
     import attnviz
 
     root = Path(attnviz.__file__).parent
-    paths = [path for part in RESULTS_AND_THE_REPORTS_WRITER for path in ((root / part).rglob("*.py") if (root / part).is_dir() else [root / part])]
+    parts = [root / part for part in RESULTS_AND_THE_REPORTS_WRITER]
+    paths = [path for part in parts for path in (part.rglob("*.py") if part.is_dir() else [part])]
     assert len(paths) > 3
     named = [f"{path.relative_to(root)}: {name}" for path in paths for name in names_in(path.read_text(encoding="utf-8")) & RUNS_THE_MODEL]
     assert not named, named
