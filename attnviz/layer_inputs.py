@@ -111,6 +111,57 @@ def encode_texts(loaded: LoadedModel, texts: list[str], spec: RunSpec) -> Encode
     return EncodedTexts(queries, keys, keys if spec.stack == "cross" else None)
 
 
+# A capture: a run's texts encoded once (a padded batch) and every layer's input from one pass of the model (layer 0 to
+# L - 1 of spec.stack, or the layers asked for). Every stage of a command reads it: the run, every layer's runs, the
+# traces and the neuron view's vectors (pipeline.capture_texts makes it).
+Capture = tuple["EncodedTexts", dict[int, LayerStates]]
+
+
+def text_captures(capture: Capture) -> list[Capture]:
+    """Each text's own capture, cut from a padded batch's: its encoding and each layer's input, its own tokens alone
+    (a batch of one is its text's capture as it is). The cut tensors are contiguous copies, as a one-text batch's are;
+    a self-attention layer's keys stay its queries' very tensor (a trace tells self-attention by it)."""
+    encoded, states = capture
+    count = len(encoded.queries.ids)
+    if count == 1:
+        return [capture]
+    cut = []
+    for i in range(count):
+        own = EncodedTexts(*(_one_text(part, i, count) for part in (encoded.queries, encoded.keys, encoded.source)))
+        num_queries = len(own.queries.ids[0])
+        num_keys = len((own.keys or own.queries).ids[0])
+        cut.append((own, {layer: _text_states(state, i, num_queries, num_keys) for layer, state in states.items()}))
+    return cut
+
+
+def _one_text(encoded: Encoded | None, i: int, count: int) -> Encoded | None:
+    """Text i of a padded batch of count texts, alone; a part of one text (the --kv text) as it is."""
+    if encoded is None or len(encoded.ids) != count:
+        return encoded
+    num_tokens = len(encoded.ids[i])
+    return Encoded(
+        input_ids=encoded.input_ids[i : i + 1, :num_tokens],  # (1, N_i)
+        attention_mask=encoded.attention_mask[i : i + 1, :num_tokens],
+        token_type_ids=encoded.token_type_ids[i : i + 1, :num_tokens],
+        tokens=encoded.tokens[i : i + 1],
+        ids=encoded.ids[i : i + 1],
+        truncations=encoded.truncations[i : i + 1],
+        shown=encoded.shown[i : i + 1],
+    )
+
+
+def _text_states(state: LayerStates, i: int, num_queries: int, num_keys: int) -> LayerStates:
+    """Text i's rows of a layer's input: (1, Nq_i, D), (1, Nk_i, D), the bias (1, H, Nq_i, Nk_i)."""
+
+    def own(tensor: torch.Tensor, num_tokens: int) -> torch.Tensor:
+        return tensor[i : i + 1, :num_tokens].clone(memory_format=torch.contiguous_format)
+
+    queries = own(state.queries, num_queries)
+    keys = queries if state.keys is state.queries else own(state.keys, num_keys)
+    bias = None if state.position_bias is None else state.position_bias[:, :, :num_queries, :num_keys].contiguous()
+    return LayerStates(queries, keys, bias)
+
+
 def _model_inputs(encoded: Encoded, device: str, batch: int | None = None) -> dict[str, torch.Tensor]:
     """input_ids and attention_mask on device; a one-text batch repeated `batch` times."""
     ids, mask = encoded.input_ids.to(device), encoded.attention_mask.to(device)

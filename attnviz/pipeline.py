@@ -22,12 +22,13 @@ import numpy as np
 import torch
 
 from attnviz.attention.layer import MultiHeadAttention, check_num_heads, check_split, layer_from_weights, rows_per_block
+from attnviz.attention.query_blocks import QueryBlock
 from attnviz.budgets import LARGE_MAP_BYTES, block_budget, memory_budget
-from attnviz.layer_inputs import EncodedTexts, LayerStates, check_layer, encode_texts, layer_input, layer_states, threads_for
+from attnviz.layer_inputs import Capture, EncodedTexts, LayerStates, check_layer, encode_texts, layer_input, layer_states, threads_for
 from attnviz.models.loading import LoadedModel
 from attnviz.models.tokens import Encoded, text_notes, truncation_notes, unknown_tokens
 from attnviz.models.words import merge_run, run_words
-from attnviz.run_data import FORWARD_PASS, LAYERS_OF_THE_TEXT, AttentionRun, Progress
+from attnviz.run_data import FORWARD_PASS, LAYERS_OF_THE_TEXT, AttentionRun, Progress, QueryKeyVectors
 from attnviz.spec import RunSpec, model_is_causal
 
 # Texts per forward pass. The weights of a batch are (B, H, N, N) floats: for 32 texts of
@@ -102,6 +103,7 @@ class LayerPass(NamedTuple):
     keys: Encoded  # the keys' texts: encoded.keys with --kv, else encoded.queries
     output: torch.Tensor | list[np.ndarray]
     patterns: torch.Tensor | list[np.ndarray]
+    vectors: list[QueryKeyVectors | None] | None = None  # each text's q and k (layer_pass' vector_tokens), else None
 
 
 @torch.inference_mode()
@@ -112,6 +114,7 @@ def layer_pass(
     in_blocks: bool = False,
     captured: tuple[EncodedTexts, LayerStates] | None = None,
     each_block=None,
+    vector_tokens: int = 0,
 ) -> LayerPass:
     """attnviz's layer spec.layer over a padded batch of texts, on that layer's real input.
 
@@ -122,13 +125,14 @@ def layer_pass(
     text's array (block_maps); within both, the one block is today's whole tensor. captured: the texts'
     encoding and the layer's input, already captured by a pass that goes on through other layers (no capture here).
     each_block(first query, weights (B, H, b, K)), when given, gets each block of a run in blocks too, as it is made.
+    vector_tokens: each text of at most this many queries and keys keeps its q and k (text_vectors).
     """
     check_layer(loaded, spec.layer, spec.stack)
     encoded = encode_texts(loaded, texts, spec) if captured is None else captured[0]
     keys = encoded.keys if encoded.keys is not None else encoded.queries
     with threads_for(encoded):  # the layer's weights copied and checked too: as much work as the run, for a short text
         attention = build_layer(loaded, spec)
-        states = layer_states(loaded, encoded, [spec.layer], spec)[spec.layer] if captured is None else captured[1]
+        states = capture_states(loaded, encoded, [spec.layer], spec)[spec.layer] if captured is None else captured[1]
         valid_lens = keys.valid_lens.to(spec.device).expand(len(texts))  # (B,)
         budget = memory_budget(spec)
         batch, num_queries, num_keys = len(texts), states.queries.shape[1], states.keys.shape[1]
@@ -142,16 +146,50 @@ def layer_pass(
                 valid_lens=valid_lens, causal=spec.causal, position_bias=states.position_bias, rows=rows, narrow=True,
             )  # fmt: skip
             output, patterns = block_maps(blocks, sizes, attention.num_heads, large, each_block)
-            return LayerPass(attention, encoded, states, keys, output, patterns)
+            vectors = text_vectors(attention, states, sizes, vector_tokens)
+            return LayerPass(attention, encoded, states, keys, output, patterns, vectors)
+        projected = QueryBlock(0, *attention.project(states.queries, states.keys, states.keys))  # (B, H, N, d) each
         output, patterns = attention(
-            states.queries,
-            states.keys,
-            states.keys,
-            valid_lens=valid_lens,
-            causal=spec.causal,
-            position_bias=states.position_bias,
+            valid_lens=valid_lens, causal=spec.causal, position_bias=states.position_bias, block=projected
         )  # (B, Nq, D), (B, H, Nq, Nk)
-    return LayerPass(attention, encoded, states, keys, output, patterns)
+        vectors = text_vectors(attention, states, sizes, vector_tokens, projected)
+    return LayerPass(attention, encoded, states, keys, output, patterns, vectors)
+
+
+def text_vectors(
+    attention: MultiHeadAttention, states: LayerStates, sizes: list[tuple[int, int]], vector_tokens: int, projected=None
+) -> list[QueryKeyVectors | None] | None:
+    """Each text's q (H, Nq_i, d) and k (H_kv, Nk_i, d) where it has at most vector_tokens queries and keys (else None);
+    None for every text when vector_tokens is 0.
+
+    A batch of one text takes them from `projected`, the projection its map was made of, when given: the neuron
+    view's q · k is then the map's own score. In a padded batch each text's own rows are projected alone, so a text
+    has the same vectors whatever batch it runs in.
+    """
+    if not vector_tokens:
+        return None
+    vectors = []
+    for i, (num_queries, num_keys) in enumerate(sizes):
+        if max(num_queries, num_keys) > vector_tokens:
+            vectors.append(None)
+            continue
+        if len(sizes) == 1 and projected is not None:
+            q, k = projected.q, projected.k  # (1, H, Nq, d), (1, H, Nk, d): repeated for the query heads
+        else:
+            queries = states.queries[i : i + 1, :num_queries]  # (1, Nq_i, D)
+            keys = queries if states.keys is states.queries else states.keys[i : i + 1, :num_keys]  # (1, Nk_i, D)
+            q, k, _ = attention.project(queries, keys, keys)
+        group = attention.group_size
+        vectors.append(
+            QueryKeyVectors(
+                q=q[0].float().cpu().numpy(),  # (H, Nq, d)
+                k=k[0, ::group].float().cpu().numpy(),  # (H_kv, Nk, d): one per key/value head
+                scale=float(attention.scale),
+                group_size=group,
+                position_bias=states.position_bias is not None,
+            )
+        )
+    return vectors
 
 
 def block_maps(blocks, sizes: list[tuple[int, int]], num_heads: int, large: int, each_block=None) -> tuple[list[np.ndarray], list[np.ndarray]]:
@@ -184,32 +222,91 @@ def block_maps(blocks, sizes: list[tuple[int, int]], num_heads: int, large: int,
 
 
 def run_attention(
-    loaded: LoadedModel, texts: list[str], spec: RunSpec, captured: tuple[EncodedTexts, LayerStates] | None = None, each_block=None
+    loaded: LoadedModel,
+    texts: list[str],
+    spec: RunSpec,
+    captured: tuple[EncodedTexts, LayerStates] | None = None,
+    each_block=None,
+    vector_tokens: int = 0,
 ) -> list[AttentionRun]:
-    """Run attnviz's layer over a padded batch of texts with spec's settings (layer_pass, captured and each_block as
-    there); one AttentionRun per text."""
-    done = layer_pass(loaded, texts, spec, in_blocks=True, captured=captured, each_block=each_block)
+    """Run attnviz's layer over a padded batch of texts with spec's settings (layer_pass, captured, each_block and
+    vector_tokens as there); one AttentionRun per text, with its vectors where kept (over tokens: not with spec.words)."""
+    done = layer_pass(loaded, texts, spec, in_blocks=True, captured=captured, each_block=each_block, vector_tokens=vector_tokens)
     sizes = layer_sizes(done.attention)
-    return split_runs(loaded, texts, done.encoded.queries, done.keys, done.output, done.patterns, spec, spec.layer, *sizes)
+    runs = split_runs(loaded, texts, done.encoded.queries, done.keys, done.output, done.patterns, spec, spec.layer, *sizes)
+    if done.vectors is None or spec.words:
+        return runs
+    return [replace(run, vectors=vectors) for run, vectors in zip(runs, done.vectors)]
 
 
 @torch.inference_mode()
-def iter_layer_runs(loaded: LoadedModel, texts: list[str], spec: RunSpec, entered=lambda done: None) -> Iterator[list[AttentionRun]]:
+def capture_texts(loaded: LoadedModel, texts: list[str], spec: RunSpec, layers: list[int] | None = None, entered=lambda done: None) -> Capture:
+    """The texts' capture (layer_inputs.Capture): encoded once as one padded batch, and the input of each of `layers`
+    (default: every layer of spec.stack) from one pass of the model (capture_states), under threads_for."""
+    encoded = encode_texts(loaded, texts, spec)
+    layers = list(range(loaded.num_layers_of(spec.stack))) if layers is None else layers
+    with threads_for(encoded):
+        return encoded, capture_states(loaded, encoded, layers, spec, entered)
+
+
+@torch.inference_mode()
+def capture_states(
+    loaded: LoadedModel, encoded: EncodedTexts, layers: list[int], spec: RunSpec, entered=lambda done: None
+) -> dict[int, LayerStates]:
+    """The input of each of `layers` from one pass of the model: layer_inputs.layer_states' (entered its progress), or
+    where attnviz's layers run in BERT's place (in_berts_place, self-attention) that pass's: layer L + 1's input is
+    BERT's finish of layer L's input and attnviz's output over it, the very states run_layers runs every layer over.
+    So a layer's run, every layer's runs (report, layers, stats) and the traces of a BERT text read one pass's floats.
+    """
+    if not (in_berts_place(loaded, spec) and spec.kv_text is None):
+        return layer_states(loaded, encoded, layers, spec, entered)
+    last = max(layers)
+    attentions = [build_layer(loaded, replace(spec, layer=layer)) for layer in range(last)]
+    valid_lens = encoded.queries.valid_lens.to(spec.device).expand(len(encoded.queries.ids))  # (B,)
+    hidden = layer_input(loaded, encoded.queries, 0, spec.device)  # (B, N, D): the embeddings
+    states = {}
+    for layer in range(last + 1):
+        if layer in layers:
+            states[layer] = LayerStates(hidden, hidden)  # self-attention: the keys are the queries' very tensor
+        if layer < last:
+            hidden = loaded.model.encoder.layer[layer].finish(hidden, in_place_output(attentions[layer], hidden, valid_lens, spec))
+    entered(len(layers))
+    return states
+
+
+def in_place_output(attention: MultiHeadAttention, hidden: torch.Tensor, valid_lens: torch.Tensor, spec: RunSpec) -> torch.Tensor:
+    """attnviz's layer's output over BERT's hidden state (B, N, D), in its place: whole, as iter_layer_passes runs it,
+    where the batch's weights fit the memory budget (as layer_pass decides); else gathered from blocks of queries
+    (cache-sized, as layer_pass takes them), no (B, H, N, N) whole."""
+    batch, num_tokens = hidden.shape[:2]
+    if rows_per_block(memory_budget(spec), batch, attention.num_heads, num_tokens) >= num_tokens:
+        return attention(hidden, valid_lens=valid_lens)[0]  # (B, N, D)
+    rows = rows_per_block(block_budget(spec), batch, attention.num_heads, num_tokens)
+    blocks = attention.blocks(hidden, valid_lens=valid_lens, rows=rows, narrow=True)
+    return torch.cat([output for _, output, _ in blocks], dim=1)  # (B, N, D)
+
+
+@torch.inference_mode()
+def iter_layer_runs(
+    loaded: LoadedModel, texts: list[str], spec: RunSpec, entered=lambda done: None, captured: Capture | None = None
+) -> Iterator[list[AttentionRun]]:
     """attnviz's layer in place of every model layer over a padded batch: per layer, one run per text.
 
     spec.layer and spec.kv_text are not used (self-attention of spec.stack). One forward pass gives
     every layer's input; layer L's run of a text is what run_attention with layer L gives for it.
     Layer by layer, so that a caller who only needs numbers holds one layer's weights at a time;
     each run holds a copy of its text's unpadded weights. entered: the forward pass's progress (layer_states').
+    captured: the texts' capture of every layer (capture_texts'), read in place of a pass of the model.
     """
     spec = replace(spec, kv_text=None)
-    in_place = in_berts_place(loaded, spec)
-    encoded = encode_texts(loaded, texts, spec)
+    in_place = in_berts_place(loaded, spec) and captured is None
+    encoded = encode_texts(loaded, texts, spec) if captured is None else captured[0]
     with threads_for(encoded):
         layers = build_layers(loaded, spec)
     keys = encoded.keys if encoded.keys is not None else encoded.queries
-    weights = iter_layer_weights(loaded, encoded, layers, spec, in_place, entered)
-    for layer, (output, patterns) in enumerate(weights):
+    states = None if captured is None else dict(captured[1])  # the caller's capture is not emptied
+    passes = iter_layer_passes(loaded, encoded, layers, spec, in_place, entered, states)
+    for layer, (_, output, patterns) in enumerate(passes):
         yield split_runs(loaded, texts, encoded.queries, keys, output, patterns, spec, layer, *layer_sizes(layers[layer]))
 
 
@@ -270,16 +367,19 @@ def iter_layer_passes(
     spec: RunSpec,
     in_place: bool = False,
     entered=lambda done: None,
+    states: dict[int, LayerStates] | None = None,
 ) -> Iterator[tuple[LayerStates, torch.Tensor, torch.Tensor]]:
     """iter_layer_weights with what each layer ran over: its LayerStates, output (B, N, D), weights (B, H, N, Nk);
-    entered: the progress of the forward pass that gives every layer's input (layer_states'), not in place."""
+    entered: the progress of the forward pass that gives every layer's input (layer_states'), not in place; states:
+    every layer's input, already captured (each is let go once used), not in place."""
     device = spec.device
     keys = encoded.keys if encoded.keys is not None else encoded.queries
     valid_lens = keys.valid_lens.to(device).expand(len(encoded.queries.ids))  # (B,)
     # Each step in threads_for, each yield outside it: the caller's code between layers keeps its own threads.
     if not in_place:
-        with threads_for(encoded):
-            states = layer_states(loaded, encoded, list(range(len(layers))), spec, entered)
+        if states is None:
+            with threads_for(encoded):
+                states = layer_states(loaded, encoded, list(range(len(layers))), spec, entered)
         for layer, attention in enumerate(layers):
             state = states.pop(layer)  # let each layer's states go once used
             with threads_for(encoded):
@@ -317,7 +417,8 @@ def iter_layer_blocks(
     iter_layer_passes; with in_place each layer's output, gathered from its blocks ((B, N, D), not
     the weights), goes on through the rest of BERT's layer to the next. states: every layer's input, already
     captured (layer_states; each is let go once used), else captured here. skip: layers whose blocks are not
-    wanted (not with in_place, where each layer's output is the next one's input).
+    wanted (not with in_place, where each layer's output is the next one's input); in place, states may hold layer 0's
+    input alone (the embeddings, captured already).
     """
     device = spec.device
     keys = encoded.keys if encoded.keys is not None else encoded.queries
@@ -325,7 +426,7 @@ def iter_layer_blocks(
     valid_lens = keys.valid_lens.to(device).expand(batch)  # (B,)
     if in_place:
         with threads_for(encoded):
-            hidden = layer_input(loaded, encoded.queries, 0, device)  # (B, N, D): the embeddings
+            hidden = states[0].queries if states else layer_input(loaded, encoded.queries, 0, device)  # (B, N, D): the embeddings
     elif states is None:
         with threads_for(encoded):
             states = layer_states(loaded, encoded, list(range(len(layers))), spec)
@@ -356,11 +457,15 @@ def iter_layer_blocks(
                 hidden = loaded.model.encoder.layer[layer].finish(hidden, torch.cat(outputs, dim=1))  # enters the next layer
 
 
-def run_layers(loaded: LoadedModel, texts: list[str], spec: RunSpec, progress: Progress = Progress()) -> list[list[AttentionRun]]:
-    """Every layer's run of every text, runs[text][layer], as iter_layer_runs gives them; progress: layer_stages'."""
-    entered, done = layer_stages(progress, loaded.num_layers_of(spec.stack), in_berts_place(loaded, spec))
+def run_layers(
+    loaded: LoadedModel, texts: list[str], spec: RunSpec, progress: Progress = Progress(), captured: Capture | None = None
+) -> list[list[AttentionRun]]:
+    """Every layer's run of every text, runs[text][layer], as iter_layer_runs gives them; progress: layer_stages'.
+    captured: the texts' capture of every layer (capture_texts'): the layers run over it, the model is not run."""
+    no_pass = in_berts_place(loaded, spec) or captured is not None  # no forward pass to count before the layers
+    entered, done = layer_stages(progress, loaded.num_layers_of(spec.stack), no_pass)
     by_layer = []  # by_layer[layer][text]
-    for runs in iter_layer_runs(loaded, texts, spec, entered):
+    for runs in iter_layer_runs(loaded, texts, spec, entered, captured):
         by_layer.append(runs)
         done(1)
     return [list(text_runs) for text_runs in zip(*by_layer)]

@@ -120,6 +120,23 @@ class TokenWords:
     key_plain_words: list[str] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class QueryKeyVectors:
+    """The neuron view's numbers (analysis/neurons.py): q (H, Nq, d) of every query head and k (H_kv, Nk, d) of every
+    key/value head, float32, as the projection that made the run's map gave them; scale multiplies q · k."""
+
+    q: np.ndarray
+    k: np.ndarray
+    scale: float
+    group_size: int  # query heads per key/value head: head h reads k[h // group_size]
+    position_bias: bool  # a bias is added to the scaled scores (T5): the weights are not softmax(scale * q · k) alone
+
+    def scores(self) -> np.ndarray:
+        """(H, Nq, Nk): every head's q · k, before the scale."""
+        k = np.repeat(self.k, self.group_size, axis=0)  # (H, Nk, d)
+        return self.q @ k.transpose(0, 2, 1)  # (H, Nq, Nk)
+
+
 @dataclass
 class AttentionRun:
     """One text's pass through attnviz's attention layer.
@@ -165,7 +182,7 @@ class AttentionRun:
     dtype: str = "float32"  # what the model and the layer computed in (--dtype); the arrays are float32 whatever it is
     layer_summaries: Any = None  # every layer's heads summarised in the same pass (head_summaries.LayerSummaries), when asked
     effects: Any = None  # each head of the layer taken out of the model (analysis.effect.HeadEffects), with --effect
-    vectors: Any = None  # each head's q and k (analysis.neurons.QueryKeyVectors), for the neuron view, when asked
+    vectors: QueryKeyVectors | None = None  # each head's q and k, for the neuron view, when asked
     head_roles: Any = None  # each head of the layer's roles (analysis.roles' names, a list per head), when computed
 
     @property

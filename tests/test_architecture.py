@@ -137,3 +137,44 @@ def test_every_per_head_number_has_its_definition_paper_docs_line_and_test():
         assert re.search(r"\b(19|20)\d\d\b", entry.paper), f"{entry.name}: its paper, with its year"
         assert f"| `{entry.name}` |" in docs, f"{entry.name}: no row in docs/measures.md"
         assert f'"{entry.name}"' in tests, f"{entry.name}: no test names it"
+
+
+# What runs the model over a text (issue 45: one pass, one capture): the pipeline's runs and captures, the trace's, and
+# the report parts' functions that take their own passes where no capture is given.
+RUNS_THE_MODEL = {
+    "run_attention", "run_layers", "layer_pass", "iter_layer_runs", "capture_texts", "capture_states", "layer_states",
+    "trace_texts", "run_and_summarise", "summarise_layers", "report_texts", "text_report", "report_of_runs", "captured_report",
+}  # fmt: skip
+# A result holds what its faces show: its .report(), .write_files() and figures assemble from it, and the report's
+# record and page are written from the parts the API function made while the capture was at hand.
+RESULTS_AND_THE_REPORTS_WRITER = ("api/run_results.py", "api/experiment_results.py", "html")
+
+
+def names_in(source: str) -> set[str]:
+    """Every name a module's source uses: its names, attributes and the names it imports."""
+    import ast
+
+    names = set()
+    for node in ast.walk(ast.parse(source)):
+        names |= {getattr(node, "id", None), getattr(node, "attr", None)}
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {alias.name for alias in node.names}
+    return names - {None}
+
+
+def test_results_and_the_reports_writer_never_name_what_runs_the_model():
+    from pathlib import Path
+
+    import attnviz
+
+    root = Path(attnviz.__file__).parent
+    parts = [root / part for part in RESULTS_AND_THE_REPORTS_WRITER]
+    paths = [path for part in parts for path in (part.rglob("*.py") if part.is_dir() else [part])]
+    assert len(paths) > 3
+    named = [f"{path.relative_to(root)}: {name}" for path in paths for name in names_in(path.read_text(encoding="utf-8")) & RUNS_THE_MODEL]
+    assert not named, named
+
+
+def test_the_check_of_what_runs_the_model_finds_an_import_and_a_call():
+    source = "def report(self):\n    from attnviz.pipeline import run_layers\n    return pipeline.run_attention(self.loaded)\n"
+    assert names_in(source) & RUNS_THE_MODEL == {"run_layers", "run_attention"}

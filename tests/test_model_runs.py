@@ -21,15 +21,18 @@ PATCH = ["patch", TEXT, "--corrupt", CORRUPT, "--answer", " cat", "--wrong", " m
 
 # command line (without --model and --out), the model ("bert": the bundled one; "llama": the tiny one), runs by module
 COMMANDS = {
-    "heads": (["heads", TEXT], "bert", {"BertEncoder": 6}),
-    "heads --trace": (["heads", TEXT, "--trace"], "bert", {"BertEncoder": 7}),
-    "heads on a decoder": (["heads", TEXT], "llama", {"LlamaModel": 4}),
-    "trace": (["trace", TEXT], "bert", {"BertEncoder": 2}),
+    "heads": (["heads", TEXT], "bert", {"BertEncoder": 1}),
+    "heads --trace": (["heads", TEXT, "--trace"], "bert", {"BertEncoder": 2}),  # the trace's pass, the heads'
+    "heads on a decoder": (["heads", TEXT], "llama", {"LlamaModel": 1}),
+    "heads --layer 3": (["heads", TEXT, "--layer", "3"], "bert", {"BertEncoder": 1}),
+    "trace": (["trace", TEXT], "bert", {"BertEncoder": 1}),
     "layers": (["layers", TEXT], "bert", {"BertEncoder": 1}),
     "layers on a decoder": (["layers", TEXT], "llama", {"LlamaModel": 1}),
-    "report": (["report", TEXT], "bert", {"BertEncoder": 6}),
+    "report": (["report", TEXT], "bert", {"BertEncoder": 1}),
+    "report on a decoder": (["report", TEXT], "llama", {"LlamaModel": 1}),
     "stats": (["stats", TEXT], "bert", {"BertEncoder": 1}),
-    "roles": (["roles", TEXT], "llama", {"LlamaModel": 6}),
+    "stats in blocks": (["stats", " ".join([TEXT] * 16), "--memory", "1"], "bert", {"BertEncoder": 1}),  # 178 tokens: 1.5 MB a map
+    "roles": (["roles", TEXT], "llama", {"LlamaModel": 5}),
     "patch": (PATCH, "llama", {"LlamaModel": 7, "LlamaDecoderLayer": 3, "LlamaRMSNorm": 2}),
     "patch --component q": ([*PATCH, "--component", "q"], "llama", {"LlamaModel": 8, "LlamaDecoderLayer": 6, "LlamaRMSNorm": 4}),
     "patch --component pattern": (
@@ -55,8 +58,14 @@ def test_the_api_and_the_served_page_run_the_model_once_for_a_text(tmp_path):
     with model_runs() as runs:
         attnviz.heads(TEXT, model=handle).save(tmp_path / "heads")
     assert runs["BertEncoder"] == 1
+    with model_runs() as runs:
+        attnviz.heads(TEXT, model=handle, layer=2, report=True).report().save(tmp_path / "report")
+    assert runs["BertEncoder"] == 1
+    with model_runs() as runs:  # one padded batch: one pass
+        attnviz.report([TEXT, CORRUPT, "短"], model=handle).save(tmp_path / "three")
+    assert runs["BertEncoder"] == 1
     explorer = Explorer({"bundled": handle}, ServeSettings())
-    for answer, count in (("attention", 1), ("report", 2)):
+    for answer, count in (("attention", 1), ("report", 1)):
         with model_runs() as runs:
             explorer.heads({"text": TEXT, "model": "bundled", "as": answer})
         assert runs["BertEncoder"] == count, answer

@@ -121,11 +121,12 @@ def test_a_pass_of_blocks_counts_the_layers_its_forward_pass_reaches_then_those_
 
 
 @pytest.mark.slow  # a checkpoint built and run by transformers
-def test_report_counts_each_texts_layers_then_its_statistics_layers_then_the_texts_encoded(decoder):
+def test_report_counts_its_batchs_forward_pass_then_each_texts_layers_and_statistics_layers_then_the_texts_encoded(decoder):
     recorder = Recorder()
     attnviz.report([CLEAN, CORRUPT], model=decoder, device="cpu", progress=recorder)
-    each = [(what, NUM_LAYERS, [1] * NUM_LAYERS) for what in ("layers of the text's forward pass", "layers of the text", "layers of the statistics")]
-    assert recorder.stages == [*each, *each, ("texts encoded for the page", 2, [1, 1])]
+    pass_of_the_batch = ("layers of the text's forward pass", NUM_LAYERS, [1] * NUM_LAYERS)  # one capture of both texts
+    each = [(what, NUM_LAYERS, [1] * NUM_LAYERS) for what in ("layers of the text", "layers of the statistics")]
+    assert recorder.stages == [pass_of_the_batch, *each, *each, ("texts encoded for the page", 2, [1, 1])]
 
 
 @pytest.mark.slow  # a checkpoint built and run by transformers

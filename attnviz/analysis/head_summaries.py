@@ -138,24 +138,27 @@ def summarise_layers(
     return summarise_blocks(loaded, text, encoded, layers, spec, budget_bytes, window, progress=progress)
 
 
-def run_and_summarise(loaded, text: str, spec, budget_bytes: int, window: int = LOCAL_WINDOW, progress: Progress = Progress()):
+def run_and_summarise(
+    loaded, text: str, spec, budget_bytes: int, window: int = LOCAL_WINDOW, progress: Progress = Progress(), vector_tokens: int = 0
+):
     """pipeline.run_attention of one text at spec.layer, with every layer summarised (summarise_layers) from the same
     forward pass: its AttentionRun, layer_summaries set. Self-attention only (spec without kv_text). progress: the
-    layers the forward pass reaches, then the layers summarised (summarise_blocks')."""
+    layers the forward pass reaches, then the layers summarised (summarise_blocks'); vector_tokens: run_attention's."""
     from dataclasses import replace
 
-    from attnviz.layer_inputs import encode_texts, layer_states, threads_for
-    from attnviz.pipeline import build_layers, run_attention
+    from attnviz.layer_inputs import encode_texts, threads_for
+    from attnviz.pipeline import build_layers, capture_states, run_attention
 
     encoded = encode_texts(loaded, [text], spec)
     with threads_for(encoded):
         layers = build_layers(loaded, spec)
         entered = progress.counting(FORWARD_PASS, len(layers))
-        states = layer_states(loaded, encoded, list(range(len(layers))), spec, entered)  # every layer's input, one forward pass
+        states = capture_states(loaded, encoded, list(range(len(layers))), spec, entered)  # every layer's input, one pass
     num_tokens = len(encoded.queries.ids[0])
     chosen = HeadSummaries(layers[spec.layer].num_heads, num_tokens, num_tokens, causal=spec.causal, window=window)
     (run,) = run_attention(
-        loaded, [text], spec, captured=(encoded, states[spec.layer]), each_block=lambda first, weights: chosen.add(first, weights[0])
+        loaded, [text], spec, captured=(encoded, states[spec.layer]), each_block=lambda first, weights: chosen.add(first, weights[0]),
+        vector_tokens=vector_tokens,
     )
     # A run in blocks (a long text's) fed the chosen layer's summaries with its own blocks, those the summaries' pass
     # would make again (the same budget): that layer is not computed twice.
@@ -170,15 +173,15 @@ def summarise_blocks(
 ) -> LayerSummaries:
     """summarise_layers over one text's encoded batch and its built layers (spec without kv_text);
     also(layer, first_query, weights (H, b, N)), when given, gets each block too (analysis.long_layers' block maxima);
-    states: every layer's input, already captured (pipeline.iter_layer_blocks); done: layer -> its HeadSummaries,
-    already fed every block (those layers are not computed again, unless each layer runs in BERT's place).
+    states: every layer's input, already captured (pipeline.capture_states: in BERT's place, that pass's), read in place
+    of a pass; done: layer -> its HeadSummaries, already fed every block (those layers are not computed again).
     progress: the layers the forward pass reaches (where states are captured here), then the layers summarised."""
     from attnviz.attention.layer import rows_per_block
     from attnviz.layer_inputs import layer_states, threads_for
     from attnviz.pipeline import in_berts_place, iter_layer_blocks
 
     num_tokens = len(encoded.queries.ids[0])
-    in_place = in_berts_place(loaded, spec)
+    in_place = in_berts_place(loaded, spec) and states is None  # else the captured states, in place or not, are read
     done = {} if in_place or done is None else done
     if states is None and not in_place:  # every layer's input, one forward pass (iter_layer_blocks' own), counted
         entered = progress.counting(FORWARD_PASS, len(layers))

@@ -18,11 +18,12 @@ import torch
 
 from attnviz.analysis.statistics import ModelStatistics, StatisticsAccumulator, key_kind_columns
 from attnviz.budgets import block_budget, every_layer_in_blocks
-from attnviz.layer_inputs import encode_texts, layer_states, threads_for
+from attnviz.layer_inputs import encode_texts, text_captures, threads_for
 from attnviz.pipeline import (
     BATCH_SIZE,
     batches,
     build_layers,
+    capture_states,
     in_berts_place,
     iter_layer_blocks,
     iter_layer_weights,
@@ -124,21 +125,25 @@ class HeadsMeasurer:
     def _measure_in_blocks(self, batch, encoded, accumulator, valid_lens, kinds, first_run, first_text, entered, done):
         """A batch whose maps pass the budget (budgets.every_layer_in_blocks): every layer a block of queries at a
         time into accumulator, no (B, H, N, N) map whole. first_text's layer-0 run, when in the batch and not made
-        yet, from a pass of its own up to layer 0 (run_attention: past the large-map size its map is attention.npy's memmap).
-        entered and done: layer_stages' (the forward pass's layers, then each layer measured)."""
+        yet, from the batch's capture of layer 0, cut to that text (run_attention: past the large-map size its map is
+        attention.npy's memmap). entered and done: layer_stages' (the forward pass's layers, then each layer measured)."""
         loaded, spec = self.loaded, self.spec
-        states = None  # every layer's input, one forward pass (iter_layer_blocks' own), counted; in BERT's place none
-        if not self.in_place:
-            with threads_for(encoded):
-                states = layer_states(loaded, encoded, list(range(len(self.layers))), spec, entered)
+        # every layer's input, one forward pass, counted; in BERT's place layer 0's (the embeddings) that the pass starts from
+        layers = [0] if self.in_place else list(range(len(self.layers)))
+        with threads_for(encoded):
+            states = capture_states(loaded, encoded, layers, spec, entered)
+        first = None  # first_text's capture of layer 0, taken before the blocks let each layer's input go
+        if first_run is None and first_text is not None and first_text in batch:
+            own_encoded, own_states = text_captures((encoded, {0: states[0]}))[batch.index(first_text)]
+            first = own_encoded, own_states[0]
         blocks = iter_layer_blocks(loaded, encoded, self.layers, spec, block_budget(spec), self.in_place, states)
         num_queries = encoded.queries.input_ids.shape[1]
         for layer, first_query, weights in blocks:  # weights (B, H, b, N)
             accumulator.add_block(layer, weights, first_query, valid_lens, kinds)
             if first_query + weights.shape[2] == num_queries:  # the layer's last block
                 done(1)
-        if first_run is None and first_text is not None and first_text in batch:
-            first_run = run_attention(loaded, [first_text], replace(spec, layer=0))[0]
+        if first is not None:
+            first_run = run_attention(loaded, [first_text], replace(spec, layer=0), captured=first)[0]
         return first_run
 
 

@@ -105,9 +105,9 @@ def heads_file(
 
 
 def _batch_report(loaded, texts: list[str], spec: RunSpec, staging: Path) -> tuple[list[Path], list[str]]:
-    """report.html of the batch: its first texts that one report holds (run again: write_batch keeps no runs); the note past them."""
-    from attnviz.api.report import MAX_REPORT_TEXTS, MAX_REPORT_WEIGHTS, report_of_runs, texts_that_fit
-    from attnviz.output.batch import run_in_batches
+    """report.html of the batch: its first texts that one report holds (one capture per batch again: write_batch keeps no
+    runs); the note past them."""
+    from attnviz.api.report import MAX_REPORT_TEXTS, MAX_REPORT_WEIGHTS, report_of_texts, texts_that_fit
 
     fit, weights = texts_that_fit(loaded, texts, spec)
     shown = texts[:fit]
@@ -116,8 +116,7 @@ def _batch_report(loaded, texts: list[str], spec: RunSpec, staging: Path) -> tup
         f"texts, whose maps of every layer have at most {MAX_REPORT_WEIGHTS:,} attention weights; these have {weights:,}); "
         "every text has its own folder of heatmaps and attention.json"
     ]  # fmt: skip
-    runs = [run for batch in run_in_batches(loaded, shown, spec) for run in batch]
-    return report_of_runs(loaded, runs, spec, notes).write_files(staging), notes
+    return report_of_texts(loaded, shown, spec, notes).write_files(staging), notes
 
 
 @takes_options(EVERY_LAYER_OPTIONS)

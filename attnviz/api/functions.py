@@ -29,7 +29,7 @@ POSITION_OPTIONS = ("model", "device", "dtype", "allow_pickle")  # position runs
 @takes_options()
 def heads(
     text: str | list[str], *, measure: str = "weights", layer_summaries: bool | None = False, effect: str | None = None,
-    vectors: bool | None = False, head: int | None = None, window=None, progress=None, **options
+    vectors: bool | None = False, report: bool = False, head: int | None = None, window=None, progress=None, **options
 ):
     """One layer's heads over a text (a HeadsResult), or over a list of texts (a list, run in padded batches).
 
@@ -56,6 +56,10 @@ def heads(
     vectors: also each head's query and key vectors (after RoPE; a key/value head's once), whose dot product is the
     head's score before the scale: result.vectors (analysis.neurons.QueryKeyVectors), the report's neuron view. One text,
     over tokens. None: where a report of the text holds them (one text of at most 64 tokens, over tokens, no measure).
+    report: also each text's interactive report, as attnviz.report makes it (every layer, the rollout and statistics,
+    the traces and mistakes, the neuron view), made from the same pass of the model as the run (one per padded batch):
+    result.report() returns it, and its numbers are the run's very floats. With a measure, the report takes passes
+    of its own (the measures run theirs).
     head and window: what will be drawn of the result (result.figure(head, window), `heads --head N --window ...`),
     checked as the command checks them (api/drawn.py): window's form and head against heads= before the model loads,
     head against the model's own heads before the layer is computed, window's range on each text's map.
@@ -74,6 +78,7 @@ def heads(
         raise AttnvizError('layer_summaries=True summarises one text\'s self-attention: give one str, no kv, no stack="cross", no measure')
     check_effect(effect, text, options)
     progress = must_be_progress(progress)
+    wants_report = must_be_bool("report", report)
     if vectors is not None and must_be_bool("vectors", vectors) and (not isinstance(text, str) or options.words or names):
         raise AttnvizError("vectors=True gives one text's query and key vectors over its tokens: give one str, no words, no measure")
     check_drawing(head, window, heads=options.heads)
@@ -86,36 +91,58 @@ def heads(
     effects = head_effects(handle.loaded, texts[0], spec, effect, [spec.layer], progress) if effect is not None else None
     if layer_summaries is None:  # as the report of this text summarises it
         layer_summaries = isinstance(text, str) and not names and summarised_in_its_run(handle.loaded, texts, spec.cross_attention)
+    vector_tokens = _vector_tokens(vectors, isinstance(text, str) and not options.words and not names)
+    parts = None  # with report: each text's ReportText and its notes, made from the run's capture
     if names:
         results = _measured_heads(handle, texts, spec, names, num_layers)
+    elif wants_report and not layer_summaries:  # one capture: the runs, and every layer, the traces, the vectors
+        from attnviz.analysis.neurons import MAX_VECTOR_TOKENS
+        from attnviz.api.report_parts import captured_report
+
+        report_tokens = max(vector_tokens, 0 if options.words else MAX_VECTOR_TOKENS)  # the report's neuron view's too
+        made = captured_report(handle.loaded, texts, spec, progress, report_tokens)
+        results = [HeadsResult(run if vector_tokens else replace(run, vectors=None), spec, num_layers) for run, _, _ in made]
+        parts = [(part, notes) for _, part, notes in made]
     elif layer_summaries:
         from attnviz.analysis.head_summaries import run_and_summarise
         from attnviz.budgets import block_budget
 
-        results = [HeadsResult(run_and_summarise(handle.loaded, texts[0], spec, block_budget(spec), progress=progress), spec, num_layers)]
+        run = run_and_summarise(handle.loaded, texts[0], spec, block_budget(spec), progress=progress, vector_tokens=vector_tokens)
+        results = [HeadsResult(run, spec, num_layers)]
     else:
-        runs = [run for batch in run_in_batches(handle.loaded, texts, spec) for run in batch]
+        runs = [run for batch in run_in_batches(handle.loaded, texts, spec, vector_tokens=vector_tokens) for run in batch]
         results = [HeadsResult(run, spec, num_layers) for run in runs]
     if effects is not None:
         results = [replace(results[0], run=replace(results[0].run, effects=effects))]
-    if vectors is None:  # as the report of this text holds them
-        vectors = isinstance(text, str) and not options.words and not names and holds_vectors(results[0].run)
-    if vectors:
-        from attnviz.analysis.neurons import query_key_vectors
-
-        results = [replace(results[0], run=replace(results[0].run, vectors=query_key_vectors(handle.loaded, texts[0], spec)))]
+    if wants_report:
+        made_parts = parts or [None] * len(results)
+        results = [replace(result, made_report=_report_of(handle, result, part, progress)) for result, part in zip(results, made_parts)]
     for result in results if window is not None else ():
         result.window(window, window_name())
     warn_run_notes((note for result in results for note in result.notes), handle)
     return results if isinstance(text, (list, tuple)) else results[0]
 
 
-def holds_vectors(run) -> bool:
-    """Whether a report of this run holds its heads' query and key vectors (the neuron view): a map of at most
-    neurons.MAX_VECTOR_TOKENS queries and keys, over tokens."""
+def _report_of(handle: Model, result, made, progress):
+    """heads(report=True)'s report of a result: from the parts its capture made (made: (ReportText, notes)), with the
+    run's effects; else (a measured text's, a long text's: its summaries made) made from the run."""
+    from attnviz.api.report_parts import report_of_runs
+    from attnviz.api.run_results import report_result
+
+    if made is None:
+        return report_of_runs(handle.loaded, [result.run], result.spec, progress=progress)
+    part, notes = made
+    return report_result([replace(part, run=replace(part.run, effects=result.effects))], result.spec, result.num_layers, notes, progress)
+
+
+def _vector_tokens(vectors: bool | None, one_text_over_tokens: bool) -> int:
+    """heads' vectors= as the run's vector_tokens (pipeline.run_attention): True, every text of the call (one, checked);
+    None, a text whose report holds them (holds_vectors: at most MAX_VECTOR_TOKENS, over tokens); False, none."""
     from attnviz.analysis.neurons import MAX_VECTOR_TOKENS
 
-    return run.words is None and max(len(run.query_tokens), len(run.key_tokens)) <= MAX_VECTOR_TOKENS
+    if vectors is None:
+        return MAX_VECTOR_TOKENS if one_text_over_tokens else 0
+    return 2**62 if vectors else 0
 
 
 def check_effect(effect, text, options: RunOptions) -> None:
@@ -154,7 +181,8 @@ def trace(text: str | list[str], *, layout: str | None = None, mistake: str | No
     one given, the other is D); its map is the one head's A.
     """
     from attnviz.api.run_results import TraceResult
-    from attnviz.pipeline import run_attention
+    from attnviz.layer_inputs import check_layer
+    from attnviz.pipeline import capture_texts, run_attention
     from attnviz.tracing import LAYOUTS, model_layout, seed_head_run, trace_texts
 
     options = run_options("trace", options, TRACE_OPTIONS)
@@ -172,8 +200,11 @@ def trace(text: str | list[str], *, layout: str | None = None, mistake: str | No
     seed_sizes = None
     if options.d_q is not None or options.d_out is not None:
         seed_sizes = (options.d_q or handle.loaded.hidden_size, options.d_out or handle.loaded.hidden_size)
-    traced = trace_texts(handle.loaded, texts, spec, layouts=layouts, mistake=mistake, seed_sizes=seed_sizes)
-    runs = run_attention(handle.loaded, texts, spec)
+    check_layer(handle.loaded, spec.layer, spec.stack)
+    encoded, states = capture_texts(handle.loaded, texts, spec, [spec.layer])  # one pass: the trace's input and the run's
+    captured = (encoded, states[spec.layer])
+    traced = trace_texts(handle.loaded, texts, spec, layouts=layouts, mistake=mistake, seed_sizes=seed_sizes, captured=captured)
+    runs = run_attention(handle.loaded, texts, spec, captured=captured)
     if seed_sizes is not None:  # the runs' maps are the seed's one head: A, and C its output
         runs = [seed_head_run(run, traced, index) for index, run in enumerate(runs)]
     warn_run_notes((note for run in runs for note in run.notes), handle)

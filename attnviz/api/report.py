@@ -13,15 +13,13 @@ whole maps (html/record.py's LONG_TEXT_NOTE). Such a text has a report of its ow
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from attnviz.api.arguments import must_be_progress
-from attnviz.api.experiment_results import text_statistics
-from attnviz.api.functions import _check_lengths, _texts, holds_vectors, refuse_before_loading, summarised_in_its_run, token_counts, warn_run_notes
+from attnviz.api.functions import _check_lengths, _texts, refuse_before_loading, summarised_in_its_run, token_counts, warn_run_notes
 from attnviz.api.options import run_options, takes_options
-from attnviz.api.run_results import ReportResult, report_result
+# the report's parts, as other results call them
+from attnviz.api.report_parts import report_of_runs, report_of_texts, report_texts, text_report  # noqa: F401
+from attnviz.api.run_results import ReportResult
 from attnviz.errors import AttnvizError
-from attnviz.run_data import Progress
 from attnviz.spec import RunSpec
 
 MAX_REPORT_TEXTS = 64  # one page holds every text's layers and traces: a few MB each for short texts
@@ -43,8 +41,6 @@ def report(text_or_texts: str | list[str], progress=None, **options) -> ReportRe
     then the layers of its statistics; a long text's, the layers its forward pass reaches, then the layers
     summarised. A progress that also has .stage(what, total) is told as each begins ("layers of the text", 30).
     """
-    from attnviz.output.batch import run_in_batches
-
     options = run_options("report", options)
     texts = _texts(text_or_texts, name="text_or_texts")
     progress = must_be_progress(progress)
@@ -59,9 +55,9 @@ def report(text_or_texts: str | list[str], progress=None, **options) -> ReportRe
         from attnviz.budgets import block_budget
 
         runs = [run_and_summarise(handle.loaded, texts[0], spec, block_budget(spec), progress=progress)]
-    else:
-        runs = [run for batch in run_in_batches(handle.loaded, texts, spec) for run in batch]
-    result = report_of_runs(handle.loaded, runs, spec, progress=progress)
+        result = report_of_runs(handle.loaded, runs, spec, progress=progress)
+    else:  # one capture per padded batch: its runs, and each text's every layer, traces and vectors
+        result = report_of_texts(handle.loaded, texts, spec, progress=progress)
     warn_run_notes(result.record["notes"], handle)  # the runs' notes and what the page leaves out
     return result
 
@@ -111,110 +107,3 @@ def check_report_size(loaded, texts: list[str], spec: RunSpec) -> None:
         f"{weights:,} attention weights, and a report holds {MAX_REPORT_WEIGHTS:,} (the first {fit} texts fit); "
         "give fewer or shorter texts"
     )
-
-
-def report_of_runs(loaded, runs: list, spec: RunSpec, notes: list[str] = (), progress: Progress = Progress()) -> ReportResult:
-    """The report of runs already made (attnviz.heads' runs of the texts, with spec), adding what it shows besides.
-
-    loaded: the LoadedModel they ran on; notes: what the page adds to the runs' own notes; progress: report_texts'.
-    """
-    texts, report_notes = report_texts(loaded, runs, spec, progress)
-    return report_result(texts, spec, loaded.num_layers_of(spec.stack), [*notes, *report_notes], progress)
-
-
-def text_report(loaded, text: str, spec: RunSpec, summaries=None, **shown) -> ReportResult:
-    """The report of one text at spec.layer, as attnviz.report gives it, with what a command adds to its ReportText
-    (shown: diff's differences, roles' roles); summaries: every layer's, already made (a long text's not made again)."""
-    from attnviz.pipeline import run_attention
-
-    runs = run_attention(loaded, [text], spec)
-    if summaries is not None:
-        runs = [replace(runs[0], layer_summaries=summaries)]
-    texts, notes = report_texts(loaded, runs, spec)
-    texts[0] = replace(texts[0], **shown)
-    return report_result(texts, spec, loaded.num_layers_of(spec.stack), notes)
-
-
-def report_texts(loaded, runs: list, spec: RunSpec, progress: Progress = Progress()) -> tuple[list, list[str]]:
-    """Each run's ReportText (attnviz.html.record), and the notes of what was left out, once each; progress: each
-    text's layers run and then its statistics' layers (every_layer), or a long text's summaries (long_summaries)."""
-    from attnviz.html import ReportText
-    from attnviz.html.record import is_long
-    from attnviz.layer_inputs import threads_for_tokens
-
-    notes: dict[str, None] = {}
-    texts = []
-    for run in runs:
-        if is_long(run):  # no whole map of any layer: the summaries of every layer instead
-            summaries = run.layer_summaries if run.layer_summaries is not None else long_summaries(loaded, run.text, spec, notes, progress)
-            texts.append(ReportText(run, summaries=summaries))
-            continue
-        with threads_for_tokens(len(run.query_tokens) + (len(run.key_tokens) if spec.cross_attention else 0)):
-            layer_runs, rollout, statistics = every_layer(loaded, run.text, spec, progress)
-            trace, mistakes = traces(loaded, run.text, spec, notes)
-            if run.vectors is None and holds_vectors(run):  # the neuron view's q and k
-                from attnviz.analysis.neurons import query_key_vectors
-
-                run = replace(run, vectors=query_key_vectors(loaded, run.text, spec))
-        texts.append(ReportText(run, layer_runs, rollout, statistics, trace, mistakes))
-    return texts, list(notes)
-
-
-def long_summaries(loaded, text: str, spec: RunSpec, notes: dict, progress: Progress = Progress()):
-    """A long text's every head of every layer summarised (as attnviz layers' summaries.json), block by block within
-    of budgets.block_budget (progress: summarise_layers'); None for cross-attention, with its reason added to notes."""
-    from attnviz.analysis.head_summaries import summarise_layers
-    from attnviz.budgets import block_budget
-
-    if spec.cross_attention:
-        notes["no summaries of every layer for cross-attention: they run every layer as self-attention on the text's own tokens"] = None
-        return None
-    return summarise_layers(loaded, text, replace(spec, layer=None), block_budget(spec), progress=progress)
-
-
-def every_layer(loaded, text: str, spec: RunSpec, progress: Progress = Progress()) -> tuple:
-    """Every layer's run of the text (attnviz.layers'), the rollout and the text's statistics; Nones for cross-attention.
-    progress: the layers run, then the layers of the statistics."""
-    from attnviz.analysis.rollout import runs_rollout
-    from attnviz.pipeline import run_layers
-
-    if spec.cross_attention:  # every layer is self-attention: attnviz.layers refuses cross
-        return None, None, None
-    (layer_runs,) = run_layers(loaded, [text], replace(spec, layer=None), progress)
-    rollout = runs_rollout(layer_runs)
-    return layer_runs, rollout, text_statistics(layer_runs, spec.causal, progress)
-
-
-def traces(loaded, text: str, spec: RunSpec, notes: dict) -> tuple:
-    """The trace of every layout the layer can do (as trace --layout all), and a trace per reshape mistake.
-
-    What trace refuses (a mistake with 1 head, ...) is left out, with its reason added to notes.
-    """
-    from attnviz.tracing import DEFAULT_LAYOUT, LAYOUTS, MISTAKES, trace_texts
-
-    def traced(layouts: tuple[str, ...], mistake: str | None = None):
-        try:
-            return trace_texts(loaded, [text], spec, layouts=layouts, mistake=mistake)
-        except AttnvizError as refused:
-            notes[f"no trace of {f'the mistake {mistake}' if mistake else 'the layouts'} in this report: {refused}"] = None
-            return None
-
-    every_layout = traced(LAYOUTS)
-    left_out = None if every_layout is None else why_no_mistakes(every_layout)
-    if left_out:  # said in the page's words: the report takes no --mistake, so trace's advice about it would mislead
-        notes[f"no reshape mistake traced in this report: {left_out}"] = None
-        return every_layout, []
-    mistakes = [traced((DEFAULT_LAYOUT,), mistake) for mistake in MISTAKES]
-    return every_layout, [mistaken for mistaken in mistakes if mistaken is not None]
-
-
-def why_no_mistakes(trace) -> str | None:
-    """Why a layer (its TraceResult) has no reshape mistake to show, as trace --mistake refuses them; None: it has."""
-    if trace.num_heads == 1:
-        return "with 1 head the wrong view gives the right tensor"
-    if trace.num_kv_heads is not None and trace.num_kv_heads < trace.num_heads:
-        return (
-            f"the mistakes split heads that queries and keys share, and this layer's {trace.num_heads} query heads "
-            f"share {trace.num_kv_heads} key/value heads"
-        )
-    return None

@@ -57,6 +57,7 @@ class HeadsResult:
     spec: RunSpec
     num_layers: int | None = None  # the model's layers (of spec.stack), for the report's header
     measures: Any = None  # attnviz.analysis.measures.RunMeasures, with measure= other than "weights"
+    made_report: Any = None  # the ReportResult of heads(report=True): made from the run's own capture
 
     @property
     def text(self) -> str:
@@ -203,9 +204,12 @@ class HeadsResult:
         return {**record, "attention": attention}
 
     def report(self):
-        """The interactive report of this layer (a ReportResult; attnviz.report adds every layer and the traces)."""
+        """The interactive report: with heads(report=True) the one made from the run's capture (every layer, the traces,
+        as attnviz.report's), else of this layer alone (a ReportResult)."""
         from attnviz.html import ReportText
 
+        if self.made_report is not None:
+            return self.made_report
         return report_result([ReportText(self.run)], self.spec, self.num_layers)
 
     def __rich__(self):

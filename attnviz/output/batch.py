@@ -73,13 +73,14 @@ def check_lengths(tokenizer, texts: list[LineText], max_positions: int, truncate
 
 
 def run_in_batches(
-    loaded, texts: list[str], spec: RunSpec, batch_size: int | None = None
+    loaded, texts: list[str], spec: RunSpec, batch_size: int | None = None, vector_tokens: int = 0
 ) -> Iterator[list[AttentionRun]]:
-    """run_attention over each batch of texts in turn: one padded forward pass per batch (BATCH_SIZE texts)."""
+    """run_attention over each batch of texts in turn: one padded forward pass per batch (BATCH_SIZE texts);
+    vector_tokens: run_attention's."""
     from attnviz.pipeline import BATCH_SIZE, batches, run_attention
 
     for batch in batches(texts, batch_size or BATCH_SIZE):
-        yield run_attention(loaded, batch, spec)
+        yield run_attention(loaded, batch, spec, vector_tokens=vector_tokens)
 
 
 def write_run_files(

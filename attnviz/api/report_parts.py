@@ -1,0 +1,202 @@
+"""Each text's part of the report (attnviz.html's ReportText), from the text's capture: what attnviz.report, heads'
+report and every result's .report() show beside the run's layer.
+
+A text's capture (layer_inputs.Capture: its encoding and every layer's input, from one pass of the model) feeds its
+every layer's runs, the rollout and the statistics, the trace of every layout and of each reshape mistake, and the
+neuron view's vectors: with it nothing here runs the model. Without one (a result's .report() of runs made before),
+each part takes its text's own pass, as it did before captures; captured_report makes the runs and the parts from
+one capture per padded batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from attnviz.api.experiment_results import text_statistics
+from attnviz.api.run_results import ReportResult, report_result
+from attnviz.errors import AttnvizError
+from attnviz.run_data import FORWARD_PASS, Progress
+from attnviz.spec import RunSpec
+
+
+def holds_vectors(run) -> bool:
+    """Whether a report of this run holds its heads' query and key vectors (the neuron view): a map of at most
+    neurons.MAX_VECTOR_TOKENS queries and keys, over tokens."""
+    from attnviz.analysis.neurons import MAX_VECTOR_TOKENS
+
+    return run.words is None and max(len(run.query_tokens), len(run.key_tokens)) <= MAX_VECTOR_TOKENS
+
+
+def captured_report(loaded, texts: list[str], spec: RunSpec, progress: Progress = Progress(), vector_tokens: int = 0) -> list[tuple]:
+    """Each text's run at spec.layer, its ReportText and the notes of what its report leaves out, (run, part, notes):
+    one capture per padded batch (pipeline.BATCH_SIZE texts) feeds the batch's runs and, cut to each text
+    (text_captures), its parts. The model runs once a batch.
+
+    Self-attention captures every layer, cross-attention the run's layer alone (its report has no other layers).
+    vector_tokens: run_attention's (the neuron view's q and k, from each run's own projection). progress: each batch's
+    forward pass, then report_texts' stages per text.
+    """
+    from attnviz.html.record import is_long
+    from attnviz.layer_inputs import check_layer, text_captures
+    from attnviz.pipeline import BATCH_SIZE, batches, capture_texts, run_attention
+
+    check_layer(loaded, spec.layer, spec.stack)  # before any pass
+    layers = [spec.layer] if spec.cross_attention else list(range(loaded.num_layers_of(spec.stack)))
+    made = []
+    for batch in batches(texts, BATCH_SIZE):
+        capture = capture_texts(loaded, batch, spec, layers, progress.counting(FORWARD_PASS, len(layers)))
+        encoded, states = capture
+        runs = run_attention(loaded, batch, spec, captured=(encoded, states[spec.layer]), vector_tokens=vector_tokens)
+        for run, own in zip(runs, text_captures(capture)):
+            if is_long(run) and not spec.cross_attention:  # a text with a report of its own: its summaries, from its capture
+                run = replace(run, layer_summaries=captured_summaries(loaded, run.text, own, spec, progress))
+            (part,), notes = report_texts(loaded, [run], spec, progress, captured=[own])
+            made.append((run, part, notes))
+    return made
+
+
+def captured_summaries(loaded, text: str, captured, spec: RunSpec, progress: Progress = Progress()):
+    """Every head of every layer of a long text summarised block by block (long_summaries'), from the text's capture of
+    every layer: no pass of the model."""
+    from attnviz.analysis.head_summaries import summarise_blocks
+    from attnviz.budgets import block_budget
+    from attnviz.layer_inputs import threads_for
+    from attnviz.pipeline import build_layers
+
+    encoded, states = captured
+    every = replace(spec, layer=None, kv_text=None)
+    with threads_for(encoded):
+        layers = build_layers(loaded, every)
+    return summarise_blocks(loaded, text, encoded, layers, every, block_budget(spec), states=dict(states), progress=progress)
+
+
+def report_of_texts(loaded, texts: list[str], spec: RunSpec, notes: list[str] = (), progress: Progress = Progress()) -> ReportResult:
+    """The report of texts, each short enough for whole maps (not a long text's: head_summaries.run_and_summarise's),
+    from one capture per padded batch (captured_report); notes: what the page adds to the runs' own notes."""
+    from attnviz.analysis.neurons import MAX_VECTOR_TOKENS
+
+    made = captured_report(loaded, texts, spec, progress, vector_tokens=0 if spec.words else MAX_VECTOR_TOKENS)
+    left_out = dict.fromkeys(note for _, _, text_notes in made for note in text_notes)  # each once, in order
+    return report_result([part for _, part, _ in made], spec, loaded.num_layers_of(spec.stack), [*notes, *left_out], progress)
+
+
+def report_of_runs(loaded, runs: list, spec: RunSpec, notes: list[str] = (), progress: Progress = Progress(), captured=None) -> ReportResult:
+    """The report of runs already made (attnviz.heads' runs of the texts, with spec), adding what it shows besides.
+
+    loaded: the LoadedModel they ran on; notes: what the page adds to the runs' own notes; progress and captured:
+    report_texts'.
+    """
+    texts, report_notes = report_texts(loaded, runs, spec, progress, captured)
+    return report_result(texts, spec, loaded.num_layers_of(spec.stack), [*notes, *report_notes], progress)
+
+
+def text_report(loaded, text: str, spec: RunSpec, summaries=None, captured=None, runs=None, **shown) -> ReportResult:
+    """The report of one text at spec.layer, as attnviz.report gives it, with what a command adds to its ReportText
+    (shown: diff's differences, roles' roles); summaries: every layer's, already made (a long text's not made again).
+    captured: the text's capture (layer_inputs.Capture), and runs: its run at spec.layer (a list of one AttentionRun),
+    made from it or not: with both, nothing here runs the model; with captured alone, the run is made from it."""
+    from attnviz.analysis.neurons import MAX_VECTOR_TOKENS
+    from attnviz.pipeline import run_attention
+
+    if runs is None:
+        layer = None if captured is None else (captured[0], captured[1][spec.layer])
+        runs = run_attention(loaded, [text], spec, captured=layer, vector_tokens=0 if spec.words else MAX_VECTOR_TOKENS)
+    if summaries is not None:
+        runs = [replace(runs[0], layer_summaries=summaries)]
+    texts, notes = report_texts(loaded, runs, spec, captured=None if captured is None else [captured])
+    texts[0] = replace(texts[0], **shown)
+    return report_result(texts, spec, loaded.num_layers_of(spec.stack), notes)
+
+
+def report_texts(loaded, runs: list, spec: RunSpec, progress: Progress = Progress(), captured=None) -> tuple[list, list[str]]:
+    """Each run's ReportText (attnviz.html.record), and the notes of what was left out, once each; progress: each
+    text's layers run and then its statistics' layers (every_layer), or a long text's summaries (long_summaries).
+
+    captured: None, or per run its text's capture (layer_inputs.Capture: its own encoding and every layer's input; for
+    cross-attention the run's layer's) or None: every layer, the traces and mistakes and the vectors are made from it,
+    and the model is not run. A run without one takes its text's own passes.
+    """
+    from attnviz.html import ReportText
+    from attnviz.html.record import is_long
+    from attnviz.layer_inputs import threads_for_tokens
+
+    notes: dict[str, None] = {}
+    texts = []
+    for run, capture in zip(runs, captured or [None] * len(runs)):
+        if is_long(run):  # no whole map of any layer: the summaries of every layer instead
+            summaries = run.layer_summaries if run.layer_summaries is not None else long_summaries(loaded, run.text, spec, notes, progress)
+            texts.append(ReportText(run, summaries=summaries))
+            continue
+        layer = None if capture is None else (capture[0], capture[1][spec.layer])  # the run's layer's input
+        with threads_for_tokens(len(run.query_tokens) + (len(run.key_tokens) if spec.cross_attention else 0)):
+            layer_runs, rollout, statistics = every_layer(loaded, run.text, spec, progress, capture)
+            trace, mistakes = traces(loaded, run.text, spec, notes, layer)
+            if run.vectors is None and holds_vectors(run):  # the neuron view's q and k, where the run kept none
+                from attnviz.analysis.neurons import MAX_VECTOR_TOKENS
+                from attnviz.pipeline import run_attention
+
+                (own,) = run_attention(loaded, [run.text], spec, captured=layer, vector_tokens=MAX_VECTOR_TOKENS)
+                run = replace(run, vectors=own.vectors)
+        texts.append(ReportText(run, layer_runs, rollout, statistics, trace, mistakes))
+    return texts, list(notes)
+
+
+def long_summaries(loaded, text: str, spec: RunSpec, notes: dict, progress: Progress = Progress()):
+    """A long text's every head of every layer summarised (as attnviz layers' summaries.json), block by block within
+    of budgets.block_budget (progress: summarise_layers'); None for cross-attention, with its reason added to notes."""
+    from attnviz.analysis.head_summaries import summarise_layers
+    from attnviz.budgets import block_budget
+
+    if spec.cross_attention:
+        notes["no summaries of every layer for cross-attention: they run every layer as self-attention on the text's own tokens"] = None
+        return None
+    return summarise_layers(loaded, text, replace(spec, layer=None), block_budget(spec), progress=progress)
+
+
+def every_layer(loaded, text: str, spec: RunSpec, progress: Progress = Progress(), captured=None) -> tuple:
+    """Every layer's run of the text (attnviz.layers'), the rollout and the text's statistics; Nones for cross-attention.
+    progress: the layers run, then the layers of the statistics; captured: the text's capture of every layer."""
+    from attnviz.analysis.rollout import runs_rollout
+    from attnviz.pipeline import run_layers
+
+    if spec.cross_attention:  # every layer is self-attention: attnviz.layers refuses cross
+        return None, None, None
+    (layer_runs,) = run_layers(loaded, [text], replace(spec, layer=None), progress, captured)
+    rollout = runs_rollout(layer_runs)
+    return layer_runs, rollout, text_statistics(layer_runs, spec.causal, progress)
+
+
+def traces(loaded, text: str, spec: RunSpec, notes: dict, captured=None) -> tuple:
+    """The trace of every layout the layer can do (as trace --layout all), and a trace per reshape mistake.
+
+    What trace refuses (a mistake with 1 head, ...) is left out, with its reason added to notes. captured: the text's
+    encoding and the layer's input (trace_texts'), read by every trace.
+    """
+    from attnviz.tracing import DEFAULT_LAYOUT, LAYOUTS, MISTAKES, trace_texts
+
+    def traced(layouts: tuple[str, ...], mistake: str | None = None):
+        try:
+            return trace_texts(loaded, [text], spec, layouts=layouts, mistake=mistake, captured=captured)
+        except AttnvizError as refused:
+            notes[f"no trace of {f'the mistake {mistake}' if mistake else 'the layouts'} in this report: {refused}"] = None
+            return None
+
+    every_layout = traced(LAYOUTS)
+    left_out = None if every_layout is None else why_no_mistakes(every_layout)
+    if left_out:  # said in the page's words: the report takes no --mistake, so trace's advice about it would mislead
+        notes[f"no reshape mistake traced in this report: {left_out}"] = None
+        return every_layout, []
+    mistakes = [traced((DEFAULT_LAYOUT,), mistake) for mistake in MISTAKES]
+    return every_layout, [mistaken for mistaken in mistakes if mistaken is not None]
+
+
+def why_no_mistakes(trace) -> str | None:
+    """Why a layer (its TraceResult) has no reshape mistake to show, as trace --mistake refuses them; None: it has."""
+    if trace.num_heads == 1:
+        return "with 1 head the wrong view gives the right tensor"
+    if trace.num_kv_heads is not None and trace.num_kv_heads < trace.num_heads:
+        return (
+            f"the mistakes split heads that queries and keys share, and this layer's {trace.num_heads} query heads "
+            f"share {trace.num_kv_heads} key/value heads"
+        )
+    return None
