@@ -347,7 +347,7 @@ class _Patched:
 
     def _clean_outputs(self, component: str) -> dict:
         """layer -> what its W_q, W_k or W_v gave in the clean pass (1, N, features), every layer from one pass."""
-        from attnviz.models.layer_runs import hook_layers
+        from attnviz.models.capture import hook_layers
 
         modules = [self._projection(layer, component)[0] for layer in range(self.num_layers)]
         outputs = {}
