@@ -117,3 +117,26 @@ def test_berts_stopped_capture_is_its_forward_passs_layer_inputs(bundled_bert, l
     assert sorted(captured) == layers
     for layer in layers:
         assert torch.equal(captured[layer].hidden, states[layer])
+
+
+def test_a_report_made_of_a_texts_capture_is_the_one_its_own_passes_make_and_runs_nothing(decoder_folder):
+    """patch's report: text_report(captured=) over patching's one pass of the text (every layer's x under the thread
+    rule) gives the very record that text_report's own passes give (run_attention, run_layers, the trace, the
+    vectors), and runs the model not once."""
+    from dataclasses import replace
+
+    from helpers import model_runs
+
+    import attnviz
+    from attnviz.analysis.patching import text_pass
+    from attnviz.api.report import text_report
+    from attnviz.layer_inputs import encode_texts
+
+    handle = attnviz.load(str(decoder_folder), device="cpu")
+    spec = replace(attnviz.heads(TEXT, model=handle).spec, layer=1)
+    encoded = encode_texts(handle.loaded, [TEXT], spec)
+    capture = (encoded, text_pass(handle.loaded, encoded, spec).states)
+    with model_runs() as runs:
+        made = text_report(handle.loaded, TEXT, spec, captured=capture).record
+    assert not runs["LlamaModel"]
+    assert made == text_report(handle.loaded, TEXT, spec).record
