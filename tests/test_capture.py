@@ -119,24 +119,31 @@ def test_berts_stopped_capture_is_its_forward_passs_layer_inputs(bundled_bert, l
         assert torch.equal(captured[layer].hidden, states[layer])
 
 
-def test_a_report_made_of_a_texts_capture_is_the_one_its_own_passes_make_and_runs_nothing(decoder_folder):
+@pytest.mark.parametrize("family", ["llama", "bart", "t5"])
+def test_a_report_made_of_a_texts_capture_is_the_one_its_own_passes_make_and_runs_nothing(family, decoder_folder, tmp_path):
     """patch's report: text_report(captured=) over patching's one pass of the text (every layer's x under the thread
     rule) gives the very record that text_report's own passes give (run_attention, run_layers, the trace, the
-    vectors), and runs the model not once."""
+    vectors), and runs the model not once: the tiny Llama, and an encoder-decoder's decoder (BART; T5 with its
+    position bias), whose encoder reads the text."""
     from dataclasses import replace
 
     from helpers import model_runs
+    from tiny_families import build_checkpoint
 
     import attnviz
     from attnviz.analysis.patching import text_pass
     from attnviz.api.report import text_report
     from attnviz.layer_inputs import encode_texts
 
-    handle = attnviz.load(str(decoder_folder), device="cpu")
-    spec = replace(attnviz.heads(TEXT, model=handle).spec, layer=1)
+    folder = decoder_folder if family == "llama" else tmp_path
+    if family != "llama":
+        build_checkpoint(family, tmp_path)
+    handle = attnviz.load(str(folder), device="cpu")
+    stack = {} if family == "llama" else {"stack": "decoder"}
+    spec = replace(attnviz.heads(TEXT, model=handle, **stack).spec, layer=1)
     encoded = encode_texts(handle.loaded, [TEXT], spec)
     capture = (encoded, text_pass(handle.loaded, encoded, spec).states)
     with model_runs() as runs:
         made = text_report(handle.loaded, TEXT, spec, captured=capture).record
-    assert not runs["LlamaModel"]
+    assert not runs["LlamaModel"] and not runs["BartModel"] and not runs["T5Model"]
     assert made == text_report(handle.loaded, TEXT, spec).record
