@@ -33,10 +33,10 @@ COMMANDS = {
     "stats": (["stats", TEXT], "bert", {"BertEncoder": 1}),
     "stats in blocks": (["stats", " ".join([TEXT] * 16), "--memory", "1"], "bert", {"BertEncoder": 1}),  # 178 tokens: 1.5 MB a map
     "roles": (["roles", TEXT], "llama", {"LlamaModel": 5}),
-    "patch": (PATCH, "llama", {"LlamaModel": 7, "LlamaDecoderLayer": 3, "LlamaRMSNorm": 2}),
-    "patch --component q": ([*PATCH, "--component", "q"], "llama", {"LlamaModel": 8, "LlamaDecoderLayer": 6, "LlamaRMSNorm": 4}),
+    "patch": (PATCH, "llama", {"LlamaModel": 2, "LlamaDecoderLayer": 3, "LlamaRMSNorm": 2}),
+    "patch --component q": ([*PATCH, "--component", "q"], "llama", {"LlamaModel": 2, "LlamaDecoderLayer": 6, "LlamaRMSNorm": 4}),
     "patch --component pattern": (
-        [*PATCH, "--component", "pattern"], "llama", {"LlamaModel": 11, "LlamaDecoderLayer": 6, "LlamaRMSNorm": 4}
+        [*PATCH, "--component", "pattern"], "llama", {"LlamaModel": 2, "LlamaDecoderLayer": 6, "LlamaRMSNorm": 4}
     ),
 }
 MODEL_MODULES = ("BertEncoder", "LlamaModel", "LlamaDecoderLayer", "LlamaRMSNorm")
@@ -69,3 +69,14 @@ def test_the_api_and_the_served_page_run_the_model_once_for_a_text(tmp_path):
         with model_runs() as runs:
             explorer.heads({"text": TEXT, "model": "bundled", "as": answer})
         assert runs["BertEncoder"] == count, answer
+
+
+def test_the_served_patch_runs_the_model_once_for_each_text(decoder_folder):
+    """POST /api/patch goes through attnviz.patch: the clean and the corrupted text's passes, then only the patched
+    passes, which start at the patched layer (2 layers: 2 + 1 decoder layer calls, 2 final norms)."""
+    from attnviz.serve.explorer import Explorer, ServeSettings
+
+    explorer = Explorer({"tiny": attnviz.load(str(decoder_folder), device="cpu")}, ServeSettings())
+    with model_runs() as runs:
+        explorer.patch({"text": TEXT, "model": "tiny", "corrupt": CORRUPT, "answer": " cat", "wrong": " mat"})
+    assert {module: runs[module] for module in MODEL_MODULES if runs[module]} == {"LlamaModel": 2, "LlamaDecoderLayer": 3, "LlamaRMSNorm": 2}

@@ -7,15 +7,16 @@ of that head (COMPONENTS) replaced by the clean run's is scored (m_patched - m_c
 0, the head's part changes nothing; 1, it alone restores the clean answer (the normalised logit difference of Wang
 et al. 2022, PAPERS; TransformerLens's patching module computes the same by hooks, run once per head).
 
-The prefix is shared as the effect's (analysis/effect.py): one forward pass of each text records how each layer was
-called and what entered each W_o (models/layer_runs.py); for layer L the corrupted run's input of L, copied once per
-head, runs from L on as one batch, each copy with its own head's part patched. The direct logit attribution beside
-it is analysis/attribution.py's.
+One forward pass of each text (text_pass, models/capture.py) gives all that patching and its report read: each
+layer's call and what entered each W_o (models/layer_runs.py replays them, as the effect's: analysis/effect.py), what
+entered the final norm, W_q/W_k/W_v's outputs, every layer's attention input. Then only the patched passes run: for
+layer L the corrupted run's input of L, copied once per head, runs from L on as one batch, each copy with its own
+head's part patched. The direct logit attribution beside it is analysis/attribution.py's.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -107,24 +108,29 @@ def check_texts(text: str, corrupt: str, answer: str, wrong: str) -> None:
 def patch_heads(
     loaded, text: str, corrupt: str, answer: str, wrong: str, spec, position: int | None = None,
     components: tuple[str, ...] = ("out",), per_position: bool = False, progress: Progress = Progress(),
+    captures: dict | None = None,
 ) -> Patching:  # fmt: skip
     """Each head of spec.stack (every layer) patched from text (clean) into corrupt, for each of components; the
     direct attribution on the clean run; with per_position, the most affecting heads' output one position at a time.
-    progress: the heads patched (a layer's at a time), then the most affecting heads patched by position."""
+    progress: the heads patched (a layer's at a time), then the most affecting heads patched by position.
+    One pass of each text (text_pass) gives all of it but the patched passes, which start at the patched layer;
+    captures, when given a dict, gets each text's capture, "clean" and "corrupt" (EncodedTexts, every layer's
+    LayerStates), for the report."""
     import torch
 
     from attnviz.analysis.attribution import direct_attribution
-    from attnviz.analysis.effect import text_inputs
+    from attnviz.layer_inputs import encode_texts
+    from attnviz.models.capture import PROJECTIONS
 
     stack, model = spec.stack, loaded.model
     transform, weight, bias = read_out(loaded)
-    clean_inputs, source, tokens, _ = text_inputs(loaded, text, spec)
-    corrupt_inputs, corrupt_source, corrupt_tokens, _ = text_inputs(loaded, corrupt, spec)
+    clean_encoded, corrupt_encoded = (encode_texts(loaded, [each], spec) for each in (text, corrupt))
+    tokens, corrupt_tokens = (list(encoded.queries.tokens[0]) for encoded in (clean_encoded, corrupt_encoded))
     check_lengths(tokens, corrupt_tokens)
     if position is not None or transform is None:
         position = check_position(position, len(tokens))  # a decoder's: the last by default
     if transform is not None:  # an encoder's masked-LM head: read at a mask
-        ids = [inputs["input_ids"][0].tolist() for inputs in (clean_inputs, corrupt_inputs)]
+        ids = [encoded.queries.ids[0] for encoded in (clean_encoded, corrupt_encoded)]
         position = mask_position(position, *ids, loaded.tokenizer)
     answer_id, wrong_id = (token_id(loaded, stack, given, name) for given, name in ((answer, "answer"), (wrong, "wrong")))
     direction = (weight[answer_id] - weight[wrong_id]).double()  # (E,): W_U[answer] - W_U[wrong]
@@ -134,10 +140,13 @@ def patch_heads(
         hidden = last[:, position] if transform is None else transform(last[:, position])
         return (hidden.double() @ direction + offset).cpu().numpy()
 
+    projections = frozenset(component for component in components if component in PROJECTIONS)
+    clean = text_pass(loaded, clean_encoded, spec, projections)
+    corrupted = text_pass(loaded, corrupt_encoded, spec)
+    if captures is not None:
+        captures.update(clean=(clean_encoded, clean.states), corrupt=(corrupt_encoded, corrupted.states))
     with torch.inference_mode():
-        clean, clean_last, final_input = recorded_pass(model, clean_inputs, stack, source)
-        corrupted, corrupt_last, _ = recorded_pass(model, corrupt_inputs, stack, corrupt_source)
-        m_clean, m_corrupt = float(metric(clean_last)[0]), float(metric(corrupt_last)[0])
+        m_clean, m_corrupt = float(metric(clean.captured.last_hidden)[0]), float(metric(corrupted.captured.last_hidden)[0])
         if m_clean == m_corrupt:
             from attnviz.errors import AttnvizError
 
@@ -145,11 +154,11 @@ def patch_heads(
                 f"m_clean = m_corrupt = {m_clean:.4g}: the two texts give the same logit difference at position "
                 f"{position}, and the scores (m_patched - m_corrupt) / (m_clean - m_corrupt) are undefined"
             )
-        patched = _Patched(loaded, spec, clean, corrupted, clean_inputs, corrupt_inputs, source, corrupt_source)
+        patched = _Patched(loaded, spec, clean, corrupted)
         normalise = lambda values: (values - m_corrupt) / (m_clean - m_corrupt)  # noqa: E731
         advance = progress.counting("heads patched", len(components) * patched.num_layers * patched.num_heads)
         scores = {component: normalise(patched.scores(component, metric, advance)) for component in components}
-        direct, parts = direct_attribution(loaded, stack, clean, final_input, position, direction, offset)
+        direct, parts = direct_attribution(loaded, stack, clean.recorded, clean.captured.final_in, position, direction, offset)
         result = Patching(
             scores=scores, direct=direct, parts=parts, clean=m_clean, corrupt=m_corrupt, position=position,
             tokens=tokens, corrupt_tokens=corrupt_tokens, answer=answer, wrong=wrong, text=text,
@@ -217,18 +226,49 @@ def _shown(loaded, stack, tokens: list[str], corrupt_tokens: list[str]) -> tuple
     return tuple(shown_rows(loaded.tokenizer_for(stack), [tokens, corrupt_tokens], None))
 
 
-def recorded_pass(model, inputs, stack, source):
-    """One text's pass: its layer calls (layer_runs.Recorded), last hidden state (1, N, D), and what entered the
-    stack's final norm (1, N, D) (None: a stack without one)."""
-    final = model.layer_stack(stack).final
-    entered = []
-    handle = None if final is None else final.register_forward_pre_hook(lambda module, args: entered.append(args[0].detach().clone()))
-    try:
-        recorded, last = model.layer_calls(inputs, stack, source)
-    finally:
-        if handle is not None:
-            handle.remove()
-    return recorded, last, entered[-1] if entered else None
+@dataclass
+class TextPass:
+    """One text's pass (models/capture.py): every layer's input x as layer_states gives it (LayerStates), the layers'
+    calls and z_merged (Recorded: run_from replays them), what entered the final norm, the last hidden state, and
+    what W_q, W_k or W_v gave when asked."""
+
+    captured: object  # models.capture.Capture
+    recorded: object  # models.layer_runs.Recorded
+    states: dict  # layer -> layer_inputs.LayerStates
+
+
+def text_pass(loaded, encoded, spec, projections: frozenset[str] = frozenset()) -> TextPass:
+    """The one pass over one text's encoding (layer_inputs.encode_texts) that patching reads, under the run's thread
+    rule (layer_inputs.threads_for): x of every layer, calls, z_merged, final, and the projections named ("q", ...)."""
+    from attnviz.layer_inputs import LayerStates, threads_for
+    from attnviz.models.capture import Wanted
+
+    model, stack, device = loaded.model, spec.stack, spec.device
+    queries = encoded.queries
+    if loaded.is_bert:
+        inputs = queries.model_inputs(device)
+    else:
+        inputs = {"input_ids": queries.input_ids.to(device), "attention_mask": queries.attention_mask.to(device)}
+    source = encoded.source
+    if source is not None:  # an encoder-decoder's decoder: the encoder reads the text
+        source = {"input_ids": source.input_ids.to(device), "attention_mask": source.attention_mask.to(device)}
+    wanted = Wanted(frozenset(range(loaded.num_layers_of(stack))), calls=True, z_merged=True, projections=projections, final=True)
+    with threads_for(encoded):
+        captured = model.capture_pass(inputs, wanted, stack, source)
+    states = {}
+    for layer, entering in captured.x.items():
+        hidden = entering.hidden  # self-attention: the keys are the queries' very tensor, as layer_states gives them
+        bias = model.position_bias(stack, hidden.shape[1], hidden.shape[1], device)
+        states[layer] = LayerStates(hidden, hidden, bias)
+    return TextPass(captured, model.recorded(captured, inputs, stack, source), states)
+
+
+def layer_runs_of(loaded, text: str, capture, spec) -> list:
+    """Every layer's AttentionRun of a text from its capture (patch_heads' captures): pipeline.run_layers over it, no
+    pass of the model (the report's maps of the corrupted text)."""
+    from attnviz.pipeline import run_layers
+
+    return run_layers(loaded, [text], replace(spec, layer=None), captured=capture)[0]
 
 
 def check_lengths(tokens: list[str], corrupt_tokens: list[str]) -> None:
@@ -270,9 +310,9 @@ def token_id(loaded, stack, given: str, name: str) -> int:
 class _Patched:
     """The corrupted run from layer L on, copies of it with one head's part from the clean run."""
 
-    def __init__(self, loaded, spec, clean, corrupted, clean_inputs, corrupt_inputs, source, corrupt_source):
-        self.loaded, self.spec, self.clean, self.corrupted = loaded, spec, clean, corrupted
-        self.texts = ((clean_inputs, source), (corrupt_inputs, corrupt_source))
+    def __init__(self, loaded, spec, clean: TextPass, corrupted: TextPass):
+        self.loaded, self.spec, self.clean, self.corrupted = loaded, spec, clean.recorded, corrupted.recorded
+        self.passes = (clean, corrupted)
         self.num_layers, self.num_heads = loaded.num_layers_of(spec.stack), loaded.num_heads_of(spec.stack)
 
     def run(self, layer: int, copies: int, heads=None, output=None):
@@ -290,7 +330,7 @@ class _Patched:
 
         values = np.zeros((self.num_layers, self.num_heads))
         every = list(range(self.num_heads))
-        clean_outputs = self._clean_outputs(component) if component in ("q", "k", "v") else None
+        clean_outputs = self.passes[0].captured.projections.get(component)  # layer -> (1, N, features): q, k, v
         for layer in range(self.num_layers):
             if component == "out":
                 values[layer] = metric(self.run(layer, self.num_heads, one_head_each(self.num_heads, every, self.clean_heads(layer))))
@@ -345,25 +385,6 @@ class _Patched:
         count = weights.num_heads if role == "w_q" else weights.num_kv_heads
         return module, first, count, weights.head_dim
 
-    def _clean_outputs(self, component: str) -> dict:
-        """layer -> what its W_q, W_k or W_v gave in the clean pass (1, N, features), every layer from one pass."""
-        from attnviz.models.layer_runs import hook_layers
-
-        modules = [self._projection(layer, component)[0] for layer in range(self.num_layers)]
-        outputs = {}
-
-        def keep(layer, args, kwargs, output):
-            outputs.setdefault(layer, output.detach().clone())  # its first pass's
-
-        handles = hook_layers(modules, keep, after=True)  # a module several layers share: its k-th call, k-th layer
-        try:
-            inputs, source = self.texts[0]
-            self.loaded.model.layer_calls(inputs, self.spec.stack, source)
-        finally:
-            for handle in handles:
-                handle.remove()
-        return outputs
-
     def _clean_maps_corrupt_values(self, layer: int):
         """(H, N, d): each head's clean map times its corrupted values, from attnviz's own layer (attention/layer.py)."""
         from attnviz.attention.layer import layer_from_weights
@@ -372,9 +393,7 @@ class _Patched:
         model, stack = self.loaded.model, self.spec.stack
         attention = layer_from_weights(model.attention_weights(layer, stack))
         device = self.spec.device
-        clean_in, corrupt_in = (
-            model.capture(inputs, [layer], stack, source)[layer].hidden for inputs, source in self.texts
-        )  # (1, N, D) each
+        clean_in, corrupt_in = (each.states[layer].queries for each in self.passes)  # (1, N, D) each
         num_tokens = clean_in.shape[1]
         bias = model.position_bias(stack, num_tokens, num_tokens, device)
         _, pattern = attention(clean_in.to(attention.w_q.weight), causal=model_is_causal(self.loaded, stack), position_bias=bias)

@@ -50,9 +50,22 @@ def patch(
     handle = options.load()
     spec = options.run_spec(handle, layer=None, **({"stack": "decoder"} if handle.kind == "encoder-decoder" else {}))
     components = ("out",) if component == "out" else ("out", component)
+    captures: dict = {}  # each text's one pass: the report is made of them
     with naming_the_bundled_decoder(handle):  # the default's offline stand-in has no masked-LM head: refused first
-        patching = patch_heads(handle.loaded, text, corrupt, answer, wrong, spec, position, components, per_position, progress)
-    return PatchResult(patching, spec, handle.loaded)
+        patching = patch_heads(handle.loaded, text, corrupt, answer, wrong, spec, position, components, per_position, progress, captures)
+    return PatchResult(patching, spec, handle.loaded, patch_report(handle.loaded, patching, spec, captures))
+
+
+def patch_report(loaded, patching, spec: RunSpec, captures: dict):
+    """The interactive report of the clean text (as attnviz.report gives it, at the most affecting head's layer),
+    opening on the Patching view: the grids of scores and direct attributions; a click shows the head's maps on both
+    texts side by side. Made of the two texts' captures (patch_heads'): no pass of the model."""
+    from attnviz.analysis.patching import layer_runs_of
+    from attnviz.api.report import text_report
+
+    at_layer = replace(spec, layer=patching.top[0][0])
+    corrupt_runs = layer_runs_of(loaded, patching.corrupt_text, captures["corrupt"], spec)
+    return text_report(loaded, patching.text, at_layer, captured=captures["clean"], patching=(patching, corrupt_runs))
 
 
 @dataclass(frozen=True, repr=False)
@@ -63,6 +76,7 @@ class PatchResult:
     patching: Any
     spec: RunSpec
     loaded: Any = field(default=None, compare=False)
+    report_result: Any = field(default=None, compare=False)  # the ReportResult, made while the captures were at hand
 
     @property
     def scores(self):
@@ -101,19 +115,8 @@ class PatchResult:
         return [*written, *self.report().write_files(folder)]
 
     def report(self):
-        """The interactive report of the clean text (as attnviz.report gives it, at the most affecting head's layer),
-        opening on the Patching view: the grids of scores and direct attributions; a click shows the head's maps on
-        both texts side by side."""
-        from attnviz.api.report import report_texts
-        from attnviz.api.run_results import report_result
-        from attnviz.pipeline import run_attention, run_layers
-
-        spec = replace(self.spec, layer=self.top[0][0])
-        runs = run_attention(self.loaded, [self.patching.text], spec)
-        texts, notes = report_texts(self.loaded, runs, spec)
-        corrupt_runs = run_layers(self.loaded, [self.patching.corrupt_text], replace(spec, layer=None))[0]
-        texts[0] = replace(texts[0], patching=(self.patching, corrupt_runs))
-        return report_result(texts, spec, self.loaded.num_layers_of(spec.stack), notes)
+        """The interactive report of the clean text (patch_report's, made by attnviz.patch)."""
+        return self.report_result
 
     def to_dict(self) -> dict:
         """patch.json's content."""

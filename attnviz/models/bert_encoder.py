@@ -27,7 +27,8 @@ from torch import nn
 
 from attnviz.attention.layer import AttentionWeights, merge_heads, split_heads
 from attnviz.errors import AttnvizError
-from attnviz.models.layer_runs import Captured, LayerStack, Recorded, record, run_from
+from attnviz.models.capture import Capture, Captured, HookPoints, Wanted, capture
+from attnviz.models.layer_runs import LayerStack, Recorded, run_from
 
 ACTIVATIONS = {
     "gelu": F.gelu,
@@ -223,11 +224,21 @@ class BertEncoder(nn.Module):
     def capture(
         self, inputs: dict[str, torch.Tensor], layers: list[int], stack: str | None = None, source=None, entered=lambda done: None
     ) -> dict[int, Captured]:
-        """What enters each of `layers`' attention: the layer's input (post-norm: no norm before attention); entered(n)
-        with all n once the pass is done."""
-        states = self(**inputs, num_layers=max(layers))
-        entered(len(layers))
-        return {layer: Captured(states[layer]) for layer in layers}
+        """What enters each of `layers`' attention: the layer's input (post-norm: no norm before attention), from one
+        pass stopped after the last of them; entered(1) as each is reached."""
+        return self.capture_pass(inputs, Wanted(frozenset(layers)), entered=entered).x
+
+    @torch.inference_mode()
+    def capture_pass(self, inputs: dict[str, torch.Tensor], wanted: Wanted, stack: str | None = None, source=None, entered=lambda done: None) -> Capture:
+        """One pass over inputs (Encoded.model_inputs) with what `wanted` names captured (models/capture.py); its
+        last_hidden the last layer's output (B, N, D), when the pass runs whole."""
+        return capture(self.hook_points(), lambda: self(**inputs)[-1], wanted, entered)
+
+    def hook_points(self, stack: str | None = None) -> HookPoints:
+        """The modules by role (models/capture.py): a layer's input is its attention's (x), its call's first argument."""
+        layers = list(self.encoder.layer)
+        projections = {role: [getattr(layer.attention.self, name) for layer in layers] for role, name in (("q", "query"), ("k", "key"), ("v", "value"))}
+        return HookPoints(self.layer_stack(), layers, projections)
 
     def layer_stack(self, stack: str | None = None) -> LayerStack:
         """The layers, each one's W_o (attention.output.dense), no final norm (BERT's layers end with their own)."""
@@ -235,9 +246,13 @@ class BertEncoder(nn.Module):
 
     @torch.inference_mode()
     def layer_calls(self, inputs: dict[str, torch.Tensor], stack: str | None = None, source=None) -> tuple[Recorded, torch.Tensor]:
-        """One forward pass over inputs (Encoded.model_inputs): the layers' calls recorded, and the last hidden state."""
-        recorded, states = record(self.layer_stack(), lambda: self(**inputs))
-        return recorded, states[-1]
+        """One forward pass over inputs (Encoded.model_inputs): the layers' calls and z_merged, and the last hidden state."""
+        captured = self.capture_pass(inputs, Wanted(calls=True, z_merged=True))
+        return captured.recorded(), captured.last_hidden
+
+    def recorded(self, captured: Capture, inputs=None, stack: str | None = None, source=None) -> Recorded:
+        """A whole pass's calls and z_merged as run_from replays them."""
+        return captured.recorded()
 
     @torch.inference_mode()
     def run_from(

@@ -1,10 +1,10 @@
 """A stack of layers run one by one, from any layer on, with one layer's heads changed (analysis/effect.py).
 
-One forward pass of the model, under pre-hooks, records how each layer was called (its arguments: the hidden
-state entering it, the mask, the positions, T5's position bias) and what entered each layer's output projection
-W_o (every head's output side by side). A batch of copies of what entered layer L can then run through layers
-L, L+1, ... with those very arguments, and the stack's final norm, as the model would have run them: the layers
-before L do not run again. The same for attnviz's BERT and transformers' models of every family.
+One forward pass of the model records how each layer was called (its arguments: the hidden state entering it,
+the mask, the positions, T5's position bias) and what entered each layer's output projection W_o (every head's
+output side by side): models/capture.py's roles calls and z_merged, as Recorded. A batch of copies of what
+entered layer L can then run through layers L, L+1, ... with those very arguments, and the stack's final norm, as
+the model would have run them: the layers before L do not run again. The same for attnviz's BERT and transformers' models of every family.
 """
 
 from __future__ import annotations
@@ -28,14 +28,6 @@ class LayerStack:
 
 
 @dataclass
-class Captured:
-    """What entered one attention module: the hidden state (B, Nq, D) and, for cross-attention, the encoder's (B, Nk, D)."""
-
-    hidden: torch.Tensor
-    kv_hidden: torch.Tensor | None = None
-
-
-@dataclass
 class Recorded:
     """A forward pass's layer calls: each layer's (args, kwargs), the hidden state entering it first (B, N, D), and
     what entered each layer's W_o (B, N, H * d)."""
@@ -49,50 +41,6 @@ class Recorded:
     def entering(self, layer: int) -> torch.Tensor:
         args, kwargs = self.calls[layer]
         return args[0] if args else kwargs["hidden_states"]
-
-
-def hook_layers(modules: list[nn.Module], keep: Callable[..., None], after: bool = False) -> list:
-    """Forward pre-hooks that call keep(layer, args, kwargs) as each layer's module is called, modules[i] being
-    layer i's; after: forward hooks that call keep(layer, args, kwargs, output) once it has run. A module several
-    layers share (ALBERT's) is called once for each of them, in order: its k-th call in a pass is the k-th of its
-    layers, pass after pass. Returns the hooks' handles, for the caller to remove."""
-    owners: dict[int, list[int]] = {}  # id(module) -> the layers it serves, in order
-    for layer, module in enumerate(modules):
-        owners.setdefault(id(module), []).append(layer)
-    calls = dict.fromkeys(owners, 0)
-
-    def hook(module, args, kwargs, *output):
-        layers = owners[id(module)]
-        layer = layers[calls[id(module)] % len(layers)]
-        calls[id(module)] += 1
-        keep(layer, args, kwargs, *output)
-
-    unique = {id(module): module for module in modules}
-    if after:
-        return [module.register_forward_hook(hook, with_kwargs=True) for module in unique.values()]
-    return [module.register_forward_pre_hook(hook, with_kwargs=True) for module in unique.values()]
-
-
-def record(stack: LayerStack, forward: Callable[[], object]) -> tuple[Recorded, object]:
-    """Run forward() (the model's whole pass) with the stack's calls recorded; returns them and forward's result."""
-    calls: list = [None] * len(stack.layers)
-    heads: list = [None] * len(stack.layers)
-
-    def keep_call(layer: int, args: tuple, kwargs: dict) -> None:
-        calls[layer] = (args, kwargs)
-
-    def keep_input(layer: int, args: tuple, kwargs: dict) -> None:
-        heads[layer] = args[0].detach().clone()
-
-    handles = hook_layers(stack.layers, keep_call) + hook_layers(stack.projections, keep_input)
-    try:
-        result = forward()
-    finally:
-        for handle in handles:
-            handle.remove()
-    if any(call is None for call in calls) or any(head is None for head in heads):
-        raise RuntimeError("the forward pass did not call every layer of the stack")
-    return Recorded(calls, heads), result
 
 
 def run_from(

@@ -32,15 +32,11 @@ from torch import nn
 from attnviz.attention.layer import AttentionWeights
 from attnviz.errors import AttnvizError
 from attnviz.models import blocked_attention
-from attnviz.models.layer_runs import Captured, LayerStack, Recorded, hook_layers, record, run_from
+from attnviz.models.capture import Capture, Captured, HookPoints, Wanted, capture, hook_layers
+from attnviz.models.layer_runs import LayerStack, Recorded, run_from
 from attnviz.models.families import DECODER, ENCODER_DECODER, Family
 from attnviz.models.shown import space_before
 from attnviz.models.words import tokenizer_scheme
-
-
-
-class _Stop(Exception):
-    """Raised by a hook once every layer asked for is captured: the rest of the forward pass is not needed."""
 
 
 def load_transformers_model(
@@ -181,39 +177,51 @@ class TransformersModel:
         """What enters the attention of each of `layers`, from one forward pass stopped after the last of them.
 
         inputs are the padded batch's input_ids and attention_mask (for an encoder-decoder's
-        decoder or cross stack, the decoder's); source the encoder's, for those stacks. The hooks
-        sit on modules the threads share: one capture at a time. entered(1) as each of layers is reached.
+        decoder or cross stack, the decoder's); source the encoder's, for those stacks.
+        entered(1) as each of layers is reached.
         """
+        return self.capture_pass(inputs, Wanted(frozenset(layers)), stack, source, entered).x
+
+    @torch.inference_mode()
+    def capture_pass(
+        self,
+        inputs: dict[str, torch.Tensor],
+        wanted: Wanted,
+        stack: str | None = None,
+        source: dict[str, torch.Tensor] | None = None,
+        entered=lambda done: None,
+    ) -> Capture:
+        """One forward pass over inputs (source as for capture) with what `wanted` names of the stack captured
+        (models/capture.py); stopped after the last layer asked for when wanted is x alone. A pass that runs whole
+        runs the whole model (an encoder-decoder's encoder and decoder) and its Capture.last_hidden is the model's
+        last hidden state (B, N, D) after its final norm, the decoder's for an encoder-decoder. The hooks sit on
+        modules the threads share: one pass at a time."""
+        points = self.hook_points(stack)
         with self._forward_lock:
-            return self._capture(inputs, layers, stack, source, entered)
+            # blocks of queries, never a whole (B, H, N, N) of scores: run_from's batches of copies at any length
+            self.model.set_attn_implementation(blocked_attention.register())
+            if not wanted.whole_pass:
+                return capture(points, lambda: self._forward(inputs, stack, source), wanted, entered)
+            if self.family.kind == ENCODER_DECODER:
+                seq2seq = dict(input_ids=source["input_ids"], attention_mask=source["attention_mask"],
+                               decoder_input_ids=inputs["input_ids"], decoder_attention_mask=inputs["attention_mask"])  # fmt: skip
+                forward = lambda: self.model(**seq2seq, use_cache=False).last_hidden_state  # noqa: E731
+            else:
+                cache = {"use_cache": False} if self.family.kind == DECODER else {}
+                forward = lambda: self.model(**inputs, **cache).last_hidden_state  # noqa: E731
+            return capture(points, forward, wanted, entered)
 
-    def _capture(
-        self, inputs: dict[str, torch.Tensor], layers: list[int], stack: str | None, source: dict[str, torch.Tensor] | None, entered
-    ) -> dict[int, Captured]:
-        wanted = sorted(set(layers))
-        captured: dict[int, Captured] = {}
-
-        def keep(layer: int, args: tuple, kwargs: dict[str, Any]) -> None:
-            if layer in wanted:
-                hidden = args[0] if args else kwargs["hidden_states"]
-                if not torch.isfinite(hidden).all():
-                    raise AttnvizError(f"NaN or infinity in the input of layer {layer}: the model's weights hold them, or overflow")
-                kv = kwargs.get("key_value_states") if stack == "cross" else None
-                captured[layer] = Captured(hidden.detach().clone(), None if kv is None else kv.detach().clone())
-                entered(1)
-            if len(captured) == len(wanted):
-                raise _Stop
-
-        handles = hook_layers([self.attention_module(layer, stack)[1] for layer in range(max(wanted) + 1)], keep)
-        self.model.set_attn_implementation(blocked_attention.register())
-        try:
-            self._forward(inputs, stack, source)
-        except _Stop:
-            pass
-        finally:
-            for handle in handles:
-                handle.remove()
-        return captured
+    def hook_points(self, stack: str | None = None) -> HookPoints:
+        """The stack's modules by role (models/capture.py): layer_stack's, each layer's attention module (x), and
+        its W_q, W_k, W_v as the family's adapter names them (one module for all three: GPT-2's c_attn)."""
+        attention, projections = [], {"q": [], "k": [], "v": []}
+        for layer in range(self.num_layers(stack)):
+            index = self.family.stored_index(self.config, layer, stack)
+            name, names = self.family.layer_names(self.config, index, stack)
+            attention.append(self.model.get_submodule(name))
+            for role, modules in projections.items():
+                modules.append(self.model.get_submodule(names["w_" + role]))
+        return HookPoints(self.layer_stack(stack), attention, projections, cross=stack == "cross")
 
     # ---- the layers one by one: the model's output with a head taken out (analysis/effect.py) -----------------
 
@@ -236,23 +244,19 @@ class TransformersModel:
         self, inputs: dict[str, torch.Tensor], stack: str | None = None, source: dict[str, torch.Tensor] | None = None
     ) -> tuple[Recorded, torch.Tensor]:
         """One forward pass of the whole model over inputs (an encoder-decoder's decoder's, source its encoder's):
-        the stack's calls recorded (layer_runs.record), and the model's last hidden state (B, N, D) after its final
-        norm, the decoder's for an encoder-decoder. For an encoder-decoder's encoder stack, what the stack's output
-        becomes is the decoder's pass over it (Recorded.rest)."""
-        layers = self.layer_stack(stack)
-        with self._forward_lock:
-            # blocks of queries, never a whole (B, H, N, N) of scores: run_from's batches of copies at any length
-            self.model.set_attn_implementation(blocked_attention.register())
-            if self.family.kind == ENCODER_DECODER:
-                seq2seq = dict(input_ids=source["input_ids"], attention_mask=source["attention_mask"],
-                               decoder_input_ids=inputs["input_ids"], decoder_attention_mask=inputs["attention_mask"])  # fmt: skip
-                recorded, output = record(layers, lambda: self.model(**seq2seq, use_cache=False))
-            else:
-                cache = {"use_cache": False} if self.family.kind == DECODER else {}
-                recorded, output = record(layers, lambda: self.model(**inputs, **cache))
+        the stack's calls and z_merged (capture_pass), and the model's last hidden state (B, N, D) after its final
+        norm, the decoder's for an encoder-decoder."""
+        captured = self.capture_pass(inputs, Wanted(calls=True, z_merged=True), stack, source)
+        return self.recorded(captured, inputs, stack, source), captured.last_hidden
+
+    def recorded(
+        self, captured: Capture, inputs: dict[str, torch.Tensor], stack: str | None = None, source: dict[str, torch.Tensor] | None = None
+    ) -> Recorded:
+        """A whole pass's calls and z_merged as run_from replays them. For an encoder-decoder's encoder stack, what the
+        stack's output becomes is the decoder's pass over it (Recorded.rest)."""
         if self.family.kind == ENCODER_DECODER and stack == "encoder":
-            recorded.rest = lambda encoded: self._decode(inputs, source, encoded)
-        return recorded, output.last_hidden_state
+            return captured.recorded(lambda encoded: self._decode(inputs, source, encoded))
+        return captured.recorded()
 
     def _decode(self, inputs: dict[str, torch.Tensor], source: dict[str, torch.Tensor], encoded: torch.Tensor) -> torch.Tensor:
         """The decoder's last hidden state (B, N, D) over inputs (batch 1, broadcast to B), reading encoded (B, Ns, D)."""
