@@ -3,8 +3,9 @@
 A run is one call of the model's top module from outside any other module (helpers.model_runs): attnviz's BertEncoder
 for the bundled BERT, transformers' LlamaModel for the tiny Llama (conftest.decoder_folder). A pass that stops early
 counts as one. patch's patched passes start at the patched layer: each is a call of that decoder layer and of the
-ones after it, and of the final norm. Interventions (generate, --effect, diff's second checkpoint, retrieval's needle
-tests) run passes of their own (docs/architecture.md) and are not counted here.
+ones after it, and of the final norm. Interventions (--effect, diff's second checkpoint, retrieval's needle tests) run
+passes of their own (docs/architecture.md) and are not counted here; generate's decode steps are calls of LlamaModel
+too, counted in its row beside the prompt's one pass.
 """
 
 from __future__ import annotations
@@ -33,6 +34,11 @@ COMMANDS = {
     "stats": (["stats", TEXT], "bert", {"BertEncoder": 1}),
     "stats in blocks": (["stats", " ".join([TEXT] * 16), "--memory", "1"], "bert", {"BertEncoder": 1}),  # 178 tokens: 1.5 MB a map
     "roles": (["roles", TEXT], "llama", {"LlamaModel": 5}),
+    # was 9: the random side's pass, the most changed heads' maps' 2, the report's 6; now one capture feeds all three
+    "diff --against random": (["diff", TEXT, "--against", "random"], "bert", {"BertEncoder": 1}),
+    # 6 are generation's own (the prompt's prefill, then each new token read once, the last too), 1 the prompt's capture, of
+    # which the report is made (was 4: the run's, every layer's, the traces', the vectors')
+    "generate": (["generate", TEXT, "--tokens", "5"], "llama", {"LlamaModel": 7}),
     "patch": (PATCH, "llama", {"LlamaModel": 2, "LlamaDecoderLayer": 3, "LlamaRMSNorm": 2}),
     "patch --component q": ([*PATCH, "--component", "q"], "llama", {"LlamaModel": 2, "LlamaDecoderLayer": 6, "LlamaRMSNorm": 4}),
     "patch --component pattern": (

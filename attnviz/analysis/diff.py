@@ -9,7 +9,9 @@ layer × head the two maps' rows are compared (DISTANCES):
 - Clark et al.'s divergence: the JSD summed over the queries (Clark, Khandelwal, Levy and Manning 2019, "What
   Does BERT Look At?", section 6), the number their head-distance plots use, growing with the text.
 Against "random", the other side is the same model's layer with random projections (drawn from the seed) over
-the same hidden states (captured once for both sides): how far training moved each head from a random one.
+the same hidden states: how far training moved each head from a random one. The model's side reads the text's capture
+(pipeline.capture_texts: one pass, of which attnviz.diff also makes the report); against random the other side reads
+it too, and another checkpoint's side takes passes of its own.
 
 The most changed heads (TOP_HEADS, by JS distance) keep both maps for the figures when the text has at most
 MAX_DRAWN_TOKENS tokens: their layers run once more, whole.
@@ -88,32 +90,31 @@ def check_pair(loaded, other, text: str, spec) -> None:
         )
 
 
-def head_differences(loaded, other, text: str, spec, budget_bytes: int, progress: Progress = Progress()) -> HeadDifferences:
+def head_differences(
+    loaded, other, text: str, spec, budget_bytes: int, progress: Progress = Progress(), captured=None
+) -> HeadDifferences:
     """Every layer × head of loaded and other (a LoadedModel checked by check_pair, or RANDOM) over one text: the
-    DISTANCES of their maps, computed a block of queries at a time within budget_bytes; progress: the layers compared."""
+    DISTANCES of their maps, computed a block of queries at a time within budget_bytes; progress: the layers compared.
+    captured: the text's capture on loaded (layer_inputs.Capture of every layer, pipeline.capture_texts'), else made
+    here: loaded's side and a random other side read it, and the model runs no other pass of the text."""
     import torch
 
     from attnviz.analysis.head_numbers import row_plogp
-    from attnviz.layer_inputs import encode_texts, layer_states, threads_for
-    from attnviz.pipeline import build_layers, in_berts_place, iter_layer_blocks
+    from attnviz.layer_inputs import encode_texts
+    from attnviz.pipeline import build_layers, capture_texts, in_berts_place, iter_layer_blocks
 
     spec = replace(spec, kv_text=None)
     other_spec = replace(spec, weights="random") if other == RANDOM else spec
     other_model = loaded if other == RANDOM else other
-    encoded = encode_texts(loaded, [text], spec)
-    shared = None  # against random both sides run over the model's own hidden states: one forward pass captures them
-    if other == RANDOM and not in_berts_place(loaded, spec):
-        with threads_for(encoded):
-            shared = layer_states(loaded, encoded, list(range(loaded.num_layers_of(spec.stack))), spec)
+    encoded, shared = captured if captured is not None else capture_texts(loaded, [text], spec)
 
     def blocks(model, run_spec):
         model_encoded = encoded if model is loaded else encode_texts(model, [text], run_spec)
         layers = build_layers(model, run_spec)
-        states = None if shared is None else dict(shared)  # each side lets a layer's states go once used
+        states = dict(shared) if model is loaded else None  # each side lets a layer's states go once used
         return iter_layer_blocks(model, model_encoded, layers, run_spec, budget_bytes, in_berts_place(model, run_spec), states)
 
     ours, theirs = blocks(loaded, spec), blocks(other_model, other_spec)
-    del shared
     sums = {name: {} for name in DISTANCES}
     num_tokens = len(encoded.queries.ids[0])
     advance = progress.counting("layers compared", loaded.num_layers_of(spec.stack))
@@ -144,20 +145,23 @@ def head_differences(loaded, other, text: str, spec, budget_bytes: int, progress
         top=top,
     )
     if num_tokens <= MAX_DRAWN_TOKENS:
-        differences.maps = _maps(loaded, other_model, text, spec, other_spec, top)
+        differences.maps = _maps(loaded, other_model, text, spec, other_spec, top, (encoded, shared))
     return differences
 
 
-def _maps(loaded, other, text: str, spec, other_spec, top: list[tuple[int, int]]) -> dict:
-    """The two maps (N, N) of each of the top heads: one forward pass a side captures their layers' inputs, then
-    each of those layers runs once more on each side, whole."""
+def _maps(loaded, other, text: str, spec, other_spec, top: list[tuple[int, int]], captured) -> dict:
+    """The two maps (N, N) of each of the top heads: each of their layers runs once more on each side, whole, over
+    loaded's capture (captured), or another checkpoint's own pass capturing those layers' inputs."""
     from attnviz.layer_inputs import encode_texts, layer_states
     from attnviz.pipeline import run_attention
 
     layers = sorted({layer for layer, _ in top})
     sides = []
     for model, run_spec in ((loaded, spec), (other, other_spec)):
-        encoded = encode_texts(model, [text], run_spec)
-        states = layer_states(model, encoded, layers, run_spec)
+        if model is loaded:
+            encoded, states = captured
+        else:
+            encoded = encode_texts(model, [text], run_spec)
+            states = layer_states(model, encoded, layers, run_spec)
         sides.append({layer: run_attention(model, [text], replace(run_spec, layer=layer), (encoded, states[layer]))[0] for layer in layers})
     return {(layer, head): tuple(np.array(side[layer].attention[head]) for side in sides) for layer, head in top}

@@ -32,6 +32,7 @@ def diff(text: str, *, against, progress=None, **options):
     """
     from attnviz.analysis.diff import RANDOM, check_pair, head_differences
     from attnviz.budgets import block_budget
+    from attnviz.pipeline import capture_texts
 
     options = run_options("diff", options, DIFF_OPTIONS)
     (text,) = _texts(text, one=True)
@@ -47,7 +48,18 @@ def diff(text: str, *, against, progress=None, **options):
     if against != RANDOM:
         other = replace(options, model=against).load().loaded
         check_pair(handle.loaded, other, text, spec)
-    return DiffResult(head_differences(handle.loaded, other, text, spec, block_budget(spec), progress), spec, handle.loaded)
+    capture = capture_texts(handle.loaded, [text], spec)  # the text's one pass on the model: its side, and the report
+    differences = head_differences(handle.loaded, other, text, spec, block_budget(spec), progress, capture)
+    return DiffResult(differences, spec, handle.loaded, diff_report(handle.loaded, differences, spec, capture))
+
+
+def diff_report(loaded, differences, spec: RunSpec, captured):
+    """The interactive report of the model's text (as attnviz.report gives it, at the most changed head's layer),
+    opening on the Diff view: the grid of every layer × head's distance, the most changed heads' two maps. Made of
+    the text's capture (captured): no pass of the model."""
+    from attnviz.api.report import text_report
+
+    return text_report(loaded, differences.text, replace(spec, layer=differences.top[0][0]), captured=captured, differences=differences)
 
 
 @dataclass(frozen=True, repr=False)
@@ -57,7 +69,8 @@ class DiffResult:
 
     differences: Any  # analysis.diff.HeadDifferences
     spec: RunSpec
-    loaded: Any = field(default=None, compare=False)  # the model's LoadedModel: its report's every layer
+    loaded: Any = field(default=None, compare=False)  # the model's LoadedModel
+    report_result: Any = field(default=None, compare=False)  # the ReportResult, made while the capture was at hand
     @property
     def values(self) -> dict[str, np.ndarray]:
         return self.differences.values
@@ -90,12 +103,8 @@ class DiffResult:
         return [*figures, write_differences_json(self.differences, self.spec, folder / "diff.json"), *self.report().write_files(folder)]
 
     def report(self):
-        """The interactive report of the model's text (as attnviz.report gives it, at the most changed head's layer),
-        opening on the Diff view: the grid of every layer × head's distance, the most changed heads' two maps."""
-        from attnviz.api.report import text_report
-
-        spec = replace(self.spec, layer=self.differences.top[0][0])
-        return text_report(self.loaded, self.differences.text, spec, differences=self.differences)
+        """The interactive report of the model's text (diff_report's, made by attnviz.diff), opening on the Diff view."""
+        return self.report_result
 
     def to_dict(self) -> dict:
         """diff.json's content."""

@@ -47,7 +47,20 @@ def generate(prompt: str, *, tokens: int = 32, sample: bool = False, rows: str =
     check_layer(handle.loaded, options.layer)
     spec = options.run_spec(handle)
     generation = continue_prompt(handle.loaded, prompt, spec, tokens, sample, options.seed, progress)
-    return GenerateResult(generation, spec, handle.loaded, rows)
+    return GenerateResult(generation, spec, handle.loaded, rows, generation_report(handle.loaded, generation, spec, rows))
+
+
+def generation_report(loaded, generation, spec: RunSpec, rows: str):
+    """The interactive report of the prompt (as attnviz.report gives it), opening on the Generation view: the prompt
+    and its continuation, one generated token at a time, coloured by the row that chose it or by its own (rows' first).
+    Made of the prompt's one capture (captured_report's: its run, every layer, the traces, the vectors); generation's
+    own decode passes are not read."""
+    from attnviz.analysis.neurons import MAX_VECTOR_TOKENS
+    from attnviz.api.report_parts import captured_report
+    from attnviz.api.run_results import report_result
+
+    ((_, part, notes),) = captured_report(loaded, [generation.prompt], spec, vector_tokens=0 if spec.words else MAX_VECTOR_TOKENS)
+    return report_result([replace(part, generation=generation, generation_rows=rows)], spec, loaded.num_layers, notes)
 
 
 @dataclass(frozen=True, repr=False)
@@ -57,8 +70,9 @@ class GenerateResult:
 
     generation: Any
     spec: RunSpec
-    loaded: Any = field(default=None, compare=False)  # the model's LoadedModel: its report's prompt views
+    loaded: Any = field(default=None, compare=False)  # the model's LoadedModel
     rows_are: str = "chosen"  # analysis.generation.ROWS: the rows shown
+    report_result: Any = field(default=None, compare=False)  # the ReportResult, made while the prompt's capture was at hand
 
     @property
     def ids(self) -> list[int]:
@@ -112,17 +126,9 @@ class GenerateResult:
         return [figure, record, *self.report().write_files(folder)]
 
     def report(self):
-        """The interactive report of the prompt (as attnviz.report gives it), opening on the Generation view: the
-        prompt and its continuation, one generated token at a time, coloured by the row that chose it or by its own
-        (rows_are's first)."""
-        from attnviz.api.report import report_texts
-        from attnviz.api.run_results import report_result
-        from attnviz.pipeline import run_attention
-
-        runs = run_attention(self.loaded, [self.generation.prompt], self.spec)
-        texts, notes = report_texts(self.loaded, runs, self.spec)
-        texts[0] = replace(texts[0], generation=self.generation, generation_rows=self.rows_are)
-        return report_result(texts, self.spec, self.loaded.num_layers, notes)
+        """The interactive report of the prompt (generation_report's, made by attnviz.generate), opening on the
+        Generation view."""
+        return self.report_result
 
     def __rich_console__(self, console, options):
         from attnviz.render.generation_text import print_generation
