@@ -10,12 +10,15 @@ too, counted in its row beside the prompt's one pass.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from helpers import model_runs
 
 import attnviz
 from attnviz.cli.main import run
 
+SAMPLES = Path(__file__).parent.parent / "sample_inputs"
 TEXT = "The cat sat on the mat because it was tired."
 CORRUPT = "The mat sat on the cat because it was tired."
 PATCH = ["patch", TEXT, "--corrupt", CORRUPT, "--answer", " cat", "--wrong", " mat"]
@@ -24,6 +27,7 @@ PATCH = ["patch", TEXT, "--corrupt", CORRUPT, "--answer", " cat", "--wrong", " m
 COMMANDS = {
     "heads": (["heads", TEXT], "bert", {"BertEncoder": 1}),
     "heads --trace": (["heads", TEXT, "--trace"], "bert", {"BertEncoder": 2}),  # the trace's pass, the heads'
+    "heads --file": (["heads", "--file", str(SAMPLES / "en.txt")], "bert", {"BertEncoder": 1}),  # was 2: its files', its report's
     "heads on a decoder": (["heads", TEXT], "llama", {"LlamaModel": 1}),
     "heads --layer 3": (["heads", TEXT, "--layer", "3"], "bert", {"BertEncoder": 1}),
     "trace": (["trace", TEXT], "bert", {"BertEncoder": 1}),

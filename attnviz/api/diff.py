@@ -59,7 +59,8 @@ def diff_report(loaded, differences, spec: RunSpec, captured):
     the text's capture (captured): no pass of the model."""
     from attnviz.api.report import text_report
 
-    return text_report(loaded, differences.text, replace(spec, layer=differences.top[0][0]), captured=captured, differences=differences)
+    at_layer = replace(spec, layer=differences.top[0][0])
+    return text_report(loaded, differences.text, at_layer, captured=captured, differences=differences)
 
 
 @dataclass(frozen=True, repr=False)

@@ -67,6 +67,8 @@ def heads_file(
     save_map: a long text's map as attention.npy. options as in attnviz.heads. progress(n) after each text written
     (stage "texts written", the texts' count).
     """
+    from attnviz.analysis.neurons import MAX_VECTOR_TOKENS
+    from attnviz.api.report_parts import captured_batches, report_of_parts
     from attnviz.output import batch
     from attnviz.output.runs import StagedRunFolder, check_target
     from attnviz.render.heatmap import check_format
@@ -91,32 +93,40 @@ def heads_file(
     spec = options.run_spec(handle)
     check_head_of(head, handle, spec)
 
+    texts = [entry.text for entry in lines]
+    reported, report_notes = _reported(loaded, texts, spec) if html else (0, [])
+    parts = []  # the report's texts' (ReportText, notes), made from their batch's capture as write_batch takes its runs
+
+    def batched_runs():
+        vector_tokens = 0 if spec.words else MAX_VECTOR_TOKENS  # the report's neuron view's
+        for made in captured_batches(loaded, texts, spec, vector_tokens=vector_tokens, reported=reported):
+            parts.extend((part, notes) for _, part, notes in made if part is not None)
+            yield [run for run, _, _ in made]
+
     run_folder = StagedRunFolder(target, unique=unique)
     advance = progress.counting(TEXTS_WRITTEN, len(lines))
     with run_folder as staging:
         written = batch.write_batch(
             loaded, lines, staging, format, spec, on_text=lambda: advance(1), figures=figures or "grid", head=head,
-            save_map=save_map,
+            save_map=save_map, batched_runs=batched_runs(),
         )  # fmt: skip
-        report_files, report_notes = _batch_report(loaded, [entry.text for entry in lines], spec, staging) if html else ([], [])
+        report_files = report_of_parts(loaded, parts, spec, report_notes).write_files(staging) if html else []
     warn_run_notes([*written.notes, *report_notes], handle)
     files = [run_folder.final / path.name for path in [*written.files, *report_files]]
     return HeadsFileResult(run_folder.final, written.rows, files, written.first_run, spec, written.notes, report_notes)
 
 
-def _batch_report(loaded, texts: list[str], spec: RunSpec, staging: Path) -> tuple[list[Path], list[str]]:
-    """report.html of the batch: its first texts that one report holds (one capture per batch again: write_batch keeps no
-    runs); the note past them."""
-    from attnviz.api.report import MAX_REPORT_TEXTS, MAX_REPORT_WEIGHTS, report_of_texts, texts_that_fit
+def _reported(loaded, texts: list[str], spec: RunSpec) -> tuple[int, list[str]]:
+    """How many of the texts, from the first, report.html holds (texts_that_fit), and the note past them."""
+    from attnviz.api.report import MAX_REPORT_TEXTS, MAX_REPORT_WEIGHTS, texts_that_fit
 
     fit, weights = texts_that_fit(loaded, texts, spec)
-    shown = texts[:fit]
-    notes = [] if len(shown) == len(texts) else [
-        f"report.html shows the first {len(shown)} of the {len(texts)} texts (a report holds at most {MAX_REPORT_TEXTS} "
+    notes = [] if fit == len(texts) else [
+        f"report.html shows the first {fit} of the {len(texts)} texts (a report holds at most {MAX_REPORT_TEXTS} "
         f"texts, whose maps of every layer have at most {MAX_REPORT_WEIGHTS:,} attention weights; these have {weights:,}); "
         "every text has its own folder of heatmaps and attention.json"
     ]  # fmt: skip
-    return report_of_texts(loaded, shown, spec, notes).write_files(staging), notes
+    return fit, notes
 
 
 @takes_options(EVERY_LAYER_OPTIONS)

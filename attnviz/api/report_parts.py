@@ -10,6 +10,7 @@ one capture per padded batch.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import replace
 
 from attnviz.api.experiment_results import text_statistics
@@ -29,8 +30,17 @@ def holds_vectors(run) -> bool:
 
 def captured_report(loaded, texts: list[str], spec: RunSpec, progress: Progress = Progress(), vector_tokens: int = 0) -> list[tuple]:
     """Each text's run at spec.layer, its ReportText and the notes of what its report leaves out, (run, part, notes):
-    one capture per padded batch (pipeline.BATCH_SIZE texts) feeds the batch's runs and, cut to each text
-    (text_captures), its parts. The model runs once a batch.
+    captured_batches' of every text, all reported. The model runs once a batch."""
+    return [made for batch in captured_batches(loaded, texts, spec, progress, vector_tokens) for made in batch]
+
+
+def captured_batches(
+    loaded, texts: list[str], spec: RunSpec, progress: Progress = Progress(), vector_tokens: int = 0, reported: int | None = None
+) -> Iterator[list[tuple]]:
+    """Per padded batch (pipeline.BATCH_SIZE texts), in turn, each text's (run, part, notes) as captured_report gives
+    them: one capture per batch feeds the batch's runs and, cut to each text (text_captures), its parts. Only the
+    first `reported` texts (default: every one) have parts (None and no notes past them), and a batch with none of
+    them is run at spec.layer alone, without vectors (run_attention's own pass). The model runs once a batch.
 
     Self-attention captures every layer, cross-attention the run's layer alone (its report has no other layers).
     vector_tokens: run_attention's (the neuron view's q and k, from each run's own projection). progress: each batch's
@@ -42,17 +52,25 @@ def captured_report(loaded, texts: list[str], spec: RunSpec, progress: Progress 
 
     check_layer(loaded, spec.layer, spec.stack)  # before any pass
     layers = [spec.layer] if spec.cross_attention else list(range(loaded.num_layers_of(spec.stack)))
-    made = []
+    to_report = len(texts) if reported is None else reported
     for batch in batches(texts, BATCH_SIZE):
+        if to_report <= 0:
+            yield [(run, None, []) for run in run_attention(loaded, batch, spec)]
+            continue
         capture = capture_texts(loaded, batch, spec, layers, progress.counting(FORWARD_PASS, len(layers)))
         encoded, states = capture
         runs = run_attention(loaded, batch, spec, captured=(encoded, states[spec.layer]), vector_tokens=vector_tokens)
+        made = []
         for run, own in zip(runs, text_captures(capture)):
+            if to_report <= 0:
+                made.append((run, None, []))
+                continue
+            to_report -= 1
             if is_long(run) and not spec.cross_attention:  # a text with a report of its own: its summaries, from its capture
                 run = replace(run, layer_summaries=captured_summaries(loaded, run.text, own, spec, progress))
             (part,), notes = report_texts(loaded, [run], spec, progress, captured=[own])
             made.append((run, part, notes))
-    return made
+        yield made
 
 
 def captured_summaries(loaded, text: str, captured, spec: RunSpec, progress: Progress = Progress()):
@@ -76,8 +94,16 @@ def report_of_texts(loaded, texts: list[str], spec: RunSpec, notes: list[str] = 
     from attnviz.analysis.neurons import MAX_VECTOR_TOKENS
 
     made = captured_report(loaded, texts, spec, progress, vector_tokens=0 if spec.words else MAX_VECTOR_TOKENS)
-    left_out = dict.fromkeys(note for _, _, text_notes in made for note in text_notes)  # each once, in order
-    return report_result([part for _, part, _ in made], spec, loaded.num_layers_of(spec.stack), [*notes, *left_out], progress)
+    return report_of_parts(loaded, [(part, text_notes) for _, part, text_notes in made], spec, notes, progress)
+
+
+def report_of_parts(
+    loaded, parts: list[tuple], spec: RunSpec, notes: list[str] = (), progress: Progress = Progress()
+) -> ReportResult:
+    """The report of texts' parts already made, (ReportText, its notes) each (captured_batches'); notes: what the page
+    adds to the texts' own notes, each said once."""
+    left_out = dict.fromkeys(note for _, text_notes in parts for note in text_notes)  # each once, in order
+    return report_result([part for part, _ in parts], spec, loaded.num_layers_of(spec.stack), [*notes, *left_out], progress)
 
 
 def report_of_runs(loaded, runs: list, spec: RunSpec, notes: list[str] = (), progress: Progress = Progress(), captured=None) -> ReportResult:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -152,11 +152,14 @@ def write_batch(
     figures: str = "all",
     head: int | None = None,
     save_map: bool = False,
+    batched_runs: Iterable[list[AttentionRun]] | None = None,
 ) -> BatchResult:
     """Run every text with spec's settings, write its folder into out_dir, then summary.csv and summary.json.
 
     figures and head choose each folder's heatmaps (write_head_figures); save_map (--save-map) writes a long
-    text's whole map, attention.npy, into its folder; without it a note says how many were not saved.
+    text's whole map, attention.npy, into its folder; without it a note says how many were not saved. batched_runs:
+    the texts' runs a batch at a time, made by the caller (heads_file's: the report's parts made from the same
+    capture), else run_in_batches'.
     """
     from attnviz.output.export import map_not_saved
     from attnviz.run_data import map_bytes
@@ -164,7 +167,8 @@ def write_batch(
     names = text_folder_names(texts)
     rows, truncated, notes, first_run = [], [], {}, None
     unsaved = []  # the bytes of each long text's map not saved
-    batched_runs = run_in_batches(loaded, [entry.text for entry in texts], spec, batch_size)
+    if batched_runs is None:
+        batched_runs = run_in_batches(loaded, [entry.text for entry in texts], spec, batch_size)
     runs = (run for batch_runs in batched_runs for run in batch_runs)  # one batch in memory at a time
     for index, (entry, name, run) in enumerate(zip(texts, names, runs), 1):
         write_run_files(run, spec, out_dir / name, fmt, figures=figures, head=head, save_map=save_map)
