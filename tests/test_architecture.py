@@ -175,6 +175,25 @@ def test_results_and_the_reports_writer_never_name_what_runs_the_model():
     assert not named, named
 
 
+# Results defined beside the API function that makes them (and runs the model): the result's class alone is held to it.
+RESULTS_BESIDE_THEIR_FUNCTION = {"api/diff.py": "DiffResult", "api/generate.py": "GenerateResult", "api/patch.py": "PatchResult"}
+
+
+def test_results_beside_their_function_never_name_what_runs_the_model():
+    import ast
+    from pathlib import Path
+
+    import attnviz
+
+    root = Path(attnviz.__file__).parent
+    named = []
+    for path, name in RESULTS_BESIDE_THEIR_FUNCTION.items():
+        tree = ast.parse((root / path).read_text(encoding="utf-8"))
+        (result,) = [node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == name]
+        named += [f"{path} {name}: {each}" for each in names_in(ast.unparse(result)) & RUNS_THE_MODEL]
+    assert not named, named
+
+
 def test_the_check_of_what_runs_the_model_finds_an_import_and_a_call():
     source = "def report(self):\n    from attnviz.pipeline import run_layers\n    return pipeline.run_attention(self.loaded)\n"
     assert names_in(source) & RUNS_THE_MODEL == {"run_layers", "run_attention"}
