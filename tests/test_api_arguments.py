@@ -43,7 +43,7 @@ TEXTS = [5, None, [1], ["the cat", 2.0]]
 
 ARGUMENTS = {  # function -> its arguments -> wrong values
     "heads": {"text": TEXTS, **RUN_OPTIONS, "measure": [5, None], "layer_summaries": ["yes", 1], "effect": [5, True, ["zero"]],
-              "vectors": ["yes", 1], "report": ["yes", None], "head": ["3", 1.5, True], "window": [5, ["0:2,0:2"]], "progress": [5, "print"]},
+              "vectors": ["yes", 1], "report": ["yes", None], "trace": ["yes", None], "head": ["3", 1.5, True], "window": [5, ["0:2,0:2"]], "progress": [5, "print"]},
     "heads_file": {"texts": TEXTS, "folder": [5, None, ["run"]], **RUN_OPTIONS, "format": [5, None], "figures": [5, ["grid"]],
                    "head": ["3", 1.5, True], "save_map": ["yes", 1, None], "html": ["yes", 1, None], "unique": ["no", 0, None],
                    "progress": [5, "print"]},

@@ -26,7 +26,7 @@ PATCH = ["patch", TEXT, "--corrupt", CORRUPT, "--answer", " cat", "--wrong", " m
 # command line (without --model and --out), the model ("bert": the bundled one; "llama": the tiny one), runs by module
 COMMANDS = {
     "heads": (["heads", TEXT], "bert", {"BertEncoder": 1}),
-    "heads --trace": (["heads", TEXT, "--trace"], "bert", {"BertEncoder": 2}),  # the trace's pass, the heads'
+    "heads --trace": (["heads", TEXT, "--trace"], "bert", {"BertEncoder": 1}),  # was 2: the trace's pass, the heads'
     "heads --file": (["heads", "--file", str(SAMPLES / "en.txt")], "bert", {"BertEncoder": 1}),  # was 2: its files', its report's
     "heads on a decoder": (["heads", TEXT], "llama", {"LlamaModel": 1}),
     "heads --layer 3": (["heads", TEXT, "--layer", "3"], "bert", {"BertEncoder": 1}),

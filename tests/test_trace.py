@@ -610,3 +610,32 @@ def test_heads_trace_refuses_a_file(tmp_path, capsys):
     assert run(["heads", "--file", str(texts), "--trace", "--model", "bundled", "--out", str(tmp_path / "run")]) == 2
     assert capsys.readouterr().err.startswith("error: --trace traces one text")
     assert not (tmp_path / "run").exists()
+
+
+def test_heads_with_trace_is_attnviz_traces_trace_of_the_runs_own_pass():
+    """heads(report=True, trace=True) traces the run's capture (one pass): trace.json's record as attnviz.trace's own
+    pass gives it, every shape and value within float32; with a measure the trace takes its own pass."""
+    import numpy as np
+    from helpers import model_runs
+
+    import attnviz
+
+    def leaves(record, path=""):  # every number and string of a record, by path
+        if isinstance(record, dict):
+            return {key: value for name in record for key, value in leaves(record[name], f"{path}/{name}").items()}
+        if isinstance(record, list):
+            return {key: value for index, item in enumerate(record) for key, value in leaves(item, f"{path}[{index}]").items()}
+        return {path: record}
+
+    expected = leaves(attnviz.trace(SHORT, model="bundled", layer=2).to_dict())
+    for options in ({"report": True}, {"measure": "norm"}):
+        with model_runs() as runs:
+            result = attnviz.heads(SHORT, model="bundled", layer=2, trace=True, **options)
+        assert runs["BertEncoder"] == (1 if "report" in options else 2), options  # a measure: its run's pass, the trace's own
+        got = leaves(result.traced.to_dict())
+        assert got.keys() == expected.keys()
+        numbers = [key for key, value in expected.items() if isinstance(value, float)]
+        assert numbers and all(got[key] == expected[key] for key in expected.keys() - set(numbers))
+        assert np.allclose([got[key] for key in numbers], [expected[key] for key in numbers], rtol=1e-5, atol=1e-6)
+    with pytest.raises(AttnvizError, match="trace=True traces one text"):
+        attnviz.heads([SHORT, SHORT], model="bundled", trace=True)

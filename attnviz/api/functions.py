@@ -29,8 +29,9 @@ POSITION_OPTIONS = ("model", "device", "dtype", "allow_pickle")  # position runs
 @takes_options()
 def heads(
     text: str | list[str], *, measure: str = "weights", layer_summaries: bool | None = False, effect: str | None = None,
-    vectors: bool | None = False, report: bool = False, head: int | None = None, window=None, progress=None, **options
-):
+    vectors: bool | None = False, report: bool = False, trace: bool = False, head: int | None = None, window=None,
+    progress=None, **options,
+):  # fmt: skip
     """One layer's heads over a text (a HeadsResult), or over a list of texts (a list, run in padded batches).
 
     options are RunOptions' (attnviz.RunOptions): heads splits the projections into that many
@@ -60,6 +61,9 @@ def heads(
     the traces and mistakes, the neuron view), made from the same pass of the model as the run (one per padded batch):
     result.report() returns it, and its numbers are the run's very floats. With a measure, the report takes passes
     of its own (the measures run theirs).
+    trace: also the text's shape trace, as attnviz.trace gives it (the model's own layout): result.traced (a
+    TraceResult). One text. With report (no measure, no layer_summaries) it is made of the run's capture; else it
+    takes attnviz.trace's own pass.
     head and window: what will be drawn of the result (result.figure(head, window), `heads --head N --window ...`),
     checked as the command checks them (api/drawn.py): window's form and head against heads= before the model loads,
     head against the model's own heads before the layer is computed, window's range on each text's map.
@@ -79,6 +83,8 @@ def heads(
     check_effect(effect, text, options)
     progress = must_be_progress(progress)
     wants_report = must_be_bool("report", report)
+    if must_be_bool("trace", trace) and not isinstance(text, str):
+        raise AttnvizError("trace=True traces one text: give one str, not a list")
     if vectors is not None and must_be_bool("vectors", vectors) and (not isinstance(text, str) or options.words or names):
         raise AttnvizError("vectors=True gives one text's query and key vectors over its tokens: give one str, no words, no measure")
     check_drawing(head, window, heads=options.heads)
@@ -93,6 +99,7 @@ def heads(
         layer_summaries = isinstance(text, str) and not names and summarised_in_its_run(handle.loaded, texts, spec.cross_attention)
     vector_tokens = _vector_tokens(vectors, isinstance(text, str) and not options.words and not names)
     parts = None  # with report: each text's ReportText and its notes, made from the run's capture
+    traced = None  # with trace: its TraceResult
     if names:
         results = _measured_heads(handle, texts, spec, names, num_layers)
     elif wants_report and not layer_summaries:  # one capture: the runs, and every layer, the traces, the vectors
@@ -100,9 +107,12 @@ def heads(
         from attnviz.api.report_parts import captured_report
 
         report_tokens = max(vector_tokens, 0 if options.words else MAX_VECTOR_TOKENS)  # the report's neuron view's too
-        made = captured_report(handle.loaded, texts, spec, progress, report_tokens)
+        captures = []
+        made = captured_report(handle.loaded, texts, spec, progress, report_tokens, captures=captures)
         results = [HeadsResult(run if vector_tokens else replace(run, vectors=None), spec, num_layers) for run, _, _ in made]
         parts = [(part, notes) for _, part, notes in made]
+        if trace:
+            traced = _trace_of_capture(handle, texts, spec, captures[0], [made[0][0]])
     elif layer_summaries:
         from attnviz.analysis.head_summaries import run_and_summarise
         from attnviz.budgets import block_budget
@@ -114,6 +124,8 @@ def heads(
         results = [HeadsResult(run, spec, num_layers) for run in runs]
     if effects is not None:
         results = [replace(results[0], run=replace(results[0].run, effects=effects))]
+    if trace:  # a measured or summarised text's, or one without a report: the trace's own pass
+        results = [replace(results[0], traced=traced or _own_trace(text, options))]
     if wants_report:
         made_parts = parts or [None] * len(results)
         results = [replace(result, made_report=_report_of(handle, result, part, progress)) for result, part in zip(results, made_parts)]
@@ -121,6 +133,21 @@ def heads(
         result.window(window, window_name())
     warn_run_notes((note for result in results for note in result.notes), handle)
     return results if isinstance(text, (list, tuple)) else results[0]
+
+
+def _own_trace(text: str, options: RunOptions):
+    """attnviz.trace of the text with heads' options: its own pass (heads' trace= names the function)."""
+    return trace(text, **options.keywords())
+
+
+def _trace_of_capture(handle: Model, texts: list[str], spec, captured, runs: list):
+    """attnviz.trace's TraceResult of the model's own layout over the texts' capture (layer_inputs.Capture): no pass."""
+    from attnviz.api.run_results import TraceResult
+    from attnviz.tracing import model_layout, trace_texts
+
+    encoded, states = captured
+    traced = trace_texts(handle.loaded, texts, spec, layouts=(model_layout(handle.loaded),), captured=(encoded, states[spec.layer]))
+    return TraceResult(traced, runs, spec, handle.loaded.num_layers_of(spec.stack))
 
 
 def _report_of(handle: Model, result, made, progress):

@@ -28,15 +28,20 @@ def holds_vectors(run) -> bool:
     return run.words is None and max(len(run.query_tokens), len(run.key_tokens)) <= MAX_VECTOR_TOKENS
 
 
-def captured_report(loaded, texts: list[str], spec: RunSpec, progress: Progress = Progress(), vector_tokens: int = 0) -> list[tuple]:
+def captured_report(
+    loaded, texts: list[str], spec: RunSpec, progress: Progress = Progress(), vector_tokens: int = 0, captures: list | None = None
+) -> list[tuple]:
     """Each text's run at spec.layer, its ReportText and the notes of what its report leaves out, (run, part, notes):
-    captured_batches' of every text, all reported. The model runs once a batch."""
-    return [made for batch in captured_batches(loaded, texts, spec, progress, vector_tokens) for made in batch]
+    captured_batches' of every text, all reported. The model runs once a batch. captures: a list each batch's
+    capture is added to (heads' trace reads it)."""
+    batches = captured_batches(loaded, texts, spec, progress, vector_tokens, captures=captures)
+    return [made for batch in batches for made in batch]
 
 
 def captured_batches(
-    loaded, texts: list[str], spec: RunSpec, progress: Progress = Progress(), vector_tokens: int = 0, reported: int | None = None
-) -> Iterator[list[tuple]]:
+    loaded, texts: list[str], spec: RunSpec, progress: Progress = Progress(), vector_tokens: int = 0,
+    reported: int | None = None, captures: list | None = None,
+) -> Iterator[list[tuple]]:  # fmt: skip
     """Per padded batch (pipeline.BATCH_SIZE texts), in turn, each text's (run, part, notes) as captured_report gives
     them: one capture per batch feeds the batch's runs and, cut to each text (text_captures), its parts. Only the
     first `reported` texts (default: every one) have parts (None and no notes past them), and a batch with none of
@@ -44,7 +49,7 @@ def captured_batches(
 
     Self-attention captures every layer, cross-attention the run's layer alone (its report has no other layers).
     vector_tokens: run_attention's (the neuron view's q and k, from each run's own projection). progress: each batch's
-    forward pass, then report_texts' stages per text.
+    forward pass, then report_texts' stages per text. captures: a list each batch's capture is added to, or None.
     """
     from attnviz.html.record import is_long
     from attnviz.layer_inputs import check_layer, text_captures
@@ -60,6 +65,8 @@ def captured_batches(
         capture = capture_texts(loaded, batch, spec, layers, progress.counting(FORWARD_PASS, len(layers)))
         encoded, states = capture
         runs = run_attention(loaded, batch, spec, captured=(encoded, states[spec.layer]), vector_tokens=vector_tokens)
+        if captures is not None:
+            captures.append(capture)
         made = []
         for run, own in zip(runs, text_captures(capture)):
             if to_report <= 0:

@@ -58,6 +58,7 @@ class HeadsResult:
     num_layers: int | None = None  # the model's layers (of spec.stack), for the report's header
     measures: Any = None  # attnviz.analysis.measures.RunMeasures, with measure= other than "weights"
     made_report: Any = None  # the ReportResult of heads(report=True): made from the run's own capture
+    traced: Any = None  # the TraceResult of heads(trace=True)
 
     @property
     def text(self) -> str:

@@ -129,16 +129,17 @@ def heads(
             check_text(text)  # as the API would, before loading
             handle = options.load()  # attnviz.load's: the API's calls reuse it
             check_head_of(head, handle, options.run_spec(handle))
-        traced = functions.trace(text, **given) if show_trace else None
-        if traced is not None and measure == Measure.weights and effect is None and no_html:
+        if show_trace and measure == Measure.weights and effect is None and no_html:
+            traced = functions.trace(text, **given)
             result = traced.heads_results()[0]  # its run is the heads' run: computed once
-        else:  # the report from the run's own capture; a long text's summarises every layer in the run's forward pass
+        else:  # the report (and the trace) from the run's own capture; a long text's summarises every layer in its pass
             summarise = None if not no_html and measure == Measure.weights else False
             with progress_bar(console) as bar:  # --effect's heads taken out; the forward pass, the report's layers
                 result = functions.heads(
                     text, measure=measure.value, layer_summaries=summarise, effect=effect.value if effect else None,
-                    head=head, window=window, report=not no_html, progress=bar, **given,
+                    head=head, window=window, report=not no_html, trace=show_trace, progress=bar, **given,
                 )  # fmt: skip
+            traced = result.traced
         handle = options.load()  # the one the API loaded
         checked_window = result.window(window, "--window") if window is not None else None  # before anything is written
         report = None if no_html else result.report()  # every layer, the statistics and the traces: made with the run
