@@ -107,7 +107,7 @@ def heads(
         from attnviz.api.report_parts import captured_report
 
         report_tokens = max(vector_tokens, 0 if options.words else MAX_VECTOR_TOKENS)  # the report's neuron view's too
-        captures = []
+        captures = [] if trace else None  # the trace's one text's capture, kept past the report's parts
         made = captured_report(handle.loaded, texts, spec, progress, report_tokens, captures=captures)
         results = [HeadsResult(run if vector_tokens else replace(run, vectors=None), spec, num_layers) for run, _, _ in made]
         parts = [(part, notes) for _, part, notes in made]
