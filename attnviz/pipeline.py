@@ -194,21 +194,25 @@ def run_attention(
 
 
 @torch.inference_mode()
-def iter_layer_runs(loaded: LoadedModel, texts: list[str], spec: RunSpec, entered=lambda done: None) -> Iterator[list[AttentionRun]]:
+def iter_layer_runs(
+    loaded: LoadedModel, texts: list[str], spec: RunSpec, entered=lambda done: None, captured: tuple | None = None
+) -> Iterator[list[AttentionRun]]:
     """attnviz's layer in place of every model layer over a padded batch: per layer, one run per text.
 
     spec.layer and spec.kv_text are not used (self-attention of spec.stack). One forward pass gives
     every layer's input; layer L's run of a text is what run_attention with layer L gives for it.
     Layer by layer, so that a caller who only needs numbers holds one layer's weights at a time;
     each run holds a copy of its text's unpadded weights. entered: the forward pass's progress (layer_states').
+    captured: the texts' capture (EncodedTexts, {layer: LayerStates} of every layer): no pass of the model.
     """
     spec = replace(spec, kv_text=None)
-    in_place = in_berts_place(loaded, spec)
-    encoded = encode_texts(loaded, texts, spec)
+    in_place = in_berts_place(loaded, spec) and captured is None
+    encoded = encode_texts(loaded, texts, spec) if captured is None else captured[0]
     with threads_for(encoded):
         layers = build_layers(loaded, spec)
     keys = encoded.keys if encoded.keys is not None else encoded.queries
-    weights = iter_layer_weights(loaded, encoded, layers, spec, in_place, entered)
+    states = None if captured is None else dict(captured[1])  # a copy: each layer's is let go once used
+    weights = iter_layer_weights(loaded, encoded, layers, spec, in_place, entered, states)
     for layer, (output, patterns) in enumerate(weights):
         yield split_runs(loaded, texts, encoded.queries, keys, output, patterns, spec, layer, *layer_sizes(layers[layer]))
 
@@ -251,14 +255,15 @@ def iter_layer_weights(
     spec: RunSpec,
     in_place: bool = False,
     entered=lambda done: None,
+    states: dict[int, LayerStates] | None = None,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Per model layer, attnviz's layer over the padded batch: output (B, N, D) and weights (B, H, N, Nk).
 
     Each layer runs over the hidden state that enters that layer's attention. With in_place (see
     in_berts_place) attnviz's layer stands in for BERT's attention in the forward pass, and
-    its output goes on through the rest of BERT's layer to the next.
+    its output goes on through the rest of BERT's layer to the next. states: as iter_layer_passes'.
     """
-    for _, output, patterns in iter_layer_passes(loaded, encoded, layers, spec, in_place, entered):
+    for _, output, patterns in iter_layer_passes(loaded, encoded, layers, spec, in_place, entered, states):
         yield output, patterns
 
 
@@ -270,16 +275,19 @@ def iter_layer_passes(
     spec: RunSpec,
     in_place: bool = False,
     entered=lambda done: None,
+    states: dict[int, LayerStates] | None = None,
 ) -> Iterator[tuple[LayerStates, torch.Tensor, torch.Tensor]]:
     """iter_layer_weights with what each layer ran over: its LayerStates, output (B, N, D), weights (B, H, N, Nk);
-    entered: the progress of the forward pass that gives every layer's input (layer_states'), not in place."""
+    entered: the progress of the forward pass that gives every layer's input (layer_states'), not in place.
+    states: every layer's input, already captured (each is let go once used), else captured here."""
     device = spec.device
     keys = encoded.keys if encoded.keys is not None else encoded.queries
     valid_lens = keys.valid_lens.to(device).expand(len(encoded.queries.ids))  # (B,)
     # Each step in threads_for, each yield outside it: the caller's code between layers keeps its own threads.
     if not in_place:
-        with threads_for(encoded):
-            states = layer_states(loaded, encoded, list(range(len(layers))), spec, entered)
+        if states is None:
+            with threads_for(encoded):
+                states = layer_states(loaded, encoded, list(range(len(layers))), spec, entered)
         for layer, attention in enumerate(layers):
             state = states.pop(layer)  # let each layer's states go once used
             with threads_for(encoded):
@@ -356,11 +364,14 @@ def iter_layer_blocks(
                 hidden = loaded.model.encoder.layer[layer].finish(hidden, torch.cat(outputs, dim=1))  # enters the next layer
 
 
-def run_layers(loaded: LoadedModel, texts: list[str], spec: RunSpec, progress: Progress = Progress()) -> list[list[AttentionRun]]:
-    """Every layer's run of every text, runs[text][layer], as iter_layer_runs gives them; progress: layer_stages'."""
-    entered, done = layer_stages(progress, loaded.num_layers_of(spec.stack), in_berts_place(loaded, spec))
+def run_layers(
+    loaded: LoadedModel, texts: list[str], spec: RunSpec, progress: Progress = Progress(), captured: tuple | None = None
+) -> list[list[AttentionRun]]:
+    """Every layer's run of every text, runs[text][layer], as iter_layer_runs gives them; progress: layer_stages';
+    captured: the texts' capture (iter_layer_runs'): every layer's runs from it, no pass of the model."""
+    entered, done = layer_stages(progress, loaded.num_layers_of(spec.stack), in_berts_place(loaded, spec) or captured is not None)
     by_layer = []  # by_layer[layer][text]
-    for runs in iter_layer_runs(loaded, texts, spec, entered):
+    for runs in iter_layer_runs(loaded, texts, spec, entered, captured):
         by_layer.append(runs)
         done(1)
     return [list(text_runs) for text_runs in zip(*by_layer)]

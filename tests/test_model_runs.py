@@ -29,7 +29,7 @@ COMMANDS = {
     "layers on a decoder": (["layers", TEXT], "llama", {"LlamaModel": 1}),
     "report": (["report", TEXT], "bert", {"BertEncoder": 6}),
     "stats": (["stats", TEXT], "bert", {"BertEncoder": 1}),
-    "roles": (["roles", TEXT], "llama", {"LlamaModel": 6}),
+    "roles": (["roles", TEXT], "llama", {"LlamaModel": 2}),
     "patch": (PATCH, "llama", {"LlamaModel": 7, "LlamaDecoderLayer": 3, "LlamaRMSNorm": 2}),
     "patch --component q": ([*PATCH, "--component", "q"], "llama", {"LlamaModel": 8, "LlamaDecoderLayer": 6, "LlamaRMSNorm": 4}),
     "patch --component pattern": (

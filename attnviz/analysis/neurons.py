@@ -34,14 +34,15 @@ class QueryKeyVectors:
         return self.q @ k.transpose(0, 2, 1)  # (H, Nq, Nk)
 
 
-def query_key_vectors(loaded, text: str, spec: RunSpec) -> QueryKeyVectors:
-    """The text's q and k at spec.layer, from the layer and the input that attnviz's run of it uses (pipeline.layer_pass)."""
+def query_key_vectors(loaded, text: str, spec: RunSpec, captured=None) -> QueryKeyVectors:
+    """The text's q and k at spec.layer, from the layer and the input that attnviz's run of it uses (pipeline.layer_pass);
+    captured: the text's capture (EncodedTexts, {layer: LayerStates}), whose layer input is read: no pass of the model."""
     import torch
 
     from attnviz.pipeline import layer_pass
 
     with torch.inference_mode():
-        layer_run = layer_pass(loaded, [text], spec)
+        layer_run = layer_pass(loaded, [text], spec, captured=None if captured is None else (captured[0], captured[1][spec.layer]))
         attention, states = layer_run.attention, layer_run.states
         q, k, _ = attention.project(states.queries, states.keys, states.keys)  # (1, H, Nq, d), k (1, H, Nk, d): repeated
     group = attention.group_size

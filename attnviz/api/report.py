@@ -122,40 +122,46 @@ def report_of_runs(loaded, runs: list, spec: RunSpec, notes: list[str] = (), pro
     return report_result(texts, spec, loaded.num_layers_of(spec.stack), [*notes, *report_notes], progress)
 
 
-def text_report(loaded, text: str, spec: RunSpec, summaries=None, **shown) -> ReportResult:
+def text_report(loaded, text: str, spec: RunSpec, summaries=None, captured=None, runs=None, **shown) -> ReportResult:
     """The report of one text at spec.layer, as attnviz.report gives it, with what a command adds to its ReportText
-    (shown: diff's differences, roles' roles); summaries: every layer's, already made (a long text's not made again)."""
-    from attnviz.pipeline import run_attention
+    (shown: diff's differences, roles' roles); summaries: every layer's, already made (a long text's not made again).
+    captured: the text's capture (report_texts'); runs: its run at spec.layer (a list of one AttentionRun), already
+    made: with both, nothing runs the model."""
+    if runs is None:
+        from attnviz.pipeline import run_attention
 
-    runs = run_attention(loaded, [text], spec)
+        runs = run_attention(loaded, [text], spec, captured=None if captured is None else (captured[0], captured[1][spec.layer]))
     if summaries is not None:
         runs = [replace(runs[0], layer_summaries=summaries)]
-    texts, notes = report_texts(loaded, runs, spec)
+    texts, notes = report_texts(loaded, runs, spec, captured=None if captured is None else [captured])
     texts[0] = replace(texts[0], **shown)
     return report_result(texts, spec, loaded.num_layers_of(spec.stack), notes)
 
 
-def report_texts(loaded, runs: list, spec: RunSpec, progress: Progress = Progress()) -> tuple[list, list[str]]:
+def report_texts(loaded, runs: list, spec: RunSpec, progress: Progress = Progress(), captured=None) -> tuple[list, list[str]]:
     """Each run's ReportText (attnviz.html.record), and the notes of what was left out, once each; progress: each
-    text's layers run and then its statistics' layers (every_layer), or a long text's summaries (long_summaries)."""
+    text's layers run and then its statistics' layers (every_layer), or a long text's summaries (long_summaries).
+    captured: None, or per run its text's capture (EncodedTexts, {layer: LayerStates} of every layer: the text's
+    encoding and every layer's input) or None: every layer, the traces and the vectors are made from it, no pass of
+    the model."""
     from attnviz.html import ReportText
     from attnviz.html.record import is_long
     from attnviz.layer_inputs import threads_for_tokens
 
     notes: dict[str, None] = {}
     texts = []
-    for run in runs:
+    for run, capture in zip(runs, captured or [None] * len(runs)):
         if is_long(run):  # no whole map of any layer: the summaries of every layer instead
             summaries = run.layer_summaries if run.layer_summaries is not None else long_summaries(loaded, run.text, spec, notes, progress)
             texts.append(ReportText(run, summaries=summaries))
             continue
         with threads_for_tokens(len(run.query_tokens) + (len(run.key_tokens) if spec.cross_attention else 0)):
-            layer_runs, rollout, statistics = every_layer(loaded, run.text, spec, progress)
-            trace, mistakes = traces(loaded, run.text, spec, notes)
+            layer_runs, rollout, statistics = every_layer(loaded, run.text, spec, progress, capture)
+            trace, mistakes = traces(loaded, run.text, spec, notes, capture)
             if run.vectors is None and holds_vectors(run):  # the neuron view's q and k
                 from attnviz.analysis.neurons import query_key_vectors
 
-                run = replace(run, vectors=query_key_vectors(loaded, run.text, spec))
+                run = replace(run, vectors=query_key_vectors(loaded, run.text, spec, captured=capture))
         texts.append(ReportText(run, layer_runs, rollout, statistics, trace, mistakes))
     return texts, list(notes)
 
@@ -172,29 +178,30 @@ def long_summaries(loaded, text: str, spec: RunSpec, notes: dict, progress: Prog
     return summarise_layers(loaded, text, replace(spec, layer=None), block_budget(spec), progress=progress)
 
 
-def every_layer(loaded, text: str, spec: RunSpec, progress: Progress = Progress()) -> tuple:
+def every_layer(loaded, text: str, spec: RunSpec, progress: Progress = Progress(), captured=None) -> tuple:
     """Every layer's run of the text (attnviz.layers'), the rollout and the text's statistics; Nones for cross-attention.
-    progress: the layers run, then the layers of the statistics."""
+    progress: the layers run, then the layers of the statistics; captured: the text's capture (run_layers')."""
     from attnviz.analysis.rollout import runs_rollout
     from attnviz.pipeline import run_layers
 
     if spec.cross_attention:  # every layer is self-attention: attnviz.layers refuses cross
         return None, None, None
-    (layer_runs,) = run_layers(loaded, [text], replace(spec, layer=None), progress)
+    (layer_runs,) = run_layers(loaded, [text], replace(spec, layer=None), progress, captured)
     rollout = runs_rollout(layer_runs)
     return layer_runs, rollout, text_statistics(layer_runs, spec.causal, progress)
 
 
-def traces(loaded, text: str, spec: RunSpec, notes: dict) -> tuple:
+def traces(loaded, text: str, spec: RunSpec, notes: dict, captured=None) -> tuple:
     """The trace of every layout the layer can do (as trace --layout all), and a trace per reshape mistake.
 
-    What trace refuses (a mistake with 1 head, ...) is left out, with its reason added to notes.
+    What trace refuses (a mistake with 1 head, ...) is left out, with its reason added to notes. captured: the
+    text's capture, whose layer input the traces read (trace_texts').
     """
     from attnviz.tracing import DEFAULT_LAYOUT, LAYOUTS, MISTAKES, trace_texts
 
     def traced(layouts: tuple[str, ...], mistake: str | None = None):
         try:
-            return trace_texts(loaded, [text], spec, layouts=layouts, mistake=mistake)
+            return trace_texts(loaded, [text], spec, layouts=layouts, mistake=mistake, captured=captured)
         except AttnvizError as refused:
             notes[f"no trace of {f'the mistake {mistake}' if mistake else 'the layouts'} in this report: {refused}"] = None
             return None

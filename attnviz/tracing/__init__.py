@@ -219,6 +219,7 @@ def trace_texts(
     layouts: tuple[str, ...] = (DEFAULT_LAYOUT,),
     mistake: str | None = None,
     seed_sizes: tuple[int, int] | None = None,
+    captured: tuple | None = None,
 ) -> TraceResult:
     """Trace the layouts over layer spec.layer's input for a padded batch of texts.
 
@@ -228,7 +229,8 @@ def trace_texts(
     A model loaded in half precision (--dtype) gives the layer's input; the layouts then compute in
     float32, so that they can be checked against each other within TOLERANCE. seed_sizes (d_q, d_out):
     the single-head layout alone, on the seed's own layer (SeedHead, random from spec.seed) over the
-    same input, checked against F.scaled_dot_product_attention.
+    same input, checked against F.scaled_dot_product_attention. captured: the texts' capture (EncodedTexts,
+    {layer: LayerStates}), whose layer input is traced: no pass of the model.
     """
     from attnviz.layer_inputs import LayerStates, check_layer, encode_texts, layer_states, threads_for
     from attnviz.pipeline import build_layer
@@ -240,10 +242,13 @@ def trace_texts(
     else:
         attention = SeedHead(loaded.hidden_size, *seed_sizes, spec.seed).to(device)
     num_heads = attention.num_heads
-    encoded = encode_texts(loaded, texts, spec)
+    encoded = encode_texts(loaded, texts, spec) if captured is None else captured[0]
     queries, keys = encoded.queries, encoded.keys
-    with threads_for(encoded):  # torch's threads for this run: layer_inputs.threads_for's rule
-        states = layer_states(loaded, encoded, [layer], spec)[layer]
+    if captured is not None:
+        states = captured[1][layer]
+    else:
+        with threads_for(encoded):  # torch's threads for this run: layer_inputs.threads_for's rule
+            states = layer_states(loaded, encoded, [layer], spec)[layer]
     if loaded.dtype != "float32":  # the layouts are checked against each other within 1e-5: float32 over the model's half-precision input
         attention = attention.float()
         query_states = states.queries.float()
