@@ -106,3 +106,18 @@ def test_roles_keeps_its_report_and_its_report_runs_nothing(decoder_folder, tmp_
     assert not runs and report.record["texts"][0]["roles"]["scores"].keys() >= {"induction", "prefix_matching"}
     assert sorted(path.name for path in paths) == ["report.html", "roles.json", "roles.png"]
     assert result.report() is report  # assembled once, by attnviz.roles
+
+
+def test_retrieval_joined_later_reaches_the_kept_reports_roles_view(decoder_folder):
+    from attnviz.html.record import roles_of
+    from attnviz.output.retrieval_heads import RetrievalHeads
+
+    result = attnviz.roles(TEXTS[0], model=str(decoder_folder), device="cpu")
+    num_layers, num_heads = result.scores["induction"].shape
+    scores = np.linspace(0, 1, num_layers * num_heads).reshape(num_layers, num_heads)
+    joined = result.with_retrieval(RetrievalHeads(scores, [], [100], [0.5]))
+    shown = joined.report().record["texts"][0]["roles"]
+    assert shown == roles_of(joined.roles, replace(result.spec, layer=0))  # as the report of the joined roles holds it
+    assert "retrieval" in shown["scores"] and "retrieval" not in result.report().record["texts"][0]["roles"]["scores"]
+    rest = {key: value for key, value in joined.report().record["texts"][0].items() if key != "roles"}
+    assert rest == {key: value for key, value in result.report().record["texts"][0].items() if key != "roles"}
