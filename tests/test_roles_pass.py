@@ -121,3 +121,14 @@ def test_retrieval_joined_later_reaches_the_kept_reports_roles_view(decoder_fold
     assert "retrieval" in shown["scores"] and "retrieval" not in result.report().record["texts"][0]["roles"]["scores"]
     rest = {key: value for key, value in joined.report().record["texts"][0].items() if key != "roles"}
     assert rest == {key: value for key, value in result.report().record["texts"][0].items() if key != "roles"}
+
+
+def test_the_served_pages_roles_answer_runs_the_model_twice(decoder_folder):
+    from helpers import model_runs
+
+    from attnviz.serve.explorer import Explorer, ServeSettings
+
+    explorer = Explorer({"tiny": attnviz.load(str(decoder_folder), device="cpu")}, ServeSettings())
+    with model_runs() as runs:
+        explorer.roles({"text": TEXTS[0], "model": "tiny"})
+    assert runs["LlamaModel"] == 2  # the text's and prefix matching's random sequences'
