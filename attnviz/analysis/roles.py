@@ -233,8 +233,9 @@ def text_roles(
     """Every head's TEXT_SCORES and layer summaries over one text, from one capture of every layer's input (one forward
     pass), a block of queries at a time (progress: the layers the pass reaches, then those summarised:
     head_summaries.summarise_blocks'); its TextPass. Layer 0 is run as the report shows it (run_attention over the
-    capture) and its numbers come from that run's own blocks, or from its whole map where it made one (a short text:
-    the same weights the pass's one block would hold), so the layer is not computed twice. keep(run): whether the
+    capture) and its numbers come from that run's own blocks, or from its whole map where it made one (the weights the
+    report shows; for a text within one block, bitwise the block the pass would make), so the layer is not computed
+    twice. keep(run): whether the
     capture is kept for the report (a short text's); else each layer's input is let go once summarised.
 
     A text of one token is refused (the templates need two) after tokenizing, before the forward pass."""
@@ -265,7 +266,7 @@ def text_roles(
 
     (run,) = run_attention(loaded, [text], replace(spec, layer=0), captured=(encoded, states[0]),
                            each_block=(lambda start, weights: feed(start, weights[0])) if feeding else None)  # fmt: skip
-    if feeding and not first.seen:  # the whole map at once (a short text): the one block the pass would make
+    if feeding and not first.seen:  # the whole map at once (a short text): as one block
         feed(0, torch.from_numpy(run.attention))  # (H, N, N)
     capture = (encoded, states) if keep(run) else None
     summaries = summarise_blocks(loaded, text, encoded, layers, spec, budget_bytes, also=sums.add,
