@@ -37,7 +37,8 @@ COMMANDS = {
     "report on a decoder": (["report", TEXT], "llama", {"LlamaModel": 1}),
     "stats": (["stats", TEXT], "bert", {"BertEncoder": 1}),
     "stats in blocks": (["stats", " ".join([TEXT] * 16), "--memory", "1"], "bert", {"BertEncoder": 1}),  # 178 tokens: 1.5 MB a map
-    "roles": (["roles", TEXT], "llama", {"LlamaModel": 5}),
+    "roles": (["roles", TEXT], "llama", {"LlamaModel": 2}),
+    "roles on an encoder": (["roles", TEXT], "bert", {"BertEncoder": 1}),  # no prefix matching: a decoder's heads only
     # was 9: the random side's pass, the most changed heads' maps' 2, the report's 6; now one capture feeds all three
     "diff --against random": (["diff", TEXT, "--against", "random"], "bert", {"BertEncoder": 1}),
     # 6 are generation's own (the prompt's prefill, then each new token read once, the last too), 1 the prompt's capture, of

@@ -10,11 +10,11 @@ retrieval score (Wu et al. 2024, analysis/retrieval.py) joins through RoleScores
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
-from attnviz.analysis.head_numbers import ROLE_NUMBERS, TEMPLATES, TOP_K, RoleSettings
+from attnviz.analysis.head_numbers import LOCAL_WINDOW, ROLE_NUMBERS, TEMPLATES, TOP_K, RoleSettings
 from attnviz.analysis.head_summaries import SINK_THRESHOLD, LayerSummaries
 from attnviz.analysis.retrieval import PAPER as WU, RETRIEVAL_THRESHOLD
 from attnviz.errors import AttnvizError
@@ -214,17 +214,37 @@ class RoleSums:
         return {**ratios, **{name: sums[name] for name in TEXT_SCORES if name not in TEMPLATE_SCORES}}
 
 
+class TextPass(NamedTuple):
+    """text_roles' pass over one text: every head's TEXT_SCORES, the layer summaries and the ids read; layer 0's run
+    (pipeline.run_attention's AttentionRun, from the pass's capture), whose map gave that layer's numbers; and the
+    text's capture, (EncodedTexts, {layer: LayerStates}) as layer_inputs.layer_states gives every layer's input,
+    where kept (keep), else None."""
+
+    scores: dict[str, np.ndarray]
+    summaries: LayerSummaries
+    ids: list[int]
+    run: Any
+    capture: tuple | None
+
+
 def text_roles(
-    loaded, text: str, spec, budget_bytes: int, settings: RoleSettings, progress: Progress = Progress()
-) -> tuple[dict, LayerSummaries, list[int]]:
-    """Every head's TEXT_SCORES and layer summaries over one text, one forward pass of blocks (progress: the layers it
-    reaches, then those summarised: head_summaries.summarise_blocks');
-    and the ids it read.
+    loaded, text: str, spec, budget_bytes: int, settings: RoleSettings, progress: Progress = Progress(), keep=lambda run: False
+) -> TextPass:
+    """Every head's TEXT_SCORES and layer summaries over one text, from one capture of every layer's input (one forward
+    pass), a block of queries at a time (progress: the layers the pass reaches, then those summarised:
+    head_summaries.summarise_blocks'); its TextPass. Layer 0 is run as the report shows it (run_attention over the
+    capture) and its numbers come from that run's own blocks, or from its whole map where it made one (the weights the
+    report shows; for a text within one block, bitwise the block the pass would make), so the layer is not computed
+    twice. keep(run): whether the
+    capture is kept for the report (a short text's); else each layer's input is let go once summarised.
 
     A text of one token is refused (the templates need two) after tokenizing, before the forward pass."""
-    from attnviz.analysis.head_summaries import summarise_blocks
+    import torch
+
+    from attnviz.analysis.head_summaries import HeadSummaries, summarise_blocks
     from attnviz.layer_inputs import encode_texts, threads_for
-    from attnviz.pipeline import build_layers
+    from attnviz.pipeline import build_layers, capture_states, run_attention
+    from attnviz.run_data import FORWARD_PASS
 
     spec = replace(spec, kv_text=None)
     encoded = encode_texts(loaded, [text], spec)
@@ -233,22 +253,48 @@ def text_roles(
         raise AttnvizError(f"the text is {len(ids)} token as the model reads it: the templates compare a token with those before it, give at least two")
     with threads_for(encoded):
         layers = build_layers(loaded, spec)
+        entered = progress.counting(FORWARD_PASS, len(layers))
+        states = capture_states(loaded, encoded, list(range(len(layers))), spec, entered)  # every layer's input, one pass
     sums = RoleSums(len(layers), max(layer.num_heads for layer in layers), ids, causal=spec.causal, settings=settings)
-    summaries = summarise_blocks(loaded, text, encoded, layers, spec, budget_bytes, also=sums.add, progress=progress)
-    return sums.scores(), summaries, ids
+    first = HeadSummaries(layers[0].num_heads, len(ids), len(ids), causal=spec.causal, window=LOCAL_WINDOW)
+
+    def feed(first_query: int, weights) -> None:  # weights (H, b, K): a block of layer 0's rows
+        first.add(first_query, weights)
+        sums.add(0, first_query, weights)
+
+    (run,) = run_attention(loaded, [text], replace(spec, layer=0), captured=(encoded, states[0]),
+                           each_block=lambda start, weights: feed(start, weights[0]))  # fmt: skip
+    if not first.seen:  # the whole map at once (a short text): as one block
+        feed(0, torch.from_numpy(run.attention))  # (H, N, N)
+    capture = (encoded, states) if keep(run) else None
+    summaries = summarise_blocks(loaded, text, encoded, layers, spec, budget_bytes, also=sums.add,
+                                 states=dict(states) if capture else states, done={0: first},
+                                 progress=progress)  # fmt: skip
+    return TextPass(sums.scores(), summaries, ids, run, capture)
+
+
+class RolesPass(NamedTuple):
+    """head_roles' answer: every head's roles, and from the text's pass what its report reads (TextPass' run and
+    capture: layer 0's AttentionRun, the capture where kept)."""
+
+    roles: RoleScores
+    run: Any
+    capture: tuple | None
 
 
 def head_roles(
-    loaded, text: str, spec, budget_bytes: int, settings: RoleSettings = RoleSettings(), progress: Progress = Progress()
-) -> RoleScores:
-    """Every head's roles (RoleScores): the text's scores, then prefix matching and copying where they apply, a
-    decoder-only model's heads (said in skipped where not: an encoder's or an encoder-decoder's stacks, a model
-    without a language-model head); the share roles this text cannot tell said in skipped too (share_role_skips).
-    progress: each stage's layers as they are done."""
+    loaded, text: str, spec, budget_bytes: int, settings: RoleSettings = RoleSettings(), progress: Progress = Progress(),
+    keep=lambda run: False,
+) -> RolesPass:
+    """Every head's roles (RoleScores): the text's scores (text_roles, keep as there), then prefix matching and copying
+    where they apply, a decoder-only model's heads (said in skipped where not: an encoder's or an encoder-decoder's
+    stacks, a model without a language-model head); the share roles this text cannot tell said in skipped too
+    (share_role_skips). Two passes of the model: the text's and prefix matching's. progress: each stage's layers as
+    they are done."""
     from attnviz.analysis import circuits
     from attnviz.models.families.family import DECODER
 
-    scores, summaries, ids = text_roles(loaded, text, spec, budget_bytes, settings, progress)
+    scores, summaries, ids, run, capture = text_roles(loaded, text, spec, budget_bytes, settings, progress, keep)
     uniform, skipped = share_role_skips(len(ids), causal=spec.causal, settings=settings, window=summaries.window)
     random_ids = []
     if loaded.family.kind != DECODER:
@@ -263,4 +309,4 @@ def head_roles(
             scores["copying"] = circuits.copying(loaded, progress)
         except AttnvizError as error:
             skipped["copying"] = str(error)
-    return RoleScores(scores, summaries, ids, settings, random_ids, skipped, uniform)
+    return RolesPass(RoleScores(scores, summaries, ids, settings, random_ids, skipped, uniform), run, capture)

@@ -42,7 +42,9 @@ def roles(text: str, *, exclude_bos: bool = False, exclude_current: bool = False
     """
     from attnviz.analysis.head_numbers import RoleSettings
     from attnviz.analysis.roles import head_roles
+    from attnviz.api.report import text_report
     from attnviz.budgets import block_budget
+    from attnviz.html.record import is_long
 
     options = run_options("roles", options, ROLES_OPTIONS)
     (text,) = _texts(text, one=True)
@@ -65,11 +67,15 @@ def roles(text: str, *, exclude_bos: bool = False, exclude_current: bool = False
         from attnviz.output.retrieval_heads import planned_tests
 
         needles["tests"] = planned_tests(handle.loaded, needles["lengths"], needles["depths"], engine=needles["engine"])
-    result = RolesResult(head_roles(handle.loaded, text, spec, block_budget(spec), settings, progress), spec, handle.loaded)
-    if needles is None:
-        return result
-    needles["advance"] = progress.counting("needle tests", len(needles["tests"]))
-    return result.with_retrieval(_retrieval(handle, spec, options, needles))
+    passed = head_roles(handle.loaded, text, spec, block_budget(spec), settings, progress, keep=lambda run: not is_long(run))
+    roles = passed.roles
+    if needles is not None:
+        needles["advance"] = progress.counting("needle tests", len(needles["tests"]))
+        roles = roles.with_retrieval(_retrieval(handle, spec, options, needles))
+    # The report from the text's own pass: its layer 0 run and, for a short text, its capture (no pass of its own).
+    report = text_report(handle.loaded, text, replace(spec, layer=0), roles.summaries, captured=passed.capture,
+                         runs=[passed.run], roles=roles)  # fmt: skip
+    return RolesResult(roles, spec, handle.loaded, report)
 
 
 def _retrieval(handle, spec: RunSpec, options, needles: dict):
@@ -122,6 +128,7 @@ class RolesResult:
     roles: Any  # analysis.roles.RoleScores
     spec: RunSpec
     loaded: Any = field(default=None, compare=False)
+    kept_report: Any = field(default=None, compare=False)  # ReportResult: made by attnviz.roles from the text's pass
 
     @property
     def scores(self) -> dict[str, np.ndarray]:
@@ -132,8 +139,10 @@ class RolesResult:
         return self.roles.labels()
 
     def with_retrieval(self, result) -> "RolesResult":
-        """This result with analysis/retrieval.py's retrieval heads joined (their scores, labels and tests)."""
-        return replace(self, roles=self.roles.with_retrieval(result))
+        """This result with analysis/retrieval.py's retrieval heads joined (their scores, labels and tests), in its
+        report's Roles view too."""
+        roles = self.roles.with_retrieval(result)
+        return replace(self, roles=roles, kept_report=self.kept_report and with_roles(self.kept_report, roles, self.spec))
 
     def figure(self):
         """roles.png: every layer × head coloured by its role, shaded by that role's score."""
@@ -155,11 +164,11 @@ class RolesResult:
 
     def report(self):
         """The interactive report of the text (as attnviz.report gives it, at layer 0), opening on the Roles view: the
-        grid of every layer × head by role; a click shows the head's map and its scores."""
-        from attnviz.api.report import text_report
-
-        summaries = self.roles.summaries  # a long text's report shows them: not made again
-        return text_report(self.loaded, summaries.text, replace(self.spec, layer=0), summaries, roles=self.roles)
+        grid of every layer × head by role; a click shows the head's map and its scores. attnviz.roles made it from
+        the text's own pass: nothing runs here."""
+        if self.kept_report is None:
+            raise AttnvizError("this RolesResult holds no report: attnviz.roles makes one from the text's pass")
+        return self.kept_report
 
     def to_dict(self) -> dict:
         """roles.json's content."""
@@ -196,3 +205,12 @@ class RolesResult:
     def __repr__(self) -> str:
         summaries = self.roles.summaries
         return f"<attnviz.RolesResult {summaries.text!r}: {summaries.model}, {len(self.roles.scores)} scores of {summaries.values['sink'].size} heads>"
+
+
+def with_roles(report, roles, spec: RunSpec):
+    """A roles report (ReportResult) with its Roles view's data made again from roles (analysis.roles.RoleScores)."""
+    from attnviz.api.run_results import ReportResult
+    from attnviz.html.record import roles_of
+
+    first = {**report.record["texts"][0], "roles": roles_of(roles, replace(spec, layer=0))}
+    return ReportResult({**report.record, "texts": [first, *report.record["texts"][1:]]})
