@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from timing import best_of, peak_mb, smollm2_forward  # noqa: E402
+from timing import best_of, peak_mb, smollm2_forward, timed_command  # noqa: E402
 
 
 def main() -> None:
@@ -78,25 +78,8 @@ def main() -> None:
         circuits.copying(loaded)
         row["copying_s"] = round(time.perf_counter() - start, 3)
     if args.command:
-        row |= timed_command(text, forward_s)
+        row |= timed_command(["roles", text, "--model", "smollm2"], forward_s)
     print(json.dumps(row))
-
-
-def timed_command(text: str, forward_s: float) -> dict:
-    """`attnviz roles TEXT --model smollm2 --out FOLDER` under /usr/bin/time -v, after the forward in this process: its
-    wall time (the model's load and the files written included) and its own peak resident set."""
-    import re
-    import subprocess
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as folder:
-        command = ["/usr/bin/time", "-v", sys.executable, "-m", "attnviz", "roles", text, "--model", "smollm2",
-                   "--out", str(Path(folder) / "roles"), "--quiet"]  # fmt: skip
-        done = subprocess.run(command, capture_output=True, text=True, check=True)
-    wall = re.search(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): (\S+)", done.stderr).group(1)
-    seconds = sum(float(part) * 60**power for power, part in enumerate(reversed(wall.split(":"))))
-    peak = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", done.stderr).group(1)) / 1024
-    return {"command_s": round(seconds, 2), "command_peak_mb": round(peak), "command_over_forward": round(seconds / forward_s, 2)}
 
 
 def role_numbers_alone(loaded, text, spec, budget) -> None:

@@ -1,9 +1,11 @@
-"""What the one-process benchmarks (effect.py, diff.py, generate.py) time and measure with: the best of a few runs
-after a warm-up, and the process's peak resident set so far."""
+"""What the one-process benchmarks (effect.py, diff.py, generate.py, roles_budget.py, long_commands.py) time and
+measure with: the best of a few runs after a warm-up, the process's peak resident set so far, and a command of
+attnviz's run as a process of its own under /usr/bin/time."""
 
 from __future__ import annotations
 
 import resource
+import sys
 import time
 
 
@@ -50,3 +52,20 @@ def smollm2_forward(tokens: int, repeat: int):
             model(ids, use_cache=False)
 
     return text, best_of(forward, repeat), peak_mb()
+
+
+def timed_command(arguments: list[str], forward_s: float) -> dict:
+    """`attnviz ARGUMENTS --out FOLDER --quiet` under /usr/bin/time -v, a process of its own: its wall time (the model's
+    load and the files written included) over forward_s, and its own peak resident set."""
+    import re
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as folder:
+        command = ["/usr/bin/time", "-v", sys.executable, "-m", "attnviz", *arguments, "--out", str(Path(folder) / "run"), "--quiet"]
+        done = subprocess.run(command, capture_output=True, text=True, check=True)
+    wall = re.search(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): (\S+)", done.stderr).group(1)
+    seconds = sum(float(part) * 60**power for power, part in enumerate(reversed(wall.split(":"))))
+    peak = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", done.stderr).group(1)) / 1024
+    return {"command_s": round(seconds, 2), "command_peak_mb": round(peak), "command_over_forward": round(seconds / forward_s, 2)}
