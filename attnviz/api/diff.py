@@ -10,7 +10,7 @@ import numpy as np
 
 from attnviz.api import display
 from attnviz.api.arguments import must_be_progress, refuse
-from attnviz.api.functions import _check_lengths, _texts, refuse_before_loading
+from attnviz.api.checks import _check_lengths, _texts, refuse_before_loading
 from attnviz.api.models import MODEL_TYPES, Model
 from attnviz.api.options import DIFF_OPTIONS, run_options, takes_options
 from attnviz.api.run_results import _Rendered, save_run_files

@@ -18,7 +18,7 @@ from typing import Any
 
 from attnviz.api.arguments import must_be_bool, must_be_int, must_be_one_of, must_be_progress, must_be_str, refuse
 from attnviz.api.drawn import check_drawing, check_head_of
-from attnviz.api.functions import refuse_before_loading, warn_run_notes
+from attnviz.api.checks import refuse_before_loading, warn_run_notes
 from attnviz.api.options import EVERY_LAYER_OPTIONS, run_options, takes_options
 from attnviz.errors import AttnvizError, option, options_named
 from attnviz.spec import RunSpec, check_text

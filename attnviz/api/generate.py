@@ -11,7 +11,7 @@ import numpy as np
 
 from attnviz.api import display
 from attnviz.api.arguments import must_be_bool, must_be_int, must_be_one_of, must_be_progress
-from attnviz.api.functions import _texts, refuse_before_loading, require_decoder
+from attnviz.api.checks import _texts, refuse_before_loading, require_decoder
 from attnviz.api.options import GENERATE_OPTIONS, run_options, takes_options
 from attnviz.api.run_results import _Rendered, save_run_files
 from attnviz.errors import AttnvizError, option

@@ -9,7 +9,7 @@ from typing import Any
 from attnviz.analysis.patching import COMPONENTS
 from attnviz.api import display
 from attnviz.api.arguments import must_be_bool, must_be_int, must_be_one_of, must_be_progress, must_be_str
-from attnviz.api.functions import _texts, naming_the_bundled_decoder
+from attnviz.api.checks import _texts, naming_the_bundled_decoder
 from attnviz.api.options import PATCH_OPTIONS, run_options, takes_options
 from attnviz.api.run_results import _Rendered, save_run_files
 from attnviz.errors import AttnvizError, option

@@ -14,7 +14,7 @@ whole maps (html/record.py's LONG_TEXT_NOTE). Such a text has a report of its ow
 from __future__ import annotations
 
 from attnviz.api.arguments import must_be_progress
-from attnviz.api.functions import _check_lengths, _texts, refuse_before_loading, summarised_in_its_run, token_counts, warn_run_notes
+from attnviz.api.checks import _check_lengths, _texts, refuse_before_loading, summarised_in_its_run, token_counts, warn_run_notes
 from attnviz.api.options import run_options, takes_options
 # the report's parts, as other results call them
 from attnviz.api.report_parts import report_of_runs, report_of_texts, report_texts, text_report  # noqa: F401

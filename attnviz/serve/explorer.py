@@ -171,7 +171,7 @@ class Explorer:
     def check_length(self, handle, texts: dict) -> None:
         """A text past max_tokens tokens is refused before it runs, in one line (texts: its words -> the text; one
         not a string is left to the API's own check)."""
-        from attnviz.api.functions import token_counts
+        from attnviz.api.checks import token_counts
 
         limit = self.settings.max_tokens
         for what, each in texts.items():
