@@ -152,13 +152,12 @@ def _trace_of_capture(handle: Model, texts: list[str], spec, captured, runs: lis
 def _report_of(handle: Model, result, made, progress):
     """heads(report=True)'s report of a result: from the parts its capture made (made: (ReportText, notes)), with the
     run's effects; else (a measured text's, a long text's: its summaries made) made from the run."""
-    from attnviz.api.report_parts import report_of_runs
-    from attnviz.api.run_results import report_result
+    from attnviz.api.report_parts import report_of_parts, report_of_runs
 
     if made is None:
         return report_of_runs(handle.loaded, [result.run], result.spec, progress=progress)
     part, notes = made
-    return report_result([replace(part, run=replace(part.run, effects=result.effects))], result.spec, result.num_layers, notes, progress)
+    return report_of_parts(handle.loaded, [(replace(part, run=replace(part.run, effects=result.effects)), notes)], result.spec, progress=progress)
 
 
 def _vector_tokens(vectors: bool | None, one_text_over_tokens: bool) -> int:

@@ -56,11 +56,10 @@ def generation_report(loaded, generation, spec: RunSpec, rows: str):
     Made of the prompt's one capture (captured_report's: its run, every layer, the traces, the vectors); generation's
     own decode passes are not read."""
     from attnviz.analysis.neurons import MAX_VECTOR_TOKENS
-    from attnviz.api.report_parts import captured_report
-    from attnviz.api.run_results import report_result
+    from attnviz.api.report_parts import captured_report, report_of_parts
 
     ((_, part, notes),) = captured_report(loaded, [generation.prompt], spec, vector_tokens=0 if spec.words else MAX_VECTOR_TOKENS)
-    return report_result([replace(part, generation=generation, generation_rows=rows)], spec, loaded.num_layers, notes)
+    return report_of_parts(loaded, [(replace(part, generation=generation, generation_rows=rows), notes)], spec)
 
 
 @dataclass(frozen=True, repr=False)
