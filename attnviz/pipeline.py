@@ -254,14 +254,19 @@ def capture_states(
     loaded: LoadedModel, encoded: EncodedTexts, layers: list[int], spec: RunSpec, entered=lambda done: None
 ) -> dict[int, LayerStates]:
     """The input of each of `layers` from one pass of the model: layer_inputs.layer_states' (entered its progress), or
-    where attnviz's layers run in BERT's place (in_berts_place, self-attention) that pass's: layer L + 1's input is
-    BERT's finish of layer L's input and attnviz's output over it, the very states run_layers runs every layer over.
-    So a layer's run, every layer's runs (report, layers, stats) and the traces of a BERT text read one pass's floats.
+    where attnviz's layers run in the model's place (self-attention with the model's own projections, heads and mask)
+    that pass's: layer L + 1's input is the model's finish of layer L's input and attnviz's output over it. BERT's
+    (in_berts_place): the very states run_layers runs every layer over; a transformers model's (in_models_place,
+    blocks_in_place, as far as the last of layers): those the summaries' pass of blocks_in_place reads. So a layer's
+    run, every layer's runs (report, layers, stats), the summaries and the traces of a text read one pass's floats.
     """
-    if not (in_berts_place(loaded, spec) and spec.kv_text is None):
+    berts = in_berts_place(loaded, spec) and spec.kv_text is None
+    if not (berts or in_models_place(loaded, spec)):
         return layer_states(loaded, encoded, layers, spec, entered)
     last = max(layers)
     attentions = [build_layer(loaded, replace(spec, layer=layer)) for layer in range(last)]
+    if not berts:
+        return blocks_in_place(loaded, encoded, attentions, spec, block_budget(spec), keep=frozenset(layers), whole=False, entered=entered)
     valid_lens = encoded.queries.valid_lens.to(spec.device).expand(len(encoded.queries.ids))  # (B,)
     hidden = layer_input(loaded, encoded.queries, 0, spec.device)  # (B, N, D): the embeddings
     states = {}
@@ -340,6 +345,55 @@ def in_berts_place(loaded: LoadedModel, spec: RunSpec) -> bool:
     return loaded.is_bert and spec.weights == "pretrained" and spec.num_heads in (None, loaded.num_heads) and not spec.causal
 
 
+def in_models_place(loaded: LoadedModel, spec: RunSpec) -> bool:
+    """True when attnviz's layers compute just what the attention of a transformers model's one stack does (a decoder's
+    or an encoder's: not an encoder-decoder's), so that they can run in its place (blocks_in_place): its projections
+    (pretrained), split into its heads, under its own mask (causal for a decoder, none for an encoder), self-attention."""
+    from attnviz.models.families import ENCODER_DECODER
+
+    return (
+        not loaded.is_bert and loaded.family.kind != ENCODER_DECODER and spec.weights == "pretrained" and spec.kv_text is None
+        and spec.num_heads in (None, loaded.num_heads) and spec.causal == model_is_causal(loaded, spec.stack)
+    )  # fmt: skip
+
+
+@torch.inference_mode()
+def blocks_in_place(
+    loaded: LoadedModel,
+    encoded: EncodedTexts,
+    layers: list[MultiHeadAttention],
+    spec: RunSpec,
+    budget_bytes: int,
+    each_block=None,
+    keep: frozenset[int] = frozenset(),
+    whole: bool = True,
+    entered=lambda done: None,
+) -> dict[int, LayerStates]:
+    """One forward pass of a transformers model with attnviz's layers in the place of its attention (in_models_place):
+    each layer's blocks of queries (as many as rows_per_block allows for budget_bytes) computed once, their weights
+    (B, H, b, K) given to each_block(layer, first query, weights), when given, as they are made (K as
+    iter_layer_blocks' narrow blocks), and the heads' outputs going on through the model's W_o and the rest of its
+    layer to the next one. Returns the input of each layer of keep, as this pass made it (entered(1) as each is
+    reached); whole=False stops the pass there (layers holds the layers before the last of keep, at least)."""
+    valid_lens = encoded.queries.valid_lens.to(spec.device).expand(len(encoded.queries.ids))  # (B,)
+
+    def attend(layer: int, hidden: torch.Tensor) -> torch.Tensor:  # (B, N, D) -> the heads' outputs (B, N, H, d)
+        attention = layers[layer]
+        rows = rows_per_block(budget_bytes, hidden.shape[0], attention.num_heads, hidden.shape[1])
+        heads = []
+        for first_query, output, weights in attention.blocks(
+            hidden, valid_lens=valid_lens, causal=spec.causal, rows=rows, narrow=True, outputs="heads"
+        ):
+            heads.append(output)  # (B, b, H, d)
+            if each_block is not None:
+                each_block(layer, first_query, weights)
+        return torch.cat(heads, dim=1)
+
+    with threads_for(encoded):
+        kept = loaded.model.in_place_pass(encoded.queries.model_inputs(spec.device), attend, keep, whole, entered)
+    return {layer: LayerStates(captured.hidden, captured.hidden) for layer, captured in kept.items()}
+
+
 @torch.inference_mode()
 def iter_layer_weights(
     loaded: LoadedModel,
@@ -379,7 +433,7 @@ def iter_layer_passes(
     if not in_place:
         if states is None:
             with threads_for(encoded):
-                states = layer_states(loaded, encoded, list(range(len(layers))), spec, entered)
+                states = capture_states(loaded, encoded, list(range(len(layers))), spec, entered)
         for layer, attention in enumerate(layers):
             state = states.pop(layer)  # let each layer's states go once used
             with threads_for(encoded):
@@ -429,7 +483,7 @@ def iter_layer_blocks(
             hidden = states[0].queries if states else layer_input(loaded, encoded.queries, 0, device)  # (B, N, D): the embeddings
     elif states is None:
         with threads_for(encoded):
-            states = layer_states(loaded, encoded, list(range(len(layers))), spec)
+            states = capture_states(loaded, encoded, list(range(len(layers))), spec)
     for layer, attention in enumerate(layers):
         if in_place:
             state = LayerStates(hidden, hidden)

@@ -4,11 +4,13 @@ stops after the last layer asked for."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 import transformers
 
 from attnviz.models.capture import Wanted
+from helpers import record_numbers, written_decimals
 
 TEXT = "The cat sat on the mat because it was tired."
 EVERY_ROLE = dict(calls=True, z_merged=True, projections=frozenset("qkv"), final=True)
@@ -146,4 +148,18 @@ def test_a_report_made_of_a_texts_capture_is_the_one_its_own_passes_make_and_run
     with model_runs() as runs:
         made = text_report(handle.loaded, TEXT, spec, captured=capture).record
     assert not runs["LlamaModel"] and not runs["BartModel"] and not runs["T5Model"]
-    assert made == text_report(handle.loaded, TEXT, spec).record
+    if family != "llama":
+        assert made == text_report(handle.loaded, TEXT, spec).record
+        return
+    # The Llama's own passes run attnviz's layers in the model's place (pipeline.in_models_place), patch's capture is the
+    # model's own pass (its patched passes replay the model's layers): layers >= 1 read inputs within float32 of each
+    # other, and every number of the record is within 1e-5 relative, 1e-6 absolute (two attentions' roundings carried
+    # through the layers), but the trace's checks and differences: each is itself a rounding residue (how far two
+    # computations differ).
+    own = record_numbers(text_report(handle.loaded, TEXT, spec).record)
+    numbers = record_numbers(made)
+    assert list(numbers) == list(own)
+    for path, values in own.items():
+        if ".checks[]." not in path and not path.endswith("_diff"):  # and one step of a field's last written decimal
+            step = 10.0 ** -max(map(written_decimals, values + numbers[path]))
+            np.testing.assert_allclose(numbers[path], values, rtol=1e-5, atol=max(1e-6, step), err_msg=path)

@@ -49,17 +49,16 @@ def decoder(tmp_path_factory):
 def test_roles_counts_each_passs_layers_then_the_needle_tests(decoder):
     recorder = Recorder()
     attnviz.roles(CLEAN, model=decoder, device="cpu", retrieval=True, lengths=[200], depths=[0.5], progress=recorder)
+    # The text's pass and prefix matching's run attnviz's layers in the model's place: each layer counted once, as done.
     assert recorder.stages == [
-        ("layers of the text's forward pass", NUM_LAYERS, [1] * NUM_LAYERS),
         ("layers of the text", NUM_LAYERS, [1] * NUM_LAYERS),
-        ("layers of prefix matching's forward pass", NUM_LAYERS, [1] * NUM_LAYERS),
         ("layers of prefix matching", NUM_LAYERS, [1] * NUM_LAYERS),
         ("layers of copying", NUM_LAYERS, [1] * NUM_LAYERS),
         ("needle tests", 1, [1]),
     ]
     counts = []  # a plain function: the same counts, no stages
     attnviz.roles(CLEAN, model=decoder, device="cpu", progress=counts.append)
-    assert counts == [1] * (5 * NUM_LAYERS)
+    assert counts == [1] * (3 * NUM_LAYERS)
 
 
 @pytest.mark.slow  # a checkpoint built and run by transformers
@@ -106,18 +105,18 @@ def test_effect_counts_the_heads_taken_out_a_layer_at_a_time(decoder):
 
 
 @pytest.mark.slow  # a checkpoint built and run by transformers
-def test_a_pass_of_blocks_counts_the_layers_its_forward_pass_reaches_then_those_done(decoder):
+def test_a_pass_of_blocks_counts_each_layer_once_it_is_done(decoder):
     """layers past the memory budget (1 MB: 2 layers x 6 heads' maps of its 240 tokens are 2.6 MiB) and heads with every
-    layer summarised, as a long text's report runs it: the model's forward pass, then attnviz's layers."""
+    layer summarised, as a long text's report runs it: one pass of the model with attnviz's layers in the place of its
+    attention, each layer counted once its blocks are summarised (no forward pass of its own to count)."""
     long = " ".join([CLEAN] * 20)
     recorder = Recorder()
     result = attnviz.layers(long, memory=1, truncate=True, model=decoder, device="cpu", progress=recorder)
     assert result.attention is None  # the pass of blocks
-    both = [("layers of the text's forward pass", NUM_LAYERS, [1] * NUM_LAYERS), ("layers of the text", NUM_LAYERS, [1] * NUM_LAYERS)]
-    assert recorder.stages == both
+    assert recorder.stages == [("layers of the text", NUM_LAYERS, [1] * NUM_LAYERS)]
     recorder = Recorder()
     attnviz.heads(long, layer_summaries=True, truncate=True, model=decoder, device="cpu", progress=recorder)
-    assert recorder.stages == both
+    assert recorder.stages == [("layers of the text", NUM_LAYERS, [1] * NUM_LAYERS)]
 
 
 @pytest.mark.slow  # a checkpoint built and run by transformers

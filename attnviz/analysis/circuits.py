@@ -53,24 +53,33 @@ def prefix_matching(loaded, spec, budget_bytes: int, sequences: list[list[int]],
     import torch
 
     from attnviz.analysis.head_numbers import Block, block_sums
-    from attnviz.layer_inputs import EncodedTexts, layer_states, threads_for
+    from attnviz.layer_inputs import EncodedTexts, threads_for
     from attnviz.models.tokens import encode_ids
-    from attnviz.pipeline import build_layers, iter_layer_blocks
+    from attnviz.pipeline import blocks_in_place, build_layers, capture_states, in_models_place, iter_layer_blocks
 
     encoded = EncodedTexts(encode_ids(loaded.tokenizer, sequences))
     ids = encoded.queries.input_ids  # (B, N): one length, no padding
     with threads_for(encoded):
         layers = build_layers(loaded, spec)
     sums = torch.zeros(len(layers), max(layer.num_heads for layer in layers), dtype=torch.float64)
-    entered = progress.counting("layers of prefix matching's forward pass", len(layers))
-    with threads_for(encoded):
-        states = layer_states(loaded, encoded, list(range(len(layers))), spec, entered)
+    in_place = in_models_place(loaded, spec)  # one pass, attnviz's layers in the model's place, scored as they run
+    if not in_place:
+        entered = progress.counting("layers of prefix matching's forward pass", len(layers))
+        with threads_for(encoded):
+            states = capture_states(loaded, encoded, list(range(len(layers))), spec, entered)
     advance = progress.counting("layers of prefix matching", len(layers))
-    for layer, first_query, weights in iter_layer_blocks(loaded, encoded, layers, spec, budget_bytes, states=states):  # (B, H, b, K)
+
+    def add(layer: int, first_query: int, weights) -> None:  # weights (B, H, b, K)
         block = Block(weights, first_query, encoded.queries.valid_lens, causal=True, num_queries=ids.shape[1], token_ids=ids)
         sums[layer, : weights.shape[1]] += block_sums(block, ("prefix_matching",))[:, 0].cpu()
         if first_query + weights.shape[2] == ids.shape[1]:  # the layer's last block
             advance(1)
+
+    if in_place:
+        blocks_in_place(loaded, encoded, layers, spec, budget_bytes, add)
+    else:
+        for layer, first_query, weights in iter_layer_blocks(loaded, encoded, layers, spec, budget_bytes, states=states):
+            add(layer, first_query, weights)
     return (sums / len(sequences)).numpy()
 
 

@@ -152,8 +152,8 @@ def head_differences(
 def _maps(loaded, other, text: str, spec, other_spec, top: list[tuple[int, int]], captured) -> dict:
     """The two maps (N, N) of each of the top heads: each of their layers runs once more on each side, whole, over
     loaded's capture (captured), or another checkpoint's own pass capturing those layers' inputs."""
-    from attnviz.layer_inputs import encode_texts, layer_states
-    from attnviz.pipeline import run_attention
+    from attnviz.layer_inputs import encode_texts
+    from attnviz.pipeline import capture_states, run_attention
 
     layers = sorted({layer for layer, _ in top})
     sides = []
@@ -162,6 +162,6 @@ def _maps(loaded, other, text: str, spec, other_spec, top: list[tuple[int, int]]
             encoded, states = captured
         else:
             encoded = encode_texts(model, [text], run_spec)
-            states = layer_states(model, encoded, layers, run_spec)
+            states = capture_states(model, encoded, layers, run_spec)
         sides.append({layer: run_attention(model, [text], replace(run_spec, layer=layer), (encoded, states[layer]))[0] for layer in layers})
     return {(layer, head): tuple(np.array(side[layer].attention[head]) for side in sides) for layer, head in top}

@@ -147,11 +147,16 @@ def run_and_summarise(
     from dataclasses import replace
 
     from attnviz.layer_inputs import encode_texts, threads_for
-    from attnviz.pipeline import build_layers, capture_states, run_attention
+    from attnviz.pipeline import build_layers, capture_states, in_models_place, run_attention
 
     encoded = encode_texts(loaded, [text], spec)
     with threads_for(encoded):
         layers = build_layers(loaded, spec)
+    if in_models_place(loaded, spec):  # one pass in the model's place summarises every layer and keeps layer L's input
+        summaries, kept = summarise_in_place(loaded, text, encoded, layers, spec, budget_bytes, window, keep={spec.layer}, progress=progress)
+        (run,) = run_attention(loaded, [text], spec, captured=(encoded, kept[spec.layer]), vector_tokens=vector_tokens)
+        return replace(run, layer_summaries=summaries)
+    with threads_for(encoded):
         entered = progress.counting(FORWARD_PASS, len(layers))
         states = capture_states(loaded, encoded, list(range(len(layers))), spec, entered)  # every layer's input, one pass
     num_tokens = len(encoded.queries.ids[0])
@@ -175,35 +180,70 @@ def summarise_blocks(
     also(layer, first_query, weights (H, b, N)), when given, gets each block too (analysis.long_layers' block maxima);
     states: every layer's input, already captured (pipeline.capture_states: in BERT's place, that pass's), read in place
     of a pass; done: layer -> its HeadSummaries, already fed every block (those layers are not computed again).
-    progress: the layers the forward pass reaches (where states are captured here), then the layers summarised."""
-    from attnviz.attention.layer import rows_per_block
-    from attnviz.layer_inputs import layer_states, threads_for
-    from attnviz.pipeline import in_berts_place, iter_layer_blocks
+    Without states, where attnviz's layers can run in the model's place (pipeline.in_models_place), they do: one pass,
+    each layer's attention computed once (summarise_in_place). progress: the layers the forward pass reaches (where
+    states are captured here), then the layers summarised."""
+    from attnviz.layer_inputs import threads_for
+    from attnviz.pipeline import capture_states, in_berts_place, in_models_place, iter_layer_blocks
 
-    num_tokens = len(encoded.queries.ids[0])
+    if states is None and in_models_place(loaded, spec):
+        return summarise_in_place(loaded, text, encoded, layers, spec, budget_bytes, window, also, progress=progress)[0]
     in_place = in_berts_place(loaded, spec) and states is None  # else the captured states, in place or not, are read
     done = {} if in_place or done is None else done
     if states is None and not in_place:  # every layer's input, one forward pass (iter_layer_blocks' own), counted
         entered = progress.counting(FORWARD_PASS, len(layers))
         with threads_for(encoded):
-            states = layer_states(loaded, encoded, list(range(len(layers))), spec, entered)
-    advance = progress.counting(LAYERS_OF_THE_TEXT, len(layers))
-    if done:
-        advance(len(done))  # the run's own layer, summarised from its blocks
-    accumulators = [
-        done.get(layer) or HeadSummaries(attention.num_heads, num_tokens, num_tokens, causal=spec.causal, window=window)
-        for layer, attention in enumerate(layers)
-    ]
-    blocks = iter_layer_blocks(loaded, encoded, layers, spec, budget_bytes, in_place, states, frozenset(done))
-    for layer, first_query, weights in blocks:  # weights (1, H, b, N)
-        accumulators[layer].add(first_query, weights[0])
-        if also is not None:
-            also(layer, first_query, weights[0])
-        if first_query + weights.shape[2] == num_tokens:  # the layer's last block
-            advance(1)
-    shown = encoded.queries.shown[0] or encoded.queries.tokens[0]
-    rows = rows_per_block(budget_bytes, 1, max(attention.num_heads for attention in layers), num_tokens)
-    return layer_summaries(accumulators, encoded.queries.tokens[0], shown, text, loaded.name, spec.causal, window, rows)
+            states = capture_states(loaded, encoded, list(range(len(layers))), spec, entered)
+    summing = _Summing(encoded, layers, spec, window, also, progress, done)
+    for layer, first_query, weights in iter_layer_blocks(loaded, encoded, layers, spec, budget_bytes, in_place, states, frozenset(done)):
+        summing.add(layer, first_query, weights)
+    return summing.summaries(text, loaded.name, budget_bytes)
+
+
+def summarise_in_place(
+    loaded, text: str, encoded, layers, spec, budget_bytes: int, window: int = LOCAL_WINDOW, also=None, keep=frozenset(),
+    progress: Progress = Progress(),
+):
+    """summarise_blocks with attnviz's layers in the place of the model's attention (pipeline.blocks_in_place: one pass,
+    where pipeline.in_models_place holds), and the input of each layer of keep as that pass made it (LayerStates):
+    (LayerSummaries, {layer: LayerStates}). progress: the layers summarised, as the pass goes."""
+    from attnviz.pipeline import blocks_in_place
+
+    summing = _Summing(encoded, layers, spec, window, also, progress)
+    kept = blocks_in_place(loaded, encoded, layers, spec, budget_bytes, summing.add, frozenset(keep))
+    return summing.summaries(text, loaded.name, budget_bytes), kept
+
+
+class _Summing:
+    """Every layer's HeadSummaries of one text, fed its blocks (add: weights (1, H, b, K)), also(...) given each block
+    too; progress counts a layer once its last block is in (a layer of done, fed already, at the start)."""
+
+    def __init__(self, encoded, layers, spec, window: int, also, progress: Progress, done=None):
+        done = done or {}
+        self.encoded, self.layers, self.spec, self.window, self.also = encoded, layers, spec, window, also
+        self.num_tokens = len(encoded.queries.ids[0])
+        self.advance = progress.counting(LAYERS_OF_THE_TEXT, len(layers))
+        if done:
+            self.advance(len(done))  # the run's own layer, summarised from its blocks
+        self.accumulators = [
+            done.get(layer) or HeadSummaries(attention.num_heads, self.num_tokens, self.num_tokens, causal=spec.causal, window=window)
+            for layer, attention in enumerate(layers)
+        ]
+
+    def add(self, layer: int, first_query: int, weights) -> None:
+        self.accumulators[layer].add(first_query, weights[0])
+        if self.also is not None:
+            self.also(layer, first_query, weights[0])
+        if first_query + weights.shape[2] == self.num_tokens:  # the layer's last block
+            self.advance(1)
+
+    def summaries(self, text: str, model: str, budget_bytes: int) -> LayerSummaries:
+        from attnviz.attention.layer import rows_per_block
+
+        queries = self.encoded.queries
+        shown = queries.shown[0] or queries.tokens[0]
+        rows = rows_per_block(budget_bytes, 1, max(attention.num_heads for attention in self.layers), self.num_tokens)
+        return layer_summaries(self.accumulators, queries.tokens[0], shown, text, model, self.spec.causal, self.window, rows)
 
 
 def summarise_runs(layer_runs: list, spec, budget_bytes: int, window: int = LOCAL_WINDOW) -> LayerSummaries:

@@ -235,15 +235,17 @@ def text_roles(
     head_summaries.summarise_blocks'); its TextPass. Layer 0 is run as the report shows it (run_attention over the
     capture) and its numbers come from that run's own blocks, or from its whole map where it made one (the weights the
     report shows; for a text within one block, bitwise the block the pass would make), so the layer is not computed
-    twice. keep(run): whether the
-    capture is kept for the report (a short text's); else each layer's input is let go once summarised.
+    twice. Where attnviz's layers can run in the model's place (pipeline.in_models_place), the pass is theirs
+    (head_summaries.summarise_in_place): each layer's attention computed once, layer 0's numbers from the pass's blocks
+    too, and its run made over the input that pass kept. keep(run): whether the capture is kept for the report (a
+    short text's); else each layer's input is let go once summarised (in the model's place: once layer 0 has run).
 
     A text of one token is refused (the templates need two) after tokenizing, before the forward pass."""
     import torch
 
-    from attnviz.analysis.head_summaries import HeadSummaries, summarise_blocks
+    from attnviz.analysis.head_summaries import HeadSummaries, summarise_blocks, summarise_in_place
     from attnviz.layer_inputs import encode_texts, threads_for
-    from attnviz.pipeline import build_layers, capture_states, run_attention
+    from attnviz.pipeline import build_layers, capture_states, in_models_place, run_attention
     from attnviz.run_data import FORWARD_PASS
 
     spec = replace(spec, kv_text=None)
@@ -253,9 +255,15 @@ def text_roles(
         raise AttnvizError(f"the text is {len(ids)} token as the model reads it: the templates compare a token with those before it, give at least two")
     with threads_for(encoded):
         layers = build_layers(loaded, spec)
+    sums = RoleSums(len(layers), max(layer.num_heads for layer in layers), ids, causal=spec.causal, settings=settings)
+    if in_models_place(loaded, spec):  # one pass in the model's place: every layer summarised as it runs, its inputs kept
+        summaries, states = summarise_in_place(loaded, text, encoded, layers, spec, budget_bytes, also=sums.add,
+                                               keep=range(len(layers)), progress=progress)  # fmt: skip
+        (run,) = run_attention(loaded, [text], replace(spec, layer=0), captured=(encoded, states[0]))
+        return TextPass(sums.scores(), summaries, ids, run, (encoded, states) if keep(run) else None)
+    with threads_for(encoded):
         entered = progress.counting(FORWARD_PASS, len(layers))
         states = capture_states(loaded, encoded, list(range(len(layers))), spec, entered)  # every layer's input, one pass
-    sums = RoleSums(len(layers), max(layer.num_heads for layer in layers), ids, causal=spec.causal, settings=settings)
     first = HeadSummaries(layers[0].num_heads, len(ids), len(ids), causal=spec.causal, window=LOCAL_WINDOW)
 
     def feed(first_query: int, weights) -> None:  # weights (H, b, K): a block of layer 0's rows

@@ -249,6 +249,8 @@ class MultiHeadAttention(nn.Module):
         if not block.outputs:
             return None, pattern
         z = self.dropout(pattern).to(v.dtype) @ v  # (B, H, Nq, d): each query's weighted sum of the values
+        if block.outputs == "heads":
+            return z.transpose(1, 2), pattern  # (B, Nq, H, d): what enters W_o, the heads not yet merged
         return self.w_o(merge_heads(z)), pattern  # merge heads, W_o: (B, Nq, D)
 
     def blocks(
@@ -262,7 +264,7 @@ class MultiHeadAttention(nn.Module):
         position_bias: torch.Tensor | None = None,
         rows: int | None = None,
         narrow: bool = False,
-        outputs: bool = True,
+        outputs: bool | str = True,
     ) -> Iterator[tuple[int, torch.Tensor | None, torch.Tensor]]:
         """The layer a block of queries at a time: (first query, output (B, b, D), weights (B, H, b, Nk)) per block.
 
@@ -273,7 +275,8 @@ class MultiHeadAttention(nn.Module):
         its last one: those keys are left out of the products and the softmax (query_blocks), and their
         weights, exactly 0, are added back as zeros; narrow leaves them out: weights (B, H, b, K), K = the
         block's last query + 1 (or Nk, when smaller). outputs=False leaves out the weighted sum of the
-        values and the output projection: None in the output's place.
+        values and the output projection: None in the output's place; outputs="heads" leaves out the output
+        projection alone: each head's output (B, b, H, d) in the output's place (a model's own W_o follows).
         """
         q, k, v = self.project(queries, keys, values)  # (B, H, Nq, d); k, v (B, H, Nk, d)
         for block in query_blocks(q, k, v, rows, causal, outputs):

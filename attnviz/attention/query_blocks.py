@@ -24,7 +24,8 @@ class QueryBlock:
     first: the position of the first query among the keys' (a block of a long text's queries, or the
     tokens that follow a key/value cache); q (B, H, b, d), k and v (B, H, K, d). scratch: a buffer for
     the scores (B, H, b, K), None for a new tensor. outputs=False leaves out the weighted sum of the
-    values and W_o (the weights alone are wanted).
+    values and W_o (the weights alone are wanted); outputs="heads" leaves out W_o alone: each head's output, unmerged,
+    is what the layer gives (a model's own W_o follows: pipeline.blocks_in_place).
     """
 
     first: int
@@ -32,7 +33,7 @@ class QueryBlock:
     k: torch.Tensor
     v: torch.Tensor
     scratch: torch.Tensor | None = None
-    outputs: bool = True
+    outputs: bool | str = True  # True, False or "heads"
 
     @property
     def stop(self) -> int:
@@ -41,7 +42,7 @@ class QueryBlock:
 
 
 def query_blocks(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: int | None, causal: bool, outputs: bool = True
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: int | None, causal: bool, outputs: bool | str = True
 ) -> Iterator[QueryBlock]:
     """q (B, H, Nq, d), k and v (B, H, Nk, d) in blocks of `rows` queries (all of them when None).
 

@@ -28,15 +28,22 @@ DEVICE_BLOCK_BYTES = 2**30
 
 
 def blocked_attention(
-    module, query, key, value, attention_mask, dropout=0.0, scaling=None, position_bias=None, block_bytes=None, **kwargs
+    module, query, key, value, attention_mask, dropout=0.0, scaling=None, position_bias=None, block_bytes=None,
+    attnviz_in_place=None, **kwargs,
 ):
     """transformers' attention function: query (B, H, Nq, d), key and value (B, H_kv, Nk, d); the output (B, Nq, H, d).
+
+    attnviz_in_place, when the forward pass is given it (TransformersModel.in_place_pass): attnviz's own layer stands
+    in for the attention, attnviz_in_place() its output over what entered the module (the model's query, key and value
+    are not read).
 
     attention_mask: transformers' boolean mask (True: may attend) or additive float mask, (B, 1, Nq, Nk); None
     for a module that attends to every key, or causally (module.is_causal). position_bias: T5's, added to the scores.
     block_bytes: a block's scores and weights (default: BLOCK_BYTES of the device); past one block, a text without
     a mask or a position bias goes to SDPA. No dropout: eval mode only.
     """
+    if attnviz_in_place is not None:
+        return attnviz_in_place(), None
     key, value = repeat_kv(key, query.shape[1] // key.shape[1]), repeat_kv(value, query.shape[1] // value.shape[1])
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
     batch, heads, num_queries, _ = query.shape

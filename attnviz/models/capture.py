@@ -42,11 +42,12 @@ class Wanted:
     z_merged: bool = False  # (B, N, H * d) entering each W_o
     projections: frozenset[str] = frozenset()  # "q", "k", "v": what W_q, W_k, W_v gave
     final: bool = False  # (B, N, D) entering the final norm
+    whole: bool = False  # the pass runs to its end whatever is asked (attnviz's layers in the model's place)
 
     @property
     def whole_pass(self) -> bool:
         """Whether the pass runs to its end: something of every layer, or of the stack's end, is asked for."""
-        return self.calls or self.z_merged or bool(self.projections) or self.final
+        return self.whole or self.calls or self.z_merged or bool(self.projections) or self.final
 
 
 @dataclass

@@ -24,7 +24,7 @@ import threading
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -211,6 +211,43 @@ class TransformersModel:
                 forward = lambda: self.model(**inputs, **cache).last_hidden_state  # noqa: E731
             return capture(points, forward, wanted, entered)
 
+    @torch.inference_mode()
+    def in_place_pass(
+        self, inputs: dict[str, torch.Tensor], attend: Callable[[int, torch.Tensor], torch.Tensor], keep: frozenset[int] = frozenset(),
+        whole: bool = True, entered=lambda done: None,
+    ) -> dict[int, Captured]:
+        """One forward pass of a decoder's or an encoder's one stack over inputs with attnviz's layer in the place of
+        every layer's attention: attend(layer, x) gives the heads' outputs (B, N, H, d) over what entered that layer's
+        attention module, x (B, N, D), and the module's own W_o and the rest of the model go on from them (its own
+        query, key and value projections run, unread: the attention function is what transformers lets be replaced).
+        Returns what entered each layer of keep (entered(1) as each is reached); whole=False stops the pass there,
+        before the last of keep attends."""
+        points = self.hook_points()
+        entering: list[tuple[int, torch.Tensor]] = []
+
+        def enter(layer: int, args: tuple, kwargs: dict) -> None:
+            entering[:] = [(layer, args[0] if args else kwargs["hidden_states"])]
+
+        called: set[int] = set()
+
+        def in_place() -> torch.Tensor:
+            layer, hidden = entering.pop()  # each attention module calls its function once
+            called.add(layer)
+            return attend(layer, hidden)
+
+        with self._forward_lock:
+            self.model.set_attn_implementation(blocked_attention.register())
+            handles = hook_layers(points.attention, enter)
+            try:
+                captured = capture(points, lambda: self._forward(inputs, None, None, attnviz_in_place=in_place), Wanted(keep, whole=whole), entered)
+            finally:
+                for handle in handles:
+                    handle.remove()
+        attended = len(points.attention) if whole else max(keep)
+        if called != set(range(attended)):
+            raise RuntimeError(f"{attended - len(called)} layers' attention did not call transformers' attention function")
+        return captured.x
+
     def hook_points(self, stack: str | None = None) -> HookPoints:
         """The stack's modules by role (models/capture.py): layer_stack's, each layer's attention module (x), and
         its W_q, W_k, W_v as the family's adapter names them (one module for all three: GPT-2's c_attn)."""
@@ -340,8 +377,11 @@ class TransformersModel:
             weight = weight * self.family.size(self.config, "hidden") ** -0.5
         return weight, bias
 
-    def _forward(self, inputs: dict[str, torch.Tensor], stack: str | None, source: dict[str, torch.Tensor] | None) -> None:
-        kwargs = {"input_ids": inputs["input_ids"], "attention_mask": inputs["attention_mask"], "use_cache": False}
+    def _forward(self, inputs: dict[str, torch.Tensor], stack: str | None, source: dict[str, torch.Tensor] | None, **passed) -> None:
+        """The model's forward pass over inputs (source: the encoder's, for an encoder-decoder's decoder and cross
+        stacks); passed: keywords the forward hands down to the attention function (blocked_attention's), an encoder's
+        or a decoder's alone."""
+        kwargs = {"input_ids": inputs["input_ids"], "attention_mask": inputs["attention_mask"], "use_cache": False, **passed}
         if self.family.kind != ENCODER_DECODER:
             if self.family.kind != DECODER:
                 kwargs.pop("use_cache")
