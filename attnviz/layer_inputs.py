@@ -113,7 +113,7 @@ def encode_texts(loaded: LoadedModel, texts: list[str], spec: RunSpec) -> Encode
 
 # A capture: a run's texts encoded once (a padded batch) and every layer's input from one pass of the model (layer 0 to
 # L - 1 of spec.stack, or the layers asked for). Every stage of a command reads it: the run, every layer's runs, the
-# traces and the neuron view's vectors (pipeline.capture_texts makes it).
+# traces and the neuron view's vectors (passes.capture_texts makes it).
 Capture = tuple["EncodedTexts", dict[int, LayerStates]]
 
 

@@ -87,7 +87,8 @@ def role_numbers_alone(loaded, text, spec, budget) -> None:
     from attnviz.analysis.head_numbers import RoleSettings
     from attnviz.analysis.roles import RoleSums
     from attnviz.layer_inputs import encode_texts, threads_for
-    from attnviz.pipeline import build_layers, iter_layer_blocks
+    from attnviz.own_layer import build_layers
+    from attnviz.passes import iter_layer_blocks
 
     encoded = encode_texts(loaded, [text], spec)
     ids = list(encoded.queries.ids[0])

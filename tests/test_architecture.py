@@ -144,6 +144,7 @@ def test_every_per_head_number_has_its_definition_paper_docs_line_and_test():
 RUNS_THE_MODEL = {
     "run_attention", "run_layers", "layer_pass", "iter_layer_runs", "capture_texts", "capture_states", "layer_states",
     "trace_texts", "run_and_summarise", "summarise_layers", "report_texts", "text_report", "report_of_runs", "captured_report",
+    "blocks_in_place", "summarise_in_place", "summarise_blocks", "iter_layer_blocks", "iter_layer_passes", "iter_layer_weights",
 }  # fmt: skip
 # A result holds what its faces show: its .report(), .write_files() and figures assemble from it, and the report's
 # record and page are written from the parts the API function made while the capture was at hand.

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from attnviz import pipeline
+from attnviz import own_layer, pipeline
 from attnviz.cli import run
 from attnviz.errors import AttnvizError
 from attnviz.output import batch
@@ -60,11 +60,11 @@ def test_each_text_in_a_padded_batch_equals_its_single_run_and_padding_gets_exac
 
     def build_and_watch(loaded, spec):
         layer = build_layer(loaded, spec)
-        if spec.layer == 1:  # not the layer 0 that runs in BERT's place to make layer 1's input (pipeline.capture_states)
+        if spec.layer == 1:  # not the layer 0 that runs in BERT's place to make layer 1's input (passes.capture_states)
             layer.register_forward_hook(lambda module, inputs, outputs: padded.append(outputs[1].clone()))
         return layer
 
-    build_layer = pipeline.build_layer
+    build_layer = own_layer.build_layer
     monkeypatch.setattr(pipeline, "build_layer", build_and_watch)
     chunks = batch.run_in_batches(bert, TEXTS * 2, run_spec(bert, layer=1), batch_size=4)
     runs = [run for chunk in chunks for run in chunk]

@@ -11,7 +11,8 @@ import torch
 from attnviz.analysis.statistics import summarize_heads
 from attnviz.models.tokens import encode
 from attnviz.layer_inputs import embedding_output, layer_input
-from attnviz.pipeline import build_layer, run_attention
+from attnviz.own_layer import build_layer
+from attnviz.pipeline import run_attention
 from attnviz.spec import run_spec
 
 TOLERANCE = 1e-5

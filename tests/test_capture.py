@@ -14,7 +14,8 @@ import torch
 
 import attnviz
 from attnviz.layer_inputs import text_captures
-from attnviz.pipeline import capture_texts, run_layers
+from attnviz.passes import capture_texts
+from attnviz.pipeline import run_layers
 
 TEXT = "The cat sat on the mat because it was tired."
 OTHERS = ["A dog barked at the moon all night long, and nobody slept.", "短"]

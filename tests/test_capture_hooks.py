@@ -151,7 +151,7 @@ def test_a_report_made_of_a_texts_capture_is_the_one_its_own_passes_make_and_run
     if family != "llama":
         assert made == text_report(handle.loaded, TEXT, spec).record
         return
-    # The Llama's own passes run attnviz's layers in the model's place (pipeline.in_models_place), patch's capture is the
+    # The Llama's own passes run attnviz's layers in the model's place (passes.in_models_place), patch's capture is the
     # model's own pass (its patched passes replay the model's layers): layers >= 1 read inputs within float32 of each
     # other, and every number of the record is within 1e-5 relative, 1e-6 absolute (two attentions' roundings carried
     # through the layers), but the trace's checks and differences: each is itself a rounding residue (how far two

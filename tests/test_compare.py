@@ -12,7 +12,8 @@ from attnviz.analysis.statistics import summarize_heads
 from attnviz.cli import run
 from attnviz.errors import AttnvizError
 from attnviz.output.runs import MANIFEST
-from attnviz.pipeline import random_layer, run_attention
+from attnviz.own_layer import random_layer
+from attnviz.pipeline import run_attention
 from attnviz.render.compare_figures import MAX_HEADS_SHOWN, panel_grid, shown_heads
 from attnviz.spec import run_spec
 

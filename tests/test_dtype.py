@@ -28,7 +28,8 @@ from attnviz.cli import run
 from attnviz.errors import AttnvizError
 from attnviz.layer_inputs import encode_texts, layer_states
 from attnviz.models.loading import load_model, resolve_dtype
-from attnviz.pipeline import build_layer, run_attention
+from attnviz.own_layer import build_layer
+from attnviz.pipeline import run_attention
 from attnviz.spec import run_spec
 
 DTYPES = ["float32", "bfloat16", "float16"]

@@ -209,7 +209,8 @@ def long_llama(tmp_path_factory):
 @pytest.mark.slow  # about 30 s: eight float64 maps of 3,000 × 3,000 and the model over 3,000 tokens
 def test_a_long_text_is_summarised_in_blocks_and_equals_a_float64_computation(long_llama):
     from attnviz.layer_inputs import encode_texts
-    from attnviz.pipeline import build_layers, iter_layer_blocks
+    from attnviz.own_layer import build_layers
+    from attnviz.passes import iter_layer_blocks
 
     folder, model, text, ids = long_llama
     n = ids.shape[1]

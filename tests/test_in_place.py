@@ -1,4 +1,4 @@
-"""attnviz's layers in the place of a transformers model's attention (pipeline.in_models_place, blocks_in_place): one
+"""attnviz's layers in the place of a transformers model's attention (passes.in_models_place, blocks_in_place): one
 pass whose every layer's attention is attnviz's layer over what entered it, the model's W_o and the rest of its layers
 going on from there, as attnviz's BERT has always run (in_berts_place).
 
@@ -16,7 +16,8 @@ import torch
 
 from attnviz.layer_inputs import encode_texts
 from attnviz.models.loading import load_model
-from attnviz.pipeline import build_layers, capture_states, in_models_place
+from attnviz.own_layer import build_layers
+from attnviz.passes import capture_states, in_models_place
 from attnviz.spec import run_spec
 
 TEXTS = ["The cat sat on the mat because it was tired.", "Attention is all."]

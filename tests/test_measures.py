@@ -221,7 +221,8 @@ def test_a_grouped_query_decoder_measured_against_its_weights_and_reruns(tmp_pat
 
     from attnviz.models.loading import load_model
     from attnviz.layer_inputs import encode_texts
-    from attnviz.pipeline import build_layer, capture_states
+    from attnviz.own_layer import build_layer
+    from attnviz.passes import capture_states
     from attnviz.spec import run_spec
 
     model = build_checkpoint("llama", tmp_path / "llama")
@@ -234,7 +235,7 @@ def test_a_grouped_query_decoder_measured_against_its_weights_and_reruns(tmp_pat
         head_dim = w_o.shape[1] // 6
         for text, result in zip(texts, (text_layers[layer] for text_layers in measured)):
             layer_spec = replace(spec, layer=layer)
-            # (1, N, D): what the layer ran over (attnviz's layers in the model's place below it: pipeline.capture_states)
+            # (1, N, D): what the layer ran over (attnviz's layers in the model's place below it: passes.capture_states)
             x = capture_states(loaded, encode_texts(loaded, [text], layer_spec), [layer], layer_spec)[layer].queries
             alpha = torch.from_numpy(result.run.attention).double()  # (H, N, N)
             vectors = torch.stack([

@@ -23,7 +23,9 @@ from attnviz.attention.layer import rows_per_block
 from attnviz.budgets import block_budget
 from attnviz.layer_inputs import encode_texts, layer_states, threads_for
 from attnviz.models.loading import load_model
-from attnviz.pipeline import build_layers, iter_layer_blocks, run_attention, run_layers
+from attnviz.own_layer import build_layers
+from attnviz.passes import iter_layer_blocks
+from attnviz.pipeline import run_attention, run_layers
 from attnviz.spec import run_spec
 
 TEXTS = ("The cat sat on the mat because it was tired.", "The cat sat on the mat. The cat sat on the mat because it was tired, the cat.")
@@ -38,7 +40,7 @@ def model(request, decoder_folder):
 def own_numbers(loaded, text: str, spec, budget: int) -> dict:
     """The text's TEXT_SCORES as text_roles computed them before its capture was shared: RoleSums fed every block of a
     pass of blocks over a capture of its own (in BERT's place: the in-place pass)."""
-    from attnviz.pipeline import in_berts_place
+    from attnviz.passes import in_berts_place
 
     encoded = encode_texts(loaded, [text], spec)
     with threads_for(encoded):

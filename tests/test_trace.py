@@ -25,7 +25,7 @@ from attnviz.errors import AttnvizError
 from attnviz.models.tokens import encode
 from attnviz.output.runs import MANIFEST
 from attnviz.layer_inputs import layer_input
-from attnviz.pipeline import build_layer
+from attnviz.own_layer import build_layer
 from attnviz.tracing import (
     LAYOUTS,
     MISTAKES,

@@ -18,7 +18,7 @@ from attnviz.attention import layer as attention_module
 from attnviz.models.tokens import encode
 from attnviz.output.trace_files import trace_markdown, trace_record
 from attnviz.layer_inputs import layer_input
-from attnviz.pipeline import build_layer
+from attnviz.own_layer import build_layer
 from attnviz.render.mistake_figures import MAX_MERGE_ROW_LABELS, MERGE_MAX_PX, slice_labels, write_merge_figure
 from attnviz.render.trace_tables import print_trace
 from attnviz.spec import run_spec

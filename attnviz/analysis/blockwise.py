@@ -110,7 +110,7 @@ def _keys(stop: int, length: int, first_query: int | None) -> int:
 def block_statistics(attention, first_query: int, valid_lens, kinds, causal: bool = False, js: bool = True):
     """statistics.batch_statistics of the queries first_query .. first_query + b - 1 of a padded batch.
 
-    attention (B, H, b, N) holds those queries' rows over all N keys (pipeline.iter_layer_blocks gives
+    attention (B, H, b, N) holds those queries' rows over all N keys (passes.iter_layer_blocks gives
     them; the whole map is the block of first_query 0), or under a causal mask over the first N' >=
     first_query + b (the rest are 0); valid_lens (B,) and kinds (B, N, K) are the batch's, as for batch_statistics.
     The statistics are head_numbers' block step (block_sums): each query's weighted by 1 / the queries its text's

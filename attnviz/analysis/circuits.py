@@ -55,7 +55,8 @@ def prefix_matching(loaded, spec, budget_bytes: int, sequences: list[list[int]],
     from attnviz.analysis.head_numbers import Block, block_sums
     from attnviz.layer_inputs import EncodedTexts, threads_for
     from attnviz.models.tokens import encode_ids
-    from attnviz.pipeline import blocks_in_place, build_layers, capture_states, in_models_place, iter_layer_blocks
+    from attnviz.own_layer import build_layers
+    from attnviz.passes import blocks_in_place, capture_states, in_models_place, iter_layer_blocks
 
     encoded = EncodedTexts(encode_ids(loaded.tokenizer, sequences))
     ids = encoded.queries.input_ids  # (B, N): one length, no padding

@@ -2,7 +2,7 @@
 
 Both checkpoints read the text with one tokenizer (the same token ids, else refused) and have one architecture
 (the same family, layers and heads). Each runs attnviz's layer with its own projections over its own hidden
-states, a block of queries at a time (pipeline.iter_layer_blocks: any length in bounded memory), and for each
+states, a block of queries at a time (passes.iter_layer_blocks: any length in bounded memory), and for each
 layer × head the two maps' rows are compared (DISTANCES):
 - the Jensen-Shannon distance, sqrt(JSD) with base-2 logarithms (0 for equal rows, 1 for rows with no key in
   common), mean over the queries: the distance `attnviz stats --js` measures between the heads of a layer;
@@ -10,7 +10,7 @@ layer × head the two maps' rows are compared (DISTANCES):
   Does BERT Look At?", section 6), the number their head-distance plots use, growing with the text.
 Against "random", the other side is the same model's layer with random projections (drawn from the seed) over
 the same hidden states: how far training moved each head from a random one. The model's side reads the text's capture
-(pipeline.capture_texts: one pass, of which attnviz.diff also makes the report); against random the other side reads
+(passes.capture_texts: one pass, of which attnviz.diff also makes the report); against random the other side reads
 it too, and another checkpoint's side takes passes of its own.
 
 The most changed heads (TOP_HEADS, by JS distance) keep both maps for the figures when the text has at most
@@ -95,13 +95,14 @@ def head_differences(
 ) -> HeadDifferences:
     """Every layer × head of loaded and other (a LoadedModel checked by check_pair, or RANDOM) over one text: the
     DISTANCES of their maps, computed a block of queries at a time within budget_bytes; progress: the layers compared.
-    captured: the text's capture on loaded (layer_inputs.Capture of every layer, pipeline.capture_texts'), else made
+    captured: the text's capture on loaded (layer_inputs.Capture of every layer, passes.capture_texts'), else made
     here: loaded's side and a random other side read it, and the model runs no other pass of the text."""
     import torch
 
     from attnviz.analysis.head_numbers import row_plogp
     from attnviz.layer_inputs import encode_texts
-    from attnviz.pipeline import build_layers, capture_texts, in_berts_place, iter_layer_blocks
+    from attnviz.own_layer import build_layers
+    from attnviz.passes import capture_texts, in_berts_place, iter_layer_blocks
 
     spec = replace(spec, kv_text=None)
     other_spec = replace(spec, weights="random") if other == RANDOM else spec
@@ -153,7 +154,8 @@ def _maps(loaded, other, text: str, spec, other_spec, top: list[tuple[int, int]]
     """The two maps (N, N) of each of the top heads: each of their layers runs once more on each side, whole, over
     loaded's capture (captured), or another checkpoint's own pass capturing those layers' inputs."""
     from attnviz.layer_inputs import encode_texts
-    from attnviz.pipeline import capture_states, run_attention
+    from attnviz.passes import capture_states
+    from attnviz.pipeline import run_attention
 
     layers = sorted({layer for layer, _ in top})
     sides = []

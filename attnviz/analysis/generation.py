@@ -3,7 +3,7 @@ generated token is kept, per layer and head.
 
 The model generates as it would (transformers' forward pass with its key/value cache, TransformersModel.decode):
 greedy, the most likely next token, or sampled from the next-token distribution with a seed. At each pass attnviz's
-own layers (the model's projections, pipeline.build_layers) read what entered each attention module, with their
+own layers (the model's projections, own_layer.build_layers) read what entered each attention module, with their
 own key/value cache (MultiHeadAttention.step). Two rows belong to generated token t (ROWS):
 
 - chosen: the row that chose it, that of the position that predicted it (the prompt's last token for t = 0), over
@@ -75,7 +75,7 @@ def generate(
 
     from attnviz.errors import AttnvizError
     from attnviz.layer_inputs import encode_texts
-    from attnviz.pipeline import build_layers
+    from attnviz.own_layer import build_layers
 
     check_decoder(loaded, "generate")
     if not 1 <= num_tokens <= MAX_TOKENS:

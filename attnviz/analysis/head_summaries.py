@@ -129,7 +129,7 @@ def summarise_layers(
     from dataclasses import replace
 
     from attnviz.layer_inputs import encode_texts, threads_for
-    from attnviz.pipeline import build_layers
+    from attnviz.own_layer import build_layers
 
     spec = replace(spec, kv_text=None)
     encoded = encode_texts(loaded, [text], spec)
@@ -147,7 +147,9 @@ def run_and_summarise(
     from dataclasses import replace
 
     from attnviz.layer_inputs import encode_texts, threads_for
-    from attnviz.pipeline import build_layers, capture_states, in_models_place, run_attention
+    from attnviz.own_layer import build_layers
+    from attnviz.passes import capture_states, in_models_place
+    from attnviz.pipeline import run_attention
 
     encoded = encode_texts(loaded, [text], spec)
     with threads_for(encoded):
@@ -178,13 +180,13 @@ def summarise_blocks(
 ) -> LayerSummaries:
     """summarise_layers over one text's encoded batch and its built layers (spec without kv_text);
     also(layer, first_query, weights (H, b, N)), when given, gets each block too (analysis.long_layers' block maxima);
-    states: every layer's input, already captured (pipeline.capture_states: in BERT's place, that pass's), read in place
+    states: every layer's input, already captured (passes.capture_states: in BERT's place, that pass's), read in place
     of a pass; done: layer -> its HeadSummaries, already fed every block (those layers are not computed again).
-    Without states, where attnviz's layers can run in the model's place (pipeline.in_models_place), they do: one pass,
+    Without states, where attnviz's layers can run in the model's place (passes.in_models_place), they do: one pass,
     each layer's attention computed once (summarise_in_place). progress: the layers the forward pass reaches (where
     states are captured here), then the layers summarised."""
     from attnviz.layer_inputs import threads_for
-    from attnviz.pipeline import capture_states, in_berts_place, in_models_place, iter_layer_blocks
+    from attnviz.passes import capture_states, in_berts_place, in_models_place, iter_layer_blocks
 
     if states is None and in_models_place(loaded, spec):
         return summarise_in_place(loaded, text, encoded, layers, spec, budget_bytes, window, also, progress=progress)[0]
@@ -204,10 +206,10 @@ def summarise_in_place(
     loaded, text: str, encoded, layers, spec, budget_bytes: int, window: int = LOCAL_WINDOW, also=None, keep=frozenset(),
     progress: Progress = Progress(),
 ):
-    """summarise_blocks with attnviz's layers in the place of the model's attention (pipeline.blocks_in_place: one pass,
-    where pipeline.in_models_place holds), and the input of each layer of keep as that pass made it (LayerStates):
+    """summarise_blocks with attnviz's layers in the place of the model's attention (passes.blocks_in_place: one pass,
+    where passes.in_models_place holds), and the input of each layer of keep as that pass made it (LayerStates):
     (LayerSummaries, {layer: LayerStates}). progress: the layers summarised, as the pass goes."""
-    from attnviz.pipeline import blocks_in_place
+    from attnviz.passes import blocks_in_place
 
     summing = _Summing(encoded, layers, spec, window, also, progress)
     kept = blocks_in_place(loaded, encoded, layers, spec, budget_bytes, summing.add, frozenset(keep))

@@ -88,7 +88,8 @@ def layers_in_blocks(
     panel_cells(run, num_layers) gives the cells a side of layers.png's panels (render.stats_figures.layers_panel_cells).
     """
     from attnviz.layer_inputs import encode_texts, threads_for
-    from attnviz.pipeline import build_layers, layer_sizes, split_runs
+    from attnviz.own_layer import build_layers
+    from attnviz.pipeline import layer_sizes, split_runs
 
     if spec.words:
         raise AttnvizError(

@@ -138,7 +138,7 @@ def position_experiment(
 
     from attnviz.models.tokens import encode, unknown_token_note, unknown_tokens
     from attnviz.layer_inputs import embedding_output
-    from attnviz.pipeline import build_layer
+    from attnviz.own_layer import build_layer
     from attnviz.spec import run_spec
 
     encoded = encode(loaded.tokenizer, [text], loaded.max_positions)

@@ -235,7 +235,7 @@ def text_roles(
     head_summaries.summarise_blocks'); its TextPass. Layer 0 is run as the report shows it (run_attention over the
     capture) and its numbers come from that run's own blocks, or from its whole map where it made one (the weights the
     report shows; for a text within one block, bitwise the block the pass would make), so the layer is not computed
-    twice. Where attnviz's layers can run in the model's place (pipeline.in_models_place), the pass is theirs
+    twice. Where attnviz's layers can run in the model's place (passes.in_models_place), the pass is theirs
     (head_summaries.summarise_in_place): each layer's attention computed once, layer 0's numbers from the pass's blocks
     too, and its run made over the input that pass kept. keep(run): whether the capture is kept for the report (a
     short text's); else each layer's input is let go once summarised (in the model's place: once layer 0 has run).
@@ -245,7 +245,9 @@ def text_roles(
 
     from attnviz.analysis.head_summaries import HeadSummaries, summarise_blocks, summarise_in_place
     from attnviz.layer_inputs import encode_texts, threads_for
-    from attnviz.pipeline import build_layers, capture_states, in_models_place, run_attention
+    from attnviz.own_layer import build_layers
+    from attnviz.passes import capture_states, in_models_place
+    from attnviz.pipeline import run_attention
     from attnviz.run_data import FORWARD_PASS
 
     spec = replace(spec, kv_text=None)

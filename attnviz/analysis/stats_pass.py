@@ -19,19 +19,9 @@ import torch
 from attnviz.analysis.statistics import ModelStatistics, StatisticsAccumulator, key_kind_columns
 from attnviz.budgets import block_budget, every_layer_in_blocks
 from attnviz.layer_inputs import encode_texts, text_captures, threads_for
-from attnviz.pipeline import (
-    BATCH_SIZE,
-    batches,
-    build_layers,
-    capture_states,
-    in_berts_place,
-    iter_layer_blocks,
-    iter_layer_weights,
-    layer_sizes,
-    layer_stages,
-    run_attention,
-    split_runs,
-)
+from attnviz.own_layer import build_layers
+from attnviz.passes import capture_states, in_berts_place, iter_layer_blocks, iter_layer_weights, layer_stages
+from attnviz.pipeline import BATCH_SIZE, batches, layer_sizes, run_attention, split_runs
 from attnviz.models.tokens import text_notes, truncation_notes
 from attnviz.models.loading import LoadedModel
 from attnviz.models.words import tokenizer_words
@@ -56,7 +46,7 @@ def measure_heads(
     the first text's layer-0 run (cut from its batch: the setup the command prints, stats.json records).
 
     spec's settings but its layer (every layer is measured) and kv_text (self-attention only).
-    advance(n) is called after each batch of n texts; layers counts each batch's layers (pipeline.layer_stages: one
+    advance(n) is called after each batch of n texts; layers counts each batch's layers (passes.layer_stages: one
     text's). `stats --file` streams its corpus through a HeadsMeasurer chunk by chunk instead (output/corpus_stats.py).
     """
     measurer = HeadsMeasurer(loaded, spec)
@@ -94,7 +84,7 @@ class HeadsMeasurer:
         layers: Progress = Progress(),
     ) -> tuple[list[str], AttentionRun | None]:
         """Add the texts' statistics into accumulator; their notes (in order, once each), and first_text's layer-0 run
-        (None when not given). advance(n) after each batch of n texts; layers: each batch's (pipeline.layer_stages)."""
+        (None when not given). advance(n) after each batch of n texts; layers: each batch's (passes.layer_stages)."""
         loaded, spec, device = self.loaded, self.spec, self.spec.device
         notes: dict[str, None] = {}  # in order, once each
         first_run = None

@@ -32,7 +32,7 @@ def diff(text: str, *, against, progress=None, **options):
     """
     from attnviz.analysis.diff import RANDOM, check_pair, head_differences
     from attnviz.budgets import block_budget
-    from attnviz.pipeline import capture_texts
+    from attnviz.passes import capture_texts
 
     options = run_options("diff", options, DIFF_OPTIONS)
     (text,) = _texts(text, one=True)

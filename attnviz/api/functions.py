@@ -207,7 +207,8 @@ def trace(text: str | list[str], *, layout: str | None = None, mistake: str | No
     """
     from attnviz.api.run_results import TraceResult
     from attnviz.layer_inputs import check_layer
-    from attnviz.pipeline import capture_texts, run_attention
+    from attnviz.passes import capture_texts
+    from attnviz.pipeline import run_attention
     from attnviz.tracing import LAYOUTS, model_layout, seed_head_run, trace_texts
 
     options = run_options("trace", options, TRACE_OPTIONS)
@@ -341,7 +342,7 @@ def _in_blocks(loaded, text: str, spec, num_layers: int = 1) -> bool:
     with one layer, whether its map passes the large-map size (stats' JS distances); with every layer, layers' long path."""
     from attnviz.layer_inputs import encode_texts
     from attnviz.budgets import every_layer_in_blocks
-    from attnviz.pipeline import resolve_num_heads
+    from attnviz.own_layer import resolve_num_heads
 
     num_tokens = len(encode_texts(loaded, [text], replace(spec, kv_text=None)).queries.ids[0])
     num_heads = resolve_num_heads(loaded, spec.num_heads, spec.stack)

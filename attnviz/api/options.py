@@ -95,7 +95,7 @@ class RunOptions:
 
         fixed are RunSpec's settings that a command sets itself (stats and layers: layer=None; stats: js).
         """
-        from attnviz.pipeline import resolve_num_heads
+        from attnviz.own_layer import resolve_num_heads
 
         settings = dict(
             layer=self.layer, weights=self.weights, seed=self.seed, causal=self.causal, kv_text=self.kv, stack=self.stack,

@@ -53,7 +53,8 @@ def captured_batches(
     """
     from attnviz.html.record import is_long
     from attnviz.layer_inputs import check_layer, text_captures
-    from attnviz.pipeline import BATCH_SIZE, batches, capture_texts, run_attention
+    from attnviz.passes import capture_texts
+    from attnviz.pipeline import BATCH_SIZE, batches, run_attention
 
     check_layer(loaded, spec.layer, spec.stack)  # before any pass
     layers = [spec.layer] if spec.cross_attention else list(range(loaded.num_layers_of(spec.stack)))
@@ -86,7 +87,7 @@ def captured_summaries(loaded, text: str, captured, spec: RunSpec, progress: Pro
     from attnviz.analysis.head_summaries import summarise_blocks
     from attnviz.budgets import block_budget
     from attnviz.layer_inputs import threads_for
-    from attnviz.pipeline import build_layers
+    from attnviz.own_layer import build_layers
 
     encoded, states = captured
     every = replace(spec, layer=None, kv_text=None)

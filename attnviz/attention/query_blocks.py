@@ -25,7 +25,7 @@ class QueryBlock:
     tokens that follow a key/value cache); q (B, H, b, d), k and v (B, H, K, d). scratch: a buffer for
     the scores (B, H, b, K), None for a new tensor. outputs=False leaves out the weighted sum of the
     values and W_o (the weights alone are wanted); outputs="heads" leaves out W_o alone: each head's output, unmerged,
-    is what the layer gives (a model's own W_o follows: pipeline.blocks_in_place).
+    is what the layer gives (a model's own W_o follows: passes.blocks_in_place).
     """
 
     first: int

@@ -233,7 +233,8 @@ def trace_texts(
     (EncodedTexts, LayerStates), from a capture that feeds the run's other stages too: the model is not run here.
     """
     from attnviz.layer_inputs import LayerStates, check_layer, threads_for
-    from attnviz.pipeline import build_layer, capture_texts
+    from attnviz.own_layer import build_layer
+    from attnviz.passes import capture_texts
 
     layer, kv_text, causal, device = spec.layer, spec.kv_text, spec.causal, spec.device
     check_layer(loaded, layer, spec.stack)

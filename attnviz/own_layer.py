@@ -1,0 +1,64 @@
+"""attnviz's own layer for a model's layer: the model's projections copied in, or a fresh layer drawn from a seed.
+
+With pretrained weights the layer gets the query, key, value and output projections of layer L (BERT's, or those a
+transformers family's adapter names), split into the model's heads or the count --heads asks; with random weights it
+is a fresh layer, as in the tutorials. Only one layer's projections are copied, never the whole model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from attnviz.attention.layer import MultiHeadAttention, check_num_heads, check_split, layer_from_weights
+from attnviz.models.loading import LoadedModel
+from attnviz.spec import RunSpec
+
+
+def layer_from_bert(bert_layer, num_heads: int) -> MultiHeadAttention:
+    """Our layer with the projections of one BertLayer copied in, split into num_heads heads."""
+    return layer_from_weights(bert_layer.attention_weights(), num_heads)
+
+
+def random_layer(model_size: int, num_heads: int, seed: int) -> MultiHeadAttention:
+    """A fresh layer, the same for the same seed on any device (it is built on the CPU)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return MultiHeadAttention(model_size, num_heads, bias=True)
+
+
+def build_layer(loaded: LoadedModel, spec: RunSpec) -> MultiHeadAttention:
+    """attnviz's layer for spec.layer: BERT's projections or random ones from spec.seed, split into spec.num_heads.
+
+    Its parameters are one layer's projections copied (layer_from_weights), never the whole model,
+    cast to the model's dtype (random ones are drawn in float32 first, the same for every dtype).
+    """
+    num_heads = resolve_num_heads(loaded, spec.num_heads, spec.stack)
+    if spec.weights == "random":  # a fresh layer of the tutorials' kind: RunSpec admits no other
+        attention = random_layer(loaded.hidden_size, num_heads, spec.seed)
+    elif loaded.is_bert:
+        attention = layer_from_bert(loaded.model.encoder.layer[spec.layer], num_heads)
+    else:
+        attention = layer_from_weights(loaded.model.attention_weights(spec.layer, spec.stack), num_heads)
+    return attention.to(spec.device, getattr(torch, loaded.dtype)).eval()  # in the model's dtype, as its own layer is
+
+
+def resolve_num_heads(loaded: LoadedModel, num_heads: int | None, stack: str | None = None) -> int:
+    """--heads: the model's own count when not given; a count given (0 too) must split the projections.
+
+    For BERT and random parameters it must divide the model size; for the other families
+    check_split also keeps grouped-query attention's groups whole and RoPE's pairs of features.
+    """
+    if num_heads is None:
+        return loaded.num_heads_of(stack)
+    if loaded.is_bert:
+        check_num_heads(loaded.hidden_size, num_heads)
+    else:
+        check_split(loaded.model.attention_weights(0, stack), num_heads)
+    return num_heads
+
+
+def build_layers(loaded: LoadedModel, spec: RunSpec) -> list[MultiHeadAttention]:
+    """attnviz's layer for every layer of spec.stack, in order (spec.layer is not used)."""
+    return [build_layer(loaded, replace(spec, layer=layer)) for layer in range(loaded.num_layers_of(spec.stack))]
