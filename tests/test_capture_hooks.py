@@ -13,7 +13,7 @@ from attnviz.models.capture import Wanted
 from helpers import record_numbers, written_decimals
 
 TEXT = "The cat sat on the mat because it was tired."
-EVERY_ROLE = dict(calls=True, z_merged=True, projections=frozenset("qkv"), final=True)
+EVERY_ROLE = dict(calls=True, z_merged=True, projections=frozenset("qkv"), final=True, mlp=True)
 
 
 def reference_pass(model, inputs: dict, projection_names: list[str], final_name: str | None):
@@ -60,6 +60,10 @@ def test_every_role_of_a_decoders_pass_is_transformers_tensor(decoder_folder):
             for role in "qkv":
                 torch.testing.assert_close(captured.projections[role][layer], getattr(block.self_attn, f"{role}_proj")(x), **close)
             torch.testing.assert_close(captured.z_merged[layer], z_merged[layer], **close)
+            # pre-norm: the layer adds its attention's output (W_o of z_merged) and then its MLP's to the stream
+            after = hidden[layer + 1] if layer + 1 < num_layers else final_in  # the last hidden state is normed
+            added = hidden[layer] + block.self_attn.o_proj(z_merged[layer]) + captured.mlp[layer]
+            torch.testing.assert_close(added, after, atol=1e-5, rtol=0)
     torch.testing.assert_close(captured.final_in, final_in, **close)
     torch.testing.assert_close(captured.last_hidden, output.last_hidden_state, **close)
 
@@ -102,8 +106,41 @@ def test_berts_roles_are_transformers_berts(bundled_bert, reference_bert):
             for role, name in (("q", "query"), ("k", "key"), ("v", "value")):
                 torch.testing.assert_close(captured.projections[role][layer], getattr(attention, name)(x), **close)
             torch.testing.assert_close(captured.z_merged[layer], z_merged[layer], **close)
+            # post-norm: the MLP's output is added to the attention's normed sum, then normed: the next layer's input
+            block = reference.encoder.layer[layer]
+            attended = block.attention.output.LayerNorm(x + block.attention.output.dense(z_merged[layer]))
+            after = block.output.LayerNorm(captured.mlp[layer] + attended)
+            torch.testing.assert_close(after, output.hidden_states[layer + 1], **close)
     assert captured.final_in is None  # BERT's layers end with their own norm
     torch.testing.assert_close(captured.last_hidden, output.last_hidden_state, **close)
+
+
+@pytest.mark.parametrize(("family", "stack"), [("gpt2", None), ("distilbert", None), ("albert", None), ("roberta", None),
+                                               ("bart", "decoder"), ("t5", "encoder"), ("t5", "decoder")])
+def test_every_family_gives_each_layers_mlp_output(family, stack, tmp_path):
+    """The mlp role of every family's stack: one (B, N, D) per layer (ALBERT's one shared layer called once for each), as
+    its module gives it, and for the pre-norm GPT-2 what its layer adds to the stream after its attention's output."""
+    from tiny_families import build_checkpoint
+
+    import attnviz
+
+    build_checkpoint(family, tmp_path)
+    loaded = attnviz.load(str(tmp_path), device="cpu").loaded
+    inputs = dict(transformers.AutoTokenizer.from_pretrained(tmp_path)(TEXT, return_tensors="pt"))
+    source = inputs if stack is not None else None  # an encoder-decoder's whole pass: its encoder reads the text
+    captured = loaded.model.capture_pass(inputs, Wanted(mlp=True, z_merged=True), stack, source)
+    num_layers = loaded.model.num_layers(stack)
+    assert sorted(captured.mlp) == list(range(num_layers))
+    width = loaded.model.model.config.hidden_size if family != "distilbert" else loaded.model.model.config.dim
+    assert all(tuple(each.shape) == (1, inputs["input_ids"].shape[1], width) for each in captured.mlp.values())
+    if family == "albert":  # one module, two layers: two calls, two outputs
+        assert not torch.equal(captured.mlp[0], captured.mlp[1])
+    if family == "gpt2":
+        model = loaded.model.model
+        with torch.inference_mode():
+            hidden = model(**inputs, output_hidden_states=True).hidden_states
+            added = hidden[0] + model.h[0].attn.c_proj(captured.z_merged[0]) + captured.mlp[0]
+        torch.testing.assert_close(added, hidden[1], atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("layers", [[0], [2, 4]])

@@ -11,6 +11,8 @@ pass and removed after it. The roles (the trace's names where it has one: tracin
 - z_merged: what enters each layer's W_o (B, N, H * d): every head's output side by side.
 - projections q, k, v: what W_q, W_k, W_v gave (B, N, features), before RoPE and any q/k norm (a fused one, GPT-2's
   c_attn, whole: the caller slices it).
+- mlp: what each layer's MLP gave (B, N, D), its share of the residual stream before it is added (and before a
+  post-norm layer's own norm: BERT's output.dense, BART's fc2).
 - final: what enters the stack's final norm (B, N, D), and the model's last hidden state (the pass's own output).
 
 A pass that only needs x stops after the last layer asked for (_Stop, raised by its hook): the layers after it never
@@ -42,12 +44,13 @@ class Wanted:
     z_merged: bool = False  # (B, N, H * d) entering each W_o
     projections: frozenset[str] = frozenset()  # "q", "k", "v": what W_q, W_k, W_v gave
     final: bool = False  # (B, N, D) entering the final norm
+    mlp: bool = False  # (B, N, D): each layer's MLP's output
     whole: bool = False  # the pass runs to its end whatever is asked (attnviz's layers in the model's place)
 
     @property
     def whole_pass(self) -> bool:
         """Whether the pass runs to its end: something of every layer, or of the stack's end, is asked for."""
-        return self.whole or self.calls or self.z_merged or bool(self.projections) or self.final
+        return self.whole or self.calls or self.z_merged or bool(self.projections) or self.final or self.mlp
 
 
 @dataclass
@@ -66,6 +69,7 @@ class Capture:
     calls: list[tuple[tuple, dict]] | None = None
     z_merged: list[torch.Tensor] | None = None
     projections: dict[str, dict[int, torch.Tensor]] = field(default_factory=dict)  # "q" -> layer -> (B, N, features)
+    mlp: dict[int, torch.Tensor] | None = None  # layer -> (B, N, D): what its MLP added to the residual stream
     final_in: torch.Tensor | None = None  # (B, N, D); None also for a stack without a final norm
     last_hidden: torch.Tensor | None = None  # (B, N, D): what the pass's forward returned (None: stopped early)
 
@@ -81,6 +85,7 @@ class HookPoints:
     stack: LayerStack  # the layers (their calls), their W_o (z_merged), the final norm
     attention: list[nn.Module]  # the module whose input is x
     projections: dict[str, list[nn.Module]]  # "q", "k", "v" -> each layer's W_q, W_k, W_v
+    mlps: list[nn.Module]  # the module whose output is the layer's MLP's share of the residual stream
     cross: bool = False  # the attention's keys are the key_value_states keyword's (x_kv)
 
 
@@ -97,6 +102,7 @@ def capture(points: HookPoints, forward: Callable[[], Any], wanted: Wanted, ente
         calls=[None] * num_layers if wanted.calls else None,
         z_merged=[None] * num_layers if wanted.z_merged else None,
         projections={role: {} for role in wanted.projections},
+        mlp={} if wanted.mlp else None,
     )
     stops = not wanted.whole_pass
 
@@ -123,6 +129,9 @@ def capture(points: HookPoints, forward: Callable[[], Any], wanted: Wanted, ente
 
         return keep
 
+    def keep_mlp(layer: int, args: tuple, kwargs: dict, output: torch.Tensor) -> None:
+        captured.mlp.setdefault(layer, output.detach().clone())
+
     def keep_final(module, args) -> None:
         captured.final_in = args[0].detach().clone()  # the last call's: the stack's end
 
@@ -135,6 +144,8 @@ def capture(points: HookPoints, forward: Callable[[], Any], wanted: Wanted, ente
         handles += hook_layers(points.stack.projections, keep_z)
     for role in wanted.projections:
         handles += hook_layers(points.projections[role], keeping(role), after=True)
+    if wanted.mlp:
+        handles += hook_layers(points.mlps, keep_mlp, after=True)
     if wanted.final and points.stack.final is not None:
         handles.append(points.stack.final.register_forward_pre_hook(keep_final))
     try:
@@ -146,6 +157,7 @@ def capture(points: HookPoints, forward: Callable[[], Any], wanted: Wanted, ente
             handle.remove()
     missing = [role for role, kept in (("calls", captured.calls), ("z_merged", captured.z_merged)) if kept is not None and None in kept]
     missing += [role for role, kept in captured.projections.items() if len(kept) < num_layers]
+    missing += ["mlp"] if captured.mlp is not None and len(captured.mlp) < num_layers else []
     if missing:
         raise RuntimeError(f"the forward pass did not call every layer of the stack ({', '.join(missing)} missing)")
     return captured

@@ -250,15 +250,16 @@ class TransformersModel:
 
     def hook_points(self, stack: str | None = None) -> HookPoints:
         """The stack's modules by role (models/capture.py): layer_stack's, each layer's attention module (x), and
-        its W_q, W_k, W_v as the family's adapter names them (one module for all three: GPT-2's c_attn)."""
-        attention, projections = [], {"q": [], "k": [], "v": []}
+        its W_q, W_k, W_v as the family's adapter names them (one module for all three: GPT-2's c_attn), and its MLP."""
+        attention, projections, mlps = [], {"q": [], "k": [], "v": []}, []
         for layer in range(self.num_layers(stack)):
             index = self.family.stored_index(self.config, layer, stack)
             name, names = self.family.layer_names(self.config, index, stack)
             attention.append(self.model.get_submodule(name))
             for role, modules in projections.items():
                 modules.append(self.model.get_submodule(names["w_" + role]))
-        return HookPoints(self.layer_stack(stack), attention, projections, cross=stack == "cross")
+            mlps.append(self.model.get_submodule(self.family.mlp_name(self.config, index, stack)))
+        return HookPoints(self.layer_stack(stack), attention, projections, mlps, cross=stack == "cross")
 
     # ---- the layers one by one: the model's output with a head taken out (analysis/effect.py) -----------------
 

@@ -29,6 +29,9 @@ class Albert(Family):
         base = f"encoder.albert_layer_groups.{index}.albert_layers.0.attention"
         return base, {"w_q": f"{base}.query", "w_k": f"{base}.key", "w_v": f"{base}.value", "w_o": f"{base}.dense"}
 
+    def mlp_name(self, config: dict, index: int, stack: str | None) -> str:
+        return f"encoder.albert_layer_groups.{index}.albert_layers.0.ffn_output"  # before full_layer_layer_norm
+
     def stored_index(self, config: dict, layer: int, stack: str | None) -> int:
         return layer * config.get("num_hidden_groups", 1) // self.size(config, "layers")
 

@@ -19,6 +19,9 @@ class BartLayout(Family):
         base = f"{side}.layers.{index}.{'encoder_attn' if stack == 'cross' else 'self_attn'}"
         return base, {"w_q": f"{base}.q_proj", "w_k": f"{base}.k_proj", "w_v": f"{base}.v_proj", "w_o": f"{base}.out_proj"}
 
+    def mlp_name(self, config: dict, index: int, stack: str | None) -> str:
+        return f"{'decoder' if stack in ('decoder', 'cross') else 'encoder'}.layers.{index}.fc2"  # before final_layer_norm
+
     def embedding_shapes(self, config: dict) -> dict[str, tuple[tuple[int, ...], str]]:
         return {"shared.weight": ((self.size(config, "vocab"), self.size(config, "hidden")), "vocab_size by d_model")}
 

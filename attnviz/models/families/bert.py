@@ -23,6 +23,9 @@ class BertLayout(Family):
             "w_q": f"{base}.self.query", "w_k": f"{base}.self.key", "w_v": f"{base}.self.value", "w_o": f"{base}.output.dense",
         }
 
+    def mlp_name(self, config: dict, index: int, stack: str | None) -> str:
+        return f"encoder.layer.{index}.output.dense"  # before the dropout, the residual and output.LayerNorm
+
     def embedding_shapes(self, config: dict) -> dict[str, tuple[tuple[int, ...], str]]:
         # ELECTRA's embeddings may be narrower than the layers (embedding_size), projected up to them
         width_key = self.key_name("embedding" if "embedding" in self.keys else "hidden")

@@ -13,6 +13,9 @@ class DistilBert(Family):
         base = f"transformer.layer.{index}.attention"
         return base, {"w_q": f"{base}.q_lin", "w_k": f"{base}.k_lin", "w_v": f"{base}.v_lin", "w_o": f"{base}.out_lin"}
 
+    def mlp_name(self, config: dict, index: int, stack: str | None) -> str:
+        return f"transformer.layer.{index}.ffn"  # lin1, the activation, lin2: before output_layer_norm
+
     def embedding_shapes(self, config: dict) -> dict[str, tuple[tuple[int, ...], str]]:
         hidden = self.size(config, "hidden")
         return {

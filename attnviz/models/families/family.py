@@ -128,6 +128,11 @@ class Family:
         """(the attention module's name, the names of w_q, w_k, w_v, w_o) of stored layer `index` in the base model."""
         raise NotImplementedError
 
+    def mlp_name(self, config: dict, index: int, stack: str | None) -> str:
+        """The name of the module whose output is stored layer `index`'s MLP's share of the residual stream, before
+        it is added (and before a post-norm layer's own norm): what the capture's mlp role keeps."""
+        raise NotImplementedError
+
     def stored_index(self, config: dict, layer: int, stack: str | None) -> int:
         """Which stored layer computes layer `layer` (ALBERT's layers share a few)."""
         return layer

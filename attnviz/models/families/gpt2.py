@@ -21,6 +21,9 @@ class Gpt2(Family):
         base = f"h.{index}.attn"
         return base, {"w_q": f"{base}.c_attn", "w_k": f"{base}.c_attn", "w_v": f"{base}.c_attn", "w_o": f"{base}.c_proj"}
 
+    def mlp_name(self, config: dict, index: int, stack: str | None) -> str:
+        return f"h.{index}.mlp"
+
     def projection_shapes(self, config: dict, stack: str | None) -> dict[str, tuple[tuple[int, ...], str]]:
         hidden = self.size(config, "hidden")
         fused = ((hidden, 3 * hidden), "n_embd by 3 × n_embd (Conv1D: in by out)")

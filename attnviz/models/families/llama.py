@@ -35,6 +35,9 @@ class LlamaLayout(Family):
         base = f"layers.{index}.self_attn"
         return base, {"w_q": f"{base}.q_proj", "w_k": f"{base}.k_proj", "w_v": f"{base}.v_proj", "w_o": f"{base}.o_proj"}
 
+    def mlp_name(self, config: dict, index: int, stack: str | None) -> str:
+        return f"layers.{index}.mlp"
+
     def embedding_shapes(self, config: dict) -> dict[str, tuple[tuple[int, ...], str]]:
         return {"embed_tokens.weight": ((self.size(config, "vocab"), self.size(config, "hidden")), "vocab_size by hidden_size")}
 

@@ -24,6 +24,10 @@ class T5(Family):
         base = f"{side}.block.{index}.layer.1.EncDecAttention" if stack == "cross" else f"{side}.block.{index}.layer.0.SelfAttention"
         return base, {"w_q": f"{base}.q", "w_k": f"{base}.k", "w_v": f"{base}.v", "w_o": f"{base}.o"}
 
+    def mlp_name(self, config: dict, index: int, stack: str | None) -> str:
+        decoder = stack in ("decoder", "cross")  # a decoder's block: self-attention, cross-attention, then the MLP
+        return f"{'decoder' if decoder else 'encoder'}.block.{index}.layer.{2 if decoder else 1}.DenseReluDense"
+
     def embedding_shapes(self, config: dict) -> dict[str, tuple[tuple[int, ...], str]]:
         return {"shared.weight": ((self.size(config, "vocab"), self.size(config, "hidden")), "vocab_size by d_model")}
 
