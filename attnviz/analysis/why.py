@@ -1,0 +1,157 @@
+"""Why a head attends: its pre-softmax score q_i · k_j split exactly into the parts that built its query and its key.
+
+The residual stream entering layer L of a pre-norm decoder is a sum of parts: the token embedding, the position
+embedding (GPT-2's learned one), each earlier layer's heads one by one (head h's output z_h through its slice of
+W_O), each attention's output bias, each MLP's output. With the norm before the attention frozen at the run's values
+(each position's 1/σ, the convention of direct logit attribution; LayerNorm's mean taken from each part, its bias a
+part of its own), q_i and k_j are linear in those parts: each part through the frozen norm, W_Q or W_K (the key/value
+head's, for grouped-query heads), Qwen3's q/k norm with its frozen scale, and RoPE's rotation at its position; the
+projection's bias a part of its own. So the score is the sum over (query part, key part) of scale × q_part · k_part,
+and every term is kept (Elhage et al. 2021's QK circuit, read over one prompt's residual stream).
+
+The parts come from one pass of the model (models/capture.py: each layer's call, what entered each W_o, each MLP's
+output); the score they add up to is the one attnviz's own layer computes over that pass's input of layer L.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from attnviz.errors import AttnvizError
+
+# How far the parts' sum may be from what the pass computed, relative to its size: float32 sums of ~100 parts.
+PARTS_TOLERANCE = 1e-4
+
+
+@dataclass
+class ScoreTerms:
+    """One score's split: terms[i][j] = query part i × key part j (scale included), every term; their sum is score."""
+
+    layer: int
+    head: int
+    query: int  # the query's position
+    key: int  # the key's position
+    score: float  # the pre-softmax score as attnviz's layer computed it, scale included
+    weight: float  # the softmax weight it became
+    query_parts: list[str]  # "embed", "pos", "L3H5", "L3.bias", "mlp3", "norm.bias", "bias"
+    key_parts: list[str]
+    terms: np.ndarray  # (P_q, P_k) float64
+    tokens: list[str]  # the text's tokens, as the tokenizer gives them
+
+    @property
+    def total(self) -> float:
+        """The terms' sum: the score, within float32's rounding of the parts."""
+        return float(self.terms.sum())
+
+
+def score_terms(loaded, encoded, spec, layer: int, head: int, query: int, key: int | None = None) -> ScoreTerms:
+    """The split of head `head`'s score of (query, key) at `layer` over one text (encoded: its EncodedTexts, one text);
+    key None: the key the head weighs most from that query. A pre-norm decoder's own self-attention (spec: the model's
+    projections and heads); one pass of the model, whole."""
+    import torch
+
+    from attnviz.models.capture import Wanted
+    from attnviz.own_layer import build_layer
+
+    family = loaded.family
+    if loaded.is_bert or family.attention_norm is None:
+        raise AttnvizError(f"why splits the scores of pre-norm decoders (Llama, Qwen, GPT-2): {family.name} normalises after each layer")
+    inputs = encoded.queries.model_inputs(spec.device)
+    ids = inputs["input_ids"]
+    with torch.inference_mode():
+        captured = loaded.model.capture_pass(inputs, Wanted(frozenset({layer}), calls=True, z_merged=True, mlp=True))
+        recorded = captured.recorded()
+        attention = build_layer(loaded, spec)
+        x = captured.x[layer].hidden  # (1, N, D): what entered layer L's attention
+        q, k, _ = attention.project(x)  # (1, H, N, d) each, keys repeated for their query heads
+        scores = (q[0, head] @ k[0, head].T).double() * attention.scale  # (N, N)
+        if spec.causal:
+            scores = scores.masked_fill(torch.ones_like(scores, dtype=torch.bool).triu(1), float("-inf"))
+        weights = scores.softmax(dim=-1)
+        key = int(weights[query].argmax()) if key is None else key
+        parts = _stream_parts(loaded, captured, recorded, ids, layer)
+        normed = _normed(loaded, parts, recorded.entering(layer)[0].double(), layer)
+        query_names, query_vectors = _projected(attention, normed, head, query, "q")
+        key_names, key_vectors = _projected(attention, normed, head, key, "k")
+        terms = attention.scale * (query_vectors @ key_vectors.T)  # (P_q, P_k)
+    return ScoreTerms(
+        layer=layer, head=head, query=query, key=key, score=float(scores[query, key]), weight=float(weights[query, key]),
+        query_parts=query_names, key_parts=key_names, terms=terms.numpy(), tokens=list(encoded.queries.tokens[0]),
+    )  # fmt: skip
+
+
+def _stream_parts(loaded, captured, recorded, ids, layer: int) -> dict:
+    """name -> (N, D) float64: the parts whose sum is the residual stream entering `layer` (checked against it)."""
+    import torch
+
+    model = loaded.model
+    entering = recorded.entering(0)[0].double()  # (N, D): the embeddings, positions included
+    embed = model.get_input_embeddings()(ids)[0].double()
+    parts = {"embed": embed}
+    if (entering - embed).abs().max() > 0:  # learned positions added to the tokens (GPT-2's wpe)
+        parts["pos"] = entering - embed
+    for earlier in range(layer):
+        weights = model.attention_weights(earlier)
+        w_o, b_o = weights.w_o  # (D, H d), (D,) or None
+        z = captured.z_merged[earlier][0].double()  # (N, H d)
+        size = weights.head_dim
+        for h in range(weights.num_heads):
+            parts[f"L{earlier}H{h}"] = z[:, h * size : (h + 1) * size] @ w_o[:, h * size : (h + 1) * size].double().T
+        if b_o is not None:
+            parts[f"L{earlier}.bias"] = b_o.double().expand_as(embed)
+        parts[f"mlp{earlier}"] = captured.mlp[earlier][0].double()
+    stream = recorded.entering(layer)[0].double()
+    summed = torch.stack(list(parts.values())).sum(dim=0)
+    if (summed - stream).abs().max() > PARTS_TOLERANCE * max(1.0, float(stream.abs().max())):
+        raise RuntimeError(f"layer {layer}'s input is not the sum of the embeddings, the heads and the MLPs before it")
+    return parts
+
+
+def _normed(loaded, parts: dict, stream, layer: int) -> dict:
+    """Each part through the norm before layer `layer`'s attention with the run's own scale frozen: RMSNorm's
+    g ⊙ part / σ_i; LayerNorm's g ⊙ (part - its mean) / σ_i, its bias b a part of its own ("norm.bias")."""
+    from torch import nn
+
+    norm = loaded.model.model.get_submodule(loaded.family.attention_norm.format(index=layer))
+    gain = norm.weight.double()
+    eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6))
+    if isinstance(norm, nn.LayerNorm):
+        centred = {name: part - part.mean(dim=-1, keepdim=True) for name, part in parts.items()}
+        sigma = ((stream - stream.mean(dim=-1, keepdim=True)).pow(2).mean(dim=-1, keepdim=True) + eps).sqrt()  # (N, 1)
+        normed = {name: gain * part / sigma for name, part in centred.items()}
+        if norm.bias is not None:
+            normed["norm.bias"] = norm.bias.double().expand_as(stream)
+        return normed
+    sigma = (stream.pow(2).mean(dim=-1, keepdim=True) + eps).sqrt()  # (N, 1)
+    return {name: gain * part / sigma for name, part in parts.items()}
+
+
+def _projected(attention, normed: dict, head: int, position: int, side: str):
+    """(names, (P, d) float64): each part's q (side "q", head `head`) or k (its key/value head) at `position`, through
+    W_Q or W_K, the projection's bias a part of its own ("bias"), Qwen3's q/k norm with the position's scale frozen,
+    and RoPE's rotation at the position."""
+    import torch
+
+    from attnviz.attention.layer import rotate
+
+    size = attention.head_dim
+    row = head if side == "q" else head // attention.group_size
+    linear = attention.w_q if side == "q" else attention.w_k
+    weight = linear.weight[row * size : (row + 1) * size].double()  # (d, D)
+    names = list(normed)
+    vectors = torch.stack([normed[name][position] @ weight.T for name in names])  # (P, d)
+    if linear.bias is not None:
+        names.append("bias")
+        vectors = torch.cat([vectors, linear.bias[row * size : (row + 1) * size].double()[None]])
+    head_norm = attention.q_norm if side == "q" else attention.k_norm
+    if head_norm is not None:  # an RMSNorm over the head's features: its scale at this position frozen
+        whole = vectors.sum(dim=0)
+        sigma = (whole.pow(2).mean() + head_norm.eps).sqrt()
+        vectors = head_norm.weight.double() * vectors / sigma
+    table = attention.rotary(position + 1)
+    if table is not None:  # RoPE at the position: a rotation, linear in each part
+        cos, sin = (each[position].double() for each in table)
+        vectors = rotate(vectors, cos, sin)
+    return names, vectors

@@ -1,0 +1,99 @@
+"""Why a head attends (analysis/why.py): a score split into query part x key part terms.
+
+The terms add up to the score attnviz's own layer computes (1e-5); each term is the product of its two parts computed
+again from transformers' own modules, with hooks written out here: each earlier head's share of the stream (what
+entered o_proj, through the head's columns of it), each MLP's output, the norm with the position's scale frozen,
+q_proj and k_proj, transformers' own RoPE (apply_rotary_pos_emb with the model's rotary_emb), its own scaling (1e-4).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+from attnviz.analysis.why import score_terms
+from attnviz.layer_inputs import encode_texts
+from attnviz.models.loading import load_model
+from attnviz.spec import run_spec
+
+TEXT = "The cat sat on the mat because it was tired. The cat sat"
+
+
+def split(loaded, name: str, layer: int, head: int, query: int, key: int | None = None):
+    spec = run_spec(loaded, name, layer=layer)
+    return score_terms(loaded, encode_texts(loaded, [TEXT], spec), spec, layer, head, query, key)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3", "gpt2"])
+def test_the_terms_add_up_to_the_score_attnvizs_layer_computes(family, tmp_path):
+    """Grouped-query heads with RoPE (Llama), per-head q/k norms (Qwen3), LayerNorm with learned positions and biases
+    (GPT-2): the parts through the frozen norm add up to the score within float32's rounding."""
+    from tiny_families import build_checkpoint
+
+    build_checkpoint(family, tmp_path)
+    loaded = load_model(str(tmp_path))
+    for layer, head, query in ((0, 0, 5), (1, 2, 10), (1, 3, 12)):
+        terms = split(loaded, str(tmp_path), layer, head, query)
+        assert terms.terms.shape == (len(terms.query_parts), len(terms.key_parts))
+        assert terms.total == pytest.approx(terms.score, abs=1e-5 * max(1.0, abs(terms.score)))
+        assert terms.key <= query and 0 < terms.weight <= 1
+    parts = split(loaded, str(tmp_path), 1, 0, 5).query_parts
+    heads = loaded.num_heads
+    assert parts[: 1 + heads] == ["embed", *(f"L0H{h}" for h in range(heads))] or parts[:2] == ["embed", "pos"]
+    assert "mlp0" in parts
+
+
+def test_each_term_is_the_product_of_its_parts_through_transformers_own_modules(decoder_folder):
+    """The tiny grouped-query Llama (6 heads over 2 key/value heads, RoPE), layer 1, head 4: every term against the
+    same product made from transformers' LlamaModel with this test's own hooks, within 1e-4."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    layer, head, query, key = 1, 4, 11, 3
+    loaded = load_model(str(decoder_folder))
+    terms = split(loaded, str(decoder_folder), layer, head, query, key)
+    model = transformers.LlamaModel.from_pretrained(decoder_folder, attn_implementation="eager").eval()
+    inputs = dict(transformers.AutoTokenizer.from_pretrained(decoder_folder)(TEXT, return_tensors="pt"))
+    entering_o, mlp_out = {}, {}
+    handles = [model.layers[0].self_attn.o_proj.register_forward_pre_hook(lambda module, args: entering_o.setdefault(0, args[0][0])),
+               model.layers[0].mlp.register_forward_hook(lambda module, args, output: mlp_out.setdefault(0, output[0]))]  # fmt: skip
+    with torch.inference_mode():
+        try:
+            hidden = model(**inputs, output_hidden_states=True).hidden_states
+        finally:
+            for handle in handles:
+                handle.remove()
+        attention = model.layers[0].self_attn
+        size = attention.head_dim
+        parts = {"embed": model.embed_tokens(inputs["input_ids"])[0], "mlp0": mlp_out[0]}
+        for h in range(model.config.num_attention_heads):  # head h's z through its columns of o_proj
+            parts[f"L0H{h}"] = entering_o[0][:, h * size : (h + 1) * size] @ attention.o_proj.weight[:, h * size : (h + 1) * size].T
+        stream = hidden[layer][0]  # (N, D): what enters layer 1
+        norm = model.layers[layer].input_layernorm
+        sigma = (stream.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon).sqrt()
+        reader = model.layers[layer].self_attn
+        position_ids = torch.arange(stream.shape[0])[None]
+        cos, sin = model.rotary_emb(stream[None], position_ids)
+        kv = head // (model.config.num_attention_heads // model.config.num_key_value_heads)
+
+        def q_of(part, position):  # (d,): the part's query of head `head` at the position, rotated
+            q = reader.q_proj(norm.weight * part / sigma)[position, head * size : (head + 1) * size]
+            return apply_rotary_pos_emb(q[None, None, None], q[None, None, None], cos[:, position : position + 1], sin[:, position : position + 1])[0][0, 0, 0]
+
+        def k_of(part, position):
+            k = reader.k_proj(norm.weight * part / sigma)[position, kv * size : (kv + 1) * size]
+            return apply_rotary_pos_emb(k[None, None, None], k[None, None, None], cos[:, position : position + 1], sin[:, position : position + 1])[1][0, 0, 0]
+
+        for i, query_part in enumerate(terms.query_parts):
+            for j, key_part in enumerate(terms.key_parts):
+                expected = float(q_of(parts[query_part], query) @ k_of(parts[key_part], key)) * reader.scaling
+                assert terms.terms[i, j] == pytest.approx(expected, abs=1e-4), (query_part, key_part)
+    assert sorted(terms.query_parts) == sorted(parts)
+
+
+@pytest.mark.slow  # SmolLM2: 30 layers, one whole pass
+def test_smollm2s_terms_add_up_to_its_score():
+    loaded = load_model("smollm2")
+    terms = split(loaded, "smollm2", 18, 6, 12)
+    assert len(terms.query_parts) == 1 + 18 * 9 + 18  # the embeddings, 18 layers' 9 heads and MLPs
+    assert terms.total == pytest.approx(terms.score, abs=1e-5 * max(1.0, abs(terms.score)))
