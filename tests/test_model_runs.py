@@ -46,6 +46,7 @@ COMMANDS = {
     "generate": (["generate", TEXT, "--tokens", "5"], "llama", {"LlamaModel": 7}),
     "patch": (PATCH, "llama", {"LlamaModel": 2, "LlamaDecoderLayer": 3, "LlamaRMSNorm": 2}),
     "patch --component q": ([*PATCH, "--component", "q"], "llama", {"LlamaModel": 2, "LlamaDecoderLayer": 6, "LlamaRMSNorm": 4}),
+    "why": (["why", TEXT, "--layer", "1", "--head", "2", "--query", "8"], "llama", {"LlamaModel": 1}),  # one whole pass: its parts
     "patch --component pattern": (
         [*PATCH, "--component", "pattern"], "llama", {"LlamaModel": 2, "LlamaDecoderLayer": 6, "LlamaRMSNorm": 4}
     ),

@@ -97,3 +97,57 @@ def test_smollm2s_terms_add_up_to_its_score():
     terms = split(loaded, "smollm2", 18, 6, 12)
     assert len(terms.query_parts) == 1 + 18 * 9 + 18  # the embeddings, 18 layers' 9 heads and MLPs
     assert terms.total == pytest.approx(terms.score, abs=1e-5 * max(1.0, abs(terms.score)))
+
+
+# --- attnviz.why and `attnviz why` ---------------------------------------------------------------------------------
+
+TOKENS = 16  # TEXT as the tiny Llama's tokenizer reads it, <s> first
+
+
+def test_the_command_writes_the_terms_that_add_up_to_its_score(decoder_folder, tmp_path, capsys):
+    import json
+
+    from attnviz.cli.main import run
+
+    out = tmp_path / "why"
+    args = ["why", TEXT, "--model", str(decoder_folder), "--layer", "1", "--head", "4", "--query", "11"]
+    assert run([*args, "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "query part" in printed and "share" in printed and "why.json" in printed
+    record = json.loads((out / "why.json").read_text(encoding="utf-8"))
+    assert record["format"] == "attnviz-why" and (record["layer"], record["head"], record["query"]) == (1, 4, 11)
+    assert sum(map(sum, record["terms"])) == pytest.approx(record["score"], abs=1e-5 * max(1.0, abs(record["score"])))
+    assert len(record["terms"]) == len(record["query_parts"]) and len(record["terms"][0]) == len(record["key_parts"])
+    result = split(load_model(str(decoder_folder)), str(decoder_folder), 1, 4, 11)  # the key the head weighs most
+    assert record["key"] == result.key and record["score"] == result.score and record["weight"] == result.weight
+    assert sorted(path.name for path in out.iterdir() if not path.name.startswith(".")) == ["why.json", "why.png"]
+
+
+WHY_BAD_INPUTS = {
+    "a query past the text": (["--query", "16"], f"--query 16 is past the text: it is {TOKENS} tokens as the model reads it (0 to {TOKENS - 1})"),
+    "a key past the text": (["--query", "3", "--key", "20"], "--key 20 is past the text"),
+    "a key after the query": (["--query", "3", "--key", "5"], "key 5 comes after query 3: under the causal mask its weight is 0"),
+    "a head out of range": (["--query", "3", "--head", "6"], "head 6 is out of range: "),
+    "a layer out of range": (["--query", "3", "--layer", "2"], "layer 2 is out of range: "),
+}
+
+
+@pytest.mark.parametrize("case", WHY_BAD_INPUTS)
+def test_bad_input_is_one_line_and_exit_code_2_and_writes_nothing(case, decoder_folder, tmp_path, capsys):
+    from attnviz.cli.main import run
+
+    extra, message = WHY_BAD_INPUTS[case]
+    given = dict(zip(extra[::2], extra[1::2]))
+    args = ["why", TEXT, "--model", str(decoder_folder), "--layer", given.pop("--layer", "1"), "--head", given.pop("--head", "0")]
+    assert run([*args, *(item for pair in given.items() for item in pair), "--out", str(tmp_path / "run")]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("error: ") and message in error and error.count("\n") == 1, error
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_post_norm_encoder_is_refused_in_one_line(tmp_path, capsys):
+    from attnviz.cli.main import run
+
+    assert run(["why", "我想吃酸菜鱼", "--model", "bundled", "--layer", "0", "--head", "0", "--query", "1", "--out", str(tmp_path / "run")]) == 2
+    assert "why splits the scores of pre-norm decoders" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []

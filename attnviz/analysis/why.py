@@ -39,6 +39,7 @@ class ScoreTerms:
     key_parts: list[str]
     terms: np.ndarray  # (P_q, P_k) float64
     tokens: list[str]  # the text's tokens, as the tokenizer gives them
+    shown_tokens: list[str]  # as figures and tables show them (models/shown.py)
 
     @property
     def total(self) -> float:
@@ -79,6 +80,7 @@ def score_terms(loaded, encoded, spec, layer: int, head: int, query: int, key: i
     return ScoreTerms(
         layer=layer, head=head, query=query, key=key, score=float(scores[query, key]), weight=float(weights[query, key]),
         query_parts=query_names, key_parts=key_names, terms=terms.numpy(), tokens=list(encoded.queries.tokens[0]),
+        shown_tokens=list(encoded.queries.shown[0] or encoded.queries.tokens[0]),
     )  # fmt: skip
 
 

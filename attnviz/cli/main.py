@@ -26,6 +26,7 @@ from attnviz.cli import roles  # noqa: E402, F401  isort: skip
 from attnviz.cli import generate  # noqa: E402, F401  isort: skip
 from attnviz.cli import patch  # noqa: E402, F401  isort: skip
 from attnviz.cli import trace  # noqa: E402, F401  isort: skip
+from attnviz.cli import why  # noqa: E402, F401  isort: skip
 from attnviz.cli import serve  # noqa: E402, F401  isort: skip
 from attnviz.cli import models  # noqa: E402, F401  isort: skip
 

@@ -1,0 +1,136 @@
+"""attnviz.why and what it returns: why a head attends, its score of one (query, key) split into query part x key part
+terms (analysis/why.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from attnviz.api import display
+from attnviz.api.arguments import must_be_int
+from attnviz.api.checks import _check_lengths, _texts, naming_the_bundled_decoder, refuse_before_loading
+from attnviz.api.options import WHY_OPTIONS, run_options, takes_options
+from attnviz.api.run_results import _Rendered, save_run_files
+from attnviz.errors import AttnvizError, option
+from attnviz.spec import RunSpec
+
+TOP_TERMS = 10  # the terms the table shows, largest first
+
+
+@takes_options(WHY_OPTIONS)
+def why(text: str, *, layer: int, head: int, query: int, key: int | None = None, **options):
+    """Why head `head` of `layer` attends from token `query` to token `key` of text (a WhyResult): the pre-softmax
+    score split exactly into terms, each a part of the query's residual stream x a part of the key's (the
+    embeddings, each earlier layer's heads one by one, each MLP, the biases), through the norm with each position's
+    scale frozen, W_Q or W_K and RoPE (analysis/why.py). key None: the key the head weighs most from that query.
+    Pre-norm decoders (Llama, Qwen, SmolLM2, GPT-2); one pass of the model. options: model, device, dtype, truncate,
+    allow_pickle.
+    """
+    from attnviz.analysis.why import score_terms
+    from attnviz.layer_inputs import check_layer, encode_texts
+
+    options = run_options("why", options, WHY_OPTIONS)
+    (text,) = _texts(text, one=True)
+    for name, value in (("layer", layer), ("head", head), ("query", query)):
+        if must_be_int(name, value) < 0:
+            raise AttnvizError(f"{option(name, value)}: a {name} is counted from 0")
+    if must_be_int("key", key, none=True) is not None and key < 0:
+        raise AttnvizError(f"{option('key', key)}: a key is counted from 0")
+    refuse_before_loading(options)
+    handle = options.load()
+    loaded = handle.loaded
+    with naming_the_bundled_decoder(handle):
+        if loaded.is_bert or loaded.family.attention_norm is None:
+            raise AttnvizError(f"why splits the scores of pre-norm decoders (Llama, Qwen, SmolLM2, GPT-2), not {loaded.family.name}'s")
+    check_layer(loaded, layer)
+    if head >= loaded.num_heads:
+        raise AttnvizError(f"head {head} is out of range: {loaded.name} has heads 0 to {loaded.num_heads - 1}")
+    _check_lengths(loaded, [text], options.truncate)
+    spec = options.run_spec(handle, layer=layer)
+    encoded = encode_texts(loaded, [text], spec)
+    count = len(encoded.queries.ids[0])
+    for name, value in (("query", query), ("key", key)):
+        if value is not None and value >= count:
+            raise AttnvizError(f"{option(name, value)} is past the text: it is {count} tokens as the model reads it (0 to {count - 1})")
+    if key is not None and spec.causal and key > query:
+        raise AttnvizError(f"key {key} comes after query {query}: under the causal mask its weight is 0 and it has no score to split")
+    return WhyResult(score_terms(loaded, encoded, spec, layer, head, query, key), spec, text, loaded.name)
+
+
+@dataclass(frozen=True, repr=False)
+class WhyResult:
+    """terms (analysis.why.ScoreTerms): .score, .weight, .query_parts, .key_parts, .terms (P_q, P_k); .top(n) the
+    largest terms."""
+
+    terms: Any  # analysis.why.ScoreTerms
+    spec: RunSpec
+    text: str
+    model: str = ""  # the model's name, as its figures title it
+
+    @property
+    def score(self) -> float:
+        return self.terms.score
+
+    @property
+    def weight(self) -> float:
+        return self.terms.weight
+
+    def top(self, count: int = TOP_TERMS) -> list[tuple[str, str, float]]:
+        """The `count` terms of largest size: (query part, key part, term), largest first (a tie to the earlier pair)."""
+        t = self.terms
+        order = np.argsort(-np.abs(t.terms), axis=None, kind="stable")[:count]
+        return [(t.query_parts[i], t.key_parts[j], float(t.terms[i, j])) for i, j in zip(*np.unravel_index(order, t.terms.shape))]
+
+    def figure(self):
+        """why.png: the term matrix, the parts of largest terms on each side, the rest of each side summed."""
+        from attnviz.render.why_figures import why_figure
+
+        return why_figure(self.terms, self.model)
+
+    def save(self, folder: str | Path, format: str = "png") -> list[Path]:
+        """Write what `attnviz why --out folder` writes: why.<format> and why.json."""
+        return save_run_files(folder, lambda staging: self.write_files(staging, format), format)
+
+    def write_files(self, folder: Path, format: str = "png") -> list[Path]:
+        import json
+
+        from attnviz.render.why_figures import write_why_figure
+
+        figure = write_why_figure(self.terms, self.model, folder, format)
+        path = folder / "why.json"
+        path.write_text(json.dumps(self.to_dict(), ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+        return [figure, path]
+
+    def to_dict(self) -> dict:
+        """why.json's content: every term, as float64 written out (repr), so that they add up to the score."""
+        t = self.terms
+        return {
+            "format": "attnviz-why", "version": 1, "settings": self.spec.to_dict(), "text": self.text, "tokens": t.tokens,
+            "layer": t.layer, "head": t.head, "query": t.query, "key": t.key,
+            "query_token": t.tokens[t.query], "key_token": t.tokens[t.key], "score": t.score, "weight": t.weight,
+            "query_parts": t.query_parts, "key_parts": t.key_parts, "terms": t.terms.tolist(),
+        }  # fmt: skip
+
+    def __rich_console__(self, console, options):
+        from attnviz.render.why_figures import print_terms
+
+        printed = display.Printed(options.max_width)
+        print_terms(printed, self.terms, self.top())
+        yield printed.group()
+
+    def __rich__(self):
+        return _Rendered(self)
+
+    def _repr_html_(self) -> str:
+        t = self.terms
+        rows = [[q, k, display.number(term, 4), display.number(term / t.score, 3) if t.score else "n/a"] for q, k, term in self.top()]
+        caption = f"the largest terms of the score {display.number(t.score, 4)} (weight {display.number(t.weight, 4)})"
+        parts = [display.figure_html(self.figure(), "query part × key part"), display.table_html(["query part", "key part", "term", "share"], rows, caption)]
+        return display.result_html(f"layer {t.layer} head {t.head}: {t.shown_tokens[t.query]} → {t.shown_tokens[t.key]}", *parts)
+
+    def __repr__(self) -> str:
+        t = self.terms
+        return f"<attnviz.WhyResult layer {t.layer} head {t.head}, query {t.query} key {t.key}: score {t.score:.4f} in {t.terms.size} terms>"
