@@ -9,6 +9,11 @@ head's, for grouped-query heads), Qwen3's q/k norm with its frozen scale, and Ro
 projection's bias a part of its own. So the score is the sum over (query part, key part) of scale × q_part · k_part,
 and every term is kept (Elhage et al. 2021's QK circuit, read over one prompt's residual stream).
 
+A post-norm encoder (BERT's layout: BERT, RoBERTa, XLM-RoBERTa, ELECTRA) normalises the stream after each attention
+and each MLP instead: every part then goes through each of those norms with its scale frozen (centred, g / σ), and
+each norm's bias is a part of its own ("L3.norm1.bias", "L3.norm2.bias"); the embeddings' parts (the word's, the
+position's, the token type's) through the embeddings' norm, as far as layer L, whose attention reads the stream as it is.
+
 The parts come from one pass of the model (models/capture.py: each layer's call, what entered each W_o, each MLP's
 output); the score they add up to is the one attnviz's own layer computes over that pass's input of layer L.
 """
@@ -56,13 +61,20 @@ def score_terms(loaded, encoded, spec, layer: int, head: int, query: int, key: i
     from attnviz.models.capture import Wanted
     from attnviz.own_layer import build_layer
 
-    family = loaded.family
-    if loaded.is_bert or family.attention_norm is None:
-        raise AttnvizError(f"why splits the scores of pre-norm decoders (Llama, Qwen, GPT-2): {family.name} normalises after each layer")
+    post_norm = splits_post_norm(loaded)
+    if not (post_norm or splits_pre_norm(loaded)):
+        raise AttnvizError(f"why splits the scores of pre-norm decoders (Llama, Qwen, GPT-2) and of BERT's layout, not {loaded.family.name}'s")
     inputs = encoded.queries.model_inputs(spec.device)
     ids = inputs["input_ids"]
     with torch.inference_mode():
-        captured = loaded.model.capture_pass(inputs, Wanted(frozenset({layer}), calls=True, z_merged=True, mlp=True))
+        summed = []  # what entered the embeddings' norm (post-norm)
+        if post_norm:
+            handle = loaded.model.get_submodule("embeddings.LayerNorm").register_forward_pre_hook(lambda module, args: summed.append(args[0][0]))
+        try:
+            captured = loaded.model.capture_pass(inputs, Wanted(frozenset({layer}), calls=True, z_merged=True, mlp=True))
+        finally:
+            if post_norm:
+                handle.remove()
         recorded = captured.recorded()
         attention = build_layer(loaded, spec)
         x = captured.x[layer].hidden  # (1, N, D): what entered layer L's attention
@@ -72,8 +84,11 @@ def score_terms(loaded, encoded, spec, layer: int, head: int, query: int, key: i
             scores = scores.masked_fill(torch.ones_like(scores, dtype=torch.bool).triu(1), float("-inf"))
         weights = scores.softmax(dim=-1)
         key = int(weights[query].argmax()) if key is None else key
-        parts = _stream_parts(loaded, captured, recorded, ids, layer)
-        normed = _normed(loaded, parts, recorded.entering(layer)[0].double(), layer)
+        if post_norm:  # the stream as it is enters the attention: its parts through every norm before the layer
+            normed = _post_norm_parts(loaded, captured, recorded, inputs, summed[0].double(), layer)
+        else:
+            parts = _stream_parts(loaded, captured, recorded, ids, layer)
+            normed = _normed(loaded, parts, recorded.entering(layer)[0].double(), layer)
         query_names, query_vectors = _projected(attention, normed, head, query, "q")
         key_names, key_vectors = _projected(attention, normed, head, key, "k")
         terms = attention.scale * (query_vectors @ key_vectors.T)  # (P_q, P_k)
@@ -82,6 +97,70 @@ def score_terms(loaded, encoded, spec, layer: int, head: int, query: int, key: i
         query_parts=query_names, key_parts=key_names, terms=terms.numpy(), tokens=list(encoded.queries.tokens[0]),
         shown_tokens=list(encoded.queries.shown[0] or encoded.queries.tokens[0]),
     )  # fmt: skip
+
+
+def splits_pre_norm(loaded) -> bool:
+    """A decoder whose layers normalise before the attention (the family names that norm)."""
+    return not loaded.is_bert and loaded.family.attention_norm is not None
+
+
+def splits_post_norm(loaded) -> bool:
+    """BERT's layout (attnviz's BERT, and transformers' BERT, RoBERTa, XLM-RoBERTa, ELECTRA): LayerNorms after the
+    attention (attention.output.LayerNorm) and after the MLP (output.LayerNorm), and the embeddings' own."""
+    from attnviz.models.families.bert import BertLayout
+
+    return loaded.is_bert or isinstance(loaded.family, BertLayout)
+
+
+def _post_norm_parts(loaded, captured, recorded, inputs: dict, summed, layer: int) -> dict:
+    """name -> (N, D) float64: the parts of what enters `layer` of a post-norm encoder, each through every norm on the
+    way with its scale frozen, each norm's bias a part of its own; checked against the stream after every layer."""
+    import torch
+
+    model = loaded.model
+    embeddings = model.get_submodule("embeddings")
+    ids = inputs["input_ids"]
+    types = inputs.get("token_type_ids", torch.zeros_like(ids))
+    word = model.get_input_embeddings()(ids)[0].double()
+    token_type = embeddings.token_type_embeddings(types)[0].double()
+    parts = {"embed": word, "pos": summed - word - token_type, "type": token_type}  # summed: what entered the norm
+    parts = _through_norm(parts, summed, embeddings.LayerNorm, "emb.norm.bias")
+    project = getattr(model.get_submodule(""), "embeddings_project", None)  # ELECTRA's: narrower embeddings, projected up
+    if project is not None:
+        parts = {name: part @ project.weight.double().T for name, part in parts.items()} | {"emb.project.bias": project.bias.double().expand(len(word), -1)}
+    layers = model.hook_points().stack.layers
+    for earlier in range(layer + 1):
+        stream = recorded.entering(earlier)[0].double()
+        if (sum(parts.values()) - stream).abs().max() > PARTS_TOLERANCE * max(1.0, float(stream.abs().max())):
+            raise RuntimeError(f"layer {earlier}'s input is not the sum of its parts")
+        if earlier == layer:
+            return parts
+        weights = _attention_weights(loaded, earlier)
+        w_o, b_o = weights.w_o
+        z = captured.z_merged[earlier][0].double()
+        size = weights.head_dim
+        heads = {f"L{earlier}H{h}": z[:, h * size : (h + 1) * size] @ w_o[:, h * size : (h + 1) * size].double().T for h in range(weights.num_heads)}
+        parts |= heads | ({f"L{earlier}.bias": b_o.double().expand_as(stream)} if b_o is not None else {})
+        norm1, norm2 = layers[earlier].attention.output.LayerNorm, layers[earlier].output.LayerNorm
+        attended = sum(parts.values())  # the stream plus the attention's output: what enters the first norm
+        parts = _through_norm(parts, attended, norm1, f"L{earlier}.norm1.bias")
+        parts[f"mlp{earlier}"] = captured.mlp[earlier][0].double()
+        parts = _through_norm(parts, sum(parts.values()), norm2, f"L{earlier}.norm2.bias")
+    return parts
+
+
+def _attention_weights(loaded, layer: int):
+    """Layer `layer`'s AttentionWeights: attnviz's BERT's own layer's, or the transformers family adapter's."""
+    return loaded.model.encoder.layer[layer].attention_weights() if loaded.is_bert else loaded.model.attention_weights(layer)
+
+
+def _through_norm(parts: dict, whole, norm, bias_name: str) -> dict:
+    """Each part through a LayerNorm with the scale of `whole` (their sum, (N, D)) frozen: g ⊙ (part - its mean) / σ;
+    the norm's bias a part of its own."""
+    sigma = ((whole - whole.mean(dim=-1, keepdim=True)).pow(2).mean(dim=-1, keepdim=True) + norm.eps).sqrt()  # (N, 1)
+    gain = norm.weight.double()
+    normed = {name: gain * (part - part.mean(dim=-1, keepdim=True)) / sigma for name, part in parts.items()}
+    return normed | {bias_name: norm.bias.double().expand_as(whole)}
 
 
 def _stream_parts(loaded, captured, recorded, ids, layer: int) -> dict:
@@ -95,7 +174,7 @@ def _stream_parts(loaded, captured, recorded, ids, layer: int) -> dict:
     if (entering - embed).abs().max() > 0:  # learned positions added to the tokens (GPT-2's wpe)
         parts["pos"] = entering - embed
     for earlier in range(layer):
-        weights = model.attention_weights(earlier)
+        weights = _attention_weights(loaded, earlier)
         w_o, b_o = weights.w_o  # (D, H d), (D,) or None
         z = captured.z_merged[earlier][0].double()  # (N, H d)
         size = weights.head_dim

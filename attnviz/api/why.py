@@ -11,7 +11,7 @@ import numpy as np
 
 from attnviz.api import display
 from attnviz.api.arguments import must_be_int
-from attnviz.api.checks import _check_lengths, _texts, naming_the_bundled_decoder, refuse_before_loading
+from attnviz.api.checks import _check_lengths, _texts, refuse_before_loading
 from attnviz.api.options import WHY_OPTIONS, run_options, takes_options
 from attnviz.api.run_results import _Rendered, save_run_files
 from attnviz.errors import AttnvizError, option
@@ -24,12 +24,12 @@ TOP_TERMS = 10  # the terms the table shows, largest first
 def why(text: str, *, layer: int, head: int, query: int, key: int | None = None, **options):
     """Why head `head` of `layer` attends from token `query` to token `key` of text (a WhyResult): the pre-softmax
     score split exactly into terms, each a part of the query's residual stream x a part of the key's (the
-    embeddings, each earlier layer's heads one by one, each MLP, the biases), through the norm with each position's
+    embeddings, each earlier layer's heads one by one, each MLP, the biases), through the norms with each position's
     scale frozen, W_Q or W_K and RoPE (analysis/why.py). key None: the key the head weighs most from that query.
-    Pre-norm decoders (Llama, Qwen, SmolLM2, GPT-2); one pass of the model. options: model, device, dtype, truncate,
-    allow_pickle.
+    Pre-norm decoders (Llama, Qwen, SmolLM2, GPT-2) and BERT's layout (BERT, RoBERTa, XLM-RoBERTa, ELECTRA); one pass
+    of the model. options: model, device, dtype, truncate, allow_pickle.
     """
-    from attnviz.analysis.why import score_terms
+    from attnviz.analysis.why import score_terms, splits_post_norm, splits_pre_norm
     from attnviz.layer_inputs import check_layer, encode_texts
 
     options = run_options("why", options, WHY_OPTIONS)
@@ -42,9 +42,8 @@ def why(text: str, *, layer: int, head: int, query: int, key: int | None = None,
     refuse_before_loading(options)
     handle = options.load()
     loaded = handle.loaded
-    with naming_the_bundled_decoder(handle):
-        if loaded.is_bert or loaded.family.attention_norm is None:
-            raise AttnvizError(f"why splits the scores of pre-norm decoders (Llama, Qwen, SmolLM2, GPT-2), not {loaded.family.name}'s")
+    if not (splits_pre_norm(loaded) or splits_post_norm(loaded)):
+        raise AttnvizError(f"why splits the scores of pre-norm decoders (Llama, Qwen, SmolLM2, GPT-2) and of BERT's layout, not {loaded.family.name}'s")
     check_layer(loaded, layer)
     if head >= loaded.num_heads:
         raise AttnvizError(f"head {head} is out of range: {loaded.name} has heads 0 to {loaded.num_heads - 1}")

@@ -18,6 +18,7 @@ from attnviz.cli.options import (
     DtypeOption,
     FormatOption,
     ImageFormat,
+    ModelOption,
     OutOption,
     QuietOption,
     TruncateOption,
@@ -26,13 +27,6 @@ from attnviz.cli.options import (
     run_options,
 )
 from attnviz.cli.shared import run_command
-
-WhyModelOption = typer.Option(
-    None, "--model", "-m", show_default=False,
-    help="Hugging Face hub id or local folder of a pre-norm decoder (Llama, Mistral, Qwen2, Qwen3, GPT-2); smollm2: the "
-    "bundled SmolLM2-135M-Instruct. (the default model, bert-base-chinese, normalises after each layer and is refused: "
-    "give --model smollm2)",
-)  # fmt: skip
 
 
 @app.command(short_help="Why a head attends: one score split into the parts that built its query and its key.")
@@ -45,7 +39,7 @@ def why(
         None, "--key", min=0, max=MAX_COUNT, metavar="J", help="The key token's position (default: the key the head weighs most from the query).",
         show_default=False,
     ),
-    model: Optional[str] = WhyModelOption,
+    model: Optional[str] = ModelOption,
     device: Device = DeviceOption,
     dtype: Dtype = DtypeOption,
     image_format: ImageFormat = FormatOption,
@@ -54,10 +48,11 @@ def why(
     allow_pickle: bool = AllowPickleOption,
     quiet: bool = QuietOption,
 ) -> None:
-    """A pre-norm decoder's head's pre-softmax score of (query, key) split exactly into terms: each a part of the
-    query's residual stream (the embeddings, each earlier layer's heads one by one, each MLP, the biases) times a part
-    of the key's, through the norm with each position's scale frozen, W_Q or W_K and RoPE. The largest terms as a
-    table, why.png (the term matrix) and why.json (every term: they add up to the score)."""
+    """A head's pre-softmax score of (query, key) split exactly into terms: each a part of the query's residual stream
+    (the embeddings, each earlier layer's heads one by one, each MLP, the biases) times a part of the key's, through the
+    norms with each position's scale frozen, W_Q or W_K and RoPE. Pre-norm decoders (Llama, Qwen, SmolLM2, GPT-2) and
+    BERT's layout (BERT, RoBERTa, XLM-RoBERTa, ELECTRA). The largest terms as a table, why.png (the term matrix) and
+    why.json (every term: they add up to the score)."""
     from attnviz.api.why import why as split_score
 
     def compute(options):
