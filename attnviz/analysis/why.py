@@ -79,21 +79,22 @@ def score_terms(loaded, encoded, spec, layer: int, head: int, query: int, key: i
         attention = build_layer(loaded, spec)
         x = captured.x[layer].hidden  # (1, N, D): what entered layer L's attention
         q, k, _ = attention.project(x)  # (1, H, N, d) each, keys repeated for their query heads
-        scores = (q[0, head] @ k[0, head].T).double() * attention.scale  # (N, N)
+        scores = (q[0, head, query] @ k[0, head].T).double() * attention.scale  # (N,): the query's row
         if spec.causal:
-            scores = scores.masked_fill(torch.ones_like(scores, dtype=torch.bool).triu(1), float("-inf"))
+            scores[query + 1 :] = float("-inf")
         weights = scores.softmax(dim=-1)
-        key = int(weights[query].argmax()) if key is None else key
+        key = int(weights.argmax()) if key is None else key
+        rows = torch.tensor([query, key])  # every part is needed at these two positions alone
         if post_norm:  # the stream as it is enters the attention: its parts through every norm before the layer
-            normed = _post_norm_parts(loaded, captured, recorded, inputs, summed[0].double(), layer)
+            normed = _post_norm_parts(loaded, captured, recorded, inputs, summed[0][rows].double(), layer, rows)
         else:
-            parts = _stream_parts(loaded, captured, recorded, ids, layer)
-            normed = _normed(loaded, parts, recorded.entering(layer)[0].double(), layer)
-        query_names, query_vectors = _projected(attention, normed, head, query, "q")
-        key_names, key_vectors = _projected(attention, normed, head, key, "k")
+            parts = _stream_parts(loaded, captured, recorded, ids, layer, rows)
+            normed = _normed(loaded, parts, recorded.entering(layer)[0][rows].double(), layer)
+        query_names, query_vectors = _projected(attention, normed, head, 0, query, "q")
+        key_names, key_vectors = _projected(attention, normed, head, 1, key, "k")
         terms = attention.scale * (query_vectors @ key_vectors.T)  # (P_q, P_k)
     return ScoreTerms(
-        layer=layer, head=head, query=query, key=key, score=float(scores[query, key]), weight=float(weights[query, key]),
+        layer=layer, head=head, query=query, key=key, score=float(scores[key]), weight=float(weights[key]),
         query_parts=query_names, key_parts=key_names, terms=terms.numpy(), tokens=list(encoded.queries.tokens[0]),
         shown_tokens=list(encoded.queries.shown[0] or encoded.queries.tokens[0]),
     )  # fmt: skip
@@ -112,17 +113,18 @@ def splits_post_norm(loaded) -> bool:
     return loaded.is_bert or isinstance(loaded.family, BertLayout)
 
 
-def _post_norm_parts(loaded, captured, recorded, inputs: dict, summed, layer: int) -> dict:
-    """name -> (N, D) float64: the parts of what enters `layer` of a post-norm encoder, each through every norm on the
-    way with its scale frozen, each norm's bias a part of its own; checked against the stream after every layer."""
+def _post_norm_parts(loaded, captured, recorded, inputs: dict, summed, layer: int, rows) -> dict:
+    """name -> (R, D) float64 at positions `rows`: the parts of what enters `layer` of a post-norm encoder, each through
+    every norm on the way with its scale frozen, each norm's bias a part of its own; checked against the stream after
+    every layer. summed: what entered the embeddings' norm at those rows."""
     import torch
 
     model = loaded.model
     embeddings = model.get_submodule("embeddings")
     ids = inputs["input_ids"]
     types = inputs.get("token_type_ids", torch.zeros_like(ids))
-    word = model.get_input_embeddings()(ids)[0].double()
-    token_type = embeddings.token_type_embeddings(types)[0].double()
+    word = model.get_input_embeddings()(ids)[0][rows].double()
+    token_type = embeddings.token_type_embeddings(types)[0][rows].double()
     parts = {"embed": word, "pos": summed - word - token_type, "type": token_type}  # summed: what entered the norm
     parts = _through_norm(parts, summed, embeddings.LayerNorm, "emb.norm.bias")
     project = getattr(model.get_submodule(""), "embeddings_project", None)  # ELECTRA's: narrower embeddings, projected up
@@ -130,21 +132,21 @@ def _post_norm_parts(loaded, captured, recorded, inputs: dict, summed, layer: in
         parts = {name: part @ project.weight.double().T for name, part in parts.items()} | {"emb.project.bias": project.bias.double().expand(len(word), -1)}
     layers = model.hook_points().stack.layers
     for earlier in range(layer + 1):
-        stream = recorded.entering(earlier)[0].double()
+        stream = recorded.entering(earlier)[0][rows].double()
         if (sum(parts.values()) - stream).abs().max() > PARTS_TOLERANCE * max(1.0, float(stream.abs().max())):
             raise RuntimeError(f"layer {earlier}'s input is not the sum of its parts")
         if earlier == layer:
             return parts
         weights = _attention_weights(loaded, earlier)
         w_o, b_o = weights.w_o
-        z = captured.z_merged[earlier][0].double()
+        z = captured.z_merged[earlier][0][rows].double()
         size = weights.head_dim
         heads = {f"L{earlier}H{h}": z[:, h * size : (h + 1) * size] @ w_o[:, h * size : (h + 1) * size].double().T for h in range(weights.num_heads)}
         parts |= heads | ({f"L{earlier}.bias": b_o.double().expand_as(stream)} if b_o is not None else {})
         norm1, norm2 = layers[earlier].attention.output.LayerNorm, layers[earlier].output.LayerNorm
         attended = sum(parts.values())  # the stream plus the attention's output: what enters the first norm
         parts = _through_norm(parts, attended, norm1, f"L{earlier}.norm1.bias")
-        parts[f"mlp{earlier}"] = captured.mlp[earlier][0].double()
+        parts[f"mlp{earlier}"] = captured.mlp[earlier][0][rows].double()
         parts = _through_norm(parts, sum(parts.values()), norm2, f"L{earlier}.norm2.bias")
     return parts
 
@@ -155,35 +157,36 @@ def _attention_weights(loaded, layer: int):
 
 
 def _through_norm(parts: dict, whole, norm, bias_name: str) -> dict:
-    """Each part through a LayerNorm with the scale of `whole` (their sum, (N, D)) frozen: g ⊙ (part - its mean) / σ;
+    """Each part through a LayerNorm with the scale of `whole` (their sum, (R, D)) frozen: g ⊙ (part - its mean) / σ;
     the norm's bias a part of its own."""
-    sigma = ((whole - whole.mean(dim=-1, keepdim=True)).pow(2).mean(dim=-1, keepdim=True) + norm.eps).sqrt()  # (N, 1)
+    sigma = ((whole - whole.mean(dim=-1, keepdim=True)).pow(2).mean(dim=-1, keepdim=True) + norm.eps).sqrt()  # (R, 1)
     gain = norm.weight.double()
     normed = {name: gain * (part - part.mean(dim=-1, keepdim=True)) / sigma for name, part in parts.items()}
     return normed | {bias_name: norm.bias.double().expand_as(whole)}
 
 
-def _stream_parts(loaded, captured, recorded, ids, layer: int) -> dict:
-    """name -> (N, D) float64: the parts whose sum is the residual stream entering `layer` (checked against it)."""
+def _stream_parts(loaded, captured, recorded, ids, layer: int, rows) -> dict:
+    """name -> (R, D) float64 at positions `rows`: the parts whose sum is the residual stream entering `layer` (checked
+    against it)."""
     import torch
 
     model = loaded.model
-    entering = recorded.entering(0)[0].double()  # (N, D): the embeddings, positions included
-    embed = model.get_input_embeddings()(ids)[0].double()
+    entering = recorded.entering(0)[0][rows].double()  # (R, D): the embeddings, positions included
+    embed = model.get_input_embeddings()(ids)[0][rows].double()
     parts = {"embed": embed}
     if (entering - embed).abs().max() > 0:  # learned positions added to the tokens (GPT-2's wpe)
         parts["pos"] = entering - embed
     for earlier in range(layer):
         weights = _attention_weights(loaded, earlier)
         w_o, b_o = weights.w_o  # (D, H d), (D,) or None
-        z = captured.z_merged[earlier][0].double()  # (N, H d)
+        z = captured.z_merged[earlier][0][rows].double()  # (R, H d)
         size = weights.head_dim
         for h in range(weights.num_heads):
             parts[f"L{earlier}H{h}"] = z[:, h * size : (h + 1) * size] @ w_o[:, h * size : (h + 1) * size].double().T
         if b_o is not None:
             parts[f"L{earlier}.bias"] = b_o.double().expand_as(embed)
-        parts[f"mlp{earlier}"] = captured.mlp[earlier][0].double()
-    stream = recorded.entering(layer)[0].double()
+        parts[f"mlp{earlier}"] = captured.mlp[earlier][0][rows].double()
+    stream = recorded.entering(layer)[0][rows].double()
     summed = torch.stack(list(parts.values())).sum(dim=0)
     if (summed - stream).abs().max() > PARTS_TOLERANCE * max(1.0, float(stream.abs().max())):
         raise RuntimeError(f"layer {layer}'s input is not the sum of the embeddings, the heads and the MLPs before it")
@@ -200,17 +203,18 @@ def _normed(loaded, parts: dict, stream, layer: int) -> dict:
     eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6))
     if isinstance(norm, nn.LayerNorm):
         centred = {name: part - part.mean(dim=-1, keepdim=True) for name, part in parts.items()}
-        sigma = ((stream - stream.mean(dim=-1, keepdim=True)).pow(2).mean(dim=-1, keepdim=True) + eps).sqrt()  # (N, 1)
+        sigma = ((stream - stream.mean(dim=-1, keepdim=True)).pow(2).mean(dim=-1, keepdim=True) + eps).sqrt()  # (R, 1)
         normed = {name: gain * part / sigma for name, part in centred.items()}
         if norm.bias is not None:
             normed["norm.bias"] = norm.bias.double().expand_as(stream)
         return normed
-    sigma = (stream.pow(2).mean(dim=-1, keepdim=True) + eps).sqrt()  # (N, 1)
+    sigma = (stream.pow(2).mean(dim=-1, keepdim=True) + eps).sqrt()  # (R, 1)
     return {name: gain * part / sigma for name, part in parts.items()}
 
 
-def _projected(attention, normed: dict, head: int, position: int, side: str):
-    """(names, (P, d) float64): each part's q (side "q", head `head`) or k (its key/value head) at `position`, through
+def _projected(attention, normed: dict, head: int, row: int, position: int, side: str):
+    """(names, (P, d) float64): each part's q (side "q", head `head`) or k (its key/value head) at `position` (its
+    `row` of the parts), through
     W_Q or W_K, the projection's bias a part of its own ("bias"), Qwen3's q/k norm with the position's scale frozen,
     and RoPE's rotation at the position."""
     import torch
@@ -218,14 +222,14 @@ def _projected(attention, normed: dict, head: int, position: int, side: str):
     from attnviz.attention.layer import rotate
 
     size = attention.head_dim
-    row = head if side == "q" else head // attention.group_size
+    block = head if side == "q" else head // attention.group_size  # the query head's, or its key/value head's, features
     linear = attention.w_q if side == "q" else attention.w_k
-    weight = linear.weight[row * size : (row + 1) * size].double()  # (d, D)
+    weight = linear.weight[block * size : (block + 1) * size].double()  # (d, D)
     names = list(normed)
-    vectors = torch.stack([normed[name][position] @ weight.T for name in names])  # (P, d)
+    vectors = torch.stack([normed[name][row] @ weight.T for name in names])  # (P, d)
     if linear.bias is not None:
         names.append("bias")
-        vectors = torch.cat([vectors, linear.bias[row * size : (row + 1) * size].double()[None]])
+        vectors = torch.cat([vectors, linear.bias[block * size : (block + 1) * size].double()[None]])
     head_norm = attention.q_norm if side == "q" else attention.k_norm
     if head_norm is not None:  # an RMSNorm over the head's features: its scale at this position frozen
         whole = vectors.sum(dim=0)
