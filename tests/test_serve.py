@@ -393,3 +393,26 @@ def test_a_server_on_every_address_answers_a_host_header_naming_the_machines_own
         assert status(address, f"attacker.example:{port}") == 403
         assert status(address, f"{address}:{port}", origin=f"http://attacker.example:{port}") == 403
         assert status(address, f"{address}:{port + 1}") == 403
+
+
+@pytest.mark.parametrize(
+    "body, error",
+    [
+        ({"text": ENGLISH, "layer": 1, "head": 2}, "the request has no 'query': a score's split needs a layer, a head and a query"),
+        ({"text": ENGLISH, "layer": 1, "head": 12, "query": 1}, "head 12 is out of range"),
+        ({"text": ENGLISH, "layer": 1, "head": 2, "query": 99}, "query=99 is past the text"),
+        ({"text": ENGLISH, "layer": 1, "head": 2, "query": 1, "words": True}, "unknown field 'words'"),
+    ],
+)
+def test_why_refuses_a_cell_it_cannot_split_in_one_json_line(server, body, error):
+    got, answer, _ = ask(server, "POST", "/api/why", body)
+    assert got == 400 and set(answer) == {"error"} and "\n" not in answer["error"] and error in answer["error"], answer
+
+
+def test_why_answers_the_largest_terms_of_attnviz_whys_split(server, bundled):
+    import attnviz
+
+    got, answer, _ = ask(server, "POST", "/api/why", {"text": ENGLISH, "layer": 2, "head": 3, "query": 4, "key": 1})
+    expected = attnviz.why(ENGLISH, model=bundled, layer=2, head=3, query=4, key=1)
+    assert got == 200 and answer["score"] == expected.score and answer["num_terms"] == expected.terms.terms.size
+    assert [tuple(each) for each in answer["top"]] == expected.top(12) and "terms" not in answer

@@ -107,3 +107,27 @@ def test_the_neuron_view_of_the_served_page_sums_the_apis_q_and_k(server, page):
     sums = [float(value) for value in page.eval_on_selector_all(".neuron-sum", "spans => spans.map(s => s.textContent)")]
     expected = [sum(q * k for q, k in zip(vectors["q"][head][3], vectors["k"][head // vectors["group_size"]][1])) for head in range(len(vectors["q"]))]
     assert sums == pytest.approx(expected, abs=5e-5 + 1e-9)
+
+
+def test_a_heatmap_cell_clicked_shows_its_scores_largest_terms_as_attnviz_why_splits_it(server, page):
+    """The served page's heatmap view: a click on a cell asks POST /api/why and lists the largest query part × key part
+    terms of its score; they are attnviz.why's own (the server runs it on the same handle)."""
+    import attnviz
+
+    page.select_option("#explorer-layer", str(LAYER))
+    page.fill("#explorer-text", TYPED)
+    wait_until(page, f"AV.data.texts[0].text === {TYPED!r} && AV.data.texts[0].layer === {LAYER}")
+    page.click("button[data-view=heatmap]")
+    page.select_option("#heatmap-head", str(HEAD))
+    wait_until(page, f"(document.querySelector('#heatmap-note') || {{textContent: ''}}).textContent.startsWith('Layer {LAYER}, head {HEAD}')")
+    n = len(page.evaluate("AV.data.texts[0].shown_query_tokens"))
+    page.locator("#heatmap-canvas").scroll_into_view_if_needed()
+    box = page.query_selector("#heatmap-canvas").bounding_box()
+    query, key = 4, 2
+    page.mouse.click(box["x"] + box["width"] * (key + 0.5) / n, box["y"] + box["height"] * (query + 0.5) / n)
+    wait_until(page, "document.querySelector('#why-table') !== null")
+    rows = page.eval_on_selector_all("#why-table tr", "rows => rows.slice(1).map(r => Array.from(r.cells, c => c.textContent))")
+    expected = attnviz.why(TYPED, model=server.explorer.handles["bundled"], layer=LAYER, head=HEAD, query=query, key=key)
+    assert [(q, k, float(term)) for q, k, term, _ in rows] == [(q, k, round(term, 4)) for q, k, term in expected.top(len(rows))]
+    assert len(rows) == 12
+    assert f"is the sum of {expected.terms.terms.size:,} terms" in page.text_content("#why-table caption")

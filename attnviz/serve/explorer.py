@@ -25,6 +25,9 @@ REQUEST_FIELDS = ("text", "model", "as", *REQUEST_OPTIONS)
 ROLES_FIELDS = ("text", "model", "stack", "exclude_bos", "exclude_current", "sinks", "recent")
 PATCH_FIELDS = ("text", "model", "corrupt", "answer", "wrong", "position", "component", "per_position")
 PATCH_NEEDS = ("corrupt", "answer", "wrong")
+# POST /api/why: a cell of a head's map, its score split (attnviz.why's arguments, which it checks)
+WHY_FIELDS = ("text", "model", "layer", "head", "query", "key")
+WHY_TOP = 12  # the terms an answer lists, largest first (why.json has them all)
 ANSWERS = ("attention", "report")  # "as": attention.json's record (4 decimals), or the report's record (the page's)
 DECIMALS = 4  # the page's read-out, and the report's exact weights
 
@@ -149,6 +152,23 @@ class Explorer:
         with self.turns[name]:
             record = attnviz.patch(text, model=handle, **arguments).report().record
         return self.report_json(record)
+
+    def why(self, request: dict) -> str:
+        """POST /api/why: attnviz.why of the request's cell (layer, head, query, key), as why.json's record with its
+        WHY_TOP largest terms in place of every term ("top": [query part, key part, term]; "num_terms")."""
+        import attnviz
+
+        text, name = self.checked(request, WHY_FIELDS)
+        missing = [field for field in WHY_FIELDS[2:5] if field not in request]
+        if missing:
+            raise AttnvizError(f"the request has no {missing[0]!r}: a score's split needs a layer, a head and a query")
+        handle = self.handles[name]
+        self.check_length(handle, {"the text": text})
+        arguments = {field: request[field] for field in WHY_FIELDS[2:] if field in request}
+        with self.turns[name]:
+            result = attnviz.why(text, model=handle, **arguments)
+        record = {field: value for field, value in result.to_dict().items() if field != "terms"}
+        return json.dumps({**record, "num_terms": int(result.terms.terms.size), "top": result.top(WHY_TOP)}, ensure_ascii=False)
 
     def checked(self, request, fields: tuple[str, ...]) -> tuple[str, str]:
         """The request's text and model name, and its fields among those its route takes, each checked before any work."""

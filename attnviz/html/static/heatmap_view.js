@@ -123,6 +123,8 @@
       if (!cell) return;
       current.pinned = cell;
       point(current, cell.i, cell.j);
+      // `attnviz serve`'s page splits the cell's score into its terms (explorer.js); the offline report has no server
+      if (AV.cellChosen) AV.cellChosen(current.section, AV.data.texts[current.textIndex], current.layer, current.head, cell.i, cell.j);
     });
     canvas.addEventListener("focus", () => {
       if (!current.data) return;
