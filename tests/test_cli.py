@@ -204,7 +204,7 @@ def test_help_imports_no_heavy_library():
     assert "heads" in result.stdout and "--layer" in result.stdout
 
 
-COMMANDS = ("heads", "report", "stats", "layers", "compare", "position", "diff", "roles", "generate", "patch", "trace", "serve", "models")
+COMMANDS = ("heads", "report", "stats", "layers", "compare", "position", "diff", "roles", "generate", "patch", "trace", "why", "serve", "models")
 
 
 @pytest.fixture(scope="module")
@@ -316,6 +316,7 @@ OFFERED = {  # the run options each command offers: those its API function takes
     "generate": {"model", "layer", "seed", "device", "dtype"},
     "roles": {"model", "stack", "device", "dtype", "truncate", "memory", "allow_pickle"},
     "patch": {"model", "device", "dtype", "truncate", "allow_pickle"},
+    "why": {"model", "layer", "device", "dtype", "truncate", "allow_pickle"},
     "models": set(),
     # the models it loads (--model again for more), where and in what; --port, --host and --max-tokens are the server's
     # own settings (serve/explorer.py's ServeSettings), not a run's; a request gives its run's layer, heads, kv...
@@ -367,7 +368,7 @@ GIVEN_OPTIONS = {
     "d_q": (["--d-q", "8"], 8),
     "d_out": (["--d-out", "8"], 8),
 }
-REQUIRED = {"diff": ["--against", "random"], "patch": ["--corrupt", "the dog", "--answer", " a", "--wrong", " b"]}
+REQUIRED = {"diff": ["--against", "random"], "patch": ["--corrupt", "the dog", "--answer", " a", "--wrong", " b"], "why": ["--head", "0", "--query", "0"]}
 RUN_COMMANDS = [name for name in COMMANDS if name not in ("serve", "models")]  # those that run through run_command
 
 

@@ -120,8 +120,8 @@ GENERATE_OPTIONS = ("model", "layer", "seed", "device", "dtype")
 ROLES_OPTIONS = ("model", "stack", "device", "dtype", "truncate", "memory", "allow_pickle")
 # patch: a decoder's own heads and weights (an encoder-decoder's decoder), every layer
 PATCH_OPTIONS = ("model", "device", "dtype", "truncate", "allow_pickle")
-# why: a pre-norm decoder's own heads and weights; its layer and head are the call's own arguments
-WHY_OPTIONS = ("model", "device", "dtype", "truncate", "allow_pickle")
+# why: a model's own heads and weights at one layer; the head and the cell are the call's own arguments
+WHY_OPTIONS = ("model", "layer", "device", "dtype", "truncate", "allow_pickle")
 
 
 def run_options(function: str, given: dict[str, Any], taken: tuple[str, ...] = RUN_OPTIONS) -> RunOptions:

@@ -21,20 +21,21 @@ TOP_TERMS = 10  # the terms the table shows, largest first
 
 
 @takes_options(WHY_OPTIONS)
-def why(text: str, *, layer: int, head: int, query: int, key: int | None = None, **options):
-    """Why head `head` of `layer` attends from token `query` to token `key` of text (a WhyResult): the pre-softmax
+def why(text: str, *, head: int, query: int, key: int | None = None, **options):
+    """Why head `head` of the layer (options' layer) attends from token `query` to token `key` of text (a WhyResult): the pre-softmax
     score split exactly into terms, each a part of the query's residual stream x a part of the key's (the
     embeddings, each earlier layer's heads one by one, each MLP, the biases), through the norms with each position's
     scale frozen, W_Q or W_K and RoPE (analysis/why.py). key None: the key the head weighs most from that query.
     Pre-norm decoders (Llama, Qwen, SmolLM2, GPT-2) and BERT's layout (BERT, RoBERTa, XLM-RoBERTa, ELECTRA); one pass
-    of the model. options: model, device, dtype, truncate, allow_pickle.
+    of the model. options: model, layer (default 0), device, dtype, truncate, allow_pickle.
     """
     from attnviz.analysis.why import score_terms, splits_post_norm, splits_pre_norm
     from attnviz.layer_inputs import check_layer, encode_texts
 
     options = run_options("why", options, WHY_OPTIONS)
     (text,) = _texts(text, one=True)
-    for name, value in (("layer", layer), ("head", head), ("query", query)):
+    layer = options.layer
+    for name, value in (("head", head), ("query", query)):
         if must_be_int(name, value) < 0:
             raise AttnvizError(f"{option(name, value)}: a {name} is counted from 0")
     if must_be_int("key", key, none=True) is not None and key < 0:
@@ -48,7 +49,7 @@ def why(text: str, *, layer: int, head: int, query: int, key: int | None = None,
     if head >= loaded.num_heads:
         raise AttnvizError(f"head {head} is out of range: {loaded.name} has heads 0 to {loaded.num_heads - 1}")
     _check_lengths(loaded, [text], options.truncate)
-    spec = options.run_spec(handle, layer=layer)
+    spec = options.run_spec(handle)
     encoded = encode_texts(loaded, [text], spec)
     count = len(encoded.queries.ids[0])
     for name, value in (("query", query), ("key", key)):

@@ -10,7 +10,6 @@ import typer
 from attnviz.cli.options import (
     MAX_COUNT,
     MAX_HEADS,
-    MAX_LAYER,
     AllowPickleOption,
     Device,
     DeviceOption,
@@ -18,6 +17,7 @@ from attnviz.cli.options import (
     DtypeOption,
     FormatOption,
     ImageFormat,
+    LayerOption,
     ModelOption,
     OutOption,
     QuietOption,
@@ -32,7 +32,7 @@ from attnviz.cli.shared import run_command
 @app.command(short_help="Why a head attends: one score split into the parts that built its query and its key.")
 def why(
     text: str = typer.Argument(..., metavar="TEXT", help="The text to attend over, e.g. 'When Mary and John went to the store, John gave a drink to'."),
-    layer: int = typer.Option(..., "--layer", "-l", min=0, max=MAX_LAYER, help="The layer of the head."),
+    layer: int = LayerOption,
     head: int = typer.Option(..., "--head", min=0, max=MAX_HEADS - 1, metavar="N", help="The head, as the model numbers it (from 0)."),
     query: int = typer.Option(..., "--query", min=0, max=MAX_COUNT, metavar="I", help="The query token's position (from 0, as `attnviz heads` numbers the tokens)."),
     key: Optional[int] = typer.Option(
@@ -57,7 +57,7 @@ def why(
 
     def compute(options):
         with console.status("splitting the score…"):
-            return split_score(text, layer=layer, head=head, query=query, key=key, **options.keywords())
+            return split_score(text, head=head, query=query, key=key, **options.keywords())
 
-    options = run_options(model=model, device=device, dtype=dtype, truncate=truncate, allow_pickle=allow_pickle)
+    options = run_options(model=model, layer=layer, device=device, dtype=dtype, truncate=truncate, allow_pickle=allow_pickle)
     run_command(options, compute, console.print, "drawing the terms…", out=out, text=text, image_format=image_format)
