@@ -181,3 +181,32 @@ def test_the_bundled_berts_terms_add_up_to_its_score(bundled_bert):
     terms = score_terms(bundled_bert, encoded, spec, 5, 7, 4)
     assert len(terms.query_parts) == 4 + 5 * (12 + 4) + 1  # the embeddings' 4, each layer's 16, W_Q's bias
     assert terms.total == pytest.approx(terms.score, abs=1e-5 * max(1.0, abs(terms.score)))
+
+
+@pytest.mark.slow  # SmolLM2: its roles, then four splits
+def test_smollm2s_induction_heads_read_their_key_through_a_previous_token_head():
+    """K-composition (Olsson et al. 2022), found in the terms: over a sequence of words said twice, each of the first
+    induction heads attnviz.roles labels weighs, from a token of the second half, the key after that token's first
+    occurrence; the key side's largest part of that score (the key parts' terms summed over the query's parts) is an
+    earlier head that roles labels previous-token."""
+    import numpy as np
+
+    import attnviz
+
+    model = attnviz.load("smollm2", device="cpu")
+    words = "apple river stone cloud green table music light paper ocean garden silver window tiger planet forest castle dream".split()
+    sequence = " ".join(np.random.default_rng(0).choice(words, 12, replace=True))
+    text = f"{sequence} {sequence}"
+    labels = attnviz.roles(text, model=model).labels
+    induction = [(layer, head) for layer, row in enumerate(labels) for head, names in enumerate(row) if "induction" in names]
+    previous = {f"L{layer}H{head}" for layer, row in enumerate(labels) for head, names in enumerate(row) if "previous-token" in names}
+    ids = model.loaded.tokenizer.encode_batch([text])[0]
+    half = len(ids) // 2
+    assert ids[1:half] == ids[half + 1 :]  # the second half repeats the first, token for token (the first word has no space)
+    query = len(ids) - 3
+    assert len(induction) >= 4
+    for layer, head in induction[:4]:
+        terms = attnviz.why(text, model=model, layer=layer, head=head, query=query).terms
+        assert terms.key == query - half + 1  # the token after the query's token's first occurrence
+        by_key_part = terms.terms.sum(axis=0)
+        assert terms.key_parts[int(np.argmax(by_key_part))] in previous, (layer, head)
