@@ -84,6 +84,14 @@ class WhyResult:
         order = np.argsort(-np.abs(t.terms), axis=None, kind="stable")[:count]
         return [(t.query_parts[i], t.key_parts[j], float(t.terms[i, j])) for i, j in zip(*np.unravel_index(order, t.terms.shape))]
 
+    def sides(self, side: str, count: int = 3) -> list[tuple[str, float]]:
+        """The `count` parts of one side ("query" or "key") that add most to the score, each with its terms summed over
+        the other side's parts (its row's or column's sum), largest first: which part of the key, say, the head reads."""
+        t = self.terms
+        totals, names = (t.terms.sum(axis=1), t.query_parts) if side == "query" else (t.terms.sum(axis=0), t.key_parts)
+        order = np.argsort(-totals, kind="stable")[:count]
+        return [(names[index], float(totals[index])) for index in order]
+
     def figure(self):
         """why.png: the term matrix, the parts of largest terms on each side, the rest of each side summed."""
         from attnviz.render.why_figures import why_figure
@@ -118,7 +126,7 @@ class WhyResult:
         from attnviz.render.why_figures import print_terms
 
         printed = display.Printed(options.max_width)
-        print_terms(printed, self.terms, self.top())
+        print_terms(printed, self.terms, self.top(), {side: self.sides(side) for side in ("query", "key")})
         yield printed.group()
 
     def __rich__(self):

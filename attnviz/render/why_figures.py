@@ -64,8 +64,9 @@ def write_why_figure(terms, model: str, folder: Path, fmt: str = "png") -> Path:
     return save_figure(why_figure(terms, model), folder, f"why.{fmt}")
 
 
-def print_terms(console, terms, top: list[tuple[str, str, float]]) -> None:
-    """The largest terms as a table: query part, key part, the term, its share of the score; the score and its weight."""
+def print_terms(console, terms, top: list[tuple[str, str, float]], sides: dict) -> None:
+    """The largest terms as a table: query part, key part, the term, its share of the score; each side's parts that add
+    most (sides: "query" and "key" -> [(part, its terms summed)]); the score and its weight."""
     from rich.table import Table
     from rich.text import Text
 
@@ -76,5 +77,8 @@ def print_terms(console, terms, top: list[tuple[str, str, float]]) -> None:
     for query_part, key_part, term in top:
         table.add_row(query_part, key_part, f"{term:+.4f}", f"{term / terms.score:+.1%}" if terms.score else "n/a")
     console.print(table)
+    for side, parts in sides.items():
+        listed = ", ".join(f"{part} {total:+.4f}" for part, total in parts)
+        console.print(Text(f"the {side} side's parts that add most (their terms summed over the {'key' if side == 'query' else 'query'}'s parts): {listed}"))
     console.print(Text(f"score {terms.score:.4f} (weight {terms.weight:.4f}) = the sum of all {terms.terms.size} terms "
                        f"(why.json); {len(top)} largest shown", style="dim"))  # fmt: skip
