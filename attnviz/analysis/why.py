@@ -137,12 +137,7 @@ def _post_norm_parts(loaded, captured, recorded, inputs: dict, summed, layer: in
             raise RuntimeError(f"layer {earlier}'s input is not the sum of its parts")
         if earlier == layer:
             return parts
-        weights = _attention_weights(loaded, earlier)
-        w_o, b_o = weights.w_o
-        z = captured.z_merged[earlier][0][rows].double()
-        size = weights.head_dim
-        heads = {f"L{earlier}H{h}": z[:, h * size : (h + 1) * size] @ w_o[:, h * size : (h + 1) * size].double().T for h in range(weights.num_heads)}
-        parts |= heads | ({f"L{earlier}.bias": b_o.double().expand_as(stream)} if b_o is not None else {})
+        parts |= _attention_parts(loaded, captured, earlier, rows)
         norm1, norm2 = layers[earlier].attention.output.LayerNorm, layers[earlier].output.LayerNorm
         attended = sum(parts.values())  # the stream plus the attention's output: what enters the first norm
         parts = _through_norm(parts, attended, norm1, f"L{earlier}.norm1.bias")
@@ -151,9 +146,15 @@ def _post_norm_parts(loaded, captured, recorded, inputs: dict, summed, layer: in
     return parts
 
 
-def _attention_weights(loaded, layer: int):
-    """Layer `layer`'s AttentionWeights: attnviz's BERT's own layer's, or the transformers family adapter's."""
-    return loaded.model.encoder.layer[layer].attention_weights() if loaded.is_bert else loaded.model.attention_weights(layer)
+def _attention_parts(loaded, captured, layer: int, rows) -> dict:
+    """name -> (R, D): what layer `layer`'s attention added to the stream at `rows`, head by head (head h's output z_h,
+    what entered W_o, through its columns of W_o: "L3H5") and W_o's bias ("L3.bias")."""
+    weights = loaded.model.encoder.layer[layer].attention_weights() if loaded.is_bert else loaded.model.attention_weights(layer)
+    w_o, b_o = weights.w_o  # (D, H d), (D,) or None
+    z = captured.z_merged[layer][0][rows].double()  # (R, H d)
+    size = weights.head_dim
+    parts = {f"L{layer}H{h}": z[:, h * size : (h + 1) * size] @ w_o[:, h * size : (h + 1) * size].double().T for h in range(weights.num_heads)}
+    return parts | ({f"L{layer}.bias": b_o.double().expand(len(rows), -1)} if b_o is not None else {})
 
 
 def _through_norm(parts: dict, whole, norm, bias_name: str) -> dict:
@@ -177,14 +178,7 @@ def _stream_parts(loaded, captured, recorded, ids, layer: int, rows) -> dict:
     if (entering - embed).abs().max() > 0:  # learned positions added to the tokens (GPT-2's wpe)
         parts["pos"] = entering - embed
     for earlier in range(layer):
-        weights = _attention_weights(loaded, earlier)
-        w_o, b_o = weights.w_o  # (D, H d), (D,) or None
-        z = captured.z_merged[earlier][0][rows].double()  # (R, H d)
-        size = weights.head_dim
-        for h in range(weights.num_heads):
-            parts[f"L{earlier}H{h}"] = z[:, h * size : (h + 1) * size] @ w_o[:, h * size : (h + 1) * size].double().T
-        if b_o is not None:
-            parts[f"L{earlier}.bias"] = b_o.double().expand_as(embed)
+        parts |= _attention_parts(loaded, captured, earlier, rows)
         parts[f"mlp{earlier}"] = captured.mlp[earlier][0][rows].double()
     stream = recorded.entering(layer)[0][rows].double()
     summed = torch.stack(list(parts.values())).sum(dim=0)
