@@ -210,3 +210,51 @@ def test_smollm2s_induction_heads_read_their_key_through_a_previous_token_head()
         assert terms.key == query - half + 1  # the token after the query's token's first occurrence
         by_key_part = terms.terms.sum(axis=0)
         assert terms.key_parts[int(np.argmax(by_key_part))] in previous, (layer, head)
+
+
+def test_gpt2s_terms_are_the_products_of_its_parts_through_its_own_conv1d_and_layernorm(tmp_path):
+    """A tiny GPT-2 (LayerNorm, biases everywhere, learned positions), layer 1, head 2: every term against the product
+    made from transformers' GPT2Model with this test's own hooks (c_proj's input, the MLP's output), its ln_1 with the
+    position's scale frozen and each part centred, c_attn's columns and its scale, within 1e-4."""
+    from tiny_families import build_checkpoint
+
+    build_checkpoint("gpt2", tmp_path)
+    layer, head, query, key = 1, 2, 9, 4
+    loaded = load_model(str(tmp_path))
+    terms = split(loaded, str(tmp_path), layer, head, query, key)
+    model = transformers.GPT2Model.from_pretrained(tmp_path, attn_implementation="eager").eval()
+    tokenized = transformers.AutoTokenizer.from_pretrained(tmp_path)(TEXT, return_tensors="pt")
+    inputs = {name: tokenized[name] for name in ("input_ids", "attention_mask")}  # GPT-2 adds wte(token_type_ids) when given
+    entering_c_proj, mlp_out = {}, {}
+    block = model.h[0]
+    handles = [block.attn.c_proj.register_forward_pre_hook(lambda module, args: entering_c_proj.setdefault(0, args[0][0])),
+               block.mlp.register_forward_hook(lambda module, args, output: mlp_out.setdefault(0, output[0]))]  # fmt: skip
+    with torch.inference_mode():
+        try:
+            hidden = model(**inputs, output_hidden_states=True).hidden_states
+        finally:
+            for handle in handles:
+                handle.remove()
+        size = model.config.n_embd // model.config.n_head
+        ids = inputs["input_ids"][0]
+        parts = {"embed": model.wte(ids), "pos": model.wpe(torch.arange(len(ids))), "mlp0": mlp_out[0], "L0.bias": block.attn.c_proj.bias.expand(len(ids), -1)}
+        for h in range(model.config.n_head):  # Conv1D: x @ weight (in, out), head h's rows of c_proj
+            parts[f"L0H{h}"] = entering_c_proj[0][:, h * size : (h + 1) * size] @ block.attn.c_proj.weight[h * size : (h + 1) * size]
+        stream = hidden[layer][0]
+        norm, attention = model.h[layer].ln_1, model.h[layer].attn
+        sigma = ((stream - stream.mean(-1, keepdim=True)).pow(2).mean(-1, keepdim=True) + norm.eps).sqrt()
+        normed = {name: norm.weight * (part - part.mean(-1, keepdim=True)) / sigma for name, part in parts.items()}
+        normed["norm.bias"] = norm.bias.expand(len(ids), -1)
+        width = model.config.n_embd
+        columns = {"q": slice(head * size, (head + 1) * size), "k": slice(width + head * size, width + (head + 1) * size)}
+
+        def side(name, position, which):  # (d,): the part's q or k of head `head` at the position; "bias": c_attn's
+            if name == "bias":
+                return attention.c_attn.bias[columns[which]]
+            return normed[name][position] @ attention.c_attn.weight[:, columns[which]]
+
+        for i, query_part in enumerate(terms.query_parts):
+            for j, key_part in enumerate(terms.key_parts):
+                expected = float(side(query_part, query, "q") @ side(key_part, key, "k")) / size**0.5
+                assert terms.terms[i, j] == pytest.approx(expected, abs=1e-4), (query_part, key_part)
+    assert sorted(terms.query_parts) == sorted([*normed, "bias"])

@@ -208,7 +208,8 @@ class TransformersModel:
                 forward = lambda: self.model(**seq2seq, use_cache=False).last_hidden_state  # noqa: E731
             else:
                 cache = {"use_cache": False} if self.family.kind == DECODER else {}
-                forward = lambda: self.model(**inputs, **cache).last_hidden_state  # noqa: E731
+                ids = {name: inputs[name] for name in ("input_ids", "attention_mask")}  # as _forward: GPT-2 would add wte(token_type_ids)
+                forward = lambda: self.model(**ids, **cache).last_hidden_state  # noqa: E731
             return capture(points, forward, wanted, entered)
 
     @torch.inference_mode()
