@@ -53,10 +53,10 @@ class Compositions:
             above = self.scores[kind] - self.baseline[kind]
             for index in np.flatnonzero(~np.isnan(above)):
                 sender_layer, sender_head, receiver_layer, receiver_head = np.unravel_index(index, above.shape)
-                rows.append((float(above.flat[index]), kind, (int(sender_layer), int(sender_head)), (int(receiver_layer), int(receiver_head))))
-        rows.sort(key=lambda row: -row[0])
-        return [{"kind": kind, "sender": sender, "receiver": receiver, "score": above + self.baseline[kind],
-                 "baseline": self.baseline[kind], "above": above} for above, kind, sender, receiver in rows[:n]]  # fmt: skip
+                rows.append({"kind": kind, "sender": (int(sender_layer), int(sender_head)),
+                             "receiver": (int(receiver_layer), int(receiver_head)), "score": float(self.scores[kind].flat[index]),
+                             "baseline": self.baseline[kind], "above": float(above.flat[index])})  # fmt: skip
+        return sorted(rows, key=lambda row: -row["above"])[:n]
 
     def strongest(self, kind: str) -> np.ndarray:
         """(L, L): for each sender layer × receiver layer, its strongest head pair's score above baseline (NaN where
@@ -96,12 +96,12 @@ def layer_factors(loaded, layer: int) -> LayerFactors:
         norm = attention_norm_weight(loaded, layer)  # (D,) or None
 
         def per_head(projection):  # (count d, D) -> (count, D, d)
-            weight = projection[0].detach().double()
+            weight = projection[0].detach().cpu().double()
             if norm is not None:
                 weight = weight * norm  # W diag(g): the norm's weight on the input side
             return weight.reshape(-1, head_dim, weight.shape[1]).transpose(1, 2)
 
-        output = weights.w_o[0].detach().double()  # (D, H d)
+        output = weights.w_o[0].detach().cpu().double()  # (D, H d)
         o = output.reshape(output.shape[0], heads, head_dim).permute(1, 2, 0)  # (H, d, D)
         return LayerFactors(per_head(weights.w_q), per_head(weights.w_k), per_head(weights.w_v), o, weights.group_size)
 
@@ -111,7 +111,7 @@ def attention_norm_weight(loaded, layer: int):
     family = loaded.family
     if loaded.is_bert or family.attention_norm is None:
         return None
-    return loaded.model.model.get_submodule(family.attention_norm.format(index=layer)).weight.detach().double()
+    return loaded.model.model.get_submodule(family.attention_norm.format(index=layer)).weight.detach().cpu().double()
 
 
 def gram_factor(matrices):

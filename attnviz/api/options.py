@@ -120,6 +120,8 @@ GENERATE_OPTIONS = ("model", "layer", "seed", "device", "dtype")
 ROLES_OPTIONS = ("model", "stack", "device", "dtype", "truncate", "memory", "allow_pickle")
 # patch: a decoder's own heads and weights (an encoder-decoder's decoder), every layer
 PATCH_OPTIONS = ("model", "device", "dtype", "truncate", "allow_pickle")
+# compose: the weights alone, read in float64 whatever the model computes in; no text
+COMPOSE_OPTIONS = ("model", "device", "allow_pickle")
 
 
 def run_options(function: str, given: dict[str, Any], taken: tuple[str, ...] = RUN_OPTIONS) -> RunOptions:
