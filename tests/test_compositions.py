@@ -166,3 +166,48 @@ def test_top_ranks_every_kinds_compositions_by_their_score_above_baseline():
         assert row["above"] == pytest.approx(row["score"] - row["baseline"])
     strongest = found.strongest("k")
     assert strongest[0, 2] == pytest.approx(np.nanmax(scores["k"][0, :, 2, :]) - 0.3) and np.isnan(strongest[2, 0])
+
+
+def test_the_command_writes_compose_json_and_png_and_prints_the_strongest(tmp_path, capsys):
+    """`attnviz compose --model bundled --top 4`: the table's rows are the result's top 4, compose.json holds every
+    score (null where no pair) and the same top, compose.png is a PNG; --top 0 and an unknown model: exit 2, one
+    line, nothing written."""
+    import attnviz
+    from attnviz.cli import run
+
+    out = tmp_path / "run"
+    assert run(["compose", "--model", "bundled", "--device", "cpu", "--top", "4", "--out", str(out)]) == 0
+    printed = " ".join(capsys.readouterr().out.replace("│", " ").split())  # the table's cells, its rules left out
+    expected = attnviz.compose(model="bundled", device="cpu", top=4)
+    for row in expected.top():
+        sender, receiver = "L{}H{}".format(*row["sender"]), "L{}H{}".format(*row["receiver"])
+        assert f"{row['kind'].upper()} {sender} {receiver} {row['score']:.3f} {row['baseline']:.3f} {row['above']:+.3f}" in printed
+    assert "raw weights" in printed
+    assert {path.name for path in out.iterdir() if not path.name.startswith(".")} == {"compose.json", "compose.png"}
+    assert (out / "compose.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    record = json.loads((out / "compose.json").read_text())
+    assert record["format"] == "attnviz-compositions" and record["version"] == 1 and record["model"] == "all-MiniLM-L6-v2"
+    assert record["baseline"] == pytest.approx(expected.baseline, rel=0) and record["baseline_draws"] == 48
+    assert record["norms_folded"] is False and len(record["top"]) == 4
+    for kind in KINDS:
+        scores = np.array(record["scores"][kind], dtype=float)  # null -> NaN
+        np.testing.assert_array_equal(scores, expected.scores[kind])
+    assert record["scores"]["q"][3][0][1][0] is None and record["scores"]["q"][1][0][3][0] is not None
+    assert [row["above"] for row in record["top"]] == [row["above"] for row in expected.top()]
+
+    for args, says in ((["--top", "0"], "--top"), (["--model", str(tmp_path / "no-model")], "no-model")):
+        target = tmp_path / "refused"
+        assert run(["compose", *args, "--out", str(target)]) == 2
+        error = capsys.readouterr().err.strip()
+        assert error.startswith("error: ") and says in error and len(error.splitlines()) == 1, error
+        assert not target.exists()
+
+
+def test_the_api_refuses_bad_arguments_before_loading(monkeypatch):
+    import attnviz
+    import attnviz.models.loading
+
+    monkeypatch.setattr(attnviz.models.loading, "load_model", lambda *args, **kwargs: pytest.fail("the model loaded"))
+    for given, says in (({"top": 0}, "top 0"), ({"top": "5"}, "top"), ({"progress": 5}, "progress"), ({"layer": 2}, "takes no argument 'layer'")):
+        with pytest.raises(attnviz.AttnvizError, match=says):
+            attnviz.compose(model="bundled", device="cpu", **given)

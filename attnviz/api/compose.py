@@ -94,7 +94,7 @@ class ComposeResult:
     def __rich_console__(self, console, options):
         from rich.table import Table
 
-        table = Table(title=f"{self.model}: the {len(self.top())} strongest compositions (score − baseline)")
+        table = Table(title=f"{self.model}: the {len(self.top())} compositions most above baseline")
         for name in COLUMNS:
             table.add_column(name, justify="left" if name in ("kind", "sender", "receiver") else "right")
         for row in self.rows():

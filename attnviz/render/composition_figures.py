@@ -51,6 +51,4 @@ def compositions_figure(compositions, model: str):
 def _colormap():
     from matplotlib import colormaps
 
-    colormap = colormaps[COLORMAP].copy()
-    colormap.set_bad(MASKED_COLOR)  # no pair: the sender's layer is not before the receiver's
-    return colormap
+    return colormaps[COLORMAP].with_extremes(bad=MASKED_COLOR)  # no pair: the sender's layer is not before the receiver's
