@@ -50,12 +50,13 @@ class Compositions:
         sender (layer, head), receiver (layer, head), score, baseline, above."""
         rows = []
         for kind in KINDS:
-            above = self.scores[kind] - self.baseline[kind]
-            for index in np.flatnonzero(~np.isnan(above)):
-                sender_layer, sender_head, receiver_layer, receiver_head = np.unravel_index(index, above.shape)
+            above = np.nan_to_num(self.scores[kind] - self.baseline[kind], nan=-np.inf).ravel()  # no pair: never chosen
+            count = min(n, int(np.isfinite(above).sum()))
+            for index in np.argpartition(-above, count - 1)[:count] if count else ():  # this kind's n strongest, unordered
+                sender_layer, sender_head, receiver_layer, receiver_head = np.unravel_index(index, self.scores[kind].shape)
                 rows.append({"kind": kind, "sender": (int(sender_layer), int(sender_head)),
                              "receiver": (int(receiver_layer), int(receiver_head)), "score": float(self.scores[kind].flat[index]),
-                             "baseline": self.baseline[kind], "above": float(above.flat[index])})  # fmt: skip
+                             "baseline": self.baseline[kind], "above": float(above[index])})  # fmt: skip
         return sorted(rows, key=lambda row: -row["above"])[:n]
 
     def strongest(self, kind: str) -> np.ndarray:
@@ -129,7 +130,7 @@ class Receivers:
 
     shared: Any  # (U, D, d)
     index: Any  # (H,) long
-    right: Any  # (H, d, d)
+    right: Any  # (H, d, d), or None where shared holds each head's whole factor (Q)
     norm: Any  # (H,)
 
 
@@ -137,11 +138,11 @@ def receivers(kind: str, factors: LayerFactors) -> Receivers:
     import torch
 
     heads = factors.q.shape[0]
-    if kind == "q":
-        shared, index, right = factors.q, torch.arange(heads), gram_factor(factors.kv(factors.k))
-    else:
-        shared, other = (factors.k, factors.q) if kind == "k" else (factors.v, factors.o.transpose(1, 2))
-        index, right = torch.arange(heads) // factors.group, gram_factor(other)
+    if kind == "q":  # every head its own W_Q: its right factor folded in, none left (right None)
+        shared = factors.q @ gram_factor(factors.kv(factors.k)).transpose(1, 2)
+        return Receivers(shared, torch.arange(heads), None, torch.linalg.matrix_norm(shared))
+    shared, other = (factors.k, factors.q) if kind == "k" else (factors.v, factors.o.transpose(1, 2))
+    index, right = torch.arange(heads) // factors.group, gram_factor(other)
     norm = torch.linalg.matrix_norm(shared[index] @ right.transpose(1, 2))  # (H,)
     return Receivers(shared, index, right, norm)
 
@@ -153,7 +154,8 @@ def stacked(layers: list[Receivers]) -> Receivers:
     offsets = torch.tensor([0, *[layer.shared.shape[0] for layer in layers]]).cumsum(0)[:-1]
     return Receivers(torch.cat([layer.shared for layer in layers]),
                      torch.cat([layer.index + offset for layer, offset in zip(layers, offsets)]),
-                     torch.cat([layer.right for layer in layers]), torch.cat([layer.norm for layer in layers]))  # fmt: skip
+                     None if layers[0].right is None else torch.cat([layer.right for layer in layers]),
+                     torch.cat([layer.norm for layer in layers]))  # fmt: skip
 
 
 def pair_scores(senders, sender_norms, receivers: Receivers):
@@ -162,8 +164,9 @@ def pair_scores(senders, sender_norms, receivers: Receivers):
     num_senders, head_dim, model_dim = senders.shape
     columns = receivers.shared.permute(1, 0, 2).reshape(model_dim, -1)  # (D, U d)
     products = (senders.reshape(-1, model_dim) @ columns).reshape(num_senders, head_dim, -1, head_dim)  # (Hs, d, U, d)
-    by_receiver = products[:, :, receivers.index].permute(2, 0, 1, 3).reshape(-1, num_senders * head_dim, head_dim)
-    pairs = by_receiver @ receivers.right.transpose(1, 2)  # (R, Hs d, d): each pair's d × d product, stacked
+    pairs = products[:, :, receivers.index].permute(2, 0, 1, 3).reshape(-1, num_senders * head_dim, head_dim)
+    if receivers.right is not None:
+        pairs = pairs @ receivers.right.transpose(1, 2)  # (R, Hs d, d): each pair's d × d product, stacked
     squares = pairs.square().reshape(-1, num_senders, head_dim * head_dim).sum(dim=2)  # (R, Hs)
     return (squares.sqrt().T / sender_norms[:, None] / receivers.norm[None, :]).numpy()
 
@@ -176,8 +179,9 @@ def compositions(loaded, progress: Progress = Progress()) -> Compositions:
     from attnviz.layer_inputs import threads_for_tokens
 
     num_layers = loaded.num_layers
-    # On one thread (threads_for_tokens' rule for small tensors): the QRs of (D, d) matrices ran 5 to 30 times slower
-    # on two threads of a busy 2-core machine, and SmolLM2's whole computation took 23.7 s on two, 8.8 to 14.5 on one.
+    # On one thread (threads_for_tokens' rule for small tensors): on the busy 2-core VM (load 2.1 to 2.6) the QRs of
+    # (D, d) matrices ran 5 to 30 times slower on two threads, and SmolLM2's pairs took 3.5 to 23.0 s on two, 6.5 to
+    # 13.3 s on one: one thread is the steadier.
     with torch.no_grad(), threads_for_tokens(0):
         factors = [layer_factors(loaded, layer) for layer in range(num_layers)]
         heads, (model_dim, head_dim) = factors[0].q.shape[0], factors[0].q.shape[1:]
