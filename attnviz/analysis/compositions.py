@@ -124,51 +124,60 @@ def gram_factor(matrices):
 
 @dataclass(frozen=True)
 class Receivers:
-    """A layer's receivers of one kind: head r's matrix (W_QK, W_QK^T or W_OV) has the factor shared[index[r]]
-    right[r]^T (D × d), so |X M_r|_F = |X shared[index[r]] right[r]^T|_F for any X; norm[r] = |M_r|_F. Q: W_Q R(W_K)^T;
-    K: W_K R(W_Q)^T and V: W_V R(W_O^T)^T, the first shared by a key/value head's group (one product for the group)."""
+    """Receivers of one kind, layer after layer: head r's matrix M_r (W_QK, W_QK^T or W_OV) is Y_u R_r^T, u its
+    key/value head, so |X M_r|_F = |X Y_u R_r^T|_F for any X. Q: Y = W_Q R(W_K)^T, every head its own (no R left);
+    K: Y = W_K, R = R(W_Q); V: Y = W_V, R = R(W_O^T): a group's heads share Y, one product for the group.
 
-    shared: Any  # (U, D, d)
-    index: Any  # (H,) long
-    right: Any  # (H, d, d), or None where shared holds each head's whole factor (Q)
-    norm: Any  # (H,)
+    columns (D, U d): the Y_u side by side; right (U, d, group d): each group's R_r^T side by side, or None (Q);
+    norm (U group,): |M_r|, the heads in order (head r of a layer belongs to its key/value head r // group)."""
+
+    columns: Any
+    right: Any
+    norm: Any
+    group: int  # receivers per Y: a key/value head's query heads (Q: 1)
+    per_layer: int  # U of one layer
+    head_dim: int
+
+    def after(self, layer: int) -> "Receivers":
+        """The receivers of the layers after layer."""
+        start = (layer + 1) * self.per_layer
+        return Receivers(self.columns[:, start * self.head_dim :], None if self.right is None else self.right[start:],
+                         self.norm[start * self.group :], self.group, self.per_layer, self.head_dim)  # fmt: skip
 
 
-def receivers(kind: str, factors: LayerFactors) -> Receivers:
+def receivers(kind: str, factors: list[LayerFactors]) -> Receivers:
+    """Every layer's receivers of kind, stacked layer after layer."""
     import torch
 
-    heads = factors.q.shape[0]
-    if kind == "q":  # every head its own W_Q: its right factor folded in, none left (right None)
-        shared = factors.q @ gram_factor(factors.kv(factors.k)).transpose(1, 2)
-        return Receivers(shared, torch.arange(heads), None, torch.linalg.matrix_norm(shared))
-    shared, other = (factors.k, factors.q) if kind == "k" else (factors.v, factors.o.transpose(1, 2))
-    index, right = torch.arange(heads) // factors.group, gram_factor(other)
-    norm = torch.linalg.matrix_norm(shared[index] @ right.transpose(1, 2))  # (H,)
-    return Receivers(shared, index, right, norm)
-
-
-def stacked(layers: list[Receivers]) -> Receivers:
-    """Several layers' receivers as one: shared (U, D, d) stacked, index into it, right (R, d, d), norm (R,)."""
-    import torch
-
-    offsets = torch.tensor([0, *[layer.shared.shape[0] for layer in layers]]).cumsum(0)[:-1]
-    return Receivers(torch.cat([layer.shared for layer in layers]),
-                     torch.cat([layer.index + offset for layer, offset in zip(layers, offsets)]),
-                     None if layers[0].right is None else torch.cat([layer.right for layer in layers]),
-                     torch.cat([layer.norm for layer in layers]))  # fmt: skip
+    if kind == "q":
+        shared = torch.cat([layer.q @ gram_factor(layer.kv(layer.k)).transpose(1, 2) for layer in factors])  # (L H, D, d)
+        right, group, norm = None, 1, torch.linalg.matrix_norm(shared)
+    else:
+        shared = torch.cat([layer.k if kind == "k" else layer.v for layer in factors])  # (L H_kv, D, d)
+        others = torch.cat([layer.q if kind == "k" else layer.o.transpose(1, 2) for layer in factors])  # (L H, D, d)
+        group, (units, _, head_dim) = factors[0].group, shared.shape
+        transposed = gram_factor(others).transpose(1, 2)  # (L H, d, d): each head's R^T
+        norm = torch.linalg.matrix_norm(shared.repeat_interleave(group, dim=0) @ transposed)  # (L H,)
+        right = transposed.reshape(units, group, head_dim, head_dim).permute(0, 2, 1, 3).reshape(units, head_dim, group * head_dim)
+    columns = shared.permute(1, 0, 2).reshape(shared.shape[1], -1)  # (D, U d)
+    return Receivers(columns, right, norm, group, shared.shape[0] // len(factors), shared.shape[2])
 
 
 def pair_scores(senders, sender_norms, receivers: Receivers):
     """(Hs, d, D) senders' factors R(W_V) W_O and their norms |W_OV| (Hs,) against every receiver -> (Hs, R)
     float64: |W_OV^s M_r| / (|W_OV^s| |M_r|)."""
+    import torch
+
     num_senders, head_dim, model_dim = senders.shape
-    columns = receivers.shared.permute(1, 0, 2).reshape(model_dim, -1)  # (D, U d)
-    products = (senders.reshape(-1, model_dim) @ columns).reshape(num_senders, head_dim, -1, head_dim)  # (Hs, d, U, d)
-    pairs = products[:, :, receivers.index].permute(2, 0, 1, 3).reshape(-1, num_senders * head_dim, head_dim)
-    if receivers.right is not None:
-        pairs = pairs @ receivers.right.transpose(1, 2)  # (R, Hs d, d): each pair's d × d product, stacked
-    squares = pairs.square().reshape(-1, num_senders, head_dim * head_dim).sum(dim=2)  # (R, Hs)
-    return (squares.sqrt().T / sender_norms[:, None] / receivers.norm[None, :]).numpy()
+    products = senders.reshape(-1, model_dim) @ receivers.columns  # (Hs d, U d): one GEMM, every pair's d × d
+    units = products.shape[1] // head_dim
+    if receivers.right is None:
+        norms = torch.linalg.vector_norm(products.reshape(num_senders, head_dim, units, head_dim), dim=(1, 3))  # (Hs, U)
+    else:
+        by_unit = products.reshape(-1, units, head_dim).transpose(0, 1)  # (U, Hs d, d)
+        pairs = (by_unit @ receivers.right).reshape(units, num_senders, head_dim, receivers.group, head_dim)
+        norms = torch.linalg.vector_norm(pairs, dim=(2, 4)).transpose(0, 1).reshape(num_senders, -1)  # (Hs, U group)
+    return (norms / sender_norms[:, None] / receivers.norm[None, :]).numpy()
 
 
 def compositions(loaded, progress: Progress = Progress()) -> Compositions:
@@ -187,14 +196,14 @@ def compositions(loaded, progress: Progress = Progress()) -> Compositions:
         heads, (model_dim, head_dim) = factors[0].q.shape[0], factors[0].q.shape[1:]
         senders = [gram_factor(layer.kv(layer.v)) @ layer.o for layer in factors]  # (H, d, D): |R(W_V) W_O X| = |W_OV X|
         sender_norms = [torch.linalg.matrix_norm(sender) for sender in senders]  # (H,): |W_OV|
-        received = {kind: [receivers(kind, layer) for layer in factors] for kind in KINDS}
+        received = {kind: receivers(kind, factors) for kind in KINDS}
         chance = baseline(int(model_dim), int(head_dim))
         scores = {kind: np.full((num_layers, heads, num_layers, heads), np.nan) for kind in KINDS}
         advance = progress.counting("sender layers of compositions", num_layers)
         for sender in range(num_layers):
             for kind in KINDS:
                 if sender + 1 < num_layers:
-                    found = pair_scores(senders[sender], sender_norms[sender], stacked(received[kind][sender + 1 :]))
+                    found = pair_scores(senders[sender], sender_norms[sender], received[kind].after(sender))
                     scores[kind][sender, :, sender + 1 :, :] = found.reshape(heads, -1, heads)  # (H, later L, H)
             advance(1)
     folded = attention_norm_weight(loaded, 0) is not None
@@ -215,9 +224,9 @@ def baseline(model_dim: int, head_dim: int, draws: int = BASELINE_DRAWS, seed: i
         for kind in KINDS:
             v, o = rng.standard_normal((model_dim, head_dim)), rng.standard_normal((head_dim, model_dim))
             first, second = rng.standard_normal((model_dim, head_dim)), rng.standard_normal((model_dim, head_dim))
-            v, o, first, second = (torch.from_numpy(matrix)[None] for matrix in (v, o, first, second))
-            sender = gram_factor(v) @ o  # (1, d, D)
-            right = gram_factor(second)  # (1, d, d)
-            receiver = Receivers(first, torch.zeros(1, dtype=torch.long), right, torch.linalg.matrix_norm(first @ right.transpose(1, 2)))
-            totals[kind] += float(pair_scores(sender, torch.linalg.matrix_norm(sender), receiver)[0, 0])
+            v, o, first, second = (torch.from_numpy(matrix) for matrix in (v, o, first, second))
+            sender = gram_factor(v) @ o  # (d, D)
+            right = gram_factor(second).T  # (d, d)
+            receiver = Receivers(first, right[None], torch.linalg.matrix_norm(first @ right)[None], 1, 1, head_dim)
+            totals[kind] += float(pair_scores(sender[None], torch.linalg.matrix_norm(sender)[None], receiver)[0, 0])
     return {kind: total / draws for kind, total in totals.items()}
