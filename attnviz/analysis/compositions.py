@@ -11,9 +11,13 @@ The norm before each layer's attention (family.attention_norm) is folded in as c
 and W_V of layer l get diag(g_l) on their input side (its weight only; 1/RMS, LayerNorm's centring and bias left
 out). A family whose adapter names no such norm (the post-norm BERTs) is scored on its raw weights, and said so.
 
-Never a D × D matrix: |X Y|_F = |R X|_F where R (d × d) is the triangular factor of X's QR (R^T R = X^T X, the
+W_QK is the weights' alone, as TransformerLens's: RoPE's rotation by position and Qwen3's RMSNorm over each head's q
+and k are not in it (the latter said in the notes).
+
+Never a D × D matrix: |X Y|_F = |R Y|_F where R (d × d) is the triangular factor of X's QR (R^T R = X^T X, the
 Gram matrix), so every score is the norm of a d × d product of two d × D factors, e.g. for Q
-|V1 O1 Q2 K2^T| = |R(V1) O1 Q2 R(K2)^T|, batched over a layer pair's heads, in float64.
+|V1 O1 Q2 K2^T| = |R(V1) O1 Q2 R(K2)^T|: a sender layer's heads against every later layer's in one matrix product,
+in float64.
 
 The baseline: the same score for Gaussian matrices of the same shapes (BASELINE_DRAWS draws from BASELINE_SEED, the
 mean), per kind; a composition "above baseline" is its score less it.
@@ -208,6 +212,8 @@ def compositions(loaded, progress: Progress = Progress()) -> Compositions:
             advance(1)
     folded = attention_norm_weight(loaded, 0) is not None
     notes = () if folded else (f"attnviz's {loaded.family.name} adapter names no norm before attention: the raw weights are scored",)
+    if loaded.model.attention_weights(0).q_norm is not None:
+        notes += ("the RMSNorm over each head's q and k is not folded in: W_QK is the projections' alone",)
     return Compositions(scores, chance, BASELINE_DRAWS, folded, notes)
 
 
