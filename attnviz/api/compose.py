@@ -94,7 +94,8 @@ class ComposeResult:
     def __rich_console__(self, console, options):
         from rich.table import Table
 
-        table = Table(title=f"{self.model}: the {len(self.top())} compositions most above baseline")
+        yield f"{self.model}: the {len(self.top())} compositions most above their kind's baseline"
+        table = Table()
         for name in COLUMNS:
             table.add_column(name, justify="left" if name in ("kind", "sender", "receiver") else "right")
         for row in self.rows():
