@@ -237,3 +237,30 @@ def test_smollm2_induction_heads_k_compose_with_its_previous_token_heads():
     for receiver, senders in found.items():
         if receiver[0] == 17:
             assert senders[0] in previous, (receiver, senders)
+
+
+def test_the_result_counts_its_sender_layers_saves_its_files_and_shows_itself(tmp_path):
+    """progress: told the stage and its 6 sender layers, advanced by 6 in all; .save writes compose.png and
+    compose.json; the notebook's HTML has the figure, each top row and the note; .top(n) takes another n."""
+    import attnviz
+
+    told, done = [], []
+
+    class Counter:
+        def __call__(self, n):
+            done.append(n)
+
+        def stage(self, what, total):
+            told.append((what, total))
+
+    result = attnviz.compose(model="bundled", device="cpu", top=3, progress=Counter())
+    assert told == [("sender layers of compositions", 6)] and sum(done) == 6
+    assert len(result.top()) == 3 and len(result.top(7)) == 7 and result.top(7)[:3] == result.top()
+    written = result.save(tmp_path / "saved")
+    assert sorted(path.name for path in written) == ["compose.json", "compose.png"]
+    assert json.loads((tmp_path / "saved" / "compose.json").read_text())["top"] == result.to_dict()["top"]
+    page = result._repr_html_()
+    assert page.count("<img") == 1 and "raw weights" in page
+    for row in result.top():
+        assert "L{}H{}".format(*row["sender"]) in page and f"{row['above']:+.3f}" in page
+    assert repr(result) == "<attnviz.ComposeResult all-MiniLM-L6-v2: Q, K, V compositions of 72 heads>"
