@@ -105,6 +105,11 @@ ARGUMENTS = {  # function -> its arguments -> wrong values
         "progress": [5, "print"],
         **{name: RUN_OPTIONS[name] for name in ("model", "device", "dtype", "truncate", "allow_pickle")},
     },
+    "compose": {  # no text: the weights alone
+        "top": ["5", 1.5, True, None],
+        "progress": [5, "print"],
+        **{name: RUN_OPTIONS[name] for name in ("model", "device", "allow_pickle")},
+    },
     "load": {"model": RUN_OPTIONS["model"], "device": [5, None], "dtype": [5, None], "allow_pickle": ["yes", 1], "cache": ["no", 0]},
 }
 FIRST_ARGUMENT = {"heads": "text", "heads_file": "texts", "stats_file": "texts", "trace": "text", "stats": "texts", "layers": "text", "compare": "text",
@@ -124,7 +129,9 @@ def no_loading(monkeypatch):
 
 def call(function: str, **given):
     """The public function with valid arguments (the bundled model on the CPU), but for those given."""
-    valid = {FIRST_ARGUMENT[function]: "bundled" if function == "load" else "the cat", "model": "bundled", "device": "cpu"}
+    valid = {"model": "bundled", "device": "cpu"}
+    if function in FIRST_ARGUMENT:  # compose takes none
+        valid[FIRST_ARGUMENT[function]] = "bundled" if function == "load" else "the cat"
     if function == "diff":
         valid["against"] = "random"
     if function == "patch":

@@ -177,7 +177,8 @@ def test_results_and_the_reports_writer_never_name_what_runs_the_model():
 
 
 # Results defined beside the API function that makes them (and runs the model): the result's class alone is held to it.
-RESULTS_BESIDE_THEIR_FUNCTION = {"api/diff.py": "DiffResult", "api/generate.py": "GenerateResult", "api/patch.py": "PatchResult"}
+RESULTS_BESIDE_THEIR_FUNCTION = {"api/diff.py": "DiffResult", "api/generate.py": "GenerateResult", "api/patch.py": "PatchResult",
+                                "api/compose.py": "ComposeResult"}
 
 
 def test_results_beside_their_function_never_name_what_runs_the_model():

@@ -204,7 +204,7 @@ def test_help_imports_no_heavy_library():
     assert "heads" in result.stdout and "--layer" in result.stdout
 
 
-COMMANDS = ("heads", "report", "stats", "layers", "compare", "position", "diff", "roles", "generate", "patch", "trace", "why", "serve", "models")
+COMMANDS = ("heads", "report", "stats", "layers", "compare", "position", "diff", "roles", "compose", "generate", "patch", "trace", "why", "serve", "models")
 
 
 @pytest.fixture(scope="module")
@@ -240,8 +240,10 @@ def test_help_writes_option_types_as_typer_does(command, help_texts):
     """Each option's type as typer 0.29 writes it (<int>, <path>, a choice's values as <a|b>; a metavar where a command
     gives one), with no patch of typer's classes: the types the tests read are typer's own."""
     text = help_texts[command]
-    if command not in ("models", "serve"):
+    if command not in ("models", "serve", "compose"):  # compose reads the weights alone: no text
         assert "TEXT <str>" in text and "--out <path>" in text  # the text argument, --out
+    if command == "compose":
+        assert "TEXT" not in text and "--out <path>" in text and "--top N" in text
     if command != "models":
         assert "--device <auto|cpu|cuda>" in text
     if command == "serve":  # no text and no files: the page's and the requests' texts
@@ -317,6 +319,7 @@ OFFERED = {  # the run options each command offers: those its API function takes
     "roles": {"model", "stack", "device", "dtype", "truncate", "memory", "allow_pickle"},
     "patch": {"model", "device", "dtype", "truncate", "allow_pickle"},
     "why": {"model", "layer", "device", "dtype", "truncate", "allow_pickle"},
+    "compose": {"model", "device", "allow_pickle"},  # the weights alone, read in float64
     "models": set(),
     # the models it loads (--model again for more), where and in what; --port, --host and --max-tokens are the server's
     # own settings (serve/explorer.py's ServeSettings), not a run's; a request gives its run's layer, heads, kv...
@@ -391,6 +394,7 @@ def test_each_option_a_command_offers_reaches_its_run_options_and_no_other(comma
     for name in sorted(OFFERED[command]):
         args, value = GIVEN_OPTIONS[name]
         reached.clear()
-        assert run([command, "hi", *REQUIRED.get(command, []), *args, "--out", str(tmp_path / "run")]) == 2, name
+        text = [] if command == "compose" else ["hi"]  # compose reads the weights alone
+        assert run([command, *text, *REQUIRED.get(command, []), *args, "--out", str(tmp_path / "run")]) == 2, name
         (options,) = reached
         assert options.keywords() == {name: value}, (command, name)

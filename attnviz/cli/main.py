@@ -23,6 +23,7 @@ from attnviz.cli import compare  # noqa: E402, F401  isort: skip
 from attnviz.cli import position  # noqa: E402, F401  isort: skip
 from attnviz.cli import diff  # noqa: E402, F401  isort: skip
 from attnviz.cli import roles  # noqa: E402, F401  isort: skip
+from attnviz.cli import compose  # noqa: E402, F401  isort: skip
 from attnviz.cli import generate  # noqa: E402, F401  isort: skip
 from attnviz.cli import patch  # noqa: E402, F401  isort: skip
 from attnviz.cli import trace  # noqa: E402, F401  isort: skip
