@@ -20,6 +20,20 @@ from attnviz.spec import run_spec
 TEXT = "The cat sat on the mat because it was tired. The cat sat"
 
 
+def hooked_pass(model, inputs: dict, w_o, mlp):
+    """transformers' model run whole with this test's own hooks: its hidden states, what entered w_o (B = 1: (N, H d))
+    and what mlp gave ((N, D)), at their first call."""
+    entering, given = [], []
+    handles = [w_o.register_forward_pre_hook(lambda module, args: entering.append(args[0][0])),
+               mlp.register_forward_hook(lambda module, args, output: given.append(output[0]))]  # fmt: skip
+    try:
+        hidden = model(**inputs, output_hidden_states=True).hidden_states
+    finally:
+        for handle in handles:
+            handle.remove()
+    return hidden, entering[0], given[0]
+
+
 def split(loaded, name: str, layer: int, head: int, query: int, key: int | None = None):
     spec = run_spec(loaded, name, layer=layer)
     return score_terms(loaded, encode_texts(loaded, [TEXT], spec), spec, layer, head, query, key)
@@ -54,20 +68,13 @@ def test_each_term_is_the_product_of_its_parts_through_transformers_own_modules(
     terms = split(loaded, str(decoder_folder), layer, head, query, key)
     model = transformers.LlamaModel.from_pretrained(decoder_folder, attn_implementation="eager").eval()
     inputs = dict(transformers.AutoTokenizer.from_pretrained(decoder_folder)(TEXT, return_tensors="pt"))
-    entering_o, mlp_out = {}, {}
-    handles = [model.layers[0].self_attn.o_proj.register_forward_pre_hook(lambda module, args: entering_o.setdefault(0, args[0][0])),
-               model.layers[0].mlp.register_forward_hook(lambda module, args, output: mlp_out.setdefault(0, output[0]))]  # fmt: skip
     with torch.inference_mode():
-        try:
-            hidden = model(**inputs, output_hidden_states=True).hidden_states
-        finally:
-            for handle in handles:
-                handle.remove()
         attention = model.layers[0].self_attn
+        hidden, entering_o, mlp_out = hooked_pass(model, inputs, attention.o_proj, model.layers[0].mlp)
         size = attention.head_dim
-        parts = {"embed": model.embed_tokens(inputs["input_ids"])[0], "mlp0": mlp_out[0]}
+        parts = {"embed": model.embed_tokens(inputs["input_ids"])[0], "mlp0": mlp_out}
         for h in range(model.config.num_attention_heads):  # head h's z through its columns of o_proj
-            parts[f"L0H{h}"] = entering_o[0][:, h * size : (h + 1) * size] @ attention.o_proj.weight[:, h * size : (h + 1) * size].T
+            parts[f"L0H{h}"] = entering_o[:, h * size : (h + 1) * size] @ attention.o_proj.weight[:, h * size : (h + 1) * size].T
         stream = hidden[layer][0]  # (N, D): what enters layer 1
         norm = model.layers[layer].input_layernorm
         sigma = (stream.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon).sqrt()
@@ -225,21 +232,14 @@ def test_gpt2s_terms_are_the_products_of_its_parts_through_its_own_conv1d_and_la
     model = transformers.GPT2Model.from_pretrained(tmp_path, attn_implementation="eager").eval()
     tokenized = transformers.AutoTokenizer.from_pretrained(tmp_path)(TEXT, return_tensors="pt")
     inputs = {name: tokenized[name] for name in ("input_ids", "attention_mask")}  # GPT-2 adds wte(token_type_ids) when given
-    entering_c_proj, mlp_out = {}, {}
     block = model.h[0]
-    handles = [block.attn.c_proj.register_forward_pre_hook(lambda module, args: entering_c_proj.setdefault(0, args[0][0])),
-               block.mlp.register_forward_hook(lambda module, args, output: mlp_out.setdefault(0, output[0]))]  # fmt: skip
     with torch.inference_mode():
-        try:
-            hidden = model(**inputs, output_hidden_states=True).hidden_states
-        finally:
-            for handle in handles:
-                handle.remove()
+        hidden, entering_c_proj, mlp_out = hooked_pass(model, inputs, block.attn.c_proj, block.mlp)
         size = model.config.n_embd // model.config.n_head
         ids = inputs["input_ids"][0]
-        parts = {"embed": model.wte(ids), "pos": model.wpe(torch.arange(len(ids))), "mlp0": mlp_out[0], "L0.bias": block.attn.c_proj.bias.expand(len(ids), -1)}
+        parts = {"embed": model.wte(ids), "pos": model.wpe(torch.arange(len(ids))), "mlp0": mlp_out, "L0.bias": block.attn.c_proj.bias.expand(len(ids), -1)}
         for h in range(model.config.n_head):  # Conv1D: x @ weight (in, out), head h's rows of c_proj
-            parts[f"L0H{h}"] = entering_c_proj[0][:, h * size : (h + 1) * size] @ block.attn.c_proj.weight[h * size : (h + 1) * size]
+            parts[f"L0H{h}"] = entering_c_proj[:, h * size : (h + 1) * size] @ block.attn.c_proj.weight[h * size : (h + 1) * size]
         stream = hidden[layer][0]
         norm, attention = model.h[layer].ln_1, model.h[layer].attn
         sigma = ((stream - stream.mean(-1, keepdim=True)).pow(2).mean(-1, keepdim=True) + norm.eps).sqrt()
