@@ -9,7 +9,8 @@ head's, for grouped-query heads), Qwen3's q/k norm with its frozen scale, and Ro
 projection's bias a part of its own. So the score is the sum over (query part, key part) of scale × q_part · k_part,
 and every term is kept (Elhage et al. 2021's QK circuit, read over one prompt's residual stream).
 
-A post-norm encoder (BERT's layout: BERT, RoBERTa, XLM-RoBERTa, ELECTRA) normalises the stream after each attention
+A post-norm encoder (BERT, RoBERTa, XLM-RoBERTa, ELECTRA, DistilBERT, ALBERT: the norms its family adapter names,
+post_norm_names) normalises the stream after each attention
 and each MLP instead: every part then goes through each of those norms with its scale frozen (centred, g / σ), and
 each norm's bias is a part of its own ("L3.norm1.bias", "L3.norm2.bias"); the embeddings' parts (the word's, the
 position's, the token type's) through the embeddings' norm, as far as layer L, whose attention reads the stream as it is.
@@ -63,7 +64,7 @@ def score_terms(loaded, encoded, spec, layer: int, head: int, query: int, key: i
 
     post_norm = splits_post_norm(loaded)
     if not (post_norm or splits_pre_norm(loaded)):
-        raise AttnvizError(f"why splits the scores of pre-norm decoders (Llama, Qwen, GPT-2) and of BERT's layout, not {loaded.family.name}'s")
+        raise AttnvizError(f"why splits the scores of pre-norm decoders (Llama, Qwen, GPT-2) and of post-norm encoders, not {loaded.family.name}'s")
     inputs = encoded.queries.model_inputs(spec.device)
     ids = inputs["input_ids"]
     with torch.inference_mode():
@@ -106,11 +107,9 @@ def splits_pre_norm(loaded) -> bool:
 
 
 def splits_post_norm(loaded) -> bool:
-    """BERT's layout (attnviz's BERT, and transformers' BERT, RoBERTa, XLM-RoBERTa, ELECTRA): LayerNorms after the
-    attention (attention.output.LayerNorm) and after the MLP (output.LayerNorm), and the embeddings' own."""
-    from attnviz.models.families.bert import BertLayout
-
-    return loaded.is_bert or isinstance(loaded.family, BertLayout)
+    """A post-norm encoder whose family names its norms (post_norm_names): BERT's layout (attnviz's BERT, and
+    transformers' BERT, RoBERTa, XLM-RoBERTa, ELECTRA), DistilBERT, ALBERT; the embeddings' own norm too."""
+    return loaded.family.post_norm_names(0) is not None
 
 
 def _post_norm_parts(loaded, captured, recorded, inputs: dict, summed, layer: int, rows) -> dict:
@@ -122,15 +121,17 @@ def _post_norm_parts(loaded, captured, recorded, inputs: dict, summed, layer: in
     model = loaded.model
     embeddings = model.get_submodule("embeddings")
     ids = inputs["input_ids"]
-    types = inputs.get("token_type_ids", torch.zeros_like(ids))
     word = model.get_input_embeddings()(ids)[0][rows].double()
-    token_type = embeddings.token_type_embeddings(types)[0][rows].double()
-    parts = {"embed": word, "pos": summed - word - token_type, "type": token_type}  # summed: what entered the norm
+    parts = {"embed": word}
+    if hasattr(embeddings, "token_type_embeddings"):  # DistilBERT has none
+        types = inputs.get("token_type_ids", torch.zeros_like(ids))
+        parts["type"] = embeddings.token_type_embeddings(types)[0][rows].double()
+    parts = {"embed": word, "pos": summed - sum(parts.values())} | parts  # summed: what entered the norm
     parts = _through_norm(parts, summed, embeddings.LayerNorm, "emb.norm.bias")
-    project = getattr(model.get_submodule(""), "embeddings_project", None)  # ELECTRA's: narrower embeddings, projected up
+    projection = loaded.family.embedding_projection  # ELECTRA's and ALBERT's: narrower embeddings, projected up
+    project = _submodule(model, projection) if projection else None
     if project is not None:
         parts = {name: part @ project.weight.double().T for name, part in parts.items()} | {"emb.project.bias": project.bias.double().expand(len(word), -1)}
-    layers = model.hook_points().stack.layers
     for earlier in range(layer + 1):
         stream = recorded.entering(earlier)[0][rows].double()
         if (sum(parts.values()) - stream).abs().max() > PARTS_TOLERANCE * max(1.0, float(stream.abs().max())):
@@ -138,12 +139,21 @@ def _post_norm_parts(loaded, captured, recorded, inputs: dict, summed, layer: in
         if earlier == layer:
             return parts
         parts |= _attention_parts(loaded, captured, earlier, rows)
-        norm1, norm2 = layers[earlier].attention.output.LayerNorm, layers[earlier].output.LayerNorm
+        index = earlier if loaded.is_bert else loaded.family.stored_index(model.config, earlier, None)  # ALBERT's shared
+        norm1, norm2 = (model.get_submodule(name) for name in loaded.family.post_norm_names(index))
         attended = sum(parts.values())  # the stream plus the attention's output: what enters the first norm
         parts = _through_norm(parts, attended, norm1, f"L{earlier}.norm1.bias")
         parts[f"mlp{earlier}"] = captured.mlp[earlier][0][rows].double()
         parts = _through_norm(parts, sum(parts.values()), norm2, f"L{earlier}.norm2.bias")
     return parts
+
+
+def _submodule(model, name: str):
+    """The model's module of that name, None where it has none (ELECTRA's projection only where it is narrower)."""
+    try:
+        return model.get_submodule(name)
+    except AttributeError:
+        return None
 
 
 def _attention_parts(loaded, captured, layer: int, rows) -> dict:

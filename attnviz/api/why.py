@@ -26,8 +26,8 @@ def why(text: str, *, head: int, query: int, key: int | None = None, **options):
     score split exactly into terms, each a part of the query's residual stream x a part of the key's (the
     embeddings, each earlier layer's heads one by one, each MLP, the biases), through the norms with each position's
     scale frozen, W_Q or W_K and RoPE (analysis/why.py). key None: the key the head weighs most from that query.
-    Pre-norm decoders (Llama, Qwen, SmolLM2, GPT-2) and BERT's layout (BERT, RoBERTa, XLM-RoBERTa, ELECTRA); one pass
-    of the model. options: model, layer (default 0), device, dtype, truncate, allow_pickle.
+    Pre-norm decoders (Llama, Qwen, SmolLM2, GPT-2) and post-norm encoders (BERT, RoBERTa, XLM-RoBERTa, ELECTRA,
+    DistilBERT, ALBERT); one pass of the model. options: model, layer (default 0), device, dtype, truncate, allow_pickle.
     """
     from attnviz.analysis.why import score_terms, splits_post_norm, splits_pre_norm
     from attnviz.layer_inputs import check_layer, encode_texts
@@ -44,7 +44,7 @@ def why(text: str, *, head: int, query: int, key: int | None = None, **options):
     handle = options.load()
     loaded = handle.loaded
     if not (splits_pre_norm(loaded) or splits_post_norm(loaded)):
-        raise AttnvizError(f"why splits the scores of pre-norm decoders (Llama, Qwen, SmolLM2, GPT-2) and of BERT's layout, not {loaded.family.name}'s")
+        raise AttnvizError(f"why splits the scores of pre-norm decoders (Llama, Qwen, SmolLM2, GPT-2) and of post-norm encoders (BERT, RoBERTa, ELECTRA, DistilBERT, ALBERT), not {loaded.family.name}'s")
     check_layer(loaded, layer)
     if head >= loaded.num_heads:
         raise AttnvizError(f"head {head} is out of range: {loaded.name} has heads 0 to {loaded.num_heads - 1}")

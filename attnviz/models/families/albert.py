@@ -29,6 +29,12 @@ class Albert(Family):
         base = f"encoder.albert_layer_groups.{index}.albert_layers.0.attention"
         return base, {"w_q": f"{base}.query", "w_k": f"{base}.key", "w_v": f"{base}.value", "w_o": f"{base}.dense"}
 
+    embedding_projection = "encoder.embedding_hidden_mapping_in"  # the embeddings (embedding_size) up to the layers' width
+
+    def post_norm_names(self, index: int) -> tuple[str, str]:
+        layer = f"encoder.albert_layer_groups.{index}.albert_layers.0"
+        return f"{layer}.attention.LayerNorm", f"{layer}.full_layer_layer_norm"
+
     def mlp_name(self, config: dict, index: int, stack: str | None) -> str:
         return f"encoder.albert_layer_groups.{index}.albert_layers.0.ffn_output"  # before full_layer_layer_norm
 

@@ -23,8 +23,13 @@ class BertLayout(Family):
             "w_q": f"{base}.self.query", "w_k": f"{base}.self.key", "w_v": f"{base}.self.value", "w_o": f"{base}.output.dense",
         }
 
+    embedding_projection = "embeddings_project"  # ELECTRA's, where its embeddings are narrower than its layers
+
     def mlp_name(self, config: dict, index: int, stack: str | None) -> str:
         return f"encoder.layer.{index}.output.dense"  # before the dropout, the residual and output.LayerNorm
+
+    def post_norm_names(self, index: int) -> tuple[str, str]:
+        return f"encoder.layer.{index}.attention.output.LayerNorm", f"encoder.layer.{index}.output.LayerNorm"
 
     def embedding_shapes(self, config: dict) -> dict[str, tuple[tuple[int, ...], str]]:
         # ELECTRA's embeddings may be narrower than the layers (embedding_size), projected up to them

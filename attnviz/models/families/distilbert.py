@@ -13,6 +13,9 @@ class DistilBert(Family):
         base = f"transformer.layer.{index}.attention"
         return base, {"w_q": f"{base}.q_lin", "w_k": f"{base}.k_lin", "w_v": f"{base}.v_lin", "w_o": f"{base}.out_lin"}
 
+    def post_norm_names(self, index: int) -> tuple[str, str]:
+        return f"transformer.layer.{index}.sa_layer_norm", f"transformer.layer.{index}.output_layer_norm"
+
     def mlp_name(self, config: dict, index: int, stack: str | None) -> str:
         return f"transformer.layer.{index}.ffn"  # lin1, the activation, lin2: before output_layer_norm
 

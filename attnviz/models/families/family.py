@@ -133,6 +133,14 @@ class Family:
         it is added (and before a post-norm layer's own norm): what the capture's mlp role keeps."""
         raise NotImplementedError
 
+    def post_norm_names(self, index: int) -> tuple[str, str] | None:
+        """A post-norm encoder's: the names of stored layer `index`'s norm after its attention and its norm after its
+        MLP (analysis/why.py carries each part of the stream through them); None for a family that normalises first."""
+        return None
+
+    # A post-norm encoder's projection of its embeddings up to its layers' width (ELECTRA's, ALBERT's), else None.
+    embedding_projection: ClassVar[str | None] = None
+
     def stored_index(self, config: dict, layer: int, stack: str | None) -> int:
         """Which stored layer computes layer `layer` (ALBERT's layers share a few)."""
         return layer
