@@ -207,9 +207,7 @@ class TransformersModel:
                                decoder_input_ids=inputs["input_ids"], decoder_attention_mask=inputs["attention_mask"])  # fmt: skip
                 forward = lambda: self.model(**seq2seq, use_cache=False).last_hidden_state  # noqa: E731
             else:
-                cache = {"use_cache": False} if self.family.kind == DECODER else {}
-                ids = {name: inputs[name] for name in ("input_ids", "attention_mask")}  # as _forward: GPT-2 would add wte(token_type_ids)
-                forward = lambda: self.model(**ids, **cache).last_hidden_state  # noqa: E731
+                forward = lambda: self._forward(inputs, stack, source)  # noqa: E731
             return capture(points, forward, wanted, entered)
 
     @torch.inference_mode()
@@ -379,15 +377,16 @@ class TransformersModel:
             weight = weight * self.family.size(self.config, "hidden") ** -0.5
         return weight, bias
 
-    def _forward(self, inputs: dict[str, torch.Tensor], stack: str | None, source: dict[str, torch.Tensor] | None, **passed) -> None:
-        """The model's forward pass over inputs (source: the encoder's, for an encoder-decoder's decoder and cross
-        stacks); passed: keywords the forward hands down to the attention function (blocked_attention's), an encoder's
-        or a decoder's alone."""
+    def _forward(self, inputs: dict[str, torch.Tensor], stack: str | None, source: dict[str, torch.Tensor] | None, **passed):
+        """The model's forward pass over inputs' ids and mask alone (an encoding's token_type_ids would be added to GPT-2's
+        stream as wte(token_type_ids)); source: the encoder's, for an encoder-decoder's decoder and cross stacks; passed:
+        keywords the forward hands down to the attention function (blocked_attention's), an encoder's or a decoder's
+        alone. Returns a decoder's or an encoder's last hidden state (B, N, D); None for an encoder-decoder's stack."""
         kwargs = {"input_ids": inputs["input_ids"], "attention_mask": inputs["attention_mask"], "use_cache": False, **passed}
         if self.family.kind != ENCODER_DECODER:
             if self.family.kind != DECODER:
                 kwargs.pop("use_cache")
-            self.model(**kwargs)
+            return self.model(**kwargs).last_hidden_state
         elif stack in (None, "encoder"):
             self.model.get_encoder()(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"])
         else:
