@@ -92,25 +92,24 @@ def layer_stages(progress: Progress, num_layers: int, in_place: bool):
     return entered, done
 
 
-def in_berts_place(loaded: LoadedModel, spec: RunSpec) -> bool:
-    """True when attnviz's layers compute just what BERT's own attention does.
+def computes_models_attention(loaded: LoadedModel, spec: RunSpec) -> bool:
+    """True when attnviz's layers compute just what the model's own attention does: with its projections (pretrained),
+    split into its heads, under its own mask (causal for a decoder, none for an encoder)."""
+    return spec.weights == "pretrained" and spec.num_heads in (None, loaded.num_heads) and spec.causal == model_is_causal(loaded, spec.stack)
 
-    That is with BERT's projections (pretrained), split into BERT's heads, without a causal
-    mask: then each layer can run in BERT's place and the attention is computed once, not twice.
-    """
-    return loaded.is_bert and spec.weights == "pretrained" and spec.num_heads in (None, loaded.num_heads) and not spec.causal
+
+def in_berts_place(loaded: LoadedModel, spec: RunSpec) -> bool:
+    """True when attnviz's layers can run in attnviz's BERT's place (computes_models_attention): each layer in turn,
+    the attention computed once, not twice."""
+    return loaded.is_bert and computes_models_attention(loaded, spec)
 
 
 def in_models_place(loaded: LoadedModel, spec: RunSpec) -> bool:
-    """True when attnviz's layers compute just what the attention of a transformers model's one stack does (a decoder's
-    or an encoder's: not an encoder-decoder's), so that they can run in its place (blocks_in_place): its projections
-    (pretrained), split into its heads, under its own mask (causal for a decoder, none for an encoder), self-attention."""
+    """True when attnviz's layers can run in the place of a transformers model's one stack's attention (a decoder's or
+    an encoder's: not an encoder-decoder's; self-attention) in its forward pass (blocks_in_place): computes_models_attention."""
     from attnviz.models.families import ENCODER_DECODER
 
-    return (
-        not loaded.is_bert and loaded.family.kind != ENCODER_DECODER and spec.weights == "pretrained" and spec.kv_text is None
-        and spec.num_heads in (None, loaded.num_heads) and spec.causal == model_is_causal(loaded, spec.stack)
-    )  # fmt: skip
+    return not loaded.is_bert and loaded.family.kind != ENCODER_DECODER and spec.kv_text is None and computes_models_attention(loaded, spec)
 
 
 @torch.inference_mode()
