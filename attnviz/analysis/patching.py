@@ -79,6 +79,7 @@ class Patching:
     shown: tuple[list[str], list[str]] = ((), ())  # both texts' tokens as a reader sees them (models/shown.py)
     causal: bool = True  # a decoder's heads (or an encoder-decoder's decoder's): titles say so
     per_position: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
+    edges: object = None  # analysis.edges.Edges, with edges asked for
 
     @property
     def output(self) -> np.ndarray:
@@ -108,14 +109,14 @@ def check_texts(text: str, corrupt: str, answer: str, wrong: str) -> None:
 def patch_heads(
     loaded, text: str, corrupt: str, answer: str, wrong: str, spec, position: int | None = None,
     components: tuple[str, ...] = ("out",), per_position: bool = False, progress: Progress = Progress(),
-    captures: dict | None = None,
+    captures: dict | None = None, edges=None,
 ) -> Patching:  # fmt: skip
     """Each head of spec.stack (every layer) patched from text (clean) into corrupt, for each of components; the
     direct attribution on the clean run; with per_position, the most affecting heads' output one position at a time.
     progress: the heads patched (a layer's at a time), then the most affecting heads patched by position.
     One pass of each text (text_pass) gives all of it but the patched passes, which start at the patched layer;
     captures, when given a dict, gets each text's capture, "clean" and "corrupt" (EncodedTexts, every layer's
-    LayerStates), for the report."""
+    LayerStates), for the report. edges (analysis.edges.EdgeSettings): also every edge between heads (edges.py)."""
     import torch
 
     from attnviz.analysis.attribution import direct_attribution
@@ -123,6 +124,10 @@ def patch_heads(
     from attnviz.models.capture import PROJECTIONS
 
     stack, model = spec.stack, loaded.model
+    if edges is not None:
+        from attnviz.analysis.edges import check_edges
+
+        check_edges(loaded, stack)
     transform, weight, bias = read_out(loaded)
     clean_encoded, corrupt_encoded = (encode_texts(loaded, [each], spec) for each in (text, corrupt))
     tokens, corrupt_tokens = (list(encoded.queries.tokens[0]) for encoded in (clean_encoded, corrupt_encoded))
@@ -169,6 +174,11 @@ def patch_heads(
             chosen = result.top[:MOST_AFFECTING]
             advance = progress.counting("heads patched position by position", len(chosen))
             result.per_position = {head: normalise(row) for head, row in zip(chosen, patched.by_position(chosen, metric, advance))}
+    if edges is not None:
+        from attnviz.analysis.edges import ReadOut, circuit_edges
+
+        read = ReadOut(position, direction.detach(), offset)
+        result.edges = circuit_edges(loaded, spec, clean, corrupted, read, m_clean, m_corrupt, edges, progress)
     return result
 
 
@@ -307,6 +317,18 @@ def token_id(loaded, stack, given: str, name: str) -> int:
     return ids[0]
 
 
+def projection_slice(model, stack, layer: int, component: str):
+    """(module, first feature, heads, d) of layer's W_q, W_k or W_v output (a fused one: GPT-2's c_attn): head i's
+    part of the module's output is features first + i * d to first + (i + 1) * d (heads: H for q, H_kv for k, v)."""
+    weights = model.attention_weights(layer, stack)
+    role = {"q": "w_q", "k": "w_k", "v": "w_v"}[component]
+    module = model.get_submodule(weights.names[role])
+    inner, kv_inner = weights.num_heads * weights.head_dim, weights.num_kv_heads * weights.head_dim
+    first = {"w_q": 0, "w_k": inner, "w_v": inner + kv_inner}[role] if weights.fused_qkv else 0
+    count = weights.num_heads if role == "w_q" else weights.num_kv_heads
+    return module, first, count, weights.head_dim
+
+
 class _Patched:
     """The corrupted run from layer L on, copies of it with one head's part from the clean run."""
 
@@ -361,7 +383,7 @@ class _Patched:
 
         from attnviz.analysis.effect import one_head_each
 
-        module, first, count, head_dim = self._projection(layer, component)
+        module, first, count, head_dim = projection_slice(self.loaded.model, self.spec.stack, layer, component)
         clean = clean_outputs[layer][0, :, first : first + count * head_dim]  # (N, n * d)
         num_tokens = clean.shape[0]
         per_head = clean.view(num_tokens, count, head_dim).transpose(0, 1)  # (n, N, d)
@@ -373,17 +395,6 @@ class _Patched:
 
         values = metric(self.run(layer, count, output=(module, change)))  # (n,)
         return np.repeat(values, self.num_heads // count)  # query head h reads key/value head h // G
-
-    def _projection(self, layer: int, component: str):
-        """(module, first feature, heads, d) of layer's W_q, W_k or W_v output (a fused one: GPT-2's c_attn)."""
-        model = self.loaded.model
-        weights = model.attention_weights(layer, self.spec.stack)
-        role = {"q": "w_q", "k": "w_k", "v": "w_v"}[component]
-        module = model.get_submodule(weights.names[role])
-        inner, kv_inner = weights.num_heads * weights.head_dim, weights.num_kv_heads * weights.head_dim
-        first = {"w_q": 0, "w_k": inner, "w_v": inner + kv_inner}[role] if weights.fused_qkv else 0
-        count = weights.num_heads if role == "w_q" else weights.num_kv_heads
-        return module, first, count, weights.head_dim
 
     def _clean_maps_corrupt_values(self, layer: int):
         """(H, N, d): each head's clean map times its corrupted values, from attnviz's own layer (attention/layer.py)."""

@@ -42,6 +42,21 @@ class Recorded:
         args, kwargs = self.calls[layer]
         return args[0] if args else kwargs["hidden_states"]
 
+    def for_gradients(self) -> "Recorded":
+        """The same calls with every tensor copied out of inference mode (a pass recorded under torch.inference_mode
+        holds tensors autograd cannot save for a backward pass: the mask, RoPE's cos and sin): analysis/edges.py's
+        differentiated run."""
+
+        def copied(value):
+            if isinstance(value, torch.Tensor):
+                return value.clone()
+            if isinstance(value, tuple):
+                return tuple(copied(part) for part in value)
+            return value
+
+        calls = [(tuple(copied(value) for value in args), {name: copied(value) for name, value in kwargs.items()}) for args, kwargs in self.calls]
+        return Recorded(calls, self.heads, self.rest)
+
 
 def run_from(
     stack: LayerStack, layer: int, hidden: torch.Tensor, recorded: Recorded, heads=None, output=None

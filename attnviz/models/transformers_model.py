@@ -315,6 +315,19 @@ class TransformersModel:
         with self._forward_lock:  # hooks on modules the threads share
             return run_from(self.layer_stack(stack), layer, hidden, recorded, heads, output)
 
+    def differentiable_run(self, hidden: torch.Tensor, recorded: Recorded, stack: str | None = None, hooks=lambda: []) -> torch.Tensor:
+        """run_from from layer 0 with autograd on (analysis/edges.py differentiates the metric): hidden (B, N, D) enters
+        the first layer, the layers run with recorded's calls (copied out of inference mode) and the capture pass's
+        attention (blocked_attention: its mask None is causal, as the recorded calls of one text leave it); hooks() installs the caller's hooks once the lock is held and returns their handles, removed after."""
+        with self._forward_lock, torch.inference_mode(False), torch.enable_grad():
+            self.model.set_attn_implementation(blocked_attention.register())
+            handles = hooks()
+            try:
+                return run_from(self.layer_stack(stack), 0, hidden, recorded.for_gradients())
+            finally:
+                for handle in handles:
+                    handle.remove()
+
     @torch.inference_mode()
     def decode(self, ids: torch.Tensor, steps: int, choose):
         """A decoder continuing ids (1, P) with transformers' key/value cache: yields, for each forward pass, the ids

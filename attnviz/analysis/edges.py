@@ -1,0 +1,295 @@
+"""The edges of a circuit for a prompt pair: edge attribution patching (EAP, EAP-IG) and path patching to check it.
+
+The graph (Conmy et al. 2023's, PAPERS): the senders are the heads, each writing its output into the residual stream
+(its d features z through its slice of W_o: out = W_o[:, h] z_h, (N, D)); the receivers are each later head's query
+input and each later key/value head's key and value inputs (with grouped-query attention a key/value head serves a
+group of query heads, and is one receiver: L3KV1.k), and the metric's read-out (the stream entering the final norm,
+"logits"). A receiver reads the stream through its layer's norm: its input is the stream x entering the layer, and
+its projection is of norm(x) alone (q_h = W_q[h] norm(x) + b; the norm's scale depends on x, so nothing is frozen).
+An edge sender -> receiver is the sender's out added to that receiver's copy of x alone.
+
+- EAP (Syed, Rager and Conmy 2023): score(e) = sum over positions of (out_clean - out_corrupt) . dm/dx_r, the
+  gradient of the metric m (patching.py's logit difference) with respect to the receiver's own copy of its input,
+  on the corrupted run. One forward and one backward pass give every edge: the backward gives dm/d(W_q's output),
+  and for each head h, dm/dx_(h, q) = J_norm(x)^T W_q[h]^T dm/dq_h (autograd through the layer's own norm module
+  and projection, over H copies of x, one per head).
+- EAP-IG (Hanna, Pezzelle and Belinkov 2024): the gradient averaged over N points between the corrupted and the clean
+  input, as their code does: the embeddings entering the first layer interpolated, e_k = e_corrupt + (k / N)
+  (e_clean - e_corrupt) for k = 0 .. N - 1 (with N = 1, EAP), one batch of N copies, one forward and one backward.
+- Path patching (Wang et al. 2022, an edge as Conmy et al.'s ACDC patches it): the corrupted run with the sender's out
+  added to the receiver's copy of its input alone, every other path from the sender (through other heads and the
+  MLPs) left corrupt; the metric's change. The first-order terms of that change are EAP's score, so the two agree
+  where the model is near linear along the edge.
+
+Both numbers are normalised as patching's scores are: divided by m_clean - m_corrupt (1 = the whole clean answer).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from attnviz.run_data import Progress
+
+PAPERS = {
+    "eap": 'Syed, Rager and Conmy, 2023, "Attribution Patching Outperforms Automated Circuit Discovery" (arXiv '
+    "2310.10348): edge attribution patching",
+    "eap_ig": 'Hanna, Pezzelle and Belinkov, COLM 2024, "Have Faith in Faithfulness: Going Beyond Circuit Overlap When '
+    'Finding Model Mechanisms" (arXiv 2403.17806): EAP with integrated gradients',
+    "path_patching": 'Wang, Variengien, Conmy, Shlegeris and Steinhardt, ICLR 2023, "Interpretability in the Wild" '
+    "(arXiv 2211.00593): path patching",
+    "graph": 'Conmy, Mavor-Parker, Lynch, Heimersheim and Garriga-Alonso, NeurIPS 2023, "Towards Automated Circuit '
+    'Discovery for Mechanistic Interpretability" (arXiv 2304.14997): the heads\' graph, edges as ACDC patches them',
+}
+INPUTS = {
+    "q": "the receiver head's query input: the stream entering its layer, through the layer's norm and its rows of W_q",
+    "k": "the receiver key/value head's key input (its rows of W_k; with grouped-query attention one receiver for its "
+    "group of query heads)",
+    "v": "the receiver key/value head's value input (its rows of W_v)",
+    "logits": "the metric's read-out: the stream entering the final norm, at every position",
+}
+SCORE = (
+    "EAP: sum over positions of (sender out_clean - out_corrupt) . dm/d(receiver input) on the corrupted run, "
+    "divided by m_clean - m_corrupt"
+)
+SCORE_IG = (
+    "EAP-IG: sum over positions of (sender out_clean - out_corrupt) . the mean of dm/d(receiver input) over N runs whose "
+    "first layer's input is e_corrupt + (k / N) (e_clean - e_corrupt), k = 0 .. N - 1; divided by m_clean - m_corrupt"
+)
+PATCHED = (
+    "path patching: m of the corrupted run with the sender's out_clean - out_corrupt added to that receiver's input "
+    "alone (every other path from the sender left corrupt), minus m_corrupt, divided by m_clean - m_corrupt"
+)
+CHECKED = 10  # the edges checked by path patching, by |score|
+
+
+@dataclass(frozen=True)
+class EdgeSettings:
+    """What patch's --edges asks: EAP-IG's steps (None: EAP) and how many top edges path patching checks."""
+
+    ig: int | None = None
+    checked: int = CHECKED
+
+
+@dataclass(frozen=True)
+class Edge:
+    """One edge: sender head (layer, head) -> receiver (layer, head, input), input "q", "k", "v" or "logits" (layer
+    and head None); for k and v the head is the key/value head's index."""
+
+    sender: tuple[int, int]
+    layer: int | None
+    head: int | None
+    input: str
+
+
+@dataclass
+class Edges:
+    """Every edge's score, normalised by m_clean - m_corrupt: scores["q"] (L, H, L, H), scores["k"] and ["v"]
+    (L, H, L, H_kv) indexed [sender layer, sender head, receiver layer, receiver head], NaN where the receiver's layer
+    is not after the sender's; scores["logits"] (L, H). checked: the top edges by |score| with their path-patched
+    value. ig: EAP-IG's steps, None for EAP."""
+
+    scores: dict[str, np.ndarray]
+    checked: list[tuple[Edge, float, float]]  # (edge, score, path patched)
+    ig: int | None
+    num_heads: int
+    num_kv_heads: int
+    grouped: bool = field(init=False)
+
+    def __post_init__(self):
+        self.grouped = self.num_kv_heads != self.num_heads
+
+    def score(self, edge: Edge) -> float:
+        values = self.scores[edge.input]
+        if edge.input == "logits":
+            return float(values[edge.sender])
+        return float(values[(*edge.sender, edge.layer, edge.head)])
+
+    def ranked(self) -> list[Edge]:
+        """Every edge, by |score|, largest first."""
+        found = []
+        for name, values in self.scores.items():
+            for index in np.argwhere(np.isfinite(values)):
+                index = tuple(int(i) for i in index)
+                found.append(Edge(index[:2], None, None, name) if name == "logits" else Edge(index[:2], index[2], index[3], name))
+        return sorted(found, key=lambda edge: -abs(self.score(edge)))
+
+    def name(self, edge: Edge) -> str:
+        return f"{node_name(*edge.sender)} -> {receiver_name(edge, self.grouped)}"
+
+
+def node_name(layer: int, head: int) -> str:
+    return f"L{layer}H{head}"
+
+
+def receiver_name(edge: Edge, grouped: bool) -> str:
+    """"L3H5.q", "L3KV1.k" (grouped-query: the key/value head), "L3H1.k" (one key/value head per head), "logits"."""
+    if edge.input == "logits":
+        return "logits"
+    kind = "KV" if grouped and edge.input in ("k", "v") else "H"
+    return f"L{edge.layer}{kind}{edge.head}.{edge.input}"
+
+
+@dataclass(frozen=True)
+class ReadOut:
+    """Where and how the metric reads a decoder's last hidden state h: m = h[position] . direction + offset."""
+
+    position: int
+    direction: object  # (D,) float64 tensor: W_U[answer] - W_U[wrong]
+    offset: float
+
+    def metric(self, last):  # last (C, N, D) -> (C,)
+        return last[:, self.position].double() @ self.direction + self.offset
+
+
+def check_edges(loaded, stack) -> None:
+    """Edges need a stream that is a sum of the heads' outputs, read by each layer through its own norm: a pre-norm
+    decoder whose adapter names that norm. Refused otherwise, in one line, before any pass."""
+    from attnviz.errors import AttnvizError
+    from attnviz.models.families import DECODER
+
+    family = loaded.family
+    if family.kind != DECODER or family.attention_norm is None or loaded.is_bert:
+        raise AttnvizError(
+            f"--edges needs a decoder that normalises each layer's input before its attention (Llama, Qwen, SmolLM2, "
+            f"GPT-2): {loaded.name} is a {family.kind} of the {family.name} family, whose heads reach later layers "
+            "through post-norms or cross-attention, not as a sum in one residual stream"
+        )
+
+
+def circuit_edges(
+    loaded, spec, clean, corrupted, read: ReadOut, m_clean: float, m_corrupt: float, settings: EdgeSettings = EdgeSettings(),
+    progress: Progress = Progress(),
+) -> Edges:  # fmt: skip
+    """Every edge's EAP (settings.ig None) or EAP-IG (settings.ig steps) score and the top settings.checked edges' path
+    patching, from the two texts' passes (patching.text_pass's TextPass) and one differentiated pass of N copies
+    (N = ig or 1)."""
+    import torch
+
+    model, stack = loaded.model, spec.stack
+    num_layers = loaded.num_layers_of(stack)
+    weights = [model.attention_weights(layer, stack) for layer in range(num_layers)]
+    num_heads, num_kv = weights[0].num_heads, weights[0].num_kv_heads
+    with torch.inference_mode():
+        written = torch.stack([_written(clean.recorded, corrupted.recorded, layer, each) for layer, each in enumerate(weights)])  # (L, H, N, D)
+    ig = settings.ig
+    gradients, final = _input_gradients(loaded, spec, clean.recorded, corrupted.recorded, read, ig or 1)
+    scale = 1.0 / (m_clean - m_corrupt)
+    scores = {}
+    for role, count in (("q", num_heads), ("k", num_kv), ("v", num_kv)):
+        values = np.full((num_layers, num_heads, num_layers, count), np.nan)
+        for layer in range(1, num_layers):  # (l, h, N, D) . (N, n, D) -> (l, h, n) over the senders before it
+            values[:layer, :, layer] = torch.einsum("lhnD,nrD->lhr", written[:layer], gradients[layer][role]).cpu().numpy() * scale
+        scores[role] = values
+    scores["logits"] = torch.einsum("lhnD,nD->lh", written, final).cpu().numpy() * scale
+    edges = Edges(scores, [], ig, num_heads, num_kv)
+    chosen = edges.ranked()[: settings.checked]
+    advance = progress.counting("edges checked by path patching", len(chosen))
+    for edge in chosen:
+        patched = _path_patched(loaded, spec, corrupted, read, written, edge)
+        edges.checked.append((edge, edges.score(edge), (patched - m_corrupt) * scale))
+        advance(1)
+    return edges
+
+
+def _written(clean, corrupted, layer: int, weights):
+    """(H, N, D) float64: each head's out_clean - out_corrupt at layer, its z difference through its slice of W_o
+    (W_o's bias is the same in both runs)."""
+    import torch
+
+    w_o = weights.w_o[0].double()  # (D, H * d)
+    difference = (clean.heads[layer][0] - corrupted.heads[layer][0]).double()  # (N, H * d)
+    num_tokens = difference.shape[0]
+    z = difference.view(num_tokens, weights.num_heads, weights.head_dim)  # (N, H, d)
+    return torch.einsum("nhd,Dhd->hnD", z, w_o.view(w_o.shape[0], weights.num_heads, weights.head_dim))
+
+
+def _input_gradients(loaded, spec, clean, corrupted, read: ReadOut, steps: int):
+    """dm/d(each receiver's copy of its input), averaged over the steps' copies: ([layer]{"q": (N, H, D), "k", "v":
+    (N, H_kv, D)}, the final norm's input's (N, D)), all float64, from one forward and one backward pass of the
+    corrupted run (the first layer's input interpolated towards the clean one's with steps > 1)."""
+    import torch
+
+    from attnviz.analysis.patching import projection_slice
+    from attnviz.models.capture import hook_layers
+
+    model, stack = loaded.model, spec.stack
+    num_layers = loaded.num_layers_of(stack)
+    norms = [attention_norm(loaded, layer, stack) for layer in range(num_layers)]
+    slices = [{role: projection_slice(model, stack, layer, role) for role in ("q", "k", "v")} for layer in range(num_layers)]
+    modules = [list({id(each[0]): each[0] for each in layer.values()}.values()) for layer in slices]  # fused: c_attn once
+    entering = {}, {}, []  # the norms' inputs, the projections' outputs by (layer, module), the final norm's input
+    start, end = (each.entering(0).detach().clone().double() for each in (corrupted, clean))  # (1, N, D)
+    alphas = torch.arange(steps, dtype=torch.float64, device=start.device).view(-1, 1, 1) / steps
+    first = (start + alphas * (end - start)).to(corrupted.entering(0).dtype).requires_grad_(True)  # (C, N, D)
+
+    def hooks():
+        inputs, outputs, final = entering
+        handles = hook_layers(norms, lambda layer, args, kwargs: inputs.setdefault(layer, args[0]))
+        for layer, owned in enumerate(modules):
+            for module in owned:
+                handles.append(module.register_forward_hook(lambda m, args, out, layer=layer: outputs.setdefault((layer, id(m)), out)))
+        handles.append(model.layer_stack(stack).final.register_forward_pre_hook(lambda m, args: final.append(args[0])))
+        return handles
+
+    last = model.differentiable_run(first, corrupted, stack, hooks)
+    inputs, outputs, final = entering
+    keys = list(outputs)
+    grads = torch.autograd.grad(read.metric(last).sum(), [outputs[key] for key in keys] + [final[0]])
+    by_key = dict(zip(keys, grads[:-1]))
+    gradients = []
+    for layer in range(num_layers):
+        x = inputs[layer].detach()  # (C, N, D): the stream entering the layer's norm
+        per_role = {}
+        for role, (module, offset, count, head_dim) in slices[layer].items():
+            per_role[role] = _through_norm(norms[layer], module, x, by_key[(layer, id(module))], offset, count, head_dim)
+        gradients.append(per_role)
+    return gradients, grads[-1].double().mean(dim=0)
+
+
+def _through_norm(norm, module, x, grad, offset: int, count: int, head_dim: int):
+    """(N, n, D) float64: dm/d(head i's own copy of x) for each of the n heads, J_norm(x)^T W[i]^T dm/dy_i, by autograd
+    through the model's own norm and projection over n copies of x; mean over the C copies (EAP-IG's steps)."""
+    import torch
+
+    with torch.inference_mode(False), torch.enable_grad():
+        copies = x.unsqueeze(2).expand(*x.shape[:2], count, x.shape[-1]).clone().requires_grad_(True)  # (C, N, n, D)
+        y = module(norm(copies))  # (C, N, n, features)
+        own = torch.stack([y[:, :, i, offset + i * head_dim : offset + (i + 1) * head_dim] for i in range(count)], dim=2)  # (C, N, n, d)
+        wanted = grad[..., offset : offset + count * head_dim].reshape(*grad.shape[:2], count, head_dim)  # (C, N, n, d)
+        (result,) = torch.autograd.grad(own, copies, wanted)
+    return result.double().mean(dim=0)
+
+
+def attention_norm(loaded, layer: int, stack):
+    """The norm module before layer `layer`'s attention (the family adapter's attention_norm)."""
+    family = loaded.family
+    return loaded.model.get_submodule(family.attention_norm.format(index=family.stored_index(loaded.model.config, layer, stack)))
+
+
+def _path_patched(loaded, spec, corrupted, read: ReadOut, written, edge: Edge) -> float:
+    """m of the corrupted run with the sender's written (L, H, N, D) difference added to the receiver's input alone."""
+    import torch
+
+    from attnviz.analysis.patching import projection_slice
+
+    model, stack = loaded.model, spec.stack
+    added = written[edge.sender]  # (N, D) float64
+    with torch.inference_mode():
+        if edge.input == "logits":  # the stream entering the final norm: the read-out's input
+            final = model.layer_stack(stack).final
+            entered = corrupted.captured.final_in
+            return float(read.metric(final(entered + added.to(entered.dtype)))[0])
+        module, offset, _, head_dim = projection_slice(model, stack, edge.layer, edge.input)
+        x = corrupted.recorded.entering(edge.layer)  # (1, N, D): the stream entering the receiver's layer
+        part = slice(offset + edge.head * head_dim, offset + (edge.head + 1) * head_dim)
+        replacement = module(attention_norm(loaded, edge.layer, stack)(x + added.to(x.dtype)))[..., part]
+
+        def change(y):  # the receiver's slice of the projection's output, from its own input
+            y = y.clone()
+            y[..., part] = replacement
+            return y
+
+        last = model.run_from(edge.layer, x, corrupted.recorded, stack=stack, output=(module, change))
+        return float(read.metric(last)[0])
