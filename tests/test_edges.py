@@ -226,3 +226,53 @@ def test_eap_ig_of_one_step_is_eap(decoder):
     one, eap = attnviz_edges(decoder, ig=1, checked=0), attnviz_edges(decoder, checked=0)
     for name, values in eap.edges.scores.items():
         np.testing.assert_allclose(one.edges.scores[name], values, rtol=1e-6, atol=1e-9, equal_nan=True)
+
+
+def test_patch_edges_writes_edges_json_the_figure_and_the_table(decoder, tmp_path, capsys):
+    """`attnviz patch --edges --ig 2 --checked-edges 5`: edges.json holds the API's numbers (null where no edge),
+    the 5 checked edges with both numbers; edges.png within its size cap; the terminal's table of the checked edges."""
+    import json
+
+    from attnviz.cli import run
+    from attnviz.render.sizes import figure_max_px
+    from helpers import read_png
+
+    out = tmp_path / "run"
+    clean, corrupt, answer, wrong = TINY
+    args = ["patch", clean, "--corrupt", corrupt, "--answer", answer, "--wrong", wrong, "--model", str(decoder), "--device", "cpu"]
+    assert run([*args, "--edges", "--ig", "2", "--checked-edges", "5", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    record = json.loads((out / "edges.json").read_text(encoding="utf-8"))
+    expected = attnviz_edges(decoder, ig=2, checked=5).edges
+    assert record["method"] == "eap-ig" and record["ig_steps"] == 2 and record["heads"] == expected.num_heads
+    for name, values in expected.scores.items():
+        written = np.array(record["scores"][name], dtype=float)  # null -> NaN
+        np.testing.assert_allclose(written, values, atol=1e-6, equal_nan=True)
+    assert [(entry["sender_layer"], entry["sender_head"], entry["receiver_layer"], entry["receiver_head"], entry["input"]) for entry in record["checked"]] == [
+        (*edge.sender, edge.layer, edge.head, edge.input) for edge, _, _ in expected.checked
+    ]
+    np.testing.assert_allclose([entry["path_patched"] for entry in record["checked"]], [patched for _, _, patched in expected.checked], atol=1e-6)
+    height, width = read_png(out / "edges.png").shape[:2]
+    cap_width, cap_height = figure_max_px("edges.png")
+    assert width <= cap_width and height <= cap_height
+    assert "path patched" in printed and expected.name(expected.checked[0][0]).split(" -> ")[1] in printed
+
+
+def test_smollm2s_top_edges_agree_with_path_patching_on_an_indirect_object_pair(smollm2_converted):
+    """The issue's "done when": on SmolLM2 (9 heads over 3 key/value heads) and an indirect-object pair, the top edges
+    by EAP have path patching's sign, the largest five within 0.05 of it."""
+    from attnviz.analysis.edges import EdgeSettings
+    from attnviz.analysis.patching import patch_heads
+    from attnviz.models.loading import load_model
+    from attnviz.spec import RunSpec
+
+    folder = str(smollm2_converted.folder)
+    loaded = load_model(folder, device="cpu")
+    spec = RunSpec(folder, folder, "local folder", device="cpu")
+    ioi = ("When Mary and John went to the store, John gave a drink to", "When Mary and John went to the store, Mary gave a drink to", " Mary", " John")
+    edges = patch_heads(loaded, *ioi, spec, edges=EdgeSettings()).edges
+    assert edges.grouped and edges.scores["k"].shape == (30, 9, 30, 3)
+    for edge, score, patched in edges.checked:
+        assert np.sign(score) == np.sign(patched), (edges.name(edge), score, patched)
+    for edge, score, patched in edges.checked[:5]:
+        assert abs(score - patched) < 0.05, (edges.name(edge), score, patched)

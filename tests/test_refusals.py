@@ -58,6 +58,10 @@ REFUSALS = {
     "patch the same text twice": ["patch", "The cat", "--corrupt", "The cat", "--answer", " sat", "--wrong", " ran"],
     "patch the same token twice": ["patch", "The cat", "--corrupt", "The dog", "--answer", " sat", "--wrong", " sat"],
     "patch an encoder": ["patch", "The cat", "--corrupt", "The dog", "--answer", "sat", "--wrong", "ran"],
+    "patch edges of an encoder": ["patch", "The cat", "--corrupt", "The dog", "--answer", "sat", "--wrong", "ran", "--edges"],
+    "patch edges with no ig steps": ["patch", "The cat", "--corrupt", "The dog", "--answer", " sat", "--wrong", " ran", "--edges", "--ig", "0"],
+    "patch ig without edges": ["patch", "The cat", "--corrupt", "The dog", "--answer", " sat", "--wrong", " ran", "--ig", "4"],
+    "patch checked edges without edges": ["patch", "The cat", "--corrupt", "The dog", "--answer", " sat", "--wrong", " ran", "--checked-edges", "3"],
 }
 
 
@@ -102,6 +106,9 @@ def test_the_issues_refusals_read_as_flags(args, flags, tmp_path, capsys):
         (lambda: attnviz.generate("The cat", model="bundled", tokens=0), "tokens=0: generate makes at least 1 token"),
         (lambda: attnviz.patch("The cat", corrupt="The cat", answer=" sat", wrong=" ran", model="bundled"), "the clean text and the corrupt text are the same"),
         (lambda: attnviz.patch("The cat", corrupt="The dog", answer=" sat", wrong=" sat", model="bundled"), "answer and wrong are the same token"),
+        (lambda: attnviz.patch("The cat", corrupt="The dog", answer=" sat", wrong=" ran", model="bundled", edges=True, ig=0), "ig=0: EAP-IG averages"),
+        (lambda: attnviz.patch("The cat", corrupt="The dog", answer=" sat", wrong=" ran", model="bundled", ig=3), "ig=3 goes with edges=True"),
+        (lambda: attnviz.patch("The cat", corrupt="The dog", answer="sat", wrong="ran", model="bundled", edges=True), "edges=True needs a decoder"),
     ],
 )  # fmt: skip
 def test_the_api_names_options_as_keywords(call, keywords):

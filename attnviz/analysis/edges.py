@@ -146,13 +146,13 @@ class ReadOut:
 def check_edges(loaded, stack) -> None:
     """Edges need a stream that is a sum of the heads' outputs, read by each layer through its own norm: a pre-norm
     decoder whose adapter names that norm. Refused otherwise, in one line, before any pass."""
-    from attnviz.errors import AttnvizError
+    from attnviz.errors import AttnvizError, option
     from attnviz.models.families import DECODER
 
     family = loaded.family
     if family.kind != DECODER or family.attention_norm is None or loaded.is_bert:
         raise AttnvizError(
-            f"--edges needs a decoder that normalises each layer's input before its attention (Llama, Qwen, SmolLM2, "
+            f"{option('edges', True)} needs a decoder that normalises each layer's input before its attention (Llama, Qwen, SmolLM2, "
             f"GPT-2): {loaded.name} is a {family.kind} of the {family.name} family, whose heads reach later layers "
             "through post-norms or cross-attention, not as a sum in one residual stream"
         )
@@ -211,9 +211,8 @@ def _input_gradients(loaded, spec, clean, corrupted, read: ReadOut, steps: int):
     corrupted run (the first layer's input interpolated towards the clean one's with steps > 1)."""
     import torch
 
-    from attnviz.analysis.patching import projection_slice
-    from attnviz.models.capture import hook_layers
-
+    from attnviz.models.capture import hook_layers, projection_slice
+    
     model, stack = loaded.model, spec.stack
     num_layers = loaded.num_layers_of(stack)
     norms = [attention_norm(loaded, layer, stack) for layer in range(num_layers)]
@@ -272,7 +271,7 @@ def _path_patched(loaded, spec, corrupted, read: ReadOut, written, edge: Edge) -
     """m of the corrupted run with the sender's written (L, H, N, D) difference added to the receiver's input alone."""
     import torch
 
-    from attnviz.analysis.patching import projection_slice
+    from attnviz.models.capture import projection_slice
 
     model, stack = loaded.model, spec.stack
     added = written[edge.sender]  # (N, D) float64

@@ -317,18 +317,6 @@ def token_id(loaded, stack, given: str, name: str) -> int:
     return ids[0]
 
 
-def projection_slice(model, stack, layer: int, component: str):
-    """(module, first feature, heads, d) of layer's W_q, W_k or W_v output (a fused one: GPT-2's c_attn): head i's
-    part of the module's output is features first + i * d to first + (i + 1) * d (heads: H for q, H_kv for k, v)."""
-    weights = model.attention_weights(layer, stack)
-    role = {"q": "w_q", "k": "w_k", "v": "w_v"}[component]
-    module = model.get_submodule(weights.names[role])
-    inner, kv_inner = weights.num_heads * weights.head_dim, weights.num_kv_heads * weights.head_dim
-    first = {"w_q": 0, "w_k": inner, "w_v": inner + kv_inner}[role] if weights.fused_qkv else 0
-    count = weights.num_heads if role == "w_q" else weights.num_kv_heads
-    return module, first, count, weights.head_dim
-
-
 class _Patched:
     """The corrupted run from layer L on, copies of it with one head's part from the clean run."""
 
@@ -382,6 +370,8 @@ class _Patched:
         import torch
 
         from attnviz.analysis.effect import one_head_each
+
+        from attnviz.models.capture import projection_slice
 
         module, first, count, head_dim = projection_slice(self.loaded.model, self.spec.stack, layer, component)
         clean = clean_outputs[layer][0, :, first : first + count * head_dim]  # (N, n * d)

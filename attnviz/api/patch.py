@@ -19,7 +19,7 @@ from attnviz.spec import RunSpec
 @takes_options(PATCH_OPTIONS)
 def patch(
     text: str, *, corrupt: str, answer: str, wrong: str, position: int | None = None, per_position: bool = False,
-    component: str = "out", progress=None, **options,
+    component: str = "out", edges: bool = False, ig: int | None = None, checked_edges: int = 10, progress=None, **options,
 ):  # fmt: skip
     """Which heads carry the answer (a PatchResult): each head of a decoder (an encoder-decoder's decoder; an encoder
     saved with its masked-LM head) patched from the clean text into corrupt, a text of the same length, scored by
@@ -28,7 +28,10 @@ def patch(
     restored (Wang et al. 2022); and each head's direct logit attribution on the clean run (analysis/patching.py,
     analysis/attribution.py). component: what of the head is patched, "out" (its output), "q", "k", "v" (through
     its key/value head with grouped-query attention) or "pattern"; the output's scores are always there.
-    per_position: also the most affecting heads patched one position at a time. answer and wrong are single tokens
+    per_position: also the most affecting heads patched one position at a time. edges: also every edge between
+    heads (a sender head's output into a later head's q, k or v input, and into the read-out) by edge attribution
+    patching, with ig its EAP-IG steps, and the checked_edges of largest |score| checked by path patching
+    (analysis/edges.py; a pre-norm decoder's). answer and wrong are single tokens
     of the model's, as text (" Mary"). options: model, device, dtype, truncate, allow_pickle.
     progress(n), when given, is called after each n heads patched (a layer's at a time), then, with per_position,
     after each of the most affecting heads patched position by position; a progress that also has .stage(what,
@@ -45,6 +48,7 @@ def patch(
         raise AttnvizError(f"{option('position', position)}: give a position from 0, the text's first token")
     must_be_bool("per_position", per_position)
     must_be_one_of("component", component, tuple(COMPONENTS))
+    settings = edge_settings(must_be_bool("edges", edges), must_be_int("ig", ig, none=True), must_be_int("checked_edges", checked_edges))
     progress = must_be_progress(progress)
     check_texts(text, corrupt, answer, wrong)
     handle = options.load()
@@ -52,8 +56,25 @@ def patch(
     components = ("out",) if component == "out" else ("out", component)
     captures: dict = {}  # each text's one pass: the report is made of them
     with naming_the_bundled_decoder(handle):  # the default's offline stand-in has no masked-LM head: refused first
-        patching = patch_heads(handle.loaded, text, corrupt, answer, wrong, spec, position, components, per_position, progress, captures)
+        patching = patch_heads(
+            handle.loaded, text, corrupt, answer, wrong, spec, position, components, per_position, progress, captures, settings
+        )  # fmt: skip
     return PatchResult(patching, spec, handle.loaded, patch_report(handle.loaded, patching, spec, captures))
+
+
+def edge_settings(edges: bool, ig: int | None, checked: int):
+    """The EdgeSettings of patch's edges, ig and checked_edges (None without edges), checked before the model loads."""
+    from attnviz.analysis.edges import CHECKED, EdgeSettings
+
+    if not edges:
+        if ig is not None or checked != CHECKED:
+            raise AttnvizError(f"{option('ig' if ig is not None else 'checked_edges', ig if ig is not None else checked)} goes with {option('edges', True)}: the edges between heads")
+        return None
+    if ig is not None and ig < 1:
+        raise AttnvizError(f"{option('ig', ig)}: EAP-IG averages the gradient over at least 1 point (1 is EAP itself)")
+    if checked < 0:
+        raise AttnvizError(f"{option('checked_edges', checked)}: give how many top edges to check by path patching, 0 or more")
+    return EdgeSettings(ig, checked)
 
 
 def patch_report(loaded, patching, spec: RunSpec, captures: dict):
@@ -90,21 +111,34 @@ class PatchResult:
     def top(self) -> list[tuple[int, int]]:
         return self.patching.top
 
+    @property
+    def edges(self):
+        """analysis.edges.Edges (with edges=True): .scores["q"], ["k"], ["v"] (L, H, L, H or H_kv), ["logits"] (L, H),
+        normalised; .checked, the top edges with their path patching; .ranked(); else None."""
+        return self.patching.edges
+
     def figure(self, which: str = "grid"):
-        """"grid": patch.png, every layer × head; "positions": patch_positions.png (with per_position)."""
+        """"grid": patch.png, every layer × head; "positions": patch_positions.png (with per_position); "edges":
+        edges.png (with edges)."""
         from attnviz.render.patch_figures import patching_figure, positions_figure
 
         if which == "grid":
             return patching_figure(self.patching)
+        if which == "edges":
+            if self.patching.edges is None:
+                raise AttnvizError(f"no edges: call attnviz.patch with {option('edges', True)}")
+            from attnviz.render.edge_figures import edges_figure
+
+            return edges_figure(self.patching)
         if which != "positions":
-            raise AttnvizError(f"unknown figure {which!r}: choose grid or positions")
+            raise AttnvizError(f"unknown figure {which!r}: choose grid, positions or edges")
         if not self.patching.per_position:
             raise AttnvizError(f"no per-position scores: call attnviz.patch with {option('per_position', True)}")
         return positions_figure(self.patching)
 
     def save(self, folder: str | Path, format: str = "png") -> list[Path]:
         """Write what `attnviz patch --out folder` writes: patch.<format> (patch_positions.<format>), patch.json,
-        report.html."""
+        (with edges: edges.<format>, edges.json), report.html."""
         return save_run_files(folder, lambda staging: self.write_files(staging, format), format)
 
     def write_files(self, folder: Path, format: str = "png") -> list[Path]:
@@ -112,6 +146,11 @@ class PatchResult:
         from attnviz.render.patch_figures import write_patching_figures
 
         written = [*write_patching_figures(self.patching, folder, format), write_patch_json(self.patching, self.spec, folder / "patch.json")]
+        if self.patching.edges is not None:
+            from attnviz.output.edges_json import write_edges_json
+            from attnviz.render.edge_figures import write_edges_figure
+
+            written += [write_edges_figure(self.patching, folder, format), write_edges_json(self.patching, self.spec, folder / "edges.json")]
         return [*written, *self.report().write_files(folder)]
 
     def report(self):
@@ -129,6 +168,10 @@ class PatchResult:
 
         printed = display.Printed(options.max_width)
         print_patching(printed, self.patching)
+        if self.patching.edges is not None:
+            from attnviz.render.edge_figures import print_edges
+
+            print_edges(printed, self.patching)
         yield printed.group()
 
     def __rich__(self):
@@ -147,6 +190,7 @@ class PatchResult:
             display.figure_html(self.figure(), "every layer × head"),
             display.table_html(["layer", "head", *p.scores, "direct"], rows, metric_words(p)),
             *([display.figure_html(self.figure("positions"), "the most affecting heads by position")] if p.per_position else []),
+            *([display.figure_html(self.figure("edges"), "the top edges")] if p.edges is not None else []),
         ]
         return display.result_html(f"{p.model} · {p.text} ← {p.corrupt_text}", *parts)
 

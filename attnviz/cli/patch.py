@@ -45,6 +45,12 @@ def patch(
         help="What of each head is patched: its output, its query, its key or value (through its key/value head with "
         "grouped-query attention: a group's heads share the score), or its map (the clean map over the corrupted values).",
     ),
+    edges: bool = typer.Option(
+        False, "--edges", help="Also every edge between heads (a head's output into a later head's q, k or v input, and "
+        "into the logits) by edge attribution patching, the top ones checked by path patching (edges.png, edges.json)."
+    ),
+    ig: Optional[int] = typer.Option(None, "--ig", max=MAX_COUNT, metavar="N", help="With --edges: EAP-IG, the gradient averaged over N inputs between the corrupted and the clean one."),
+    checked_edges: int = typer.Option(10, "--checked-edges", max=MAX_COUNT, metavar="N", help="With --edges: how many top edges path patching checks."),
     model: Optional[str] = PatchModelOption,
     device: Device = DeviceOption,
     dtype: Dtype = DtypeOption,
@@ -57,14 +63,14 @@ def patch(
     """Every layer × head of a decoder (an encoder-decoder's decoder) patched from the clean text into the corrupted
     one: (m_patched - m_corrupt) / (m_clean - m_corrupt), m = logit(answer) - logit(wrong), 0 no effect, 1 the
     clean answer restored (Wang et al. 2022); beside it each head's direct logit attribution on the clean run.
-    Writes patch.png, patch_positions.png (--per-position) and patch.json."""
+    Writes patch.png, patch_positions.png (--per-position), patch.json, and with --edges edges.png and edges.json."""
     from attnviz.api.patch import patch as patch_heads
 
     def compute(options):
         with progress_bar(console) as bar:  # the heads patched, then (--per-position) the positions' heads
             return patch_heads(
                 text, corrupt=corrupt, answer=answer, wrong=wrong, position=position, per_position=per_position,
-                component=component.value, progress=bar, **options.keywords(),
+                component=component.value, edges=edges, ig=ig, checked_edges=checked_edges, progress=bar, **options.keywords(),
             )  # fmt: skip
 
     options = run_options(model=model, device=device, dtype=dtype, truncate=truncate, allow_pickle=allow_pickle)

@@ -35,6 +35,18 @@ from attnviz.models.layer_runs import LayerStack, Recorded
 PROJECTIONS = ("q", "k", "v")
 
 
+def projection_slice(model, stack, layer: int, component: str) -> tuple[nn.Module, int, int, int]:
+    """(module, first feature, heads, d) of layer's W_q, W_k or W_v output (a fused one: GPT-2's c_attn): head i's
+    part of the module's output is features first + i * d to first + (i + 1) * d (heads: H for q, H_kv for k, v)."""
+    weights = model.attention_weights(layer, stack)
+    role = {"q": "w_q", "k": "w_k", "v": "w_v"}[component]
+    module = model.get_submodule(weights.names[role])
+    inner, kv_inner = weights.num_heads * weights.head_dim, weights.num_kv_heads * weights.head_dim
+    first = {"w_q": 0, "w_k": inner, "w_v": inner + kv_inner}[role] if weights.fused_qkv else 0
+    count = weights.num_heads if role == "w_q" else weights.num_kv_heads
+    return module, first, count, weights.head_dim
+
+
 @dataclass(frozen=True)
 class Wanted:
     """What the stages of one call ask of its pass: x of `layers`, and of every layer each role set here."""

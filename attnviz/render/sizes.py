@@ -47,6 +47,8 @@ FIGURE_MAX_PX = {
     "value_zeroing_layers": (CAP, CAP),
     # summary_figures: 3 × 2 panels of 4.4 × 3.6 inches and a title inch, whatever the layers, heads or tokens
     "summaries": (1584, 984),
+    # edge_figures.edges_figure: 0.8 inch a head, 0.7 a layer, shrunk evenly to the cap
+    "edges": (CAP, CAP),
     # window_figures: at most 512 cells a side, at least 3 px a cell, labels and a colour bar
     "window_head_XX": (1920, 1800),
 }
