@@ -276,3 +276,25 @@ def test_smollm2s_top_edges_agree_with_path_patching_on_an_indirect_object_pair(
         assert np.sign(score) == np.sign(patched), (edges.name(edge), score, patched)
     for edge, score, patched in edges.checked[:5]:
         assert abs(score - patched) < 0.05, (edges.name(edge), score, patched)
+
+
+def test_the_reports_edges_view_draws_the_top_edges_and_reads_out_both_numbers(decoder, tmp_path, opened):
+    """report.html of `attnviz patch --edges` has an Edges view: the DRAWN largest edges as lines, the checked edges'
+    table with both numbers, and a line's numbers read out as it is hovered."""
+    import attnviz
+    from attnviz.analysis.edges import DRAWN
+
+    clean, corrupt, answer, wrong = TINY
+    result = attnviz.patch(clean, corrupt=corrupt, answer=answer, wrong=wrong, model=str(decoder), device="cpu", edges=True, checked_edges=4)
+    page = opened(result.report().save(tmp_path / "report")[0])
+    page.page.click("#tab-edges")
+    page.page.wait_for_selector("#edges-graph", state="attached")
+    edges = result.edges
+    assert page.page.eval_on_selector_all("#edges-graph line.edges-edge", "lines => lines.length") == min(DRAWN, len(edges.ranked()))
+    signed = lambda value: f"{value:+.3f}"  # noqa: E731
+    rows = page.page.eval_on_selector_all("#edges-table tbody tr", "rows => rows.map((row) => Array.from(row.cells, (cell) => cell.textContent))")
+    expected = [[*edges.name(edge).split(" -> "), signed(score), signed(patched)] for edge, score, patched in edges.checked]
+    assert rows == expected
+    sender, receiver = expected[0][:2]
+    page.page.dispatch_event(f"#edges-graph line.edges-edge[data-sender='{sender}'][data-receiver='{receiver}']", "mouseenter")
+    assert page.texts("#edges-readout")[0] == f"{sender} → {receiver} · score {expected[0][2]} · path patched {expected[0][3]}"

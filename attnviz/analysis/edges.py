@@ -62,6 +62,7 @@ PATCHED = (
     "alone (every other path from the sender left corrupt), minus m_corrupt, divided by m_clean - m_corrupt"
 )
 CHECKED = 10  # the edges checked by path patching, by |score|
+DRAWN = 30  # the edges edges.png and the report's Edges view draw, by |score|
 
 
 @dataclass(frozen=True)

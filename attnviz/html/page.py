@@ -48,7 +48,8 @@ GENERATE_SCRIPTS = ("generate_view.js",)  # a report of `attnviz generate` (a "g
 # and patch, the requests) before main.js; any view registered in SCRIPTS shows up there too.
 EXPLORER_SCRIPTS = ("summaries_view.js", "roles_view.js", "patch_view.js", "explorer.js")
 ROLES_SCRIPTS = ("roles_view.js",)  # a report of `attnviz roles` (a text with "roles"): the Roles view, shown first
-PATCH_SCRIPTS = ("patch_view.js",)  # a report of `attnviz patch` (a "patch"): the Patching view, shown first
+# a report of `attnviz patch` (a "patch"): the Patching view, shown first; the Edges view beside it (with --edges)
+PATCH_SCRIPTS = ("patch_view.js", "edges_view.js")
 STYLES = ("report.css",)
 TEMPLATE = "report.html"
 TITLE_CHARS = 60

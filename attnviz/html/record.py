@@ -238,7 +238,30 @@ def patching_of(patching, corrupt_runs: list[AttentionRun], spec: RunSpec) -> di
     full = patch_record(patching, spec)
     stacked = np.stack([run.attention for run in corrupt_runs])  # (L, H, N, N)
     layers = encode_exact(stacked) if stacked.size <= MAX_EXACT_VALUES else encode_quantised(stacked)
-    return {name: value for name, value in full.items() if name not in ("format", "version", "settings")} | {"corrupt_layers": layers}
+    kept = {name: value for name, value in full.items() if name not in ("format", "version", "settings")} | {"corrupt_layers": layers}
+    return kept | ({"edges": edges_of(patching, spec)} if patching.edges is not None else {})
+
+
+def edges_of(patching, spec: RunSpec) -> dict:
+    """The Edges view's data: edges.json's object but its every edge's scores, in their place the edges edges.png
+    draws (analysis/edges.DRAWN of largest |score|), each as edges.json's checked entries are, path_patched
+    where it was checked (else null)."""
+    from attnviz.analysis.edges import DRAWN, node_name, receiver_name
+    from attnviz.output.edges_json import edges_record
+
+    edges = patching.edges
+    full = edges_record(patching, spec)
+    checked = {edge: patched for edge, _, patched in edges.checked}
+    top = [
+        {
+            "sender": node_name(*edge.sender), "sender_layer": edge.sender[0], "sender_head": edge.sender[1],
+            "receiver": receiver_name(edge, edges.grouped), "receiver_layer": edge.layer, "receiver_head": edge.head,
+            "input": edge.input, "score": round(edges.score(edge), 6),
+            "path_patched": None if edge not in checked else round(float(checked[edge]), 6),
+        }
+        for edge in edges.ranked()[:DRAWN]
+    ]  # fmt: skip
+    return {name: value for name, value in full.items() if name not in ("format", "version", "settings", "scores")} | {"top": top}
 
 
 def generation_of(generation, rows_are: str = "chosen") -> dict:

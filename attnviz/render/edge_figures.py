@@ -15,7 +15,6 @@ from attnviz.render.heatmap import check_format, new_figure, save_figure
 from attnviz.render.patch_figures import _Titled, metric_words
 from attnviz.render.summary_figures import _title
 
-DRAWN = 30  # the edges edges.png draws, by |score|
 INPUT_STYLES = {"q": "-", "k": "--", "v": ":", "logits": "-"}
 
 
@@ -41,6 +40,8 @@ def edges_figure(patching, seed: int | None = None):
     line style by input (q solid, k dashed, v dotted); the checked edges labelled score | path patched."""
     from matplotlib import colormaps
     from matplotlib.lines import Line2D
+
+    from attnviz.analysis.edges import DRAWN
 
     edges = patching.edges
     num_layers, num_heads = edges.scores["logits"].shape
