@@ -175,7 +175,7 @@ def circuit_edges(
     with torch.inference_mode():
         written = torch.stack([_written(clean.recorded, corrupted.recorded, layer, each) for layer, each in enumerate(weights)])  # (L, H, N, D)
     ig = settings.ig
-    gradients, final = _input_gradients(loaded, spec, clean.recorded, corrupted.recorded, read, ig or 1)
+    gradients, final = _input_gradients(loaded, spec, weights, clean.recorded, corrupted.recorded, read, ig or 1)
     scale = 1.0 / (m_clean - m_corrupt)
     scores = {}
     for role, count in (("q", num_heads), ("k", num_kv), ("v", num_kv)):
@@ -188,7 +188,7 @@ def circuit_edges(
     chosen = edges.ranked()[: settings.checked]
     advance = progress.counting("edges checked by path patching", len(chosen))
     for edge in chosen:
-        patched = _path_patched(loaded, spec, corrupted, read, written, edge)
+        patched = _path_patched(loaded, spec, weights[edge.layer] if edge.layer is not None else None, corrupted, read, written, edge)
         edges.checked.append((edge, edges.score(edge), (patched - m_corrupt) * scale))
         advance(1)
     return edges
@@ -206,18 +206,19 @@ def _written(clean, corrupted, layer: int, weights):
     return torch.einsum("nhd,Dhd->hnD", z, w_o.view(w_o.shape[0], weights.num_heads, weights.head_dim))
 
 
-def _input_gradients(loaded, spec, clean, corrupted, read: ReadOut, steps: int):
+def _input_gradients(loaded, spec, weights: list, clean, corrupted, read: ReadOut, steps: int):
     """dm/d(each receiver's copy of its input), averaged over the steps' copies: ([layer]{"q": (N, H, D), "k", "v":
     (N, H_kv, D)}, the final norm's input's (N, D)), all float64, from one forward and one backward pass of the
-    corrupted run (the first layer's input interpolated towards the clean one's with steps > 1)."""
+    corrupted run (the first layer's input interpolated towards the clean one's with steps > 1). weights: each
+    layer's AttentionWeights."""
     import torch
 
     from attnviz.models.capture import hook_layers, projection_slice
-    
+
     model, stack = loaded.model, spec.stack
-    num_layers = loaded.num_layers_of(stack)
+    num_layers = len(weights)
     norms = [attention_norm(loaded, layer, stack) for layer in range(num_layers)]
-    slices = [{role: projection_slice(model, stack, layer, role) for role in ("q", "k", "v")} for layer in range(num_layers)]
+    slices = [{role: projection_slice(model, each, role) for role in ("q", "k", "v")} for each in weights]
     modules = [list({id(each[0]): each[0] for each in layer.values()}.values()) for layer in slices]  # fused: c_attn once
     entering = {}, {}, []  # the norms' inputs, the projections' outputs by (layer, module), the final norm's input
     start, end = (each.entering(0).detach().clone().double() for each in (corrupted, clean))  # (1, N, D)
@@ -239,26 +240,27 @@ def _input_gradients(loaded, spec, clean, corrupted, read: ReadOut, steps: int):
     grads = torch.autograd.grad(read.metric(last).sum(), [outputs[key] for key in keys] + [final[0]])
     by_key = dict(zip(keys, grads[:-1]))
     gradients = []
-    for layer in range(num_layers):
-        x = inputs[layer].detach()  # (C, N, D): the stream entering the layer's norm
-        per_role = {}
+    for layer, each in enumerate(weights):
+        rows = {"q": each.w_q[0], "k": each.w_k[0], "v": each.w_v[0]}  # (n * d, D) each, nn.Linear's layout
+        # dm/d(norm output) for each receiver alone: head i's gradient at its d features through its rows, (C, N, n, D)
+        through = {}
         for role, (module, offset, count, head_dim) in slices[layer].items():
-            per_role[role] = _through_norm(norms[layer], module, x, by_key[(layer, id(module))], offset, count, head_dim)
-        gradients.append(per_role)
+            grad = by_key[(layer, id(module))][..., offset : offset + count * head_dim]  # (C, N, n * d)
+            per_head = grad.reshape(*grad.shape[:2], count, head_dim)  # (C, N, n, d)
+            through[role] = torch.einsum("cnhd,hdD->cnhD", per_head, rows[role].view(count, head_dim, -1).to(grad.dtype))
+        together = _through_norm(norms[layer], inputs[layer].detach(), torch.cat(list(through.values()), dim=2))
+        gradients.append(dict(zip(through, together.split([part.shape[2] for part in through.values()], dim=1))))
     return gradients, grads[-1].double().mean(dim=0)
 
 
-def _through_norm(norm, module, x, grad, offset: int, count: int, head_dim: int):
-    """(N, n, D) float64: dm/d(head i's own copy of x) for each of the n heads, J_norm(x)^T W[i]^T dm/dy_i, by autograd
-    through the model's own norm and projection over n copies of x; mean over the C copies (EAP-IG's steps)."""
+def _through_norm(norm, x, wanted):
+    """(N, R, D) float64: J_norm(x)^T wanted for each of R receivers' own copy of x (C, N, D), wanted (C, N, R, D), by
+    autograd through the model's own norm module over R copies; the mean over the C copies (EAP-IG's steps)."""
     import torch
 
     with torch.inference_mode(False), torch.enable_grad():
-        copies = x.unsqueeze(2).expand(*x.shape[:2], count, x.shape[-1]).clone().requires_grad_(True)  # (C, N, n, D)
-        y = module(norm(copies))  # (C, N, n, features)
-        own = torch.stack([y[:, :, i, offset + i * head_dim : offset + (i + 1) * head_dim] for i in range(count)], dim=2)  # (C, N, n, d)
-        wanted = grad[..., offset : offset + count * head_dim].reshape(*grad.shape[:2], count, head_dim)  # (C, N, n, d)
-        (result,) = torch.autograd.grad(own, copies, wanted)
+        copies = x.unsqueeze(2).expand(*wanted.shape).clone().requires_grad_(True)  # (C, N, R, D)
+        (result,) = torch.autograd.grad(norm(copies), copies, wanted.to(x.dtype))
     return result.double().mean(dim=0)
 
 
@@ -268,8 +270,9 @@ def attention_norm(loaded, layer: int, stack):
     return loaded.model.get_submodule(family.attention_norm.format(index=family.stored_index(loaded.model.config, layer, stack)))
 
 
-def _path_patched(loaded, spec, corrupted, read: ReadOut, written, edge: Edge) -> float:
-    """m of the corrupted run with the sender's written (L, H, N, D) difference added to the receiver's input alone."""
+def _path_patched(loaded, spec, weights, corrupted, read: ReadOut, written, edge: Edge) -> float:
+    """m of the corrupted run with the sender's written (L, H, N, D) difference added to the receiver's input alone
+    (weights: the receiver layer's AttentionWeights)."""
     import torch
 
     from attnviz.models.capture import projection_slice
@@ -281,7 +284,7 @@ def _path_patched(loaded, spec, corrupted, read: ReadOut, written, edge: Edge) -
             final = model.layer_stack(stack).final
             entered = corrupted.captured.final_in
             return float(read.metric(final(entered + added.to(entered.dtype)))[0])
-        module, offset, _, head_dim = projection_slice(model, stack, edge.layer, edge.input)
+        module, offset, _, head_dim = projection_slice(model, weights, edge.input)
         x = corrupted.recorded.entering(edge.layer)  # (1, N, D): the stream entering the receiver's layer
         part = slice(offset + edge.head * head_dim, offset + (edge.head + 1) * head_dim)
         replacement = module(attention_norm(loaded, edge.layer, stack)(x + added.to(x.dtype)))[..., part]

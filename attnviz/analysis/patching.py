@@ -370,10 +370,10 @@ class _Patched:
         import torch
 
         from attnviz.analysis.effect import one_head_each
-
         from attnviz.models.capture import projection_slice
 
-        module, first, count, head_dim = projection_slice(self.loaded.model, self.spec.stack, layer, component)
+        model = self.loaded.model
+        module, first, count, head_dim = projection_slice(model, model.attention_weights(layer, self.spec.stack), component)
         clean = clean_outputs[layer][0, :, first : first + count * head_dim]  # (N, n * d)
         num_tokens = clean.shape[0]
         per_head = clean.view(num_tokens, count, head_dim).transpose(0, 1)  # (n, N, d)

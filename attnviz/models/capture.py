@@ -35,10 +35,10 @@ from attnviz.models.layer_runs import LayerStack, Recorded
 PROJECTIONS = ("q", "k", "v")
 
 
-def projection_slice(model, stack, layer: int, component: str) -> tuple[nn.Module, int, int, int]:
-    """(module, first feature, heads, d) of layer's W_q, W_k or W_v output (a fused one: GPT-2's c_attn): head i's
-    part of the module's output is features first + i * d to first + (i + 1) * d (heads: H for q, H_kv for k, v)."""
-    weights = model.attention_weights(layer, stack)
+def projection_slice(model, weights, component: str) -> tuple[nn.Module, int, int, int]:
+    """(module, first feature, heads, d) of a layer's W_q, W_k or W_v output (a fused one: GPT-2's c_attn), weights its
+    AttentionWeights (model.attention_weights): head i's part of the module's output is features first + i * d to
+    first + (i + 1) * d (heads: H for q, H_kv for k, v)."""
     role = {"q": "w_q", "k": "w_k", "v": "w_v"}[component]
     module = model.get_submodule(weights.names[role])
     inner, kv_inner = weights.num_heads * weights.head_dim, weights.num_kv_heads * weights.head_dim
