@@ -28,6 +28,11 @@ DECODERS = {
         transformers.LlamaConfig(num_key_value_heads=2, tie_word_embeddings=False, **{**_DECODER, "num_hidden_layers": 3}),
         transformers.LlamaForCausalLM, lambda: bpe_tokenizer(bos=True),
     ),  # fmt: skip
+    # Qwen3: an RMSNorm over each head's q and k after the projections, head size 16 set apart from 48 / 6
+    "qwen3": lambda: (
+        transformers.Qwen3Config(num_key_value_heads=2, head_dim=16, tie_word_embeddings=False, **{**_DECODER, "num_hidden_layers": 3}),
+        transformers.Qwen3ForCausalLM, lambda: bpe_tokenizer(bos=True),
+    ),  # fmt: skip
     # fused c_attn, Conv1D weights, LayerNorm, learned positions; lm_head tied to wte
     "gpt2": lambda: (
         transformers.GPT2Config(vocab_size=BPE_VOCAB, n_embd=32, n_layer=3, n_head=4, n_positions=64),
@@ -72,7 +77,7 @@ class Reference:
         self.gpt2 = config.model_type == "gpt2"
         self.num_heads = config.num_attention_heads
         self.num_kv = getattr(config, "num_key_value_heads", None) or self.num_heads
-        self.head_dim = config.hidden_size // self.num_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
         self.layers = self.model.transformer.h if self.gpt2 else self.model.model.layers
         self.final = self.model.transformer.ln_f if self.gpt2 else self.model.model.norm
         self.written = self._written()  # (L, H, N, D): out_clean - out_corrupt
