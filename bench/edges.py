@@ -2,7 +2,9 @@
 
     python bench/edges.py [--ig 5] [--repeat 3]
 
-Each the best of --repeat after a warm-up, in one process:
+In one process, after a warm-up of each, --repeat rounds, each timing all of these one after the other (a busy
+machine's load then weighs on each alike); each one's best wall time and best process CPU time (time.process_time:
+what the load steals from a 2-core machine is wall time, less CPU time) are kept:
 - one forward and backward pass of transformers' model: AutoModelForCausalLM (SDPA, float32) over the corrupted text,
   m = logit(answer) - logit(wrong) at the last position, m.backward() (the parameters' gradients included, as a
   training step's backward takes them), the unit of the budget;
@@ -10,23 +12,26 @@ Each the best of --repeat after a warm-up, in one process:
   (analysis.patching.text_pass: patch's own, counted here): every edge's score, budget 3 passes;
 - EAP-IG with --ig N steps the same way: budget N + 2 passes;
 - path patching of the top 10 edges (the default --checked-edges), on top of EAP.
-Prints one JSON line.
+The ratios are of the best times, wall and CPU. Prints one JSON line.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from patch_budget import ANSWER, CLEAN, CORRUPT, WRONG  # noqa: E402
-from timing import best_of, peak_mb  # noqa: E402
+from timing import peak_mb  # noqa: E402
 
 
 def main() -> None:
@@ -56,9 +61,6 @@ def main() -> None:
         logits = model(corrupt_ids, use_cache=False).logits[0, -1]
         (logits[answer] - logits[wrong]).backward()
 
-    pass_s = best_of(forward_backward, args.repeat * 3)
-    del model
-
     loaded = load_model("smollm2", device="cpu")
     spec = RunSpec("smollm2", loaded.name, loaded.source, device="cpu")
     weight, _ = loaded.model.output_head()
@@ -71,17 +73,29 @@ def main() -> None:
         return circuit_edges(loaded, spec, clean, corrupted, read, m_clean, m_corrupt, settings)
 
     found = edges(EdgeSettings(checked=0))
-    count = sum(int(torch.isfinite(torch.from_numpy(values)).sum()) for values in found.scores.values())
-    eap_s = best_of(lambda: edges(EdgeSettings(checked=0)), args.repeat)
-    ig_s = best_of(lambda: edges(EdgeSettings(ig=args.ig, checked=0)), args.repeat)
-    checked_s = best_of(lambda: edges(EdgeSettings()), args.repeat)
+    count = sum(int(np.isfinite(values).sum()) for values in found.scores.values())
+    runs = {
+        "forward_backward": forward_backward,
+        "eap": lambda: edges(EdgeSettings(checked=0)),
+        "eap_ig": lambda: edges(EdgeSettings(ig=args.ig, checked=0)),
+        "eap_and_10_checked": lambda: edges(EdgeSettings()),
+    }
+    wall, cpu = {name: float("inf") for name in runs}, {name: float("inf") for name in runs}
+    for run in runs.values():
+        run()  # warm-up
+    for _ in range(args.repeat):
+        for name, run in runs.items():
+            start, start_cpu = time.perf_counter(), time.process_time()
+            run()
+            wall[name] = min(wall[name], time.perf_counter() - start)
+            cpu[name] = min(cpu[name], time.process_time() - start_cpu)
+    ratio = lambda times, name: round(times[name] / times["forward_backward"], 2)  # noqa: E731
     print(json.dumps({
-        "model": "SmolLM2-135M", "tokens": 20, "edges": count, "threads": torch.get_num_threads(),
-        "forward_backward_s": round(pass_s, 4),
-        "eap_s": round(eap_s, 3), "eap_passes": round(eap_s / pass_s, 2),
-        "ig_steps": args.ig, "eap_ig_s": round(ig_s, 3), "eap_ig_passes": round(ig_s / pass_s, 2),
-        "eap_and_10_checked_s": round(checked_s, 3), "path_patching_10_s": round(checked_s - eap_s, 3),
-        "peak_mb": round(peak_mb()),
+        "model": "SmolLM2-135M", "tokens": 20, "edges": count, "threads": torch.get_num_threads(), "ig_steps": args.ig,
+        "wall_s": {name: round(value, 3) for name, value in wall.items()}, "cpu_s": {name: round(value, 3) for name, value in cpu.items()},
+        "passes_wall": {name: ratio(wall, name) for name in ("eap", "eap_ig", "eap_and_10_checked")},
+        "passes_cpu": {name: ratio(cpu, name) for name in ("eap", "eap_ig", "eap_and_10_checked")},
+        "peak_mb": round(peak_mb()), "load_average": os.getloadavg(),
     }))  # fmt: skip
 
 

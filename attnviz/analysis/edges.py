@@ -107,14 +107,19 @@ class Edges:
             return float(values[edge.sender])
         return float(values[(*edge.sender, edge.layer, edge.head)])
 
-    def ranked(self) -> list[Edge]:
-        """Every edge, by |score|, largest first."""
+    def ranked(self, limit: int | None = None) -> list[Edge]:
+        """The edges by |score|, largest first (the first `limit` of them, or every edge)."""
+        names = list(self.scores)
+        where = [np.flatnonzero(np.isfinite(self.scores[name])) for name in names]  # each input's edges, flat indices
+        values = np.concatenate([self.scores[name].ravel()[flat] for name, flat in zip(names, where)])
+        owner = np.concatenate([np.full(len(flat), index) for index, flat in enumerate(where)])
+        flats = np.concatenate(where)
         found = []
-        for name, values in self.scores.items():
-            for index in np.argwhere(np.isfinite(values)):
-                index = tuple(int(i) for i in index)
-                found.append(Edge(index[:2], None, None, name) if name == "logits" else Edge(index[:2], index[2], index[3], name))
-        return sorted(found, key=lambda edge: -abs(self.score(edge)))
+        for at in np.argsort(-np.abs(values), kind="stable")[:limit]:
+            name = names[owner[at]]
+            index = tuple(int(i) for i in np.unravel_index(flats[at], self.scores[name].shape))
+            found.append(Edge(index[:2], None, None, name) if name == "logits" else Edge(index[:2], index[2], index[3], name))
+        return found
 
     def name(self, edge: Edge) -> str:
         return f"{node_name(*edge.sender)} -> {receiver_name(edge, self.grouped)}"
@@ -177,15 +182,17 @@ def circuit_edges(
     ig = settings.ig
     gradients, final = _input_gradients(loaded, spec, weights, clean.recorded, corrupted.recorded, read, ig or 1)
     scale = 1.0 / (m_clean - m_corrupt)
-    scores = {}
-    for role, count in (("q", num_heads), ("k", num_kv), ("v", num_kv)):
-        values = np.full((num_layers, num_heads, num_layers, count), np.nan)
-        for layer in range(1, num_layers):  # (l, h, N, D) . (N, n, D) -> (l, h, n) over the senders before it
-            values[:layer, :, layer] = torch.einsum("lhnD,nrD->lhr", written[:layer], gradients[layer][role]).cpu().numpy() * scale
-        scores[role] = values
-    scores["logits"] = torch.einsum("lhnD,nD->lh", written, final).cpu().numpy() * scale
+    roles = (("q", num_heads), ("k", num_kv), ("v", num_kv))
+    scores = {role: np.full((num_layers, num_heads, num_layers, count), np.nan) for role, count in roles}
+    senders = written.flatten(2)  # (L, H, N * D)
+    for layer in range(1, num_layers):  # the senders before it (l * H, N * D) @ its receivers (N * D, q's H + k's and v's H_kv)
+        receivers = torch.cat([gradients[layer][role] for role, _ in roles], dim=1)  # (N, R, D)
+        values = (senders[:layer].flatten(0, 1) @ receivers.transpose(1, 2).flatten(0, 1)).view(layer, num_heads, -1).cpu().numpy()
+        for (role, count), part in zip(roles, np.split(values * scale, np.cumsum([count for _, count in roles])[:-1], axis=2)):
+            scores[role][:layer, :, layer] = part
+    scores["logits"] = (senders @ final.flatten()).cpu().numpy() * scale  # (L, H)
     edges = Edges(scores, [], ig, num_heads, num_kv)
-    chosen = edges.ranked()[: settings.checked]
+    chosen = edges.ranked(settings.checked)
     advance = progress.counting("edges checked by path patching", len(chosen))
     for edge in chosen:
         patched = _path_patched(loaded, spec, weights[edge.layer] if edge.layer is not None else None, corrupted, read, written, edge)
@@ -247,7 +254,9 @@ def _input_gradients(loaded, spec, weights: list, clean, corrupted, read: ReadOu
         for role, (module, offset, count, head_dim) in slices[layer].items():
             grad = by_key[(layer, id(module))][..., offset : offset + count * head_dim]  # (C, N, n * d)
             per_head = grad.reshape(*grad.shape[:2], count, head_dim)  # (C, N, n, d)
-            through[role] = torch.einsum("cnhd,hdD->cnhD", per_head, rows[role].view(count, head_dim, -1).to(grad.dtype))
+            # (n, C * N, d) @ (n, d, D) -> (C, N, n, D)
+            product = per_head.flatten(0, 1).transpose(0, 1) @ rows[role].view(count, head_dim, -1).to(grad.dtype)
+            through[role] = product.transpose(0, 1).view(*grad.shape[:2], count, -1)
         together = _through_norm(norms[layer], inputs[layer].detach(), torch.cat(list(through.values()), dim=2))
         gradients.append(dict(zip(through, together.split([part.shape[2] for part in through.values()], dim=1))))
     return gradients, grads[-1].double().mean(dim=0)

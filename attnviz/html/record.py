@@ -259,7 +259,7 @@ def edges_of(patching, spec: RunSpec) -> dict:
             "input": edge.input, "score": round(edges.score(edge), 6),
             "path_patched": None if edge not in checked else round(float(checked[edge]), 6),
         }
-        for edge in edges.ranked()[:DRAWN]
+        for edge in edges.ranked(DRAWN)
     ]  # fmt: skip
     return {name: value for name, value in full.items() if name not in ("format", "version", "settings", "scores")} | {"top": top}
 

@@ -47,7 +47,7 @@ def edges_figure(patching, seed: int | None = None):
     num_layers, num_heads = edges.scores["logits"].shape
     figure = new_figure((max(6.0, 0.8 * num_heads + 2.5), 0.7 * (num_layers + 1) + 2.8))
     ax = figure.add_subplot(1, 1, 1)
-    drawn = edges.ranked()[:DRAWN]
+    drawn = edges.ranked(DRAWN)
     top = max((abs(edges.score(edge)) for edge in drawn), default=0.0) or 1.0
     colours = colormaps["RdBu_r"]
     checked = {edge: patched for edge, _, patched in edges.checked}
