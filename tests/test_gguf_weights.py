@@ -122,6 +122,7 @@ def test_a_gguf_files_run_says_what_it_stores(written):
 
     path, _, _ = written["Q4_K"]
     result = attnviz.heads(TEXT, model=str(path), device="cpu")
+    assert (result.spec.model_source, result.spec.resolved_model) == ("local file", str(path.resolve()))
     quantisation = result.to_dict()["quantisation"]
     assert quantisation["short"] == "Q4_K GGUF, dequantised"
     assert quantisation["tensor_types"] == {

@@ -86,14 +86,12 @@ class GGUFWeights(Mapping):
             reader = GGUFReader(str(self.path))
         except Exception as error:  # a truncated or garbled file: numpy's and gguf's errors, said in one line
             raise AttnvizError(f"cannot read the GGUF file {self.path}: {first_line(error) or type(error).__name__}") from error
-        # the metadata's fields are read here alone: kept, the vocabulary's hold 160 MB of small arrays for SmolLM2
-        self._fields = reader.fields
-        architecture = self._field("general.architecture")
+        fields = reader.fields  # read here alone, not kept: the vocabulary's are 160 MB of small arrays for SmolLM2
+        architecture = _value(fields, "general.architecture")
         if architecture != ARCHITECTURE:
             raise AttnvizError(f"cannot read the GGUF file {self.path}: its architecture is {architecture!r}; attnviz reads GGUF files of Llama's ({ARCHITECTURE!r})")
         self._tensors = {self._name_of(tensor.name): tensor for tensor in reader.tensors}  # memory-mapped, not read
-        self.config = self._read_config()
-        del self._fields
+        self.config = self._read_config(fields)
         self._check_types()
 
     # ---- the mapping -------------------------------------------------------------------------
@@ -147,10 +145,6 @@ class GGUFWeights(Mapping):
 
     # ---- the header ------------------------------------------------------------------------
 
-    def _field(self, key: str, default: Any = None) -> Any:
-        field = self._fields.get(key)
-        return default if field is None else field.contents()
-
     def _name_of(self, gguf_name: str) -> str:
         if gguf_name in MODEL_NAMES:
             return MODEL_NAMES[gguf_name]
@@ -164,29 +158,29 @@ class GGUFWeights(Mapping):
     def _shape(tensor) -> tuple[int, ...]:
         return tuple(int(size) for size in reversed(tensor.shape))  # ggml lists the fastest axis first
 
-    def _read_config(self) -> dict[str, Any]:
-        """LlamaConfig's keys from the metadata, as transformers' GGUF loader reads them."""
-        missing = [f"llama.{key}" for key in REQUIRED if f"llama.{key}" not in self._fields]
+    def _read_config(self, fields: Mapping) -> dict[str, Any]:
+        """LlamaConfig's keys from the metadata's fields, as transformers' GGUF loader reads them."""
+        missing = [f"llama.{key}" for key in REQUIRED if f"llama.{key}" not in fields]
         if missing:
             raise AttnvizError(f"cannot read the GGUF file {self.path}: its metadata has no {missing[0]}")
-        scaling = self._field("llama.rope.scaling.type", "none")
+        scaling = _value(fields, "llama.rope.scaling.type", "none")
         if scaling != "none":
             raise AttnvizError(f"cannot read the GGUF file {self.path}: its RoPE is scaled ({scaling}), which attnviz does not read from GGUF")
         config: dict[str, Any] = {"model_type": "llama", "architectures": ["LlamaForCausalLM"]}
         for key, name in CONFIG_KEYS.items():
-            if f"llama.{key}" in self._fields:
-                config[name] = self._field(f"llama.{key}")
+            if f"llama.{key}" in fields:
+                config[name] = _value(fields, f"llama.{key}")
         config.setdefault("num_key_value_heads", config["num_attention_heads"])
-        head_dim = self._field("llama.attention.key_length", self._field("llama.rope.dimension_count"))
+        head_dim = _value(fields, "llama.attention.key_length", _value(fields, "llama.rope.dimension_count"))
         config["head_dim"] = head_dim if head_dim is not None else config["hidden_size"] // config["num_attention_heads"]
         embeddings = self._tensors.get("model.embed_tokens.weight")
         if embeddings is None:
             raise AttnvizError(f"cannot read the GGUF file {self.path}: it holds no token embeddings (token_embd.weight)")
-        config["vocab_size"] = self._field("llama.vocab_size", self._shape(embeddings)[0])
+        config["vocab_size"] = _value(fields, "llama.vocab_size", self._shape(embeddings)[0])
         config["tie_word_embeddings"] = "lm_head.weight" not in self._tensors
         for key, name in TOKEN_IDS.items():
-            if f"tokenizer.ggml.{key}" in self._fields:
-                config[name] = self._field(f"tokenizer.ggml.{key}")
+            if f"tokenizer.ggml.{key}" in fields:
+                config[name] = _value(fields, f"tokenizer.ggml.{key}")
         return config
 
     def _check_types(self) -> None:
@@ -205,6 +199,12 @@ class GGUFWeights(Mapping):
                     f"cannot read the GGUF file {self.path}: its tensor {name} is stored as {tensor_type.name}, "
                     "which the gguf package cannot dequantise"
                 ) from None
+
+
+def _value(fields: Mapping, key: str, default: Any = None) -> Any:
+    """A metadata field's value (a number, a string, a list), or default where the file has no such key."""
+    field = fields.get(key)
+    return default if field is None else field.contents()
 
 
 def _unpermute(weight, num_heads: int):
