@@ -56,6 +56,8 @@ def main() -> None:
              f"{run_name} run, converted", median((run_name, "converted")), "-", None) for run_name in ("first", "later")]  # fmt: skip
     print_table(rows, argparse.Namespace(repeat=args.repeat, gpu=False))
     print()
+    for name, timing, baseline_name, baseline, _, _ in rows:  # the table shows the case's peak alone
+        print(f"peak memory: {name} {timing.peak_mb:.0f} MB; {baseline_name} {baseline.peak_mb:.0f} MB")
     for tree_name, size in sizes.items():
         print(f"attnviz's cache after the runs, {tree_name}: {size / 1e6:.1f} MB")
 
