@@ -184,6 +184,20 @@ def test_a_type_unknown_to_the_gguf_package_is_refused_naming_it(written, tmp_pa
     assert f"cannot read the GGUF file {path}" in error and "99" in error
 
 
+def test_a_file_without_a_tokenizer_is_refused_before_its_tensors_are_read(written, tmp_path, capsys, monkeypatch):
+    import gguf
+
+    _, model, _ = written["Q8_0"]
+    path = tmp_path / "no-tokenizer.gguf"
+    monkeypatch.setattr(gguf.GGUFWriter, "add_token_list", lambda writer, tokens: None)  # the vocabulary left out
+    write_gguf(model, path, "Q8_0")
+    monkeypatch.undo()
+    read = []
+    monkeypatch.setattr(GGUFWeights, "__getitem__", lambda weights, name: read.append(name))
+    assert "the GGUF file holds no tokenizer (tokenizer.ggml.tokens)" in refused(path, tmp_path, capsys)
+    assert read == []
+
+
 def test_another_architecture_is_refused_naming_it(tmp_path, capsys):
     import gguf
 

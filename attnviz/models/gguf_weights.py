@@ -92,6 +92,7 @@ class GGUFWeights(Mapping):
             raise AttnvizError(f"cannot read the GGUF file {self.path}: its architecture is {architecture!r}; attnviz reads GGUF files of Llama's ({ARCHITECTURE!r})")
         self._tensors = {self._name_of(tensor.name): tensor for tensor in reader.tensors}  # memory-mapped, not read
         self.config = self._read_config(fields)
+        self.has_tokenizer = "tokenizer.ggml.tokens" in fields  # the vocabulary that tokenizer() reads
         self._check_types()
 
     # ---- the mapping -------------------------------------------------------------------------

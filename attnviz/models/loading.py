@@ -230,6 +230,8 @@ def _load_gguf(name: str, path: Path, source: str, device: str, dtype: str) -> L
     from attnviz.models.transformers_model import embedding_rows, load_transformers_tokenizer
 
     weights = GGUFWeights(path)
+    if not weights.has_tokenizer:
+        raise AttnvizError(f"cannot load model {name!r}: the GGUF file holds no tokenizer (tokenizer.ggml.tokens)")
     family = _require_family(name, weights.config)
     dtype = resolve_dtype(dtype, device, weights.config)
     try:
