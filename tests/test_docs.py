@@ -170,8 +170,8 @@ def offline_folder(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_every_attnviz_command_of_the_docs_runs_offline(offline_folder, capsys, monkeypatch, smollm2_converted):
-    """smollm2_converted: SmolLM2 converted in the session's cache by its fixture, before any command needs it."""
+def test_every_attnviz_command_of_the_docs_runs_offline(offline_folder, capsys, monkeypatch, smollm2_cached):
+    """smollm2_cached: SmolLM2's tokenizer cached in the session's cache by its fixture, before any command needs it."""
     from attnviz.cli import run
 
     commands = commands_to_run()

@@ -99,7 +99,7 @@ def test_each_term_is_the_product_of_its_parts_through_transformers_own_modules(
 
 
 @pytest.mark.slow  # SmolLM2: 30 layers, one whole pass
-def test_smollm2s_terms_add_up_to_its_score(smollm2_converted):  # the session's one conversion, said once
+def test_smollm2s_terms_add_up_to_its_score(smollm2_cached):  # the session's one tokenizer read, said once
     loaded = load_model("smollm2")
     terms = split(loaded, "smollm2", 18, 6, 12)
     assert len(terms.query_parts) == 1 + 18 * 9 + 18  # the embeddings, 18 layers' 9 heads and MLPs
@@ -193,7 +193,7 @@ def test_the_bundled_berts_terms_add_up_to_its_score(bundled_bert):
 
 
 @pytest.mark.slow  # SmolLM2: its roles, then four splits
-def test_smollm2s_induction_heads_read_their_key_through_a_previous_token_head(smollm2_converted):
+def test_smollm2s_induction_heads_read_their_key_through_a_previous_token_head(smollm2_cached):
     """K-composition (Olsson et al. 2022), found in the terms: over a sequence of words said twice, each of the first
     induction heads attnviz.roles labels weighs, from a token of the second half, the key after that token's first
     occurrence; the key side's largest part of that score (the key parts' terms summed over the query's parts) is an

@@ -24,7 +24,7 @@ import threading
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import torch
 from torch import nn
@@ -123,11 +123,12 @@ class TransformersModel:
     A handle may be used from several threads: capture's hooks run one forward pass at a time.
     """
 
-    def __init__(self, family: Family, config: dict, model: nn.Module, folder: Path | None = None):
+    def __init__(self, family: Family, config: dict, model: nn.Module, folder: Path | None = None, weights: Mapping | None = None):
         self.family = family
         self.config = config
         self.model = model
         self.folder = folder  # the checkpoint's: a task head's tensors (output_head) are read from it
+        self.weights = weights  # or from these, by name (a GGUF file's: models/gguf_weights.py), where there is no folder
         self.model_type = config["model_type"]
         self._forward_lock = threading.Lock()
 
@@ -364,7 +365,11 @@ class TransformersModel:
         from attnviz.models.weight_files import stored_tensors
 
         embeddings = self.get_input_embeddings().weight
-        stored = stored_tensors(self.folder, ("lm_head.weight", "lm_head.bias", "final_logits_bias"), embeddings)
+        names = ("lm_head.weight", "lm_head.bias", "final_logits_bias")
+        if self.weights is None:
+            stored = stored_tensors(self.folder, names, embeddings)
+        else:
+            stored = {name: self.weights[name].to(embeddings) for name in names if name in self.weights}
         if getattr(self.model.config, "tie_word_embeddings", False):
             weight, bias = embeddings, None
         elif "lm_head.weight" in stored:
