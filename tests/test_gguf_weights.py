@@ -230,3 +230,26 @@ def test_opening_reads_no_tensor(written, monkeypatch):
     weights = GGUFWeights(path)
     weights.shapes()
     assert rows and set(rows) == {1}  # one row of each type
+
+
+@pytest.mark.parametrize("kind", ["Q8_0", "Q4_K", "F32"])
+def test_the_header_is_the_gguf_packages_reading_of_it(written, kind):
+    """gguf_file.read_header (struct, arrays stepped over) against the gguf package's GGUFReader: every scalar and
+    string field, every array's length, and each tensor's name, dimensions, type and first byte."""
+    import gguf
+
+    from attnviz.models.gguf_file import ArrayLength, read_header
+
+    path = written[kind][0]
+    reader = gguf.GGUFReader(str(path))
+    header = read_header(path)
+    assert list(header.fields) == [name for name in reader.fields if not name.startswith("GGUF.")]  # its own 3 aside
+    for name, value in header.fields.items():
+        field = reader.fields[name]
+        if isinstance(value, ArrayLength):
+            assert value == len(field.data), name
+        else:
+            assert value == field.contents() and type(value) is type(field.contents()), name
+    assert [(t.name, t.dims, t.type, t.offset) for t in header.tensors] == [
+        (t.name, tuple(int(size) for size in t.shape), int(t.tensor_type), int(t.data_offset)) for t in reader.tensors
+    ]

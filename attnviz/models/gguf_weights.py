@@ -2,9 +2,9 @@
 
 llama.cpp's GGUF files hold a model's tensors quantised in blocks (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K, ...),
 under llama.cpp's names (`blk.3.attn_q.weight`), with the model's sizes as metadata
-(`llama.attention.head_count`). GGUFWeights reads the header with the gguf package's `GGUFReader`, which
-memory-maps the file, and answers as a read-only mapping from the names of transformers'
-LlamaForCausalLM to float32 tensors:
+(`llama.attention.head_count`). GGUFWeights reads the header (gguf_file.py: the metadata's scalars, each tensor's
+shape, type and place) and answers as a read-only mapping from the names of transformers' LlamaForCausalLM to
+float32 tensors:
 
     weights = GGUFWeights("SmolLM2-135M-Instruct.Q4_1.gguf")
     weights.shapes()["model.layers.3.self_attn.q_proj.weight"]   # (576, 576), from the header alone
@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from attnviz.errors import AttnvizError, first_line
+from attnviz.models.gguf_file import GGUFFormatError, read_header, tensor_bytes
 
 ARCHITECTURE = "llama"
 
@@ -79,18 +80,18 @@ class GGUFWeights(Mapping):
     def __init__(self, path: str | Path):
         self.path = Path(path)
         try:
-            from gguf import GGUFReader
+            import gguf  # noqa: F401  its dequantisation, read below
         except ImportError as error:
             raise AttnvizError(f"reading a GGUF file needs the gguf package ({first_line(error)}): pip install gguf") from error
         try:
-            reader = GGUFReader(str(self.path))
-        except Exception as error:  # a truncated or garbled file: numpy's and gguf's errors, said in one line
+            header = read_header(self.path)
+        except (OSError, GGUFFormatError) as error:  # a truncated or garbled file, said in one line
             raise AttnvizError(f"cannot read the GGUF file {self.path}: {first_line(error) or type(error).__name__}") from error
-        fields = reader.fields  # read here alone, not kept: the vocabulary's are 160 MB of small arrays for SmolLM2
-        architecture = _value(fields, "general.architecture")
+        fields = header.fields
+        architecture = fields.get("general.architecture")
         if architecture != ARCHITECTURE:
             raise AttnvizError(f"cannot read the GGUF file {self.path}: its architecture is {architecture!r}; attnviz reads GGUF files of Llama's ({ARCHITECTURE!r})")
-        self._tensors = {self._name_of(tensor.name): tensor for tensor in reader.tensors}  # memory-mapped, not read
+        self._tensors = {self._name_of(tensor.name): tensor for tensor in header.tensors}  # where each lies, not read
         self.config = self._read_config(fields)
         self.has_tokenizer = "tokenizer.ggml.tokens" in fields  # the vocabulary that tokenizer() reads
         self._check_types()
@@ -104,12 +105,12 @@ class GGUFWeights(Mapping):
         from gguf.quants import dequantize
 
         tensor = self._tensors[name]
-        values = dequantize(tensor.data, tensor.tensor_type).reshape(self._shape(tensor))
+        values = dequantize(self._bytes(tensor), tensor.type).reshape(self._shape(tensor))
         if name.endswith("self_attn.q_proj.weight"):
             values = _unpermute(values, self.config["num_attention_heads"])
         elif name.endswith("self_attn.k_proj.weight"):
             values = _unpermute(values, self.config["num_key_value_heads"])
-        return torch.from_numpy(np.require(values, np.float32, ["C", "W"]))  # a copy only of the memory map's own (F32)
+        return torch.from_numpy(np.require(values, np.float32, ["C", "W"]))
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._tensors)
@@ -123,7 +124,9 @@ class GGUFWeights(Mapping):
 
     def types(self) -> dict[str, str]:
         """Every tensor's stored type by name: "Q4_1", "Q8_0", "F32", ..."""
-        return {name: tensor.tensor_type.name for name, tensor in self._tensors.items()}
+        from gguf import GGMLQuantizationType
+
+        return {name: GGMLQuantizationType(tensor.type).name for name, tensor in self._tensors.items()}
 
     def tokenizer(self):
         """transformers' tokenizer of the file (its vocabulary, merges and special tokens are metadata), through
@@ -157,55 +160,72 @@ class GGUFWeights(Mapping):
 
     @staticmethod
     def _shape(tensor) -> tuple[int, ...]:
-        return tuple(int(size) for size in reversed(tensor.shape))  # ggml lists the fastest axis first
+        return tuple(reversed(tensor.dims))  # ggml lists the fastest axis first
+
+    def _bytes(self, tensor):
+        try:
+            return tensor_bytes(self.path, tensor)
+        except (OSError, GGUFFormatError) as error:
+            raise AttnvizError(f"cannot read the GGUF file {self.path}: {first_line(error)}") from error
 
     def _read_config(self, fields: Mapping) -> dict[str, Any]:
         """LlamaConfig's keys from the metadata's fields, as transformers' GGUF loader reads them."""
         missing = [f"llama.{key}" for key in REQUIRED if f"llama.{key}" not in fields]
         if missing:
             raise AttnvizError(f"cannot read the GGUF file {self.path}: its metadata has no {missing[0]}")
-        scaling = _value(fields, "llama.rope.scaling.type", "none")
+        scaling = fields.get("llama.rope.scaling.type", "none")
         if scaling != "none":
             raise AttnvizError(f"cannot read the GGUF file {self.path}: its RoPE is scaled ({scaling}), which attnviz does not read from GGUF")
         config: dict[str, Any] = {"model_type": "llama", "architectures": ["LlamaForCausalLM"]}
         for key, name in CONFIG_KEYS.items():
             if f"llama.{key}" in fields:
-                config[name] = _value(fields, f"llama.{key}")
+                config[name] = fields.get(f"llama.{key}")
         config.setdefault("num_key_value_heads", config["num_attention_heads"])
-        head_dim = _value(fields, "llama.attention.key_length", _value(fields, "llama.rope.dimension_count"))
+        head_dim = fields.get("llama.attention.key_length", fields.get("llama.rope.dimension_count"))
         config["head_dim"] = head_dim if head_dim is not None else config["hidden_size"] // config["num_attention_heads"]
         embeddings = self._tensors.get("model.embed_tokens.weight")
         if embeddings is None:
             raise AttnvizError(f"cannot read the GGUF file {self.path}: it holds no token embeddings (token_embd.weight)")
-        config["vocab_size"] = _value(fields, "llama.vocab_size", self._shape(embeddings)[0])
+        config["vocab_size"] = fields.get("llama.vocab_size", self._shape(embeddings)[0])
         config["tie_word_embeddings"] = "lm_head.weight" not in self._tensors
         for key, name in TOKEN_IDS.items():
             if f"tokenizer.ggml.{key}" in fields:
-                config[name] = _value(fields, f"tokenizer.ggml.{key}")
+                config[name] = fields.get(f"tokenizer.ggml.{key}")
         return config
 
     def _check_types(self) -> None:
-        """Dequantise the first row of one tensor of each type the file stores: a type the gguf package does not know
-        is refused now, naming it, before any layer runs."""
-        from gguf.quants import dequantize
-
-        first_of_type = {}
-        for name, tensor in self._tensors.items():
-            first_of_type.setdefault(tensor.tensor_type, name)
-        for tensor_type, name in first_of_type.items():
-            try:
-                dequantize(self._tensors[name].data[:1], tensor_type)
-            except NotImplementedError:
+        """Each type the file stores must be one the gguf package dequantises (tried on a block of zeros): another is
+        refused now, naming it, before any layer runs."""
+        for tensor_type in sorted({tensor.type for tensor in self._tensors.values()}):
+            stored = _known_type(tensor_type)
+            if stored is None or not _dequantisable(stored):
+                name = next(name for name, tensor in self._tensors.items() if tensor.type == tensor_type)
                 raise AttnvizError(
-                    f"cannot read the GGUF file {self.path}: its tensor {name} is stored as {tensor_type.name}, "
-                    "which the gguf package cannot dequantise"
-                ) from None
+                    f"cannot read the GGUF file {self.path}: its tensor {name} is stored as "
+                    f"{stored.name if stored is not None else f'type {tensor_type}'}, which the gguf package cannot dequantise"
+                )
 
 
-def _value(fields: Mapping, key: str, default: Any = None) -> Any:
-    """A metadata field's value (a number, a string, a list), or default where the file has no such key."""
-    field = fields.get(key)
-    return default if field is None else field.contents()
+def _known_type(number: int):
+    """gguf's GGMLQuantizationType of that number, or None where the package knows no such type."""
+    from gguf import GGMLQuantizationType
+
+    try:
+        return GGMLQuantizationType(number)
+    except ValueError:
+        return None
+
+
+def _dequantisable(stored) -> bool:
+    import numpy as np
+    from gguf import GGML_QUANT_SIZES
+    from gguf.quants import dequantize
+
+    try:
+        dequantize(np.zeros((1, GGML_QUANT_SIZES[stored][1]), np.uint8), stored)
+    except (KeyError, NotImplementedError):
+        return False
+    return True
 
 
 def _unpermute(weight, num_heads: int):
