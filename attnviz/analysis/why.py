@@ -55,50 +55,68 @@ class ScoreTerms:
 
 def score_terms(loaded, encoded, spec, layer: int, head: int, query: int, key: int | None = None) -> ScoreTerms:
     """The split of head `head`'s score of (query, key) at `layer` over one text (encoded: its EncodedTexts, one text);
-    key None: the key the head weighs most from that query. A pre-norm decoder's own self-attention (spec: the model's
-    projections and heads); one pass of the model, whole."""
+    key None: the key the head weighs most from that query. spec: the model's own projections, heads and mask (the
+    pass runs attnviz's layers in the model's place, as a report's capture does); one pass of the model, whole."""
     import torch
 
-    from attnviz.models.capture import Wanted
+    from attnviz.layer_inputs import threads_for
+    from attnviz.passes import capture_states
+
+    check_splits(loaded)
+    with torch.inference_mode(), threads_for(encoded):
+        states = capture_states(loaded, encoded, [layer], spec, stream_of=layer)[layer]
+        return cell_terms(loaded, encoded, spec, states, head, query, key)
+
+
+def check_splits(loaded) -> None:
+    if not (splits_post_norm(loaded) or splits_pre_norm(loaded)):
+        raise AttnvizError(f"why splits the scores of pre-norm decoders (Llama, Qwen, GPT-2) and of post-norm encoders, not {loaded.family.name}'s")
+
+
+def cell_terms(loaded, encoded, spec, states, head: int, query: int, key: int | None = None) -> ScoreTerms:
+    """One cell's split from a capture already made (states: layer_inputs.LayerStates of spec.layer, with its stream's
+    parts: passes.capture_states' stream_of), one text; key None: the key the head weighs most from that query."""
+    import torch
+
     from attnviz.own_layer import build_layer
 
-    post_norm = splits_post_norm(loaded)
-    if not (post_norm or splits_pre_norm(loaded)):
-        raise AttnvizError(f"why splits the scores of pre-norm decoders (Llama, Qwen, GPT-2) and of post-norm encoders, not {loaded.family.name}'s")
-    inputs = encoded.queries.model_inputs(spec.device)
-    ids = inputs["input_ids"]
+    layer = spec.layer
     with torch.inference_mode():
-        summed = []  # what entered the embeddings' norm (post-norm)
-        if post_norm:
-            handle = loaded.model.get_submodule("embeddings.LayerNorm").register_forward_pre_hook(lambda module, args: summed.append(args[0][0]))
-        try:
-            captured = loaded.model.capture_pass(inputs, Wanted(frozenset({layer}), calls=True, z_merged=True, mlp=True))
-        finally:
-            if post_norm:
-                handle.remove()
-        recorded = captured.recorded()
         attention = build_layer(loaded, spec)
-        x = captured.x[layer].hidden  # (1, N, D): what entered layer L's attention
-        q, k, _ = attention.project(x)  # (1, H, N, d) each, keys repeated for their query heads
-        scores = (q[0, head, query] @ k[0, head].T).double() * attention.scale  # (N,): the query's row
-        if spec.causal:
-            scores[query + 1 :] = float("-inf")
+        scores = layer_scores(attention, states, spec.causal)[head, query]  # (N,): the query's row
         weights = scores.softmax(dim=-1)
         key = int(weights.argmax()) if key is None else key
         rows = torch.tensor([query, key])  # every part is needed at these two positions alone
-        if post_norm:  # the stream as it is enters the attention: its parts through every norm before the layer
-            normed = _post_norm_parts(loaded, captured, recorded, inputs, summed[0][rows].double(), layer, rows)
-        else:
-            parts = _stream_parts(loaded, captured, recorded, ids, layer, rows)
-            normed = _normed(loaded, parts, recorded.entering(layer)[0][rows].double(), layer)
-        query_names, query_vectors = _projected(attention, normed, head, 0, query, "q")
-        key_names, key_vectors = _projected(attention, normed, head, 1, key, "k")
-        terms = attention.scale * (query_vectors @ key_vectors.T)  # (P_q, P_k)
+        normed = normed_parts(loaded, encoded, states.stream, layer, rows)
+        query_names, query_vectors = side_vectors(attention, normed, head, rows, "q")  # (P_q, 2, d)
+        key_names, key_vectors = side_vectors(attention, normed, head, rows, "k")  # (P_k, 2, d)
+        terms = attention.scale * (query_vectors[:, 0] @ key_vectors[:, 1].T)  # (P_q, P_k)
     return ScoreTerms(
         layer=layer, head=head, query=query, key=key, score=float(scores[key]), weight=float(weights[key]),
         query_parts=query_names, key_parts=key_names, terms=terms.numpy(), tokens=list(encoded.queries.tokens[0]),
         shown_tokens=list(encoded.queries.shown[0] or encoded.queries.tokens[0]),
     )  # fmt: skip
+
+
+def layer_scores(attention, states, causal: bool):
+    """(H, Nq, Nk) float64: attnviz's layer's pre-softmax scores over the capture's input of the layer (one text),
+    scale included, keys after each query -inf under a causal mask."""
+    import torch
+
+    q, k, _ = attention.project(states.queries)  # (1, H, N, d) each, keys repeated for their query heads
+    scores = (q[0] @ k[0].transpose(-2, -1)).double() * attention.scale  # (H, Nq, Nk)
+    if causal:
+        scores.masked_fill_(torch.ones(scores.shape[1:], dtype=torch.bool).triu(1), float("-inf"))
+    return scores
+
+
+def normed_parts(loaded, encoded, stream, layer: int, rows) -> dict:
+    """name -> (R, D) float64 at positions `rows`: the parts of what enters `layer`'s attention (stream:
+    layer_inputs.StreamParts of one text), each through the norms on the way with their scales frozen."""
+    if splits_post_norm(loaded):  # the stream as it is enters the attention: its parts through every norm before the layer
+        return _post_norm_parts(loaded, stream, encoded.queries.model_inputs(str(stream.embedded.device)), layer, rows)
+    parts = _stream_parts(loaded, stream, encoded.queries.input_ids, layer, rows)
+    return _normed(loaded, parts, stream.entering[layer][0][rows].double(), layer)
 
 
 def splits_pre_norm(loaded) -> bool:
@@ -112,15 +130,16 @@ def splits_post_norm(loaded) -> bool:
     return loaded.family.post_norm_names(0) is not None
 
 
-def _post_norm_parts(loaded, captured, recorded, inputs: dict, summed, layer: int, rows) -> dict:
+def _post_norm_parts(loaded, stream, inputs: dict, layer: int, rows) -> dict:
     """name -> (R, D) float64 at positions `rows`: the parts of what enters `layer` of a post-norm encoder, each through
     every norm on the way with its scale frozen, each norm's bias a part of its own; checked against the stream after
-    every layer. summed: what entered the embeddings' norm at those rows."""
+    every layer."""
     import torch
 
     model = loaded.model
     embeddings = model.get_submodule("embeddings")
     ids = inputs["input_ids"]
+    summed = stream.embedded[0][rows].double()  # what entered the embeddings' norm at those rows
     word = model.get_input_embeddings()(ids)[0][rows].double()
     parts = {"embed": word}
     if hasattr(embeddings, "token_type_embeddings"):  # DistilBERT has none
@@ -133,17 +152,17 @@ def _post_norm_parts(loaded, captured, recorded, inputs: dict, summed, layer: in
     if project is not None:
         parts = {name: part @ project.weight.double().T for name, part in parts.items()} | {"emb.project.bias": project.bias.double().expand(len(word), -1)}
     for earlier in range(layer + 1):
-        stream = recorded.entering(earlier)[0][rows].double()
-        if (sum(parts.values()) - stream).abs().max() > PARTS_TOLERANCE * max(1.0, float(stream.abs().max())):
+        entering = stream.entering[earlier][0][rows].double()
+        if (sum(parts.values()) - entering).abs().max() > PARTS_TOLERANCE * max(1.0, float(entering.abs().max())):
             raise RuntimeError(f"layer {earlier}'s input is not the sum of its parts")
         if earlier == layer:
             return parts
-        parts |= _attention_parts(loaded, captured, earlier, rows)
+        parts |= _attention_parts(loaded, stream, earlier, rows)
         index = earlier if loaded.is_bert else loaded.family.stored_index(model.config, earlier, None)  # ALBERT's shared
         norm1, norm2 = (model.get_submodule(name) for name in loaded.family.post_norm_names(index))
         attended = sum(parts.values())  # the stream plus the attention's output: what enters the first norm
         parts = _through_norm(parts, attended, norm1, f"L{earlier}.norm1.bias")
-        parts[f"mlp{earlier}"] = captured.mlp[earlier][0][rows].double()
+        parts[f"mlp{earlier}"] = stream.mlp[earlier][0][rows].double()
         parts = _through_norm(parts, sum(parts.values()), norm2, f"L{earlier}.norm2.bias")
     return parts
 
@@ -156,12 +175,12 @@ def _submodule(model, name: str):
         return None
 
 
-def _attention_parts(loaded, captured, layer: int, rows) -> dict:
+def _attention_parts(loaded, stream, layer: int, rows) -> dict:
     """name -> (R, D): what layer `layer`'s attention added to the stream at `rows`, head by head (head h's output z_h,
     what entered W_o, through its columns of W_o: "L3H5") and W_o's bias ("L3.bias")."""
     weights = loaded.model.encoder.layer[layer].attention_weights() if loaded.is_bert else loaded.model.attention_weights(layer)
     w_o, b_o = weights.w_o  # (D, H d), (D,) or None
-    z = captured.z_merged[layer][0][rows].double()  # (R, H d)
+    z = stream.z_merged[layer][0][rows].double()  # (R, H d)
     size = weights.head_dim
     parts = {f"L{layer}H{h}": z[:, h * size : (h + 1) * size] @ w_o[:, h * size : (h + 1) * size].double().T for h in range(weights.num_heads)}
     return parts | ({f"L{layer}.bias": b_o.double().expand(len(rows), -1)} if b_o is not None else {})
@@ -176,23 +195,23 @@ def _through_norm(parts: dict, whole, norm, bias_name: str) -> dict:
     return normed | {bias_name: norm.bias.double().expand_as(whole)}
 
 
-def _stream_parts(loaded, captured, recorded, ids, layer: int, rows) -> dict:
+def _stream_parts(loaded, stream, ids, layer: int, rows) -> dict:
     """name -> (R, D) float64 at positions `rows`: the parts whose sum is the residual stream entering `layer` (checked
     against it)."""
     import torch
 
     model = loaded.model
-    entering = recorded.entering(0)[0][rows].double()  # (R, D): the embeddings, positions included
-    embed = model.get_input_embeddings()(ids)[0][rows].double()
+    entering = stream.entering[0][0][rows].double()  # (R, D): the embeddings, positions included
+    embed = model.get_input_embeddings()(ids.to(entering.device))[0][rows].double()
     parts = {"embed": embed}
     if (entering - embed).abs().max() > 0:  # learned positions added to the tokens (GPT-2's wpe)
         parts["pos"] = entering - embed
     for earlier in range(layer):
-        parts |= _attention_parts(loaded, captured, earlier, rows)
-        parts[f"mlp{earlier}"] = captured.mlp[earlier][0][rows].double()
-    stream = recorded.entering(layer)[0][rows].double()
+        parts |= _attention_parts(loaded, stream, earlier, rows)
+        parts[f"mlp{earlier}"] = stream.mlp[earlier][0][rows].double()
+    entering = stream.entering[layer][0][rows].double()
     summed = torch.stack(list(parts.values())).sum(dim=0)
-    if (summed - stream).abs().max() > PARTS_TOLERANCE * max(1.0, float(stream.abs().max())):
+    if (summed - entering).abs().max() > PARTS_TOLERANCE * max(1.0, float(entering.abs().max())):
         raise RuntimeError(f"layer {layer}'s input is not the sum of the embeddings, the heads and the MLPs before it")
     return parts
 
@@ -216,11 +235,10 @@ def _normed(loaded, parts: dict, stream, layer: int) -> dict:
     return {name: gain * part / sigma for name, part in parts.items()}
 
 
-def _projected(attention, normed: dict, head: int, row: int, position: int, side: str):
-    """(names, (P, d) float64): each part's q (side "q", head `head`) or k (its key/value head) at `position` (its
-    `row` of the parts), through
-    W_Q or W_K, the projection's bias a part of its own ("bias"), Qwen3's q/k norm with the position's scale frozen,
-    and RoPE's rotation at the position."""
+def side_vectors(attention, normed: dict, head: int, positions, side: str):
+    """(names, (P, R, d) float64): each part's q (side "q", head `head`) or k (its key/value head) at each of
+    `positions` (R, the rows of the parts in normed, in order), through W_Q or W_K, the projection's bias a part of its
+    own ("bias"), Qwen3's q/k norm with each position's scale frozen, and RoPE's rotation at each position."""
     import torch
 
     from attnviz.attention.layer import rotate
@@ -230,17 +248,17 @@ def _projected(attention, normed: dict, head: int, row: int, position: int, side
     linear = attention.w_q if side == "q" else attention.w_k
     weight = linear.weight[block * size : (block + 1) * size].double()  # (d, D)
     names = list(normed)
-    vectors = torch.stack([normed[name][row] @ weight.T for name in names])  # (P, d)
+    vectors = torch.stack([normed[name] @ weight.T for name in names])  # (P, R, d)
     if linear.bias is not None:
         names.append("bias")
-        vectors = torch.cat([vectors, linear.bias[block * size : (block + 1) * size].double()[None]])
+        bias = linear.bias[block * size : (block + 1) * size].double()  # (d,)
+        vectors = torch.cat([vectors, bias.expand(1, vectors.shape[1], -1)])
     head_norm = attention.q_norm if side == "q" else attention.k_norm
-    if head_norm is not None:  # an RMSNorm over the head's features: its scale at this position frozen
-        whole = vectors.sum(dim=0)
-        sigma = (whole.pow(2).mean() + head_norm.eps).sqrt()
+    if head_norm is not None:  # an RMSNorm over the head's features: its scale at each position frozen
+        sigma = (vectors.sum(dim=0).pow(2).mean(dim=-1, keepdim=True) + head_norm.eps).sqrt()  # (R, 1)
         vectors = head_norm.weight.double() * vectors / sigma
-    table = attention.rotary(position + 1)
-    if table is not None:  # RoPE at the position: a rotation, linear in each part
-        cos, sin = (each[position].double() for each in table)
+    table = attention.rotary(int(positions.max()) + 1)
+    if table is not None:  # RoPE at each position: a rotation, linear in each part
+        cos, sin = (each[positions].double() for each in table)  # (R, d)
         vectors = rotate(vectors, cos, sin)
     return names, vectors
