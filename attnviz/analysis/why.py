@@ -44,13 +44,31 @@ class ScoreTerms:
     query_parts: list[str]  # "embed", "pos", "L3H5", "L3.bias", "mlp3", "norm.bias", "bias"
     key_parts: list[str]
     terms: np.ndarray  # (P_q, P_k) float64
-    tokens: list[str]  # the text's tokens, as the tokenizer gives them
+    tokens: list[str]  # the text's tokens, as the tokenizer gives them (cross-attention: the queries', the decoder's)
     shown_tokens: list[str]  # as figures and tables show them (models/shown.py)
+    key_tokens: list[str] | None = None  # cross-attention: the keys' tokens (the encoder's); None: the same as tokens
+    shown_key_tokens: list[str] | None = None
 
     @property
     def total(self) -> float:
         """The terms' sum: the score, within float32's rounding of the parts."""
         return float(self.terms.sum())
+
+    @property
+    def query_token(self) -> str:
+        return self.tokens[self.query]
+
+    @property
+    def key_token(self) -> str:
+        return (self.key_tokens or self.tokens)[self.key]
+
+    @property
+    def shown_query(self) -> str:
+        return self.shown_tokens[self.query]
+
+    @property
+    def shown_key(self) -> str:
+        return (self.shown_key_tokens or self.shown_tokens)[self.key]
 
 
 def score_terms(loaded, encoded, spec, layer: int, head: int, query: int, key: int | None = None) -> ScoreTerms:
@@ -210,7 +228,7 @@ def layer_scores(attention, states, causal: bool):
     scale included, keys after each query -inf under a causal mask."""
     import torch
 
-    q, k, _ = attention.project(states.queries)  # (1, H, N, d) each, keys repeated for their query heads
+    q, k, _ = attention.project(states.queries, states.keys)  # (1, H, Nq or Nk, d) each, keys repeated for their query heads
     scores = (q[0] @ k[0].transpose(-2, -1)).double() * attention.scale  # (H, Nq, Nk)
     if causal:
         scores.masked_fill_(torch.ones(scores.shape[1:], dtype=torch.bool).triu(1), float("-inf"))
@@ -287,19 +305,24 @@ def _submodule(model, name: str):
 
 
 def _attention_parts(loaded, stream, layer: int, rows):
-    """(names, (P, R, D)): what layer `layer`'s attention added to the stream at `rows`, head by head (head h's output
-    z_h, what entered W_o, through its columns of W_o: "L3H5") and W_o's bias ("L3.bias")."""
+    """(names, (P, R, D)): what layer `layer`'s attention added to the stream at `rows` (head_parts)."""
+    weights = loaded.model.encoder.layer[layer].attention_weights() if loaded.is_bert else loaded.model.attention_weights(layer)
+    return head_parts(weights, stream.z_merged[layer][0][rows], f"L{layer}")
+
+
+def head_parts(weights, z, label: str):
+    """(names, (P, R, D)): what an attention (its AttentionWeights) added to the stream, z (R, H d) having entered its
+    W_o: head by head (head h's output z_h through its columns of W_o: "L3H5", label "L3") and W_o's bias ("L3.bias")."""
     import torch
 
-    weights = loaded.model.encoder.layer[layer].attention_weights() if loaded.is_bert else loaded.model.attention_weights(layer)
     w_o, b_o = weights.w_o  # (D, H d), (D,) or None
     num_heads, size = weights.num_heads, weights.head_dim
-    z = stream.z_merged[layer][0][rows].double().unflatten(-1, (num_heads, size)).transpose(0, 1)  # (H, R, d)
+    z = z.double().unflatten(-1, (num_heads, size)).transpose(0, 1)  # (H, R, d)
     heads = z @ w_o.double().T.unflatten(0, (num_heads, size))  # (H, R, d) @ (H, d, D): each head through its columns
-    names = [f"L{layer}H{h}" for h in range(num_heads)]
+    names = [f"{label}H{h}" for h in range(num_heads)]
     if b_o is None:
         return names, heads
-    return names + [f"L{layer}.bias"], torch.cat([heads, b_o.double().expand(1, len(rows), -1)])
+    return names + [f"{label}.bias"], torch.cat([heads, b_o.double().expand(1, z.shape[1], -1)])
 
 
 def _through_norm(names: list[str], parts, norm, bias_name: str):
@@ -335,12 +358,17 @@ def _stream_parts(loaded, stream, ids, layer: int, rows):
 
 
 def _normed(loaded, names: list[str], parts, stream, layer: int):
-    """Each part (P, R, D) through the norm before layer `layer`'s attention with the run's own scale frozen: RMSNorm's
-    g ⊙ part / σ_i; LayerNorm's g ⊙ (part - its mean) / σ_i, its bias b a part of its own ("norm.bias")."""
+    """Each part (P, R, D) through the norm before layer `layer`'s attention with the run's own scale frozen
+    (frozen_norm)."""
+    return frozen_norm(loaded.model.model.get_submodule(loaded.family.attention_norm.format(index=layer)), names, parts, stream)
+
+
+def frozen_norm(norm, names: list[str], parts, stream):
+    """Each part (P, R, D) through `norm` with the scale of `stream` (R, D) frozen (what entered it: their sum):
+    RMSNorm's g ⊙ part / σ_i; LayerNorm's g ⊙ (part - its mean) / σ_i, its bias b a part of its own ("norm.bias")."""
     import torch
     from torch import nn
 
-    norm = loaded.model.model.get_submodule(loaded.family.attention_norm.format(index=layer))
     gain = norm.weight.double()
     eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6))
     if isinstance(norm, nn.LayerNorm):

@@ -211,6 +211,26 @@ class TransformersModel:
             return capture(points, forward, wanted, entered)
 
     @torch.inference_mode()
+    def stacks_pass(self, inputs: dict[str, torch.Tensor], source: dict[str, torch.Tensor], wanted: dict[str, Wanted]) -> dict[str, Capture]:
+        """One whole pass of an encoder-decoder (inputs: the decoder's, source: the encoder's) with what `wanted` names
+        of each of its stacks ("encoder", "decoder", "cross") captured: each stack's hooks installed around the next's
+        (capture's forward is any call), the model's forward innermost. Returns each stack's Capture."""
+        seq2seq = dict(input_ids=source["input_ids"], attention_mask=source["attention_mask"],
+                       decoder_input_ids=inputs["input_ids"], decoder_attention_mask=inputs["attention_mask"])  # fmt: skip
+        captured: dict[str, Capture] = {}
+
+        def nested(stacks: list[str]):
+            if not stacks:
+                return self.model(**seq2seq, use_cache=False).last_hidden_state
+            stack, *rest = stacks
+            captured[stack] = capture(self.hook_points(stack), lambda: nested(rest), wanted[stack])
+
+        with self._forward_lock:
+            self.model.set_attn_implementation(blocked_attention.register())
+            nested(list(wanted))
+        return captured
+
+    @torch.inference_mode()
     def in_place_pass(
         self, inputs: dict[str, torch.Tensor], attend: Callable[[int, torch.Tensor], torch.Tensor], keep: frozenset[int] = frozenset(),
         whole: bool = True, entered=lambda done: None, parts: bool = False,

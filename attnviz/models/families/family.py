@@ -68,6 +68,9 @@ class Family:
     # The norm before layer {index}'s attention, the base model's module (Llama's input_layernorm, GPT-2's ln_1);
     # None where the adapter names none. analysis/circuits.py folds its weight into the OV circuit, as fold_ln does.
     attention_norm: ClassVar[str | None] = None
+    # A pre-norm encoder-decoder's norm before decoder layer {index}'s cross-attention (T5's layer.1.layer_norm), the
+    # base model's module; None where the adapter names none. analysis/why_cross.py splits cross-attention's scores.
+    cross_attention_norm: ClassVar[str | None] = None
 
     @property
     def causal(self) -> bool:
