@@ -137,7 +137,7 @@ class WhyResult:
             "layer": t.layer, "head": t.head, "query": t.query, "key": t.key,
             "query_token": t.query_token, "key_token": t.key_token, "score": t.score, "weight": t.weight,
             "query_parts": t.query_parts, "key_parts": t.key_parts, "terms": t.terms.tolist(),
-        }  # fmt: skip
+        } | ({"key_tokens": t.key_tokens} if t.key_tokens is not None else {})  # fmt: skip
 
     def __rich_console__(self, console, options):
         from attnviz.render.why_figures import print_terms
