@@ -112,7 +112,7 @@ def cell_terms(loaded, encoded, spec, states, head: int, query: int, key: int | 
         terms = attention.scale * (query_vectors[:, 0, head] @ key_vectors[:, 1, kv_head].T)  # (P_q, P_k)
     return ScoreTerms(
         layer=layer, head=head, query=query, key=key, score=float(scores[key]), weight=float(weights[key]),
-        query_parts=query_names, key_parts=key_names, terms=terms.numpy(), tokens=list(encoded.queries.tokens[0]),
+        query_parts=query_names, key_parts=key_names, terms=terms.cpu().numpy(), tokens=list(encoded.queries.tokens[0]),
         shown_tokens=list(encoded.queries.shown[0] or encoded.queries.tokens[0]),
     )  # fmt: skip
 
@@ -172,7 +172,7 @@ def cell_splits(loaded, encoded, spec, states, progress=lambda done: None) -> Ce
     num_tokens = states.queries.shape[1]
     with torch.inference_mode():
         attention = build_layer(loaded, spec)
-        scores = layer_scores(attention, states, spec.causal)  # (H, N, N)
+        scores = layer_scores(attention, states, spec.causal).cpu()  # (H, N, N)
         rows = torch.arange(num_tokens)
         normed = normed_parts(loaded, encoded, states.stream, spec.layer, rows)
         sizes = len(normed[0]) + 1  # the parts of each side, a projection's bias included
@@ -220,7 +220,7 @@ def _top_terms(query_vectors, key_vectors, queries, keys):
         pairs.append(torch.stack([order // num_key_parts, order % num_key_parts], dim=-1))
         tops.append(top)
         rests.append(terms.sum(dim=1) - top.sum(dim=1))
-    return torch.cat(pairs).numpy(), torch.cat(tops).numpy(), torch.cat(rests).numpy()
+    return torch.cat(pairs).cpu().numpy(), torch.cat(tops).cpu().numpy(), torch.cat(rests).cpu().numpy()
 
 
 def layer_scores(attention, states, causal: bool):
@@ -231,7 +231,7 @@ def layer_scores(attention, states, causal: bool):
     q, k, _ = attention.project(states.queries, states.keys)  # (1, H, Nq or Nk, d) each, keys repeated for their query heads
     scores = (q[0] @ k[0].transpose(-2, -1)).double() * attention.scale  # (H, Nq, Nk)
     if causal:
-        scores.masked_fill_(torch.ones(scores.shape[1:], dtype=torch.bool).triu(1), float("-inf"))
+        scores.masked_fill_(torch.ones(scores.shape[1:], dtype=torch.bool, device=scores.device).triu(1), float("-inf"))
     return scores
 
 

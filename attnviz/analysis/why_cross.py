@@ -70,7 +70,7 @@ def cross_score_terms(loaded, encoded, spec, head: int, query: int, key: int | N
         terms = attention.scale * (query_vectors[:, 0, head] @ key_vectors[:, 0, head // attention.group_size].T)  # (P_q, P_k)
     return ScoreTerms(
         layer=layer, head=head, query=query, key=key, score=float(scores[key]), weight=float(weights[key]),
-        query_parts=query_names, key_parts=key_names, terms=terms.numpy(), tokens=list(encoded.queries.tokens[0]),
+        query_parts=query_names, key_parts=key_names, terms=terms.cpu().numpy(), tokens=list(encoded.queries.tokens[0]),
         shown_tokens=list(encoded.queries.shown[0] or encoded.queries.tokens[0]), key_tokens=list(encoded.keys.tokens[0]),
         shown_key_tokens=list(encoded.keys.shown[0] or encoded.keys.tokens[0]),
     )  # fmt: skip
