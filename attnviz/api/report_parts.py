@@ -191,8 +191,8 @@ def why_splits(loaded, run, spec: RunSpec, capture, progress: Progress = Progres
     if refused is not None:
         return refused
     state = None if capture is None else capture[1][spec.layer]
-    if state is None or state.stream is None:  # runs made before, without their capture: no pass is made again here
-        return "this report was made from runs without their capture: attnviz why splits any cell"
+    if state is None or state.stream is None:  # no pass is made again here
+        return "the pass this report read kept no parts of the residual stream (a text past 64 tokens in its batch, or runs made before): attnviz why splits any cell"
     return cell_splits(loaded, capture[0], spec, state, progress.counting("heads' scores split", run.num_heads))
 
 
