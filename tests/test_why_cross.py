@@ -4,8 +4,9 @@ encoder token (key) split into decoder part × encoder part terms.
 The terms add up to the cross-attention score attnviz's layer computes (1e-5), whose weight is transformers' own eager
 cross-attention weight (1e-5); each term is the product of its two parts made again from transformers' T5Model with
 this test's own hooks (what entered each o, each DenseReluDense's output, the cross-attention's norm and the encoder's
-final norm with their scales frozen, EncDecAttention's q and k; T5 has no scale), within 1e-4. BART, Marian and T5's
-self-attentions are refused in one line.
+final norm with their scales frozen, EncDecAttention's q and k; T5 has no scale), within 1e-4. BART and Marian, which
+normalise after each sublayer, add up to their score and weight too. The self-attentions of the three are refused in
+one line.
 """
 
 from __future__ import annotations
@@ -34,6 +35,31 @@ def t5_folder(tmp_path_factory):
 @pytest.fixture(scope="module")
 def t5(t5_folder):
     return attnviz.load(str(t5_folder), device="cpu")
+
+
+@pytest.mark.parametrize("family", ["bart", "marian"])
+def test_a_post_norm_encoder_decoders_terms_add_up_to_the_score_and_its_weight_is_transformers(family, tmp_path):
+    """BART (layernorm_embedding, learned positions) and Marian (sinusoidal positions, scaled embeddings, no embedding
+    norm): every part through each sublayer's norm with its scale frozen, each norm's bias a part of its own."""
+    from tiny_families import FAMILY_CHECKPOINTS, build_checkpoint
+
+    build_checkpoint(family, tmp_path)
+    model = attnviz.load(str(tmp_path), device="cpu")
+    spec = run_spec(model.loaded, str(tmp_path), layer=1, stack="cross", kv_text=SOURCE)
+    encoded = encode_texts(model.loaded, [TEXT], spec)
+    reference = FAMILY_CHECKPOINTS[family]()[1].from_pretrained(tmp_path, attn_implementation="eager").eval()
+    with torch.inference_mode():
+        cross = reference(input_ids=encoded.keys.input_ids, attention_mask=encoded.keys.attention_mask, decoder_input_ids=encoded.queries.input_ids,
+                          output_attentions=True).cross_attentions  # fmt: skip
+    for layer, head, query in ((0, 0, 3), (1, 3, 0), (1, 2, 5)):
+        terms = attnviz.why(TEXT, model=model, layer=layer, head=head, query=query, stack="cross", kv=SOURCE).terms
+        assert terms.total == pytest.approx(terms.score, abs=1e-5 * max(1.0, abs(terms.score)))
+        assert terms.weight == pytest.approx(float(cross[layer][0, head, query, terms.key]), abs=1e-5)
+    embedded = {"embed", "pos", *(["emb.norm.bias"] if family == "bart" else [])}
+    heads = lambda label: {f"{label}H{h}" for h in range(4)} | {f"{label}.bias"}  # noqa: E731
+    layer_0 = heads("L0") | {"L0.norm1.bias"} | heads("X0") | {"L0.norm2.bias", "mlp0", "L0.norm3.bias"}
+    assert set(terms.query_parts) == embedded | layer_0 | heads("L1") | {"L1.norm1.bias", "bias"}  # layer 1's own self heads
+    assert {f"enc.{name}" for name in embedded} | {"enc.L1H3", "enc.L1.bias", "enc.L1.norm1.bias", "enc.mlp1", "enc.L1.norm2.bias", "bias"} <= set(terms.key_parts)
 
 
 @pytest.mark.parametrize("kv", [SOURCE, None])
@@ -124,8 +150,8 @@ def test_each_term_is_the_product_of_its_parts_through_transformers_own_modules(
 @pytest.mark.parametrize(
     "family, stack, message",
     [
-        ("bart", "cross", "why splits the cross-attention of pre-norm encoder-decoders (T5), not BART's: BART and Marian normalise after each sublayer"),
-        ("marian", "cross", "not Marian's: BART and Marian normalise after each sublayer"),
+        ("bart", None, "why splits BART's cross-attention (--stack cross), not its encoder's self-attention: not split yet"),
+        ("marian", "decoder", "why splits Marian's cross-attention (--stack cross), not its decoder's self-attention"),
         ("t5", "decoder", "why splits T5's cross-attention (--stack cross), not its decoder's self-attention: the relative position bias"),
         ("t5", None, "not its encoder's self-attention"),
     ],

@@ -131,6 +131,8 @@ def report_refusal(loaded, spec, num_tokens: int) -> str | None:
     """Why a report of this run holds no splits of its layer's scores (None: it holds them)."""
     from attnviz.passes import computes_models_attention
 
+    if spec.stack == "cross":
+        return "the report splits the scores of self-attention: attnviz why --stack cross splits a cell of this cross-attention (T5, BART, Marian)"
     if not (splits_post_norm(loaded) or splits_pre_norm(loaded)):
         return f"why splits the scores of pre-norm decoders (Llama, Qwen, SmolLM2, GPT-2) and of post-norm encoders (BERT, RoBERTa, ELECTRA, DistilBERT, ALBERT), not {loaded.family.name}'s"
     if spec.kv_text is not None or spec.cross_attention or not computes_models_attention(loaded, spec):
@@ -278,7 +280,7 @@ def _post_norm_parts(loaded, stream, inputs: dict, layer: int, rows):
         names.append("type")
         parts.append(embeddings.token_type_embeddings(types)[0][rows].double())
     parts.insert(1, summed - sum(parts))  # the position's: what entered the norm less the others
-    names, parts = _through_norm(names, torch.stack(parts), embeddings.LayerNorm, "emb.norm.bias")
+    names, parts = through_norm(names, torch.stack(parts), embeddings.LayerNorm, "emb.norm.bias")
     projection = loaded.family.embedding_projection  # ELECTRA's and ALBERT's: narrower embeddings, projected up
     project = _submodule(model, projection) if projection else None
     if project is not None:
@@ -290,9 +292,9 @@ def _post_norm_parts(loaded, stream, inputs: dict, layer: int, rows):
         more, added = _attention_parts(loaded, stream, earlier, rows)
         index = earlier if loaded.is_bert else loaded.family.stored_index(model.config, earlier, None)  # ALBERT's shared
         norm1, norm2 = (model.get_submodule(name) for name in loaded.family.post_norm_names(index))
-        names, parts = _through_norm(names + more, torch.cat([parts, added]), norm1, f"L{earlier}.norm1.bias")
+        names, parts = through_norm(names + more, torch.cat([parts, added]), norm1, f"L{earlier}.norm1.bias")
         mlp = stream.mlp[earlier][0][rows].double()
-        names, parts = _through_norm(names + [f"mlp{earlier}"], torch.cat([parts, mlp[None]]), norm2, f"L{earlier}.norm2.bias")
+        names, parts = through_norm(names + [f"mlp{earlier}"], torch.cat([parts, mlp[None]]), norm2, f"L{earlier}.norm2.bias")
     return names, parts
 
 
@@ -325,7 +327,7 @@ def head_parts(weights, z, label: str):
     return names + [f"{label}.bias"], torch.cat([heads, b_o.double().expand(1, z.shape[1], -1)])
 
 
-def _through_norm(names: list[str], parts, norm, bias_name: str):
+def through_norm(names: list[str], parts, norm, bias_name: str):
     """Each part (P, R, D) through a LayerNorm with the scale of their sum frozen: g ⊙ (part - its mean) / σ; the
     norm's bias a part of its own."""
     import torch

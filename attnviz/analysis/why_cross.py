@@ -12,29 +12,36 @@ too. Cross-attention adds no position bias (T5's relative bias belongs to its se
 Every part comes from one pass of the whole model (TransformersModel.stacks_pass: the encoder's, the decoder's and the
 cross-attention's hooks at once); the sums are checked against what the pass gave (the stream entering each layer,
 what entered the cross-attention and the encoder's output), and the score is the one attnviz's layer computes over
-that pass's input of the layer. T5 alone: BART and Marian normalise after each sublayer (post-norm, with
-layernorm_embedding and scaled embeddings) and are refused with that reason.
+that pass's input of the layer.
+
+BART and Marian normalise after each sublayer instead (post-norm): every part goes through each norm on the way with
+its scale frozen (centred, g / σ), each norm's bias a part of its own ("L3.norm1.bias", "L3.norm2.bias", "L3.norm3.bias"
+after the decoder's self-attention, cross-attention and MLP; "enc.L3.norm1.bias", "enc.L3.norm2.bias"), the
+attentions' output biases parts too ("L3.bias", "X3.bias"), and each side's embeddings are the token's (scaled as the
+model scales it) and the position's, through BART's layernorm_embedding (Marian has none).
 """
 
 from __future__ import annotations
 
-from attnviz.analysis.why import ScoreTerms, frozen_norm, head_parts, layer_scores, side_vectors
+from attnviz.analysis.why import ScoreTerms, frozen_norm, head_parts, layer_scores, side_vectors, through_norm
 from attnviz.errors import AttnvizError
 
 TOLERANCE = 1e-4  # as why.PARTS_TOLERANCE: float32 sums of the parts, relative to the stream's size
 
 
 def splits_cross(loaded) -> bool:
-    """A pre-norm encoder-decoder whose adapter names the norm before its cross-attention (T5)."""
-    return loaded.family.cross_attention_norm is not None
+    """An encoder-decoder whose adapter names the norm before its cross-attention (pre-norm: T5) or the norms after each
+    sublayer (post-norm: BART, Marian)."""
+    return loaded.family.cross_attention_norm is not None or _post_norm(loaded)
+
+
+def _post_norm(loaded) -> bool:
+    return loaded.family.sublayer_norms(0, "cross") is not None
 
 
 def refuse_cross(loaded) -> None:
     if not splits_cross(loaded):
-        raise AttnvizError(
-            f"why splits the cross-attention of pre-norm encoder-decoders (T5), not {loaded.family.name}'s: BART and Marian "
-            "normalise after each sublayer, which is not split yet"
-        )
+        raise AttnvizError(f"why splits the cross-attention of encoder-decoders (T5, BART, Marian), not {loaded.family.name}'s")
 
 
 def cross_score_terms(loaded, encoded, spec, head: int, query: int, key: int | None = None) -> ScoreTerms:
@@ -51,8 +58,8 @@ def cross_score_terms(loaded, encoded, spec, head: int, query: int, key: int | N
     layer = spec.layer
     inputs, source = encoded.queries.model_inputs(spec.device), encoded.keys.model_inputs(spec.device)
     wanted = {
-        "encoder": Wanted(calls=True, z_merged=True, mlp=True, final=True),
-        "decoder": Wanted(calls=True, z_merged=True, mlp=True),
+        "encoder": Wanted(calls=True, z_merged=True, mlp=True, final=True, embedded=True),
+        "decoder": Wanted(calls=True, z_merged=True, mlp=True, embedded=True),
         "cross": Wanted(frozenset({layer}), z_merged=True),
     }
     with torch.inference_mode(), threads_for(encoded):
@@ -63,8 +70,9 @@ def cross_score_terms(loaded, encoded, spec, head: int, query: int, key: int | N
         weights = scores.softmax(dim=-1)
         key = int(weights.argmax()) if key is None else key
         query_rows, key_rows = torch.tensor([query]), torch.tensor([key])
-        query_parts = _decoder_parts(loaded, captured, inputs["input_ids"], layer, query_rows, entered.hidden[0][query_rows].double())
-        key_parts = _encoder_parts(loaded, captured["encoder"], source["input_ids"], key_rows, entered.kv_hidden[0][key_rows].double())
+        decoder_parts, encoder_parts = (_post_norm_decoder_parts, _post_norm_encoder_parts) if _post_norm(loaded) else (_decoder_parts, _encoder_parts)
+        query_parts = decoder_parts(loaded, captured, inputs["input_ids"], layer, query_rows, entered.hidden[0][query_rows].double())
+        key_parts = encoder_parts(loaded, captured["encoder"], source["input_ids"], key_rows, entered.kv_hidden[0][key_rows].double())
         query_names, query_vectors = side_vectors(attention, query_parts, query_rows, "q")  # (P_q, 1, H, d)
         key_names, key_vectors = side_vectors(attention, key_parts, key_rows, "k")  # (P_k, 1, H_kv, d)
         terms = attention.scale * (query_vectors[:, 0, head] @ key_vectors[:, 0, head // attention.group_size].T)  # (P_q, P_k)
@@ -130,5 +138,69 @@ def _encoder_parts(loaded, encoder, ids, rows, output):
         names, parts = names + more + [f"enc.mlp{layer}"], torch.cat([parts, added, encoder.mlp[layer][0][rows].double()[None]])
     _check(parts, encoder.final_in[0][rows].double(), "what entered the encoder's final norm")
     names, parts = frozen_norm(model.get_submodule(loaded.family.final_norm_name("encoder")), names, parts, parts.sum(dim=0))
+    _check(parts, output, "the encoder's output")
+    return names, parts
+
+
+def _post_norm_embedded(loaded, captured, ids, rows, side: str, label: str):
+    """(names, (P, R, D)): a post-norm side's embeddings at rows, the token's (scaled, as the model scales it) and the
+    position's (what entered the embeddings' norm, or the first layer, less the token's), through BART's
+    layernorm_embedding with its scale frozen (Marian has none)."""
+    import torch
+
+    module = loaded.model.get_submodule(side)
+    embed = (module.embed_tokens(ids.to(captured.recorded().entering(0).device)) * getattr(module, "embed_scale", 1.0))[0][rows].double()
+    summed = (captured.embedded if captured.embedded is not None else captured.recorded().entering(0))[0][rows].double()
+    names, parts = [f"{label}embed", f"{label}pos"], torch.stack([embed, summed - embed])
+    if captured.embedded is None:
+        return names, parts
+    return through_norm(names, parts, loaded.model.get_submodule(loaded.family.embedding_norm_name(side)), f"{label}emb.norm.bias")
+
+
+def _norm(loaded, name: str):
+    return loaded.model.get_submodule(name)
+
+
+def _post_norm_decoder_parts(loaded, captured: dict, ids, layer: int, rows, entered):
+    """(names, (P, R, D) float64) at decoder positions `rows`: what enters decoder layer `layer`'s cross-attention in a
+    post-norm encoder-decoder (BART, Marian): the stream after that layer's self-attention and its norm. Each part goes
+    through every norm on the way with its scale frozen, each norm's bias a part of its own ("L3.norm1.bias" after the
+    self-attention, "L3.norm2.bias" after the cross-attention, "L3.norm3.bias" after the MLP); checked against the
+    stream entering each layer and against what entered the cross-attention (entered, (R, D))."""
+    import torch
+
+    model = loaded.model
+    decoder, cross = captured["decoder"], captured["cross"]
+    names, parts = _post_norm_embedded(loaded, decoder, ids, rows, "decoder", "")
+    for earlier in range(layer + 1):
+        _check(parts, decoder.recorded().entering(earlier)[0][rows].double(), f"decoder layer {earlier}'s input")
+        norms = [_norm(loaded, name) for name in loaded.family.sublayer_norms(earlier, "decoder")]
+        more, added = head_parts(model.attention_weights(earlier, "decoder"), decoder.z_merged[earlier][0][rows], f"L{earlier}")
+        names, parts = through_norm(names + more, torch.cat([parts, added]), norms[0], f"L{earlier}.norm1.bias")
+        if earlier == layer:
+            break
+        more, added = head_parts(model.attention_weights(earlier, "cross"), cross.z_merged[earlier][0][rows], f"X{earlier}")
+        names, parts = through_norm(names + more, torch.cat([parts, added]), norms[1], f"L{earlier}.norm2.bias")
+        mlp = decoder.mlp[earlier][0][rows].double()[None]
+        names, parts = through_norm(names + [f"mlp{earlier}"], torch.cat([parts, mlp]), norms[2], f"L{earlier}.norm3.bias")
+    _check(parts, entered, f"what entered decoder layer {layer}'s cross-attention")
+    return names, parts
+
+
+def _post_norm_encoder_parts(loaded, encoder, ids, rows, output):
+    """(names, (P, R, D) float64) at encoder positions `rows`: a post-norm encoder's output, its parts ("enc.embed",
+    "enc.pos", each layer's heads "enc.L3H5" and MLP "enc.mlp3") through every norm with its scale frozen, each norm's
+    bias a part of its own; checked against the stream entering each layer and the output (R, D)."""
+    import torch
+
+    model = loaded.model
+    names, parts = _post_norm_embedded(loaded, encoder, ids, rows, "encoder", "enc.")
+    for layer in range(len(encoder.z_merged)):
+        _check(parts, encoder.recorded().entering(layer)[0][rows].double(), f"encoder layer {layer}'s input")
+        norm1, norm2 = (_norm(loaded, name) for name in loaded.family.sublayer_norms(layer, "encoder"))
+        more, added = head_parts(model.attention_weights(layer, "encoder"), encoder.z_merged[layer][0][rows], f"enc.L{layer}")
+        names, parts = through_norm(names + more, torch.cat([parts, added]), norm1, f"enc.L{layer}.norm1.bias")
+        mlp = encoder.mlp[layer][0][rows].double()[None]
+        names, parts = through_norm(names + [f"enc.mlp{layer}"], torch.cat([parts, mlp]), norm2, f"enc.L{layer}.norm2.bias")
     _check(parts, output, "the encoder's output")
     return names, parts

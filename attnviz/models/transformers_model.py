@@ -281,7 +281,10 @@ class TransformersModel:
                 modules.append(self.model.get_submodule(names["w_" + role]))
             mlps.append(self.model.get_submodule(self.family.mlp_name(self.config, index, stack)))
         post_norm = stack is None and self.family.post_norm_names(0) is not None  # an encoder's embeddings' LayerNorm
-        embedding_norm = self.model.get_submodule("embeddings.LayerNorm") if post_norm else None
+        name = "embeddings.LayerNorm" if post_norm else self.family.embedding_norm_name(stack)
+        embedding_norm = None
+        if name is not None and any(each == name for each, _ in self.model.named_modules()):  # Marian's sides have none
+            embedding_norm = self.model.get_submodule(name)
         return HookPoints(self.layer_stack(stack), attention, projections, mlps, cross=stack == "cross", embedding_norm=embedding_norm)
 
     # ---- the layers one by one: the model's output with a head taken out (analysis/effect.py) -----------------

@@ -72,6 +72,16 @@ class Family:
     # base model's module; None where the adapter names none. analysis/why_cross.py splits cross-attention's scores.
     cross_attention_norm: ClassVar[str | None] = None
 
+    def sublayer_norms(self, index: int, stack: str | None) -> tuple[str, ...] | None:
+        """A post-norm encoder-decoder's (BART's): the norms after each sublayer of stored layer `index` of the stack's
+        side, in order (the decoder's after its self-attention, its cross-attention and its MLP; the encoder's after
+        its self-attention and its MLP); None where the adapter names none (analysis/why_cross.py)."""
+        return None
+
+    def embedding_norm_name(self, stack: str | None) -> str | None:
+        """The norm over an encoder-decoder side's embeddings (BART's layernorm_embedding), if the adapter names one."""
+        return None
+
     @property
     def causal(self) -> bool:
         """A decoder's own attention is causal: each token sees itself and the tokens before it."""
