@@ -5,7 +5,8 @@ The terms add up to the cross-attention score attnviz's layer computes (1e-5), w
 cross-attention weight (1e-5); each term is the product of its two parts made again from transformers' T5Model with
 this test's own hooks (what entered each o, each DenseReluDense's output, the cross-attention's norm and the encoder's
 final norm with their scales frozen, EncDecAttention's q and k; T5 has no scale), within 1e-4. BART and Marian, which
-normalise after each sublayer, add up to their score and weight too. The self-attentions of the three are refused in
+normalise after each sublayer, add up to their score and weight too, and so do their encoder and decoder
+self-attentions (the same walks, up to the layer); T5's self-attentions (their relative position bias) are refused in
 one line.
 """
 
@@ -60,6 +61,33 @@ def test_a_post_norm_encoder_decoders_terms_add_up_to_the_score_and_its_weight_i
     layer_0 = heads("L0") | {"L0.norm1.bias"} | heads("X0") | {"L0.norm2.bias", "mlp0", "L0.norm3.bias"}
     assert set(terms.query_parts) == embedded | layer_0 | heads("L1") | {"L1.norm1.bias", "bias"}  # layer 1's own self heads
     assert {f"enc.{name}" for name in embedded} | {"enc.L1H3", "enc.L1.bias", "enc.L1.norm1.bias", "enc.mlp1", "enc.L1.norm2.bias", "bias"} <= set(terms.key_parts)
+
+
+@pytest.mark.parametrize("family", ["bart", "marian"])
+@pytest.mark.parametrize("stack", ["encoder", "decoder"])
+def test_a_post_norm_encoder_decoders_self_attentions_split_too(family, stack, tmp_path):
+    """BART's and Marian's encoder self-attention and causal decoder self-attention: the walks of the cross-attention's
+    two sides, up to the layer; the terms add up to the score (1e-5), its weight is transformers' eager one (1e-5)."""
+    from tiny_families import FAMILY_CHECKPOINTS, build_checkpoint
+
+    build_checkpoint(family, tmp_path)
+    model = attnviz.load(str(tmp_path), device="cpu")
+    spec = run_spec(model.loaded, str(tmp_path), layer=1, stack=stack)
+    encoded = encode_texts(model.loaded, [TEXT], spec)
+    source = encoded.queries if stack == "encoder" else encoded.source
+    reference = FAMILY_CHECKPOINTS[family]()[1].from_pretrained(tmp_path, attn_implementation="eager").eval()
+    with torch.inference_mode():
+        out = reference(input_ids=source.input_ids, attention_mask=source.attention_mask, decoder_input_ids=encoded.queries.input_ids, output_attentions=True)
+    maps = out.encoder_attentions if stack == "encoder" else out.decoder_attentions
+    for layer, head, query in ((0, 0, 3), (1, 3, 7), (1, 2, 5)):
+        terms = attnviz.why(TEXT, model=model, layer=layer, head=head, query=query, stack=stack).terms
+        assert terms.total == pytest.approx(terms.score, abs=1e-5 * max(1.0, abs(terms.score)))
+        assert terms.weight == pytest.approx(float(maps[layer][0, head, query, terms.key]), abs=1e-5)
+        assert stack == "encoder" or terms.key <= query
+    prefix = "enc." if stack == "encoder" else ""
+    layer_0 = {f"{prefix}L0H{h}" for h in range(4)} | {f"{prefix}L0.bias", f"{prefix}L0.norm1.bias", f"{prefix}mlp0"}
+    assert layer_0 | {f"{prefix}embed", f"{prefix}pos", "bias"} <= set(terms.query_parts) and terms.query_parts == terms.key_parts
+    assert not any(name.startswith(f"{prefix}L1") for name in terms.query_parts)  # layer 1 reads the stream before its own heads
 
 
 @pytest.mark.parametrize("kv", [SOURCE, None])
@@ -150,8 +178,6 @@ def test_each_term_is_the_product_of_its_parts_through_transformers_own_modules(
 @pytest.mark.parametrize(
     "family, stack, message",
     [
-        ("bart", None, "why splits BART's cross-attention (--stack cross), not its encoder's self-attention: not split yet"),
-        ("marian", "decoder", "why splits Marian's cross-attention (--stack cross), not its decoder's self-attention"),
         ("t5", "decoder", "why splits T5's cross-attention (--stack cross), not its decoder's self-attention: the relative position bias"),
         ("t5", None, "not its encoder's self-attention"),
     ],

@@ -18,7 +18,9 @@ BART and Marian normalise after each sublayer instead (post-norm): every part go
 its scale frozen (centred, g / σ), each norm's bias a part of its own ("L3.norm1.bias", "L3.norm2.bias", "L3.norm3.bias"
 after the decoder's self-attention, cross-attention and MLP; "enc.L3.norm1.bias", "enc.L3.norm2.bias"), the
 attentions' output biases parts too ("L3.bias", "X3.bias"), and each side's embeddings are the token's (scaled as the
-model scales it) and the position's, through BART's layernorm_embedding (Marian has none).
+model scales it) and the position's, through BART's layernorm_embedding (Marian has none). Their encoder and decoder
+self-attentions split by the same walks, up to the layer (self_score_terms); T5's add a relative position bias to
+their scores, which is not split yet.
 """
 
 from __future__ import annotations
@@ -81,6 +83,45 @@ def cross_score_terms(loaded, encoded, spec, head: int, query: int, key: int | N
         query_parts=query_names, key_parts=key_names, terms=terms.cpu().numpy(), tokens=list(encoded.queries.tokens[0]),
         shown_tokens=list(encoded.queries.shown[0] or encoded.queries.tokens[0]), key_tokens=list(encoded.keys.tokens[0]),
         shown_key_tokens=list(encoded.keys.shown[0] or encoded.keys.tokens[0]),
+    )  # fmt: skip
+
+
+def self_score_terms(loaded, encoded, spec, head: int, query: int, key: int | None = None) -> ScoreTerms:
+    """A post-norm encoder-decoder's (BART's, Marian's) self-attention at spec.layer of spec.stack ("encoder", the
+    default, or "decoder", causal): the score of (query, key) split into part × part terms over that stack's stream,
+    every part through each norm on the way with its scale frozen (the walks of the cross-attention's two sides, up to
+    the layer). One pass of the whole model (the decoder reads the encoder's text too when the encoder is split)."""
+    import torch
+
+    from attnviz.layer_inputs import LayerStates, threads_for
+    from attnviz.models.capture import Wanted
+    from attnviz.own_layer import build_layer
+
+    if not _post_norm(loaded):
+        raise AttnvizError(f"why splits {loaded.family.name}'s cross-attention (--stack cross), not its self-attentions: the relative position bias their scores add is not split yet")
+    layer, stack = spec.layer, spec.stack or "encoder"
+    inputs = encoded.queries.model_inputs(spec.device)
+    source = encoded.source.model_inputs(spec.device) if stack == "decoder" else inputs
+    wanted = Wanted(frozenset({layer}), calls=True, z_merged=True, mlp=True, embedded=True)
+    with torch.inference_mode(), threads_for(encoded):
+        captured = loaded.model.stacks_pass(inputs, source, {stack: wanted} | ({"cross": Wanted(z_merged=True)} if stack == "decoder" else {}))
+        entered = captured[stack].x[layer].hidden  # (1, N, D): the stream as it is (post-norm: no norm before the attention)
+        attention = build_layer(loaded, spec)
+        scores = layer_scores(attention, LayerStates(entered, entered), spec.causal)[head, query]  # (N,)
+        weights = scores.softmax(dim=-1)
+        key = int(weights.argmax()) if key is None else key
+        rows = torch.tensor([query, key])
+        if stack == "decoder":
+            parts = _post_norm_decoder_parts(loaded, captured, inputs["input_ids"], layer, rows, entered[0][rows].double(), before_self=True)
+        else:
+            parts = _post_norm_encoder_parts(loaded, captured["encoder"], inputs["input_ids"], rows, entered[0][rows].double(), stop=layer)
+        query_names, query_vectors = side_vectors(attention, parts, rows, "q")  # (P, 2, H, d)
+        key_names, key_vectors = side_vectors(attention, parts, rows, "k")
+        terms = attention.scale * (query_vectors[:, 0, head] @ key_vectors[:, 1, head // attention.group_size].T)  # (P, P)
+    return ScoreTerms(
+        layer=layer, head=head, query=query, key=key, score=float(scores[key]), weight=float(weights[key]),
+        query_parts=query_names, key_parts=key_names, terms=terms.cpu().numpy(), tokens=list(encoded.queries.tokens[0]),
+        shown_tokens=list(encoded.queries.shown[0] or encoded.queries.tokens[0]),
     )  # fmt: skip
 
 
@@ -161,12 +202,13 @@ def _norm(loaded, name: str):
     return loaded.model.get_submodule(name)
 
 
-def _post_norm_decoder_parts(loaded, captured: dict, ids, layer: int, rows, entered):
+def _post_norm_decoder_parts(loaded, captured: dict, ids, layer: int, rows, entered, before_self: bool = False):
     """(names, (P, R, D) float64) at decoder positions `rows`: what enters decoder layer `layer`'s cross-attention in a
     post-norm encoder-decoder (BART, Marian): the stream after that layer's self-attention and its norm. Each part goes
     through every norm on the way with its scale frozen, each norm's bias a part of its own ("L3.norm1.bias" after the
     self-attention, "L3.norm2.bias" after the cross-attention, "L3.norm3.bias" after the MLP); checked against the
-    stream entering each layer and against what entered the cross-attention (entered, (R, D))."""
+    stream entering each layer and against what entered the cross-attention (entered, (R, D)). before_self: the stream
+    entering layer `layer` instead, what its self-attention reads (entered is then that stream)."""
     import torch
 
     model = loaded.model
@@ -174,6 +216,8 @@ def _post_norm_decoder_parts(loaded, captured: dict, ids, layer: int, rows, ente
     names, parts = _post_norm_embedded(loaded, decoder, ids, rows, "decoder", "")
     for earlier in range(layer + 1):
         _check(parts, decoder.recorded().entering(earlier)[0][rows].double(), f"decoder layer {earlier}'s input")
+        if before_self and earlier == layer:
+            break
         norms = [_norm(loaded, name) for name in loaded.family.sublayer_norms(earlier, "decoder")]
         more, added = head_parts(model.attention_weights(earlier, "decoder"), decoder.z_merged[earlier][0][rows], f"L{earlier}")
         names, parts = through_norm(names + more, torch.cat([parts, added]), norms[0], f"L{earlier}.norm1.bias")
@@ -183,24 +227,27 @@ def _post_norm_decoder_parts(loaded, captured: dict, ids, layer: int, rows, ente
         names, parts = through_norm(names + more, torch.cat([parts, added]), norms[1], f"L{earlier}.norm2.bias")
         mlp = decoder.mlp[earlier][0][rows].double()[None]
         names, parts = through_norm(names + [f"mlp{earlier}"], torch.cat([parts, mlp]), norms[2], f"L{earlier}.norm3.bias")
-    _check(parts, entered, f"what entered decoder layer {layer}'s cross-attention")
+    _check(parts, entered, f"what entered decoder layer {layer}'s {'self' if before_self else 'cross'}-attention")
     return names, parts
 
 
-def _post_norm_encoder_parts(loaded, encoder, ids, rows, output):
+def _post_norm_encoder_parts(loaded, encoder, ids, rows, output, stop: int | None = None):
     """(names, (P, R, D) float64) at encoder positions `rows`: a post-norm encoder's output, its parts ("enc.embed",
     "enc.pos", each layer's heads "enc.L3H5" and MLP "enc.mlp3") through every norm with its scale frozen, each norm's
-    bias a part of its own; checked against the stream entering each layer and the output (R, D)."""
+    bias a part of its own; checked against the stream entering each layer and the output (R, D). stop: the stream
+    entering layer `stop` instead, what its self-attention reads (output is then that stream)."""
     import torch
 
     model = loaded.model
     names, parts = _post_norm_embedded(loaded, encoder, ids, rows, "encoder", "enc.")
     for layer in range(len(encoder.z_merged)):
         _check(parts, encoder.recorded().entering(layer)[0][rows].double(), f"encoder layer {layer}'s input")
+        if layer == stop:
+            break
         norm1, norm2 = (_norm(loaded, name) for name in loaded.family.sublayer_norms(layer, "encoder"))
         more, added = head_parts(model.attention_weights(layer, "encoder"), encoder.z_merged[layer][0][rows], f"enc.L{layer}")
         names, parts = through_norm(names + more, torch.cat([parts, added]), norm1, f"enc.L{layer}.norm1.bias")
         mlp = encoder.mlp[layer][0][rows].double()[None]
         names, parts = through_norm(names + [f"enc.mlp{layer}"], torch.cat([parts, mlp]), norm2, f"enc.L{layer}.norm2.bias")
-    _check(parts, output, "the encoder's output")
+    _check(parts, output, "the encoder's output" if stop is None else f"what entered encoder layer {stop}'s self-attention")
     return names, parts

@@ -27,13 +27,13 @@ def why(text: str, *, head: int, query: int, key: int | None = None, **options):
     embeddings, each earlier layer's heads one by one, each MLP, the biases), through the norms with each position's
     scale frozen, W_Q or W_K and RoPE (analysis/why.py). key None: the key the head weighs most from that query.
     Pre-norm decoders (Llama, Qwen, SmolLM2, GPT-2) and post-norm encoders (BERT, RoBERTa, XLM-RoBERTa, ELECTRA,
-    DistilBERT, ALBERT); one pass of the model. The cross-attention of T5, BART and Marian with stack="cross"
-    (analysis/why_cross.py): query
+    DistilBERT, ALBERT); one pass of the model. BART's and Marian's encoder and decoder self-attentions (stack), and the
+    cross-attention of T5, BART and Marian with stack="cross" (analysis/why_cross.py): query
     a decoder token, key an encoder token of kv (the source text; default: text itself), the decoder's parts × the
     encoder's. options: model, layer (default 0), kv, stack, device, dtype, truncate, allow_pickle.
     """
     from attnviz.analysis.why import score_terms, splits_post_norm, splits_pre_norm
-    from attnviz.analysis.why_cross import cross_score_terms, refuse_cross, splits_cross
+    from attnviz.analysis.why_cross import cross_score_terms, refuse_cross, self_score_terms, splits_cross
     from attnviz.layer_inputs import check_layer, encode_texts
 
     options = run_options("why", options, WHY_OPTIONS)
@@ -52,10 +52,12 @@ def why(text: str, *, head: int, query: int, key: int | None = None, **options):
         refuse_cross(loaded)
     elif options.kv is not None:
         raise AttnvizError("--kv: why splits the model's own attention, whose keys are its text's (--kv with --stack cross: the encoder's source text)")
-    elif splits_cross(loaded):  # an encoder-decoder: T5's self-attentions add a relative position bias
-        reason = "the relative position bias its scores add is not split yet" if loaded.family.position_bias else "not split yet"
-        raise AttnvizError(f"why splits {loaded.family.name}'s cross-attention (--stack cross), not its {options.stack or 'encoder'}'s self-attention: {reason}")
-    elif not (splits_pre_norm(loaded) or splits_post_norm(loaded)):
+    elif loaded.family.cross_attention_norm is not None:  # T5: its self-attentions add a relative position bias
+        raise AttnvizError(
+            f"why splits {loaded.family.name}'s cross-attention (--stack cross), not its {options.stack or 'encoder'}'s self-attention: "
+            "the relative position bias its scores add is not split yet"
+        )
+    elif not (splits_pre_norm(loaded) or splits_post_norm(loaded) or splits_cross(loaded)):
         raise AttnvizError(f"why splits the scores of pre-norm decoders (Llama, Qwen, SmolLM2, GPT-2) and of post-norm encoders (BERT, RoBERTa, ELECTRA, DistilBERT, ALBERT), not {loaded.family.name}'s")
     check_layer(loaded, layer, options.stack)
     num_heads = loaded.num_heads_of(options.stack)
@@ -72,7 +74,12 @@ def why(text: str, *, head: int, query: int, key: int | None = None, **options):
             raise AttnvizError(f"{option(name, value)} is past the text: it is {count} tokens as {read} reads it (0 to {count - 1})")
     if key is not None and spec.causal and key > query:
         raise AttnvizError(f"key {key} comes after query {query}: under the causal mask its weight is 0 and it has no score to split")
-    split = cross_score_terms(loaded, encoded, spec, head, query, key) if cross else score_terms(loaded, encoded, spec, layer, head, query, key)
+    if cross:
+        split = cross_score_terms(loaded, encoded, spec, head, query, key)
+    elif splits_cross(loaded):  # BART's and Marian's encoder and decoder self-attentions: the post-norm walks of cross's sides
+        split = self_score_terms(loaded, encoded, spec, head, query, key)
+    else:
+        split = score_terms(loaded, encoded, spec, layer, head, query, key)
     return WhyResult(split, spec, text, loaded.name)
 
 

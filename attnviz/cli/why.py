@@ -56,7 +56,7 @@ def why(
     """A head's pre-softmax score of (query, key) split exactly into terms: each a part of the query's residual stream
     (the embeddings, each earlier layer's heads one by one, each MLP, the biases) times a part of the key's, through the
     norms with each position's scale frozen, W_Q or W_K and RoPE. Pre-norm decoders (Llama, Qwen, SmolLM2, GPT-2) and
-    post-norm encoders (BERT, RoBERTa, XLM-RoBERTa, ELECTRA, DistilBERT, ALBERT), and the cross-attention of T5, BART and Marian (--stack cross:
+    post-norm encoders (BERT, RoBERTa, XLM-RoBERTa, ELECTRA, DistilBERT, ALBERT), BART's and Marian's every stack, and T5's cross-attention (--stack cross:
     the decoder's parts × the encoder's, the source text --kv, else TEXT itself). The largest terms as a table, why.png
     (the term matrix) and why.json (every term: they add up to the score)."""
     from attnviz.api.why import why as split_score
