@@ -153,15 +153,16 @@ def test_bad_input_is_one_line_and_exit_code_2_and_writes_nothing(case, decoder_
 
 
 def test_a_family_whose_parts_are_not_split_yet_is_refused_in_one_line(tmp_path, capsys):
-    """BART: an encoder-decoder, whose adapter names neither a norm before its attention nor its post-norms."""
+    """T5's encoder self-attention (the default stack of an encoder-decoder), whose scores add a relative position
+    bias: its cross-attention alone is split (tests/test_why_cross.py)."""
     from tiny_families import build_checkpoint
 
     from attnviz.cli.main import run
 
-    build_checkpoint("bart", tmp_path / "model")
+    build_checkpoint("t5", tmp_path / "model")
     args = ["why", TEXT, "--model", str(tmp_path / "model"), "--layer", "1", "--head", "0", "--query", "1", "--out", str(tmp_path / "run")]
     assert run(args) == 2
-    assert "why splits the scores of pre-norm decoders (Llama, Qwen, SmolLM2, GPT-2) and of post-norm encoders" in capsys.readouterr().err
+    assert "why splits T5's cross-attention (--stack cross), not its encoder's self-attention: the relative position bias" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
 
 
