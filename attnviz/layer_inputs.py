@@ -75,12 +75,32 @@ def threads_for_tokens(tokens: int) -> Iterator[None]:
 
 
 @dataclass
+class StreamParts:
+    """What the residual stream entering a layer L is made of, from the capture's pass (analysis/why.py splits a score
+    over them): the stream entering each layer 0 .. L (B, N, D), what entered each earlier layer's W_o (B, N, H d: the
+    heads' outputs side by side), each earlier MLP's output (B, N, D), and for a post-norm encoder what entered its
+    embeddings' norm (B, N, D)."""
+
+    entering: dict[int, torch.Tensor]
+    z_merged: dict[int, torch.Tensor]
+    mlp: dict[int, torch.Tensor]
+    embedded: torch.Tensor | None = None
+
+    def cut(self, cut) -> "StreamParts":
+        """Each tensor through cut (one text's rows of a padded batch)."""
+        each = lambda tensors: {layer: cut(tensor) for layer, tensor in tensors.items()}  # noqa: E731
+        return StreamParts(each(self.entering), each(self.z_merged), each(self.mlp), None if self.embedded is None else cut(self.embedded))
+
+
+@dataclass
 class LayerStates:
-    """What one layer's attention runs over: queries' states (B, Nq, D), keys' (B, Nk, D), and T5's position bias."""
+    """What one layer's attention runs over: queries' states (B, Nq, D), keys' (B, Nk, D), and T5's position bias;
+    stream: the parts of the residual stream entering the layer, where the capture was asked for them (why's split)."""
 
     queries: torch.Tensor
     keys: torch.Tensor
     position_bias: torch.Tensor | None = None
+    stream: StreamParts | None = None
 
 
 @dataclass
@@ -159,7 +179,8 @@ def _text_states(state: LayerStates, i: int, num_queries: int, num_keys: int) ->
     queries = own(state.queries, num_queries)
     keys = queries if state.keys is state.queries else own(state.keys, num_keys)
     bias = None if state.position_bias is None else state.position_bias[:, :, :num_queries, :num_keys].contiguous()
-    return LayerStates(queries, keys, bias)
+    stream = None if state.stream is None else state.stream.cut(lambda tensor: own(tensor, num_queries))
+    return LayerStates(queries, keys, bias, stream)
 
 
 def _model_inputs(encoded: Encoded, device: str, batch: int | None = None) -> dict[str, torch.Tensor]:

@@ -17,7 +17,8 @@ import torch
 
 from attnviz.attention.layer import MultiHeadAttention, rows_per_block
 from attnviz.budgets import block_budget, memory_budget
-from attnviz.layer_inputs import Capture, EncodedTexts, LayerStates, encode_texts, layer_input, layer_states, threads_for
+from attnviz.layer_inputs import Capture, EncodedTexts, LayerStates, StreamParts, encode_texts, layer_input, layer_states, threads_for
+from attnviz.models.capture import Wanted, capture
 from attnviz.models.loading import LoadedModel
 from attnviz.own_layer import build_layer
 from attnviz.run_data import FORWARD_PASS, LAYERS_OF_THE_TEXT, Progress
@@ -25,18 +26,20 @@ from attnviz.spec import RunSpec, model_is_causal
 
 
 @torch.inference_mode()
-def capture_texts(loaded: LoadedModel, texts: list[str], spec: RunSpec, layers: list[int] | None = None, entered=lambda done: None) -> Capture:
+def capture_texts(
+    loaded: LoadedModel, texts: list[str], spec: RunSpec, layers: list[int] | None = None, entered=lambda done: None, stream_of: int | None = None
+) -> Capture:
     """The texts' capture (layer_inputs.Capture): encoded once as one padded batch, and the input of each of `layers`
-    (default: every layer of spec.stack) from one pass of the model (capture_states), under threads_for."""
+    (default: every layer of spec.stack) from one pass of the model (capture_states, stream_of its), under threads_for."""
     encoded = encode_texts(loaded, texts, spec)
     layers = list(range(loaded.num_layers_of(spec.stack))) if layers is None else layers
     with threads_for(encoded):
-        return encoded, capture_states(loaded, encoded, layers, spec, entered)
+        return encoded, capture_states(loaded, encoded, layers, spec, entered, stream_of)
 
 
 @torch.inference_mode()
 def capture_states(
-    loaded: LoadedModel, encoded: EncodedTexts, layers: list[int], spec: RunSpec, entered=lambda done: None
+    loaded: LoadedModel, encoded: EncodedTexts, layers: list[int], spec: RunSpec, entered=lambda done: None, stream_of: int | None = None
 ) -> dict[int, LayerStates]:
     """The input of each of `layers` from one pass of the model: layer_inputs.layer_states' (entered its progress), or
     where attnviz's layers run in the model's place (self-attention with the model's own projections, heads and mask)
@@ -44,24 +47,65 @@ def capture_states(
     (in_berts_place): the very states run_layers runs every layer over; a transformers model's (in_models_place,
     blocks_in_place, as far as the last of layers): those the summaries' pass of blocks_in_place reads. So a layer's
     run, every layer's runs (report, layers, stats), the summaries and the traces of a text read one pass's floats.
+
+    stream_of: a layer of `layers` whose LayerStates also holds the parts of the residual stream entering it
+    (layer_inputs.StreamParts, what analysis/why.py splits a score over), taken from the same pass, in place alone.
     """
     berts = in_berts_place(loaded, spec) and spec.kv_text is None
     if not (berts or in_models_place(loaded, spec)):
+        if stream_of is not None:
+            raise ValueError("the stream's parts are taken from a pass with attnviz's layers in the model's place")
         return layer_states(loaded, encoded, layers, spec, entered)
     last = max(layers)
-    attentions = [build_layer(loaded, replace(spec, layer=layer)) for layer in range(last)]
+    # the parts of the stream come from a whole pass (its every layer's MLP hooked): every layer attends
+    attending = loaded.num_layers_of(spec.stack) if stream_of is not None else last
+    attentions = [build_layer(loaded, replace(spec, layer=layer)) for layer in range(attending)]
     if not berts:
-        return blocks_in_place(loaded, encoded, attentions, spec, block_budget(spec), keep=frozenset(layers), whole=False, entered=entered)
+        return blocks_in_place(loaded, encoded, attentions, spec, block_budget(spec), keep=frozenset(layers), whole=False, entered=entered, stream_of=stream_of)
     valid_lens = encoded.queries.valid_lens.to(spec.device).expand(len(encoded.queries.ids))  # (B,)
-    hidden = layer_input(loaded, encoded.queries, 0, spec.device)  # (B, N, D): the embeddings
-    states = {}
-    for layer in range(last + 1):
-        if layer in layers:
-            states[layer] = LayerStates(hidden, hidden)  # self-attention: the keys are the queries' very tensor
-        if layer < last:
-            hidden = loaded.model.encoder.layer[layer].finish(hidden, in_place_output(attentions[layer], hidden, valid_lens, spec))
+    states, entering, z_merged = {}, {}, {}
+
+    def run() -> None:
+        hidden = layer_input(loaded, encoded.queries, 0, spec.device)  # (B, N, D): the embeddings
+        for layer in range(len(attentions) + 1):
+            entering[layer] = hidden
+            if layer in layers:
+                states[layer] = LayerStates(hidden, hidden)  # self-attention: the keys are the queries' very tensor
+            if layer == len(attentions):
+                return
+            if stream_of is not None:  # what enters W_o kept: each head's share of the stream
+                z_merged[layer] = in_place_heads(attentions[layer], hidden, valid_lens, spec)  # (B, N, H d)
+                attended = attentions[layer].w_o(z_merged[layer])
+            else:
+                attended = in_place_output(attentions[layer], hidden, valid_lens, spec)
+            hidden = loaded.model.encoder.layer[layer].finish(hidden, attended)
+
+    if stream_of is None:
+        run()
+    else:  # each MLP's output and the embeddings' sum before their norm, from this pass's hooks
+        captured = capture(loaded.model.hook_points(), run, Wanted(mlp=True, embedded=True))
+        states[stream_of].stream = stream_parts(entering, z_merged, captured, stream_of)
     entered(len(layers))
     return states
+
+
+def stream_parts(entering: dict, z_merged: dict, captured, layer: int) -> StreamParts:
+    """The parts of the stream entering `layer` (layer_inputs.StreamParts): entering and z_merged by layer, and what
+    captured (models.capture.Capture) holds of the MLPs and the embeddings' norm."""
+    return StreamParts(
+        {earlier: entering[earlier] for earlier in range(layer + 1)},
+        {earlier: z_merged[earlier] for earlier in range(layer)},
+        {earlier: captured.mlp[earlier] for earlier in range(layer)},
+        captured.embedded,
+    )
+
+
+def in_place_heads(attention: MultiHeadAttention, hidden: torch.Tensor, valid_lens: torch.Tensor, spec: RunSpec) -> torch.Tensor:
+    """What enters attnviz's layer's W_o over BERT's hidden state (B, N, D), in its place: every head's output side
+    by side (B, N, H d), gathered from blocks of queries within the block budget."""
+    rows = rows_per_block(block_budget(spec), hidden.shape[0], attention.num_heads, hidden.shape[1])
+    blocks = attention.blocks(hidden, valid_lens=valid_lens, rows=rows, narrow=True, outputs="heads")
+    return torch.cat([heads for _, heads, _ in blocks], dim=1).flatten(2)  # (B, N, H, d) -> (B, N, H d)
 
 
 def in_place_output(attention: MultiHeadAttention, hidden: torch.Tensor, valid_lens: torch.Tensor, spec: RunSpec) -> torch.Tensor:
@@ -123,13 +167,16 @@ def blocks_in_place(
     keep: frozenset[int] = frozenset(),
     whole: bool = True,
     entered=lambda done: None,
+    stream_of: int | None = None,
 ) -> dict[int, LayerStates]:
     """One forward pass of a transformers model with attnviz's layers in the place of its attention (in_models_place):
     each layer's blocks of queries (as many as rows_per_block allows for budget_bytes) computed once, their weights
     (B, H, b, K) given to each_block(layer, first query, weights), when given, as they are made (K as
     iter_layer_blocks' narrow blocks), and the heads' outputs going on through the model's W_o and the rest of its
     layer to the next one. Returns the input of each layer of keep, as this pass made it (entered(1) as each is
-    reached); whole=False stops the pass there (layers holds the layers before the last of keep, at least)."""
+    reached); whole=False stops the pass there (layers holds the layers before the last of keep, at least).
+    stream_of: a layer of keep whose LayerStates holds the parts of the stream entering it (capture_states'); the
+    pass then runs whole (layers holds every layer)."""
     valid_lens = encoded.queries.valid_lens.to(spec.device).expand(len(encoded.queries.ids))  # (B,)
 
     def attend(layer: int, hidden: torch.Tensor) -> torch.Tensor:  # (B, N, D) -> the heads' outputs (B, N, H, d)
@@ -145,8 +192,13 @@ def blocks_in_place(
         return torch.cat(heads, dim=1)
 
     with threads_for(encoded):
-        kept = loaded.model.in_place_pass(encoded.queries.model_inputs(spec.device), attend, keep, whole, entered)
-    return {layer: LayerStates(captured.hidden, captured.hidden) for layer, captured in kept.items()}
+        kept = loaded.model.in_place_pass(encoded.queries.model_inputs(spec.device), attend, keep, whole, entered, parts=stream_of is not None)
+    states = {layer: LayerStates(captured.hidden, captured.hidden) for layer, captured in kept.x.items()}
+    if stream_of is not None:
+        recorded = kept.recorded()
+        entering = {layer: recorded.entering(layer) for layer in range(stream_of + 1)}
+        states[stream_of].stream = stream_parts(entering, dict(enumerate(kept.z_merged)), kept, stream_of)
+    return states
 
 
 @torch.inference_mode()

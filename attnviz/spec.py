@@ -18,6 +18,7 @@ from attnviz.version import __version__
 WEIGHTS = ("pretrained", "random")
 STACKS = ("encoder", "decoder", "cross")  # an encoder-decoder's attentions (RunSpec.stack)  # the model's parameters, not the attention weights
 MAX_SEED = 2**64 - 1  # torch.manual_seed takes 64 bits
+LOCAL_SOURCES = ("local folder", "local file")  # a model named by its path on this machine (a file: GGUF)
 
 
 @dataclass(frozen=True)
@@ -26,7 +27,7 @@ class RunSpec:
 
     model is --model as given (None: the default), resolved_model the model that loaded (a hub
     id, the bundled model's name, or a local folder's absolute path) and model_source where it
-    came from ("local folder", "hub cache", "hub download", "bundled"). layer is None for the
+    came from ("local folder", "local file", "hub cache", "hub download", "bundled"). layer is None for the
     commands that run every layer (stats, layers). num_heads is the count the projections were
     split into. weights are the model's parameters: "pretrained" (the checkpoint's projections)
     or "random" (a fresh layer drawn from seed). In compare's shared settings num_heads and
@@ -117,8 +118,8 @@ def model_is_causal(loaded, stack: str | None) -> bool:
 
 
 def resolved_model_name(given: str | None, loaded) -> str:
-    """The model that loaded: a local folder as an absolute path, else its name (hub id or bundled)."""
-    if loaded.source == "local folder" and given is not None:
+    """The model that loaded: a local folder or GGUF file as an absolute path, else its name (hub id or bundled)."""
+    if loaded.source in LOCAL_SOURCES and given is not None:
         return str(Path(given).expanduser().resolve())
     return loaded.name
 

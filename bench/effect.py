@@ -41,10 +41,10 @@ def main() -> None:
 
     from attnviz.analysis.effect import head_effects
     from attnviz.models.loading import load_model
-    from attnviz.models.smollm2 import smollm2_folder
+    from smollm2_reference import reference_folder
     from attnviz.spec import RunSpec
 
-    folder = smollm2_folder()
+    folder = reference_folder()  # transformers' float32 model of the GGUF file
     tokenizer = AutoTokenizer.from_pretrained(folder)
     ids = tokenizer(TEXT, return_tensors="pt")["input_ids"][:, : args.tokens]
     text = tokenizer.decode(ids[0])

@@ -15,8 +15,10 @@ the machine falls on every case alike. The models:
   50257: 124M parameters), randomly initialised with seed 0, saved as safetensors into a
   temporary hub cache as the snapshot of `bench/gpt2-124m`, with SmolLM2's byte-level BPE
   tokenizer (49152 tokens, so every id has a row in the 50257-row embedding): bench/gpt2_sized.py.
-- SmolLM2: `--model smollm2` with an empty temporary ATTNVIZ_CACHE: the first run converts the
-  GGUF file (timed once, as its own row), the others find the conversion cached.
+- SmolLM2: `--model smollm2` with an empty temporary ATTNVIZ_CACHE: the first run reads the GGUF
+  file's tokenizer into the cache (timed once, as its own row), the others find it cached; every run
+  dequantises the file's tensors. Its bare forward pass loads transformers' own GGUF model saved as a
+  float32 folder (bench/smollm2_reference.py).
 
 heads runs on layer 0 (the default) and on the model's last layer. Beside them, a process that
 only imports attnviz's loader and calls load_model (its share of heads); and the imports alone:
@@ -43,7 +45,7 @@ REPO = BENCH.parent
 TEXT = "The cat sat on the mat because it was tired."
 GPT2_REPO_ID = "bench/gpt2-124m"
 GPT2_REVISION = "0" * 40  # the snapshot's commit hash in the temporary hub cache
-SMOLLM2_FOLDER_GLOB = "models/SmolLM2-135M-Instruct-*"  # where attnviz's cache keeps the conversion
+REFERENCE = "from smollm2_reference import reference_folder; print(reference_folder())"  # SmolLM2 as a float32 folder
 IMPORT_CLASSES = "import torch, transformers; transformers.GPT2Model, transformers.LlamaModel, transformers.AutoTokenizer"
 TOKEN_COUNTS = (
     "import sys; from transformers import AutoTokenizer as T; "
@@ -70,7 +72,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="attnviz-bench-") as scratch:
         cases = Cases(Path(scratch))
-        smollm2_folder, first_run = cases.convert_smollm2()
+        smollm2_folder, first_run = cases.first_smollm2_run()
         gpt2_folder, gpt2_parameters = build_gpt2(cases.scratch / "hub", smollm2_folder)
         models = [
             Model("bundled BERT", "bundled", Path(bundled_model_dir()), last_layer=5),
@@ -108,10 +110,12 @@ class Cases:
     def heads(self, model: str, *options: str) -> list[str]:
         return [*ATTNVIZ, "heads", TEXT, "--model", model, "--out", str(self.scratch / "heads"), "--device", "cpu", *options]
 
-    def convert_smollm2(self) -> tuple[Path, Timing]:
-        """The first `--model smollm2` run, which converts the GGUF file into the empty ATTNVIZ_CACHE: folder, timing."""
+    def first_smollm2_run(self) -> tuple[Path, Timing]:
+        """The first `--model smollm2` run, in the empty ATTNVIZ_CACHE (it caches the tokenizer's files), timed; and
+        SmolLM2 as a float32 folder for the bare forward pass (bench/smollm2_reference.py, in a process of its own)."""
         first_run = run_process(self.heads("smollm2"), 1, self.env)
-        return next((self.scratch / "attnviz-cache").glob(SMOLLM2_FOLDER_GLOB)), first_run
+        made = subprocess.run([PYTHON, "-c", REFERENCE], cwd=BENCH, env=self.env, capture_output=True, text=True, check=True)
+        return Path(made.stdout.strip().splitlines()[-1]), first_run
 
     def commands(self, models: list[Model], old_tree: Path | None) -> dict[str, tuple[list[str], dict]]:
         """Every case by name: the imports alone; per model heads on layer 0 and the last, the bare pass, load_model alone."""
@@ -152,7 +156,7 @@ def table_rows(timings: dict[str, Timing], models: list[Model], first_run: Timin
     if OLD_BERT in timings:
         bert, old = timings["heads, bundled BERT"], timings[OLD_BERT]
         rows.append(("heads, bundled BERT", bert, OLD_BERT, old, "≤ 1.10×", bert.seconds <= 1.10 * old.seconds))
-    rows.append(("heads, SmolLM2, first run (converts)", first_run, "heads, SmolLM2", timings["heads, SmolLM2"], "-", None))
+    rows.append(("heads, SmolLM2, first run (caches the tokenizer)", first_run, "heads, SmolLM2", timings["heads, SmolLM2"], "-", None))
     return rows
 
 

@@ -39,10 +39,10 @@ def main() -> None:
 
     from attnviz.analysis.generation import generate
     from attnviz.models.loading import load_model
-    from attnviz.models.smollm2 import smollm2_folder
+    from smollm2_reference import reference_folder
     from attnviz.spec import run_spec
 
-    folder = smollm2_folder()
+    folder = reference_folder()  # transformers' float32 model of the GGUF file
     tokenizer = AutoTokenizer.from_pretrained(folder)
     ids, prompt = sample_ids(tokenizer, args.prompt_tokens)
     options = dict(max_new_tokens=args.tokens, min_new_tokens=args.tokens, do_sample=False, pad_token_id=0)

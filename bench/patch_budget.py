@@ -44,10 +44,10 @@ def main() -> None:
     from attnviz.analysis.effect import text_inputs
     from attnviz.analysis.patching import patch_heads, recorded_pass
     from attnviz.models.loading import load_model
-    from attnviz.models.smollm2 import smollm2_folder
+    from smollm2_reference import reference_folder
     from attnviz.spec import RunSpec
 
-    folder = smollm2_folder()
+    folder = reference_folder()  # transformers' float32 model of the GGUF file
     tokenizer = AutoTokenizer.from_pretrained(folder)
     clean_ids, corrupt_ids = (tokenizer(text, return_tensors="pt")["input_ids"] for text in (CLEAN, CORRUPT))
     assert clean_ids.shape[1] == corrupt_ids.shape[1] == 20, (clean_ids.shape, corrupt_ids.shape)

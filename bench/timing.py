@@ -41,9 +41,9 @@ def smollm2_forward(tokens: int, repeat: int):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from attnviz.models.smollm2 import smollm2_folder
+    from smollm2_reference import reference_folder
 
-    folder = smollm2_folder()
+    folder = reference_folder()  # transformers' float32 model of the GGUF file
     ids, text = sample_ids(AutoTokenizer.from_pretrained(folder), tokens)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="sdpa").eval()
 

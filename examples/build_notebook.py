@@ -9,8 +9,8 @@ running it. So that running this again gives a stable diff:
   on a machine with a GPU;
 - tqdm's TqdmWarning ("IProgress not found", where ipywidgets is not installed) is ignored: it is about
   the kernel's environment, not attnviz, and a reader's Jupyter does not show it;
-- SmolLM2 is converted into attnviz's cache before the kernel starts, so that its one-time note
-  ("converting SmolLM2-135M-Instruct from GGUF once") is no output;
+- SmolLM2's tokenizer is cached in attnviz's cache before the kernel starts, so that its one-time note
+  ("reading the tokenizer of SmolLM2-135M-Instruct.Q4_1.gguf once") is no output;
 - volatile metadata is left out: each cell's execution timestamps, the kernel's language_info (its
   Python version), widget state;
 - a warning's line names the cell by the kernel's temporary file, /tmp/ipykernel_<process id>/<hash>.py:
@@ -67,7 +67,7 @@ def main() -> int:
 
     import attnviz
 
-    attnviz.load("smollm2", device="cpu", cache=False)  # converted into the cache now, not in a cell's output
+    attnviz.load("smollm2", device="cpu", cache=False)  # its tokenizer cached now, not in a cell's output
     notebook = executed()
     errors = [output for cell in notebook.cells for output in cell.get("outputs", []) if output.output_type == "error"]
     if errors:

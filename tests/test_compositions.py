@@ -214,7 +214,7 @@ def test_the_api_refuses_bad_arguments_before_loading(monkeypatch):
 
 
 @pytest.mark.slow  # SmolLM2's roles over a text and its 270 heads' compositions: about a minute
-def test_smollm2_induction_heads_k_compose_with_its_previous_token_heads(smollm2_converted):
+def test_smollm2_induction_heads_k_compose_with_its_previous_token_heads(smollm2_cached):
     """Olsson et al.'s induction circuit, read from the weights: of the 14 heads roles labels induction on the README's
     text, 11 have a head roles labels previous-token (4 of the 270: L1H2, L2H1, L11H1, L16H0) among their 5 strongest
     K-composition senders (measured; chance, 5 of some 150 earlier heads holding at most 4 such, is near 1 in 8), and

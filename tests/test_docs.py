@@ -45,6 +45,8 @@ NOT_RUN = {  # a code line that is not run here, and why
     "attnviz stats --file corpus.txt --engine ray --device cuda --out run": "a Ray cluster with GPUs",
     'attnviz diff "The cat sat on the mat because it was tired." --model HuggingFaceTB/SmolLM2-135M --against '
     "HuggingFaceTB/SmolLM2-135M-Instruct": "two checkpoints from the hub (tests/test_diff.py: two tiny ones)",
+    'attnviz why "The cat sat on the mat." --model t5-small --stack cross --kv "Le chat est assis sur le tapis." --layer 3 --head 2 '
+    "--query 4": "a checkpoint from the hub (tests/test_why_cross.py: a tiny T5)",
     "attnviz serve --model smollm2": "a server that runs until stopped: tests/test_serve_process.py starts it and asks it",
     "attnviz serve --model bundled --model smollm2 --port 8123": "a server that runs until stopped (tests/test_serve_process.py)",
     'curl -s -H "Authorization: Bearer $TOKEN" -d \'{"text": "The cat sat.", "layer": 3}\' http://127.0.0.1:8000/api/heads':
@@ -170,8 +172,8 @@ def offline_folder(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_every_attnviz_command_of_the_docs_runs_offline(offline_folder, capsys, monkeypatch, smollm2_converted):
-    """smollm2_converted: SmolLM2 converted in the session's cache by its fixture, before any command needs it."""
+def test_every_attnviz_command_of_the_docs_runs_offline(offline_folder, capsys, monkeypatch, smollm2_cached):
+    """smollm2_cached: SmolLM2's tokenizer cached in the session's cache by its fixture, before any command needs it."""
     from attnviz.cli import run
 
     commands = commands_to_run()

@@ -149,18 +149,17 @@ def test_the_layers_asked_for_alone_are_measured(decoder):
     np.testing.assert_array_equal(last.values["kl"][-1], every.values["kl"][-1])
 
 
-def test_smollm2s_heads_taken_out_are_transformers_model_without_them():
+def test_smollm2s_heads_taken_out_are_transformers_model_without_them(smollm2_cached):
     """The bundled SmolLM2 (tied head, 9 heads over 3 key/value heads), three layers' heads: as transformers' own
-    LlamaForCausalLM from the same converted folder with each head zeroed at o_proj."""
+    LlamaForCausalLM, its weights from transformers' own GGUF loader, with each head zeroed at o_proj."""
     from attnviz.analysis.effect import head_effects
     from attnviz.models.loading import load_model
-    from attnviz.models.smollm2 import smollm2_folder
     from attnviz.spec import RunSpec
 
     loaded = load_model("smollm2", device="cpu")
     layers = [0, 14, loaded.num_layers - 1]
     effects = head_effects(loaded, TEXT, RunSpec("smollm2", loaded.name, loaded.source, device="cpu"), layers=layers)
-    kl, change, loss = reference_effects(smollm2_folder(), "model.layers.{}.self_attn.o_proj", TEXT, "zero", layers)
+    kl, change, loss = reference_effects(smollm2_cached.reference_folder, "model.layers.{}.self_attn.o_proj", TEXT, "zero", layers)
     np.testing.assert_allclose(effects.loss, loss, rtol=1e-5)
     np.testing.assert_allclose(effects.values["kl"][layers], kl[layers], rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(effects.values["loss"][layers], change[layers], rtol=1e-5, atol=1e-5)

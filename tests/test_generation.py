@@ -123,14 +123,13 @@ def test_sampling_follows_its_seed(decoder):
     assert generated(folder).generation.ids != first or generated(folder).generation.ids != other
 
 
-def test_smollm2_generates_as_transformers_does():
+def test_smollm2_generates_as_transformers_does(smollm2_cached):
     """The bundled SmolLM2 (9 heads over 3 key/value heads, tied head): 6 greedy tokens, ids and rows as transformers'
-    generate with eager attention from the same converted folder."""
+    generate with eager attention, its weights from transformers' own GGUF loader."""
     import attnviz
-    from attnviz.models.smollm2 import smollm2_folder
 
     result = attnviz.generate(PROMPT, model="smollm2", tokens=6, device="cpu")
-    model = transformers.AutoModelForCausalLM.from_pretrained(smollm2_folder(), attn_implementation="eager").eval()
+    model = transformers.AutoModelForCausalLM.from_pretrained(smollm2_cached.reference_folder, attn_implementation="eager").eval()
     assert_rows_are_generates(result, transformers_generate(model, result.generation), (0, 14, 29))
 
 
@@ -165,7 +164,7 @@ def test_generate_json_holds_the_rows_it_names_as_transformers_generate_gives_th
     assert f"0 {record['tokens'][prompt]} {chooser}:{record['tokens'][chooser]}" in printed  # step, token, row of
 
 
-def test_generate_prints_the_continuation_as_text_wrapped_between_words(smollm2_converted, tmp_path):
+def test_generate_prints_the_continuation_as_text_wrapped_between_words(smollm2_cached, tmp_path):
     """In a fresh process 40 columns wide: the prompt, the boundary mark and the continuation as text, no ␣ between
     their words, every line within 40 columns and no word broken across two lines (the words of the lines are those
     of the text); the marks stay in the table, where a token's own boundaries matter."""

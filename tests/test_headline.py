@@ -202,7 +202,7 @@ def test_a_batch_prints_its_notes_after_its_table(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_advice_offline_is_right_smollm2_over_words_reads_the_headline(smollm2_converted):
+def test_the_advice_offline_is_right_smollm2_over_words_reads_the_headline(smollm2_cached):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         result = attnviz.heads(HEADLINE, model="smollm2", words=True)

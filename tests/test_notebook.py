@@ -113,11 +113,11 @@ def test_the_committed_headline_shows_the_four_words_and_no_unknown_token():
 
 
 @pytest.fixture(scope="module")
-def rerun(tmp_path_factory, smollm2_converted):
+def rerun(tmp_path_factory, smollm2_cached):
     """The notebook run again as build_notebook.py runs it, with a last cell that prints which Python and attnviz ran.
 
-    SmolLM2 converted in the session's cache first (ATTNVIZ_CACHE, which the kernel inherits), as build_notebook.py
-    converts it before the kernel starts: its one-time note is no output of the notebook."""
+    SmolLM2's tokenizer cached in the session's cache first (ATTNVIZ_CACHE, which the kernel inherits), as
+    build_notebook.py caches it before the kernel starts: its one-time note is no output of the notebook."""
     notebook = committed()
     notebook.cells.append(nbformat.v4.new_code_cell(WHICH))
     path = tmp_path_factory.mktemp("notebook") / "quickstart.ipynb"

@@ -268,22 +268,21 @@ def test_per_position_patches_the_most_affecting_heads_one_position_at_a_time(de
     np.testing.assert_allclose(logit_units(patched, patched.per_position[(layer, head)]), row, rtol=1e-5, atol=1e-5)
 
 
-def test_smollm2s_patch_json_is_transformers_model_hooked_on_an_indirect_object_pair(tmp_path):
+def test_smollm2s_patch_json_is_transformers_model_hooked_on_an_indirect_object_pair(tmp_path, smollm2_cached):
     """The issue's test: `attnviz patch` on SmolLM2 (9 heads over 3 key/value heads, tied head) over an
     indirect-object pair; patch.json's scores.output and scores.direct are those of transformers' own
-    LlamaForCausalLM from the same converted folder, hooked at o_proj (270 runs) and read through its final norm,
+    LlamaForCausalLM (its weights from transformers' own GGUF loader), hooked at o_proj (270 runs) and read through its final norm,
     within 1e-4."""
     import json
 
     from attnviz.cli import run
-    from attnviz.models.smollm2 import smollm2_folder
 
     clean, corrupt, answer, wrong = IOI
     out = tmp_path / "run"
     command = ["patch", clean, "--corrupt", corrupt, "--answer", answer, "--wrong", wrong, "--model", "smollm2", "--device", "cpu"]
     assert run([*command, "--out", str(out)]) == 0
     record = json.loads((out / "patch.json").read_text(encoding="utf-8"))
-    folder = smollm2_folder()
+    folder = smollm2_cached.reference_folder
     patched, m_clean, m_corrupt = reference_scores(folder, LLAMA_MODULES, "out", texts=IOI)
     expected = (patched - m_corrupt) / (m_clean - m_corrupt)
     np.testing.assert_allclose([record["metric"]["clean"], record["metric"]["corrupt"]], [m_clean, m_corrupt], atol=1e-4)

@@ -175,7 +175,7 @@ def test_an_encoder_asked_for_by_name_gets_no_hint(tmp_path, capsys):
 
 @pytest.mark.slow  # SmolLM2 loads
 @pytest.mark.parametrize("layer", ["30", "99", "-31", "-1"])
-def test_generate_refuses_a_layer_out_of_range_before_generating(layer, smollm2_converted, tmp_path, monkeypatch, capsys):
+def test_generate_refuses_a_layer_out_of_range_before_generating(layer, smollm2_cached, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(attnviz.analysis.generation, "generate", lambda *args, **kwargs: pytest.fail("generated"))
     assert run(["generate", "The cat", "--model", "smollm2", "--layer", layer, "--device", "cpu", "--out", str(tmp_path / "run")]) == 2
     assert capsys.readouterr().err == f"error: layer {layer} is out of range: SmolLM2-135M-Instruct has layers 0 to 29\n"

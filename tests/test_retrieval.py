@@ -265,8 +265,9 @@ def test_on_ray_the_tests_give_what_one_process_gives(tiny_llama, texts, monkeyp
 
 
 @pytest.mark.slow
-def test_smollm2_retrieves_the_needle_and_its_scores_are_those_of_transformers_generate():
-    """A short run on the bundled SmolLM2-135M-Instruct (its chat template): kept, recorded, some head above 0.1."""
+def test_smollm2_retrieves_the_needle_and_its_scores_are_those_of_transformers_generate(smollm2_cached):
+    """A short run on the bundled SmolLM2-135M-Instruct (its chat template): kept, recorded, some head above 0.1; as
+    transformers' generate, its weights from transformers' own GGUF loader."""
     import attnviz
     import transformers
 
@@ -275,7 +276,7 @@ def test_smollm2_retrieves_the_needle_and_its_scores_are_those_of_transformers_g
 
     handle = attnviz.load("smollm2", device="cpu")
     retrieval = retrieval_heads(handle.loaded, run_spec(handle.loaded, "smollm2"), lengths=[512], depths=[0.5])
-    folder = handle.loaded.folder
+    folder = smollm2_cached.reference_folder
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
     assert_as_transformers(retrieval, model, transformers.AutoTokenizer.from_pretrained(folder), 32)
     assert retrieval.kept == 1 and retrieval.scores.shape == (30, 9) and retrieval.scores.max() > 0.1

@@ -416,3 +416,6 @@ def test_why_answers_the_largest_terms_of_attnviz_whys_split(server, bundled):
     expected = attnviz.why(ENGLISH, model=bundled, layer=2, head=3, query=4, key=1)
     assert got == 200 and answer["score"] == expected.score and answer["num_terms"] == expected.terms.terms.size
     assert [tuple(each) for each in answer["top"]] == expected.top(12) and "terms" not in answer
+    # the rest: every other term summed, so that the top and the rest add up to the score
+    assert answer["rest"] == pytest.approx(expected.terms.terms.sum() - sum(term for _, _, term in expected.top(12)), abs=1e-9)
+    assert sum(term for _, _, term in answer["top"]) + answer["rest"] == pytest.approx(answer["score"], abs=1e-5 * max(1.0, abs(answer["score"])))

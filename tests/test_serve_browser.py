@@ -128,6 +128,8 @@ def test_a_heatmap_cell_clicked_shows_its_scores_largest_terms_as_attnviz_why_sp
     wait_until(page, "document.querySelector('#why-table') !== null")
     rows = page.eval_on_selector_all("#why-table tr", "rows => rows.slice(1).map(r => Array.from(r.cells, c => c.textContent))")
     expected = attnviz.why(TYPED, model=server.explorer.handles["bundled"], layer=LAYER, head=HEAD, query=query, key=key)
-    assert [(q, k, float(term)) for q, k, term, _ in rows] == [(q, k, round(term, 4)) for q, k, term in expected.top(len(rows))]
-    assert len(rows) == 12
+    *top, (others, rest, _) = rows  # the 12 largest terms, then the rest summed
+    assert [(q, k, float(term)) for q, k, term, _ in top] == [(q, k, round(term, 4)) for q, k, term in expected.top(len(top))]
+    assert len(top) == 12 and others == f"the other {expected.terms.terms.size - 12:,} terms"
+    assert float(rest) == round(expected.terms.total - sum(term for _, _, term in expected.top(12)), 4)
     assert f"is the sum of {expected.terms.terms.size:,} terms" in page.text_content("#why-table caption")

@@ -165,7 +165,7 @@ def test_a_tiny_byte_level_models_table_figure_and_json_show_readable_tokens(tin
 
 
 @pytest.mark.slow
-def test_smollm2_shows_the_parts_of_chinese_characters_everywhere(tmp_path, capsys, smollm2_converted):  # in the session's cache
+def test_smollm2_shows_the_parts_of_chinese_characters_everywhere(tmp_path, capsys, smollm2_cached):  # in the session's cache
     assert run(["heads", ZH, "--model", "smollm2", "--out", str(tmp_path / "heads")]) == 0
     printed = capsys.readouterr().out
     assert "我¹/₂" in printed and "我²/₂" in printed and "鱼³/₃" in printed

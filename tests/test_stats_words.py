@@ -115,9 +115,9 @@ def test_the_js_distance_figure_and_the_notebook_say_over_words():
     assert "first text&#x27;s tokens</b>" in plain._repr_html_()
 
 
-def test_smollm2_stats_over_words_are_causal_over_words(smollm2_converted):
+def test_smollm2_stats_over_words_are_causal_over_words(smollm2_cached):
     """A decoder: each word sees the words up to its own; a batch of two texts of 4 and 5 words."""
-    model = str(smollm2_converted.folder)
+    model = "smollm2"
     texts = [CHINESE, "The unaffable cat sat."]
     result = attnviz.stats(texts, model=model, device="cpu", words=True)
     expected_values, expected_distances = [], []

@@ -99,7 +99,7 @@ def test_each_term_is_the_product_of_its_parts_through_transformers_own_modules(
 
 
 @pytest.mark.slow  # SmolLM2: 30 layers, one whole pass
-def test_smollm2s_terms_add_up_to_its_score(smollm2_converted):  # the session's one conversion, said once
+def test_smollm2s_terms_add_up_to_its_score(smollm2_cached):  # the session's one tokenizer read, said once
     loaded = load_model("smollm2")
     terms = split(loaded, "smollm2", 18, 6, 12)
     assert len(terms.query_parts) == 1 + 18 * 9 + 18  # the embeddings, 18 layers' 9 heads and MLPs
@@ -153,15 +153,16 @@ def test_bad_input_is_one_line_and_exit_code_2_and_writes_nothing(case, decoder_
 
 
 def test_a_family_whose_parts_are_not_split_yet_is_refused_in_one_line(tmp_path, capsys):
-    """BART: an encoder-decoder, whose adapter names neither a norm before its attention nor its post-norms."""
+    """T5's encoder self-attention (the default stack of an encoder-decoder), whose scores add a relative position
+    bias: its cross-attention alone is split (tests/test_why_cross.py)."""
     from tiny_families import build_checkpoint
 
     from attnviz.cli.main import run
 
-    build_checkpoint("bart", tmp_path / "model")
+    build_checkpoint("t5", tmp_path / "model")
     args = ["why", TEXT, "--model", str(tmp_path / "model"), "--layer", "1", "--head", "0", "--query", "1", "--out", str(tmp_path / "run")]
     assert run(args) == 2
-    assert "why splits the scores of pre-norm decoders (Llama, Qwen, SmolLM2, GPT-2) and of post-norm encoders" in capsys.readouterr().err
+    assert "why splits T5's cross-attention (--stack cross), not its encoder's self-attention: the relative position bias" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
 
 
@@ -193,7 +194,7 @@ def test_the_bundled_berts_terms_add_up_to_its_score(bundled_bert):
 
 
 @pytest.mark.slow  # SmolLM2: its roles, then four splits
-def test_smollm2s_induction_heads_read_their_key_through_a_previous_token_head(smollm2_converted):
+def test_smollm2s_induction_heads_read_their_key_through_a_previous_token_head(smollm2_cached):
     """K-composition (Olsson et al. 2022), found in the terms: over a sequence of words said twice, each of the first
     induction heads attnviz.roles labels weighs, from a token of the second half, the key after that token's first
     occurrence; the key side's largest part of that score (the key parts' terms summed over the query's parts) is an

@@ -66,10 +66,10 @@ def test_an_unk_inside_a_chinese_word_stays_in_that_word(tmp_path):
     assert token_words(tokens, CHINESE) == Words([0, 1, 2, 3, 4, 4, 4, 5], ["[CLS]", "我", "想", "吃", "酸菜鱼", "[SEP]"])
 
 
-def test_chinese_under_smollm2s_byte_level_tokenizer_shows_the_characters(smollm2_converted):
+def test_chinese_under_smollm2s_byte_level_tokenizer_shows_the_characters(smollm2_cached):
     from attnviz.models.transformers_model import load_transformers_tokenizer
 
-    tokenizer = load_transformers_tokenizer(smollm2_converted.folder, embedding_rows=49152)
+    tokenizer = load_transformers_tokenizer(smollm2_cached.tokenizer_folder, embedding_rows=49152)
     tokens = tokenizer.convert_ids_to_tokens(tokenizer.encode_batch([CHINESE])[0])
     # Byte pieces, several to a character: each character is three UTF-8 bytes.
     assert len(tokens) > len(CHINESE) and "æĪ" in tokens
@@ -218,7 +218,7 @@ def test_a_text_cut_inside_a_character_shows_the_replacement_character_not_mojib
     assert cut_before_end == Words([0, 0, 1, 1, 2], ["我", "\ufffd", "<|endoftext|>"])
 
 
-def test_the_scheme_of_a_real_tokenizer_json(smollm2_converted):
+def test_the_scheme_of_a_real_tokenizer_json(smollm2_cached):
     import json
 
     from attnviz.models.words import tokenizer_scheme
@@ -228,7 +228,7 @@ def test_the_scheme_of_a_real_tokenizer_json(smollm2_converted):
         return tokenizer_scheme(json.loads((folder / "tokenizer.json").read_text(encoding="utf-8")))
 
     assert scheme(bundled_model_path()) == WORDPIECE
-    assert scheme(smollm2_converted.folder) == BYTE_LEVEL
+    assert scheme(smollm2_cached.tokenizer_folder) == BYTE_LEVEL
     metaspace = {"model": {"type": "Unigram"}, "pre_tokenizer": {"type": "Metaspace"}, "decoder": {"type": "Metaspace"}}
     assert tokenizer_scheme(metaspace) == SENTENCEPIECE
     # With the scheme known, a byte-level word with no space before it is one word, as the marks say.

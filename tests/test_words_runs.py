@@ -57,8 +57,8 @@ def test_heads_over_words_merge_the_token_maps_by_clarks_rule(text, words, shown
     np.testing.assert_allclose(run.attention.sum(axis=-1), 1.0, atol=1e-5)
 
 
-def test_smollm2_shows_the_four_chinese_words_as_characters_and_stays_causal(smollm2_converted):
-    result = attnviz.heads(CHINESE, model=str(smollm2_converted.folder), device="cpu", words=True)
+def test_smollm2_shows_the_four_chinese_words_as_characters_and_stays_causal(smollm2_cached):
+    result = attnviz.heads(CHINESE, model="smollm2", device="cpu", words=True)
     run = result.run
     assert run.query_tokens == ["我", "想", "吃", "酸菜鱼"]  # 16 byte-level pieces, none shown as mojibake
     assert len(run.words.query_tokens) == 16

@@ -109,8 +109,8 @@ def test_the_report_draws_the_shown_labels(result):
     assert text["query_pieces"] == result.run.words.query_tokens
 
 
-def test_smollm2_reads_every_character_so_its_words_are_plain(smollm2_converted):
-    result = attnviz.heads(CHINESE, model=str(smollm2_converted.folder), device="cpu", words=True)
+def test_smollm2_reads_every_character_so_its_words_are_plain(smollm2_cached):
+    result = attnviz.heads(CHINESE, model="smollm2", device="cpu", words=True)
     assert result.run.query_tokens == result.run.words.query_plain_words == ["我", "想", "吃", "酸菜鱼"]
 
 

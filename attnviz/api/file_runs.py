@@ -21,7 +21,7 @@ from attnviz.api.drawn import check_drawing, check_head_of
 from attnviz.api.checks import refuse_before_loading, warn_run_notes
 from attnviz.api.options import EVERY_LAYER_OPTIONS, run_options, takes_options
 from attnviz.errors import AttnvizError, option, options_named
-from attnviz.spec import RunSpec, check_text
+from attnviz.spec import LOCAL_SOURCES, RunSpec, check_text
 
 TEXTS_WRITTEN = "texts written"  # heads_file's stage, as progress= counts it
 TEXTS_MEASURED = "texts measured"  # stats_file's: attnviz.stats' own
@@ -192,7 +192,7 @@ def stats_file(
     measured = corpus_statistics(
         handle.loaded, path if path is not None else lines, spec, corpus,
         advance=progress.counting(TEXTS_MEASURED, total), checkpoint=checkpoint, resume=resume, engine=engine,
-        chunk_lines=chunk_lines, model_name=handle.name if handle.source != "local folder" else spec.resolved_model,
+        chunk_lines=chunk_lines, model_name=handle.name if handle.source not in LOCAL_SOURCES else spec.resolved_model,
         allow_pickle=options.allow_pickle, engine_device=engine_device,
     )  # fmt: skip
     spec = replace(spec, device=engine_device)  # what stats.json records: where the statistics were measured

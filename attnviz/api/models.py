@@ -30,7 +30,7 @@ class Model:
 
     name: str | None
     resolved: str
-    source: str  # "local folder", "hub cache", "hub download" or "bundled"
+    source: str  # "local folder", "local file" (a GGUF file), "hub cache", "hub download" or "bundled"
     device: str  # "cpu" or "cuda"
     loaded: Any  # attnviz.models.loading.LoadedModel
 

@@ -121,7 +121,7 @@ ROLES_OPTIONS = ("model", "stack", "device", "dtype", "truncate", "memory", "all
 # patch: a decoder's own heads and weights (an encoder-decoder's decoder), every layer
 PATCH_OPTIONS = ("model", "device", "dtype", "truncate", "allow_pickle")
 # why: a model's own heads and weights at one layer; the head and the cell are the call's own arguments
-WHY_OPTIONS = ("model", "layer", "device", "dtype", "truncate", "allow_pickle")
+WHY_OPTIONS = ("model", "layer", "kv", "stack", "device", "dtype", "truncate", "allow_pickle")
 # compose: the weights alone, read in float64 whatever the model computes in; no text
 COMPOSE_OPTIONS = ("model", "device", "allow_pickle")
 

@@ -51,9 +51,10 @@ def captured_batches(
     vector_tokens: run_attention's (the neuron view's q and k, from each run's own projection). progress: each batch's
     forward pass, then report_texts' stages per text. captures: a list each batch's capture is added to, or None.
     """
+    from attnviz.analysis.why import report_refusal
     from attnviz.html.record import is_long
-    from attnviz.layer_inputs import check_layer, text_captures
-    from attnviz.passes import capture_texts
+    from attnviz.layer_inputs import check_layer, encode_texts, text_captures, threads_for
+    from attnviz.passes import capture_states
     from attnviz.pipeline import BATCH_SIZE, batches, run_attention
 
     check_layer(loaded, spec.layer, spec.stack)  # before any pass
@@ -63,8 +64,13 @@ def captured_batches(
         if to_report <= 0:
             yield [(run, None, []) for run in run_attention(loaded, batch, spec)]
             continue
-        capture = capture_texts(loaded, batch, spec, layers, progress.counting(FORWARD_PASS, len(layers)))
-        encoded, states = capture
+        encoded = encode_texts(loaded, batch, spec)
+        # the parts of the residual stream entering the layer, where the report holds its scores' splits (analysis/why.py)
+        longest = max(len(ids) for ids in encoded.queries.ids[: max(to_report, 0)])
+        stream_of = spec.layer if report_refusal(loaded, spec, longest) is None else None
+        with threads_for(encoded):
+            states = capture_states(loaded, encoded, layers, spec, progress.counting(FORWARD_PASS, len(layers)), stream_of)
+        capture = (encoded, states)
         runs = run_attention(loaded, batch, spec, captured=(encoded, states[spec.layer]), vector_tokens=vector_tokens)
         if captures is not None:
             captures.append(capture)
@@ -171,8 +177,23 @@ def report_texts(loaded, runs: list, spec: RunSpec, progress: Progress = Progres
 
                 (own,) = run_attention(loaded, [run.text], spec, captured=layer, vector_tokens=MAX_VECTOR_TOKENS)
                 run = replace(run, vectors=own.vectors)
-        texts.append(ReportText(run, layer_runs, rollout, statistics, trace, mistakes))
+            why = why_splits(loaded, run, spec, capture, progress)
+        texts.append(ReportText(run, layer_runs, rollout, statistics, trace, mistakes, why=why))
     return texts, list(notes)
+
+
+def why_splits(loaded, run, spec: RunSpec, capture, progress: Progress = Progress()):
+    """The report's splits of the layer's scores (analysis.why.CellSplits) from the text's capture, where it holds the
+    stream's parts (captured_batches asks for them); else why it holds none (a str)."""
+    from attnviz.analysis.why import cell_splits, report_refusal
+
+    refused = report_refusal(loaded, spec, max(len(run.query_tokens), len(run.key_tokens)))
+    if refused is not None:
+        return refused
+    state = None if capture is None else capture[1][spec.layer]
+    if state is None or state.stream is None:  # no pass is made again here
+        return "the pass this report read kept no parts of the residual stream (a text past 64 tokens in its batch, or runs made before): attnviz why splits any cell"
+    return cell_splits(loaded, capture[0], spec, state, progress.counting("heads' scores split", run.num_heads))
 
 
 def long_summaries(loaded, text: str, spec: RunSpec, notes: dict, progress: Progress = Progress()):

@@ -15,7 +15,7 @@ from attnviz.api.checks import _comma_list, _texts, refuse_before_loading
 from attnviz.api.options import ROLES_OPTIONS, run_options, takes_options
 from attnviz.api.run_results import _Rendered, save_run_files
 from attnviz.errors import AttnvizError, option
-from attnviz.spec import RunSpec, refuse_cross_over_every_layer
+from attnviz.spec import LOCAL_SOURCES, RunSpec, refuse_cross_over_every_layer
 
 
 @takes_options(ROLES_OPTIONS)
@@ -84,7 +84,7 @@ def _retrieval(handle, spec: RunSpec, options, needles: dict):
     from attnviz.output.retrieval_heads import retrieval_heads
 
     engine_device = actor_device(options.device) if needles["engine"] == "ray" else spec.device
-    model_name = handle.name if handle.source != "local folder" else spec.resolved_model  # what Ray's actors load
+    model_name = handle.name if handle.source not in LOCAL_SOURCES else spec.resolved_model  # what Ray's actors load
     return retrieval_heads(handle.loaded, spec, **needles, model_name=model_name, allow_pickle=options.allow_pickle,
                            engine_device=engine_device)  # fmt: skip
 

@@ -27,9 +27,13 @@ def why(text: str, *, head: int, query: int, key: int | None = None, **options):
     embeddings, each earlier layer's heads one by one, each MLP, the biases), through the norms with each position's
     scale frozen, W_Q or W_K and RoPE (analysis/why.py). key None: the key the head weighs most from that query.
     Pre-norm decoders (Llama, Qwen, SmolLM2, GPT-2) and post-norm encoders (BERT, RoBERTa, XLM-RoBERTa, ELECTRA,
-    DistilBERT, ALBERT); one pass of the model. options: model, layer (default 0), device, dtype, truncate, allow_pickle.
+    DistilBERT, ALBERT); one pass of the model. BART's and Marian's encoder and decoder self-attentions (stack), and the
+    cross-attention of T5, BART and Marian with stack="cross" (analysis/why_cross.py): query
+    a decoder token, key an encoder token of kv (the source text; default: text itself), the decoder's parts × the
+    encoder's. options: model, layer (default 0), kv, stack, device, dtype, truncate, allow_pickle.
     """
     from attnviz.analysis.why import score_terms, splits_post_norm, splits_pre_norm
+    from attnviz.analysis.why_cross import cross_score_terms, refuse_cross, self_score_terms, splits_cross
     from attnviz.layer_inputs import check_layer, encode_texts
 
     options = run_options("why", options, WHY_OPTIONS)
@@ -43,21 +47,40 @@ def why(text: str, *, head: int, query: int, key: int | None = None, **options):
     refuse_before_loading(options)
     handle = options.load()
     loaded = handle.loaded
-    if not (splits_pre_norm(loaded) or splits_post_norm(loaded)):
+    cross = options.stack == "cross"
+    if cross:
+        refuse_cross(loaded)
+    elif options.kv is not None:
+        raise AttnvizError("--kv: why splits the model's own attention, whose keys are its text's (--kv with --stack cross: the encoder's source text)")
+    elif loaded.family.cross_attention_norm is not None:  # T5: its self-attentions add a relative position bias
+        raise AttnvizError(
+            f"why splits {loaded.family.name}'s cross-attention (--stack cross), not its {options.stack or 'encoder'}'s self-attention: "
+            "the relative position bias its scores add is not split yet"
+        )
+    elif not (splits_pre_norm(loaded) or splits_post_norm(loaded) or splits_cross(loaded)):
         raise AttnvizError(f"why splits the scores of pre-norm decoders (Llama, Qwen, SmolLM2, GPT-2) and of post-norm encoders (BERT, RoBERTa, ELECTRA, DistilBERT, ALBERT), not {loaded.family.name}'s")
-    check_layer(loaded, layer)
-    if head >= loaded.num_heads:
-        raise AttnvizError(f"head {head} is out of range: {loaded.name} has heads 0 to {loaded.num_heads - 1}")
+    check_layer(loaded, layer, options.stack)
+    num_heads = loaded.num_heads_of(options.stack)
+    if head >= num_heads:
+        raise AttnvizError(f"head {head} is out of range: {loaded.name} has heads 0 to {num_heads - 1}")
     _check_lengths(loaded, [text], options.truncate)
     spec = options.run_spec(handle)
     encoded = encode_texts(loaded, [text], spec)
-    count = len(encoded.queries.ids[0])
+    counts = {"query": len(encoded.queries.ids[0]), "key": len((encoded.keys or encoded.queries).ids[0])}
     for name, value in (("query", query), ("key", key)):
+        count = counts[name]
         if value is not None and value >= count:
-            raise AttnvizError(f"{option(name, value)} is past the text: it is {count} tokens as the model reads it (0 to {count - 1})")
+            read = ("the decoder" if name == "query" else "the encoder") if cross else "the model"
+            raise AttnvizError(f"{option(name, value)} is past the text: it is {count} tokens as {read} reads it (0 to {count - 1})")
     if key is not None and spec.causal and key > query:
         raise AttnvizError(f"key {key} comes after query {query}: under the causal mask its weight is 0 and it has no score to split")
-    return WhyResult(score_terms(loaded, encoded, spec, layer, head, query, key), spec, text, loaded.name)
+    if cross:
+        split = cross_score_terms(loaded, encoded, spec, head, query, key)
+    elif splits_cross(loaded):  # BART's and Marian's encoder and decoder self-attentions: the post-norm walks of cross's sides
+        split = self_score_terms(loaded, encoded, spec, head, query, key)
+    else:
+        split = score_terms(loaded, encoded, spec, layer, head, query, key)
+    return WhyResult(split, spec, text, loaded.name)
 
 
 @dataclass(frozen=True, repr=False)
@@ -118,9 +141,9 @@ class WhyResult:
         return {
             "format": "attnviz-why", "version": 1, "settings": self.spec.to_dict(), "text": self.text, "tokens": t.tokens,
             "layer": t.layer, "head": t.head, "query": t.query, "key": t.key,
-            "query_token": t.tokens[t.query], "key_token": t.tokens[t.key], "score": t.score, "weight": t.weight,
+            "query_token": t.query_token, "key_token": t.key_token, "score": t.score, "weight": t.weight,
             "query_parts": t.query_parts, "key_parts": t.key_parts, "terms": t.terms.tolist(),
-        }  # fmt: skip
+        } | ({"key_tokens": t.key_tokens} if t.key_tokens is not None else {})  # fmt: skip
 
     def __rich_console__(self, console, options):
         from attnviz.render.why_figures import print_terms
@@ -137,7 +160,7 @@ class WhyResult:
         rows = [[q, k, display.number(term, 4), display.number(term / t.score, 3) if t.score else "n/a"] for q, k, term in self.top()]
         caption = f"the largest terms of the score {display.number(t.score, 4)} (weight {display.number(t.weight, 4)})"
         parts = [display.figure_html(self.figure(), "query part × key part"), display.table_html(["query part", "key part", "term", "share"], rows, caption)]
-        return display.result_html(f"layer {t.layer} head {t.head}: {t.shown_tokens[t.query]} → {t.shown_tokens[t.key]}", *parts)
+        return display.result_html(f"layer {t.layer} head {t.head}: {t.shown_query} → {t.shown_key}", *parts)
 
     def __repr__(self) -> str:
         t = self.terms

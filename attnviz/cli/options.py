@@ -247,7 +247,7 @@ ModelOption = typer.Option(
     None,
     "--model",
     "-m",
-    help=f"Hugging Face hub id or local folder of a model ({supported_names()}). "
+    help=f"Hugging Face hub id, local folder or GGUF file (.gguf, Llama's) of a model ({supported_names()}). "
     "(default: bert-base-chinese; offline, the bundled all-MiniLM-L6-v2)",
     show_default=False,
 )
@@ -256,7 +256,7 @@ GenerateModelOption = typer.Option(
     None,
     "--model",
     "-m",
-    help=f"Hugging Face hub id or local folder of a decoder ({supported_names(DECODER)}); smollm2: the bundled "
+    help=f"Hugging Face hub id, local folder or GGUF file of a decoder ({supported_names(DECODER)}); smollm2: the bundled "
     "SmolLM2-135M-Instruct. (no default that generates: without --model the default model, bert-base-chinese, an "
     "encoder, is refused; give --model smollm2)",
     show_default=False,

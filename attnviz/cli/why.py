@@ -17,10 +17,13 @@ from attnviz.cli.options import (
     DtypeOption,
     FormatOption,
     ImageFormat,
+    KvOption,
     LayerOption,
     ModelOption,
     OutOption,
     QuietOption,
+    Stack,
+    StackOption,
     TruncateOption,
     app,
     console,
@@ -40,6 +43,8 @@ def why(
         show_default=False,
     ),
     model: Optional[str] = ModelOption,
+    kv: Optional[str] = KvOption,
+    stack: Optional[Stack] = StackOption,
     device: Device = DeviceOption,
     dtype: Dtype = DtypeOption,
     image_format: ImageFormat = FormatOption,
@@ -51,13 +56,14 @@ def why(
     """A head's pre-softmax score of (query, key) split exactly into terms: each a part of the query's residual stream
     (the embeddings, each earlier layer's heads one by one, each MLP, the biases) times a part of the key's, through the
     norms with each position's scale frozen, W_Q or W_K and RoPE. Pre-norm decoders (Llama, Qwen, SmolLM2, GPT-2) and
-    post-norm encoders (BERT, RoBERTa, XLM-RoBERTa, ELECTRA, DistilBERT, ALBERT). The largest terms as a table, why.png (the term matrix) and
-    why.json (every term: they add up to the score)."""
+    post-norm encoders (BERT, RoBERTa, XLM-RoBERTa, ELECTRA, DistilBERT, ALBERT), BART's and Marian's every stack, and T5's cross-attention (--stack cross:
+    the decoder's parts × the encoder's, the source text --kv, else TEXT itself). The largest terms as a table, why.png
+    (the term matrix) and why.json (every term: they add up to the score)."""
     from attnviz.api.why import why as split_score
 
     def compute(options):
         with console.status("splitting the score…"):
             return split_score(text, head=head, query=query, key=key, **options.keywords())
 
-    options = run_options(model=model, layer=layer, device=device, dtype=dtype, truncate=truncate, allow_pickle=allow_pickle)
+    options = run_options(model=model, layer=layer, kv=kv, stack=stack, device=device, dtype=dtype, truncate=truncate, allow_pickle=allow_pickle)
     run_command(options, compute, console.print, "drawing the terms…", out=out, text=text, image_format=image_format)

@@ -30,6 +30,7 @@ SCRIPTS = (
     "selection.js",
     "head_view.js",
     "model_view.js",
+    "why_terms.js",
     "heatmap_view.js",
     "neuron_view.js",
     "trace_view.js",

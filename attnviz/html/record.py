@@ -73,6 +73,8 @@ class ReportText:
     roles: object | None = None  # analysis.roles.RoleScores: every head's roles (roles)
     # (analysis.patching.Patching, the corrupted text's every layer's runs): which heads carry the answer (patch)
     patching: tuple | None = None
+    # analysis.why.CellSplits: the layer's scores split cell by cell (the heatmap view's click), or why there are none
+    why: object | None = None
 
 
 def is_long(run: AttentionRun) -> bool:
@@ -106,8 +108,10 @@ def encode_quantised(weights: np.ndarray) -> dict:
 
 
 def decode_weights(encoded: dict) -> np.ndarray:
-    """The weights an ENCODED array holds (what the page decodes), as float64."""
+    """The weights (or values: encode_values') an ENCODED array holds (what the page decodes), as float64."""
     raw = zlib.decompress(base64.b64decode(encoded["data"]))
+    if encoded["dtype"] == "float64":
+        return np.frombuffer(raw, dtype="<f8").reshape(encoded["shape"])
     codes = np.frombuffer(raw, dtype="<u2" if encoded["dtype"] == "uint16" else np.uint8).reshape(encoded["shape"])
     if encoded["dtype"] == "uint16":
         return codes * encoded["unit"]
@@ -187,7 +191,32 @@ def text_record(text: ReportText, spec: RunSpec) -> dict:
         record["roles"] = roles_of(text.roles, spec)
     if text.patching is not None:
         record["patch"] = patching_of(*text.patching, spec)
+    record["why"] = why_of(text.why)
     return record
+
+
+def encode_values(values: np.ndarray, dtype: str) -> dict:
+    """An array as the page decodes it with no unit: "float64" (the terms, exactly as attnviz.why has them) or "uint16"
+    (indices)."""
+    codes = np.ascontiguousarray(values, dtype="<f8" if dtype == "float64" else "<u2")
+    return {"shape": list(codes.shape), "dtype": dtype, "unit": 1, "data": _packed(codes)}
+
+
+def why_of(splits) -> dict | None:
+    """The heatmap view's splits of the layer's scores (analysis.why.CellSplits): each cell's largest terms (its query
+    part and key part indices into query_parts and key_parts, the terms), the rest of its terms summed and its score,
+    every head's cells ("every": each (query, key), row by row; "top key": each query's top key, keys[head][query]);
+    {"none": why} where the report holds none; None where it was not asked."""
+    if splits is None or isinstance(splits, str):
+        return None if splits is None else {"none": splits}
+    return {
+        "layer": splits.layer, "cells": "every" if splits.every_cell else "top key",
+        "query_parts": splits.query_parts, "key_parts": splits.key_parts,
+        "num_terms": len(splits.query_parts) * len(splits.key_parts),
+        "keys": None if splits.every_cell else splits.keys.tolist(),
+        "pairs": encode_values(splits.pairs, "uint16"), "terms": encode_values(splits.terms, "float64"),
+        "rest": encode_values(splits.rest, "float64"), "scores": encode_values(splits.scores, "float64"),
+    }  # fmt: skip
 
 
 VECTOR_DECIMALS = 4

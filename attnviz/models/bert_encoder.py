@@ -238,7 +238,7 @@ class BertEncoder(nn.Module):
         """The modules by role (models/capture.py): a layer's input is its attention's (x), its call's first argument."""
         layers = list(self.encoder.layer)
         projections = {role: [getattr(layer.attention.self, name) for layer in layers] for role, name in (("q", "query"), ("k", "key"), ("v", "value"))}
-        return HookPoints(self.layer_stack(), layers, projections, [layer.output.dense for layer in layers])
+        return HookPoints(self.layer_stack(), layers, projections, [layer.output.dense for layer in layers], embedding_norm=self.embeddings.LayerNorm)
 
     def layer_stack(self, stack: str | None = None) -> LayerStack:
         """The layers, each one's W_o (attention.output.dense), no final norm (BERT's layers end with their own)."""

@@ -13,6 +13,7 @@ pass and removed after it. The roles (the trace's names where it has one: tracin
   c_attn, whole: the caller slices it).
 - mlp: what each layer's MLP gave (B, N, D), its share of the residual stream before it is added (and before a
   post-norm layer's own norm: BERT's output.dense, BART's fc2).
+- embedded: what enters a post-norm encoder's embeddings' norm (B, N, D): the word, position and type embeddings summed.
 - final: what enters the stack's final norm (B, N, D), and the model's last hidden state (the pass's own output).
 
 A pass that only needs x stops after the last layer asked for (_Stop, raised by its hook): the layers after it never
@@ -57,6 +58,7 @@ class Wanted:
     projections: frozenset[str] = frozenset()  # "q", "k", "v": what W_q, W_k, W_v gave
     final: bool = False  # (B, N, D) entering the final norm
     mlp: bool = False  # (B, N, D): each layer's MLP's output
+    embedded: bool = False  # (B, N, D) entering a post-norm encoder's embeddings' norm
     whole: bool = False  # the pass runs to its end whatever is asked (attnviz's layers in the model's place)
 
     @property
@@ -82,6 +84,7 @@ class Capture:
     z_merged: list[torch.Tensor] | None = None
     projections: dict[str, dict[int, torch.Tensor]] = field(default_factory=dict)  # "q" -> layer -> (B, N, features)
     mlp: dict[int, torch.Tensor] | None = None  # layer -> (B, N, D): what its MLP added to the residual stream
+    embedded: torch.Tensor | None = None  # (B, N, D): what entered the embeddings' norm (Wanted.embedded)
     final_in: torch.Tensor | None = None  # (B, N, D); None also for a stack without a final norm
     last_hidden: torch.Tensor | None = None  # (B, N, D): what the pass's forward returned (None: stopped early)
 
@@ -99,6 +102,7 @@ class HookPoints:
     projections: dict[str, list[nn.Module]]  # "q", "k", "v" -> each layer's W_q, W_k, W_v
     mlps: list[nn.Module]  # the module whose output is the layer's MLP's share of the residual stream
     cross: bool = False  # the attention's keys are the key_value_states keyword's (x_kv)
+    embedding_norm: nn.Module | None = None  # a post-norm encoder's embeddings' LayerNorm
 
 
 class _Stop(Exception):
@@ -144,6 +148,9 @@ def capture(points: HookPoints, forward: Callable[[], Any], wanted: Wanted, ente
     def keep_mlp(layer: int, args: tuple, kwargs: dict, output: torch.Tensor) -> None:
         captured.mlp.setdefault(layer, output.detach().clone())
 
+    def keep_embedded(module, args) -> None:
+        captured.embedded = args[0].detach().clone()
+
     def keep_final(module, args) -> None:
         captured.final_in = args[0].detach().clone()  # the last call's: the stack's end
 
@@ -158,6 +165,8 @@ def capture(points: HookPoints, forward: Callable[[], Any], wanted: Wanted, ente
         handles += hook_layers(points.projections[role], keeping(role), after=True)
     if wanted.mlp:
         handles += hook_layers(points.mlps, keep_mlp, after=True)
+    if wanted.embedded and points.embedding_norm is not None:
+        handles.append(points.embedding_norm.register_forward_pre_hook(keep_embedded))
     if wanted.final and points.stack.final is not None:
         handles.append(points.stack.final.register_forward_pre_hook(keep_final))
     try:

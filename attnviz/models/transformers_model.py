@@ -24,7 +24,7 @@ import threading
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import torch
 from torch import nn
@@ -123,11 +123,12 @@ class TransformersModel:
     A handle may be used from several threads: capture's hooks run one forward pass at a time.
     """
 
-    def __init__(self, family: Family, config: dict, model: nn.Module, folder: Path | None = None):
+    def __init__(self, family: Family, config: dict, model: nn.Module, folder: Path | None = None, weights: Mapping | None = None):
         self.family = family
         self.config = config
         self.model = model
         self.folder = folder  # the checkpoint's: a task head's tensors (output_head) are read from it
+        self.weights = weights  # or from these, by name (a GGUF file's: models/gguf_weights.py), where there is no folder
         self.model_type = config["model_type"]
         self._forward_lock = threading.Lock()
 
@@ -211,16 +212,37 @@ class TransformersModel:
             return capture(points, forward, wanted, entered)
 
     @torch.inference_mode()
+    def stacks_pass(self, inputs: dict[str, torch.Tensor], source: dict[str, torch.Tensor], wanted: dict[str, Wanted]) -> dict[str, Capture]:
+        """One whole pass of an encoder-decoder (inputs: the decoder's, source: the encoder's) with what `wanted` names
+        of each of its stacks ("encoder", "decoder", "cross") captured: each stack's hooks installed around the next's
+        (capture's forward is any call), the model's forward innermost. Returns each stack's Capture."""
+        seq2seq = dict(input_ids=source["input_ids"], attention_mask=source["attention_mask"],
+                       decoder_input_ids=inputs["input_ids"], decoder_attention_mask=inputs["attention_mask"])  # fmt: skip
+        captured: dict[str, Capture] = {}
+
+        def nested(stacks: list[str]):
+            if not stacks:
+                return self.model(**seq2seq, use_cache=False).last_hidden_state
+            stack, *rest = stacks
+            captured[stack] = capture(self.hook_points(stack), lambda: nested(rest), wanted[stack])
+
+        with self._forward_lock:
+            self.model.set_attn_implementation(blocked_attention.register())
+            nested(list(wanted))
+        return captured
+
+    @torch.inference_mode()
     def in_place_pass(
         self, inputs: dict[str, torch.Tensor], attend: Callable[[int, torch.Tensor], torch.Tensor], keep: frozenset[int] = frozenset(),
-        whole: bool = True, entered=lambda done: None,
-    ) -> dict[int, Captured]:
+        whole: bool = True, entered=lambda done: None, parts: bool = False,
+    ) -> Capture:
         """One forward pass of a decoder's or an encoder's one stack over inputs with attnviz's layer in the place of
         every layer's attention: attend(layer, x) gives the heads' outputs (B, N, H, d) over what entered that layer's
         attention module, x (B, N, D), and the module's own W_o and the rest of the model go on from them (its own
         query, key and value projections run, unread: the attention function is what transformers lets be replaced).
-        Returns what entered each layer of keep (entered(1) as each is reached); whole=False stops the pass there,
-        before the last of keep attends."""
+        Returns the Capture of what entered each layer of keep (entered(1) as each is reached); whole=False stops the
+        pass there, before the last of keep attends. parts: the capture also holds the residual stream's parts (each
+        layer's call, z_merged, MLP output, the embeddings' norm's input), and the pass runs whole."""
         points = self.hook_points()
         entering: list[tuple[int, torch.Tensor]] = []
 
@@ -238,14 +260,15 @@ class TransformersModel:
             self.model.set_attn_implementation(blocked_attention.register())
             handles = hook_layers(points.attention, enter)
             try:
-                captured = capture(points, lambda: self._forward(inputs, None, None, attnviz_in_place=in_place), Wanted(keep, whole=whole), entered)
+                wanted = Wanted(keep, whole=whole, calls=parts, z_merged=parts, mlp=parts, embedded=parts)
+                captured = capture(points, lambda: self._forward(inputs, None, None, attnviz_in_place=in_place), wanted, entered)
             finally:
                 for handle in handles:
                     handle.remove()
-        attended = len(points.attention) if whole else max(keep)
+        attended = len(points.attention) if whole or parts else max(keep)
         if called != set(range(attended)):
             raise RuntimeError(f"{attended - len(called)} layers' attention did not call transformers' attention function")
-        return captured.x
+        return captured
 
     def hook_points(self, stack: str | None = None) -> HookPoints:
         """The stack's modules by role (models/capture.py): layer_stack's, each layer's attention module (x), and
@@ -258,7 +281,12 @@ class TransformersModel:
             for role, modules in projections.items():
                 modules.append(self.model.get_submodule(names["w_" + role]))
             mlps.append(self.model.get_submodule(self.family.mlp_name(self.config, index, stack)))
-        return HookPoints(self.layer_stack(stack), attention, projections, mlps, cross=stack == "cross")
+        post_norm = stack is None and self.family.post_norm_names(0) is not None  # an encoder's embeddings' LayerNorm
+        name = "embeddings.LayerNorm" if post_norm else self.family.embedding_norm_name(stack)
+        embedding_norm = None
+        if name is not None and any(each == name for each, _ in self.model.named_modules()):  # Marian's sides have none
+            embedding_norm = self.model.get_submodule(name)
+        return HookPoints(self.layer_stack(stack), attention, projections, mlps, cross=stack == "cross", embedding_norm=embedding_norm)
 
     # ---- the layers one by one: the model's output with a head taken out (analysis/effect.py) -----------------
 
@@ -377,7 +405,11 @@ class TransformersModel:
         from attnviz.models.weight_files import stored_tensors
 
         embeddings = self.get_input_embeddings().weight
-        stored = stored_tensors(self.folder, ("lm_head.weight", "lm_head.bias", "final_logits_bias"), embeddings)
+        names = ("lm_head.weight", "lm_head.bias", "final_logits_bias")
+        if self.weights is None:
+            stored = stored_tensors(self.folder, names, embeddings)
+        else:
+            stored = {name: self.weights[name].to(embeddings) for name in names if name in self.weights}
         if getattr(self.model.config, "tie_word_embeddings", False):
             weight, bias = embeddings, None
         elif "lm_head.weight" in stored:

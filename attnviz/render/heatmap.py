@@ -89,10 +89,17 @@ def write_heatmaps(
     """Every head's heatmap and the grid of all heads; return their paths, the grid last.
 
     seed: the seed of random parameters, for the titles (figures of random parameters name it).
+    Each head's map is read once for both figures (a long map's 268 MB a head at 8,192 tokens, from its file).
     """
     check_format(fmt)
     say_capped(f"{prefix}heads.{fmt}", _grid_figure_size(run))  # the grid's figure itself says nothing
-    return [*write_head_heatmaps(run, out_dir, fmt, prefix, note, seed), write_heads_grid(run, out_dir, fmt, prefix, note, seed)]
+    heatmap, grid = _HeadFigure(run, note, seed), _HeadsGrid(run, note, seed)
+    paths, pools = [], []
+    for head in range(run.num_heads):
+        weights = heatmap.show_head(head)
+        paths.append(heatmap.save(Path(out_dir) / f"{prefix}head_{head:02d}.{fmt}"))
+        pools.append(grid.show_head(head, weights))
+    return [*paths, save_figure(grid.finish(pools), out_dir, f"{prefix}heads.{fmt}")]
 
 
 def write_head_heatmaps(
@@ -111,9 +118,7 @@ def write_head_heatmaps(
     paths = []
     for head in range(run.num_heads):
         heatmap.show_head(head)
-        path = Path(out_dir) / f"{prefix}head_{head:02d}.{fmt}"
-        heatmap.save(path)
-        paths.append(path)
+        paths.append(heatmap.save(Path(out_dir) / f"{prefix}head_{head:02d}.{fmt}"))
     return paths
 
 
@@ -126,42 +131,55 @@ def write_heads_grid(
 
 
 def heads_grid_figure(run: AttentionRun, note: str = "", seed: int | None = None):
-    """The Figure of write_heads_grid, laid out and ready to save (within the size cap)."""
-    size = capped_size(_grid_figure_size(run))
-    figure = new_figure(size)
-    num_rows, num_columns = grid_shape(run.num_heads, run.group_size)
-    axes = figure.subplots(num_rows, num_columns, squeeze=False)
-    max_labels = min(MAX_GRID_TICK_LABELS, int(size[0] / num_columns * 72 / 12))  # 7-point labels 12 points apart
-    images = []
-    for head, ax in enumerate(axes.flat):
-        if head >= run.num_heads:
-            ax.set_visible(False)
-            continue
-        images.append(attention_image(ax, *run.attention.shape[1:]))  # each head's map is read once, laid out
-        ax.set_title(" · ".join(head_scope(run, head, short=True)), fontsize=9)
-        if run.kv_head_of(head) is not None:
-            _mark_kv_group(ax, kv_group_color(run.kv_head_of(head)))
-        # Tokens on the outer edge of the filled grid only (ticks are most of the drawing
-        # time): the first column gets queries, a panel with no panel below it gets keys.
-        _label_token_axes(
-            ax,
-            run,
-            max(2, max_labels),
-            fontsize=7,
-            keys=head + num_columns >= run.num_heads,
-            queries=head % num_columns == 0,
-        )
-    colorbar = attention_colorbar(figure, images[0], ax=axes, shrink=0.6)
-    scope = [f"layer {run.layer}", *_noted(note), counted(run.num_heads, "head")]
-    title = run_title(run, scope, seed=seed, line_chars=chars_across(size[0]))
-    figure.suptitle(title, parse_math=False)
-    figure.supxlabel("key")
-    figure.supylabel("query")
-    freeze_layout(figure)
+    """Every head of the run in one figure (heads.<fmt>): a matplotlib Figure, not saved."""
+    grid = _HeadsGrid(run, note, seed)
     rows = rows_buffer(run.attention)
-    pools = [show_attention(image, masked_attention(map_rows(run.attention, head, out=rows), run.causal)) for head, image in enumerate(images)]
-    colorbar.set_label(scale_label("attention weight", images[0].norm, max(pools)))
-    return figure
+    pools = [grid.show_head(head, masked_attention(map_rows(run.attention, head, out=rows), run.causal)) for head in range(run.num_heads)]
+    return grid.finish(pools)
+
+
+class _HeadsGrid:
+    """The grid of every head, laid out once with empty maps; show_head fills a head's panel, finish labels the colour bar."""
+
+    def __init__(self, run: AttentionRun, note: str = "", seed: int | None = None):
+        size = capped_size(_grid_figure_size(run))
+        self.figure = figure = new_figure(size)
+        num_rows, num_columns = grid_shape(run.num_heads, run.group_size)
+        axes = figure.subplots(num_rows, num_columns, squeeze=False)
+        max_labels = min(MAX_GRID_TICK_LABELS, int(size[0] / num_columns * 72 / 12))  # 7-point labels 12 points apart
+        self.images = []
+        for head, ax in enumerate(axes.flat):
+            if head >= run.num_heads:
+                ax.set_visible(False)
+                continue
+            self.images.append(attention_image(ax, *run.attention.shape[1:]))  # each head's map is read once, laid out
+            ax.set_title(" · ".join(head_scope(run, head, short=True)), fontsize=9)
+            if run.kv_head_of(head) is not None:
+                _mark_kv_group(ax, kv_group_color(run.kv_head_of(head)))
+            # Tokens on the outer edge of the filled grid only (ticks are most of the drawing
+            # time): the first column gets queries, a panel with no panel below it gets keys.
+            _label_token_axes(
+                ax,
+                run,
+                max(2, max_labels),
+                fontsize=7,
+                keys=head + num_columns >= run.num_heads,
+                queries=head % num_columns == 0,
+            )
+        self.colorbar = attention_colorbar(figure, self.images[0], ax=axes, shrink=0.6)
+        scope = [f"layer {run.layer}", *_noted(note), counted(run.num_heads, "head")]
+        figure.suptitle(run_title(run, scope, seed=seed, line_chars=chars_across(size[0])), parse_math=False)
+        figure.supxlabel("key")
+        figure.supylabel("query")
+        freeze_layout(figure)
+
+    def show_head(self, head: int, weights: np.ma.MaskedArray) -> int:
+        """Fill head's panel with its weights (Nq, Nk), masked; return the block size of show_attention."""
+        return show_attention(self.images[head], weights)
+
+    def finish(self, pools: list[int]):
+        self.colorbar.set_label(scale_label("attention weight", self.images[0].norm, max(pools)))
+        return self.figure
 
 
 def _mark_kv_group(ax, color: str) -> None:
@@ -203,31 +221,33 @@ class _HeadFigure:
         self.ax.set_xlabel("key")
         self.ax.set_ylabel("query")
         colorbar = attention_colorbar(self.figure, self.image, ax=self.ax)
-        self.show_head(run.num_heads - 1)  # the longest title: the frozen layout must fit it
+        self.title.set_text(self.title_of(run.num_heads - 1))  # the longest title: the frozen layout must fit it
         freeze_layout(self.figure)
         pool = attention_pool(self.image, num_queries, num_keys)[2]  # the same for every head: each is shown as saved
         colorbar.set_label(scale_label("attention weight", self.image.norm, pool))
         self.background = None  # pixels of the parts common to all heads, after the first PNG
         self.pixels: CellPixels | None = None  # where the map's cells land, learnt with the background
 
-    def show_head(self, head: int) -> int:
-        """Show this head's map, title and cell values; return the block size of show_attention."""
+    def show_head(self, head: int) -> np.ma.MaskedArray:
+        """Show this head's map, title and cell values; return its weights (Nq, Nk) as shown, masked, to show again
+        (valid until the next head: a map on disk is read into the figure's one buffer)."""
         weights = masked_attention(map_rows(self.run.attention, head, out=self.rows), self.run.causal)  # (Nq, Nk)
-        pool = show_attention(self.image, weights)
+        show_attention(self.image, weights)
         self.title.set_text(self.title_of(head))
         if self.cell_values is not None:
             update_cell_values(self.cell_values, weights, self.image)
-        return pool
+        return weights
 
     def title_of(self, head: int) -> str:
         scope = [f"layer {self.run.layer}", *_noted(self.note), *head_scope(self.run, head)]
         return run_title(self.run, scope, seed=self.seed, line_chars=chars_across(self.figure.get_figwidth()))
 
-    def save(self, path: Path) -> None:
+    def save(self, path: Path) -> Path:
         if path.suffix == ".png":
             self._blit_png(path)
         else:
             self.figure.savefig(path, dpi=DPI)  # vector formats: a full draw per head
+        return path
 
     def _per_head_artists(self) -> list:
         # The frame (spines) is redrawn too: the image would otherwise cover its inner half.

@@ -109,14 +109,18 @@ def block_maximum(weights: np.ma.MaskedArray, num_rows: int, num_columns: int) -
     )  # ceil(b * size / blocks): the first cell of block b
     row_ends = np.append(row_starts[1:], size_rows)
     shown = np.empty((num_rows, num_columns))
+    mask = np.ma.getmask(weights)
     per_chunk = max(1, BLOCK_MAXIMUM_CELLS // max(1, size_columns * math.ceil(size_rows / num_rows)))  # blocks of rows at once
     for first in range(0, num_rows, per_chunk):  # a few rows at a time: a copy of a long map's every cell is not made
         last = min(first + per_chunk, num_rows)
-        rows = weights[row_starts[first] : row_ends[last - 1]].filled(-np.inf)  # masked cells never win; a maximum is exact in any float
+        band = slice(row_starts[first], row_ends[last - 1])
+        rows = weights.data[band]  # a view
+        shown_cells = np.ones((len(rows), 1), bool) if mask is np.ma.nomask else ~mask[band]  # the cells that may win
         # The blocks of rows first, each a few whole rows compared element by element, then the blocks of columns of
         # what is left: a block's cells in rows of their own, not the reduction along each row that costs most.
+        # Masked cells never win (-inf where all of a block's column is masked); a maximum is exact in any float.
         offsets = [*(row_starts[first:last] - row_starts[first]), len(rows)]
-        blocks = np.stack([rows[a:b].max(axis=0) for a, b in zip(offsets, offsets[1:])])  # (blocks, Nk)
+        blocks = np.stack([rows[a:b].max(axis=0, where=shown_cells[a:b], initial=-np.inf) for a, b in zip(offsets, offsets[1:])])  # (blocks, Nk)
         shown[first:last] = np.maximum.reduceat(blocks, column_starts, axis=1)
     return np.ma.masked_invalid(np.where(np.isneginf(shown), np.nan, shown))
 

@@ -47,8 +47,8 @@ def why_figure(terms, model: str):
         ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=7, color="white" if abs(value) > 0.6 * reach else "black")
     ax.set_xticks(range(len(key_names)), key_names, rotation=90, fontsize=8)
     ax.set_yticks(range(len(query_names)), query_names, fontsize=8)
-    ax.set_xlabel(f"key part (key {terms.key}: {terms.shown_tokens[terms.key]!r})")
-    ax.set_ylabel(f"query part (query {terms.query}: {terms.shown_tokens[terms.query]!r})")
+    ax.set_xlabel(f"key part (key {terms.key}: {terms.shown_key!r})")
+    ax.set_ylabel(f"query part (query {terms.query}: {terms.shown_query!r})")
     figure.colorbar(image, ax=ax, shrink=0.8, label="term of the score (red adds, blue takes away)")
     ax.set_title(
         f"{short_model_name(model)} · layer {terms.layer} · head {terms.head}\n"
@@ -70,8 +70,8 @@ def print_terms(console, terms, top: list[tuple[str, str, float]], sides: dict) 
     from rich.table import Table
     from rich.text import Text
 
-    table = Table(title=f"layer {terms.layer} head {terms.head}: {terms.shown_tokens[terms.query]!r} (query {terms.query}) → "
-                        f"{terms.shown_tokens[terms.key]!r} (key {terms.key})")  # fmt: skip
+    table = Table(title=f"layer {terms.layer} head {terms.head}: {terms.shown_query!r} (query {terms.query}) → "
+                        f"{terms.shown_key!r} (key {terms.key})")  # fmt: skip
     for name in ("query part", "key part", "term", "share"):
         table.add_column(name, justify="right" if name in ("term", "share") else "left")
     for query_part, key_part, term in top:

@@ -155,7 +155,8 @@ class Explorer:
 
     def why(self, request: dict) -> str:
         """POST /api/why: attnviz.why of the request's cell (layer, head, query, key), as why.json's record with its
-        WHY_TOP largest terms in place of every term ("top": [query part, key part, term]; "num_terms")."""
+        WHY_TOP largest terms in place of every term ("top": [query part, key part, term]; "num_terms"; "rest": the
+        other terms summed)."""
         import attnviz
 
         text, name = self.checked(request, WHY_FIELDS)
@@ -168,7 +169,9 @@ class Explorer:
         with self.turns[name]:
             result = attnviz.why(text, model=handle, **arguments)
         record = {field: value for field, value in result.to_dict().items() if field != "terms"}
-        return json.dumps({**record, "num_terms": int(result.terms.terms.size), "top": result.top(WHY_TOP)}, ensure_ascii=False)
+        top = result.top(WHY_TOP)
+        rest = result.terms.total - sum(term for _, _, term in top)  # the other terms summed
+        return json.dumps({**record, "num_terms": int(result.terms.terms.size), "top": top, "rest": rest}, ensure_ascii=False)
 
     def checked(self, request, fields: tuple[str, ...]) -> tuple[str, str]:
         """The request's text and model name, and its fields among those its route takes, each checked before any work."""

@@ -171,6 +171,12 @@
       for (let i = 0; i < codes.length; i++) values[i] = level[codes[i]];
       return values;
     }
+    if (encoded.dtype === "float64") {
+      // values as they are (why's terms): no unit, no scale
+      if (IS_LITTLE_ENDIAN) return new Float64Array(buffer);
+      const view = new DataView(buffer);
+      return Float64Array.from({ length: buffer.byteLength / 8 }, (_, i) => view.getFloat64(8 * i, true));
+    }
     throw new Error(`attnviz: unknown weights dtype ${encoded.dtype}`);
   }
 

@@ -140,16 +140,11 @@
     fillLayers();
 
     // A cell clicked in the heatmap view: POST /api/why splits its score into query part × key part terms, the largest
-    // shown under the map (the latest click wins).
+    // shown under the map by why_terms.js's table (the latest click wins).
     let whyAsked = 0;
     AV.cellChosen = async (section, shownText, layerShown, head, query, key) => {
       const number = ++whyAsked;
-      let panel = section.querySelector("#why-terms");
-      if (!panel) {
-        panel = AV.el("div", { id: "why-terms", class: "why-terms", "aria-live": "polite" });
-        section.querySelector(".heatmap-figure").after(panel); // under the map, above the selection's panel
-      }
-      AV.clear(panel).appendChild(AV.el("p", { class: "note" }, "splitting the score…"));
+      AV.whyNote(section, "splitting the score…");
       let answer;
       try {
         const response = await fetch("/api/why", {
@@ -160,21 +155,11 @@
         answer = await response.json();
         if (!response.ok) throw new Error(answer.error || `the server answered ${response.status}`);
       } catch (error) {
-        if (number === whyAsked) AV.clear(panel).appendChild(AV.el("p", { class: "note", id: "why-error" }, `why: ${error.message}`));
+        if (number === whyAsked) AV.whyPanel(section).appendChild(AV.el("p", { class: "note", id: "why-error" }, `why: ${error.message}`));
         return;
       }
       if (number !== whyAsked) return;
-      const tokens = shownText.shown_query_tokens;
-      const caption = `Why layer ${answer.layer}, head ${answer.head} weighs key ${AV.tokenLabel(tokens, answer.key)} from query ${AV.tokenLabel(tokens, answer.query)}: ` +
-        `its score ${answer.score.toFixed(4)} (weight ${answer.weight.toFixed(4)}) is the sum of ${answer.num_terms.toLocaleString("en")} terms, ` +
-        `query part × key part; the ${answer.top.length} largest (attnviz why writes them all):`;  // prettier-ignore
-      const table = AV.el("table", { id: "why-table" }, AV.el("caption", {}, caption),
-        AV.el("tr", {}, ...["query part", "key part", "term", "share"].map((name) => AV.el("th", {}, name))));
-      for (const [queryPart, keyPart, term] of answer.top) {
-        const share = answer.score ? `${((100 * term) / answer.score).toFixed(1)}%` : "n/a";
-        table.appendChild(AV.el("tr", {}, AV.el("td", {}, queryPart), AV.el("td", {}, keyPart), AV.el("td", { class: "term" }, term.toFixed(4)), AV.el("td", {}, share)));
-      }
-      AV.clear(panel).appendChild(table);
+      AV.whyPanel(section).appendChild(AV.whyTable(answer, shownText.shown_query_tokens));
     };
 
     const controls = AV.el(

@@ -123,7 +123,7 @@
       if (!cell) return;
       current.pinned = cell;
       point(current, cell.i, cell.j);
-      // `attnviz serve`'s page splits the cell's score into its terms (explorer.js); the offline report has no server
+      // the cell's score split into its terms (why_terms.js): from the report's record, or the server's (explorer.js)
       if (AV.cellChosen) AV.cellChosen(current.section, AV.data.texts[current.textIndex], current.layer, current.head, cell.i, cell.j);
     });
     canvas.addEventListener("focus", () => {

@@ -22,6 +22,14 @@ class BartLayout(Family):
     def mlp_name(self, config: dict, index: int, stack: str | None) -> str:
         return f"{'decoder' if stack in ('decoder', 'cross') else 'encoder'}.layers.{index}.fc2"  # before final_layer_norm
 
+    def sublayer_norms(self, index: int, stack: str | None) -> tuple[str, ...]:
+        if stack in ("decoder", "cross"):
+            return tuple(f"decoder.layers.{index}.{name}" for name in ("self_attn_layer_norm", "encoder_attn_layer_norm", "final_layer_norm"))
+        return tuple(f"encoder.layers.{index}.{name}" for name in ("self_attn_layer_norm", "final_layer_norm"))
+
+    def embedding_norm_name(self, stack: str | None) -> str | None:
+        return f"{'decoder' if stack in ('decoder', 'cross') else 'encoder'}.layernorm_embedding"  # Marian has none
+
     def embedding_shapes(self, config: dict) -> dict[str, tuple[tuple[int, ...], str]]:
         return {"shared.weight": ((self.size(config, "vocab"), self.size(config, "hidden")), "vocab_size by d_model")}
 

@@ -68,6 +68,19 @@ class Family:
     # The norm before layer {index}'s attention, the base model's module (Llama's input_layernorm, GPT-2's ln_1);
     # None where the adapter names none. analysis/circuits.py folds its weight into the OV circuit, as fold_ln does.
     attention_norm: ClassVar[str | None] = None
+    # A pre-norm encoder-decoder's norm before decoder layer {index}'s cross-attention (T5's layer.1.layer_norm), the
+    # base model's module; None where the adapter names none. analysis/why_cross.py splits cross-attention's scores.
+    cross_attention_norm: ClassVar[str | None] = None
+
+    def sublayer_norms(self, index: int, stack: str | None) -> tuple[str, ...] | None:
+        """A post-norm encoder-decoder's (BART's): the norms after each sublayer of stored layer `index` of the stack's
+        side, in order (the decoder's after its self-attention, its cross-attention and its MLP; the encoder's after
+        its self-attention and its MLP); None where the adapter names none (analysis/why_cross.py)."""
+        return None
+
+    def embedding_norm_name(self, stack: str | None) -> str | None:
+        """The norm over an encoder-decoder side's embeddings (BART's layernorm_embedding), if the adapter names one."""
+        return None
 
     @property
     def causal(self) -> bool:

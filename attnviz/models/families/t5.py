@@ -18,6 +18,7 @@ from attnviz.models.families.family import ENCODER_DECODER, Family
 class T5(Family):
     position_bias = True
     final_norm = "{side}.final_layer_norm"
+    cross_attention_norm = "decoder.block.{index}.layer.1.layer_norm"
 
     def layer_names(self, config: dict, index: int, stack: str | None) -> tuple[str, dict[str, str]]:
         side = "decoder" if stack in ("decoder", "cross") else "encoder"

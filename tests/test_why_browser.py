@@ -1,0 +1,73 @@
+"""The offline report's why view in Debian's Chromium (tests/browser.py), opened from its file with every request
+blocked: a click on a cell of the Heatmap view's map lists its score's largest query part × key part terms and the rest
+summed, as attnviz.why splits that cell (why_terms.js, the table the served page draws too); a cell the record holds no
+split of says why.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import attnviz
+
+pytestmark = pytest.mark.browser
+
+TEXT = "The cat sat on the mat because it was warm."
+LAYER = 2
+HEAD = 5
+
+
+@pytest.fixture(scope="module")
+def model():
+    return attnviz.load("bundled", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def report_path(model, tmp_path_factory):
+    (path,) = attnviz.report(TEXT, model=model, layer=LAYER).save(tmp_path_factory.mktemp("why-report"))
+    return path
+
+
+def open_heatmap(offline_page, path, layer: int, head: int):
+    opened = offline_page(path)
+    page = opened.page
+    page.click("button[data-view=heatmap]")
+    page.select_option("#heatmap-layer", str(layer))
+    page.select_option("#heatmap-head", str(head))
+    opened.wait_until(f"(document.querySelector('#heatmap-note') || {{textContent: ''}}).textContent.startsWith('Layer {layer}, head {head}')")
+    return opened
+
+
+def click_cell(opened, query: int, key: int) -> None:
+    page = opened.page
+    n = len(page.evaluate("AV.data.texts[0].shown_query_tokens"))
+    page.locator("#heatmap-canvas").scroll_into_view_if_needed()
+    box = page.query_selector("#heatmap-canvas").bounding_box()
+    page.mouse.click(box["x"] + box["width"] * (key + 0.5) / n, box["y"] + box["height"] * (query + 0.5) / n)
+
+
+def test_a_cell_clicked_in_the_offline_report_lists_its_terms_as_attnviz_why_splits_them(model, report_path, offline_page):
+    opened = open_heatmap(offline_page, report_path, LAYER, HEAD)
+    query, key = 6, 2
+    click_cell(opened, query, key)
+    opened.wait_until("document.querySelector('#why-table') !== null")
+    rows = opened.page.eval_on_selector_all("#why-table tr", "rows => rows.slice(1).map(r => Array.from(r.cells, c => c.textContent))")
+    expected = attnviz.why(TEXT, model=model, layer=LAYER, head=HEAD, query=query, key=key)
+    top = expected.top(12)
+    *shown, (others, rest, rest_share) = rows
+    assert [(q, k, float(term)) for q, k, term, _ in shown] == [(q, k, round(term, 4)) for q, k, term in top]
+    assert [share for *_, share in shown] == [f"{100 * term / expected.score:.1f}%" for _, _, term in top]
+    assert others == f"the other {expected.terms.terms.size - 12:,} terms"
+    assert float(rest) == round(expected.terms.total - sum(term for _, _, term in top), 4)
+    caption = opened.page.text_content("#why-table caption")
+    assert f"its score {expected.score:.4f} (weight {expected.weight:.4f})" in caption
+    assert f"is the sum of {expected.terms.terms.size:,} terms" in caption
+    opened.assert_offline_and_clean()
+
+
+def test_a_cell_of_another_layer_says_the_report_splits_its_own_layer_alone(report_path, offline_page):
+    opened = open_heatmap(offline_page, report_path, 4, 0)
+    click_cell(opened, 3, 1)
+    opened.wait_until("document.querySelector('#why-note') !== null")
+    assert opened.page.text_content("#why-note") == f"The report splits the scores of layer {LAYER} alone: attnviz why --layer 4 splits this one."
+    opened.assert_offline_and_clean()
