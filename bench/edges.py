@@ -46,10 +46,10 @@ def main() -> None:
     from attnviz.analysis.patching import text_pass
     from attnviz.layer_inputs import encode_texts
     from attnviz.models.loading import load_model
-    from attnviz.models.smollm2 import smollm2_folder
     from attnviz.spec import RunSpec
+    from smollm2_reference import reference_folder
 
-    folder = smollm2_folder()
+    folder = reference_folder()  # transformers' float32 model of the GGUF file
     tokenizer = AutoTokenizer.from_pretrained(folder)
     corrupt_ids = tokenizer(CORRUPT, return_tensors="pt")["input_ids"]
     assert corrupt_ids.shape[1] == 20, corrupt_ids.shape

@@ -263,7 +263,7 @@ def test_patch_edges_writes_edges_json_the_figure_and_the_table(decoder, tmp_pat
     assert "path patched" in printed and expected.name(expected.checked[0][0]).split(" -> ")[1] in printed
 
 
-def test_smollm2s_top_edges_agree_with_path_patching_on_an_indirect_object_pair(smollm2_converted):
+def test_smollm2s_top_edges_agree_with_path_patching_on_an_indirect_object_pair(smollm2_cached):
     """The issue's "done when": on SmolLM2 (9 heads over 3 key/value heads) and an indirect-object pair, the top edges
     by EAP have path patching's sign, the largest five within 0.05 of it."""
     from attnviz.analysis.edges import EdgeSettings
@@ -271,9 +271,8 @@ def test_smollm2s_top_edges_agree_with_path_patching_on_an_indirect_object_pair(
     from attnviz.models.loading import load_model
     from attnviz.spec import RunSpec
 
-    folder = str(smollm2_converted.folder)
-    loaded = load_model(folder, device="cpu")
-    spec = RunSpec(folder, folder, "local folder", device="cpu")
+    loaded = load_model("smollm2", device="cpu")  # the GGUF file, read as it is
+    spec = RunSpec("smollm2", loaded.name, loaded.source, device="cpu")
     ioi = ("When Mary and John went to the store, John gave a drink to", "When Mary and John went to the store, Mary gave a drink to", " Mary", " John")
     edges = patch_heads(loaded, *ioi, spec, edges=EdgeSettings()).edges
     assert edges.grouped and edges.scores["k"].shape == (30, 9, 30, 3)
