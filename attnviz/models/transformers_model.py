@@ -40,11 +40,12 @@ from attnviz.models.words import tokenizer_scheme
 
 
 def load_transformers_model(
-    folder: Path, family: Family, config: dict, device: str, dtype: torch.dtype = torch.float32
+    folder: Path, family: Family, config: dict, device: str, dtype: torch.dtype = torch.float32, layer_at_a_time: bool = False
 ) -> "TransformersModel":
     """transformers' base model of the family from a checked folder (safetensors only), in eval mode on device, in dtype.
 
-    The weights are read once, in dtype: a model in bfloat16 never holds a float32 copy.
+    The weights are read once, in dtype: a model in bfloat16 never holds a float32 copy. layer_at_a_time: each
+    layer's weights read from the files as it runs and dropped after (models/layer_weights.py).
 
     Before anything is built, the family's adapter checks config.json's sizes against the
     safetensors headers; after, every weight the model has must have come from the files, and
@@ -56,6 +57,16 @@ def load_transformers_model(
 
     model_class = getattr(transformers, family.model_class)
     _check_headers(folder, family, config, model_class.base_model_prefix)
+    if layer_at_a_time:
+        from attnviz.models import layer_weights
+
+        entries = layer_weights.stored_entries(folder, model_class.base_model_prefix)
+        handle = TransformersModel(family, config, layer_weights.build_empty(model_class, folder, dtype), folder)
+        shapes = {name: shape for name, (_, _, shape, _) in entries.items()}
+        info = layer_weights.load_layer_at_a_time(handle.model, handle.layer_names(), layer_weights.stored_weights(entries), shapes, device)
+        _check_loading_info(family, info, handle.model)
+        handle.layer_at_a_time = True
+        return handle
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # e.g. "some weights were not used": a task head attnviz does not need
     hf_logging.disable_progress_bar()
@@ -129,6 +140,7 @@ class TransformersModel:
         self.model = model
         self.folder = folder  # the checkpoint's: a task head's tensors (output_head) are read from it
         self.model_type = config["model_type"]
+        self.layer_at_a_time = False  # True: each layer's weights read from the files as it runs (models/layer_weights.py)
         self._forward_lock = threading.Lock()
 
     # ---- sizes -----------------------------------------------------------------------------
@@ -157,7 +169,27 @@ class TransformersModel:
 
     def attention_weights(self, layer: int, stack: str | None = None) -> AttentionWeights:
         """Layer `layer`'s projections and settings, as attnviz's layer takes them (the family's adapter splits them)."""
-        return self.family.attention_weights(self.model, self.config, layer, stack)
+        with self.resident(layer, stack):
+            return self.family.attention_weights(self.model, self.config, layer, stack)
+
+    def resident(self, layer: int, stack: str | None = None):
+        """A context within which layer `layer`'s weights are on the device (where read a layer at a time:
+        layer_weights.resident), for what reads them outside the layer's forward."""
+        from attnviz.models.layer_weights import resident
+
+        return resident(self.model.get_submodule(self.layer_name(layer, stack)))
+
+    def layer_name(self, layer: int, stack: str | None = None) -> str:
+        """The name of the module of the stack's layer `layer` (Llama's layers.{i}, T5's encoder.block.{i}): the
+        first list on the way down to its attention module."""
+        parts = self.attention_module(layer, stack)[0].split(".")
+        listed = next(index for index, part in enumerate(parts) if part.isdigit())
+        return ".".join(parts[: listed + 1])
+
+    def layer_names(self) -> list[str]:
+        """Every stack's layer modules' names, each once (ALBERT's layers share one)."""
+        stacks = [stack for stack in self.family.stacks if stack != "cross"]  # the decoder's layers hold its cross-attention
+        return list(dict.fromkeys(self.layer_name(layer, stack) for stack in stacks for layer in range(self.num_layers(stack))))
 
     def position_bias(self, stack: str | None, num_queries: int, num_keys: int, device: str) -> torch.Tensor | None:
         """T5's relative position bias (1, H, Nq, Nk); None for families without one."""
@@ -267,10 +299,7 @@ class TransformersModel:
         projections W_o, and its final norm."""
         layers, projections = [], []
         for layer in range(self.num_layers(stack)):
-            name = self.attention_module(layer, stack)[0]
-            parts = name.split(".")
-            listed = next(index for index, part in enumerate(parts) if part.isdigit())  # the first list on the way down
-            layers.append(self.model.get_submodule(".".join(parts[: listed + 1])))
+            layers.append(self.model.get_submodule(self.layer_name(layer, stack)))
             index = self.family.stored_index(self.config, layer, stack)
             projections.append(self.model.get_submodule(self.family.layer_names(self.config, index, stack)[1]["w_o"]))
         final = self.family.final_norm_name(stack)

@@ -1,0 +1,137 @@
+"""A checkpoint run a layer's weights at a time: the model built empty, each layer's weights read just before it runs.
+
+accelerate's hooks are the engine (the one under `accelerate.dispatch_model` and transformers' `device_map` with
+offloading): each layer module (Llama's layers.{i}) gets an `AlignDevicesHook(offload=True, weights_map=...)`, which
+puts the layer's weights on the device in the model's dtype as its forward begins and back on the meta device (no
+memory) as it ends. What the hooks read is a weights map: a Mapping from the base model's parameter names to tensors,
+read on access. For a safetensors checkpoint it is accelerate's `OffloadedWeightsLoader` with an index that points at
+the checkpoint's own files (nothing copied): each access reads one tensor as stored (bfloat16, float16, float32), and
+the hook casts it to the model's dtype. Any other Mapping of the same names (a GGUF file dequantised on access) plugs
+in as weights= of load_layer_at_a_time. The rest of the model (the embeddings, the final norm) is read once, the
+embedding table kept as stored and read by rows (StoredEmbedding).
+
+Outside a layer's forward, whoever reads its weights (attnviz's own layer, the circuits, why) does so within
+`resident(module)`: accelerate's `align_module_device`, which runs the same hook; within the layer's forward the
+weights are there already and resident does nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+from torch import nn
+
+# Past this many bytes of weights in the compute dtype (read from the safetensors headers), a checkpoint runs a layer
+# at a time by default.
+LAYER_AT_A_TIME_BYTES = 1 << 30
+STORED_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
+
+
+def stored_entries(folder: Path, prefix: str) -> dict[str, tuple[Path, str, tuple[int, ...], str]]:
+    """Every tensor of the checkpoint's safetensors files from their headers (no data read), by the base model's name (a
+    task head's prefix taken off, as _check_headers does): (file, name in the file, shape, safetensors dtype)."""
+    from safetensors import safe_open
+
+    from attnviz.models.weight_files import CheckpointError, safetensors_shapes, weight_files
+
+    entries = {}
+    for path in weight_files(folder, safetensors=True, allow_pickle=False):
+        safetensors_shapes(path)  # a damaged or truncated file refused here, naming it
+        with safe_open(str(path), framework="pt") as file:
+            for key in file.keys():
+                tensor = file.get_slice(key)
+                entries[key] = (path, key, tuple(tensor.get_shape()), tensor.get_dtype())
+    if any(key.startswith(prefix + ".") for key in entries):
+        entries = {key.removeprefix(prefix + "."): entry for key, entry in entries.items() if key.startswith(prefix + ".")}
+    for key, (path, _, _, dtype) in entries.items():
+        if dtype not in STORED_DTYPES:
+            raise CheckpointError(f"{path.name} stores {key} as {dtype}; attnviz reads float32, bfloat16 and float16 tensors")
+    return entries
+
+
+def weights_bytes(folder: Path, dtype: torch.dtype) -> int:
+    """The checkpoint's weights' size in dtype, from its safetensors headers alone (before anything loads)."""
+    entries = stored_entries(folder, prefix="")
+    return sum(_numel(shape) for _, _, shape, _ in entries.values()) * dtype.itemsize
+
+
+def stored_weights(entries: dict[str, tuple[Path, str, tuple[int, ...], str]]) -> Mapping[str, torch.Tensor]:
+    """The weights map of a safetensors checkpoint: name -> the tensor as stored, read from its file on access."""
+    from accelerate.utils import OffloadedWeightsLoader
+
+    index = {name: {"safetensors_file": str(path), "weight_name": key} for name, (path, key, _, _) in entries.items()}
+    return OffloadedWeightsLoader(index=index)
+
+
+def build_empty(model_class: type, folder: Path, dtype: torch.dtype) -> nn.Module:
+    """transformers' base model of model_class from the folder's config.json, its parameters on the meta device (no
+    memory) in dtype; its buffers (RoPE's frequencies) computed on the CPU as its own __init__ makes them."""
+    from accelerate import init_empty_weights
+
+    config = model_class.config_class.from_pretrained(folder)
+    with init_empty_weights(include_buffers=False):
+        model = model_class(config)
+    for module in model.modules():
+        for name, parameter in module.named_parameters(recurse=False):
+            setattr(module, name, nn.Parameter(parameter.to(dtype), requires_grad=False))  # meta: nothing allocated
+    model.set_attn_implementation("eager")
+    return model.eval()
+
+
+def load_layer_at_a_time(
+    model: nn.Module, layer_names: list[str], weights: Mapping[str, torch.Tensor], shapes: dict[str, tuple[int, ...]], device: str
+) -> dict[str, list]:
+    """model (build_empty's) made to run with weights read from `weights` a layer at a time: each module of layer_names
+    hooked (its weights resident during its forward alone), the other parameters read once. shapes: each weight's
+    shape, by the same names (the safetensors headers'). Returns what transformers' from_pretrained reports as its
+    loading info (missing, unexpected and mismatched names), checked by the caller."""
+    from accelerate.hooks import AlignDevicesHook, add_hook_to_module
+    from accelerate.utils import PrefixedDataset, set_module_tensor_to_device
+
+    parameters = dict(model.named_parameters())
+    info = {
+        "missing_keys": sorted(set(parameters) - set(shapes)),
+        "unexpected_keys": sorted(set(shapes) - set(parameters)),
+        "mismatched_keys": sorted(name for name in set(parameters) & set(shapes) if tuple(parameters[name].shape) != tuple(shapes[name])),
+    }
+    if info["missing_keys"] or info["mismatched_keys"]:
+        return info
+    in_layers = tuple(name + "." for name in layer_names)
+    for name in layer_names:
+        hook = AlignDevicesHook(execution_device=device, offload=True, weights_map=PrefixedDataset(weights, name + "."), place_submodules=True)
+        add_hook_to_module(model.get_submodule(name), hook)
+    for name in parameters:
+        if not name.startswith(in_layers):
+            set_module_tensor_to_device(model, name, device, value=weights[name])
+    return info
+
+
+def offloaded(module: nn.Module) -> bool:
+    """Whether a module's weights are read a layer at a time (an accelerate hook that offloads them sits on it)."""
+    from accelerate.utils import has_offloaded_params
+
+    return has_offloaded_params(module)
+
+
+@contextlib.contextmanager
+def resident(module: nn.Module):
+    """Within, the weights of a layer module read a layer at a time are on its device (accelerate's
+    align_module_device); a module whose weights are there already (in its own forward, or loaded whole) is left."""
+    if not offloaded(module) or not any(parameter.is_meta for parameter in module.parameters()):
+        yield
+        return
+    from accelerate.utils import align_module_device
+
+    with align_module_device(module):
+        yield
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    count = 1
+    for size in shape:
+        count *= size
+    return count
+
