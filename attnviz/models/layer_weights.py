@@ -7,7 +7,7 @@ memory) as it ends. What the hooks read is a weights map: a Mapping from the bas
 read on access. For a safetensors checkpoint it is accelerate's `OffloadedWeightsLoader` with an index that points at
 the checkpoint's own files (nothing copied): each access reads one tensor as stored (bfloat16, float16, float32), and
 the hook casts it to the model's dtype. Any other Mapping of the same names (a GGUF file dequantised on access) plugs
-in as weights= of load_layer_at_a_time. The rest of the model (the embeddings, the final norm) is read once, the
+in as weights_map= of load_layer_at_a_time. The rest of the model (the embeddings, the final norm) is read once, the
 embedding table kept as stored and read by rows (StoredEmbedding).
 
 Outside a layer's forward, whoever reads its weights (attnviz's own layer, the circuits, why) does so within
@@ -82,16 +82,16 @@ def build_empty(model_class: type, folder: Path, dtype: torch.dtype) -> nn.Modul
 
 
 def load_layer_at_a_time(
-    model: nn.Module, layer_names: list[str], weights: Mapping[str, torch.Tensor], shapes: dict[str, tuple[int, ...]], device: str
+    empty: nn.Module, layer_names: list[str], weights_map: Mapping[str, torch.Tensor], shapes: dict[str, tuple[int, ...]], device: str
 ) -> dict[str, list]:
-    """model (build_empty's) made to run with weights read from `weights` a layer at a time: each module of layer_names
+    """empty (build_empty's model) made to run with weights read from weights_map a layer at a time: each module of layer_names
     hooked (its weights resident during its forward alone), the other parameters read once. shapes: each weight's
     shape, by the same names (the safetensors headers'). Returns what transformers' from_pretrained reports as its
     loading info (missing, unexpected and mismatched names), checked by the caller."""
     from accelerate.hooks import AlignDevicesHook, add_hook_to_module
     from accelerate.utils import PrefixedDataset, set_module_tensor_to_device
 
-    parameters = dict(model.named_parameters())
+    parameters = dict(empty.named_parameters())
     info = {
         "missing_keys": sorted(set(parameters) - set(shapes)),
         "unexpected_keys": sorted(set(shapes) - set(parameters)),
@@ -99,13 +99,14 @@ def load_layer_at_a_time(
     }
     if info["missing_keys"] or info["mismatched_keys"]:
         return info
+    model = empty
     in_layers = tuple(name + "." for name in layer_names)
     for name in layer_names:
-        hook = AlignDevicesHook(execution_device=device, offload=True, weights_map=PrefixedDataset(weights, name + "."), place_submodules=True)
+        hook = AlignDevicesHook(execution_device=device, offload=True, weights_map=PrefixedDataset(weights_map, name + "."), place_submodules=True)
         add_hook_to_module(model.get_submodule(name), hook)
     for name in parameters:
         if not name.startswith(in_layers):
-            set_module_tensor_to_device(model, name, device, value=weights[name])
+            set_module_tensor_to_device(model, name, device, value=weights_map[name])
     return info
 
 
