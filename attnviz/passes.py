@@ -19,7 +19,7 @@ from attnviz.attention.layer import MultiHeadAttention, rows_per_block
 from attnviz.budgets import block_budget, memory_budget
 from attnviz.layer_inputs import Capture, EncodedTexts, LayerStates, encode_texts, layer_input, layer_states, threads_for
 from attnviz.models.loading import LoadedModel
-from attnviz.own_layer import build_layer
+from attnviz.own_layer import build_layers
 from attnviz.run_data import FORWARD_PASS, LAYERS_OF_THE_TEXT, Progress
 from attnviz.spec import RunSpec, model_is_causal
 
@@ -49,7 +49,7 @@ def capture_states(
     if not (berts or in_models_place(loaded, spec)):
         return layer_states(loaded, encoded, layers, spec, entered)
     last = max(layers)
-    attentions = [build_layer(loaded, replace(spec, layer=layer)) for layer in range(last)]
+    attentions = build_layers(loaded, spec, last)
     if not berts:
         return blocks_in_place(loaded, encoded, attentions, spec, block_budget(spec), keep=frozenset(layers), whole=False, entered=entered)
     valid_lens = encoded.queries.valid_lens.to(spec.device).expand(len(encoded.queries.ids))  # (B,)

@@ -21,6 +21,7 @@ output); the score they add up to is the one attnviz's own layer computes over t
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -142,9 +143,10 @@ def _post_norm_parts(loaded, captured, recorded, inputs: dict, summed, layer: in
         index = earlier if loaded.is_bert else loaded.family.stored_index(model.config, earlier, None)  # ALBERT's shared
         norm1, norm2 = (model.get_submodule(name) for name in loaded.family.post_norm_names(index))
         attended = sum(parts.values())  # the stream plus the attention's output: what enters the first norm
-        parts = _through_norm(parts, attended, norm1, f"L{earlier}.norm1.bias")
-        parts[f"mlp{earlier}"] = captured.mlp[earlier][0][rows].double()
-        parts = _through_norm(parts, sum(parts.values()), norm2, f"L{earlier}.norm2.bias")
+        with contextlib.nullcontext() if loaded.is_bert else model.resident(earlier):  # a layer's weights read a layer at a time: there within
+            parts = _through_norm(parts, attended, norm1, f"L{earlier}.norm1.bias")
+            parts[f"mlp{earlier}"] = captured.mlp[earlier][0][rows].double()
+            parts = _through_norm(parts, sum(parts.values()), norm2, f"L{earlier}.norm2.bias")
     return parts
 
 
@@ -203,14 +205,15 @@ def _normed(loaded, parts: dict, stream, layer: int) -> dict:
     from torch import nn
 
     norm = loaded.model.model.get_submodule(loaded.family.attention_norm.format(index=layer))
-    gain = norm.weight.double()
+    with loaded.model.resident(layer):  # a layer's weights read a layer at a time: on the device within
+        gain, bias = norm.weight.double(), None if getattr(norm, "bias", None) is None else norm.bias.double()
     eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6))
     if isinstance(norm, nn.LayerNorm):
         centred = {name: part - part.mean(dim=-1, keepdim=True) for name, part in parts.items()}
         sigma = ((stream - stream.mean(dim=-1, keepdim=True)).pow(2).mean(dim=-1, keepdim=True) + eps).sqrt()  # (R, 1)
         normed = {name: gain * part / sigma for name, part in centred.items()}
-        if norm.bias is not None:
-            normed["norm.bias"] = norm.bias.double().expand_as(stream)
+        if bias is not None:
+            normed["norm.bias"] = bias.expand_as(stream)
         return normed
     sigma = (stream.pow(2).mean(dim=-1, keepdim=True) + eps).sqrt()  # (R, 1)
     return {name: gain * part / sigma for name, part in parts.items()}

@@ -18,6 +18,7 @@ weights are there already and resident does nothing.
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from torch import nn
 # Past this many bytes of weights in the compute dtype (read from the safetensors headers), a checkpoint runs a layer
 # at a time by default.
 LAYER_AT_A_TIME_BYTES = 1 << 30
+LOGIT_ROWS = 8192  # the vocabulary's rows of an unembedding cast at a time (64 MB of a 2,048-wide float32 one)
 STORED_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
 
 
@@ -77,17 +79,38 @@ def build_empty(model_class: type, folder: Path, dtype: torch.dtype) -> nn.Modul
     for module in model.modules():
         for name, parameter in module.named_parameters(recurse=False):
             setattr(module, name, nn.Parameter(parameter.to(dtype), requires_grad=False))  # meta: nothing allocated
+    model.tie_weights()  # one parameter under the names the config ties (T5's and BART's shared embeddings), as from_pretrained ties them
     model.set_attn_implementation("eager")
     return model.eval()
 
 
+def load_safetensors(empty: nn.Module, layer_names: list[str], folder: Path, prefix: str, device: str) -> dict[str, list]:
+    """empty (build_empty's model) made to run a layer at a time from the folder's safetensors (load_layer_at_a_time),
+    its input embeddings (a plain nn.Embedding's) read by rows from the file's memory map (StoredEmbedding)."""
+    entries = stored_entries(folder, prefix)
+    shapes = {name: shape for name, (_, _, shape, _) in entries.items()}
+    embeddings = empty.get_input_embeddings()
+    stored = None
+    names = [name for name, parameter in empty.named_parameters() if parameter is getattr(embeddings, "weight", None)]
+    if type(embeddings) is nn.Embedding and names and names[0] in entries:  # not a scaled one (BART's): its forward is its own
+        path, key, _, _ = entries[names[0]]
+        stored = StoredEmbedding(mapped_tensor(path, key), next(embeddings.parameters()).dtype)
+    return load_layer_at_a_time(empty, layer_names, stored_weights(entries), shapes, device, stored)
+
+
 def load_layer_at_a_time(
-    empty: nn.Module, layer_names: list[str], weights_map: Mapping[str, torch.Tensor], shapes: dict[str, tuple[int, ...]], device: str
+    empty: nn.Module,
+    layer_names: list[str],
+    weights_map: Mapping[str, torch.Tensor],
+    shapes: dict[str, tuple[int, ...]],
+    device: str,
+    embeddings: nn.Module | None = None,
 ) -> dict[str, list]:
     """empty (build_empty's model) made to run with weights read from weights_map a layer at a time: each module of layer_names
     hooked (its weights resident during its forward alone), the other parameters read once. shapes: each weight's
-    shape, by the same names (the safetensors headers'). Returns what transformers' from_pretrained reports as its
-    loading info (missing, unexpected and mismatched names), checked by the caller."""
+    shape, by the same names (the safetensors headers'). embeddings, when given, replace the model's input embeddings
+    (their table is not read from weights_map). Returns what transformers' from_pretrained reports as its loading
+    info (missing, unexpected and mismatched names), checked by the caller."""
     from accelerate.hooks import AlignDevicesHook, add_hook_to_module
     from accelerate.utils import PrefixedDataset, set_module_tensor_to_device
 
@@ -99,15 +122,65 @@ def load_layer_at_a_time(
     }
     if info["missing_keys"] or info["mismatched_keys"]:
         return info
-    model = empty
     in_layers = tuple(name + "." for name in layer_names)
     for name in layer_names:
         hook = AlignDevicesHook(execution_device=device, offload=True, weights_map=PrefixedDataset(weights_map, name + "."), place_submodules=True)
-        add_hook_to_module(model.get_submodule(name), hook)
+        add_hook_to_module(empty.get_submodule(name), hook)
+    table = None if embeddings is None else empty.get_input_embeddings().weight
     for name in parameters:
-        if not name.startswith(in_layers):
-            set_module_tensor_to_device(model, name, device, value=weights_map[name])
+        if not name.startswith(in_layers) and parameters[name] is not table:
+            set_module_tensor_to_device(empty, name, device, value=weights_map[name])
+    empty.tie_weights()  # the tied names to the parameters just read (set_module_tensor_to_device put new ones in)
+    if embeddings is not None:
+        empty.set_input_embeddings(embeddings.to(device))
     return info
+
+
+def mapped_tensor(path: Path, key: str) -> torch.Tensor:
+    """A safetensors file's tensor as stored, memory-mapped: no byte read until used (its header: 8 bytes of length, then
+    JSON giving each tensor's dtype, shape and byte offsets from the header's end)."""
+    with open(path, "rb") as file:
+        length = int.from_bytes(file.read(8), "little")
+        entry = json.loads(file.read(length))[key]
+    begin, end = (8 + length + offset for offset in entry["data_offsets"])
+    data = torch.from_file(str(path), shared=False, size=end, dtype=torch.uint8)[begin:end]  # the file's bytes, mapped
+    dtype = STORED_DTYPES[entry["dtype"]]
+    if begin % dtype.itemsize:  # not aligned for a view (safetensors aligns its data): read it
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="pt") as tensors:
+            return tensors.get_tensor(key)
+    return data.view(dtype).view(entry["shape"])
+
+
+class StoredEmbedding(nn.Module):
+    """An input embedding table read by rows from its memory-mapped file: forward(ids) gives the ids' rows (..., D) in
+    the model's dtype, the table (V, D) never copied whole (a 128,256-row table in float32 is 1 GB); weight is the
+    table as stored (the output head's, where tied: logits in chunks, unembed)."""
+
+    def __init__(self, table: torch.Tensor, dtype: torch.dtype):
+        super().__init__()
+        self.table, self.dtype = table, dtype
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.table
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return nn.functional.embedding(ids.to(self.table.device), self.table).to(ids.device, self.dtype)
+
+
+def unembed(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The logits hidden (..., D) @ weight (V, D)^T + bias (V,), in hidden's dtype and on its device: whole where the
+    weight is already so, else LOGIT_ROWS of the vocabulary at a time, each cast from the weight as stored (a
+    memory-mapped bfloat16 table is never whole in float32)."""
+    if weight.dtype == hidden.dtype and weight.device == hidden.device:
+        return nn.functional.linear(hidden, weight, bias)
+    chunks = []
+    for first in range(0, weight.shape[0], LOGIT_ROWS):
+        rows = slice(first, first + LOGIT_ROWS)
+        chunks.append(nn.functional.linear(hidden, weight[rows].to(hidden), None if bias is None else bias[rows].to(hidden)))
+    return torch.cat(chunks, dim=-1)
 
 
 def offloaded(module: nn.Module) -> bool:

@@ -60,10 +60,8 @@ def load_transformers_model(
     if layer_at_a_time:
         from attnviz.models import layer_weights
 
-        entries = layer_weights.stored_entries(folder, model_class.base_model_prefix)
         handle = TransformersModel(family, config, layer_weights.build_empty(model_class, folder, dtype), folder)
-        shapes = {name: shape for name, (_, _, shape, _) in entries.items()}
-        info = layer_weights.load_layer_at_a_time(handle.model, handle.layer_names(), layer_weights.stored_weights(entries), shapes, device)
+        info = layer_weights.load_safetensors(handle.model, handle.layer_names(), folder, model_class.base_model_prefix, device)
         _check_loading_info(family, info, handle.model)
         handle.layer_at_a_time = True
         return handle
@@ -193,7 +191,8 @@ class TransformersModel:
 
     def position_bias(self, stack: str | None, num_queries: int, num_keys: int, device: str) -> torch.Tensor | None:
         """T5's relative position bias (1, H, Nq, Nk); None for families without one."""
-        return self.family.relative_bias(self.model, stack, num_queries, num_keys, device)
+        with self.resident(0, stack):  # the first layer's table (T5's)
+            return self.family.relative_bias(self.model, stack, num_queries, num_keys, device)
 
     # ---- layer inputs ------------------------------------------------------------------------
 
@@ -353,6 +352,8 @@ class TransformersModel:
         token that ends a text (end_ids) ends the generation, as transformers' generate stops there."""
         from transformers import DynamicCache
 
+        from attnviz.models.layer_weights import unembed
+
         entering: dict[int, torch.Tensor] = {}
 
         def keep(layer: int, args: tuple, kwargs: dict[str, Any]) -> None:
@@ -371,7 +372,7 @@ class TransformersModel:
                     yield current, [entering[layer] for layer in range(self.num_layers())]
                     if step == steps or (step and int(current[0, -1]) in ends):
                         break
-                    current = ids.new_tensor([[choose(torch.nn.functional.linear(last, weight, bias))]])
+                    current = ids.new_tensor([[choose(unembed(last, weight, bias))]])
             finally:
                 for handle in handles:
                     handle.remove()
