@@ -203,6 +203,21 @@ def resident(module: nn.Module):
         yield
 
 
+@contextlib.contextmanager
+def let_go_after(modules: list[nn.Module]):
+    """Within, a pass; after, the weights of those modules still on the device let go (on the meta device), as their
+    hooks' post_forward does: a pass stopped inside a layer (a capture that needs no later layer) never gets there."""
+    from accelerate.utils import set_module_tensor_to_device
+
+    try:
+        yield
+    finally:
+        for module in modules:
+            for name, parameter in module.named_parameters():
+                if not parameter.is_meta:
+                    set_module_tensor_to_device(module, name, "meta")
+
+
 def _numel(shape: tuple[int, ...]) -> int:
     count = 1
     for size in shape:

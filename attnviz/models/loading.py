@@ -329,7 +329,7 @@ def _load_transformers(
     loaded = LoadedModel(name=name, source=source, tokenizer=tokenizer, model=model, family=family, config=config)
     if model.layer_at_a_time:
         why = f"its weights are {size / 1e9:.1f} GB in {dtype}, past {LAYER_AT_A_TIME_BYTES / 1e9:.1f} GB" if by_size else "as asked"
-        loaded.note = f"{name} ran a layer's weights at a time ({why}): each layer read from its files as it ran"
+        loaded.note = f"{name} ran a layer's weights at a time ({why}): each layer's read from its files as it ran, then let go"
     return loaded
 
 

@@ -177,6 +177,12 @@ class TransformersModel:
 
         return resident(self.model.get_submodule(self.layer_name(layer, stack)))
 
+    def _letting_go(self):
+        """Around a pass that may stop inside a layer: its weights let go after, where read a layer at a time."""
+        from attnviz.models.layer_weights import let_go_after
+
+        return let_go_after([self.model.get_submodule(name) for name in self.layer_names()] if self.layer_at_a_time else [])
+
     def layer_name(self, layer: int, stack: str | None = None) -> str:
         """The name of the module of the stack's layer `layer` (Llama's layers.{i}, T5's encoder.block.{i}): the
         first list on the way down to its attention module."""
@@ -228,7 +234,7 @@ class TransformersModel:
         last hidden state (B, N, D) after its final norm, the decoder's for an encoder-decoder. The hooks sit on
         modules the threads share: one pass at a time."""
         points = self.hook_points(stack)
-        with self._forward_lock:
+        with self._forward_lock, self._letting_go():
             # blocks of queries, never a whole (B, H, N, N) of scores: run_from's batches of copies at any length
             self.model.set_attn_implementation(blocked_attention.register())
             if not wanted.whole_pass:
@@ -265,7 +271,7 @@ class TransformersModel:
             called.add(layer)
             return attend(layer, hidden)
 
-        with self._forward_lock:
+        with self._forward_lock, self._letting_go():
             self.model.set_attn_implementation(blocked_attention.register())
             handles = hook_layers(points.attention, enter)
             try:
