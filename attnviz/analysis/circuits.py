@@ -113,8 +113,9 @@ def copying(loaded, progress: Progress = Progress()) -> np.ndarray:
         scores = np.zeros((model.num_layers(), model.num_heads()))
         for layer in range(model.num_layers()):
             weights = model.attention_weights(layer)
-            with model.resident(layer):  # a layer's weights read a layer at a time: on the device within
-                norm = base.get_submodule(family.attention_norm.format(index=layer)).weight.double()  # (D,)
+            name = family.attention_norm.format(index=layer)
+            with model.resident(name):  # a layer's weights read a layer at a time: on the device within
+                norm = base.get_submodule(name).weight.double()  # (D,)
             values = weights.w_v[0].double() * norm  # (H_kv d, D): W_V diag(g), fold_ln
             outputs = weights.w_o[0].double()  # (D, H d)
             head_dim, group = weights.head_dim, weights.num_heads // weights.num_kv_heads

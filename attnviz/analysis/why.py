@@ -143,7 +143,8 @@ def _post_norm_parts(loaded, captured, recorded, inputs: dict, summed, layer: in
         index = earlier if loaded.is_bert else loaded.family.stored_index(model.config, earlier, None)  # ALBERT's shared
         norm1, norm2 = (model.get_submodule(name) for name in loaded.family.post_norm_names(index))
         attended = sum(parts.values())  # the stream plus the attention's output: what enters the first norm
-        with contextlib.nullcontext() if loaded.is_bert else model.resident(earlier):  # a layer's weights read a layer at a time: there within
+        # a layer's weights read a layer at a time: on the device within
+        with contextlib.nullcontext() if loaded.is_bert else model.resident(*loaded.family.post_norm_names(index)):
             parts = _through_norm(parts, attended, norm1, f"L{earlier}.norm1.bias")
             parts[f"mlp{earlier}"] = captured.mlp[earlier][0][rows].double()
             parts = _through_norm(parts, sum(parts.values()), norm2, f"L{earlier}.norm2.bias")
@@ -204,8 +205,9 @@ def _normed(loaded, parts: dict, stream, layer: int) -> dict:
     g ⊙ part / σ_i; LayerNorm's g ⊙ (part - its mean) / σ_i, its bias b a part of its own ("norm.bias")."""
     from torch import nn
 
-    norm = loaded.model.model.get_submodule(loaded.family.attention_norm.format(index=layer))
-    with loaded.model.resident(layer):  # a layer's weights read a layer at a time: on the device within
+    name = loaded.family.attention_norm.format(index=layer)
+    norm = loaded.model.model.get_submodule(name)
+    with loaded.model.resident(name):  # a layer's weights read a layer at a time: on the device within
         gain, bias = norm.weight.double(), None if getattr(norm, "bias", None) is None else norm.bias.double()
     eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6))
     if isinstance(norm, nn.LayerNorm):

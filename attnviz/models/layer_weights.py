@@ -10,9 +10,10 @@ the hook casts it to the model's dtype. Any other Mapping of the same names (a G
 in as weights_map= of load_layer_at_a_time. The rest of the model (the embeddings, the final norm) is read once, the
 embedding table kept as stored and read by rows (StoredEmbedding).
 
-Outside a layer's forward, whoever reads its weights (attnviz's own layer, the circuits, why) does so within
-`resident(module)`: accelerate's `align_module_device`, which runs the same hook; within the layer's forward the
-weights are there already and resident does nothing.
+Outside a layer's forward, whoever reads a module's weights (attnviz's own layer its attention's, the circuits and
+why a norm's) does so within `resident`, which reads that module's alone from the same weights map (not its whole
+layer, as accelerate's `align_module_device` would: a Llama-3.2-1B layer's MLP is 4 times its attention); within
+the layer's forward the weights are there already and resident does nothing.
 """
 
 from __future__ import annotations
@@ -84,9 +85,10 @@ def build_empty(model_class: type, folder: Path, dtype: torch.dtype) -> nn.Modul
     return model.eval()
 
 
-def load_safetensors(empty: nn.Module, layer_names: list[str], folder: Path, prefix: str, device: str) -> dict[str, list]:
+def load_safetensors(empty: nn.Module, layer_names: list[str], folder: Path, prefix: str, device: str) -> tuple[dict[str, list], Mapping]:
     """empty (build_empty's model) made to run a layer at a time from the folder's safetensors (load_layer_at_a_time),
-    its input embeddings (a plain nn.Embedding's) read by rows from the file's memory map (StoredEmbedding)."""
+    its input embeddings (a plain nn.Embedding's) read by rows from the file's memory map (StoredEmbedding): its
+    loading info, and its weights map."""
     entries = stored_entries(folder, prefix)
     shapes = {name: shape for name, (_, _, shape, _) in entries.items()}
     embeddings = empty.get_input_embeddings()
@@ -95,7 +97,8 @@ def load_safetensors(empty: nn.Module, layer_names: list[str], folder: Path, pre
     if type(embeddings) is nn.Embedding and names and names[0] in entries:  # not a scaled one (BART's): its forward is its own
         path, key, _, _ = entries[names[0]]
         stored = StoredEmbedding(mapped_tensor(path, key), next(embeddings.parameters()).dtype)
-    return load_layer_at_a_time(empty, layer_names, stored_weights(entries), shapes, device, stored)
+    weights_map = stored_weights(entries)
+    return load_layer_at_a_time(empty, layer_names, weights_map, shapes, device, stored), weights_map
 
 
 def load_layer_at_a_time(
@@ -183,24 +186,27 @@ def unembed(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     return torch.cat(chunks, dim=-1)
 
 
-def offloaded(module: nn.Module) -> bool:
-    """Whether a module's weights are read a layer at a time (an accelerate hook that offloads them sits on it)."""
-    from accelerate.utils import has_offloaded_params
-
-    return has_offloaded_params(module)
-
-
 @contextlib.contextmanager
-def resident(module: nn.Module):
-    """Within, the weights of a layer module read a layer at a time are on its device (accelerate's
-    align_module_device); a module whose weights are there already (in its own forward, or loaded whole) is left."""
-    if not offloaded(module) or not any(parameter.is_meta for parameter in module.parameters()):
-        yield
-        return
-    from accelerate.utils import align_module_device
+def resident(model: nn.Module, names: tuple[str, ...], weights_map: Mapping[str, torch.Tensor] | None, device: str | None):
+    """Within, the weights of the model's modules of those names are on the device in the model's dtype, read from
+    weights_map (None: the model is held whole; nothing to do); after, let go. For what reads a module's weights
+    outside its layer's forward (attnviz's own layer, a norm's weight): that module's alone, not its layer's. A weight
+    there already (in its layer's forward, or read by an enclosing resident) is left as it is."""
+    from accelerate.utils import set_module_tensor_to_device
 
-    with align_module_device(module):
+    read = []
+    if weights_map is not None:
+        for name in names:
+            for parameter_name, parameter in model.get_submodule(name).named_parameters():
+                if parameter.is_meta:
+                    full = f"{name}.{parameter_name}"
+                    set_module_tensor_to_device(model, full, device, value=weights_map[full])
+                    read.append(full)
+    try:
         yield
+    finally:
+        for full in read:
+            set_module_tensor_to_device(model, full, "meta")
 
 
 @contextlib.contextmanager

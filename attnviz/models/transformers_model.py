@@ -61,9 +61,9 @@ def load_transformers_model(
         from attnviz.models import layer_weights
 
         handle = TransformersModel(family, config, layer_weights.build_empty(model_class, folder, dtype), folder)
-        info = layer_weights.load_safetensors(handle.model, handle.layer_names(), folder, model_class.base_model_prefix, device)
+        info, weights_map = layer_weights.load_safetensors(handle.model, handle.layer_names(), folder, model_class.base_model_prefix, device)
         _check_loading_info(family, info, handle.model)
-        handle.layer_at_a_time = True
+        handle.weights_map, handle.weights_device = weights_map, device
         return handle
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # e.g. "some weights were not used": a task head attnviz does not need
@@ -138,7 +138,8 @@ class TransformersModel:
         self.model = model
         self.folder = folder  # the checkpoint's: a task head's tensors (output_head) are read from it
         self.model_type = config["model_type"]
-        self.layer_at_a_time = False  # True: each layer's weights read from the files as it runs (models/layer_weights.py)
+        # read a layer at a time (models/layer_weights.py): the weights by name, read on access, and their device
+        self.weights_map, self.weights_device = None, None
         self._forward_lock = threading.Lock()
 
     # ---- sizes -----------------------------------------------------------------------------
@@ -167,15 +168,21 @@ class TransformersModel:
 
     def attention_weights(self, layer: int, stack: str | None = None) -> AttentionWeights:
         """Layer `layer`'s projections and settings, as attnviz's layer takes them (the family's adapter splits them)."""
-        with self.resident(layer, stack):
+        name, names = self.family.layer_names(self.config, self.family.stored_index(self.config, layer, stack), stack)
+        with self.resident(name, *names.values()):  # W_o may lie outside the attention module (BERT's)
             return self.family.attention_weights(self.model, self.config, layer, stack)
 
-    def resident(self, layer: int, stack: str | None = None):
-        """A context within which layer `layer`'s weights are on the device (where read a layer at a time:
-        layer_weights.resident), for what reads them outside the layer's forward."""
+    @property
+    def layer_at_a_time(self) -> bool:
+        """Whether each layer's weights are read from the checkpoint's files as it runs (models/layer_weights.py)."""
+        return self.weights_map is not None
+
+    def resident(self, *names: str):
+        """A context within which the weights of the base model's modules of those names are on the device, for what
+        reads them outside their layer's forward (read a layer at a time: layer_weights.resident; else nothing to do)."""
         from attnviz.models.layer_weights import resident
 
-        return resident(self.model.get_submodule(self.layer_name(layer, stack)))
+        return resident(self.model, names, self.weights_map, self.weights_device)
 
     def _letting_go(self):
         """Around a pass that may stop inside a layer: its weights let go after, where read a layer at a time."""
@@ -197,7 +204,7 @@ class TransformersModel:
 
     def position_bias(self, stack: str | None, num_queries: int, num_keys: int, device: str) -> torch.Tensor | None:
         """T5's relative position bias (1, H, Nq, Nk); None for families without one."""
-        with self.resident(0, stack):  # the first layer's table (T5's)
+        with self.resident(self.attention_module(0, stack)[0]):  # the first layer's table (T5's)
             return self.family.relative_bias(self.model, stack, num_queries, num_keys, device)
 
     # ---- layer inputs ------------------------------------------------------------------------
