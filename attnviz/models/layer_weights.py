@@ -19,6 +19,7 @@ the layer's forward the weights are there already and resident does nothing.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -129,6 +130,7 @@ def load_layer_at_a_time(
     for name in layer_names:
         hook = AlignDevicesHook(execution_device=device, offload=True, weights_map=PrefixedDataset(weights_map, name + "."), place_submodules=True)
         add_hook_to_module(empty.get_submodule(name), hook)
+        empty.get_submodule(name).register_forward_hook(give_back_freed_memory)
     table = None if embeddings is None else empty.get_input_embeddings().weight
     for name in parameters:
         if not name.startswith(in_layers) and parameters[name] is not table:
@@ -137,6 +139,30 @@ def load_layer_at_a_time(
     if embeddings is not None:
         empty.set_input_embeddings(embeddings.to(device))
     return info
+
+
+def give_back_freed_memory(*ignored) -> None:
+    """After a layer has run and its weights are let go (a forward hook): the pages malloc keeps of what was freed given
+    back to the system (glibc's malloc_trim; elsewhere nothing). glibc serves blocks under its mmap threshold, which
+    rises to 32 MB as large blocks are freed, from its heap, where each layer's freed weights otherwise stay in the
+    process's memory: the 1B-shaped Llama's peak summarising every head, 1,454 MB without, 1,172 MB with
+    (bench/layer_at_a_time.py)."""
+    libc = _glibc()
+    if libc is not None:
+        libc.malloc_trim(0)
+
+
+@functools.cache
+def _glibc():
+    """glibc's C library, None where there is none (macOS, Windows, musl)."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.malloc_trim  # glibc's alone
+        return libc
+    except (OSError, AttributeError):
+        return None
 
 
 def mapped_tensor(path: Path, key: str) -> torch.Tensor:
