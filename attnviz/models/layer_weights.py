@@ -29,7 +29,7 @@ from torch import nn
 
 # Past this many bytes of weights in the compute dtype (read from the safetensors headers), a checkpoint runs a layer
 # at a time by default.
-LAYER_AT_A_TIME_BYTES = 1 << 30
+LAYER_AT_A_TIME_BYTES = 10**9
 LOGIT_ROWS = 8192  # the vocabulary's rows of an unembedding cast at a time (64 MB of a 2,048-wide float32 one)
 STORED_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
 
@@ -70,14 +70,13 @@ def stored_weights(entries: dict[str, tuple[Path, str, tuple[int, ...], str]]) -
     return OffloadedWeightsLoader(index=index)
 
 
-def build_empty(model_class: type, folder: Path, dtype: torch.dtype) -> nn.Module:
-    """transformers' base model of model_class from the folder's config.json, its parameters on the meta device (no
+def build_empty(model_class: type, config: dict, dtype: torch.dtype) -> nn.Module:
+    """transformers' base model of model_class from config.json's values, its parameters on the meta device (no
     memory) in dtype; its buffers (RoPE's frequencies) computed on the CPU as its own __init__ makes them."""
     from accelerate import init_empty_weights
 
-    config = model_class.config_class.from_pretrained(folder)
     with init_empty_weights(include_buffers=False):
-        model = model_class(config)
+        model = model_class(model_class.config_class.from_dict(config))
     for module in model.modules():
         for name, parameter in module.named_parameters(recurse=False):
             setattr(module, name, nn.Parameter(parameter.to(dtype), requires_grad=False))  # meta: nothing allocated
@@ -86,20 +85,17 @@ def build_empty(model_class: type, folder: Path, dtype: torch.dtype) -> nn.Modul
     return model.eval()
 
 
-def load_safetensors(empty: nn.Module, layer_names: list[str], folder: Path, prefix: str, device: str) -> tuple[dict[str, list], Mapping]:
-    """empty (build_empty's model) made to run a layer at a time from the folder's safetensors (load_layer_at_a_time),
-    its input embeddings (a plain nn.Embedding's) read by rows from the file's memory map (StoredEmbedding): its
-    loading info, and its weights map."""
+def safetensors_map(folder: Path, prefix: str):
+    """A safetensors checkpoint as load_layer_at_a_time reads it: (its weights map, every tensor's shape, and mapped:
+    name -> the tensor as stored, memory-mapped (mapped_tensor), or None where the files hold no such name), by the base
+    model's names (a task head's prefix taken off)."""
     entries = stored_entries(folder, prefix)
     shapes = {name: shape for name, (_, _, shape, _) in entries.items()}
-    embeddings = empty.get_input_embeddings()
-    stored = None
-    names = [name for name, parameter in empty.named_parameters() if parameter is getattr(embeddings, "weight", None)]
-    if type(embeddings) is nn.Embedding and names and names[0] in entries:  # not a scaled one (BART's): its forward is its own
-        path, key, _, _ = entries[names[0]]
-        stored = StoredEmbedding(mapped_tensor(path, key), next(embeddings.parameters()).dtype)
-    weights_map = stored_weights(entries)
-    return load_layer_at_a_time(empty, layer_names, weights_map, shapes, device, stored), weights_map
+
+    def mapped(name: str) -> torch.Tensor | None:
+        return mapped_tensor(*entries[name][:2]) if name in entries else None
+
+    return stored_weights(entries), shapes, mapped
 
 
 def load_layer_at_a_time(
@@ -108,13 +104,14 @@ def load_layer_at_a_time(
     weights_map: Mapping[str, torch.Tensor],
     shapes: dict[str, tuple[int, ...]],
     device: str,
-    embeddings: nn.Module | None = None,
+    mapped=None,
 ) -> dict[str, list]:
-    """empty (build_empty's model) made to run with weights read from weights_map a layer at a time: each module of layer_names
-    hooked (its weights resident during its forward alone), the other parameters read once. shapes: each weight's
-    shape, by the same names (the safetensors headers'). embeddings, when given, replace the model's input embeddings
-    (their table is not read from weights_map). Returns what transformers' from_pretrained reports as its loading
-    info (missing, unexpected and mismatched names), checked by the caller."""
+    """empty (build_empty's model) made to run with weights read from weights_map a layer at a time: each module of
+    layer_names hooked (its weights resident during its forward alone), the other parameters read once. shapes: each
+    weight's shape, by the same names (the safetensors headers'). mapped(name), when given, is a tensor as stored and
+    memory-mapped (or None): a plain nn.Embedding's table that it gives is read by rows (StoredEmbedding), never from
+    weights_map. Returns what transformers' from_pretrained reports as its loading info (missing, unexpected and
+    mismatched names), checked by the caller."""
     from accelerate.hooks import AlignDevicesHook, add_hook_to_module
     from accelerate.utils import PrefixedDataset, set_module_tensor_to_device
 
@@ -131,13 +128,18 @@ def load_layer_at_a_time(
         hook = AlignDevicesHook(execution_device=device, offload=True, weights_map=PrefixedDataset(weights_map, name + "."), place_submodules=True)
         add_hook_to_module(empty.get_submodule(name), hook)
         empty.get_submodule(name).register_forward_hook(give_back_freed_memory)
-    table = None if embeddings is None else empty.get_input_embeddings().weight
+    table, stored = None, None  # the input embeddings' table, read by rows where mapped gives it
+    embeddings = empty.get_input_embeddings()
+    if type(embeddings) is nn.Embedding and mapped is not None:  # not a scaled one (BART's): its forward is its own
+        rows = mapped(next(name for name, parameter in parameters.items() if parameter is embeddings.weight))
+        if rows is not None:
+            table, stored = embeddings.weight, StoredEmbedding(rows, embeddings.weight.dtype)
     for name in parameters:
         if not name.startswith(in_layers) and parameters[name] is not table:
             set_module_tensor_to_device(empty, name, device, value=weights_map[name])
     empty.tie_weights()  # the tied names to the parameters just read (set_module_tensor_to_device put new ones in)
-    if embeddings is not None:
-        empty.set_input_embeddings(embeddings.to(device))
+    if stored is not None:
+        empty.set_input_embeddings(stored)
     return info
 
 

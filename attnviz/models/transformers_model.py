@@ -58,13 +58,9 @@ def load_transformers_model(
     model_class = getattr(transformers, family.model_class)
     _check_headers(folder, family, config, model_class.base_model_prefix)
     if layer_at_a_time:
-        from attnviz.models import layer_weights
+        from attnviz.models.layer_weights import safetensors_map
 
-        handle = TransformersModel(family, config, layer_weights.build_empty(model_class, folder, dtype), folder)
-        info, weights_map = layer_weights.load_safetensors(handle.model, handle.layer_names(), folder, model_class.base_model_prefix, device)
-        _check_loading_info(family, info, handle.model)
-        handle.weights_map, handle.weights_device = weights_map, device
-        return handle
+        return layered_model(family, config, folder, *safetensors_map(folder, model_class.base_model_prefix), device, dtype)
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # e.g. "some weights were not used": a task head attnviz does not need
     hf_logging.disable_progress_bar()
@@ -82,6 +78,26 @@ def load_transformers_model(
         hf_logging.set_verbosity(verbosity)
     _check_loading_info(family, info, model)
     return TransformersModel(family, config, model.to(device).eval(), folder)
+
+
+def layered_model(
+    family: Family, config: dict, folder: Path | None, weights_map, shapes: dict, mapped, device: str, dtype: torch.dtype
+) -> "TransformersModel":
+    """The family's base model run a layer's weights at a time (models/layer_weights.py) from weights_map: any Mapping
+    of the base model's parameter names to tensors read on access (the safetensors files' through safetensors_map; a
+    GGUF file's, dequantised on access, plugs in the same way), shapes each tensor's shape by the same names (read
+    without the data), mapped(name) a tensor as stored and memory-mapped or None (the embeddings read by rows; None
+    for all: read from weights_map once). Missing, unused or mis-shaped tensors are refused as a whole load's are."""
+    import transformers
+
+    from attnviz.models import layer_weights
+
+    model_class = getattr(transformers, family.model_class)
+    handle = TransformersModel(family, config, layer_weights.build_empty(model_class, config, dtype), folder)
+    info = layer_weights.load_layer_at_a_time(handle.model, handle.layer_names(), weights_map, shapes, device, mapped)
+    _check_loading_info(family, info, handle.model)
+    handle.weights_map, handle.weights_device = weights_map, device
+    return handle
 
 
 def _check_headers(folder: Path, family: Family, config: dict, prefix: str) -> None:
