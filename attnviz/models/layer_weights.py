@@ -39,7 +39,7 @@ def stored_entries(folder: Path, prefix: str) -> dict[str, tuple[Path, str, tupl
     task head's prefix taken off, as _check_headers does): (file, name in the file, shape, safetensors dtype)."""
     from safetensors import safe_open
 
-    from attnviz.models.weight_files import CheckpointError, safetensors_shapes, weight_files
+    from attnviz.models.weight_files import safetensors_shapes, weight_files
 
     entries = {}
     for path in weight_files(folder, safetensors=True, allow_pickle=False):
@@ -50,9 +50,6 @@ def stored_entries(folder: Path, prefix: str) -> dict[str, tuple[Path, str, tupl
                 entries[key] = (path, key, tuple(tensor.get_shape()), tensor.get_dtype())
     if any(key.startswith(prefix + ".") for key in entries):
         entries = {key.removeprefix(prefix + "."): entry for key, entry in entries.items() if key.startswith(prefix + ".")}
-    for key, (path, _, _, dtype) in entries.items():
-        if dtype not in STORED_DTYPES:
-            raise CheckpointError(f"{path.name} stores {key} as {dtype}; attnviz reads float32, bfloat16 and float16 tensors")
     return entries
 
 
@@ -175,8 +172,8 @@ def mapped_tensor(path: Path, key: str) -> torch.Tensor:
         entry = json.loads(file.read(length))[key]
     begin, end = (8 + length + offset for offset in entry["data_offsets"])
     data = torch.from_file(str(path), shared=False, size=end, dtype=torch.uint8)[begin:end]  # the file's bytes, mapped
-    dtype = STORED_DTYPES[entry["dtype"]]
-    if begin % dtype.itemsize:  # not aligned for a view (safetensors aligns its data): read it
+    dtype = STORED_DTYPES.get(entry["dtype"])
+    if dtype is None or begin % dtype.itemsize:  # another dtype, or not aligned for a view (safetensors aligns its data): read it
         from safetensors import safe_open
 
         with safe_open(str(path), framework="pt") as tensors:
