@@ -34,8 +34,8 @@ def tiny_llama(folder, dtype, tied=True, model_class=transformers.LlamaModel):
 def pair(tmp_path_factory):
     """(a layer at a time on the bfloat16 file, whole on the float32 file of the same values), both on the CPU."""
     folder = tmp_path_factory.mktemp("layer-at-a-time")
-    stored = tiny_llama(folder / "bf16", torch.bfloat16)
-    reference = folder / "f32"
+    stored = tiny_llama(folder / "bf16" / "llama", torch.bfloat16)  # one name in the titles, which show the folder's
+    reference = folder / "f32" / "llama"
     transformers.LlamaModel.from_pretrained(stored, dtype=torch.float32).save_pretrained(reference)
     bpe_tokenizer(bos=True).save_pretrained(reference)
     lat = attnviz.load(stored, "cpu", layer_at_a_time=True, cache=False)
@@ -65,7 +65,10 @@ def differences(actual, expected, names: tuple[str, str], path="") -> float:
 
 def compared(command: str, lat, whole) -> float:
     """The largest difference between a command's results on the two handles (differences)."""
-    return differences(COMMANDS[command](lat).to_dict(), COMMANDS[command](whole).to_dict(), (lat.loaded.name, whole.loaded.name))
+    actual, expected = COMMANDS[command](lat), COMMANDS[command](whole)
+    if command == "report":  # the page's record (its maps encoded as text: equal, not within a tolerance)
+        return differences(actual.record, expected.record, (lat.loaded.name, whole.loaded.name))
+    return differences(actual.to_dict(), expected.to_dict(), (lat.loaded.name, whole.loaded.name))
 
 
 COMMANDS = {
@@ -78,6 +81,8 @@ COMMANDS = {
     "why": lambda model: attnviz.why(TEXT, model=model, layer=2, head=4, query=9),
     "compose": lambda model: attnviz.compose(model=model),
     "effect": lambda model: attnviz.heads(TEXT, model=model, layer=1, effect="mean"),
+    "diff": lambda model: attnviz.diff(TEXT, model=model, against="random"),
+    "report": lambda model: attnviz.report(TEXT, model=model),
 }
 
 
