@@ -200,3 +200,34 @@ def test_a_missing_or_truncated_shard_is_refused_in_one_line_before_any_layer_ru
     assert error.startswith(f"error: cannot load model {str(folder)!r}: ") and error.count("\n") == 1, error
     assert shards[1].name in error
     assert not (tmp_path / "run").exists()
+
+
+def test_serve_loads_a_layer_at_a_time_and_answers_as_the_whole_model(pair):
+    """attnviz serve --layer-at-a-time: Explorer.load's handle reads a layer at a time, and POST /api/heads answers the
+    whole model's map (to the 4 decimals the page reads)."""
+    import http.client
+    import json
+
+    from helpers import serving
+
+    from attnviz.serve.explorer import Explorer, ServeSettings
+
+    lat, whole = pair
+    (handle,) = Explorer.load([str(lat.loaded.folder)], ServeSettings(), "cpu", "auto", layer_at_a_time=True).handles.values()
+    assert handle.model.layer_at_a_time
+    with serving({"llama": handle}) as server:
+        connection = http.client.HTTPConnection(*server.server_address[:2], timeout=60)
+        body = json.dumps({"model": "llama", "text": "The cat sat on the mat", "layer": 2})
+        connection.request("POST", "/api/heads", body=body, headers={"Authorization": f"Bearer {server.token}"})
+        response = connection.getresponse()
+        record = json.loads(response.read())
+        connection.close()
+    assert response.status == 200, record
+    expected = attnviz.heads("The cat sat on the mat", model=whole, layer=2).attention.numpy()
+    np.testing.assert_allclose(np.array(record["attention"]), expected, atol=5e-5 + 1e-9, rtol=0)
+
+
+def test_berts_own_encoder_loads_whole_and_says_so():
+    handle = attnviz.load("bundled", "cpu", layer_at_a_time=True, cache=False)
+    assert handle.loaded.note == "all-MiniLM-L6-v2 loaded whole, not a layer at a time: attnviz reads a BERT checkpoint itself, whole (a small one)"
+

@@ -150,7 +150,7 @@ def load_model(
         loaded.quantisation = smollm2.QUANTISATION
         return loaded
     if name.strip().lower() in (BUNDLED_NAME.lower(), "bundled"):
-        return _load_bundled(device, dtype)
+        return _load_bundled(device, dtype, layer_at_a_time)
 
     folder = Path(name).expanduser()
     if folder.is_dir():
@@ -192,8 +192,8 @@ def _load_default(device: str, dtype: str, allow_pickle: bool, layer_at_a_time: 
         return loaded
 
 
-def _load_bundled(device: str, dtype: str) -> LoadedModel:
-    return _load_folder(BUNDLED_NAME, bundled_model_path(), "bundled", device, dtype, allow_pickle=False)
+def _load_bundled(device: str, dtype: str, layer_at_a_time: bool = False) -> LoadedModel:
+    return _load_folder(BUNDLED_NAME, bundled_model_path(), "bundled", device, dtype, False, layer_at_a_time)
 
 
 def _load_folder(
@@ -217,6 +217,8 @@ def _load_folder(
             loaded = _load_transformers(name, folder, source, device, family, config, dtype, layer_at_a_time)
         else:
             loaded = _load_weights(name, folder, source, device, config, use_safetensors, allow_pickle, dtype)
+            if layer_at_a_time:
+                loaded.note = f"{name} loaded whole, not a layer at a time: attnviz reads a BERT checkpoint itself, whole (a small one)"
         loaded.dtype, loaded.folder = dtype, folder
         return loaded
     except Exception as error:  # a damaged, mismatched or hostile file: say which model, keep the cause for debugging
