@@ -141,6 +141,8 @@ def test_an_untied_output_head_is_read_from_the_file(tmp_path):
     transformers.LlamaForCausalLM.from_pretrained(stored, dtype=torch.float32).save_pretrained(reference)
     bpe_tokenizer(bos=True).save_pretrained(reference)
     lat, whole = attnviz.load(stored, "cpu", layer_at_a_time=True, cache=False), attnviz.load(str(reference), "cpu", cache=False)
+    weight, bias = lat.model.output_head()
+    assert weight.dtype == torch.bfloat16 and weight.shape == (400, 48) and bias is None  # as stored, memory-mapped
     for command in ("generate", "patch"):
         assert compared(command, lat, whole) <= TOLERANCE, command
 

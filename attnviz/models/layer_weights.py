@@ -36,7 +36,8 @@ STORED_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.floa
 
 def stored_entries(folder: Path, prefix: str) -> dict[str, tuple[Path, str, tuple[int, ...], str]]:
     """Every tensor of the checkpoint's safetensors files from their headers (no data read), by the base model's name (a
-    task head's prefix taken off, as _check_headers does): (file, name in the file, shape, safetensors dtype)."""
+    task head's checkpoint's prefix taken off; the head's own tensors by their names, lm_head.weight): (file, name in
+    the file, shape, safetensors dtype)."""
     from safetensors import safe_open
 
     from attnviz.models.weight_files import safetensors_shapes, weight_files
@@ -48,9 +49,7 @@ def stored_entries(folder: Path, prefix: str) -> dict[str, tuple[Path, str, tupl
             for key in file.keys():
                 tensor = file.get_slice(key)
                 entries[key] = (path, key, tuple(tensor.get_shape()), tensor.get_dtype())
-    if any(key.startswith(prefix + ".") for key in entries):
-        entries = {key.removeprefix(prefix + "."): entry for key, entry in entries.items() if key.startswith(prefix + ".")}
-    return entries
+    return {key.removeprefix(prefix + "."): entry for key, entry in entries.items()}  # a task head's (lm_head.weight) kept
 
 
 def weights_bytes(folder: Path, dtype: torch.dtype) -> int:

@@ -96,7 +96,7 @@ def layered_model(
     handle = TransformersModel(family, config, layer_weights.build_empty(model_class, config, dtype), folder)
     info = layer_weights.load_layer_at_a_time(handle.model, handle.layer_names(), weights_map, shapes, device, mapped)
     _check_loading_info(family, info, handle.model)
-    handle.weights_map, handle.weights_device = weights_map, device
+    handle.weights_map, handle.weights_device, handle.mapped = weights_map, device, mapped
     return handle
 
 
@@ -156,6 +156,7 @@ class TransformersModel:
         self.model_type = config["model_type"]
         # read a layer at a time (models/layer_weights.py): the weights by name, read on access, and their device
         self.weights_map, self.weights_device = None, None
+        self.mapped = None  # and name -> a tensor of the files as stored, memory-mapped (layer_weights.safetensors_map)
         self._forward_lock = threading.Lock()
 
     # ---- sizes -----------------------------------------------------------------------------
@@ -422,8 +423,16 @@ class TransformersModel:
         here folded into the weight."""
         from attnviz.models.weight_files import stored_tensors
 
+        from attnviz.models.families.family import check_finite
+
         embeddings = self.get_input_embeddings().weight
-        stored = stored_tensors(self.folder, ("lm_head.weight", "lm_head.bias", "final_logits_bias"), embeddings)
+        names = ("lm_head.weight", "lm_head.bias", "final_logits_bias")
+        if self.mapped is not None:  # read a layer at a time: as stored, memory-mapped (unembed casts it a chunk at a time)
+            stored = {name: tensor if name == names[0] else tensor.float() for name in names if (tensor := self.mapped(name)) is not None}
+            for name, tensor in stored.items():
+                check_finite(tensor, name)
+        else:
+            stored = stored_tensors(self.folder, names, embeddings)
         if getattr(self.model.config, "tie_word_embeddings", False):
             weight, bias = embeddings, None
         elif "lm_head.weight" in stored:
