@@ -7,6 +7,7 @@ is a fresh layer, as in the tutorials. Only one layer's projections are copied, 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 import torch
@@ -59,6 +60,29 @@ def resolve_num_heads(loaded: LoadedModel, num_heads: int | None, stack: str | N
     return num_heads
 
 
-def build_layers(loaded: LoadedModel, spec: RunSpec) -> list[MultiHeadAttention]:
-    """attnviz's layer for every layer of spec.stack, in order (spec.layer is not used)."""
-    return [build_layer(loaded, replace(spec, layer=layer)) for layer in range(loaded.num_layers_of(spec.stack))]
+def build_layers(loaded: LoadedModel, spec: RunSpec, count: int | None = None) -> Sequence[MultiHeadAttention]:
+    """attnviz's layer for every layer of spec.stack (the first count of them), in order (spec.layer is not used): a
+    list, or for a model read a layer's weights at a time, LayersOnDemand."""
+    count = loaded.num_layers_of(spec.stack) if count is None else count
+    if getattr(loaded.model, "layer_at_a_time", False):
+        return LayersOnDemand(loaded, spec, count)
+    return [build_layer(loaded, replace(spec, layer=layer)) for layer in range(count)]
+
+
+class LayersOnDemand(Sequence):
+    """attnviz's layers of a model read a layer's weights at a time (models/layer_weights.py), each built from its
+    layer's projections when asked for and not kept: one layer's copy held at a time, not every layer's (in the
+    model's own forward pass, from the weights the pass has read already)."""
+
+    def __init__(self, loaded: LoadedModel, spec: RunSpec, count: int):
+        self.loaded, self.spec, self.count = loaded, spec, count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, layer):
+        if isinstance(layer, slice):
+            return [self[index] for index in range(*layer.indices(self.count))]
+        if not -self.count <= layer < self.count:
+            raise IndexError(f"layer {layer} of {self.count}")
+        return build_layer(self.loaded, replace(self.spec, layer=layer % self.count))

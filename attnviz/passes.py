@@ -20,7 +20,7 @@ from attnviz.budgets import block_budget, memory_budget
 from attnviz.layer_inputs import Capture, EncodedTexts, LayerStates, StreamParts, encode_texts, layer_input, layer_states, threads_for
 from attnviz.models.capture import Wanted, capture
 from attnviz.models.loading import LoadedModel
-from attnviz.own_layer import build_layer
+from attnviz.own_layer import build_layers
 from attnviz.run_data import FORWARD_PASS, LAYERS_OF_THE_TEXT, Progress
 from attnviz.spec import RunSpec, model_is_causal
 
@@ -59,7 +59,7 @@ def capture_states(
     last = max(layers)
     # the parts of the stream come from a whole pass (its every layer's MLP hooked): every layer attends
     attending = loaded.num_layers_of(spec.stack) if stream_of is not None else last
-    attentions = [build_layer(loaded, replace(spec, layer=layer)) for layer in range(attending)]
+    attentions = build_layers(loaded, spec, attending)
     if not berts:
         return blocks_in_place(loaded, encoded, attentions, spec, block_budget(spec), keep=frozenset(layers), whole=False, entered=entered, stream_of=stream_of)
     valid_lens = encoded.queries.valid_lens.to(spec.device).expand(len(encoded.queries.ids))  # (B,)

@@ -33,10 +33,11 @@ RUN_OPTIONS = {  # RunOptions' fields, each with wrong values of other types
     "words": ["no", 1],
     "memory": ["512", 1.5, True],
     "allow_pickle": ["yes", 1, None],
+    "layer_at_a_time": ["yes", 1, None],
 }
 RUN_OPTIONS_VALID = {"model": "bundled", "layer": 0, "heads": None, "weights": "pretrained", "seed": 0, "kv": "a dog",
                      "causal": False, "stack": None, "device": "cpu", "dtype": "auto", "truncate": False, "words": False, "memory": None,
-                     "allow_pickle": False}  # fmt: skip
+                     "allow_pickle": False, "layer_at_a_time": False}  # fmt: skip
 EVERY_LAYER = {name: values for name, values in RUN_OPTIONS.items() if name not in ("layer", "kv")}
 TEXT = [5, None, b"the cat"]
 TEXTS = [5, None, [1], ["the cat", 2.0]]
@@ -73,13 +74,13 @@ ARGUMENTS = {  # function -> its arguments -> wrong values
         "sample": ["yes", 1, None],
         "rows": [5, None, ["chosen"]],
         "progress": [5, "print"],
-        **{name: RUN_OPTIONS[name] for name in ("model", "layer", "seed", "device", "dtype")},
+        **{name: RUN_OPTIONS[name] for name in ("model", "layer", "seed", "device", "dtype", "layer_at_a_time")},
     },
     "diff": {
         "text": [*TEXT, ["the cat"]],
         "against": [5, None, ["random"]],
         "progress": [5, "print"],
-        **{name: RUN_OPTIONS[name] for name in ("model", "seed", "stack", "device", "dtype", "truncate", "memory", "allow_pickle")},
+        **{name: RUN_OPTIONS[name] for name in ("model", "seed", "stack", "device", "dtype", "truncate", "memory", "allow_pickle", "layer_at_a_time")},
     },
     "roles": {
         "text": [*TEXT, ["the cat"]],
@@ -92,7 +93,7 @@ ARGUMENTS = {  # function -> its arguments -> wrong values
         "depths": [0.5, ["0.5"], [False]],
         "engine": [5, ["ray"]],
         "progress": [5, "print"],
-        **{name: RUN_OPTIONS[name] for name in ("model", "stack", "device", "dtype", "truncate", "memory", "allow_pickle")},
+        **{name: RUN_OPTIONS[name] for name in ("model", "stack", "device", "dtype", "truncate", "memory", "allow_pickle", "layer_at_a_time")},
     },
     "patch": {
         "text": [*TEXT, ["the cat"]],
@@ -106,14 +107,14 @@ ARGUMENTS = {  # function -> its arguments -> wrong values
         "ig": ["3", 1.5, True],
         "checked_edges": ["10", 1.5, True, None],
         "progress": [5, "print"],
-        **{name: RUN_OPTIONS[name] for name in ("model", "device", "dtype", "truncate", "allow_pickle")},
+        **{name: RUN_OPTIONS[name] for name in ("model", "device", "dtype", "truncate", "allow_pickle", "layer_at_a_time")},
     },
     "compose": {  # no text: the weights alone
         "top": ["5", 1.5, True, None],
         "progress": [5, "print"],
-        **{name: RUN_OPTIONS[name] for name in ("model", "device", "allow_pickle")},
+        **{name: RUN_OPTIONS[name] for name in ("model", "device", "allow_pickle", "layer_at_a_time")},
     },
-    "load": {"model": RUN_OPTIONS["model"], "device": [5, None], "dtype": [5, None], "allow_pickle": ["yes", 1], "cache": ["no", 0]},
+    "load": {"model": RUN_OPTIONS["model"], "device": [5, None], "dtype": [5, None], "allow_pickle": ["yes", 1], "layer_at_a_time": ["yes", 1], "cache": ["no", 0]},
 }
 FIRST_ARGUMENT = {"heads": "text", "heads_file": "texts", "stats_file": "texts", "trace": "text", "stats": "texts", "layers": "text", "compare": "text",
                   "position": "text", "report": "text_or_texts", "diff": "text", "generate": "prompt", "roles": "text", "patch": "text", "load": "model"}  # fmt: skip

@@ -304,7 +304,7 @@ def test_python_dash_m_and_the_console_script_run(tmp_path):
 SEED_HEAD = {"d_q", "d_out"}  # trace's alone: the single-head tutorial's own sizes
 EVERY_OPTION = {
     "model", "layer", "heads", "weights", "seed", "kv", "causal", "stack", "device", "dtype", "truncate", "words", "memory",
-    "allow_pickle",
+    "allow_pickle", "layer_at_a_time",
 } | SEED_HEAD  # fmt: skip
 OFFERED = {  # the run options each command offers: those its API function takes (docs/python.md)
     "heads": EVERY_OPTION - SEED_HEAD,
@@ -314,16 +314,16 @@ OFFERED = {  # the run options each command offers: those its API function takes
     "layers": EVERY_OPTION - {"layer", "kv"} - SEED_HEAD,
     "compare": {"model", "layer", "seed", "device", "dtype", "truncate", "allow_pickle"},
     "position": {"model", "device", "dtype", "allow_pickle"},
-    "diff": {"model", "seed", "stack", "device", "dtype", "truncate", "memory", "allow_pickle"},
-    "generate": {"model", "layer", "seed", "device", "dtype"},
-    "roles": {"model", "stack", "device", "dtype", "truncate", "memory", "allow_pickle"},
-    "patch": {"model", "device", "dtype", "truncate", "allow_pickle"},
-    "why": {"model", "layer", "kv", "stack", "device", "dtype", "truncate", "allow_pickle"},
-    "compose": {"model", "device", "allow_pickle"},  # the weights alone, read in float64
+    "diff": {"model", "seed", "stack", "device", "dtype", "truncate", "memory", "allow_pickle", "layer_at_a_time"},
+    "generate": {"model", "layer", "seed", "device", "dtype", "layer_at_a_time"},
+    "roles": {"model", "stack", "device", "dtype", "truncate", "memory", "allow_pickle", "layer_at_a_time"},
+    "patch": {"model", "device", "dtype", "truncate", "allow_pickle", "layer_at_a_time"},
+    "why": {"model", "layer", "kv", "stack", "device", "dtype", "truncate", "allow_pickle", "layer_at_a_time"},
+    "compose": {"model", "device", "allow_pickle", "layer_at_a_time"},  # the weights alone, read in float64
     "models": set(),
     # the models it loads (--model again for more), where and in what; --port, --host and --max-tokens are the server's
     # own settings (serve/explorer.py's ServeSettings), not a run's; a request gives its run's layer, heads, kv...
-    "serve": {"model", "device", "dtype"},
+    "serve": {"model", "device", "dtype", "layer_at_a_time"},
 }
 
 
@@ -368,6 +368,7 @@ GIVEN_OPTIONS = {
     "words": (["--words"], True),
     "memory": (["--memory", "9"], 9),
     "allow_pickle": (["--allow-pickle"], True),
+    "layer_at_a_time": (["--layer-at-a-time"], True),
     "d_q": (["--d-q", "8"], 8),
     "d_out": (["--d-out", "8"], 8),
 }

@@ -94,7 +94,7 @@ def test_transformers_gguf_loader_reads_the_same_tensors(written, kind):
 def test_the_model_run_from_the_gguf_file_is_the_whole_model_of_its_dequantised_weights(written, kind):
     """`--model file.gguf`: attnviz's heads of every layer equal the eager attention of transformers' LlamaForCausalLM
     built from the same dequantised weights and run whole (1e-5); and generate's tokens are its greedy ones (the
-    untied head read from the file, the tied one from the embeddings)."""
+    untied head read from the file, the tied one from the embeddings); held whole or a layer's weights at a time."""
     import attnviz
 
     path, model, expected = written[kind]
@@ -104,17 +104,18 @@ def test_the_model_run_from_the_gguf_file_is_the_whole_model_of_its_dequantised_
         reference.tie_weights()
     reference.set_attn_implementation("eager")
 
-    result = attnviz.layers(TEXT, model=str(path), device="cpu")
-    ids = torch.tensor([result.layer_runs[0].query_ids])
-    with torch.no_grad():
-        attentions = reference.model(ids, output_attentions=True).attentions
-    for layer, run in enumerate(result.layer_runs):
-        torch.testing.assert_close(torch.from_numpy(run.attention), attentions[layer][0], atol=1e-5, rtol=0)
+    for layer_at_a_time in (False, True):  # the file's tensors held whole, or read by the layer-at-a-time engine
+        result = attnviz.layers(TEXT, model=str(path), device="cpu", layer_at_a_time=layer_at_a_time)
+        ids = torch.tensor([result.layer_runs[0].query_ids])
+        with torch.no_grad():
+            attentions = reference.model(ids, output_attentions=True).attentions
+        for layer, run in enumerate(result.layer_runs):
+            torch.testing.assert_close(torch.from_numpy(run.attention), attentions[layer][0], atol=1e-5, rtol=0)
 
-    generated = attnviz.generate(TEXT, model=str(path), tokens=4, device="cpu").generation
-    with torch.no_grad():
-        greedy = reference.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, do_sample=False, pad_token_id=2)
-    assert generated.ids == greedy[0, ids.shape[1]:].tolist()
+        generated = attnviz.generate(TEXT, model=str(path), tokens=4, device="cpu", layer_at_a_time=layer_at_a_time).generation
+        with torch.no_grad():
+            greedy = reference.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, do_sample=False, pad_token_id=2)
+        assert generated.ids == greedy[0, ids.shape[1]:].tolist()
 
 
 def test_a_gguf_files_run_says_what_it_stores(written):

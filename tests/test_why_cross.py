@@ -205,3 +205,18 @@ def test_a_key_past_the_source_is_refused_with_the_encoders_count(t5, t5_folder,
     assert run([*args, "--out", str(tmp_path / "run")]) == 2
     assert f"--key {count} is past the text: it is {count} tokens as the encoder reads it (0 to {count - 1})" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(("family", "stack"), [("t5", "cross"), ("bart", "cross"), ("bart", "decoder")])
+def test_a_layer_at_a_time_splits_as_the_whole_model_does(family, stack, tmp_path):
+    """Read a layer's weights at a time (models/layer_weights.py), the walks' norms and projections are read for the
+    split after the pass: the same terms as the model held whole."""
+    import numpy as np
+    from tiny_families import build_checkpoint
+
+    build_checkpoint(family, tmp_path)
+    split = lambda **load: attnviz.why(TEXT, model=attnviz.load(str(tmp_path), device="cpu", **load), layer=1, head=1, query=3, stack=stack).terms  # noqa: E731
+    whole, layered = split(), split(layer_at_a_time=True)
+    assert layered.query_parts == whole.query_parts and layered.key_parts == whole.key_parts
+    np.testing.assert_allclose(layered.terms, whole.terms, rtol=0, atol=1e-6)
+    assert layered.score == pytest.approx(whole.score, abs=1e-6)

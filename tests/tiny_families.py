@@ -101,8 +101,11 @@ def build_checkpoint(model_type: str, folder: Path, seed: int = 0) -> transforme
     return save_checkpoint(config, model_class, tokenizer(), folder, seed)
 
 
-def save_checkpoint(config, model_class, tokenizer, folder: Path, seed: int = 0) -> transformers.PreTrainedModel:
-    """Save model_class built from config, its parameters drawn wide from seed, with tokenizer, to folder; returns the model."""
+def save_checkpoint(
+    config, model_class, tokenizer, folder: Path, seed: int = 0, dtype: torch.dtype = torch.float32
+) -> transformers.PreTrainedModel:
+    """Save model_class built from config, its parameters drawn wide from seed, with tokenizer, to folder, stored in dtype;
+    returns the model (in float32, its parameters the values stored)."""
     torch.manual_seed(seed)
     model = model_class(config)
     model.set_attn_implementation("eager")
@@ -111,7 +114,9 @@ def save_checkpoint(config, model_class, tokenizer, folder: Path, seed: int = 0)
         for name, parameter in model.named_parameters():
             if parameter.dim() > 1 or "bias" in name:
                 parameter.normal_(0.0, PARAMETER_STD)
-    model.save_pretrained(folder)  # safetensors
+            parameter.copy_(parameter.to(dtype))  # the values the file stores
+    model.to(dtype).save_pretrained(folder)  # safetensors
+    model.float()
     tokenizer.save_pretrained(folder)
     return model
 

@@ -92,24 +92,30 @@ def copying(loaded, progress: Progress = Progress()) -> np.ndarray:
     before attention (attention_norm)."""
     import torch
 
+    from attnviz.models.layer_weights import LOGIT_ROWS
+
     model, family = loaded.model, loaded.family
     if family.attention_norm is None:
         raise AttnvizError(f"copying needs the norm before each attention, which attnviz's {family.name} adapter does not name")
     base = model.model
     with torch.no_grad():
-        unembedding, _ = model.output_head()  # (V, D)
-        unembedding = unembedding.float()
-        if family.final_norm is not None:
-            unembedding = unembedding * base.get_submodule(family.final_norm_name(None)).weight.float()  # fold_ln: W_U diag(g)
+        unembedding, _ = model.output_head()  # (V, D), as stored where read a layer at a time
+        # fold_ln: W_U diag(g), g the final norm's weight
+        gain = base.get_submodule(family.final_norm_name(None)).weight.float() if family.final_norm is not None else 1.0
         advance = progress.counting("layers of copying", model.num_layers())  # W_E W_U first, at 0 of them
-        embedding = base.get_input_embeddings().weight.float()  # (V, D)
+        embedding = base.get_input_embeddings().weight  # (V, D), as stored where read a layer at a time
         # (D, D): W_E W_U, a token's embedding to its logits' direction; float32 over V (twice as fast as float64 on
-        # the CPU, within 1e-6 of it), the small products after it in float64
-        through_vocabulary = (embedding.T @ unembedding).double()
+        # the CPU, within 1e-6 of it), LOGIT_ROWS of the vocabulary at a time, the small products after it in float64
+        through_vocabulary = sum(
+            embedding[rows].float().T @ (unembedding[rows].float() * gain)
+            for rows in (slice(first, first + LOGIT_ROWS) for first in range(0, embedding.shape[0], LOGIT_ROWS))
+        ).double()
         scores = np.zeros((model.num_layers(), model.num_heads()))
         for layer in range(model.num_layers()):
             weights = model.attention_weights(layer)
-            norm = base.get_submodule(family.attention_norm.format(index=layer)).weight.double()  # (D,)
+            name = family.attention_norm.format(index=layer)
+            with model.resident(name):  # a layer's weights read a layer at a time: on the device within
+                norm = base.get_submodule(name).weight.double()  # (D,)
             values = weights.w_v[0].double() * norm  # (H_kv d, D): W_V diag(g), fold_ln
             outputs = weights.w_o[0].double()  # (D, H d)
             head_dim, group = weights.head_dim, weights.num_heads // weights.num_kv_heads

@@ -116,7 +116,9 @@ def attention_norm_weight(loaded, layer: int):
     family = loaded.family
     if loaded.is_bert or family.attention_norm is None:
         return None
-    return loaded.model.model.get_submodule(family.attention_norm.format(index=layer)).weight.detach().cpu().double()
+    name = family.attention_norm.format(index=layer)
+    with loaded.model.resident(name):  # a layer's weights read a layer at a time: on the device within
+        return loaded.model.model.get_submodule(name).weight.detach().cpu().double()
 
 
 def gram_factor(matrices):

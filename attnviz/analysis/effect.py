@@ -193,7 +193,9 @@ class _Predictions:
         """log p, p and Σ_v p log p over a block of positions: (n, V), (n, V), (n,), in float64."""
         import torch
 
-        log_p = torch.log_softmax(torch.nn.functional.linear(self.last[block], self.weight, self.bias).double(), dim=-1)
+        from attnviz.models.layer_weights import unembed
+
+        log_p = torch.log_softmax(unembed(self.last[block], self.weight, self.bias).double(), dim=-1)
         p = log_p.exp()
         return log_p, p, _row_dots(p, log_p)
 
@@ -211,13 +213,15 @@ class _Predictions:
         """out (C, N, D): C copies' last hidden states. KL(p ‖ q) mean over positions and the loss change, each (C,)."""
         import torch
 
+        from attnviz.models.layer_weights import unembed
+
         copies, num_tokens = out.shape[0], out.shape[1]
         kl, nll = np.zeros(copies), np.zeros(copies)
         for block in self.blocks:
             _, p, plogp = self._baseline(block)
             at_once = max(1, LOGITS_BYTES // (4 * (block.stop - block.start) * self.weight.shape[0]))
             for first in range(0, copies, at_once):  # the next copies' logits at once, in the model's dtype: (c, n, V)
-                logits = torch.nn.functional.linear(out[first : first + at_once, block], self.weight, self.bias)
+                logits = unembed(out[first : first + at_once, block], self.weight, self.bias)
                 for copy in range(first, min(first + at_once, copies)):  # in float64 a copy at a time
                     scores = logits[copy - first].double()  # (n, V)
                     # log q = s - logsumexp(s): KL(p ‖ q) = Σ p log p - Σ p s + logsumexp(s), a row at a time

@@ -138,8 +138,9 @@ def patch_heads(
         ids = [encoded.queries.ids[0] for encoded in (clean_encoded, corrupt_encoded)]
         position = mask_position(position, *ids, loaded.tokenizer)
     answer_id, wrong_id = (token_id(loaded, stack, given, name) for given, name in ((answer, "answer"), (wrong, "wrong")))
-    direction = (weight[answer_id] - weight[wrong_id]).double()  # (E,): W_U[answer] - W_U[wrong]
-    offset = 0.0 if bias is None else float(bias[answer_id] - bias[wrong_id])
+    # (E,): W_U[answer] - W_U[wrong], each row in float64 first (as stored, bfloat16, where read a layer at a time)
+    direction = weight[answer_id].double() - weight[wrong_id].double()
+    offset = 0.0 if bias is None else float(bias[answer_id].double() - bias[wrong_id].double())
 
     def metric(last) -> np.ndarray:  # last (C, N, D) -> m of each copy (C,)
         hidden = last[:, position] if transform is None else transform(last[:, position])

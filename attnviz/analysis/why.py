@@ -21,6 +21,7 @@ output); the score they add up to is the one attnviz's own layer computes over t
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -292,9 +293,11 @@ def _post_norm_parts(loaded, stream, inputs: dict, layer: int, rows):
         more, added = _attention_parts(loaded, stream, earlier, rows)
         index = earlier if loaded.is_bert else loaded.family.stored_index(model.config, earlier, None)  # ALBERT's shared
         norm1, norm2 = (model.get_submodule(name) for name in loaded.family.post_norm_names(index))
-        names, parts = through_norm(names + more, torch.cat([parts, added]), norm1, f"L{earlier}.norm1.bias")
-        mlp = stream.mlp[earlier][0][rows].double()
-        names, parts = through_norm(names + [f"mlp{earlier}"], torch.cat([parts, mlp[None]]), norm2, f"L{earlier}.norm2.bias")
+        # a layer's weights read a layer at a time: on the device within
+        with contextlib.nullcontext() if loaded.is_bert else model.resident(*loaded.family.post_norm_names(index)):
+            names, parts = through_norm(names + more, torch.cat([parts, added]), norm1, f"L{earlier}.norm1.bias")
+            mlp = stream.mlp[earlier][0][rows].double()
+            names, parts = through_norm(names + [f"mlp{earlier}"], torch.cat([parts, mlp[None]]), norm2, f"L{earlier}.norm2.bias")
     return names, parts
 
 
@@ -362,7 +365,9 @@ def _stream_parts(loaded, stream, ids, layer: int, rows):
 def _normed(loaded, names: list[str], parts, stream, layer: int):
     """Each part (P, R, D) through the norm before layer `layer`'s attention with the run's own scale frozen
     (frozen_norm)."""
-    return frozen_norm(loaded.model.model.get_submodule(loaded.family.attention_norm.format(index=layer)), names, parts, stream)
+    name = loaded.family.attention_norm.format(index=layer)
+    with loaded.model.resident(name):  # a layer's weights read a layer at a time: on the device within
+        return frozen_norm(loaded.model.model.get_submodule(name), names, parts, stream)
 
 
 def frozen_norm(norm, names: list[str], parts, stream):

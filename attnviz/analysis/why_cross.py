@@ -67,17 +67,18 @@ def cross_score_terms(loaded, encoded, spec, head: int, query: int, key: int | N
     with torch.inference_mode(), threads_for(encoded):
         captured = loaded.model.stacks_pass(inputs, source, wanted)
         entered = captured["cross"].x[layer]  # what entered the cross-attention: (1, Nq, D), the encoder's output (1, Nk, D)
-        attention = build_layer(loaded, spec)
-        scores = layer_scores(attention, LayerStates(entered.hidden, entered.kv_hidden), causal=False)[head, query]  # (Nk,)
-        weights = scores.softmax(dim=-1)
-        key = int(weights.argmax()) if key is None else key
-        query_rows, key_rows = torch.tensor([query]), torch.tensor([key])
-        decoder_parts, encoder_parts = (_post_norm_decoder_parts, _post_norm_encoder_parts) if _post_norm(loaded) else (_decoder_parts, _encoder_parts)
-        query_parts = decoder_parts(loaded, captured, inputs["input_ids"], layer, query_rows, entered.hidden[0][query_rows].double())
-        key_parts = encoder_parts(loaded, captured["encoder"], source["input_ids"], key_rows, entered.kv_hidden[0][key_rows].double())
-        query_names, query_vectors = side_vectors(attention, query_parts, query_rows, "q")  # (P_q, 1, H, d)
-        key_names, key_vectors = side_vectors(attention, key_parts, key_rows, "k")  # (P_k, 1, H_kv, d)
-        terms = attention.scale * (query_vectors[:, 0, head] @ key_vectors[:, 0, head // attention.group_size].T)  # (P_q, P_k)
+        with _norms_resident(loaded):  # read a layer's weights at a time: every norm the walks read, after the pass
+            attention = build_layer(loaded, spec)
+            scores = layer_scores(attention, LayerStates(entered.hidden, entered.kv_hidden), causal=False)[head, query]  # (Nk,)
+            weights = scores.softmax(dim=-1)
+            key = int(weights.argmax()) if key is None else key
+            query_rows, key_rows = torch.tensor([query]), torch.tensor([key])
+            decoder_parts, encoder_parts = (_post_norm_decoder_parts, _post_norm_encoder_parts) if _post_norm(loaded) else (_decoder_parts, _encoder_parts)
+            query_parts = decoder_parts(loaded, captured, inputs["input_ids"], layer, query_rows, entered.hidden[0][query_rows].double())
+            key_parts = encoder_parts(loaded, captured["encoder"], source["input_ids"], key_rows, entered.kv_hidden[0][key_rows].double())
+            query_names, query_vectors = side_vectors(attention, query_parts, query_rows, "q")  # (P_q, 1, H, d)
+            key_names, key_vectors = side_vectors(attention, key_parts, key_rows, "k")  # (P_k, 1, H_kv, d)
+            terms = attention.scale * (query_vectors[:, 0, head] @ key_vectors[:, 0, head // attention.group_size].T)  # (P_q, P_k)
     return ScoreTerms(
         layer=layer, head=head, query=query, key=key, score=float(scores[key]), weight=float(weights[key]),
         query_parts=query_names, key_parts=key_names, terms=terms.cpu().numpy(), tokens=list(encoded.queries.tokens[0]),
@@ -106,18 +107,19 @@ def self_score_terms(loaded, encoded, spec, head: int, query: int, key: int | No
     with torch.inference_mode(), threads_for(encoded):
         captured = loaded.model.stacks_pass(inputs, source, {stack: wanted} | ({"cross": Wanted(z_merged=True)} if stack == "decoder" else {}))
         entered = captured[stack].x[layer].hidden  # (1, N, D): the stream as it is (post-norm: no norm before the attention)
-        attention = build_layer(loaded, spec)
-        scores = layer_scores(attention, LayerStates(entered, entered), spec.causal)[head, query]  # (N,)
-        weights = scores.softmax(dim=-1)
-        key = int(weights.argmax()) if key is None else key
-        rows = torch.tensor([query, key])
-        if stack == "decoder":
-            parts = _post_norm_decoder_parts(loaded, captured, inputs["input_ids"], layer, rows, entered[0][rows].double(), before_self=True)
-        else:
-            parts = _post_norm_encoder_parts(loaded, captured["encoder"], inputs["input_ids"], rows, entered[0][rows].double(), stop=layer)
-        query_names, query_vectors = side_vectors(attention, parts, rows, "q")  # (P, 2, H, d)
-        key_names, key_vectors = side_vectors(attention, parts, rows, "k")
-        terms = attention.scale * (query_vectors[:, 0, head] @ key_vectors[:, 1, head // attention.group_size].T)  # (P, P)
+        with _norms_resident(loaded):  # read a layer's weights at a time: every norm the walks read, after the pass
+            attention = build_layer(loaded, spec)
+            scores = layer_scores(attention, LayerStates(entered, entered), spec.causal)[head, query]  # (N,)
+            weights = scores.softmax(dim=-1)
+            key = int(weights.argmax()) if key is None else key
+            rows = torch.tensor([query, key])
+            if stack == "decoder":
+                parts = _post_norm_decoder_parts(loaded, captured, inputs["input_ids"], layer, rows, entered[0][rows].double(), before_self=True)
+            else:
+                parts = _post_norm_encoder_parts(loaded, captured["encoder"], inputs["input_ids"], rows, entered[0][rows].double(), stop=layer)
+            query_names, query_vectors = side_vectors(attention, parts, rows, "q")  # (P, 2, H, d)
+            key_names, key_vectors = side_vectors(attention, parts, rows, "k")
+            terms = attention.scale * (query_vectors[:, 0, head] @ key_vectors[:, 1, head // attention.group_size].T)  # (P, P)
     return ScoreTerms(
         layer=layer, head=head, query=query, key=key, score=float(scores[key]), weight=float(weights[key]),
         query_parts=query_names, key_parts=key_names, terms=terms.cpu().numpy(), tokens=list(encoded.queries.tokens[0]),
@@ -196,6 +198,12 @@ def _post_norm_embedded(loaded, captured, ids, rows, side: str, label: str):
     if captured.embedded is None:
         return names, parts
     return through_norm(names, parts, loaded.model.get_submodule(loaded.family.embedding_norm_name(side)), f"{label}emb.norm.bias")
+
+
+def _norms_resident(loaded):
+    """Within, every norm module of the model on the device (where it is read a layer's weights at a time)."""
+    norms = [name for name, module in loaded.model.model.named_modules() if "norm" in type(module).__name__.lower()]
+    return loaded.model.resident(*norms)
 
 
 def _norm(loaded, name: str):

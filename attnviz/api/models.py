@@ -16,7 +16,7 @@ from attnviz.api.notes import warn_notes
 from attnviz.errors import AttnvizError
 
 MODEL_TYPES = "a name, a folder or an attnviz.load() handle"  # what model= takes
-_LOADED: dict[tuple, "Model"] = {}  # (model key, device, dtype asked for, allow_pickle) -> its handle
+_LOADED: dict[tuple, "Model"] = {}  # (model key, device, dtype asked for, allow_pickle, layer_at_a_time) -> its handle
 
 
 @dataclass(frozen=True, repr=False)
@@ -97,13 +97,16 @@ def load(
     *,
     dtype: str = "auto",
     allow_pickle: bool = False,
+    layer_at_a_time: bool = False,
     cache: bool = True,
 ) -> Model:
     """Load a model of any supported family by hub id, local folder or "bundled" (None: the default model); once per process.
 
     device is "auto" (the GPU when torch sees one), "cpu" or "cuda". dtype is what the model loads
     and computes in: "float32", "bfloat16", "float16", or "auto" (the checkpoint's own on a GPU,
-    float32 on the CPU). A handle passes through.
+    float32 on the CPU). layer_at_a_time reads a transformers family's layers' weights from the checkpoint's files as
+    each layer runs, not held (taken anyway where its weights pass 1 GB in dtype: models/layer_weights.py). A handle
+    passes through.
     A fallback (the bundled model in place of the default, offline) is an AttnvizWarning when the model loads.
     cache=False loads it afresh and keeps no handle.
     """
@@ -115,6 +118,7 @@ def load(
     must_be_device(device)
     must_be_dtype(dtype)
     must_be_bool("allow_pickle", allow_pickle)
+    must_be_bool("layer_at_a_time", layer_at_a_time)
     must_be_bool("cache", cache)
     if isinstance(model, Model):
         return _on_device(model, device, dtype)
@@ -123,12 +127,12 @@ def load(
     name = str(model) if model is not None else None
     device_name = resolve_device(device)
     asked = "float32" if dtype == "auto" and device_name == "cpu" else dtype  # auto on the CPU is float32 (resolve_dtype)
-    key = (_model_key(name), device_name, asked, allow_pickle)
+    key = (_model_key(name), device_name, asked, allow_pickle, layer_at_a_time)
     if key in _LOADED and cache:
         return _LOADED[key]
     if name is not None:
         refuse_near_miss(name)  # a typo of a listed model ("smolm2"), before the hub is asked
-    loaded = load_model(name, device_name, dtype=dtype, allow_pickle=allow_pickle)
+    loaded = load_model(name, device_name, dtype=dtype, allow_pickle=allow_pickle, layer_at_a_time=layer_at_a_time)
     handle = Model(name, resolved_model_name(name, loaded), loaded.source, device_name, loaded)
     if cache:
         _LOADED[key] = handle

@@ -36,7 +36,9 @@ class RunOptions:
     (None: 512 on the CPU, half the GPU's free memory on CUDA; budgets.memory_budget): past it the
     weights are computed a block of queries at a time, and a map past 64 MB (or past memory) goes to
     a temporary .npy, read lazily (a result's save writes it as attention.npy). allow_pickle lets a model whose
-    weights are pickle files load (attnviz.load's; unpickling can run code). d_q and d_out (trace only) give the
+    weights are pickle files load (attnviz.load's; unpickling can run code). layer_at_a_time reads a transformers
+    family's layers' weights from the files as each layer runs, not held (attnviz.load's; taken anyway past 1 GB of
+    weights: models/layer_weights.py). d_q and d_out (trace only) give the
     single-head layout the seed's own sizes. Wrong types and values are refused as the value is built.
     """
 
@@ -54,6 +56,7 @@ class RunOptions:
     words: bool = False
     memory: int | None = None  # MB
     allow_pickle: bool = False
+    layer_at_a_time: bool = False
     d_q: int | None = None  # trace's single-head layout with the seed's own sizes: W_q, W_k map D to d_q
     d_out: int | None = None  # and W_v maps D to d_out (None: D)
 
@@ -73,7 +76,7 @@ class RunOptions:
         must_be_one_of("stack", self.stack, STACKS, none=True)
         must_be_device(self.device)
         must_be_dtype(self.dtype)
-        for name in ("causal", "truncate", "words", "allow_pickle"):
+        for name in ("causal", "truncate", "words", "allow_pickle", "layer_at_a_time"):
             must_be_bool(name, getattr(self, name))
         if not 0 <= self.seed <= MAX_SEED:
             raise AttnvizError(f"seed {self.seed} is out of range: give 0 to 2**64 - 1")
@@ -88,7 +91,7 @@ class RunOptions:
         """The options' model loaded (attnviz.load: once per process, so a second call gives the same handle)."""
         from attnviz.api.models import load
 
-        return load(self.model, self.device, dtype=self.dtype, allow_pickle=self.allow_pickle)
+        return load(self.model, self.device, dtype=self.dtype, allow_pickle=self.allow_pickle, layer_at_a_time=self.layer_at_a_time)
 
     def run_spec(self, handle, **fixed) -> RunSpec:
         """The run's RunSpec on a loaded model (an attnviz.Model), heads resolved for its stack (None: the model's own).
@@ -113,17 +116,17 @@ TRACE_OPTIONS = (*RUN_OPTIONS, *SEED_HEAD_OPTIONS)
 # stats, layers: every layer's self-attention
 EVERY_LAYER_OPTIONS = tuple(name for name in RUN_OPTIONS if name not in ("layer", "kv"))
 # diff: every layer's self-attention with each checkpoint's own heads and weights (against="random": seed's)
-DIFF_OPTIONS = ("model", "seed", "stack", "device", "dtype", "truncate", "memory", "allow_pickle")
+DIFF_OPTIONS = ("model", "seed", "stack", "device", "dtype", "truncate", "memory", "allow_pickle", "layer_at_a_time")
 # generate: a decoder's own heads and weights; layer: the one its figure and JSON show; seed: sample's
-GENERATE_OPTIONS = ("model", "layer", "seed", "device", "dtype")
+GENERATE_OPTIONS = ("model", "layer", "seed", "device", "dtype", "layer_at_a_time")
 # roles: every layer's self-attention with the model's own heads and weights
-ROLES_OPTIONS = ("model", "stack", "device", "dtype", "truncate", "memory", "allow_pickle")
+ROLES_OPTIONS = ("model", "stack", "device", "dtype", "truncate", "memory", "allow_pickle", "layer_at_a_time")
 # patch: a decoder's own heads and weights (an encoder-decoder's decoder), every layer
-PATCH_OPTIONS = ("model", "device", "dtype", "truncate", "allow_pickle")
+PATCH_OPTIONS = ("model", "device", "dtype", "truncate", "allow_pickle", "layer_at_a_time")
 # why: a model's own heads and weights at one layer; the head and the cell are the call's own arguments
-WHY_OPTIONS = ("model", "layer", "kv", "stack", "device", "dtype", "truncate", "allow_pickle")
+WHY_OPTIONS = ("model", "layer", "kv", "stack", "device", "dtype", "truncate", "allow_pickle", "layer_at_a_time")
 # compose: the weights alone, read in float64 whatever the model computes in; no text
-COMPOSE_OPTIONS = ("model", "device", "allow_pickle")
+COMPOSE_OPTIONS = ("model", "device", "allow_pickle", "layer_at_a_time")
 
 
 def run_options(function: str, given: dict[str, Any], taken: tuple[str, ...] = RUN_OPTIONS) -> RunOptions:

@@ -10,6 +10,7 @@ import typer
 from attnviz.cli.options import (
     run_options,
     AllowPickleOption,
+    LayerAtATimeOption,
     Device,
     DeviceOption,
     FormatOption,
@@ -31,6 +32,7 @@ def compose(
     image_format: ImageFormat = FormatOption,
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Run folder to write into (default: a new folder under outputs/ named after the model)."),
     allow_pickle: bool = AllowPickleOption,
+    layer_at_a_time: bool = LayerAtATimeOption,
     quiet: bool = QuietOption,
 ) -> None:
     """Every pair of heads in different layers, sender before receiver: Elhage et al. 2021's Q-, K- and V-composition
@@ -44,7 +46,7 @@ def compose(
         with progress_bar(console) as bar:
             return compose_heads(top=top, progress=bar, **options.keywords())
 
-    options = run_options(model=model, device=device, allow_pickle=allow_pickle)
+    options = run_options(model=model, device=device, allow_pickle=allow_pickle, layer_at_a_time=layer_at_a_time)
     name = f"compose {Path(model).name if model else ''}"  # the default folder's name
     run_command(options, compute, print_compose, "drawing the compositions…", out=out, text=name, image_format=image_format)
 

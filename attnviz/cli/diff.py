@@ -22,6 +22,7 @@ from attnviz.cli.options import (
     FormatOption,
     MAX_SEED,
     AllowPickleOption,
+    LayerAtATimeOption,
     ModelOption,
     EveryLayerStackOption,
     EveryLayerMemoryOption,
@@ -52,6 +53,7 @@ def diff(
     truncate: bool = TruncateOption,
     memory: Optional[int] = EveryLayerMemoryOption,
     allow_pickle: bool = AllowPickleOption,
+    layer_at_a_time: bool = LayerAtATimeOption,
     quiet: bool = QuietOption,
 ) -> None:
     """Every layer × head of two checkpoints over one text: the Jensen-Shannon distance of their maps (mean over
@@ -65,7 +67,7 @@ def diff(
 
     options = run_options(
         model=model, seed=seed, stack=stack, device=device, dtype=dtype, truncate=truncate, memory=memory,
-        allow_pickle=allow_pickle,
+        allow_pickle=allow_pickle, layer_at_a_time=layer_at_a_time,
     )  # fmt: skip
     run_command(options, compute, print_diff, "drawing the differences…", out=out, text=text, image_format=image_format)
 

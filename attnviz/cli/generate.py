@@ -18,6 +18,7 @@ from attnviz.cli.options import (
     DeviceOption,
     Dtype,
     DtypeOption,
+    LayerAtATimeOption,
     FormatOption,
     MAX_SEED,
     GenerateModelOption,
@@ -48,6 +49,7 @@ def generate(
     layer: int = LayerOption,
     device: Device = DeviceOption,
     dtype: Dtype = DtypeOption,
+    layer_at_a_time: bool = LayerAtATimeOption,
     image_format: ImageFormat = FormatOption,
     out: Optional[Path] = OutOption,
     quiet: bool = QuietOption,
@@ -63,7 +65,7 @@ def generate(
         with progress_bar(console) as bar:  # the tokens generated
             return continue_prompt(prompt, tokens=tokens, sample=sample, rows=rows.value, progress=bar, **options.keywords())
 
-    options = run_options(model=model, layer=layer, seed=seed, device=device, dtype=dtype)
+    options = run_options(model=model, layer=layer, seed=seed, device=device, dtype=dtype, layer_at_a_time=layer_at_a_time)
     run_command(options, compute, print_generation, "drawing the generation…", out=out, text=prompt, image_format=image_format)
 
 

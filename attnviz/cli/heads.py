@@ -37,6 +37,7 @@ from attnviz.cli.options import (
     SeedOption,
     CausalOption,
     AllowPickleOption,
+    LayerAtATimeOption,
     ModelOption,
     LayerOption,
     HeadsOption,
@@ -86,6 +87,7 @@ def heads(
     measure: Measure = MeasureOption,
     effect: Optional[Effect] = EffectOption,
     allow_pickle: bool = AllowPickleOption,
+    layer_at_a_time: bool = LayerAtATimeOption,
     save_map: bool = typer.Option(
         False, "--save-map", help="Also write a long text's whole map (past 64 MB, or past --memory) as attention.npy; "
         "without it the map is a temporary file, read for the figures and the report, and attention.json says so.",
@@ -111,7 +113,7 @@ def heads(
     check_drawing(head, window, figures_drawn, heads)  # the API's checks, before the output folder's
     options = run_options(
         model=model, layer=layer, heads=heads, weights=weights, seed=seed, kv=kv, causal=causal, stack=stack,
-        device=device, dtype=dtype, truncate=truncate, memory=memory, words=words, allow_pickle=allow_pickle,
+        device=device, dtype=dtype, truncate=truncate, memory=memory, words=words, allow_pickle=allow_pickle, layer_at_a_time=layer_at_a_time,
     )  # fmt: skip
     if file is not None:
         return _heads_for_file(file, options, image_format.value, out, figures_drawn, head, save_map, html=not no_html)

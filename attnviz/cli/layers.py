@@ -32,6 +32,7 @@ from attnviz.cli.options import (
     SeedOption,
     EveryLayerCausalOption,
     AllowPickleOption,
+    LayerAtATimeOption,
     ModelOption,
     EveryLayerHeadsOption,
     EveryLayerStackOption,
@@ -62,6 +63,7 @@ def layers(
     effect: Optional[Effect] = EffectOption,
     memory: Optional[int] = EveryLayerMemoryOption,
     allow_pickle: bool = AllowPickleOption,
+    layer_at_a_time: bool = LayerAtATimeOption,
     quiet: bool = QuietOption,
 ) -> None:
     """Every layer and head at a glance (layers.png), attention rollout through the layers (rollout.png), and every
@@ -76,7 +78,7 @@ def layers(
 
     options = run_options(
         model=model, heads=heads, weights=weights, seed=seed, causal=causal, stack=stack, device=device, dtype=dtype,
-        truncate=truncate, words=words, memory=memory, allow_pickle=allow_pickle,
+        truncate=truncate, words=words, memory=memory, allow_pickle=allow_pickle, layer_at_a_time=layer_at_a_time,
     )  # fmt: skip
     run_command(options, compute, print_layers, "writing figures…", out=out, text=text, image_format=image_format)
 

@@ -243,6 +243,11 @@ FileOutOption = typer.Option(  # for the commands that also take --file
 AllowPickleOption = typer.Option(
     False, help="Let a model whose weights are pickle files (pytorch_model.bin, .bin shards) load (unpickling can run code)."
 )
+LayerAtATimeOption = typer.Option(
+    False,
+    help="Read a layer's weights at a time from the checkpoint's files as the layer runs (memory: about one layer's "
+    "weights, not the model's). Taken anyway by a checkpoint whose weights pass 1 GB; BERT loads whole.",
+)
 ModelOption = typer.Option(
     None,
     "--model",

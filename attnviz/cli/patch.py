@@ -11,6 +11,7 @@ from attnviz.cli.options import (
     run_options,
     MAX_COUNT,
     AllowPickleOption,
+    LayerAtATimeOption,
     Component,
     Device,
     DeviceOption,
@@ -58,6 +59,7 @@ def patch(
     out: Optional[Path] = OutOption,
     truncate: bool = TruncateOption,
     allow_pickle: bool = AllowPickleOption,
+    layer_at_a_time: bool = LayerAtATimeOption,
     quiet: bool = QuietOption,
 ) -> None:
     """Every layer × head of a decoder (an encoder-decoder's decoder) patched from the clean text into the corrupted
@@ -73,7 +75,7 @@ def patch(
                 component=component.value, edges=edges, ig=ig, checked_edges=checked_edges, progress=bar, **options.keywords(),
             )  # fmt: skip
 
-    options = run_options(model=model, device=device, dtype=dtype, truncate=truncate, allow_pickle=allow_pickle)
+    options = run_options(model=model, device=device, dtype=dtype, truncate=truncate, allow_pickle=allow_pickle, layer_at_a_time=layer_at_a_time)
     run_command(options, compute, print_patch, "drawing the patching…", out=out, text=text, image_format=image_format)
 
 

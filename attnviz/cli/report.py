@@ -26,6 +26,7 @@ from attnviz.cli.options import (
     SeedOption,
     CausalOption,
     AllowPickleOption,
+    LayerAtATimeOption,
     ModelOption,
     LayerOption,
     HeadsOption,
@@ -64,6 +65,7 @@ def report(
     memory: Optional[int] = MemoryOption,
     words: bool = WordsOption,
     allow_pickle: bool = AllowPickleOption,
+    layer_at_a_time: bool = LayerAtATimeOption,
     quiet: bool = QuietOption,
 ) -> None:
     """report.html: one file a browser opens offline, to explore the heads, every layer, the shape trace and the statistics.
@@ -92,7 +94,7 @@ def report(
 
     options = run_options(
         model=model, layer=layer, heads=heads, weights=weights, seed=seed, kv=kv, causal=causal, stack=stack,
-        device=device, dtype=dtype, truncate=truncate, memory=memory, words=words, allow_pickle=allow_pickle,
+        device=device, dtype=dtype, truncate=truncate, memory=memory, words=words, allow_pickle=allow_pickle, layer_at_a_time=layer_at_a_time,
     )  # fmt: skip
     result, (written,) = run_command(options, compute, print_report_notes, "writing the report…", out=out, text=text, file=file)
     console.print(report_summary(result.record, written.stat().st_size), soft_wrap=True)

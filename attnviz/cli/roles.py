@@ -11,6 +11,7 @@ from attnviz.cli.options import (
     run_options,
     MAX_COUNT,
     AllowPickleOption,
+    LayerAtATimeOption,
     Device,
     DeviceOption,
     Dtype,
@@ -53,6 +54,7 @@ def roles(
     truncate: bool = TruncateOption,
     memory: Optional[int] = EveryLayerMemoryOption,
     allow_pickle: bool = AllowPickleOption,
+    layer_at_a_time: bool = LayerAtATimeOption,
     quiet: bool = QuietOption,
 ) -> None:
     """Every layer × head's roles over one text, a block of queries at a time (any length): TransformerLens's
@@ -74,7 +76,7 @@ def roles(
                               **options.keywords())  # fmt: skip
 
     options = run_options(
-        model=model, stack=stack, device=device, dtype=dtype, truncate=truncate, memory=memory, allow_pickle=allow_pickle
+        model=model, stack=stack, device=device, dtype=dtype, truncate=truncate, memory=memory, allow_pickle=allow_pickle, layer_at_a_time=layer_at_a_time
     )
     run_command(options, compute, print_roles, "drawing the roles…", out=out, text=text, image_format=image_format)
 

@@ -6,7 +6,7 @@ from typing import List, Optional
 
 import typer
 
-from attnviz.cli.options import MAX_COUNT, Device, DeviceOption, Dtype, DtypeOption, app, errors
+from attnviz.cli.options import MAX_COUNT, Device, DeviceOption, Dtype, DtypeOption, LayerAtATimeOption, app, errors
 from attnviz.errors import AttnvizError
 
 
@@ -24,6 +24,7 @@ def serve(
     max_tokens: int = typer.Option(2048, "--max-tokens", min=1, max=MAX_COUNT, metavar="N", help="The most tokens a text of a request may have."),
     device: Device = DeviceOption,
     dtype: Dtype = DtypeOption,
+    layer_at_a_time: bool = LayerAtATimeOption,
 ) -> None:
     """Serve a page of the report's views that runs each text typed on the warm models (its heads, roles or patching),
     and POST /api/heads, /api/roles and /api/patch.
@@ -42,7 +43,7 @@ def serve(
         reach = f"any address of this machine ({', '.join(server.addresses)})" if host in WILDCARDS else "this address"
         errors.print(f"warning: --host {host}: other machines that reach {reach} can use the server (with its token)", soft_wrap=True)
     with server:
-        server.explorer = Explorer.load(model or [], settings, device.value, dtype.value)
+        server.explorer = Explorer.load(model or [], settings, device.value, dtype.value, layer_at_a_time)
         print(server.url, flush=True)
         errors.print(f"serving {', '.join(server.explorer.handles)}; Ctrl-C ends it", soft_wrap=True)
         server.serve_forever()

@@ -29,6 +29,7 @@ from attnviz.cli.options import (
     SeedOption,
     EveryLayerCausalOption,
     AllowPickleOption,
+    LayerAtATimeOption,
     ModelOption,
     EveryLayerHeadsOption,
     EveryLayerStackOption,
@@ -65,6 +66,7 @@ def stats(
     words: bool = WordsOption,
     memory: Optional[int] = EveryLayerMemoryOption,
     allow_pickle: bool = AllowPickleOption,
+    layer_at_a_time: bool = LayerAtATimeOption,
     checkpoint: Optional[Path] = typer.Option(
         None,
         metavar="PATH",
@@ -131,7 +133,7 @@ def stats(
 
     options = run_options(
         model=model, heads=heads, weights=weights, seed=seed, causal=causal, stack=stack, device=device, dtype=dtype,
-        truncate=truncate, words=words, memory=memory, allow_pickle=allow_pickle,
+        truncate=truncate, words=words, memory=memory, allow_pickle=allow_pickle, layer_at_a_time=layer_at_a_time,
     )  # fmt: skip
     run_command(options, compute, show, "writing statistics…", out=out, text=text, file=file, image_format=image_format)
     if checkpoint is not None:  # the run's files are written: nothing is left to resume

@@ -29,6 +29,7 @@ from attnviz.cli.options import (
     SeedOption,
     CausalOption,
     AllowPickleOption,
+    LayerAtATimeOption,
     ModelOption,
     LayerOption,
     HeadsOption,
@@ -83,6 +84,7 @@ def trace(
     memory: Optional[int] = MemoryOption,
     words: bool = WordsOption,
     allow_pickle: bool = AllowPickleOption,
+    layer_at_a_time: bool = LayerAtATimeOption,
     quiet: bool = QuietOption,
 ) -> int:
     """Every split and merge of the heads, step by step with the real shapes; trace.json and trace.md.
@@ -112,7 +114,7 @@ def trace(
 
     options = run_options(
         model=model, layer=layer, heads=heads, weights=weights, seed=seed, d_q=d_q, d_out=d_out, kv=kv, causal=causal,
-        stack=stack, device=device, dtype=dtype, truncate=truncate, memory=memory, words=words, allow_pickle=allow_pickle,
+        stack=stack, device=device, dtype=dtype, truncate=truncate, memory=memory, words=words, allow_pickle=allow_pickle, layer_at_a_time=layer_at_a_time,
     )  # fmt: skip
     result, _ = run_command(options, compute, print_traced, "writing the trace…", out=out, text=text, file=file, write=write)
     for note in figure_notes:

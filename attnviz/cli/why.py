@@ -11,6 +11,7 @@ from attnviz.cli.options import (
     MAX_COUNT,
     MAX_HEADS,
     AllowPickleOption,
+    LayerAtATimeOption,
     Device,
     DeviceOption,
     Dtype,
@@ -51,6 +52,7 @@ def why(
     out: Optional[Path] = OutOption,
     truncate: bool = TruncateOption,
     allow_pickle: bool = AllowPickleOption,
+    layer_at_a_time: bool = LayerAtATimeOption,
     quiet: bool = QuietOption,
 ) -> None:
     """A head's pre-softmax score of (query, key) split exactly into terms: each a part of the query's residual stream
@@ -65,5 +67,5 @@ def why(
         with console.status("splitting the score…"):
             return split_score(text, head=head, query=query, key=key, **options.keywords())
 
-    options = run_options(model=model, layer=layer, kv=kv, stack=stack, device=device, dtype=dtype, truncate=truncate, allow_pickle=allow_pickle)
+    options = run_options(model=model, layer=layer, kv=kv, stack=stack, device=device, dtype=dtype, truncate=truncate, allow_pickle=allow_pickle, layer_at_a_time=layer_at_a_time)
     run_command(options, compute, console.print, "drawing the terms…", out=out, text=text, image_format=image_format)

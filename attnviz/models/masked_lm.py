@@ -46,9 +46,10 @@ def masked_lm_head(loaded) -> MaskedLMHead | None:
     names = loaded.family.masked_lm
     if names is None:
         return None
-    embeddings = loaded.model.get_input_embeddings().weight  # (V, E)
+    embeddings = loaded.model.get_input_embeddings().weight  # (V, E); as stored where read a layer at a time
+    like = embeddings.new_empty(0, dtype=getattr(torch, loaded.dtype))  # the head's tensors in the model's dtype
     norms = [f"{names.norm}.{part}" for part in ("weight", "bias", "gamma", "beta")]  # old BERTs: gamma and beta
-    stored = stored_tensors(loaded.folder, (f"{names.dense}.weight", f"{names.dense}.bias", *norms, names.bias, names.decoder), embeddings)
+    stored = stored_tensors(loaded.folder, (f"{names.dense}.weight", f"{names.dense}.bias", *norms, names.bias, names.decoder), like)
     norm_weight = stored.get(norms[0], stored.get(norms[2]))
     norm_bias = stored.get(norms[1], stored.get(norms[3]))
     if any(tensor is None for tensor in (stored.get(f"{names.dense}.weight"), norm_weight, stored.get(names.bias))):

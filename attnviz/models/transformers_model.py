@@ -40,11 +40,12 @@ from attnviz.models.words import tokenizer_scheme
 
 
 def load_transformers_model(
-    folder: Path, family: Family, config: dict, device: str, dtype: torch.dtype = torch.float32
+    folder: Path, family: Family, config: dict, device: str, dtype: torch.dtype = torch.float32, layer_at_a_time: bool = False
 ) -> "TransformersModel":
     """transformers' base model of the family from a checked folder (safetensors only), in eval mode on device, in dtype.
 
-    The weights are read once, in dtype: a model in bfloat16 never holds a float32 copy.
+    The weights are read once, in dtype: a model in bfloat16 never holds a float32 copy. layer_at_a_time: each
+    layer's weights read from the files as it runs and dropped after (models/layer_weights.py).
 
     Before anything is built, the family's adapter checks config.json's sizes against the
     safetensors headers; after, every weight the model has must have come from the files, and
@@ -56,6 +57,10 @@ def load_transformers_model(
 
     model_class = getattr(transformers, family.model_class)
     _check_headers(folder, family, config, model_class.base_model_prefix)
+    if layer_at_a_time:
+        from attnviz.models.layer_weights import safetensors_map
+
+        return layered_model(family, config, folder, *safetensors_map(folder, model_class.base_model_prefix), device, dtype)
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # e.g. "some weights were not used": a task head attnviz does not need
     hf_logging.disable_progress_bar()
@@ -73,6 +78,26 @@ def load_transformers_model(
         hf_logging.set_verbosity(verbosity)
     _check_loading_info(family, info, model)
     return TransformersModel(family, config, model.to(device).eval(), folder)
+
+
+def layered_model(
+    family: Family, config: dict, folder: Path | None, weights_map, shapes: dict, mapped, device: str, dtype: torch.dtype
+) -> "TransformersModel":
+    """The family's base model run a layer's weights at a time (models/layer_weights.py) from weights_map: any Mapping
+    of the base model's parameter names to tensors read on access (the safetensors files' through safetensors_map; a
+    GGUF file's, dequantised on access, plugs in the same way), shapes each tensor's shape by the same names (read
+    without the data), mapped(name) a tensor as stored and memory-mapped or None (the embeddings read by rows; None
+    for all: read from weights_map once). Missing, unused or mis-shaped tensors are refused as a whole load's are."""
+    import transformers
+
+    from attnviz.models import layer_weights
+
+    model_class = getattr(transformers, family.model_class)
+    handle = TransformersModel(family, config, layer_weights.build_empty(model_class, config, dtype), folder)
+    info = layer_weights.load_layer_at_a_time(handle.model, handle.layer_names(), weights_map, shapes, device, mapped)
+    _check_loading_info(family, info, handle.model)
+    handle.weights_map, handle.weights_device, handle.mapped = weights_map, device, mapped
+    return handle
 
 
 def _check_headers(folder: Path, family: Family, config: dict, prefix: str) -> None:
@@ -130,6 +155,9 @@ class TransformersModel:
         self.folder = folder  # the checkpoint's: a task head's tensors (output_head) are read from it
         self.weights = weights  # or from these, by name (a GGUF file's: models/gguf_weights.py), where there is no folder
         self.model_type = config["model_type"]
+        # read a layer at a time (models/layer_weights.py): the weights by name, read on access, and their device
+        self.weights_map, self.weights_device = None, None
+        self.mapped = None  # and name -> a tensor of the files as stored, memory-mapped (layer_weights.safetensors_map)
         self._forward_lock = threading.Lock()
 
     # ---- sizes -----------------------------------------------------------------------------
@@ -158,11 +186,44 @@ class TransformersModel:
 
     def attention_weights(self, layer: int, stack: str | None = None) -> AttentionWeights:
         """Layer `layer`'s projections and settings, as attnviz's layer takes them (the family's adapter splits them)."""
-        return self.family.attention_weights(self.model, self.config, layer, stack)
+        name, names = self.family.layer_names(self.config, self.family.stored_index(self.config, layer, stack), stack)
+        with self.resident(name, *names.values()):  # W_o may lie outside the attention module (BERT's)
+            return self.family.attention_weights(self.model, self.config, layer, stack)
+
+    @property
+    def layer_at_a_time(self) -> bool:
+        """Whether each layer's weights are read from the checkpoint's files as it runs (models/layer_weights.py)."""
+        return self.weights_map is not None
+
+    def resident(self, *names: str):
+        """A context within which the weights of the base model's modules of those names are on the device, for what
+        reads them outside their layer's forward (read a layer at a time: layer_weights.resident; else nothing to do)."""
+        from attnviz.models.layer_weights import resident
+
+        return resident(self.model, names, self.weights_map, self.weights_device)
+
+    def _letting_go(self):
+        """Around a pass that may stop inside a layer: its weights let go after, where read a layer at a time."""
+        from attnviz.models.layer_weights import let_go_after
+
+        return let_go_after([self.model.get_submodule(name) for name in self.layer_names()] if self.layer_at_a_time else [])
+
+    def layer_name(self, layer: int, stack: str | None = None) -> str:
+        """The name of the module of the stack's layer `layer` (Llama's layers.{i}, T5's encoder.block.{i}): the
+        first list on the way down to its attention module."""
+        parts = self.attention_module(layer, stack)[0].split(".")
+        listed = next(index for index, part in enumerate(parts) if part.isdigit())
+        return ".".join(parts[: listed + 1])
+
+    def layer_names(self) -> list[str]:
+        """Every stack's layer modules' names, each once (ALBERT's layers share one)."""
+        stacks = [stack for stack in self.family.stacks if stack != "cross"]  # the decoder's layers hold its cross-attention
+        return list(dict.fromkeys(self.layer_name(layer, stack) for stack in stacks for layer in range(self.num_layers(stack))))
 
     def position_bias(self, stack: str | None, num_queries: int, num_keys: int, device: str) -> torch.Tensor | None:
         """T5's relative position bias (1, H, Nq, Nk); None for families without one."""
-        return self.family.relative_bias(self.model, stack, num_queries, num_keys, device)
+        with self.resident(self.attention_module(0, stack)[0]):  # the first layer's table (T5's)
+            return self.family.relative_bias(self.model, stack, num_queries, num_keys, device)
 
     # ---- layer inputs ------------------------------------------------------------------------
 
@@ -198,7 +259,7 @@ class TransformersModel:
         last hidden state (B, N, D) after its final norm, the decoder's for an encoder-decoder. The hooks sit on
         modules the threads share: one pass at a time."""
         points = self.hook_points(stack)
-        with self._forward_lock:
+        with self._forward_lock, self._letting_go():
             # blocks of queries, never a whole (B, H, N, N) of scores: run_from's batches of copies at any length
             self.model.set_attn_implementation(blocked_attention.register())
             if not wanted.whole_pass:
@@ -256,7 +317,7 @@ class TransformersModel:
             called.add(layer)
             return attend(layer, hidden)
 
-        with self._forward_lock:
+        with self._forward_lock, self._letting_go():
             self.model.set_attn_implementation(blocked_attention.register())
             handles = hook_layers(points.attention, enter)
             try:
@@ -295,10 +356,7 @@ class TransformersModel:
         projections W_o, and its final norm."""
         layers, projections = [], []
         for layer in range(self.num_layers(stack)):
-            name = self.attention_module(layer, stack)[0]
-            parts = name.split(".")
-            listed = next(index for index, part in enumerate(parts) if part.isdigit())  # the first list on the way down
-            layers.append(self.model.get_submodule(".".join(parts[: listed + 1])))
+            layers.append(self.model.get_submodule(self.layer_name(layer, stack)))
             index = self.family.stored_index(self.config, layer, stack)
             projections.append(self.model.get_submodule(self.family.layer_names(self.config, index, stack)[1]["w_o"]))
         final = self.family.final_norm_name(stack)
@@ -365,6 +423,8 @@ class TransformersModel:
         token that ends a text (end_ids) ends the generation, as transformers' generate stops there."""
         from transformers import DynamicCache
 
+        from attnviz.models.layer_weights import unembed
+
         entering: dict[int, torch.Tensor] = {}
 
         def keep(layer: int, args: tuple, kwargs: dict[str, Any]) -> None:
@@ -383,7 +443,7 @@ class TransformersModel:
                     yield current, [entering[layer] for layer in range(self.num_layers())]
                     if step == steps or (step and int(current[0, -1]) in ends):
                         break
-                    current = ids.new_tensor([[choose(torch.nn.functional.linear(last, weight, bias))]])
+                    current = ids.new_tensor([[choose(unembed(last, weight, bias))]])
             finally:
                 for handle in handles:
                     handle.remove()
@@ -404,12 +464,18 @@ class TransformersModel:
         here folded into the weight."""
         from attnviz.models.weight_files import stored_tensors
 
+        from attnviz.models.families.family import check_finite
+
         embeddings = self.get_input_embeddings().weight
         names = ("lm_head.weight", "lm_head.bias", "final_logits_bias")
-        if self.weights is None:
-            stored = stored_tensors(self.folder, names, embeddings)
-        else:
+        if self.mapped is not None:  # read a layer at a time: as stored, memory-mapped (unembed casts it a chunk at a time)
+            stored = {name: tensor if name == names[0] else tensor.float() for name in names if (tensor := self.mapped(name)) is not None}
+            for name, tensor in stored.items():
+                check_finite(tensor, name)
+        elif self.weights is not None:  # a GGUF file's, dequantised as read
             stored = {name: self.weights[name].to(embeddings) for name in names if name in self.weights}
+        else:
+            stored = stored_tensors(self.folder, names, embeddings)
         if getattr(self.model.config, "tie_word_embeddings", False):
             weight, bias = embeddings, None
         elif "lm_head.weight" in stored:

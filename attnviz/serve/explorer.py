@@ -79,13 +79,14 @@ class Explorer:
         self.turns = {name: ModelTurns(settings.waiting) for name in self.handles}
 
     @staticmethod
-    def load(names: list[str], settings: ServeSettings, device: str = "auto", dtype: str = "auto") -> "Explorer":
-        """The named models loaded once each, through attnviz.load (None or []: the default model)."""
+    def load(names: list[str], settings: ServeSettings, device: str = "auto", dtype: str = "auto", layer_at_a_time: bool = False) -> "Explorer":
+        """The named models loaded once each, through attnviz.load (None or []: the default model); layer_at_a_time:
+        load's."""
         from attnviz.api.models import load
 
         handles = {}
         for name in dict.fromkeys(names or [None]):
-            handle = load(name, device, dtype=dtype)
+            handle = load(name, device, dtype=dtype, layer_at_a_time=layer_at_a_time)
             handles[name or handle.resolved] = handle  # the default model by the name it resolved to
         return Explorer(handles, settings)
 

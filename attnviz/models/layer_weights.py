@@ -1,0 +1,256 @@
+"""A checkpoint run a layer's weights at a time: the model built empty, each layer's weights read just before it runs.
+
+accelerate's hooks are the engine (the one under `accelerate.dispatch_model` and transformers' `device_map` with
+offloading): each layer module (Llama's layers.{i}) gets an `AlignDevicesHook(offload=True, weights_map=...)`, which
+puts the layer's weights on the device in the model's dtype as its forward begins and back on the meta device (no
+memory) as it ends. What the hooks read is a weights map: a Mapping from the base model's parameter names to tensors,
+read on access. For a safetensors checkpoint it is accelerate's `OffloadedWeightsLoader` with an index that points at
+the checkpoint's own files (nothing copied): each access reads one tensor as stored (bfloat16, float16, float32), and
+the hook casts it to the model's dtype. Any other Mapping of the same names (a GGUF file dequantised on access) plugs
+in as weights_map= of load_layer_at_a_time. The rest of the model (the embeddings, the final norm) is read once, the
+embedding table kept as stored and read by rows (StoredEmbedding).
+
+Outside a layer's forward, whoever reads a module's weights (attnviz's own layer its attention's, the circuits and
+why a norm's) does so within `resident`, which reads that module's alone from the same weights map (not its whole
+layer, as accelerate's `align_module_device` would: a Llama-3.2-1B layer's MLP is 4 times its attention); within
+the layer's forward the weights are there already and resident does nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+from torch import nn
+
+# Past this many bytes of weights in the compute dtype (read from the safetensors headers), a checkpoint runs a layer
+# at a time by default.
+LAYER_AT_A_TIME_BYTES = 10**9
+LOGIT_ROWS = 8192  # the vocabulary's rows of an unembedding cast at a time (64 MB of a 2,048-wide float32 one)
+STORED_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
+
+
+def stored_entries(folder: Path, prefix: str) -> dict[str, tuple[Path, str, tuple[int, ...], str]]:
+    """Every tensor of the checkpoint's safetensors files from their headers (no data read), by the base model's name (a
+    task head's checkpoint's prefix taken off; the head's own tensors by their names, lm_head.weight): (file, name in
+    the file, shape, safetensors dtype)."""
+    from safetensors import safe_open
+
+    from attnviz.models.weight_files import safetensors_shapes, weight_files
+
+    entries = {}
+    for path in weight_files(folder, safetensors=True, allow_pickle=False):
+        safetensors_shapes(path)  # a damaged or truncated file refused here, naming it
+        with safe_open(str(path), framework="pt") as file:
+            for key in file.keys():
+                tensor = file.get_slice(key)
+                entries[key] = (path, key, tuple(tensor.get_shape()), tensor.get_dtype())
+    return {key.removeprefix(prefix + "."): entry for key, entry in entries.items()}  # a task head's (lm_head.weight) kept
+
+
+def weights_bytes(folder: Path, dtype: torch.dtype) -> int:
+    """The checkpoint's weights' size in dtype, from its safetensors headers alone (before anything loads)."""
+    entries = stored_entries(folder, prefix="")
+    return sum(_numel(shape) for _, _, shape, _ in entries.values()) * dtype.itemsize
+
+
+def stored_weights(entries: dict[str, tuple[Path, str, tuple[int, ...], str]]) -> Mapping[str, torch.Tensor]:
+    """The weights map of a safetensors checkpoint: name -> the tensor as stored, read from its file on access."""
+    from accelerate.utils import OffloadedWeightsLoader
+
+    index = {name: {"safetensors_file": str(path), "weight_name": key} for name, (path, key, _, _) in entries.items()}
+    return OffloadedWeightsLoader(index=index)
+
+
+def build_empty(model_class: type, config: dict, dtype: torch.dtype) -> nn.Module:
+    """transformers' base model of model_class from config.json's values, its parameters on the meta device (no
+    memory) in dtype; its buffers (RoPE's frequencies) computed on the CPU as its own __init__ makes them."""
+    from accelerate import init_empty_weights
+
+    with init_empty_weights(include_buffers=False):
+        model = model_class(model_class.config_class.from_dict(config))
+    for module in model.modules():
+        for name, parameter in module.named_parameters(recurse=False):
+            setattr(module, name, nn.Parameter(parameter.to(dtype), requires_grad=False))  # meta: nothing allocated
+    model.tie_weights()  # one parameter under the names the config ties (T5's and BART's shared embeddings), as from_pretrained ties them
+    model.set_attn_implementation("eager")
+    return model.eval()
+
+
+def safetensors_map(folder: Path, prefix: str):
+    """A safetensors checkpoint as load_layer_at_a_time reads it: (its weights map, every tensor's shape, and mapped:
+    name -> the tensor as stored, memory-mapped (mapped_tensor), or None where the files hold no such name), by the base
+    model's names (a task head's prefix taken off)."""
+    entries = stored_entries(folder, prefix)
+    shapes = {name: shape for name, (_, _, shape, _) in entries.items()}
+
+    def mapped(name: str) -> torch.Tensor | None:
+        return mapped_tensor(*entries[name][:2]) if name in entries else None
+
+    return stored_weights(entries), shapes, mapped
+
+
+def load_layer_at_a_time(
+    empty: nn.Module,
+    layer_names: list[str],
+    weights_map: Mapping[str, torch.Tensor],
+    shapes: dict[str, tuple[int, ...]],
+    device: str,
+    mapped=None,
+) -> dict[str, list]:
+    """empty (build_empty's model) made to run with weights read from weights_map a layer at a time: each module of
+    layer_names hooked (its weights resident during its forward alone), the other parameters read once. shapes: each
+    weight's shape, by the same names (the safetensors headers'). mapped(name), when given, is a tensor as stored and
+    memory-mapped (or None): a plain nn.Embedding's table that it gives is read by rows (StoredEmbedding), never from
+    weights_map. Returns what transformers' from_pretrained reports as its loading info (missing, unexpected and
+    mismatched names), checked by the caller."""
+    from accelerate.hooks import AlignDevicesHook, add_hook_to_module
+    from accelerate.utils import PrefixedDataset, set_module_tensor_to_device
+
+    parameters = dict(empty.named_parameters())
+    info = {
+        "missing_keys": sorted(set(parameters) - set(shapes)),
+        "unexpected_keys": sorted(set(shapes) - set(parameters)),
+        "mismatched_keys": sorted(name for name in set(parameters) & set(shapes) if tuple(parameters[name].shape) != tuple(shapes[name])),
+    }
+    if info["missing_keys"] or info["mismatched_keys"]:
+        return info
+    in_layers = tuple(name + "." for name in layer_names)
+    for name in layer_names:
+        hook = AlignDevicesHook(execution_device=device, offload=True, weights_map=PrefixedDataset(weights_map, name + "."), place_submodules=True)
+        add_hook_to_module(empty.get_submodule(name), hook)
+        empty.get_submodule(name).register_forward_hook(give_back_freed_memory)
+    table, stored = None, None  # the input embeddings' table, read by rows where mapped gives it
+    embeddings = empty.get_input_embeddings()
+    if type(embeddings) is nn.Embedding and mapped is not None:  # not a scaled one (BART's): its forward is its own
+        rows = mapped(next(name for name, parameter in parameters.items() if parameter is embeddings.weight))
+        if rows is not None:
+            table, stored = embeddings.weight, StoredEmbedding(rows, embeddings.weight.dtype)
+    for name in parameters:
+        if not name.startswith(in_layers) and parameters[name] is not table:
+            set_module_tensor_to_device(empty, name, device, value=weights_map[name])
+    empty.tie_weights()  # the tied names to the parameters just read (set_module_tensor_to_device put new ones in)
+    if stored is not None:
+        empty.set_input_embeddings(stored)
+    return info
+
+
+def give_back_freed_memory(*ignored) -> None:
+    """After a layer has run and its weights are let go (a forward hook): the pages malloc keeps of what was freed given
+    back to the system (glibc's malloc_trim; elsewhere nothing). glibc serves blocks under its mmap threshold, which
+    rises to 32 MB as large blocks are freed, from its heap, where each layer's freed weights otherwise stay in the
+    process's memory: the 1B-shaped Llama's peak summarising every head, 1,454 MB without, 1,172 MB with
+    (bench/layer_at_a_time.py)."""
+    libc = _glibc()
+    if libc is not None:
+        libc.malloc_trim(0)
+
+
+@functools.cache
+def _glibc():
+    """glibc's C library, None where there is none (macOS, Windows, musl)."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.malloc_trim  # glibc's alone
+        return libc
+    except (OSError, AttributeError):
+        return None
+
+
+def mapped_tensor(path: Path, key: str) -> torch.Tensor:
+    """A safetensors file's tensor as stored, memory-mapped: no byte read until used (its header: 8 bytes of length, then
+    JSON giving each tensor's dtype, shape and byte offsets from the header's end)."""
+    with open(path, "rb") as file:
+        length = int.from_bytes(file.read(8), "little")
+        entry = json.loads(file.read(length))[key]
+    begin, end = (8 + length + offset for offset in entry["data_offsets"])
+    data = torch.from_file(str(path), shared=False, size=end, dtype=torch.uint8)[begin:end]  # the file's bytes, mapped
+    dtype = STORED_DTYPES.get(entry["dtype"])
+    if dtype is None or begin % dtype.itemsize:  # another dtype, or not aligned for a view (safetensors aligns its data): read it
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="pt") as tensors:
+            return tensors.get_tensor(key)
+    return data.view(dtype).view(entry["shape"])
+
+
+class StoredEmbedding(nn.Module):
+    """An input embedding table read by rows from its memory-mapped file: forward(ids) gives the ids' rows (..., D) in
+    the model's dtype, the table (V, D) never copied whole (a 128,256-row table in float32 is 1 GB); weight is the
+    table as stored (the output head's, where tied: logits in chunks, unembed)."""
+
+    def __init__(self, table: torch.Tensor, dtype: torch.dtype):
+        super().__init__()
+        self.table, self.dtype = table, dtype
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.table
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return nn.functional.embedding(ids.to(self.table.device), self.table).to(ids.device, self.dtype)
+
+
+def unembed(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The logits hidden (..., D) @ weight (V, D)^T + bias (V,), in hidden's dtype and on its device: whole where the
+    weight is already so, else LOGIT_ROWS of the vocabulary at a time, each cast from the weight as stored (a
+    memory-mapped bfloat16 table is never whole in float32)."""
+    if weight.dtype == hidden.dtype and weight.device == hidden.device:
+        return nn.functional.linear(hidden, weight, bias)
+    chunks = []
+    for first in range(0, weight.shape[0], LOGIT_ROWS):
+        rows = slice(first, first + LOGIT_ROWS)
+        chunks.append(nn.functional.linear(hidden, weight[rows].to(hidden), None if bias is None else bias[rows].to(hidden)))
+    return torch.cat(chunks, dim=-1)
+
+
+@contextlib.contextmanager
+def resident(model: nn.Module, names: tuple[str, ...], weights_map: Mapping[str, torch.Tensor] | None, device: str | None):
+    """Within, the weights of the model's modules of those names are on the device in the model's dtype, read from
+    weights_map (None: the model is held whole; nothing to do); after, let go. For what reads a module's weights
+    outside its layer's forward (attnviz's own layer, a norm's weight): that module's alone, not its layer's. A weight
+    there already (in its layer's forward, or read by an enclosing resident) is left as it is."""
+    from accelerate.utils import set_module_tensor_to_device
+
+    read = []
+    if weights_map is not None:
+        for name in names:
+            for parameter_name, parameter in model.get_submodule(name).named_parameters():
+                if parameter.is_meta:
+                    full = f"{name}.{parameter_name}"
+                    set_module_tensor_to_device(model, full, device, value=weights_map[full])
+                    read.append(full)
+    try:
+        yield
+    finally:
+        for full in read:
+            set_module_tensor_to_device(model, full, "meta")
+
+
+@contextlib.contextmanager
+def let_go_after(modules: list[nn.Module]):
+    """Within, a pass; after, the weights of those modules still on the device let go (on the meta device), as their
+    hooks' post_forward does: a pass stopped inside a layer (a capture that needs no later layer) never gets there."""
+    from accelerate.utils import set_module_tensor_to_device
+
+    try:
+        yield
+    finally:
+        for module in modules:
+            for name, parameter in module.named_parameters():
+                if not parameter.is_meta:
+                    set_module_tensor_to_device(module, name, "meta")
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    count = 1
+    for size in shape:
+        count *= size
+    return count
+

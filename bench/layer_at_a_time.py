@@ -1,0 +1,164 @@
+"""A 1B-shaped Llama read a layer's weights at a time: peak memory and time against the whole model's run (issue 47).
+
+The checkpoint has Llama-3.2-1B's config (16 layers, 32 heads on 8 key/value heads, 2,048 wide, an MLP of 8,192,
+vocabulary 128,256, tied embeddings, llama3 RoPE) with random weights (std 0.02, seed 0), stored in bfloat16: about
+2.5 GB. It is written a layer at a time (a shard per layer, model.safetensors.index.json naming them), so building it
+never holds the model; its tokenizer is the bundled BERT's WordPiece (every id has a row). Not committed: build it
+under /tmp and remove it after.
+
+    python bench/layer_at_a_time.py build /tmp/llama-1b          # the checkpoint
+    python bench/layer_at_a_time.py compare /tmp/llama-1b        # both runs, each in a process of its own, and a row
+    python bench/layer_at_a_time.py run /tmp/llama-1b [--whole]  # one run: `attnviz.layers` at TOKENS tokens
+
+A run is `attnviz.layers` over a text of about TOKENS tokens with memory=MEMORY_MB: every head of every layer
+summarised in blocks, in one pass with attnviz's layers in the model's, no map held whole (the 16 layers' maps at
+512 tokens are 512 MB, which the default budget would hold). Layer at a time is the default for this checkpoint (its weights pass 1 GB
+in float32); --whole raises the threshold past it, so the model loads whole in float32 (about 5 GB). Each run prints
+its wall time, its process's peak memory (ru_maxrss) and the checkpoint's size, and saves its summaries;
+compare checks the two runs' summaries equal within 1e-5 and prints the bench row.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+TOKENS = 512
+MEMORY_MB = 64  # layers' budget: every layer's maps (512 MB at 512 tokens) are not held, the summaries made in blocks
+TOLERANCE = 1e-5
+LLAMA_3_2_1B = dict(
+    hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
+    head_dim=64, vocab_size=128256, tie_word_embeddings=True, max_position_embeddings=131072, rms_norm_eps=1e-5,
+    rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "high_freq_factor": 4.0,
+                     "low_freq_factor": 1.0, "original_max_position_embeddings": 8192},
+)  # fmt: skip
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
+PARAGRAPH = (
+    "The cat sat on the mat because it was tired, and the dog that had chased it all morning lay down by the door. "
+    "Attention lets each token look back at the tokens before it and take what it needs from them. "
+)
+
+
+def build(folder: Path) -> None:
+    """The checkpoint, a shard per layer (and one for the embeddings and the final norm), each tensor drawn in float32
+    and stored in bfloat16."""
+    import shutil
+
+    import torch
+    import transformers
+    from safetensors.torch import save_file
+
+    from attnviz.models.loading import bundled_model_path
+
+    folder.mkdir(parents=True, exist_ok=True)
+    config = transformers.LlamaConfig(**LLAMA_3_2_1B)
+    with torch.device("meta"):
+        shapes = {name: tuple(parameter.shape) for name, parameter in transformers.LlamaModel(config).named_parameters()}
+    groups: dict[str, list[str]] = {}
+    for name in shapes:
+        group = ".".join(name.split(".")[:2]) if name.startswith("layers.") else "rest"
+        groups.setdefault(group, []).append(name)
+    generator = torch.Generator().manual_seed(0)
+    weight_map, total = {}, 0
+    for index, (group, names) in enumerate(groups.items()):
+        shard = f"model-{index:05d}-of-{len(groups):05d}.safetensors"
+        tensors = {}
+        for name in names:
+            if name.endswith("norm.weight"):
+                tensor = torch.ones(shapes[name])
+            else:
+                tensor = torch.empty(shapes[name]).normal_(0.0, 0.02, generator=generator)
+            tensors[name] = tensor.to(torch.bfloat16)
+            weight_map[name] = shard
+            total += tensors[name].numel() * 2
+        save_file(tensors, str(folder / shard), metadata={"format": "pt"})
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}))
+    config.dtype = "bfloat16"
+    config.save_pretrained(folder)
+    for name in TOKENIZER_FILES:
+        shutil.copy(bundled_model_path() / name, folder / name)
+    print(f"{sum(map(_numel, shapes.values())):,} parameters, {total / 1e9:.2f} GB in bfloat16, {len(groups)} shards: {folder}")
+
+
+def run_once(folder: Path, whole: bool, summaries: Path | None) -> None:
+    """attnviz.layers over a text of about TOKENS tokens; prints one JSON line (seconds, peak MB, mode)."""
+    import warnings
+
+    import numpy as np
+
+    import attnviz
+    import attnviz.models.layer_weights as layer_weights
+
+    if whole:
+        layer_weights.LAYER_AT_A_TIME_BYTES = 1 << 40  # past this checkpoint: it loads whole
+    warnings.simplefilter("ignore")  # the run's note (a layer at a time) is in the JSON line
+    start = time.perf_counter()
+    model = attnviz.load(str(folder), "cpu")
+    loaded = time.perf_counter()
+    text = PARAGRAPH * 40
+    ids = model.tokenizer.encode_batch([text])[0][:TOKENS]
+    text = model.tokenizer.decode(ids[1:-1])
+    result = attnviz.layers(text, model=model, memory=MEMORY_MB)
+    done = time.perf_counter()
+    if summaries is not None:
+        numbers = {name: value for name, value in vars(result.summaries).items() if isinstance(value, np.ndarray)}
+        np.savez(summaries, **numbers)
+    tokens = len(result.layer_runs[0].query_tokens)
+    print(json.dumps({
+        "mode": "layer at a time" if model.model.layer_at_a_time else "whole", "tokens": tokens, "load_s": round(loaded - start, 2),
+        "layers_s": round(done - loaded, 2), "total_s": round(done - start, 2),
+        "peak_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024), "checkpoint_mb": round(_checkpoint_bytes(folder) / 1e6),
+    }))  # fmt: skip
+
+
+def compare(folder: Path) -> None:
+    """Both runs, each a process of its own (so that each peak is its own), their summaries compared, a row printed."""
+    import numpy as np
+
+    rows = {}
+    for mode, flag in (("layer at a time", []), ("whole", ["--whole"])):
+        saved = folder.parent / f"{folder.name}-{mode.replace(' ', '-')}.npz"
+        command = [sys.executable, __file__, "run", str(folder), "--summaries", str(saved), *flag]
+        output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+        rows[mode] = json.loads(output.strip().splitlines()[-1]) | {"saved": saved}
+        print(rows[mode])
+    mine, theirs = (np.load(rows[mode]["saved"]) for mode in ("layer at a time", "whole"))
+    largest = max(float(np.abs(mine[name].astype(float) - theirs[name].astype(float)).max(initial=0.0)) for name in theirs.files)
+    for mode in rows:
+        rows[mode]["saved"].unlink()
+    lat, whole = rows["layer at a time"], rows["whole"]
+    print(
+        f"| layer at a time: 1B-shaped Llama (bf16, {lat['checkpoint_mb']} MB), `attnviz.layers` at {lat['tokens']} tokens, every head "
+        f"summarised | {lat['total_s']} s (load {lat['load_s']} s) | whole float32 model {whole['total_s']} s (load {whole['load_s']} s), "
+        f"peak {whole['peak_mb']} MB | time {lat['total_s'] / whole['total_s']:.2f}; peak / checkpoint {lat['peak_mb'] / lat['checkpoint_mb']:.2f} "
+        f"(< 0.5: {'yes' if lat['peak_mb'] < lat['checkpoint_mb'] / 2 else 'NO'}); summaries' largest difference {largest:.1e} "
+        f"(≤ {TOLERANCE:g}: {'yes' if largest <= TOLERANCE else 'NO'}) | {lat['peak_mb']} MB |"
+    )
+
+
+def _checkpoint_bytes(folder: Path) -> int:
+    return sum(path.stat().st_size for path in folder.glob("*.safetensors"))
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    count = 1
+    for size in shape:
+        count *= size
+    return count
+
+
+if __name__ == "__main__":
+    action, target = sys.argv[1], Path(sys.argv[2])
+    if action == "build":
+        build(target)
+    elif action == "run":
+        saved = Path(sys.argv[sys.argv.index("--summaries") + 1]) if "--summaries" in sys.argv else None
+        run_once(target, "--whole" in sys.argv, saved)
+    elif action == "compare":
+        compare(target)
+    else:
+        sys.exit(f"unknown action {action!r}: build, run or compare")

@@ -1,0 +1,235 @@
+"""A checkpoint read a layer's weights at a time (models/layer_weights.py) runs every command as the whole model does.
+
+The checkpoint: a tiny grouped-query Llama (6 query heads on 2 key/value heads, 3 layers, its output head tied to its
+embeddings, as Llama-3.2-1B's) stored in bfloat16. The reference: the very same values stored in float32 (each weight
+a bfloat16 number), loaded whole by transformers' from_pretrained, as every checkpoint under 1 GB is. A layer at a
+time reads the bfloat16 file as stored and computes in float32, so every number a command gives equals the
+reference's within 1e-5. Then: only the running layer's weights are on the device, the mode is taken by default past
+the threshold (lowered here, not a 1 GB model built), and a missing or truncated shard is refused in one line.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+import attnviz
+import attnviz.models.layer_weights as layer_weights
+from attnviz.cli import run
+from tiny_families import _DECODER, FAMILY_CHECKPOINTS, bpe_tokenizer, build_checkpoint, save_checkpoint
+
+TEXT = "The cat sat on the mat because it was tired. The cat sat"
+TOLERANCE = 1e-5
+
+
+def tiny_llama(folder, dtype, tied=True, model_class=transformers.LlamaModel):
+    config = transformers.LlamaConfig(num_key_value_heads=2, tie_word_embeddings=tied, **{**_DECODER, "num_hidden_layers": 3})
+    save_checkpoint(config, model_class, bpe_tokenizer(bos=True), folder, seed=3, dtype=dtype)
+    return str(folder)
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """(a layer at a time on the bfloat16 file, whole on the float32 file of the same values), both on the CPU."""
+    folder = tmp_path_factory.mktemp("layer-at-a-time")
+    stored = tiny_llama(folder / "bf16" / "llama", torch.bfloat16)  # one name in the titles, which show the folder's
+    reference = folder / "f32" / "llama"
+    transformers.LlamaModel.from_pretrained(stored, dtype=torch.float32).save_pretrained(reference)
+    bpe_tokenizer(bos=True).save_pretrained(reference)
+    lat = attnviz.load(stored, "cpu", layer_at_a_time=True, cache=False)
+    whole = attnviz.load(str(reference), "cpu", cache=False)
+    assert lat.model.layer_at_a_time and not whole.model.layer_at_a_time
+    return lat, whole
+
+
+def differences(actual, expected, names: tuple[str, str], path="") -> float:
+    """The largest difference between two results' dicts (to_dict's), their notes left out; anything but a number equal,
+    the one model's name (names[0]) read as the other's (names[1])."""
+    if isinstance(expected, dict):
+        assert set(actual) == set(expected), (path, set(actual) ^ set(expected))
+        return max([differences(actual[key], expected[key], names, f"{path}.{key}") for key in expected if key != "notes"], default=0.0)
+    if isinstance(expected, (list, tuple)):
+        assert len(actual) == len(expected), path
+        return max([differences(a, e, names, f"{path}[{index}]") for index, (a, e) in enumerate(zip(actual, expected))], default=0.0)
+    if isinstance(expected, np.ndarray):
+        return float(np.abs(np.asarray(actual, dtype=float) - expected.astype(float)).max(initial=0.0))
+    if isinstance(expected, float) and not isinstance(actual, bool):
+        return 0.0 if np.isnan(actual) and np.isnan(expected) else abs(actual - expected)
+    if isinstance(expected, str):
+        actual = actual.replace(*names)
+    assert actual == expected, (path, actual, expected)
+    return 0.0
+
+
+def compared(command: str, lat, whole) -> float:
+    """The largest difference between a command's results on the two handles (differences)."""
+    actual, expected = COMMANDS[command](lat), COMMANDS[command](whole)
+    if command == "report":  # the page's record (its maps encoded as text: equal, not within a tolerance)
+        return differences(actual.record, expected.record, (lat.loaded.name, whole.loaded.name))
+    return differences(actual.to_dict(), expected.to_dict(), (lat.loaded.name, whole.loaded.name))
+
+
+COMMANDS = {
+    "heads": lambda model: attnviz.heads(TEXT, model=model, layer=1),
+    "layers": lambda model: attnviz.layers(TEXT, model=model),
+    "stats": lambda model: attnviz.stats([TEXT, "Attention is all you need"], model=model),
+    "roles": lambda model: attnviz.roles(TEXT, model=model),
+    "patch": lambda model: attnviz.patch("The cat sat on the mat", model=model, corrupt="The mat sat on the cat", answer=" mat", wrong=" cat"),
+    "generate": lambda model: attnviz.generate("The cat sat", model=model, tokens=4),
+    "why": lambda model: attnviz.why(TEXT, model=model, layer=2, head=4, query=9),
+    "compose": lambda model: attnviz.compose(model=model),
+    "effect": lambda model: attnviz.heads(TEXT, model=model, layer=1, effect="mean"),
+    "diff": lambda model: attnviz.diff(TEXT, model=model, against="random"),
+    "report": lambda model: attnviz.report(TEXT, model=model),
+}
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_each_command_a_layer_at_a_time_equals_the_whole_models_run(pair, command):
+    assert compared(command, *pair) <= TOLERANCE
+
+
+def test_every_head_of_every_layer_and_its_map_equal_the_whole_models(pair):
+    lat, whole = pair
+    actual, expected = attnviz.layers(TEXT, model=lat), attnviz.layers(TEXT, model=whole)
+    assert len(actual.layer_runs) == 3
+    for mine, theirs in zip(actual.layer_runs, expected.layer_runs):
+        assert mine.attention.shape == (6, 16, 16)
+        np.testing.assert_allclose(mine.attention, theirs.attention, rtol=0, atol=TOLERANCE)
+    assert differences(vars(actual.summaries), vars(expected.summaries), (lat.loaded.name, whole.loaded.name)) <= TOLERANCE
+    assert any("a layer's weights at a time (as asked)" in note for note in actual.layer_runs[0].notes)
+    assert not any("at a time" in note for note in expected.layer_runs[0].notes)
+
+
+def test_only_the_running_layers_weights_are_on_the_device(pair):
+    """In each layer's attention (its forward under way), that layer's weights are there and no other's; after the
+    pass, none. The embedding table is the file's memory map, as stored."""
+    lat, _ = pair
+    layers = lat.model.model.layers
+    seen = []
+
+    def record(module, args, kwargs):
+        seen.append([not any(parameter.is_meta for parameter in layer.parameters()) for layer in layers])
+
+    handles = [layer.self_attn.register_forward_pre_hook(record, with_kwargs=True) for layer in layers]
+    try:
+        attnviz.heads(TEXT, model=lat, layer=2)
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert seen == [[True, False, False], [False, True, False], [False, False, True]]
+    assert all(parameter.is_meta for layer in layers for parameter in layer.parameters())
+    table = lat.model.get_input_embeddings().weight
+    assert table.dtype == torch.bfloat16 and table.shape == (400, 48)
+
+
+def test_bfloat16_computed_in_bfloat16_a_layer_at_a_time_equals_the_whole_model_in_it(pair):
+    lat, whole = pair
+    stored, reference = lat.loaded.folder, whole.loaded.folder
+    half = attnviz.load(str(stored), "cpu", dtype="bfloat16", layer_at_a_time=True, cache=False)
+    whole_half = attnviz.load(str(reference), "cpu", dtype="bfloat16", cache=False)
+    actual, expected = attnviz.layers(TEXT, model=half), attnviz.layers(TEXT, model=whole_half)
+    for mine, theirs in zip(actual.layer_runs, expected.layer_runs):
+        np.testing.assert_array_equal(mine.attention, theirs.attention)  # the same operations on the same bfloat16 numbers
+
+
+def test_an_untied_output_head_is_read_from_the_file(tmp_path):
+    stored = tiny_llama(tmp_path / "bf16", torch.bfloat16, tied=False, model_class=transformers.LlamaForCausalLM)
+    reference = tmp_path / "f32"
+    transformers.LlamaForCausalLM.from_pretrained(stored, dtype=torch.float32).save_pretrained(reference)
+    bpe_tokenizer(bos=True).save_pretrained(reference)
+    lat, whole = attnviz.load(stored, "cpu", layer_at_a_time=True, cache=False), attnviz.load(str(reference), "cpu", cache=False)
+    weight, bias = lat.model.output_head()
+    assert weight.dtype == torch.bfloat16 and weight.shape == (400, 48) and bias is None  # as stored, memory-mapped
+    for command in ("generate", "patch"):
+        assert compared(command, lat, whole) <= TOLERANCE, command
+
+
+@pytest.mark.parametrize("model_type", ["gpt2", "qwen3", "roberta", "albert", "t5", "bart"])
+def test_each_familys_maps_a_layer_at_a_time_equal_the_whole_models(model_type, tmp_path):
+    build_checkpoint(model_type, tmp_path)
+    options = {"stack": "decoder"} if FAMILY_CHECKPOINTS[model_type]()[1].__name__ in ("T5Model", "BartModel") else {}
+    lat = attnviz.load(str(tmp_path), "cpu", layer_at_a_time=True, cache=False)
+    whole = attnviz.load(str(tmp_path), "cpu", cache=False)
+    actual, expected = attnviz.layers("The cat sat on the mat", model=lat, **options), attnviz.layers("The cat sat on the mat", model=whole, **options)
+    for mine, theirs in zip(actual.layer_runs, expected.layer_runs):
+        np.testing.assert_allclose(mine.attention, theirs.attention, rtol=0, atol=TOLERANCE)
+
+
+def test_a_checkpoint_past_the_threshold_runs_a_layer_at_a_time_by_default(pair, monkeypatch):
+    lat, whole = pair
+    stored = str(lat.loaded.folder)
+    parameters = sum(parameter.numel() for parameter in transformers.LlamaModel.from_pretrained(stored).parameters())
+    size = layer_weights.weights_bytes(lat.loaded.folder, torch.float32)
+    assert size == 4 * parameters  # from the headers alone: every weight in float32
+    monkeypatch.setattr(layer_weights, "LAYER_AT_A_TIME_BYTES", size)
+    assert not attnviz.load(stored, "cpu", cache=False).model.layer_at_a_time  # at the threshold: whole
+    monkeypatch.setattr(layer_weights, "LAYER_AT_A_TIME_BYTES", size - 1)
+    past = attnviz.load(stored, "cpu", cache=False)
+    assert past.model.layer_at_a_time
+    assert past.loaded.note.startswith(f"{stored} ran a layer's weights at a time (its weights are 0.0 GB in float32, past 0.0 GB)")
+    assert compared("layers", past, whole) <= TOLERANCE
+
+
+@pytest.fixture
+def sharded(tmp_path):
+    """The tiny Llama in bfloat16, in shards of its tensors (model.safetensors.index.json names them)."""
+    folder = tmp_path / "sharded"
+    config = transformers.LlamaConfig(num_key_value_heads=2, tie_word_embeddings=True, **{**_DECODER, "num_hidden_layers": 3})
+    model = transformers.LlamaModel(config).to(torch.bfloat16)
+    model.save_pretrained(folder, max_shard_size="20KB")
+    bpe_tokenizer(bos=True).save_pretrained(folder)
+    shards = sorted(folder.glob("model-*.safetensors"))
+    assert len(shards) > 2
+    return folder, shards
+
+
+@pytest.mark.parametrize("damage", ["missing", "truncated"])
+@pytest.mark.parametrize("asked", [True, False])
+def test_a_missing_or_truncated_shard_is_refused_in_one_line_before_any_layer_runs(sharded, damage, asked, tmp_path, capsys, monkeypatch):
+    folder, shards = sharded
+    if damage == "missing":
+        shards[1].unlink()
+    else:
+        shards[1].write_bytes(shards[1].read_bytes()[:-100])
+    monkeypatch.setattr(layer_weights, "LAYER_AT_A_TIME_BYTES", 0 if not asked else layer_weights.LAYER_AT_A_TIME_BYTES)
+    monkeypatch.setattr(layer_weights, "load_layer_at_a_time", lambda *args, **kwargs: pytest.fail("a layer was read"))
+    flag = ["--layer-at-a-time"] if asked else []
+    assert run(["heads", "hi", "--model", str(folder), *flag, "--device", "cpu", "--out", str(tmp_path / "run")]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith(f"error: cannot load model {str(folder)!r}: ") and error.count("\n") == 1, error
+    assert shards[1].name in error
+    assert not (tmp_path / "run").exists()
+
+
+def test_serve_loads_a_layer_at_a_time_and_answers_as_the_whole_model(pair):
+    """attnviz serve --layer-at-a-time: Explorer.load's handle reads a layer at a time, and POST /api/heads answers the
+    whole model's map (to the 4 decimals the page reads)."""
+    import http.client
+    import json
+
+    from helpers import serving
+
+    from attnviz.serve.explorer import Explorer, ServeSettings
+
+    lat, whole = pair
+    (handle,) = Explorer.load([str(lat.loaded.folder)], ServeSettings(), "cpu", "auto", layer_at_a_time=True).handles.values()
+    assert handle.model.layer_at_a_time
+    with serving({"llama": handle}) as server:
+        connection = http.client.HTTPConnection(*server.server_address[:2], timeout=60)
+        body = json.dumps({"model": "llama", "text": "The cat sat on the mat", "layer": 2})
+        connection.request("POST", "/api/heads", body=body, headers={"Authorization": f"Bearer {server.token}"})
+        response = connection.getresponse()
+        record = json.loads(response.read())
+        connection.close()
+    assert response.status == 200, record
+    expected = attnviz.heads("The cat sat on the mat", model=whole, layer=2).attention.numpy()
+    np.testing.assert_allclose(np.array(record["attention"]), expected, atol=5e-5 + 1e-9, rtol=0)
+
+
+def test_berts_own_encoder_loads_whole_and_says_so():
+    handle = attnviz.load("bundled", "cpu", layer_at_a_time=True, cache=False)
+    assert handle.loaded.note == "all-MiniLM-L6-v2 loaded whole, not a layer at a time: attnviz reads a BERT checkpoint itself, whole (a small one)"
+
