@@ -162,6 +162,11 @@ def check_edges(loaded, stack) -> None:
             f"GPT-2): {loaded.name} is a {family.kind} of the {family.name} family, whose heads reach later layers "
             "through post-norms or cross-attention, not as a sum in one residual stream"
         )
+    if getattr(loaded.model, "layer_at_a_time", False):  # asked for, or a checkpoint past 1 GB
+        raise AttnvizError(
+            f"{option('edges', True)} needs every layer's weights in memory at once (the edges' differentiated pass and "
+            f"path patching), and {loaded.name} is read a layer's weights at a time"
+        )
 
 
 def circuit_edges(
