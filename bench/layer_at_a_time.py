@@ -1,4 +1,4 @@
-"""A 1B-shaped Llama read a layer's weights at a time: peak memory and time against the whole model's run (issue 47).
+"""A 1B- or 8B-shaped Llama read a layer's weights at a time: peak memory and time against the whole model's run (issue 47).
 
 The checkpoint has Llama-3.2-1B's config (16 layers, 32 heads on 8 key/value heads, 2,048 wide, an MLP of 8,192,
 vocabulary 128,256, tied embeddings, llama3 RoPE) with random weights (std 0.02, seed 0), stored in bfloat16: about
@@ -9,6 +9,14 @@ under /tmp and remove it after.
     python bench/layer_at_a_time.py build /tmp/llama-1b          # the checkpoint
     python bench/layer_at_a_time.py compare /tmp/llama-1b        # both runs, each in a process of its own, and a row
     python bench/layer_at_a_time.py run /tmp/llama-1b [--whole]  # one run: `attnviz.layers` at TOKENS tokens
+
+The 8B-shaped row (Llama-3-8B's config: 32 layers, 32 heads on 8 key/value heads, 4,096 wide, an MLP of 14,336, an
+untied head; about 15 GB in bfloat16): `--shape 8b` to build, `--tokens 2048` (and `--dtype bfloat16`) to run, and
+`forward` for the baseline, transformers' own bfloat16 forward pass (SDPA) of the same ids with the model whole:
+
+    python bench/layer_at_a_time.py build /tmp/llama-8b --shape 8b
+    python bench/layer_at_a_time.py run /tmp/llama-8b --tokens 2048 [--dtype bfloat16]
+    python bench/layer_at_a_time.py forward /tmp/llama-8b --tokens 2048
 
 A run is `attnviz.layers` over a text of about TOKENS tokens with memory=MEMORY_MB: every head of every layer
 summarised in blocks, in one pass with attnviz's layers in the model's, no map held whole (the 16 layers' maps at
@@ -36,6 +44,12 @@ LLAMA_3_2_1B = dict(
     rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "high_freq_factor": 4.0,
                      "low_freq_factor": 1.0, "original_max_position_embeddings": 8192},
 )  # fmt: skip
+LLAMA_3_8B = dict(
+    hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+    head_dim=128, vocab_size=128256, tie_word_embeddings=False, max_position_embeddings=8192, rms_norm_eps=1e-5,
+    rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
+)  # fmt: skip
+SHAPES = {"1b": LLAMA_3_2_1B, "8b": LLAMA_3_8B}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
 PARAGRAPH = (
     "The cat sat on the mat because it was tired, and the dog that had chased it all morning lay down by the door. "
@@ -43,7 +57,7 @@ PARAGRAPH = (
 )
 
 
-def build(folder: Path) -> None:
+def build(folder: Path, shape: str = "1b") -> None:
     """The checkpoint, a shard per layer (and one for the embeddings and the final norm), each tensor drawn in float32
     and stored in bfloat16."""
     import shutil
@@ -55,7 +69,7 @@ def build(folder: Path) -> None:
     from attnviz.models.loading import bundled_model_path
 
     folder.mkdir(parents=True, exist_ok=True)
-    config = transformers.LlamaConfig(**LLAMA_3_2_1B)
+    config = transformers.LlamaConfig(**SHAPES[shape])
     with torch.device("meta"):
         shapes = {name: tuple(parameter.shape) for name, parameter in transformers.LlamaModel(config).named_parameters()}
     groups: dict[str, list[str]] = {}
@@ -84,8 +98,15 @@ def build(folder: Path) -> None:
     print(f"{sum(map(_numel, shapes.values())):,} parameters, {total / 1e9:.2f} GB in bfloat16, {len(groups)} shards: {folder}")
 
 
-def run_once(folder: Path, whole: bool, summaries: Path | None) -> None:
-    """attnviz.layers over a text of about TOKENS tokens; prints one JSON line (seconds, peak MB, mode)."""
+def bench_ids(model, tokens: int) -> str:
+    """A text of `tokens` tokens in the checkpoint's tokenizer (the bundled BERT's WordPiece)."""
+    text = PARAGRAPH * (tokens // 20 + 10)
+    ids = model.tokenizer.encode_batch([text])[0][:tokens]
+    return model.tokenizer.decode(ids[1:-1])
+
+
+def run_once(folder: Path, whole: bool, summaries: Path | None, tokens: int = TOKENS, dtype: str = "auto") -> None:
+    """attnviz.layers over a text of about `tokens` tokens; prints one JSON line (seconds, peak MB, mode)."""
     import warnings
 
     import numpy as np
@@ -97,21 +118,41 @@ def run_once(folder: Path, whole: bool, summaries: Path | None) -> None:
         layer_weights.LAYER_AT_A_TIME_BYTES = 1 << 40  # past this checkpoint: it loads whole
     warnings.simplefilter("ignore")  # the run's note (a layer at a time) is in the JSON line
     start = time.perf_counter()
-    model = attnviz.load(str(folder), "cpu")
+    model = attnviz.load(str(folder), "cpu", dtype=dtype)
     loaded = time.perf_counter()
-    text = PARAGRAPH * 40
-    ids = model.tokenizer.encode_batch([text])[0][:TOKENS]
-    text = model.tokenizer.decode(ids[1:-1])
-    result = attnviz.layers(text, model=model, memory=MEMORY_MB)
+    result = attnviz.layers(bench_ids(model, tokens), model=model, memory=MEMORY_MB)
     done = time.perf_counter()
     if summaries is not None:
         numbers = {name: value for name, value in vars(result.summaries).items() if isinstance(value, np.ndarray)}
         np.savez(summaries, **numbers)
     tokens = len(result.layer_runs[0].query_tokens)
     print(json.dumps({
-        "mode": "layer at a time" if model.model.layer_at_a_time else "whole", "tokens": tokens, "load_s": round(loaded - start, 2),
+        "mode": "layer at a time" if model.model.layer_at_a_time else "whole", "dtype": model.dtype, "tokens": tokens, "load_s": round(loaded - start, 2),
         "layers_s": round(done - loaded, 2), "total_s": round(done - start, 2),
         "peak_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024), "checkpoint_mb": round(_checkpoint_bytes(folder) / 1e6),
+    }))  # fmt: skip
+
+
+def forward(folder: Path, tokens: int) -> None:
+    """transformers' LlamaModel loaded whole in bfloat16 (SDPA) and its forward pass over the same ids as a run's; one
+    JSON line (load and forward seconds, peak MB)."""
+    import torch
+    import transformers
+
+    import attnviz
+
+    handle = attnviz.load(str(folder), "cpu")  # its tokenizer: the ids of a run's text (its weights a layer at a time)
+    ids = handle.tokenizer.encode_batch([bench_ids(handle, tokens)])[0]
+    del handle
+    start = time.perf_counter()
+    model = transformers.LlamaModel.from_pretrained(folder, dtype=torch.bfloat16, attn_implementation="sdpa").eval()
+    loaded = time.perf_counter()
+    with torch.inference_mode():
+        model(torch.tensor([ids]))
+    done = time.perf_counter()
+    print(json.dumps({
+        "mode": "transformers' bfloat16 forward", "tokens": len(ids), "load_s": round(loaded - start, 2), "forward_s": round(done - loaded, 2),
+        "peak_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
     }))  # fmt: skip
 
 
@@ -152,13 +193,22 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 
 if __name__ == "__main__":
-    action, target = sys.argv[1], Path(sys.argv[2])
-    if action == "build":
-        build(target)
-    elif action == "run":
-        saved = Path(sys.argv[sys.argv.index("--summaries") + 1]) if "--summaries" in sys.argv else None
-        run_once(target, "--whole" in sys.argv, saved)
-    elif action == "compare":
-        compare(target)
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("action", choices=("build", "run", "compare", "forward"))
+    parser.add_argument("folder", type=Path)
+    parser.add_argument("--shape", choices=tuple(SHAPES), default="1b")
+    parser.add_argument("--tokens", type=int, default=TOKENS)
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--whole", action="store_true")
+    parser.add_argument("--summaries", type=Path)
+    args = parser.parse_args()
+    if args.action == "build":
+        build(args.folder, args.shape)
+    elif args.action == "run":
+        run_once(args.folder, args.whole, args.summaries, args.tokens, args.dtype)
+    elif args.action == "forward":
+        forward(args.folder, args.tokens)
     else:
-        sys.exit(f"unknown action {action!r}: build, run or compare")
+        compare(args.folder)

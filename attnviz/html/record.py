@@ -110,8 +110,8 @@ def encode_quantised(weights: np.ndarray) -> dict:
 def decode_weights(encoded: dict) -> np.ndarray:
     """The weights (or values: encode_values') an ENCODED array holds (what the page decodes), as float64."""
     raw = zlib.decompress(base64.b64decode(encoded["data"]))
-    if encoded["dtype"] == "float64":
-        return np.frombuffer(raw, dtype="<f8").reshape(encoded["shape"])
+    if encoded["dtype"] == "float32":
+        return np.frombuffer(raw, dtype="<f4").reshape(encoded["shape"]).astype(np.float64)
     codes = np.frombuffer(raw, dtype="<u2" if encoded["dtype"] == "uint16" else np.uint8).reshape(encoded["shape"])
     if encoded["dtype"] == "uint16":
         return codes * encoded["unit"]
@@ -196,9 +196,9 @@ def text_record(text: ReportText, spec: RunSpec) -> dict:
 
 
 def encode_values(values: np.ndarray, dtype: str) -> dict:
-    """An array as the page decodes it with no unit: "float64" (the terms, exactly as attnviz.why has them) or "uint16"
-    (indices)."""
-    codes = np.ascontiguousarray(values, dtype="<f8" if dtype == "float64" else "<u2")
+    """An array as the page decodes it with no unit: "float32" (why's terms, to float32's rounding: the page shows
+    a few digits; why.json has them in float64) or "uint16" (indices)."""
+    codes = np.ascontiguousarray(values, dtype="<f4" if dtype == "float32" else "<u2")
     return {"shape": list(codes.shape), "dtype": dtype, "unit": 1, "data": _packed(codes)}
 
 
@@ -214,8 +214,8 @@ def why_of(splits) -> dict | None:
         "query_parts": splits.query_parts, "key_parts": splits.key_parts,
         "num_terms": len(splits.query_parts) * len(splits.key_parts),
         "keys": None if splits.every_cell else splits.keys.tolist(),
-        "pairs": encode_values(splits.pairs, "uint16"), "terms": encode_values(splits.terms, "float64"),
-        "rest": encode_values(splits.rest, "float64"), "scores": encode_values(splits.scores, "float64"),
+        "pairs": encode_values(splits.pairs, "uint16"), "terms": encode_values(splits.terms, "float32"),
+        "rest": encode_values(splits.rest, "float32"), "scores": encode_values(splits.scores, "float32"),
     }  # fmt: skip
 
 

@@ -171,11 +171,11 @@
       for (let i = 0; i < codes.length; i++) values[i] = level[codes[i]];
       return values;
     }
-    if (encoded.dtype === "float64") {
+    if (encoded.dtype === "float32") {
       // values as they are (why's terms): no unit, no scale
-      if (IS_LITTLE_ENDIAN) return new Float64Array(buffer);
+      if (IS_LITTLE_ENDIAN) return new Float32Array(buffer);
       const view = new DataView(buffer);
-      return Float64Array.from({ length: buffer.byteLength / 8 }, (_, i) => view.getFloat64(8 * i, true));
+      return Float32Array.from({ length: buffer.byteLength / 4 }, (_, i) => view.getFloat32(4 * i, true));
     }
     throw new Error(`attnviz: unknown weights dtype ${encoded.dtype}`);
   }
