@@ -125,6 +125,7 @@ def test_report_counts_its_batchs_forward_pass_then_each_texts_layers_and_statis
     attnviz.report([CLEAN, CORRUPT], model=decoder, device="cpu", progress=recorder)
     pass_of_the_batch = ("layers of the text's forward pass", NUM_LAYERS, [1] * NUM_LAYERS)  # one capture of both texts
     each = [(what, NUM_LAYERS, [1] * NUM_LAYERS) for what in ("layers of the text", "layers of the statistics")]
+    each.append(("heads' scores split", NUM_HEADS, [1] * NUM_HEADS))  # the Heatmap view's why, the run's layer's heads
     assert recorder.stages == [pass_of_the_batch, *each, *each, ("texts encoded for the page", 2, [1, 1])]
 
 
