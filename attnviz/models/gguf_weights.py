@@ -112,6 +112,10 @@ class GGUFWeights(Mapping):
             values = _unpermute(values, self.config["num_key_value_heads"])
         return torch.from_numpy(np.require(values, np.float32, ["C", "W"]))
 
+    def stored_tensor(self, name: str):
+        """The tensor `name` dequantised, or None where the file holds none (a tied head's): TransformersModel.mapped."""
+        return self[name] if name in self._tensors else None
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._tensors)
 
@@ -259,7 +263,7 @@ def load_gguf_model(weights: GGUFWeights, family, device: str, dtype, layer_at_a
     family.check_weights(weights.config, shapes)
     if layer_at_a_time or weights_bytes(weights, dtype) > LAYER_AT_A_TIME_BYTES:
         handle = layered_model(family, weights.config, None, PrefixedDataset(weights, prefix), shapes, None, device, dtype)
-        handle.weights = weights  # an untied head's tensor, by its own name (output_head)
+        handle.mapped = weights.stored_tensor  # an untied head's tensor, by its own name (output_head)
         return handle
     with init_empty_weights(include_buffers=False):  # parameters on meta; buffers (RoPE's frequencies) computed
         model = model_class(transformers.AutoConfig.for_model(**weights.config))
@@ -269,8 +273,9 @@ def load_gguf_model(weights: GGUFWeights, family, device: str, dtype, layer_at_a
             raise AttnvizError(f"cannot read the GGUF file {weights.path}: {len(names)} tensors {what} ({', '.join(sorted(names)[:3])})")
     model.load_state_dict({name: weights[prefix + name].to(dtype) for name in sorted(expected)}, strict=True, assign=True)
     model.set_attn_implementation("eager")
-    config = model.config.to_dict()
-    return TransformersModel(family, config, model.to(device).eval(), weights=weights)
+    handle = TransformersModel(family, model.config.to_dict(), model.to(device).eval())
+    handle.mapped = weights.stored_tensor  # an untied head's tensor, by its own name (output_head)
+    return handle
 
 
 def weights_bytes(weights: GGUFWeights, dtype) -> int:

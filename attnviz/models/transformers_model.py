@@ -24,7 +24,7 @@ import threading
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -148,16 +148,17 @@ class TransformersModel:
     A handle may be used from several threads: capture's hooks run one forward pass at a time.
     """
 
-    def __init__(self, family: Family, config: dict, model: nn.Module, folder: Path | None = None, weights: Mapping | None = None):
+    def __init__(self, family: Family, config: dict, model: nn.Module, folder: Path | None = None):
         self.family = family
         self.config = config
         self.model = model
         self.folder = folder  # the checkpoint's: a task head's tensors (output_head) are read from it
-        self.weights = weights  # or from these, by name (a GGUF file's: models/gguf_weights.py), where there is no folder
         self.model_type = config["model_type"]
         # read a layer at a time (models/layer_weights.py): the weights by name, read on access, and their device
         self.weights_map, self.weights_device = None, None
-        self.mapped = None  # and name -> a tensor of the files as stored, memory-mapped (layer_weights.safetensors_map)
+        # name -> a tensor as stored (the safetensors files' memory-mapped: layer_weights.safetensors_map; a GGUF file's
+        # dequantised: gguf_weights.stored_tensor) or None: a task head's tensors read from it, not from folder
+        self.mapped = None
         self._forward_lock = threading.Lock()
 
     # ---- sizes -----------------------------------------------------------------------------
@@ -468,12 +469,10 @@ class TransformersModel:
 
         embeddings = self.get_input_embeddings().weight
         names = ("lm_head.weight", "lm_head.bias", "final_logits_bias")
-        if self.mapped is not None:  # read a layer at a time: as stored, memory-mapped (unembed casts it a chunk at a time)
+        if self.mapped is not None:  # as stored (unembed casts it a chunk at a time)
             stored = {name: tensor if name == names[0] else tensor.float() for name in names if (tensor := self.mapped(name)) is not None}
             for name, tensor in stored.items():
                 check_finite(tensor, name)
-        elif self.weights is not None:  # a GGUF file's, dequantised as read
-            stored = {name: self.weights[name].to(embeddings) for name in names if name in self.weights}
         else:
             stored = stored_tensors(self.folder, names, embeddings)
         if getattr(self.model.config, "tie_word_embeddings", False):
