@@ -233,3 +233,17 @@ def test_berts_own_encoder_loads_whole_and_says_so():
     handle = attnviz.load("bundled", "cpu", layer_at_a_time=True, cache=False)
     assert handle.loaded.note == "all-MiniLM-L6-v2 loaded whole, not a layer at a time: attnviz reads a BERT checkpoint itself, whole (a small one)"
 
+
+
+def test_ray_actors_load_a_layer_at_a_time_where_this_process_does(pair):
+    """`--engine ray`'s actors load the model themselves (output/ray_engine.py): with the options this process loaded
+    it with, so a model read a layer at a time here is read so by every actor (built here as Ray would build it)."""
+    from attnviz.api.options import RunOptions
+    from attnviz.output.ray_engine import StatsShardWorker, actor_loading
+
+    lat, whole = pair
+    for handle in (lat, whole):
+        spec = RunOptions(device="cpu").run_spec(handle, layer=None)
+        loading = actor_loading(handle.loaded, allow_pickle=False)
+        worker = StatsShardWorker(spec.resolved_model, spec, loading, threads=1)
+        assert worker.measurer.loaded.model.layer_at_a_time == handle.model.layer_at_a_time

@@ -9,7 +9,7 @@ from typing import Any
 from attnviz.api import display
 from attnviz.api.arguments import must_be_int, must_be_progress
 from attnviz.api.options import COMPOSE_OPTIONS, run_options, takes_options
-from attnviz.api.run_results import _Rendered, save_run_files
+from attnviz.api.run_results import Rendered, save_run_files
 from attnviz.errors import AttnvizError
 
 DEFAULT_TOP = 20  # the strongest compositions a result lists, its table and compose.json's "top"
@@ -105,7 +105,7 @@ class ComposeResult:
             yield f"note: {note}"
 
     def __rich__(self):
-        return _Rendered(self)
+        return Rendered(self)
 
     def _repr_html_(self) -> str:
         parts = [display.figure_html(self.figure(), "compositions by layer pair"),

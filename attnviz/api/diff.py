@@ -13,7 +13,7 @@ from attnviz.api.arguments import must_be_progress, refuse
 from attnviz.api.checks import _check_lengths, _texts, refuse_before_loading
 from attnviz.api.models import MODEL_TYPES, Model
 from attnviz.api.options import DIFF_OPTIONS, run_options, takes_options
-from attnviz.api.run_results import _Rendered, save_run_files
+from attnviz.api.run_results import Rendered, save_run_files
 from attnviz.errors import AttnvizError
 from attnviz.spec import RunSpec, refuse_cross_over_every_layer
 
@@ -121,7 +121,7 @@ class DiffResult:
         yield printed.group()
 
     def __rich__(self):
-        return _Rendered(self)
+        return Rendered(self)
 
     def _repr_html_(self) -> str:
         from attnviz.analysis.diff import against_words

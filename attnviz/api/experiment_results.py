@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from attnviz.api import display
-from attnviz.api.run_results import _Rendered, report_result, save_run_files, tensor
+from attnviz.api.run_results import Rendered, report_result, save_run_files, tensor
 from attnviz.errors import AttnvizError
 from attnviz.run_data import Progress
 from attnviz.spec import RunSpec
@@ -259,7 +259,7 @@ class LayersResult:
         yield printed.group()
 
     def __rich__(self):
-        return _Rendered(self)
+        return Rendered(self)
 
     def _repr_html_(self) -> str:
         tokens = self.layer_runs[0].shown_tokens[0]
@@ -409,7 +409,7 @@ class PositionResult:
         yield printed.group()
 
     def __rich__(self):
-        return _Rendered(self)
+        return Rendered(self)
 
     def _repr_html_(self) -> str:
         from attnviz.analysis.position import format_difference

@@ -183,17 +183,17 @@ def stats_file(
         for lines in chunks(iter_texts(path), chunk_lines):
             check_lengths(handle.tokenizer, lines, handle.loaded.max_positions, options.truncate)
     spec = options.run_spec(handle, layer=None, js=js)
-    engine_device = spec.device
+    engine_device, loading = spec.device, None
     if engine == "ray":
-        from attnviz.output.ray_engine import actor_device
+        from attnviz.output.ray_engine import actor_device, actor_loading
 
-        engine_device = actor_device(options.device)
+        engine_device, loading = actor_device(options.device), actor_loading(handle.loaded, options.allow_pickle)
     total = corpus.num_texts if corpus is not None else len(texts) if path is None and hasattr(texts, "__len__") else None
     measured = corpus_statistics(
         handle.loaded, path if path is not None else lines, spec, corpus,
         advance=progress.counting(TEXTS_MEASURED, total), checkpoint=checkpoint, resume=resume, engine=engine,
         chunk_lines=chunk_lines, model_name=handle.name if handle.source not in LOCAL_SOURCES else spec.resolved_model,
-        allow_pickle=options.allow_pickle, engine_device=engine_device,
+        loading=loading, engine_device=engine_device,
     )  # fmt: skip
     spec = replace(spec, device=engine_device)  # what stats.json records: where the statistics were measured
     done, first = measured.progress, replace(measured.first_run, device=engine_device)

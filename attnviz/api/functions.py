@@ -141,7 +141,7 @@ def _own_trace(text: str, options: RunOptions):
 
 def _trace_of_capture(handle: Model, texts: list[str], spec, captured, runs: list):
     """attnviz.trace's TraceResult of the model's own layout over the texts' capture (layer_inputs.Capture): no pass."""
-    from attnviz.api.run_results import TraceResult
+    from attnviz.api.trace_results import TraceResult
     from attnviz.tracing import model_layout, trace_texts
 
     encoded, states = captured
@@ -205,7 +205,7 @@ def trace(text: str | list[str], *, layout: str | None = None, mistake: str | No
     layer (seed 001): W_q, W_k map D to d_q, W_v maps D to d_out, scale 1/sqrt(d_q), no W_o (either
     one given, the other is D); its map is the one head's A.
     """
-    from attnviz.api.run_results import TraceResult
+    from attnviz.api.trace_results import TraceResult
     from attnviz.layer_inputs import check_layer
     from attnviz.passes import capture_texts
     from attnviz.pipeline import run_attention

@@ -13,7 +13,7 @@ from attnviz.api import display
 from attnviz.api.arguments import must_be_bool, must_be_int, must_be_one_of, must_be_progress
 from attnviz.api.checks import _texts, refuse_before_loading, require_decoder
 from attnviz.api.options import GENERATE_OPTIONS, run_options, takes_options
-from attnviz.api.run_results import _Rendered, save_run_files
+from attnviz.api.run_results import Rendered, save_run_files
 from attnviz.errors import AttnvizError, option
 from attnviz.layer_inputs import check_layer
 from attnviz.spec import RunSpec
@@ -137,7 +137,7 @@ class GenerateResult:
         yield printed.group()
 
     def __rich__(self):
-        return _Rendered(self)
+        return Rendered(self)
 
     def _repr_html_(self) -> str:
         from attnviz.analysis.generation import ROWS

@@ -11,7 +11,7 @@ from attnviz.api import display
 from attnviz.api.arguments import must_be_bool, must_be_int, must_be_one_of, must_be_progress, must_be_str
 from attnviz.api.checks import _texts, naming_the_bundled_decoder
 from attnviz.api.options import PATCH_OPTIONS, run_options, takes_options
-from attnviz.api.run_results import _Rendered, save_run_files
+from attnviz.api.run_results import Rendered, save_run_files
 from attnviz.errors import AttnvizError, option
 from attnviz.spec import RunSpec
 
@@ -180,7 +180,7 @@ class PatchResult:
         yield printed.group()
 
     def __rich__(self):
-        return _Rendered(self)
+        return Rendered(self)
 
     def _repr_html_(self) -> str:
         from attnviz.render.patch_figures import MOST_SHOWN, metric_words

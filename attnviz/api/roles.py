@@ -13,7 +13,7 @@ from attnviz.api import display
 from attnviz.api.arguments import must_be_bool, must_be_int, must_be_one_of, must_be_progress, refuse
 from attnviz.api.checks import _comma_list, _texts, refuse_before_loading
 from attnviz.api.options import ROLES_OPTIONS, run_options, takes_options
-from attnviz.api.run_results import _Rendered, save_run_files
+from attnviz.api.run_results import Rendered, save_run_files
 from attnviz.errors import AttnvizError, option
 from attnviz.spec import LOCAL_SOURCES, RunSpec, refuse_cross_over_every_layer
 
@@ -80,13 +80,13 @@ def roles(text: str, *, exclude_bos: bool = False, exclude_current: bool = False
 
 def _retrieval(handle, spec: RunSpec, options, needles: dict):
     """The retrieval heads over the needle tests (output.retrieval_heads), here or on Ray's actors."""
-    from attnviz.output.ray_engine import actor_device
+    from attnviz.output.ray_engine import actor_device, actor_loading
     from attnviz.output.retrieval_heads import retrieval_heads
 
     engine_device = actor_device(options.device) if needles["engine"] == "ray" else spec.device
     model_name = handle.name if handle.source not in LOCAL_SOURCES else spec.resolved_model  # what Ray's actors load
-    return retrieval_heads(handle.loaded, spec, **needles, model_name=model_name, allow_pickle=options.allow_pickle,
-                           engine_device=engine_device)  # fmt: skip
+    loading = actor_loading(handle.loaded, options.allow_pickle)
+    return retrieval_heads(handle.loaded, spec, **needles, model_name=model_name, loading=loading, engine_device=engine_device)
 
 
 def _needle_grid(lengths, depths, engine) -> dict:
@@ -184,7 +184,7 @@ class RolesResult:
         yield printed.group()
 
     def __rich__(self):
-        return _Rendered(self)
+        return Rendered(self)
 
     def _repr_html_(self) -> str:
         from attnviz.analysis.roles import ROLES, role_key

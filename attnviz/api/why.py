@@ -13,7 +13,7 @@ from attnviz.api import display
 from attnviz.api.arguments import must_be_int
 from attnviz.api.checks import _check_lengths, _texts, refuse_before_loading
 from attnviz.api.options import WHY_OPTIONS, run_options, takes_options
-from attnviz.api.run_results import _Rendered, save_run_files
+from attnviz.api.run_results import Rendered, save_run_files
 from attnviz.errors import AttnvizError, option
 from attnviz.spec import RunSpec
 
@@ -153,7 +153,7 @@ class WhyResult:
         yield printed.group()
 
     def __rich__(self):
-        return _Rendered(self)
+        return Rendered(self)
 
     def _repr_html_(self) -> str:
         t = self.terms

@@ -55,7 +55,7 @@ def corpus_statistics(
     engine: str = "local",
     chunk_lines: int | None = None,
     model_name: str | None = None,
-    allow_pickle: bool = False,
+    loading: dict | None = None,
     engine_device: str | None = None,
 ) -> CorpusStats:
     """The statistics of every head over the corpus at path, read chunk by chunk (scan_corpus' identity; None for stdin).
@@ -64,7 +64,8 @@ def corpus_statistics(
 
     advance(n) after every n texts measured (and once with the texts a resumed checkpoint had).
     With the file's lengths checked beforehand (corpus given), a stdin chunk is checked before it runs.
-    engine "ray": the shards go to Ray actors (output/ray_engine.py) that load model_name themselves, on
+    engine "ray": the shards go to Ray actors (output/ray_engine.py) that load model_name themselves (loading: load_model's
+    options, ray_engine.actor_loading's), on
     engine_device (spec.device, where loaded is, by default: this process needs no GPU for them).
     chunk_lines: texts per shard (and per checkpoint), corpus.CHUNK_LINES by default.
     """
@@ -80,7 +81,7 @@ def corpus_statistics(
         from attnviz.output.ray_engine import ray_shard_states
 
         actor_spec = replace(spec, device=engine_device or spec.device)
-        measured = ray_shard_states(shards, model_name, actor_spec, allow_pickle, advance)
+        measured = ray_shard_states(shards, model_name, actor_spec, loading or {}, advance)
     else:
         measured = _local_shard_states(measurer, shards, advance)
     try:

@@ -98,7 +98,7 @@ def retrieval_heads(
     answer_tokens: int = ANSWER_TOKENS,
     engine: str = "local",
     model_name: str | None = None,
-    allow_pickle: bool = False,
+    loading: dict | None = None,
     engine_device: str | None = None,
     advance: Callable[[int], None] = lambda done: None,
     folder: Path = NEEDLES_FOLDER,
@@ -109,7 +109,7 @@ def retrieval_heads(
     past its context, a depth outside [0, 1], an unknown engine.
 
     engine "ray": the tests go to Ray actors (output/ray_engine.py) that load model_name themselves (the name or
-    folder as given, as `stats --file --engine ray` does), on engine_device (spec.device by default); the result
+    folder as given, with loading's options, as `stats --file --engine ray` does), on engine_device (spec.device by default); the result
     equals the local one. advance(1) after each test. folder: the haystack and needles (attnviz/analysis/data/).
     tests: planned_tests' (checked before other work), else planned here.
     """
@@ -120,7 +120,7 @@ def retrieval_heads(
 
         require_ray()
         actor_spec = replace(spec, device=engine_device or spec.device)
-        results = ray_needle_results(tests, answer_tokens, model_name, actor_spec, allow_pickle, advance)
+        results = ray_needle_results(tests, answer_tokens, model_name, actor_spec, loading or {}, advance)
     else:
         results = []
         for test in tests:
