@@ -375,7 +375,7 @@ def compare(text: str, *, heads: str | list[int] | None = None, weights: str | l
 
     heads and weights are comma lists ("1,4,12") or lists; options: model, layer, seed, device, dtype, truncate, allow_pickle.
     """
-    from attnviz.api.experiment_results import CompareResult
+    from attnviz.api.compare_results import CompareResult
     from attnviz.analysis.compare import compare_splits, default_head_counts, parse_head_counts, parse_weights
 
     options = run_options("compare", options, COMPARE_OPTIONS)
@@ -404,7 +404,7 @@ def position(text: str, *, permutation: str | list[int] | None = None, head: int
     the tokens between them reversed); head the head the figure shows (default: the one
     position embeddings change most); options: model, device, dtype, allow_pickle.
     """
-    from attnviz.api.experiment_results import PositionResult
+    from attnviz.api.compare_results import PositionResult
     from attnviz.layer_inputs import device_label, threads_for_tokens
     from attnviz.analysis.position import LAYER, position_experiment
 
