@@ -74,15 +74,17 @@ class GGUFWeights(Mapping):
 
     Opening reads the header alone (the tensors stay memory-mapped) and refuses, with one line, a file that is not
     GGUF or is cut short, another architecture than Llama's, a tensor attnviz cannot name, or a tensor type the
-    gguf package cannot dequantise: before any weight is used.
+    gguf package cannot dequantise: before any weight is used. With dequantised False, the header alone (`attnviz
+    models`' sizes: the config), neither the gguf package imported nor the types checked.
     """
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, dequantised: bool = True):
         self.path = Path(path)
-        try:
-            import gguf  # noqa: F401  its dequantisation, read below
-        except ImportError as error:
-            raise AttnvizError(f"reading a GGUF file needs the gguf package ({first_line(error)}): pip install gguf") from error
+        if dequantised:
+            try:
+                import gguf  # noqa: F401  its dequantisation, read below
+            except ImportError as error:
+                raise AttnvizError(f"reading a GGUF file needs the gguf package ({first_line(error)}): pip install gguf") from error
         try:
             header = read_header(self.path)
         except (OSError, GGUFFormatError) as error:  # a truncated or garbled file, said in one line
@@ -94,7 +96,8 @@ class GGUFWeights(Mapping):
         self._tensors = {self._name_of(tensor.name): tensor for tensor in header.tensors}  # where each lies, not read
         self.config = self._read_config(fields)
         self.has_tokenizer = "tokenizer.ggml.tokens" in fields  # the vocabulary that tokenizer() reads
-        self._check_types()
+        if dequantised:
+            self._check_types()
 
     # ---- the mapping -------------------------------------------------------------------------
 
