@@ -249,22 +249,21 @@ def _unpermute(weight, num_heads: int):
 def load_gguf_model(weights: GGUFWeights, family, device: str, dtype, layer_at_a_time: bool = False):
     """transformers' base model of the family (LlamaModel) from weights, in eval mode on device, in dtype; no float32
     copy of the file is written. Whole: built on the meta device from weights.config, then each parameter set to its
-    tensor, dequantised one at a time. A layer at a time (asked, or past layer_weights.LAYER_AT_A_TIME_BYTES in dtype):
-    the same weights map read by the layer-at-a-time engine as each layer runs (transformers_model.layered_model).
+    tensor, dequantised one at a time. A layer at a time (layer_at_a_time: the loader's choice, asked or by size): the
+    same weights map read by the layer-at-a-time engine as each layer runs (transformers_model.layered_model).
     Every parameter must come from the file and every tensor but the language-model head go into the model.
     """
     import transformers
     from accelerate import init_empty_weights
     from accelerate.utils import PrefixedDataset
 
-    from attnviz.models.layer_weights import LAYER_AT_A_TIME_BYTES
     from attnviz.models.transformers_model import TransformersModel, layered_model
 
     model_class = getattr(transformers, family.model_class)
     prefix = model_class.base_model_prefix + "."
     shapes = {name.removeprefix(prefix): shape for name, shape in weights.shapes().items() if name.startswith(prefix)}
     family.check_weights(weights.config, shapes)
-    if layer_at_a_time or weights_bytes(weights, dtype) > LAYER_AT_A_TIME_BYTES:
+    if layer_at_a_time:
         handle = layered_model(family, weights.config, None, PrefixedDataset(weights, prefix), shapes, None, device, dtype)
         handle.mapped = weights.stored_tensor  # an untied head's tensor, by its own name (output_head)
         return handle

@@ -232,9 +232,11 @@ def _load_folder(
 
 def _load_gguf(name: str, path: Path, source: str, device: str, dtype: str, layer_at_a_time: bool = False) -> LoadedModel:
     """A GGUF file (gguf_weights.py): its header checked first, then each tensor dequantised as the model takes it;
-    its tokenizer read from the file once and cached as files (gguf_cache.py). No float32 copy is written."""
+    its tokenizer read from the file once and cached as files (gguf_cache.py). No float32 copy is written. A layer's
+    weights at a time where asked, or where the weights in dtype pass LAYER_AT_A_TIME_BYTES (the header says)."""
     from attnviz.models import gguf_cache
     from attnviz.models.gguf_weights import GGUFWeights, load_gguf_model, quantisation, weights_bytes
+    from attnviz.models.layer_weights import LAYER_AT_A_TIME_BYTES
     from attnviz.models.transformers_model import embedding_rows, load_transformers_tokenizer
 
     weights = GGUFWeights(path)
@@ -244,7 +246,8 @@ def _load_gguf(name: str, path: Path, source: str, device: str, dtype: str, laye
     dtype = resolve_dtype(dtype, device, weights.config)
     try:
         family.check_config(weights.config)
-        model = load_gguf_model(weights, family, device, _torch_dtype(dtype), layer_at_a_time)
+        size = weights_bytes(weights, _torch_dtype(dtype))
+        model = load_gguf_model(weights, family, device, _torch_dtype(dtype), layer_at_a_time or size > LAYER_AT_A_TIME_BYTES)
         folder = gguf_cache.tokenizer_folder(path, weights.tokenizer, notify=gguf_cache.note_on_stderr)
         tokenizer = load_transformers_tokenizer(folder, embedding_rows(model.model))
     except AttnvizError:
@@ -256,7 +259,7 @@ def _load_gguf(name: str, path: Path, source: str, device: str, dtype: str, laye
         quantisation=quantisation(weights),
     )
     if model.layer_at_a_time:
-        loaded.note = layer_at_a_time_note(name, weights_bytes(weights, _torch_dtype(dtype)), dtype, layer_at_a_time)
+        loaded.note = layer_at_a_time_note(name, size, dtype, layer_at_a_time)
     return loaded
 
 
