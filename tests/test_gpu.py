@@ -147,3 +147,59 @@ def test_roles_on_cuda_equal_the_cpu(tmp_path, device="cuda"):
     assert set(gpu) == set(cpu) >= {"previous_token", "induction", "top_256", "prefix_matching", "copying"}
     for name, values in cpu.items():
         np.testing.assert_allclose(gpu[name], values, atol=1e-4, rtol=0, err_msg=name)
+
+
+@pytest.fixture(scope="module")
+def llama_folders(tmp_path_factory):
+    """(a tiny grouped-query Llama stored in bfloat16, the same values stored in float32): test_layer_at_a_time's pair."""
+    import transformers
+    from test_layer_at_a_time import tiny_llama
+    from tiny_families import bpe_tokenizer
+
+    folder = tmp_path_factory.mktemp("gpu-llama")
+    stored = tiny_llama(folder / "bf16" / "llama", torch.bfloat16)
+    reference = folder / "f32" / "llama"
+    transformers.LlamaModel.from_pretrained(stored, dtype=torch.float32).save_pretrained(reference)
+    bpe_tokenizer(bos=True).save_pretrained(reference)
+    return stored, str(reference)
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["whole", "a-layer-at-a-time"])
+@pytest.mark.parametrize("command", ["heads", "layers", "stats", "roles", "patch", "generate", "why", "compose", "effect", "diff"])
+def test_each_command_on_cuda_equals_the_cpu(llama_folders, command, streamed):
+    """Every command that runs a model (effect, diff, generate, roles, patch, why and compose too) gives the CPU's numbers
+    on cuda: the model whole on the GPU, and a layer's weights at a time streamed to it from the bfloat16 file (issue 47
+    part 3: a GPU with less memory than the checkpoint); the reference the float32 file whole on the CPU."""
+    import attnviz
+    from test_layer_at_a_time import COMMANDS, differences
+
+    stored, reference = llama_folders
+    gpu = attnviz.load(stored, "cuda", layer_at_a_time=True, cache=False) if streamed else attnviz.load(reference, "cuda", cache=False)
+    cpu = attnviz.load(reference, "cpu", cache=False)
+    assert gpu.model.layer_at_a_time == streamed
+    actual, expected = COMMANDS[command](gpu), COMMANDS[command](cpu)
+    # the same numbers within float32's error on another device; the device's and the model's name read as the CPU's
+    assert differences(_renamed(actual.to_dict(), gpu.loaded.name, cpu.loaded.name), expected.to_dict(), ("cuda", "cpu")) <= 1e-4
+
+
+def test_edges_on_cuda_equal_the_cpu(tmp_path):
+    """Issue 46: every edge's EAP score and the top edges' path patching, on a grouped-query Llama."""
+    import attnviz
+
+    folder = _causal_lm(tmp_path / "llama")
+    given = dict(corrupt="The mat sat on the cat because it was tired.", answer=" cat", wrong=" mat", model=folder, edges=True)
+    results = {on: attnviz.patch("The cat sat on the mat because it was tired.", device=on, **given).patching.edges for on in ("cpu", "cuda")}
+    cpu, gpu = results["cpu"], results["cuda"]
+    for name, values in cpu.scores.items():
+        np.testing.assert_allclose(gpu.scores[name], values, atol=1e-4, rtol=0, equal_nan=True, err_msg=name)
+    assert [edge for edge, _, _ in gpu.checked] == [edge for edge, _, _ in cpu.checked]
+    np.testing.assert_allclose([patched for _, _, patched in gpu.checked], [patched for _, _, patched in cpu.checked], atol=1e-4, rtol=0)
+
+
+def _renamed(value, name: str, other: str):
+    """A result's dict with one model's name (a folder's path, in titles and specs) read as the other's."""
+    if isinstance(value, dict):
+        return {key: _renamed(each, name, other) for key, each in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_renamed(each, name, other) for each in value)
+    return value.replace(name, other) if isinstance(value, str) else value
