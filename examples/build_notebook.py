@@ -30,7 +30,7 @@ REPOSITORY = Path(__file__).resolve().parents[1]
 NOTEBOOK = REPOSITORY / "examples" / "quickstart.ipynb"
 KERNEL_METADATA = {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}, "language_info": {"name": "python"}}
 KERNEL_FILE = re.compile(r"\S*ipykernel_\d+[/\\]\d+\.py")  # a cell's code as a warning names it: its process id changes
-MAX_BYTES = 1_100_000  # the notebook with its outputs: small enough to read on GitHub and to keep in git (the report it shows holds why's splits of every cell since issue 46: 1.05 MB)
+MAX_BYTES = 1_000_000  # the notebook with its outputs: small enough to read on GitHub and to keep in git
 
 
 def executed(path: Path = NOTEBOOK, timeout: int = 600):

@@ -169,11 +169,13 @@ HOSTILE = "</script><script>document.title='x'</script><img src=x onerror=alert(
 
 
 def decoded(encoded: dict) -> np.ndarray:
-    """An exact ENCODED array: little-endian uint16 codes in units of 1e-4, zlib-compressed, base64 (decoded
-    here, not with attnviz.html's decoder)."""
+    """An exact ENCODED array: little-endian uint16 codes in units of 1e-4, or float32 values (the neuron view's
+    vectors), zlib-compressed, base64 (decoded here, not with attnviz.html's decoder)."""
+    raw = zlib.decompress(base64.b64decode(encoded["data"]))
+    if encoded["dtype"] == "float32":
+        return np.frombuffer(raw, dtype="<f4").reshape(encoded["shape"]).astype(np.float64)
     assert encoded["dtype"] == "uint16" and encoded["unit"] == 0.0001
-    codes = np.frombuffer(zlib.decompress(base64.b64decode(encoded["data"])), dtype="<u2")
-    return codes.reshape(encoded["shape"]) * 1e-4
+    return np.frombuffer(raw, dtype="<u2").reshape(encoded["shape"]) * 1e-4
 
 
 # --- one number from two computations -------------------------------------------------------------

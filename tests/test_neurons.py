@@ -14,6 +14,7 @@ import torch
 
 import attnviz
 from attnviz.errors import AttnvizError
+from helpers import decoded
 from tiny_families import build_checkpoint
 
 TEXT = "The cat sat on the mat because it was tired."
@@ -80,15 +81,16 @@ def test_berts_scaled_q_dot_k_softmaxed_is_transformers_eager_attention(referenc
     np.testing.assert_allclose(weights / weights.sum(axis=-1, keepdims=True), expected, atol=1e-5, rtol=0)
 
 
-def test_the_report_holds_the_vectors_to_4_decimals_of_a_short_text_only():
+def test_the_report_holds_the_vectors_in_float32_of_a_short_text_only():
     model = attnviz.load("bundled", device="cpu")
     result = attnviz.heads(TEXT, model=model, layer=1, vectors=True)
     (text,) = attnviz.report(TEXT, model=model, layer=1).record["texts"]
     # one computation: heads' run and the report's are the same projection of the same capture, the map's own, so the
-    # report's vectors are heads' rounded as the report rounds them, exactly (on any CPU and thread count)
+    # report's float32 vectors are heads', exactly (on any CPU and thread count)
     for record in (text, result.report().record["texts"][0]):
-        np.testing.assert_array_equal(np.array(record["vectors"]["q"]), np.round(result.vectors.q.astype(np.float64), 4))
-        np.testing.assert_array_equal(np.array(record["vectors"]["k"]), np.round(result.vectors.k.astype(np.float64), 4))
+        assert record["vectors"]["q"]["dtype"] == record["vectors"]["k"]["dtype"] == "float32"
+        np.testing.assert_array_equal(decoded(record["vectors"]["q"]), result.vectors.q.astype(np.float64))
+        np.testing.assert_array_equal(decoded(record["vectors"]["k"]), result.vectors.k.astype(np.float64))
     assert text["vectors"]["scale"] == result.vectors.scale and text["vectors"]["group_size"] == 1
     long_text = " ".join(["the cat"] * 40)  # 82 tokens: past 64
     (long_record,) = attnviz.report(long_text, model=model).record["texts"]

@@ -167,5 +167,5 @@ def test_every_result_displays_itself_and_only_the_announced_warning_shows(rerun
     stats = result("stats", "text/html")
     assert "3 texts" in stats and "2:␣animal" in stats and '<img src="data:image/png;base64,' in stats
     report = result("report", "text/html")
-    assert report.startswith('<iframe srcdoc="') and 'sandbox="allow-scripts"' in report
+    assert report.startswith("<iframe srcdoc='") and 'sandbox="allow-scripts"' in report
     assert "attnviz-data" in report and "<script" not in report  # the page is the attribute's text, escaped

@@ -164,7 +164,7 @@ def test_the_page_carries_the_record_and_the_notebook_shows_it_in_a_sandboxed_sr
     assert page_record(report.html) == json.loads(json.dumps(report.record))
     shown = report._repr_html_()
     match = re.fullmatch(
-        r'<iframe srcdoc="([^"]*)" sandbox="allow-scripts" style="width:100%;height:720px;border:0"></iframe>', shown
+        r'<iframe srcdoc=\'([^\']*)\' sandbox="allow-scripts" style="width:100%;height:720px;border:0"></iframe>', shown
     )
     assert match and html.unescape(match.group(1)) == report.html
     assert "<" not in match.group(1)  # the page is an attribute's text, not markup of the notebook

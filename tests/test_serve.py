@@ -91,7 +91,7 @@ def test_the_report_answer_is_the_record_that_report_html_embeds(server, bundled
     assert record.pop("font") is None  # no CJK character: no font (test_serve_page.py: the font of Chinese)
     assert_records_match(record, json.loads(json.dumps(attnviz.heads(ENGLISH, model=bundled, layer=2, vectors=None).report().record)))
     (text,) = record["texts"]
-    assert len(text["vectors"]["q"]) == bundled.num_heads  # the neuron view's q and k: a text of at most 64 tokens
+    assert text["vectors"]["q"]["shape"][0] == bundled.num_heads  # the neuron view's q and k: a text of at most 64 tokens
     np.testing.assert_allclose(decoded(text["attention"]), attnviz.heads(ENGLISH, model=bundled, layer=2).attention.numpy(), atol=5e-5 + 1e-9, rtol=0)
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 
 import pytest
-from helpers import assert_close_after_rounding, serving
+from helpers import assert_close_after_rounding, decoded, serving
 
 
 TYPED = "the quick brown fox jumps over the lazy dog"
@@ -105,7 +105,8 @@ def test_the_neuron_view_of_the_served_page_sums_the_apis_q_and_k(server, page):
     page.select_option("#neuron-key", "1")
     vectors = heads(server, {"text": TYPED, "layer": page.evaluate("AV.data.texts[0].layer"), "as": "report"})["texts"][0]["vectors"]
     sums = [float(value) for value in page.eval_on_selector_all(".neuron-sum", "spans => spans.map(s => s.textContent)")]
-    expected = [sum(q * k for q, k in zip(vectors["q"][head][3], vectors["k"][head // vectors["group_size"]][1])) for head in range(len(vectors["q"]))]
+    q, k = decoded(vectors["q"]), decoded(vectors["k"])  # (H, N, d), (H_kv, N, d)
+    expected = [float(q[head, 3] @ k[head // vectors["group_size"], 1]) for head in range(len(q))]
     assert sums == pytest.approx(expected, abs=5e-5 + 1e-9)
 
 

@@ -46,13 +46,10 @@ def click_cell(opened, query: int, key: int) -> None:
     page.mouse.click(box["x"] + box["width"] * (key + 0.5) / n, box["y"] + box["height"] * (query + 0.5) / n)
 
 
-def test_a_cell_clicked_in_the_offline_report_lists_its_terms_as_attnviz_why_splits_them(model, report_path, offline_page):
-    opened = open_heatmap(offline_page, report_path, LAYER, HEAD)
-    query, key = 6, 2
-    click_cell(opened, query, key)
+def assert_table_is_whys(opened, expected) -> None:
+    """The why table the click drew against attnviz.why's split of the same cell."""
     opened.wait_until("document.querySelector('#why-table') !== null")
     rows = opened.page.eval_on_selector_all("#why-table tr", "rows => rows.slice(1).map(r => Array.from(r.cells, c => c.textContent))")
-    expected = attnviz.why(TEXT, model=model, layer=LAYER, head=HEAD, query=query, key=key)
     top = expected.top(12)
     *shown, (others, rest, rest_share) = rows
     assert [(q, k, float(term)) for q, k, term, _ in shown] == [(q, k, round(term, 4)) for q, k, term in top]
@@ -62,6 +59,29 @@ def test_a_cell_clicked_in_the_offline_report_lists_its_terms_as_attnviz_why_spl
     caption = opened.page.text_content("#why-table caption")
     assert f"its score {expected.score:.4f} (weight {expected.weight:.4f})" in caption
     assert f"is the sum of {expected.terms.terms.size:,} terms" in caption
+
+
+def test_a_cell_clicked_in_the_offline_report_lists_its_terms_as_attnviz_why_splits_them(model, report_path, offline_page):
+    opened = open_heatmap(offline_page, report_path, LAYER, HEAD)
+    query, key = 6, 2
+    click_cell(opened, query, key)
+    assert_table_is_whys(opened, attnviz.why(TEXT, model=model, layer=LAYER, head=HEAD, query=query, key=key))
+    opened.assert_offline_and_clean()
+
+
+def test_a_decoders_past_cell_lists_its_terms_and_a_future_cell_says_the_mask_leaves_it_no_score(decoder_folder, offline_page, tmp_path):
+    """The tiny grouped-query Llama: the causal record holds each query's keys up to itself alone, so a cell below the
+    diagonal is read from its own place in it, and one above it says why it has no split."""
+    decoder = attnviz.load(str(decoder_folder), device="cpu")
+    (path,) = attnviz.report(TEXT, model=decoder, layer=1).save(tmp_path)
+    opened = open_heatmap(offline_page, path, 1, 4)
+    num_tokens = len(opened.page.evaluate("AV.data.texts[0].shown_query_tokens"))
+    query, key = num_tokens - 2, num_tokens // 2  # a late row: its place in the record is far from query × N + key
+    click_cell(opened, query, key)
+    assert_table_is_whys(opened, attnviz.why(TEXT, model=decoder, layer=1, head=4, query=query, key=key))
+    click_cell(opened, 3, 7)
+    opened.wait_until("document.querySelector('#why-note') !== null")
+    assert opened.page.text_content("#why-note") == "Key 7 comes after query 3: under the causal mask its weight is 0 and it has no score to split."
     opened.assert_offline_and_clean()
 
 

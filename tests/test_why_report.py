@@ -30,6 +30,12 @@ def decoded_cells(why: dict) -> dict:
     return {name: decode_weights(why[name]) for name in ("pairs", "terms", "rest", "scores")}
 
 
+def cell_of(why: dict, num_tokens: int, query: int, key: int) -> int:
+    """The record's cell of (query, key), row by row: every key of each query, or under a causal mask its keys up to
+    itself (why_terms.js reads the same)."""
+    return query * (query + 1) // 2 + key if why["cells"] == "causal" else query * num_tokens + key
+
+
 def assert_cell_is_whys(why: dict, arrays: dict, cell: int, expected) -> None:
     """The record's cell against attnviz.why's result of the same (layer, head, query, key)."""
     head = expected.terms.head
@@ -49,18 +55,18 @@ def assert_cell_is_whys(why: dict, arrays: dict, cell: int, expected) -> None:
 
 @pytest.mark.parametrize("layer", [0, 1])
 def test_a_decoders_record_holds_every_cells_largest_terms_as_attnviz_why_splits_them(decoder_folder, layer):
-    """The tiny grouped-query Llama (RoPE, 6 heads over 2 key/value heads), 16 tokens: every cell of the causal map."""
+    """The tiny grouped-query Llama (RoPE, 6 heads over 2 key/value heads), 16 tokens: every cell of the causal map
+    that has a score, each query's keys up to itself (a future key's weight is 0: the record leaves it out)."""
     model = attnviz.load(str(decoder_folder), device="cpu")
     text = why_record(attnviz.report(TEXT, model=model, layer=layer))
     why = text["why"]
     num_tokens = len(text["query_tokens"])
-    assert why["layer"] == layer and why["cells"] == "every" and why["keys"] is None
+    assert why["layer"] == layer and why["cells"] == "causal" and why["keys"] is None
     arrays = decoded_cells(why)
-    assert arrays["scores"].shape == (6, num_tokens * num_tokens)
+    assert arrays["scores"].shape == (6, num_tokens * (num_tokens + 1) // 2)
     for head, query, key in ((0, 0, 0), (4, 11, 3), (5, 15, 15), (2, 9, 8)):
-        assert_cell_is_whys(why, arrays, query * num_tokens + key, attnviz.why(TEXT, model=model, layer=layer, head=head, query=query, key=key))
-    masked = np.triu(np.ones((num_tokens, num_tokens), dtype=bool), 1).ravel()
-    assert np.isneginf(arrays["scores"][:, masked]).all() and np.isfinite(arrays["scores"][:, ~masked]).all()
+        assert_cell_is_whys(why, arrays, cell_of(why, num_tokens, query, key), attnviz.why(TEXT, model=model, layer=layer, head=head, query=query, key=key))
+    assert np.isfinite(arrays["scores"]).all()  # no masked cell: every cell held has a score
 
 
 def test_the_bundled_berts_record_splits_every_cell_through_its_post_norms(model):
@@ -71,7 +77,7 @@ def test_the_bundled_berts_record_splits_every_cell_through_its_post_norms(model
     arrays = decoded_cells(why)
     assert why["cells"] == "every" and len(why["query_parts"]) == 4 + 3 * 16 + 1  # the embeddings' 4, each layer's 16, W_Q's bias
     for head, query, key in ((0, 1, 5), (7, 12, 0), (11, num_tokens - 1, num_tokens - 1)):
-        assert_cell_is_whys(why, arrays, query * num_tokens + key, attnviz.why(TEXT, model=model, layer=3, head=head, query=query, key=key))
+        assert_cell_is_whys(why, arrays, cell_of(why, num_tokens, query, key), attnviz.why(TEXT, model=model, layer=3, head=head, query=query, key=key))
 
 
 def test_past_every_cells_length_each_querys_top_key_and_past_its_bound_none(model):

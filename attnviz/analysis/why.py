@@ -126,6 +126,7 @@ CELL_TOKENS = 64
 EVERY_CELL_WORK = 4 * 10**9
 TOP_TERMS = 12
 TERMS_BUDGET_BYTES = 64 * 2**20  # the float64 terms of a block of cells held at once
+CELLS = ("every", "causal", "top key")  # which cells a report splits (CellSplits)
 
 
 def report_refusal(loaded, spec, num_tokens: int) -> str | None:
@@ -148,14 +149,15 @@ def report_refusal(loaded, spec, num_tokens: int) -> str | None:
 @dataclass
 class CellSplits:
     """Every head's scores at `layer` split for a report, cell by cell: each cell's TOP_TERMS largest terms (by size,
-    largest first; ties to the earlier pair), the rest of its terms summed, and its score. Cells: every (query, key)
-    of the map, row by row, when every_cell (a causal mask's future cells hold zeros), else each query's top key."""
+    largest first; ties to the earlier pair), the rest of its terms summed, and its score. Cells (CELLS): "every"
+    (query, key) of the map, row by row; "causal": under a causal mask, each row's keys up to its query alone (a future
+    key's weight is 0: it has no score to split), row by row, cell q (q + 1) / 2 + k; "top key": each query's top key."""
 
     layer: int
     query_parts: list[str]
     key_parts: list[str]
-    every_cell: bool
-    keys: np.ndarray  # (H, C) int: each cell's key (every_cell: C = Nq Nk, the map's cells in order)
+    cells: str  # CELLS
+    keys: np.ndarray  # (H, C) int: each cell's key ("every": C = Nq Nk, the map's cells in order)
     queries: np.ndarray  # (C,) int: each cell's query
     pairs: np.ndarray  # (H, C, T, 2) int: the query part and key part of each top term
     terms: np.ndarray  # (H, C, T) float64
@@ -180,8 +182,12 @@ def cell_splits(loaded, encoded, spec, states, progress=lambda done: None) -> Ce
         normed = normed_parts(loaded, encoded, states.stream, spec.layer, rows)
         sizes = len(normed[0]) + 1  # the parts of each side, a projection's bias included
         every_cell = num_tokens <= EVERY_CELL_TOKENS and attention.num_heads * num_tokens**2 * sizes**2 * attention.head_dim <= EVERY_CELL_WORK
+        cells = ("causal" if spec.causal else "every") if every_cell else "top key"
         heads = range(attention.num_heads)
-        if every_cell:
+        if cells == "causal":
+            queries, cell_keys = torch.tril_indices(num_tokens, num_tokens)  # (C,) each: keys 0..q of row q, row by row
+            keys = cell_keys.expand(len(heads), -1)  # (H, C)
+        elif cells == "every":
             queries = rows.repeat_interleave(num_tokens)  # (C,): the map's cells row by row
             keys = rows.repeat(num_tokens).expand(len(heads), -1)  # (H, C)
         else:
@@ -195,7 +201,7 @@ def cell_splits(loaded, encoded, spec, states, progress=lambda done: None) -> Ce
             progress(1)
     pairs, terms, rest = (np.stack(each) for each in zip(*splits))
     return CellSplits(
-        layer=spec.layer, query_parts=query_names, key_parts=key_names, every_cell=every_cell, keys=keys.numpy(),
+        layer=spec.layer, query_parts=query_names, key_parts=key_names, cells=cells, keys=keys.numpy(),
         queries=queries.numpy(), pairs=pairs, terms=terms, rest=rest, scores=scores[torch.arange(len(heads))[:, None], queries, keys].numpy(),
     )  # fmt: skip
 

@@ -113,7 +113,7 @@ def decode_weights(encoded: dict) -> np.ndarray:
     if encoded["dtype"] == "float32":
         return np.frombuffer(raw, dtype="<f4").reshape(encoded["shape"]).astype(np.float64)
     codes = np.frombuffer(raw, dtype="<u2" if encoded["dtype"] == "uint16" else np.uint8).reshape(encoded["shape"])
-    if encoded["dtype"] == "uint16":
+    if "unit" in encoded:  # uint16 or uint8 codes in units (encode_exact's, encode_values' indices)
         return codes * encoded["unit"]
     decades = -math.log10(encoded["log_min"])
     return np.where(codes == 0, 0.0, 10.0 ** (decades * (codes.astype(np.float64) - 1) / (LOG_LEVELS - 1) - decades))
@@ -197,37 +197,37 @@ def text_record(text: ReportText, spec: RunSpec) -> dict:
 
 def encode_values(values: np.ndarray, dtype: str) -> dict:
     """An array as the page decodes it with no unit: "float32" (why's terms, to float32's rounding: the page shows
-    a few digits; why.json has them in float64) or "uint16" (indices)."""
-    codes = np.ascontiguousarray(values, dtype="<f4" if dtype == "float32" else "<u2")
+    a few digits; why.json has them in float64), "uint16" or "uint8" (indices)."""
+    codes = np.ascontiguousarray(values, dtype={"float32": "<f4", "uint16": "<u2", "uint8": "u1"}[dtype])
     return {"shape": list(codes.shape), "dtype": dtype, "unit": 1, "data": _packed(codes)}
 
 
 def why_of(splits) -> dict | None:
     """The heatmap view's splits of the layer's scores (analysis.why.CellSplits): each cell's largest terms (its query
     part and key part indices into query_parts and key_parts, the terms), the rest of its terms summed and its score,
-    every head's cells ("every": each (query, key), row by row; "top key": each query's top key, keys[head][query]);
-    {"none": why} where the report holds none; None where it was not asked."""
+    every head's cells ("every": each (query, key), row by row; "causal": each query's keys up to itself, row by row;
+    "top key": each query's top key, keys[head][query]); {"none": why} where the report holds none; None where it was
+    not asked."""
     if splits is None or isinstance(splits, str):
         return None if splits is None else {"none": splits}
+    indices = "uint8" if max(len(splits.query_parts), len(splits.key_parts)) <= 256 else "uint16"  # pairs' dtype
     return {
-        "layer": splits.layer, "cells": "every" if splits.every_cell else "top key",
+        "layer": splits.layer, "cells": splits.cells,
         "query_parts": splits.query_parts, "key_parts": splits.key_parts,
         "num_terms": len(splits.query_parts) * len(splits.key_parts),
-        "keys": None if splits.every_cell else splits.keys.tolist(),
-        "pairs": encode_values(splits.pairs, "uint16"), "terms": encode_values(splits.terms, "float32"),
+        "keys": splits.keys.tolist() if splits.cells == "top key" else None,
+        "pairs": encode_values(splits.pairs, indices), "terms": encode_values(splits.terms, "float32"),
         "rest": encode_values(splits.rest, "float32"), "scores": encode_values(splits.scores, "float32"),
     }  # fmt: skip
 
 
-VECTOR_DECIMALS = 4
-
-
 def vectors_of(vectors) -> dict:
-    """The neuron view's data (analysis.neurons.QueryKeyVectors): q (H, Nq, d) and k (H_kv, Nk, d) to 4 decimals, the
-    scale and the query heads per key/value head; position_bias: the weights also add a bias (T5)."""
+    """The neuron view's data (analysis.neurons.QueryKeyVectors): q (H, Nq, d) and k (H_kv, Nk, d), encoded as float32
+    (the values attnviz's layer multiplies; as JSON numbers to 4 decimals they took 1.8 times the bytes), the scale and
+    the query heads per key/value head; position_bias: the weights also add a bias (T5)."""
     return {
-        "q": np.round(vectors.q.astype(np.float64), VECTOR_DECIMALS).tolist(),
-        "k": np.round(vectors.k.astype(np.float64), VECTOR_DECIMALS).tolist(),
+        "q": encode_values(vectors.q, "float32"),
+        "k": encode_values(vectors.k, "float32"),
         "scale": vectors.scale,
         "group_size": vectors.group_size,
         "position_bias": vectors.position_bias,

@@ -161,6 +161,10 @@
       for (let i = 0; i < codes.length; i++) values[i] = codes[i] * unit;
       return values;
     }
+    if (encoded.dtype === "uint8" && encoded.unit !== undefined) {
+      // codes in units, as uint16's (why's pairs: indices); without a unit, the log colour scale's codes below
+      return Float32Array.from(new Uint8Array(buffer), (code) => code * encoded.unit);
+    }
     if (encoded.dtype === "uint8") {
       // code 0: below log_min (0 here, read out as "< 0.001"); c >= 1: 10 ** (decades * (c - 1) / 254 - decades)
       const decades = -Math.log10(encoded.log_min);

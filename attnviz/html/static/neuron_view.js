@@ -69,15 +69,21 @@
     section.appendChild(readout);
     const body = AV.el("div", { id: "neuron-heads" });
     section.appendChild(body);
-    const map = await AV.headMap(textIndex, text.layer, 0);
+    const [map, q, k] = await Promise.all([AV.headMap(textIndex, text.layer, 0), AV.decode(vectors.q), AV.decode(vectors.k)]);
+    // head h's vector at a position: (H, N, d) row-major, as plain numbers (their products in double precision)
+    const vectorOf = (encoded, head, position) => {
+      const size = encoded.shape[2];
+      const start = (head * encoded.shape[1] + position) * size;
+      return Array.from(encoded.values.subarray(start, start + size));
+    };
 
     const draw = () => {
       const i = Number(querySelect.value);
       const j = Number(keySelect.value);
       AV.clear(body);
-      for (let head = 0; head < vectors.q.length; head++) {
+      for (let head = 0; head < q.shape[0]; head++) {
         const kvHead = Math.floor(head / vectors.group_size);
-        const [svg, sum] = strips(head, vectors.q[head][i], vectors.k[kvHead][j], readout);
+        const [svg, sum] = strips(head, vectorOf(q, head, i), vectorOf(k, kvHead, j), readout);
         const weight = map ? map.weights.values[map.offset + (head * map.rows + i) * map.cols + j] : null;
         const masked = text.causal && j > i;
         body.appendChild(

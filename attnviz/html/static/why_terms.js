@@ -56,14 +56,15 @@
     if (why.none) return AV.whyNote(section, `No split of this score here: ${why.none}.`);
     if (layer !== why.layer) return AV.whyNote(section, `The report splits the scores of layer ${why.layer} alone: attnviz why --layer ${layer} splits this one.`);
     if (text.causal && key > query) return AV.whyNote(section, `Key ${key} comes after query ${query}: under the causal mask its weight is 0 and it has no score to split.`);
-    const keys = why.cells === "every" ? null : why.keys[head];
+    const keys = why.cells === "top key" ? why.keys[head] : null;
     if (keys && keys[query] !== key) {
       return AV.whyNote(section, `Past its shorter texts the report splits each query's top key alone: key ${AV.tokenLabel(tokens, keys[query])} of query ${AV.tokenLabel(tokens, query)} (attnviz why splits any cell).`);
     }
     const textIndex = AV.data.texts.indexOf(text);
     const [{ pairs, terms, rest, scores }, map] = await Promise.all([arrays(why), AV.headMap(textIndex, layer, head)]);
     const cells = scores.shape[1];
-    const cell = keys ? query : query * text.key_tokens.length + key;
+    // the record's cells row by row: every key of each query, its keys up to itself under a causal mask, or its top key
+    const cell = keys ? query : why.cells === "causal" ? (query * (query + 1)) / 2 + key : query * text.key_tokens.length + key;
     const count = terms.shape[2];
     const top = [];
     for (let t = 0; t < count; t++) {
