@@ -17,7 +17,7 @@ import pytest
 import torch
 import transformers
 
-from tiny_families import BPE_VOCAB, _DECODER, bpe_tokenizer, save_checkpoint
+from tiny_families import BPE_VOCAB, WORDPIECE_VOCAB, _DECODER, _ENCODER, bpe_tokenizer, save_checkpoint, wordpiece_tokenizer
 
 pytestmark = pytest.mark.slow  # checkpoints built and loaded by transformers
 
@@ -302,3 +302,189 @@ def test_the_reports_edges_view_draws_the_top_edges_and_reads_out_both_numbers(d
     sender, receiver = expected[0][:2]
     page.page.dispatch_event(f"#edges-graph line.edges-edge[data-sender='{sender}'][data-receiver='{receiver}']", "mouseenter")
     assert page.texts("#edges-readout")[0] == f"{sender} → {receiver} · score {expected[0][2]} · path patched {expected[0][3]}"
+
+
+# Post-norm encoders with their masked-LM heads, 3 layers (edges that cross two layers' norms), read at the [MASK]
+MASKED = ("The cat sat on the [MASK] because it was tired.", "The dog sat on the [MASK] because it was tired.", "mat", "floor")
+ENCODERS = {  # config, class, seed (RoBERTa's 5: m_clean - m_corrupt 0.5 logits, where seed 1 gives 0.09)
+    "bert": lambda: (transformers.BertConfig(vocab_size=WORDPIECE_VOCAB, **{**_ENCODER, "num_hidden_layers": 3}), transformers.BertForMaskedLM, 1),
+    "roberta": lambda: (
+        transformers.RobertaConfig(vocab_size=WORDPIECE_VOCAB, pad_token_id=0, **{**_ENCODER, "num_hidden_layers": 3}),
+        transformers.RobertaForMaskedLM, 5,
+    ),  # fmt: skip
+}
+
+
+@pytest.fixture(scope="module", params=sorted(ENCODERS))
+def encoder(request, tmp_path_factory):
+    config, model_class, seed = ENCODERS[request.param]()
+    folder = tmp_path_factory.mktemp(f"{request.param}-mlm")
+    save_checkpoint(config, model_class, wordpiece_tokenizer(), folder, seed=seed)
+    return folder
+
+
+def attnviz_encoder_edges(folder, ig=None, checked=10):
+    from attnviz.analysis.edges import EdgeSettings
+    from attnviz.analysis.patching import patch_heads
+    from attnviz.models.loading import load_model
+    from attnviz.spec import RunSpec
+
+    loaded = load_model(str(folder), device="cpu")
+    spec = RunSpec(str(folder), str(folder), "local folder", device="cpu")
+    return patch_heads(loaded, *MASKED, spec, edges=EdgeSettings(ig=ig, checked=checked))
+
+
+class PostNormReference:
+    """transformers' *ForMaskedLM of folder in float64 (eager attention), the edges' numbers made with hooks on it.
+
+    Each layer's pre1 (LN1's input: the attention's output plus x), its attention's output (attention.output.dense's)
+    and its MLP's output (output.dense's) are kept by hooks as the run reaches them; a receiver's copy of its input is
+    carried by hand from them: p = pre1 + added at the sender's layer, then x = LN2(LN1(p) + mlp) layer by layer, p = x +
+    the next attention's output, with the model's own LayerNorm modules. A forward hook on the receiver's projection
+    puts in its slice the projection of the carried x (F.linear of its rows); the read-out's carried x replaces the last
+    layer's output (a forward hook on the layer), which the masked-LM head reads at the mask."""
+
+    def __init__(self, folder):
+        self.model = transformers.AutoModelForMaskedLM.from_pretrained(folder, attn_implementation="eager").double().eval()
+        tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+        self.clean_ids, self.corrupt_ids = (tokenizer(text, return_tensors="pt")["input_ids"] for text in MASKED[:2])
+        self.position = self.clean_ids[0].tolist().index(tokenizer.mask_token_id)
+        self.answer, self.wrong = (tokenizer(token, add_special_tokens=False)["input_ids"][0] for token in MASKED[2:])
+        config = self.model.config
+        self.num_heads = self.num_kv = config.num_attention_heads
+        self.head_dim = config.hidden_size // self.num_heads
+        self.base = self.model.base_model
+        self.layers = self.base.encoder.layer
+        self.written = self._written()  # (L, H, N, D): out_clean - out_corrupt
+
+    def _written(self):
+        kept = {}
+        for name, ids in (("clean", self.clean_ids), ("corrupt", self.corrupt_ids)):
+            handles = [
+                layer.attention.output.dense.register_forward_pre_hook(lambda m, args, index=index, name=name: kept.__setitem__((name, index), args[0][0]))
+                for index, layer in enumerate(self.layers)
+            ]  # fmt: skip
+            with torch.no_grad():
+                self.model(ids)
+            for handle in handles:
+                handle.remove()
+        d, rows = self.head_dim, []
+        for index, layer in enumerate(self.layers):
+            z = kept[("clean", index)] - kept[("corrupt", index)]  # (N, H * d)
+            w_o = layer.attention.output.dense.weight  # (D, H * d)
+            rows.append(torch.stack([z[:, h * d : (h + 1) * d] @ w_o[:, h * d : (h + 1) * d].T for h in range(self.num_heads)]))
+        return torch.stack(rows).detach()  # (L, H, N, D)
+
+    def metric(self, receiver=None, added=None, alpha=None):
+        """m of the corrupted ids with added {sender layer: (N, D)} joining pre1 of those layers and carried to the
+        receiver's copy of its input alone (receiver: (layer, role, head) or "logits"), the embeddings' output
+        interpolated from the corrupted text's to the clean one's by alpha."""
+        kept, handles = {}, []
+        for index, layer in enumerate(self.layers):
+            handles.append(layer.attention.output.LayerNorm.register_forward_pre_hook(lambda m, args, index=index: kept.__setitem__(("pre1", index), args[0])))
+            handles.append(layer.attention.output.dense.register_forward_hook(lambda m, args, out, index=index: kept.__setitem__(("attention", index), out)))
+            handles.append(layer.output.dense.register_forward_hook(lambda m, args, out, index=index: kept.__setitem__(("mlp", index), out)))
+
+        def carried(until):  # the stream entering layer `until` with added carried along the residual path alone
+            first, x = min(added), None
+            for index in range(first, until):
+                layer = self.layers[index]
+                p = kept[("pre1", index)] if x is None else x + kept[("attention", index)]
+                p = p + added.get(index, 0)
+                x = layer.output.LayerNorm(layer.attention.output.LayerNorm(p) + kept[("mlp", index)])
+            return x
+
+        if receiver == "logits":
+            handles.append(self.layers[-1].register_forward_hook(lambda m, args, out: carried(len(self.layers))))  # a tensor
+        elif receiver is not None:
+            layer, role, head = receiver
+            module = getattr(self.layers[layer].attention.self, {"q": "query", "k": "key", "v": "value"}[role])
+            part = slice(head * self.head_dim, (head + 1) * self.head_dim)
+
+            def put(m, args, y):
+                y = y.clone()
+                y[..., part] = torch.nn.functional.linear(carried(layer), module.weight[part], module.bias[part])
+                return y
+
+            handles.append(module.register_forward_hook(put))
+        if alpha is not None:
+            start, end = (self.base.embeddings(input_ids=ids).detach() for ids in (self.corrupt_ids, self.clean_ids))
+            handles.append(self.base.embeddings.register_forward_hook(lambda m, args, out: start + alpha * (end - start)))
+        try:
+            logits = self.model(self.corrupt_ids).logits[0, self.position]
+        finally:
+            for handle in handles:
+                handle.remove()
+        return logits[self.answer] - logits[self.wrong]
+
+    def finite_difference(self, receiver, sender) -> float:
+        step = EPS * self.written[sender]
+        with torch.no_grad():
+            return float((self.metric(receiver, {sender[0]: step}) - self.metric(receiver, {sender[0]: -step})) / (2 * EPS))
+
+    def path_patched(self, receiver, sender) -> float:
+        with torch.no_grad():
+            return float(self.metric(receiver, {sender[0]: self.written[sender]}) - self.metric())
+
+    def integrated(self, receiver, steps: int) -> torch.Tensor:
+        """(L, H): every sender's score into receiver, its gradient at its own layer's pre1 averaged over the steps'
+        interpolated runs (an added zero at every layer: each one's gradient is its layer's senders' path alone)."""
+        total = 0
+        for k in range(steps):
+            added = {index: torch.zeros(self.written.shape[2:], dtype=torch.float64, requires_grad=True) for index in range(len(self.layers))}
+            gradients = torch.autograd.grad(self.metric(receiver, added, alpha=k / steps), list(added.values()), allow_unused=True)
+            gradients = torch.stack([torch.zeros_like(added[0]) if each is None else each for each in gradients])  # (L, N, D)
+            total = total + torch.einsum("lhnD,lnD->lh", self.written, gradients)
+        return total / steps
+
+    @property
+    def scale(self) -> float:
+        with torch.no_grad():
+            clean = self.model(self.clean_ids).logits[0, self.position]
+            return float(clean[self.answer] - clean[self.wrong] - self.metric())
+
+
+def test_a_post_norm_encoders_eap_is_the_central_difference_of_its_path_patched_metric(encoder):
+    """BERT (attnviz's own encoder) and RoBERTa: each edge's score is the derivative of the metric with the sender's
+    difference carried through the norms on its path to that receiver alone."""
+    patched = attnviz_encoder_edges(encoder)
+    reference = PostNormReference(encoder)
+    scale = patched.clean - patched.corrupt
+    np.testing.assert_allclose(scale, reference.scale, rtol=1e-5)
+    assert patched.edges.post_norm and patched.position == reference.position
+    compared = []
+    for receiver in receivers(reference):
+        senders = range(len(reference.layers)) if receiver == "logits" else range(receiver[0])
+        expected = np.array([[reference.finite_difference(receiver, (layer, head)) for head in range(reference.num_heads)] for layer in senders])
+        actual = scores_of(patched.edges, receiver)[: len(expected)] * scale
+        np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-5)  # logit units, float32 against float64
+        if receiver != "logits":
+            assert np.isnan(scores_of(patched.edges, receiver)[receiver[0] :]).all()
+        compared.append(np.abs(expected).max())
+    assert np.median(compared) > 1e-3 and max(compared) > 0.05  # edges that carry something: a test that could fail
+
+
+def test_a_post_norm_encoders_path_patching_is_the_carried_stream_in_that_receivers_input_alone(encoder):
+    """Every edge path patched (156: into heads one and two layers on, and the read-out), against the stream carried by
+    hand from transformers' model's hooked values."""
+    patched = attnviz_encoder_edges(encoder, checked=1000)
+    reference = PostNormReference(encoder)
+    scale = patched.clean - patched.corrupt
+    assert len(patched.edges.checked) == len(patched.edges.ranked()) == 4 * (2 * 12) + 4 * 12 + 3 * 4
+    for edge, score, value in patched.edges.checked:
+        receiver = "logits" if edge.input == "logits" else (edge.layer, edge.input, edge.head)
+        np.testing.assert_allclose(value * scale, reference.path_patched(receiver, edge.sender), rtol=1e-4, atol=1e-4)
+    values = np.array([value for _, _, value in patched.edges.checked])
+    assert np.abs(values * scale).max() > 0.1  # edges that carry something
+
+
+@pytest.mark.parametrize("steps", [1, 3])
+def test_a_post_norm_encoders_eap_ig_is_the_mean_of_its_n_gradients(encoder, steps):
+    patched = attnviz_encoder_edges(encoder, ig=steps, checked=0)
+    reference = PostNormReference(encoder)
+    scale = patched.clean - patched.corrupt
+    for receiver in [(1, "q", 0), (2, "k", 1), (2, "v", 3), "logits"]:
+        expected = reference.integrated(receiver, steps).numpy()
+        layers = len(expected) if receiver == "logits" else receiver[0]
+        actual = scores_of(patched.edges, receiver)[:layers] * scale
+        np.testing.assert_allclose(actual, expected[:layers], rtol=1e-4, atol=1e-5)
