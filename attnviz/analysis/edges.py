@@ -73,6 +73,18 @@ POST_NORM_PATH = (
     "norms after each sublayer on the way (recomputed for path patching, their Jacobians at the run for the score), the "
     "other heads and the MLPs held at the corrupted run's values"
 )
+SCORE = (
+    "EAP: sum over positions of (sender out_clean - out_corrupt) . dm/d(receiver input) on the corrupted run, "
+    "divided by m_clean - m_corrupt"
+)
+SCORE_IG = (
+    "EAP-IG: sum over positions of (sender out_clean - out_corrupt) . the mean of dm/d(receiver input) over N runs whose "
+    "first layer's input is e_corrupt + (k / N) (e_clean - e_corrupt), k = 0 .. N - 1; divided by m_clean - m_corrupt"
+)
+PATCHED = (
+    "path patching: m of the corrupted run with the sender's out_clean - out_corrupt added to that receiver's input "
+    "alone (every other path from the sender left corrupt), minus m_corrupt, divided by m_clean - m_corrupt"
+)
 CHECKED = 10  # the edges checked by path patching, by |score|
 DRAWN = 30  # the edges edges.png and the report's Edges view draw, by |score|
 
