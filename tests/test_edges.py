@@ -306,13 +306,18 @@ def test_the_reports_edges_view_draws_the_top_edges_and_reads_out_both_numbers(d
 
 # Post-norm encoders with their masked-LM heads, 3 layers (edges that cross two layers' norms), read at the [MASK]
 MASKED = ("The cat sat on the [MASK] because it was tired.", "The dog sat on the [MASK] because it was tired.", "mat", "floor")
+THREE = {**_ENCODER, "num_hidden_layers": 3}
 ENCODERS = {  # config, class, seed (RoBERTa's 5: m_clean - m_corrupt 0.5 logits, where seed 1 gives 0.09)
-    "bert": lambda: (transformers.BertConfig(vocab_size=WORDPIECE_VOCAB, **{**_ENCODER, "num_hidden_layers": 3}), transformers.BertForMaskedLM, 1),
-    "roberta": lambda: (
-        transformers.RobertaConfig(vocab_size=WORDPIECE_VOCAB, pad_token_id=0, **{**_ENCODER, "num_hidden_layers": 3}),
-        transformers.RobertaForMaskedLM, 5,
-    ),  # fmt: skip
-}
+    "bert": lambda: (transformers.BertConfig(vocab_size=WORDPIECE_VOCAB, **THREE), transformers.BertForMaskedLM, 1),
+    "roberta": lambda: (transformers.RobertaConfig(vocab_size=WORDPIECE_VOCAB, pad_token_id=0, **THREE), transformers.RobertaForMaskedLM, 5),
+    # every other encoder family patch reads: their layouts' names, ALBERT's one layer serving all three, narrower embeddings
+    "distilbert": lambda: (
+        transformers.DistilBertConfig(vocab_size=WORDPIECE_VOCAB, dim=32, n_layers=3, n_heads=4, hidden_dim=64, max_position_embeddings=64),
+        transformers.DistilBertForMaskedLM, 1,
+    ),
+    "albert": lambda: (transformers.AlbertConfig(vocab_size=WORDPIECE_VOCAB, embedding_size=16, **THREE), transformers.AlbertForMaskedLM, 1),
+    "electra": lambda: (transformers.ElectraConfig(vocab_size=WORDPIECE_VOCAB, embedding_size=16, **THREE), transformers.ElectraForMaskedLM, 1),
+}  # fmt: skip
 
 
 @pytest.fixture(scope="module", params=sorted(ENCODERS))
@@ -334,15 +339,46 @@ def attnviz_encoder_edges(folder, ig=None, checked=10):
     return patch_heads(loaded, *MASKED, spec, edges=EdgeSettings(ig=ig, checked=checked))
 
 
+def post_norm_layers(model) -> list[dict]:
+    """Each layer's modules by role, transformers' own: q, k, v, o (W_o), ln1 (after the attention), mlp (whose output
+    is the MLP's share), ln2 (after the MLP), layer. ALBERT's one layer is every layer's."""
+    base = model.base_model
+    if hasattr(base, "transformer"):  # DistilBERT
+        return [dict(q=each.attention.q_lin, k=each.attention.k_lin, v=each.attention.v_lin, o=each.attention.out_lin,
+                     ln1=each.sa_layer_norm, mlp=each.ffn, ln2=each.output_layer_norm, layer=each) for each in base.transformer.layer]  # fmt: skip
+    if hasattr(base.encoder, "albert_layer_groups"):
+        each = base.encoder.albert_layer_groups[0].albert_layers[0]
+        roles = dict(q=each.attention.query, k=each.attention.key, v=each.attention.value, o=each.attention.dense,
+                     ln1=each.attention.LayerNorm, mlp=each.ffn_output, ln2=each.full_layer_layer_norm, layer=each)  # fmt: skip
+        return [roles] * model.config.num_hidden_layers
+    return [dict(q=each.attention.self.query, k=each.attention.self.key, v=each.attention.self.value, o=each.attention.output.dense,
+                 ln1=each.attention.output.LayerNorm, mlp=each.output.dense, ln2=each.output.LayerNorm, layer=each) for each in base.encoder.layer]  # fmt: skip
+
+
+def hook_by_layer(modules: list, hook, before: bool = False) -> list:
+    """A forward hook (a pre-hook: before) on each distinct module of modules (layer i's), calling hook(layer, module,
+    *given): a module the layers share serves them in turn, its k-th call of a pass layer k's. Returns the handles."""
+    handles = []
+    for module in {id(each): each for each in modules}.values():
+        served, calls = [index for index, each in enumerate(modules) if each is module], [0]
+
+        def call(m, *given, served=served, calls=calls):
+            calls[0] += 1
+            return hook(served[(calls[0] - 1) % len(served)], m, *given)
+
+        handles.append(module.register_forward_pre_hook(call) if before else module.register_forward_hook(call))
+    return handles
+
+
 class PostNormReference:
     """transformers' *ForMaskedLM of folder in float64 (eager attention), the edges' numbers made with hooks on it.
 
-    Each layer's pre1 (LN1's input: the attention's output plus x), its attention's output (attention.output.dense's)
-    and its MLP's output (output.dense's) are kept by hooks as the run reaches them; a receiver's copy of its input is
-    carried by hand from them: p = pre1 + added at the sender's layer, then x = LN2(LN1(p) + mlp) layer by layer, p = x +
-    the next attention's output, with the model's own LayerNorm modules. A forward hook on the receiver's projection
-    puts in its slice the projection of the carried x (F.linear of its rows); the read-out's carried x replaces the last
-    layer's output (a forward hook on the layer), which the masked-LM head reads at the mask."""
+    Each layer's pre1 (LN1's input: the attention's output plus x), its attention's output (W_o's) and its MLP's
+    output are kept by hooks as the run reaches them; a receiver's copy of its input is carried by hand from them:
+    p = pre1 + added at the sender's layer, then x = LN2(LN1(p) + mlp) layer by layer, p = x + the next attention's
+    output, each LayerNorm torch's layer_norm with the model's norm's weight, bias and eps. A forward hook on the
+    receiver's projection puts in its slice the projection of the carried x (F.linear of its rows); the read-out's
+    carried x replaces the last layer's output (a forward hook on the layer), which the masked-LM head reads at the mask."""
 
     def __init__(self, folder):
         self.model = transformers.AutoModelForMaskedLM.from_pretrained(folder, attn_implementation="eager").double().eval()
@@ -350,28 +386,26 @@ class PostNormReference:
         self.clean_ids, self.corrupt_ids = (tokenizer(text, return_tensors="pt")["input_ids"] for text in MASKED[:2])
         self.position = self.clean_ids[0].tolist().index(tokenizer.mask_token_id)
         self.answer, self.wrong = (tokenizer(token, add_special_tokens=False)["input_ids"][0] for token in MASKED[2:])
-        config = self.model.config
-        self.num_heads = self.num_kv = config.num_attention_heads
-        self.head_dim = config.hidden_size // self.num_heads
-        self.base = self.model.base_model
-        self.layers = self.base.encoder.layer
+        self.layers = post_norm_layers(self.model)
+        self.num_heads = self.num_kv = getattr(self.model.config, "num_attention_heads", None) or self.model.config.n_heads
+        self.head_dim = self.layers[0]["q"].weight.shape[0] // self.num_heads
         self.written = self._written()  # (L, H, N, D): out_clean - out_corrupt
+
+    def modules(self, role: str) -> list:
+        return [each[role] for each in self.layers]
 
     def _written(self):
         kept = {}
         for name, ids in (("clean", self.clean_ids), ("corrupt", self.corrupt_ids)):
-            handles = [
-                layer.attention.output.dense.register_forward_pre_hook(lambda m, args, index=index, name=name: kept.__setitem__((name, index), args[0][0]))
-                for index, layer in enumerate(self.layers)
-            ]  # fmt: skip
+            handles = hook_by_layer(self.modules("o"), lambda index, m, args, name=name: kept.__setitem__((name, index), args[0][0]), before=True)
             with torch.no_grad():
                 self.model(ids)
             for handle in handles:
                 handle.remove()
         d, rows = self.head_dim, []
-        for index, layer in enumerate(self.layers):
+        for index, each in enumerate(self.layers):
             z = kept[("clean", index)] - kept[("corrupt", index)]  # (N, H * d)
-            w_o = layer.attention.output.dense.weight  # (D, H * d)
+            w_o = each["o"].weight  # (D, H * d)
             rows.append(torch.stack([z[:, h * d : (h + 1) * d] @ w_o[:, h * d : (h + 1) * d].T for h in range(self.num_heads)]))
         return torch.stack(rows).detach()  # (L, H, N, D)
 
@@ -379,37 +413,40 @@ class PostNormReference:
         """m of the corrupted ids with added {sender layer: (N, D)} joining pre1 of those layers and carried to the
         receiver's copy of its input alone (receiver: (layer, role, head) or "logits"), the embeddings' output
         interpolated from the corrupted text's to the clean one's by alpha."""
-        kept, handles = {}, []
-        for index, layer in enumerate(self.layers):
-            handles.append(layer.attention.output.LayerNorm.register_forward_pre_hook(lambda m, args, index=index: kept.__setitem__(("pre1", index), args[0])))
-            handles.append(layer.attention.output.dense.register_forward_hook(lambda m, args, out, index=index: kept.__setitem__(("attention", index), out)))
-            handles.append(layer.output.dense.register_forward_hook(lambda m, args, out, index=index: kept.__setitem__(("mlp", index), out)))
+        kept = {}
+        keep = lambda name: lambda index, m, args, *out: kept.__setitem__((name, index), out[0] if out else args[0])  # noqa: E731
+        handles = hook_by_layer(self.modules("ln1"), keep("pre1"), before=True)
+        handles += hook_by_layer(self.modules("o"), keep("attention")) + hook_by_layer(self.modules("mlp"), keep("mlp"))
+        norm = lambda module, x: torch.nn.functional.layer_norm(x, x.shape[-1:], module.weight, module.bias, module.eps)  # noqa: E731
 
         def carried(until):  # the stream entering layer `until` with added carried along the residual path alone
-            first, x = min(added), None
-            for index in range(first, until):
-                layer = self.layers[index]
+            x = None
+            for index in range(min(added), until):
                 p = kept[("pre1", index)] if x is None else x + kept[("attention", index)]
                 p = p + added.get(index, 0)
-                x = layer.output.LayerNorm(layer.attention.output.LayerNorm(p) + kept[("mlp", index)])
+                x = norm(self.layers[index]["ln2"], norm(self.layers[index]["ln1"], p) + kept[("mlp", index)])
             return x
 
-        if receiver == "logits":
-            handles.append(self.layers[-1].register_forward_hook(lambda m, args, out: carried(len(self.layers))))  # a tensor
+        last = len(self.layers) - 1
+        if receiver == "logits":  # the last layer's output: a tensor (transformers 5's encoder layers return one)
+            handles += hook_by_layer(self.modules("layer"), lambda index, m, args, out: carried(last + 1) if index == last else None)
         elif receiver is not None:
             layer, role, head = receiver
-            module = getattr(self.layers[layer].attention.self, {"q": "query", "k": "key", "v": "value"}[role])
+            module = self.layers[layer][role]
             part = slice(head * self.head_dim, (head + 1) * self.head_dim)
 
-            def put(m, args, y):
+            def put(index, m, args, y):
+                if index != layer:
+                    return None
                 y = y.clone()
                 y[..., part] = torch.nn.functional.linear(carried(layer), module.weight[part], module.bias[part])
                 return y
 
-            handles.append(module.register_forward_hook(put))
+            handles += hook_by_layer(self.modules(role), put)
         if alpha is not None:
-            start, end = (self.base.embeddings(input_ids=ids).detach() for ids in (self.corrupt_ids, self.clean_ids))
-            handles.append(self.base.embeddings.register_forward_hook(lambda m, args, out: start + alpha * (end - start)))
+            embeddings = self.model.base_model.embeddings
+            start, end = (embeddings(input_ids=ids).detach() for ids in (self.corrupt_ids, self.clean_ids))
+            handles.append(embeddings.register_forward_hook(lambda m, args, out: start + alpha * (end - start)))
         try:
             logits = self.model(self.corrupt_ids).logits[0, self.position]
         finally:
@@ -445,8 +482,8 @@ class PostNormReference:
 
 
 def test_a_post_norm_encoders_eap_is_the_central_difference_of_its_path_patched_metric(encoder):
-    """BERT (attnviz's own encoder) and RoBERTa: each edge's score is the derivative of the metric with the sender's
-    difference carried through the norms on its path to that receiver alone."""
+    """BERT (attnviz's own encoder), RoBERTa, DistilBERT, ALBERT, ELECTRA: each edge's score is the derivative of the
+    metric with the sender's difference carried through the norms on its path to that receiver alone."""
     patched = attnviz_encoder_edges(encoder)
     reference = PostNormReference(encoder)
     scale = patched.clean - patched.corrupt
@@ -488,3 +525,32 @@ def test_a_post_norm_encoders_eap_ig_is_the_mean_of_its_n_gradients(encoder, ste
         layers = len(expected) if receiver == "logits" else receiver[0]
         actual = scores_of(patched.edges, receiver)[:layers] * scale
         np.testing.assert_allclose(actual, expected[:layers], rtol=1e-4, atol=1e-5)
+
+
+def test_patch_edges_on_an_encoder_writes_its_post_norm_edges_json_and_figure(tmp_path, capsys):
+    """`attnviz patch --edges` on a tiny BertForMaskedLM: edges.json holds the API's numbers and defines the post-norm
+    inputs and paths (the read-out is the last layer's output; the norms on the way); edges.png within its size cap."""
+    import json
+
+    from attnviz.analysis.edges import POST_NORM_INPUTS, POST_NORM_PATH
+    from attnviz.cli import run
+    from attnviz.render.sizes import figure_max_px
+    from helpers import read_png
+
+    config, model_class, seed = ENCODERS["bert"]()
+    folder, out = tmp_path / "bert-mlm", tmp_path / "run"
+    folder.mkdir()
+    save_checkpoint(config, model_class, wordpiece_tokenizer(), folder, seed=seed)
+    clean, corrupt, answer, wrong = MASKED
+    args = ["patch", clean, "--corrupt", corrupt, "--answer", answer, "--wrong", wrong, "--model", str(folder), "--device", "cpu"]
+    assert run([*args, "--edges", "--checked-edges", "4", "--out", str(out)]) == 0
+    assert "carried there through the norms on the way (post-norm)" in capsys.readouterr().out
+    record = json.loads((out / "edges.json").read_text(encoding="utf-8"))
+    expected = attnviz_encoder_edges(folder, checked=4).edges
+    assert record["definitions"]["inputs"] == POST_NORM_INPUTS and record["definitions"]["path_patched"].endswith(POST_NORM_PATH)
+    for name, values in expected.scores.items():
+        np.testing.assert_allclose(np.array(record["scores"][name], dtype=float), values, atol=1e-6, equal_nan=True)
+    np.testing.assert_allclose([entry["path_patched"] for entry in record["checked"]], [patched for _, _, patched in expected.checked], atol=1e-6)
+    height, width = read_png(out / "edges.png").shape[:2]
+    cap_width, cap_height = figure_max_px("edges.png")
+    assert width <= cap_width and height <= cap_height
