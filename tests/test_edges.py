@@ -307,13 +307,13 @@ def test_the_reports_edges_view_draws_the_top_edges_and_reads_out_both_numbers(d
 # Post-norm encoders with their masked-LM heads, 3 layers (edges that cross two layers' norms), read at the [MASK]
 MASKED = ("The cat sat on the [MASK] because it was tired.", "The dog sat on the [MASK] because it was tired.", "mat", "floor")
 THREE = {**_ENCODER, "num_hidden_layers": 3}
-ENCODERS = {  # config, class, seed (RoBERTa's 5: m_clean - m_corrupt 0.5 logits, where seed 1 gives 0.09)
+ENCODERS = {  # config, class, seed (RoBERTa's 5 and DistilBERT's 4: m_clean - m_corrupt 0.5 and 2.5 logits, not 0.09 and 0.04)
     "bert": lambda: (transformers.BertConfig(vocab_size=WORDPIECE_VOCAB, **THREE), transformers.BertForMaskedLM, 1),
     "roberta": lambda: (transformers.RobertaConfig(vocab_size=WORDPIECE_VOCAB, pad_token_id=0, **THREE), transformers.RobertaForMaskedLM, 5),
     # every other encoder family patch reads: their layouts' names, ALBERT's one layer serving all three, narrower embeddings
     "distilbert": lambda: (
         transformers.DistilBertConfig(vocab_size=WORDPIECE_VOCAB, dim=32, n_layers=3, n_heads=4, hidden_dim=64, max_position_embeddings=64),
-        transformers.DistilBertForMaskedLM, 1,
+        transformers.DistilBertForMaskedLM, 4,
     ),
     "albert": lambda: (transformers.AlbertConfig(vocab_size=WORDPIECE_VOCAB, embedding_size=16, **THREE), transformers.AlbertForMaskedLM, 1),
     "electra": lambda: (transformers.ElectraConfig(vocab_size=WORDPIECE_VOCAB, embedding_size=16, **THREE), transformers.ElectraForMaskedLM, 1),
@@ -487,7 +487,7 @@ def test_a_post_norm_encoders_eap_is_the_central_difference_of_its_path_patched_
     patched = attnviz_encoder_edges(encoder)
     reference = PostNormReference(encoder)
     scale = patched.clean - patched.corrupt
-    np.testing.assert_allclose(scale, reference.scale, rtol=1e-5)
+    np.testing.assert_allclose(scale, reference.scale, rtol=1e-4)  # float32's m against float64's (DistilBERT's: 1.5e-5 apart)
     assert patched.edges.post_norm and patched.position == reference.position
     compared = []
     for receiver in receivers(reference):

@@ -221,9 +221,16 @@ def circuit_edges(
     ig = settings.ig
     scale = 1.0 / (m_clean - m_corrupt)
     if post_norm(loaded):
-        from attnviz.analysis.edges_postnorm import post_norm_edges
+        from attnviz.analysis.edges_postnorm import post_norm_scores
 
-        return post_norm_edges(loaded, spec, weights, written, clean, corrupted, read, scale, m_corrupt, settings, progress)
+        scores, norms = post_norm_scores(loaded, spec, weights, written, clean.recorded, corrupted.recorded, read, ig or 1, scale)
+        edges = Edges(scores, [], ig, num_heads, num_kv, post_norm=True)
+
+        def carried(edge: Edge):  # (1, N, D): the sender's difference carried to the receiver's layer (the read-out's: past the last)
+            return norms.carried(written[edge.sender], edge.sender[0], num_layers if edge.input == "logits" else edge.layer)
+
+        check_by_path_patching(loaded, spec, weights, corrupted, read, edges, settings, carried, (m_corrupt, scale), progress)
+        return edges
     gradients, final = _input_gradients(loaded, spec, weights, clean.recorded, corrupted.recorded, read, ig or 1)
     roles = (("q", num_heads), ("k", num_kv), ("v", num_kv))
     scores = {role: np.full((num_layers, num_heads, num_layers, count), np.nan) for role, count in roles}
@@ -284,6 +291,7 @@ def _input_gradients(loaded, spec, weights: list, clean, corrupted, read: ReadOu
     layer's AttentionWeights."""
     import torch
 
+    from attnviz.analysis.edge_gradients import interpolated, through_norm, through_rows
     from attnviz.models.capture import hook_layers, projection_slice
 
     model, stack = loaded.model, spec.stack
@@ -313,43 +321,9 @@ def _input_gradients(loaded, spec, weights: list, clean, corrupted, read: ReadOu
         rows = {"q": each.w_q[0], "k": each.w_k[0], "v": each.w_v[0]}  # (n * d, D) each, nn.Linear's layout
         # dm/d(norm output) for each receiver alone: head i's gradient at its d features through its rows, (C, N, n, D)
         through = {role: through_rows(by_key[(layer, id(each[0]))], each, rows[role]) for role, each in slices[layer].items()}
-        together = _through_norm(norms[layer], inputs[layer].detach(), torch.cat(list(through.values()), dim=2))
+        together = through_norm(norms[layer], inputs[layer].detach(), torch.cat(list(through.values()), dim=2))
         gradients.append(dict(zip(through, together.split([part.shape[2] for part in through.values()], dim=1))))
     return gradients, grads[-1].double().mean(dim=0)
-
-
-def interpolated(clean, corrupted, steps: int):
-    """(C, N, D), C = steps, requiring grad: the first layer's input of the corrupted run (Recorded) moved towards the
-    clean one's, e_k = e_corrupt + (k / steps) (e_clean - e_corrupt), k = 0 .. steps - 1 (EAP-IG's; EAP's alone: 1)."""
-    import torch
-
-    start, end = (each.entering(0).detach().clone().double() for each in (corrupted, clean))  # (1, N, D)
-    alphas = torch.arange(steps, dtype=torch.float64, device=start.device).view(-1, 1, 1) / steps
-    return (start + alphas * (end - start)).to(corrupted.entering(0).dtype).requires_grad_(True)  # (C, N, D)
-
-
-def through_rows(grad, projection: tuple, rows):
-    """(C, N, n, D): dm/d(the projection's input) for each of its n heads alone, from grad (C, N, features), dm/d(the
-    projection module's output); projection: capture.projection_slice's (module, first, n, d); rows (n * d, D) its
-    weight's rows (nn.Linear's layout)."""
-    _, offset, count, head_dim = projection
-    grad = grad[..., offset : offset + count * head_dim]  # (C, N, n * d)
-    per_head = grad.reshape(*grad.shape[:2], count, head_dim)  # (C, N, n, d)
-    # (n, C * N, d) @ (n, d, D) -> (C, N, n, D)
-    product = per_head.flatten(0, 1).transpose(0, 1) @ rows.view(count, head_dim, -1).to(grad.dtype)
-    return product.transpose(0, 1).view(*grad.shape[:2], count, -1)
-
-
-def _through_norm(norm, x, wanted, mean: bool = True):
-    """(N, R, D) float64: J_norm(x)^T wanted for each of R receivers' own copy of x (C, N, D), wanted (C, N, R, D), by
-    autograd through the model's own norm module over R copies; the mean over the C copies (EAP-IG's steps). mean
-    False: each copy's, (C, N, R, D) in x's dtype (a chain of norms: edges_postnorm.py)."""
-    import torch
-
-    with torch.inference_mode(False), torch.enable_grad():
-        copies = x.unsqueeze(2).expand(*wanted.shape).clone().requires_grad_(True)  # (C, N, R, D)
-        (result,) = torch.autograd.grad(norm(copies), copies, wanted.to(x.dtype))
-    return result.double().mean(dim=0) if mean else result
 
 
 def attention_norm(loaded, layer: int, stack):

@@ -6,14 +6,14 @@ pre2 = y + MLP(y); x_(l+1) = LN2(pre2). With every sublayer held at the corrupte
 layer l reaches the next layer's input as LN2(pre2 + LN1(pre1 + d) - LN1(pre1)) - x_(l+1), and so on to the receiver;
 its first-order term is J^T of each norm in turn, at the corrupted run (the MLP's residual adds y unchanged).
 
-- EAP: one differentiated pass of the corrupted run (edges.interpolated's N copies for EAP-IG) gives dm/d(each
+- EAP: one differentiated pass of the corrupted run (edge_gradients.interpolated's N copies for EAP-IG) gives dm/d(each
   receiver's copy of its input): a head's through its rows of W_q, W_k or W_v (edges.through_rows), the read-out's
   dm/dx_L. Then one backward sweep, from the last layer down: the receivers of the layers after l (and the read-out),
   carried to x_(l+1), go back through l's LN2 and LN1 (autograd through the model's own norm modules over a copy per
-  receiver: edges._through_norm) and arrive at pre1 of layer l, where the senders of layer l write; there layer l's
+  receiver: edge_gradients.through_norm) and arrive at pre1 of layer l, where the senders of layer l write; there layer l's
   own receivers join them (pre1 = x_l + ...). L layers, 2 L norm VJPs over at most 3 H (L - 1) + 1 receivers each.
-- Path patching: the corrupted run with the sender's out_clean - out_corrupt carried by carried() to the receiver's
-  layer, the receiver alone reading it (edges._path_patched); the norms' inputs are the differentiated pass's first
+- Path patching: the corrupted run with the sender's out_clean - out_corrupt carried by Norms.carried to the receiver's
+  layer, the receiver alone reading it (edges.py); the norms' inputs are the differentiated pass's first
   copy's, the corrupted run's own.
 """
 
@@ -61,14 +61,12 @@ def post_norms(loaded, layer: int) -> tuple:
     return tuple(model.get_submodule(name) for name in loaded.family.post_norm_names(index))
 
 
-def post_norm_edges(loaded, spec, weights: list, written, clean, corrupted, read, scale: float, m_corrupt: float, settings, progress):
-    """edges.circuit_edges for a post-norm encoder: every edge's EAP (EAP-IG) score from one differentiated pass and one
-    backward sweep, the top settings.checked edges path patched. written (L, H, N, D): each head's out_clean -
-    out_corrupt; clean and corrupted: patching's TextPass of each text."""
-    from attnviz.analysis.edges import Edges, check_by_path_patching
-
+def post_norm_scores(loaded, spec, weights: list, written, clean, corrupted, read, steps: int, scale: float):
+    """(scores, Norms): edges.Edges' scores of a post-norm encoder by EAP (steps 1) or EAP-IG, from one differentiated
+    pass and one backward sweep; Norms carries a sender's difference for path patching. written (L, H, N, D): each
+    head's out_clean - out_corrupt; clean and corrupted: the texts' Recorded; scale 1 / (m_clean - m_corrupt)."""
     num_layers, num_heads, num_kv = len(weights), weights[0].num_heads, weights[0].num_kv_heads
-    arrived, norms = _swept_gradients(loaded, spec, weights, clean.recorded, corrupted.recorded, read, settings.ig or 1)
+    arrived, norms = _swept_gradients(loaded, spec, weights, clean, corrupted, read, steps)
     roles = (("q", num_heads), ("k", num_kv), ("v", num_kv))
     scores = {role: np.full((num_layers, num_heads, num_layers, count), np.nan) for role, count in roles}
     scores["logits"] = np.zeros((num_layers, num_heads))
@@ -80,13 +78,7 @@ def post_norm_edges(loaded, spec, weights: list, written, clean, corrupted, read
                 scores[role][layer, :, receiver] = values[:, at : at + count]
                 at += count
         scores["logits"][layer] = values[:, at]
-    edges = Edges(scores, [], settings.ig, num_heads, num_kv, post_norm=True)
-
-    def received(edge):  # (1, N, D): the sender's difference carried to the receiver's layer (the read-out: past the last)
-        return norms.carried(written[edge.sender], edge.sender[0], num_layers if edge.input == "logits" else edge.layer)
-
-    check_by_path_patching(loaded, spec, weights, corrupted, read, edges, settings, received, (m_corrupt, scale), progress)
-    return edges
+    return scores, norms
 
 
 def _swept_gradients(loaded, spec, weights: list, clean, corrupted, read, steps: int):
@@ -96,7 +88,7 @@ def _swept_gradients(loaded, spec, weights: list, clean, corrupted, read, steps:
     first copy's, k = 0). clean and corrupted: the texts' Recorded."""
     import torch
 
-    from attnviz.analysis.edges import _through_norm, interpolated, through_rows
+    from attnviz.analysis.edge_gradients import interpolated, through_norm, through_rows
     from attnviz.models.capture import hook_layers, projection_slice
 
     model, stack = loaded.model, spec.stack
@@ -124,8 +116,8 @@ def _swept_gradients(loaded, spec, weights: list, clean, corrupted, read, steps:
     arrived = [None] * num_layers
     for layer in reversed(range(num_layers)):
         norm1, norm2 = modules[layer]
-        at_y = _through_norm(norm2, entering[(1, layer)].detach(), carried, mean=False)  # at y: the MLP held, pre2 = y + it
-        at_pre1 = _through_norm(norm1, entering[(0, layer)].detach(), at_y, mean=False)  # (C, N, R, D)
+        at_y = through_norm(norm2, entering[(1, layer)].detach(), carried, mean=False)  # at y: the MLP held, pre2 = y + it
+        at_pre1 = through_norm(norm1, entering[(0, layer)].detach(), at_y, mean=False)  # (C, N, R, D)
         arrived[layer] = at_pre1.double().mean(dim=0)
         if layer:  # at x_layer: its own receivers join, q, k, v by head
             rows = {"q": weights[layer].w_q[0], "k": weights[layer].w_k[0], "v": weights[layer].w_v[0]}
