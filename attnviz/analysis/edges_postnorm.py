@@ -6,14 +6,15 @@ pre2 = y + MLP(y); x_(l+1) = LN2(pre2). With every sublayer held at the corrupte
 layer l reaches the next layer's input as LN2(pre2 + LN1(pre1 + d) - LN1(pre1)) - x_(l+1), and so on to the receiver;
 its first-order term is J^T of each norm in turn, at the corrupted run (the MLP's residual adds y unchanged).
 
-- EAP: one differentiated pass of the corrupted run (edge_gradients.interpolated's N copies for EAP-IG) gives dm/d(each
-  receiver's copy of its input): a head's through its rows of W_q, W_k or W_v (edges.through_rows), the read-out's
-  dm/dx_L. Then one backward sweep, from the last layer down: the receivers of the layers after l (and the read-out),
-  carried to x_(l+1), go back through l's LN2 and LN1 (autograd through the model's own norm modules over a copy per
-  receiver: edge_gradients.through_norm) and arrive at pre1 of layer l, where the senders of layer l write; there layer l's
-  own receivers join them (pre1 = x_l + ...). L layers, 2 L norm VJPs over at most 3 H (L - 1) + 1 receivers each.
-- Path patching: the corrupted run with the sender's out_clean - out_corrupt carried by Norms.carried to the receiver's
-  layer, the receiver alone reading it (edges.py); the norms' inputs are the differentiated pass's first
+- EAP: one differentiated pass of the corrupted run (edge_gradients.interpolated's N copies for EAP-IG) gives
+  dm/d(each receiver's copy of its input): a head's through its rows of W_q, W_k or W_v (edge_gradients.through_rows),
+  the read-out's dm/dx_L. Then one backward sweep, from the last layer down: the receivers of the layers after l (and
+  the read-out), carried to x_(l+1), go back through l's LN2 and LN1 (autograd through the model's own norm modules
+  over a copy per receiver: edge_gradients.through_norm) and arrive at pre1 of layer l, where the senders of layer l
+  write; there layer l's own receivers join them (pre1 = x_l + ...). L layers, 2 L norm VJPs over at most
+  3 H (L - 1) + 1 receivers each.
+- Path patching: the corrupted run with the sender's out_clean - out_corrupt carried by Norms.carried to the
+  receiver's layer, the receiver alone reading it (edges.py); the norms' inputs are the differentiated pass's first
   copy's, the corrupted run's own.
 """
 
