@@ -22,8 +22,11 @@ SAMPLES = Path(__file__).parent.parent / "sample_inputs"
 TEXT = "The cat sat on the mat because it was tired."
 CORRUPT = "The mat sat on the cat because it was tired."
 PATCH = ["patch", TEXT, "--corrupt", CORRUPT, "--answer", " cat", "--wrong", " mat"]
+MASKED = ["patch", "The cat sat on the [MASK] because it was tired.", "--corrupt", "The dog sat on the [MASK] because it was tired.",
+          "--answer", "mat", "--wrong", "floor"]  # fmt: skip
 
-# command line (without --model and --out), the model ("bert": the bundled one; "llama": the tiny one), runs by module
+# command line (without --model and --out), the model ("bert": the bundled one; "llama": the tiny one; "bert-mlm": a tiny
+# BertForMaskedLM, which attnviz's BertEncoder reads), runs by module
 COMMANDS = {
     "heads": (["heads", TEXT], "bert", {"BertEncoder": 1}),
     "heads --trace": (["heads", TEXT, "--trace"], "bert", {"BertEncoder": 1}),  # was 2: the trace's pass, the heads'
@@ -50,15 +53,35 @@ COMMANDS = {
     "patch --component pattern": (
         [*PATCH, "--component", "pattern"], "llama", {"LlamaModel": 2, "LlamaDecoderLayer": 6, "LlamaRMSNorm": 4}
     ),
+    # patch's (above), then the edges' one differentiated pass from layer 0 (2 decoder layers, the final norm) and each
+    # layer's norm once (its receivers' gradients through it); then path patching of the 10 checked edges: into a head of
+    # layer 1, its norm, layer 1 and the final norm (the 4 checked here); into the read-out, the final norm (the other 6)
+    "patch --edges": ([*PATCH, "--edges"], "llama", {"LlamaModel": 2, "LlamaDecoderLayer": 3 + 2 + 4, "LlamaRMSNorm": 2 + 3 + 4 * 2 + 6}),
+    # a post-norm encoder: the two texts' passes, the patched passes (layers 0 and 1, then 1), the differentiated pass
+    # (2 layers), and path patching of the 10 checked edges: into a head of layer 1, layer 1 (the 7 checked here); into
+    # the read-out, no layer (the carried stream is the last hidden state)
+    "patch --edges on an encoder": ([*MASKED, "--edges"], "bert-mlm", {"BertEncoder": 2, "BertLayer": 3 + 2 + 7}),
 }
-MODEL_MODULES = ("BertEncoder", "LlamaModel", "LlamaDecoderLayer", "LlamaRMSNorm")
+MODEL_MODULES = ("BertEncoder", "BertLayer", "LlamaModel", "LlamaDecoderLayer", "LlamaRMSNorm")
+
+
+@pytest.fixture(scope="module")
+def masked_lm_folder(tmp_path_factory):
+    """A tiny BertForMaskedLM (2 layers of 4 heads), saved once: an encoder patch reads at its [MASK]."""
+    import transformers
+    from tiny_families import WORDPIECE_VOCAB, _ENCODER, save_checkpoint, wordpiece_tokenizer
+
+    folder = tmp_path_factory.mktemp("tiny-bert-mlm")
+    save_checkpoint(transformers.BertConfig(vocab_size=WORDPIECE_VOCAB, **_ENCODER), transformers.BertForMaskedLM, wordpiece_tokenizer(), folder, seed=1)
+    return folder
 
 
 @pytest.mark.parametrize("name", COMMANDS)
-def test_each_command_runs_the_model_as_often_as_its_row_says(name, decoder_folder, tmp_path):
+def test_each_command_runs_the_model_as_often_as_its_row_says(name, decoder_folder, request, tmp_path):
     argv, model, expected = COMMANDS[name]
+    folder = {"bert": "bundled", "llama": decoder_folder}.get(model) or request.getfixturevalue("masked_lm_folder")
     with model_runs() as runs:
-        code = run([*argv, "--model", "bundled" if model == "bert" else str(decoder_folder), "--out", str(tmp_path / "out"), "--quiet"])
+        code = run([*argv, "--model", str(folder), "--out", str(tmp_path / "out"), "--quiet"])
     assert code == 0
     assert {module: runs[module] for module in MODEL_MODULES if runs[module]} == expected
 

@@ -22,6 +22,18 @@ An edge sender -> receiver is the sender's out added to that receiver's copy of 
   where the model is near linear along the edge.
 
 Both numbers are normalised as patching's scores are: divided by m_clean - m_corrupt (1 = the whole clean answer).
+
+A post-norm encoder (BERT, RoBERTa, XLM-RoBERTa, ELECTRA, DistilBERT, ALBERT; read by its masked-LM head at the mask)
+normalises after each sublayer instead. Its layer l: pre1 = x_l + sum_h out_h + b_o; y = LN1(pre1); pre2 = y + MLP(y);
+x_(l+1) = LN2(pre2). A sender head writes its out into pre1 of its layer; the receivers are each later layer's heads'
+q, k and v inputs (x_r itself: the projections read it with no norm before them) and the read-out (the last layer's
+output x_L, which the masked-LM head's transform and W_U read at the mask). An edge s -> r is the sender's
+out_clean - out_corrupt carried along the residual path alone to the receiver's own copy of its input: every sublayer
+on the way (the other heads, the MLPs) held at the corrupted run's values, the norms on the way (LN1 and LN2 of each
+layer from the sender's to the one before the receiver's) recomputed as functions. That is path patching, exact; EAP's
+score is its first-order term, (out_clean - out_corrupt) . J_path^T dm/dx_r, J_path the Jacobian of that chain of
+norms at the corrupted run (EAP-IG: at each interpolated copy, the products averaged). One backward sweep carries
+every later receiver's gradient through each layer's two norms once (edges_postnorm.py).
 """
 
 from __future__ import annotations
@@ -49,6 +61,18 @@ INPUTS = {
     "v": "the receiver key/value head's value input (its rows of W_v)",
     "logits": "the metric's read-out: the stream entering the final norm, at every position",
 }
+POST_NORM_INPUTS = {
+    "q": "the receiver head's query input: the stream entering its layer (a post-norm layer's output, read with no "
+    "norm before the projection) through its rows of W_q",
+    "k": "the receiver head's key input (its rows of W_k)",
+    "v": "the receiver head's value input (its rows of W_v)",
+    "logits": "the metric's read-out: the last layer's output, which the masked-LM head reads at the mask",
+}
+POST_NORM_PATH = (
+    "; a post-norm encoder's: the sender's difference reaches the receiver along the residual path alone, through the "
+    "norms after each sublayer on the way (recomputed for path patching, their Jacobians at the run for the score), the "
+    "other heads and the MLPs held at the corrupted run's values"
+)
 SCORE = (
     "EAP: sum over positions of (sender out_clean - out_corrupt) . dm/d(receiver input) on the corrupted run, "
     "divided by m_clean - m_corrupt"
@@ -96,6 +120,7 @@ class Edges:
     ig: int | None
     num_heads: int
     num_kv_heads: int
+    post_norm: bool = False  # a post-norm encoder's: each edge carried through the norms on its path
     grouped: bool = field(init=False)
 
     def __post_init__(self):
@@ -139,28 +164,35 @@ def receiver_name(edge: Edge, grouped: bool) -> str:
 
 @dataclass(frozen=True)
 class ReadOut:
-    """Where and how the metric reads a decoder's last hidden state h: m = h[position] . direction + offset."""
+    """Where and how the metric reads the model's last hidden state h: m = transform(h[position]) . direction + offset,
+    transform None (a decoder's language-model head: linear) or an encoder's masked-LM head's (dense, activation,
+    LayerNorm: models/masked_lm.py)."""
 
     position: int
-    direction: object  # (D,) float64 tensor: W_U[answer] - W_U[wrong]
+    direction: object  # (E,) float64 tensor: W_U[answer] - W_U[wrong]
     offset: float
+    transform: object = None
 
     def metric(self, last):  # last (C, N, D) -> (C,)
-        return last[:, self.position].double() @ self.direction + self.offset
+        hidden = last[:, self.position] if self.transform is None else self.transform(last[:, self.position])
+        return hidden.double() @ self.direction + self.offset
 
 
 def check_edges(loaded, stack) -> None:
-    """Edges need a stream that is a sum of the heads' outputs, read by each layer through its own norm: a pre-norm
-    decoder whose adapter names that norm. Refused otherwise, in one line, before any pass."""
+    """Edges need a stream that is a sum of the heads' outputs, read by each layer through its own norm (a pre-norm
+    decoder whose adapter names that norm), or a post-norm encoder whose adapter names its norms (edges_postnorm.py).
+    Refused otherwise, in one line, before any pass."""
+    from attnviz.analysis.edges_postnorm import post_norm
     from attnviz.errors import AttnvizError, option
     from attnviz.models.families import DECODER
 
     family = loaded.family
-    if family.kind != DECODER or family.attention_norm is None or loaded.is_bert:
+    pre_norm = family.kind == DECODER and family.attention_norm is not None and not loaded.is_bert
+    if not (pre_norm or post_norm(loaded)):
         raise AttnvizError(
             f"{option('edges', True)} needs a decoder that normalises each layer's input before its attention (Llama, Qwen, SmolLM2, "
-            f"GPT-2): {loaded.name} is a {family.kind} of the {family.name} family, whose heads reach later layers "
-            "through post-norms or cross-attention, not as a sum in one residual stream"
+            f"GPT-2) or a post-norm encoder (BERT, RoBERTa, ELECTRA, DistilBERT, ALBERT): {loaded.name} is a {family.kind} "
+            f"of the {family.name} family, whose heads reach later layers through cross-attention or norms attnviz does not name"
         )
     if getattr(loaded.model, "layer_at_a_time", False):  # asked for, or a checkpoint past 1 GB
         raise AttnvizError(
@@ -178,6 +210,8 @@ def circuit_edges(
     (N = ig or 1)."""
     import torch
 
+    from attnviz.analysis.edges_postnorm import post_norm
+
     model, stack = loaded.model, spec.stack
     num_layers = loaded.num_layers_of(stack)
     weights = [model.attention_weights(layer, stack) for layer in range(num_layers)]
@@ -185,8 +219,19 @@ def circuit_edges(
     with torch.inference_mode():
         written = torch.stack([_written(clean.recorded, corrupted.recorded, layer, each) for layer, each in enumerate(weights)])  # (L, H, N, D)
     ig = settings.ig
-    gradients, final = _input_gradients(loaded, spec, weights, clean.recorded, corrupted.recorded, read, ig or 1)
     scale = 1.0 / (m_clean - m_corrupt)
+    if post_norm(loaded):
+        from attnviz.analysis.edges_postnorm import post_norm_scores
+
+        scores, norms = post_norm_scores(loaded, spec, weights, written, clean.recorded, corrupted.recorded, read, ig or 1, scale)
+        edges = Edges(scores, [], ig, num_heads, num_kv, post_norm=True)
+
+        def carried(edge: Edge):  # (1, N, D): the sender's difference carried to the receiver's layer (the read-out's: past the last)
+            return norms.carried(written[edge.sender], edge.sender[0], num_layers if edge.input == "logits" else edge.layer)
+
+        check_by_path_patching(loaded, spec, weights, corrupted, read, edges, settings, carried, (m_corrupt, scale), progress)
+        return edges
+    gradients, final = _input_gradients(loaded, spec, weights, clean.recorded, corrupted.recorded, read, ig or 1)
     roles = (("q", num_heads), ("k", num_kv), ("v", num_kv))
     scores = {role: np.full((num_layers, num_heads, num_layers, count), np.nan) for role, count in roles}
     senders = written.flatten(2)  # (L, H, N * D)
@@ -197,13 +242,34 @@ def circuit_edges(
             scores[role][:layer, :, layer] = part
     scores["logits"] = (senders @ final.flatten()).cpu().numpy() * scale  # (L, H)
     edges = Edges(scores, [], ig, num_heads, num_kv)
+
+    def received(edge: Edge):  # (1, N, D): what the receiver reads with the sender's difference added to its input alone
+        added = written[edge.sender]  # (N, D) float64
+        if edge.input == "logits":  # the stream entering the final norm: the read-out's input
+            entered = corrupted.captured.final_in
+            return model.layer_stack(stack).final(entered + added.to(entered.dtype))
+        x = corrupted.recorded.entering(edge.layer)  # (1, N, D): the stream entering the receiver's layer
+        return attention_norm(loaded, edge.layer, stack)(x + added.to(x.dtype))
+
+    check_by_path_patching(loaded, spec, weights, corrupted, read, edges, settings, received, (m_corrupt, scale), progress)
+    return edges
+
+
+def check_by_path_patching(loaded, spec, weights, corrupted, read: ReadOut, edges: Edges, settings: EdgeSettings, received,
+                           normalise: tuple[float, float], progress: Progress) -> None:  # fmt: skip
+    """edges.checked: the top settings.checked edges by |score|, each with its path patching, normalised ((m_patched -
+    m_corrupt) * scale, normalise = (m_corrupt, scale)); received(edge): what the edge's receiver reads, (1, N, D)."""
+    import torch
+
+    m_corrupt, scale = normalise
     chosen = edges.ranked(settings.checked)
     advance = progress.counting("edges checked by path patching", len(chosen))
     for edge in chosen:
-        patched = _path_patched(loaded, spec, weights[edge.layer] if edge.layer is not None else None, corrupted, read, written, edge)
+        with torch.inference_mode():
+            given = received(edge)
+        patched = _path_patched(loaded, spec, weights[edge.layer] if edge.layer is not None else None, corrupted, read, edge, given)
         edges.checked.append((edge, edges.score(edge), (patched - m_corrupt) * scale))
         advance(1)
-    return edges
 
 
 def _written(clean, corrupted, layer: int, weights):
@@ -225,6 +291,7 @@ def _input_gradients(loaded, spec, weights: list, clean, corrupted, read: ReadOu
     layer's AttentionWeights."""
     import torch
 
+    from attnviz.analysis.edge_gradients import interpolated, through_norm, through_rows
     from attnviz.models.capture import hook_layers, projection_slice
 
     model, stack = loaded.model, spec.stack
@@ -233,9 +300,7 @@ def _input_gradients(loaded, spec, weights: list, clean, corrupted, read: ReadOu
     slices = [{role: projection_slice(model, each, role) for role in ("q", "k", "v")} for each in weights]
     modules = [list({id(each[0]): each[0] for each in layer.values()}.values()) for layer in slices]  # fused: c_attn once
     entering = {}, {}, []  # the norms' inputs, the projections' outputs by (layer, module), the final norm's input
-    start, end = (each.entering(0).detach().clone().double() for each in (corrupted, clean))  # (1, N, D)
-    alphas = torch.arange(steps, dtype=torch.float64, device=start.device).view(-1, 1, 1) / steps
-    first = (start + alphas * (end - start)).to(corrupted.entering(0).dtype).requires_grad_(True)  # (C, N, D)
+    first = interpolated(clean, corrupted, steps)
 
     def hooks():
         inputs, outputs, final = entering
@@ -255,27 +320,10 @@ def _input_gradients(loaded, spec, weights: list, clean, corrupted, read: ReadOu
     for layer, each in enumerate(weights):
         rows = {"q": each.w_q[0], "k": each.w_k[0], "v": each.w_v[0]}  # (n * d, D) each, nn.Linear's layout
         # dm/d(norm output) for each receiver alone: head i's gradient at its d features through its rows, (C, N, n, D)
-        through = {}
-        for role, (module, offset, count, head_dim) in slices[layer].items():
-            grad = by_key[(layer, id(module))][..., offset : offset + count * head_dim]  # (C, N, n * d)
-            per_head = grad.reshape(*grad.shape[:2], count, head_dim)  # (C, N, n, d)
-            # (n, C * N, d) @ (n, d, D) -> (C, N, n, D)
-            product = per_head.flatten(0, 1).transpose(0, 1) @ rows[role].view(count, head_dim, -1).to(grad.dtype)
-            through[role] = product.transpose(0, 1).view(*grad.shape[:2], count, -1)
-        together = _through_norm(norms[layer], inputs[layer].detach(), torch.cat(list(through.values()), dim=2))
+        through = {role: through_rows(by_key[(layer, id(each[0]))], each, rows[role]) for role, each in slices[layer].items()}
+        together = through_norm(norms[layer], inputs[layer].detach(), torch.cat(list(through.values()), dim=2))
         gradients.append(dict(zip(through, together.split([part.shape[2] for part in through.values()], dim=1))))
     return gradients, grads[-1].double().mean(dim=0)
-
-
-def _through_norm(norm, x, wanted):
-    """(N, R, D) float64: J_norm(x)^T wanted for each of R receivers' own copy of x (C, N, D), wanted (C, N, R, D), by
-    autograd through the model's own norm module over R copies; the mean over the C copies (EAP-IG's steps)."""
-    import torch
-
-    with torch.inference_mode(False), torch.enable_grad():
-        copies = x.unsqueeze(2).expand(*wanted.shape).clone().requires_grad_(True)  # (C, N, R, D)
-        (result,) = torch.autograd.grad(norm(copies), copies, wanted.to(x.dtype))
-    return result.double().mean(dim=0)
 
 
 def attention_norm(loaded, layer: int, stack):
@@ -284,24 +332,21 @@ def attention_norm(loaded, layer: int, stack):
     return loaded.model.get_submodule(family.attention_norm.format(index=family.stored_index(loaded.model.config, layer, stack)))
 
 
-def _path_patched(loaded, spec, weights, corrupted, read: ReadOut, written, edge: Edge) -> float:
-    """m of the corrupted run with the sender's written (L, H, N, D) difference added to the receiver's input alone
-    (weights: the receiver layer's AttentionWeights)."""
+def _path_patched(loaded, spec, weights, corrupted, read: ReadOut, edge: Edge, given) -> float:
+    """m of the corrupted run with the edge's receiver alone reading `given` (1, N, D): the read-out's last hidden state,
+    or a head's projection input (weights: the receiver layer's AttentionWeights)."""
     import torch
 
     from attnviz.models.capture import projection_slice
 
     model, stack = loaded.model, spec.stack
-    added = written[edge.sender]  # (N, D) float64
     with torch.inference_mode():
-        if edge.input == "logits":  # the stream entering the final norm: the read-out's input
-            final = model.layer_stack(stack).final
-            entered = corrupted.captured.final_in
-            return float(read.metric(final(entered + added.to(entered.dtype)))[0])
+        if edge.input == "logits":
+            return float(read.metric(given)[0])
         module, offset, _, head_dim = projection_slice(model, weights, edge.input)
         x = corrupted.recorded.entering(edge.layer)  # (1, N, D): the stream entering the receiver's layer
         part = slice(offset + edge.head * head_dim, offset + (edge.head + 1) * head_dim)
-        replacement = module(attention_norm(loaded, edge.layer, stack)(x + added.to(x.dtype)))[..., part]
+        replacement = module(given)[..., part]
 
         def change(y):  # the receiver's slice of the projection's output, from its own input
             y = y.clone()

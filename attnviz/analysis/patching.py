@@ -120,13 +120,12 @@ def patch_heads(
     import torch
 
     from attnviz.analysis.attribution import direct_attribution
+    from attnviz.analysis.edges import ReadOut, check_edges
     from attnviz.layer_inputs import encode_texts
     from attnviz.models.capture import PROJECTIONS
 
     stack, model = spec.stack, loaded.model
     if edges is not None:
-        from attnviz.analysis.edges import check_edges
-
         check_edges(loaded, stack)
     transform, weight, bias = read_out(loaded)
     clean_encoded, corrupt_encoded = (encode_texts(loaded, [each], spec) for each in (text, corrupt))
@@ -141,10 +140,8 @@ def patch_heads(
     # (E,): W_U[answer] - W_U[wrong], each row in float64 first (as stored, bfloat16, where read a layer at a time)
     direction = weight[answer_id].double() - weight[wrong_id].double()
     offset = 0.0 if bias is None else float(bias[answer_id].double() - bias[wrong_id].double())
-
-    def metric(last) -> np.ndarray:  # last (C, N, D) -> m of each copy (C,)
-        hidden = last[:, position] if transform is None else transform(last[:, position])
-        return (hidden.double() @ direction + offset).cpu().numpy()
+    read = ReadOut(position, direction.detach(), offset, transform)
+    metric = lambda last: read.metric(last).cpu().numpy()  # noqa: E731  last (C, N, D) -> m of each copy (C,)
 
     projections = frozenset(component for component in components if component in PROJECTIONS)
     clean = text_pass(loaded, clean_encoded, spec, projections)
@@ -176,9 +173,8 @@ def patch_heads(
             advance = progress.counting("heads patched position by position", len(chosen))
             result.per_position = {head: normalise(row) for head, row in zip(chosen, patched.by_position(chosen, metric, advance))}
     if edges is not None:
-        from attnviz.analysis.edges import ReadOut, circuit_edges
+        from attnviz.analysis.edges import circuit_edges
 
-        read = ReadOut(position, direction.detach(), offset)
         result.edges = circuit_edges(loaded, spec, clean, corrupted, read, m_clean, m_corrupt, edges, progress)
     return result
 

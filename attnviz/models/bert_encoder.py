@@ -28,7 +28,7 @@ from torch import nn
 from attnviz.attention.layer import AttentionWeights, merge_heads, split_heads
 from attnviz.errors import AttnvizError
 from attnviz.models.capture import Capture, Captured, HookPoints, Wanted, capture
-from attnviz.models.layer_runs import LayerStack, Recorded, run_from
+from attnviz.models.layer_runs import LayerStack, Recorded, differentiable_run, run_from
 
 ACTIVATIONS = {
     "gelu": F.gelu,
@@ -260,6 +260,10 @@ class BertEncoder(nn.Module):
     ) -> torch.Tensor:
         """The last hidden state (B, N, D) when hidden (B, N, D) enters layer `layer` (layer_runs.run_from)."""
         return run_from(self.layer_stack(), layer, hidden, recorded, heads, output)
+
+    def differentiable_run(self, hidden: torch.Tensor, recorded: Recorded, stack: str | None = None, hooks=lambda: []) -> torch.Tensor:
+        """layer_runs.differentiable_run: hidden (B, N, D) entering layer 0, autograd on (analysis/edges.py)."""
+        return differentiable_run(self.layer_stack(), hidden, recorded, hooks)
 
 
 def require_finite(x: torch.Tensor, module: nn.Module, prefix: str, what: str) -> torch.Tensor:

@@ -89,6 +89,19 @@ def run_from(
     return hidden if recorded.rest is None else recorded.rest(hidden)
 
 
+def differentiable_run(stack: LayerStack, hidden: torch.Tensor, recorded: Recorded, hooks=lambda: []) -> torch.Tensor:
+    """run_from from layer 0 with autograd on (analysis/edges.py differentiates the metric): hidden (B, N, D) enters
+    the first layer, the layers run with recorded's calls copied out of inference mode (Recorded.for_gradients);
+    hooks() installs the caller's hooks and returns their handles, removed after. The caller holds the model."""
+    with torch.inference_mode(False), torch.enable_grad():
+        handles = hooks()
+        try:
+            return run_from(stack, 0, hidden, recorded.for_gradients())
+        finally:
+            for handle in handles:
+                handle.remove()
+
+
 def _first_call(change):
     """A hook (module, *given) -> change(*given) at its first call, None (nothing changed) at the later ones."""
     done = []

@@ -33,7 +33,7 @@ from attnviz.attention.layer import AttentionWeights
 from attnviz.errors import AttnvizError
 from attnviz.models import blocked_attention
 from attnviz.models.capture import Capture, Captured, HookPoints, Wanted, capture, hook_layers
-from attnviz.models.layer_runs import LayerStack, Recorded, run_from
+from attnviz.models.layer_runs import LayerStack, Recorded, differentiable_run, run_from
 from attnviz.models.families import DECODER, ENCODER_DECODER, Family
 from attnviz.models.shown import space_before
 from attnviz.models.words import tokenizer_scheme
@@ -403,17 +403,12 @@ class TransformersModel:
             return run_from(self.layer_stack(stack), layer, hidden, recorded, heads, output)
 
     def differentiable_run(self, hidden: torch.Tensor, recorded: Recorded, stack: str | None = None, hooks=lambda: []) -> torch.Tensor:
-        """run_from from layer 0 with autograd on (analysis/edges.py differentiates the metric): hidden (B, N, D) enters
-        the first layer, the layers run with recorded's calls (copied out of inference mode) and the capture pass's
-        attention (blocked_attention: its mask None is causal, as the recorded calls of one text leave it); hooks() installs the caller's hooks once the lock is held and returns their handles, removed after."""
-        with self._forward_lock, torch.inference_mode(False), torch.enable_grad():
+        """layer_runs.differentiable_run over the stack (analysis/edges.py differentiates the metric), with the capture
+        pass's attention (blocked_attention: its mask None is causal, as the recorded calls of one text leave it); hooks()
+        installs the caller's hooks once the lock is held and returns their handles, removed after."""
+        with self._forward_lock:
             self.model.set_attn_implementation(blocked_attention.register())
-            handles = hooks()
-            try:
-                return run_from(self.layer_stack(stack), 0, hidden, recorded.for_gradients())
-            finally:
-                for handle in handles:
-                    handle.remove()
+            return differentiable_run(self.layer_stack(stack), hidden, recorded, hooks)
 
     @torch.inference_mode()
     def decode(self, ids: torch.Tensor, steps: int, choose):

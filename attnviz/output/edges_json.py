@@ -24,10 +24,11 @@ def edges_record(patching, spec: RunSpec) -> dict:
     """edges.json's content: scores[input][sender layer][sender head][receiver layer][receiver head] for q, k and v
     (k and v by key/value head), scores.logits[sender layer][sender head]; checked: the top edges with their path
     patching; everything normalised by m_clean - m_corrupt."""
-    from attnviz.analysis.edges import CHECKED, INPUTS, PAPERS, PATCHED, SCORE, SCORE_IG, receiver_name, node_name
+    from attnviz.analysis.edges import CHECKED, INPUTS, PAPERS, PATCHED, POST_NORM_INPUTS, POST_NORM_PATH, SCORE, SCORE_IG, node_name, receiver_name
     from attnviz.analysis.patching import METRIC
 
     edges = patching.edges
+    path = POST_NORM_PATH if edges.post_norm else ""
     number = lambda value: round(float(value), DECIMALS)  # noqa: E731
     checked = [
         {
@@ -57,9 +58,9 @@ def edges_record(patching, spec: RunSpec) -> dict:
         "checked": checked,
         "definitions": {
             "metric": METRIC,
-            "score": SCORE if edges.ig is None else SCORE_IG,
-            "path_patched": PATCHED,
-            "inputs": INPUTS,
+            "score": (SCORE if edges.ig is None else SCORE_IG) + path,
+            "path_patched": PATCHED + path,
+            "inputs": POST_NORM_INPUTS if edges.post_norm else INPUTS,
             "checked": f"the edges of largest |score| (default {CHECKED}), each path patched",
         },
         "papers": PAPERS,

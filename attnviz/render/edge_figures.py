@@ -102,8 +102,9 @@ def print_edges(console: Console, patching) -> None:
         Text(
             "score: the sender's clean − corrupted output times dm/d(receiver input) on the corrupted run"
             + ("" if edges.ig is None else f", the gradient averaged over {edges.ig} inputs between corrupted and clean")
-            + "; path patched: the corrupted run with that output added to the receiver's input alone; both over "
-            "m_clean − m_corrupt (edges.json, edges.png)",
+            + "; path patched: the corrupted run with that output added to the receiver's input alone"
+            + (", carried there through the norms on the way (post-norm)" if edges.post_norm else "")
+            + "; both over m_clean − m_corrupt (edges.json, edges.png)",
             style="dim",
         )
     )
