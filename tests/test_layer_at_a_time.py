@@ -197,6 +197,8 @@ def test_half_precision_maps_are_within_the_dtypes_rounding_of_the_float32_runs(
         bound = (layer + 1) * unit * scores[layer]
         assert (difference <= bound).all(), (layer, difference, bound)
         assert difference.max() > 1e-4, (layer, difference)  # rounded in the dtype: not float32's numbers
+    bound = f"computed in {dtype}, each head's weights at layer l (from 0) lie within (l + 1) x 2^-{8 if dtype == 'bfloat16' else 11} x"
+    assert any(bound in note for note in actual.layer_runs[0].notes)
 
 
 def test_an_untied_output_head_is_read_from_the_file(tmp_path):
