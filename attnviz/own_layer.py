@@ -51,8 +51,9 @@ def resolve_num_heads(loaded: LoadedModel, num_heads: int | None, stack: str | N
     For BERT and random parameters it must divide the model size; for the other families
     check_split also keeps grouped-query attention's groups whole and RoPE's pairs of features.
     """
-    if num_heads is None:
-        return loaded.num_heads_of(stack)
+    own = loaded.num_heads_of(stack)
+    if num_heads is None or num_heads == own:  # the model's own split: nothing to check (no layer's weights read)
+        return own
     if loaded.is_bert:
         check_num_heads(loaded.hidden_size, num_heads)
     else:

@@ -182,14 +182,16 @@ def blocks_in_place(
     def attend(layer: int, hidden: torch.Tensor) -> torch.Tensor:  # (B, N, D) -> the heads' outputs (B, N, H, d)
         attention = layers[layer]
         rows = rows_per_block(budget_bytes, hidden.shape[0], attention.num_heads, hidden.shape[1])
-        heads = []
+        heads = None  # (B, N, H, d), filled a block at a time: no list of blocks between the blocks' buffers, no copy
         for first_query, output, weights in attention.blocks(
             hidden, valid_lens=valid_lens, causal=spec.causal, rows=rows, narrow=True, outputs="heads"
         ):
-            heads.append(output)  # (B, b, H, d)
+            if heads is None:
+                heads = output.new_empty(output.shape[0], hidden.shape[1], *output.shape[2:])
+            heads[:, first_query : first_query + output.shape[1]] = output  # (B, b, H, d)
             if each_block is not None:
                 each_block(layer, first_query, weights)
-        return torch.cat(heads, dim=1)
+        return heads
 
     with threads_for(encoded):
         kept = loaded.model.in_place_pass(encoded.queries.model_inputs(spec.device), attend, keep, whole, entered, parts=stream_of is not None)

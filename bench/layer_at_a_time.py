@@ -9,6 +9,7 @@ under /tmp and remove it after.
     python bench/layer_at_a_time.py build /tmp/llama-1b          # the checkpoint
     python bench/layer_at_a_time.py compare /tmp/llama-1b        # both runs, each in a process of its own, and a row
     python bench/layer_at_a_time.py run /tmp/llama-1b [--whole]  # one run: `attnviz.layers` at TOKENS tokens
+    python bench/layer_at_a_time.py run /tmp/llama-1b --tokens 8192 --stages  # and where its memory peaks (StagePeaks)
 
 The 8B-shaped row (Llama-3-8B's config: 32 layers, 32 heads on 8 key/value heads, 4,096 wide, an MLP of 14,336, an
 untied head; about 15 GB in bfloat16): `--shape 8b` to build, `--tokens 2048` (and `--dtype bfloat16`) to run, and
@@ -105,8 +106,46 @@ def bench_ids(model, tokens: int) -> str:
     return model.tokenizer.decode(ids[1:-1])
 
 
-def run_once(folder: Path, whole: bool, summaries: Path | None, tokens: int = TOKENS, dtype: str = "auto") -> None:
-    """attnviz.layers over a text of about `tokens` tokens; prints one JSON line (seconds, peak MB, mode)."""
+class StagePeaks:
+    """Where the memory goes: the process's resident memory (Linux's /proc/self/statm) read every 2 ms by a thread, its
+    peak kept per stage, the module of the model running (pre- and post-forward hooks on every module of the base
+    model down to an MLP's projections, the layer's index left out: "layers.i.mlp.up_proj"), "outside" between them."""
+
+    def __init__(self, base_model):
+        import os
+        import threading
+
+        self.page = os.sysconf("SC_PAGE_SIZE")
+        self.running, self.peaks, self.stack = True, {}, ["outside"]
+        for name, module in base_model.named_modules():
+            if name and name.count(".") <= 3 and "rotary" not in name:
+                stage = ".".join("i" if part.isdigit() else part for part in name.split("."))
+                module.register_forward_pre_hook(lambda module, args, stage=stage: self.stack.append(stage))
+                module.register_forward_hook(self._leave)
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+        self.thread.start()
+
+    def _leave(self, module, args, output) -> None:
+        self.stack.pop()
+
+    def _sample(self) -> None:
+        while self.running:
+            with open("/proc/self/statm") as file:
+                resident = int(file.read().split()[1]) * self.page / 2**20
+            stage = self.stack[-1]
+            self.peaks[stage] = max(self.peaks.get(stage, 0.0), resident)
+            time.sleep(0.002)
+
+    def stop(self) -> dict[str, int]:
+        """Each stage's peak MB, largest first."""
+        self.running = False
+        self.thread.join()
+        return {stage: round(peak) for stage, peak in sorted(self.peaks.items(), key=lambda item: -item[1])}
+
+
+def run_once(folder: Path, whole: bool, summaries: Path | None, tokens: int = TOKENS, dtype: str = "auto", stages: bool = False) -> None:
+    """attnviz.layers over a text of about `tokens` tokens; prints one JSON line (seconds, peak MB, mode; with stages,
+    each stage's peak: StagePeaks)."""
     import warnings
 
     import numpy as np
@@ -120,6 +159,7 @@ def run_once(folder: Path, whole: bool, summaries: Path | None, tokens: int = TO
     start = time.perf_counter()
     model = attnviz.load(str(folder), "cpu", dtype=dtype)
     loaded = time.perf_counter()
+    sampler = StagePeaks(model.model.model) if stages else None
     result = attnviz.layers(bench_ids(model, tokens), model=model, memory=MEMORY_MB)
     done = time.perf_counter()
     if summaries is not None:
@@ -130,7 +170,7 @@ def run_once(folder: Path, whole: bool, summaries: Path | None, tokens: int = TO
         "mode": "layer at a time" if model.model.layer_at_a_time else "whole", "dtype": model.dtype, "tokens": tokens, "load_s": round(loaded - start, 2),
         "layers_s": round(done - loaded, 2), "total_s": round(done - start, 2),
         "peak_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024), "checkpoint_mb": round(_checkpoint_bytes(folder) / 1e6),
-    }))  # fmt: skip
+    } | ({"stages_mb": sampler.stop()} if stages else {})))  # fmt: skip
 
 
 def forward(folder: Path, tokens: int) -> None:
@@ -203,11 +243,12 @@ if __name__ == "__main__":
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--whole", action="store_true")
     parser.add_argument("--summaries", type=Path)
+    parser.add_argument("--stages", action="store_true", help="run: each stage's peak memory too (StagePeaks)")
     args = parser.parse_args()
     if args.action == "build":
         build(args.folder, args.shape)
     elif args.action == "run":
-        run_once(args.folder, args.whole, args.summaries, args.tokens, args.dtype)
+        run_once(args.folder, args.whole, args.summaries, args.tokens, args.dtype, args.stages)
     elif args.action == "forward":
         forward(args.folder, args.tokens)
     else:

@@ -125,6 +125,26 @@ def test_only_the_running_layers_weights_are_on_the_device(pair):
     assert table.dtype == torch.bfloat16 and table.shape == (400, 48)
 
 
+def test_the_mlps_run_by_chunks_of_positions_equal_the_whole_models(pair, monkeypatch):
+    """With chunks of 3 positions (MLP_CHUNK_BYTES lowered: the tiny Llama's MLP is 112 wide, float32), each MLP runs
+    over 16 tokens in 6 calls, and every map and summary still equals the whole model's."""
+    lat, whole = pair
+    width = max(max(parameter.shape) for parameter in lat.model.model.layers[0].mlp.parameters())
+    monkeypatch.setattr(layer_weights, "MLP_CHUNK_BYTES", 3 * width * 4)
+    calls = []
+    handles = [layer.mlp.down_proj.register_forward_hook(lambda module, args, output: calls.append(args[0].shape[1])) for layer in lat.model.model.layers]
+    try:
+        actual = attnviz.layers(TEXT, model=lat)
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert len(calls) >= 12 and calls == [3, 3, 3, 3, 3, 1] * (len(calls) // 6)  # the pass stops at the last layer's attention
+    expected = attnviz.layers(TEXT, model=whole)
+    for mine, theirs in zip(actual.layer_runs, expected.layer_runs):
+        np.testing.assert_allclose(mine.attention, theirs.attention, rtol=0, atol=TOLERANCE)
+    assert differences(vars(actual.summaries), vars(expected.summaries), (lat.loaded.name, whole.loaded.name)) <= TOLERANCE
+
+
 def test_bfloat16_computed_in_bfloat16_a_layer_at_a_time_equals_the_whole_model_in_it(pair):
     lat, whole = pair
     stored, reference = lat.loaded.folder, whole.loaded.folder
@@ -133,6 +153,52 @@ def test_bfloat16_computed_in_bfloat16_a_layer_at_a_time_equals_the_whole_model_
     actual, expected = attnviz.layers(TEXT, model=half), attnviz.layers(TEXT, model=whole_half)
     for mine, theirs in zip(actual.layer_runs, expected.layer_runs):
         np.testing.assert_array_equal(mine.attention, theirs.attention)  # the same operations on the same bfloat16 numbers
+
+
+def largest_scores(folder) -> list[np.ndarray]:
+    """Per layer, each head's largest possible score max_i |q_i| max_j |k_j| / sqrt(d) (H,), from transformers' Llama
+    run whole in float32 over TEXT: the norms of q_proj's and k_proj's outputs per head (RoPE turns them, not their norms)."""
+    model = transformers.LlamaModel.from_pretrained(folder, dtype=torch.float32).eval()
+    config = model.config
+    heads, head_dim = config.num_attention_heads, config.hidden_size // config.num_attention_heads
+    norms = {}
+
+    def keep(name, count):
+        return lambda module, args, output: norms.__setitem__(name, output[0].view(-1, count, head_dim).norm(dim=-1).amax(dim=0))  # (count,)
+
+    handles = []
+    for index, layer in enumerate(model.layers):
+        handles.append(layer.self_attn.q_proj.register_forward_hook(keep(("q", index), heads)))
+        handles.append(layer.self_attn.k_proj.register_forward_hook(keep(("k", index), config.num_key_value_heads)))
+    ids = transformers.AutoTokenizer.from_pretrained(folder)(TEXT, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        model(ids)
+    group = heads // config.num_key_value_heads
+    return [(norms["q", index] * norms["k", index].repeat_interleave(group) * head_dim**-0.5).numpy() for index in range(len(model.layers))]
+
+
+@pytest.mark.parametrize("dtype, unit", [("bfloat16", 2**-8), ("float16", 2**-11)])
+def test_half_precision_maps_are_within_the_dtypes_rounding_of_the_float32_runs(pair, dtype, unit):
+    """The bfloat16 checkpoint computed a layer at a time in bfloat16 (float16) against the same run in float32: each
+    head's weights within (l + 1) u S of float32's at layer l (0-based), u the dtype's unit roundoff (2^-8, 2^-11), S
+    the head's largest possible score in float32 (largest_scores). Why: a softmax's weights move by at most half the
+    largest change of their row's scores; a score q.k/sqrt(d) moves by at most S (e_q + e_k) where q and k are within
+    e of float32's, relatively; and the stream entering layer l has been rounded by l layers before it (its roundings,
+    of either sign, adding up to about u a layer). The bound is far below what other weights give (every map differs
+    by 1 somewhere) and far above float32's own rounding, which the maps must pass too: computed in float32 (the dtype
+    ignored), they would not differ at all."""
+    lat, whole = pair
+    half = attnviz.load(str(lat.loaded.folder), "cpu", dtype=dtype, layer_at_a_time=True, cache=False)
+    assert half.model.layer_at_a_time and half.dtype == dtype
+    actual, expected = attnviz.layers(TEXT, model=half), attnviz.layers(TEXT, model=lat)
+    scores = largest_scores(whole.loaded.folder)
+    for layer, (mine, theirs) in enumerate(zip(actual.layer_runs, expected.layer_runs)):
+        difference = np.abs(mine.attention.astype(float) - theirs.attention.astype(float)).max(axis=(1, 2))  # (H,)
+        bound = (layer + 1) * unit * scores[layer]
+        assert (difference <= bound).all(), (layer, difference, bound)
+        assert difference.max() > 1e-4, (layer, difference)  # rounded in the dtype: not float32's numbers
+    bound = f"computed in {dtype}, each head's weights at layer l (from 0) lie within (l + 1) x 2^-{8 if dtype == 'bfloat16' else 11} x"
+    assert any(bound in note for note in actual.layer_runs[0].notes)
 
 
 def test_an_untied_output_head_is_read_from_the_file(tmp_path):

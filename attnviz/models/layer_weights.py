@@ -31,6 +31,12 @@ from torch import nn
 # at a time by default.
 LAYER_AT_A_TIME_BYTES = 10**9
 LOGIT_ROWS = 8192  # the vocabulary's rows of an unembedding cast at a time (64 MB of a 2,048-wide float32 one)
+# glibc's malloc serves blocks of this many bytes or more straight from the system, and gives them back when freed
+# (keep_large_blocks_apart); under it, from its heap.
+MMAP_THRESHOLD = 4 * 2**20
+# An MLP's widest activation for one chunk of positions (run_by_positions): Llama-3.2-1B's (N, 8,192) in float32 is
+# 256 MB at 8,192 tokens, three of them at once; 2,048 positions a chunk keep each to 64 MB.
+MLP_CHUNK_BYTES = 64 * 2**20
 STORED_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
 
 
@@ -119,6 +125,7 @@ def load_layer_at_a_time(
     }
     if info["missing_keys"] or info["mismatched_keys"]:
         return info
+    keep_large_blocks_apart()
     in_layers = tuple(name + "." for name in layer_names)
     for name in layer_names:
         hook = AlignDevicesHook(execution_device=device, offload=True, weights_map=PrefixedDataset(weights_map, name + "."), place_submodules=True)
@@ -139,6 +146,30 @@ def load_layer_at_a_time(
     return info
 
 
+def run_by_positions(module: nn.Module) -> None:
+    """module (a layer's MLP, whose output at a position is computed from that position's input alone) made to run over
+    chunks of positions of its input (B, N, D), each chunk's widest activation (positions x the largest size of its
+    weights) within MLP_CHUNK_BYTES, the chunks' outputs written into one (B, N, D): the same numbers, its
+    intermediates never whole. Its forward is wrapped on the instance (as accelerate's hooks wrap a layer's); hooks
+    on the module see the whole input and output."""
+    forward = module.forward
+
+    def by_positions(hidden: torch.Tensor, *args, **kwargs):
+        width = max((max(parameter.shape) for parameter in module.parameters()), default=1)
+        rows = max(1, MLP_CHUNK_BYTES // (width * hidden.element_size()))
+        if hidden.dim() != 3 or hidden.shape[1] <= rows:
+            return forward(hidden, *args, **kwargs)
+        output = None
+        for first in range(0, hidden.shape[1], rows):
+            chunk = forward(hidden[:, first : first + rows], *args, **kwargs)  # (B, rows, D)
+            if output is None:
+                output = chunk.new_empty(chunk.shape[0], hidden.shape[1], *chunk.shape[2:])
+            output[:, first : first + rows] = chunk
+        return output
+
+    module.forward = by_positions
+
+
 def give_back_freed_memory(*ignored) -> None:
     """After a layer has run and its weights are let go (a forward hook): the pages malloc keeps of what was freed given
     back to the system (glibc's malloc_trim; elsewhere nothing). glibc serves blocks under its mmap threshold, which
@@ -148,6 +179,18 @@ def give_back_freed_memory(*ignored) -> None:
     libc = _glibc()
     if libc is not None:
         libc.malloc_trim(0)
+
+
+def keep_large_blocks_apart() -> None:
+    """glibc's malloc told to take every block of MMAP_THRESHOLD bytes or more from the system on its own (mmap) and to
+    give it back as it is freed (mallopt's M_MMAP_THRESHOLD; elsewhere nothing), for the rest of the process. By
+    default the threshold rises to 32 MB as large blocks are freed, and a long text's blocks under it (each block of
+    queries' weights, of a new width each; a layer's weights) come from the heap, where small tensors kept between
+    them leave holes that later blocks do not fit: the 1B-shaped Llama at 2,048 tokens peaked at 1,341 MB so, 1,150 MB
+    with a threshold of 4 MB, no slower (bench/layer_at_a_time.py)."""
+    libc = _glibc()
+    if libc is not None:
+        libc.mallopt(-3, MMAP_THRESHOLD)  # M_MMAP_THRESHOLD (malloc.h); also stops glibc's raising it
 
 
 @functools.cache
@@ -231,6 +274,8 @@ def resident(model: nn.Module, names: tuple[str, ...], weights_map: Mapping[str,
     finally:
         for full in read:
             set_module_tensor_to_device(model, full, "meta")
+        if read:  # what was read (and a copy of it let go since: a layer of attnviz's) given back to the system
+            give_back_freed_memory()
 
 
 @contextlib.contextmanager

@@ -377,7 +377,16 @@ def layer_at_a_time_note(name: str, size: int, dtype: str, asked: bool) -> str:
     from attnviz.models.layer_weights import LAYER_AT_A_TIME_BYTES
 
     why = "as asked" if asked else f"its weights are {size / 1e9:.1f} GB in {dtype}, past {LAYER_AT_A_TIME_BYTES / 1e9:.1f} GB"
-    return f"{name} ran a layer's weights at a time ({why}): each layer's read from its files as it ran, then let go"
+    note = f"{name} ran a layer's weights at a time ({why}): each layer's read from its files as it ran, then let go"
+    if dtype in HALF_UNIT_ROUNDOFF:  # the bound tests/test_layer_at_a_time.py holds the maps to (docs/models.md)
+        note += (
+            f"; computed in {dtype}, each head's weights at layer l (from 0) lie within (l + 1) x {HALF_UNIT_ROUNDOFF[dtype]} x "
+            "its largest possible score (max |q| max |k| / sqrt(d)) of the float32 run's"
+        )
+    return note
+
+
+HALF_UNIT_ROUNDOFF = {"bfloat16": "2^-8", "float16": "2^-11"}  # the largest relative error of one rounding
 
 
 # ---- checks and small helpers ------------------------------------------------------------------

@@ -96,6 +96,8 @@ def layered_model(
     handle = TransformersModel(family, config, layer_weights.build_empty(model_class, config, dtype), folder)
     info = layer_weights.load_layer_at_a_time(handle.model, handle.layer_names(), weights_map, shapes, device, mapped)
     _check_loading_info(family, info, handle.model)
+    for mlp in handle.mlps():  # a long text's MLP intermediates by chunks of positions (Llama-3.2-1B's: 3 x 256 MB at 8,192)
+        layer_weights.run_by_positions(mlp)
     handle.weights_map, handle.weights_device, handle.mapped = weights_map, device, mapped
     return handle
 
@@ -331,6 +333,13 @@ class TransformersModel:
         if called != set(range(attended)):
             raise RuntimeError(f"{attended - len(called)} layers' attention did not call transformers' attention function")
         return captured
+
+    def mlps(self) -> list[nn.Module]:
+        """Every stack's MLP modules (the family's mlp_name), each once."""
+        stacks = [stack for stack in self.family.stacks if stack != "cross"]
+        names = {self.family.mlp_name(self.config, self.family.stored_index(self.config, layer, stack), stack): None
+                 for stack in stacks for layer in range(self.num_layers(stack))}  # fmt: skip
+        return [self.model.get_submodule(name) for name in names]
 
     def hook_points(self, stack: str | None = None) -> HookPoints:
         """The stack's modules by role (models/capture.py): layer_stack's, each layer's attention module (x), and
