@@ -11,7 +11,7 @@ from tiny_families import WORDPIECE_VOCAB, wordpiece_tokenizer
 
 from attnviz.models.loading import bundled_model_path
 from attnviz.models.tokens import WordPieceTokenizer, encode
-from attnviz.models.transformers_model import TransformersTokenizer
+from attnviz.models.transformers_tokenizer import TransformersTokenizer
 
 TEXTS = ["the unaffable cat  sat", "我想吃酸菜鱼 fish"]
 # Hand-worked: the bundled (English, uncased) WordPiece vocabulary splits "unaffable", knows 我 and none of the other

@@ -67,7 +67,7 @@ def test_an_unk_inside_a_chinese_word_stays_in_that_word(tmp_path):
 
 
 def test_chinese_under_smollm2s_byte_level_tokenizer_shows_the_characters(smollm2_cached):
-    from attnviz.models.transformers_model import load_transformers_tokenizer
+    from attnviz.models.transformers_tokenizer import load_transformers_tokenizer
 
     tokenizer = load_transformers_tokenizer(smollm2_cached.tokenizer_folder, embedding_rows=49152)
     tokens = tokenizer.convert_ids_to_tokens(tokenizer.encode_batch([CHINESE])[0])

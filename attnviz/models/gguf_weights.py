@@ -250,14 +250,15 @@ def load_gguf_model(weights: GGUFWeights, family, device: str, dtype, layer_at_a
     """transformers' base model of the family (LlamaModel) from weights, in eval mode on device, in dtype; no float32
     copy of the file is written. Whole: built on the meta device from weights.config, then each parameter set to its
     tensor, dequantised one at a time. A layer at a time (layer_at_a_time: the loader's choice, asked or by size): the
-    same weights map read by the layer-at-a-time engine as each layer runs (transformers_model.layered_model).
+    same weights map read by the layer-at-a-time engine as each layer runs (transformers_loading.layered_model).
     Every parameter must come from the file and every tensor but the language-model head go into the model.
     """
     import transformers
     from accelerate import init_empty_weights
     from accelerate.utils import PrefixedDataset
 
-    from attnviz.models.transformers_model import TransformersModel, layered_model
+    from attnviz.models.transformers_loading import layered_model
+    from attnviz.models.transformers_model import TransformersModel
 
     model_class = getattr(transformers, family.model_class)
     prefix = model_class.base_model_prefix + "."

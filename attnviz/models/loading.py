@@ -53,7 +53,7 @@ class LoadedModel:
     """A model in eval mode with its tokenizer, its family, and where they came from.
 
     For BERT, model is attnviz's BertEncoder and tokenizer its WordPieceTokenizer; for every other
-    family, model is a transformers_model.TransformersModel and tokenizer a TransformersTokenizer.
+    family, model is a transformers_model.TransformersModel and tokenizer a transformers_tokenizer.TransformersTokenizer.
     The sizes are the encoder's for an encoder-decoder; num_layers_of and num_heads_of take a stack.
     """
 
@@ -237,7 +237,7 @@ def _load_gguf(name: str, path: Path, source: str, device: str, dtype: str, laye
     from attnviz.models import gguf_cache
     from attnviz.models.gguf_weights import GGUFWeights, load_gguf_model, quantisation, weights_bytes
     from attnviz.models.layer_weights import LAYER_AT_A_TIME_BYTES
-    from attnviz.models.transformers_model import embedding_rows, load_transformers_tokenizer
+    from attnviz.models.transformers_tokenizer import embedding_rows, load_transformers_tokenizer
 
     weights = GGUFWeights(path)
     if not weights.has_tokenizer:
@@ -358,7 +358,8 @@ def _load_transformers(
     layer's weights at a time where asked, or where the weights in dtype pass LAYER_AT_A_TIME_BYTES (their headers say)."""
     from attnviz.models.layer_weights import LAYER_AT_A_TIME_BYTES, weights_bytes
     from attnviz.models.weight_files import weight_files
-    from attnviz.models.transformers_model import embedding_rows, load_transformers_model, load_transformers_tokenizer
+    from attnviz.models.transformers_loading import load_transformers_model
+    from attnviz.models.transformers_tokenizer import embedding_rows, load_transformers_tokenizer
 
     family.check_config(config)
     weight_files(folder, safetensors=True, allow_pickle=False)

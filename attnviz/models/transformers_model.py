@@ -12,17 +12,14 @@ The forward pass up to the chosen layer runs an attention that never makes the (
 length and on any device (blocked_attention.py): attnviz's blocks of queries (eager's very operations) for a
 text whose scores fit one block, under a padding mask or a position bias; SDPA's fused kernels for a longer text.
 
-transformers is imported only here, on this path: `attnviz --help` and BERT runs never pay for it.
-Only safetensors are loaded (use_safetensors=True), and nothing from the folder is run
-(trust_remote_code is never set).
+transformers is imported only here and in the modules beside it (transformers_loading.py builds the model,
+transformers_tokenizer.py reads its tokenizer): `attnviz --help` and BERT runs never pay for it.
 """
 
 from __future__ import annotations
 
 import json
 import threading
-from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable
 
@@ -35,111 +32,6 @@ from attnviz.models import blocked_attention
 from attnviz.models.capture import Capture, Captured, HookPoints, Wanted, capture, hook_layers
 from attnviz.models.layer_runs import LayerStack, Recorded, differentiable_run, run_from
 from attnviz.models.families import DECODER, ENCODER_DECODER, Family
-from attnviz.models.shown import space_before
-from attnviz.models.words import tokenizer_scheme
-
-
-def load_transformers_model(
-    folder: Path, family: Family, config: dict, device: str, dtype: torch.dtype = torch.float32, layer_at_a_time: bool = False
-) -> "TransformersModel":
-    """transformers' base model of the family from a checked folder (safetensors only), in eval mode on device, in dtype.
-
-    The weights are read once, in dtype: a model in bfloat16 never holds a float32 copy. layer_at_a_time: each
-    layer's weights read from the files as it runs and dropped after (models/layer_weights.py).
-
-    Before anything is built, the family's adapter checks config.json's sizes against the
-    safetensors headers; after, every weight the model has must have come from the files, and
-    every tensor in them (but a task head's, and those the adapter says attnviz never reads)
-    must have gone into the model: a config that names the wrong family never runs on random weights.
-    """
-    import transformers
-    from transformers.utils import logging as hf_logging
-
-    model_class = getattr(transformers, family.model_class)
-    _check_headers(folder, family, config, model_class.base_model_prefix)
-    if layer_at_a_time:
-        from attnviz.models.layer_weights import safetensors_map
-
-        return layered_model(family, config, folder, *safetensors_map(folder, model_class.base_model_prefix), device, dtype)
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()  # e.g. "some weights were not used": a task head attnviz does not need
-    hf_logging.disable_progress_bar()
-    try:
-        model, info = model_class.from_pretrained(
-            folder,
-            use_safetensors=True,
-            attn_implementation="eager",
-            dtype=dtype,
-            local_files_only=True,
-            ignore_mismatched_sizes=True,  # reported in info, refused below with attnviz's message
-            output_loading_info=True,
-        )
-    finally:
-        hf_logging.set_verbosity(verbosity)
-    _check_loading_info(family, info, model)
-    return TransformersModel(family, config, model.to(device).eval(), folder)
-
-
-def layered_model(
-    family: Family, config: dict, folder: Path | None, weights_map, shapes: dict, mapped, device: str, dtype: torch.dtype
-) -> "TransformersModel":
-    """The family's base model run a layer's weights at a time (models/layer_weights.py) from weights_map: any Mapping
-    of the base model's parameter names to tensors read on access (the safetensors files' through safetensors_map; a
-    GGUF file's, dequantised on access, plugs in the same way), shapes each tensor's shape by the same names (read
-    without the data), mapped(name) a tensor as stored and memory-mapped or None (the embeddings read by rows; None
-    for all: read from weights_map once). Missing, unused or mis-shaped tensors are refused as a whole load's are."""
-    import transformers
-
-    from attnviz.models import layer_weights
-
-    model_class = getattr(transformers, family.model_class)
-    handle = TransformersModel(family, config, layer_weights.build_empty(model_class, config, dtype), folder)
-    info = layer_weights.load_layer_at_a_time(handle.model, handle.layer_names(), weights_map, shapes, device, mapped)
-    _check_loading_info(family, info, handle.model)
-    for mlp in handle.mlps():  # a long text's MLP intermediates by chunks of positions (Llama-3.2-1B's: 3 x 256 MB at 8,192)
-        layer_weights.run_by_positions(mlp)
-    handle.weights_map, handle.weights_device, handle.mapped = weights_map, device, mapped
-    return handle
-
-
-def _check_headers(folder: Path, family: Family, config: dict, prefix: str) -> None:
-    """The adapter's sizes against the safetensors headers (names and shapes: no tensor is read)."""
-    from attnviz.models.weight_files import safetensors_shapes, weight_files
-
-    shapes: dict[str, tuple[int, ...]] = {}
-    for path in weight_files(folder, safetensors=True, allow_pickle=False):
-        shapes.update(safetensors_shapes(path))
-    # saved from a model with a task head (LlamaForCausalLM): the base model's tensors under its prefix, the head's beside
-    if any(name.startswith(prefix + ".") for name in shapes):
-        shapes = {name.removeprefix(prefix + "."): shape for name, shape in shapes.items() if name.startswith(prefix + ".")}
-    family.check_weights(config, shapes)
-
-
-def _check_loading_info(family: Family, info: dict, model: nn.Module) -> None:
-    """A ValueError when weights were missing (left random), unused, or of another shape: naming how many and a few.
-
-    Unused tensors outside the base model's modules are a task head's (lm_head, final_logits_bias,
-    a classifier): attnviz does not need them. Those the adapter names unused (a pooler) may be
-    absent or extra.
-    """
-    prefix = model.base_model_prefix + "."
-    modules = {name for name, _ in model.named_children()}
-    unused = lambda name: any(part in name for part in family.unused_weights)  # noqa: E731
-    in_model = lambda name: name.removeprefix(prefix).split(".")[0] in modules  # noqa: E731
-    problems = [
-        ("missing from the weights (they would be random)", [name for name in info["missing_keys"] if not unused(name)]),
-        ("in the weights but not in the model", [name for name in info["unexpected_keys"] if in_model(name) and not unused(name)]),
-        ("of another shape than the model's", [str(entry[0]) if isinstance(entry, tuple) else str(entry) for entry in info["mismatched_keys"]]),
-    ]
-    for what, names in problems:
-        if names:
-            few = ", ".join(sorted(names)[:3]) + (", ..." if len(names) > 3 else "")
-            raise ValueError(
-                f"{len(names)} tensor{'s' if len(names) > 1 else ''} {what} ({few}): config.json does not describe "
-                f"these weights as a {family.name} model"
-            )
-    if info.get("error_msgs"):
-        raise ValueError(f"the weights could not be loaded: {info['error_msgs'][0]}")
 
 
 class TransformersModel:
@@ -511,97 +403,3 @@ class TransformersModel:
                 decoder_attention_mask=inputs["attention_mask"],
                 use_cache=False,
             )
-
-
-class TransformersTokenizer:
-    """A family's own tokenizer (transformers' AutoTokenizer, never remote code) with the interface encode() needs.
-
-    start_token_id set: a decoder's view of it, the ids shifted right behind the decoder's start
-    token, as an encoder-decoder's decoder reads a text (teacher forcing).
-    """
-
-    def __init__(self, tokenizer: Any, embedding_rows: int, start_token_id: int | None = None):
-        self._tokenizer = tokenizer
-        self.embedding_rows = embedding_rows
-        self.start_token_id = start_token_id
-        self.unk_token = tokenizer.unk_token or "<unk>"
-        self.unk_token_id = tokenizer.unk_token_id
-        pad = tokenizer.pad_token_id
-        self.pad_token_id = pad if pad is not None else (tokenizer.eos_token_id or 0)
-        self.all_special_ids = sorted(set(tokenizer.all_special_ids))
-        self.mask_token, self.mask_token_id = tokenizer.mask_token, tokenizer.mask_token_id  # an encoder's, else None
-        ids = self._raw_ids(["a"])[0]
-        # e.g. [SEP], </s>: --truncate keeps it. A decoder's shifted view ends with the text's own last token.
-        self.ends_with_special = start_token_id is None and bool(ids) and ids[-1] in self.all_special_ids
-
-    @cached_property
-    def word_scheme(self) -> str | None:
-        """How its tokens mark words (models/words.py), from the fast tokenizer's tokenizer.json; None (guessed from the tokens) for a slow one."""
-        backend = getattr(self._tokenizer, "backend_tokenizer", None)
-        return tokenizer_scheme(json.loads(backend.to_str())) if backend is not None else None
-
-    def for_decoder(self, start_token_id: int) -> "TransformersTokenizer":
-        return TransformersTokenizer(self._tokenizer, self.embedding_rows, start_token_id)
-
-    def _raw_ids(self, texts: list[str]) -> list[list[int]]:
-        return [list(ids) for ids in self._tokenizer(texts, add_special_tokens=True)["input_ids"]]
-
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        return self._as_read(self._raw_ids(texts))
-
-    def encode_with_spaces(self, texts: list[str]) -> tuple[list[list[int]], list[list[bool]] | None]:
-        """encode_batch's ids, and whether whitespace precedes each of their tokens, from one call of the tokenizer:
-        a fast tokenizer's offsets of the same encoding; None for a slow one (it has no offsets)."""
-        if not self._tokenizer.is_fast:
-            return self.encode_batch(texts), None
-        encoded = self._tokenizer(texts, add_special_tokens=True, return_offsets_mapping=True)
-        spaces = [space_before(text, row) for text, row in zip(texts, encoded["offset_mapping"])]
-        if self.start_token_id is not None:  # the decoder's view: shifted right behind its start token
-            spaces = [[False, *row[:-1]] for row in spaces]
-        return self._as_read([list(ids) for ids in encoded["input_ids"]]), spaces
-
-    def _as_read(self, ids: list[list[int]]) -> list[list[int]]:
-        """ids as the model reads them: shifted for a decoder's view (start_token_id), each row checked against the embedding table."""
-        if self.start_token_id is not None:
-            ids = [[self.start_token_id, *row[:-1]] for row in ids]
-        for row in ids:
-            if row and max(row) >= self.embedding_rows:
-                raise AttnvizError(
-                    f"the tokenizer gives the id {max(row)}, past the {self.embedding_rows} rows of the model's "
-                    "embedding table: the tokenizer is not this model's"
-                )
-        return ids
-
-    def convert_ids_to_tokens(self, ids: list[int]) -> list[str]:
-        return self._tokenizer.convert_ids_to_tokens(ids)
-
-    def pieces(self, text: str) -> list[int]:
-        """The ids of a piece of text alone, no special token around it (an answer token: analysis/patching.py)."""
-        return list(self._tokenizer(text, add_special_tokens=False)["input_ids"])
-
-    def decode(self, ids: list[int]) -> str:
-        """The text of ids (a continuation: generate), special tokens kept as they are."""
-        return self._tokenizer.decode(ids)
-
-    def chat_prompt(self, text: str) -> str | None:
-        """text as the user's turn of the checkpoint's chat template, the assistant's turn opened after it (an
-        instruct model's prompt); None where the checkpoint has no chat template."""
-        if not getattr(self._tokenizer, "chat_template", None):
-            return None
-        return self._tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
-
-
-def load_transformers_tokenizer(folder: Path, embedding_rows: int) -> TransformersTokenizer:
-    from transformers import AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
-    finally:
-        hf_logging.set_verbosity(verbosity)
-    return TransformersTokenizer(tokenizer, embedding_rows)
-
-def embedding_rows(model: nn.Module) -> int:
-    return model.get_input_embeddings().weight.shape[0]
