@@ -38,6 +38,7 @@ MMAP_THRESHOLD = 4 * 2**20
 # 256 MB at 8,192 tokens, three of them at once; 2,048 positions a chunk keep each to 64 MB.
 MLP_CHUNK_BYTES = 64 * 2**20
 STORED_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
+HALF_UNIT_ROUNDOFF = {"bfloat16": "2^-8", "float16": "2^-11"}  # the largest relative error of one rounding (layer_at_a_time_note)
 
 
 def stored_entries(folder: Path, prefix: str) -> dict[str, tuple[Path, str, tuple[int, ...], str]]:
@@ -62,6 +63,18 @@ def weights_bytes(folder: Path, dtype: torch.dtype) -> int:
     """The checkpoint's weights' size in dtype, from its safetensors headers alone (before anything loads)."""
     entries = stored_entries(folder, prefix="")
     return sum(_numel(shape) for _, _, shape, _ in entries.values()) * dtype.itemsize
+
+
+def layer_at_a_time_note(name: str, size: int, dtype: str, asked: bool) -> str:
+    """The run's note of a model read a layer's weights at a time: asked, or past the size (its weights' bytes in dtype)."""
+    why = "as asked" if asked else f"its weights are {size / 1e9:.1f} GB in {dtype}, past {LAYER_AT_A_TIME_BYTES / 1e9:.1f} GB"
+    note = f"{name} ran a layer's weights at a time ({why}): each layer's read from its files as it ran, then let go"
+    if dtype in HALF_UNIT_ROUNDOFF:  # the bound tests/test_layer_at_a_time.py holds the maps to (docs/models.md)
+        note += (
+            f"; computed in {dtype}, each head's weights at layer l (from 0) lie within (l + 1) x {HALF_UNIT_ROUNDOFF[dtype]} x "
+            "its largest possible score (max |q| max |k| / sqrt(d)) of the float32 run's"
+        )
+    return note
 
 
 def stored_weights(entries: dict[str, tuple[Path, str, tuple[int, ...], str]]) -> Mapping[str, torch.Tensor]:

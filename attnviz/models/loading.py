@@ -236,7 +236,7 @@ def _load_gguf(name: str, path: Path, source: str, device: str, dtype: str, laye
     weights at a time where asked, or where the weights in dtype pass LAYER_AT_A_TIME_BYTES (the header says)."""
     from attnviz.models import gguf_cache
     from attnviz.models.gguf_weights import GGUFWeights, load_gguf_model, quantisation, weights_bytes
-    from attnviz.models.layer_weights import LAYER_AT_A_TIME_BYTES
+    from attnviz.models.layer_weights import LAYER_AT_A_TIME_BYTES, layer_at_a_time_note
     from attnviz.models.transformers_tokenizer import embedding_rows, load_transformers_tokenizer
 
     weights = GGUFWeights(path)
@@ -356,7 +356,7 @@ def _load_transformers(
 ) -> LoadedModel:
     """Any family but BERT, through transformers (transformers_model.py): shards checked to lie in the folder first; a
     layer's weights at a time where asked, or where the weights in dtype pass LAYER_AT_A_TIME_BYTES (their headers say)."""
-    from attnviz.models.layer_weights import LAYER_AT_A_TIME_BYTES, weights_bytes
+    from attnviz.models.layer_weights import LAYER_AT_A_TIME_BYTES, layer_at_a_time_note, weights_bytes
     from attnviz.models.weight_files import weight_files
     from attnviz.models.transformers_loading import load_transformers_model
     from attnviz.models.transformers_tokenizer import embedding_rows, load_transformers_tokenizer
@@ -371,23 +371,6 @@ def _load_transformers(
     if model.layer_at_a_time:
         loaded.note = layer_at_a_time_note(name, size, dtype, layer_at_a_time)
     return loaded
-
-
-def layer_at_a_time_note(name: str, size: int, dtype: str, asked: bool) -> str:
-    """The run's note of a model read a layer's weights at a time: asked, or past the size (its weights' bytes in dtype)."""
-    from attnviz.models.layer_weights import LAYER_AT_A_TIME_BYTES
-
-    why = "as asked" if asked else f"its weights are {size / 1e9:.1f} GB in {dtype}, past {LAYER_AT_A_TIME_BYTES / 1e9:.1f} GB"
-    note = f"{name} ran a layer's weights at a time ({why}): each layer's read from its files as it ran, then let go"
-    if dtype in HALF_UNIT_ROUNDOFF:  # the bound tests/test_layer_at_a_time.py holds the maps to (docs/models.md)
-        note += (
-            f"; computed in {dtype}, each head's weights at layer l (from 0) lie within (l + 1) x {HALF_UNIT_ROUNDOFF[dtype]} x "
-            "its largest possible score (max |q| max |k| / sqrt(d)) of the float32 run's"
-        )
-    return note
-
-
-HALF_UNIT_ROUNDOFF = {"bfloat16": "2^-8", "float16": "2^-11"}  # the largest relative error of one rounding
 
 
 # ---- checks and small helpers ------------------------------------------------------------------
@@ -411,7 +394,6 @@ def _torch_dtype(dtype: str):
     import torch
 
     return getattr(torch, dtype)
-
 
 
 def _read_config(name: str, folder: Path) -> Any:
