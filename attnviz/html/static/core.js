@@ -154,16 +154,19 @@
   const IS_LITTLE_ENDIAN = new Uint8Array(new Uint16Array([1]).buffer)[0] === 1;
 
   function valuesOf(encoded, buffer) {
-    if (encoded.dtype === "uint16") {
-      const codes = IS_LITTLE_ENDIAN ? new Uint16Array(buffer) : littleEndianUint16(buffer);
+    if (encoded.dtype === "float32") {
+      // values as they are (why's terms, the neuron view's vectors): no scale
+      if (IS_LITTLE_ENDIAN) return new Float32Array(buffer);
+      const view = new DataView(buffer);
+      return Float32Array.from({ length: buffer.byteLength / 4 }, (_, i) => view.getFloat32(4 * i, true));
+    }
+    if (encoded.unit !== undefined && (encoded.dtype === "uint16" || encoded.dtype === "uint8")) {
+      // codes in units: the weights' uint16 in 1e-4, indices (why's pairs) in uint16 or uint8
+      const codes = encoded.dtype === "uint8" ? new Uint8Array(buffer) : IS_LITTLE_ENDIAN ? new Uint16Array(buffer) : littleEndianUint16(buffer);
       const values = new Float32Array(codes.length);
       const unit = encoded.unit;
       for (let i = 0; i < codes.length; i++) values[i] = codes[i] * unit;
       return values;
-    }
-    if (encoded.dtype === "uint8" && encoded.unit !== undefined) {
-      // codes in units, as uint16's (why's pairs: indices); without a unit, the log colour scale's codes below
-      return Float32Array.from(new Uint8Array(buffer), (code) => code * encoded.unit);
     }
     if (encoded.dtype === "uint8") {
       // code 0: below log_min (0 here, read out as "< 0.001"); c >= 1: 10 ** (decades * (c - 1) / 254 - decades)
@@ -174,12 +177,6 @@
       const values = new Float32Array(codes.length);
       for (let i = 0; i < codes.length; i++) values[i] = level[codes[i]];
       return values;
-    }
-    if (encoded.dtype === "float32") {
-      // values as they are (why's terms): no unit, no scale
-      if (IS_LITTLE_ENDIAN) return new Float32Array(buffer);
-      const view = new DataView(buffer);
-      return Float32Array.from({ length: buffer.byteLength / 4 }, (_, i) => view.getFloat32(4 * i, true));
     }
     throw new Error(`attnviz: unknown weights dtype ${encoded.dtype}`);
   }
