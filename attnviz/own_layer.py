@@ -72,11 +72,15 @@ def build_layers(loaded: LoadedModel, spec: RunSpec, count: int | None = None) -
 
 class LayersOnDemand(Sequence):
     """attnviz's layers of a model read a layer's weights at a time (models/layer_weights.py), each built from its
-    layer's projections when asked for and not kept: one layer's copy held at a time, not every layer's (in the
-    model's own forward pass, from the weights the pass has read already)."""
+    layer's projections when asked for: one layer's copy held at a time, the last asked for (a pass asks for each
+    layer in turn), not every layer's (in the model's own forward pass, from the weights the pass has read already).
+    sizes: every layer's heads, key/value heads and H * d, its first layer's (a stack of one model splits each layer
+    alike: each layer built is checked against it), so that what needs the sizes alone builds no layer."""
 
     def __init__(self, loaded: LoadedModel, spec: RunSpec, count: int):
         self.loaded, self.spec, self.count = loaded, spec, count
+        self.last = (0, build_layer(loaded, replace(spec, layer=0)))
+        self.sizes = layer_sizes(self.last[1])
 
     def __len__(self) -> int:
         return self.count
@@ -86,4 +90,21 @@ class LayersOnDemand(Sequence):
             return [self[index] for index in range(*layer.indices(self.count))]
         if not -self.count <= layer < self.count:
             raise IndexError(f"layer {layer} of {self.count}")
-        return build_layer(self.loaded, replace(self.spec, layer=layer % self.count))
+        layer %= self.count
+        if self.last[0] != layer:
+            self.last = (layer, build_layer(self.loaded, replace(self.spec, layer=layer)))
+            if layer_sizes(self.last[1]) != self.sizes:
+                raise ValueError(f"layer {layer} splits into {layer_sizes(self.last[1])} (heads, key/value heads, H * d), layer 0 into {self.sizes}")
+        return self.last[1]
+
+
+def layer_sizes(attention: MultiHeadAttention) -> tuple[int, int, int]:
+    """The heads, key/value heads and H * d of a layer: what split_runs records with each run."""
+    return attention.num_heads, attention.num_kv_heads, attention.num_heads * attention.head_dim
+
+
+def every_layer_sizes(layers: Sequence[MultiHeadAttention]) -> list[tuple[int, int, int]]:
+    """layer_sizes of each of layers, without building a layer of LayersOnDemand (its sizes)."""
+    if isinstance(layers, LayersOnDemand):
+        return [layers.sizes] * len(layers)
+    return [layer_sizes(attention) for attention in layers]

@@ -28,7 +28,7 @@ from attnviz.layer_inputs import Capture, EncodedTexts, LayerStates, check_layer
 from attnviz.models.loading import LoadedModel
 from attnviz.models.tokens import Encoded, text_notes, truncation_notes, unknown_tokens
 from attnviz.models.words import merge_run, run_words
-from attnviz.own_layer import build_layer, build_layers
+from attnviz.own_layer import build_layer, build_layers, layer_sizes
 from attnviz.passes import capture_states, in_berts_place, iter_layer_passes, layer_stages
 from attnviz.run_data import AttentionRun, Progress, QueryKeyVectors
 from attnviz.spec import RunSpec, model_is_causal
@@ -215,11 +215,6 @@ def iter_layer_runs(
     passes = iter_layer_passes(loaded, encoded, layers, spec, in_place, entered, states)
     for layer, (_, output, patterns) in enumerate(passes):
         yield split_runs(loaded, texts, encoded.queries, keys, output, patterns, spec, layer, *layer_sizes(layers[layer]))
-
-
-def layer_sizes(attention: MultiHeadAttention) -> tuple[int, int, int]:
-    """The heads, key/value heads and H * d of a layer: what split_runs records with each run."""
-    return attention.num_heads, attention.num_kv_heads, attention.num_heads * attention.head_dim
 
 
 def run_layers(

@@ -55,14 +55,14 @@ def prefix_matching(loaded, spec, budget_bytes: int, sequences: list[list[int]],
     from attnviz.analysis.head_numbers import Block, block_sums
     from attnviz.layer_inputs import EncodedTexts, threads_for
     from attnviz.models.tokens import encode_ids
-    from attnviz.own_layer import build_layers
+    from attnviz.own_layer import build_layers, every_layer_sizes
     from attnviz.passes import blocks_in_place, capture_states, in_models_place, iter_layer_blocks
 
     encoded = EncodedTexts(encode_ids(loaded.tokenizer, sequences))
     ids = encoded.queries.input_ids  # (B, N): one length, no padding
     with threads_for(encoded):
         layers = build_layers(loaded, spec)
-    sums = torch.zeros(len(layers), max(layer.num_heads for layer in layers), dtype=torch.float64)
+    sums = torch.zeros(len(layers), max(heads for heads, _, _ in every_layer_sizes(layers)), dtype=torch.float64)
     in_place = in_models_place(loaded, spec)  # one pass, attnviz's layers in the model's place, scored as they run
     if not in_place:
         entered = progress.counting("layers of prefix matching's forward pass", len(layers))

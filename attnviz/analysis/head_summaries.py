@@ -221,6 +221,8 @@ class _Summing:
     too; progress counts a layer once its last block is in (a layer of done, fed already, at the start)."""
 
     def __init__(self, encoded, layers, spec, window: int, also, progress: Progress, done=None):
+        from attnviz.own_layer import every_layer_sizes
+
         done = done or {}
         self.encoded, self.layers, self.spec, self.window, self.also = encoded, layers, spec, window, also
         self.num_tokens = len(encoded.queries.ids[0])
@@ -228,8 +230,8 @@ class _Summing:
         if done:
             self.advance(len(done))  # the run's own layer, summarised from its blocks
         self.accumulators = [
-            done.get(layer) or HeadSummaries(attention.num_heads, self.num_tokens, self.num_tokens, causal=spec.causal, window=window)
-            for layer, attention in enumerate(layers)
+            done.get(layer) or HeadSummaries(heads, self.num_tokens, self.num_tokens, causal=spec.causal, window=window)
+            for layer, (heads, _, _) in enumerate(every_layer_sizes(layers))
         ]
 
     def add(self, layer: int, first_query: int, weights) -> None:
@@ -244,7 +246,7 @@ class _Summing:
 
         queries = self.encoded.queries
         shown = queries.shown[0] or queries.tokens[0]
-        rows = rows_per_block(budget_bytes, 1, max(attention.num_heads for attention in self.layers), self.num_tokens)
+        rows = rows_per_block(budget_bytes, 1, max(summaries.num_heads for summaries in self.accumulators), self.num_tokens)
         return layer_summaries(self.accumulators, queries.tokens[0], shown, text, model, self.spec.causal, self.window, rows)
 
 

@@ -89,7 +89,8 @@ def layers_in_blocks(
     """
     from attnviz.layer_inputs import encode_texts, threads_for
     from attnviz.own_layer import build_layers
-    from attnviz.pipeline import layer_sizes, split_runs
+    from attnviz.own_layer import every_layer_sizes
+    from attnviz.pipeline import split_runs
 
     if spec.words:
         raise AttnvizError(
@@ -101,11 +102,11 @@ def layers_in_blocks(
     with threads_for(encoded):
         layers = build_layers(loaded, spec)
     runs = [
-        split_runs(loaded, [text], encoded.queries, encoded.queries, [None], [None], spec, layer, *layer_sizes(attention))[0]
-        for layer, attention in enumerate(layers)
+        split_runs(loaded, [text], encoded.queries, encoded.queries, [None], [None], spec, layer, *sizes)[0]
+        for layer, sizes in enumerate(every_layer_sizes(layers))
     ]  # fmt: skip
     num_tokens = len(encoded.queries.ids[0])
-    num_heads = max(attention.num_heads for attention in layers)
+    num_heads = max(run.num_heads for run in runs)
     maxima = BlockMaxima(len(layers), num_heads, num_tokens, panel_cells(runs[0], len(layers)), spec.causal)
     summaries = summarise_blocks(loaded, text, encoded, layers, spec, budget_bytes, window, also=maxima.add, progress=progress)
     return LongLayers(runs, summaries, maxima.values, long_text_note(num_tokens, len(layers), num_heads))

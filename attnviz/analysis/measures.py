@@ -28,9 +28,9 @@ from attnviz.errors import AttnvizError
 from attnviz.models.loading import LoadedModel
 from attnviz.models.words import word_means
 from attnviz.layer_inputs import EncodedTexts, LayerStates, encode_texts
-from attnviz.own_layer import build_layers
+from attnviz.own_layer import build_layers, layer_sizes
 from attnviz.passes import in_berts_place, iter_layer_passes
-from attnviz.pipeline import iter_layer_runs, layer_pass, layer_sizes, run_attention, run_layers, split_runs
+from attnviz.pipeline import iter_layer_runs, layer_pass, run_attention, run_layers, split_runs
 from attnviz.run_data import AttentionRun
 from attnviz.spec import RunSpec
 

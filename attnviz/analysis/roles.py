@@ -245,7 +245,7 @@ def text_roles(
 
     from attnviz.analysis.head_summaries import HeadSummaries, summarise_blocks, summarise_in_place
     from attnviz.layer_inputs import encode_texts, threads_for
-    from attnviz.own_layer import build_layers
+    from attnviz.own_layer import build_layers, every_layer_sizes
     from attnviz.passes import capture_states, in_models_place
     from attnviz.pipeline import run_attention
     from attnviz.run_data import FORWARD_PASS
@@ -257,7 +257,7 @@ def text_roles(
         raise AttnvizError(f"the text is {len(ids)} token as the model reads it: the templates compare a token with those before it, give at least two")
     with threads_for(encoded):
         layers = build_layers(loaded, spec)
-    sums = RoleSums(len(layers), max(layer.num_heads for layer in layers), ids, causal=spec.causal, settings=settings)
+    sums = RoleSums(len(layers), max(heads for heads, _, _ in every_layer_sizes(layers)), ids, causal=spec.causal, settings=settings)
     if in_models_place(loaded, spec):  # one pass in the model's place: every layer summarised as it runs, its inputs kept
         summaries, states = summarise_in_place(loaded, text, encoded, layers, spec, budget_bytes, also=sums.add,
                                                keep=range(len(layers)), progress=progress)  # fmt: skip

@@ -19,9 +19,9 @@ import torch
 from attnviz.analysis.statistics import ModelStatistics, StatisticsAccumulator, key_kind_columns
 from attnviz.budgets import block_budget, every_layer_in_blocks
 from attnviz.layer_inputs import encode_texts, text_captures, threads_for
-from attnviz.own_layer import build_layers
+from attnviz.own_layer import build_layers, every_layer_sizes, layer_sizes
 from attnviz.passes import capture_states, in_berts_place, iter_layer_blocks, iter_layer_weights, layer_stages
-from attnviz.pipeline import BATCH_SIZE, batches, layer_sizes, run_attention, split_runs
+from attnviz.pipeline import BATCH_SIZE, batches, run_attention, split_runs
 from attnviz.models.tokens import text_notes, truncation_notes
 from attnviz.models.loading import LoadedModel
 from attnviz.models.words import tokenizer_words
@@ -68,7 +68,7 @@ class HeadsMeasurer:
         self.layers = build_layers(loaded, self.spec)
         self.in_place = in_berts_place(loaded, self.spec)
         self.tokenizer = loaded.tokenizer_for(self.spec.stack)
-        self.num_heads = max(layer.num_heads for layer in self.layers)
+        self.num_heads = max(heads for heads, _, _ in every_layer_sizes(self.layers))
 
     def accumulator(self) -> StatisticsAccumulator:
         """An empty accumulator for this model's layers and mask."""
