@@ -64,6 +64,41 @@ def test_each_layers_input_in_the_models_place_is_transformers_own_within_float3
     assert torch.equal(states[0].queries, eager_inputs(loaded, inputs)[0])  # no attention before layer 0: the same floats
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_where_the_attention_module_is_one_attnviz_runs_in_its_place_and_its_own_q_k_v_never_run(family, tmp_path):
+    """Llama's self_attn (Family.attention_is_one_module): the pass runs attnviz's layer and the module's W_o in its
+    place, its q, k and v projections never called; after the pass the module is the class's again."""
+    from tiny_families import FAMILY_CHECKPOINTS, save_checkpoint
+
+    config, model_class, tokenizer = FAMILY_CHECKPOINTS[family]()
+    save_checkpoint(config, model_class, tokenizer(), tmp_path)
+    loaded = load_model(str(tmp_path))
+    assert loaded.family.attention_is_one_module
+    spec = run_spec(loaded, str(tmp_path), layer=None)
+    encoded = encode_texts(loaded, TEXTS, spec)
+    points = loaded.model.hook_points()
+    calls = {role: 0 for role in ("q", "k", "v", "o")}
+    modules = {role: points.projections[role] for role in ("q", "k", "v")} | {"o": points.stack.projections}
+
+    def counter(role):
+        def count(*ignored):
+            calls[role] += 1
+
+        return count
+
+    handles = [module.register_forward_hook(counter(role)) for role, each in modules.items() for module in each]
+    try:
+        capture_states(loaded, encoded, list(range(loaded.num_layers)), spec)  # stops before the last layer attends
+        assert calls == {"q": 0, "k": 0, "v": 0, "o": loaded.num_layers - 1}
+        assert not any("forward" in vars(module) for module in points.attention)
+        with torch.inference_mode():
+            loaded.model.model(input_ids=encoded.queries.input_ids, attention_mask=encoded.queries.attention_mask)
+        assert calls == {"q": loaded.num_layers, "k": loaded.num_layers, "v": loaded.num_layers, "o": 2 * loaded.num_layers - 1}
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 def test_the_summaries_pass_and_a_capture_are_one_passs_floats(decoder_folder):
     from attnviz.analysis.head_summaries import summarise_in_place
     from attnviz.budgets import block_budget

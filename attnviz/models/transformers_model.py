@@ -194,8 +194,11 @@ class TransformersModel:
     ) -> Capture:
         """One forward pass of a decoder's or an encoder's one stack over inputs with attnviz's layer in the place of
         every layer's attention: attend(layer, x) gives the heads' outputs (B, N, H, d) over what entered that layer's
-        attention module, x (B, N, D), and the module's own W_o and the rest of the model go on from them (its own
-        query, key and value projections run, unread: the attention function is what transformers lets be replaced).
+        attention module, x (B, N, D), and the module's own W_o and the rest of the model go on from them. Where the
+        family's attention module is one (Family.attention_is_one_module: Llama's), attnviz's layer and the module's
+        W_o run in that module's place (its forward replaced on the instance for the pass: the model's own q, k, v
+        never computed); elsewhere in the attention function's (what transformers lets be replaced), the module's
+        own q, k and v computed, unread.
         Returns the Capture of what entered each layer of keep (entered(1) as each is reached); whole=False stops the
         pass there, before the last of keep attends. parts: the capture also holds the residual stream's parts (each
         layer's call, z_merged, MLP output, the embeddings' norm's input), and the pass runs whole."""
@@ -212,15 +215,30 @@ class TransformersModel:
             called.add(layer)
             return attend(layer, hidden)
 
+        def in_modules_place(w_o: nn.Module):
+            def forward(*args, **kwargs) -> tuple[torch.Tensor, None]:  # as the module's own: (output, weights)
+                return w_o(in_place().flatten(2)), None  # the heads' outputs (B, N, H, d) merged, then W_o: (B, N, D)
+
+            return forward
+
+        replaced = points.attention if self.family.attention_is_one_module else []
+        own = [vars(module).get("forward") for module in replaced]  # a forward set on the instance already (a hook's)
         with self._forward_lock, self._letting_go():
             self.model.set_attn_implementation(blocked_attention.register())
             handles = hook_layers(points.attention, enter)
+            for module, w_o in zip(replaced, points.stack.projections):
+                module.forward = in_modules_place(w_o)
             try:
                 wanted = Wanted(keep, whole=whole, calls=parts, z_merged=parts, mlp=parts, embedded=parts)
                 captured = capture(points, lambda: self._forward(inputs, None, None, attnviz_in_place=in_place), wanted, entered)
             finally:
                 for handle in handles:
                     handle.remove()
+                for module, forward in zip(replaced, own):
+                    if forward is None:
+                        del module.forward  # its class's again
+                    else:
+                        module.forward = forward
         attended = len(points.attention) if whole or parts else max(keep)
         if called != set(range(attended)):
             raise RuntimeError(f"{attended - len(called)} layers' attention did not call transformers' attention function")

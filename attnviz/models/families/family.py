@@ -71,6 +71,10 @@ class Family:
     # A pre-norm encoder-decoder's norm before decoder layer {index}'s cross-attention (T5's layer.1.layer_norm), the
     # base model's module; None where the adapter names none. analysis/why_cross.py splits cross-attention's scores.
     cross_attention_norm: ClassVar[str | None] = None
+    # The attention module's forward is no more than W_o over its heads' outputs, merged, of attention over its input
+    # (hidden (B, N, D) -> (output, weights): Llama's self_attn). A pass with attnviz's layer in the model's place then
+    # runs it in the whole module's place (TransformersModel.in_place_pass): the model's own q, k, v never computed.
+    attention_is_one_module: ClassVar[bool] = False
 
     def sublayer_norms(self, index: int, stack: str | None) -> tuple[str, ...] | None:
         """A post-norm encoder-decoder's (BART's): the norms after each sublayer of stored layer `index` of the stack's

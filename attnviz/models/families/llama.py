@@ -24,6 +24,7 @@ class LlamaLayout(Family):
     rotary = True
     final_norm = "norm"
     attention_norm = "layers.{index}.input_layernorm"
+    attention_is_one_module = True
 
     def check_config(self, config: dict) -> None:
         super().check_config(config)
