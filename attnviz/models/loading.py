@@ -418,10 +418,9 @@ def _choose_weights(name: str, safetensors: list[str], pickles: list[str], allow
     if not pickles:
         raise AttnvizError(f"cannot load model {name!r}: no weights (model.safetensors) {where}")
     if not allow_pickle:
-        raise AttnvizError(
-            f"cannot load model {name!r}: its only weights are {pickles[0]}, a pickle file that can run code "
-            "when loaded; convert it to model.safetensors, or allow pickle files if you trust it"
-        )
+        from attnviz.models.weight_files import PICKLE_WARNING
+
+        raise AttnvizError(f"cannot load model {name!r}: its only weights are {pickles[0]}, {PICKLE_WARNING}")
     return False
 
 
