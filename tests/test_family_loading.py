@@ -73,6 +73,28 @@ def test_no_code_from_the_model_folder_is_run(tmp_path, llama):
         assert run_attention(loaded, [TEXT], run_spec(loaded, str(folder)))[0].attention.shape[0] == 6
 
 
+@pytest.mark.parametrize("where", ["parent", "link"])
+def test_a_shard_of_another_family_outside_the_folder_is_refused_before_the_model_is_built(where, tmp_path, llama, monkeypatch):
+    """A Llama's index naming a shard outside its folder, by name or by a link: refused before transformers reads any."""
+    from attnviz.models import transformers_loading
+
+    folder = copy_of(llama[0], tmp_path / "model")
+    outside = tmp_path / "elsewhere" / "b.safetensors"
+    outside.parent.mkdir()
+    (folder / "model.safetensors").rename(outside)
+    name = {"parent": "../elsewhere/b.safetensors", "link": "b.safetensors"}[where]
+    if where == "link":
+        (folder / "b.safetensors").symlink_to(outside)
+    index = {"weight_map": {key: name for key in load_file(outside)}}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    monkeypatch.setattr(transformers_loading, "load_transformers_model", lambda *args: pytest.fail("the model was built"))
+
+    with pytest.raises(AttnvizError) as refused:
+        load_model(str(folder), layer_at_a_time=where == "link")
+    expected = f"leads outside the model folder (to {outside})" if where == "link" else f"names the shard {name!r}, which is not a file inside"
+    assert str(refused.value).startswith(f"cannot load model {str(folder)!r}: ") and expected in str(refused.value)
+
+
 def test_a_nan_in_a_projection_is_named(tmp_path, llama):
     folder = copy_of(llama[0], tmp_path / "damaged")
     tensors = load_file(folder / "model.safetensors")

@@ -134,6 +134,16 @@ def test_a_pickle_shard_named_by_a_safetensors_index_is_never_unpickled_without_
     assert not marker.exists()
 
 
+def test_a_folder_whose_only_weights_are_a_pickle_file_is_refused_without_allow_pickle(tmp_path, tensors, capsys):
+    folder = model_folder(tmp_path / "model")
+    torch.save(tensors, folder / "pytorch_model.bin")
+    error = refused(["heads", TEXT, "--model", str(folder)], tmp_path, capsys)
+    assert error == (
+        f"error: cannot load model {str(folder)!r}: its only weights are pytorch_model.bin, a pickle file that can run "
+        "code when loaded; convert it to safetensors, or allow pickle files if you trust it\n"
+    )
+
+
 def test_with_allow_pickle_a_pickle_shard_loads_its_tensors(tmp_path, tensors, bundled_bert):
     folder = sharded_folder(tmp_path / "model", tensors, {"embeddings": "a.safetensors", "layers": "b.bin"})
     embeddings, layers = split(tensors)

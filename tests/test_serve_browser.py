@@ -133,4 +133,5 @@ def test_a_heatmap_cell_clicked_shows_its_scores_largest_terms_as_attnviz_why_sp
     assert [(q, k, float(term)) for q, k, term, _ in top] == [(q, k, round(term, 4)) for q, k, term in expected.top(len(top))]
     assert len(top) == 12 and others == f"the other {expected.terms.terms.size - 12:,} terms"
     assert float(rest) == round(expected.terms.total - sum(term for _, _, term in expected.top(12)), 4)
-    assert f"is the sum of {expected.terms.terms.size:,} terms" in page.text_content("#why-table caption")
+    caption = page.text_content("#why-table caption")
+    assert f"is the sum of {expected.terms.terms.size:,} terms, query part × key part; the 12 largest, and the rest summed" in caption

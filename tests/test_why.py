@@ -125,9 +125,29 @@ def test_the_command_writes_the_terms_that_add_up_to_its_score(decoder_folder, t
     assert record["format"] == "attnviz-why" and (record["layer"], record["head"], record["query"]) == (1, 4, 11)
     assert sum(map(sum, record["terms"])) == pytest.approx(record["score"], abs=1e-5 * max(1.0, abs(record["score"])))
     assert len(record["terms"]) == len(record["query_parts"]) and len(record["terms"][0]) == len(record["key_parts"])
+    count = len(record["query_parts"]) * len(record["key_parts"])
+    assert count > 10 and f"= the sum of {count} terms (why.json); 10 largest shown" in " ".join(printed.split())
     result = split(load_model(str(decoder_folder)), str(decoder_folder), 1, 4, 11)  # the key the head weighs most
     assert record["key"] == result.key and record["score"] == result.score and record["weight"] == result.weight
     assert sorted(path.name for path in out.iterdir() if not path.name.startswith(".")) == ["why.json", "why.png"]
+
+
+def test_a_score_of_one_term_is_said_to_be_one_term_in_the_terminal_the_png_title_and_the_repr(decoder_folder, tmp_path, capsys):
+    """The tiny Llama's layer 0 reads the token embeddings alone (RoPE: no position part, no biases): one part a side,
+    one term, which is the score; each face says "1 term", never "the sum of 1 terms"."""
+    import attnviz
+    from attnviz.cli.main import run
+
+    result = attnviz.why(TEXT, model=str(decoder_folder), layer=0, head=2, query=9, device="cpu")
+    assert (result.terms.query_parts, result.terms.key_parts) == (["embed"], ["embed"])
+    assert repr(result).endswith(f"score {result.score:.4f} in 1 term>")
+    title = result.figure().axes[0].get_title()
+    assert title.endswith(f"score {result.score:.4f} = 1 term (weight {result.weight:.4f})"), title
+    args = ["why", TEXT, "--model", str(decoder_folder), "--layer", "0", "--head", "2", "--query", "9", "--out", str(tmp_path / "why")]
+    assert run(args) == 0
+    printed = " ".join(capsys.readouterr().out.split())
+    assert f"score {result.score:.4f} (weight {result.weight:.4f}) = 1 term (why.json)" in printed
+    assert "terms (why.json)" not in printed and "largest shown" not in printed
 
 
 WHY_BAD_INPUTS = {

@@ -47,18 +47,24 @@ def click_cell(opened, query: int, key: int) -> None:
 
 
 def assert_table_is_whys(opened, expected) -> None:
-    """The why table the click drew against attnviz.why's split of the same cell."""
+    """The why table the click drew against attnviz.why's split of the same cell: its 12 largest terms, then the rest
+    summed where there are more; the caption says how many terms the score is the sum of ("1 term" for one)."""
     opened.wait_until("document.querySelector('#why-table') !== null")
     rows = opened.page.eval_on_selector_all("#why-table tr", "rows => rows.slice(1).map(r => Array.from(r.cells, c => c.textContent))")
-    top = expected.top(12)
-    *shown, (others, rest, rest_share) = rows
+    top, count = expected.top(12), expected.terms.terms.size
+    shown, rest_rows = rows[: len(top)], rows[len(top) :]
     assert [(q, k, float(term)) for q, k, term, _ in shown] == [(q, k, round(term, 4)) for q, k, term in top]
     assert [share for *_, share in shown] == [f"{100 * term / expected.score:.1f}%" for _, _, term in top]
-    assert others == f"the other {expected.terms.terms.size - 12:,} terms"
-    assert float(rest) == round(expected.terms.total - sum(term for _, _, term in top), 4)
+    if count > 12:
+        [(others, rest, rest_share)] = rest_rows
+        assert others == f"the other {count - 12:,} terms"
+        assert float(rest) == round(expected.terms.total - sum(term for _, _, term in top), 4)
+    else:
+        assert len(top) == count and rest_rows == []
     caption = opened.page.text_content("#why-table caption")
     assert f"its score {expected.score:.4f} (weight {expected.weight:.4f})" in caption
-    assert f"is the sum of {expected.terms.terms.size:,} terms" in caption
+    said = "is 1 term, query part × key part:" if count == 1 else f"is the sum of {count:,} terms, query part × key part"
+    assert said in caption and "1 terms" not in caption, caption
 
 
 def test_a_cell_clicked_in_the_offline_report_lists_its_terms_as_attnviz_why_splits_them(model, report_path, offline_page):
@@ -82,6 +88,20 @@ def test_a_decoders_past_cell_lists_its_terms_and_a_future_cell_says_the_mask_le
     click_cell(opened, 3, 7)
     opened.wait_until("document.querySelector('#why-note') !== null")
     assert opened.page.text_content("#why-note") == "Key 7 comes after query 3: under the causal mask its weight is 0 and it has no score to split."
+    opened.assert_offline_and_clean()
+
+
+def test_a_score_of_one_term_is_said_to_be_1_term(decoder_folder, offline_page, tmp_path):
+    """The tiny Llama's layer 0 reads the token embeddings alone (RoPE: no position part): one part a side, so each
+    score is one term, which the caption says as "1 term", with no rest row."""
+    decoder = attnviz.load(str(decoder_folder), device="cpu")
+    (path,) = attnviz.report(TEXT, model=decoder, layer=0).save(tmp_path)
+    opened = open_heatmap(offline_page, path, 0, 2)
+    click_cell(opened, 6, 2)
+    expected = attnviz.why(TEXT, model=decoder, layer=0, head=2, query=6, key=2)
+    assert expected.terms.terms.size == 1
+    assert_table_is_whys(opened, expected)
+    assert opened.page.text_content("#why-table caption").endswith(f"its score {expected.score:.4f} (weight {expected.weight:.4f}) is 1 term, query part × key part:")
     opened.assert_offline_and_clean()
 
 

@@ -163,5 +163,7 @@ class WhyResult:
         return display.result_html(f"layer {t.layer} head {t.head}: {t.shown_query} → {t.shown_key}", *parts)
 
     def __repr__(self) -> str:
+        from attnviz.render.titles import counted
+
         t = self.terms
-        return f"<attnviz.WhyResult layer {t.layer} head {t.head}, query {t.query} key {t.key}: score {t.score:.4f} in {t.terms.size} terms>"
+        return f"<attnviz.WhyResult layer {t.layer} head {t.head}, query {t.query} key {t.key}: score {t.score:.4f} in {counted(t.terms.size, 'term')}>"

@@ -65,8 +65,11 @@ def weights_bytes(folder: Path, dtype: torch.dtype) -> int:
     return sum(_numel(shape) for _, _, shape, _ in entries.values()) * dtype.itemsize
 
 
-def layer_at_a_time_note(name: str, size: int, dtype: str, asked: bool) -> str:
-    """The run's note of a model read a layer's weights at a time: asked, or past the size (its weights' bytes in dtype)."""
+def layer_at_a_time_note(name: str, size: int, dtype: str, asked: bool) -> str | None:
+    """The run's note of a model read a layer's weights at a time: asked, or its size (its weights' bytes in dtype) past
+    LAYER_AT_A_TIME_BYTES; None where it is read whole (the loaders' one test of the choice)."""
+    if not asked and size <= LAYER_AT_A_TIME_BYTES:
+        return None
     why = "as asked" if asked else f"its weights are {size / 1e9:.1f} GB in {dtype}, past {LAYER_AT_A_TIME_BYTES / 1e9:.1f} GB"
     note = f"{name} ran a layer's weights at a time ({why}): each layer's read from its files as it ran, then let go"
     if dtype in HALF_UNIT_ROUNDOFF:  # the bound tests/test_layer_at_a_time.py holds the maps to (docs/models.md)

@@ -231,12 +231,11 @@ def _load_folder(
 
 
 def _load_gguf(name: str, path: Path, source: str, device: str, dtype: str, layer_at_a_time: bool = False) -> LoadedModel:
-    """A GGUF file (gguf_weights.py): its header checked first, then each tensor dequantised as the model takes it;
-    its tokenizer read from the file once and cached as files (gguf_cache.py). No float32 copy is written. A layer's
-    weights at a time where asked, or where the weights in dtype pass LAYER_AT_A_TIME_BYTES (the header says)."""
+    """A GGUF file (gguf_weights.py): header checked first, each tensor dequantised as the model takes it (no float32 copy),
+    tokenizer read once and cached as files (gguf_cache.py); a layer at a time where asked or past LAYER_AT_A_TIME_BYTES."""
     from attnviz.models import gguf_cache
     from attnviz.models.gguf_weights import GGUFWeights, load_gguf_model, quantisation, weights_bytes
-    from attnviz.models.layer_weights import LAYER_AT_A_TIME_BYTES, layer_at_a_time_note
+    from attnviz.models.layer_weights import layer_at_a_time_note
     from attnviz.models.transformers_tokenizer import embedding_rows, load_transformers_tokenizer
 
     weights = GGUFWeights(path)
@@ -246,21 +245,18 @@ def _load_gguf(name: str, path: Path, source: str, device: str, dtype: str, laye
     dtype = resolve_dtype(dtype, device, weights.config)
     try:
         family.check_config(weights.config)
-        size = weights_bytes(weights, _torch_dtype(dtype))
-        model = load_gguf_model(weights, family, device, _torch_dtype(dtype), layer_at_a_time or size > LAYER_AT_A_TIME_BYTES)
+        note = layer_at_a_time_note(name, weights_bytes(weights, _torch_dtype(dtype)), dtype, layer_at_a_time)
+        model = load_gguf_model(weights, family, device, _torch_dtype(dtype), note is not None)
         folder = gguf_cache.tokenizer_folder(path, weights.tokenizer, notify=gguf_cache.note_on_stderr)
         tokenizer = load_transformers_tokenizer(folder, embedding_rows(model.model))
     except AttnvizError:
         raise
     except Exception as error:  # a size the tensors contradict, a damaged tensor: say which model
         raise AttnvizError(f"cannot load model {name!r}: {first_line(error)}") from error
-    loaded = LoadedModel(
-        name=name, source=source, tokenizer=tokenizer, model=model, family=family, config=model.config, dtype=dtype,
-        quantisation=quantisation(weights),
+    return LoadedModel(
+        name=name, source=source, tokenizer=tokenizer, model=model, note=note, family=family, config=model.config,
+        dtype=dtype, quantisation=quantisation(weights),
     )
-    if model.layer_at_a_time:
-        loaded.note = layer_at_a_time_note(name, size, dtype, layer_at_a_time)
-    return loaded
 
 
 def _load_from_hub(repo_id: str, device: str, dtype: str, allow_pickle: bool, layer_at_a_time: bool = False) -> LoadedModel:
@@ -354,23 +350,18 @@ def _load_weights(
 def _load_transformers(
     name: str, folder: Path, source: str, device: str, family: Family, config: dict, dtype: str, layer_at_a_time: bool
 ) -> LoadedModel:
-    """Any family but BERT, through transformers (transformers_model.py): shards checked to lie in the folder first; a
-    layer's weights at a time where asked, or where the weights in dtype pass LAYER_AT_A_TIME_BYTES (their headers say)."""
-    from attnviz.models.layer_weights import LAYER_AT_A_TIME_BYTES, layer_at_a_time_note, weights_bytes
-    from attnviz.models.weight_files import weight_files
+    """Any family but BERT, through transformers (transformers_model.py): shards checked to lie in the folder first (by
+    weights_bytes, which reads their headers through weight_files); a layer's weights at a time where asked, or where the
+    weights in dtype pass LAYER_AT_A_TIME_BYTES (their headers say)."""
+    from attnviz.models.layer_weights import layer_at_a_time_note, weights_bytes
     from attnviz.models.transformers_loading import load_transformers_model
     from attnviz.models.transformers_tokenizer import embedding_rows, load_transformers_tokenizer
 
     family.check_config(config)
-    weight_files(folder, safetensors=True, allow_pickle=False)
-    size = weights_bytes(folder, _torch_dtype(dtype))
-    by_size = size > LAYER_AT_A_TIME_BYTES
-    model = load_transformers_model(folder, family, config, device, _torch_dtype(dtype), layer_at_a_time or by_size)
+    note = layer_at_a_time_note(name, weights_bytes(folder, _torch_dtype(dtype)), dtype, layer_at_a_time)
+    model = load_transformers_model(folder, family, config, device, _torch_dtype(dtype), note is not None)
     tokenizer = load_transformers_tokenizer(folder, embedding_rows(model.model))
-    loaded = LoadedModel(name=name, source=source, tokenizer=tokenizer, model=model, family=family, config=config)
-    if model.layer_at_a_time:
-        loaded.note = layer_at_a_time_note(name, size, dtype, layer_at_a_time)
-    return loaded
+    return LoadedModel(name=name, source=source, tokenizer=tokenizer, model=model, note=note, family=family, config=config)
 
 
 # ---- checks and small helpers ------------------------------------------------------------------
@@ -427,10 +418,9 @@ def _choose_weights(name: str, safetensors: list[str], pickles: list[str], allow
     if not pickles:
         raise AttnvizError(f"cannot load model {name!r}: no weights (model.safetensors) {where}")
     if not allow_pickle:
-        raise AttnvizError(
-            f"cannot load model {name!r}: its only weights are {pickles[0]}, a pickle file that can run code "
-            "when loaded; convert it to model.safetensors, or allow pickle files if you trust it"
-        )
+        from attnviz.models.weight_files import PICKLE_WARNING
+
+        raise AttnvizError(f"cannot load model {name!r}: its only weights are {pickles[0]}, {PICKLE_WARNING}")
     return False
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from attnviz.render.heatmap import check_format, new_figure, save_figure
-from attnviz.render.titles import short_model_name
+from attnviz.render.titles import counted, short_model_name
 
 SHOWN_PARTS = 12  # the parts of each side the figure names; the rest of that side is one row or column
 REST = "rest"
@@ -52,11 +52,17 @@ def why_figure(terms, model: str):
     figure.colorbar(image, ax=ax, shrink=0.8, label="term of the score (red adds, blue takes away)")
     ax.set_title(
         f"{short_model_name(model)} · layer {terms.layer} · head {terms.head}\n"
-        f"score {terms.score:.4f} = the sum of {terms.terms.size} terms (weight {terms.weight:.4f})",
+        f"score {terms.score:.4f} = {sum_of_terms(terms.terms.size)} (weight {terms.weight:.4f})",
         fontsize=10, parse_math=False,
     )  # fmt: skip
     figure.set_layout_engine("constrained")
     return figure
+
+
+def sum_of_terms(count: int) -> str:
+    """What a score is of its terms: "the sum of 64 terms", or "1 term" (one part each side: a RoPE decoder's layer 0,
+    which reads the token embeddings alone)."""
+    return counted(count, "term") if count == 1 else f"the sum of {counted(count, 'term')}"
 
 
 def write_why_figure(terms, model: str, folder: Path, fmt: str = "png") -> Path:
@@ -80,5 +86,5 @@ def print_terms(console, terms, top: list[tuple[str, str, float]], sides: dict) 
     for side, parts in sides.items():
         listed = ", ".join(f"{part} {total:+.4f}" for part, total in parts)
         console.print(Text(f"the {side} side's parts that add most (their terms summed over the {'key' if side == 'query' else 'query'}'s parts): {listed}"))
-    console.print(Text(f"score {terms.score:.4f} (weight {terms.weight:.4f}) = the sum of all {terms.terms.size} terms "
-                       f"(why.json); {len(top)} largest shown", style="dim"))  # fmt: skip
+    shown = f"; {len(top)} largest shown" if len(top) < terms.terms.size else ""
+    console.print(Text(f"score {terms.score:.4f} (weight {terms.weight:.4f}) = {sum_of_terms(terms.terms.size)} (why.json){shown}", style="dim"))

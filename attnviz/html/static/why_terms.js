@@ -23,10 +23,12 @@
 
   AV.whyTable = (answer, tokens) => {
     const others = answer.num_terms - answer.top.length;
+    // one term where each side is one part (a RoPE decoder's layer 0: the token embeddings alone)
+    const sum = answer.num_terms === 1 ? "1 term" : `the sum of ${answer.num_terms.toLocaleString("en")} terms`;
+    const shown = others > 0 ? `; the ${answer.top.length} largest, and the rest summed (attnviz why writes them all):` : ":";
     const caption =
       `Why layer ${answer.layer}, head ${answer.head} weighs key ${AV.tokenLabel(tokens, answer.key)} from query ${AV.tokenLabel(tokens, answer.query)}: ` +
-      `its score ${answer.score.toFixed(4)} (weight ${answer.weight.toFixed(4)}) is the sum of ${answer.num_terms.toLocaleString("en")} terms, ` +
-      `query part × key part; the ${answer.top.length} largest, and the rest summed (attnviz why writes them all):`;
+      `its score ${answer.score.toFixed(4)} (weight ${answer.weight.toFixed(4)}) is ${sum}, query part × key part${shown}`;
     const table = AV.el("table", { id: "why-table" }, AV.el("caption", {}, caption),
       AV.el("tr", {}, ...["query part", "key part", "term", "share"].map((name) => AV.el("th", {}, name))));  // prettier-ignore
     for (const [queryPart, keyPart, term] of answer.top) {
