@@ -134,3 +134,18 @@ def test_the_served_pages_roles_answer_runs_the_model_twice(decoder_folder):
     with model_runs() as runs:
         explorer.roles({"text": TEXTS[0], "model": "tiny"})
     assert runs["LlamaModel"] == 2  # the text's and prefix matching's random sequences'
+
+
+def test_the_roles_two_passes_build_each_of_attnvizs_layers_once(decoder_folder, monkeypatch):
+    """The text's pass and prefix matching's run through the same layers: each layer's projections copied once."""
+    import attnviz.own_layer as own_layer
+    from attnviz.analysis.roles import head_roles
+
+    loaded = load_model(str(decoder_folder), "cpu")
+    spec = run_spec(loaded, layer=None, device="cpu")
+    built = []
+    build_layer = own_layer.build_layer
+    monkeypatch.setattr(own_layer, "build_layer", lambda loaded, spec: built.append(spec.layer) or build_layer(loaded, spec))
+    passed = head_roles(loaded, TEXTS[0], spec, block_budget(spec))
+    assert "prefix_matching" in passed.roles.scores
+    assert sorted(built) == list(range(passed.roles.scores["induction"].shape[0]))

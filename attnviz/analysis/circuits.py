@@ -46,10 +46,13 @@ def random_sequences(loaded, seed: int = PREFIX_SEED) -> list[list[int]]:
     return [start + [int(index) for index in rng.choice(pool, PATTERN, replace=False)] * REPEATS for _ in range(SEQUENCES)]
 
 
-def prefix_matching(loaded, spec, budget_bytes: int, sequences: list[list[int]], progress: Progress = Progress()) -> np.ndarray:
+def prefix_matching(
+    loaded, spec, budget_bytes: int, sequences: list[list[int]], progress: Progress = Progress(), layers=None
+) -> np.ndarray:
     """(L, H): every head's prefix-matching score, the mean over the sequences (all of one length) of its mean over
     the queries whose token occurred before; spec: a causal self-attention run of the model's own heads. progress:
-    the layers the model's forward pass over the sequences reaches (most of the time), then the layers scored."""
+    the layers the model's forward pass over the sequences reaches (most of the time), then the layers scored.
+    layers: attnviz's layers for spec (own_layer.build_layers'), where a pass before this one built them; else built."""
     import torch
 
     from attnviz.analysis.head_numbers import Block, block_sums
@@ -60,8 +63,9 @@ def prefix_matching(loaded, spec, budget_bytes: int, sequences: list[list[int]],
 
     encoded = EncodedTexts(encode_ids(loaded.tokenizer, sequences))
     ids = encoded.queries.input_ids  # (B, N): one length, no padding
-    with threads_for(encoded):
-        layers = build_layers(loaded, spec)
+    if layers is None:
+        with threads_for(encoded):
+            layers = build_layers(loaded, spec)
     sums = torch.zeros(len(layers), max(heads for heads, _, _ in every_layer_sizes(layers)), dtype=torch.float64)
     in_place = in_models_place(loaded, spec)  # one pass, attnviz's layers in the model's place, scored as they run
     if not in_place:

@@ -141,25 +141,31 @@ class Block:
         """(B, b, 1): the token ids of the block's queries (self-attention: the queries are the keys)."""
         return self.token_ids[:, self.queries, None]
 
+    @cached_property
+    def earlier_same(self):
+        """(B, b, K) bool: the keys j < i that hold the query's token (the duplicate-token template before exclusions)."""
+        width = self.weights.shape[-1]
+        keys = self.positions[:width]  # (K,): self-attention, so N >= K
+        return (self.token_ids[:, None, :width] == self.query_ids) & (keys < self.queries[:, None])
+
     def template(self, induction: bool, excluding: bool = True):
         """(B, b, K) in the weights' dtype: TransformerLens's duplicate-token template (key j < i holds the query's
         token) or its induction template (key j >= 1 follows an earlier occurrence j - 1 < i of the query's token),
-        with the keys roles' exclusions take out (key 0 for exclude_bos, key i for exclude_current) set to 0."""
+        with the keys roles' exclusions take out (key 0 for exclude_bos, key i for exclude_current) set to 0.
+        The induction template's cell (i, j) is the duplicate-token one's (i, j - 1): the same cells moved one key to
+        the right, one copy where comparing the ids again took five passes over the block's (b, K) cells."""
         import torch
 
-        width = self.weights.shape[-1]
-        keys = self.positions[:width]  # (K,): self-attention, so N >= K
-        queries = self.queries[:, None]  # (b, 1)
+        keys = self.positions[: self.weights.shape[-1]]  # (K,)
+        cells = self.earlier_same
         if induction:
-            ids = self.token_ids[:, : width - 1]
-            follows = torch.cat([ids.new_full((ids.shape[0], 1), -1), ids], dim=-1)  # (B, K): the id before each key
-            cells = (follows[:, None, :] == self.query_ids) & (keys >= 1) & (keys - 1 < queries)  # (B, b, K)
-        else:
-            cells = (self.token_ids[:, None, :width] == self.query_ids) & (keys < queries)  # (B, b, K)
+            moved = torch.zeros_like(cells)
+            moved[..., 1:] = cells[..., :-1]
+            cells = moved
         if excluding and self.roles.exclude_bos:
             cells = cells & (keys >= 1)
         if excluding and self.roles.exclude_current:
-            cells = cells & (keys != queries)
+            cells = cells & (keys != self.queries[:, None])
         return cells.to(self.weights.dtype)
 
     def on_template(self, template):

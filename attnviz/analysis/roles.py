@@ -218,13 +218,14 @@ class TextPass(NamedTuple):
     """text_roles' pass over one text: every head's TEXT_SCORES, the layer summaries and the ids read; layer 0's run
     (pipeline.run_attention's AttentionRun, from the pass's capture), whose map gave that layer's numbers; and the
     text's capture, (EncodedTexts, {layer: LayerStates}) as layer_inputs.layer_states gives every layer's input,
-    where kept (keep), else None."""
+    where kept (keep), else None; and attnviz's layers the pass ran (own_layer.build_layers'), for the next pass."""
 
     scores: dict[str, np.ndarray]
     summaries: LayerSummaries
     ids: list[int]
     run: Any
     capture: tuple | None
+    layers: Any
 
 
 def text_roles(
@@ -262,7 +263,7 @@ def text_roles(
         summaries, states = summarise_in_place(loaded, text, encoded, layers, spec, budget_bytes, also=sums.add,
                                                keep=range(len(layers)), progress=progress)  # fmt: skip
         (run,) = run_attention(loaded, [text], replace(spec, layer=0), captured=(encoded, states[0]))
-        return TextPass(sums.scores(), summaries, ids, run, (encoded, states) if keep(run) else None)
+        return TextPass(sums.scores(), summaries, ids, run, (encoded, states) if keep(run) else None, layers)
     with threads_for(encoded):
         entered = progress.counting(FORWARD_PASS, len(layers))
         states = capture_states(loaded, encoded, list(range(len(layers))), spec, entered)  # every layer's input, one pass
@@ -280,7 +281,7 @@ def text_roles(
     summaries = summarise_blocks(loaded, text, encoded, layers, spec, budget_bytes, also=sums.add,
                                  states=dict(states) if capture else states, done={0: first},
                                  progress=progress)  # fmt: skip
-    return TextPass(sums.scores(), summaries, ids, run, capture)
+    return TextPass(sums.scores(), summaries, ids, run, capture, layers)
 
 
 class RolesPass(NamedTuple):
@@ -299,12 +300,13 @@ def head_roles(
     """Every head's roles (RoleScores): the text's scores (text_roles, keep as there), then prefix matching and copying
     where they apply, a decoder-only model's heads (said in skipped where not: an encoder's or an encoder-decoder's
     stacks, a model without a language-model head); the share roles this text cannot tell said in skipped too
-    (share_role_skips). Two passes of the model: the text's and prefix matching's. progress: each stage's layers as
-    they are done."""
+    (share_role_skips). Two passes of the model: the text's and prefix matching's, through the same attnviz layers
+    (built once). progress: each stage's layers as they are done."""
     from attnviz.analysis import circuits
     from attnviz.models.families.family import DECODER
 
-    scores, summaries, ids, run, capture = text_roles(loaded, text, spec, budget_bytes, settings, progress, keep)
+    passed = text_roles(loaded, text, spec, budget_bytes, settings, progress, keep)
+    scores, summaries, ids = passed.scores, passed.summaries, passed.ids
     uniform, skipped = share_role_skips(len(ids), causal=spec.causal, settings=settings, window=summaries.window)
     random_ids = []
     if loaded.family.kind != DECODER:
@@ -314,9 +316,9 @@ def head_roles(
         skipped |= {"prefix_matching": why, "copying": why}
     else:
         random_ids = circuits.random_sequences(loaded)
-        scores["prefix_matching"] = circuits.prefix_matching(loaded, spec, budget_bytes, random_ids, progress)
+        scores["prefix_matching"] = circuits.prefix_matching(loaded, spec, budget_bytes, random_ids, progress, passed.layers)
         try:
             scores["copying"] = circuits.copying(loaded, progress)
         except AttnvizError as error:
             skipped["copying"] = str(error)
-    return RolesPass(RoleScores(scores, summaries, ids, settings, random_ids, skipped, uniform), run, capture)
+    return RolesPass(RoleScores(scores, summaries, ids, settings, random_ids, skipped, uniform), passed.run, passed.capture)
