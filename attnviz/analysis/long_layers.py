@@ -88,8 +88,7 @@ def layers_in_blocks(
     panel_cells(run, num_layers) gives the cells a side of layers.png's panels (render.stats_figures.layers_panel_cells).
     """
     from attnviz.layer_inputs import encode_texts, threads_for
-    from attnviz.own_layer import build_layers
-    from attnviz.own_layer import every_layer_sizes
+    from attnviz.own_layer import build_layers, every_layer_sizes
     from attnviz.pipeline import split_runs
 
     if spec.words:
