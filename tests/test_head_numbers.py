@@ -203,10 +203,15 @@ def test_template_scores_are_transformer_lens_ratio_over_the_whole_map(exclude_b
     assert induction_template(ids)[6, 6] == 1  # the diagonal cell exclude_current changes
 
 
-def test_top_k_is_the_sum_of_each_rows_largest_weights_exactly():
+@pytest.mark.parametrize("rows_at_once", [None, 1, 4])
+def test_top_k_is_the_sum_of_each_rows_largest_weights_exactly(monkeypatch, rows_at_once):
     """Rows whose largest weights sit side by side, are spread evenly, tie exactly (a uniform row), sit at the row's
     end, or are random, over 8,195 keys, in float64 and float32 (chosen on their bits read as integers), against
-    NumPy's sort of each row."""
+    NumPy's sort of each row; in one chunk of rows, a row a chunk, or chunks of 4 rows and a last one of 2."""
+    from attnviz.analysis import head_numbers
+
+    if rows_at_once is not None:
+        monkeypatch.setattr(head_numbers, "CPU_CELLS_AT_ONCE", rows_at_once * 8195)
     rng = np.random.default_rng(11)
     width = 8195
     rows = np.exp(rng.normal(size=(6, width)) * 3)

@@ -208,23 +208,30 @@ class Block:
         """(B, H, b, len(TOP_K)): each row's sum of its k largest weights for each k of TOP_K (all its weight where the
         row has k keys or fewer). Each k's largest are chosen among the next larger k's, unsorted, and on the weights'
         bits read as integers: a weight is never negative, and its bits order as it does, so the same weights are
-        chosen (no NaN to place). On the CPU NumPy's partition chooses them (an exact selection, 5 times quicker than
-        torch's topk on one thread of the project's Xeon, whose AVX-512 NumPy's selection uses: bench/RESULTS.md);
-        elsewhere torch's topk."""
+        chosen (no NaN to place). On the CPU NumPy's partition chooses them in place, in a cache-sized chunk of rows
+        copied into row_chunks' buffer (an exact selection, 5 times quicker than torch's topk on one thread of the
+        project's Xeon, whose AVX-512 NumPy's selection uses; a copy of the whole block for np.partition cost a third
+        of the time: bench/RESULTS.md); elsewhere torch's topk."""
         import numpy as np
         import torch
 
-        largest = self.weights.view(torch.int64 if self.weights.dtype == torch.float64 else torch.int32)
-        on_cpu = largest.device.type == "cpu"
-        if on_cpu:
-            largest = largest.numpy()  # a view: partition copies
-        sums = {}
-        for k in sorted(TOP_K, reverse=True):
-            width = largest.shape[-1]
-            if k < width:  # (B, H, b, k): the k largest, in no order
-                largest = np.partition(largest, width - k, axis=-1)[..., width - k :] if on_cpu else largest.topk(k, dim=-1, sorted=False).values
-            sums[k] = torch.as_tensor(largest).view(self.weights.dtype).sum(dim=-1)
-        return torch.stack([sums[k] for k in TOP_K], dim=-1)
+        as_integers = torch.int64 if self.weights.dtype == torch.float64 else torch.int32
+        on_cpu = self.weights.device.type == "cpu"
+        sums = self.weights.new_empty(self.weights.shape[:-1].numel(), len(TOP_K))  # (rows, len(TOP_K))
+        for start, chunk, room in row_chunks(self.weights):
+            largest = chunk.view(as_integers)  # (r, K)
+            if on_cpu:
+                largest = room.view(as_integers).numpy()
+                np.copyto(largest, chunk.view(as_integers).numpy())
+            for k in sorted(TOP_K, reverse=True):
+                width = largest.shape[-1]
+                if k < width and on_cpu:  # (r, k): the k largest, in no order
+                    largest.partition(width - k, axis=-1)
+                    largest = largest[:, width - k :]
+                elif k < width:
+                    largest = largest.topk(k, dim=-1, sorted=False).values
+                sums[start : start + len(chunk), TOP_K.index(k)] = torch.as_tensor(largest).view(self.weights.dtype).sum(dim=-1)
+        return sums.view(*self.weights.shape[:-1], len(TOP_K))
 
 
 def _previous_template(block):
@@ -261,22 +268,29 @@ def _local(block):
     return (weights.gather(-1, index) * inside).sum(dim=-1)
 
 
-def row_plogp(weights):
-    """(...): sum_k p log p of every row of weights (..., K), a few rows at a time through one cache-sized buffer:
-    a new tensor of the block's size would cost its page faults again, every block."""
-    import torch
-
+def row_chunks(weights):
+    """weights' rows (..., K) a cache-sized chunk at a time: (first row, rows (r, K), room (r, K)), room a buffer of the
+    weights' dtype to work in, one for every chunk: a new tensor of the block's size would cost its page faults again,
+    every block."""
     num_keys = weights.shape[-1]
     rows = weights.reshape(-1, num_keys)  # a view of a block's weights
     cells = CPU_CELLS_AT_ONCE if weights.device.type == "cpu" else DEVICE_CELLS_AT_ONCE
     step = max(1, cells // num_keys)
     buffer = weights.new_empty(min(step, rows.shape[0]) * num_keys)
-    tiny = torch.finfo(weights.dtype).tiny  # log(p + tiny) is finite where p is 0: 0 log 0 = 0
-    sums = weights.new_empty(rows.shape[0])
     for start in range(0, rows.shape[0], step):
         chunk = rows[start : start + step]
-        logs = torch.add(chunk, tiny, out=buffer[: chunk.numel()].view(chunk.shape)).log_()
-        sums[start : start + step] = logs.mul_(chunk).sum(dim=-1)
+        yield start, chunk, buffer[: chunk.numel()].view(chunk.shape)
+
+
+def row_plogp(weights):
+    """(...): sum_k p log p of every row of weights (..., K), a chunk of rows at a time (row_chunks)."""
+    import torch
+
+    tiny = torch.finfo(weights.dtype).tiny  # log(p + tiny) is finite where p is 0: 0 log 0 = 0
+    sums = weights.new_empty(weights.shape[:-1].numel())
+    for start, chunk, room in row_chunks(weights):
+        logs = torch.add(chunk, tiny, out=room).log_()
+        sums[start : start + len(chunk)] = logs.mul_(chunk).sum(dim=-1)
     return sums.view(weights.shape[:-1])
 
 
