@@ -56,7 +56,7 @@ def own_numbers(loaded, text: str, spec, budget: int) -> dict:
 def test_the_roles_pass_numbers_and_maps_are_those_of_each_stage_run_alone_bit_for_bit(model, text):
     loaded, spec = model
     budget = block_budget(spec)
-    passed = text_roles(loaded, text, spec, budget, RoleSettings(), keep=lambda run: True)
+    passed = text_roles(loaded, text, spec, budget, RoleSettings(), keep=lambda tokens, run: True)
     (alone,) = run_attention(loaded, [text], replace(spec, layer=0))
     assert passed.run.layer == 0 and np.array_equal(passed.run.attention, alone.attention)  # the report's layer 0
     assert np.array_equal(passed.run.output, alone.output)
@@ -149,3 +149,31 @@ def test_the_roles_two_passes_build_each_of_attnvizs_layers_once(decoder_folder,
     passed = head_roles(loaded, TEXTS[0], spec, block_budget(spec))
     assert "prefix_matching" in passed.roles.scores
     assert sorted(built) == list(range(passed.roles.scores["induction"].shape[0]))
+
+
+def test_a_text_too_long_to_keep_its_capture_keeps_no_layers_input_past_layer_0s(decoder_folder, monkeypatch):
+    """A text whose capture the report will not read (keep says no before the pass: a long text's) has the pass keep
+    layer 0's input alone, which its run reads, not every layer's (570 MB of SmolLM2's at 8,192 tokens); its numbers and
+    layer 0's run are those of the pass that kept them all."""
+    import attnviz.analysis.head_summaries as head_summaries
+
+    loaded = load_model(str(decoder_folder), "cpu")
+    spec = run_spec(loaded, layer=None, device="cpu")
+    asked, kept = [], []
+    summarise_in_place = head_summaries.summarise_in_place
+
+    def recording(*args, keep, **kwargs):
+        summaries, states = summarise_in_place(*args, keep=keep, **kwargs)
+        kept.append(sorted(states))
+        return summaries, states
+
+    monkeypatch.setattr(head_summaries, "summarise_in_place", recording)
+    every = text_roles(loaded, TEXTS[1], spec, block_budget(spec), RoleSettings(), keep=lambda tokens, run: True)
+    first = text_roles(loaded, TEXTS[1], spec, block_budget(spec), RoleSettings(),
+                       keep=lambda tokens, run: asked.append((tokens, run)) or False)  # fmt: skip
+    num_layers = len(every.capture[1])
+    assert kept == [list(range(num_layers)), [0]] and num_layers > 1
+    assert asked[0] == (len(first.ids), None) and asked[1][1] is first.run and first.capture is None
+    assert np.array_equal(first.run.attention, every.run.attention)
+    for name, values in every.scores.items():
+        assert np.array_equal(first.scores[name], values), name

@@ -229,7 +229,7 @@ class TextPass(NamedTuple):
 
 
 def text_roles(
-    loaded, text: str, spec, budget_bytes: int, settings: RoleSettings, progress: Progress = Progress(), keep=lambda run: False
+    loaded, text: str, spec, budget_bytes: int, settings: RoleSettings, progress: Progress = Progress(), keep=lambda tokens, run: False
 ) -> TextPass:
     """Every head's TEXT_SCORES and layer summaries over one text, from one capture of every layer's input (one forward
     pass), a block of queries at a time (progress: the layers the pass reaches, then those summarised:
@@ -238,8 +238,10 @@ def text_roles(
     report shows; for a text within one block, bitwise the block the pass would make), so the layer is not computed
     twice. Where attnviz's layers can run in the model's place (passes.in_models_place), the pass is theirs
     (head_summaries.summarise_in_place): each layer's attention computed once, layer 0's numbers from the pass's blocks
-    too, and its run made over the input that pass kept. keep(run): whether the capture is kept for the report (a
-    short text's); else each layer's input is let go once summarised (in the model's place: once layer 0 has run).
+    too, and its run made over the input that pass kept. keep(tokens, run): whether the capture is kept for the report (a
+    short text's), asked first before the pass with run None (may a text of this many tokens keep it?), then with layer
+    0's run; else each layer's input is let go once summarised (in the model's place: not kept past layer 0's, which
+    its run reads, when the first answer is no: 30 layers' inputs are 570 MB of SmolLM2's at 8,192 tokens).
 
     A text of one token is refused (the templates need two) after tokenizing, before the forward pass."""
     import torch
@@ -260,10 +262,11 @@ def text_roles(
         layers = build_layers(loaded, spec)
     sums = RoleSums(len(layers), max(heads for heads, _, _ in every_layer_sizes(layers)), ids, causal=spec.causal, settings=settings)
     if in_models_place(loaded, spec):  # one pass in the model's place: every layer summarised as it runs, its inputs kept
-        summaries, states = summarise_in_place(loaded, text, encoded, layers, spec, budget_bytes, also=sums.add,
-                                               keep=range(len(layers)), progress=progress)  # fmt: skip
+        kept = range(len(layers)) if keep(len(ids), None) else {0}
+        summaries, states = summarise_in_place(loaded, text, encoded, layers, spec, budget_bytes, also=sums.add, keep=kept,
+                                               progress=progress)  # fmt: skip
         (run,) = run_attention(loaded, [text], replace(spec, layer=0), captured=(encoded, states[0]))
-        return TextPass(sums.scores(), summaries, ids, run, (encoded, states) if keep(run) else None, layers)
+        return TextPass(sums.scores(), summaries, ids, run, (encoded, states) if keep(len(ids), run) else None, layers)
     with threads_for(encoded):
         entered = progress.counting(FORWARD_PASS, len(layers))
         states = capture_states(loaded, encoded, list(range(len(layers))), spec, entered)  # every layer's input, one pass
@@ -277,7 +280,7 @@ def text_roles(
                            each_block=lambda start, weights: feed(start, weights[0]))  # fmt: skip
     if not first.seen:  # the whole map at once (a short text): as one block
         feed(0, torch.from_numpy(run.attention))  # (H, N, N)
-    capture = (encoded, states) if keep(run) else None
+    capture = (encoded, states) if keep(len(ids), run) else None
     summaries = summarise_blocks(loaded, text, encoded, layers, spec, budget_bytes, also=sums.add,
                                  states=dict(states) if capture else states, done={0: first},
                                  progress=progress)  # fmt: skip
@@ -295,7 +298,7 @@ class RolesPass(NamedTuple):
 
 def head_roles(
     loaded, text: str, spec, budget_bytes: int, settings: RoleSettings = RoleSettings(), progress: Progress = Progress(),
-    keep=lambda run: False,
+    keep=lambda tokens, run: False,
 ) -> RolesPass:
     """Every head's roles (RoleScores): the text's scores (text_roles, keep as there), then prefix matching and copying
     where they apply, a decoder-only model's heads (said in skipped where not: an encoder's or an encoder-decoder's

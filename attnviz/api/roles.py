@@ -44,6 +44,7 @@ def roles(text: str, *, exclude_bos: bool = False, exclude_current: bool = False
     from attnviz.analysis.roles import head_roles
     from attnviz.api.report import text_report
     from attnviz.budgets import block_budget
+    from attnviz.html.pyramid import needs_zoom
     from attnviz.html.record import is_long
 
     options = run_options("roles", options, ROLES_OPTIONS)
@@ -67,7 +68,10 @@ def roles(text: str, *, exclude_bos: bool = False, exclude_current: bool = False
         from attnviz.output.retrieval_heads import planned_tests
 
         needles["tests"] = planned_tests(handle.loaded, needles["lengths"], needles["depths"], engine=needles["engine"])
-    passed = head_roles(handle.loaded, text, spec, block_budget(spec), settings, progress, keep=lambda run: not is_long(run))
+    def keep(tokens: int, run) -> bool:  # a short text's capture, for its report's every map; a long one's before its run
+        return not is_long(run) if run is not None else not needs_zoom(tokens, tokens)
+
+    passed = head_roles(handle.loaded, text, spec, block_budget(spec), settings, progress, keep=keep)
     roles = passed.roles
     if needles is not None:
         needles["advance"] = progress.counting("needle tests", len(needles["tests"]))
