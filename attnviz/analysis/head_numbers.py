@@ -218,11 +218,11 @@ class Block:
         as_integers = torch.int64 if self.weights.dtype == torch.float64 else torch.int32
         on_cpu = self.weights.device.type == "cpu"
         sums = self.weights.new_empty(self.weights.shape[:-1].numel(), len(TOP_K))  # (rows, len(TOP_K))
-        for start, chunk, room in row_chunks(self.weights):
+        for start, chunk, room in row_chunks(self.weights, room=on_cpu):
             largest = chunk.view(as_integers)  # (r, K)
-            if on_cpu:
-                largest = room.view(as_integers).numpy()
-                np.copyto(largest, chunk.view(as_integers).numpy())
+            if on_cpu:  # copied into the chunks' buffer, partitioned there in place
+                source, largest = largest.numpy(), room.view(as_integers).numpy()
+                np.copyto(largest, source)
             for k in sorted(TOP_K, reverse=True):
                 width = largest.shape[-1]
                 if k < width and on_cpu:  # (r, k): the k largest, in no order
@@ -268,18 +268,18 @@ def _local(block):
     return (weights.gather(-1, index) * inside).sum(dim=-1)
 
 
-def row_chunks(weights):
+def row_chunks(weights, room: bool = True):
     """weights' rows (..., K) a cache-sized chunk at a time: (first row, rows (r, K), room (r, K)), room a buffer of the
     weights' dtype to work in, one for every chunk: a new tensor of the block's size would cost its page faults again,
-    every block."""
+    every block. room=False: no buffer (None in its place), for work that makes its own tensors."""
     num_keys = weights.shape[-1]
     rows = weights.reshape(-1, num_keys)  # a view of a block's weights
     cells = CPU_CELLS_AT_ONCE if weights.device.type == "cpu" else DEVICE_CELLS_AT_ONCE
     step = max(1, cells // num_keys)
-    buffer = weights.new_empty(min(step, rows.shape[0]) * num_keys)
+    buffer = weights.new_empty(min(step, rows.shape[0]) * num_keys) if room else None
     for start in range(0, rows.shape[0], step):
         chunk = rows[start : start + step]
-        yield start, chunk, buffer[: chunk.numel()].view(chunk.shape)
+        yield start, chunk, None if buffer is None else buffer[: chunk.numel()].view(chunk.shape)
 
 
 def row_plogp(weights):
