@@ -148,6 +148,27 @@ def test_a_signal_at_a_random_moment_leaves_a_whole_run_or_nothing(signal_number
     assert_no_process_left(str(target))
 
 
+HALF_IMPORTED = """
+import os, signal, sys
+from attnviz.output.runs import handle_signals
+
+def signal_inside_run_data(frame, event, argument):
+    if event == "call" and frame.f_code.co_filename.endswith("run_data.py") and frame.f_code.co_name == "<module>":
+        os.kill(os.getpid(), signal.SIGINT)  # its handler runs at the next instruction: run_data's first lines
+    return None
+
+handle_signals()
+sys.settrace(signal_inside_run_data)
+import attnviz.run_data
+"""
+
+
+def test_a_signal_while_a_module_is_half_imported_ends_the_run_quietly():
+    """The handler reads what the run made; it must not import a module the signal cut off half way (CI saw it)."""
+    process = subprocess.run([sys.executable, "-c", HALF_IMPORTED], capture_output=True, text=True, timeout=120)
+    assert (process.returncode, process.stderr) == (128 + signal.SIGINT, "interrupted: nothing was written\n")
+
+
 def test_a_batch_under_sigterm_leaves_no_text_folder(tmp_path):
     """timeout's SIGTERM in the middle of heads --file: not some finished text folders, none."""
     source = tmp_path / "texts.txt"

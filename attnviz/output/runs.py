@@ -23,6 +23,7 @@ import re
 import shutil
 import signal
 import stat
+import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -173,11 +174,13 @@ def _on_signal(number: int, frame) -> None:
     matplotlib), which may turn it into another error or abort the process. Where the files are
     moved into place, signals_deferred holds the signal back instead, so no move is cut short.
     """
-    from attnviz.run_data import remove_map_folders
-
     for folder in _open_folders:
         folder.discard()
-    remove_map_folders()  # the run's temporary maps: os._exit runs no finalizer
+    # The run's temporary maps (os._exit runs no finalizer). Never imported here: the signal may come while
+    # run_data itself is being imported, half done; a module not imported in full has made no map yet.
+    run_data = sys.modules.get("attnviz.run_data")
+    if hasattr(run_data, "remove_map_folders"):
+        run_data.remove_map_folders()
     os.write(2, interrupted_message().encode() + b"\n")
     os._exit(128 + number)  # as attnviz/__main__.py does during the imports
 
