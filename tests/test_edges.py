@@ -328,13 +328,13 @@ def encoder(request, tmp_path_factory):
     return folder
 
 
-def attnviz_encoder_edges(folder, ig=None, checked=10):
+def attnviz_encoder_edges(folder, ig=None, checked=10, layer_at_a_time=False):
     from attnviz.analysis.edges import EdgeSettings
     from attnviz.analysis.patching import patch_heads
     from attnviz.models.loading import load_model
     from attnviz.spec import RunSpec
 
-    loaded = load_model(str(folder), device="cpu")
+    loaded = load_model(str(folder), device="cpu", layer_at_a_time=layer_at_a_time)
     spec = RunSpec(str(folder), str(folder), "local folder", device="cpu")
     return patch_heads(loaded, *MASKED, spec, edges=EdgeSettings(ig=ig, checked=checked))
 
@@ -525,6 +525,16 @@ def test_a_post_norm_encoders_eap_ig_is_the_mean_of_its_n_gradients(encoder, ste
         layers = len(expected) if receiver == "logits" else receiver[0]
         actual = scores_of(patched.edges, receiver)[:layers] * scale
         np.testing.assert_allclose(actual, expected[:layers], rtol=1e-4, atol=1e-5)
+
+
+def test_a_post_norm_encoder_read_a_layer_at_a_time_has_the_whole_models_edges(encoder):
+    """Its weights read a layer at a time (BERT's own encoder loads whole): the differentiated pass recomputes each layer
+    in its backward pass, the sweep and path patching read the norms outside the layers' passes; the same numbers."""
+    whole, alone = (attnviz_encoder_edges(encoder, ig=2, checked=1000, layer_at_a_time=each) for each in (False, True))
+    for name, values in whole.edges.scores.items():
+        np.testing.assert_allclose(alone.edges.scores[name], values, rtol=0, atol=1e-6, equal_nan=True)
+    assert [edge for edge, *_ in alone.edges.checked] == [edge for edge, *_ in whole.edges.checked]
+    np.testing.assert_allclose([value for *_, value in alone.edges.checked], [value for *_, value in whole.edges.checked], rtol=0, atol=1e-6)
 
 
 def test_patch_edges_on_an_encoder_writes_its_post_norm_edges_json_and_figure(tmp_path, capsys):

@@ -10,6 +10,8 @@ the threshold (lowered here, not a 1 GB model built), and a missing or truncated
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 import pytest
 import torch
@@ -18,9 +20,10 @@ import transformers
 import attnviz
 import attnviz.models.layer_weights as layer_weights
 from attnviz.cli import run
-from tiny_families import _DECODER, FAMILY_CHECKPOINTS, bpe_tokenizer, build_checkpoint, save_checkpoint
+from tiny_families import _DECODER, _ENCODER, FAMILY_CHECKPOINTS, WORDPIECE_VOCAB, bpe_tokenizer, build_checkpoint, save_checkpoint, wordpiece_tokenizer
 
 TEXT = "The cat sat on the mat because it was tired. The cat sat"
+PATCHED = ("The cat sat on the mat", "The mat sat on the cat", " mat", " cat")  # clean, corrupt, answer, wrong
 TOLERANCE = 1e-5
 
 
@@ -76,7 +79,8 @@ COMMANDS = {
     "layers": lambda model: attnviz.layers(TEXT, model=model),
     "stats": lambda model: attnviz.stats([TEXT, "Attention is all you need"], model=model),
     "roles": lambda model: attnviz.roles(TEXT, model=model),
-    "patch": lambda model: attnviz.patch("The cat sat on the mat", model=model, corrupt="The mat sat on the cat", answer=" mat", wrong=" cat"),
+    "patch": lambda model: attnviz.patch(PATCHED[0], model=model, corrupt=PATCHED[1], answer=PATCHED[2], wrong=PATCHED[3]),
+    "patch edges": lambda model: attnviz.patch(PATCHED[0], model=model, corrupt=PATCHED[1], answer=PATCHED[2], wrong=PATCHED[3], edges=True, ig=2),
     "generate": lambda model: attnviz.generate("The cat sat", model=model, tokens=4),
     "why": lambda model: attnviz.why(TEXT, model=model, layer=2, head=4, query=9),
     "compose": lambda model: attnviz.compose(model=model),
@@ -123,6 +127,31 @@ def test_only_the_running_layers_weights_are_on_the_device(pair):
     assert all(parameter.is_meta for layer in layers for parameter in layer.parameters())
     table = lat.model.get_input_embeddings().weight
     assert table.dtype == torch.bfloat16 and table.shape == (400, 48)
+
+
+def test_the_edges_differentiated_pass_keeps_no_other_layers_weights_alive(pair):
+    """patch --edges a layer at a time: whenever a layer's W_q runs (the texts' passes, the differentiated pass, then its
+    backward pass running each layer again, path patching), the weights every other layer read before are gone: the
+    autograd graph holds none of them (without recomputing, it would hold them all)."""
+    lat, _ = pair
+    read, alive = [], []  # (layer, with autograd on, its W_q's weights) of each call; the other layers' seen alive
+
+    def record(layer: int):
+        def hook(module, args):
+            alive.extend(earlier for earlier, _, weight in read if earlier != layer and weight() is not None)
+            read.append((layer, torch.is_grad_enabled(), weakref.ref(module.weight)))
+
+        return hook
+
+    projections = [layer.self_attn.q_proj for layer in lat.model.model.layers]
+    handles = [projection.register_forward_pre_hook(record(layer)) for layer, projection in enumerate(projections)]
+    try:
+        edges = attnviz.patch(PATCHED[0], model=lat, corrupt=PATCHED[1], answer=PATCHED[2], wrong=PATCHED[3], edges=True).edges
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert edges.checked and alive == []
+    assert [layer for layer, differentiated, _ in read if differentiated] == [0, 1, 2, 2, 1, 0]  # the pass, then backward
 
 
 def test_the_mlps_run_by_chunks_of_positions_equal_the_whole_models(pair, monkeypatch):
@@ -221,6 +250,19 @@ def test_each_familys_maps_a_layer_at_a_time_equal_the_whole_models(model_type, 
     whole = attnviz.load(str(tmp_path), "cpu", cache=False)
     actual, expected = attnviz.layers("The cat sat on the mat", model=lat, **options), attnviz.layers("The cat sat on the mat", model=whole, **options)
     for mine, theirs in zip(actual.layer_runs, expected.layer_runs):
+        np.testing.assert_allclose(mine.attention, theirs.attention, rtol=0, atol=TOLERANCE)
+
+
+def test_a_masked_lm_checkpoint_without_the_base_models_pooler_runs_a_layer_at_a_time(tmp_path):
+    """RobertaForMaskedLM saves no pooler, which the RobertaModel attnviz builds holds (unused): every other tensor is
+    read all the same, and the maps equal the whole model's (the pooler once kept the whole load from happening)."""
+    config = transformers.RobertaConfig(vocab_size=WORDPIECE_VOCAB, pad_token_id=0, **{**_ENCODER, "num_hidden_layers": 2})
+    save_checkpoint(config, transformers.RobertaForMaskedLM, wordpiece_tokenizer(), tmp_path, seed=5)
+    lat = attnviz.load(str(tmp_path), "cpu", layer_at_a_time=True, cache=False)
+    whole = attnviz.load(str(tmp_path), "cpu", cache=False)
+    assert lat.model.layer_at_a_time and not any(parameter.is_meta for parameter in lat.model.model.embeddings.parameters())
+    actual, expected = attnviz.layers("the cat sat on the mat", model=lat), attnviz.layers("the cat sat on the mat", model=whole)
+    for mine, theirs in zip(actual.layer_runs, expected.layer_runs, strict=True):
         np.testing.assert_allclose(mine.attention, theirs.attention, rtol=0, atol=TOLERANCE)
 
 

@@ -62,7 +62,6 @@ REFUSALS = {
     "patch edges with no ig steps": ["patch", "The cat", "--corrupt", "The dog", "--answer", " sat", "--wrong", " ran", "--edges", "--ig", "0"],
     "patch ig without edges": ["patch", "The cat", "--corrupt", "The dog", "--answer", " sat", "--wrong", " ran", "--ig", "4"],
     "patch checked edges without edges": ["patch", "The cat", "--corrupt", "The dog", "--answer", " sat", "--wrong", " ran", "--checked-edges", "3"],
-    "patch edges a layer at a time": ["patch", "The cat", "--corrupt", "The dog", "--answer", " sat", "--wrong", " ran", "--edges", "--layer-at-a-time"],
 }
 
 

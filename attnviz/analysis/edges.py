@@ -194,11 +194,6 @@ def check_edges(loaded, stack) -> None:
             f"GPT-2) or a post-norm encoder (BERT, RoBERTa, ELECTRA, DistilBERT, ALBERT): {loaded.name} is a {family.kind} "
             f"of the {family.name} family, whose heads reach later layers through cross-attention or norms attnviz does not name"
         )
-    if getattr(loaded.model, "layer_at_a_time", False):  # asked for, or a checkpoint past 1 GB
-        raise AttnvizError(
-            f"{option('edges', True)} needs every layer's weights in memory at once (the edges' differentiated pass and "
-            f"path patching), and {loaded.name} is read a layer's weights at a time"
-        )
 
 
 def circuit_edges(
@@ -213,9 +208,8 @@ def circuit_edges(
     from attnviz.analysis.edges_postnorm import post_norm
 
     model, stack = loaded.model, spec.stack
-    num_layers = loaded.num_layers_of(stack)
-    weights = [model.attention_weights(layer, stack) for layer in range(num_layers)]
-    num_heads, num_kv = weights[0].num_heads, weights[0].num_kv_heads
+    weights = EachLayer(model, stack, loaded.num_layers_of(stack))
+    num_layers, num_heads, num_kv = len(weights), weights.num_heads, weights.num_kv_heads
     with torch.inference_mode():
         written = torch.stack([_written(clean.recorded, corrupted.recorded, layer, each) for layer, each in enumerate(weights)])  # (L, H, N, D)
     ig = settings.ig
@@ -255,6 +249,24 @@ def circuit_edges(
     return edges
 
 
+class EachLayer:
+    """Each layer's AttentionWeights (model.attention_weights), read as it is asked for, never held together: a model
+    read a layer's weights at a time has one layer's at a time (a whole model's are views of its own)."""
+
+    def __init__(self, model, stack, num_layers: int):
+        self.model, self.stack, self.num_layers = model, stack, num_layers
+        first = model.attention_weights(0, stack)
+        self.num_heads, self.num_kv_heads = first.num_heads, first.num_kv_heads
+
+    def __len__(self) -> int:
+        return self.num_layers
+
+    def __getitem__(self, layer: int):
+        if not 0 <= layer < self.num_layers:
+            raise IndexError(layer)
+        return self.model.attention_weights(layer, self.stack)
+
+
 def check_by_path_patching(loaded, spec, weights, corrupted, read: ReadOut, edges: Edges, settings: EdgeSettings, received,
                            normalise: tuple[float, float], progress: Progress) -> None:  # fmt: skip
     """edges.checked: the top settings.checked edges by |score|, each with its path patching, normalised ((m_patched -
@@ -265,7 +277,7 @@ def check_by_path_patching(loaded, spec, weights, corrupted, read: ReadOut, edge
     chosen = edges.ranked(settings.checked)
     advance = progress.counting("edges checked by path patching", len(chosen))
     for edge in chosen:
-        with torch.inference_mode():
+        with torch.inference_mode(), loaded.model.norms_resident():  # the norms on its way, read a layer at a time
             given = received(edge)
         patched = _path_patched(loaded, spec, weights[edge.layer] if edge.layer is not None else None, corrupted, read, edge, given)
         edges.checked.append((edge, edges.score(edge), (patched - m_corrupt) * scale))
@@ -284,7 +296,7 @@ def _written(clean, corrupted, layer: int, weights):
     return torch.einsum("nhd,Dhd->hnD", z, w_o.view(w_o.shape[0], weights.num_heads, weights.head_dim))
 
 
-def _input_gradients(loaded, spec, weights: list, clean, corrupted, read: ReadOut, steps: int):
+def _input_gradients(loaded, spec, weights: "EachLayer", clean, corrupted, read: ReadOut, steps: int):
     """dm/d(each receiver's copy of its input), averaged over the steps' copies: ([layer]{"q": (N, H, D), "k", "v":
     (N, H_kv, D)}, the final norm's input's (N, D)), all float64, from one forward and one backward pass of the
     corrupted run (the first layer's input interpolated towards the clean one's with steps > 1). weights: each
@@ -317,12 +329,13 @@ def _input_gradients(loaded, spec, weights: list, clean, corrupted, read: ReadOu
     grads = torch.autograd.grad(read.metric(last).sum(), [outputs[key] for key in keys] + [final[0]])
     by_key = dict(zip(keys, grads[:-1]))
     gradients = []
-    for layer, each in enumerate(weights):
-        rows = {"q": each.w_q[0], "k": each.w_k[0], "v": each.w_v[0]}  # (n * d, D) each, nn.Linear's layout
-        # dm/d(norm output) for each receiver alone: head i's gradient at its d features through its rows, (C, N, n, D)
-        through = {role: through_rows(by_key[(layer, id(each[0]))], each, rows[role]) for role, each in slices[layer].items()}
-        together = through_norm(norms[layer], inputs[layer].detach(), torch.cat(list(through.values()), dim=2))
-        gradients.append(dict(zip(through, together.split([part.shape[2] for part in through.values()], dim=1))))
+    with model.norms_resident():  # read a layer's weights at a time: the norms, outside their layers' passes
+        for layer, each in enumerate(weights):
+            rows = {"q": each.w_q[0], "k": each.w_k[0], "v": each.w_v[0]}  # (n * d, D) each, nn.Linear's layout
+            # dm/d(norm output) for each receiver alone: head i's gradient at its d features through its rows, (C, N, n, D)
+            through = {role: through_rows(by_key[(layer, id(each[0]))], each, rows[role]) for role, each in slices[layer].items()}
+            together = through_norm(norms[layer], inputs[layer].detach(), torch.cat(list(through.values()), dim=2))
+            gradients.append(dict(zip(through, together.split([part.shape[2] for part in through.values()], dim=1))))
     return gradients, grads[-1].double().mean(dim=0)
 
 
@@ -346,7 +359,8 @@ def _path_patched(loaded, spec, weights, corrupted, read: ReadOut, edge: Edge, g
         module, offset, _, head_dim = projection_slice(model, weights, edge.input)
         x = corrupted.recorded.entering(edge.layer)  # (1, N, D): the stream entering the receiver's layer
         part = slice(offset + edge.head * head_dim, offset + (edge.head + 1) * head_dim)
-        replacement = module(given)[..., part]
+        with model.resident(weights.names[{"q": "w_q", "k": "w_k", "v": "w_v"}[edge.input]]):  # read a layer at a time
+            replacement = module(given)[..., part]
 
         def change(y):  # the receiver's slice of the projection's output, from its own input
             y = y.clone()

@@ -62,11 +62,11 @@ def post_norms(loaded, layer: int) -> tuple:
     return tuple(model.get_submodule(name) for name in loaded.family.post_norm_names(index))
 
 
-def post_norm_scores(loaded, spec, weights: list, written, clean, corrupted, read, steps: int, scale: float):
+def post_norm_scores(loaded, spec, weights, written, clean, corrupted, read, steps: int, scale: float):
     """(scores, Norms): edges.Edges' scores of a post-norm encoder by EAP (steps 1) or EAP-IG, from one differentiated
     pass and one backward sweep; Norms carries a sender's difference for path patching. written (L, H, N, D): each
     head's out_clean - out_corrupt; clean and corrupted: the texts' Recorded; scale 1 / (m_clean - m_corrupt)."""
-    num_layers, num_heads, num_kv = len(weights), weights[0].num_heads, weights[0].num_kv_heads
+    num_layers, num_heads, num_kv = len(weights), weights.num_heads, weights.num_kv_heads
     arrived, norms = _swept_gradients(loaded, spec, weights, clean, corrupted, read, steps)
     roles = (("q", num_heads), ("k", num_kv), ("v", num_kv))
     scores = {role: np.full((num_layers, num_heads, num_layers, count), np.nan) for role, count in roles}
@@ -82,7 +82,7 @@ def post_norm_scores(loaded, spec, weights: list, written, clean, corrupted, rea
     return scores, norms
 
 
-def _swept_gradients(loaded, spec, weights: list, clean, corrupted, read, steps: int):
+def _swept_gradients(loaded, spec, weights, clean, corrupted, read, steps: int):
     """([layer] (N, R_l, D) float64, Norms): for each layer l, dm/d(each receiver's copy of its input) carried back to
     pre1 of layer l through the norms on the way, averaged over the steps' copies; the receivers (R_l) are layer
     l + 1's q (H), k and v (H_kv) heads, then layer l + 2's, ..., then the read-out. Norms: the corrupted run's (the
@@ -115,14 +115,16 @@ def _swept_gradients(loaded, spec, weights: list, clean, corrupted, read, steps:
     by_key = dict(zip(keys, grads[:-1]))
     carried = grads[-1].unsqueeze(2)  # (C, N, 1, D): the read-out's, at x_L
     arrived = [None] * num_layers
-    for layer in reversed(range(num_layers)):
-        norm1, norm2 = modules[layer]
-        at_y = through_norm(norm2, entering[(1, layer)].detach(), carried, mean=False)  # at y: the MLP held, pre2 = y + it
-        at_pre1 = through_norm(norm1, entering[(0, layer)].detach(), at_y, mean=False)  # (C, N, R, D)
-        arrived[layer] = at_pre1.double().mean(dim=0)
-        if layer:  # at x_layer: its own receivers join, q, k, v by head
-            rows = {"q": weights[layer].w_q[0], "k": weights[layer].w_k[0], "v": weights[layer].w_v[0]}
-            own = [through_rows(by_key[(role, layer)], each, rows[role]) for role, each in slices[layer].items()]
-            carried = torch.cat([*own, at_pre1], dim=2)
+    with model.norms_resident():  # read a layer's weights at a time: the norms, outside their layers' passes
+        for layer in reversed(range(num_layers)):
+            norm1, norm2 = modules[layer]
+            at_y = through_norm(norm2, entering[(1, layer)].detach(), carried, mean=False)  # at y: the MLP held, pre2 = y + it
+            at_pre1 = through_norm(norm1, entering[(0, layer)].detach(), at_y, mean=False)  # (C, N, R, D)
+            arrived[layer] = at_pre1.double().mean(dim=0)
+            if layer:  # at x_layer: its own receivers join, q, k, v by head
+                each = weights[layer]
+                rows = {"q": each.w_q[0], "k": each.w_k[0], "v": each.w_v[0]}
+                own = [through_rows(by_key[(role, layer)], projection, rows[role]) for role, projection in slices[layer].items()]
+                carried = torch.cat([*own, at_pre1], dim=2)
     pre1, pre2 = ([entering[(which, layer)][:1].detach() for layer in range(num_layers)] for which in (0, 1))
     return arrived, Norms(modules, pre1, pre2)

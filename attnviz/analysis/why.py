@@ -21,7 +21,6 @@ output); the score they add up to is the one attnviz's own layer computes over t
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -299,8 +298,7 @@ def _post_norm_parts(loaded, stream, inputs: dict, layer: int, rows):
         more, added = _attention_parts(loaded, stream, earlier, rows)
         index = earlier if loaded.is_bert else loaded.family.stored_index(model.config, earlier, None)  # ALBERT's shared
         norm1, norm2 = (model.get_submodule(name) for name in loaded.family.post_norm_names(index))
-        # a layer's weights read a layer at a time: on the device within
-        with contextlib.nullcontext() if loaded.is_bert else model.resident(*loaded.family.post_norm_names(index)):
+        with model.resident(*loaded.family.post_norm_names(index)):  # a layer's weights read a layer at a time: on the device within
             names, parts = through_norm(names + more, torch.cat([parts, added]), norm1, f"L{earlier}.norm1.bias")
             mlp = stream.mlp[earlier][0][rows].double()
             names, parts = through_norm(names + [f"mlp{earlier}"], torch.cat([parts, mlp[None]]), norm2, f"L{earlier}.norm2.bias")

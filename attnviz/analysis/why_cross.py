@@ -67,7 +67,7 @@ def cross_score_terms(loaded, encoded, spec, head: int, query: int, key: int | N
     with torch.inference_mode(), threads_for(encoded):
         captured = loaded.model.stacks_pass(inputs, source, wanted)
         entered = captured["cross"].x[layer]  # what entered the cross-attention: (1, Nq, D), the encoder's output (1, Nk, D)
-        with _norms_resident(loaded):  # read a layer's weights at a time: every norm the walks read, after the pass
+        with loaded.model.norms_resident():  # read a layer's weights at a time: every norm the walks read, after the pass
             attention = build_layer(loaded, spec)
             scores = layer_scores(attention, LayerStates(entered.hidden, entered.kv_hidden), causal=False)[head, query]  # (Nk,)
             weights = scores.softmax(dim=-1)
@@ -107,7 +107,7 @@ def self_score_terms(loaded, encoded, spec, head: int, query: int, key: int | No
     with torch.inference_mode(), threads_for(encoded):
         captured = loaded.model.stacks_pass(inputs, source, {stack: wanted} | ({"cross": Wanted(z_merged=True)} if stack == "decoder" else {}))
         entered = captured[stack].x[layer].hidden  # (1, N, D): the stream as it is (post-norm: no norm before the attention)
-        with _norms_resident(loaded):  # read a layer's weights at a time: every norm the walks read, after the pass
+        with loaded.model.norms_resident():  # read a layer's weights at a time: every norm the walks read, after the pass
             attention = build_layer(loaded, spec)
             scores = layer_scores(attention, LayerStates(entered, entered), spec.causal)[head, query]  # (N,)
             weights = scores.softmax(dim=-1)
@@ -198,12 +198,6 @@ def _post_norm_embedded(loaded, captured, ids, rows, side: str, label: str):
     if captured.embedded is None:
         return names, parts
     return through_norm(names, parts, loaded.model.get_submodule(loaded.family.embedding_norm_name(side)), f"{label}emb.norm.bias")
-
-
-def _norms_resident(loaded):
-    """Within, every norm module of the model on the device (where it is read a layer's weights at a time)."""
-    norms = [name for name, module in loaded.model.model.named_modules() if "norm" in type(module).__name__.lower()]
-    return loaded.model.resident(*norms)
 
 
 def _norm(loaded, name: str):

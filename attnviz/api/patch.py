@@ -49,11 +49,6 @@ def patch(
     must_be_bool("per_position", per_position)
     must_be_one_of("component", component, tuple(COMPONENTS))
     settings = edge_settings(must_be_bool("edges", edges), must_be_int("ig", ig, none=True), must_be_int("checked_edges", checked_edges))
-    if settings is not None and options.layer_at_a_time:
-        raise AttnvizError(
-            f"{option('edges', True)} and {option('layer_at_a_time', True)} do not go together: the edges' differentiated "
-            "pass and path patching need every layer's weights in memory at once"
-        )
     progress = must_be_progress(progress)
     check_texts(text, corrupt, answer, wrong)
     handle = options.load()

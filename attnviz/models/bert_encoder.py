@@ -17,6 +17,7 @@ and weights a run never touches cannot make its numbers wrong.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import reprlib
 from dataclasses import dataclass, fields
@@ -219,6 +220,13 @@ class BertEncoder(nn.Module):
 
     def position_bias(self, stack: str | None, num_queries: int, num_keys: int, device: str) -> None:
         return None  # learned absolute positions, added to the embeddings
+
+    def resident(self, *names: str):
+        """Nothing to do: attnviz's BERT holds its weights whole (TransformersModel.resident reads a layer's)."""
+        return contextlib.nullcontext()
+
+    def norms_resident(self):
+        return contextlib.nullcontext()
 
     @torch.inference_mode()
     def capture(

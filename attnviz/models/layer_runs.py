@@ -9,11 +9,13 @@ the model would have run them: the layers before L do not run again. The same fo
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
 
 @dataclass
@@ -89,11 +91,20 @@ def run_from(
     return hidden if recorded.rest is None else recorded.rest(hidden)
 
 
-def differentiable_run(stack: LayerStack, hidden: torch.Tensor, recorded: Recorded, hooks=lambda: []) -> torch.Tensor:
+def differentiable_run(
+    stack: LayerStack, hidden: torch.Tensor, recorded: Recorded, hooks=lambda: [], recomputed: bool = False
+) -> torch.Tensor:
     """run_from from layer 0 with autograd on (analysis/edges.py differentiates the metric): hidden (B, N, D) enters
     the first layer, the layers run with recorded's calls copied out of inference mode (Recorded.for_gradients);
-    hooks() installs the caller's hooks and returns their handles, removed after. The caller holds the model."""
-    with torch.inference_mode(False), torch.enable_grad():
+    hooks() installs the caller's hooks and returns their handles, removed after. The caller holds the model.
+    recomputed: each layer run under torch's activation checkpointing, so that the graph keeps none of what a layer
+    saved for its backward (its weights among it: a model read a layer's weights at a time holds one layer's), the
+    backward pass running each layer again, its weights read again, as it reaches it. Each layer runs to its end there
+    (no early stop): where the layer's forward ends, its weights are let go (layer_weights.load_layer_at_a_time)."""
+    if recomputed:
+        layers = [functools.partial(checkpoint, layer, use_reentrant=False) for layer in stack.layers]
+        stack = LayerStack(layers, stack.projections, stack.final)
+    with torch.inference_mode(False), torch.enable_grad(), set_checkpoint_early_stop(False):
         handles = hooks()
         try:
             return run_from(stack, 0, hidden, recorded.for_gradients())

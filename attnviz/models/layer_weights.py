@@ -116,6 +116,18 @@ def safetensors_map(folder: Path, prefix: str):
     return stored_weights(entries), shapes, mapped
 
 
+def loading_info(empty: nn.Module, shapes: dict[str, tuple[int, ...]]) -> dict[str, list]:
+    """What transformers' from_pretrained reports as its loading info (missing, unexpected and mismatched names), for
+    empty (build_empty's model) and the checkpoint's shapes by the same names: the caller refuses what it must before
+    load_layer_at_a_time reads a tensor."""
+    parameters = dict(empty.named_parameters())
+    return {
+        "missing_keys": sorted(set(parameters) - set(shapes)),
+        "unexpected_keys": sorted(set(shapes) - set(parameters)),
+        "mismatched_keys": sorted(name for name in set(parameters) & set(shapes) if tuple(parameters[name].shape) != tuple(shapes[name])),
+    }
+
+
 def load_layer_at_a_time(
     empty: nn.Module,
     layer_names: list[str],
@@ -123,24 +135,17 @@ def load_layer_at_a_time(
     shapes: dict[str, tuple[int, ...]],
     device: str,
     mapped=None,
-) -> dict[str, list]:
+) -> None:
     """empty (build_empty's model) made to run with weights read from weights_map a layer at a time: each module of
     layer_names hooked (its weights resident during its forward alone), the other parameters read once. shapes: each
-    weight's shape, by the same names (the safetensors headers'). mapped(name), when given, is a tensor as stored and
-    memory-mapped (or None): a plain nn.Embedding's table that it gives is read by rows (StoredEmbedding), never from
-    weights_map. Returns what transformers' from_pretrained reports as its loading info (missing, unexpected and
-    mismatched names), checked by the caller."""
+    weight's shape, by the same names (the safetensors headers'), checked by the caller (loading_info); a parameter
+    outside the layers that they lack, one the caller found unused (a pooler that a masked-LM checkpoint leaves out),
+    is zeros, as no number of attnviz reads it. mapped(name), when given, is a tensor as stored and memory-mapped (or
+    None): a plain nn.Embedding's table that it gives is read by rows (StoredEmbedding), never from weights_map."""
     from accelerate.hooks import AlignDevicesHook, add_hook_to_module
     from accelerate.utils import PrefixedDataset, set_module_tensor_to_device
 
     parameters = dict(empty.named_parameters())
-    info = {
-        "missing_keys": sorted(set(parameters) - set(shapes)),
-        "unexpected_keys": sorted(set(shapes) - set(parameters)),
-        "mismatched_keys": sorted(name for name in set(parameters) & set(shapes) if tuple(parameters[name].shape) != tuple(shapes[name])),
-    }
-    if info["missing_keys"] or info["mismatched_keys"]:
-        return info
     keep_large_blocks_apart()
     in_layers = tuple(name + "." for name in layer_names)
     for name in layer_names:
@@ -153,13 +158,13 @@ def load_layer_at_a_time(
         rows = mapped(next(name for name, parameter in parameters.items() if parameter is embeddings.weight))
         if rows is not None:
             table, stored = embeddings.weight, StoredEmbedding(rows, embeddings.weight.dtype)
-    for name in parameters:
-        if not name.startswith(in_layers) and parameters[name] is not table:
-            set_module_tensor_to_device(empty, name, device, value=weights_map[name])
+    for name, parameter in parameters.items():
+        if not name.startswith(in_layers) and parameter is not table:
+            value = weights_map[name] if name in shapes else torch.zeros(parameter.shape, dtype=parameter.dtype)
+            set_module_tensor_to_device(empty, name, device, value=value)
     empty.tie_weights()  # the tied names to the parameters just read (set_module_tensor_to_device put new ones in)
     if stored is not None:
         empty.set_input_embeddings(stored)
-    return info
 
 
 def run_by_positions(module: nn.Module) -> None:

@@ -97,6 +97,10 @@ class TransformersModel:
 
         return resident(self.model, names, self.weights_map, self.weights_device)
 
+    def norms_resident(self):
+        """resident for every norm module of the base model (small: what reads the norms after a pass)."""
+        return self.resident(*(name for name, module in self.model.named_modules() if "norm" in type(module).__name__.lower()))
+
     def _letting_go(self):
         """Around a pass that may stop inside a layer: its weights let go after, where read a layer at a time."""
         from attnviz.models.layer_weights import let_go_after
@@ -327,7 +331,7 @@ class TransformersModel:
         installs the caller's hooks once the lock is held and returns their handles, removed after."""
         with self._forward_lock:
             self.model.set_attn_implementation(blocked_attention.register())
-            return differentiable_run(self.layer_stack(stack), hidden, recorded, hooks)
+            return differentiable_run(self.layer_stack(stack), hidden, recorded, hooks, recomputed=self.layer_at_a_time)
 
     @torch.inference_mode()
     def decode(self, ids: torch.Tensor, steps: int, choose):
