@@ -10,6 +10,7 @@ under /tmp and remove it after.
     python bench/layer_at_a_time.py compare /tmp/llama-1b        # both runs, each in a process of its own, and a row
     python bench/layer_at_a_time.py run /tmp/llama-1b [--whole]  # one run: `attnviz.layers` at TOKENS tokens
     python bench/layer_at_a_time.py run /tmp/llama-1b --tokens 8192 --stages  # and where its memory peaks (StagePeaks)
+    python bench/layer_at_a_time.py compare /tmp/llama-1b --edges  # `attnviz.patch --edges` on PAIR in place of layers
 
 The 8B-shaped row (Llama-3-8B's config: 32 layers, 32 heads on 8 key/value heads, 4,096 wide, an MLP of 14,336, an
 untied head; about 15 GB in bfloat16): `--shape 8b` to build, `--tokens 2048` (and `--dtype bfloat16`) to run, and
@@ -51,6 +52,8 @@ LLAMA_3_8B = dict(
     rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
 )  # fmt: skip
 SHAPES = {"1b": LLAMA_3_2_1B, "8b": LLAMA_3_8B}
+PAIR = ("the cat sat on the mat because the mat was warm and the cat", "the cat sat on the rug because the rug was warm and the cat",
+        "mat", "rug")  # --edges: clean, corrupt, answer, wrong (single WordPiece tokens)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
 PARAGRAPH = (
     "The cat sat on the mat because it was tired, and the dog that had chased it all morning lay down by the door. "
@@ -143,9 +146,11 @@ class StagePeaks:
         return {stage: round(peak) for stage, peak in sorted(self.peaks.items(), key=lambda item: -item[1])}
 
 
-def run_once(folder: Path, whole: bool, summaries: Path | None, tokens: int = TOKENS, dtype: str = "auto", stages: bool = False) -> None:
-    """attnviz.layers over a text of about `tokens` tokens; prints one JSON line (seconds, peak MB, mode; with stages,
-    each stage's peak: StagePeaks)."""
+def run_once(
+    folder: Path, whole: bool, summaries: Path | None, tokens: int = TOKENS, dtype: str = "auto", stages: bool = False, edges: bool = False
+) -> None:
+    """attnviz.layers over a text of about `tokens` tokens (edges: attnviz.patch with edges=True over PAIR); prints one
+    JSON line (seconds, peak MB, mode; with stages, each stage's peak: StagePeaks)."""
     import warnings
 
     import numpy as np
@@ -160,12 +165,18 @@ def run_once(folder: Path, whole: bool, summaries: Path | None, tokens: int = TO
     model = attnviz.load(str(folder), "cpu", dtype=dtype)
     loaded = time.perf_counter()
     sampler = StagePeaks(model.model.model) if stages else None
-    result = attnviz.layers(bench_ids(model, tokens), model=model, memory=MEMORY_MB)
+    if edges:
+        clean, corrupt, answer, wrong = PAIR
+        result = attnviz.patch(clean, model=model, corrupt=corrupt, answer=answer, wrong=wrong, edges=True)
+        numbers = result.edges.scores | {"checked": np.array([value for *_, value in result.edges.checked])}
+        tokens = len(model.tokenizer.encode_batch([clean])[0])
+    else:
+        result = attnviz.layers(bench_ids(model, tokens), model=model, memory=MEMORY_MB)
+        numbers = {name: value for name, value in vars(result.summaries).items() if isinstance(value, np.ndarray)}
+        tokens = len(result.layer_runs[0].query_tokens)
     done = time.perf_counter()
     if summaries is not None:
-        numbers = {name: value for name, value in vars(result.summaries).items() if isinstance(value, np.ndarray)}
         np.savez(summaries, **numbers)
-    tokens = len(result.layer_runs[0].query_tokens)
     print(json.dumps({
         "mode": "layer at a time" if model.model.layer_at_a_time else "whole", "dtype": model.dtype, "tokens": tokens, "load_s": round(loaded - start, 2),
         "layers_s": round(done - loaded, 2), "total_s": round(done - start, 2),
@@ -196,27 +207,29 @@ def forward(folder: Path, tokens: int) -> None:
     }))  # fmt: skip
 
 
-def compare(folder: Path) -> None:
-    """Both runs, each a process of its own (so that each peak is its own), their summaries compared, a row printed."""
+def compare(folder: Path, edges: bool = False) -> None:
+    """Both runs, each a process of its own (so that each peak is its own), their summaries (edges: the edges' scores and
+    path patching) compared, a row printed."""
     import numpy as np
 
     rows = {}
     for mode, flag in (("layer at a time", []), ("whole", ["--whole"])):
         saved = folder.parent / f"{folder.name}-{mode.replace(' ', '-')}.npz"
-        command = [sys.executable, __file__, "run", str(folder), "--summaries", str(saved), *flag]
+        command = [sys.executable, __file__, "run", str(folder), "--summaries", str(saved), *flag, *(["--edges"] if edges else [])]
         output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
         rows[mode] = json.loads(output.strip().splitlines()[-1]) | {"saved": saved}
         print(rows[mode])
     mine, theirs = (np.load(rows[mode]["saved"]) for mode in ("layer at a time", "whole"))
-    largest = max(float(np.abs(mine[name].astype(float) - theirs[name].astype(float)).max(initial=0.0)) for name in theirs.files)
+    largest = max(float(np.nanmax(np.abs(mine[name].astype(float) - theirs[name].astype(float)), initial=0.0)) for name in theirs.files)
     for mode in rows:
         rows[mode]["saved"].unlink()
     lat, whole = rows["layer at a time"], rows["whole"]
     print(
-        f"| layer at a time: 1B-shaped Llama (bf16, {lat['checkpoint_mb']} MB), `attnviz.layers` at {lat['tokens']} tokens, every head "
-        f"summarised | {lat['total_s']} s (load {lat['load_s']} s) | whole float32 model {whole['total_s']} s (load {whole['load_s']} s), "
+        f"| layer at a time: 1B-shaped Llama (bf16, {lat['checkpoint_mb']} MB), "
+        f"{'`attnviz.patch --edges`' if edges else '`attnviz.layers`'} at {lat['tokens']} tokens"
+        f"{'' if edges else ', every head summarised'} | {lat['total_s']} s (load {lat['load_s']} s) | whole float32 model {whole['total_s']} s (load {whole['load_s']} s), "
         f"peak {whole['peak_mb']} MB | time {lat['total_s'] / whole['total_s']:.2f}; peak / checkpoint {lat['peak_mb'] / lat['checkpoint_mb']:.2f} "
-        f"(< 0.5: {'yes' if lat['peak_mb'] < lat['checkpoint_mb'] / 2 else 'NO'}); summaries' largest difference {largest:.1e} "
+        f"(< 0.5: {'yes' if lat['peak_mb'] < lat['checkpoint_mb'] / 2 else 'NO'}); {'numbers' if edges else 'summaries'}' largest difference {largest:.1e} "
         f"(≤ {TOLERANCE:g}: {'yes' if largest <= TOLERANCE else 'NO'}) | {lat['peak_mb']} MB |"
     )
 
@@ -244,12 +257,13 @@ if __name__ == "__main__":
     parser.add_argument("--whole", action="store_true")
     parser.add_argument("--summaries", type=Path)
     parser.add_argument("--stages", action="store_true", help="run: each stage's peak memory too (StagePeaks)")
+    parser.add_argument("--edges", action="store_true", help="run, compare: attnviz.patch with edges=True over PAIR")
     args = parser.parse_args()
     if args.action == "build":
         build(args.folder, args.shape)
     elif args.action == "run":
-        run_once(args.folder, args.whole, args.summaries, args.tokens, args.dtype, args.stages)
+        run_once(args.folder, args.whole, args.summaries, args.tokens, args.dtype, args.stages, args.edges)
     elif args.action == "forward":
         forward(args.folder, args.tokens)
     else:
-        compare(args.folder)
+        compare(args.folder, args.edges)
