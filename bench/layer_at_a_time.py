@@ -10,7 +10,7 @@ under /tmp and remove it after.
     python bench/layer_at_a_time.py compare /tmp/llama-1b        # both runs, each in a process of its own, and a row
     python bench/layer_at_a_time.py run /tmp/llama-1b [--whole]  # one run: `attnviz.layers` at TOKENS tokens
     python bench/layer_at_a_time.py run /tmp/llama-1b --tokens 8192 --stages  # and where its memory peaks (StagePeaks)
-    python bench/layer_at_a_time.py compare /tmp/llama-1b --edges  # `attnviz.patch --edges` on PAIR in place of layers
+    python bench/layer_at_a_time.py compare /tmp/llama-1b --command roles  # another command (COMMANDS) in place of layers
 
 The 8B-shaped row (Llama-3-8B's config: 32 layers, 32 heads on 8 key/value heads, 4,096 wide, an MLP of 14,336, an
 untied head; about 15 GB in bfloat16): `--shape 8b` to build, `--tokens 2048` (and `--dtype bfloat16`) to run, and
@@ -53,7 +53,14 @@ LLAMA_3_8B = dict(
 )  # fmt: skip
 SHAPES = {"1b": LLAMA_3_2_1B, "8b": LLAMA_3_8B}
 PAIR = ("the cat sat on the mat because the mat was warm and the cat", "the cat sat on the rug because the rug was warm and the cat",
-        "mat", "rug")  # --edges: clean, corrupt, answer, wrong (single WordPiece tokens)
+        "mat", "rug")  # patch's: clean, corrupt, answer, wrong (single WordPiece tokens)
+COMMANDS = {  # --command: what a run computes, each giving its result (its numbers compared: numbers_of)
+    "layers": lambda attnviz, model, text: attnviz.layers(text, model=model, memory=MEMORY_MB),
+    "roles": lambda attnviz, model, text: attnviz.roles(text, model=model, memory=MEMORY_MB),
+    "patch": lambda attnviz, model, text: attnviz.patch(PAIR[0], model=model, corrupt=PAIR[1], answer=PAIR[2], wrong=PAIR[3]),
+    "edges": lambda attnviz, model, text: attnviz.patch(PAIR[0], model=model, corrupt=PAIR[1], answer=PAIR[2], wrong=PAIR[3], edges=True),
+    "generate": lambda attnviz, model, text: attnviz.generate(PAIR[0], model=model, tokens=8),
+}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
 PARAGRAPH = (
     "The cat sat on the mat because it was tired, and the dog that had chased it all morning lay down by the door. "
@@ -147,10 +154,10 @@ class StagePeaks:
 
 
 def run_once(
-    folder: Path, whole: bool, summaries: Path | None, tokens: int = TOKENS, dtype: str = "auto", stages: bool = False, edges: bool = False
+    folder: Path, whole: bool, summaries: Path | None, tokens: int = TOKENS, dtype: str = "auto", stages: bool = False, command: str = "layers"
 ) -> None:
-    """attnviz.layers over a text of about `tokens` tokens (edges: attnviz.patch with edges=True over PAIR); prints one
-    JSON line (seconds, peak MB, mode; with stages, each stage's peak: StagePeaks)."""
+    """attnviz.layers over a text of about `tokens` tokens (or another of COMMANDS); prints one JSON line (seconds,
+    peak MB, mode; with stages, each stage's peak: StagePeaks); summaries: its numbers saved there (numbers_of)."""
     import warnings
 
     import numpy as np
@@ -165,18 +172,13 @@ def run_once(
     model = attnviz.load(str(folder), "cpu", dtype=dtype)
     loaded = time.perf_counter()
     sampler = StagePeaks(model.model.model) if stages else None
-    if edges:
-        clean, corrupt, answer, wrong = PAIR
-        result = attnviz.patch(clean, model=model, corrupt=corrupt, answer=answer, wrong=wrong, edges=True)
-        numbers = result.edges.scores | {"checked": np.array([value for *_, value in result.edges.checked])}
-        tokens = len(model.tokenizer.encode_batch([clean])[0])
-    else:
-        result = attnviz.layers(bench_ids(model, tokens), model=model, memory=MEMORY_MB)
-        numbers = {name: value for name, value in vars(result.summaries).items() if isinstance(value, np.ndarray)}
-        tokens = len(result.layer_runs[0].query_tokens)
+    text = bench_ids(model, tokens)
+    result = COMMANDS[command](attnviz, model, text)
     done = time.perf_counter()
     if summaries is not None:
-        np.savez(summaries, **numbers)
+        summarised = {name: value for name, value in vars(getattr(result, "summaries", None) or result).items() if isinstance(value, np.ndarray)}
+        np.savez(summaries, **(summarised if command == "layers" else numbers_of(result.to_dict())))  # layers': no map as lists
+    tokens = len(model.tokenizer.encode_batch([text if command in ("layers", "roles") else PAIR[0]])[0])
     print(json.dumps({
         "mode": "layer at a time" if model.model.layer_at_a_time else "whole", "dtype": model.dtype, "tokens": tokens, "load_s": round(loaded - start, 2),
         "layers_s": round(done - loaded, 2), "total_s": round(done - start, 2),
@@ -207,16 +209,32 @@ def forward(folder: Path, tokens: int) -> None:
     }))  # fmt: skip
 
 
-def compare(folder: Path, edges: bool = False) -> None:
-    """Both runs, each a process of its own (so that each peak is its own), their summaries (edges: the edges' scores and
-    path patching) compared, a row printed."""
+def numbers_of(value, path: str = "") -> dict[str, np.ndarray]:
+    """Every number of a result's to_dict() by its path ("layers.3.entropy"), lists of numbers as arrays (NaN for None)."""
+    import numpy as np
+
+    if isinstance(value, dict):
+        return {name: array for key, each in value.items() for name, array in numbers_of(each, f"{path}.{key}").items()}
+    if isinstance(value, (list, tuple)):
+        flat = np.array(value, dtype=object).ravel() if value else np.array([])
+        if all(each is None or isinstance(each, (int, float)) and not isinstance(each, bool) for each in flat):
+            return {path: np.array([np.nan if each is None else each for each in flat], dtype=float)}
+        return {name: array for index, each in enumerate(value) for name, array in numbers_of(each, f"{path}.{index}").items()}
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return {path: np.array([value], dtype=float)}
+    return {}
+
+
+def compare(folder: Path, command: str = "layers") -> None:
+    """Both runs, each a process of its own (so that each peak is its own), every number of their results compared
+    (numbers_of), a row printed."""
     import numpy as np
 
     rows = {}
     for mode, flag in (("layer at a time", []), ("whole", ["--whole"])):
         saved = folder.parent / f"{folder.name}-{mode.replace(' ', '-')}.npz"
-        command = [sys.executable, __file__, "run", str(folder), "--summaries", str(saved), *flag, *(["--edges"] if edges else [])]
-        output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+        argv = [sys.executable, __file__, "run", str(folder), "--summaries", str(saved), *flag, "--command", command]
+        output = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
         rows[mode] = json.loads(output.strip().splitlines()[-1]) | {"saved": saved}
         print(rows[mode])
     mine, theirs = (np.load(rows[mode]["saved"]) for mode in ("layer at a time", "whole"))
@@ -226,10 +244,9 @@ def compare(folder: Path, edges: bool = False) -> None:
     lat, whole = rows["layer at a time"], rows["whole"]
     print(
         f"| layer at a time: 1B-shaped Llama (bf16, {lat['checkpoint_mb']} MB), "
-        f"{'`attnviz.patch --edges`' if edges else '`attnviz.layers`'} at {lat['tokens']} tokens"
-        f"{'' if edges else ', every head summarised'} | {lat['total_s']} s (load {lat['load_s']} s) | whole float32 model {whole['total_s']} s (load {whole['load_s']} s), "
+        f"`attnviz.{command}` at {lat['tokens']} tokens | {lat['total_s']} s (load {lat['load_s']} s) | whole float32 model {whole['total_s']} s (load {whole['load_s']} s), "
         f"peak {whole['peak_mb']} MB | time {lat['total_s'] / whole['total_s']:.2f}; peak / checkpoint {lat['peak_mb'] / lat['checkpoint_mb']:.2f} "
-        f"(< 0.5: {'yes' if lat['peak_mb'] < lat['checkpoint_mb'] / 2 else 'NO'}); {'numbers' if edges else 'summaries'}' largest difference {largest:.1e} "
+        f"(< 0.5: {'yes' if lat['peak_mb'] < lat['checkpoint_mb'] / 2 else 'NO'}); numbers' largest difference {largest:.1e} "
         f"(≤ {TOLERANCE:g}: {'yes' if largest <= TOLERANCE else 'NO'}) | {lat['peak_mb']} MB |"
     )
 
@@ -257,13 +274,13 @@ if __name__ == "__main__":
     parser.add_argument("--whole", action="store_true")
     parser.add_argument("--summaries", type=Path)
     parser.add_argument("--stages", action="store_true", help="run: each stage's peak memory too (StagePeaks)")
-    parser.add_argument("--edges", action="store_true", help="run, compare: attnviz.patch with edges=True over PAIR")
+    parser.add_argument("--command", choices=tuple(COMMANDS), default="layers", help="run, compare: what the runs compute")
     args = parser.parse_args()
     if args.action == "build":
         build(args.folder, args.shape)
     elif args.action == "run":
-        run_once(args.folder, args.whole, args.summaries, args.tokens, args.dtype, args.stages, args.edges)
+        run_once(args.folder, args.whole, args.summaries, args.tokens, args.dtype, args.stages, args.command)
     elif args.action == "forward":
         forward(args.folder, args.tokens)
     else:
-        compare(args.folder, args.edges)
+        compare(args.folder, args.command)

@@ -89,22 +89,35 @@ def encode_exact(weights: np.ndarray) -> dict:
     return {"shape": list(codes.shape), "dtype": "uint16", "unit": EXACT_UNIT, "data": _packed(codes)}
 
 
-def encode_quantised(weights: np.ndarray) -> dict:
+def encode_quantised(weights: np.ndarray | list[np.ndarray]) -> dict:
     """Weights in [0, 1] as uint8 codes on the log scale: 0 below LOG_MIN, else 10 ** (3 * (c - 1) / 254 - 3).
 
-    In float32, in place (its cost: bench/RESULTS.md, "Timings behind the code").
+    In float32, in place (its cost: bench/RESULTS.md, "Timings behind the code"); a list of arrays of one shape is
+    encoded as their stack, one array at a time (a report's every layer's maps are never copied whole).
     """
+    parts = weights if isinstance(weights, list) else [weights]
+    codes = np.empty((len(parts), *np.shape(parts[0])), dtype=np.uint8)
     decades = -math.log10(LOG_MIN)  # 3
-    position = np.array(weights, dtype=np.float32)
-    with np.errstate(divide="ignore"):
-        np.log10(position, out=position)  # 0 -> -inf, which clips to code 0
-    position += decades
-    position *= (LOG_LEVELS - 1) / decades
-    position += 1  # 1 at LOG_MIN, 255 at 1
-    np.rint(position, out=position)
-    np.clip(position, 0, LOG_LEVELS, out=position)
-    codes = position.astype(np.uint8)
+    for part, out in zip(parts, codes):
+        position = np.array(part, dtype=np.float32)
+        with np.errstate(divide="ignore"):
+            np.log10(position, out=position)  # 0 -> -inf, which clips to code 0
+        position += decades
+        position *= (LOG_LEVELS - 1) / decades
+        position += 1  # 1 at LOG_MIN, 255 at 1
+        np.rint(position, out=position)
+        np.clip(position, 0, LOG_LEVELS, out=position)
+        out[...] = position
+    codes = codes if isinstance(weights, list) else codes[0]
     return {"shape": list(codes.shape), "dtype": "uint8", "log_min": LOG_MIN, "data": _packed(codes)}
+
+
+def encode_layers(maps: list[np.ndarray]) -> dict:
+    """Every layer's maps (each (H, N, N)) as one (L, H, N, N) array: exact up to MAX_EXACT_VALUES weights, else on the
+    log scale's codes, a layer at a time."""
+    if len(maps) * maps[0].size <= MAX_EXACT_VALUES:
+        return encode_exact(np.stack(maps))
+    return encode_quantised(maps)
 
 
 def decode_weights(encoded: dict) -> np.ndarray:
@@ -132,7 +145,7 @@ def encode_zoom(zoom: dict) -> dict:
 
 
 def _packed(codes: np.ndarray) -> str:
-    return base64.b64encode(zlib.compress(codes.tobytes(), COMPRESSION_LEVEL)).decode("ascii")
+    return base64.b64encode(zlib.compress(np.ascontiguousarray(codes), COMPRESSION_LEVEL)).decode("ascii")
 
 
 def _title_scope(text: ReportText) -> list[str]:
@@ -166,11 +179,7 @@ def text_record(text: ReportText, spec: RunSpec) -> dict:
         record["attention"] = encode_exact(run.attention)
     record["title"] = run_title(run, _title_scope(text), seed=spec.seed if run.weights == "random" else None, fonts=False).split("\n")
     every_layer = replace(spec, layer=None, js=True)  # stats.json's settings: one text's statistics, its JS distances measured
-    layers = None
-    if text.layer_runs is not None:
-        stacked = np.stack([layer_run.attention for layer_run in text.layer_runs])  # (L, H, N, N)
-        layers = encode_exact(stacked) if stacked.size <= MAX_EXACT_VALUES else encode_quantised(stacked)
-    record["layers"] = layers
+    record["layers"] = encode_layers([each.attention for each in text.layer_runs]) if text.layer_runs is not None else None
     record["rollout"] = encode_exact(text.rollout) if text.rollout is not None else None
     record["statistics"] = (
         stats_record(text.statistics, [run.text], [run.truncated], run, every_layer) if text.statistics is not None else None
@@ -265,8 +274,7 @@ def patching_of(patching, corrupt_runs: list[AttentionRun], spec: RunSpec) -> di
     from attnviz.output.patch_json import patch_record
 
     full = patch_record(patching, spec)
-    stacked = np.stack([run.attention for run in corrupt_runs])  # (L, H, N, N)
-    layers = encode_exact(stacked) if stacked.size <= MAX_EXACT_VALUES else encode_quantised(stacked)
+    layers = encode_layers([run.attention for run in corrupt_runs])  # (L, H, N, N)
     kept = {name: value for name, value in full.items() if name not in ("format", "version", "settings")} | {"corrupt_layers": layers}
     return kept | ({"edges": edges_of(patching, spec)} if patching.edges is not None else {})
 
