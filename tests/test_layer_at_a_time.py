@@ -312,6 +312,24 @@ def test_a_missing_or_truncated_shard_is_refused_in_one_line_before_any_layer_ru
     assert not (tmp_path / "run").exists()
 
 
+CLI_COMMANDS = {
+    "patch": ["patch", PATCHED[0], "--corrupt", PATCHED[1], "--answer", PATCHED[2], "--wrong", PATCHED[3], "--edges"],
+    "roles": ["roles", TEXT],
+    "generate": ["generate", "The cat sat", "--tokens", "2"],
+    "diff": ["diff", TEXT, "--against", "random"],
+}
+
+
+@pytest.mark.parametrize("command", CLI_COMMANDS)
+def test_every_command_line_says_the_model_ran_a_layer_at_a_time(pair, command, tmp_path, capsys):
+    """The note the model's load makes (heads prints it among its run's notes): patch, roles, generate and diff too."""
+    lat, _ = pair
+    args = [*CLI_COMMANDS[command], "--model", str(lat.loaded.folder), "--layer-at-a-time", "--device", "cpu", "--out", str(tmp_path / "run")]
+    assert run(args) == 0
+    error = " ".join(capsys.readouterr().err.split())  # the console wraps it
+    assert error.count("ran a layer's weights at a time (as asked)") == 1, error
+
+
 def test_serve_loads_a_layer_at_a_time_and_answers_as_the_whole_model(pair):
     """attnviz serve --layer-at-a-time: Explorer.load's handle reads a layer at a time, and POST /api/heads answers the
     whole model's map (to the 4 decimals the page reads)."""

@@ -28,7 +28,7 @@ from attnviz.cli.options import (
     EveryLayerMemoryOption,
     OutOption,
 )
-from attnviz.cli.shared import run_command
+from attnviz.cli.shared import print_model_note, run_command
 from attnviz.render.progress import progress_bar
 
 
@@ -73,4 +73,5 @@ def diff(
 
 
 def print_diff(result) -> None:
+    print_model_note(result.loaded)
     console.print(result)  # its __rich__: the grid and the most changed heads

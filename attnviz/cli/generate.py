@@ -25,7 +25,7 @@ from attnviz.cli.options import (
     LayerOption,
     OutOption,
 )
-from attnviz.cli.shared import run_command
+from attnviz.cli.shared import print_model_note, run_command
 from attnviz.render.progress import progress_bar
 
 
@@ -70,4 +70,5 @@ def generate(
 
 
 def print_generation(result) -> None:
+    print_model_note(result.loaded)
     console.print(result)  # its __rich__: the continuation and a row per generated token

@@ -26,7 +26,7 @@ from attnviz.cli.options import (
     app,
     console,
 )
-from attnviz.cli.shared import run_command
+from attnviz.cli.shared import print_model_note, run_command
 from attnviz.render.progress import progress_bar
 
 
@@ -80,4 +80,5 @@ def patch(
 
 
 def print_patch(result) -> None:
+    print_model_note(result.loaded)
     console.print(result)  # its __rich__: the metric, the most affecting heads, a legend

@@ -29,7 +29,7 @@ from attnviz.cli.options import (
     app,
     console,
 )
-from attnviz.cli.shared import run_command
+from attnviz.cli.shared import print_model_note, run_command
 from attnviz.errors import AttnvizError
 from attnviz.render.progress import progress_bar
 
@@ -82,4 +82,5 @@ def roles(
 
 
 def print_roles(result) -> None:
+    print_model_note(result.loaded)
     console.print(result)  # its __rich__: the grid of roles and each role's top heads

@@ -53,6 +53,14 @@ def run_command(
     return computed, write_run(out, target, doing, lambda staging: write(computed, staging))
 
 
+def print_model_note(loaded) -> None:
+    """The model's own note (how it loaded: a fallback, a layer's weights at a time), for a command whose result prints
+    no notes of its own (heads' and the others' runs carry it among theirs)."""
+    from attnviz.render import terminal
+
+    terminal.print_notes(errors, [loaded.note] if loaded.note else [])
+
+
 def model_setup(spec) -> tuple[str, str]:
     """Where a run's model came from and its device, as the setup names them: ("bundled", "cuda (NVIDIA H100 ...)")."""
     from attnviz.layer_inputs import device_label
