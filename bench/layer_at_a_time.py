@@ -176,8 +176,12 @@ def run_once(
     result = COMMANDS[command](attnviz, model, text)
     done = time.perf_counter()
     if summaries is not None:
-        summarised = {name: value for name, value in vars(getattr(result, "summaries", None) or result).items() if isinstance(value, np.ndarray)}
-        np.savez(summaries, **(summarised if command == "layers" else numbers_of(result.to_dict())))  # layers': no map as lists
+        if command == "layers":  # its summaries' arrays (L, H) and top keys, not its maps as lists
+            kept = result.summaries
+            numbers = {**kept.values, "top_keys": kept.top_keys, "top_shares": kept.top_shares}
+        else:
+            numbers = numbers_of(result.to_dict())
+        np.savez(summaries, **numbers)
     tokens = len(model.tokenizer.encode_batch([text if command in ("layers", "roles") else PAIR[0]])[0])
     print(json.dumps({
         "mode": "layer at a time" if model.model.layer_at_a_time else "whole", "dtype": model.dtype, "tokens": tokens, "load_s": round(loaded - start, 2),
