@@ -3,7 +3,7 @@
     python bench/layer_before_after.py /path/to/old/checkout [--tokens 8192] [--rounds 11] [--memory 64]
 
 On a machine other processes share, two processes timed minutes apart measure the machine; here the old
-checkout's attention/layer.py and this one's run on the same weights and states, alternately (the order
+checkout's attention/layer.py (with its query_blocks.py) and this one's run on the same weights and states, alternately (the order
 swapped each round), and each round's ratio after/before is kept: the median of those ratios is the figure.
 Cases, SmolLM2's shapes (hidden 576, 9 query heads over 3 key/value heads of 64), causal, random weights:
 - blocks, the weights only (what `layers` and `stats` run per layer: narrow, outputs=False), blocks of --memory MB;
@@ -27,12 +27,24 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def old_layer_module(checkout: Path):
-    spec = importlib.util.spec_from_file_location("old_layer", checkout / "attnviz" / "attention" / "layer.py")
+def old_module(checkout: Path, name: str):
+    """attnviz/attention/<name>.py of the old checkout as the module old_<name>."""
+    spec = importlib.util.spec_from_file_location(f"old_{name}", checkout / "attnviz" / "attention" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
-    sys.modules["old_layer"] = module  # dataclasses look their module up
+    sys.modules[f"old_{name}"] = module  # dataclasses look their module up
     spec.loader.exec_module(module)
     return module
+
+
+def old_layer_module(checkout: Path):
+    """The old checkout's layer.py, importing the old checkout's query_blocks.py (this one's other modules)."""
+    import attnviz.attention.query_blocks as new_blocks
+
+    sys.modules["attnviz.attention.query_blocks"] = old_module(checkout, "query_blocks")
+    try:
+        return old_module(checkout, "layer")
+    finally:
+        sys.modules["attnviz.attention.query_blocks"] = new_blocks
 
 
 def main() -> None:
