@@ -168,6 +168,7 @@ def blocks_in_place(
     whole: bool = True,
     entered=lambda done: None,
     stream_of: int | None = None,
+    maps_of: dict | None = None,
 ) -> dict[int, LayerStates]:
     """One forward pass of a transformers model with attnviz's layers in the place of its attention (in_models_place):
     each layer's blocks of queries (as many as rows_per_block allows for budget_bytes) computed once, their weights
@@ -176,8 +177,10 @@ def blocks_in_place(
     layer to the next one. Returns the input of each layer of keep, as this pass made it (entered(1) as each is
     reached); whole=False stops the pass there (layers holds the layers before the last of keep, at least).
     stream_of: a layer of keep whose LayerStates holds the parts of the stream entering it (capture_states'); the
-    pass then runs whole (layers holds every layer)."""
+    pass then runs whole (layers holds every layer). maps_of: layer -> pipeline.BlockMaps (pass_maps') that the layer's
+    blocks fill, with their output after attnviz's W_o: that layer's run made from this pass (pipeline.runs_of_pass)."""
     valid_lens = encoded.queries.valid_lens.to(spec.device).expand(len(encoded.queries.ids))  # (B,)
+    maps_of = maps_of or {}
 
     def attend(layer: int, hidden: torch.Tensor) -> torch.Tensor:  # (B, N, D) -> the heads' outputs (B, N, H, d)
         attention = layers[layer]
@@ -191,6 +194,8 @@ def blocks_in_place(
             heads[:, first_query : first_query + output.shape[1]] = output  # (B, b, H, d)
             if each_block is not None:
                 each_block(layer, first_query, weights)
+            if layer in maps_of:  # the heads merged and through attnviz's W_o, as its forward's output
+                maps_of[layer].add(first_query, attention.w_o(output.flatten(2)), weights)
         return heads
 
     with threads_for(encoded):

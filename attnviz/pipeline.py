@@ -147,32 +147,70 @@ def text_vectors(
 
 
 def block_maps(blocks, sizes: list[tuple[int, int]], num_heads: int, large: int, each_block=None) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Each text's output (Nq_i, D) and weights (H, Nq_i, Nk_i) from the layer's blocks (first query, (B, b, D), (B, H, b, K)).
+    """Each text's output (Nq_i, D) and weights (H, Nq_i, Nk_i) from the layer's blocks (first query, (B, b, D), (B, H, b, K)),
+    as BlockMaps fills them. each_block(first query, weights), when given, gets each block's weights (a tensor) first."""
+    maps = BlockMaps(sizes, num_heads, large)
+    for start, output, weights in blocks:
+        if each_block is not None:
+            each_block(start, weights)
+        maps.add(start, output, weights)
+    return maps.finish()
+
+
+class BlockMaps:
+    """Each text's output (Nq_i, D) and weights (H, Nq_i, Nk_i), filled a block of a layer at a time (add), wherever the
+    blocks are made: block_maps' run of the layer, or a pass of the model that runs it in its place (passes.blocks_in_place).
 
     sizes: each text's (Nq_i, Nk_i). A block's weights may stop at K keys (MultiHeadAttention.blocks' narrow: a causal
     block's later keys have weight 0), and the maps hold 0 past them. A map of more than `large` bytes is written block
     by block into a .npy in a temporary folder of its own (run_data.MapFile, whose zeros are never written) and comes
-    back as a read-only memmap of it; the others are arrays in memory. No (B, H, Nq, Nk) tensor is ever whole.
-    each_block(first query, weights), when given, gets each block's weights (a tensor) first.
+    back (finish) as a read-only memmap of it; the others are arrays in memory. No (B, H, Nq, Nk) tensor is ever whole.
     """
-    from attnviz.run_data import MapFile
 
-    outputs: list[np.ndarray | None] = [None] * len(sizes)
-    maps = [MapFile((num_heads, q, k)) if 4 * num_heads * q * k > large else np.zeros((num_heads, q, k), np.float32) for q, k in sizes]
-    for start, output, weights in blocks:
-        if each_block is not None:
-            each_block(start, weights)
+    def __init__(self, sizes: list[tuple[int, int]], num_heads: int, large: int):
+        from attnviz.run_data import MapFile
+
+        self.sizes = sizes
+        self.outputs: list[np.ndarray | None] = [None] * len(sizes)
+        self.maps = [MapFile((num_heads, q, k)) if 4 * num_heads * q * k > large else np.zeros((num_heads, q, k), np.float32) for q, k in sizes]
+
+    def add(self, start: int, output: torch.Tensor, weights: torch.Tensor) -> None:
+        """The block of queries start .. start + b - 1: output (B, b, D), weights (B, H, b, K)."""
         output, weights = output.float().cpu().numpy(), weights.float().cpu().numpy()  # (B, b, D), (B, H, b, K)
-        for i, (num_queries, num_keys) in enumerate(sizes):
+        for i, (num_queries, num_keys) in enumerate(self.sizes):
             stop = min(start + weights.shape[2], num_queries)
             if stop <= start:  # padding queries of a shorter text
                 continue
-            if outputs[i] is None:
-                outputs[i] = np.empty((num_queries, output.shape[-1]), np.float32)
-            outputs[i][start:stop] = output[i, : stop - start]
+            if self.outputs[i] is None:
+                self.outputs[i] = np.empty((num_queries, output.shape[-1]), np.float32)
+            self.outputs[i][start:stop] = output[i, : stop - start]
             width = min(weights.shape[3], num_keys)
-            maps[i][:, start:stop, :width] = weights[i, :, : stop - start, :width]
-    return outputs, [each.finish() if isinstance(each, MapFile) else each for each in maps]
+            self.maps[i][:, start:stop, :width] = weights[i, :, : stop - start, :width]
+
+    def finish(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Each text's output and map, the maps on disk finished (read-only memmaps)."""
+        from attnviz.run_data import MapFile
+
+        return self.outputs, [each.finish() if isinstance(each, MapFile) else each for each in self.maps]
+
+
+def pass_maps(encoded: EncodedTexts, num_heads: int, spec: RunSpec) -> BlockMaps:
+    """The BlockMaps of a layer's run of num_heads heads over encoded's texts (self-attention) that a pass of the model
+    fills as it runs the layer in its place (passes.blocks_in_place's maps_of): layer_pass' maps, no run of their own."""
+    sizes = [(len(ids), len(ids)) for ids in encoded.queries.ids]
+    return BlockMaps(sizes, num_heads, min(LARGE_MAP_BYTES, memory_budget(spec)))
+
+
+@torch.inference_mode()
+def runs_of_pass(
+    loaded: LoadedModel, texts: list[str], spec: RunSpec, encoded: EncodedTexts, states: LayerStates,
+    attention: MultiHeadAttention, maps: BlockMaps, vector_tokens: int = 0,
+) -> list[AttentionRun]:  # fmt: skip
+    """run_attention's runs of spec.layer made from the maps a pass filled (pass_maps) and that layer's input as the pass
+    kept it: the layer is not run again; the vectors are projected from that input (text_vectors)."""
+    output, patterns = maps.finish()
+    vectors = text_vectors(attention, states, maps.sizes, vector_tokens)
+    return layer_runs(loaded, texts, spec, LayerPass(attention, encoded, states, encoded.queries, output, patterns, vectors))
 
 
 def run_attention(
@@ -186,6 +224,11 @@ def run_attention(
     """Run attnviz's layer over a padded batch of texts with spec's settings (layer_pass, captured, each_block and
     vector_tokens as there); one AttentionRun per text, with its vectors where kept (over tokens: not with spec.words)."""
     done = layer_pass(loaded, texts, spec, in_blocks=True, captured=captured, each_block=each_block, vector_tokens=vector_tokens)
+    return layer_runs(loaded, texts, spec, done)
+
+
+def layer_runs(loaded: LoadedModel, texts: list[str], spec: RunSpec, done: LayerPass) -> list[AttentionRun]:
+    """One AttentionRun per text of a layer's pass (split_runs), with its vectors where kept (over tokens: not with spec.words)."""
     sizes = layer_sizes(done.attention)
     runs = split_runs(loaded, texts, done.encoded.queries, done.keys, done.output, done.patterns, spec, spec.layer, *sizes)
     if done.vectors is None or spec.words:

@@ -115,3 +115,52 @@ def test_the_served_patch_runs_the_model_once_for_each_text(decoder_folder):
     with model_runs() as runs:
         explorer.patch({"text": TEXT, "model": "tiny", "corrupt": CORRUPT, "answer": " cat", "wrong": " mat"})
     assert {module: runs[module] for module in MODEL_MODULES if runs[module]} == {"LlamaModel": 2, "LlamaDecoderLayer": 3, "LlamaRMSNorm": 2}
+
+
+def test_a_long_texts_map_and_roles_layer_0_come_from_the_summaries_pass(decoder_folder, monkeypatch):
+    """heads of a long text (head_summaries.run_and_summarise) and roles (analysis/roles.text_roles) summarise every
+    layer in one pass with attnviz's layers in the model's place; the run they show (heads' layer L, roles' layer 0) is
+    made from that pass's blocks (pipeline.pass_maps), not by running its layer again: attnviz's layer projects each
+    layer's q, k and v once. Blocks of 8 queries (a long text's path on a short one); the run is within float32 of run_attention's
+    own run of the layer over the same pass's input of it (what these commands ran before), whole."""
+    import numpy as np
+
+    from attnviz.analysis.head_numbers import RoleSettings
+    from attnviz.analysis.head_summaries import run_and_summarise, summarise_in_place
+    from attnviz.analysis.roles import text_roles
+    from attnviz.attention.layer import MultiHeadAttention
+    from attnviz.layer_inputs import encode_texts
+    from attnviz.models.loading import load_model
+    from attnviz.own_layer import build_layers
+    from attnviz.pipeline import run_attention
+    from attnviz.spec import run_spec
+
+    loaded = load_model(str(decoder_folder), "cpu")
+    text = " ".join([TEXT] * 3)  # 36 tokens: 5 blocks of 8 queries
+    budget = 2 * loaded.num_heads * 36 * 4 * 8
+    project, calls = MultiHeadAttention.project, []
+
+    def counted(self, *args, **kwargs):
+        calls.append(self)
+        return project(self, *args, **kwargs)
+
+    def alone(spec):  # the layer's own run over the pass's input of it
+        encoded = encode_texts(loaded, [text], spec)
+        _, kept = summarise_in_place(loaded, text, encoded, build_layers(loaded, spec), spec, budget, keep={spec.layer})
+        return run_attention(loaded, [text], spec, captured=(encoded, kept[spec.layer]))[0]
+
+    monkeypatch.setattr(MultiHeadAttention, "project", counted)
+    for layer in (1, 0):
+        spec = run_spec(loaded, layer=layer, device="cpu")
+        run = run_and_summarise(loaded, text, spec, budget)
+        assert len(calls) == loaded.num_layers, f"heads --layer {layer}: {len(calls)} projections by attnviz's layers"
+        own = alone(spec)
+        assert run.attention.shape == (loaded.num_heads, 36, 36) and run.layer == layer
+        np.testing.assert_allclose(run.attention, own.attention, atol=1e-6, rtol=0)
+        np.testing.assert_allclose(run.output, own.output, atol=1e-5, rtol=0)
+        calls.clear()
+    passed = text_roles(loaded, text, run_spec(loaded, layer=None, device="cpu"), budget, RoleSettings(), keep=lambda tokens, run: False)
+    assert len(calls) == loaded.num_layers and passed.run.layer == 0
+    own = alone(run_spec(loaded, layer=0, device="cpu"))
+    np.testing.assert_allclose(passed.run.attention, own.attention, atol=1e-6, rtol=0)
+    np.testing.assert_allclose(passed.run.output, own.output, atol=1e-5, rtol=0)

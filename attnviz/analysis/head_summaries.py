@@ -148,16 +148,18 @@ def run_and_summarise(
     from dataclasses import replace
 
     from attnviz.layer_inputs import encode_texts, threads_for
-    from attnviz.own_layer import build_layers
+    from attnviz.own_layer import build_layers, every_layer_sizes
     from attnviz.passes import capture_states, in_models_place
-    from attnviz.pipeline import run_attention
+    from attnviz.pipeline import pass_maps, run_attention, runs_of_pass
 
     encoded = encode_texts(loaded, [text], spec)
     with threads_for(encoded):
         layers = build_layers(loaded, spec)
-    if in_models_place(loaded, spec):  # one pass in the model's place summarises every layer and keeps layer L's input
-        summaries, kept = summarise_in_place(loaded, text, encoded, layers, spec, budget_bytes, window, keep={spec.layer}, progress=progress)
-        (run,) = run_attention(loaded, [text], spec, captured=(encoded, kept[spec.layer]), vector_tokens=vector_tokens)
+    if in_models_place(loaded, spec):  # one pass in the model's place summarises every layer and makes layer L's run
+        maps = pass_maps(encoded, every_layer_sizes(layers)[spec.layer][0], spec)  # no layer built for its sizes
+        summaries, kept = summarise_in_place(loaded, text, encoded, layers, spec, budget_bytes, window, keep={spec.layer},
+                                             progress=progress, maps_of={spec.layer: maps})  # fmt: skip
+        (run,) = runs_of_pass(loaded, [text], spec, encoded, kept[spec.layer], layers[spec.layer], maps, vector_tokens)
         return replace(run, layer_summaries=summaries)
     with threads_for(encoded):
         entered = progress.counting(FORWARD_PASS, len(layers))
@@ -205,15 +207,16 @@ def summarise_blocks(
 
 def summarise_in_place(
     loaded, text: str, encoded, layers, spec, budget_bytes: int, window: int = LOCAL_WINDOW, also=None, keep=frozenset(),
-    progress: Progress = Progress(),
+    progress: Progress = Progress(), maps_of: dict | None = None,
 ):
     """summarise_blocks with attnviz's layers in the place of the model's attention (passes.blocks_in_place: one pass,
     where passes.in_models_place holds), and the input of each layer of keep as that pass made it (LayerStates):
-    (LayerSummaries, {layer: LayerStates}). progress: the layers summarised, as the pass goes."""
+    (LayerSummaries, {layer: LayerStates}). progress: the layers summarised, as the pass goes; maps_of: the maps
+    of a layer's run that the pass fills too (blocks_in_place's)."""
     from attnviz.passes import blocks_in_place
 
     summing = _Summing(encoded, layers, spec, window, also, progress)
-    kept = blocks_in_place(loaded, encoded, layers, spec, budget_bytes, summing.add, frozenset(keep))
+    kept = blocks_in_place(loaded, encoded, layers, spec, budget_bytes, summing.add, frozenset(keep), maps_of=maps_of)
     return summing.summaries(text, loaded.name, budget_bytes), kept
 
 

@@ -250,7 +250,7 @@ def text_roles(
     from attnviz.layer_inputs import encode_texts, threads_for
     from attnviz.own_layer import build_layers, every_layer_sizes
     from attnviz.passes import capture_states, in_models_place
-    from attnviz.pipeline import run_attention
+    from attnviz.pipeline import pass_maps, run_attention, runs_of_pass
     from attnviz.run_data import FORWARD_PASS
 
     spec = replace(spec, kv_text=None)
@@ -263,9 +263,10 @@ def text_roles(
     sums = RoleSums(len(layers), max(heads for heads, _, _ in every_layer_sizes(layers)), ids, causal=spec.causal, settings=settings)
     if in_models_place(loaded, spec):  # one pass in the model's place: every layer summarised as it runs, its inputs kept
         kept = range(len(layers)) if keep(len(ids), None) else {0}
+        maps = pass_maps(encoded, every_layer_sizes(layers)[0][0], spec)  # layer 0's run, made by the pass
         summaries, states = summarise_in_place(loaded, text, encoded, layers, spec, budget_bytes, also=sums.add, keep=kept,
-                                               progress=progress)  # fmt: skip
-        (run,) = run_attention(loaded, [text], replace(spec, layer=0), captured=(encoded, states[0]))
+                                               progress=progress, maps_of={0: maps})  # fmt: skip
+        (run,) = runs_of_pass(loaded, [text], replace(spec, layer=0), encoded, states[0], layers[0], maps)
         return TextPass(sums.scores(), summaries, ids, run, (encoded, states) if keep(len(ids), run) else None, layers)
     with threads_for(encoded):
         entered = progress.counting(FORWARD_PASS, len(layers))

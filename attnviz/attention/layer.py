@@ -198,7 +198,11 @@ class MultiHeadAttention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q (B, H, Nq, d), and k and v (B, H, Nk, d): projected, split into heads, normalised, rotated (RoPE),
         and each key/value head repeated for the query heads that share it. keys and values default to queries.
-        first: the position of the first query and key (RoPE's angles), past a cache's tokens (step)."""
+        first: the position of the first query and key (RoPE's angles), past a cache's tokens (step).
+
+        k is stored as kᵀ (B, H, d, Nk): the scores' product q kᵀ then reads rows of contiguous keys, which the CPU's
+        matrix product does up to 1.8 times as fast on a long text's blocks, to the same bits (bench/RESULTS.md,
+        session 28); every run, whole or in blocks, multiplies the same layout."""
         keys = queries if keys is None else keys
         values = keys if values is None else values
         q = split_heads(self.w_q(queries), self.num_heads)  # (B, H, Nq, d)
@@ -210,7 +214,8 @@ class MultiHeadAttention(nn.Module):
             cos, sin = (table.to(q.dtype) for table in self.rotary(max(q.shape[2], k.shape[2]), first))  # (N, d) each, as transformers casts them
             q = rotate(q, cos[: q.shape[2]], sin[: q.shape[2]])  # (B, H, Nq, d)
             k = rotate(k, cos[: k.shape[2]], sin[: k.shape[2]])  # (B, H_kv, Nk, d)
-        return q, repeat_kv(k, self.group_size), repeat_kv(v, self.group_size)  # (B, H, Nk, d) each
+        k = repeat_kv(k, self.group_size).transpose(-2, -1).contiguous().transpose(-2, -1)  # (B, H, Nk, d), stored as kᵀ
+        return q, k, repeat_kv(v, self.group_size)  # (B, H, Nk, d) each
 
     def forward(
         self,

@@ -48,14 +48,10 @@ def query_blocks(
 
     Under a causal mask a block's keys stop at its last query (K = its last query + 1, or Nk when
     smaller): the keys past it would get weight 0. The blocks' scores share one buffer, unless autograd
-    needs each kept. Each block's k is a view of one copy of k laid out as kᵀ (B, H, d, Nk): the scores'
-    product q kᵀ then reads its right-hand side a row of d features at a time, contiguous, which the CPU's
-    matrix product does 1.5 to 1.8 times as fast on a long text's blocks as from k's own layout, to the same
-    bits (bench/RESULTS.md, session 28).
+    needs each kept.
     """
     batch, num_heads, num_queries, _ = q.shape
     num_keys = k.shape[2]
-    k = k.transpose(-2, -1).contiguous().transpose(-2, -1)  # (B, H, Nk, d), stored as (B, H, d, Nk)
     rows = rows or num_queries
     room = None if torch.is_grad_enabled() else q.new_empty(batch * num_heads * min(rows, num_queries) * num_keys)
     for start in range(0, num_queries, rows):
