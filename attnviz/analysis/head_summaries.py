@@ -143,8 +143,9 @@ def run_and_summarise(
     loaded, text: str, spec, budget_bytes: int, window: int = LOCAL_WINDOW, progress: Progress = Progress(), vector_tokens: int = 0
 ):
     """pipeline.run_attention of one text at spec.layer, with every layer summarised (summarise_layers) from the same
-    forward pass: its AttentionRun, layer_summaries set. Self-attention only (spec without kv_text). progress: the
-    layers the forward pass reaches, then the layers summarised (summarise_blocks'); vector_tokens: run_attention's."""
+    forward pass: its AttentionRun, layer_summaries set (in the model's place, the run is made from that pass's own
+    blocks: pipeline.runs_of_pass). Self-attention only (spec without kv_text). progress: the layers the forward pass
+    reaches, then the layers summarised (summarise_blocks'); vector_tokens: run_attention's."""
     from dataclasses import replace
 
     from attnviz.layer_inputs import encode_texts, threads_for

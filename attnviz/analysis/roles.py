@@ -216,7 +216,7 @@ class RoleSums:
 
 class TextPass(NamedTuple):
     """text_roles' pass over one text: every head's TEXT_SCORES, the layer summaries and the ids read; layer 0's run
-    (pipeline.run_attention's AttentionRun, from the pass's capture), whose map gave that layer's numbers; and the
+    (an AttentionRun: run_attention's over the pass's capture, or made by the pass itself), whose map gave that layer's numbers; and the
     text's capture, (EncodedTexts, {layer: LayerStates}) as layer_inputs.layer_states gives every layer's input,
     where kept (keep), else None; and attnviz's layers the pass ran (own_layer.build_layers'), for the next pass."""
 
@@ -237,8 +237,8 @@ def text_roles(
     capture) and its numbers come from that run's own blocks, or from its whole map where it made one (the weights the
     report shows; for a text within one block, bitwise the block the pass would make), so the layer is not computed
     twice. Where attnviz's layers can run in the model's place (passes.in_models_place), the pass is theirs
-    (head_summaries.summarise_in_place): each layer's attention computed once, layer 0's numbers from the pass's blocks
-    too, and its run made over the input that pass kept. keep(tokens, run): whether the capture is kept for the report (a
+    (head_summaries.summarise_in_place): each layer's attention computed once, layer 0's numbers and its run made from
+    the pass's blocks (pipeline.pass_maps, runs_of_pass). keep(tokens, run): whether the capture is kept for the report (a
     short text's), asked first before the pass with run None (may a text of this many tokens keep it?), then with layer
     0's run; else each layer's input is let go once summarised (in the model's place: not kept past layer 0's, which
     its run reads, when the first answer is no: 30 layers' inputs are 570 MB of SmolLM2's at 8,192 tokens).
