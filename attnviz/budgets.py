@@ -35,13 +35,18 @@ def block_budget(spec: RunSpec) -> int:
     return budget if spec.device == "cuda" else min(budget, BLOCK_BYTES)
 
 
+def large_map_bytes(spec: RunSpec) -> int:
+    """Bytes past which one text's map is written to a file, not held in memory: LARGE_MAP_BYTES, or the memory
+    budget (memory_budget) when smaller."""
+    return min(LARGE_MAP_BYTES, memory_budget(spec))
+
+
 def every_layer_in_blocks(spec: RunSpec, batch: int, num_heads: int, num_tokens: int, num_layers: int = 1) -> bool:
     """Whether a pass over every layer (stats, layers) takes each layer's weights a block of queries at a time.
 
     So it does when the maps it would hold at once, num_layers layers' (B, H, N, N) float32 (stats holds one
     layer's batch, layers every layer's map of its text), pass the memory budget (memory_budget), or
-    when one text's map passes the large-map size (LARGE_MAP_BYTES, or the budget when smaller).
+    when one text's map passes the large-map size (large_map_bytes).
     """
-    budget = memory_budget(spec)
     one_map = 4 * num_heads * num_tokens * num_tokens
-    return num_layers * batch * one_map > budget or one_map > min(LARGE_MAP_BYTES, budget)
+    return num_layers * batch * one_map > memory_budget(spec) or one_map > large_map_bytes(spec)

@@ -23,7 +23,7 @@ import torch
 
 from attnviz.attention.layer import MultiHeadAttention, rows_per_block
 from attnviz.attention.query_blocks import QueryBlock
-from attnviz.budgets import LARGE_MAP_BYTES, block_budget, memory_budget
+from attnviz.budgets import block_budget, large_map_bytes, memory_budget
 from attnviz.layer_inputs import Capture, EncodedTexts, LayerStates, check_layer, encode_texts, threads_for
 from attnviz.models.loading import LoadedModel
 from attnviz.models.tokens import Encoded, text_notes, truncation_notes, unknown_tokens
@@ -91,7 +91,7 @@ def layer_pass(
         budget = memory_budget(spec)
         batch, num_queries, num_keys = len(texts), states.queries.shape[1], states.keys.shape[1]
         rows = rows_per_block(budget, batch, attention.num_heads, num_keys)
-        large = min(LARGE_MAP_BYTES, budget)
+        large = large_map_bytes(spec)
         sizes = [(len(encoded.queries.ids[i]), len(keys.ids[0 if spec.kv_text is not None else i])) for i in range(batch)]
         if in_blocks and (rows < num_queries or any(4 * attention.num_heads * q * k > large for q, k in sizes)):
             rows = rows_per_block(block_budget(spec), batch, attention.num_heads, num_keys)  # cache-sized blocks on the CPU
@@ -198,7 +198,7 @@ def pass_maps(encoded: EncodedTexts, num_heads: int, spec: RunSpec) -> BlockMaps
     """The BlockMaps of a layer's run of num_heads heads over encoded's texts (self-attention) that a pass of the model
     fills as it runs the layer in its place (passes.blocks_in_place's maps_of): layer_pass' maps, no run of their own."""
     sizes = [(len(ids), len(ids)) for ids in encoded.queries.ids]
-    return BlockMaps(sizes, num_heads, min(LARGE_MAP_BYTES, memory_budget(spec)))
+    return BlockMaps(sizes, num_heads, large_map_bytes(spec))
 
 
 @torch.inference_mode()

@@ -283,11 +283,11 @@ class MultiHeadAttention(nn.Module):
         values and the output projection: None in the output's place; outputs="heads" leaves out the output
         projection alone: each head's output (B, b, H, d) in the output's place (a model's own W_o follows).
         """
-        num_keys = (queries if keys is None else keys).shape[1]
-        for block in query_blocks(*self.project(queries, keys, values), rows, causal, outputs):  # (B, H, Nq or Nk, d)
+        q, k, v = self.project(queries, keys, values)  # (B, H, Nq, d); k, v (B, H, Nk, d)
+        for block in query_blocks(q, k, v, rows, causal, outputs):
             bias = None if position_bias is None else position_bias[:, :, block.first : block.stop, : block.k.shape[2]]
             output, pattern = self.forward(valid_lens=valid_lens, causal=causal, position_bias=bias, block=block)
-            yield block.first, output, pattern if narrow else widen(pattern, num_keys)  # (B, b, D), (B, H, b, Nk or K)
+            yield block.first, output, pattern if narrow else widen(pattern, k.shape[2])  # (B, b, D), (B, H, b, Nk or K)
 
     def step(self, queries: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor] | None = None, attend: bool = True):
         """Causal self-attention of the next tokens with a key/value cache, as a decoder generates: queries (B, n, D)
