@@ -36,7 +36,7 @@ STAGES = [  # (module, function, label): each function timed where the command c
     ("attnviz.output.export", "write_attention_files", "attention.json"),
     ("attnviz.api.run_results", "ReportResult.write_files", "report.html's page (font subset included)"),
 ]
-FONT_SUBSET = "  its CJK font subset (fontTools)"  # html.font's font_url: timed from report.html's page on (attnviz.html
+FONT_SUBSET = "  its CJK font subset (html.font.font_url)"  # html.font's font_url: timed from report.html's page on (attnviz.html
 # imports torch: wrapped before the command, it would move torch's import ahead of main's gc.freeze)
 
 

@@ -125,3 +125,34 @@ def test_chinese_japanese_and_korean_characters_ask_for_the_font(text):
 
     assert shown_characters('{"text": "%s"}' % text, "") != ""
     assert shown_characters('{"text": "café – naïve · ≥ →"}', "// 我 in a comment") == ""
+
+
+def test_each_embedded_glyph_draws_the_bundled_fonts_pixels_and_the_licence_travels_with_it(zh_report):
+    """The page's font is built from the bundled font's outlines (html/font.py subset_font): FreeType draws each of its
+    characters, at three sizes, pixel for pixel as it draws the bundled font's; its advances are the bundled font's;
+    its copyright and licence names (0, 13, 14: the SIL Open Font License's ask) are the bundled font's."""
+    from matplotlib.ft2font import FT2Font, LoadFlags
+
+    _, font, _ = embedded_font(zh_report.read_text(encoding="utf-8"))
+    font.flavor = None  # the WOFF's tables as a plain OpenType file, which FreeType reads
+    plain = io.BytesIO()
+    font.save(plain)
+    plain.seek(0)
+    embedded, bundled = FT2Font(plain), FT2Font(str(bundled_font_file()))
+    characters = "".join(chr(code) for code in font.getBestCmap())
+    assert set(SHOWN_TOKENS) <= set(characters)
+    for size in (11, 16, 48):
+        for char in characters:
+            drawn = []
+            for source in (embedded, bundled):
+                source.set_size(size, 72)
+                source.set_text(char, flags=LoadFlags.NO_HINTING)
+                source.draw_glyphs_to_bitmap(antialiased=True)
+                advance = source.load_char(ord(char), flags=LoadFlags.NO_SCALE).horiAdvance
+                drawn.append((advance, np.asarray(source.get_image())))
+            (advance, pixels), (bundled_advance, bundled_pixels) = drawn
+            assert advance == bundled_advance and pixels.shape == bundled_pixels.shape, char
+            assert (pixels == bundled_pixels).all() and pixels.any(), char
+    names = {key[3]: text for key, text in bundled.get_sfnt().items() if key[:3] == (3, 1, 0x409)}
+    for name_id in (0, 13, 14):
+        assert font["name"].getName(name_id, 3, 1, 0x409).toUnicode() == names[name_id].decode("utf-16-be")
