@@ -50,6 +50,25 @@ def test_each_tensor_reads_as_the_gguf_packages_dequantisation_of_it(written, ki
     assert stored["model.embed_tokens.weight"] == (FILES[kind] or kind)
 
 
+@pytest.mark.parametrize("kind", FILES)
+def test_dequantised_a_few_rows_a_call_is_the_gguf_packages_dequantize_bit_for_bit(written, kind):
+    """gguf_weights.dequantised calls the package's dequantize_rows on chunks of rows (its dequantize takes 16 rows a
+    call): with 3 blocks' values a call, each tensor of each file is read in many chunks (one row each, or a few)."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    from attnviz.models.gguf_file import read_header, tensor_bytes
+    from attnviz.models.gguf_weights import dequantised
+
+    path = written[kind][0]
+    for tensor in read_header(path).tensors:
+        data = tensor_bytes(path, tensor)
+        values_at_once = 3 * GGML_QUANT_SIZES[GGMLQuantizationType(tensor.type)][0]
+        expected = dequantize(data, GGMLQuantizationType(tensor.type))
+        got = dequantised(data, tensor.type, values_at_once)
+        assert got.dtype == np.float32 and np.array_equal(got.reshape(expected.shape), expected, equal_nan=True), tensor.name
+
+
 def test_the_f32_file_reads_back_the_models_own_parameters(written):
     """Independent of the gguf package's dequantisation: F32 stores the floats themselves, so every tensor read back is
     the parameter that was written, whatever llama.cpp's names and W_q/W_k permutation did on the way."""
