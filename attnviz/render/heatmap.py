@@ -158,14 +158,10 @@ class _HeadsGrid:
                 _mark_kv_group(ax, kv_group_color(run.kv_head_of(head)))
             # Tokens on the outer edge of the filled grid only (ticks are most of the drawing
             # time): the first column gets queries, a panel with no panel below it gets keys.
-            _label_token_axes(
-                ax,
-                run,
-                max(2, max_labels),
-                fontsize=7,
-                keys=head + num_columns >= run.num_heads,
-                queries=head % num_columns == 0,
-            )
+            keys, queries = head + num_columns >= run.num_heads, head % num_columns == 0
+            _label_token_axes(ax, run, max(2, max_labels), fontsize=7, keys=keys, queries=queries)
+            ax.xaxis.set_visible(keys)  # an axis with no ticks draws nothing: hidden, the layout skips it
+            ax.yaxis.set_visible(queries)
         self.colorbar = attention_colorbar(figure, self.images[0], ax=axes, shrink=0.6)
         scope = [f"layer {run.layer}", *_noted(note), counted(run.num_heads, "head")]
         figure.suptitle(run_title(run, scope, seed=seed, line_chars=chars_across(size[0])), parse_math=False)
