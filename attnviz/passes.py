@@ -104,7 +104,7 @@ def in_place_heads(attention: MultiHeadAttention, hidden: torch.Tensor, valid_le
     """What enters attnviz's layer's W_o over BERT's hidden state (B, N, D), in its place: every head's output side
     by side (B, N, H d), gathered from blocks of queries within the block budget."""
     rows = rows_per_block(block_budget(spec), hidden.shape[0], attention.num_heads, hidden.shape[1])
-    blocks = attention.blocks(hidden, valid_lens=valid_lens, rows=rows, narrow=True, outputs="heads")
+    blocks = attention.blocks(hidden, valid_lens=valid_lens, rows=rows, narrow=True, outputs="heads", reuse=True)
     return torch.cat([heads for _, heads, _ in blocks], dim=1).flatten(2)  # (B, N, H, d) -> (B, N, H d)
 
 
@@ -116,7 +116,7 @@ def in_place_output(attention: MultiHeadAttention, hidden: torch.Tensor, valid_l
     if rows_per_block(memory_budget(spec), batch, attention.num_heads, num_tokens) >= num_tokens:
         return attention(hidden, valid_lens=valid_lens)[0]  # (B, N, D)
     rows = rows_per_block(block_budget(spec), batch, attention.num_heads, num_tokens)
-    blocks = attention.blocks(hidden, valid_lens=valid_lens, rows=rows, narrow=True)
+    blocks = attention.blocks(hidden, valid_lens=valid_lens, rows=rows, narrow=True, reuse=True)
     return torch.cat([output for _, output, _ in blocks], dim=1)  # (B, N, D)
 
 
@@ -173,8 +173,8 @@ def blocks_in_place(
     """One forward pass of a transformers model with attnviz's layers in the place of its attention (in_models_place):
     each layer's blocks of queries (as many as rows_per_block allows for budget_bytes) computed once, their weights
     (B, H, b, K) given to each_block(layer, first query, weights), when given, as they are made (K as
-    iter_layer_blocks' narrow blocks), and the heads' outputs going on through the model's W_o and the rest of its
-    layer to the next one. Returns the input of each layer of keep, as this pass made it (entered(1) as each is
+    iter_layer_blocks' narrow blocks; valid during the call: the blocks' one buffer), and the heads' outputs going on
+    through the model's W_o and the rest of its layer to the next one. Returns the input of each layer of keep, as this pass made it (entered(1) as each is
     reached); whole=False stops the pass there (layers holds the layers before the last of keep, at least).
     stream_of: a layer of keep whose LayerStates holds the parts of the stream entering it (capture_states'); the
     pass then runs whole (layers holds every layer). maps_of: layer -> pipeline.BlockMaps (pass_maps') that the layer's
@@ -187,7 +187,7 @@ def blocks_in_place(
         rows = rows_per_block(budget_bytes, hidden.shape[0], attention.num_heads, hidden.shape[1])
         heads = None  # (B, N, H, d), filled a block at a time: no list of blocks between the blocks' buffers, no copy
         for first_query, output, weights in attention.blocks(
-            hidden, valid_lens=valid_lens, causal=spec.causal, rows=rows, narrow=True, outputs="heads"
+            hidden, valid_lens=valid_lens, causal=spec.causal, rows=rows, narrow=True, outputs="heads", reuse=True
         ):
             if heads is None:
                 heads = output.new_empty(output.shape[0], hidden.shape[1], *output.shape[2:])
@@ -286,7 +286,8 @@ def iter_layer_blocks(
     the weights), goes on through the rest of BERT's layer to the next. states: every layer's input, already
     captured (layer_states; each is let go once used), else captured here. skip: layers whose blocks are not
     wanted (not with in_place, where each layer's output is the next one's input); in place, states may hold layer 0's
-    input alone (the embeddings, captured already).
+    input alone (the embeddings, captured already). A block's weights are valid until the next block is taken (the
+    blocks' one buffer: MultiHeadAttention.blocks' reuse): use or copy them before.
     """
     device = spec.device
     keys = encoded.keys if encoded.keys is not None else encoded.queries
@@ -309,6 +310,7 @@ def iter_layer_blocks(
         blocks = attention.blocks(
             state.queries, state.keys, state.keys,
             valid_lens=valid_lens, causal=spec.causal, position_bias=state.position_bias, rows=rows, narrow=True, outputs=in_place,
+            reuse=True,
         )  # fmt: skip
         outputs = []
         while True:

@@ -97,7 +97,7 @@ def layer_pass(
             rows = rows_per_block(block_budget(spec), batch, attention.num_heads, num_keys)  # cache-sized blocks on the CPU
             blocks = attention.blocks(
                 states.queries, states.keys, states.keys,
-                valid_lens=valid_lens, causal=spec.causal, position_bias=states.position_bias, rows=rows, narrow=True,
+                valid_lens=valid_lens, causal=spec.causal, position_bias=states.position_bias, rows=rows, narrow=True, reuse=True,
             )  # fmt: skip
             output, patterns = block_maps(blocks, sizes, attention.num_heads, large, each_block)
             vectors = text_vectors(attention, states, sizes, vector_tokens)

@@ -40,6 +40,28 @@ def test_blocks_are_the_rows_of_the_whole_pass(rows, causal):
     torch.testing.assert_close(torch.cat(outs, dim=1), whole_out, atol=1e-6, rtol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("causal", [False, True])
+def test_reused_blocks_are_the_blocks_bit_for_bit_each_read_before_the_next(dtype, causal):
+    """blocks(reuse=True) writes every block's weights into one buffer (QueryBlock.softmax: in place in the scores'
+    for float32, in a float32 one for bfloat16): each block, read before the next is taken, holds the very floats of
+    the blocks made as new tensors, and the blocks share that storage; under autograd there is no buffer."""
+    layer = gqa_rope_layer().to(dtype)
+    x = torch.randn(2, 11, 32).to(dtype)
+    valid_lens = torch.tensor([11, 6])
+    arguments = dict(valid_lens=valid_lens, causal=causal, rows=4, narrow=True)
+    with torch.inference_mode():
+        fresh = [(output, weights) for _, output, weights in layer.blocks(x, **arguments)]
+        places = set()
+        for n, (_, output, weights) in enumerate(layer.blocks(x, **arguments, reuse=True)):
+            assert weights.dtype == torch.float32 and torch.equal(weights, fresh[n][1]) and torch.equal(output, fresh[n][0])
+            places.add(weights.data_ptr())
+    assert len(fresh) == 3 and len(places) == 1
+    with torch.enable_grad():  # each block a tensor of its own: kept together, each still its block
+        kept = [weights for _, _, weights in layer.blocks(x.requires_grad_(), **arguments, reuse=True)]
+    assert all(torch.equal(weights.detach(), fresh[n][1]) for n, weights in enumerate(kept))
+
+
 @pytest.mark.parametrize("rows", [1, 4, 64])
 def test_narrow_causal_blocks_stop_at_their_last_query_and_hold_the_rows_nonzero_part(rows):
     layer = gqa_rope_layer()

@@ -250,7 +250,7 @@ class MultiHeadAttention(nn.Module):
         )  # (B or 1, 1, Nq or 1, Nk - unmasked), or None: nothing to mask
         if allowed is not None:
             scores[..., unmasked:].masked_fill_(~allowed, float("-inf"))  # exactly zero weight; every row keeps key 0
-        pattern = scores.softmax(dim=-1, dtype=torch.float32)  # (B, H, Nq, Nk): float32 in any dtype, as eager's
+        pattern = scores.softmax(dim=-1, dtype=torch.float32) if block.weights_room is None else block.softmax(scores)
         if not block.outputs:
             return None, pattern
         z = self.dropout(pattern).to(v.dtype) @ v  # (B, H, Nq, d): each query's weighted sum of the values
@@ -270,6 +270,7 @@ class MultiHeadAttention(nn.Module):
         rows: int | None = None,
         narrow: bool = False,
         outputs: bool | str = True,
+        reuse: bool = False,
     ) -> Iterator[tuple[int, torch.Tensor | None, torch.Tensor]]:
         """The layer a block of queries at a time: (first query, output (B, b, D), weights (B, H, b, Nk)) per block.
 
@@ -282,9 +283,12 @@ class MultiHeadAttention(nn.Module):
         block's last query + 1 (or Nk, when smaller). outputs=False leaves out the weighted sum of the
         values and the output projection: None in the output's place; outputs="heads" leaves out the output
         projection alone: each head's output (B, b, H, d) in the output's place (a model's own W_o follows).
+        reuse: each block's weights in one buffer that the next block's overwrite (QueryBlock.softmax; not under
+        autograd), for a caller that uses or copies them before it takes the next: no new tensor of a block's size, and
+        its page faults, each block.
         """
         q, k, v = self.project(queries, keys, values)  # (B, H, Nq, d); k, v (B, H, Nk, d)
-        for block in query_blocks(q, k, v, rows, causal, outputs):
+        for block in query_blocks(q, k, v, rows, causal, outputs, reuse):
             bias = None if position_bias is None else position_bias[:, :, block.first : block.stop, : block.k.shape[2]]
             output, pattern = self.forward(valid_lens=valid_lens, causal=causal, position_bias=bias, block=block)
             yield block.first, output, pattern if narrow else widen(pattern, k.shape[2])  # (B, b, D), (B, H, b, Nk or K)
