@@ -29,6 +29,8 @@ def test_each_heads_q_dot_k_is_the_apis_score_before_the_scale(neuron_report, op
     page.page.click("button[data-view=neuron]")
     page.page.select_option("#neuron-query", str(QUERY))
     page.page.select_option("#neuron-key", str(KEY))
+    # the view draws its heads once the record's vectors are decoded (asynchronously: AV.decode)
+    page.wait_until(f"document.querySelectorAll('.neuron-sum').length === {result.num_heads}")
     sums = [float(value) for value in page.texts(".neuron-sum")]
     scaled = [float(value) for value in page.texts(".neuron-scaled")]
     weights = page.texts(".neuron-weight")

@@ -103,6 +103,7 @@ def test_the_neuron_view_of_the_served_page_sums_the_apis_q_and_k(server, page):
     page.click("button[data-view=neuron]")
     page.select_option("#neuron-query", "3")
     page.select_option("#neuron-key", "1")
+    wait_until(page, "document.querySelectorAll('.neuron-sum').length > 0")  # drawn once the vectors are decoded
     vectors = heads(server, {"text": TYPED, "layer": page.evaluate("AV.data.texts[0].layer"), "as": "report"})["texts"][0]["vectors"]
     sums = [float(value) for value in page.eval_on_selector_all(".neuron-sum", "spans => spans.map(s => s.textContent)")]
     q, k = decoded(vectors["q"]), decoded(vectors["k"])  # (H, N, d), (H_kv, N, d)
