@@ -78,8 +78,9 @@ def subset_font(source, drawn: dict[int, int]):
     so that it draws the same pixels; the font's vertical metrics, and its names NAME_IDS.
 
     Built, not cut: fontTools' subsetter decompiles the whole font's cmap, metrics and CFF index to cut 20 glyphs
-    from its 65,535 (0.79 s of CPU for 我想吃酸菜鱼's page on the project's Xeon, its imports included; 0.13 s so). No hinting and no layout
-    features, as the subsetter was asked for before; head's dates are the font's, so the page is reproducible."""
+    from its 65,535 (0.79 s of CPU for 我想吃酸菜鱼's page on the project's Xeon, its imports included; 0.13 s so).
+    No hinting and no layout features, as the subsetter was asked for before; head's dates are the font's, so the
+    page is reproducible."""
     from fontTools.fontBuilder import FontBuilder
     from fontTools.pens.t2CharStringPen import T2CharStringPen
     from matplotlib.ft2font import LoadFlags
