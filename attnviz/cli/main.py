@@ -119,6 +119,10 @@ def main() -> None:
     # passes skip it, as they skip what the command computes once run_command freezes that too (their passes walked
     # every object there was, torch's million included: 0.17 s of `heads`' 2.4 s of CPU, bench/RESULTS.md).
     gc.freeze()
+    # Its full passes 100 times rarer (every 1,000 passes of the middle generation, not 10): the objects a command
+    # makes that live past two passes (torch's modules, the model, its figures) live until it ends, and each full pass
+    # walked them all (0.2 s of `heads`' CPU, three passes during torch's import); young cycles go as they did.
+    gc.set_threshold(*gc.get_threshold()[:2], 1000)
     if sys.stdout is not None:  # None: started with stdout closed (>&-); Rich then prints nowhere
         sys.stdout = PipeSafeStream(sys.stdout)
     if sys.stderr is not None:
