@@ -31,7 +31,6 @@ STAGES = [  # (module, function, label): each function timed where the command c
     ("attnviz.cli.heads", "print_heads", "the terminal's table"),
     ("attnviz.render.heatmap", "write_heatmaps", "head_XX.png × 12 and heads.png (one figure blitted, the grid)"),
     ("attnviz.render.heatmap", "_HeadFigure.save", "  head_XX.png × 12 (one figure, blitted)"),
-    ("attnviz.render.heatmap", "save_figure", "  heads.png (the grid's draw and file)"),
     ("attnviz.render.heatmap", "freeze_layout", "  constrained layouts (head figure and grid, once each)"),
     ("attnviz.render.png", "write_canvas_png", "  heads.png's draw and PNG"),
     ("attnviz.output.export", "write_attention_files", "attention.json"),
