@@ -175,7 +175,8 @@ def blocks_in_place(
     (B, H, b, K) given to each_block(layer, first query, weights), when given, as they are made (K as
     iter_layer_blocks' narrow blocks; valid during the call: the blocks' one buffer), and the heads' outputs going on
     through the model's W_o and the rest of its layer to the next one. Returns the input of each layer of keep, as
-    this pass made it (entered(1) as each is reached); whole=False stops the pass there (layers holds the layers before the last of keep, at least).
+    this pass made it (entered(1) as each is reached); whole=False stops the pass there (layers holds the layers
+    before the last of keep, at least).
     stream_of: a layer of keep whose LayerStates holds the parts of the stream entering it (capture_states'); the
     pass then runs whole (layers holds every layer). maps_of: layer -> pipeline.BlockMaps (pass_maps') that the layer's
     blocks fill, with their output after attnviz's W_o: that layer's run made from this pass (pipeline.runs_of_pass)."""
