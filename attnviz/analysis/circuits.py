@@ -96,7 +96,7 @@ def copying(loaded, progress: Progress = Progress()) -> np.ndarray:
     before attention (attention_norm)."""
     import torch
 
-    from attnviz.models.layer_weights import LOGIT_ROWS
+    from attnviz.models.layer_weights import vocabulary_chunks
 
     model, family = loaded.model, loaded.family
     if family.attention_norm is None:
@@ -112,7 +112,7 @@ def copying(loaded, progress: Progress = Progress()) -> np.ndarray:
         # the CPU, within 1e-6 of it), LOGIT_ROWS of the vocabulary at a time, the small products after it in float64
         through_vocabulary = sum(
             embedding[rows].float().T @ (unembedding[rows].float() * gain)
-            for rows in (slice(first, first + LOGIT_ROWS) for first in range(0, embedding.shape[0], LOGIT_ROWS))
+            for rows in vocabulary_chunks(embedding, unembedding)
         ).double()
         scores = np.zeros((model.num_layers(), model.num_heads()))
         for layer in range(model.num_layers()):

@@ -39,6 +39,7 @@ FORMAT_VERSION = 1
 EXACT_UNIT = 1e-4  # the read-out's 4 decimals
 LOG_MIN = 1e-3  # the bottom of the log colour scale (render/scales.py's LOG_SCALE_MIN)
 LOG_LEVELS = 255  # uint8 codes 1..255 on the log scale; code 0 is below LOG_MIN
+EXACT_CHUNK = 2**20  # weights rounded at a time (encode_exact): 8 MB in float64
 MAX_EXACT_VALUES = 2**22  # a text's every-layer maps are exact up to this many weights (6×12×240²)
 COMPRESSION_LEVEL = 6
 
@@ -84,8 +85,14 @@ def is_long(run: AttentionRun) -> bool:
 
 
 def encode_exact(weights: np.ndarray) -> dict:
-    """Weights in [0, 1] rounded to 4 decimals: uint16 codes in units of EXACT_UNIT."""
-    codes = np.rint(np.asarray(weights, dtype=np.float64) / EXACT_UNIT).astype("<u2")
+    """Weights in [0, 1] rounded to 4 decimals: uint16 codes in units of EXACT_UNIT, computed in float64 EXACT_CHUNK
+    weights at a time (a layer's map whole in float64 is 268 MB for 32 heads at 512 tokens)."""
+    weights = np.asarray(weights)
+    codes = np.empty(weights.shape, dtype="<u2")
+    rows, out = weights.reshape(-1, weights.shape[-1]), codes.reshape(-1, weights.shape[-1])
+    step = max(1, EXACT_CHUNK // max(1, rows.shape[1]))
+    for first in range(0, rows.shape[0], step):
+        out[first : first + step] = np.rint(rows[first : first + step].astype(np.float64) / EXACT_UNIT)
     return {"shape": list(codes.shape), "dtype": "uint16", "unit": EXACT_UNIT, "data": _packed(codes)}
 
 

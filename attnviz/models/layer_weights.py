@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import mmap
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -234,14 +235,42 @@ def mapped_tensor(path: Path, key: str) -> torch.Tensor:
         length = int.from_bytes(file.read(8), "little")
         entry = json.loads(file.read(length))[key]
     begin, end = (8 + length + offset for offset in entry["data_offsets"])
-    data = torch.from_file(str(path), shared=False, size=end, dtype=torch.uint8)[begin:end]  # the file's bytes, mapped
     dtype = STORED_DTYPES.get(entry["dtype"])
     if dtype is None or begin % dtype.itemsize:  # another dtype, or not aligned for a view (safetensors aligns its data): read it
         from safetensors import safe_open
 
         with safe_open(str(path), framework="pt") as tensors:
             return tensors.get_tensor(key)
-    return data.view(dtype).view(entry["shape"])
+    with open(path, "rb") as file:  # the file's bytes mapped copy-on-write (nothing of it is written), as torch.from_file maps them
+        mapping = mmap.mmap(file.fileno(), end, access=mmap.ACCESS_COPY)
+    tensor = torch.frombuffer(mapping, dtype=torch.uint8, count=end - begin, offset=begin).view(dtype).view(entry["shape"])
+    tensor.file_pages = (mapping, begin)  # for give_back_rows
+    return tensor
+
+
+def vocabulary_chunks(*tables: torch.Tensor):
+    """The rows of tables (V, ...) LOGIT_ROWS at a time, as slices; after each, what the rows of a memory-mapped table
+    (mapped_tensor's) brought into memory given back (give_back_rows): a pass over the vocabulary holds one chunk of
+    a table read from its file, not the whole table (Llama-3.2-1B's is 525 MB in bfloat16)."""
+    for first in range(0, tables[0].shape[0], LOGIT_ROWS):
+        rows = slice(first, first + LOGIT_ROWS)
+        yield rows
+        for table in tables:
+            give_back_rows(table, rows)
+
+
+def give_back_rows(table: torch.Tensor, rows: slice) -> None:
+    """The pages that reading those rows of a memory-mapped table (mapped_tensor's; any other: nothing) brought into the
+    process's memory given back to the system (madvise's MADV_DONTNEED; where there is none, nothing). The file's bytes
+    stay in the page cache, and rows read again are mapped again from there: a mapping nothing writes loses nothing."""
+    mapping, begin = getattr(table, "file_pages", (None, 0))
+    if mapping is None or not hasattr(mmap, "MADV_DONTNEED"):
+        return
+    row_bytes = table.stride(0) * table.element_size()
+    first = begin + rows.start * row_bytes
+    start = first - first % mmap.PAGESIZE
+    stop = min(begin + min(rows.stop, table.shape[0]) * row_bytes, len(mapping))
+    mapping.madvise(mmap.MADV_DONTNEED, start, stop - start)
 
 
 class StoredEmbedding(nn.Module):
@@ -267,10 +296,10 @@ def unembed(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     memory-mapped bfloat16 table is never whole in float32)."""
     if weight.dtype == hidden.dtype and weight.device == hidden.device:
         return nn.functional.linear(hidden, weight, bias)
-    chunks = []
-    for first in range(0, weight.shape[0], LOGIT_ROWS):
-        rows = slice(first, first + LOGIT_ROWS)
-        chunks.append(nn.functional.linear(hidden, weight[rows].to(hidden), None if bias is None else bias[rows].to(hidden)))
+    chunks = [
+        nn.functional.linear(hidden, weight[rows].to(hidden), None if bias is None else bias[rows].to(hidden))
+        for rows in vocabulary_chunks(weight)
+    ]
     return torch.cat(chunks, dim=-1)
 
 

@@ -384,13 +384,15 @@ class TransformersModel:
         from attnviz.models.weight_files import stored_tensors
 
         from attnviz.models.families.family import check_finite
+        from attnviz.models.layer_weights import vocabulary_chunks
 
         embeddings = self.get_input_embeddings().weight
         names = ("lm_head.weight", "lm_head.bias", "final_logits_bias")
         if self.mapped is not None:  # as stored (unembed casts it a chunk at a time)
             stored = {name: tensor if name == names[0] else tensor.float() for name in names if (tensor := self.mapped(name)) is not None}
-            for name, tensor in stored.items():
-                check_finite(tensor, name)
+            for name, tensor in stored.items():  # a chunk of the vocabulary at a time: the table is never resident whole
+                for rows in vocabulary_chunks(tensor):
+                    check_finite(tensor[rows], name)
         else:
             stored = stored_tensors(self.folder, names, embeddings)
         if getattr(self.model.config, "tie_word_embeddings", False):
