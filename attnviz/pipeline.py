@@ -238,18 +238,20 @@ def layer_runs(loaded: LoadedModel, texts: list[str], spec: RunSpec, done: Layer
 
 @torch.inference_mode()
 def iter_layer_runs(
-    loaded: LoadedModel, texts: list[str], spec: RunSpec, entered=lambda done: None, captured: Capture | None = None
+    loaded: LoadedModel, texts: list[str], spec: RunSpec, progress: Progress = Progress(), captured: Capture | None = None
 ) -> Iterator[list[AttentionRun]]:
     """attnviz's layer in place of every model layer over a padded batch: per layer, one run per text.
 
     spec.layer and spec.kv_text are not used (self-attention of spec.stack). One forward pass gives
     every layer's input; layer L's run of a text is what run_attention with layer L gives for it.
-    Layer by layer, so that a caller who only needs numbers holds one layer's weights at a time;
-    each run holds a copy of its text's unpadded weights. entered: the forward pass's progress (layer_states').
-    captured: the texts' capture of every layer (capture_texts'), read in place of a pass of the model.
+    Layer by layer, so that a caller who only needs numbers holds one layer's weights at a time, and one
+    layer's maps where it lets each go; each run holds a copy of its text's unpadded weights. progress:
+    layer_stages' (a layer is done when the next is asked for). captured: the texts' capture of every layer
+    (capture_texts'), read in place of a pass of the model.
     """
     spec = replace(spec, kv_text=None)
     in_place = in_berts_place(loaded, spec) and captured is None
+    entered, done = layer_stages(progress, loaded.num_layers_of(spec.stack), in_place or captured is not None)  # no pass to count
     encoded = encode_texts(loaded, texts, spec) if captured is None else captured[0]
     with threads_for(encoded):
         layers = build_layers(loaded, spec)
@@ -258,19 +260,15 @@ def iter_layer_runs(
     passes = iter_layer_passes(loaded, encoded, layers, spec, in_place, entered, states)
     for layer, (_, output, patterns) in enumerate(passes):
         yield split_runs(loaded, texts, encoded.queries, keys, output, patterns, spec, layer, *layer_sizes(layers[layer]))
+        done(1)
 
 
 def run_layers(
     loaded: LoadedModel, texts: list[str], spec: RunSpec, progress: Progress = Progress(), captured: Capture | None = None
 ) -> list[list[AttentionRun]]:
-    """Every layer's run of every text, runs[text][layer], as iter_layer_runs gives them; progress: layer_stages'.
-    captured: the texts' capture of every layer (capture_texts'): the layers run over it, the model is not run."""
-    no_pass = in_berts_place(loaded, spec) or captured is not None  # no forward pass to count before the layers
-    entered, done = layer_stages(progress, loaded.num_layers_of(spec.stack), no_pass)
-    by_layer = []  # by_layer[layer][text]
-    for runs in iter_layer_runs(loaded, texts, spec, entered, captured):
-        by_layer.append(runs)
-        done(1)
+    """Every layer's run of every text, runs[text][layer], as iter_layer_runs gives them (progress and captured as
+    there): captured, the layers run over it, the model is not run."""
+    by_layer = list(iter_layer_runs(loaded, texts, spec, progress, captured))  # by_layer[layer][text]
     return [list(text_runs) for text_runs in zip(*by_layer)]
 
 

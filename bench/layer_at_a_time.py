@@ -60,6 +60,9 @@ COMMANDS = {  # --command: what a run computes, each giving its result (its numb
     "patch": lambda attnviz, model, text: attnviz.patch(PAIR[0], model=model, corrupt=PAIR[1], answer=PAIR[2], wrong=PAIR[3]),
     "edges": lambda attnviz, model, text: attnviz.patch(PAIR[0], model=model, corrupt=PAIR[1], answer=PAIR[2], wrong=PAIR[3], edges=True),
     "generate": lambda attnviz, model, text: attnviz.generate(PAIR[0], model=model, tokens=8),
+    "heads": lambda attnviz, model, text: attnviz.heads(text, model=model, memory=MEMORY_MB, report=True),  # its report: every layer
+    "stats": lambda attnviz, model, text: attnviz.stats(text, model=model, memory=MEMORY_MB),
+    "effect": lambda attnviz, model, text: attnviz.heads(PAIR[0], model=model, layer=1, effect="zero"),  # each head taken out
 }
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
 PARAGRAPH = (
@@ -182,7 +185,7 @@ def run_once(
         else:
             numbers = numbers_of(result.to_dict())
         np.savez(summaries, **numbers)
-    tokens = len(model.tokenizer.encode_batch([text if command in ("layers", "roles") else PAIR[0]])[0])
+    tokens = len(model.tokenizer.encode_batch([text if command in ("layers", "roles", "heads", "stats") else PAIR[0]])[0])
     print(json.dumps({
         "mode": "layer at a time" if model.model.layer_at_a_time else "whole", "dtype": model.dtype, "tokens": tokens, "load_s": round(loaded - start, 2),
         "layers_s": round(done - loaded, 2), "total_s": round(done - start, 2),

@@ -124,7 +124,7 @@ def test_report_counts_its_batchs_forward_pass_then_each_texts_layers_and_statis
     recorder = Recorder()
     attnviz.report([CLEAN, CORRUPT], model=decoder, device="cpu", progress=recorder)
     pass_of_the_batch = ("layers of the text's forward pass", NUM_LAYERS, [1] * NUM_LAYERS)  # one capture of both texts
-    each = [(what, NUM_LAYERS, [1] * NUM_LAYERS) for what in ("layers of the text", "layers of the statistics")]
+    each = [("layers of the text", NUM_LAYERS, [1] * NUM_LAYERS)]  # each layer's maps encoded and measured as it runs
     each.append(("heads' scores split", NUM_HEADS, [1] * NUM_HEADS))  # the Heatmap view's why, the run's layer's heads
     assert recorder.stages == [pass_of_the_batch, *each, *each, ("texts encoded for the page", 2, [1, 1])]
 
@@ -196,9 +196,9 @@ def test_layers_and_report_draw_their_bars_on_a_terminal_only(decoder, tmp_path,
     assert run(["layers", CLEAN, "--effect", "zero", "--model", decoder, "--device", "cpu", "--out", str(tmp_path / "layers")]) == 0
     total = NUM_LAYERS * NUM_HEADS
     assert re.search(rf"heads taken out .*{total}/{total}", console.export_text())
-    monkeypatch.setattr(attnviz.cli.heads, "console", console)  # heads' report.html: its every layer and statistics
+    monkeypatch.setattr(attnviz.cli.heads, "console", console)  # heads' report.html: its every layer, measured
     assert run(["heads", CLEAN, "--model", decoder, "--device", "cpu", "--out", str(tmp_path / "heads")]) == 0
-    assert re.search(rf"layers of the statistics .*{NUM_LAYERS}/{NUM_LAYERS}", console.export_text())
+    assert re.search(rf"layers of the text .*{NUM_LAYERS}/{NUM_LAYERS}", console.export_text())  # heads' alone: export cleared
     capsys.readouterr()
     assert run(["report", CLEAN, "--model", decoder, "--device", "cpu", "--out", str(tmp_path / "report")]) == 0
     captured = capsys.readouterr()

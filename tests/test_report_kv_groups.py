@@ -19,6 +19,7 @@ TEXT = "the cat sat on the mat"
 def llama_reports(tmp_path_factory):
     """Report files of the tiny Llama, its own heads ("own") and re-split into one group ("re_split"), and its config."""
     from attnviz.html import ReportText, report_page, report_record
+    from attnviz.html.record import encode_layers
     from attnviz.models.loading import load_model
     from attnviz.pipeline import run_attention, run_layers
     from attnviz.spec import run_spec
@@ -33,7 +34,8 @@ def llama_reports(tmp_path_factory):
         spec = run_spec(loaded, str(folder / "llama"), layer=0, num_heads=num_heads or loaded.num_heads, device="cpu")
         runs = run_attention(loaded, [TEXT], spec)
         layer_runs = run_layers(loaded, [TEXT], replace(spec, layer=None))
-        record = report_record([ReportText(runs[0], layer_runs[0])], spec, kind="decoder", num_layers=loaded.num_layers)
+        layers = encode_layers([layer_run.attention for layer_run in layer_runs[0]])
+        record = report_record([ReportText(runs[0], layers)], spec, kind="decoder", num_layers=loaded.num_layers)
         paths[name] = folder / f"{name}.html"
         paths[name].write_text(report_page(record), encoding="utf-8")
     return paths, config

@@ -22,7 +22,7 @@ from attnviz.analysis.head_summaries import SUMMARIES, TOP_KEYS, LayerSummaries
 from attnviz.html import ReportText, report_page, report_record
 from attnviz.html.page import LONG_SCRIPTS, SCRIPTS, page_script, static_text
 from attnviz.html.pyramid import ZOOM_MIN_TOKENS, levels_bytes
-from attnviz.html.record import LONG_TEXT_NOTE, SUMMARIES_LEFT_OUT, decode_weights
+from attnviz.html.record import LONG_TEXT_NOTE, SUMMARIES_LEFT_OUT, decode_weights, encode_layers
 from attnviz.output.summaries_json import summaries_record
 from attnviz.spec import RunSpec
 
@@ -90,7 +90,7 @@ def test_a_long_texts_record_holds_no_whole_map_and_every_layers_summaries():
 def test_a_short_report_keeps_its_record_and_its_page_script():
     run = make_run([f"w{index}" for index in range(ZOOM_MIN_TOKENS)], num_heads=2, causal=True, seed=4)
     layer_runs = [make_run(run.query_tokens, num_heads=2, causal=True, seed=seed) for seed in range(2)]
-    record = report_record([ReportText(run, layer_runs)], spec_of(2), kind="decoder", num_layers=2)
+    record = report_record([ReportText(run, encode_layers([layer_run.attention for layer_run in layer_runs]))], spec_of(2), kind="decoder", num_layers=2)
     (text,) = record["texts"]
     assert "summaries" not in text and "zoom" not in text and LONG_TEXT_NOTE not in record["notes"]
     np.testing.assert_allclose(decode_weights(text["attention"]), run.attention, atol=0.5e-4 + 1e-12, rtol=0)

@@ -6,35 +6,45 @@ that rollout multiplies and attention flow (flow.py) takes as its graph's capaci
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 
 from attnviz.models.words import merge_attention
 
 
-def attention_rollout(layer_attention: list[np.ndarray]) -> np.ndarray:
-    """Attention rollout (Abnar & Zuidema 2020) of self-attention through the layers, in order.
+def attention_rollout(layer_attention: Iterable[np.ndarray]) -> np.ndarray:
+    """Attention rollout (Abnar & Zuidema 2020) of self-attention through the layers, in order (any iterable: each
+    layer's map may be let go once rolled in).
 
     Per layer: A' = residual_attention(A); then R = A'_{L-1} ... A'_1 A'_0. Row i of R (N, N)
     says how much the last layer's token i draws on each input token; its rows sum to 1.
     """
     rollout = None
     for attention in layer_attention:
-        mixed = residual_attention(attention)  # (N, N)
-        rollout = mixed if rollout is None else mixed @ rollout  # the later layer on the left
+        rollout = rolled_in(rollout, attention)
     if rollout is None:
         raise ValueError("attention rollout needs at least one layer")
     return rollout
 
 
-def runs_rollout(layer_runs: list) -> np.ndarray:
-    """The rollout of one text's runs, one per layer in order (AttentionRun). Over words (--words), the
-    rollout of the token maps merged by Clark et al.'s rule: a share of a word is the sum of its pieces'
-    shares, so merging after the product is exact (merging each layer first would not be)."""
-    words = layer_runs[0].words
-    if words is None:
-        return attention_rollout([run.attention for run in layer_runs])
-    rollout = attention_rollout([run.words.token_attention for run in layer_runs])
-    return merge_attention(rollout, words.query_word, words.key_word)
+def rolled_in(rollout: np.ndarray | None, attention: np.ndarray) -> np.ndarray:
+    """The rollout of the layers before (None: none) and the next layer's map (H, N, N): A' R, the later layer on the left."""
+    mixed = residual_attention(attention)  # (N, N)
+    return mixed if rollout is None else mixed @ rollout
+
+
+def runs_rollout(layer_runs: Iterable) -> np.ndarray:
+    """The rollout of one text's runs, one per layer in order (AttentionRun; any iterable, as attention_rollout's). Over
+    words (--words), the rollout of the token maps merged by Clark et al.'s rule: a share of a word is the sum of its
+    pieces' shares, so merging after the product is exact (merging each layer first would not be)."""
+    rollout = words = None
+    for run in layer_runs:
+        words = run.words  # every layer's the same
+        rollout = rolled_in(rollout, run.attention if words is None else words.token_attention)
+    if rollout is None:
+        raise ValueError("attention rollout needs at least one layer")
+    return rollout if words is None else merge_attention(rollout, words.query_word, words.key_word)
 
 
 def residual_attention(attention: np.ndarray) -> np.ndarray:

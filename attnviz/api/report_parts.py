@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import replace
 
-from attnviz.api.experiment_results import text_statistics
+from attnviz.api.experiment_results import TextStatistics
 from attnviz.api.run_results import ReportResult, report_result
 from attnviz.errors import AttnvizError
 from attnviz.run_data import FORWARD_PASS, Progress
@@ -150,7 +150,7 @@ def text_report(loaded, text: str, spec: RunSpec, summaries=None, captured=None,
 
 def report_texts(loaded, runs: list, spec: RunSpec, progress: Progress = Progress(), captured=None) -> tuple[list, list[str]]:
     """Each run's ReportText (attnviz.html.record), and the notes of what was left out, once each; progress: each
-    text's layers run and then its statistics' layers (every_layer), or a long text's summaries (long_summaries).
+    text's layers run (every_layer), or a long text's summaries (long_summaries).
 
     captured: None, or per run its text's capture (layer_inputs.Capture: its own encoding and every layer's input; for
     cross-attention the run's layer's) or None: every layer, the traces and mistakes and the vectors are made from it,
@@ -169,7 +169,7 @@ def report_texts(loaded, runs: list, spec: RunSpec, progress: Progress = Progres
             continue
         layer = None if capture is None else (capture[0], capture[1][spec.layer])  # the run's layer's input
         with threads_for_tokens(len(run.query_tokens) + (len(run.key_tokens) if spec.cross_attention else 0)):
-            layer_runs, rollout, statistics = every_layer(loaded, run.text, spec, progress, capture)
+            layers, rollout, statistics = every_layer(loaded, run.text, spec, progress, capture)
             trace, mistakes = traces(loaded, run.text, spec, notes, layer)
             if run.vectors is None and holds_vectors(run):  # the neuron view's q and k, where the run kept none
                 from attnviz.analysis.neurons import MAX_VECTOR_TOKENS
@@ -178,7 +178,7 @@ def report_texts(loaded, runs: list, spec: RunSpec, progress: Progress = Progres
                 (own,) = run_attention(loaded, [run.text], spec, captured=layer, vector_tokens=MAX_VECTOR_TOKENS)
                 run = replace(run, vectors=own.vectors)
             why = why_splits(loaded, run, spec, capture, progress)
-        texts.append(ReportText(run, layer_runs, rollout, statistics, trace, mistakes, why=why))
+        texts.append(ReportText(run, layers, rollout, statistics, trace, mistakes, why=why))
     return texts, list(notes)
 
 
@@ -209,16 +209,29 @@ def long_summaries(loaded, text: str, spec: RunSpec, notes: dict, progress: Prog
 
 
 def every_layer(loaded, text: str, spec: RunSpec, progress: Progress = Progress(), captured=None) -> tuple:
-    """Every layer's run of the text (attnviz.layers'), the rollout and the text's statistics; Nones for cross-attention.
-    progress: the layers run, then the layers of the statistics; captured: the text's capture of every layer."""
+    """Every layer's maps of the text as the page holds them (html.record.LayerCodes' encoding), the rollout and the
+    text's statistics, from attnviz.layers' runs, each layer's encoded, measured and rolled in as it is made, then let
+    go: no more than two layers' maps held at once, not every layer's (a Llama-3.2-1B-shaped model's 16 at 512 tokens
+    are 537 MB in float32).
+    Nones for cross-attention. progress: the layers run (pipeline.iter_layer_runs'); captured: the text's capture of
+    every layer."""
     from attnviz.analysis.rollout import runs_rollout
-    from attnviz.pipeline import run_layers
+    from attnviz.html.record import LayerCodes
+    from attnviz.pipeline import iter_layer_runs
 
     if spec.cross_attention:  # every layer is self-attention: attnviz.layers refuses cross
         return None, None, None
-    (layer_runs,) = run_layers(loaded, [text], replace(spec, layer=None), progress, captured)
-    rollout = runs_rollout(layer_runs)
-    return layer_runs, rollout, text_statistics(layer_runs, spec.causal, progress)
+    num_layers = loaded.num_layers_of(spec.stack)
+    codes, statistics = LayerCodes(num_layers), TextStatistics(num_layers, spec.causal)
+
+    def each_layer():  # the text's run of each layer, encoded and measured as the rollout reads it
+        for layer, (run,) in enumerate(iter_layer_runs(loaded, [text], replace(spec, layer=None), progress, captured)):
+            codes.add(run.attention)
+            statistics.add(layer, run)
+            yield run
+
+    rollout = runs_rollout(each_layer())
+    return codes.encoded(), rollout, statistics.result()
 
 
 def traces(loaded, text: str, spec: RunSpec, notes: dict, captured=None) -> tuple:

@@ -62,7 +62,7 @@ class ReportText:
     """What the report shows of one text: the run's layer, and, for self-attention, every layer."""
 
     run: AttentionRun  # the run's layer (spec.layer)
-    layer_runs: list[AttentionRun] | None = None  # every layer, in order; None for cross-attention
+    layers: dict | None = None  # every layer's maps, in order, encoded (LayerCodes, encode_layers); None for cross-attention
     rollout: np.ndarray | None = None  # (N, N)
     statistics: object | None = None  # analysis.statistics.ModelStatistics of this text alone
     trace: object | None = None  # tracing.TraceResult of every layout the layer allows
@@ -85,46 +85,82 @@ def is_long(run: AttentionRun) -> bool:
 
 
 def encode_exact(weights: np.ndarray) -> dict:
-    """Weights in [0, 1] rounded to 4 decimals: uint16 codes in units of EXACT_UNIT, computed in float64 EXACT_CHUNK
-    weights at a time (a layer's map whole in float64 is 268 MB for 32 heads at 512 tokens)."""
-    weights = np.asarray(weights)
-    codes = np.empty(weights.shape, dtype="<u2")
-    rows, out = weights.reshape(-1, weights.shape[-1]), codes.reshape(-1, weights.shape[-1])
+    """Weights in [0, 1] rounded to 4 decimals: uint16 codes in units of EXACT_UNIT."""
+    codes = np.empty(np.shape(weights), dtype="<u2")
+    exact_codes(weights, codes)
+    return _exact_record(codes)
+
+
+def exact_codes(weights: np.ndarray, out: np.ndarray) -> None:
+    """out (uint16, C-contiguous, weights' shape) = the weights' codes in units of EXACT_UNIT, computed in float64
+    EXACT_CHUNK weights at a time (a layer's map of 32 heads at 512 tokens is 67 MB in float64)."""
+    if out.size == 0:
+        return
+    rows, out = np.asarray(weights).reshape(-1, out.shape[-1]), out.reshape(-1, out.shape[-1])  # views
     step = max(1, EXACT_CHUNK // max(1, rows.shape[1]))
     for first in range(0, rows.shape[0], step):
         out[first : first + step] = np.rint(rows[first : first + step].astype(np.float64) / EXACT_UNIT)
+
+
+def _exact_record(codes: np.ndarray) -> dict:
     return {"shape": list(codes.shape), "dtype": "uint16", "unit": EXACT_UNIT, "data": _packed(codes)}
 
 
-def encode_quantised(weights: np.ndarray | list[np.ndarray]) -> dict:
-    """Weights in [0, 1] as uint8 codes on the log scale: 0 below LOG_MIN, else 10 ** (3 * (c - 1) / 254 - 3).
+def encode_quantised(weights: np.ndarray) -> dict:
+    """Weights in [0, 1] as uint8 codes on the log scale: 0 below LOG_MIN, else 10 ** (3 * (c - 1) / 254 - 3)."""
+    codes = np.empty(np.shape(weights), dtype=np.uint8)
+    log_codes(weights, codes)
+    return _log_record(codes)
 
-    In float32, in place (its cost: bench/RESULTS.md, "Timings behind the code"); a list of arrays of one shape is
-    encoded as their stack, one array at a time (a report's every layer's maps are never copied whole).
-    """
-    parts = weights if isinstance(weights, list) else [weights]
-    codes = np.empty((len(parts), *np.shape(parts[0])), dtype=np.uint8)
+
+def log_codes(weights: np.ndarray, out: np.ndarray) -> None:
+    """out (uint8, weights' shape) = the weights' codes on the log scale, computed in float32 in one copy of them, in
+    place (its cost: bench/RESULTS.md, "Timings behind the code")."""
+    position = np.array(weights, dtype=np.float32)
     decades = -math.log10(LOG_MIN)  # 3
-    for part, out in zip(parts, codes):
-        position = np.array(part, dtype=np.float32)
-        with np.errstate(divide="ignore"):
-            np.log10(position, out=position)  # 0 -> -inf, which clips to code 0
-        position += decades
-        position *= (LOG_LEVELS - 1) / decades
-        position += 1  # 1 at LOG_MIN, 255 at 1
-        np.rint(position, out=position)
-        np.clip(position, 0, LOG_LEVELS, out=position)
-        out[...] = position
-    codes = codes if isinstance(weights, list) else codes[0]
+    with np.errstate(divide="ignore"):
+        np.log10(position, out=position)  # 0 -> -inf, which clips to code 0
+    position += decades
+    position *= (LOG_LEVELS - 1) / decades
+    position += 1  # 1 at LOG_MIN, 255 at 1
+    np.rint(position, out=position)
+    np.clip(position, 0, LOG_LEVELS, out=position)
+    out[...] = position
+
+
+def _log_record(codes: np.ndarray) -> dict:
     return {"shape": list(codes.shape), "dtype": "uint8", "log_min": LOG_MIN, "data": _packed(codes)}
 
 
+class LayerCodes:
+    """Every layer's maps (each (H, N, N)) as the page holds them, one (L, H, N, N) array, added a layer at a time in
+    order (add), then encoded: exact up to MAX_EXACT_VALUES weights in all, else on the log scale's codes. Only the
+    codes are held (uint16 or uint8), so a caller that lets each layer's map go once added does not hold every layer's
+    maps in float32 (the 16 layers' of a Llama-3.2-1B-shaped model at 512 tokens are 537 MB; their codes, 134 MB)."""
+
+    def __init__(self, num_layers: int):
+        self.num_layers, self.codes, self.added = num_layers, None, 0
+
+    def add(self, weights: np.ndarray) -> None:
+        if self.codes is None:
+            exact = self.num_layers * np.size(weights) <= MAX_EXACT_VALUES
+            self.codes = np.empty((self.num_layers, *np.shape(weights)), dtype="<u2" if exact else np.uint8)
+        (exact_codes if self.codes.dtype == np.uint16 else log_codes)(weights, self.codes[self.added])
+        self.added += 1
+
+    def encoded(self) -> dict:
+        """The ENCODED array of every layer added (all num_layers of them)."""
+        if self.added != self.num_layers:
+            raise ValueError(f"{self.added} layers' maps added of {self.num_layers}")
+        return (_exact_record if self.codes.dtype == np.uint16 else _log_record)(self.codes)
+
+
 def encode_layers(maps: list[np.ndarray]) -> dict:
-    """Every layer's maps (each (H, N, N)) as one (L, H, N, N) array: exact up to MAX_EXACT_VALUES weights, else on the
-    log scale's codes, a layer at a time."""
-    if len(maps) * maps[0].size <= MAX_EXACT_VALUES:
-        return encode_exact(np.stack(maps))
-    return encode_quantised(maps)
+    """Every layer's maps (each (H, N, N)) as one (L, H, N, N) ENCODED array (LayerCodes')."""
+    codes = LayerCodes(len(maps))
+    for weights in maps:
+        codes.add(weights)
+    return codes.encoded()
 
 
 def decode_weights(encoded: dict) -> np.ndarray:
@@ -186,7 +222,7 @@ def text_record(text: ReportText, spec: RunSpec) -> dict:
         record["attention"] = encode_exact(run.attention)
     record["title"] = run_title(run, _title_scope(text), seed=spec.seed if run.weights == "random" else None, fonts=False).split("\n")
     every_layer = replace(spec, layer=None, js=True)  # stats.json's settings: one text's statistics, its JS distances measured
-    record["layers"] = encode_layers([each.attention for each in text.layer_runs]) if text.layer_runs is not None else None
+    record["layers"] = text.layers
     record["rollout"] = encode_exact(text.rollout) if text.rollout is not None else None
     record["statistics"] = (
         stats_record(text.statistics, [run.text], [run.truncated], run, every_layer) if text.statistics is not None else None
