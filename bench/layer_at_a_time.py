@@ -63,6 +63,7 @@ COMMANDS = {  # --command: what a run computes, each giving its result (its numb
     "heads": lambda attnviz, model, text: attnviz.heads(text, model=model, memory=MEMORY_MB, report=True),  # its report: every layer
     "stats": lambda attnviz, model, text: attnviz.stats(text, model=model, memory=MEMORY_MB),
     "effect": lambda attnviz, model, text: attnviz.heads(PAIR[0], model=model, layer=1, effect="zero"),  # each head taken out
+    "diff": lambda attnviz, model, text: attnviz.diff(text, model=model, against="random", memory=MEMORY_MB),
 }
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
 PARAGRAPH = (
@@ -185,7 +186,7 @@ def run_once(
         else:
             numbers = numbers_of(result.to_dict())
         np.savez(summaries, **numbers)
-    tokens = len(model.tokenizer.encode_batch([text if command in ("layers", "roles", "heads", "stats") else PAIR[0]])[0])
+    tokens = len(model.tokenizer.encode_batch([text if command in ("layers", "roles", "heads", "stats", "diff") else PAIR[0]])[0])
     print(json.dumps({
         "mode": "layer at a time" if model.model.layer_at_a_time else "whole", "dtype": model.dtype, "tokens": tokens, "load_s": round(loaded - start, 2),
         "layers_s": round(done - loaded, 2), "total_s": round(done - start, 2),
