@@ -6,8 +6,8 @@ What must be the same when run again: the kinds of output of every cell (streams
 text of streams and text/plain exactly (the kernel's temporary file of a warning's cell written "<cell>"); HTML with
 each PNG read as its pixel size, other base64 blobs (the report's encoded weights) as a mark, and numbers of three
 or more decimals to two significant digits (another CPU's sums may differ in their last digits), and a difference
-below 1e-05 written as 3.1e-07 (the trace's agreement table: its size is the CPU's rounding) as that bound; PNG outputs of the
-same pixel size. The pixels themselves are not compared: fonts and matplotlib versions move them.
+below 1e-05 written as 3.1e-07 (the trace's agreement table: its size is the CPU's rounding), or as a report's record
+holds it (a "..._diff" number, 0.0 on some CPUs), as that bound; PNG outputs of the same pixel size. The pixels themselves are not compared: fonts and matplotlib versions move them.
 """
 
 import base64
@@ -55,6 +55,7 @@ def normalised_html(text: str) -> str:
     text = re.sub(r"data:image/png;base64,([A-Za-z0-9+/=]+)", lambda m: "png %dx%d" % png_size(m.group(1)), text)
     text = re.sub(r"[A-Za-z0-9+/]{64,}={0,2}", "<base64>", text)
     text = re.sub(r"\b\d\.\de-(?:0[6-9]|[1-9]\d)\b", "(below 1e-05)", text)  # a float difference: its size is the CPU's
+    text = re.sub(r'("\w+_diff":)(-?\d+\.\d+(?:e-?\d+)?)', lambda m: m.group(1) + ("(below 1e-05)" if abs(float(m.group(2))) < 1e-5 else m.group(2)), text)
     return re.sub(r"-?\d+\.\d{3,}(?:e[-+]?\d+)?", lambda m: f"{float(m.group()):.2g}", text)
 
 

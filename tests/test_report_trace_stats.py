@@ -34,6 +34,7 @@ def _full_report(loaded, text, traced=True, **changes):
     from attnviz.analysis.rollout import attention_rollout
     from attnviz.analysis.statistics import StatisticsAccumulator
     from attnviz.html import ReportText, report_page, report_record
+    from attnviz.html.record import encode_layers
     from attnviz.pipeline import run_attention, run_layers
     from attnviz.tracing import LAYOUTS, trace_texts
 
@@ -51,7 +52,8 @@ def _full_report(loaded, text, traced=True, **changes):
     if traced:
         trace = trace_texts(loaded, [text], spec, layouts=LAYOUTS)
         mistakes = [trace_texts(loaded, [text], spec, mistake=name) for name in ("view-without-permute", "merge-without-permute")]
-    shown = ReportText(run, layer_runs, rollout, statistics, trace, mistakes)
+    layers = None if layer_runs is None else encode_layers([layer_run.attention for layer_run in layer_runs])
+    shown = ReportText(run, layers, rollout, statistics, trace, mistakes)
     return report_page(report_record([shown], spec, kind="encoder", num_layers=loaded.num_layers, notes=run.notes))
 
 

@@ -39,6 +39,7 @@ def pages(bundled_bert, tmp_path_factory):
 
 def _report(loaded, text, causal=False, layer=0):
     from attnviz.html import ReportText, report_page, report_record
+    from attnviz.html.record import encode_layers
     from attnviz.pipeline import run_attention, run_layers
     from attnviz.spec import RunSpec
 
@@ -50,7 +51,7 @@ def _report(loaded, text, causal=False, layer=0):
     texts = text if isinstance(text, list) else [text]
     runs = run_attention(loaded, texts, spec)
     every_layer = run_layers(loaded, texts, replace(spec, layer=None))
-    shown = [ReportText(run, layer_runs) for run, layer_runs in zip(runs, every_layer)]
+    shown = [ReportText(run, encode_layers([layer_run.attention for layer_run in layer_runs])) for run, layer_runs in zip(runs, every_layer)]
     return report_page(report_record(shown, spec, kind="encoder", num_layers=loaded.num_layers))
 
 
