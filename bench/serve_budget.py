@@ -7,7 +7,7 @@ Starts `attnviz serve` in a process of its own (this checkout, the CPU), reads i
 once to warm it, then times --rounds requests of the same 32-token text, one after another, as a script asks them
 (urllib, a new connection each): POST /api/heads as attention.json's record and as the report's (what the page asks).
 Then --clients threads send --requests each, every text different, at once: every answer is checked to be its own
-text's, and the latencies' p50 and p95 are printed, with the requests a second.
+text's, and the latencies' p50 and p95 are printed, with the requests a second, and the server's peak memory.
 """
 
 from __future__ import annotations
@@ -93,8 +93,18 @@ def main() -> None:
             f"{len(latencies) / wall:.1f} requests/s"
         )
     finally:
+        print(f"the server's peak memory: {peak_mb(server.pid)}")
         server.terminate()
         server.wait()
+
+
+def peak_mb(pid: int) -> str:
+    """A process's peak resident memory (Linux's VmHWM), or why it is not known."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            return next(f"{int(line.split()[1]) / 1024:,.0f} MB" for line in status if line.startswith("VmHWM:"))
+    except (OSError, StopIteration):
+        return "not known here (Linux's /proc)"
 
 
 if __name__ == "__main__":
