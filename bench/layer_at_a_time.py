@@ -20,6 +20,13 @@ untied head; about 15 GB in bfloat16): `--shape 8b` to build, `--tokens 2048` (a
     python bench/layer_at_a_time.py run /tmp/llama-8b --tokens 2048 [--dtype bfloat16]
     python bench/layer_at_a_time.py forward /tmp/llama-8b --tokens 2048
 
+The GPU row (issue 47 part 5: the 8B-shaped model at 32,768 tokens on one GPU), where a GPU is lent: its positions
+raised to the run's length, blocks of a GPU's size, and each run's GPU peak (gpu_peak_mb) beside its process's:
+
+    python bench/layer_at_a_time.py build /tmp/llama-8b --shape 8b --positions 32768
+    python bench/layer_at_a_time.py run /tmp/llama-8b --tokens 32768 --dtype bfloat16 --device cuda --memory 8192
+    python bench/layer_at_a_time.py forward /tmp/llama-8b --tokens 32768 --device cuda
+
 A run is `attnviz.layers` over a text of about TOKENS tokens with memory=MEMORY_MB: every head of every layer
 summarised in blocks, in one pass with attnviz's layers in the model's, no map held whole (the 16 layers' maps at
 512 tokens are 512 MB, which the default budget would hold). Layer at a time is the default for this checkpoint (its weights pass 1 GB
@@ -72,9 +79,10 @@ PARAGRAPH = (
 )
 
 
-def build(folder: Path, shape: str = "1b") -> None:
+def build(folder: Path, shape: str = "1b", positions: int | None = None) -> None:
     """The checkpoint, a shard per layer (and one for the embeddings and the final norm), each tensor drawn in float32
-    and stored in bfloat16."""
+    and stored in bfloat16; positions: max_position_embeddings in place of the shape's (the weights are the same:
+    RoPE's frequencies do not depend on it)."""
     import shutil
 
     import torch
@@ -84,7 +92,7 @@ def build(folder: Path, shape: str = "1b") -> None:
     from attnviz.models.loading import bundled_model_path
 
     folder.mkdir(parents=True, exist_ok=True)
-    config = transformers.LlamaConfig(**SHAPES[shape])
+    config = transformers.LlamaConfig(**{**SHAPES[shape], **({"max_position_embeddings": positions} if positions else {})})
     with torch.device("meta"):
         shapes = {name: tuple(parameter.shape) for name, parameter in transformers.LlamaModel(config).named_parameters()}
     groups: dict[str, list[str]] = {}
@@ -158,10 +166,12 @@ class StagePeaks:
 
 
 def run_once(
-    folder: Path, whole: bool, summaries: Path | None, tokens: int = TOKENS, dtype: str = "auto", stages: bool = False, command: str = "layers"
-) -> None:
-    """attnviz.layers over a text of about `tokens` tokens (or another of COMMANDS); prints one JSON line (seconds,
-    peak MB, mode; with stages, each stage's peak: StagePeaks); summaries: its numbers saved there (numbers_of)."""
+    folder: Path, whole: bool, summaries: Path | None, tokens: int = TOKENS, dtype: str = "auto", stages: bool = False, command: str = "layers",
+    device: str = "cpu",
+) -> None:  # fmt: skip
+    """attnviz.layers over a text of about `tokens` tokens (or another of COMMANDS) on device; prints one JSON line
+    (seconds, peak MB, mode, on a GPU its peak too; with stages, each stage's peak: StagePeaks); summaries: its numbers
+    saved there (numbers_of)."""
     import warnings
 
     import numpy as np
@@ -173,7 +183,7 @@ def run_once(
         layer_weights.LAYER_AT_A_TIME_BYTES = 1 << 40  # past this checkpoint: it loads whole
     warnings.simplefilter("ignore")  # the run's note (a layer at a time) is in the JSON line
     start = time.perf_counter()
-    model = attnviz.load(str(folder), "cpu", dtype=dtype)
+    model = attnviz.load(str(folder), device, dtype=dtype)
     loaded = time.perf_counter()
     sampler = StagePeaks(model.model.model) if stages else None
     text = bench_ids(model, tokens)
@@ -191,12 +201,12 @@ def run_once(
         "mode": "layer at a time" if model.model.layer_at_a_time else "whole", "dtype": model.dtype, "tokens": tokens, "load_s": round(loaded - start, 2),
         "layers_s": round(done - loaded, 2), "total_s": round(done - start, 2),
         "peak_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024), "checkpoint_mb": round(_checkpoint_bytes(folder) / 1e6),
-    } | ({"stages_mb": sampler.stop()} if stages else {})))  # fmt: skip
+    } | ({"stages_mb": sampler.stop()} if stages else {}) | gpu_peak(device)))  # fmt: skip
 
 
-def forward(folder: Path, tokens: int) -> None:
-    """transformers' LlamaModel loaded whole in bfloat16 (SDPA) and its forward pass over the same ids as a run's; one
-    JSON line (load and forward seconds, peak MB)."""
+def forward(folder: Path, tokens: int, device: str = "cpu") -> None:
+    """transformers' LlamaModel loaded whole in bfloat16 (SDPA) on device and its forward pass over the same ids as a
+    run's; one JSON line (load and forward seconds, peak MB, on a GPU its peak too)."""
     import torch
     import transformers
 
@@ -206,15 +216,26 @@ def forward(folder: Path, tokens: int) -> None:
     ids = handle.tokenizer.encode_batch([bench_ids(handle, tokens)])[0]
     del handle
     start = time.perf_counter()
-    model = transformers.LlamaModel.from_pretrained(folder, dtype=torch.bfloat16, attn_implementation="sdpa").eval()
+    model = transformers.LlamaModel.from_pretrained(folder, dtype=torch.bfloat16, attn_implementation="sdpa").to(device).eval()
     loaded = time.perf_counter()
     with torch.inference_mode():
-        model(torch.tensor([ids]))
+        model(torch.tensor([ids], device=device))
+        if device == "cuda":
+            torch.cuda.synchronize()
     done = time.perf_counter()
     print(json.dumps({
         "mode": "transformers' bfloat16 forward", "tokens": len(ids), "load_s": round(loaded - start, 2), "forward_s": round(done - loaded, 2),
         "peak_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
-    }))  # fmt: skip
+    } | gpu_peak(device)))  # fmt: skip
+
+
+def gpu_peak(device: str) -> dict:
+    """On a GPU, the most of its memory torch held at once (max_memory_allocated), in MB; elsewhere nothing."""
+    if device != "cuda":
+        return {}
+    import torch
+
+    return {"gpu_peak_mb": round(torch.cuda.max_memory_allocated() / 2**20)}
 
 
 def numbers_of(value, path: str = "") -> dict[str, np.ndarray]:
@@ -283,12 +304,16 @@ if __name__ == "__main__":
     parser.add_argument("--summaries", type=Path)
     parser.add_argument("--stages", action="store_true", help="run: each stage's peak memory too (StagePeaks)")
     parser.add_argument("--command", choices=tuple(COMMANDS), default="layers", help="run, compare: what the runs compute")
+    parser.add_argument("--device", default="cpu", help="run, forward: cpu or cuda")
+    parser.add_argument("--memory", type=int, default=MEMORY_MB, help="run: the commands' memory budget in MB (on a GPU: larger blocks)")
+    parser.add_argument("--positions", type=int, help="build: the config's max_position_embeddings, where a run is longer than the shape's")
     args = parser.parse_args()
+    MEMORY_MB = args.memory
     if args.action == "build":
-        build(args.folder, args.shape)
+        build(args.folder, args.shape, args.positions)
     elif args.action == "run":
-        run_once(args.folder, args.whole, args.summaries, args.tokens, args.dtype, args.stages, args.command)
+        run_once(args.folder, args.whole, args.summaries, args.tokens, args.dtype, args.stages, args.command, args.device)
     elif args.action == "forward":
-        forward(args.folder, args.tokens)
+        forward(args.folder, args.tokens, args.device)
     else:
         compare(args.folder, args.command)
