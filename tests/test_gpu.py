@@ -164,19 +164,28 @@ def llama_folders(tmp_path_factory):
     return stored, str(reference)
 
 
-@pytest.mark.parametrize("streamed", [False, True], ids=["whole", "a-layer-at-a-time"])
+@pytest.mark.parametrize("kept", [None, 0, 1, 3], ids=["whole", "streamed", "gpu-and-cpu", "kept"])
 @pytest.mark.parametrize("command", ["heads", "layers", "stats", "roles", "patch", "generate", "why", "compose", "effect", "diff"])
-def test_each_command_on_cuda_equals_the_cpu(llama_folders, command, streamed):
+def test_each_command_on_cuda_equals_the_cpu(llama_folders, command, kept, monkeypatch):
     """Every command that runs a model (effect, diff, generate, roles, patch, why and compose too) gives the CPU's numbers
-    on cuda: the model whole on the GPU, and a layer's weights at a time streamed to it from the bfloat16 file (issue 47
-    part 3: a GPU with less memory than the checkpoint); the reference the float32 file whole on the CPU."""
+    on cuda: the model whole on the GPU; or read a layer's weights at a time from the bfloat16 file (issue 47 part 3),
+    with `kept` of its 3 layers kept on the GPU by accelerate's device map (a budget of 2.5 layers keeps one: the
+    room for the layer read as it runs is kept free), the others streamed to it (none kept: a GPU with less memory
+    than the checkpoint); the reference the float32 file whole on the CPU."""
     import attnviz
+    import attnviz.models.layer_weights as layer_weights
     from test_layer_at_a_time import COMMANDS, differences
 
     stored, reference = llama_folders
-    gpu = attnviz.load(stored, "cuda", layer_at_a_time=True, cache=False) if streamed else attnviz.load(reference, "cuda", cache=False)
     cpu = attnviz.load(reference, "cpu", cache=False)
-    assert gpu.model.layer_at_a_time == streamed
+    if kept is None:
+        gpu = attnviz.load(reference, "cuda", cache=False)
+    else:
+        layer_bytes = 4 * sum(parameter.numel() for parameter in cpu.model.model.layers[0].parameters())
+        monkeypatch.setattr(layer_weights, "kept_budget", lambda device: {0: 0, 1: 5 * layer_bytes // 2, 3: 2**40}[kept])
+        gpu = attnviz.load(stored, "cuda", layer_at_a_time=True, cache=False)
+        assert gpu.model.kept_layers == [f"layers.{layer}" for layer in range(kept)]
+    assert gpu.model.layer_at_a_time == (kept is not None)
     actual, expected = COMMANDS[command](gpu), COMMANDS[command](cpu)
     # the same numbers within float32's error on another device; the device's and the model's name read as the CPU's
     assert differences(_renamed(actual.to_dict(), gpu.loaded.name, cpu.loaded.name), expected.to_dict(), ("cuda", "cpu")) <= 1e-4

@@ -129,6 +129,46 @@ def test_only_the_running_layers_weights_are_on_the_device(pair):
     assert table.dtype == torch.bfloat16 and table.shape == (400, 48)
 
 
+@pytest.fixture(scope="module")
+def kept(pair):
+    """The bfloat16 file loaded a layer at a time with a budget that keeps one of its three layers on the device (the
+    CPU here; a GPU's is a share of its free memory): room for two and a half layers, short of the three, so one kept
+    and room for the one read as it runs."""
+    lat, whole = pair
+    layer_bytes = 4 * sum(parameter.numel() for parameter in whole.model.model.layers[0].parameters())  # float32
+    budget, layer_weights.kept_budget = layer_weights.kept_budget, lambda device: 5 * layer_bytes // 2
+    try:
+        return attnviz.load(str(lat.model.folder), "cpu", layer_at_a_time=True, cache=False)
+    finally:
+        layer_weights.kept_budget = budget
+
+
+@pytest.mark.parametrize("command", ["heads", "layers", "roles", "patch", "patch edges", "generate", "effect", "report"])
+def test_with_layers_kept_on_the_device_each_command_equals_the_whole_models_run(pair, kept, command):
+    assert compared(command, kept, pair[1]) <= TOLERANCE
+
+
+def test_the_layers_kept_stay_on_the_device_and_the_others_are_read_as_each_runs(kept):
+    """accelerate's device map keeps layer 0 (read once, there before and after every pass); layers 1 and 2 are read
+    as each runs, each one's weights there in its forward alone; the run's notes say so."""
+    layers = kept.model.model.layers
+    assert kept.model.kept_layers == ["layers.0"]
+    seen = []
+
+    def record(module, args, kwargs):
+        seen.append([not any(parameter.is_meta for parameter in layer.parameters()) for layer in layers])
+
+    handles = [layer.self_attn.register_forward_pre_hook(record, with_kwargs=True) for layer in layers]
+    try:
+        result = attnviz.heads(TEXT, model=kept, layer=2)
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert seen == [[True, False, False], [True, True, False], [True, False, True]]
+    assert [any(parameter.is_meta for parameter in layer.parameters()) for layer in layers] == [False, True, True]
+    assert any("1 of its 3 layers kept on cpu, read once" in note for note in result.run.notes)
+
+
 def test_the_edges_differentiated_pass_keeps_no_other_layers_weights_alive(pair):
     """patch --edges a layer at a time: whenever a layer's W_q runs (the texts' passes, the differentiated pass, then its
     backward pass running each layer again, path patching), the weights every other layer read before are gone: the

@@ -8,7 +8,9 @@ read on access. For a safetensors checkpoint it is accelerate's `OffloadedWeight
 the checkpoint's own files (nothing copied): each access reads one tensor as stored (bfloat16, float16, float32), and
 the hook casts it to the model's dtype. Any other Mapping of the same names (a GGUF file dequantised on access) plugs
 in as weights_map= of load_layer_at_a_time. The rest of the model (the embeddings, the final norm) is read once, the
-embedding table kept as stored and read by rows (StoredEmbedding).
+embedding table kept as stored and read by rows (StoredEmbedding). On a GPU, the layers that fit in KEPT_GPU_SHARE of
+its free memory are read once and stay there (kept_layers: accelerate's infer_auto_device_map says which), and only
+the others are hooked: a GPU + CPU split of the kind accelerate's device_map makes, on one GPU.
 
 Outside a layer's forward, whoever reads a module's weights (attnviz's own layer its attention's, the circuits and
 why a norm's) does so within `resident`, which reads that module's alone from the same weights map (not its whole
@@ -38,6 +40,9 @@ MMAP_THRESHOLD = 4 * 2**20
 # An MLP's widest activation for one chunk of positions (run_by_positions): Llama-3.2-1B's (N, 8,192) in float32 is
 # 256 MB at 8,192 tokens, three of them at once; 2,048 positions a chunk keep each to 64 MB.
 MLP_CHUNK_BYTES = 64 * 2**20
+# A layer at a time on a GPU: the layers that fit in this share of its free memory stay on it, read once (kept_budget);
+# the others are read as each runs.
+KEPT_GPU_SHARE = 0.5
 STORED_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
 HALF_UNIT_ROUNDOFF = {"bfloat16": "2^-8", "float16": "2^-11"}  # the largest relative error of one rounding (layer_at_a_time_note)
 
@@ -79,6 +84,22 @@ def layer_at_a_time_note(name: str, size: int, dtype: str, asked: bool) -> str |
             "its largest possible score (max |q| max |k| / sqrt(d)) of the float32 run's"
         )
     return note
+
+
+def kept_budget(device: str) -> int:
+    """Bytes of a layer-at-a-time model's layers that may stay on the device: KEPT_GPU_SHARE of a GPU's free memory
+    (attnviz's blocks take half of what is left as they run); none on the CPU, where reading each layer as it runs
+    is the point."""
+    return int(torch.cuda.mem_get_info()[0] * KEPT_GPU_SHARE) if device == "cuda" else 0
+
+
+def kept_note(note: str | None, model) -> str | None:
+    """A layer-at-a-time run's note (layer_at_a_time_note's) saying which layers stay on the device (kept_layers)."""
+    kept = getattr(model, "kept_layers", [])
+    if note is None or not kept:
+        return note
+    where = "half the GPU's free memory" if model.weights_device == "cuda" else "its budget"
+    return f"{note}; {len(kept)} of its {len(model.layer_names())} layers kept on {model.weights_device}, read once (accelerate's device map, within {where})"
 
 
 def stored_weights(entries: dict[str, tuple[Path, str, tuple[int, ...], str]]) -> Mapping[str, torch.Tensor]:
@@ -136,9 +157,10 @@ def load_layer_at_a_time(
     shapes: dict[str, tuple[int, ...]],
     device: str,
     mapped=None,
-) -> None:
+) -> list[str]:
     """empty (build_empty's model) made to run with weights read from weights_map a layer at a time: each module of
-    layer_names hooked (its weights resident during its forward alone), the other parameters read once. shapes: each
+    layer_names hooked (its weights resident during its forward alone) but those kept_layers keeps on the device, the
+    other parameters read once; the names of the layers kept. shapes: each
     weight's shape, by the same names (the safetensors headers'), checked by the caller (loading_info); a parameter
     outside the layers that they lack, one the caller found unused (a pooler that a masked-LM checkpoint leaves out),
     is zeros, as no number of attnviz reads it. mapped(name), when given, is a tensor as stored and memory-mapped (or
@@ -148,8 +170,10 @@ def load_layer_at_a_time(
 
     parameters = dict(empty.named_parameters())
     keep_large_blocks_apart()
-    in_layers = tuple(name + "." for name in layer_names)
-    for name in layer_names:
+    kept = kept_layers(empty, layer_names, device)
+    streamed = [name for name in layer_names if name not in kept]
+    in_layers = tuple(name + "." for name in streamed)
+    for name in streamed:
         hook = AlignDevicesHook(execution_device=device, offload=True, weights_map=PrefixedDataset(weights_map, name + "."), place_submodules=True)
         add_hook_to_module(empty.get_submodule(name), hook)
         empty.get_submodule(name).register_forward_hook(give_back_freed_memory)
@@ -166,6 +190,25 @@ def load_layer_at_a_time(
     empty.tie_weights()  # the tied names to the parameters just read (set_module_tensor_to_device put new ones in)
     if stored is not None:
         empty.set_input_embeddings(stored)
+    return kept
+
+
+def kept_layers(model: nn.Module, layer_names: list[str], device: str) -> list[str]:
+    """The layers whose weights stay on the device, read once: those that accelerate's device map
+    (infer_auto_device_map, the layers in order, none split) places on it within kept_budget, after the room that one
+    layer read as it runs takes; the others are read as each runs."""
+    budget = kept_budget(device)
+    if budget <= 0:
+        return []
+    from accelerate import infer_auto_device_map
+
+    layers = nn.ModuleDict({str(index): model.get_submodule(name) for index, name in enumerate(layer_names)})
+    here, elsewhere = (torch.cuda.current_device(), "cpu") if device == "cuda" else ("cpu", "disk")  # "disk": read as each runs
+    placed = infer_auto_device_map(
+        layers, max_memory={here: budget, elsewhere: 2**62}, clean_result=False,
+        no_split_module_classes=list({type(layer).__name__ for layer in layers.values()}),
+    )  # fmt: skip
+    return [name for index, name in enumerate(layer_names) if placed.get(str(index)) == here]
 
 
 def run_by_positions(module: nn.Module) -> None:
