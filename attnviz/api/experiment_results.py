@@ -20,7 +20,6 @@ from attnviz.errors import AttnvizError
 from attnviz.spec import RunSpec
 
 
-
 @dataclass(frozen=True, repr=False)
 class StatsResult:
     """Every head of every layer, averaged over the texts, as `attnviz stats` measures it.
@@ -239,7 +238,7 @@ class LayersResult:
     def report(self):
         """The interactive report of these layers (layer 0 first), the rollout and the text's statistics (a ReportResult)."""
         from attnviz.html import ReportText
-        from attnviz.html.record import encode_layers
+        from attnviz.html.encoding import encode_layers
 
         self._refuse_long("report of every layer (attnviz report --layer L shows one layer of a long text)")
         first = replace(self.layer_runs[0], effects=self.effects)  # effect=: every head's, in the head and model views

@@ -98,7 +98,7 @@ def kept_note(note: str | None, model) -> str | None:
     kept = getattr(model, "kept_layers", [])
     if note is None or not kept:
         return note
-    where = "half the GPU's free memory" if model.weights_device == "cuda" else "its budget"
+    where = f"{KEPT_GPU_SHARE:.0%} of the GPU's free memory" if model.weights_device == "cuda" else "its budget"
     return f"{note}; {len(kept)} of its {len(model.layer_names())} layers kept on {model.weights_device}, read once (accelerate's device map, within {where})"
 
 
