@@ -19,7 +19,7 @@ TEXT = "the cat sat on the mat"
 def llama_reports(tmp_path_factory):
     """Report files of the tiny Llama, its own heads ("own") and re-split into one group ("re_split"), and its config."""
     from attnviz.html import ReportText, report_page, report_record
-    from attnviz.html.record import encode_layers
+    from attnviz.html.encoding import encode_layers
     from attnviz.models.loading import load_model
     from attnviz.pipeline import run_attention, run_layers
     from attnviz.spec import run_spec

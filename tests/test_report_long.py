@@ -20,9 +20,10 @@ from helpers import assert_records_match, make_run
 
 from attnviz.analysis.head_summaries import SUMMARIES, TOP_KEYS, LayerSummaries
 from attnviz.html import ReportText, report_page, report_record
+from attnviz.html.encoding import decode_weights, encode_layers
 from attnviz.html.page import LONG_SCRIPTS, SCRIPTS, page_script, static_text
 from attnviz.html.pyramid import ZOOM_MIN_TOKENS, levels_bytes
-from attnviz.html.record import LONG_TEXT_NOTE, SUMMARIES_LEFT_OUT, decode_weights, encode_layers
+from attnviz.html.record import LONG_TEXT_NOTE, SUMMARIES_LEFT_OUT
 from attnviz.output.summaries_json import summaries_record
 from attnviz.spec import RunSpec
 

@@ -13,7 +13,7 @@ import numpy as np
 from helpers import HOSTILE
 
 from attnviz.html.page import SCRIPTS, content_security_policy, page_script, record_json, report_page
-from attnviz.html.record import EXACT_UNIT, LOG_MIN, decode_weights, encode_exact, encode_quantised
+from attnviz.html.encoding import EXACT_UNIT, LOG_MIN, decode_weights, encode_exact, encode_quantised
 
 
 def attention_rows(shape, seed=0):

@@ -34,7 +34,7 @@ def _full_report(loaded, text, traced=True, **changes):
     from attnviz.analysis.rollout import attention_rollout
     from attnviz.analysis.statistics import StatisticsAccumulator
     from attnviz.html import ReportText, report_page, report_record
-    from attnviz.html.record import encode_layers
+    from attnviz.html.encoding import encode_layers
     from attnviz.pipeline import run_attention, run_layers
     from attnviz.tracing import LAYOUTS, trace_texts
 

@@ -39,7 +39,7 @@ def pages(bundled_bert, tmp_path_factory):
 
 def _report(loaded, text, causal=False, layer=0):
     from attnviz.html import ReportText, report_page, report_record
-    from attnviz.html.record import encode_layers
+    from attnviz.html.encoding import encode_layers
     from attnviz.pipeline import run_attention, run_layers
     from attnviz.spec import RunSpec
 
@@ -79,7 +79,7 @@ def test_the_colour_scale_is_matplotlibs_viridis_linear_then_log(pages, opened):
 
 
 def test_the_page_decodes_both_encodings_as_the_record_states(pages, opened):
-    from attnviz.html.record import decode_weights, encode_exact, encode_quantised
+    from attnviz.html.encoding import decode_weights, encode_exact, encode_quantised
 
     rng = np.random.default_rng(3)
     weights = rng.dirichlet(np.full(70, 0.3), size=(2, 5)).astype(np.float32)  # (2, 5, 70), rows sum to 1

@@ -11,6 +11,7 @@ from helpers import make_run
 
 from attnviz.errors import AttnvizError
 from attnviz.html import ReportText, report_page, report_record
+from attnviz.html.encoding import decode_weights, encode_quantised
 from attnviz.html.pyramid import (
     BAND_VALUES,
     LEVELS_BUDGET_BYTES,
@@ -20,7 +21,7 @@ from attnviz.html.pyramid import (
     zoom_levels,
     zoom_record,
 )
-from attnviz.html.record import decode_weights, encode_quantised, encode_zoom, text_record
+from attnviz.html.record import encode_zoom, text_record
 
 
 def expected_blocks(weights: np.ndarray, causal: bool, block: int) -> tuple[np.ndarray, np.ndarray]:

@@ -13,7 +13,7 @@ import pytest
 
 import attnviz
 from attnviz.analysis.why import CELL_TOKENS, EVERY_CELL_TOKENS, TOP_TERMS
-from attnviz.html.record import decode_weights
+from attnviz.html.encoding import decode_weights
 
 TEXT = "The cat sat on the mat because it was tired. The cat sat"
 

@@ -209,14 +209,14 @@ def long_summaries(loaded, text: str, spec: RunSpec, notes: dict, progress: Prog
 
 
 def every_layer(loaded, text: str, spec: RunSpec, progress: Progress = Progress(), captured=None) -> tuple:
-    """Every layer's maps of the text as the page holds them (html.record.LayerCodes' encoding), the rollout and the
+    """Every layer's maps of the text as the page holds them (html.encoding.LayerCodes'), the rollout and the
     text's statistics, from attnviz.layers' runs, each layer's encoded, measured and rolled in as it is made, then let
     go: no more than two layers' maps held at once, not every layer's (a Llama-3.2-1B-shaped model's 16 at 512 tokens
     are 537 MB in float32).
     Nones for cross-attention. progress: the layers run (pipeline.iter_layer_runs'); captured: the text's capture of
     every layer."""
     from attnviz.analysis.rollout import runs_rollout
-    from attnviz.html.record import LayerCodes
+    from attnviz.html.encoding import LayerCodes
     from attnviz.pipeline import iter_layer_runs
 
     if spec.cross_attention:  # every layer is self-attention: attnviz.layers refuses cross

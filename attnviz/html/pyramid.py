@@ -5,13 +5,13 @@ than a page can carry. So the page gets, per head:
 
 - levels: the map cut into blocks of 2**level × 2**level cells, each block's maximum and mean (over
   the cells the query may see: a causal map's future keys are left out) as uint8 codes of the report's
-  log colour scale (record.encode_quantised: 0 below 0.001 or masked, else 255 levels from 0.001 to 1). The
+  log colour scale (encoding.encode_quantised: 0 below 0.001 or masked, else 255 levels from 0.001 to 1). The
   finest level is the finest whose levels fit LEVELS_BUDGET_BYTES (level 0, a block a cell, for maps
   short enough); each coarser level halves each side, up to one of at most TOP_SIDE blocks a side.
   The page colours a block by its maximum, so a sharp line never vanishes when zoomed out, and reads
   out both with the block's extent.
 - exact rows: chosen queries' rows (none yet from the command line), then the first and last queries' rows at
-  full precision (record.encode_exact: 4 decimals),
+  full precision (encoding.encode_exact: 4 decimals),
   as many as EXACT_ROWS_BUDGET_BYTES hold (at most MAX_EXACT_ROWS): the only cells whose weight the
   page reads out as exact.
 

@@ -7,7 +7,7 @@
   const SVG_NS = "http://www.w3.org/2000/svg";
   const MAX_LINEAR_SCALE_KEYS = 64; // render/scales.py: more keys -> log scale
   const LOG_SCALE_MIN = 0.001;
-  const LOG_LEVELS = 255; // uint8 codes 1..255 on the log scale (record.py)
+  const LOG_LEVELS = 255; // uint8 codes 1..255 on the log scale (html/encoding.py)
 
   // matplotlib's viridis, 256 entries as rrggbb (colormaps["viridis"](i, bytes=True); the data is CC0).
   const VIRIDIS_HEX =
