@@ -164,31 +164,57 @@ def llama_folders(tmp_path_factory):
     return stored, str(reference)
 
 
-@pytest.mark.parametrize("kept", [None, 0, 1, 3], ids=["whole", "streamed", "gpu-and-cpu", "kept"])
+# where a layer-at-a-time run's layers stay (layer_places): budgets in layers' bytes on the GPU that computes and on a
+# second one; None: the model whole on the GPU
+PLACES = {
+    "whole": None,
+    "streamed": {"cuda": 0},  # a GPU with less memory than the checkpoint: every layer read as it runs
+    "gpu-and-cpu": {"cuda": 2.5},  # one kept (room for a layer read as it runs is kept free), two read as each runs
+    "kept": {"cuda": 2**20},  # every layer read once
+    "two-gpus": {"cuda": 2.5, "cuda:1": 1.2},  # one kept, one held on the second GPU, one read as it runs
+}
+EXPECTED_PLACES = {"gpu-and-cpu": {"layers.0": "cuda"}, "kept": dict.fromkeys(["layers.0", "layers.1", "layers.2"], "cuda"), "two-gpus": {"layers.0": "cuda", "layers.1": "cuda:1"}}
+
+
+@pytest.mark.parametrize("places", PLACES)
 @pytest.mark.parametrize("command", ["heads", "layers", "stats", "roles", "patch", "generate", "why", "compose", "effect", "diff"])
-def test_each_command_on_cuda_equals_the_cpu(llama_folders, command, kept, monkeypatch):
+def test_each_command_on_cuda_equals_the_cpu(llama_folders, command, places, monkeypatch):
     """Every command that runs a model (effect, diff, generate, roles, patch, why and compose too) gives the CPU's numbers
     on cuda: the model whole on the GPU; or read a layer's weights at a time from the bfloat16 file (issue 47 part 3),
-    with `kept` of its 3 layers kept on the GPU by accelerate's device map (a budget of 2.5 layers keeps one: the
-    room for the layer read as it runs is kept free), the others streamed to it (none kept: a GPU with less memory
-    than the checkpoint); the reference the float32 file whole on the CPU."""
+    its 3 layers placed by accelerate's device map within PLACES' budgets: kept on the GPU, held on a second GPU and
+    copied as each runs, or streamed to it as each runs; the reference the float32 file whole on the CPU."""
     import attnviz
     import attnviz.models.layer_weights as layer_weights
     from test_layer_at_a_time import COMMANDS, differences
 
+    budgets = PLACES[places]
+    if len(budgets or {}) > torch.cuda.device_count():
+        pytest.skip(f"{len(budgets)} GPUs wanted, {torch.cuda.device_count()} seen")
     stored, reference = llama_folders
     cpu = attnviz.load(reference, "cpu", cache=False)
-    if kept is None:
+    if budgets is None:
         gpu = attnviz.load(reference, "cuda", cache=False)
     else:
         layer_bytes = 4 * sum(parameter.numel() for parameter in cpu.model.model.layers[0].parameters())
-        monkeypatch.setattr(layer_weights, "kept_budget", lambda device: {0: 0, 1: 5 * layer_bytes // 2, 3: 2**40}[kept])
+        monkeypatch.setattr(layer_weights, "gpu_budgets", lambda device: {name: int(share * layer_bytes) for name, share in budgets.items()})
         gpu = attnviz.load(stored, "cuda", layer_at_a_time=True, cache=False)
-        assert gpu.model.kept_layers == [f"layers.{layer}" for layer in range(kept)]
-    assert gpu.model.layer_at_a_time == (kept is not None)
+        assert gpu.model.layer_places == EXPECTED_PLACES.get(places, {})
+    assert gpu.model.layer_at_a_time == (budgets is not None)
     actual, expected = COMMANDS[command](gpu), COMMANDS[command](cpu)
     # the same numbers within float32's error on another device; the device's and the model's name read as the CPU's
     assert differences(_renamed(actual.to_dict(), gpu.loaded.name, cpu.loaded.name), expected.to_dict(), ("cuda", "cpu")) <= 1e-4
+
+
+def test_the_gpu_budgets_are_shares_of_each_gpus_free_memory():
+    """gpu_budgets: the GPU that computes first, under the name runs give it, then every other GPU by index."""
+    import attnviz.models.layer_weights as layer_weights
+
+    budgets = layer_weights.gpu_budgets("cuda")
+    others = [f"cuda:{index}" for index in range(torch.cuda.device_count()) if index != torch.cuda.current_device()]
+    assert list(budgets) == ["cuda", *others]
+    free = torch.cuda.mem_get_info()[0]  # read again: what the caching allocator holds may move it a little
+    assert budgets["cuda"] == pytest.approx(layer_weights.KEPT_GPU_SHARE * free, rel=0.05)
+    assert layer_weights.gpu_budgets("cpu") == {}
 
 
 def test_edges_on_cuda_equal_the_cpu(tmp_path):

@@ -131,32 +131,53 @@ def test_only_the_running_layers_weights_are_on_the_device(pair):
 
 @pytest.fixture(scope="module")
 def kept(pair):
-    """The bfloat16 file loaded a layer at a time with a budget that keeps one of its three layers on the device (the
-    CPU here; a GPU's is a share of its free memory): room for two and a half layers, short of the three, so one kept
-    and room for the one read as it runs."""
+    """The bfloat16 file loaded a layer at a time with budgets that place two of its three layers, as on two GPUs: room
+    for two and a half layers on the device that computes (the CPU here; on a GPU, a share of its free memory), short
+    of the three, so one kept and room for a layer read as it runs; room for 1.2 layers on "cpu:0" (another GPU's
+    name there), which holds one. The third is read from the file as it runs."""
     lat, whole = pair
     layer_bytes = 4 * sum(parameter.numel() for parameter in whole.model.model.layers[0].parameters())  # float32
-    budget, layer_weights.kept_budget = layer_weights.kept_budget, lambda device: 5 * layer_bytes // 2
+    budgets, layer_weights.gpu_budgets = layer_weights.gpu_budgets, lambda device: {device: 5 * layer_bytes // 2, "cpu:0": 6 * layer_bytes // 5}
     try:
         return attnviz.load(str(lat.model.folder), "cpu", layer_at_a_time=True, cache=False)
     finally:
-        layer_weights.kept_budget = budget
+        layer_weights.gpu_budgets = budgets
+
+
+def test_layer_places_fills_the_devices_in_order_keeping_room_for_a_layer_on_the_first(pair):
+    """accelerate's device map over the three layers: the first device keeps room for the largest layer, so 2.5 layers'
+    bytes hold one and 2 hold one; on another device with no such room, 2 hold two; the one over is read as it runs."""
+    lat, _ = pair
+    layer_bytes = 4 * sum(parameter.numel() for parameter in lat.model.model.layers[0].parameters())
+    names = lat.model.layer_names()
+    places = lambda *shares: layer_weights.layer_places(lat.model.model, names, {f"cuda:{i}": int(share * layer_bytes) for i, share in enumerate(shares)})  # noqa: E731
+    assert places(2.5) == {"layers.0": "cuda:0"}
+    assert places(1.9) == {}
+    assert places(2.0, 2.0) == {"layers.0": "cuda:0", "layers.1": "cuda:1", "layers.2": "cuda:1"}
+    assert places(0.5, 1.2, 1.2) == {"layers.0": "cuda:1", "layers.1": "cuda:2"}
+    assert places(5.0, 5.0) == dict.fromkeys(names, "cuda:0")
+    assert layer_weights.layer_places(lat.model.model, names, {}) == {}
 
 
 @pytest.mark.parametrize("command", ["heads", "layers", "roles", "patch", "patch edges", "generate", "effect", "report"])
-def test_with_layers_kept_on_the_device_each_command_equals_the_whole_models_run(pair, kept, command):
+def test_with_layers_kept_and_held_each_command_equals_the_whole_models_run(pair, kept, command):
     assert compared(command, kept, pair[1]) <= TOLERANCE
 
 
-def test_the_layers_kept_stay_on_the_device_and_the_others_are_read_as_each_runs(kept):
-    """accelerate's device map keeps layer 0 (read once, there before and after every pass); layers 1 and 2 are read
-    as each runs, each one's weights there in its forward alone; the run's notes say so."""
+def test_the_layers_kept_stay_on_the_device_the_held_are_copied_from_their_device_and_the_others_read_as_each_runs(kept):
+    """accelerate's device map keeps layer 0 (read once, there before and after every pass) and holds layer 1 on
+    "cpu:0" (read once: its weights in its forward are those held, not the file's); layer 2 is read from the file as
+    it runs; layers 1 and 2 are on the device in their own forward alone. The run's notes say so."""
     layers = kept.model.model.layers
-    assert kept.model.kept_layers == ["layers.0"]
-    seen = []
+    assert kept.model.layer_places == {"layers.0": "cpu", "layers.1": "cpu:0"}
+    held = kept.model.weights_map.maps[0]  # the held layer's weights laid over the file's
+    assert set(held) == {f"layers.1.{name}" for name, _ in layers[1].named_parameters()}
+    seen, from_held = [], []
 
     def record(module, args, kwargs):
         seen.append([not any(parameter.is_meta for parameter in layer.parameters()) for layer in layers])
+        if layers[1].self_attn is module:  # on the CPU the held tensor itself is set in: the very storage
+            from_held.append(module.q_proj.weight.data_ptr() == held["layers.1.self_attn.q_proj.weight"].data_ptr())
 
     handles = [layer.self_attn.register_forward_pre_hook(record, with_kwargs=True) for layer in layers]
     try:
@@ -165,8 +186,11 @@ def test_the_layers_kept_stay_on_the_device_and_the_others_are_read_as_each_runs
         for handle in handles:
             handle.remove()
     assert seen == [[True, False, False], [True, True, False], [True, False, True]]
+    assert from_held and all(from_held)
     assert [any(parameter.is_meta for parameter in layer.parameters()) for layer in layers] == [False, True, True]
-    assert any("1 of its 3 layers kept on cpu, read once" in note for note in result.run.notes)
+    assert all(tensor.device == torch.device("cpu") for tensor in held.values())
+    note = next(note for note in result.run.notes if "kept on" in note)
+    assert "1 of its 3 layers kept on cpu, read once; held, read once and copied to cpu as each runs: 1 on cpu:0 (" in note
 
 
 def test_the_edges_differentiated_pass_keeps_no_other_layers_weights_alive(pair):

@@ -8,9 +8,12 @@ read on access. For a safetensors checkpoint it is accelerate's `OffloadedWeight
 the checkpoint's own files (nothing copied): each access reads one tensor as stored (bfloat16, float16, float32), and
 the hook casts it to the model's dtype. Any other Mapping of the same names (a GGUF file dequantised on access) plugs
 in as weights_map= of load_layer_at_a_time. The rest of the model (the embeddings, the final norm) is read once, the
-embedding table kept as stored and read by rows (StoredEmbedding). On a GPU, the layers that fit in KEPT_GPU_SHARE of
-its free memory are read once and stay there (kept_layers: accelerate's infer_auto_device_map says which), and only
-the others are hooked: a GPU + CPU split of the kind accelerate's device_map makes, on one GPU.
+embedding table kept as stored and read by rows (StoredEmbedding). On GPUs, accelerate's infer_auto_device_map
+places the layers (layer_places): those that fit in KEPT_GPU_SHARE of the free memory of the GPU that computes are
+read once and stay there, unhooked; those that fit in HELD_GPU_SHARE of each other GPU's are read once onto it and
+copied to the computing GPU as each runs (their weights map overlaid on the files'); the rest are read from the
+files as each runs. Every layer thus computes on one device, where its weights are as it runs: no activation
+crosses devices, and the stages' device is the one they were given.
 
 Outside a layer's forward, whoever reads a module's weights (attnviz's own layer its attention's, the circuits and
 why a norm's) does so within `resident`, which reads that module's alone from the same weights map (not its whole
@@ -20,6 +23,7 @@ the layer's forward the weights are there already and resident does nothing.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import json
@@ -40,9 +44,11 @@ MMAP_THRESHOLD = 4 * 2**20
 # An MLP's widest activation for one chunk of positions (run_by_positions): Llama-3.2-1B's (N, 8,192) in float32 is
 # 256 MB at 8,192 tokens, three of them at once; 2,048 positions a chunk keep each to 64 MB.
 MLP_CHUNK_BYTES = 64 * 2**20
-# A layer at a time on a GPU: the layers that fit in this share of its free memory stay on it, read once (kept_budget);
-# the others are read as each runs.
+# A layer at a time on GPUs (gpu_budgets): the layers that fit in this share of the free memory of the GPU that computes
+# stay on it, read once (attnviz's blocks take half of what is left as they run) ...
 KEPT_GPU_SHARE = 0.5
+# ... and those that fit in this share of each other GPU's (which holds weights alone) are held there, read once.
+HELD_GPU_SHARE = 0.9
 STORED_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
 HALF_UNIT_ROUNDOFF = {"bfloat16": "2^-8", "float16": "2^-11"}  # the largest relative error of one rounding (layer_at_a_time_note)
 
@@ -86,20 +92,31 @@ def layer_at_a_time_note(name: str, size: int, dtype: str, asked: bool) -> str |
     return note
 
 
-def kept_budget(device: str) -> int:
-    """Bytes of a layer-at-a-time model's layers that may stay on the device: KEPT_GPU_SHARE of a GPU's free memory
-    (attnviz's blocks take half of what is left as they run); none on the CPU, where reading each layer as it runs
-    is the point."""
-    return int(torch.cuda.mem_get_info()[0] * KEPT_GPU_SHARE) if device == "cuda" else 0
+def gpu_budgets(device: str) -> dict[str, int]:
+    """The bytes of a layer-at-a-time model's layers that each GPU may hold, read once, the one that computes (device)
+    first: KEPT_GPU_SHARE of its free memory, HELD_GPU_SHARE of each other's; none on the CPU, where reading each
+    layer as it runs is the point."""
+    if device != "cuda":
+        return {}
+    here = torch.cuda.current_device()
+    others = [index for index in range(torch.cuda.device_count()) if index != here]
+    budgets = {device: int(KEPT_GPU_SHARE * torch.cuda.mem_get_info(here)[0])}
+    return budgets | {f"cuda:{index}": int(HELD_GPU_SHARE * torch.cuda.mem_get_info(index)[0]) for index in others}
 
 
-def kept_note(note: str | None, model) -> str | None:
-    """A layer-at-a-time run's note (layer_at_a_time_note's) saying which layers stay on the device (kept_layers)."""
-    kept = getattr(model, "kept_layers", [])
-    if note is None or not kept:
+def placed_note(note: str | None, model) -> str | None:
+    """A layer-at-a-time run's note (layer_at_a_time_note's) saying which layers stay on the device that computes and
+    which other GPUs hold (layer_places)."""
+    places, device = getattr(model, "layer_places", {}), getattr(model, "weights_device", None)
+    if note is None or not places:
         return note
-    where = f"{KEPT_GPU_SHARE:.0%} of the GPU's free memory" if model.weights_device == "cuda" else "its budget"
-    return f"{note}; {len(kept)} of its {len(model.layer_names())} layers kept on {model.weights_device}, read once (accelerate's device map, within {where})"
+    kept = sum(place == device for place in places.values())
+    note += f"; {kept} of its {len(model.layer_names())} layers kept on {device}, read once"
+    held = collections.Counter(place for place in places.values() if place != device)
+    if held:
+        note += f"; held, read once and copied to {device} as each runs: " + ", ".join(f"{count} on {place}" for place, count in held.items())
+    where = f"{KEPT_GPU_SHARE:.0%} of {device}'s free memory" + (f" and {HELD_GPU_SHARE:.0%} of each other GPU's" if held else "")
+    return f"{note} (accelerate's device map, within {where if device == 'cuda' else 'a budget'})"
 
 
 def stored_weights(entries: dict[str, tuple[Path, str, tuple[int, ...], str]]) -> Mapping[str, torch.Tensor]:
@@ -157,21 +174,29 @@ def load_layer_at_a_time(
     shapes: dict[str, tuple[int, ...]],
     device: str,
     mapped=None,
-) -> list[str]:
-    """empty (build_empty's model) made to run with weights read from weights_map a layer at a time: each module of
-    layer_names hooked (its weights resident during its forward alone) but those kept_layers keeps on the device, the
-    other parameters read once; the names of the layers kept. shapes: each
-    weight's shape, by the same names (the safetensors headers'), checked by the caller (loading_info); a parameter
-    outside the layers that they lack, one the caller found unused (a pooler that a masked-LM checkpoint leaves out),
-    is zeros, as no number of attnviz reads it. mapped(name), when given, is a tensor as stored and memory-mapped (or
-    None): a plain nn.Embedding's table that it gives is read by rows (StoredEmbedding), never from weights_map."""
+) -> tuple[dict[str, str], Mapping[str, torch.Tensor]]:
+    """empty (build_empty's model) made to run on device with weights read from weights_map a layer at a time: each
+    module of layer_names hooked (its weights on the device during its forward alone) but those layer_places keeps
+    there, the other parameters read once. Returns layer_places' answer and the weights map the hooks read: weights_map
+    with the layers that other GPUs hold laid over it. shapes: each weight's shape, by the same names (the
+    safetensors headers'), checked by the caller (loading_info); a parameter outside the layers that they lack, one
+    the caller found unused (a pooler that a masked-LM checkpoint leaves out), is zeros, as no number of attnviz reads
+    it. mapped(name), when given, is a tensor as stored and memory-mapped (or None): a plain nn.Embedding's table that
+    it gives is read by rows (StoredEmbedding), never from weights_map."""
     from accelerate.hooks import AlignDevicesHook, add_hook_to_module
     from accelerate.utils import PrefixedDataset, set_module_tensor_to_device
 
     parameters = dict(empty.named_parameters())
     keep_large_blocks_apart()
-    kept = kept_layers(empty, layer_names, device)
-    streamed = [name for name in layer_names if name not in kept]
+    places = layer_places(empty, layer_names, gpu_budgets(device))
+    streamed = [name for name in layer_names if places.get(name) != device]
+    held = {
+        f"{name}.{parameter_name}": weights_map[f"{name}.{parameter_name}"].to(place, parameter.dtype)
+        for name, place in places.items() if place != device
+        for parameter_name, parameter in empty.get_submodule(name).named_parameters()
+    }  # fmt: skip
+    if held:
+        weights_map = collections.ChainMap(held, weights_map)
     in_layers = tuple(name + "." for name in streamed)
     for name in streamed:
         hook = AlignDevicesHook(execution_device=device, offload=True, weights_map=PrefixedDataset(weights_map, name + "."), place_submodules=True)
@@ -190,25 +215,25 @@ def load_layer_at_a_time(
     empty.tie_weights()  # the tied names to the parameters just read (set_module_tensor_to_device put new ones in)
     if stored is not None:
         empty.set_input_embeddings(stored)
-    return kept
+    return places, weights_map
 
 
-def kept_layers(model: nn.Module, layer_names: list[str], device: str) -> list[str]:
-    """The layers whose weights stay on the device, read once: those that accelerate's device map
-    (infer_auto_device_map, the layers in order, none split) places on it within kept_budget, after the room that one
-    layer read as it runs takes; the others are read as each runs."""
-    budget = kept_budget(device)
-    if budget <= 0:
-        return []
+def layer_places(model: nn.Module, layer_names: list[str], budgets: dict[str, int]) -> dict[str, str]:
+    """Where each layer's weights stay, read once (gpu_budgets' devices: the first computes, the others hold): as
+    accelerate's device map places the layers (infer_auto_device_map, in order, none split) on those devices in their
+    order, within each one's bytes, with room kept on the first for a layer read as it runs. A layer left out is read
+    from its files as it runs."""
+    if not budgets:
+        return {}
     from accelerate import infer_auto_device_map
 
+    devices = list(budgets)  # accelerate names them by index; the first keeps room for a layer read as it runs
     layers = nn.ModuleDict({str(index): model.get_submodule(name) for index, name in enumerate(layer_names)})
-    here, elsewhere = (torch.cuda.current_device(), "cpu") if device == "cuda" else ("cpu", "disk")  # "disk": read as each runs
     placed = infer_auto_device_map(
-        layers, max_memory={here: budget, elsewhere: 2**62}, clean_result=False,
+        layers, max_memory={index: budgets[device] for index, device in enumerate(devices)} | {"disk": 2**62}, clean_result=False,
         no_split_module_classes=list({type(layer).__name__ for layer in layers.values()}),
     )  # fmt: skip
-    return [name for index, name in enumerate(layer_names) if placed.get(str(index)) == here]
+    return {name: devices[placed[str(index)]] for index, name in enumerate(layer_names) if placed.get(str(index)) != "disk"}
 
 
 def run_by_positions(module: nn.Module) -> None:

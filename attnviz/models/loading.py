@@ -235,7 +235,7 @@ def _load_gguf(name: str, path: Path, source: str, device: str, dtype: str, laye
     tokenizer read once and cached as files (gguf_cache.py); a layer at a time where asked or past LAYER_AT_A_TIME_BYTES."""
     from attnviz.models import gguf_cache
     from attnviz.models.gguf_weights import GGUFWeights, load_gguf_model, quantisation, weights_bytes
-    from attnviz.models.layer_weights import kept_note, layer_at_a_time_note
+    from attnviz.models.layer_weights import placed_note, layer_at_a_time_note
     from attnviz.models.transformers_tokenizer import embedding_rows, load_transformers_tokenizer
 
     weights = GGUFWeights(path)
@@ -247,7 +247,7 @@ def _load_gguf(name: str, path: Path, source: str, device: str, dtype: str, laye
         family.check_config(weights.config)
         note = layer_at_a_time_note(name, weights_bytes(weights, _torch_dtype(dtype)), dtype, layer_at_a_time)
         model = load_gguf_model(weights, family, device, _torch_dtype(dtype), note is not None)
-        note = kept_note(note, model)
+        note = placed_note(note, model)
         folder = gguf_cache.tokenizer_folder(path, weights.tokenizer, notify=gguf_cache.note_on_stderr)
         tokenizer = load_transformers_tokenizer(folder, embedding_rows(model.model))
     except AttnvizError:
@@ -354,14 +354,14 @@ def _load_transformers(
     """Any family but BERT, through transformers (transformers_model.py): shards checked to lie in the folder first (by
     weights_bytes, which reads their headers through weight_files); a layer's weights at a time where asked, or where the
     weights in dtype pass LAYER_AT_A_TIME_BYTES (their headers say)."""
-    from attnviz.models.layer_weights import kept_note, layer_at_a_time_note, weights_bytes
+    from attnviz.models.layer_weights import placed_note, layer_at_a_time_note, weights_bytes
     from attnviz.models.transformers_loading import load_transformers_model
     from attnviz.models.transformers_tokenizer import embedding_rows, load_transformers_tokenizer
 
     family.check_config(config)
     note = layer_at_a_time_note(name, weights_bytes(folder, _torch_dtype(dtype)), dtype, layer_at_a_time)
     model = load_transformers_model(folder, family, config, device, _torch_dtype(dtype), note is not None)
-    note = kept_note(note, model)
+    note = placed_note(note, model)
     tokenizer = load_transformers_tokenizer(folder, embedding_rows(model.model))
     return LoadedModel(name=name, source=source, tokenizer=tokenizer, model=model, note=note, family=family, config=config)
 

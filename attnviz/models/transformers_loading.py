@@ -73,7 +73,7 @@ def layered_model(
     model_class = getattr(transformers, family.model_class)
     handle = TransformersModel(family, config, layer_weights.build_empty(model_class, config, dtype), folder)
     _check_loading_info(family, layer_weights.loading_info(handle.model, shapes), handle.model)
-    handle.kept_layers = layer_weights.load_layer_at_a_time(handle.model, handle.layer_names(), weights_map, shapes, device, mapped)
+    handle.layer_places, weights_map = layer_weights.load_layer_at_a_time(handle.model, handle.layer_names(), weights_map, shapes, device, mapped)
     for mlp in handle.mlps():  # a long text's MLP intermediates by chunks of positions (Llama-3.2-1B's: 3 x 256 MB at 8,192)
         layer_weights.run_by_positions(mlp)
     handle.weights_map, handle.weights_device, handle.mapped = weights_map, device, mapped

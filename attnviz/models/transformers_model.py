@@ -50,7 +50,8 @@ class TransformersModel:
         self.model_type = config["model_type"]
         # read a layer at a time (models/layer_weights.py): the weights by name, read on access, and their device
         self.weights_map, self.weights_device = None, None
-        self.kept_layers: list[str] = []  # of those, the layers kept on the device, read once (layer_weights.kept_layers)
+        # of those, the layers read once and kept on weights_device or held on another GPU: layer name -> device
+        self.layer_places: dict[str, str] = {}
         # name -> a tensor as stored (the safetensors files' memory-mapped: layer_weights.safetensors_map; a GGUF file's
         # dequantised: gguf_weights.stored_tensor) or None: a task head's tensors read from it, not from folder
         self.mapped = None
@@ -106,7 +107,8 @@ class TransformersModel:
         """Around a pass that may stop inside a layer: its weights let go after, where read a layer at a time."""
         from attnviz.models.layer_weights import let_go_after
 
-        streamed = [name for name in self.layer_names() if name not in self.kept_layers] if self.layer_at_a_time else []
+        kept = [name for name, place in self.layer_places.items() if place == self.weights_device]
+        streamed = [name for name in self.layer_names() if name not in kept] if self.layer_at_a_time else []
         return let_go_after([self.model.get_submodule(name) for name in streamed])
 
     def layer_name(self, layer: int, stack: str | None = None) -> str:
