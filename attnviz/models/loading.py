@@ -235,7 +235,7 @@ def _load_gguf(name: str, path: Path, source: str, device: str, dtype: str, laye
     tokenizer read once and cached as files (gguf_cache.py); a layer at a time where asked or past LAYER_AT_A_TIME_BYTES."""
     from attnviz.models import gguf_cache
     from attnviz.models.gguf_weights import GGUFWeights, load_gguf_model, quantisation, weights_bytes
-    from attnviz.models.layer_weights import placed_note, layer_at_a_time_note
+    from attnviz.models.layer_weights import layer_at_a_time_note, placed_note
     from attnviz.models.transformers_tokenizer import embedding_rows, load_transformers_tokenizer
 
     weights = GGUFWeights(path)
@@ -354,7 +354,7 @@ def _load_transformers(
     """Any family but BERT, through transformers (transformers_model.py): shards checked to lie in the folder first (by
     weights_bytes, which reads their headers through weight_files); a layer's weights at a time where asked, or where the
     weights in dtype pass LAYER_AT_A_TIME_BYTES (their headers say)."""
-    from attnviz.models.layer_weights import placed_note, layer_at_a_time_note, weights_bytes
+    from attnviz.models.layer_weights import layer_at_a_time_note, placed_note, weights_bytes
     from attnviz.models.transformers_loading import load_transformers_model
     from attnviz.models.transformers_tokenizer import embedding_rows, load_transformers_tokenizer
 
