@@ -105,9 +105,9 @@ def gpu_budgets(device: str) -> dict[str, int]:
 
 
 def placed_note(note: str | None, model) -> str | None:
-    """A layer-at-a-time run's note (layer_at_a_time_note's) saying which layers stay on the device that computes and
-    which other GPUs hold (layer_places)."""
-    places, device = getattr(model, "layer_places", {}), getattr(model, "weights_device", None)
+    """A layer-at-a-time run's note (layer_at_a_time_note's) saying which of the model's layers (a TransformersModel's)
+    stay on the device that computes and which other GPUs hold (layer_places)."""
+    places, device = model.layer_places, model.weights_device
     if note is None or not places:
         return note
     kept = sum(place == device for place in places.values())

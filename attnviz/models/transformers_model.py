@@ -107,8 +107,7 @@ class TransformersModel:
         """Around a pass that may stop inside a layer: its weights let go after, where read a layer at a time."""
         from attnviz.models.layer_weights import let_go_after
 
-        kept = [name for name, place in self.layer_places.items() if place == self.weights_device]
-        streamed = [name for name in self.layer_names() if name not in kept] if self.layer_at_a_time else []
+        streamed = [name for name in self.layer_names() if self.layer_places.get(name) != self.weights_device] if self.layer_at_a_time else []
         return let_go_after([self.model.get_submodule(name) for name in streamed])
 
     def layer_name(self, layer: int, stack: str | None = None) -> str:

@@ -31,8 +31,9 @@ class Check:
 
 
 def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
-    """max |a - b| in float64; where the two have one shape, in one buffer (a layer's weights of 32 heads at 512 tokens
-    are 67 MB in float64)."""
+    """max |a - b| in float64; where the two have one shape, the difference and its absolute value in a's float64 copy,
+    beside b's (two float64 buffers at once, not four: a layer's weights of 32 heads at 512 tokens are 67 MB in
+    float64)."""
     if a.shape != b.shape:  # one broadcast against the other
         return float((a.double().cpu() - b.double().cpu()).abs().max())
     difference = a.cpu().to(torch.float64, copy=True)
